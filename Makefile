@@ -1,0 +1,31 @@
+# Top-level driver: installs missing Debian packages, configures CMake into
+# build/ and builds. Any VAR=VALUE on the command line whose name starts with
+# LYNX_ or CMAKE_ is passed to CMake (e.g. `make LYNX_SANITIZE=ON`).
+BUILD ?= build
+CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),-D$(v)=$($(v))))
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps configure build test run bench clean
+
+all: build
+
+deps:
+	@bash deploy/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) $(CMAKE_VARS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j 1 $(CTEST_ARGS)
+
+run: build
+	@bash deploy/run-local.sh $(BUILD)
+
+bench: build
+	@bash bench/udp-echo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

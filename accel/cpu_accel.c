@@ -1,0 +1,180 @@
+/* cpu_accel.c - CPU accelerator threads; see cpu_accel.h. */
+#include "cpu_accel.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "log.h"
+
+struct mq_state {
+  struct lynx_mq mq;
+  struct lynx_msg held; /* a request the app could not answer yet (TX full) */
+  int has_held;
+  uint32_t bad_reported;
+};
+
+static void emulate_work(uint32_t us) {
+  uint64_t end;
+  if (!us)
+    return;
+  end = lynx_now_ns() + (uint64_t)us * 1000u;
+  while (lynx_now_ns() < end)
+    lynx_cpu_relax();
+}
+
+/* One request through the app; 1 when it is finished with, 0 when TX was
+ * full and it must be retried. */
+static int serve_one(struct lynx_cpu_thread *t, struct mq_state *s,
+                     const struct lynx_msg *m) {
+  int replied = 0;
+  int rc = t->acc->app->handle(&s->mq, m, &replied);
+  if (rc == -EAGAIN)
+    return 0;
+  if (replied)
+    lynx_cnt_add(&t->responses, 1);
+  else
+    lynx_cnt_add(&t->drops, 1);
+  lynx_release(&s->mq);
+  return 1;
+}
+
+static void *cpu_thread_main(void *arg) {
+  struct lynx_cpu_thread *t = arg;
+  struct lynx_cpu_accel *a = t->acc;
+  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)a->region;
+  uint32_t *sleeping = (uint32_t *)(a->region + LYNX_OFF_SLEEPING);
+  uint32_t *bell = (uint32_t *)(a->region + LYNX_OFF_DOORBELL);
+  struct lynx_geom g;
+  uint32_t n = 0;
+  struct mq_state *mqs;
+  uint64_t idle_since = lynx_now_ns();
+
+  prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: wake promptly from the futex */
+  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size)) {
+    LYNX_ERR("cpu-accel", "accel %u: region header has a bad geometry", a->id);
+    return NULL;
+  }
+  mqs = calloc(g.n_mqueues, sizeof(*mqs));
+  if (!mqs) {
+    LYNX_ERR("cpu-accel", "accel %u: out of memory, thread not serving", a->id);
+    return NULL;
+  }
+  for (uint32_t q = t->first_q; q < g.n_mqueues; q += t->step)
+    lynx_mq_bind(&mqs[n++].mq, a->region, &g, q);
+
+  while (!a->stop) {
+    int work = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      struct mq_state *s = &mqs[i];
+      struct lynx_msg m;
+      /* bounded work per mqueue per pass so no mqueue starves the others */
+      for (int k = 0; k < 16; k++) {
+        if (s->has_held) {
+          if (!serve_one(t, s, &s->held))
+            break;
+          s->has_held = 0;
+          work++;
+          continue;
+        }
+        if (lynx_recv(&s->mq, &m) != 0)
+          break;
+        lynx_cnt_add(&t->requests, 1);
+        emulate_work(a->work_us);
+        if (!serve_one(t, s, &m)) {
+          s->held = m;
+          s->has_held = 1;
+          break;
+        }
+        work++;
+      }
+      if (s->mq.bad != s->bad_reported) {
+        lynx_cnt_add(&t->bad, s->mq.bad - s->bad_reported);
+        s->bad_reported = s->mq.bad;
+        LYNX_LOG_RL(LYNX_LOG_WARN, "cpu-accel",
+                    "accel %u: skipped malformed request slots (%u so far)",
+                    a->id, s->bad_reported);
+      }
+    }
+    if (work) {
+      idle_since = lynx_now_ns();
+      continue;
+    }
+    if (lynx_now_ns() - idle_since < (uint64_t)a->spin_us * 1000u) {
+      lynx_cpu_relax();
+      continue;
+    }
+    /* Sleep protocol (docs/mqueue.md "Doorbells"). */
+    uint32_t v = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(sleeping, 1, __ATOMIC_SEQ_CST);
+    int ready = 0;
+    for (uint32_t i = 0; i < n && !ready; i++)
+      ready = mqs[i].has_held || lynx_mq_rx_ready(&mqs[i].mq);
+    if (!ready && !a->stop) {
+      struct timespec ts = {0, 50 * 1000 * 1000};
+      lynx_cnt_add(&t->sleeps, 1);
+      syscall(SYS_futex, bell, FUTEX_WAIT, v, &ts, NULL, 0);
+    }
+    __atomic_fetch_sub(sleeping, 1, __ATOMIC_SEQ_CST);
+    idle_since = lynx_now_ns();
+  }
+  free(mqs);
+  return NULL;
+}
+
+int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
+  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)a->region;
+  if (a->n_threads == 0 || a->n_threads > h->n_mqueues)
+    a->n_threads = a->n_threads ? h->n_mqueues : 1;
+  a->stop = 0;
+  a->threads = calloc(a->n_threads, sizeof(*a->threads));
+  if (!a->threads)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < a->n_threads; i++) {
+    struct lynx_cpu_thread *t = &a->threads[i];
+    int rc;
+    t->acc = a;
+    t->first_q = i;
+    t->step = a->n_threads;
+    rc = pthread_create(&t->tid, NULL, cpu_thread_main, t);
+    if (rc) {
+      lynx_cpu_accel_stop(a);
+      lynx_cpu_accel_free(a);
+      return -rc;
+    }
+    t->started = 1;
+  }
+  return 0;
+}
+
+void lynx_cpu_accel_stop(struct lynx_cpu_accel *a) {
+  uint32_t *bell = (uint32_t *)(a->region + LYNX_OFF_DOORBELL);
+  if (!a->threads)
+    return;
+  a->stop = 1;
+  __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+  syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+  for (uint32_t i = 0; i < a->n_threads; i++)
+    if (a->threads[i].started)
+      pthread_join(a->threads[i].tid, NULL);
+}
+
+void lynx_cpu_accel_free(struct lynx_cpu_accel *a) {
+  free(a->threads);
+  a->threads = NULL;
+}
+
+void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,
+                             uint64_t *resp, uint64_t *drops, uint64_t *bad) {
+  *req = *resp = *drops = *bad = 0;
+  for (uint32_t i = 0; a->threads && i < a->n_threads; i++) {
+    *req += lynx_cnt_get(&a->threads[i].requests);
+    *resp += lynx_cnt_get(&a->threads[i].responses);
+    *drops += lynx_cnt_get(&a->threads[i].drops);
+    *bad += lynx_cnt_get(&a->threads[i].bad);
+  }
+}

@@ -1,0 +1,52 @@
+/*
+ * cpu_accel.h - CPU-emulated accelerators (the paper's methodology, §6.3).
+ *
+ * Each emulated accelerator owns one mqueue region and runs the application
+ * as T persistent polling threads; thread t serves mqueues q with
+ * q % T == t. Polling is adaptive: a thread spins for spin_us after its last
+ * request, then announces that it sleeps (region word `sleeping`) and waits
+ * on the region's doorbell futex until the frontend rings it, or 50 ms pass.
+ * work_us emulates processing time per request by spinning, as a busy
+ * accelerator would be.
+ */
+#ifndef LYNX_CPU_ACCEL_H
+#define LYNX_CPU_ACCEL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "apps.h"
+#include "util.h"
+
+struct lynx_cpu_accel;
+
+struct lynx_cpu_thread {
+  struct lynx_cpu_accel *acc;
+  pthread_t tid;
+  int started;
+  uint32_t first_q, step;
+  lynx_counter requests, responses, drops, bad, sleeps;
+};
+
+struct lynx_cpu_accel {
+  uint8_t *region; /* formatted region (caller owns the memory) */
+  const struct lynx_app *app;
+  uint32_t work_us, spin_us, n_threads, id;
+  volatile int stop;
+  struct lynx_cpu_thread *threads;
+};
+
+/* Starts n_threads threads over an already formatted region. 0 or -errno;
+ * on error nothing is left running. */
+int lynx_cpu_accel_start(struct lynx_cpu_accel *a);
+
+/* Stops and joins the threads; accepts a half-started accelerator. */
+void lynx_cpu_accel_stop(struct lynx_cpu_accel *a);
+/* Frees what start allocated; after stop (counters stay readable until). */
+void lynx_cpu_accel_free(struct lynx_cpu_accel *a);
+
+/* Sums of the threads' counters. */
+void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,
+                             uint64_t *resp, uint64_t *drops, uint64_t *bad);
+
+#endif

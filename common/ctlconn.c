@@ -1,0 +1,147 @@
+/* ctlconn.c - framed control connections; see ctlconn.h. */
+#include "ctlconn.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+struct ctl_write {
+  uv_write_t req;
+  struct lynx_ctl *c;
+  uint8_t *buf;
+};
+
+void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
+                   lynx_ctl_msg_cb on_msg, lynx_ctl_close_cb on_close) {
+  lynx_frame_reader_init(&c->rd, frame_max);
+  c->on_msg = on_msg;
+  c->on_close = on_close;
+  c->comp = comp;
+  c->peer[0] = 0;
+  c->closing = 0;
+  c->close_after_write = 0;
+  c->pending_writes = 0;
+  c->tcp.data = c;
+}
+
+static void on_closed(uv_handle_t *h) {
+  struct lynx_ctl *c = h->data;
+  lynx_frame_reader_free(&c->rd);
+  if (c->on_close)
+    c->on_close(c);
+}
+
+static void ctl_close_level(struct lynx_ctl *c, int level, const char *reason) {
+  if (c->closing)
+    return;
+  c->closing = 1;
+  if (reason)
+    LYNX_LOG(level, c->comp, "closing control connection %s: %s",
+             c->peer[0] ? c->peer : "(unconnected)", reason);
+  uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+void lynx_ctl_close(struct lynx_ctl *c, const char *reason) {
+  ctl_close_level(c, LYNX_LOG_WARN, reason);
+}
+
+static void on_alloc(uv_handle_t *h, size_t sz, uv_buf_t *buf) {
+  static __thread char chunk[65536];
+  (void)h;
+  (void)sz;
+  *buf = uv_buf_init(chunk, sizeof(chunk));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  struct lynx_ctl *c = s->data;
+  char why[128];
+  if (n == UV_EOF) {
+    ctl_close_level(c, LYNX_LOG_INFO, "peer closed the connection");
+    return;
+  }
+  if (n < 0) {
+    snprintf(why, sizeof(why), "read error: %s", uv_strerror((int)n));
+    lynx_ctl_close(c, why);
+    return;
+  }
+  if (c->closing || n == 0)
+    return;
+  if (lynx_frame_feed(&c->rd, buf->base, (size_t)n)) {
+    lynx_ctl_close(c, "out of memory buffering a frame");
+    return;
+  }
+  for (;;) {
+    Lynx__Envelope *env = NULL;
+    int rc = lynx_frame_next(&c->rd, &env);
+    if (rc == 0)
+      return;
+    if (rc == -EMSGSIZE) {
+      snprintf(why, sizeof(why), "frame larger than the %zu-byte cap",
+               c->rd.max);
+      lynx_ctl_close(c, why);
+      return;
+    }
+    if (rc < 0) {
+      lynx_ctl_close(c, "frame does not decode as a lynx.Envelope");
+      return;
+    }
+    c->on_msg(c, env);
+    lynx__envelope__free_unpacked(env, NULL);
+    if (c->closing)
+      return;
+  }
+}
+
+int lynx_ctl_start(struct lynx_ctl *c) {
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
+    lynx_fmt_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+  uv_tcp_nodelay(&c->tcp, 1);
+  return uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+static void on_written(uv_write_t *req, int status) {
+  struct ctl_write *w = container_of(req, struct ctl_write, req);
+  struct lynx_ctl *c = w->c;
+  free(w->buf);
+  free(w);
+  c->pending_writes--;
+  if (status < 0 && status != UV_ECANCELED) {
+    char why[128];
+    snprintf(why, sizeof(why), "write error: %s", uv_strerror(status));
+    lynx_ctl_close(c, why);
+  } else if (c->close_after_write && c->pending_writes == 0) {
+    lynx_ctl_close(c, NULL);
+  }
+}
+
+int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env) {
+  struct ctl_write *w;
+  uv_buf_t b;
+  size_t len;
+  int rc;
+  if (c->closing)
+    return -EPIPE;
+  w = calloc(1, sizeof(*w));
+  if (!w)
+    return -ENOMEM;
+  rc = lynx_frame_encode(env, c->rd.max, &w->buf, &len);
+  if (rc) {
+    free(w);
+    return rc;
+  }
+  w->c = c;
+  b = uv_buf_init((char *)w->buf, (unsigned)len);
+  rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written);
+  if (rc) {
+    free(w->buf);
+    free(w);
+    return rc;
+  }
+  c->pending_writes++;
+  return 0;
+}

@@ -1,0 +1,144 @@
+/* options.c - table-driven option parsing; see options.h. */
+#include "options.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
+  char *p = (char *)cfg + o->off;
+  uint64_t v;
+  switch (o->type) {
+  case LYNX_OPT_U32:
+    if (lynx_parse_u64(val, o->min, o->max, &v)) {
+      fprintf(stderr, "--%s: '%s' is not a number in [%llu, %llu]\n", o->name,
+              val, (unsigned long long)o->min, (unsigned long long)o->max);
+      return -EINVAL;
+    }
+    *(uint32_t *)p = (uint32_t)v;
+    return 0;
+  case LYNX_OPT_STR: {
+    char *dup = val ? strdup(val) : NULL;
+    if (val && !dup)
+      return -ENOMEM;
+    free(*(char **)p);
+    *(char **)p = dup;
+    return 0;
+  }
+  case LYNX_OPT_ENUM:
+    for (int i = 0; o->choices[i]; i++)
+      if (strcmp(o->choices[i], val) == 0) {
+        *(int *)p = i;
+        return 0;
+      }
+    fprintf(stderr, "--%s: '%s' is not one of:", o->name, val);
+    for (int i = 0; o->choices[i]; i++)
+      fprintf(stderr, " %s", o->choices[i]);
+    fputc('\n', stderr);
+    return -EINVAL;
+  case LYNX_OPT_FLAG:
+    *(int *)p = val && strcmp(val, "0") != 0;
+    return 0;
+  }
+  return -EINVAL;
+}
+
+static void print_help(const struct lynx_opt *tab, const char *usage) {
+  printf("%s\n\nOptions:\n", usage);
+  for (const struct lynx_opt *o = tab; o->name; o++) {
+    char lhs[64];
+    snprintf(lhs, sizeof(lhs), "--%s%s", o->name,
+             o->type == LYNX_OPT_FLAG ? "" : " VALUE");
+    printf("  %-26s %s", lhs, o->help);
+    if (o->type == LYNX_OPT_ENUM) {
+      printf(" (");
+      for (int i = 0; o->choices[i]; i++)
+        printf("%s%s", i ? "|" : "", o->choices[i]);
+      printf(")");
+    }
+    if (o->def && o->type != LYNX_OPT_FLAG)
+      printf(" [default %s]", o->def);
+    putchar('\n');
+  }
+  printf("  %-26s %s\n", "--help", "print this help");
+}
+
+int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
+                    char **argv, const char *usage) {
+  for (const struct lynx_opt *o = tab; o->name; o++)
+    if (set_opt(o, cfg, o->type == LYNX_OPT_FLAG ? "0" : o->def))
+      return -EINVAL;
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i], *val = NULL;
+    size_t nl;
+    const struct lynx_opt *o;
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      print_help(tab, usage);
+      return 1;
+    }
+    if (strncmp(arg, "--", 2) != 0) {
+      fprintf(stderr, "unexpected argument '%s' (see --help)\n", arg);
+      return -EINVAL;
+    }
+    arg += 2;
+    nl = strcspn(arg, "=");
+    for (o = tab; o->name; o++)
+      if (strlen(o->name) == nl && strncmp(o->name, arg, nl) == 0)
+        break;
+    if (!o->name) {
+      fprintf(stderr, "unknown option '--%.*s' (see --help)\n", (int)nl, arg);
+      return -EINVAL;
+    }
+    if (arg[nl] == '=')
+      val = arg + nl + 1;
+    else if (o->type == LYNX_OPT_FLAG)
+      val = "1";
+    else if (i + 1 < argc)
+      val = argv[++i];
+    else {
+      fprintf(stderr, "--%s needs a value\n", o->name);
+      return -EINVAL;
+    }
+    if (set_opt(o, cfg, val))
+      return -EINVAL;
+  }
+  return 0;
+}
+
+void lynx_opts_free(const struct lynx_opt *tab, void *cfg) {
+  for (const struct lynx_opt *o = tab; o->name; o++)
+    if (o->type == LYNX_OPT_STR) {
+      char **p = (char **)((char *)cfg + o->off);
+      free(*p);
+      *p = NULL;
+    }
+}
+
+struct json_object *lynx_opts_json(const struct lynx_opt *tab,
+                                   const void *cfg) {
+  struct json_object *j = json_object_new_object();
+  for (const struct lynx_opt *o = tab; o->name; o++) {
+    const char *p = (const char *)cfg + o->off;
+    struct json_object *v = NULL;
+    switch (o->type) {
+    case LYNX_OPT_U32:
+      v = json_object_new_int64(*(const uint32_t *)p);
+      break;
+    case LYNX_OPT_STR:
+      v = *(char *const *)p ? json_object_new_string(*(char *const *)p) : NULL;
+      break;
+    case LYNX_OPT_ENUM:
+      v = json_object_new_string(o->choices[*(const int *)p]);
+      break;
+    case LYNX_OPT_FLAG:
+      v = json_object_new_boolean(*(const int *)p);
+      break;
+    }
+    json_object_object_add(j, o->name, v);
+  }
+  return j;
+}

@@ -1,0 +1,140 @@
+/* transport.c - backend registry and the region header helpers every
+ * backend shares. */
+#include "transport.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lynx.pb-c.h"
+#include "mqueue.h"
+
+static const struct lynx_transport_ops *const backends[] = {
+    &lynx_transport_shm,
+};
+
+const struct lynx_transport_ops *lynx_transport_find(const char *name) {
+  for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++)
+    if (strcmp(backends[i]->name, name) == 0)
+      return backends[i];
+  return NULL;
+}
+
+int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
+                       uint32_t slot_size, uint32_t ordering, uint64_t epoch,
+                       uint32_t accel_id) {
+  struct lynx_geom g;
+  struct lynx_region_hdr *h = (struct lynx_region_hdr *)r->base;
+  if (lynx_geom_init(&g, q, slots, slot_size) || g.region_size > r->size)
+    return -EINVAL;
+  memset(h, 0, sizeof(*h));
+  h->layout_version = LYNX_LAYOUT_VERSION;
+  h->ordering = (uint16_t)ordering;
+  h->epoch = epoch;
+  h->region_size = g.region_size;
+  h->n_mqueues = q;
+  h->slot_size = slot_size;
+  h->slots = slots;
+  h->accel_id = accel_id;
+  h->actrl_off = g.actrl_off;
+  h->fctrl_off = g.fctrl_off;
+  h->rings_off = g.rings_off;
+  /* magic last: a reader that sees it sees a complete header */
+  lynx_store_release32(&h->magic, LYNX_REGION_MAGIC);
+  return 0;
+}
+
+int lynx_region_validate(const void *base, uint64_t mapped,
+                         const struct lynx_region_desc *d, char *err,
+                         size_t errlen) {
+  const struct lynx_region_hdr *h = base;
+  struct lynx_geom g;
+  if (mapped < sizeof(*h)) {
+    snprintf(err, errlen, "region of %llu bytes is smaller than its header",
+             (unsigned long long)mapped);
+    return -EPROTO;
+  }
+  if (lynx_load_acquire32(&h->magic) != LYNX_REGION_MAGIC) {
+    snprintf(err, errlen, "bad magic 0x%08x", h->magic);
+    return -EPROTO;
+  }
+  if (h->layout_version != LYNX_LAYOUT_VERSION) {
+    snprintf(err, errlen, "layout version %u, this frontend knows %u",
+             h->layout_version, LYNX_LAYOUT_VERSION);
+    return -EPROTO;
+  }
+  if (h->epoch != d->epoch) {
+    snprintf(err, errlen, "epoch %llu, descriptor says %llu (stale region)",
+             (unsigned long long)h->epoch, (unsigned long long)d->epoch);
+    return -EPROTO;
+  }
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) ||
+      h->n_mqueues != d->n_mqueues || h->slots != d->slots ||
+      h->slot_size != d->slot_size || h->region_size != g.region_size ||
+      h->actrl_off != g.actrl_off || h->fctrl_off != g.fctrl_off ||
+      h->rings_off != g.rings_off || d->region_size != g.region_size ||
+      mapped < g.region_size || h->ordering != d->ordering) {
+    snprintf(err, errlen,
+             "geometry mismatch: header %u mqueues x %u slots x %u B (%llu B), "
+             "descriptor %u x %u x %u (%llu B)",
+             h->n_mqueues, h->slots, h->slot_size,
+             (unsigned long long)h->region_size, d->n_mqueues, d->slots,
+             d->slot_size, (unsigned long long)d->region_size);
+    return -EPROTO;
+  }
+  return 0;
+}
+
+void lynx_desc_to_pb(const struct lynx_region_desc *d, Lynx__RegionDesc *pb) {
+  lynx__region_desc__init(pb);
+  pb->accel_id = d->accel_id;
+  pb->transport = (char *)d->transport;
+  pb->locator = (char *)d->locator;
+  pb->region_size = d->region_size;
+  pb->epoch = d->epoch;
+  pb->n_mqueues = d->n_mqueues;
+  pb->slot_size = d->slot_size;
+  pb->slots = d->slots;
+  pb->ordering = d->ordering == LYNX_ORDER_FENCED ? LYNX__ORDERING__ORDERING_FENCED
+                                                  : LYNX__ORDERING__ORDERING_COALESCED;
+  pb->rkey = d->rkey;
+  pb->remote_addr = d->remote_addr;
+}
+
+int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
+                      char *err, size_t errlen) {
+  struct lynx_geom g;
+  memset(d, 0, sizeof(*d));
+  if (!pb->transport || strlen(pb->transport) >= sizeof(d->transport) ||
+      !pb->locator || strlen(pb->locator) >= sizeof(d->locator)) {
+    snprintf(err, errlen, "accel %u: transport or locator missing or too long",
+             pb->accel_id);
+    return -EINVAL;
+  }
+  if (lynx_geom_init(&g, pb->n_mqueues, pb->slots, pb->slot_size) ||
+      g.region_size != pb->region_size) {
+    snprintf(err, errlen, "accel %u: geometry %u x %u x %u B / %llu B is invalid",
+             pb->accel_id, pb->n_mqueues, pb->slots, pb->slot_size,
+             (unsigned long long)pb->region_size);
+    return -EINVAL;
+  }
+  if (pb->ordering != LYNX__ORDERING__ORDERING_COALESCED &&
+      pb->ordering != LYNX__ORDERING__ORDERING_FENCED) {
+    snprintf(err, errlen, "accel %u: unknown ordering %d", pb->accel_id,
+             (int)pb->ordering);
+    return -EINVAL;
+  }
+  d->accel_id = pb->accel_id;
+  strcpy(d->transport, pb->transport);
+  strcpy(d->locator, pb->locator);
+  d->region_size = pb->region_size;
+  d->epoch = pb->epoch;
+  d->n_mqueues = pb->n_mqueues;
+  d->slot_size = pb->slot_size;
+  d->slots = pb->slots;
+  d->ordering = pb->ordering == LYNX__ORDERING__ORDERING_FENCED ? LYNX_ORDER_FENCED
+                                                              : LYNX_ORDER_COALESCED;
+  d->rkey = pb->rkey;
+  d->remote_addr = pb->remote_addr;
+  return 0;
+}

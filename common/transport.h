@@ -1,0 +1,121 @@
+/*
+ * transport.h - how a frontend reaches an accelerator's mqueue region, and
+ * how an agent provides one.
+ *
+ * Backends ("shm" here; "tcp" and "rdma" plug in the same way) fill a
+ * const struct lynx_transport_ops. A member a backend cannot provide points
+ * at a function returning -ENOTSUP; no member is ever NULL.
+ *
+ * Frontend side: one lynx_tconn per (frontend worker, accelerator), used by
+ * that worker's thread only. Writes and reads are *posted*: they take effect
+ * at the latest when flush() returns (writes) or when poll() reports their
+ * wr_id (reads). A backend may complete them earlier. Every access is
+ * bounds-checked against the region size here, before it is issued.
+ *
+ * Errors are 0 / -errno. A connection that returned -ECONNRESET, -EIO or
+ * -EPROTO is dead: close it.
+ */
+#ifndef LYNX_TRANSPORT_H
+#define LYNX_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define LYNX_LOCATOR_MAX 128
+
+/* What a frontend needs to reach one region (mirrors lynx.RegionDesc). */
+struct lynx_region_desc {
+  uint32_t accel_id;
+  char transport[16];
+  char locator[LYNX_LOCATOR_MAX];
+  uint64_t region_size;
+  uint64_t epoch;
+  uint32_t n_mqueues, slot_size, slots;
+  uint32_t ordering; /* enum lynx_ordering */
+  uint64_t rkey, remote_addr;
+};
+
+/* Agent side: memory the transport provides and exports. */
+struct lynx_region {
+  const struct lynx_transport_ops *ops;
+  uint8_t *base;
+  uint64_t size;
+  char locator[LYNX_LOCATOR_MAX];
+  int fd;
+};
+
+/* Frontend side: backends embed this first and recover themselves with
+ * container_of. */
+struct lynx_tconn {
+  const struct lynx_transport_ops *ops;
+  struct lynx_region_desc desc;
+  void *data;
+};
+
+/* writev flags */
+#define LYNX_WR_PUBLISH 0x1u /* the last 4 bytes (4-aligned) become visible
+                                only after every byte before them */
+#define LYNX_WR_FENCE 0x2u   /* do not start before earlier reads complete */
+
+struct lynx_transport_ops {
+  const char *name;
+
+  /* Agent: allocate a zeroed region of size bytes named after name and
+   * export it; fills r (locator included). */
+  int (*region_alloc)(struct lynx_region *r, const char *name, uint64_t size);
+  /* Agent: unexport and free; accepts a half-built region. */
+  void (*region_free)(struct lynx_region *r);
+
+  /* Frontend: connect to the region d names, validate its header against d.
+   * *out is freed with close. */
+  int (*connect)(const struct lynx_region_desc *d, struct lynx_tconn **out);
+  /* Post a gather write of iov to [off, off + total). */
+  int (*writev)(struct lynx_tconn *c, uint64_t off, const struct iovec *iov,
+                int iovcnt, unsigned flags);
+  /* Post a read of [off, off + len) into dst (valid until reported). */
+  int (*read)(struct lynx_tconn *c, uint64_t off, void *dst, size_t len,
+              uint64_t wr_id);
+  /* Doorbell: start everything posted since the last flush. */
+  int (*flush)(struct lynx_tconn *c);
+  /* Reap up to max completed reads into ids. Count, or -errno when the
+   * connection failed. */
+  int (*poll)(struct lynx_tconn *c, uint64_t *ids, int max);
+  /* Wake the accelerator if it sleeps on its doorbell; -ENOTSUP where an
+   * accelerator cannot sleep (it busy-polls). */
+  int (*notify)(struct lynx_tconn *c);
+  /* Release the connection; the region stays with its agent. */
+  void (*close)(struct lynx_tconn *c);
+};
+
+extern const struct lynx_transport_ops lynx_transport_shm;
+
+/* The backend called name, or NULL. */
+const struct lynx_transport_ops *lynx_transport_find(const char *name);
+
+/* Bounds check shared by every backend: 0 when [off, off+len) lies inside a
+ * region of size bytes, -EFAULT otherwise (overflow-safe). */
+static inline int lynx_bounds_ok(uint64_t size, uint64_t off, uint64_t len) {
+  return (off <= size && len <= size - off) ? 0 : -14;
+}
+
+/* Checks a mapped region's header against its descriptor; 0 or -EPROTO with
+ * the reason in err. */
+int lynx_region_validate(const void *base, uint64_t mapped,
+                         const struct lynx_region_desc *d, char *err,
+                         size_t errlen);
+
+/* Writes the header of a freshly allocated region. */
+int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
+                       uint32_t slot_size, uint32_t ordering, uint64_t epoch,
+                       uint32_t accel_id);
+
+/* Descriptor <-> protobuf. to_pb points into d (no copies: keep d alive
+ * while pb is used). from_pb validates; 0 or -EINVAL with a reason. */
+struct Lynx__RegionDesc;
+void lynx_desc_to_pb(const struct lynx_region_desc *d,
+                     struct Lynx__RegionDesc *pb);
+int lynx_desc_from_pb(const struct Lynx__RegionDesc *pb,
+                      struct lynx_region_desc *d, char *err, size_t errlen);
+
+#endif

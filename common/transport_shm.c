@@ -1,0 +1,219 @@
+/*
+ * transport_shm.c - the "shm" backend: the region is a POSIX shared-memory
+ * file that the agent creates and the frontend maps.
+ *
+ * Writes are copies; LYNX_WR_PUBLISH stores the last word with release
+ * semantics after everything else, which gives the coalesced ordering mode
+ * its guarantee on weakly ordered CPUs (BlueField's Arm cores) as well as on
+ * x86. Reads are copies followed by an acquire fence and complete at once;
+ * their ids are handed back by the next poll, as a remote backend would.
+ * notify is a futex wake on the region's doorbell word, issued only when the
+ * accelerator has said it sleeps.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mqueue.h"
+#include "transport.h"
+#include "util.h"
+
+#define SHM_CQ_DEPTH 256
+
+struct shm_conn {
+  struct lynx_tconn base;
+  uint8_t *mem;
+  uint64_t size;
+  uint64_t cq[SHM_CQ_DEPTH];
+  unsigned cq_head, cq_tail;
+};
+
+static int shm_region_alloc(struct lynx_region *r, const char *name,
+                            uint64_t size) {
+  int fd;
+  void *p;
+  r->fd = -1;
+  r->base = NULL;
+  snprintf(r->locator, sizeof(r->locator), "/%s", name);
+  fd = shm_open(r->locator, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0)
+    return -errno;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    int e = -errno;
+    close(fd);
+    shm_unlink(r->locator);
+    return e;
+  }
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = -errno;
+    close(fd);
+    shm_unlink(r->locator);
+    return e;
+  }
+  r->fd = fd;
+  r->base = p;
+  r->size = size;
+  r->ops = &lynx_transport_shm;
+  return 0;
+}
+
+static void shm_region_free(struct lynx_region *r) {
+  if (r->base)
+    munmap(r->base, r->size);
+  if (r->fd >= 0) {
+    close(r->fd);
+    shm_unlink(r->locator);
+  }
+  r->base = NULL;
+  r->fd = -1;
+}
+
+static int shm_connect(const struct lynx_region_desc *d,
+                       struct lynx_tconn **out) {
+  struct shm_conn *c;
+  struct stat st;
+  char err[256];
+  void *p;
+  int fd, rc;
+  if (d->locator[0] != '/' || strchr(d->locator + 1, '/'))
+    return -EINVAL;
+  fd = shm_open(d->locator, O_RDWR, 0);
+  if (fd < 0)
+    return -errno;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != d->region_size) {
+    LYNX_WARN("shm", "%s: file is %lld bytes, descriptor says %llu",
+              d->locator, (long long)st.st_size,
+              (unsigned long long)d->region_size);
+    close(fd);
+    return -EPROTO;
+  }
+  p = mmap(NULL, d->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED)
+    return -errno;
+  rc = lynx_region_validate(p, d->region_size, d, err, sizeof(err));
+  if (rc) {
+    LYNX_WARN("shm", "%s: refused: %s", d->locator, err);
+    munmap(p, d->region_size);
+    return rc;
+  }
+  c = calloc(1, sizeof(*c));
+  if (!c) {
+    munmap(p, d->region_size);
+    return -ENOMEM;
+  }
+  c->base.ops = &lynx_transport_shm;
+  c->base.desc = *d;
+  c->mem = p;
+  c->size = d->region_size;
+  *out = &c->base;
+  return 0;
+}
+
+static int shm_writev(struct lynx_tconn *tc, uint64_t off,
+                      const struct iovec *iov, int iovcnt, unsigned flags) {
+  struct shm_conn *c = container_of(tc, struct shm_conn, base);
+  uint64_t total = 0, body, done = 0;
+  uint8_t *dst = c->mem + off;
+  for (int i = 0; i < iovcnt; i++)
+    total += iov[i].iov_len;
+  if (lynx_bounds_ok(c->size, off, total))
+    return -EFAULT;
+  if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
+    return -EINVAL;
+  body = (flags & LYNX_WR_PUBLISH) ? total - 4 : total;
+  union {
+    uint32_t w;
+    uint8_t b[4];
+  } last = {0};
+  for (int i = 0; i < iovcnt; i++) {
+    const uint8_t *src = iov[i].iov_base;
+    size_t n = iov[i].iov_len;
+    for (size_t k = 0; k < n;) {
+      if (done < body) {
+        size_t m = n - k;
+        if (m > body - done)
+          m = (size_t)(body - done);
+        memcpy(dst + done, src + k, m);
+        done += m;
+        k += m;
+      } else {
+        last.b[done - body] = src[k];
+        done++;
+        k++;
+      }
+    }
+  }
+  if (flags & LYNX_WR_PUBLISH)
+    lynx_store_release32((uint32_t *)(dst + body), last.w);
+  return 0;
+}
+
+static int shm_read(struct lynx_tconn *tc, uint64_t off, void *dst,
+                    size_t len, uint64_t wr_id) {
+  struct shm_conn *c = container_of(tc, struct shm_conn, base);
+  if (lynx_bounds_ok(c->size, off, len))
+    return -EFAULT;
+  if (c->cq_tail - c->cq_head >= SHM_CQ_DEPTH)
+    return -ENOBUFS;
+  memcpy(dst, c->mem + off, len);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  c->cq[c->cq_tail++ % SHM_CQ_DEPTH] = wr_id;
+  return 0;
+}
+
+static int shm_flush(struct lynx_tconn *tc) {
+  (void)tc;
+  return 0;
+}
+
+static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
+  struct shm_conn *c = container_of(tc, struct shm_conn, base);
+  int n = 0;
+  while (n < max && c->cq_head != c->cq_tail)
+    ids[n++] = c->cq[c->cq_head++ % SHM_CQ_DEPTH];
+  return n;
+}
+
+static int shm_notify(struct lynx_tconn *tc) {
+  struct shm_conn *c = container_of(tc, struct shm_conn, base);
+  uint32_t *sleeping = (uint32_t *)(c->mem + LYNX_OFF_SLEEPING);
+  uint32_t *bell = (uint32_t *)(c->mem + LYNX_OFF_DOORBELL);
+  /* Dekker with the accelerator: our published slot and its sleeping flag
+   * are both seq_cst, so either it sees the slot or we see the flag. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(sleeping, __ATOMIC_SEQ_CST) == 0)
+    return 0;
+  __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+  if (syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0) < 0)
+    return -errno;
+  return 0;
+}
+
+static void shm_close(struct lynx_tconn *tc) {
+  struct shm_conn *c = container_of(tc, struct shm_conn, base);
+  munmap(c->mem, c->size);
+  free(c);
+}
+
+const struct lynx_transport_ops lynx_transport_shm = {
+    .name = "shm",
+    .region_alloc = shm_region_alloc,
+    .region_free = shm_region_free,
+    .connect = shm_connect,
+    .writev = shm_writev,
+    .read = shm_read,
+    .flush = shm_flush,
+    .poll = shm_poll,
+    .notify = shm_notify,
+    .close = shm_close,
+};

@@ -1,0 +1,81 @@
+/* util.c - see util.h. */
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out) {
+  char *end;
+  unsigned long long v;
+  if (!s || !*s || *s == '-')
+    return -EINVAL;
+  errno = 0;
+  v = strtoull(s, &end, 10);
+  if (errno || *end || v < min || v > max)
+    return -EINVAL;
+  *out = v;
+  return 0;
+}
+
+int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss) {
+  char host[INET6_ADDRSTRLEN + 1];
+  const char *colon, *hs = s;
+  size_t hl;
+  uint64_t port;
+  memset(ss, 0, sizeof(*ss));
+  if (!s)
+    return -EINVAL;
+  if (*s == '[') {
+    const char *rb = strchr(s, ']');
+    if (!rb || rb[1] != ':')
+      return -EINVAL;
+    hs = s + 1;
+    hl = (size_t)(rb - hs);
+    colon = rb + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon)
+      return -EINVAL;
+    hl = (size_t)(colon - s);
+  }
+  if (hl >= sizeof(host) || lynx_parse_u64(colon + 1, 0, 65535, &port))
+    return -EINVAL;
+  memcpy(host, hs, hl);
+  host[hl] = 0;
+  if (hl == 0)
+    strcpy(host, "0.0.0.0");
+  if (strcmp(host, "localhost") == 0)
+    strcpy(host, "127.0.0.1");
+  struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
+  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
+  if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons((uint16_t)port);
+    return 0;
+  }
+  if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons((uint16_t)port);
+    return 0;
+  }
+  return -EINVAL;
+}
+
+const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len) {
+  char h[INET6_ADDRSTRLEN];
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *v4 = (const struct sockaddr_in *)sa;
+    inet_ntop(AF_INET, &v4->sin_addr, h, sizeof(h));
+    snprintf(buf, len, "%s:%u", h, ntohs(v4->sin_port));
+  } else if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)sa;
+    inet_ntop(AF_INET6, &v6->sin6_addr, h, sizeof(h));
+    snprintf(buf, len, "[%s]:%u", h, ntohs(v6->sin6_port));
+  } else {
+    snprintf(buf, len, "(family %d)", sa->sa_family);
+  }
+  return buf;
+}

@@ -1,0 +1,46 @@
+/* util.h - small helpers shared by the daemons: clocks, address parsing,
+ * counters read by other threads. */
+#ifndef LYNX_UTIL_H
+#define LYNX_UTIL_H
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#ifndef container_of
+#define container_of(ptr, type, member)                                        \
+  ((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+#define LYNX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+static inline uint64_t lynx_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A counter written by one thread and read by others (metrics): a relaxed
+ * load+store, no locked instruction on the data path. */
+typedef uint64_t lynx_counter;
+static inline void lynx_cnt_add(lynx_counter *c, uint64_t v) {
+  __atomic_store_n(c, __atomic_load_n(c, __ATOMIC_RELAXED) + v,
+                   __ATOMIC_RELAXED);
+}
+static inline uint64_t lynx_cnt_get(const lynx_counter *c) {
+  return __atomic_load_n(c, __ATOMIC_RELAXED);
+}
+
+/* Parses "host:port", "[v6]:port" or ":port" into *ss (numeric hosts only, no
+ * DNS on the data path's set-up). 0 or -EINVAL. */
+int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);
+
+/* Formats an address as "host:port" into buf. */
+const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len);
+
+/* strtoul with full-string and range checks. 0 or -EINVAL. */
+int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+#endif

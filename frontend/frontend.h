@@ -1,0 +1,172 @@
+/*
+ * frontend.h - the network server: UDP listeners, Message Dispatcher,
+ * Message Forwarder and Remote Message Queue Manager.
+ *
+ * Threads: the main thread owns configuration, the control connection to
+ * the agent and signals; W worker threads own the data path. Each worker has
+ * its own SO_REUSEPORT UDP socket, its own transport connection to every
+ * accelerator, its own tag table, and a partition of the mqueues: worker w
+ * owns mqueue q of every accelerator when q % W == w, so every worker
+ * reaches every accelerator and one client flow (hashed to one worker by the
+ * kernel) still spreads over all of them. Nothing on the data path is
+ * shared between workers, so it takes no locks. The main thread talks to
+ * workers through the `up` flag of an accelerator and the stop flag (atomic
+ * stores) and a uv_async wake-up.
+ */
+#ifndef LYNX_FRONTEND_H
+#define LYNX_FRONTEND_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "dispatch.h"
+#include "mqueue.h"
+#include "tagtab.h"
+#include "transport.h"
+#include "util.h"
+
+#define FE_SEND_BATCH 64
+#define FE_RECV_CHUNKS 20 /* libuv's recvmmsg width */
+#define FE_DGRAM_MAX 65536
+
+/* Drop reasons counted per worker (not attributable to one mqueue). */
+enum fe_wdrop {
+  FE_DROP_OVERSIZE,  /* datagram longer than the slot */
+  FE_DROP_RING_FULL, /* every RX ring in dispatch was full */
+  FE_DROP_NO_MQUEUE, /* no mqueue in dispatch */
+  FE_DROP_TAG_FULL,  /* too many requests outstanding */
+  FE_DROP_SHUTDOWN,  /* arrived while stopping */
+  FE_WDROP_MAX
+};
+
+/* Drop reasons counted per mqueue. */
+enum fe_qdrop {
+  FE_QDROP_STALE_TAG,   /* response carried a tag not outstanding here */
+  FE_QDROP_TX_OVERSIZE, /* response metadata breaks the bounds rule */
+  FE_QDROP_TX_SEQ,      /* TX index moved but slot not published */
+  FE_QDROP_BAD_INDEX,   /* accelerator index out of range */
+  FE_QDROP_APP,         /* the application dropped the request */
+  FE_QDROP_EXPIRED,     /* no response within the request timeout */
+  FE_QDROP_LOST,        /* accelerator left or frontend stopped with it */
+  FE_QDROP_WRITE_ERR,   /* transport refused the request write */
+  FE_QDROP_SEND_ERR,    /* the response could not be sent to the client */
+  FE_QDROP_MAX
+};
+
+extern const char *const fe_wdrop_names[FE_WDROP_MAX];
+extern const char *const fe_qdrop_names[FE_QDROP_MAX];
+
+/* An accelerator as the frontend knows it: shared, read-only after set-up
+ * except `up`. */
+struct fe_accel {
+  struct lynx_region_desc desc;
+  const struct lynx_transport_ops *ops;
+  struct lynx_geom g;
+  char node[64];
+  uint32_t up; /* 1 in dispatch; cleared by the main thread (atomic) */
+};
+
+struct fe_conn;
+
+/* One mqueue, owned by one worker. */
+struct fe_mq {
+  struct lynx_dq dq; /* the dispatcher's view */
+  struct fe_conn *conn;
+  uint32_t q;   /* index within its accelerator */
+  uint32_t gid; /* frontend-wide index */
+  uint32_t tx_cons;
+  uint32_t tx_staged; /* slots read this forwarder cycle */
+  uint32_t tx_cons_dirty;
+  uint8_t *stage; /* staging for TX slot reads */
+  uint32_t stage_slots;
+  lynx_counter dispatched, responded;
+  lynx_counter drops[FE_QDROP_MAX];
+};
+
+enum fe_conn_state {
+  FE_CONN_IDLE,  /* nothing posted */
+  FE_CONN_CTRL,  /* read of the actrl array posted */
+  FE_CONN_SLOTS, /* reads of TX slots posted */
+  FE_CONN_DEAD,  /* accelerator left or transport failed */
+};
+
+/* One worker's connection to one accelerator. */
+struct fe_conn {
+  struct fe_accel *acc;
+  struct lynx_tconn *tc;
+  struct lynx_actrl *snap; /* target of the actrl read */
+  struct fe_mq **mqs;      /* this worker's mqueues on this accelerator */
+  uint32_t n_mqs;
+  enum fe_conn_state state;
+  uint32_t reads_pending;
+  int dirty; /* requests written since the last flush */
+};
+
+struct frontend;
+
+struct fe_worker {
+  struct frontend *fe;
+  uint32_t id;
+  pthread_t tid;
+  int started;
+  uv_loop_t loop;
+  uv_udp_t udp;
+  uv_async_t wake;
+  int udp_open, loop_ready;
+  uint32_t cap; /* largest payload every accelerator's slots take */
+  struct fe_conn *conns;
+  uint32_t n_conns;
+  struct fe_mq *mqs;
+  uint32_t n_mqs;
+  struct lynx_dq **dqs;
+  struct lynx_dispatcher disp;
+  struct lynx_tagtab tags;
+  char *rbuf;
+  uint32_t got; /* datagrams in this loop pass */
+  uint64_t now_ns;
+  /* response batch */
+  struct mmsghdr out[FE_SEND_BATCH];
+  struct iovec out_iov[FE_SEND_BATCH];
+  union lynx_sockaddr out_addr[FE_SEND_BATCH];
+  struct fe_mq *out_mq[FE_SEND_BATCH];
+  uint32_t n_out;
+  lynx_counter received;
+  lynx_counter drops[FE_WDROP_MAX];
+  char fence_scratch[8];
+};
+
+struct fe_cfg {
+  char *agent, *udp, *metrics, *frontend_id, *log_level, *token_file;
+  uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
+  int dispatch, poll;
+};
+
+struct frontend {
+  struct fe_cfg cfg;
+  char *token;
+  char service[64];
+  char node[64];
+  uint64_t epoch;
+  struct sockaddr_storage udp_addr;
+  struct fe_accel *acc;
+  uint32_t n_acc;
+  struct fe_worker *w;
+  uint32_t n_w;
+  uint32_t stopping; /* set by the main thread (atomic) */
+  uint64_t stop_deadline_ns;
+  int workers_running;
+  void *metrics;
+};
+
+/* worker.c */
+int fe_workers_start(struct frontend *fe);
+void fe_workers_stop(struct frontend *fe); /* join and free */
+void fe_workers_wake(struct frontend *fe);
+
+/* metrics.c */
+int fe_metrics_start(struct frontend *fe);
+void fe_metrics_stop(struct frontend *fe);
+
+#endif

@@ -1,0 +1,766 @@
+/*
+ * worker.c - the frontend's data path, one thread per worker.
+ *
+ * Ingress (Message Dispatcher): libuv receives datagrams in batches
+ * (recvmmsg, up to 20 per call); each gets a tag and is written into the RX
+ * slot of the mqueue the policy picks, payload and metadata in one posted
+ * write. After the batch every touched accelerator gets one flush (the
+ * doorbell) and one notify.
+ *
+ * Egress (Message Forwarder): per accelerator connection, a small state
+ * machine: read the accelerator's control array (all its indices in one
+ * read), then read the new TX slots of this worker's mqueues, then map each
+ * response's tag back to its client and send them with one sendmmsg per 64,
+ * then write the TX consumer indices back (lazily: once per cycle). Reads
+ * are asynchronous so a remote transport pipelines; shm completes them at
+ * once.
+ *
+ * Polling (docs/design.md): after the last work, spin for spin_us, then
+ * sleep in ppoll on libuv's backend fd: with requests outstanding for a
+ * short, growing timeout (responses arrive without any fd event), with none
+ * until a datagram or timer. --poll busy never sleeps.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "frontend.h"
+#include "log.h"
+
+#define WR_KIND_SHIFT 60
+#define WR_CTRL (1ull << WR_KIND_SHIFT)
+#define WR_SLOT (2ull << WR_KIND_SHIFT)
+#define WR_FENCE (3ull << WR_KIND_SHIFT)
+#define WR_KIND(id) ((id) >> WR_KIND_SHIFT)
+
+#define STAGE_BYTES (256u * 1024u) /* TX staging per mqueue per cycle */
+#define MAX_BACKOFF_NS (500u * 1000u)
+#define EXPIRE_EVERY_NS (10u * 1000u * 1000u)
+
+const char *const fe_wdrop_names[FE_WDROP_MAX] = {
+    "oversize", "ring_full", "no_mqueue", "tag_full", "shutdown"};
+const char *const fe_qdrop_names[FE_QDROP_MAX] = {
+    "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
+    "expired",   "lost",        "write_error", "send_error"};
+
+static const uint8_t zeros[16];
+
+/* ---- connection failure ------------------------------------------- */
+
+/* Takes a connection out of dispatch: its mqueues leave the dispatcher and
+ * every request outstanding on them is counted lost. */
+static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
+  if (c->state == FE_CONN_DEAD)
+    return;
+  LYNX_WARN("frontend", "worker %u: accelerator %s/%u out of dispatch: %s",
+            w->id, c->acc->node, c->acc->desc.accel_id, why);
+  c->state = FE_CONN_DEAD;
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = c->mqs[i];
+    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid);
+    mq->dq.up = 0;
+    mq->dq.outstanding = 0;
+    lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
+  }
+  if (c->tc) {
+    c->tc->ops->close(c->tc);
+    c->tc = NULL;
+  }
+}
+
+static void conn_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
+  char why[96];
+  snprintf(why, sizeof(why), "transport error: %s", strerror(-rc));
+  conn_down(w, c, why);
+}
+
+/* ---- egress --------------------------------------------------------- */
+
+static void flush_sends(struct fe_worker *w) {
+  uint32_t done = 0;
+  int fd;
+  if (!w->n_out)
+    return;
+  if (uv_fileno((uv_handle_t *)&w->udp, &fd) != 0) {
+    for (uint32_t i = 0; i < w->n_out; i++)
+      lynx_cnt_add(&w->out_mq[i]->drops[FE_QDROP_SEND_ERR], 1);
+    w->n_out = 0;
+    return;
+  }
+  while (done < w->n_out) {
+    int n = sendmmsg(fd, w->out + done, w->n_out - done, MSG_DONTWAIT);
+    if (n > 0) {
+      for (uint32_t i = done; i < done + (uint32_t)n; i++)
+        lynx_cnt_add(&w->out_mq[i]->responded, 1);
+      done += (uint32_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR)
+      continue;
+    /* the first message of the rest failed: count it, go on with the rest */
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: send failed: %s", w->id,
+                strerror(errno));
+    lynx_cnt_add(&w->out_mq[done]->drops[FE_QDROP_SEND_ERR], 1);
+    done++;
+  }
+  w->n_out = 0;
+}
+
+static void queue_send(struct fe_worker *w, struct fe_mq *mq,
+                       const struct lynx_tag_entry *e, const uint8_t *data,
+                       uint32_t len) {
+  uint32_t i = w->n_out++;
+  struct msghdr *h = &w->out[i].msg_hdr;
+  w->out_addr[i] = e->peer;
+  w->out_iov[i].iov_base = (void *)data;
+  w->out_iov[i].iov_len = len;
+  memset(h, 0, sizeof(*h));
+  h->msg_name = &w->out_addr[i];
+  h->msg_namelen = e->peer.sa.sa_family == AF_INET6 ? sizeof(e->peer.v6)
+                                                    : sizeof(e->peer.v4);
+  h->msg_iov = &w->out_iov[i];
+  h->msg_iovlen = 1;
+  w->out_mq[i] = mq;
+  if (w->n_out == FE_SEND_BATCH)
+    flush_sends(w);
+}
+
+/* The actrl array arrived: refresh flow control, post reads of new TX
+ * slots. */
+static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc->g;
+  struct lynx_tconn *tc = c->tc;
+  int rc;
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = c->mqs[i];
+    struct lynx_actrl a = c->snap[mq->q];
+    uint32_t avail, n, first, n1;
+    uint64_t ring = lynx_tx_ring_off(g, mq->q);
+    /* rx_cons may only move forward within what we produced */
+    if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons)
+      mq->dq.rx_cons = a.rx_cons;
+    else
+      goto bad_index;
+    avail = a.tx_prod - mq->tx_cons;
+    if (avail == 0)
+      continue;
+    if (avail > g->slots)
+      goto bad_index;
+    n = avail < mq->stage_slots ? avail : mq->stage_slots;
+    first = mq->tx_cons & (g->slots - 1);
+    n1 = g->slots - first < n ? g->slots - first : n;
+    rc = tc->ops->read(tc, ring + (uint64_t)first * g->slot_size, mq->stage,
+                       (size_t)n1 * g->slot_size, WR_SLOT | i);
+    if (rc)
+      return rc;
+    c->reads_pending++;
+    if (n > n1) {
+      rc = tc->ops->read(tc, ring, mq->stage + (size_t)n1 * g->slot_size,
+                         (size_t)(n - n1) * g->slot_size, WR_SLOT | i);
+      if (rc)
+        return rc;
+      c->reads_pending++;
+    }
+    mq->tx_staged = n;
+    continue;
+  bad_index:
+    lynx_cnt_add(&mq->drops[FE_QDROP_BAD_INDEX], 1);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "accelerator %s/%u mqueue %u: index out of range (tx_prod %u "
+                "tx_cons %u rx_cons %u rx_prod %u), ignored",
+                c->acc->node, c->acc->desc.accel_id, mq->q, a.tx_prod,
+                mq->tx_cons, a.rx_cons, mq->dq.rx_prod);
+  }
+  c->state = c->reads_pending ? FE_CONN_SLOTS : FE_CONN_IDLE;
+  return c->reads_pending ? tc->ops->flush(tc) : 0;
+}
+
+/* One staged response slot. Returns 0 when consumed, -EAGAIN when the slot
+ * is not published yet (retry next cycle from here). */
+static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
+                        const uint8_t *slot, uint32_t pos) {
+  uint32_t z = mq->conn->acc->g.slot_size;
+  struct lynx_slot_meta m;
+  struct lynx_tag_entry *e;
+  memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
+  if (m.seq != lynx_seq_for(pos)) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_TX_SEQ], 1);
+    return -EAGAIN;
+  }
+  e = lynx_tag_lookup(&w->tags, m.tag, mq->gid);
+  if (!e) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_STALE_TAG], 1);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "mqueue %s/%u/%u: response with unknown or stale tag 0x%08x "
+                "discarded",
+                mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q,
+                m.tag);
+    return 0;
+  }
+  mq->dq.outstanding--;
+  if (m.status == LYNX_ST_DROPPED) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_APP], 1);
+  } else if (lynx_meta_check(&m, z) != 0) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "mqueue %s/%u/%u: response of %u bytes at %u does not fit a "
+                "%u-byte slot, dropped",
+                mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q,
+                m.len, m.off16 * 16u, z);
+  } else {
+    queue_send(w, mq, e, slot + (uint32_t)m.off16 * 16u, m.len);
+  }
+  lynx_tag_release(&w->tags, e);
+  return 0;
+}
+
+/* All slot reads are in: forward, then write TX consumer indices back. */
+static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc->g;
+  uint32_t sent = 0;
+  int rc;
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = c->mqs[i];
+    for (uint32_t k = 0; k < mq->tx_staged; k++) {
+      if (forward_slot(w, mq, mq->stage + (size_t)k * g->slot_size,
+                       mq->tx_cons) != 0)
+        break;
+      mq->tx_cons++;
+      mq->tx_cons_dirty = 1;
+      sent++;
+    }
+    mq->tx_staged = 0;
+  }
+  /* the payloads live in the staging buffers: send before they are reused */
+  flush_sends(w);
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = c->mqs[i];
+    struct iovec iov = {&mq->tx_cons, 4};
+    if (!mq->tx_cons_dirty)
+      continue;
+    mq->tx_cons_dirty = 0;
+    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(g, mq->q), &iov, 1,
+                            LYNX_WR_PUBLISH);
+    if (rc)
+      return rc;
+  }
+  c->state = FE_CONN_IDLE;
+  if (sent) {
+    rc = c->tc->ops->flush(c->tc);
+    if (rc)
+      return rc;
+  }
+  return (int)sent;
+}
+
+/* Advances one connection's forwarder; returns responses handled (>= 0). */
+static int conn_progress(struct fe_worker *w, struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  uint64_t ids[32];
+  int rc, work = 0;
+  if (c->state == FE_CONN_DEAD)
+    return 0;
+  if (c->state == FE_CONN_IDLE) {
+    rc = tc->ops->read(tc, c->acc->g.actrl_off, c->snap,
+                       8u * c->acc->g.n_mqueues, WR_CTRL);
+    if (!rc)
+      rc = tc->ops->flush(tc);
+    if (rc)
+      goto fail;
+    c->state = FE_CONN_CTRL;
+  }
+  /* ctrl completion posts slot reads, whose completions may already be
+   * there: a few rounds, bounded */
+  for (int round = 0; round < 4; round++) {
+    int n = tc->ops->poll(tc, ids, (int)LYNX_ARRAY_SIZE(ids));
+    if (n < 0) {
+      rc = n;
+      goto fail;
+    }
+    if (n == 0)
+      break;
+    for (int i = 0; i < n; i++) {
+      switch (WR_KIND(ids[i])) {
+      case 1: /* WR_CTRL */
+        rc = conn_on_ctrl(w, c);
+        if (rc)
+          goto fail;
+        break;
+      case 2: /* WR_SLOT */
+        if (c->reads_pending)
+          c->reads_pending--;
+        break;
+      default: /* fence reads carry no data we use */
+        break;
+      }
+    }
+    if (c->state == FE_CONN_SLOTS && c->reads_pending == 0) {
+      rc = conn_on_slots(w, c);
+      if (rc < 0)
+        goto fail;
+      work += rc;
+    }
+  }
+  return work;
+fail:
+  conn_fail(w, c, rc);
+  return work;
+}
+
+/* ---- ingress -------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t sz, uv_buf_t *buf) {
+  struct fe_worker *w = h->data;
+  (void)sz;
+  *buf = uv_buf_init(w->rbuf, FE_RECV_CHUNKS * FE_DGRAM_MAX);
+}
+
+static int write_request(struct fe_worker *w, struct fe_mq *mq,
+                         const void *data, uint32_t len, uint32_t tag) {
+  struct fe_conn *c = mq->conn;
+  const struct lynx_geom *g = &c->acc->g;
+  uint32_t pos = mq->dq.rx_prod;
+  uint32_t poff = lynx_payload_off(g->slot_size, len);
+  uint64_t slot = lynx_slot_off(g, lynx_rx_ring_off(g, mq->q), pos);
+  struct lynx_slot_meta m = {len, tag, LYNX_ST_OK, (uint16_t)(poff / 16u),
+                             lynx_seq_for(pos)};
+  struct iovec iov[3] = {{(void *)data, len},
+                         {(void *)zeros, lynx_slot_cap(g->slot_size) - poff - len},
+                         {&m, sizeof(m)}};
+  struct lynx_tconn *tc = c->tc;
+  int rc;
+  if (c->acc->desc.ordering == LYNX_ORDER_COALESCED)
+    return tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
+  /* fenced: payload, a read as write barrier, then the metadata */
+  rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
+  if (!rc)
+    rc = tc->ops->read(tc, slot + poff, w->fence_scratch, 4, WR_FENCE);
+  if (!rc)
+    rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2], 1,
+                         LYNX_WR_PUBLISH | LYNX_WR_FENCE);
+  return rc;
+}
+
+static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
+                    const struct sockaddr *addr, unsigned flags) {
+  struct fe_worker *w = h->data;
+  struct fe_mq *mq;
+  uint32_t tag;
+  struct lynx_tag_entry *e;
+  int i, rc;
+  if (nread == 0 || addr == NULL) /* end of a batch, or a buffer to free */
+    return;
+  if (nread < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: receive error: %s",
+                w->id, uv_strerror((int)nread));
+    return;
+  }
+  w->got++;
+  lynx_cnt_add(&w->received, 1);
+  if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
+    lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
+    return;
+  }
+  if ((flags & UV_UDP_PARTIAL) || (size_t)nread > w->cap) {
+    lynx_cnt_add(&w->drops[FE_DROP_OVERSIZE], 1);
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
+                "worker %u: %zd-byte datagram is larger than a slot's %u-byte "
+                "payload, dropped",
+                w->id, nread, w->cap);
+    return;
+  }
+  i = lynx_dispatch_pick(&w->disp);
+  if (i < 0) {
+    enum fe_wdrop r = i == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_NO_MQUEUE;
+    lynx_cnt_add(&w->drops[r], 1);
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: datagram dropped: %s",
+                w->id, r == FE_DROP_RING_FULL ? "every RX ring is full"
+                                              : "no mqueue in dispatch");
+    return;
+  }
+  mq = &w->mqs[i];
+  e = lynx_tag_alloc(&w->tags, mq->gid, addr, w->now_ns, &tag);
+  if (!e) {
+    lynx_cnt_add(&w->drops[FE_DROP_TAG_FULL], 1);
+    return;
+  }
+  rc = write_request(w, mq, buf->base, (uint32_t)nread, tag);
+  if (rc) {
+    lynx_tag_release(&w->tags, e);
+    lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
+    conn_fail(w, mq->conn, rc);
+    return;
+  }
+  mq->dq.rx_prod++;
+  mq->dq.outstanding++;
+  mq->conn->dirty = 1;
+  lynx_cnt_add(&mq->dispatched, 1);
+}
+
+/* ---- loop ----------------------------------------------------------- */
+
+static void on_expire(void *arg, const struct lynx_tag_entry *e) {
+  struct fe_worker *w = arg;
+  struct fe_mq *mq = NULL;
+  for (uint32_t i = 0; i < w->n_mqs && !mq; i++)
+    if (w->mqs[i].gid == e->mq)
+      mq = &w->mqs[i];
+  if (!mq)
+    return;
+  mq->dq.outstanding--;
+  lynx_cnt_add(&mq->drops[FE_QDROP_EXPIRED], 1);
+}
+
+static uint32_t outstanding(const struct fe_worker *w) {
+  return w->tags.in_use;
+}
+
+static void ring_doorbells(struct fe_worker *w) {
+  for (uint32_t i = 0; i < w->n_conns; i++) {
+    struct fe_conn *c = &w->conns[i];
+    int rc;
+    if (!c->dirty || c->state == FE_CONN_DEAD)
+      continue;
+    c->dirty = 0;
+    rc = c->tc->ops->flush(c->tc);
+    if (!rc) {
+      rc = c->tc->ops->notify(c->tc);
+      if (rc == -ENOTSUP)
+        rc = 0;
+    }
+    if (rc)
+      conn_fail(w, c, rc);
+  }
+}
+
+static void check_accels(struct fe_worker *w) {
+  for (uint32_t i = 0; i < w->n_conns; i++) {
+    struct fe_conn *c = &w->conns[i];
+    if (c->state != FE_CONN_DEAD &&
+        !__atomic_load_n(&c->acc->up, __ATOMIC_RELAXED))
+      conn_down(w, c, "its agent left");
+  }
+}
+
+static void on_wake(uv_async_t *a) { (void)a; }
+
+static void udp_close(struct fe_worker *w) {
+  if (!w->udp_open)
+    return;
+  uv_udp_recv_stop(&w->udp);
+  uv_close((uv_handle_t *)&w->udp, NULL);
+  w->udp_open = 0;
+}
+
+static void worker_loop(struct fe_worker *w) {
+  struct frontend *fe = w->fe;
+  uint64_t last_work, next_expire, backoff = 0;
+  uint64_t spin_ns = (uint64_t)fe->cfg.spin_us * 1000u;
+  uint64_t timeout_ns = (uint64_t)fe->cfg.timeout_ms * 1000000u;
+  int busy = fe->cfg.poll == 1, stopping = 0;
+  int bfd = uv_backend_fd(&w->loop);
+
+  w->now_ns = last_work = lynx_now_ns();
+  next_expire = w->now_ns + EXPIRE_EVERY_NS;
+  for (;;) {
+    int work;
+    w->got = 0;
+    w->now_ns = lynx_now_ns();
+    uv_run(&w->loop, UV_RUN_NOWAIT);
+    ring_doorbells(w);
+    work = (int)w->got;
+    for (uint32_t i = 0; i < w->n_conns; i++)
+      work += conn_progress(w, &w->conns[i]);
+    w->now_ns = lynx_now_ns();
+    if (w->now_ns >= next_expire) {
+      next_expire = w->now_ns + EXPIRE_EVERY_NS;
+      check_accels(w);
+      if (w->tags.in_use && w->now_ns > timeout_ns)
+        lynx_tag_expire(&w->tags, w->now_ns - timeout_ns, 4096, on_expire, w);
+    }
+    if (!stopping && __atomic_load_n(&fe->stopping, __ATOMIC_ACQUIRE)) {
+      stopping = 1;
+      udp_close(w); /* stop receiving; answer what is in flight */
+    }
+    if (stopping &&
+        (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
+      break;
+    if (work) {
+      last_work = w->now_ns;
+      backoff = 0;
+      continue;
+    }
+    if (busy || w->now_ns - last_work < spin_ns) {
+      lynx_cpu_relax();
+      continue;
+    }
+    {
+      struct pollfd pfd = {bfd, POLLIN, 0};
+      struct timespec ts;
+      uint64_t ns;
+      if (outstanding(w)) {
+        backoff = backoff ? backoff * 2 : 2000;
+        if (backoff > MAX_BACKOFF_NS)
+          backoff = MAX_BACKOFF_NS;
+        ns = backoff;
+      } else {
+        int ms = uv_backend_timeout(&w->loop);
+        ns = (ms < 0 || ms > 100) ? 100000000ull : (uint64_t)ms * 1000000u;
+      }
+      ts.tv_sec = (time_t)(ns / 1000000000u);
+      ts.tv_nsec = (long)(ns % 1000000000u);
+      ppoll(&pfd, 1, &ts, NULL);
+    }
+  }
+  /* Whatever is still outstanding is lost to its clients. */
+  for (uint32_t i = 0; i < w->n_mqs; i++) {
+    struct fe_mq *mq = &w->mqs[i];
+    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid);
+    if (n) {
+      lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
+      LYNX_WARN("frontend", "worker %u: %u requests on mqueue %u unanswered "
+                "at the shutdown deadline", w->id, n, mq->gid);
+    }
+  }
+}
+
+static void *worker_main(void *arg) {
+  struct fe_worker *w = arg;
+  prctl(PR_SET_TIMERSLACK, 1000UL);
+  worker_loop(w);
+  udp_close(w);
+  uv_close((uv_handle_t *)&w->wake, NULL);
+  uv_run(&w->loop, UV_RUN_DEFAULT);
+  if (uv_loop_close(&w->loop) != 0)
+    LYNX_WARN("frontend", "worker %u: loop closed with handles open", w->id);
+  return NULL;
+}
+
+/* ---- set-up --------------------------------------------------------- */
+
+static int open_udp(struct fe_worker *w) {
+  struct frontend *fe = w->fe;
+  int one = 1, fd, rc, sz = (int)fe->cfg.rcvbuf_kb * 1024;
+  socklen_t alen = fe->udp_addr.ss_family == AF_INET6
+                       ? sizeof(struct sockaddr_in6)
+                       : sizeof(struct sockaddr_in);
+  fd = socket(fe->udp_addr.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+              0);
+  if (fd < 0)
+    return -errno;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
+    goto fail;
+  /* a deep receive buffer absorbs bursts; FORCE needs CAP_NET_ADMIN */
+  if (sz && setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+  if (sz && setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof(sz)) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  if (bind(fd, (struct sockaddr *)&fe->udp_addr, alen) != 0)
+    goto fail;
+  /* AF_UNSPEC: libuv creates no socket of its own; we hand it ours */
+  rc = uv_udp_init_ex(&w->loop, &w->udp, AF_UNSPEC | UV_UDP_RECVMMSG);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  w->udp.data = w;
+  w->udp_open = 1;
+  rc = uv_udp_open(&w->udp, fd);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  return uv_udp_recv_start(&w->udp, on_alloc, on_recv);
+fail:
+  rc = -errno;
+  close(fd);
+  return rc;
+}
+
+static void worker_free(struct fe_worker *w) {
+  for (uint32_t i = 0; w->conns && i < w->n_conns; i++) {
+    struct fe_conn *c = &w->conns[i];
+    if (c->tc)
+      c->tc->ops->close(c->tc);
+    free(c->snap);
+    free(c->mqs);
+  }
+  for (uint32_t i = 0; w->mqs && i < w->n_mqs; i++)
+    free(w->mqs[i].stage);
+  free(w->conns);
+  free(w->mqs);
+  free(w->dqs);
+  free(w->rbuf);
+  lynx_tagtab_free(&w->tags);
+}
+
+/* Reads the accelerator's indices synchronously (set-up only). */
+static int conn_resume(struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  uint64_t id;
+  uint64_t deadline = lynx_now_ns() + 2000000000ull;
+  int rc = tc->ops->read(tc, c->acc->g.actrl_off, c->snap,
+                         8u * c->acc->g.n_mqueues, WR_CTRL);
+  if (!rc)
+    rc = tc->ops->flush(tc);
+  while (!rc) {
+    rc = tc->ops->poll(tc, &id, 1);
+    if (rc == 1)
+      return 0;
+    if (rc == 0 && lynx_now_ns() > deadline)
+      rc = -ETIMEDOUT;
+  }
+  return rc;
+}
+
+/* Builds worker w's connections and mqueue partition. Runs in the main
+ * thread before the worker starts. */
+static int worker_setup(struct frontend *fe, struct fe_worker *w) {
+  uint32_t per_acc = 0, total_slots = 0, n = 0, gid_base = 0, seed;
+  int rc;
+  for (uint32_t a = 0; a < fe->n_acc; a++)
+    for (uint32_t q = w->id; q < fe->acc[a].g.n_mqueues; q += fe->n_w)
+      per_acc++;
+  w->conns = calloc(fe->n_acc, sizeof(*w->conns));
+  w->mqs = calloc(per_acc, sizeof(*w->mqs));
+  w->dqs = calloc(per_acc, sizeof(*w->dqs));
+  w->rbuf = malloc((size_t)FE_RECV_CHUNKS * FE_DGRAM_MAX);
+  if (!w->conns || !w->mqs || !w->dqs || !w->rbuf)
+    return -ENOMEM;
+  w->n_conns = fe->n_acc;
+  for (uint32_t a = 0; a < fe->n_acc; a++) {
+    struct fe_accel *acc = &fe->acc[a];
+    struct fe_conn *c = &w->conns[a];
+    c->acc = acc;
+    c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
+    c->mqs = calloc(acc->g.n_mqueues, sizeof(*c->mqs));
+    if (!c->snap || !c->mqs)
+      return -ENOMEM;
+    rc = acc->ops->connect(&acc->desc, &c->tc);
+    if (rc) {
+      LYNX_ERR("frontend", "worker %u: cannot connect to accelerator %s/%u "
+               "(%s %s): %s", w->id, acc->node, acc->desc.accel_id,
+               acc->desc.transport, acc->desc.locator, strerror(-rc));
+      return rc;
+    }
+    rc = conn_resume(c);
+    if (rc) {
+      LYNX_ERR("frontend", "worker %u: cannot read accelerator %s/%u's "
+               "indices: %s", w->id, acc->node, acc->desc.accel_id,
+               strerror(-rc));
+      return rc;
+    }
+    if (w->cap == 0 || lynx_slot_cap(acc->g.slot_size) < w->cap)
+      w->cap = lynx_slot_cap(acc->g.slot_size);
+    for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w) {
+      struct fe_mq *mq = &w->mqs[n];
+      mq->conn = c;
+      mq->q = q;
+      mq->gid = gid_base + q;
+      mq->dq.slots = acc->g.slots;
+      mq->dq.up = 1;
+      /* take the rings over where they are: the region may have served an
+       * earlier frontend; responses to its requests show up as stale tags */
+      mq->dq.rx_prod = mq->dq.rx_cons = c->snap[q].rx_cons;
+      mq->tx_cons = c->snap[q].tx_prod;
+      {
+        struct iovec iov = {&mq->tx_cons, 4};
+        rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, q), &iov, 1,
+                                LYNX_WR_PUBLISH);
+        if (!rc)
+          rc = c->tc->ops->flush(c->tc);
+        if (rc)
+          return rc;
+      }
+      mq->stage_slots = STAGE_BYTES / acc->g.slot_size;
+      if (mq->stage_slots == 0)
+        mq->stage_slots = 1;
+      if (mq->stage_slots > acc->g.slots)
+        mq->stage_slots = acc->g.slots;
+      mq->stage = malloc((size_t)mq->stage_slots * acc->g.slot_size);
+      if (!mq->stage)
+        return -ENOMEM;
+      w->dqs[n] = &mq->dq;
+      c->mqs[c->n_mqs++] = mq;
+      total_slots += acc->g.slots;
+      n++;
+    }
+    gid_base += acc->g.n_mqueues;
+  }
+  w->n_mqs = n;
+  w->disp.policy = (enum lynx_dispatch_policy)fe->cfg.dispatch;
+  w->disp.q = w->dqs;
+  w->disp.n = n;
+  /* a random first generation: tags of an earlier frontend on the same
+   * rings are not mistaken for ours */
+  if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+    seed = (uint32_t)lynx_now_ns();
+  rc = lynx_tagtab_init(&w->tags,
+                        total_slots * 2 < 1024 ? 1024 : total_slots * 2, seed);
+  if (rc)
+    return rc;
+  rc = uv_loop_init(&w->loop);
+  if (rc)
+    return rc;
+  w->loop_ready = 1;
+  rc = uv_async_init(&w->loop, &w->wake, on_wake);
+  if (rc)
+    return rc;
+  w->wake.data = w;
+  return open_udp(w);
+}
+
+int fe_workers_start(struct frontend *fe) {
+  int rc;
+  fe->w = calloc(fe->n_w, sizeof(*fe->w));
+  if (!fe->w)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < fe->n_w; i++) {
+    struct fe_worker *w = &fe->w[i];
+    w->fe = fe;
+    w->id = i;
+    rc = worker_setup(fe, w);
+    if (rc) {
+      LYNX_ERR("frontend", "worker %u: set-up failed: %s", i,
+               rc < 0 && rc > -4096 ? strerror(-rc) : "error");
+      return rc;
+    }
+  }
+  for (uint32_t i = 0; i < fe->n_w; i++) {
+    rc = pthread_create(&fe->w[i].tid, NULL, worker_main, &fe->w[i]);
+    if (rc)
+      return -rc;
+    fe->w[i].started = 1;
+  }
+  fe->workers_running = 1;
+  return 0;
+}
+
+void fe_workers_wake(struct frontend *fe) {
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
+    if (fe->w[i].started)
+      uv_async_send(&fe->w[i].wake);
+}
+
+void fe_workers_stop(struct frontend *fe) {
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    struct fe_worker *w = &fe->w[i];
+    if (w->started)
+      pthread_join(w->tid, NULL);
+    else if (w->loop_ready) {
+      /* set up but never started: close its handles here */
+      udp_close(w);
+      if (!uv_is_closing((uv_handle_t *)&w->wake) && w->wake.loop)
+        uv_close((uv_handle_t *)&w->wake, NULL);
+      uv_run(&w->loop, UV_RUN_DEFAULT);
+      uv_loop_close(&w->loop);
+    }
+    worker_free(w);
+  }
+  free(fe->w);
+  fe->w = NULL;
+}
