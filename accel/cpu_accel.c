@@ -2,6 +2,7 @@
 #include "cpu_accel.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,8 +73,9 @@ static void *cpu_thread_main(void *arg) {
     for (uint32_t i = 0; i < n; i++) {
       struct mq_state *s = &mqs[i];
       struct lynx_msg m;
-      /* bounded work per mqueue per pass so no mqueue starves the others */
-      for (int k = 0; k < 16; k++) {
+      /* one request per mqueue per pass: requests spread over the mqueues
+       * in arrival order are answered in that order, and none starves */
+      for (int k = 0; k < 1; k++) {
         if (s->has_held) {
           if (!serve_one(t, s, &s->held))
             break;
@@ -105,7 +107,7 @@ static void *cpu_thread_main(void *arg) {
       continue;
     }
     if (lynx_now_ns() - idle_since < (uint64_t)a->spin_us * 1000u) {
-      lynx_cpu_relax();
+      sched_yield();
       continue;
     }
     /* Sleep protocol (docs/mqueue.md "Doorbells"). */

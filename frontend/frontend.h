@@ -69,6 +69,16 @@ struct fe_accel {
 };
 
 struct fe_conn;
+struct fe_mq;
+
+/* A response ready to send; data points into its mqueue's staging. */
+struct fe_resp {
+  uint64_t seq;
+  union lynx_sockaddr addr;
+  const uint8_t *data;
+  uint32_t len;
+  struct fe_mq *mq;
+};
 
 /* One mqueue, owned by one worker. */
 struct fe_mq {
@@ -126,12 +136,14 @@ struct fe_worker {
   char *rbuf;
   uint32_t got; /* datagrams in this loop pass */
   uint64_t now_ns;
-  /* response batch */
+  /* responses gathered in one forwarder pass over every accelerator, sent
+   * in dispatch order so one client's answers from several accelerators do
+   * not overtake each other needlessly */
+  struct fe_resp *resp;
+  uint32_t n_resp, max_resp;
+  uint64_t dispatch_seq;
   struct mmsghdr out[FE_SEND_BATCH];
   struct iovec out_iov[FE_SEND_BATCH];
-  union lynx_sockaddr out_addr[FE_SEND_BATCH];
-  struct fe_mq *out_mq[FE_SEND_BATCH];
-  uint32_t n_out;
   lynx_counter received;
   lynx_counter drops[FE_WDROP_MAX];
   char fence_scratch[8];

@@ -21,6 +21,7 @@
  * until a datagram or timer. --poll busy never sleeps.
  */
 #include <errno.h>
+#include <sched.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,53 +81,72 @@ static void conn_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
 
 /* ---- egress --------------------------------------------------------- */
 
+static int resp_cmp(const void *a, const void *b) {
+  const struct fe_resp *x = a, *y = b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Sends every gathered response, in dispatch order, 64 per sendmmsg. */
 static void flush_sends(struct fe_worker *w) {
-  uint32_t done = 0;
+  uint32_t base = 0;
   int fd;
-  if (!w->n_out)
+  if (!w->n_resp)
     return;
+  if (w->n_resp > 1)
+    qsort(w->resp, w->n_resp, sizeof(*w->resp), resp_cmp);
   if (uv_fileno((uv_handle_t *)&w->udp, &fd) != 0) {
-    for (uint32_t i = 0; i < w->n_out; i++)
-      lynx_cnt_add(&w->out_mq[i]->drops[FE_QDROP_SEND_ERR], 1);
-    w->n_out = 0;
+    /* the socket is closed (stopping): these answers cannot go out */
+    for (uint32_t i = 0; i < w->n_resp; i++)
+      lynx_cnt_add(&w->resp[i].mq->drops[FE_QDROP_SEND_ERR], 1);
+    w->n_resp = 0;
     return;
   }
-  while (done < w->n_out) {
-    int n = sendmmsg(fd, w->out + done, w->n_out - done, MSG_DONTWAIT);
-    if (n > 0) {
-      for (uint32_t i = done; i < done + (uint32_t)n; i++)
-        lynx_cnt_add(&w->out_mq[i]->responded, 1);
-      done += (uint32_t)n;
-      continue;
+  while (base < w->n_resp) {
+    uint32_t n = w->n_resp - base, done = 0;
+    if (n > FE_SEND_BATCH)
+      n = FE_SEND_BATCH;
+    for (uint32_t i = 0; i < n; i++) {
+      struct fe_resp *r = &w->resp[base + i];
+      struct msghdr *h = &w->out[i].msg_hdr;
+      w->out_iov[i].iov_base = (void *)r->data;
+      w->out_iov[i].iov_len = r->len;
+      memset(h, 0, sizeof(*h));
+      h->msg_name = &r->addr;
+      h->msg_namelen = r->addr.sa.sa_family == AF_INET6 ? sizeof(r->addr.v6)
+                                                        : sizeof(r->addr.v4);
+      h->msg_iov = &w->out_iov[i];
+      h->msg_iovlen = 1;
     }
-    if (n < 0 && errno == EINTR)
-      continue;
-    /* the first message of the rest failed: count it, go on with the rest */
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: send failed: %s", w->id,
-                strerror(errno));
-    lynx_cnt_add(&w->out_mq[done]->drops[FE_QDROP_SEND_ERR], 1);
-    done++;
+    while (done < n) {
+      int k = sendmmsg(fd, w->out + done, n - done, MSG_DONTWAIT);
+      if (k > 0) {
+        for (uint32_t i = done; i < done + (uint32_t)k; i++)
+          lynx_cnt_add(&w->resp[base + i].mq->responded, 1);
+        done += (uint32_t)k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR)
+        continue;
+      /* the first of the rest failed: count it, go on with the others */
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: send failed: %s",
+                  w->id, strerror(errno));
+      lynx_cnt_add(&w->resp[base + done].mq->drops[FE_QDROP_SEND_ERR], 1);
+      done++;
+    }
+    base += n;
   }
-  w->n_out = 0;
+  w->n_resp = 0;
 }
 
 static void queue_send(struct fe_worker *w, struct fe_mq *mq,
                        const struct lynx_tag_entry *e, const uint8_t *data,
                        uint32_t len) {
-  uint32_t i = w->n_out++;
-  struct msghdr *h = &w->out[i].msg_hdr;
-  w->out_addr[i] = e->peer;
-  w->out_iov[i].iov_base = (void *)data;
-  w->out_iov[i].iov_len = len;
-  memset(h, 0, sizeof(*h));
-  h->msg_name = &w->out_addr[i];
-  h->msg_namelen = e->peer.sa.sa_family == AF_INET6 ? sizeof(e->peer.v6)
-                                                    : sizeof(e->peer.v4);
-  h->msg_iov = &w->out_iov[i];
-  h->msg_iovlen = 1;
-  w->out_mq[i] = mq;
-  if (w->n_out == FE_SEND_BATCH)
-    flush_sends(w);
+  struct fe_resp *r = &w->resp[w->n_resp++];
+  r->seq = e->seq;
+  r->addr = e->peer;
+  r->data = data;
+  r->len = len;
+  r->mq = mq;
 }
 
 /* The actrl array arrived: refresh flow control, post reads of new TX
@@ -235,8 +255,8 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
     }
     mq->tx_staged = 0;
   }
-  /* the payloads live in the staging buffers: send before they are reused */
-  flush_sends(w);
+  /* The payloads stay in the staging buffers, which are only read into
+   * again at this connection's next cycle, after the worker has sent. */
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = c->mqs[i];
     struct iovec iov = {&mq->tx_cons, 4};
@@ -382,7 +402,7 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                                               : "no mqueue in dispatch");
     return;
   }
-  mq = &w->mqs[i];
+  mq = container_of(w->dqs[i], struct fe_mq, dq);
   e = lynx_tag_alloc(&w->tags, mq->gid, addr, w->now_ns, &tag);
   if (!e) {
     lynx_cnt_add(&w->drops[FE_DROP_TAG_FULL], 1);
@@ -395,6 +415,7 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     conn_fail(w, mq->conn, rc);
     return;
   }
+  e->seq = w->dispatch_seq++;
   mq->dq.rx_prod++;
   mq->dq.outstanding++;
   mq->conn->dirty = 1;
@@ -475,6 +496,7 @@ static void worker_loop(struct fe_worker *w) {
     work = (int)w->got;
     for (uint32_t i = 0; i < w->n_conns; i++)
       work += conn_progress(w, &w->conns[i]);
+    flush_sends(w);
     w->now_ns = lynx_now_ns();
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
@@ -495,7 +517,7 @@ static void worker_loop(struct fe_worker *w) {
       continue;
     }
     if (busy || w->now_ns - last_work < spin_ns) {
-      lynx_cpu_relax();
+      if (!busy) sched_yield(); else lynx_cpu_relax();
       continue;
     }
     {
@@ -595,6 +617,7 @@ static void worker_free(struct fe_worker *w) {
   free(w->mqs);
   free(w->dqs);
   free(w->rbuf);
+  free(w->resp);
   lynx_tagtab_free(&w->tags);
 }
 
@@ -684,7 +707,7 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
       mq->stage = malloc((size_t)mq->stage_slots * acc->g.slot_size);
       if (!mq->stage)
         return -ENOMEM;
-      w->dqs[n] = &mq->dq;
+      w->max_resp += mq->stage_slots;
       c->mqs[c->n_mqs++] = mq;
       total_slots += acc->g.slots;
       n++;
@@ -692,6 +715,18 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
     gid_base += acc->g.n_mqueues;
   }
   w->n_mqs = n;
+  /* Dispatch order interleaves accelerators (a0q0, a1q0, a0q1, ...) so
+   * consecutive requests spread over every accelerator. */
+  {
+    uint32_t k = 0;
+    for (uint32_t round = 0; k < n; round++)
+      for (uint32_t a = 0; a < w->n_conns; a++)
+        if (round < w->conns[a].n_mqs)
+          w->dqs[k++] = &w->conns[a].mqs[round]->dq;
+  }
+  w->resp = calloc(w->max_resp ? w->max_resp : 1, sizeof(*w->resp));
+  if (!w->resp)
+    return -ENOMEM;
   w->disp.policy = (enum lynx_dispatch_policy)fe->cfg.dispatch;
   w->disp.q = w->dqs;
   w->disp.n = n;
