@@ -4,6 +4,7 @@
 BUILD ?= build
 CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),-D$(v)=$($(v))))
 JOBS ?= $(shell nproc)
+MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test run bench clean
 

@@ -101,6 +101,7 @@ struct agent {
   uv_tcp_t server;
   uv_signal_t sigint, sigterm;
   struct peer *peers; /* open control connections */
+  struct peer *owner; /* the frontend the mqueues are granted to */
 };
 
 struct peer {
@@ -112,6 +113,10 @@ struct peer {
 
 static void peer_closed(struct lynx_ctl *c) {
   struct peer *p = container_of(c, struct peer, ctl);
+  if (p->ag->owner == p) {
+    p->ag->owner = NULL;
+    LYNX_INFO("agent", "%s: mqueues released by %s", p->ag->node_id, c->peer);
+  }
   *p->pprev = p->next;
   if (p->next)
     p->next->pprev = p->pprev;
@@ -120,12 +125,14 @@ static void peer_closed(struct lynx_ctl *c) {
   free(p);
 }
 
-static void send_reply(struct peer *p, int ok, const char *error) {
+static void send_reply(struct peer *p, int ok, int retryable,
+                       const char *error) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
   r.proto_version = LYNX_PROTO_VERSION;
   r.ok = ok;
   r.error = (char *)(error ? error : "");
+  r.retryable = retryable;
   r.id = p->ag->node_id;
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
   env.hello_reply = &r;
@@ -177,15 +184,26 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       LYNX_WARN("agent", "%s: refusing %s (%s %s): %s", p->ag->node_id,
                 c->peer, env->hello->role ? env->hello->role : "?",
                 env->hello->id ? env->hello->id : "?", err);
-      send_reply(p, 0, err);
+      send_reply(p, 0, 0, err);
       c->close_after_write = 1;
       return;
     }
+    /* Each mqueue has one producer: in static mode one frontend at a time
+     * gets the accelerators (the coordinator partitions them otherwise). */
+    if (p->ag->owner) {
+      snprintf(err, sizeof(err), "mqueues are in use by frontend at %s",
+               p->ag->owner->ctl.peer);
+      LYNX_WARN("agent", "%s: refusing %s: %s", p->ag->node_id, c->peer, err);
+      send_reply(p, 0, 1, err);
+      c->close_after_write = 1;
+      return;
+    }
+    p->ag->owner = p;
     p->greeted = 1;
     LYNX_INFO("agent", "%s: %s %s connected from %s", p->ag->node_id,
               env->hello->role ? env->hello->role : "peer",
               env->hello->id ? env->hello->id : "", c->peer);
-    send_reply(p, 1, NULL);
+    send_reply(p, 1, 0, NULL);
     send_descriptors(p);
     return;
   }

@@ -115,8 +115,8 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
     LYNX_ERR("frontend", "agent %s offers no accelerators", d->node_id);
     return -ENOENT;
   }
-  if (fe->workers_running && d->epoch == fe->epoch)
-    return 0; /* same agent incarnation: nothing changed */
+  /* new descriptors mean a new connection: the old workers' connections
+   * were taken down when the old control connection dropped */
   stop_workers(m);
   __atomic_store_n(&fe->stopping, 0, __ATOMIC_RELEASE);
   fe->acc = calloc(d->n_regions, sizeof(*fe->acc));
@@ -196,6 +196,12 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
   if (!m->greeted) {
     if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO_REPLY) {
       lynx_ctl_close(c, "agent's first message is not a HelloReply");
+      return;
+    }
+    if (!env->hello_reply->ok && env->hello_reply->retryable) {
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "agent %s: %s; retrying",
+                  c->peer, env->hello_reply->error);
+      lynx_ctl_close(c, NULL);
       return;
     }
     if (!env->hello_reply->ok || env->hello_reply->proto_version !=
