@@ -89,6 +89,7 @@ struct fe_mq {
   uint32_t tx_cons;
   uint32_t tx_staged; /* slots read this forwarder cycle */
   uint32_t tx_cons_dirty;
+  uint32_t bad_value, bad_seq_pos; /* last reported (+1), to count once */
   uint8_t *stage; /* staging for TX slot reads */
   uint32_t stage_slots;
   lynx_counter dispatched, responded;

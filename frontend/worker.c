@@ -149,6 +149,20 @@ static void queue_send(struct fe_worker *w, struct fe_mq *mq,
   r->mq = mq;
 }
 
+/* An index from the accelerator that breaks the ring rules: counted once
+ * per distinct bad value (it is seen again at every poll), logged. */
+static void bad_index(struct fe_mq *mq, const char *which, uint32_t v) {
+  if (mq->bad_value == v + 1)
+    return;
+  mq->bad_value = v + 1;
+  lynx_cnt_add(&mq->drops[FE_QDROP_BAD_INDEX], 1);
+  LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+              "accelerator %s/%u mqueue %u: %s %u out of range (rx %u..%u, "
+              "tx_cons %u), ignored",
+              mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q, which,
+              v, mq->dq.rx_cons, mq->dq.rx_prod, mq->tx_cons);
+}
+
 /* The actrl array arrived: refresh flow control, post reads of new TX
  * slots. */
 static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
@@ -160,16 +174,19 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
     struct lynx_actrl a = c->snap[mq->q];
     uint32_t avail, n, first, n1;
     uint64_t ring = lynx_tx_ring_off(g, mq->q);
-    /* rx_cons may only move forward within what we produced */
+    /* rx_cons may only move forward within what we produced; a bad value
+     * is ignored (flow control keeps the last good one) */
     if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons)
       mq->dq.rx_cons = a.rx_cons;
     else
-      goto bad_index;
+      bad_index(mq, "rx_cons", a.rx_cons);
     avail = a.tx_prod - mq->tx_cons;
     if (avail == 0)
       continue;
-    if (avail > g->slots)
-      goto bad_index;
+    if (avail > g->slots) {
+      bad_index(mq, "tx_prod", a.tx_prod);
+      continue;
+    }
     n = avail < mq->stage_slots ? avail : mq->stage_slots;
     first = mq->tx_cons & (g->slots - 1);
     n1 = g->slots - first < n ? g->slots - first : n;
@@ -186,14 +203,6 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
       c->reads_pending++;
     }
     mq->tx_staged = n;
-    continue;
-  bad_index:
-    lynx_cnt_add(&mq->drops[FE_QDROP_BAD_INDEX], 1);
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
-                "accelerator %s/%u mqueue %u: index out of range (tx_prod %u "
-                "tx_cons %u rx_cons %u rx_prod %u), ignored",
-                c->acc->node, c->acc->desc.accel_id, mq->q, a.tx_prod,
-                mq->tx_cons, a.rx_cons, mq->dq.rx_prod);
   }
   c->state = c->reads_pending ? FE_CONN_SLOTS : FE_CONN_IDLE;
   return c->reads_pending ? tc->ops->flush(tc) : 0;
@@ -208,7 +217,17 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
   struct lynx_tag_entry *e;
   memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
   if (m.seq != lynx_seq_for(pos)) {
-    lynx_cnt_add(&mq->drops[FE_QDROP_TX_SEQ], 1);
+    /* tx_prod ran ahead of the slot: an accelerator bug; counted once per
+     * position, retried at every cycle */
+    if (mq->bad_seq_pos != pos + 1) {
+      mq->bad_seq_pos = pos + 1;
+      lynx_cnt_add(&mq->drops[FE_QDROP_TX_SEQ], 1);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                  "mqueue %s/%u/%u: TX slot %u announced but not published "
+                  "(seq %u)",
+                  mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q,
+                  pos, m.seq);
+    }
     return -EAGAIN;
   }
   e = lynx_tag_lookup(&w->tags, m.tag, mq->gid);
@@ -484,6 +503,14 @@ static void worker_loop(struct fe_worker *w) {
   uint64_t timeout_ns = (uint64_t)fe->cfg.timeout_ms * 1000000u;
   int busy = fe->cfg.poll == 1, stopping = 0;
   int bfd = uv_backend_fd(&w->loop);
+  /* scan the tag table once per quarter timeout, a slice every 10 ms: an
+   * expired request is found at most timeout/4 late, and an idle-but-busy
+   * table costs little */
+  uint64_t slices = timeout_ns / 4 / EXPIRE_EVERY_NS;
+  uint32_t expire_budget =
+      slices ? (uint32_t)((w->tags.size + slices - 1) / slices) : w->tags.size;
+  if (expire_budget < 64)
+    expire_budget = 64;
 
   w->now_ns = last_work = lynx_now_ns();
   next_expire = w->now_ns + EXPIRE_EVERY_NS;
@@ -502,7 +529,8 @@ static void worker_loop(struct fe_worker *w) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
       check_accels(w);
       if (w->tags.in_use && w->now_ns > timeout_ns)
-        lynx_tag_expire(&w->tags, w->now_ns - timeout_ns, 4096, on_expire, w);
+        lynx_tag_expire(&w->tags, w->now_ns - timeout_ns, expire_budget,
+                        on_expire, w);
     }
     if (!stopping && __atomic_load_n(&fe->stopping, __ATOMIC_ACQUIRE)) {
       stopping = 1;
