@@ -68,12 +68,27 @@ int lynx_region_validate(const void *base, uint64_t mapped,
              (unsigned long long)h->epoch, (unsigned long long)d->epoch);
     return -EPROTO;
   }
+  if (h->ordering != d->ordering) {
+    snprintf(err, errlen, "ordering mode %u, descriptor says %u", h->ordering,
+             d->ordering);
+    return -EPROTO;
+  }
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) == 0 &&
+      h->n_mqueues == d->n_mqueues && h->slots == d->slots &&
+      h->slot_size == d->slot_size && d->region_size == g.region_size &&
+      mapped >= g.region_size && h->region_size == g.region_size &&
+      (h->actrl_off != g.actrl_off || h->fctrl_off != g.fctrl_off ||
+       h->rings_off != g.rings_off)) {
+    snprintf(err, errlen, "header offsets (%u, %u, %llu) differ from the "
+             "layout's (%u, %u, %llu)", h->actrl_off, h->fctrl_off,
+             (unsigned long long)h->rings_off, g.actrl_off, g.fctrl_off,
+             (unsigned long long)g.rings_off);
+    return -EPROTO;
+  }
   if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) ||
       h->n_mqueues != d->n_mqueues || h->slots != d->slots ||
       h->slot_size != d->slot_size || h->region_size != g.region_size ||
-      h->actrl_off != g.actrl_off || h->fctrl_off != g.fctrl_off ||
-      h->rings_off != g.rings_off || d->region_size != g.region_size ||
-      mapped < g.region_size || h->ordering != d->ordering) {
+      d->region_size != g.region_size || mapped < g.region_size) {
     snprintf(err, errlen,
              "geometry mismatch: header %u mqueues x %u slots x %u B (%llu B), "
              "descriptor %u x %u x %u (%llu B)",

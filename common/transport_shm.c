@@ -89,7 +89,12 @@ static int shm_connect(const struct lynx_region_desc *d,
   fd = shm_open(d->locator, O_RDWR, 0);
   if (fd < 0)
     return -errno;
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != d->region_size) {
+  if (fstat(fd, &st) != 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  if ((uint64_t)st.st_size != d->region_size) {
     LYNX_WARN("shm", "%s: file is %lld bytes, descriptor says %llu",
               d->locator, (long long)st.st_size,
               (unsigned long long)d->region_size);
@@ -123,13 +128,17 @@ static int shm_writev(struct lynx_tconn *tc, uint64_t off,
                       const struct iovec *iov, int iovcnt, unsigned flags) {
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
   uint64_t total = 0, body, done = 0;
-  uint8_t *dst = c->mem + off;
-  for (int i = 0; i < iovcnt; i++)
+  uint8_t *dst;
+  for (int i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > c->size - total) /* also keeps the sum from wrapping */
+      return -EFAULT;
     total += iov[i].iov_len;
+  }
   if (lynx_bounds_ok(c->size, off, total))
     return -EFAULT;
   if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
     return -EINVAL;
+  dst = c->mem + off;
   body = (flags & LYNX_WR_PUBLISH) ? total - 4 : total;
   union {
     uint32_t w;

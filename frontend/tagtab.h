@@ -38,7 +38,8 @@ struct lynx_tagtab {
 
 /* A table of at least min_entries (rounded up to a power of two, at most
  * 2^20) whose entries start at generation gen0 (pass a random value so that
- * two tables never hand out the same tags in step). 0 or -ENOMEM/-EINVAL. */
+ * two tables never hand out the same tags in step; only its low 32 - bits
+ * bits count). 0 or -ENOMEM/-EINVAL. */
 int lynx_tagtab_init(struct lynx_tagtab *t, uint32_t min_entries,
                      uint32_t gen0);
 void lynx_tagtab_free(struct lynx_tagtab *t);

@@ -36,6 +36,8 @@ void lynx_frame_reader_free(struct lynx_frame_reader *r) {
 }
 
 int lynx_frame_feed(struct lynx_frame_reader *r, const void *data, size_t n) {
+  if (n == 0) /* nothing to add; r->buf may still be NULL */
+    return 0;
   if (r->len + n > r->cap) {
     size_t cap = r->cap ? r->cap : 4096;
     uint8_t *b;

@@ -1,0 +1,218 @@
+/* test_dispatch.c - unit tests of frontend/dispatch.c (rr and lo). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dispatch.h"
+
+#define NQ 4
+
+struct fx {
+  struct lynx_dq dq[NQ];
+  struct lynx_dq *ptr[NQ];
+  struct lynx_dispatcher d;
+};
+
+static void fx_init(struct fx *f, enum lynx_dispatch_policy p, uint32_t n,
+                    uint32_t slots) {
+  memset(f, 0, sizeof(*f));
+  for (uint32_t i = 0; i < NQ; i++) {
+    f->dq[i].slots = slots;
+    f->dq[i].up = 1;
+    f->ptr[i] = &f->dq[i];
+  }
+  f->d.policy = p;
+  f->d.q = f->ptr;
+  f->d.n = n;
+}
+
+/* What the worker does after a successful write to the picked mqueue. */
+static void commit(struct fx *f, int i) {
+  f->dq[i].rx_prod++;
+  f->dq[i].outstanding++;
+}
+
+/* The accelerator frees every slot of mqueue i. */
+static void drain(struct fx *f, int i) { f->dq[i].rx_cons = f->dq[i].rx_prod; }
+
+static void make_full(struct lynx_dq *q) { q->rx_prod = q->rx_cons + q->slots; }
+
+static void test_rr_rotates_evenly(void **state) {
+  struct fx f;
+  int count[NQ] = {0};
+  (void)state;
+  fx_init(&f, LYNX_DISPATCH_RR, 3, 8);
+  for (int k = 0; k < 300; k++) {
+    int i = lynx_dispatch_pick(&f.d);
+    assert_int_equal(i, k % 3); /* strict rotation */
+    commit(&f, i);
+    drain(&f, i);
+    count[i]++;
+  }
+  assert_int_equal(count[0], 100);
+  assert_int_equal(count[1], 100);
+  assert_int_equal(count[2], 100);
+  assert_int_equal(count[3], 0); /* not among the dispatcher's n */
+}
+
+static void test_rr_skips_full_and_down(void **state) {
+  struct fx f;
+  int count[NQ] = {0};
+  (void)state;
+  fx_init(&f, LYNX_DISPATCH_RR, 4, 8);
+  /* mqueue 1 full (with indices across 2^32), mqueue 3 out of dispatch */
+  f.dq[1].rx_cons = 0xFFFFFFFCu;
+  make_full(&f.dq[1]);
+  assert_int_equal(f.dq[1].rx_prod, 4);
+  f.dq[3].up = 0;
+  for (int k = 0; k < 100; k++) {
+    int i = lynx_dispatch_pick(&f.d);
+    assert_true(i == 0 || i == 2);
+    assert_int_equal(i, (k % 2) * 2); /* 0, 2, 0, 2, ... */
+    commit(&f, i);
+    drain(&f, i);
+    count[i]++;
+  }
+  assert_int_equal(count[0], 50);
+  assert_int_equal(count[2], 50);
+  /* one slot short of full is not full */
+  f.dq[1].rx_cons++;
+  {
+    int seen1 = 0;
+    for (int k = 0; k < 2; k++)
+      seen1 |= lynx_dispatch_pick(&f.d) == 1;
+    assert_true(seen1);
+  }
+}
+
+/* A mqueue that fills up mid-run drops out of the rotation, and comes back
+ * when the accelerator releases slots. */
+static void test_rr_fill_up(void **state) {
+  struct fx f;
+  (void)state;
+  fx_init(&f, LYNX_DISPATCH_RR, 2, 4);
+  /* nobody drains: 8 picks fill both rings, alternating */
+  for (int k = 0; k < 8; k++) {
+    int i = lynx_dispatch_pick(&f.d);
+    assert_int_equal(i, k % 2);
+    commit(&f, i);
+  }
+  assert_int_equal(lynx_dispatch_pick(&f.d), -ENOSPC);
+  f.dq[1].rx_cons += 2;
+  assert_int_equal(lynx_dispatch_pick(&f.d), 1);
+  commit(&f, 1);
+  assert_int_equal(lynx_dispatch_pick(&f.d), 1);
+  commit(&f, 1);
+  assert_int_equal(lynx_dispatch_pick(&f.d), -ENOSPC);
+}
+
+static void test_all_full_enospc(void **state) {
+  struct fx f;
+  (void)state;
+  for (int p = 0; p < 2; p++) {
+    fx_init(&f, p ? LYNX_DISPATCH_LO : LYNX_DISPATCH_RR, 3, 16);
+    for (int i = 0; i < 3; i++) {
+      f.dq[i].rx_cons = 1000u * (uint32_t)i + 0xFFFFFFF8u;
+      make_full(&f.dq[i]);
+    }
+    assert_int_equal(lynx_dispatch_pick(&f.d), -ENOSPC);
+    /* full and down mixed: still -ENOSPC (something is in dispatch) */
+    f.dq[0].up = 0;
+    assert_int_equal(lynx_dispatch_pick(&f.d), -ENOSPC);
+    f.dq[2].rx_cons++;
+    assert_int_equal(lynx_dispatch_pick(&f.d), 2);
+  }
+}
+
+static void test_none_up_enoent(void **state) {
+  struct fx f;
+  (void)state;
+  for (int p = 0; p < 2; p++) {
+    fx_init(&f, p ? LYNX_DISPATCH_LO : LYNX_DISPATCH_RR, 3, 16);
+    for (int i = 0; i < 3; i++)
+      f.dq[i].up = 0;
+    assert_int_equal(lynx_dispatch_pick(&f.d), -ENOENT);
+    /* down and full: still nothing in dispatch */
+    make_full(&f.dq[1]);
+    assert_int_equal(lynx_dispatch_pick(&f.d), -ENOENT);
+    f.dq[2].up = 1;
+    assert_int_equal(lynx_dispatch_pick(&f.d), 2);
+    /* no mqueues at all */
+    f.d.n = 0;
+    assert_int_equal(lynx_dispatch_pick(&f.d), -ENOENT);
+  }
+}
+
+static void test_lo_picks_least_outstanding(void **state) {
+  struct fx f;
+  (void)state;
+  fx_init(&f, LYNX_DISPATCH_LO, 4, 64);
+  f.dq[0].outstanding = 5;
+  f.dq[1].outstanding = 7;
+  f.dq[2].outstanding = 2;
+  f.dq[3].outstanding = 9;
+  assert_int_equal(lynx_dispatch_pick(&f.d), 2);
+  assert_int_equal(lynx_dispatch_pick(&f.d), 2); /* nothing changed */
+  f.dq[2].outstanding = 6;
+  assert_int_equal(lynx_dispatch_pick(&f.d), 0);
+  /* the least loaded is skipped when its ring is full or it is down */
+  f.dq[0].rx_prod = 64;
+  assert_int_equal(lynx_dispatch_pick(&f.d), 2);
+  f.dq[2].up = 0;
+  assert_int_equal(lynx_dispatch_pick(&f.d), 1);
+  /* with answers coming back, load evens out */
+  fx_init(&f, LYNX_DISPATCH_LO, 3, 64);
+  f.dq[0].outstanding = 10;
+  for (int k = 0; k < 20; k++) {
+    int i = lynx_dispatch_pick(&f.d);
+    assert_true(i >= 0);
+    commit(&f, i);
+  }
+  assert_int_equal(f.dq[0].outstanding, 10);
+  assert_int_equal(f.dq[1].outstanding, 10);
+  assert_int_equal(f.dq[2].outstanding, 10);
+}
+
+static void test_lo_rotates_ties(void **state) {
+  struct fx f;
+  int count[NQ] = {0};
+  (void)state;
+  fx_init(&f, LYNX_DISPATCH_LO, 4, 64);
+  /* equal load that does not change (answers as fast as requests): ties
+   * must rotate, not always go to the first mqueue */
+  for (int k = 0; k < 40; k++) {
+    int i = lynx_dispatch_pick(&f.d);
+    assert_int_equal(i, k % 4);
+    count[i]++;
+  }
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(count[i], 10);
+  /* ties among a subset: 1 and 3 at 0, the others loaded */
+  f.dq[0].outstanding = 3;
+  f.dq[2].outstanding = 3;
+  {
+    int a = lynx_dispatch_pick(&f.d);
+    int b = lynx_dispatch_pick(&f.d);
+    int c = lynx_dispatch_pick(&f.d);
+    assert_true((a == 1 && b == 3) || (a == 3 && b == 1));
+    assert_int_equal(c, a);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rr_rotates_evenly),
+      cmocka_unit_test(test_rr_skips_full_and_down),
+      cmocka_unit_test(test_rr_fill_up),
+      cmocka_unit_test(test_all_full_enospc),
+      cmocka_unit_test(test_none_up_enoent),
+      cmocka_unit_test(test_lo_picks_least_outstanding),
+      cmocka_unit_test(test_lo_rotates_ties),
+  };
+  return cmocka_run_group_tests_name("dispatch", tests, NULL, NULL);
+}
