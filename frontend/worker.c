@@ -391,13 +391,15 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
   uint32_t tag;
   struct lynx_tag_entry *e;
   int i, rc;
-  if (nread == 0 || addr == NULL) /* end of a batch, or a buffer to free */
-    return;
   if (nread < 0) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: receive error: %s",
                 w->id, uv_strerror((int)nread));
     return;
   }
+  /* nread == 0 with an address is an empty datagram, a request like any
+   * other; without one it is libuv's end of batch or buffer release */
+  if (addr == NULL)
+    return;
   w->got++;
   lynx_cnt_add(&w->received, 1);
   if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {

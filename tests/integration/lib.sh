@@ -1,0 +1,536 @@
+# lib.sh - shared helpers of the Lynx-C integration tests. Source it first:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+#   it_init my_test            # temp dir, traps, watchdog
+#   it_require sockperf curl   # exit 77 (skip) when a tool is missing
+#   pick_ports AGENT_PORT UDP_PORT METRICS_PORT
+#   start_agent [extra agent options]     # waits for "serving descriptors"
+#   start_frontend [extra frontend options]  # waits for "serving UDP"
+#   v=$(metric lynx_frontend_responded_total) || fail "cannot scrape"
+#
+# The binaries' directory comes from the first script argument or
+# $LYNX_BIN_DIR (ctest passes both), else ../../build/bin.
+#
+# Every process started through these helpers is recorded; on exit (normal,
+# failure, INT, TERM or the watchdog) the cleanup trap SIGTERMs what is still
+# running, waits, SIGKILLs leftovers, and checks that no /dev/shm/lynx-* file
+# of this test's agents (node id $IT_NODE) remains. A lynx daemon that needs
+# SIGKILL, or a region file left by an agent that was not killed with -9 on
+# purpose (kill9), turns the test into a failure. When the test fails, the
+# logs of every process are printed.
+
+set -u
+set -o pipefail
+
+IT_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LYNX_BIN_DIR=${1:-${LYNX_BIN_DIR:-$IT_LIB_DIR/../../build/bin}}
+export LYNX_BIN_DIR
+
+IT_NAME=${IT_NAME:-$(basename "$0" .sh)}
+IT_DIR=
+IT_NODE=
+IT_WATCHDOG=
+IT_DEADLINE_S=${IT_DEADLINE_S:-100} # below ctest's TIMEOUT of 120
+declare -A IT_PIDS=()   # pid -> name of every running process we started
+declare -A IT_KILLED9=() # agent pids killed with SIGKILL on purpose
+declare -a IT_PORTS=()  # ports picked so far
+IT_SEQ=0
+IT_CLEANED=0
+
+# ---- messages ---------------------------------------------------------
+
+log() { printf '[%s] %s: %s\n' "$(date +%H:%M:%S.%3N)" "$IT_NAME" "$*"; }
+fail() {
+  printf '[%s] %s: FAIL: %s\n' "$(date +%H:%M:%S.%3N)" "$IT_NAME" "$*" >&2
+  exit 1
+}
+skip() {
+  printf '%s: SKIP: %s\n' "$IT_NAME" "$*"
+  exit 77
+}
+
+is_uint() { [[ ${1:-} =~ ^[0-9]+$ ]]; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# Assertions fail the test at once; with IT_SOFT=1 they record the failure,
+# return 1 and let the test go on (it_done then fails it), so one run
+# reports every broken invariant.
+IT_SOFT=0
+IT_NFAIL=0
+it_check_failed() {
+  if ((IT_SOFT)); then
+    printf '[%s] %s: FAILED CHECK: %s\n' "$(date +%H:%M:%S.%3N)" "$IT_NAME" "$*" >&2
+    IT_NFAIL=$((IT_NFAIL + 1))
+    return 1
+  fi
+  fail "$@"
+}
+# it_done: exit 0, or 1 when a soft check failed.
+it_done() {
+  ((IT_NFAIL == 0)) || fail "$IT_NFAIL check(s) failed (see FAILED CHECK above)"
+  exit 0
+}
+
+# assert_eq ACTUAL EXPECTED WHAT
+assert_eq() {
+  if ! is_uint "$1" || ! is_uint "$2"; then
+    it_check_failed "$3: not numbers: '$1' vs '$2'"
+    return 1
+  fi
+  (($1 == $2)) || { it_check_failed "$3: got $1, want $2"; return 1; }
+  log "ok: $3 = $1"
+}
+# assert_gt ACTUAL BOUND WHAT
+assert_gt() {
+  if ! is_uint "$1" || ! is_uint "$2"; then
+    it_check_failed "$3: not numbers: '$1' vs '$2'"
+    return 1
+  fi
+  (($1 > $2)) || { it_check_failed "$3: got $1, want > $2"; return 1; }
+  log "ok: $3 = $1 (> $2)"
+}
+# assert_ge ACTUAL BOUND WHAT
+assert_ge() {
+  if ! is_uint "$1" || ! is_uint "$2"; then
+    it_check_failed "$3: not numbers: '$1' vs '$2'"
+    return 1
+  fi
+  (($1 >= $2)) || { it_check_failed "$3: got $1, want >= $2"; return 1; }
+  log "ok: $3 = $1 (>= $2)"
+}
+# assert_lt ACTUAL BOUND WHAT
+assert_lt() {
+  if ! is_uint "$1" || ! is_uint "$2"; then
+    it_check_failed "$3: not numbers: '$1' vs '$2'"
+    return 1
+  fi
+  (($1 < $2)) || { it_check_failed "$3: got $1, want < $2"; return 1; }
+  log "ok: $3 = $1 (< $2)"
+}
+# assert_log FILE PATTERN WHAT: FILE holds the fixed string PATTERN.
+assert_log() {
+  grep -qF -- "$2" "$1" || { it_check_failed "$3: no '$2' in $(basename "$1")"; return 1; }
+  log "ok: $3"
+}
+
+# ---- set-up -------------------------------------------------------------
+
+# it_init NAME: temp dir, node id, traps, watchdog. Checks the binaries.
+it_init() {
+  IT_NAME=${1:-$IT_NAME}
+  IT_DIR=$(mktemp -d "${TMPDIR:-/tmp}/lynx-it-$IT_NAME.XXXXXX") ||
+    { echo "$IT_NAME: cannot create a temp dir" >&2; exit 1; }
+  # node ids: at most 31 characters, no '-': region files are
+  # /dev/shm/lynx-<node>-<agent pid>-a<i>
+  IT_NODE="it${$}r${RANDOM}"
+  trap it_cleanup EXIT
+  trap 'log "interrupted"; exit 130' INT
+  trap 'log "terminated"; exit 143' TERM
+  # a deadline of our own, so the cleanup runs even when ctest would kill us
+  # (the watchdog takes its sleep down with it when the cleanup stops it)
+  (
+    trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+    sleep "$IT_DEADLINE_S" &
+    sp=$!
+    wait "$sp"
+    echo "[$IT_NAME] watchdog: the test exceeded ${IT_DEADLINE_S}s" >&2
+    kill -TERM $$ 2>/dev/null
+  ) </dev/null >/dev/null &
+  IT_WATCHDOG=$!
+  local b
+  for b in lynx-agent lynx-frontend; do
+    [[ -x $LYNX_BIN_DIR/$b ]] || fail "$LYNX_BIN_DIR/$b is missing: build first (make)"
+  done
+  log "bin dir $LYNX_BIN_DIR, temp dir $IT_DIR, node id $IT_NODE"
+}
+
+# it_require TOOL...: skip (77) when one is missing.
+it_require() {
+  local t
+  for t in "$@"; do
+    command -v "$t" >/dev/null 2>&1 || skip "$t is not installed"
+  done
+}
+
+# ---- ports ----------------------------------------------------------------
+
+# Ports in use on this machine (TCP and UDP, any state, v4 and v6).
+used_ports() {
+  local f line hex
+  for f in /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6; do
+    [[ -r $f ]] || continue
+    while read -r _ line _; do
+      hex=${line##*:}
+      [[ $hex =~ ^[0-9A-Fa-f]{4}$ ]] && echo $((16#$hex))
+    done <"$f"
+  done | sort -un
+}
+
+# pick_ports VAR...: assigns each VAR a distinct port that is free for both
+# TCP and UDP. Candidates come from below the ephemeral range (so outgoing
+# connections do not take them), starting at a point derived from $$.
+pick_ports() {
+  local used p var tries lo=20000 span=12000
+  used=" $(used_ports | tr '\n' ' ') ${IT_PORTS[*]:-} "
+  p=$((lo + ($$ * 97 + RANDOM) % span))
+  for var in "$@"; do
+    for ((tries = 0; tries < span; tries++)); do
+      p=$((lo + (p - lo + 1) % span))
+      [[ $used == *" $p "* ]] && continue
+      break
+    done
+    used+="$p "
+    IT_PORTS+=("$p")
+    printf -v "$var" '%s' "$p"
+  done
+  log "ports: $(for var in "$@"; do printf '%s=%s ' "$var" "${!var}"; done)"
+}
+
+# ---- processes ------------------------------------------------------------
+
+# is_alive PID: running (a zombie does not count).
+is_alive() {
+  local st
+  kill -0 "$1" 2>/dev/null || return 1
+  st=$(sed -n 's/^.*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ $st != Z && -n $st ]]
+}
+
+# track PID NAME / untrack PID
+track() { IT_PIDS[$1]=$2; }
+untrack() { unset "IT_PIDS[$1]"; }
+
+# wait_exit PID TIMEOUT_S: waits for PID (our child) to exit and reaps it.
+# Returns 0 and sets WAIT_RC to its exit status; returns 1 on timeout.
+WAIT_RC='' # exit status of the last process wait_exit or stop reaped
+wait_exit() {
+  local pid=$1 end=$(($(date +%s%N) / 1000000 + ${2:-10} * 1000))
+  while is_alive "$pid"; do
+    (($(date +%s%N) / 1000000 < end)) || return 1
+    sleep 0.05
+  done
+  wait "$pid" 2>/dev/null
+  WAIT_RC=$?
+  untrack "$pid"
+  return 0
+}
+
+# stop PID [TIMEOUT_S] [SIGNAL]: signals PID and waits; fails the test when it
+# does not exit in time. Sets WAIT_RC.
+stop() {
+  local pid=$1 t=${2:-10} sig=${3:-TERM}
+  kill -"$sig" "$pid" 2>/dev/null
+  wait_exit "$pid" "$t" || fail "${IT_PIDS[$pid]:-pid $pid} did not exit within ${t}s of SIG$sig"
+}
+
+# wait_log FILE PATTERN [TIMEOUT_S] [COUNT] [PID]: waits until FILE holds at
+# least COUNT lines with the fixed string PATTERN. Fails when PID (if given)
+# dies first or on timeout.
+wait_log() {
+  local file=$1 pat=$2 t=${3:-10} count=${4:-1} pid=${5:-}
+  local end=$(($(date +%s%N) / 1000000 + t * 1000)) n
+  for (( ; ; )); do
+    n=$(grep -cF -- "$pat" "$file" 2>/dev/null)
+    ((${n:-0} >= count)) && return 0
+    if [[ -n $pid ]] && ! is_alive "$pid"; then
+      fail "$(basename "$file" .log) exited while we waited for '$pat' in its log"
+    fi
+    (($(date +%s%N) / 1000000 < end)) ||
+      fail "timed out after ${t}s waiting for '$pat' (x$count) in $(basename "$file")"
+    sleep 0.05
+  done
+}
+
+# start_agent [OPTION...]: starts lynx-agent on 127.0.0.1:$AGENT_PORT with
+# node id $IT_NODE, 2 CPU accelerators x 4 mqueues of sockperf-echo (extra
+# options are appended; do not repeat these). Waits until it serves unless
+# NOWAIT=1. Sets AGENT_PID and AGENT_LOG.
+AGENT_PID='' AGENT_LOG=''
+start_agent() {
+  local -a base=(--listen "127.0.0.1:$AGENT_PORT" --node-id "$IT_NODE")
+  local have_accels=0 have_mq=0 have_app=0 a
+  for a in "$@"; do
+    case $a in
+    --cpu-accels) have_accels=1 ;; --mqueues) have_mq=1 ;; --app) have_app=1 ;;
+    esac
+  done
+  ((have_accels)) || base+=(--cpu-accels 2)
+  ((have_mq)) || base+=(--mqueues 4)
+  ((have_app)) || base+=(--app sockperf-echo)
+  IT_SEQ=$((IT_SEQ + 1))
+  AGENT_LOG=$IT_DIR/agent.$IT_SEQ.log
+  "$LYNX_BIN_DIR/lynx-agent" "${base[@]}" "$@" >"$AGENT_LOG" 2>&1 </dev/null &
+  AGENT_PID=$!
+  track "$AGENT_PID" "lynx-agent#$IT_SEQ"
+  log "started lynx-agent#$IT_SEQ pid $AGENT_PID: ${base[*]} $*"
+  [[ ${NOWAIT:-0} == 1 ]] ||
+    wait_log "$AGENT_LOG" "serving descriptors on" 10 1 "$AGENT_PID"
+}
+
+# start_frontend [OPTION...]: starts lynx-frontend for the agent on
+# $AGENT_PORT, serving UDP 127.0.0.1:$UDP_PORT and metrics on
+# 127.0.0.1:$METRICS_PORT. Waits for "serving UDP" unless NOWAIT=1. Sets
+# FRONTEND_PID and FRONTEND_LOG.
+FRONTEND_PID='' FRONTEND_LOG=''
+start_frontend() {
+  local -a base=(--agent "127.0.0.1:$AGENT_PORT" --udp "127.0.0.1:$UDP_PORT"
+    --metrics "127.0.0.1:$METRICS_PORT")
+  IT_SEQ=$((IT_SEQ + 1))
+  FRONTEND_LOG=$IT_DIR/frontend.$IT_SEQ.log
+  "$LYNX_BIN_DIR/lynx-frontend" "${base[@]}" "$@" >"$FRONTEND_LOG" 2>&1 </dev/null &
+  FRONTEND_PID=$!
+  track "$FRONTEND_PID" "lynx-frontend#$IT_SEQ"
+  log "started lynx-frontend#$IT_SEQ pid $FRONTEND_PID: ${base[*]} $*"
+  [[ ${NOWAIT:-0} == 1 ]] ||
+    wait_log "$FRONTEND_LOG" "serving UDP" 10 1 "$FRONTEND_PID"
+}
+
+# agent_shm PID: region files of agent PID of this test.
+agent_shm() {
+  compgen -G "/dev/shm/lynx-$IT_NODE-$1-a*" || true
+}
+
+# kill9 PID: SIGKILL an agent on purpose; its region files are expected to
+# stay behind (the next agent, or the cleanup, removes them).
+kill9() {
+  IT_KILLED9[$1]=1
+  log "SIGKILL to ${IT_PIDS[$1]:-pid $1}"
+  { kill -KILL "$1" && wait "$1"; } 2>/dev/null # (no "Killed" job notice)
+  is_alive "$1" && fail "pid $1 survived SIGKILL"
+  untrack "$1"
+}
+
+# ---- metrics --------------------------------------------------------------
+
+# metric NAME [LABELMATCH]: sums the samples of NAME (exact metric name)
+# whose label set contains LABELMATCH (a substring such as 'reason="lost"' or
+# 'accel="0",mqueue="1"'). Scrapes 127.0.0.1:$METRICS_PORT, or reads the
+# file $METRICS_FROM when set. Prints the sum; returns 1 (and prints a
+# reason on stderr) when the scrape fails or no sample matches.
+metric() {
+  local name=$1 match=${2:-} text
+  if [[ -n ${METRICS_FROM:-} ]]; then
+    text=$(<"$METRICS_FROM") || return 1
+  else
+    text=$(curl -sf --max-time 5 "http://127.0.0.1:$METRICS_PORT/metrics") || {
+      echo "metric: cannot scrape 127.0.0.1:$METRICS_PORT/metrics" >&2
+      return 1
+    }
+  fi
+  awk -v name="$name" -v match_="$match" '
+    /^#/ { next }
+    {
+      key = $1; val = $NF
+      series = key; labels = ""
+      i = index(key, "{")
+      if (i) { series = substr(key, 1, i - 1); labels = substr(key, i) }
+      if (series != name) next
+      if (match_ != "" && index(labels, match_) == 0) next
+      sum += val; n++
+    }
+    END {
+      if (!n) { printf "metric: no sample of %s%s\n", name,
+                  (match_ != "" ? " matching " match_ : "") > "/dev/stderr"; exit 1 }
+      printf "%.0f\n", sum
+    }' <<<"$text"
+}
+
+# scrape FILE: saves one scrape (for consistent multi-metric assertions:
+# METRICS_FROM=FILE metric ...).
+scrape() {
+  curl -sf --max-time 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$1" ||
+    fail "cannot scrape 127.0.0.1:$METRICS_PORT/metrics"
+}
+
+# scrape_stable FILE [TIMEOUT_S]: scrapes until two scrapes 200 ms apart are
+# identical (nothing in flight any more), at most TIMEOUT_S (default 5).
+scrape_stable() {
+  local end=$(($(now_ms) + ${2:-5} * 1000))
+  scrape "$1"
+  for (( ; ; )); do
+    sleep 0.2
+    scrape "$1.next"
+    if cmp -s "$1" "$1.next"; then
+      rm -f "$1.next"
+      return 0
+    fi
+    mv -f "$1.next" "$1"
+    (($(now_ms) < end)) || { log "metrics still moving after ${2:-5}s"; return 0; }
+  done
+}
+
+# wait_metric NAME LABELMATCH MIN TIMEOUT_S: waits until the metric is >= MIN.
+wait_metric() {
+  local end=$(($(now_ms) + $4 * 1000)) v
+  for (( ; ; )); do
+    v=$(metric "$1" "$2" 2>/dev/null)
+    is_uint "$v" && ((v >= $3)) && return 0
+    (($(now_ms) < end)) || fail "timed out after ${4}s waiting for $1{$2} >= $3 (last: ${v:-none})"
+    sleep 0.05
+  done
+}
+
+# ---- the fuzz tool as a quick probe -----------------------------------------
+
+LYNX_UDP_FUZZ=${LYNX_UDP_FUZZ:-$LYNX_BIN_DIR/lynx-udp-fuzz}
+
+# fuzz_summary FILE: sets FZ_<key> for every key=value of the summary line.
+fuzz_summary() {
+  local line kv
+  line=$(grep -m1 '^udp_fuzz: sent=' "$1") || { cat "$1"; fail "no summary line from lynx-udp-fuzz"; }
+  for kv in ${line#udp_fuzz: }; do
+    [[ $kv == *=* ]] && printf -v "FZ_${kv%%=*}" '%s' "${kv#*=}"
+  done
+}
+
+# probe_udp WHAT [SEED] [COUNT]: the service on $UDP_PORT answers: COUNT
+# datagrams that fit a slot (lynx-udp-fuzz --max-size 2032), every expected
+# reply arrives and is byte-exact.
+probe_udp() {
+  local what=$1 seed=${2:-7} count=${3:-300} out rc
+  [[ -x $LYNX_UDP_FUZZ ]] || fail "$LYNX_UDP_FUZZ is missing: build first (make)"
+  IT_SEQ=$((IT_SEQ + 1))
+  out=$IT_DIR/probe.$IT_SEQ.out
+  timeout -k 2 30 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count "$count" \
+    --seed "$seed" --max-size 2032 --drain-ms 2000 >"$out" 2>&1 </dev/null
+  rc=$?
+  fuzz_summary "$out"
+  log "probe ($what): $(grep -m1 '^udp_fuzz: sent=' "$out")"
+  assert_eq "$rc" 0 "$what: lynx-udp-fuzz exit status (byte-exact replies)"
+  assert_gt "$FZ_expected_replies" 0 "$what: replies expected"
+  assert_eq "$FZ_received_replies" "$FZ_expected_replies" "$what: replies received"
+}
+
+# ---- sockperf -------------------------------------------------------------
+
+# run_sockperf OUT ARGS...: runs sockperf (bounded by timeout) with its output
+# in OUT; fails the test when it does not exit 0.
+run_sockperf() {
+  local out=$1 rc
+  shift
+  log "sockperf $*"
+  timeout -k 3 40 sockperf "$@" >"$out" 2>&1 </dev/null
+  rc=$?
+  ((rc == 0)) || { cat "$out"; fail "sockperf $* exited $rc"; }
+}
+
+# sockperf_stats OUT: sets SP_SENT SP_RCVD (total run), SP_VSENT SP_VRCVD
+# (valid duration), SP_DROP SP_DUP SP_OOO. Fails when a line is missing.
+sockperf_stats() {
+  local clean line re
+  clean=$(sed 's/\x1b\[[0-9;]*m//g' "$1")
+  if grep -q 'No messages were received' <<<"$clean"; then
+    echo "$clean"
+    it_check_failed "sockperf ($(basename "$1")): no messages were received from the server"
+    SP_SENT=0 SP_RCVD=0 SP_VSENT=0 SP_VRCVD=0 SP_DROP=0 SP_DUP=0 SP_OOO=0
+    return 1
+  fi
+  re='\[Total Run\][^;]*;[^;]*;[[:space:]]*SentMessages=([0-9]+);[[:space:]]*ReceivedMessages=([0-9]+)'
+  line=$(grep -m1 'Total Run' <<<"$clean")
+  [[ $line =~ $re ]] || { echo "$clean"; fail "no '[Total Run]' line in sockperf's output"; }
+  SP_SENT=${BASH_REMATCH[1]} SP_RCVD=${BASH_REMATCH[2]}
+  re='\[Valid Duration\][^;]*;[[:space:]]*SentMessages=([0-9]+);[[:space:]]*ReceivedMessages=([0-9]+)'
+  line=$(grep -m1 'Valid Duration' <<<"$clean")
+  [[ $line =~ $re ]] || { echo "$clean"; fail "no '[Valid Duration]' line in sockperf's output"; }
+  SP_VSENT=${BASH_REMATCH[1]} SP_VRCVD=${BASH_REMATCH[2]}
+  re='#[[:space:]]*dropped messages[[:space:]]*=[[:space:]]*([0-9]+);[[:space:]]*#[[:space:]]*duplicated messages[[:space:]]*=[[:space:]]*([0-9]+);[[:space:]]*#[[:space:]]*out-of-order messages[[:space:]]*=[[:space:]]*([0-9]+)'
+  line=$(grep -m1 'dropped messages' <<<"$clean")
+  [[ $line =~ $re ]] || { echo "$clean"; fail "no '# dropped messages = N; # duplicated messages = N; # out-of-order messages = N' line in sockperf's output"; }
+  SP_DROP=${BASH_REMATCH[1]} SP_DUP=${BASH_REMATCH[2]} SP_OOO=${BASH_REMATCH[3]}
+  log "sockperf: sent $SP_SENT received $SP_RCVD (valid: $SP_VSENT/$SP_VRCVD), dropped $SP_DROP duplicated $SP_DUP out-of-order $SP_OOO"
+}
+
+# check_sockperf OUT [ooo]: messages were received, none dropped or
+# duplicated, and none out of order. With "ooo", out-of-order answers are
+# only reported: when several mqueues answer one flow in parallel, answers
+# that finish in different forwarder passes may overtake each other
+# (docs/design.md); LYNX_IT_STRICT_ORDER=1 makes them fail the check anyway.
+check_sockperf() {
+  local what
+  what="sockperf ($(basename "$1"))"
+  sockperf_stats "$1" || return 1
+  assert_gt "$SP_RCVD" 0 "$what: messages received"
+  assert_gt "$SP_VRCVD" 0 "$what: messages received in the valid duration"
+  assert_eq "$SP_DROP" 0 "$what: dropped messages"
+  assert_eq "$SP_DUP" 0 "$what: duplicated messages"
+  if [[ ${2:-} != ooo || ${LYNX_IT_STRICT_ORDER:-0} == 1 ]]; then
+    assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
+  else
+    log "note: $what: $SP_OOO of $SP_VSENT answers out of order (allowed: several mqueues in parallel; LYNX_IT_STRICT_ORDER=1 forbids)"
+  fi
+}
+
+# ---- cleanup ----------------------------------------------------------------
+
+it_print_logs() {
+  local f
+  for f in "$IT_DIR"/*; do
+    [[ -f $f ]] || continue
+    echo "----- $(basename "$f") -----"
+    case $(basename "$f") in
+    metrics*) grep -v -e '^#' -e ' 0$' "$f" ;; # the non-zero samples
+    *) tail -n 300 "$f" ;;
+    esac
+  done
+  echo "----- end of logs -----"
+}
+
+it_cleanup() {
+  local rc=$? pid f bad=0 deadline name apid
+  ((IT_CLEANED)) && return
+  IT_CLEANED=1
+  set +e
+  trap - INT TERM
+  if ((rc != 0 && rc != 77)) && [[ -n ${METRICS_PORT:-} && -n $IT_DIR ]]; then
+    # what the frontend counted when the test failed (non-zero samples)
+    curl -sf --max-time 2 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null |
+      grep -v -e '^#' -e ' 0$' >"$IT_DIR/metrics-at-failure.txt"
+  fi
+  if [[ -n $IT_WATCHDOG ]]; then
+    kill -TERM "$IT_WATCHDOG" 2>/dev/null
+    wait "$IT_WATCHDOG" 2>/dev/null
+  fi
+  for pid in "${!IT_PIDS[@]}"; do
+    is_alive "$pid" && kill -TERM "$pid" 2>/dev/null
+  done
+  deadline=$(($(date +%s%N) / 1000000 + 5000))
+  for pid in "${!IT_PIDS[@]}"; do
+    while is_alive "$pid" && (($(date +%s%N) / 1000000 < deadline)); do
+      sleep 0.05
+    done
+    if is_alive "$pid"; then
+      name=${IT_PIDS[$pid]}
+      echo "[$IT_NAME] cleanup: $name (pid $pid) ignored SIGTERM for 5s: SIGKILL" >&2
+      kill -KILL "$pid" 2>/dev/null
+      [[ $name == lynx-* ]] && { bad=1; IT_KILLED9[$pid]=1; }
+    fi
+    wait "$pid" 2>/dev/null
+  done
+  # region files of this test's agents
+  if [[ -n $IT_NODE ]]; then
+    for f in /dev/shm/lynx-"$IT_NODE"-*; do
+      [[ -e $f ]] || continue
+      apid=${f#/dev/shm/lynx-"$IT_NODE"-}
+      apid=${apid%%-*}
+      if [[ -z ${IT_KILLED9[$apid]:-} ]]; then
+        echo "[$IT_NAME] cleanup: FAIL: $f was left behind by agent pid $apid" >&2
+        bad=1
+      fi
+      rm -f "$f"
+    done
+  fi
+  if ((rc == 0 && bad)); then
+    rc=1
+  fi
+  if ((rc != 0 && rc != 77)) && [[ -n $IT_DIR ]]; then
+    echo "[$IT_NAME] FAILED (exit $rc); logs of $IT_DIR:" >&2
+    it_print_logs >&2
+  fi
+  if [[ -n $IT_DIR && ${LYNX_IT_KEEP:-0} != 1 ]]; then
+    rm -rf "$IT_DIR"
+  elif [[ -n $IT_DIR ]]; then
+    echo "[$IT_NAME] kept $IT_DIR" >&2
+  fi
+  ((rc == 0)) && log "PASS"
+  exit "$rc"
+}

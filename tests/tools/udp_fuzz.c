@@ -1,0 +1,510 @@
+/*
+ * lynx-udp-fuzz - sends a reproducible stream of random datagrams to a UDP
+ * service (a lynx-frontend serving the sockperf-echo app) and checks every
+ * reply it gets.
+ *
+ * Datagram i (fixed seed, so every run sends the same bytes):
+ *   - size: about half at most --cap bytes (what fits an mqueue slot), a few
+ *     below the 14-byte sockperf header, boundary sizes (13, 14, cap, cap+1,
+ *     65507), the rest up to 65507;
+ *   - content: random, and for most datagrams a sockperf-like header (u64
+ *     seq, u16 flags at byte 8, u32 len at byte 10, network order) whose seq
+ *     is unique to the datagram; part of those carry the pong-request flag
+ *     (0x2), part of them also the client flag (0x1).
+ *
+ * The sockperf-echo app answers exactly the datagrams of 14..cap bytes whose
+ * flags have 0x2 set, with the same bytes except the client flag (0x1)
+ * cleared. Every reply is matched to its request by the seq field (unique
+ * among the datagrams that expect a reply) and must be byte-identical to it
+ * but for that bit; a reply nobody expects, a duplicate or a mismatch is an
+ * error.
+ *
+ * Pacing: datagrams go out in bursts (--burst, default 32, and at most 1 MiB
+ * per burst); after a burst the tool waits until the burst's expected replies
+ * are in (bounded by --burst-wait-ms), and gives the service --gap-us to read
+ * what it sent otherwise. So neither the frontend's rings (256 slots x 8
+ * mqueues by default) nor the socket buffers overflow.
+ *
+ * Output: one line
+ *   udp_fuzz: sent=N oversize=O expected_replies=E received_replies=R
+ *             empty=Z mismatched=M unexpected=U duplicates=D send_errors=S ...
+ * (oversize: longer than --cap; empty: 0-byte datagrams, part of sent)
+ * Exit status: 0 when mismatched, unexpected, duplicates and send_errors are
+ * all 0 (missing replies are for the caller to judge: it compares
+ * received_replies with expected_replies), 1 otherwise, 2 on usage errors.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define UDP_MAX 65507u
+#define HDR 14u
+#define F_CLIENT 0x1u
+#define F_PONG 0x2u
+#define BURST_BYTES_MAX (1u << 20)
+#define SEQ_TAG 0x4C594E5800000000ull /* "LYNX" in the high half */
+#define REPORT_MAX 10                /* detailed error lines */
+
+struct dgram {
+  uint8_t *data; /* kept only for datagrams that expect a reply */
+  uint32_t len;
+  int expect;    /* the app must answer it */
+  int got;       /* replies received */
+};
+
+struct cfg {
+  const char *host;
+  int port;
+  uint32_t count, cap, burst, burst_wait_ms, gap_us, drain_ms, max_size;
+  uint64_t seed;
+  int verbose;
+};
+
+/* splitmix64: small, fast, reproducible everywhere */
+static uint64_t rng_state;
+static uint64_t rnd(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static uint32_t rnd_below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
+static uint32_t rnd_range(uint32_t lo, uint32_t hi) { /* inclusive */
+  return lo + rnd_below(hi - lo + 1);
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void put_be64(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8)
+    p[i] = (uint8_t)v;
+}
+static uint64_t get_be64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* ---- seq -> datagram index (open addressing, expected datagrams only) */
+
+static uint64_t *ht_key;
+static uint32_t *ht_val; /* index + 1; 0 = empty */
+static uint32_t ht_mask;
+
+static uint32_t ht_hash(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  return (uint32_t)k;
+}
+static int ht_init(uint32_t n) {
+  uint32_t sz = 16;
+  while (sz < 2 * n)
+    sz <<= 1;
+  ht_key = calloc(sz, sizeof(*ht_key));
+  ht_val = calloc(sz, sizeof(*ht_val));
+  ht_mask = sz - 1;
+  return ht_key && ht_val ? 0 : -1;
+}
+static long ht_find(uint64_t k) {
+  for (uint32_t h = ht_hash(k) & ht_mask;; h = (h + 1) & ht_mask) {
+    if (!ht_val[h])
+      return -1;
+    if (ht_key[h] == k)
+      return (long)ht_val[h] - 1;
+  }
+}
+static void ht_put(uint64_t k, uint32_t idx) {
+  uint32_t h = ht_hash(k) & ht_mask;
+  while (ht_val[h])
+    h = (h + 1) & ht_mask;
+  ht_key[h] = k;
+  ht_val[h] = idx + 1;
+}
+
+/* ---- generation ------------------------------------------------------ */
+
+static uint32_t pick_size(const struct cfg *c) {
+  uint32_t r = rnd_below(100), cap = c->cap < c->max_size ? c->cap : c->max_size;
+  if (r < 8) /* shorter than the sockperf header, 0 included */
+    return rnd_range(0, HDR - 1 < c->max_size ? HDR - 1 : c->max_size);
+  if (r < 13) { /* boundaries */
+    const uint32_t b[] = {0, HDR - 1, HDR, cap - 1, cap, cap + 1, c->max_size};
+    uint32_t s = b[rnd_below(sizeof(b) / sizeof(b[0]))];
+    return s > c->max_size ? c->max_size : s;
+  }
+  if (r < 35) /* small, typical request sizes */
+    return rnd_range(HDR < cap ? HDR : cap, cap < 256 ? cap : 256);
+  if (r < 55) /* anything that fits a slot */
+    return rnd_range(HDR < cap ? HDR : cap, cap);
+  if (cap >= c->max_size) /* everything fits */
+    return rnd_range(0, c->max_size);
+  return rnd_range(cap + 1, c->max_size); /* oversize */
+}
+
+/* Fills datagram i; returns its bytes in buf and whether it expects a reply. */
+static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
+                           int *expect) {
+  uint32_t len = pick_size(c), r = rnd_below(100);
+  uint64_t seq = SEQ_TAG | i;
+  for (uint32_t k = 0; k < len; k += 8) {
+    uint64_t v = rnd();
+    memcpy(buf + k, &v, len - k < 8 ? len - k : 8);
+  }
+  if (r < 85) {
+    /* sockperf-like header: unique seq, flags, length */
+    uint8_t hdr[HDR];
+    uint16_t flags = (uint16_t)(rnd() & 0xfff0u); /* unknown high bits */
+    uint32_t rr = rnd_below(100);
+    if (rr < 70)
+      flags |= F_PONG;
+    if (rr < 50 || rr >= 85)
+      flags |= F_CLIENT;
+    if (rnd_below(4) == 0)
+      flags |= 0x4u; /* sockperf's warm-up bit, sometimes */
+    put_be64(hdr, seq);
+    hdr[8] = (uint8_t)(flags >> 8);
+    hdr[9] = (uint8_t)flags;
+    hdr[10] = (uint8_t)(len >> 24);
+    hdr[11] = (uint8_t)(len >> 16);
+    hdr[12] = (uint8_t)(len >> 8);
+    hdr[13] = (uint8_t)len;
+    /* a datagram shorter than the header carries its first bytes only */
+    memcpy(buf, hdr, len < HDR ? len : HDR);
+  }
+  /* else: random bytes throughout; they may still look like a pong request */
+  *expect = len >= HDR && len <= c->cap && (buf[9] & F_PONG);
+  if (*expect) {
+    /* the reply is matched by bytes 0..7: keep them unique */
+    while (ht_find(get_be64(buf)) >= 0)
+      buf[0] ^= 0x80, buf[7] += 1;
+  }
+  return len;
+}
+
+/* ---- replies --------------------------------------------------------- */
+
+struct stats {
+  uint32_t sent, empty, oversize, expected, received, mismatched, unexpected,
+      duplicates, send_errors;
+  uint64_t bytes_sent, bytes_received;
+};
+
+static void report(struct stats *st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void report(struct stats *st, const char *fmt, ...) {
+  static int n;
+  va_list ap;
+  (void)st;
+  if (n++ >= REPORT_MAX) {
+    if (n == REPORT_MAX + 1)
+      fprintf(stderr, "udp_fuzz: (further errors not shown)\n");
+    return;
+  }
+  va_start(ap, fmt);
+  fputs("udp_fuzz: ERROR: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+static void check_reply(struct dgram *d, const uint8_t *buf, ssize_t n,
+                        struct stats *st) {
+  long idx;
+  struct dgram *q;
+  st->bytes_received += (uint64_t)(n > 0 ? n : 0);
+  if (n < 8) {
+    st->unexpected++;
+    report(st, "reply of %zd bytes cannot carry a seq", n);
+    return;
+  }
+  idx = ht_find(get_be64(buf));
+  if (idx < 0) {
+    st->unexpected++;
+    report(st, "reply of %zd bytes with seq 0x%016llx matches no request that "
+               "expects one", n, (unsigned long long)get_be64(buf));
+    return;
+  }
+  q = &d[idx];
+  if (q->got++) {
+    st->duplicates++;
+    report(st, "duplicate reply to datagram %ld", idx);
+    return;
+  }
+  st->received++;
+  if ((uint32_t)n != q->len) {
+    st->mismatched++;
+    report(st, "reply to datagram %ld has %zd bytes, request had %u", idx, n,
+           q->len);
+    return;
+  }
+  for (uint32_t k = 0; k < q->len; k++) {
+    uint8_t want = k == 9 ? (uint8_t)(q->data[k] & ~F_CLIENT) : q->data[k];
+    if (buf[k] != want) {
+      st->mismatched++;
+      report(st, "reply to datagram %ld (%u bytes) differs at byte %u: 0x%02x, "
+                 "want 0x%02x", idx, q->len, k, buf[k], want);
+      return;
+    }
+  }
+  free(q->data); /* verified: the bytes are not needed any more */
+  q->data = NULL;
+}
+
+/* Reads replies until `want` replies have been received in all or the
+ * deadline passes; with linger, keeps reading until the deadline anyway (to
+ * catch strays and duplicates). */
+static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
+                  uint32_t want, uint64_t deadline, int linger) {
+  for (;;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    uint64_t now = now_ms();
+    int rc;
+    ssize_t n;
+    if (now >= deadline || (!linger && st->received >= want))
+      return;
+    rc = poll(&p, 1, (int)(deadline - now));
+    if (rc <= 0)
+      continue;
+    /* ends at EAGAIN; ECONNREFUSED (an ICMP error) is dropped the same */
+    while ((n = recv(fd, rbuf, UDP_MAX + 1, MSG_DONTWAIT)) >= 0)
+      check_reply(d, rbuf, n, st);
+  }
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: lynx-udp-fuzz [options]\n"
+          "Sends reproducible random datagrams to a sockperf-echo service and "
+          "checks the replies.\n\n"
+          "  --host ADDR          IPv4 address [127.0.0.1]\n"
+          "  --port N             UDP port (required)\n"
+          "  --count N            datagrams to send [10000]\n"
+          "  --seed N             random seed [1]\n"
+          "  --cap N              largest payload the service takes [2032]\n"
+          "  --max-size N         largest datagram [65507]\n"
+          "  --burst N            datagrams per burst [32]\n"
+          "  --burst-wait-ms N    wait at most this for a burst's replies [200]\n"
+          "  --gap-us N           pause after each burst [300]\n"
+          "  --drain-ms N         wait this long for the last replies [2000]\n"
+          "  --verbose            progress on stderr\n");
+}
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
+  char *end;
+  unsigned long long v;
+  errno = 0;
+  v = strtoull(s, &end, 0);
+  if (errno || !*s || *end || v < lo || v > hi)
+    return -1;
+  *out = (uint32_t)v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct option lopts[] = {
+      {"host", required_argument, NULL, 'h'},
+      {"port", required_argument, NULL, 'p'},
+      {"count", required_argument, NULL, 'n'},
+      {"seed", required_argument, NULL, 's'},
+      {"cap", required_argument, NULL, 'c'},
+      {"max-size", required_argument, NULL, 'M'},
+      {"burst", required_argument, NULL, 'b'},
+      {"burst-wait-ms", required_argument, NULL, 'w'},
+      {"gap-us", required_argument, NULL, 'g'},
+      {"drain-ms", required_argument, NULL, 'd'},
+      {"verbose", no_argument, NULL, 'v'},
+      {"help", no_argument, NULL, 'H'},
+      {NULL, 0, NULL, 0}};
+  struct cfg c = {"127.0.0.1", 0, 10000, 2032, 32, 200, 300, 2000, UDP_MAX,
+                  1, 0};
+  struct sockaddr_in sa;
+  struct stats st;
+  struct dgram *d;
+  uint8_t *sbuf, *rbuf;
+  int fd, opt, li = 0, sz = 4 << 20;
+  uint64_t t0;
+
+  while ((opt = getopt_long(argc, argv, "", lopts, &li)) != -1) {
+    uint32_t v = 0;
+    int bad = 0;
+    switch (opt) {
+    case 'h':
+      c.host = optarg;
+      break;
+    case 'p':
+      bad = parse_u32(optarg, 1, 65535, &v);
+      c.port = (int)v;
+      break;
+    case 'n':
+      bad = parse_u32(optarg, 0, 10000000, &c.count);
+      break;
+    case 's':
+      bad = parse_u32(optarg, 0, UINT32_MAX, &v);
+      c.seed = v;
+      break;
+    case 'c':
+      bad = parse_u32(optarg, HDR, UDP_MAX, &c.cap);
+      break;
+    case 'M':
+      bad = parse_u32(optarg, HDR, UDP_MAX, &c.max_size);
+      break;
+    case 'b':
+      bad = parse_u32(optarg, 1, 4096, &c.burst);
+      break;
+    case 'w':
+      bad = parse_u32(optarg, 0, 60000, &c.burst_wait_ms);
+      break;
+    case 'g':
+      bad = parse_u32(optarg, 0, 10000000, &c.gap_us);
+      break;
+    case 'd':
+      bad = parse_u32(optarg, 0, 600000, &c.drain_ms);
+      break;
+    case 'v':
+      c.verbose = 1;
+      break;
+    case 'H':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+    if (bad) {
+      fprintf(stderr, "lynx-udp-fuzz: bad value for --%s: %s\n",
+              lopts[li].name, optarg);
+      return 2;
+    }
+  }
+  if (optind < argc || c.port == 0) {
+    usage(stderr);
+    return 2;
+  }
+  memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)c.port);
+  if (inet_pton(AF_INET, c.host, &sa.sin_addr) != 1) {
+    fprintf(stderr, "lynx-udp-fuzz: --host %s is not an IPv4 address\n",
+            c.host);
+    return 2;
+  }
+  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    perror("lynx-udp-fuzz: socket");
+    return 1;
+  }
+  /* deep buffers (FORCE works as root, the plain one up to rmem_max) */
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof(sz)) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+
+  d = calloc(c.count ? c.count : 1, sizeof(*d));
+  sbuf = malloc(UDP_MAX + 8);
+  rbuf = malloc(UDP_MAX + 8);
+  if (!d || !sbuf || !rbuf || ht_init(c.count)) {
+    fprintf(stderr, "lynx-udp-fuzz: out of memory\n");
+    return 1;
+  }
+  memset(&st, 0, sizeof(st));
+  rng_state = c.seed;
+  t0 = now_ms();
+
+  for (uint32_t i = 0; i < c.count;) {
+    /* the pacing target: this burst's replies on top of those received so
+     * far (a reply that never comes delays one burst, not all that follow) */
+    uint32_t in_burst = 0, burst_bytes = 0, want = st.received;
+    while (i < c.count && in_burst < c.burst && burst_bytes < BURST_BYTES_MAX) {
+      int expect;
+      uint32_t len = make_dgram(&c, i, sbuf, &expect);
+      ssize_t n;
+      d[i].len = len;
+      d[i].expect = expect;
+      if (expect) {
+        d[i].data = malloc(len);
+        if (!d[i].data) {
+          fprintf(stderr, "lynx-udp-fuzz: out of memory\n");
+          return 1;
+        }
+        memcpy(d[i].data, sbuf, len);
+        ht_put(get_be64(sbuf), i);
+      }
+      do
+        n = send(fd, sbuf, len, 0);
+      while (n < 0 && (errno == EINTR || errno == ECONNREFUSED));
+      if (n != (ssize_t)len) {
+        st.send_errors++;
+        report(&st, "send of datagram %u (%u bytes) failed: %s", i, len,
+               n < 0 ? strerror(errno) : "short send");
+      } else {
+        st.sent++;
+        st.bytes_sent += len;
+        if (len == 0)
+          st.empty++;
+        if (len > c.cap)
+          st.oversize++;
+        if (expect) {
+          st.expected++;
+          want++;
+        }
+      }
+      i++;
+      in_burst++;
+      burst_bytes += len;
+    }
+    /* the burst's replies (and any late ones), then a breather */
+    drain(fd, d, rbuf, &st, want, now_ms() + c.burst_wait_ms, 0);
+    if (c.gap_us)
+      usleep(c.gap_us);
+    if (c.verbose && (i % 1024) < c.burst)
+      fprintf(stderr, "udp_fuzz: %u/%u sent, %u/%u replies\n", i, c.count,
+              st.received, st.expected);
+  }
+  /* all expected replies, then linger a little for strays and duplicates */
+  drain(fd, d, rbuf, &st, st.expected, now_ms() + c.drain_ms, 0);
+  drain(fd, d, rbuf, &st, st.expected,
+        now_ms() + (c.drain_ms < 300 ? c.drain_ms : 300), 1);
+
+  for (uint32_t i = 0, shown = 0; i < c.count && shown < REPORT_MAX; i++)
+    if (d[i].expect && !d[i].got) {
+      fprintf(stderr, "udp_fuzz: no reply to datagram %u (%u bytes, flags "
+                      "0x%02x%02x)\n", i, d[i].len, d[i].data[8], d[i].data[9]);
+      shown++;
+    }
+  printf("udp_fuzz: sent=%u oversize=%u expected_replies=%u "
+         "received_replies=%u empty=%u mismatched=%u unexpected=%u duplicates=%u "
+         "send_errors=%u bytes_sent=%llu bytes_received=%llu seed=%llu "
+         "cap=%u elapsed_ms=%llu\n",
+         st.sent, st.oversize, st.expected, st.received, st.empty, st.mismatched,
+         st.unexpected, st.duplicates, st.send_errors,
+         (unsigned long long)st.bytes_sent,
+         (unsigned long long)st.bytes_received, (unsigned long long)c.seed,
+         c.cap, (unsigned long long)(now_ms() - t0));
+  fflush(stdout);
+  for (uint32_t i = 0; i < c.count; i++)
+    free(d[i].data);
+  free(d);
+  free(sbuf);
+  free(rbuf);
+  free(ht_key);
+  free(ht_val);
+  close(fd);
+  return st.mismatched || st.unexpected || st.duplicates || st.send_errors ? 1
+                                                                           : 0;
+}
