@@ -35,4 +35,27 @@ struct lynx_dispatcher {
  * advances rx_prod and outstanding when the write succeeded. */
 int lynx_dispatch_pick(struct lynx_dispatcher *d);
 
+/*
+ * Flow order ("flowlets"): a client flow whose previous requests are still
+ * outstanding stays on the mqueue they went to, so the accelerator answers
+ * them in order (one mqueue is FIFO end to end) and the client sees its
+ * answers in the order it asked. A flow with nothing in flight is placed by
+ * the policy, so one client still reaches every accelerator over time. Only
+ * when its mqueue is full or leaves dispatch does a busy flow move, and only
+ * then can its answers overtake each other.
+ */
+struct lynx_flow {
+  uint32_t q;           /* dispatcher index of the flow's mqueue */
+  uint32_t outstanding; /* the flow's requests in flight */
+};
+
+/* pick, honouring f (NULL: plain pick). The caller records the result in
+ * f->q and counts f->outstanding up, and down as each request completes. */
+int lynx_dispatch_pick_flow(struct lynx_dispatcher *d,
+                            const struct lynx_flow *f);
+
+/* Hash of a client address (IPv4/IPv6 address and port) for a flow table. */
+struct sockaddr;
+uint32_t lynx_flow_hash(const struct sockaddr *sa);
+
 #endif

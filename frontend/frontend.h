@@ -30,6 +30,7 @@
 #define FE_SEND_BATCH 64
 #define FE_RECV_CHUNKS 20 /* libuv's recvmmsg width */
 #define FE_DGRAM_MAX 65536
+#define FE_FLOWS 4096 /* flow-table slots per worker (power of two) */
 
 /* Drop reasons counted per worker (not attributable to one mqueue). */
 enum fe_wdrop {
@@ -133,6 +134,8 @@ struct fe_worker {
   uint32_t n_mqs;
   struct lynx_dq **dqs;
   struct lynx_dispatcher disp;
+  struct lynx_flow *flows; /* NULL with --order none */
+  uint32_t flow_mask;
   struct lynx_tagtab tags;
   char *rbuf;
   uint32_t got; /* datagrams in this loop pass */
@@ -153,7 +156,7 @@ struct fe_worker {
 struct fe_cfg {
   char *agent, *udp, *metrics, *frontend_id, *log_level, *token_file;
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
-  int dispatch, poll;
+  int dispatch, poll, order;
 };
 
 struct frontend {

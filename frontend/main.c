@@ -26,6 +26,7 @@
 
 static const char *const dispatch_names[] = {"rr", "lo", NULL};
 static const char *const poll_names[] = {"adaptive", "busy", NULL};
+static const char *const order_names[] = {"flow", "none", NULL};
 
 #define O(f) offsetof(struct fe_cfg, f)
 static const struct lynx_opt fe_opts[] = {
@@ -37,6 +38,9 @@ static const struct lynx_opt fe_opts[] = {
      "worker threads (each owns a share of every accelerator's mqueues)"},
     {"dispatch", LYNX_OPT_ENUM, O(dispatch), "rr", 0, 0, dispatch_names,
      "dispatch policy: round robin or least outstanding"},
+    {"order", LYNX_OPT_ENUM, O(order), "flow", 0, 0, order_names,
+     "flow: a client's requests in flight stay on one mqueue, so its answers "
+     "keep their order; none: every request goes where the policy says"},
     {"poll", LYNX_OPT_ENUM, O(poll), "adaptive", 0, 0, poll_names,
      "adaptive: spin, then sleep; busy: never sleep (dedicated cores)"},
     {"spin-us", LYNX_OPT_U32, O(spin_us), "50", 0, 1000000, NULL,

@@ -97,10 +97,15 @@ uint32_t lynx_tag_expire(struct lynx_tagtab *t, uint64_t deadline_ns,
   return n;
 }
 
-uint32_t lynx_tag_release_mq(struct lynx_tagtab *t, uint32_t mq) {
+uint32_t lynx_tag_release_mq(struct lynx_tagtab *t, uint32_t mq,
+                             void (*cb)(void *arg,
+                                        const struct lynx_tag_entry *e),
+                             void *arg) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < t->size && t->in_use; i++)
     if (t->e[i].in_use && t->e[i].mq == mq) {
+      if (cb)
+        cb(arg, &t->e[i]);
       lynx_tag_release(t, &t->e[i]);
       n++;
     }

@@ -25,6 +25,7 @@ struct lynx_tag_entry {
   uint64_t seq;    /* caller's dispatch order (responses go out in it) */
   uint32_t tag;    /* current tag of this entry; valid when in_use */
   uint32_t mq;     /* frontend-wide mqueue index */
+  uint32_t flow;   /* caller's flow-table slot */
   uint32_t in_use;
 };
 
@@ -64,7 +65,11 @@ uint32_t lynx_tag_expire(struct lynx_tagtab *t, uint64_t deadline_ns,
                          void (*cb)(void *arg, const struct lynx_tag_entry *e),
                          void *arg);
 
-/* Releases every entry on mqueue mq (its accelerator left); returns count. */
-uint32_t lynx_tag_release_mq(struct lynx_tagtab *t, uint32_t mq);
+/* Releases every entry on mqueue mq (its accelerator left), calling cb (if
+ * not NULL) for each first; returns the count. */
+uint32_t lynx_tag_release_mq(struct lynx_tagtab *t, uint32_t mq,
+                             void (*cb)(void *arg,
+                                        const struct lynx_tag_entry *e),
+                             void *arg);
 
 #endif

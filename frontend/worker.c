@@ -50,6 +50,24 @@ const char *const fe_qdrop_names[FE_QDROP_MAX] = {
 
 static const uint8_t zeros[16];
 
+/* ---- request completion ------------------------------------------- */
+
+/* Every way a request ends (answered, dropped, expired, lost) comes here:
+ * its flow has one request fewer in flight. */
+static void flow_done(struct fe_worker *w, const struct lynx_tag_entry *e) {
+  if (w->flows && w->flows[e->flow].outstanding)
+    w->flows[e->flow].outstanding--;
+}
+
+static void tag_done(struct fe_worker *w, struct lynx_tag_entry *e) {
+  flow_done(w, e);
+  lynx_tag_release(&w->tags, e);
+}
+
+static void on_lost(void *arg, const struct lynx_tag_entry *e) {
+  flow_done(arg, e);
+}
+
 /* ---- connection failure ------------------------------------------- */
 
 /* Takes a connection out of dispatch: its mqueues leave the dispatcher and
@@ -62,7 +80,7 @@ static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
   c->state = FE_CONN_DEAD;
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = c->mqs[i];
-    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid);
+    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
     mq->dq.up = 0;
     mq->dq.outstanding = 0;
     lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
@@ -253,7 +271,7 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
   } else {
     queue_send(w, mq, e, slot + (uint32_t)m.off16 * 16u, m.len);
   }
-  lynx_tag_release(&w->tags, e);
+  tag_done(w, e);
   return 0;
 }
 
@@ -388,7 +406,7 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                     const struct sockaddr *addr, unsigned flags) {
   struct fe_worker *w = h->data;
   struct fe_mq *mq;
-  uint32_t tag;
+  uint32_t tag, flow;
   struct lynx_tag_entry *e;
   int i, rc;
   if (nread < 0) {
@@ -414,7 +432,8 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                 w->id, nread, w->cap);
     return;
   }
-  i = lynx_dispatch_pick(&w->disp);
+  flow = w->flows ? lynx_flow_hash(addr) & w->flow_mask : 0;
+  i = lynx_dispatch_pick_flow(&w->disp, w->flows ? &w->flows[flow] : NULL);
   if (i < 0) {
     enum fe_wdrop r = i == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_NO_MQUEUE;
     lynx_cnt_add(&w->drops[r], 1);
@@ -437,6 +456,11 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     return;
   }
   e->seq = w->dispatch_seq++;
+  e->flow = flow;
+  if (w->flows) {
+    w->flows[flow].q = (uint32_t)i;
+    w->flows[flow].outstanding++;
+  }
   mq->dq.rx_prod++;
   mq->dq.outstanding++;
   mq->conn->dirty = 1;
@@ -451,6 +475,7 @@ static void on_expire(void *arg, const struct lynx_tag_entry *e) {
   for (uint32_t i = 0; i < w->n_mqs && !mq; i++)
     if (w->mqs[i].gid == e->mq)
       mq = &w->mqs[i];
+  flow_done(w, e);
   if (!mq)
     return;
   mq->dq.outstanding--;
@@ -571,7 +596,7 @@ static void worker_loop(struct fe_worker *w) {
   /* Whatever is still outstanding is lost to its clients. */
   for (uint32_t i = 0; i < w->n_mqs; i++) {
     struct fe_mq *mq = &w->mqs[i];
-    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid);
+    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
     if (n) {
       lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
       LYNX_WARN("frontend", "worker %u: %u requests on mqueue %u unanswered "
@@ -648,6 +673,7 @@ static void worker_free(struct fe_worker *w) {
   free(w->dqs);
   free(w->rbuf);
   free(w->resp);
+  free(w->flows);
   lynx_tagtab_free(&w->tags);
 }
 
@@ -757,6 +783,12 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   w->resp = calloc(w->max_resp ? w->max_resp : 1, sizeof(*w->resp));
   if (!w->resp)
     return -ENOMEM;
+  if (fe->cfg.order == 0) { /* flow order */
+    w->flow_mask = FE_FLOWS - 1;
+    w->flows = calloc(FE_FLOWS, sizeof(*w->flows));
+    if (!w->flows)
+      return -ENOMEM;
+  }
   w->disp.policy = (enum lynx_dispatch_policy)fe->cfg.dispatch;
   w->disp.q = w->dqs;
   w->disp.n = n;

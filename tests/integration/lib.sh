@@ -440,11 +440,8 @@ sockperf_stats() {
   log "sockperf: sent $SP_SENT received $SP_RCVD (valid: $SP_VSENT/$SP_VRCVD), dropped $SP_DROP duplicated $SP_DUP out-of-order $SP_OOO"
 }
 
-# check_sockperf OUT [ooo]: messages were received, none dropped or
-# duplicated, and none out of order. With "ooo", out-of-order answers are
-# only reported: when several mqueues answer one flow in parallel, answers
-# that finish in different forwarder passes may overtake each other
-# (docs/design.md); LYNX_IT_STRICT_ORDER=1 makes them fail the check anyway.
+# check_sockperf OUT: messages were received, none dropped, duplicated or
+# out of order.
 check_sockperf() {
   local what
   what="sockperf ($(basename "$1"))"
@@ -453,11 +450,7 @@ check_sockperf() {
   assert_gt "$SP_VRCVD" 0 "$what: messages received in the valid duration"
   assert_eq "$SP_DROP" 0 "$what: dropped messages"
   assert_eq "$SP_DUP" 0 "$what: duplicated messages"
-  if [[ ${2:-} != ooo || ${LYNX_IT_STRICT_ORDER:-0} == 1 ]]; then
-    assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
-  else
-    log "note: $what: $SP_OOO of $SP_VSENT answers out of order (allowed: several mqueues in parallel; LYNX_IT_STRICT_ORDER=1 forbids)"
-  fi
+  assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
 }
 
 # ---- cleanup ----------------------------------------------------------------

@@ -4,13 +4,10 @@
 #  1. ping-pong at 14 (the bare sockperf header), 64 and 1400 bytes, 2 s each:
 #     answers arrive, none dropped, duplicated or out of order; the
 #     frontend's responded counter grows with every run.
-#  2. under-load, 20000 msg/s, every message a pong request, 3 s: none dropped
-#     or duplicated. Out of order is reported, not failed (set
-#     LYNX_IT_STRICT_ORDER=1 to fail it): the frontend spreads one flow over
-#     every mqueue of both accelerators and sends what one forwarder pass
-#     collected in dispatch order, but answers finishing in different passes
-#     can overtake each other; UDP promises no order (docs/design.md). On a
-#     2-core machine 20000 msg/s is near saturation and reorders a lot.
+#  2. under-load, 20000 msg/s, every message a pong request, 3 s: none dropped,
+#     duplicated or out of order. The frontend keeps a flow's requests in
+#     flight on one mqueue (--order flow, the default), so its answers keep
+#     their order even though one client reaches every accelerator.
 #  3. metrics: received == dispatched == responded, no drop of any reason,
 #     and every mqueue of both accelerators carried traffic.
 #  4. one accelerator with one mqueue (a single FIFO): under-load answers
@@ -44,7 +41,7 @@ out=$IT_DIR/underload-m64.out
 # in sockperf's own receive queue
 run_sockperf "$out" under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
   --mps 20000 --reply-every 1 --buffer-size 4194304
-check_sockperf "$out" ooo
+check_sockperf "$out"
 r=$(metric lynx_frontend_responded_total) || fail "cannot read responded_total"
 assert_ge "$r" $((r_prev + SP_RCVD)) "responded_total after under-load"
 

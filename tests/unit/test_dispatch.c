@@ -8,6 +8,9 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "dispatch.h"
 
 #define NQ 4
@@ -204,6 +207,76 @@ static void test_lo_rotates_ties(void **state) {
   }
 }
 
+/* Flow order: a flow with requests in flight stays on its mqueue; with none
+ * in flight, or when its mqueue is full or down, the policy places it. */
+static void test_flow_sticks_while_outstanding(void **state) {
+  struct fx f;
+  struct lynx_flow fl = {0, 0};
+  int i;
+  (void)state;
+  fx_init(&f, LYNX_DISPATCH_RR, NQ, 4);
+  /* nothing in flight: round robin moves the flow along */
+  assert_int_equal(lynx_dispatch_pick_flow(&f.d, &fl), 0);
+  assert_int_equal(lynx_dispatch_pick_flow(&f.d, &fl), 1);
+  /* one in flight on mqueue 2: it stays there while others rotate */
+  fl.q = 2;
+  fl.outstanding = 1;
+  for (int k = 0; k < 3; k++) {
+    i = lynx_dispatch_pick_flow(&f.d, &fl);
+    assert_int_equal(i, 2);
+    commit(&f, i);
+  }
+  /* mqueue 2 full (4 slots): the busy flow moves on */
+  commit(&f, 2);
+  i = lynx_dispatch_pick_flow(&f.d, &fl);
+  assert_int_not_equal(i, 2);
+  /* mqueue 2 leaves dispatch: the flow moves as well */
+  drain(&f, 2);
+  f.dq[2].up = 0;
+  assert_int_not_equal(lynx_dispatch_pick_flow(&f.d, &fl), 2);
+  /* a flow index beyond the table (stale) falls back to the policy */
+  fl.q = NQ + 3;
+  i = lynx_dispatch_pick_flow(&f.d, &fl);
+  assert_true(i >= 0 && i < NQ && i != 2);
+  /* NULL flow is plain pick */
+  assert_true(lynx_dispatch_pick_flow(&f.d, NULL) >= 0);
+}
+
+static void test_flow_hash(void **state) {
+  struct sockaddr_in a, b;
+  struct sockaddr_in6 c;
+  (void)state;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(0x7f000001);
+  a.sin_port = htons(4000);
+  b = a;
+  assert_int_equal(lynx_flow_hash((struct sockaddr *)&a),
+                   lynx_flow_hash((struct sockaddr *)&b));
+  b.sin_port = htons(4001);
+  assert_int_not_equal(lynx_flow_hash((struct sockaddr *)&a),
+                       lynx_flow_hash((struct sockaddr *)&b));
+  memset(&c, 0, sizeof(c));
+  c.sin6_family = AF_INET6;
+  c.sin6_port = htons(4000);
+  c.sin6_addr.s6_addr[15] = 1;
+  assert_int_not_equal(lynx_flow_hash((struct sockaddr *)&a),
+                       lynx_flow_hash((struct sockaddr *)&c));
+  /* ports of one host spread over a 4096-slot table */
+  {
+    static unsigned char seen[4096];
+    unsigned distinct = 0;
+    for (uint16_t p = 0; p < 1000; p++) {
+      uint32_t h;
+      b.sin_port = htons((uint16_t)(30000 + p));
+      h = lynx_flow_hash((struct sockaddr *)&b) & 4095u;
+      if (!seen[h]++)
+        distinct++;
+    }
+    assert_true(distinct > 850);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rr_rotates_evenly),
@@ -213,6 +286,8 @@ int main(void) {
       cmocka_unit_test(test_none_up_enoent),
       cmocka_unit_test(test_lo_picks_least_outstanding),
       cmocka_unit_test(test_lo_rotates_ties),
+      cmocka_unit_test(test_flow_sticks_while_outstanding),
+      cmocka_unit_test(test_flow_hash),
   };
   return cmocka_run_group_tests_name("dispatch", tests, NULL, NULL);
 }

@@ -295,7 +295,7 @@ static void test_release_mq(void **state) {
     es[i] = lynx_tag_alloc(t, mqs[i], (struct sockaddr *)&a, 0, &tags[i]);
     assert_non_null(es[i]);
   }
-  assert_int_equal(lynx_tag_release_mq(t, 1), 4);
+  assert_int_equal(lynx_tag_release_mq(t, 1, NULL, NULL), 4);
   assert_int_equal(t->in_use, 6);
   for (int i = 0; i < 10; i++) {
     if (mqs[i] == 1)
@@ -303,11 +303,37 @@ static void test_release_mq(void **state) {
     else
       assert_ptr_equal(lynx_tag_lookup(t, tags[i], mqs[i]), es[i]);
   }
-  assert_int_equal(lynx_tag_release_mq(t, 1), 0);
-  assert_int_equal(lynx_tag_release_mq(t, 9), 0);
-  assert_int_equal(lynx_tag_release_mq(t, 7), 1);
+  assert_int_equal(lynx_tag_release_mq(t, 1, NULL, NULL), 0);
+  assert_int_equal(lynx_tag_release_mq(t, 9, NULL, NULL), 0);
+  assert_int_equal(lynx_tag_release_mq(t, 7, NULL, NULL), 1);
   assert_int_equal(t->in_use, 5);
   assert_int_equal(t->n_free, 11);
+}
+
+struct seen_mq {
+  uint32_t n, mq, bad;
+};
+static void on_release(void *arg, const struct lynx_tag_entry *e) {
+  struct seen_mq *s = arg;
+  s->n++;
+  if (e->mq != s->mq || !e->in_use)
+    s->bad++;
+}
+
+/* release_mq tells the caller about every entry it frees, while the entry
+ * is still intact (the frontend returns the flow's count from it) */
+static void test_release_mq_callback(void **state) {
+  struct lynx_tagtab *t = tt_new(state, 16, 3);
+  struct sockaddr_in a = v4(1, 1);
+  struct seen_mq s = {0, 2, 0};
+  uint32_t tag;
+  for (int i = 0; i < 9; i++)
+    assert_non_null(
+        lynx_tag_alloc(t, (uint32_t)(i % 3), (struct sockaddr *)&a, 0, &tag));
+  assert_int_equal(lynx_tag_release_mq(t, 2, on_release, &s), 3);
+  assert_int_equal(s.n, 3);
+  assert_int_equal(s.bad, 0);
+  assert_int_equal(t->in_use, 6);
 }
 
 /* Two workers' tables used in lock step never hand out the same tag. */
@@ -368,6 +394,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_expire_old_only, tt_teardown),
       cmocka_unit_test_teardown(test_expire_bounded_scan, tt_teardown),
       cmocka_unit_test_teardown(test_release_mq, tt_teardown),
+      cmocka_unit_test_teardown(test_release_mq_callback, tt_teardown),
       cmocka_unit_test_teardown(test_gen0_distinct_tables, pair_teardown),
   };
   return cmocka_run_group_tests_name("tagtab", tests, NULL, NULL);
