@@ -269,22 +269,6 @@ static void remove_stale_regions(void) {
   closedir(d);
 }
 
-static int read_token(const char *path, char **out) {
-  char buf[512];
-  FILE *f = fopen(path, "r");
-  size_t n;
-  if (!f)
-    return -errno;
-  n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  buf[strcspn(buf, "\r\n")] = 0;
-  if (!buf[0])
-    return -EINVAL;
-  *out = strdup(buf);
-  return *out ? 0 : -ENOMEM;
-}
-
 static void accels_stop(struct agent *ag) {
   for (uint32_t i = 0; ag->acc && i < ag->n_acc; i++) {
     struct accel *a = &ag->acc[i];
@@ -396,7 +380,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--listen: '%s' is not host:port\n", ag.cfg.listen);
     goto out_opts;
   }
-  if (ag.cfg.token_file && (rc = read_token(ag.cfg.token_file, &ag.token))) {
+  if (ag.cfg.token_file && (rc = lynx_read_token(ag.cfg.token_file, &ag.token))) {
     fprintf(stderr, "--token-file %s: %s\n", ag.cfg.token_file,
             rc == -EINVAL ? "file is empty" : strerror(-rc));
     goto out_opts;

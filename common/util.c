@@ -79,3 +79,19 @@ const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len) {
   }
   return buf;
 }
+
+int lynx_read_token(const char *path, char **out) {
+  char buf[512];
+  FILE *f = fopen(path, "r");
+  size_t n;
+  if (!f)
+    return -errno;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  buf[strcspn(buf, "\r\n")] = 0;
+  if (!buf[0])
+    return -EINVAL;
+  *out = strdup(buf);
+  return *out ? 0 : -ENOMEM;
+}

@@ -12,6 +12,10 @@
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
   ((type *)((char *)(ptr) - offsetof(type, member)))
+/* Reads a cluster token: the first line of the file, at most 511 bytes.
+ * *out is malloc'd (caller frees). 0, -errno, or -EINVAL when empty. */
+int lynx_read_token(const char *path, char **out);
+
 #endif
 
 #define LYNX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -42,5 +46,9 @@ const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len);
 
 /* strtoul with full-string and range checks. 0 or -EINVAL. */
 int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Reads a cluster token: the first line of the file, at most 511 bytes.
+ * *out is malloc'd (caller frees). 0, -errno, or -EINVAL when empty. */
+int lynx_read_token(const char *path, char **out);
 
 #endif

@@ -304,22 +304,6 @@ static void on_signal(uv_signal_t *s, int signum) {
   begin_shutdown(m, 0);
 }
 
-static int read_token(const char *path, char **out) {
-  char buf[512];
-  FILE *f = fopen(path, "r");
-  size_t n;
-  if (!f)
-    return -errno;
-  n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  buf[strcspn(buf, "\r\n")] = 0;
-  if (!buf[0])
-    return -EINVAL;
-  *out = strdup(buf);
-  return *out ? 0 : -ENOMEM;
-}
-
 int main(int argc, char **argv) {
   static struct fe_main m;
   struct frontend *fe = &m.fe;
@@ -350,7 +334,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--udp: '%s' is not a port or host:port\n", fe->cfg.udp);
     goto out;
   }
-  if (fe->cfg.token_file && (rc = read_token(fe->cfg.token_file, &fe->token))) {
+  if (fe->cfg.token_file && (rc = lynx_read_token(fe->cfg.token_file, &fe->token))) {
     fprintf(stderr, "--token-file %s: %s\n", fe->cfg.token_file,
             rc == -EINVAL ? "file is empty" : strerror(-rc));
     goto out;

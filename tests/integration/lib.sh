@@ -290,6 +290,17 @@ agent_shm() {
   compgen -G "/dev/shm/lynx-$IT_NODE-$1-a*" || true
 }
 
+# stop_daemons: SIGTERM the frontend and the agent started last; both must
+# exit 0, and the agent must leave no shared-memory region behind.
+stop_daemons() {
+  local apid=$AGENT_PID
+  stop "$FRONTEND_PID" 10
+  assert_eq "$WAIT_RC" 0 "frontend exit status on SIGTERM"
+  stop "$AGENT_PID" 10
+  assert_eq "$WAIT_RC" 0 "agent exit status on SIGTERM"
+  [[ -z $(agent_shm "$apid") ]] || fail "agent $apid left $(agent_shm "$apid")"
+}
+
 # kill9 PID: SIGKILL an agent on purpose; its region files are expected to
 # stay behind (the next agent, or the cleanup, removes them).
 kill9() {

@@ -86,10 +86,5 @@ IT_SOFT=1
 check_sockperf "$out"
 IT_SOFT=0
 
-stop "$FRONTEND_PID" 10
-assert_eq "$WAIT_RC" 0 "frontend exit status on SIGTERM"
-apid=$AGENT_PID
-stop "$AGENT_PID" 10
-assert_eq "$WAIT_RC" 0 "agent exit status on SIGTERM"
-[[ -z $(agent_shm "$apid") ]] || fail "agent $apid left $(agent_shm "$apid")"
+stop_daemons
 it_done

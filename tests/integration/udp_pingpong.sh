@@ -77,12 +77,7 @@ for a in 0 1; do
 done
 unset METRICS_FROM
 
-stop "$FRONTEND_PID" 10
-assert_eq "$WAIT_RC" 0 "frontend exit status on SIGTERM"
-apid=$AGENT_PID
-stop "$AGENT_PID" 10
-assert_eq "$WAIT_RC" 0 "agent exit status on SIGTERM"
-[[ -z $(agent_shm "$apid") ]] || fail "agent $apid left $(agent_shm "$apid")"
+stop_daemons
 
 # ---- 4. one mqueue: in order -----------------------------------------------
 start_agent --cpu-accels 1 --mqueues 1 --slots 4096
