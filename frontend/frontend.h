@@ -59,14 +59,14 @@ enum fe_qdrop {
 extern const char *const fe_wdrop_names[FE_WDROP_MAX];
 extern const char *const fe_qdrop_names[FE_QDROP_MAX];
 
-/* An accelerator as the frontend knows it: shared, read-only after set-up
- * except `up`. */
+/* An accelerator instance as the frontend knows it: what the agent (static
+ * mode) or the coordinator's table said. Each connection holds a copy. */
 struct fe_accel {
   struct lynx_region_desc desc;
   const struct lynx_transport_ops *ops;
   struct lynx_geom g;
   char node[64];
-  uint32_t up; /* 1 in dispatch; cleared by the main thread (atomic) */
+  uint64_t instance_id; /* static mode: the accelerator index */
 };
 
 struct fe_conn;
@@ -104,16 +104,32 @@ enum fe_conn_state {
   FE_CONN_DEAD,  /* accelerator left or transport failed */
 };
 
-/* One worker's connection to one accelerator. */
+/* One worker's connection to one accelerator instance. */
 struct fe_conn {
-  struct fe_accel *acc;
+  struct fe_accel acc;
   struct lynx_tconn *tc;
   struct lynx_actrl *snap; /* target of the actrl read */
-  struct fe_mq **mqs;      /* this worker's mqueues on this accelerator */
+  struct fe_mq *mqs;       /* this worker's mqueues on this accelerator */
   uint32_t n_mqs;
   enum fe_conn_state state;
   uint32_t reads_pending;
-  int dirty; /* requests written since the last flush */
+  int dirty;    /* requests written since the last flush */
+  int removing; /* out of dispatch; freed once nothing is outstanding */
+};
+
+/* A change the main thread asks a worker to make. */
+enum fe_cmd_kind {
+  FE_CMD_ADD,    /* connect to acc and dispatch to it */
+  FE_CMD_REMOVE, /* stop dispatching; answer what is in flight, then close */
+  FE_CMD_LOST,   /* the accelerator is gone: in-flight requests are lost */
+};
+
+struct fe_cmd {
+  enum fe_cmd_kind kind;
+  struct fe_accel acc; /* ADD */
+  uint64_t instance_id;
+  uint64_t seq;
+  struct fe_cmd *next;
 };
 
 struct frontend;
@@ -127,12 +143,17 @@ struct fe_worker {
   uv_udp_t udp;
   uv_async_t wake;
   int udp_open, loop_ready;
+  /* Guards conns/dqs against the readers in other threads (metrics,
+   * status) and the command queue; the data path never takes it. */
+  pthread_mutex_t lock;
+  struct fe_cmd *cmds, **cmds_tail;
+  uint32_t cmds_pending; /* atomic hint: take the lock only when set */
+  uint64_t applied_seq;  /* atomic: last command carried out */
   uint32_t cap; /* largest payload every accelerator's slots take */
-  struct fe_conn *conns;
+  struct fe_conn **conns;
   uint32_t n_conns;
-  struct fe_mq *mqs;
-  uint32_t n_mqs;
   struct lynx_dq **dqs;
+  uint32_t n_mqs, next_gid;
   struct lynx_dispatcher disp;
   struct lynx_flow *flows; /* NULL with --order none */
   uint32_t flow_mask;
@@ -150,39 +171,58 @@ struct fe_worker {
   struct iovec out_iov[FE_SEND_BATCH];
   lynx_counter received;
   lynx_counter drops[FE_WDROP_MAX];
+  /* counters of mqueues whose accelerator was released, so the service's
+   * totals never go back */
+  lynx_counter retired_dispatched, retired_responded;
+  lynx_counter retired_drops[FE_QDROP_MAX];
   char fence_scratch[8];
 };
 
 struct fe_cfg {
-  char *agent, *udp, *metrics, *frontend_id, *log_level, *token_file;
+  char *agent, *coordinator, *udp, *bind, *metrics, *frontend_id, *log_level,
+      *token_file;
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
   int dispatch, poll, order;
 };
 
+/* One UDP service: its port, its workers. */
 struct frontend {
-  struct fe_cfg cfg;
-  char *token;
+  const struct fe_cfg *cfg;
   char service[64];
-  char node[64];
-  uint64_t epoch;
   struct sockaddr_storage udp_addr;
-  struct fe_accel *acc;
-  uint32_t n_acc;
   struct fe_worker *w;
   uint32_t n_w;
   uint32_t stopping; /* set by the main thread (atomic) */
   uint64_t stop_deadline_ns;
   int workers_running;
-  void *metrics;
+  uint64_t cmd_seq; /* main thread: last command posted */
+  uint64_t *instances; /* main thread: instance ids in dispatch */
+  uint32_t n_instances;
+  struct frontend *next;
 };
 
-/* worker.c */
+/* worker.c (main thread) */
+/* Starts n_w workers on fe->udp_addr with no accelerator yet. */
 int fe_workers_start(struct frontend *fe);
-void fe_workers_stop(struct frontend *fe); /* join and free */
-void fe_workers_wake(struct frontend *fe);
+/* Stops receiving, answers in flight until stop_deadline, joins, frees. */
+void fe_workers_stop(struct frontend *fe);
+/* Posts a command to every worker; returns its sequence number. */
+uint64_t fe_post(struct frontend *fe, enum fe_cmd_kind kind,
+                 const struct fe_accel *acc, uint64_t instance_id);
+/* 1 when every worker carried out the commands up to seq. */
+int fe_applied(struct frontend *fe, uint64_t seq);
+/* Calls fn for every mqueue of every worker (under each worker's lock). */
+void fe_foreach_mq(struct frontend *fe,
+                   void (*fn)(void *arg, const struct fe_worker *w,
+                              const struct fe_conn *c, const struct fe_mq *mq),
+                   void *arg);
 
-/* metrics.c */
-int fe_metrics_start(struct frontend *fe);
-void fe_metrics_stop(struct frontend *fe);
+/* metrics.c: Prometheus text for every service in the list; the list is
+ * read under *list_lock. */
+int fe_metrics_start(const char *addr, struct frontend **list,
+                     pthread_mutex_t *list_lock, void **daemon);
+void fe_metrics_stop(void *daemon);
+/* One log line with the service's totals. */
+void fe_log_totals(struct frontend *fe);
 
 #endif

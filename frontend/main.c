@@ -1,12 +1,22 @@
 /*
- * lynx-frontend - static mode: one agent, one UDP service.
+ * lynx-frontend - serves UDP clients from mqueues in accelerator memory.
  *
- * The main thread connects to the agent's control port, says Hello, maps
- * the regions the Descriptors name and starts the workers (worker.c). It
- * keeps the control connection as a liveness signal: when it drops, every
- * accelerator of that agent leaves dispatch at once (in-flight requests are
- * counted lost), and the frontend reconnects with backoff; an agent that
- * comes back (a new epoch, new regions) is served again with fresh workers.
+ * Static mode (--agent): one agent, one service on --udp. The agent's
+ * control connection is a liveness signal: when it drops, its accelerators
+ * leave dispatch at once (in-flight requests counted lost); when the agent
+ * comes back (a new epoch, new regions) they are added again, the workers
+ * and the socket stay.
+ *
+ * Coordinator mode (--coordinator): the coordinator pushes versioned
+ * dispatch tables: every service (port) with the instances to dispatch to.
+ * A new table is applied as a difference: new services get workers, new
+ * instances are added, instances no longer listed leave dispatch and are
+ * released once their in-flight requests are answered; nothing else is
+ * touched. Every 200 ms (and when a table is applied) the frontend reports
+ * the table version it runs and its per-mqueue counters, which is how the
+ * coordinator knows a drain is complete. Without the coordinator the
+ * frontend keeps serving its last table and reconnects with backoff.
+ *
  * SIGINT/SIGTERM: stop receiving, answer what is in flight within
  * --drain-ms, release everything, exit 0.
  */
@@ -30,12 +40,17 @@ static const char *const order_names[] = {"flow", "none", NULL};
 
 #define O(f) offsetof(struct fe_cfg, f)
 static const struct lynx_opt fe_opts[] = {
-    {"agent", LYNX_OPT_STR, O(agent), "127.0.0.1:7701", 0, 0, NULL,
-     "agent control address (static mode)"},
+    {"agent", LYNX_OPT_STR, O(agent), NULL, 0, 0, NULL,
+     "static mode: agent control address [default 127.0.0.1:7701]"},
+    {"coordinator", LYNX_OPT_STR, O(coordinator), NULL, 0, 0, NULL,
+     "coordinator control address: serve what it says"},
     {"udp", LYNX_OPT_STR, O(udp), "7000", 0, 0, NULL,
-     "UDP port, or host:port, to serve"},
+     "static mode: UDP port, or host:port, to serve"},
+    {"bind", LYNX_OPT_STR, O(bind), "0.0.0.0", 0, 0, NULL,
+     "coordinator mode: address the services' ports are bound on"},
     {"workers", LYNX_OPT_U32, O(workers), "1", 1, 64, NULL,
-     "worker threads (each owns a share of every accelerator's mqueues)"},
+     "worker threads per service (each owns a share of every accelerator's "
+     "mqueues)"},
     {"dispatch", LYNX_OPT_ENUM, O(dispatch), "rr", 0, 0, dispatch_names,
      "dispatch policy: round robin or least outstanding"},
     {"order", LYNX_OPT_ENUM, O(order), "flow", 0, 0, order_names,
@@ -66,32 +81,355 @@ static const struct lynx_opt fe_opts[] = {
 #undef O
 
 struct fe_main {
-  struct frontend fe;
+  struct fe_cfg cfg;
+  char *token;
+  char id[64];
+  int coordinator_mode;
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
-  uv_timer_t retry;
+  uv_timer_t retry, status;
   struct lynx_ctl *ctl;
-  struct sockaddr_storage agent_addr;
-  char id[64];
+  struct sockaddr_storage peer_addr;
   uint64_t backoff_ms;
   int shutting_down, greeted, exit_code;
+  /* the services, read by the metrics thread under list_lock */
+  pthread_mutex_t list_lock;
+  struct frontend *services;
+  void *metrics;
+  /* coordinator mode: the table we run, and the command watermark after
+   * which it is fully applied */
+  uint64_t table_version, table_seq_done;
+  int have_table;
 };
 
 static void schedule_connect(struct fe_main *m);
 
-static void stop_workers(struct fe_main *m) {
-  struct frontend *fe = &m->fe;
-  if (!fe->workers_running)
-    return;
-  fe->stop_deadline_ns = lynx_now_ns() + (uint64_t)fe->cfg.drain_ms * 1000000u;
-  __atomic_store_n(&fe->stopping, 1, __ATOMIC_RELEASE);
-  fe_workers_wake(fe);
-  fe_metrics_stop(fe);
+/* ---- services ---------------------------------------------------------- */
+
+static struct frontend *service_find(struct fe_main *m, const char *name) {
+  for (struct frontend *fe = m->services; fe; fe = fe->next)
+    if (strcmp(fe->service, name) == 0)
+      return fe;
+  return NULL;
+}
+
+/* Starts a service's workers on udp (host:port); n_w clamped to mqueues. */
+static struct frontend *service_start(struct fe_main *m, const char *name,
+                                      const struct sockaddr_storage *udp,
+                                      uint32_t mqueues) {
+  struct frontend *fe = calloc(1, sizeof(*fe));
+  int rc;
+  if (!fe)
+    return NULL;
+  fe->cfg = &m->cfg;
+  snprintf(fe->service, sizeof(fe->service), "%s", name);
+  fe->udp_addr = *udp;
+  fe->n_w = m->cfg.workers;
+  if (mqueues && fe->n_w > mqueues) {
+    LYNX_WARN("frontend", "service %s: %u workers but %u mqueues per "
+              "accelerator: using %u workers so each owns a mqueue on every "
+              "accelerator", name, fe->n_w, mqueues, mqueues);
+    fe->n_w = mqueues;
+  }
+  rc = fe_workers_start(fe);
+  if (rc) {
+    LYNX_ERR("frontend", "service %s: cannot start: %s", name,
+             strerror(rc < 0 ? -rc : rc));
+    fe_workers_stop(fe);
+    free(fe);
+    return NULL;
+  }
+  pthread_mutex_lock(&m->list_lock);
+  fe->next = m->services;
+  m->services = fe;
+  pthread_mutex_unlock(&m->list_lock);
+  return fe;
+}
+
+static void service_stop(struct fe_main *m, struct frontend *fe) {
+  struct frontend **pp = &m->services;
+  pthread_mutex_lock(&m->list_lock);
+  while (*pp && *pp != fe)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = fe->next;
+  pthread_mutex_unlock(&m->list_lock);
   fe_workers_stop(fe);
-  fe->workers_running = 0;
-  free(fe->acc);
-  fe->acc = NULL;
-  fe->n_acc = 0;
+  fe_log_totals(fe);
+  free(fe->instances);
+  free(fe);
+}
+
+static void services_stop_all(struct fe_main *m) {
+  while (m->services)
+    service_stop(m, m->services);
+}
+
+static int instance_listed(const struct frontend *fe, uint64_t id) {
+  for (uint32_t i = 0; i < fe->n_instances; i++)
+    if (fe->instances[i] == id)
+      return 1;
+  return 0;
+}
+
+/* Builds an fe_accel from a descriptor; 0 or -errno with a logged reason. */
+static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
+                         uint64_t instance_id, struct fe_accel *a) {
+  char err[200];
+  memset(a, 0, sizeof(*a));
+  if (!rd || lynx_desc_from_pb(rd, &a->desc, err, sizeof(err))) {
+    LYNX_ERR("frontend", "instance %llu on %s: bad descriptor: %s",
+             (unsigned long long)instance_id, node, rd ? err : "none");
+    return -EINVAL;
+  }
+  a->ops = lynx_transport_find(a->desc.transport);
+  if (!a->ops) {
+    LYNX_ERR("frontend", "instance %llu on %s: transport '%s' is not built in",
+             (unsigned long long)instance_id, node, a->desc.transport);
+    return -ENOTSUP;
+  }
+  lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size);
+  snprintf(a->node, sizeof(a->node), "%s", node ? node : "?");
+  a->instance_id = instance_id;
+  return 0;
+}
+
+/* Makes fe dispatch to exactly ids[0..n) (accels[i] describes ids[i]):
+ * adds the new, removes (gracefully, or as lost) the others. Returns the
+ * last command's sequence number (0 if none). */
+static uint64_t service_set_instances(struct frontend *fe, const uint64_t *ids,
+                                      const struct fe_accel *accels, uint32_t n,
+                                      int lost) {
+  uint64_t seq = 0, *keep = calloc(n + 1, sizeof(*keep));
+  if (!keep)
+    return 0;
+  for (uint32_t i = 0; i < fe->n_instances; i++) {
+    int still = 0;
+    for (uint32_t k = 0; k < n && !still; k++)
+      still = ids[k] == fe->instances[i];
+    if (!still)
+      seq = fe_post(fe, lost ? FE_CMD_LOST : FE_CMD_REMOVE, NULL,
+                    fe->instances[i]);
+  }
+  for (uint32_t k = 0; k < n; k++) {
+    if (!instance_listed(fe, ids[k]))
+      seq = fe_post(fe, FE_CMD_ADD, &accels[k], ids[k]);
+    keep[k] = ids[k];
+  }
+  free(fe->instances);
+  fe->instances = keep;
+  fe->n_instances = n;
+  return seq;
+}
+
+/* ---- static mode ------------------------------------------------------- */
+
+static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
+  struct frontend *fe = m->services;
+  struct sockaddr_storage udp;
+  struct fe_accel *accels;
+  uint64_t *ids;
+  uint32_t min_q = UINT32_MAX;
+  char addr[80];
+  int rc = 0;
+  if (d->n_regions == 0) {
+    LYNX_ERR("frontend", "agent %s offers no accelerators", d->node_id);
+    return -ENOENT;
+  }
+  accels = calloc(d->n_regions, sizeof(*accels));
+  ids = calloc(d->n_regions, sizeof(*ids));
+  if (!accels || !ids) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < d->n_regions; i++) {
+    /* instance ids carry the agent's epoch: a restarted agent's regions are
+     * new instances, the old ones are lost */
+    uint64_t id = (d->epoch << 8) | d->regions[i]->accel_id;
+    rc = accel_from_pb(d->regions[i], d->node_id, id, &accels[i]);
+    if (rc)
+      goto out;
+    ids[i] = id;
+    if (accels[i].g.n_mqueues < min_q)
+      min_q = accels[i].g.n_mqueues;
+  }
+  if (!fe) {
+    snprintf(addr, sizeof(addr), "%s%s", strchr(m->cfg.udp, ':') ? "" : ":",
+             m->cfg.udp);
+    lynx_parse_hostport(addr, &udp); /* checked in main */
+    fe = service_start(m, d->service && *d->service ? d->service : "default",
+                       &udp, min_q);
+    if (!fe) {
+      rc = -EIO;
+      goto out;
+    }
+  }
+  service_set_instances(fe, ids, accels, (uint32_t)d->n_regions, 1);
+  LYNX_INFO("frontend", "%s: serving UDP %s for service %s: %zu accelerators "
+            "of %s (epoch %llu), %u workers, dispatch %s, poll %s",
+            m->id, m->cfg.udp, fe->service, d->n_regions, d->node_id,
+            (unsigned long long)d->epoch, fe->n_w,
+            dispatch_names[m->cfg.dispatch], poll_names[m->cfg.poll]);
+out:
+  free(accels);
+  free(ids);
+  return rc;
+}
+
+/* ---- coordinator mode -------------------------------------------------- */
+
+struct mq_report_ctx {
+  Lynx__MqueueReport *r;
+  Lynx__MqueueReport **p;
+  size_t n, cap;
+};
+
+static void collect_mq(void *arg, const struct fe_worker *w,
+                       const struct fe_conn *c, const struct fe_mq *mq) {
+  struct mq_report_ctx *x = arg;
+  Lynx__MqueueReport *r;
+  (void)w;
+  if (x->n == x->cap) {
+    size_t cap = x->cap ? x->cap * 2 : 64;
+    Lynx__MqueueReport *nr = realloc(x->r, cap * sizeof(*nr));
+    if (!nr)
+      return;
+    x->r = nr;
+    x->cap = cap;
+  }
+  r = &x->r[x->n++];
+  lynx__mqueue_report__init(r);
+  r->instance_id = c->acc.instance_id;
+  r->q = mq->q;
+  r->outstanding = __atomic_load_n(&mq->dq.outstanding, __ATOMIC_RELAXED);
+  r->dispatched = lynx_cnt_get(&mq->dispatched);
+  r->responded = lynx_cnt_get(&mq->responded);
+}
+
+static void send_status(struct fe_main *m) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__FrontendStatus st = LYNX__FRONTEND_STATUS__INIT;
+  struct mq_report_ctx x;
+  uint64_t applied = m->table_version;
+  if (!m->ctl || !m->greeted || !m->have_table)
+    return;
+  memset(&x, 0, sizeof(x));
+  /* a table counts as applied once every worker carried out its commands */
+  for (struct frontend *fe = m->services; fe; fe = fe->next)
+    if (!fe_applied(fe, fe->cmd_seq))
+      applied = m->table_seq_done;
+  if (applied == m->table_version)
+    m->table_seq_done = m->table_version;
+  for (struct frontend *fe = m->services; fe; fe = fe->next)
+    fe_foreach_mq(fe, collect_mq, &x);
+  x.p = calloc(x.n + 1, sizeof(*x.p));
+  if (!x.p)
+    goto out;
+  for (size_t i = 0; i < x.n; i++)
+    x.p[i] = &x.r[i];
+  st.frontend_id = m->id;
+  st.table_version = applied;
+  st.n_mqueues = x.n;
+  st.mqueues = x.p;
+  env.msg_case = LYNX__ENVELOPE__MSG_FRONTEND_STATUS;
+  env.frontend_status = &st;
+  if (lynx_ctl_send(m->ctl, &env))
+    lynx_ctl_close(m->ctl, "cannot queue a status report");
+out:
+  free(x.r);
+  free(x.p);
+}
+
+static void on_status_timer(uv_timer_t *t) { send_status(t->data); }
+
+static int spec_addr(const struct fe_main *m, uint32_t port,
+                     struct sockaddr_storage *ss) {
+  char addr[96];
+  snprintf(addr, sizeof(addr), "%s%s%s:%u", strchr(m->cfg.bind, ':') ? "[" : "",
+           m->cfg.bind, strchr(m->cfg.bind, ':') ? "]" : "", port);
+  return lynx_parse_hostport(addr, ss);
+}
+
+static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
+  /* services that are gone (or moved port) are stopped first */
+  for (struct frontend *fe = m->services, *next; fe; fe = next) {
+    int keep = 0;
+    next = fe->next;
+    for (size_t i = 0; !t->standby && i < t->n_services && !keep; i++) {
+      const Lynx__ServiceSpec *sp = t->services[i]->service;
+      struct sockaddr_storage ss;
+      keep = sp && sp->name && strcmp(sp->name, fe->service) == 0 &&
+             spec_addr(m, sp->port, &ss) == 0 &&
+             memcmp(&ss, &fe->udp_addr, sizeof(ss)) == 0;
+    }
+    if (!keep) {
+      LYNX_INFO("frontend", "%s: service %s no longer served here", m->id,
+                fe->service);
+      service_stop(m, fe);
+    }
+  }
+  for (size_t i = 0; !t->standby && i < t->n_services; i++) {
+    const Lynx__ServiceTable *st = t->services[i];
+    const Lynx__ServiceSpec *sp = st->service;
+    struct frontend *fe;
+    struct fe_accel *accels;
+    uint64_t *ids;
+    uint32_t n = 0;
+    if (!sp || !sp->name || !*sp->name)
+      continue;
+    fe = service_find(m, sp->name);
+    if (!fe) {
+      struct sockaddr_storage ss;
+      if (spec_addr(m, sp->port, &ss)) {
+        LYNX_ERR("frontend", "service %s: bad port %u", sp->name, sp->port);
+        continue;
+      }
+      fe = service_start(m, sp->name, &ss, sp->mqueues_per_accel);
+      if (!fe)
+        continue;
+      LYNX_INFO("frontend", "%s: serving service %s on UDP %s:%u", m->id,
+                sp->name, m->cfg.bind, sp->port);
+    }
+    accels = calloc(st->n_entries + 1, sizeof(*accels));
+    ids = calloc(st->n_entries + 1, sizeof(*ids));
+    if (!accels || !ids) {
+      free(accels);
+      free(ids);
+      continue;
+    }
+    for (size_t k = 0; k < st->n_entries; k++) {
+      const Lynx__TableEntry *e = st->entries[k];
+      if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
+        continue;
+      ids[n++] = e->instance_id;
+    }
+    service_set_instances(fe, ids, accels, n, 0);
+    free(accels);
+    free(ids);
+  }
+  m->table_version = t->version;
+  m->have_table = 1;
+  LYNX_INFO("frontend", "%s: table %llu applied%s", m->id,
+            (unsigned long long)t->version, t->standby ? " (standby)" : "");
+  send_status(m);
+}
+
+/* ---- the control connection -------------------------------------------- */
+
+static void begin_shutdown(struct fe_main *m, int code) {
+  if (m->shutting_down)
+    return;
+  m->shutting_down = 1;
+  m->exit_code = code;
+  fe_metrics_stop(m->metrics);
+  m->metrics = NULL;
+  services_stop_all(m);
+  if (m->ctl)
+    lynx_ctl_close(m->ctl, NULL);
+  uv_close((uv_handle_t *)&m->retry, NULL);
+  uv_close((uv_handle_t *)&m->status, NULL);
+  uv_close((uv_handle_t *)&m->sigint, NULL);
+  uv_close((uv_handle_t *)&m->sigterm, NULL);
 }
 
 static void on_ctl_closed(struct lynx_ctl *c) {
@@ -99,99 +437,16 @@ static void on_ctl_closed(struct lynx_ctl *c) {
   free(c);
   m->ctl = NULL;
   m->greeted = 0;
-  if (m->fe.workers_running) {
-    /* out of dispatch at once; workers count the in-flight requests lost */
-    for (uint32_t i = 0; i < m->fe.n_acc; i++)
-      __atomic_store_n(&m->fe.acc[i].up, 0, __ATOMIC_RELEASE);
-    fe_workers_wake(&m->fe);
+  if (!m->coordinator_mode && m->services) {
+    /* the agent is gone: out of dispatch at once, in flight counted lost */
+    service_set_instances(m->services, NULL, NULL, 0, 1);
   }
+  if (m->coordinator_mode && !m->shutting_down)
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "%s: no coordinator; serving the last table (%llu)", m->id,
+                (unsigned long long)m->table_version);
   if (!m->shutting_down)
     schedule_connect(m);
-}
-
-/* Builds the accelerator table from Descriptors and (re)starts workers. */
-static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
-  struct frontend *fe = &m->fe;
-  uint32_t min_q = UINT32_MAX;
-  char err[200];
-  int rc;
-  if (d->n_regions == 0) {
-    LYNX_ERR("frontend", "agent %s offers no accelerators", d->node_id);
-    return -ENOENT;
-  }
-  /* new descriptors mean a new connection: the old workers' connections
-   * were taken down when the old control connection dropped */
-  stop_workers(m);
-  __atomic_store_n(&fe->stopping, 0, __ATOMIC_RELEASE);
-  fe->acc = calloc(d->n_regions, sizeof(*fe->acc));
-  if (!fe->acc)
-    return -ENOMEM;
-  for (size_t i = 0; i < d->n_regions; i++) {
-    struct fe_accel *a = &fe->acc[i];
-    rc = lynx_desc_from_pb(d->regions[i], &a->desc, err, sizeof(err));
-    if (rc) {
-      LYNX_ERR("frontend", "agent %s: bad descriptor: %s", d->node_id, err);
-      goto fail;
-    }
-    a->ops = lynx_transport_find(a->desc.transport);
-    if (!a->ops) {
-      LYNX_ERR("frontend", "agent %s accel %u: transport '%s' is not built in",
-               d->node_id, a->desc.accel_id, a->desc.transport);
-      rc = -ENOTSUP;
-      goto fail;
-    }
-    lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots,
-                   a->desc.slot_size);
-    snprintf(a->node, sizeof(a->node), "%s", d->node_id ? d->node_id : "?");
-    a->up = 1;
-    if (a->g.n_mqueues < min_q)
-      min_q = a->g.n_mqueues;
-  }
-  fe->n_acc = (uint32_t)d->n_regions;
-  fe->epoch = d->epoch;
-  snprintf(fe->service, sizeof(fe->service), "%s",
-           d->service && *d->service ? d->service : "default");
-  snprintf(fe->node, sizeof(fe->node), "%s", d->node_id ? d->node_id : "?");
-  fe->n_w = fe->cfg.workers;
-  if (fe->n_w > min_q) {
-    LYNX_WARN("frontend", "%u workers but only %u mqueues per accelerator: "
-              "using %u workers so each owns a mqueue on every accelerator",
-              fe->n_w, min_q, min_q);
-    fe->n_w = min_q;
-  }
-  rc = fe_workers_start(fe);
-  if (rc) {
-    fe->workers_running = 1; /* let stop_workers clean up what started */
-    stop_workers(m);
-    return rc;
-  }
-  rc = fe_metrics_start(fe);
-  if (rc)
-    return rc;
-  LYNX_INFO("frontend",
-            "%s: serving UDP %s for service %s: %u accelerators of %s "
-            "(epoch %llu), %u workers, dispatch %s, poll %s",
-            m->id, fe->cfg.udp, fe->service, fe->n_acc, fe->node,
-            (unsigned long long)fe->epoch, fe->n_w,
-            dispatch_names[fe->cfg.dispatch], poll_names[fe->cfg.poll]);
-  return 0;
-fail:
-  free(fe->acc);
-  fe->acc = NULL;
-  return rc;
-}
-
-static void begin_shutdown(struct fe_main *m, int code) {
-  if (m->shutting_down)
-    return;
-  m->shutting_down = 1;
-  m->exit_code = code;
-  stop_workers(m);
-  if (m->ctl)
-    lynx_ctl_close(m->ctl, NULL);
-  uv_close((uv_handle_t *)&m->retry, NULL);
-  uv_close((uv_handle_t *)&m->sigint, NULL);
-  uv_close((uv_handle_t *)&m->sigterm, NULL);
 }
 
 static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
@@ -199,18 +454,18 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
   int rc;
   if (!m->greeted) {
     if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO_REPLY) {
-      lynx_ctl_close(c, "agent's first message is not a HelloReply");
+      lynx_ctl_close(c, "peer's first message is not a HelloReply");
       return;
     }
     if (!env->hello_reply->ok && env->hello_reply->retryable) {
-      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "agent %s: %s; retrying",
-                  c->peer, env->hello_reply->error);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "%s: %s; retrying", c->peer,
+                  env->hello_reply->error);
       lynx_ctl_close(c, NULL);
       return;
     }
-    if (!env->hello_reply->ok || env->hello_reply->proto_version !=
-                                     LYNX_PROTO_VERSION) {
-      LYNX_ERR("frontend", "agent %s refused us: %s", c->peer,
+    if (!env->hello_reply->ok ||
+        env->hello_reply->proto_version != LYNX_PROTO_VERSION) {
+      LYNX_ERR("frontend", "%s refused us: %s", c->peer,
                env->hello_reply->error && *env->hello_reply->error
                    ? env->hello_reply->error
                    : "protocol version mismatch");
@@ -219,20 +474,25 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     m->greeted = 1;
+    m->backoff_ms = 0;
     return;
   }
-  if (env->msg_case != LYNX__ENVELOPE__MSG_DESCRIPTORS) {
-    LYNX_DBG("frontend", "ignoring message case %d", (int)env->msg_case);
+  if (!m->coordinator_mode &&
+      env->msg_case == LYNX__ENVELOPE__MSG_DESCRIPTORS) {
+    rc = apply_descriptors(m, env->descriptors);
+    if (rc) {
+      LYNX_ERR("frontend", "cannot serve agent %s's accelerators: %s",
+               c->peer, strerror(-rc));
+      lynx_ctl_close(c, "unusable descriptors");
+    }
     return;
   }
-  rc = apply_descriptors(m, env->descriptors);
-  if (rc) {
-    LYNX_ERR("frontend", "cannot serve agent %s's accelerators: %s", c->peer,
-             strerror(-rc));
-    lynx_ctl_close(c, "unusable descriptors");
+  if (m->coordinator_mode &&
+      env->msg_case == LYNX__ENVELOPE__MSG_DISPATCH_TABLE) {
+    apply_table(m, env->dispatch_table);
     return;
   }
-  m->backoff_ms = 0;
+  LYNX_DBG("frontend", "ignoring message case %d", (int)env->msg_case);
 }
 
 static void on_connected(uv_connect_t *req, int status) {
@@ -242,8 +502,10 @@ static void on_connected(uv_connect_t *req, int status) {
   Lynx__Hello h = LYNX__HELLO__INIT;
   free(req);
   if (status < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "cannot reach agent %s: %s",
-                m->fe.cfg.agent, uv_strerror(status));
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "cannot reach %s %s: %s",
+                m->coordinator_mode ? "coordinator" : "agent",
+                m->coordinator_mode ? m->cfg.coordinator : m->cfg.agent,
+                uv_strerror(status));
     lynx_ctl_close(c, NULL);
     return;
   }
@@ -254,7 +516,7 @@ static void on_connected(uv_connect_t *req, int status) {
   h.proto_version = LYNX_PROTO_VERSION;
   h.role = "frontend";
   h.id = m->id;
-  h.token = m->fe.token ? m->fe.token : "";
+  h.token = m->token ? m->token : "";
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
   env.hello = &h;
   if (lynx_ctl_send(c, &env))
@@ -276,11 +538,11 @@ static void do_connect(uv_timer_t *t) {
     return;
   }
   uv_tcp_init(&m->loop, &c->tcp);
-  lynx_ctl_init(c, "frontend", m->fe.cfg.frame_max, on_ctl_msg, on_ctl_closed);
+  lynx_ctl_init(c, "frontend", m->cfg.frame_max, on_ctl_msg, on_ctl_closed);
   c->data = m;
   m->ctl = c;
   req->data = c;
-  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&m->agent_addr,
+  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&m->peer_addr,
                      on_connected)) {
     free(req);
     lynx_ctl_close(c, "connect failed");
@@ -306,63 +568,84 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 int main(int argc, char **argv) {
   static struct fe_main m;
-  struct frontend *fe = &m.fe;
+  struct fe_cfg *cfg = &m.cfg;
   int rc, lvl;
   char udp[80];
+  struct sockaddr_storage ss;
+  const char *peer;
 
-  rc = lynx_opts_parse(fe_opts, &fe->cfg, argc, argv,
+  rc = lynx_opts_parse(fe_opts, cfg, argc, argv,
                        "usage: lynx-frontend [options]\n"
                        "Serves UDP clients from mqueues in accelerator "
-                       "memory (static mode: one agent).");
+                       "memory: static (--agent) or as the coordinator says "
+                       "(--coordinator).");
   if (rc)
     return rc > 0 ? 0 : 2;
   m.exit_code = 2;
   signal(SIGPIPE, SIG_IGN);
-  lvl = lynx_log_parse_level(fe->cfg.log_level);
+  pthread_mutex_init(&m.list_lock, NULL);
+  lvl = lynx_log_parse_level(cfg->log_level);
   if (lvl < 0) {
-    fprintf(stderr, "--log-level: unknown level '%s'\n", fe->cfg.log_level);
+    fprintf(stderr, "--log-level: unknown level '%s'\n", cfg->log_level);
     goto out;
   }
   lynx_log_level = lvl;
-  if (lynx_parse_hostport(fe->cfg.agent, &m.agent_addr)) {
-    fprintf(stderr, "--agent: '%s' is not host:port\n", fe->cfg.agent);
+  if (cfg->agent && cfg->coordinator) {
+    fprintf(stderr, "--agent (static mode) and --coordinator exclude each "
+                    "other\n");
     goto out;
   }
-  snprintf(udp, sizeof(udp), "%s%s", strchr(fe->cfg.udp, ':') ? "" : ":",
-           fe->cfg.udp);
-  if (lynx_parse_hostport(udp, &fe->udp_addr)) {
-    fprintf(stderr, "--udp: '%s' is not a port or host:port\n", fe->cfg.udp);
+  m.coordinator_mode = cfg->coordinator != NULL;
+  peer = m.coordinator_mode ? cfg->coordinator
+                            : (cfg->agent ? cfg->agent : "127.0.0.1:7701");
+  if (!cfg->agent && !m.coordinator_mode)
+    cfg->agent = strdup(peer);
+  if (lynx_parse_hostport(peer, &m.peer_addr)) {
+    fprintf(stderr, "--%s: '%s' is not host:port\n",
+            m.coordinator_mode ? "coordinator" : "agent", peer);
     goto out;
   }
-  if (fe->cfg.token_file && (rc = lynx_read_token(fe->cfg.token_file, &fe->token))) {
-    fprintf(stderr, "--token-file %s: %s\n", fe->cfg.token_file,
+  snprintf(udp, sizeof(udp), "%s%s", strchr(cfg->udp, ':') ? "" : ":",
+           cfg->udp);
+  if (lynx_parse_hostport(udp, &ss)) {
+    fprintf(stderr, "--udp: '%s' is not a port or host:port\n", cfg->udp);
+    goto out;
+  }
+  if (spec_addr(&m, 1, &ss)) {
+    fprintf(stderr, "--bind: '%s' is not an address\n", cfg->bind);
+    goto out;
+  }
+  if (cfg->token_file && (rc = lynx_read_token(cfg->token_file, &m.token))) {
+    fprintf(stderr, "--token-file %s: %s\n", cfg->token_file,
             rc == -EINVAL ? "file is empty" : strerror(-rc));
     goto out;
   }
-  if (fe->cfg.metrics) {
-    struct sockaddr_storage ss;
-    if (lynx_parse_hostport(fe->cfg.metrics, &ss)) {
-      fprintf(stderr, "--metrics: '%s' is not host:port\n", fe->cfg.metrics);
-      goto out;
-    }
-  }
-  if (fe->cfg.frontend_id)
-    snprintf(m.id, sizeof(m.id), "%s", fe->cfg.frontend_id);
+  if (cfg->frontend_id)
+    snprintf(m.id, sizeof(m.id), "%s", cfg->frontend_id);
   else
     snprintf(m.id, sizeof(m.id), "fe-%d", (int)getpid());
   srand((unsigned)lynx_now_ns());
+  if (cfg->metrics &&
+      fe_metrics_start(cfg->metrics, &m.services, &m.list_lock, &m.metrics)) {
+    fprintf(stderr, "--metrics: cannot serve on '%s'\n", cfg->metrics);
+    goto out;
+  }
 
   uv_loop_init(&m.loop);
   uv_timer_init(&m.loop, &m.retry);
-  m.retry.data = &m;
+  uv_timer_init(&m.loop, &m.status);
+  m.retry.data = m.status.data = &m;
   uv_signal_init(&m.loop, &m.sigint);
   uv_signal_init(&m.loop, &m.sigterm);
   m.sigint.data = m.sigterm.data = &m;
   uv_signal_start(&m.sigint, on_signal, SIGINT);
   uv_signal_start(&m.sigterm, on_signal, SIGTERM);
+  if (m.coordinator_mode)
+    uv_timer_start(&m.status, on_status_timer, 200, 200);
   {
-    struct json_object *j = lynx_opts_json(fe_opts, &fe->cfg);
-    LYNX_INFO("frontend", "%s: starting; config %s", m.id,
+    struct json_object *j = lynx_opts_json(fe_opts, cfg);
+    LYNX_INFO("frontend", "%s: starting in %s mode; config %s", m.id,
+              m.coordinator_mode ? "coordinator" : "static",
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
     json_object_put(j);
   }
@@ -371,10 +654,12 @@ int main(int argc, char **argv) {
   uv_run(&m.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&m.loop) != 0)
     LYNX_WARN("frontend", "loop closed with handles open");
-  stop_workers(&m);
+  fe_metrics_stop(m.metrics);
+  services_stop_all(&m);
   LYNX_INFO("frontend", "%s: stopped", m.id);
 out:
-  free(fe->token);
-  lynx_opts_free(fe_opts, &fe->cfg);
+  free(m.token);
+  lynx_opts_free(fe_opts, cfg);
+  pthread_mutex_destroy(&m.list_lock);
   return m.exit_code;
 }

@@ -1,9 +1,10 @@
 /*
  * metrics.c - Prometheus text on --metrics (libmicrohttpd, its own thread).
  *
- * Reads the workers' counters with relaxed loads; the workers never wait
- * for it. Started after the workers and stopped before them, so the worker
- * array it walks is stable while it runs.
+ * Reads the workers' counters with relaxed loads. The list of services is
+ * read under the main thread's list lock, each worker's connections under
+ * that worker's lock (taken by the worker only when connections come or
+ * go, never on the data path).
  *
  *   GET /metrics  counters per service and per mqueue
  *   GET /healthz  200 "ok" while serving
@@ -17,88 +18,119 @@
 #include "frontend.h"
 #include "log.h"
 
-static void mq_labels(FILE *f, const struct frontend *fe, const struct fe_mq *mq,
-                      const struct fe_worker *w) {
-  fprintf(f, "{service=\"%s\",node=\"%s\",accel=\"%u\",mqueue=\"%u\",worker=\"%u\"}",
-          fe->service, mq->conn->acc->node, mq->conn->acc->desc.accel_id,
-          mq->q, w->id);
+struct metrics_ctx {
+  struct frontend **list;
+  pthread_mutex_t *lock;
+};
+
+struct mq_pass {
+  const struct frontend *fe;
+  FILE *disp, *resp, *drop;
+  uint64_t dispatched, responded, qdrops[FE_QDROP_MAX];
+};
+
+static void mq_line(void *arg, const struct fe_worker *w,
+                    const struct fe_conn *c, const struct fe_mq *mq) {
+  struct mq_pass *p = arg;
+  char labels[320];
+  uint64_t d = lynx_cnt_get(&mq->dispatched), r = lynx_cnt_get(&mq->responded);
+  snprintf(labels, sizeof(labels),
+           "service=\"%s\",node=\"%s\",instance=\"%llu\",accel=\"%u\","
+           "mqueue=\"%u\",worker=\"%u\"",
+           p->fe->service, c->acc.node, (unsigned long long)c->acc.instance_id,
+           c->acc.desc.accel_id, mq->q, w->id);
+  p->dispatched += d;
+  p->responded += r;
+  fprintf(p->disp, "lynx_mqueue_dispatched_total{%s} %llu\n", labels,
+          (unsigned long long)d);
+  fprintf(p->resp, "lynx_mqueue_responded_total{%s} %llu\n", labels,
+          (unsigned long long)r);
+  for (int k = 0; k < FE_QDROP_MAX; k++) {
+    uint64_t v = lynx_cnt_get(&mq->drops[k]);
+    p->qdrops[k] += v;
+    fprintf(p->drop, "lynx_mqueue_dropped_total{%s,reason=\"%s\"} %llu\n",
+            labels, fe_qdrop_names[k], (unsigned long long)v);
+  }
 }
 
-static void write_metrics(FILE *f, const struct frontend *fe) {
-  uint64_t rcv = 0, disp = 0, resp = 0, wd[FE_WDROP_MAX] = {0},
-           qd[FE_QDROP_MAX] = {0};
-  for (uint32_t i = 0; i < fe->n_w; i++) {
-    const struct fe_worker *w = &fe->w[i];
-    rcv += lynx_cnt_get(&w->received);
-    for (int r = 0; r < FE_WDROP_MAX; r++)
-      wd[r] += lynx_cnt_get(&w->drops[r]);
-    for (uint32_t k = 0; k < w->n_mqs; k++) {
-      disp += lynx_cnt_get(&w->mqs[k].dispatched);
-      resp += lynx_cnt_get(&w->mqs[k].responded);
-      for (int r = 0; r < FE_QDROP_MAX; r++)
-        qd[r] += lynx_cnt_get(&w->mqs[k].drops[r]);
-    }
-  }
+static void write_metrics(FILE *f, struct metrics_ctx *m) {
+  char *bd = NULL, *br = NULL, *bq = NULL;
+  size_t ld = 0, lr = 0, lq = 0;
+  FILE *fd = open_memstream(&bd, &ld), *fr = open_memstream(&br, &lr),
+       *fq = open_memstream(&bq, &lq);
+  if (!fd || !fr || !fq)
+    goto out;
   fprintf(f, "# HELP lynx_frontend_received_total Datagrams received.\n"
              "# TYPE lynx_frontend_received_total counter\n"
-             "lynx_frontend_received_total{service=\"%s\"} %llu\n",
-          fe->service, (unsigned long long)rcv);
-  fprintf(f, "# HELP lynx_frontend_dispatched_total Requests written to an mqueue.\n"
+             "# HELP lynx_frontend_dispatched_total Requests written to an mqueue.\n"
              "# TYPE lynx_frontend_dispatched_total counter\n"
-             "lynx_frontend_dispatched_total{service=\"%s\"} %llu\n",
-          fe->service, (unsigned long long)disp);
-  fprintf(f, "# HELP lynx_frontend_responded_total Responses sent to clients.\n"
+             "# HELP lynx_frontend_responded_total Responses sent to clients.\n"
              "# TYPE lynx_frontend_responded_total counter\n"
-             "lynx_frontend_responded_total{service=\"%s\"} %llu\n",
-          fe->service, (unsigned long long)resp);
-  fprintf(f, "# HELP lynx_frontend_dropped_total Requests or responses dropped, by reason.\n"
+             "# HELP lynx_frontend_dropped_total Requests or responses dropped, by reason.\n"
              "# TYPE lynx_frontend_dropped_total counter\n");
-  for (int r = 0; r < FE_WDROP_MAX; r++)
-    fprintf(f, "lynx_frontend_dropped_total{service=\"%s\",reason=\"%s\"} %llu\n",
-            fe->service, fe_wdrop_names[r], (unsigned long long)wd[r]);
-  for (int r = 0; r < FE_QDROP_MAX; r++)
-    fprintf(f, "lynx_frontend_dropped_total{service=\"%s\",reason=\"%s\"} %llu\n",
-            fe->service, fe_qdrop_names[r], (unsigned long long)qd[r]);
-
-  fprintf(f, "# HELP lynx_mqueue_dispatched_total Requests written to this mqueue.\n"
-             "# TYPE lynx_mqueue_dispatched_total counter\n");
-  for (uint32_t i = 0; i < fe->n_w; i++)
-    for (uint32_t k = 0; k < fe->w[i].n_mqs; k++) {
-      fputs("lynx_mqueue_dispatched_total", f);
-      mq_labels(f, fe, &fe->w[i].mqs[k], &fe->w[i]);
-      fprintf(f, " %llu\n",
-              (unsigned long long)lynx_cnt_get(&fe->w[i].mqs[k].dispatched));
+  fprintf(fd, "# HELP lynx_mqueue_dispatched_total Requests written to this mqueue.\n"
+              "# TYPE lynx_mqueue_dispatched_total counter\n");
+  fprintf(fr, "# HELP lynx_mqueue_responded_total Responses from this mqueue sent to clients.\n"
+              "# TYPE lynx_mqueue_responded_total counter\n");
+  fprintf(fq, "# HELP lynx_mqueue_dropped_total Drops attributed to this mqueue, by reason.\n"
+              "# TYPE lynx_mqueue_dropped_total counter\n");
+  pthread_mutex_lock(m->lock);
+  for (struct frontend *fe = *m->list; fe; fe = fe->next) {
+    struct mq_pass p;
+    uint64_t rcv = 0, wd[FE_WDROP_MAX] = {0};
+    memset(&p, 0, sizeof(p));
+    p.fe = fe;
+    p.disp = fd;
+    p.resp = fr;
+    p.drop = fq;
+    for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+      const struct fe_worker *w = &fe->w[i];
+      rcv += lynx_cnt_get(&w->received);
+      for (int r = 0; r < FE_WDROP_MAX; r++)
+        wd[r] += lynx_cnt_get(&w->drops[r]);
+      p.dispatched += lynx_cnt_get(&w->retired_dispatched);
+      p.responded += lynx_cnt_get(&w->retired_responded);
+      for (int r = 0; r < FE_QDROP_MAX; r++)
+        p.qdrops[r] += lynx_cnt_get(&w->retired_drops[r]);
     }
-  fprintf(f, "# HELP lynx_mqueue_responded_total Responses from this mqueue sent to clients.\n"
-             "# TYPE lynx_mqueue_responded_total counter\n");
-  for (uint32_t i = 0; i < fe->n_w; i++)
-    for (uint32_t k = 0; k < fe->w[i].n_mqs; k++) {
-      fputs("lynx_mqueue_responded_total", f);
-      mq_labels(f, fe, &fe->w[i].mqs[k], &fe->w[i]);
-      fprintf(f, " %llu\n",
-              (unsigned long long)lynx_cnt_get(&fe->w[i].mqs[k].responded));
-    }
-  fprintf(f, "# HELP lynx_mqueue_dropped_total Drops attributed to this mqueue, by reason.\n"
-             "# TYPE lynx_mqueue_dropped_total counter\n");
-  for (uint32_t i = 0; i < fe->n_w; i++)
-    for (uint32_t k = 0; k < fe->w[i].n_mqs; k++) {
-      const struct fe_mq *mq = &fe->w[i].mqs[k];
-      for (int r = 0; r < FE_QDROP_MAX; r++) {
-        fprintf(f,
-                "lynx_mqueue_dropped_total{service=\"%s\",node=\"%s\",accel="
-                "\"%u\",mqueue=\"%u\",worker=\"%u\",reason=\"%s\"} %llu\n",
-                fe->service, mq->conn->acc->node, mq->conn->acc->desc.accel_id,
-                mq->q, fe->w[i].id, fe_qdrop_names[r],
-                (unsigned long long)lynx_cnt_get(&mq->drops[r]));
-      }
-    }
+    fe_foreach_mq(fe, mq_line, &p);
+    fprintf(f, "lynx_frontend_received_total{service=\"%s\"} %llu\n",
+            fe->service, (unsigned long long)rcv);
+    fprintf(f, "lynx_frontend_dispatched_total{service=\"%s\"} %llu\n",
+            fe->service, (unsigned long long)p.dispatched);
+    fprintf(f, "lynx_frontend_responded_total{service=\"%s\"} %llu\n",
+            fe->service, (unsigned long long)p.responded);
+    for (int r = 0; r < FE_WDROP_MAX; r++)
+      fprintf(f, "lynx_frontend_dropped_total{service=\"%s\",reason=\"%s\"} %llu\n",
+              fe->service, fe_wdrop_names[r], (unsigned long long)wd[r]);
+    for (int r = 0; r < FE_QDROP_MAX; r++)
+      fprintf(f, "lynx_frontend_dropped_total{service=\"%s\",reason=\"%s\"} %llu\n",
+              fe->service, fe_qdrop_names[r], (unsigned long long)p.qdrops[r]);
+  }
+  pthread_mutex_unlock(m->lock);
+out:
+  if (fd)
+    fclose(fd);
+  if (fr)
+    fclose(fr);
+  if (fq)
+    fclose(fq);
+  if (bd)
+    fwrite(bd, 1, ld, f);
+  if (br)
+    fwrite(br, 1, lr, f);
+  if (bq)
+    fwrite(bq, 1, lq, f);
+  free(bd);
+  free(br);
+  free(bq);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
                                   size_t *upload_size, void **req_cls) {
-  struct frontend *fe = cls;
+  struct metrics_ctx *m = cls;
   struct MHD_Response *resp;
   enum MHD_Result ret;
   unsigned status = MHD_HTTP_OK;
@@ -117,7 +149,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     FILE *f = open_memstream(&buf, &len);
     if (!f)
       return MHD_NO;
-    write_metrics(f, fe);
+    write_metrics(f, m);
     fclose(f);
     resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
     if (resp)
@@ -142,45 +174,54 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   return ret;
 }
 
-int fe_metrics_start(struct frontend *fe) {
+int fe_metrics_start(const char *addr, struct frontend **list,
+                     pthread_mutex_t *list_lock, void **daemon) {
+  static struct metrics_ctx ctx;
   struct sockaddr_storage ss;
-  if (!fe->cfg.metrics)
-    return 0;
-  if (lynx_parse_hostport(fe->cfg.metrics, &ss))
+  if (lynx_parse_hostport(addr, &ss))
     return -EINVAL;
-  fe->metrics = MHD_start_daemon(
+  ctx.list = list;
+  ctx.lock = list_lock;
+  *daemon = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-      on_request, fe, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+      on_request, &ctx, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
       MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_LIMIT, 64u,
       MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-  if (!fe->metrics) {
-    LYNX_ERR("frontend", "cannot serve metrics on %s", fe->cfg.metrics);
+  if (!*daemon) {
+    LYNX_ERR("frontend", "cannot serve metrics on %s", addr);
     return -EADDRINUSE;
   }
   return 0;
 }
 
-void fe_metrics_stop(struct frontend *fe) {
-  if (fe->metrics) {
-    MHD_stop_daemon(fe->metrics);
-    fe->metrics = NULL;
+void fe_metrics_stop(void *daemon) {
+  if (daemon)
+    MHD_stop_daemon(daemon);
+}
+
+struct totals {
+  uint64_t disp, resp;
+};
+
+static void add_totals(void *arg, const struct fe_worker *w,
+                       const struct fe_conn *c, const struct fe_mq *mq) {
+  struct totals *t = arg;
+  (void)w;
+  (void)c;
+  t->disp += lynx_cnt_get(&mq->dispatched);
+  t->resp += lynx_cnt_get(&mq->responded);
+}
+
+void fe_log_totals(struct frontend *fe) {
+  struct totals t = {0, 0};
+  uint64_t rcv = 0;
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    rcv += lynx_cnt_get(&fe->w[i].received);
+    t.disp += lynx_cnt_get(&fe->w[i].retired_dispatched);
+    t.resp += lynx_cnt_get(&fe->w[i].retired_responded);
   }
-  /* one line with the totals, so logs tell what happened without scraping */
-  if (fe->w) {
-    char *buf = NULL;
-    size_t len = 0;
-    uint64_t rcv = 0, disp = 0, resp = 0;
-    for (uint32_t i = 0; i < fe->n_w; i++) {
-      rcv += lynx_cnt_get(&fe->w[i].received);
-      for (uint32_t k = 0; k < fe->w[i].n_mqs; k++) {
-        disp += lynx_cnt_get(&fe->w[i].mqs[k].dispatched);
-        resp += lynx_cnt_get(&fe->w[i].mqs[k].responded);
-      }
-    }
-    (void)buf;
-    (void)len;
-    LYNX_INFO("frontend", "service %s: %llu received, %llu dispatched, %llu "
-              "responded", fe->service, (unsigned long long)rcv,
-              (unsigned long long)disp, (unsigned long long)resp);
-  }
+  fe_foreach_mq(fe, add_totals, &t);
+  LYNX_INFO("frontend", "service %s: %llu received, %llu dispatched, %llu "
+            "responded", fe->service, (unsigned long long)rcv,
+            (unsigned long long)t.disp, (unsigned long long)t.resp);
 }

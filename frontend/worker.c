@@ -50,6 +50,9 @@ const char *const fe_qdrop_names[FE_QDROP_MAX] = {
 
 static const uint8_t zeros[16];
 
+static void run_commands(struct fe_worker *w);
+static void reap_removed(struct fe_worker *w);
+
 /* ---- request completion ------------------------------------------- */
 
 /* Every way a request ends (answered, dropped, expired, lost) comes here:
@@ -75,11 +78,12 @@ static void on_lost(void *arg, const struct lynx_tag_entry *e) {
 static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
   if (c->state == FE_CONN_DEAD)
     return;
-  LYNX_WARN("frontend", "worker %u: accelerator %s/%u out of dispatch: %s",
-            w->id, c->acc->node, c->acc->desc.accel_id, why);
+  LYNX_WARN("frontend", "worker %u: accelerator %s/%u (instance %llu) out "
+            "of dispatch: %s", w->id, c->acc.node, c->acc.desc.accel_id,
+            (unsigned long long)c->acc.instance_id, why);
   c->state = FE_CONN_DEAD;
   for (uint32_t i = 0; i < c->n_mqs; i++) {
-    struct fe_mq *mq = c->mqs[i];
+    struct fe_mq *mq = &c->mqs[i];
     uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
     mq->dq.up = 0;
     mq->dq.outstanding = 0;
@@ -177,18 +181,18 @@ static void bad_index(struct fe_mq *mq, const char *which, uint32_t v) {
   LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
               "accelerator %s/%u mqueue %u: %s %u out of range (rx %u..%u, "
               "tx_cons %u), ignored",
-              mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q, which,
+              mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, which,
               v, mq->dq.rx_cons, mq->dq.rx_prod, mq->tx_cons);
 }
 
 /* The actrl array arrived: refresh flow control, post reads of new TX
  * slots. */
 static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
-  const struct lynx_geom *g = &c->acc->g;
+  const struct lynx_geom *g = &c->acc.g;
   struct lynx_tconn *tc = c->tc;
   int rc;
   for (uint32_t i = 0; i < c->n_mqs; i++) {
-    struct fe_mq *mq = c->mqs[i];
+    struct fe_mq *mq = &c->mqs[i];
     struct lynx_actrl a = c->snap[mq->q];
     uint32_t avail, n, first, n1;
     uint64_t ring = lynx_tx_ring_off(g, mq->q);
@@ -230,7 +234,7 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
  * is not published yet (retry next cycle from here). */
 static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
                         const uint8_t *slot, uint32_t pos) {
-  uint32_t z = mq->conn->acc->g.slot_size;
+  uint32_t z = mq->conn->acc.g.slot_size;
   struct lynx_slot_meta m;
   struct lynx_tag_entry *e;
   memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
@@ -243,7 +247,7 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
       LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
                   "mqueue %s/%u/%u: TX slot %u announced but not published "
                   "(seq %u)",
-                  mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q,
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
                   pos, m.seq);
     }
     return -EAGAIN;
@@ -254,7 +258,7 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
                 "mqueue %s/%u/%u: response with unknown or stale tag 0x%08x "
                 "discarded",
-                mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q,
+                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
                 m.tag);
     return 0;
   }
@@ -266,7 +270,7 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
                 "mqueue %s/%u/%u: response of %u bytes at %u does not fit a "
                 "%u-byte slot, dropped",
-                mq->conn->acc->node, mq->conn->acc->desc.accel_id, mq->q,
+                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
                 m.len, m.off16 * 16u, z);
   } else {
     queue_send(w, mq, e, slot + (uint32_t)m.off16 * 16u, m.len);
@@ -277,11 +281,11 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
 
 /* All slot reads are in: forward, then write TX consumer indices back. */
 static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
-  const struct lynx_geom *g = &c->acc->g;
+  const struct lynx_geom *g = &c->acc.g;
   uint32_t sent = 0;
   int rc;
   for (uint32_t i = 0; i < c->n_mqs; i++) {
-    struct fe_mq *mq = c->mqs[i];
+    struct fe_mq *mq = &c->mqs[i];
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
       if (forward_slot(w, mq, mq->stage + (size_t)k * g->slot_size,
                        mq->tx_cons) != 0)
@@ -295,7 +299,7 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
   /* The payloads stay in the staging buffers, which are only read into
    * again at this connection's next cycle, after the worker has sent. */
   for (uint32_t i = 0; i < c->n_mqs; i++) {
-    struct fe_mq *mq = c->mqs[i];
+    struct fe_mq *mq = &c->mqs[i];
     struct iovec iov = {&mq->tx_cons, 4};
     if (!mq->tx_cons_dirty)
       continue;
@@ -322,8 +326,8 @@ static int conn_progress(struct fe_worker *w, struct fe_conn *c) {
   if (c->state == FE_CONN_DEAD)
     return 0;
   if (c->state == FE_CONN_IDLE) {
-    rc = tc->ops->read(tc, c->acc->g.actrl_off, c->snap,
-                       8u * c->acc->g.n_mqueues, WR_CTRL);
+    rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                       8u * c->acc.g.n_mqueues, WR_CTRL);
     if (!rc)
       rc = tc->ops->flush(tc);
     if (rc)
@@ -379,7 +383,7 @@ static void on_alloc(uv_handle_t *h, size_t sz, uv_buf_t *buf) {
 static int write_request(struct fe_worker *w, struct fe_mq *mq,
                          const void *data, uint32_t len, uint32_t tag) {
   struct fe_conn *c = mq->conn;
-  const struct lynx_geom *g = &c->acc->g;
+  const struct lynx_geom *g = &c->acc.g;
   uint32_t pos = mq->dq.rx_prod;
   uint32_t poff = lynx_payload_off(g->slot_size, len);
   uint64_t slot = lynx_slot_off(g, lynx_rx_ring_off(g, mq->q), pos);
@@ -390,7 +394,7 @@ static int write_request(struct fe_worker *w, struct fe_mq *mq,
                          {&m, sizeof(m)}};
   struct lynx_tconn *tc = c->tc;
   int rc;
-  if (c->acc->desc.ordering == LYNX_ORDER_COALESCED)
+  if (c->acc.desc.ordering == LYNX_ORDER_COALESCED)
     return tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
   /* fenced: payload, a read as write barrier, then the metadata */
   rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
@@ -424,7 +428,7 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
     return;
   }
-  if ((flags & UV_UDP_PARTIAL) || (size_t)nread > w->cap) {
+  if ((flags & UV_UDP_PARTIAL) || (w->cap && (size_t)nread > w->cap)) {
     lynx_cnt_add(&w->drops[FE_DROP_OVERSIZE], 1);
     LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
                 "worker %u: %zd-byte datagram is larger than a slot's %u-byte "
@@ -472,9 +476,10 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
 static void on_expire(void *arg, const struct lynx_tag_entry *e) {
   struct fe_worker *w = arg;
   struct fe_mq *mq = NULL;
-  for (uint32_t i = 0; i < w->n_mqs && !mq; i++)
-    if (w->mqs[i].gid == e->mq)
-      mq = &w->mqs[i];
+  for (uint32_t i = 0; i < w->n_conns && !mq; i++)
+    for (uint32_t k = 0; k < w->conns[i]->n_mqs && !mq; k++)
+      if (w->conns[i]->mqs[k].gid == e->mq)
+        mq = &w->conns[i]->mqs[k];
   flow_done(w, e);
   if (!mq)
     return;
@@ -488,7 +493,7 @@ static uint32_t outstanding(const struct fe_worker *w) {
 
 static void ring_doorbells(struct fe_worker *w) {
   for (uint32_t i = 0; i < w->n_conns; i++) {
-    struct fe_conn *c = &w->conns[i];
+    struct fe_conn *c = w->conns[i];
     int rc;
     if (!c->dirty || c->state == FE_CONN_DEAD)
       continue;
@@ -501,15 +506,6 @@ static void ring_doorbells(struct fe_worker *w) {
     }
     if (rc)
       conn_fail(w, c, rc);
-  }
-}
-
-static void check_accels(struct fe_worker *w) {
-  for (uint32_t i = 0; i < w->n_conns; i++) {
-    struct fe_conn *c = &w->conns[i];
-    if (c->state != FE_CONN_DEAD &&
-        !__atomic_load_n(&c->acc->up, __ATOMIC_RELAXED))
-      conn_down(w, c, "its agent left");
   }
 }
 
@@ -526,9 +522,9 @@ static void udp_close(struct fe_worker *w) {
 static void worker_loop(struct fe_worker *w) {
   struct frontend *fe = w->fe;
   uint64_t last_work, next_expire, backoff = 0;
-  uint64_t spin_ns = (uint64_t)fe->cfg.spin_us * 1000u;
-  uint64_t timeout_ns = (uint64_t)fe->cfg.timeout_ms * 1000000u;
-  int busy = fe->cfg.poll == 1, stopping = 0;
+  uint64_t spin_ns = (uint64_t)fe->cfg->spin_us * 1000u;
+  uint64_t timeout_ns = (uint64_t)fe->cfg->timeout_ms * 1000000u;
+  int busy = fe->cfg->poll == 1, stopping = 0;
   int bfd = uv_backend_fd(&w->loop);
   /* scan the tag table once per quarter timeout, a slice every 10 ms: an
    * expired request is found at most timeout/4 late, and an idle-but-busy
@@ -545,16 +541,18 @@ static void worker_loop(struct fe_worker *w) {
     int work;
     w->got = 0;
     w->now_ns = lynx_now_ns();
+    if (__atomic_load_n(&w->cmds_pending, __ATOMIC_ACQUIRE))
+      run_commands(w);
     uv_run(&w->loop, UV_RUN_NOWAIT);
     ring_doorbells(w);
     work = (int)w->got;
     for (uint32_t i = 0; i < w->n_conns; i++)
-      work += conn_progress(w, &w->conns[i]);
+      work += conn_progress(w, w->conns[i]);
     flush_sends(w);
     w->now_ns = lynx_now_ns();
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
-      check_accels(w);
+      reap_removed(w);
       if (w->tags.in_use && w->now_ns > timeout_ns)
         lynx_tag_expire(&w->tags, w->now_ns - timeout_ns, expire_budget,
                         on_expire, w);
@@ -594,15 +592,16 @@ static void worker_loop(struct fe_worker *w) {
     }
   }
   /* Whatever is still outstanding is lost to its clients. */
-  for (uint32_t i = 0; i < w->n_mqs; i++) {
-    struct fe_mq *mq = &w->mqs[i];
-    uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
-    if (n) {
-      lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
-      LYNX_WARN("frontend", "worker %u: %u requests on mqueue %u unanswered "
-                "at the shutdown deadline", w->id, n, mq->gid);
+  for (uint32_t i = 0; i < w->n_conns; i++)
+    for (uint32_t k = 0; k < w->conns[i]->n_mqs; k++) {
+      struct fe_mq *mq = &w->conns[i]->mqs[k];
+      uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
+      if (n) {
+        lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
+        LYNX_WARN("frontend", "worker %u: %u requests on mqueue %u unanswered "
+                  "at the shutdown deadline", w->id, n, mq->gid);
+      }
     }
-  }
 }
 
 static void *worker_main(void *arg) {
@@ -621,7 +620,7 @@ static void *worker_main(void *arg) {
 
 static int open_udp(struct fe_worker *w) {
   struct frontend *fe = w->fe;
-  int one = 1, fd, rc, sz = (int)fe->cfg.rcvbuf_kb * 1024;
+  int one = 1, fd, rc, sz = (int)fe->cfg->rcvbuf_kb * 1024;
   socklen_t alen = fe->udp_addr.ss_family == AF_INET6
                        ? sizeof(struct sockaddr_in6)
                        : sizeof(struct sockaddr_in);
@@ -658,32 +657,16 @@ fail:
   return rc;
 }
 
-static void worker_free(struct fe_worker *w) {
-  for (uint32_t i = 0; w->conns && i < w->n_conns; i++) {
-    struct fe_conn *c = &w->conns[i];
-    if (c->tc)
-      c->tc->ops->close(c->tc);
-    free(c->snap);
-    free(c->mqs);
-  }
-  for (uint32_t i = 0; w->mqs && i < w->n_mqs; i++)
-    free(w->mqs[i].stage);
-  free(w->conns);
-  free(w->mqs);
-  free(w->dqs);
-  free(w->rbuf);
-  free(w->resp);
-  free(w->flows);
-  lynx_tagtab_free(&w->tags);
-}
+/* ---- connections come and go (worker thread) ------------------------ */
 
-/* Reads the accelerator's indices synchronously (set-up only). */
+/* Reads the accelerator's indices synchronously (when a connection is
+ * added; shm answers at once, a remote transport within the deadline). */
 static int conn_resume(struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
   uint64_t id;
   uint64_t deadline = lynx_now_ns() + 2000000000ull;
-  int rc = tc->ops->read(tc, c->acc->g.actrl_off, c->snap,
-                         8u * c->acc->g.n_mqueues, WR_CTRL);
+  int rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                         8u * c->acc.g.n_mqueues, WR_CTRL);
   if (!rc)
     rc = tc->ops->flush(tc);
   while (!rc) {
@@ -696,108 +679,305 @@ static int conn_resume(struct fe_conn *c) {
   return rc;
 }
 
-/* Builds worker w's connections and mqueue partition. Runs in the main
- * thread before the worker starts. */
-static int worker_setup(struct frontend *fe, struct fe_worker *w) {
-  uint32_t per_acc = 0, total_slots = 0, n = 0, gid_base = 0, seed;
-  int rc;
-  for (uint32_t a = 0; a < fe->n_acc; a++)
-    for (uint32_t q = w->id; q < fe->acc[a].g.n_mqueues; q += fe->n_w)
-      per_acc++;
-  w->conns = calloc(fe->n_acc, sizeof(*w->conns));
-  w->mqs = calloc(per_acc, sizeof(*w->mqs));
-  w->dqs = calloc(per_acc, sizeof(*w->dqs));
-  w->rbuf = malloc((size_t)FE_RECV_CHUNKS * FE_DGRAM_MAX);
-  if (!w->conns || !w->mqs || !w->dqs || !w->rbuf)
+static void conn_free(struct fe_conn *c) {
+  if (c->tc)
+    c->tc->ops->close(c->tc);
+  for (uint32_t i = 0; c->mqs && i < c->n_mqs; i++)
+    free(c->mqs[i].stage);
+  free(c->mqs);
+  free(c->snap);
+  free(c);
+}
+
+/*
+ * Rebuilds what depends on the set of connections: the dispatch order
+ * (interleaving accelerators: a0q0, a1q0, a0q1, ... so consecutive requests
+ * spread over all of them), the payload cap, the response batch size, and
+ * the flow table's mqueue indices. Called with w->lock held.
+ */
+static int rebuild(struct fe_worker *w) {
+  uint32_t n = 0, k = 0, cap = 0, max_resp = 0;
+  struct lynx_dq **dqs, **old = w->dqs;
+  for (uint32_t i = 0; i < w->n_conns; i++) {
+    struct fe_conn *c = w->conns[i];
+    n += c->n_mqs;
+    for (uint32_t q = 0; q < c->n_mqs; q++)
+      max_resp += c->mqs[q].stage_slots;
+    if (!c->removing && c->state != FE_CONN_DEAD &&
+        (cap == 0 || lynx_slot_cap(c->acc.g.slot_size) < cap))
+      cap = lynx_slot_cap(c->acc.g.slot_size);
+  }
+  dqs = calloc(n + 1, sizeof(*dqs));
+  if (!dqs)
     return -ENOMEM;
-  w->n_conns = fe->n_acc;
-  for (uint32_t a = 0; a < fe->n_acc; a++) {
-    struct fe_accel *acc = &fe->acc[a];
-    struct fe_conn *c = &w->conns[a];
-    c->acc = acc;
-    c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
-    c->mqs = calloc(acc->g.n_mqueues, sizeof(*c->mqs));
-    if (!c->snap || !c->mqs)
+  for (uint32_t round = 0; k < n; round++)
+    for (uint32_t i = 0; i < w->n_conns; i++)
+      if (round < w->conns[i]->n_mqs)
+        dqs[k++] = &w->conns[i]->mqs[round].dq;
+  if (max_resp > w->max_resp) {
+    struct fe_resp *r = realloc(w->resp, max_resp * sizeof(*r));
+    if (!r) {
+      free(dqs);
       return -ENOMEM;
-    rc = acc->ops->connect(&acc->desc, &c->tc);
-    if (rc) {
-      LYNX_ERR("frontend", "worker %u: cannot connect to accelerator %s/%u "
-               "(%s %s): %s", w->id, acc->node, acc->desc.accel_id,
-               acc->desc.transport, acc->desc.locator, strerror(-rc));
-      return rc;
     }
-    rc = conn_resume(c);
-    if (rc) {
-      LYNX_ERR("frontend", "worker %u: cannot read accelerator %s/%u's "
-               "indices: %s", w->id, acc->node, acc->desc.accel_id,
-               strerror(-rc));
-      return rc;
-    }
-    if (w->cap == 0 || lynx_slot_cap(acc->g.slot_size) < w->cap)
-      w->cap = lynx_slot_cap(acc->g.slot_size);
-    for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w) {
-      struct fe_mq *mq = &w->mqs[n];
-      mq->conn = c;
-      mq->q = q;
-      mq->gid = gid_base + q;
-      mq->dq.slots = acc->g.slots;
-      mq->dq.up = 1;
-      /* take the rings over where they are: the region may have served an
-       * earlier frontend; responses to its requests show up as stale tags */
-      mq->dq.rx_prod = mq->dq.rx_cons = c->snap[q].rx_cons;
-      mq->tx_cons = c->snap[q].tx_prod;
-      {
-        struct iovec iov = {&mq->tx_cons, 4};
-        rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, q), &iov, 1,
-                                LYNX_WR_PUBLISH);
-        if (!rc)
-          rc = c->tc->ops->flush(c->tc);
-        if (rc)
-          return rc;
-      }
-      mq->stage_slots = STAGE_BYTES / acc->g.slot_size;
-      if (mq->stage_slots == 0)
-        mq->stage_slots = 1;
-      if (mq->stage_slots > acc->g.slots)
-        mq->stage_slots = acc->g.slots;
-      mq->stage = malloc((size_t)mq->stage_slots * acc->g.slot_size);
-      if (!mq->stage)
-        return -ENOMEM;
-      w->max_resp += mq->stage_slots;
-      c->mqs[c->n_mqs++] = mq;
-      total_slots += acc->g.slots;
-      n++;
-    }
-    gid_base += acc->g.n_mqueues;
+    w->resp = r;
+    w->max_resp = max_resp;
   }
+  /* a flow in flight keeps its mqueue across the rebuild */
+  for (uint32_t f = 0; w->flows && f <= w->flow_mask; f++) {
+    struct lynx_flow *fl = &w->flows[f];
+    uint32_t to = UINT32_MAX;
+    if (!fl->outstanding || fl->q >= w->n_mqs || !old)
+      continue;
+    for (uint32_t j = 0; j < n && to == UINT32_MAX; j++)
+      if (dqs[j] == old[fl->q])
+        to = j;
+    fl->q = to == UINT32_MAX ? 0 : to;
+    if (to == UINT32_MAX)
+      fl->outstanding = 0; /* its mqueue is gone; its requests counted there */
+  }
+  w->dqs = dqs;
   w->n_mqs = n;
-  /* Dispatch order interleaves accelerators (a0q0, a1q0, a0q1, ...) so
-   * consecutive requests spread over every accelerator. */
-  {
-    uint32_t k = 0;
-    for (uint32_t round = 0; k < n; round++)
-      for (uint32_t a = 0; a < w->n_conns; a++)
-        if (round < w->conns[a].n_mqs)
-          w->dqs[k++] = &w->conns[a].mqs[round]->dq;
+  w->cap = cap;
+  w->disp.q = dqs;
+  w->disp.n = n;
+  w->disp.cursor = 0;
+  free(old);
+  return 0;
+}
+
+static int conn_add(struct fe_worker *w, const struct fe_accel *acc) {
+  struct frontend *fe = w->fe;
+  struct fe_conn *c, **conns;
+  uint32_t n = 0;
+  int rc;
+  for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w)
+    n++;
+  if (n == 0) {
+    LYNX_WARN("frontend", "worker %u: instance %llu has %u mqueues for %u "
+              "workers: this worker gets none", w->id,
+              (unsigned long long)acc->instance_id, acc->g.n_mqueues, fe->n_w);
+    return 0;
   }
-  w->resp = calloc(w->max_resp ? w->max_resp : 1, sizeof(*w->resp));
-  if (!w->resp)
+  c = calloc(1, sizeof(*c));
+  if (!c)
     return -ENOMEM;
-  if (fe->cfg.order == 0) { /* flow order */
+  c->acc = *acc;
+  c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
+  c->mqs = calloc(n, sizeof(*c->mqs));
+  if (!c->snap || !c->mqs) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  rc = acc->ops->connect(&acc->desc, &c->tc);
+  if (rc) {
+    LYNX_ERR("frontend", "worker %u: cannot connect to accelerator %s/%u "
+             "(%s %s): %s", w->id, acc->node, acc->desc.accel_id,
+             acc->desc.transport, acc->desc.locator, strerror(-rc));
+    goto fail;
+  }
+  rc = conn_resume(c);
+  if (rc) {
+    LYNX_ERR("frontend", "worker %u: cannot read accelerator %s/%u's "
+             "indices: %s", w->id, acc->node, acc->desc.accel_id,
+             strerror(-rc));
+    goto fail;
+  }
+  for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w) {
+    struct fe_mq *mq = &c->mqs[c->n_mqs++];
+    struct iovec iov = {&mq->tx_cons, 4};
+    mq->conn = c;
+    mq->q = q;
+    mq->gid = w->next_gid++;
+    mq->dq.slots = acc->g.slots;
+    mq->dq.up = 1;
+    mq->stage_slots = STAGE_BYTES / acc->g.slot_size;
+    if (mq->stage_slots == 0)
+      mq->stage_slots = 1;
+    if (mq->stage_slots > acc->g.slots)
+      mq->stage_slots = acc->g.slots;
+    mq->stage = malloc((size_t)mq->stage_slots * acc->g.slot_size);
+    if (!mq->stage) {
+      rc = -ENOMEM;
+      goto fail;
+    }
+    /* take the rings over where they are: the region may have served an
+     * earlier frontend; responses to its requests show up as stale tags */
+    mq->dq.rx_prod = mq->dq.rx_cons = c->snap[q].rx_cons;
+    mq->tx_cons = c->snap[q].tx_prod;
+    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, q), &iov, 1,
+                            LYNX_WR_PUBLISH);
+    if (!rc)
+      rc = c->tc->ops->flush(c->tc);
+    if (rc)
+      goto fail;
+  }
+  pthread_mutex_lock(&w->lock);
+  conns = realloc(w->conns, (w->n_conns + 1) * sizeof(*conns));
+  if (conns) {
+    w->conns = conns;
+    w->conns[w->n_conns++] = c;
+    rc = rebuild(w);
+    if (rc)
+      w->n_conns--;
+  } else {
+    rc = -ENOMEM;
+  }
+  pthread_mutex_unlock(&w->lock);
+  if (rc)
+    goto fail;
+  LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) in "
+            "dispatch: %u mqueues", w->id, acc->node, acc->desc.accel_id,
+            (unsigned long long)acc->instance_id, c->n_mqs);
+  return 0;
+fail:
+  conn_free(c);
+  return rc;
+}
+
+/* The connection to an instance; one being removed counts only when
+ * any_state (a LOST may hit a connection that is draining). */
+static struct fe_conn *conn_find(struct fe_worker *w, uint64_t instance_id,
+                                 int any_state) {
+  for (uint32_t i = 0; i < w->n_conns; i++)
+    if (w->conns[i]->acc.instance_id == instance_id &&
+        (any_state || !w->conns[i]->removing))
+      return w->conns[i];
+  return NULL;
+}
+
+static uint32_t conn_outstanding(const struct fe_conn *c) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    n += c->mqs[i].dq.outstanding;
+  return n;
+}
+
+/* Out of dispatch: new requests go elsewhere, answers still come back. */
+static void conn_remove(struct fe_worker *w, struct fe_conn *c) {
+  if (c->removing)
+    return;
+  c->removing = 1;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    c->mqs[i].dq.up = 0;
+  LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) leaves "
+            "dispatch with %u requests in flight", w->id, c->acc.node,
+            c->acc.desc.accel_id, (unsigned long long)c->acc.instance_id,
+            conn_outstanding(c));
+}
+
+/* Frees removed connections whose requests are all answered (or expired:
+ * the request timeout bounds the wait). */
+static void reap_removed(struct fe_worker *w) {
+  uint32_t i = 0;
+  while (i < w->n_conns) {
+    struct fe_conn *c = w->conns[i];
+    int rc;
+    if (!c->removing ||
+        (c->state != FE_CONN_DEAD && conn_outstanding(c) != 0)) {
+      i++;
+      continue;
+    }
+    pthread_mutex_lock(&w->lock);
+    w->conns[i] = w->conns[--w->n_conns];
+    rc = rebuild(w);
+    if (rc) { /* out of memory: put it back, try again later */
+      w->conns[w->n_conns++] = w->conns[i];
+      w->conns[i] = c;
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (rc)
+      return;
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) "
+              "released", w->id, c->acc.node, c->acc.desc.accel_id,
+              (unsigned long long)c->acc.instance_id);
+    for (uint32_t q = 0; q < c->n_mqs; q++) {
+      lynx_cnt_add(&w->retired_dispatched, lynx_cnt_get(&c->mqs[q].dispatched));
+      lynx_cnt_add(&w->retired_responded, lynx_cnt_get(&c->mqs[q].responded));
+      for (int k = 0; k < FE_QDROP_MAX; k++)
+        lynx_cnt_add(&w->retired_drops[k], lynx_cnt_get(&c->mqs[q].drops[k]));
+    }
+    conn_free(c); /* conns[i] is another connection now: look at it next */
+  }
+}
+
+static void run_commands(struct fe_worker *w) {
+  struct fe_cmd *cmd;
+  pthread_mutex_lock(&w->lock);
+  cmd = w->cmds;
+  w->cmds = NULL;
+  w->cmds_tail = &w->cmds;
+  __atomic_store_n(&w->cmds_pending, 0, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&w->lock);
+  while (cmd) {
+    struct fe_cmd *next = cmd->next;
+    struct fe_conn *c;
+    switch (cmd->kind) {
+    case FE_CMD_ADD:
+      if (!conn_find(w, cmd->acc.instance_id, 0))
+        conn_add(w, &cmd->acc);
+      break;
+    case FE_CMD_REMOVE:
+      c = conn_find(w, cmd->instance_id, 0);
+      if (c)
+        conn_remove(w, c);
+      break;
+    case FE_CMD_LOST:
+      c = conn_find(w, cmd->instance_id, 1);
+      if (c) {
+        conn_remove(w, c);
+        conn_down(w, c, "its agent left");
+      }
+      break;
+    }
+    __atomic_store_n(&w->applied_seq, cmd->seq, __ATOMIC_RELEASE);
+    free(cmd);
+    cmd = next;
+  }
+  reap_removed(w);
+}
+
+/* ---- set-up (main thread) -------------------------------------------- */
+
+#define FE_TAGS 65536 /* outstanding requests per worker */
+
+static void worker_free(struct fe_worker *w) {
+  for (uint32_t i = 0; w->conns && i < w->n_conns; i++)
+    conn_free(w->conns[i]);
+  while (w->cmds) {
+    struct fe_cmd *c = w->cmds;
+    w->cmds = c->next;
+    free(c);
+  }
+  free(w->conns);
+  free(w->dqs);
+  free(w->rbuf);
+  free(w->resp);
+  free(w->flows);
+  lynx_tagtab_free(&w->tags);
+  pthread_mutex_destroy(&w->lock);
+}
+
+static int worker_setup(struct frontend *fe, struct fe_worker *w) {
+  uint32_t seed;
+  int rc;
+  pthread_mutex_init(&w->lock, NULL);
+  w->cmds_tail = &w->cmds;
+  w->rbuf = malloc((size_t)FE_RECV_CHUNKS * FE_DGRAM_MAX);
+  if (!w->rbuf)
+    return -ENOMEM;
+  w->disp.policy = (enum lynx_dispatch_policy)fe->cfg->dispatch;
+  if (fe->cfg->order == 0) { /* flow order */
     w->flow_mask = FE_FLOWS - 1;
     w->flows = calloc(FE_FLOWS, sizeof(*w->flows));
     if (!w->flows)
       return -ENOMEM;
   }
-  w->disp.policy = (enum lynx_dispatch_policy)fe->cfg.dispatch;
-  w->disp.q = w->dqs;
-  w->disp.n = n;
   /* a random first generation: tags of an earlier frontend on the same
    * rings are not mistaken for ours */
   if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
     seed = (uint32_t)lynx_now_ns();
-  rc = lynx_tagtab_init(&w->tags,
-                        total_slots * 2 < 1024 ? 1024 : total_slots * 2, seed);
+  rc = lynx_tagtab_init(&w->tags, FE_TAGS, seed);
   if (rc)
     return rc;
   rc = uv_loop_init(&w->loop);
@@ -816,14 +996,15 @@ int fe_workers_start(struct frontend *fe) {
   fe->w = calloc(fe->n_w, sizeof(*fe->w));
   if (!fe->w)
     return -ENOMEM;
+  fe->workers_running = 1;
   for (uint32_t i = 0; i < fe->n_w; i++) {
     struct fe_worker *w = &fe->w[i];
     w->fe = fe;
     w->id = i;
     rc = worker_setup(fe, w);
     if (rc) {
-      LYNX_ERR("frontend", "worker %u: set-up failed: %s", i,
-               rc < 0 && rc > -4096 ? strerror(-rc) : "error");
+      LYNX_ERR("frontend", "service %s worker %u: set-up failed: %s",
+               fe->service, i, strerror(rc < 0 ? -rc : rc));
       return rc;
     }
   }
@@ -833,31 +1014,82 @@ int fe_workers_start(struct frontend *fe) {
       return -rc;
     fe->w[i].started = 1;
   }
-  fe->workers_running = 1;
   return 0;
 }
 
-void fe_workers_wake(struct frontend *fe) {
+uint64_t fe_post(struct frontend *fe, enum fe_cmd_kind kind,
+                 const struct fe_accel *acc, uint64_t instance_id) {
+  uint64_t seq = ++fe->cmd_seq;
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    struct fe_worker *w = &fe->w[i];
+    struct fe_cmd *c = calloc(1, sizeof(*c));
+    if (!c) {
+      LYNX_ERR("frontend", "out of memory posting a command");
+      continue;
+    }
+    c->kind = kind;
+    if (acc)
+      c->acc = *acc;
+    c->instance_id = instance_id;
+    c->seq = seq;
+    pthread_mutex_lock(&w->lock);
+    *w->cmds_tail = c;
+    w->cmds_tail = &c->next;
+    __atomic_store_n(&w->cmds_pending, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&w->lock);
+    if (w->started)
+      uv_async_send(&w->wake);
+  }
+  return seq;
+}
+
+int fe_applied(struct frontend *fe, uint64_t seq) {
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
-    if (fe->w[i].started)
-      uv_async_send(&fe->w[i].wake);
+    if (fe->w[i].started &&
+        __atomic_load_n(&fe->w[i].applied_seq, __ATOMIC_ACQUIRE) < seq)
+      return 0;
+  return 1;
+}
+
+void fe_foreach_mq(struct frontend *fe,
+                   void (*fn)(void *arg, const struct fe_worker *w,
+                              const struct fe_conn *c, const struct fe_mq *mq),
+                   void *arg) {
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    struct fe_worker *w = &fe->w[i];
+    pthread_mutex_lock(&w->lock);
+    for (uint32_t k = 0; k < w->n_conns; k++)
+      for (uint32_t q = 0; q < w->conns[k]->n_mqs; q++)
+        fn(arg, w, w->conns[k], &w->conns[k]->mqs[q]);
+    pthread_mutex_unlock(&w->lock);
+  }
 }
 
 void fe_workers_stop(struct frontend *fe) {
+  if (!fe->workers_running)
+    return;
+  fe->stop_deadline_ns =
+      lynx_now_ns() + (uint64_t)fe->cfg->drain_ms * 1000000u;
+  __atomic_store_n(&fe->stopping, 1, __ATOMIC_RELEASE);
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
+    if (fe->w[i].started)
+      uv_async_send(&fe->w[i].wake);
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
     struct fe_worker *w = &fe->w[i];
-    if (w->started)
+    if (w->started) {
       pthread_join(w->tid, NULL);
-    else if (w->loop_ready) {
+    } else if (w->loop_ready) {
       /* set up but never started: close its handles here */
       udp_close(w);
-      if (!uv_is_closing((uv_handle_t *)&w->wake) && w->wake.loop)
+      if (w->wake.loop && !uv_is_closing((uv_handle_t *)&w->wake))
         uv_close((uv_handle_t *)&w->wake, NULL);
       uv_run(&w->loop, UV_RUN_DEFAULT);
       uv_loop_close(&w->loop);
     }
-    worker_free(w);
+    if (w->fe) /* only workers that were set up hold resources */
+      worker_free(w);
   }
   free(fe->w);
   fe->w = NULL;
+  fe->workers_running = 0;
 }

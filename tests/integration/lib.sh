@@ -287,7 +287,7 @@ start_frontend() {
 
 # agent_shm PID: region files of agent PID of this test.
 agent_shm() {
-  compgen -G "/dev/shm/lynx-$IT_NODE-$1-a*" || true
+  compgen -G "/dev/shm/lynx-$IT_NODE-$1-*" || true
 }
 
 # stop_daemons: SIGTERM the frontend and the agent started last; both must

@@ -108,7 +108,7 @@ A3=$AGENT_PID A3_LOG=$AGENT_LOG
 assert_log "$A3_LOG" "removed stale region" "new agent removed the dead agent's regions"
 expect_regions "$A2" 0
 wait_log "$F2_LOG" "serving UDP" 10 3 "$F2"
-assert_eq "$(grep -cF 'starting; config' "$F2_LOG")" 1 "frontend #2 starts (no restart)"
+assert_eq "$(grep -cF ': starting in ' "$F2_LOG")" 1 "frontend #2 starts (no restart)"
 pingpong after-kill9
 
 stop "$F2" 10

@@ -1,0 +1,97 @@
+/*
+ * agent.h - lynx-agent's shared state.
+ *
+ * One agent per accelerator host. It runs *instances*: one service on one
+ * accelerator, with its own mqueue region (allocated through the transport)
+ * and the application's persistent polling threads. In static mode
+ * (--app) it starts one instance per accelerator and serves their
+ * descriptors to one frontend (serve.c); under a coordinator (--coordinator)
+ * it registers, heartbeats, and starts and stops instances when told
+ * (link.c). Everything but the accelerator threads runs on the main
+ * thread's libuv loop.
+ */
+#ifndef LYNX_AGENT_H
+#define LYNX_AGENT_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "cpu_accel.h"
+#include "ctlconn.h"
+#include "registry.h"
+#include "transport.h"
+
+struct agent_cfg {
+  uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,
+      accel_threads, frame_max;
+  char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
+      *labels;
+  int transport, ordering;
+};
+
+struct instance {
+  uint64_t id;
+  uint32_t accel;
+  char service[LYNX_ID_MAX];
+  struct lynx_region region;
+  struct lynx_region_desc desc;
+  struct lynx_cpu_accel cpu;
+  int running;
+  struct instance *next;
+};
+
+struct agent_accel {
+  /* counters of instances that have stopped, so totals never go back */
+  uint64_t requests, responses;
+};
+
+struct peer;
+struct coord_link;
+
+struct agent {
+  struct agent_cfg cfg;
+  const struct lynx_transport_ops *tops;
+  char node_id[LYNX_ID_MAX];
+  char *token;
+  uint64_t epoch;
+  struct lynx_label labels[LYNX_LABELS_MAX];
+  uint32_t n_labels;
+  struct agent_accel *acc;
+  uint32_t n_acc;
+  struct instance *instances;
+  uv_loop_t loop;
+  uv_signal_t sigint, sigterm;
+  int stopping, exit_code;
+  /* static mode */
+  uv_tcp_t server;
+  int server_open;
+  struct peer *peers;
+  struct peer *owner;
+  /* coordinator mode */
+  struct coord_link *link;
+};
+
+/* instance.c */
+int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
+                         const char *service, const struct lynx_app *app,
+                         uint32_t mqueues, uint32_t slots, uint32_t slot_size,
+                         uint32_t work_us, struct instance **out);
+void agent_instance_stop(struct agent *ag, struct instance *in);
+struct instance *agent_instance_find(struct agent *ag, uint64_t id);
+void agent_instances_stop_all(struct agent *ag);
+/* totals per accelerator: stopped instances plus running ones */
+void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
+                          uint64_t *resp);
+
+/* serve.c (static mode) */
+int agent_serve_start(struct agent *ag);
+void agent_serve_stop(struct agent *ag);
+
+/* link.c (coordinator mode) */
+int agent_link_start(struct agent *ag);
+void agent_link_stop(struct agent *ag); /* sends Leave when connected */
+
+/* main.c: orderly shutdown with this exit code (idempotent) */
+void agent_shutdown(struct agent *ag, int exit_code);
+
+#endif

@@ -1,0 +1,411 @@
+/*
+ * link.c - the agent's connection to the coordinator.
+ *
+ * States: DISCONNECTED -> CONNECTING -> HELLO (Hello sent) -> REGISTERING
+ * (Register sent) -> REGISTERED (heartbeats every lease/3). Any failure
+ * closes the connection and goes back to DISCONNECTED, with a reconnect
+ * after a jittered exponential backoff (100 ms .. 2 s). Re-registering
+ * carries the same epoch and the instances still running, so a restarted
+ * coordinator adopts them instead of starting duplicates. A wrong token or
+ * protocol version is final: the agent stops with a clear message.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "frame.h"
+#include "log.h"
+#include "util.h"
+
+enum link_state {
+  LINK_DISCONNECTED, /* waiting for the retry timer */
+  LINK_CONNECTING,   /* TCP connect in progress */
+  LINK_HELLO,        /* Hello sent, waiting for HelloReply */
+  LINK_REGISTERING,  /* Register sent, waiting for RegisterReply */
+  LINK_REGISTERED,   /* lease held: heartbeats flow */
+};
+
+struct coord_link {
+  struct agent *ag;
+  struct lynx_ctl *ctl;
+  struct sockaddr_storage addr;
+  uv_timer_t retry, beat;
+  enum link_state state;
+  uint64_t backoff_ms, lease_ms;
+  int stopping;
+  int timers_closed;
+};
+
+static void link_schedule(struct coord_link *l);
+
+static void send_env(struct coord_link *l, Lynx__Envelope *env) {
+  if (l->ctl && lynx_ctl_send(l->ctl, env))
+    lynx_ctl_close(l->ctl, "cannot queue a message to the coordinator");
+}
+
+static void send_register(struct coord_link *l) {
+  struct agent *ag = l->ag;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Register reg = LYNX__REGISTER__INIT;
+  Lynx__Label labels[LYNX_LABELS_MAX], *lp[LYNX_LABELS_MAX];
+  Lynx__AccelInfo *acc = calloc(ag->n_acc, sizeof(*acc));
+  Lynx__AccelInfo **ap = calloc(ag->n_acc, sizeof(*ap));
+  size_t n_inst = 0;
+  Lynx__InstanceInfo *ii;
+  Lynx__InstanceInfo **ip;
+  Lynx__RegionDesc *rd;
+  char addr[64] = "";
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  for (struct instance *in = ag->instances; in; in = in->next)
+    n_inst++;
+  ii = calloc(n_inst + 1, sizeof(*ii));
+  ip = calloc(n_inst + 1, sizeof(*ip));
+  rd = calloc(n_inst + 1, sizeof(*rd));
+  if (!acc || !ap || !ii || !ip || !rd) {
+    lynx_ctl_close(l->ctl, "out of memory building Register");
+    goto out;
+  }
+  if (uv_tcp_getsockname(&l->ctl->tcp, (struct sockaddr *)&ss, &len) == 0)
+    lynx_fmt_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+  for (uint32_t i = 0; i < ag->n_labels; i++) {
+    lynx__label__init(&labels[i]);
+    labels[i].key = ag->labels[i].key;
+    labels[i].value = ag->labels[i].value;
+    lp[i] = &labels[i];
+  }
+  for (uint32_t i = 0; i < ag->n_acc; i++) {
+    lynx__accel_info__init(&acc[i]);
+    acc[i].idx = i;
+    acc[i].kind = "cpu";
+    acc[i].model = "cpu-emulated";
+    acc[i].memory_bytes = 0;
+    acc[i].ordering = ag->cfg.ordering ? LYNX__ORDERING__ORDERING_FENCED
+                                       : LYNX__ORDERING__ORDERING_COALESCED;
+    ap[i] = &acc[i];
+  }
+  n_inst = 0;
+  for (struct instance *in = ag->instances; in; in = in->next) {
+    lynx__instance_info__init(&ii[n_inst]);
+    ii[n_inst].instance_id = in->id;
+    ii[n_inst].service = in->service;
+    ii[n_inst].accel_idx = in->accel;
+    lynx_desc_to_pb(&in->desc, &rd[n_inst]);
+    ii[n_inst].region = &rd[n_inst];
+    ip[n_inst] = &ii[n_inst];
+    n_inst++;
+  }
+  reg.node_id = ag->node_id;
+  reg.address = addr;
+  reg.epoch = ag->epoch;
+  reg.n_labels = ag->n_labels;
+  reg.labels = lp;
+  reg.n_accels = ag->n_acc;
+  reg.accels = ap;
+  reg.n_instances = n_inst;
+  reg.instances = ip;
+  env.msg_case = LYNX__ENVELOPE__MSG_REGISTER;
+  env.register_ = &reg;
+  send_env(l, &env);
+  l->state = LINK_REGISTERING;
+out:
+  free(acc);
+  free(ap);
+  free(ii);
+  free(ip);
+  free(rd);
+}
+
+static void on_beat(uv_timer_t *t) {
+  struct coord_link *l = t->data;
+  struct agent *ag = l->ag;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Heartbeat hb = LYNX__HEARTBEAT__INIT;
+  Lynx__AccelCounters *c, **cp;
+  if (l->state != LINK_REGISTERED)
+    return;
+  c = calloc(ag->n_acc, sizeof(*c));
+  cp = calloc(ag->n_acc, sizeof(*cp));
+  if (!c || !cp)
+    goto out;
+  for (uint32_t i = 0; i < ag->n_acc; i++) {
+    lynx__accel_counters__init(&c[i]);
+    c[i].idx = i;
+    agent_accel_counters(ag, i, &c[i].requests, &c[i].responses);
+    cp[i] = &c[i];
+  }
+  hb.node_id = ag->node_id;
+  hb.epoch = ag->epoch;
+  hb.healthy = 1;
+  hb.n_counters = ag->n_acc;
+  hb.counters = cp;
+  env.msg_case = LYNX__ENVELOPE__MSG_HEARTBEAT;
+  env.heartbeat = &hb;
+  send_env(l, &env);
+out:
+  free(c);
+  free(cp);
+}
+
+static void reply_instance(struct coord_link *l, uint64_t id,
+                           const struct instance *in, const char *error) {
+  struct agent *ag = l->ag;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  if (in) {
+    Lynx__InstanceReady r = LYNX__INSTANCE_READY__INIT;
+    Lynx__RegionDesc rd;
+    lynx_desc_to_pb(&in->desc, &rd);
+    rd.kind = "cpu";
+    rd.model = "cpu-emulated";
+    rd.memory_bytes = in->region.size;
+    r.node_id = ag->node_id;
+    r.epoch = ag->epoch;
+    r.instance_id = id;
+    r.region = &rd;
+    env.msg_case = LYNX__ENVELOPE__MSG_INSTANCE_READY;
+    env.instance_ready = &r;
+    send_env(l, &env);
+  } else {
+    Lynx__InstanceFailed f = LYNX__INSTANCE_FAILED__INIT;
+    f.node_id = ag->node_id;
+    f.epoch = ag->epoch;
+    f.instance_id = id;
+    f.error = (char *)error;
+    env.msg_case = LYNX__ENVELOPE__MSG_INSTANCE_FAILED;
+    env.instance_failed = &f;
+    send_env(l, &env);
+  }
+}
+
+static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
+  struct agent *ag = l->ag;
+  const Lynx__ServiceSpec *sp = s->service;
+  const struct lynx_app *app;
+  struct instance *in = agent_instance_find(ag, s->instance_id);
+  char why[160];
+  int rc;
+  if (in) { /* a repeated request: it runs already */
+    reply_instance(l, s->instance_id, in, NULL);
+    return;
+  }
+  if (!sp || !sp->name || !sp->app) {
+    reply_instance(l, s->instance_id, NULL, "StartInstance without a service");
+    return;
+  }
+  app = lynx_app_find(sp->app);
+  if (!app) {
+    snprintf(why, sizeof(why), "unknown application '%s' (known: %s)",
+             sp->app, lynx_app_names());
+    LYNX_WARN("agent", "%s: instance %llu: %s", ag->node_id,
+              (unsigned long long)s->instance_id, why);
+    reply_instance(l, s->instance_id, NULL, why);
+    return;
+  }
+  rc = agent_instance_start(ag, s->instance_id, s->accel_idx, sp->name, app,
+                            sp->mqueues_per_accel, sp->slots, sp->slot_size,
+                            sp->work_us, &in);
+  if (rc) {
+    snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,
+             rc == -EINVAL ? "invalid geometry" : strerror(-rc));
+    reply_instance(l, s->instance_id, NULL, why);
+    return;
+  }
+  reply_instance(l, s->instance_id, in, NULL);
+}
+
+static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
+  struct coord_link *l = c->data;
+  struct agent *ag = l->ag;
+  char why[200];
+  switch (env->msg_case) {
+  case LYNX__ENVELOPE__MSG_HELLO_REPLY:
+    if (l->state != LINK_HELLO)
+      break;
+    if (!env->hello_reply->ok) {
+      LYNX_ERR("agent", "%s: coordinator %s refused us: %s", ag->node_id,
+               c->peer, env->hello_reply->error);
+      lynx_ctl_close(c, NULL);
+      if (!env->hello_reply->retryable)
+        agent_shutdown(ag, 1); /* wrong token or version: retrying can't help */
+      return;
+    }
+    send_register(l);
+    return;
+  case LYNX__ENVELOPE__MSG_REGISTER_REPLY:
+    if (l->state != LINK_REGISTERING)
+      break;
+    if (!env->register_reply->ok) {
+      snprintf(why, sizeof(why), "registration refused: %s",
+               env->register_reply->error);
+      lynx_ctl_close(c, why);
+      return;
+    }
+    l->state = LINK_REGISTERED;
+    l->backoff_ms = 0;
+    l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
+                                                : 3000;
+    LYNX_INFO("agent", "%s: registered with coordinator %s (epoch %llu, "
+              "lease %llu ms)", ag->node_id, c->peer,
+              (unsigned long long)ag->epoch, (unsigned long long)l->lease_ms);
+    {
+      uint64_t every = l->lease_ms / 3 < 100 ? 100 : l->lease_ms / 3;
+      uv_timer_start(&l->beat, on_beat, every, every);
+    }
+    on_beat(&l->beat);
+    return;
+  case LYNX__ENVELOPE__MSG_START_INSTANCE:
+    if (l->state == LINK_REGISTERED)
+      on_start(l, env->start_instance);
+    return;
+  case LYNX__ENVELOPE__MSG_STOP_INSTANCE:
+    if (l->state == LINK_REGISTERED) {
+      struct instance *in =
+          agent_instance_find(ag, env->stop_instance->instance_id);
+      if (in)
+        agent_instance_stop(ag, in);
+    }
+    return;
+  default:
+    break;
+  }
+  snprintf(why, sizeof(why), "unexpected message (case %d) in state %d",
+           (int)env->msg_case, (int)l->state);
+  lynx_ctl_close(c, why);
+}
+
+/* The link is freed once its timers are closed and its connection gone. */
+static void maybe_free(struct coord_link *l) {
+  if (l->stopping == 2 && l->timers_closed == 2 && !l->ctl) {
+    l->ag->link = NULL;
+    free(l);
+  }
+}
+
+static void link_closed(struct lynx_ctl *c) {
+  struct coord_link *l = c->data;
+  int was = l->state == LINK_REGISTERED;
+  free(c);
+  l->ctl = NULL;
+  if (l->stopping == 2) {
+    maybe_free(l);
+    return;
+  }
+  l->state = LINK_DISCONNECTED;
+  uv_timer_stop(&l->beat);
+  if (was && !l->stopping)
+    LYNX_WARN("agent", "%s: lost the coordinator; instances keep serving, "
+              "reconnecting", l->ag->node_id);
+  if (!l->stopping)
+    link_schedule(l);
+}
+
+static void on_connected(uv_connect_t *req, int status) {
+  struct lynx_ctl *c = req->data;
+  struct coord_link *l = c->data;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Hello h = LYNX__HELLO__INIT;
+  free(req);
+  if (status < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "agent", "cannot reach coordinator %s: %s",
+                l->ag->cfg.coordinator, uv_strerror(status));
+    lynx_ctl_close(c, NULL);
+    return;
+  }
+  if (lynx_ctl_start(c)) {
+    lynx_ctl_close(c, "cannot start reading");
+    return;
+  }
+  h.proto_version = LYNX_PROTO_VERSION;
+  h.role = "agent";
+  h.id = l->ag->node_id;
+  h.token = l->ag->token ? l->ag->token : "";
+  env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
+  env.hello = &h;
+  l->state = LINK_HELLO;
+  send_env(l, &env);
+}
+
+static void do_connect(uv_timer_t *t) {
+  struct coord_link *l = t->data;
+  struct lynx_ctl *c;
+  uv_connect_t *req;
+  if (l->stopping || l->ctl)
+    return;
+  c = calloc(1, sizeof(*c));
+  req = calloc(1, sizeof(*req));
+  if (!c || !req) {
+    free(c);
+    free(req);
+    link_schedule(l);
+    return;
+  }
+  uv_tcp_init(&l->ag->loop, &c->tcp);
+  lynx_ctl_init(c, "agent", l->ag->cfg.frame_max, link_msg, link_closed);
+  c->data = l;
+  l->ctl = c;
+  l->state = LINK_CONNECTING;
+  req->data = c;
+  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&l->addr,
+                     on_connected)) {
+    free(req);
+    lynx_ctl_close(c, "connect failed");
+  }
+}
+
+static void link_schedule(struct coord_link *l) {
+  l->backoff_ms = l->backoff_ms ? l->backoff_ms * 2 : 100;
+  if (l->backoff_ms > 2000)
+    l->backoff_ms = 2000;
+  uv_timer_start(&l->retry, do_connect,
+                 l->backoff_ms / 2 + (uint64_t)rand() % (l->backoff_ms / 2 + 1),
+                 0);
+}
+
+int agent_link_start(struct agent *ag) {
+  struct coord_link *l = calloc(1, sizeof(*l));
+  if (!l)
+    return -ENOMEM;
+  if (lynx_parse_hostport(ag->cfg.coordinator, &l->addr)) {
+    free(l);
+    return -EINVAL;
+  }
+  l->ag = ag;
+  uv_timer_init(&ag->loop, &l->retry);
+  uv_timer_init(&ag->loop, &l->beat);
+  l->retry.data = l->beat.data = l;
+  ag->link = l;
+  do_connect(&l->retry);
+  return 0;
+}
+
+static void timer_closed(uv_handle_t *h) {
+  struct coord_link *l = h->data;
+  l->timers_closed++;
+  maybe_free(l);
+}
+
+void agent_link_stop(struct agent *ag) {
+  struct coord_link *l = ag->link;
+  if (!l || l->stopping == 2)
+    return;
+  l->stopping = 2;
+  if (l->ctl) {
+    if (l->state == LINK_REGISTERED) {
+      Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+      Lynx__Leave lv = LYNX__LEAVE__INIT;
+      lv.node_id = ag->node_id;
+      lv.epoch = ag->epoch;
+      env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
+      env.leave = &lv;
+      send_env(l, &env);
+      l->ctl->close_after_write = 1;
+      LYNX_INFO("agent", "%s: leaving the cluster", ag->node_id);
+    } else {
+      lynx_ctl_close(l->ctl, NULL);
+    }
+  }
+  uv_close((uv_handle_t *)&l->retry, timer_closed);
+  uv_close((uv_handle_t *)&l->beat, timer_closed);
+}

@@ -1,0 +1,179 @@
+/*
+ * serve.c - static mode: serve the instances' descriptors to one frontend.
+ *
+ * A frontend says Hello and gets HelloReply and Descriptors; it keeps the
+ * connection open as a liveness signal. Each mqueue has one producer, so
+ * one frontend at a time gets the accelerators; another is refused with a
+ * retryable reason until the first one goes.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "frame.h"
+#include "log.h"
+#include "util.h"
+
+struct peer {
+  struct lynx_ctl ctl;
+  struct agent *ag;
+  struct peer *next, **pprev;
+  int greeted;
+};
+
+static void peer_closed(struct lynx_ctl *c) {
+  struct peer *p = container_of(c, struct peer, ctl);
+  if (p->ag->owner == p) {
+    p->ag->owner = NULL;
+    LYNX_INFO("agent", "%s: mqueues released by %s", p->ag->node_id, c->peer);
+  }
+  *p->pprev = p->next;
+  if (p->next)
+    p->next->pprev = p->pprev;
+  LYNX_INFO("agent", "%s: control connection %s closed", p->ag->node_id,
+            c->peer);
+  free(p);
+}
+
+static void send_reply(struct peer *p, int ok, int retryable,
+                       const char *error) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
+  r.proto_version = LYNX_PROTO_VERSION;
+  r.ok = ok;
+  r.error = (char *)(error ? error : "");
+  r.retryable = retryable;
+  r.id = p->ag->node_id;
+  env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
+  env.hello_reply = &r;
+  if (lynx_ctl_send(&p->ctl, &env))
+    lynx_ctl_close(&p->ctl, "cannot queue hello reply");
+}
+
+static void send_descriptors(struct peer *p) {
+  struct agent *ag = p->ag;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Descriptors d = LYNX__DESCRIPTORS__INIT;
+  size_t n = 0, max = 0;
+  Lynx__RegionDesc *pbs, **ptrs;
+  for (struct instance *in = ag->instances; in; in = in->next)
+    max++;
+  pbs = calloc(max + 1, sizeof(*pbs));
+  ptrs = calloc(max + 1, sizeof(*ptrs));
+  if (!pbs || !ptrs) {
+    lynx_ctl_close(&p->ctl, "out of memory building descriptors");
+    goto out;
+  }
+  for (struct instance *in = ag->instances; in; in = in->next) {
+    lynx_desc_to_pb(&in->desc, &pbs[n]);
+    pbs[n].kind = "cpu";
+    pbs[n].model = "cpu-emulated";
+    pbs[n].memory_bytes = in->region.size;
+    ptrs[n] = &pbs[n];
+    n++;
+  }
+  d.node_id = ag->node_id;
+  d.epoch = ag->epoch;
+  d.app = ag->cfg.app;
+  d.service = ag->cfg.app;
+  d.n_regions = n;
+  d.regions = ptrs;
+  env.msg_case = LYNX__ENVELOPE__MSG_DESCRIPTORS;
+  env.descriptors = &d;
+  if (lynx_ctl_send(&p->ctl, &env))
+    lynx_ctl_close(&p->ctl, "cannot queue descriptors");
+out:
+  free(pbs);
+  free(ptrs);
+}
+
+static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
+  struct peer *p = container_of(c, struct peer, ctl);
+  char err[160];
+  if (!p->greeted) {
+    if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO) {
+      lynx_ctl_close(c, "first message is not a Hello");
+      return;
+    }
+    if (lynx_hello_check(env->hello, p->ag->token, err, sizeof(err))) {
+      LYNX_WARN("agent", "%s: refusing %s (%s %s): %s", p->ag->node_id,
+                c->peer, env->hello->role ? env->hello->role : "?",
+                env->hello->id ? env->hello->id : "?", err);
+      send_reply(p, 0, 0, err);
+      c->close_after_write = 1;
+      return;
+    }
+    /* Each mqueue has one producer: in static mode one frontend at a time
+     * gets the accelerators (the coordinator partitions them otherwise). */
+    if (p->ag->owner) {
+      snprintf(err, sizeof(err), "mqueues are in use by frontend at %s",
+               p->ag->owner->ctl.peer);
+      LYNX_WARN("agent", "%s: refusing %s: %s", p->ag->node_id, c->peer, err);
+      send_reply(p, 0, 1, err);
+      c->close_after_write = 1;
+      return;
+    }
+    p->ag->owner = p;
+    p->greeted = 1;
+    LYNX_INFO("agent", "%s: %s %s connected from %s", p->ag->node_id,
+              env->hello->role ? env->hello->role : "peer",
+              env->hello->id ? env->hello->id : "", c->peer);
+    send_reply(p, 1, 0, NULL);
+    send_descriptors(p);
+    return;
+  }
+  snprintf(err, sizeof(err), "unexpected message (case %d) after handshake",
+           (int)env->msg_case);
+  lynx_ctl_close(c, err);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  struct agent *ag = server->data;
+  struct peer *p;
+  if (status < 0) {
+    LYNX_WARN("agent", "accept failed: %s", uv_strerror(status));
+    return;
+  }
+  p = calloc(1, sizeof(*p));
+  if (!p)
+    return;
+  p->ag = ag;
+  uv_tcp_init(&ag->loop, &p->ctl.tcp);
+  lynx_ctl_init(&p->ctl, "agent", ag->cfg.frame_max, peer_msg, peer_closed);
+  p->next = ag->peers;
+  if (p->next)
+    p->next->pprev = &p->next;
+  p->pprev = &ag->peers;
+  ag->peers = p;
+  if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp) ||
+      lynx_ctl_start(&p->ctl))
+    lynx_ctl_close(&p->ctl, "accept failed");
+}
+
+int agent_serve_start(struct agent *ag) {
+  struct sockaddr_storage ss;
+  int rc;
+  if (lynx_parse_hostport(ag->cfg.listen, &ss))
+    return -EINVAL;
+  uv_tcp_init(&ag->loop, &ag->server);
+  ag->server.data = ag;
+  ag->server_open = 1;
+  rc = uv_tcp_bind(&ag->server, (struct sockaddr *)&ss, 0);
+  if (!rc)
+    rc = uv_listen((uv_stream_t *)&ag->server, 64, on_connection);
+  if (rc)
+    LYNX_ERR("agent", "cannot listen on %s: %s", ag->cfg.listen,
+             uv_strerror(rc));
+  return rc;
+}
+
+void agent_serve_stop(struct agent *ag) {
+  for (struct peer *p = ag->peers; p; p = p->next)
+    lynx_ctl_close(&p->ctl, NULL);
+  if (ag->server_open) {
+    uv_close((uv_handle_t *)&ag->server, NULL);
+    ag->server_open = 0;
+  }
+}

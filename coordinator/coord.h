@@ -1,0 +1,41 @@
+/*
+ * coord.h - the coordinator daemon's shared context.
+ *
+ * Two threads touch the registry: the libuv loop thread (agent and frontend
+ * control connections, the lease tick) and libmicrohttpd's threads (the
+ * JSON API, one thread per connection so /v1/watch can block). Both take
+ * `lock` around every registry access; `changed` is broadcast whenever
+ * registry.version grows (watchers wait on it). Registry action callbacks
+ * never do I/O under the lock: they queue work for the loop thread, which
+ * sends the messages (coordinator/main.c).
+ */
+#ifndef LYNX_COORD_H
+#define LYNX_COORD_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "registry.h"
+
+struct lynx_coord {
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  struct lynx_registry reg;
+  const char *state_dir;
+  const char *token; /* NULL: no token; mutating API calls then need loopback */
+  size_t body_max;   /* largest accepted request body (413 above) */
+  int ready;         /* /readyz: state loaded and control port listening */
+  void *http;        /* struct MHD_Daemon */
+};
+
+/* Monotonic milliseconds (the registry's clock in the daemon). */
+uint64_t lynx_coord_now_ms(void);
+
+/* Call with lock held after any registry change: wakes watchers. */
+void lynx_coord_changed(struct lynx_coord *c);
+
+/* http.c: the JSON API on addr ("host:port"). 0 or -errno. */
+int lynx_http_start(struct lynx_coord *c, const char *addr);
+void lynx_http_stop(struct lynx_coord *c);
+
+#endif

@@ -1,0 +1,1127 @@
+/*
+ * http.c - the coordinator's operator API: JSON over HTTP (libmicrohttpd,
+ * json-c). docs/api.md is the reference; this file is the implementation.
+ *
+ * Threads: libmicrohttpd runs one thread per connection (so GET /v1/watch
+ * can block on c->changed without holding up anyone else). Every handler
+ * takes c->lock around registry access, encodes what it needs into json-c
+ * objects under the lock, and renders and sends them after releasing it.
+ *
+ * A request goes through on_request() several times:
+ *   1. headers received: the route is resolved (404 / 405), mutating calls
+ *      are authorised (401 / 403) and a declared Content-Length above
+ *      c->body_max is refused (413) before any byte of the body is read;
+ *   2. body chunks: appended to the request's buffer; once a chunked upload
+ *      grows past body_max nothing more of it is kept: the 413 goes out at
+ *      its end, or the connection is closed if it goes on for more than
+ *      DISCARD_MAX bytes (libmicrohttpd 0.9 takes no answer mid-upload);
+ *   3. end of request: the route's handler runs and its answer is queued.
+ * The per-request state (struct http_req) is freed in on_completed(), which
+ * libmicrohttpd calls however the request ended.
+ *
+ * Errors are {"error": {"code": ..., "message": ...}} with the HTTP status
+ * that fits; every response body ends with a newline. Bad input never
+ * asserts or exits: it gets a 4xx.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "coord.h"
+#include "log.h"
+#include "regjson.h"
+#include "registry.h"
+#include "store.h"
+#include "util.h"
+
+#define COMP "http"
+#define PARAM_MAX 256          /* longest path segment captured ({id}) */
+#define WATCH_DEFAULT_MS 30000 /* GET /v1/watch without timeout_ms */
+#define WATCH_MAX_MS 60000     /* longest a watch may block */
+#define CONN_TIMEOUT_S 90      /* idle connection timeout (> WATCH_MAX_MS) */
+#define CONN_LIMIT 256         /* concurrent connections (one thread each) */
+#define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413 */
+
+/* The server's private state; c->http points at it. */
+struct http {
+  struct lynx_coord *c;
+  struct MHD_Daemon *d;
+  int stopping; /* under c->lock: watchers return at once */
+};
+
+struct http_req;
+struct http_out;
+typedef void (*handler_fn)(struct http_req *rq, struct http_out *out);
+
+struct route {
+  const char *method;
+  const char *pattern; /* "/v1/nodes/{id}/drain": {x} matches one segment */
+  handler_fn fn;
+};
+
+struct http_req {
+  struct http *h;
+  struct lynx_coord *c;
+  struct MHD_Connection *conn;
+  const struct route *route;
+  char method[16];
+  char params[2][PARAM_MAX]; /* the {..} segments, in order */
+  char *body;                /* the upload, NUL-terminated when set */
+  size_t len, cap;
+  int too_big;  /* the upload passed body_max: it is discarded */
+  size_t discarded;
+  int answered; /* a response was queued */
+  int pending;  /* *early waits for the end of a request without body */
+  struct http_out *early;
+};
+
+struct http_out {
+  unsigned status;
+  struct json_object *json; /* owned; rendered with a trailing newline */
+  char *text;               /* or a preformatted body (malloc'd) */
+  size_t text_len;
+  const char *ctype;
+  char allow[64];     /* Allow header (405) */
+  char location[128]; /* Location header (201) */
+  int www_auth;       /* WWW-Authenticate header (401) */
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static int is_mutating(const char *method) {
+  return strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0;
+}
+
+static void reply_json(struct http_out *out, unsigned status,
+                       struct json_object *j) {
+  json_object_put(out->json);
+  out->status = status;
+  out->json = j;
+}
+
+static void reply_err(struct http_out *out, unsigned status, const char *code,
+                      const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reply_err(struct http_out *out, unsigned status, const char *code,
+                      const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  reply_json(out, status, lynx_json_error(code, msg));
+}
+
+/* The registry's answer to a failed operation, with a fallback for the
+ * errno when it left err empty. */
+static void reply_reg_err(struct http_out *out, int rc,
+                          const struct lynx_reg_err *err) {
+  unsigned status;
+  const char *code;
+  if (err->status >= 400 && err->status <= 599 && err->code[0]) {
+    reply_err(out, (unsigned)err->status, err->code, "%s",
+              err->message[0] ? err->message : strerror(-rc));
+    return;
+  }
+  switch (rc) {
+  case -EINVAL:
+    status = 400, code = "invalid_argument";
+    break;
+  case -ENOENT:
+    status = 404, code = "not_found";
+    break;
+  case -EEXIST:
+  case -EADDRINUSE:
+  case -EBUSY:
+  case -ESTALE:
+    status = 409, code = "conflict";
+    break;
+  default:
+    status = 500, code = "internal";
+    break;
+  }
+  reply_err(out, status, code, "%s",
+            err->message[0] ? err->message : strerror(-rc));
+}
+
+static void reply_oom(struct http_out *out) {
+  reply_err(out, 500, "internal", "out of memory");
+}
+
+/* Encoded under the lock: NULL means the encoder ran out of memory. */
+static void reply_encoded(struct http_out *out, unsigned status,
+                          struct json_object *j) {
+  if (!j)
+    reply_oom(out);
+  else
+    reply_json(out, status, j);
+}
+
+/* Persists operator intent after a mutation (lock held). 0, or -errno with
+ * a 500 in out and a log line. The change itself stays applied in memory;
+ * the next successful save writes it. */
+static int persist(struct http_req *rq, struct http_out *out,
+                   const char *what) {
+  char err[256] = "";
+  int rc;
+  if (!rq->c->state_dir)
+    return 0;
+  rc = lynx_store_save(rq->c->state_dir, &rq->c->reg, err, sizeof(err));
+  if (rc == 0)
+    return 0;
+  LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
+           rq->c->state_dir, err[0] ? err : strerror(-rc));
+  reply_err(out, 500, "internal",
+            "%s: applied but not saved in the state directory (%s); it is "
+            "lost if the coordinator restarts before a later save succeeds",
+            what, err[0] ? err : strerror(-rc));
+  return rc;
+}
+
+/* ---- read-only endpoints ------------------------------------------------ */
+
+static void h_healthz(struct http_req *rq, struct http_out *out) {
+  struct json_object *j = json_object_new_object();
+  (void)rq;
+  if (j)
+    json_object_object_add(j, "status", json_object_new_string("ok"));
+  reply_encoded(out, 200, j);
+}
+
+static void h_readyz(struct http_req *rq, struct http_out *out) {
+  struct json_object *j;
+  if (!__atomic_load_n(&rq->c->ready, __ATOMIC_ACQUIRE)) {
+    reply_err(out, 503, "not_ready",
+              "not ready: state not loaded or control port not listening yet");
+    return;
+  }
+  j = json_object_new_object();
+  if (j)
+    json_object_object_add(j, "status", json_object_new_string("ready"));
+  reply_encoded(out, 200, j);
+}
+
+static void h_nodes(struct http_req *rq, struct http_out *out) {
+  struct json_object *j;
+  pthread_mutex_lock(&rq->c->lock);
+  j = lynx_json_nodes(&rq->c->reg, lynx_coord_now_ms());
+  pthread_mutex_unlock(&rq->c->lock);
+  reply_encoded(out, 200, j);
+}
+
+static void h_node(struct http_req *rq, struct http_out *out) {
+  struct json_object *j = NULL;
+  struct lynx_reg_node *n;
+  pthread_mutex_lock(&rq->c->lock);
+  n = lynx_reg_node_find(&rq->c->reg, rq->params[0]);
+  if (n)
+    j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
+  pthread_mutex_unlock(&rq->c->lock);
+  if (!n)
+    reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
+  else
+    reply_encoded(out, 200, j);
+}
+
+static void h_accels(struct http_req *rq, struct http_out *out) {
+  struct json_object *j;
+  pthread_mutex_lock(&rq->c->lock);
+  j = lynx_json_accels(&rq->c->reg);
+  pthread_mutex_unlock(&rq->c->lock);
+  reply_encoded(out, 200, j);
+}
+
+static void h_mqueues(struct http_req *rq, struct http_out *out) {
+  struct json_object *j;
+  pthread_mutex_lock(&rq->c->lock);
+  j = lynx_json_mqueues(&rq->c->reg);
+  pthread_mutex_unlock(&rq->c->lock);
+  reply_encoded(out, 200, j);
+}
+
+static void h_services(struct http_req *rq, struct http_out *out) {
+  struct json_object *j;
+  pthread_mutex_lock(&rq->c->lock);
+  j = lynx_json_services(&rq->c->reg);
+  pthread_mutex_unlock(&rq->c->lock);
+  reply_encoded(out, 200, j);
+}
+
+static void h_service(struct http_req *rq, struct http_out *out) {
+  struct json_object *j = NULL;
+  struct lynx_reg_service *s;
+  pthread_mutex_lock(&rq->c->lock);
+  s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
+  if (s)
+    j = lynx_json_service(&rq->c->reg, s);
+  pthread_mutex_unlock(&rq->c->lock);
+  if (!s)
+    reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
+  else
+    reply_encoded(out, 200, j);
+}
+
+static void h_frontends(struct http_req *rq, struct http_out *out) {
+  struct json_object *j;
+  pthread_mutex_lock(&rq->c->lock);
+  j = lynx_json_frontends(&rq->c->reg, lynx_coord_now_ms());
+  pthread_mutex_unlock(&rq->c->lock);
+  reply_encoded(out, 200, j);
+}
+
+/* ---- /metrics ----------------------------------------------------------- */
+
+struct metrics_snap {
+  uint64_t nodes[4];
+  uint64_t accels, requests, responses;
+  uint64_t services, frontends;
+  uint64_t version, table_version;
+  uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+};
+
+static void h_metrics(struct http_req *rq, struct http_out *out) {
+  struct metrics_snap m;
+  const struct lynx_registry *r = &rq->c->reg;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f;
+  static const char *const states[4] = {"ready", "draining", "drained",
+                                        "down"};
+
+  memset(&m, 0, sizeof(m));
+  pthread_mutex_lock(&rq->c->lock);
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
+    if ((unsigned)n->state < 4)
+      m.nodes[n->state]++;
+    m.accels += n->n_accels;
+    for (uint32_t i = 0; i < n->n_accels && i < LYNX_ACCELS_MAX; i++) {
+      m.requests += n->accels[i].requests;
+      m.responses += n->accels[i].responses;
+    }
+  }
+  for (const struct lynx_reg_service *s = r->services; s; s = s->next)
+    m.services++;
+  for (const struct lynx_reg_frontend *fe = r->frontends; fe; fe = fe->next)
+    m.frontends += fe->connected ? 1 : 0;
+  m.version = r->version;
+  m.table_version = r->table_version;
+  m.lease_expiries = r->lease_expiries;
+  m.table_pushes = r->table_pushes;
+  m.registrations = r->registrations;
+  m.refused_epochs = r->refused_epochs;
+  pthread_mutex_unlock(&rq->c->lock);
+
+  f = open_memstream(&buf, &len);
+  if (!f) {
+    reply_oom(out);
+    return;
+  }
+  fputs("# HELP lynx_coordinator_nodes Registered nodes by state.\n"
+        "# TYPE lynx_coordinator_nodes gauge\n", f);
+  for (int i = 0; i < 4; i++)
+    fprintf(f, "lynx_coordinator_nodes{state=\"%s\"} %llu\n", states[i],
+            (unsigned long long)m.nodes[i]);
+#define GAUGE(name, help, v)                                                   \
+  fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %llu\n", \
+          (unsigned long long)(v))
+#define COUNTER(name, help, v)                                                 \
+  fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name        \
+             " %llu\n", (unsigned long long)(v))
+  GAUGE("lynx_coordinator_accelerators",
+        "Accelerators of registered nodes (any state).", m.accels);
+  COUNTER("lynx_coordinator_requests_total",
+          "Requests reported by the accelerators' heartbeats, summed.",
+          m.requests);
+  COUNTER("lynx_coordinator_responses_total",
+          "Responses reported by the accelerators' heartbeats, summed.",
+          m.responses);
+  COUNTER("lynx_coordinator_lease_expiries_total",
+          "Nodes marked down because their lease expired.", m.lease_expiries);
+  COUNTER("lynx_coordinator_table_pushes_total",
+          "Dispatch tables pushed to frontends.", m.table_pushes);
+  COUNTER("lynx_coordinator_registrations_total",
+          "Agent registrations accepted.", m.registrations);
+  COUNTER("lynx_coordinator_refused_epochs_total",
+          "Agent messages refused for carrying an old epoch.",
+          m.refused_epochs);
+  GAUGE("lynx_coordinator_registry_version",
+        "Registry version (grows on every observable change).", m.version);
+  GAUGE("lynx_coordinator_table_version", "Dispatch table version.",
+        m.table_version);
+  GAUGE("lynx_coordinator_services", "Services defined.", m.services);
+  GAUGE("lynx_coordinator_frontends", "Frontends connected.", m.frontends);
+#undef GAUGE
+#undef COUNTER
+  if (fclose(f) != 0 || !buf) {
+    free(buf);
+    reply_oom(out);
+    return;
+  }
+  out->status = 200;
+  out->text = buf;
+  out->text_len = len;
+  out->ctype = "text/plain; version=0.0.4; charset=utf-8";
+}
+
+/* ---- /v1/watch ---------------------------------------------------------- */
+
+static void h_watch(struct http_req *rq, struct http_out *out) {
+  struct lynx_coord *c = rq->c;
+  const char *s_since =
+      MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "since");
+  const char *s_to = MHD_lookup_connection_value(rq->conn,
+                                                 MHD_GET_ARGUMENT_KIND,
+                                                 "timeout_ms");
+  uint64_t since = 0, timeout = WATCH_DEFAULT_MS, v;
+  struct timespec deadline;
+  struct json_object *j;
+
+  if (s_since && lynx_parse_u64(s_since, 0, UINT64_MAX, &since)) {
+    reply_err(out, 400, "invalid_argument",
+              "since: expected a registry version (unsigned integer), got "
+              "'%.64s'", s_since);
+    return;
+  }
+  if (s_to && lynx_parse_u64(s_to, 0, UINT64_MAX, &timeout)) {
+    reply_err(out, 400, "invalid_argument",
+              "timeout_ms: expected milliseconds (unsigned integer), got "
+              "'%.64s'", s_to);
+    return;
+  }
+  if (timeout > WATCH_MAX_MS)
+    timeout = WATCH_MAX_MS;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += (time_t)(timeout / 1000);
+  deadline.tv_nsec += (long)(timeout % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+
+  pthread_mutex_lock(&c->lock);
+  /* Without since: answer the current version at once. A version below
+   * since comes from a restarted coordinator: answer at once too, so the
+   * client resynchronises instead of waiting for a number it may never
+   * see again. pthread_cond_clockwait measures on CLOCK_MONOTONIC whatever
+   * clock the condition variable was created with. */
+  while (s_since && c->reg.version == since && !rq->h->stopping) {
+    int rc = pthread_cond_clockwait(&c->changed, &c->lock, CLOCK_MONOTONIC,
+                                    &deadline);
+    if (rc == ETIMEDOUT)
+      break;
+  }
+  v = c->reg.version;
+  pthread_mutex_unlock(&c->lock);
+
+  j = json_object_new_object();
+  if (j)
+    json_object_object_add(j, "version", json_object_new_uint64(v));
+  reply_encoded(out, 200, j);
+}
+
+/* ---- mutating endpoints ------------------------------------------------- */
+
+/* Parses the request body as one JSON value. NULL with a 400 in out. */
+static struct json_object *parse_body(struct http_req *rq,
+                                      struct http_out *out) {
+  struct json_tokener *tok;
+  struct json_object *j;
+  enum json_tokener_error jerr;
+  size_t end, line = 1, col = 1;
+
+  if (!rq->body || rq->len == 0) {
+    reply_err(out, 400, "invalid_argument",
+              "empty body: expected a JSON object");
+    return NULL;
+  }
+  if (rq->len > (size_t)INT32_MAX) { /* json-c takes an int length */
+    reply_err(out, 413, "payload_too_large", "body too large");
+    return NULL;
+  }
+  tok = json_tokener_new();
+  if (!tok) {
+    reply_oom(out);
+    return NULL;
+  }
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+  j = json_tokener_parse_ex(tok, rq->body, (int)rq->len);
+  jerr = json_tokener_get_error(tok);
+  end = json_tokener_get_parse_end(tok);
+  json_tokener_free(tok);
+  if (end > rq->len)
+    end = rq->len;
+  for (size_t i = 0; i < end; i++) {
+    if (rq->body[i] == '\n') {
+      line++;
+      col = 1;
+    } else {
+      col++;
+    }
+  }
+  if (jerr == json_tokener_continue || (!j && jerr == json_tokener_success)) {
+    reply_err(out, 400, "invalid_argument",
+              "malformed JSON: unexpected end of input at line %zu, column "
+              "%zu (offset %zu)", line, col, end);
+    return NULL;
+  }
+  if (jerr != json_tokener_success) {
+    json_object_put(j);
+    reply_err(out, 400, "invalid_argument",
+              "malformed JSON at line %zu, column %zu (offset %zu): %s", line,
+              col, end, json_tokener_error_desc(jerr));
+    return NULL;
+  }
+  for (size_t i = end; i < rq->len; i++) {
+    if (!isspace((unsigned char)rq->body[i])) {
+      json_object_put(j);
+      reply_err(out, 400, "invalid_argument",
+                "malformed JSON: unexpected data after the JSON value at "
+                "line %zu, column %zu (offset %zu)", line, col, i);
+      return NULL;
+    }
+  }
+  if (!json_object_is_type(j, json_type_object)) {
+    reply_err(out, 400, "invalid_argument",
+              "body: expected a JSON object, got %s",
+              json_type_to_name(json_object_get_type(j)));
+    json_object_put(j);
+    return NULL;
+  }
+  return j;
+}
+
+static int url_safe(const char *s) {
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && !strchr("._-~", *s))
+      return 0;
+  return 1;
+}
+
+static void h_service_create(struct http_req *rq, struct http_out *out) {
+  struct lynx_service_spec spec;
+  struct lynx_reg_err err;
+  struct lynx_reg_service *s;
+  struct json_object *body, *j = NULL;
+  int rc;
+
+  body = parse_body(rq, out);
+  if (!body)
+    return;
+  memset(&spec, 0, sizeof(spec));
+  memset(&err, 0, sizeof(err));
+  rc = lynx_json_service_spec(body, &spec, &err);
+  json_object_put(body);
+  if (rc) {
+    reply_reg_err(out, rc, &err);
+    return;
+  }
+  pthread_mutex_lock(&rq->c->lock);
+  rc = lynx_reg_service_create(&rq->c->reg, &spec, lynx_coord_now_ms(), &err);
+  if (rc == 0) {
+    lynx_coord_changed(rq->c);
+    s = lynx_reg_service_find(&rq->c->reg, spec.name);
+    if (s)
+      j = lynx_json_service(&rq->c->reg, s);
+    if (persist(rq, out, "service create")) {
+      pthread_mutex_unlock(&rq->c->lock);
+      json_object_put(j);
+      return;
+    }
+  }
+  pthread_mutex_unlock(&rq->c->lock);
+  if (rc) {
+    reply_reg_err(out, rc, &err);
+    return;
+  }
+  LYNX_INFO(COMP, "service %s created (port %u, app %s)", spec.name,
+            spec.port, spec.app);
+  if (url_safe(spec.name))
+    snprintf(out->location, sizeof(out->location), "/v1/services/%s",
+             spec.name);
+  reply_encoded(out, 201, j);
+}
+
+/* 200 with the service as it was just before it was deleted. */
+static void h_service_delete(struct http_req *rq, struct http_out *out) {
+  struct lynx_reg_err err;
+  struct lynx_reg_service *s;
+  struct json_object *j = NULL;
+  int rc = -ENOENT;
+
+  memset(&err, 0, sizeof(err));
+  pthread_mutex_lock(&rq->c->lock);
+  s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
+  if (s) {
+    j = lynx_json_service(&rq->c->reg, s);
+    rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0],
+                                 lynx_coord_now_ms(), &err);
+  }
+  if (rc == 0) {
+    lynx_coord_changed(rq->c);
+    if (persist(rq, out, "service delete")) {
+      pthread_mutex_unlock(&rq->c->lock);
+      json_object_put(j);
+      return;
+    }
+  }
+  pthread_mutex_unlock(&rq->c->lock);
+  if (!s) {
+    reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
+    return;
+  }
+  if (rc) {
+    json_object_put(j);
+    reply_reg_err(out, rc, &err);
+    return;
+  }
+  LYNX_INFO(COMP, "service %s deleted", rq->params[0]);
+  reply_encoded(out, 200, j);
+}
+
+/* drain / undrain: 200 with the node as it is afterwards. */
+static void node_op(struct http_req *rq, struct http_out *out, int drain) {
+  const char *what = drain ? "node drain" : "node undrain";
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+  struct json_object *j = NULL;
+  uint64_t now = lynx_coord_now_ms();
+  int rc;
+
+  memset(&err, 0, sizeof(err));
+  pthread_mutex_lock(&rq->c->lock);
+  if (!lynx_reg_node_find(&rq->c->reg, rq->params[0])) {
+    pthread_mutex_unlock(&rq->c->lock);
+    reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
+    return;
+  }
+  rc = drain ? lynx_reg_drain(&rq->c->reg, rq->params[0], now, &err)
+             : lynx_reg_undrain(&rq->c->reg, rq->params[0], now, &err);
+  if (rc == 0) {
+    lynx_coord_changed(rq->c);
+    n = lynx_reg_node_find(&rq->c->reg, rq->params[0]);
+    if (n)
+      j = lynx_json_node(&rq->c->reg, n, now);
+    if (persist(rq, out, what)) {
+      pthread_mutex_unlock(&rq->c->lock);
+      json_object_put(j);
+      return;
+    }
+  }
+  pthread_mutex_unlock(&rq->c->lock);
+  if (rc) {
+    reply_reg_err(out, rc, &err);
+    return;
+  }
+  LYNX_INFO(COMP, "%s %s", what, rq->params[0]);
+  reply_encoded(out, 200, j);
+}
+
+static void h_node_drain(struct http_req *rq, struct http_out *out) {
+  node_op(rq, out, 1);
+}
+
+static void h_node_undrain(struct http_req *rq, struct http_out *out) {
+  node_op(rq, out, 0);
+}
+
+/* Forget a down node: 200 with the node as it was. */
+static void h_node_forget(struct http_req *rq, struct http_out *out) {
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+  struct json_object *j = NULL;
+  int rc = -ENOENT;
+
+  memset(&err, 0, sizeof(err));
+  pthread_mutex_lock(&rq->c->lock);
+  n = lynx_reg_node_find(&rq->c->reg, rq->params[0]);
+  if (n) {
+    j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
+    rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
+  }
+  if (rc == 0) {
+    lynx_coord_changed(rq->c);
+    /* its drain intent, if any, leaves the state file with it */
+    if (persist(rq, out, "node forget")) {
+      pthread_mutex_unlock(&rq->c->lock);
+      json_object_put(j);
+      return;
+    }
+  }
+  pthread_mutex_unlock(&rq->c->lock);
+  if (!n) {
+    reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
+    return;
+  }
+  if (rc) {
+    json_object_put(j);
+    reply_reg_err(out, rc, &err);
+    return;
+  }
+  LYNX_INFO(COMP, "node %s forgotten", rq->params[0]);
+  reply_encoded(out, 200, j);
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+static const struct route routes[] = {
+    {"GET", "/healthz", h_healthz},
+    {"GET", "/readyz", h_readyz},
+    {"GET", "/metrics", h_metrics},
+    {"GET", "/v1/nodes", h_nodes},
+    {"GET", "/v1/nodes/{id}", h_node},
+    {"DELETE", "/v1/nodes/{id}", h_node_forget},
+    {"POST", "/v1/nodes/{id}/drain", h_node_drain},
+    {"POST", "/v1/nodes/{id}/undrain", h_node_undrain},
+    {"GET", "/v1/accelerators", h_accels},
+    {"GET", "/v1/mqueues", h_mqueues},
+    {"GET", "/v1/services", h_services},
+    {"POST", "/v1/services", h_service_create},
+    {"GET", "/v1/services/{name}", h_service},
+    {"DELETE", "/v1/services/{name}", h_service_delete},
+    {"GET", "/v1/frontends", h_frontends},
+    {"GET", "/v1/watch", h_watch},
+};
+
+/* Does url match pattern? Captures {..} segments into params (non-empty,
+ * shorter than PARAM_MAX). A single trailing slash on url is ignored. */
+static int path_match(const char *pattern, const char *url,
+                      char params[2][PARAM_MAX]) {
+  const char *p = pattern, *u = url;
+  int np = 0;
+  size_t ulen = strlen(url);
+  const char *uend = url + ulen;
+  if (ulen > 1 && url[ulen - 1] == '/')
+    uend--;
+  while (*p && u < uend) {
+    if (*p == '{') {
+      const char *seg = u;
+      const char *close = strchr(p, '}');
+      size_t n;
+      while (u < uend && *u != '/')
+        u++;
+      n = (size_t)(u - seg);
+      if (!close || n == 0 || n >= PARAM_MAX || np >= 2)
+        return 0;
+      memcpy(params[np], seg, n);
+      params[np][n] = 0;
+      np++;
+      p = close + 1;
+    } else {
+      if (*p != *u)
+        return 0;
+      p++;
+      u++;
+    }
+  }
+  return *p == 0 && u == uend;
+}
+
+/* Finds the route for (method, url). NULL with *status 404, or 405 and the
+ * allowed methods in allow. HEAD is served by the GET route. */
+static const struct route *route_find(const char *method, const char *url,
+                                      char params[2][PARAM_MAX],
+                                      unsigned *status, char *allow,
+                                      size_t allow_len) {
+  const char *m = strcmp(method, "HEAD") == 0 ? "GET" : method;
+  char tmp[2][PARAM_MAX];
+  int path_known = 0;
+  allow[0] = 0;
+  for (size_t i = 0; i < LYNX_ARRAY_SIZE(routes); i++) {
+    if (!path_match(routes[i].pattern, url, tmp))
+      continue;
+    if (strcmp(routes[i].method, m) == 0) {
+      memcpy(params, tmp, sizeof(tmp));
+      allow[0] = 0;
+      return &routes[i];
+    }
+    path_known = 1;
+    if (!strstr(allow, routes[i].method)) {
+      size_t l = strlen(allow);
+      snprintf(allow + l, allow_len - l, "%s%s", l ? ", " : "",
+               routes[i].method);
+      if (strcmp(routes[i].method, "GET") == 0 && !strstr(allow, "HEAD")) {
+        l = strlen(allow);
+        snprintf(allow + l, allow_len - l, ", HEAD");
+      }
+    }
+  }
+  *status = path_known ? 405 : 404;
+  return NULL;
+}
+
+/* ---- authorisation ------------------------------------------------------ */
+
+static int peer_is_loopback(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+  if (!sa)
+    return 0;
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+      return 1;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) &&
+           in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return 0;
+}
+
+/* Compares the presented credential with the token in time that depends
+ * on the token's length only. */
+static int token_equal(const char *given, const char *token) {
+  size_t glen = strlen(given), tlen = strlen(token);
+  unsigned char d = glen != tlen;
+  for (size_t i = 0; i < tlen; i++) {
+    unsigned char g = i < glen ? (unsigned char)given[i] : 0;
+    d |= (unsigned char)(g ^ (unsigned char)token[i]);
+  }
+  return d == 0;
+}
+
+/* 0 when rq may mutate; else fills out (401 / 403). */
+static int authorise(struct http_req *rq, struct http_out *out) {
+  const char *token = rq->c->token;
+  const char *auth;
+  if (!token || !token[0]) {
+    if (peer_is_loopback(rq->conn))
+      return 0;
+    reply_err(out, 403, "permission_denied",
+              "no API token is configured, so changes are accepted only from "
+              "loopback; start the coordinator with --token-file and send "
+              "'Authorization: Bearer <token>'");
+    return -EPERM;
+  }
+  auth = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND,
+                                     MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!auth) {
+    reply_err(out, 401, "unauthenticated",
+              "missing 'Authorization: Bearer <token>' header");
+    out->www_auth = 1;
+    return -EACCES;
+  }
+  if (strncasecmp(auth, "Bearer", 6) != 0 || (auth[6] != ' ' && auth[6] != '\t')) {
+    reply_err(out, 401, "unauthenticated",
+              "Authorization header: expected 'Bearer <token>'");
+    out->www_auth = 1;
+    return -EACCES;
+  }
+  auth += 6;
+  while (*auth == ' ' || *auth == '\t')
+    auth++;
+  if (!token_equal(auth, token)) {
+    reply_err(out, 401, "unauthenticated", "wrong token");
+    out->www_auth = 1;
+    return -EACCES;
+  }
+  return 0;
+}
+
+/* ---- libmicrohttpd glue ------------------------------------------------- */
+
+static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
+  struct MHD_Response *resp;
+  enum MHD_Result ret;
+  char *buf;
+  size_t len;
+  static const char oom[] =
+      "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}\n";
+
+  if (out->text) {
+    buf = out->text;
+    len = out->text_len;
+    out->text = NULL;
+  } else {
+    const char *s =
+        out->json ? json_object_to_json_string_ext(
+                        out->json, JSON_C_TO_STRING_PLAIN |
+                                       JSON_C_TO_STRING_NOSLASHESCAPE)
+                  : NULL;
+    len = s ? strlen(s) : 0;
+    buf = s ? malloc(len + 2) : NULL;
+    if (buf) {
+      memcpy(buf, s, len);
+      buf[len++] = '\n';
+      buf[len] = 0;
+    }
+    out->ctype = "application/json";
+  }
+  if (buf) {
+    resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
+    if (!resp)
+      free(buf);
+  } else {
+    out->status = 500;
+    resp = MHD_create_response_from_buffer(sizeof(oom) - 1, (void *)oom,
+                                           MHD_RESPMEM_PERSISTENT);
+  }
+  json_object_put(out->json);
+  out->json = NULL;
+  if (!resp)
+    return MHD_NO;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          out->ctype ? out->ctype : "application/json");
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  if (out->allow[0])
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, out->allow);
+  if (out->location[0])
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_LOCATION, out->location);
+  if (out->www_auth)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                            "Bearer realm=\"lynx\"");
+  ret = MHD_queue_response(rq->conn, out->status, resp);
+  MHD_destroy_response(resp);
+  if (ret == MHD_YES) {
+    rq->answered = 1;
+    if (out->status >= 500 || (is_mutating(rq->method) && out->status >= 400))
+      LYNX_WARN(COMP, "%s %s: %u", rq->method,
+                rq->route ? rq->route->pattern : "?", out->status);
+  }
+  return ret;
+}
+
+/* Does the request carry a body (that answering early would leave unread)? */
+static int has_body(struct MHD_Connection *conn) {
+  const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                               MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                  MHD_HTTP_HEADER_TRANSFER_ENCODING))
+    return 1;
+  return cl && strcmp(cl, "0") != 0;
+}
+
+/* An answer decided from the headers alone. With a body coming it goes out
+ * now: libmicrohttpd then skips the body and closes the connection. Without
+ * one it waits for the end of the request, so the connection stays open. */
+static enum MHD_Result answer_early(struct http_req *rq, struct http_out *out) {
+  if (has_body(rq->conn))
+    return send_out(rq, out);
+  rq->early = malloc(sizeof(*rq->early));
+  if (!rq->early) {
+    json_object_put(out->json);
+    free(out->text);
+    return MHD_NO;
+  }
+  *rq->early = *out;
+  rq->pending = 1;
+  return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **req_cls) {
+  struct http *h = cls;
+  struct http_req *rq = *req_cls;
+  struct http_out out;
+  (void)version;
+
+  memset(&out, 0, sizeof(out));
+  if (!rq) { /* headers received */
+    unsigned status = 0;
+    const char *cl;
+    rq = calloc(1, sizeof(*rq));
+    if (!rq)
+      return MHD_NO;
+    *req_cls = rq;
+    rq->h = h;
+    rq->c = h->c;
+    rq->conn = conn;
+    snprintf(rq->method, sizeof(rq->method), "%s", method);
+    rq->route = route_find(method, url, rq->params, &status, out.allow,
+                           sizeof(out.allow));
+    if (!rq->route) {
+      if (status == 405)
+        reply_err(&out, 405, "method_not_allowed",
+                  "method %.16s not allowed on %.200s (allowed: %s)", method,
+                  url, out.allow);
+      else
+        reply_err(&out, 404, "not_found",
+                  "no such endpoint: %.200s (see docs/api.md)", url);
+      return answer_early(rq, &out);
+    }
+    if (is_mutating(method) && authorise(rq, &out))
+      return answer_early(rq, &out);
+    cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+      uint64_t n;
+      if (lynx_parse_u64(cl, 0, UINT64_MAX, &n) == 0 && n > h->c->body_max) {
+        reply_err(&out, 413, "payload_too_large",
+                  "body of %llu bytes is larger than the limit of %zu bytes",
+                  (unsigned long long)n, h->c->body_max);
+        return send_out(rq, &out); /* the body is never read */
+      }
+    }
+    return MHD_YES;
+  }
+
+  if (*upload_size) { /* a piece of the body */
+    size_t n = *upload_size;
+    *upload_size = 0;
+    if (rq->answered || rq->pending)
+      return MHD_YES; /* libmicrohttpd skips it; nothing to keep anyway */
+    if (rq->too_big) {
+      /* libmicrohttpd 0.9.x takes no response in the middle of an upload:
+       * read a bounded amount more to answer 413 at its end, then give up
+       * on the connection */
+      rq->discarded += n;
+      if (rq->discarded > DISCARD_MAX) {
+        LYNX_WARN(COMP, "%s %s: chunked body far over the limit of %zu "
+                  "bytes: connection closed", rq->method, rq->route->pattern,
+                  h->c->body_max);
+        return MHD_NO;
+      }
+      return MHD_YES;
+    }
+    if (n > h->c->body_max - rq->len) { /* rq->len <= body_max */
+      rq->too_big = 1;
+      rq->discarded = n;
+      free(rq->body);
+      rq->body = NULL;
+      rq->len = rq->cap = 0;
+      reply_err(&out, 413, "payload_too_large",
+                "body larger than the limit of %zu bytes", h->c->body_max);
+      /* accepted by libmicrohttpd versions that allow an early answer here */
+      send_out(rq, &out);
+      return MHD_YES;
+    }
+    if (rq->len + n + 1 > rq->cap) {
+      size_t cap = rq->cap ? rq->cap : 1024;
+      char *nb;
+      while (cap < rq->len + n + 1)
+        cap *= 2;
+      if (cap > h->c->body_max + 1)
+        cap = h->c->body_max + 1;
+      nb = realloc(rq->body, cap);
+      if (!nb)
+        return MHD_NO;
+      rq->body = nb;
+      rq->cap = cap;
+    }
+    memcpy(rq->body + rq->len, upload, n);
+    rq->len += n;
+    rq->body[rq->len] = 0;
+    return MHD_YES;
+  }
+
+  /* the whole request is in */
+  if (rq->answered)
+    return MHD_YES;
+  if (rq->pending) {
+    out = *rq->early;
+    free(rq->early);
+    rq->early = NULL;
+    rq->pending = 0;
+    return send_out(rq, &out);
+  }
+  if (rq->too_big) {
+    reply_err(&out, 413, "payload_too_large",
+              "body larger than the limit of %zu bytes", h->c->body_max);
+    return send_out(rq, &out);
+  }
+  rq->route->fn(rq, &out);
+  if (!out.json && !out.text)
+    reply_err(&out, 500, "internal", "handler produced no answer");
+  return send_out(rq, &out);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn,
+                         void **req_cls, enum MHD_RequestTerminationCode toe) {
+  struct http_req *rq = *req_cls;
+  (void)cls;
+  (void)conn;
+  (void)toe;
+  if (!rq)
+    return;
+  if (rq->early) { /* the request ended before its early answer went out */
+    json_object_put(rq->early->json);
+    free(rq->early->text);
+    free(rq->early);
+  }
+  free(rq->body);
+  free(rq);
+  *req_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  char msg[256];
+  size_t n;
+  (void)cls;
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  n = strlen(msg);
+  while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+    msg[--n] = 0;
+  LYNX_WARN(COMP, "libmicrohttpd: %s", msg);
+}
+
+int lynx_http_start(struct lynx_coord *c, const char *addr) {
+  struct sockaddr_storage ss;
+  struct http *h;
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION |
+                   MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+
+  if (!c || c->http)
+    return -EINVAL;
+  if (lynx_parse_hostport(addr, &ss)) {
+    LYNX_ERR(COMP, "bad --http address '%s' (expected host:port)",
+             addr ? addr : "");
+    return -EINVAL;
+  }
+  if (ss.ss_family == AF_INET6)
+    flags |= MHD_USE_IPv6;
+  if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
+    flags |= MHD_USE_POLL; /* no FD_SETSIZE limit on a busy coordinator */
+  h = calloc(1, sizeof(*h));
+  if (!h)
+    return -ENOMEM;
+  h->c = c;
+  h->d = MHD_start_daemon(
+      flags, 0, NULL, NULL, on_request, h,
+      /* first, so every message of the daemon goes through our log */
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
+      (struct sockaddr *)&ss, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+  if (!h->d) {
+    LYNX_ERR(COMP, "cannot serve the API on %s (address in use or not "
+             "local?)", addr);
+    free(h);
+    return -EADDRINUSE;
+  }
+  c->http = h;
+  LYNX_INFO(COMP, "API on http://%s", addr);
+  return 0;
+}
+
+void lynx_http_stop(struct lynx_coord *c) {
+  struct http *h;
+  if (!c || !c->http)
+    return;
+  h = c->http;
+  /* wake the watchers: each returns at once, so stopping the daemon (which
+   * joins every connection thread) does not wait for their timeouts */
+  pthread_mutex_lock(&c->lock);
+  h->stopping = 1;
+  pthread_cond_broadcast(&c->changed);
+  pthread_mutex_unlock(&c->lock);
+  MHD_stop_daemon(h->d);
+  c->http = NULL;
+  free(h);
+}

@@ -1,0 +1,999 @@
+/*
+ * lynxctl - the operator's command line for the coordinator's JSON API
+ * (docs/api.md). libcurl for HTTP, json-c for JSON.
+ *
+ *   lynxctl [--api URL] [--token-file F] [--json] COMMAND
+ *
+ * Human-readable aligned tables by default; --json prints the API's answer
+ * as it came. Exit codes: 0 ok, 1 the API refused (its message is printed),
+ * 2 usage error, 3 the coordinator cannot be reached.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util.h"
+
+#define EX_OK 0
+#define EX_API 1
+#define EX_USAGE 2
+#define EX_UNREACHABLE 3
+
+#define DEFAULT_API "http://127.0.0.1:7780"
+#define CALL_TIMEOUT_MS 15000L
+#define WATCH_POLL_MS 30000L
+#define FILE_MAX (16u << 20)
+
+static const char usage_text[] =
+    "usage: lynxctl [--api URL] [--token-file F] [--json] COMMAND\n"
+    "\n"
+    "commands:\n"
+    "  nodes | accelerators | mqueues | services | frontends\n"
+    "  service create --name N --port P --app A [--slot-size Z] [--slots S]\n"
+    "                 [--mqueues M] [--work-us U]\n"
+    "                 [--placement all | --replicas N [--selector k=v,...]]\n"
+    "  service create -f FILE.json      (-f - reads standard input)\n"
+    "  service delete NAME\n"
+    "  node drain ID | node undrain ID | node forget ID\n"
+    "  watch                            a line and the node table per change\n"
+    "\n"
+    "options:\n"
+    "  --api URL         coordinator API (default $LYNX_API or " DEFAULT_API
+    ")\n"
+    "  --token-file F    send the token in F (default $LYNX_TOKEN_FILE)\n"
+    "  --json            print the API's JSON instead of tables\n"
+    "\n"
+    "exit codes: 0 ok, 1 API error, 2 usage error, 3 coordinator unreachable\n";
+
+struct ctl {
+  char api[512];
+  char *token;
+  int json;
+  int quiet; /* do not report an unreachable coordinator (watch retries) */
+  CURL *curl;
+};
+
+struct buf {
+  char *p;
+  size_t len;
+};
+
+static volatile sig_atomic_t g_stop;
+
+static int usage_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_err(const char *fmt, ...) {
+  va_list ap;
+  fputs("lynxctl: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputs("\n(lynxctl --help for usage)\n", stderr);
+  return EX_USAGE;
+}
+
+/* ---- HTTP --------------------------------------------------------------- */
+
+static size_t on_data(char *p, size_t size, size_t n, void *arg) {
+  struct buf *b = arg;
+  size_t len = size * n;
+  char *nb = realloc(b->p, b->len + len + 1);
+  if (!nb)
+    return 0; /* curl reports a write error */
+  memcpy(nb + b->len, p, len);
+  b->p = nb;
+  b->len += len;
+  b->p[b->len] = 0;
+  return len;
+}
+
+static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
+                       curl_off_t un) {
+  (void)arg;
+  (void)dt;
+  (void)dn;
+  (void)ut;
+  (void)un;
+  return g_stop ? 1 : 0; /* Ctrl-C aborts a long poll */
+}
+
+/* One exchange. 0 with *status and the body in *resp; -1 when the
+ * coordinator cannot be reached (err says why); -2 when interrupted. */
+static int http_call(struct ctl *t, const char *method, const char *path,
+                     const char *body, long timeout_ms, long *status,
+                     struct buf *resp, char *err) {
+  char url[1024], auth[600];
+  struct curl_slist *hdrs = NULL, *h;
+  CURLcode rc;
+
+  resp->p = NULL;
+  resp->len = 0;
+  err[0] = 0;
+  snprintf(url, sizeof(url), "%s%s", t->api, path);
+  curl_easy_reset(t->curl);
+  curl_easy_setopt(t->curl, CURLOPT_URL, url);
+  curl_easy_setopt(t->curl, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(t->curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(t->curl, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+  curl_easy_setopt(t->curl, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(t->curl, CURLOPT_ERRORBUFFER, err);
+  curl_easy_setopt(t->curl, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(t->curl, CURLOPT_WRITEDATA, resp);
+  curl_easy_setopt(t->curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(t->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(t->curl, CURLOPT_USERAGENT, "lynxctl");
+  if (body) {
+    curl_easy_setopt(t->curl, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(t->curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                     (curl_off_t)strlen(body));
+    h = curl_slist_append(hdrs, "Content-Type: application/json");
+    hdrs = h ? h : hdrs;
+  }
+  h = curl_slist_append(hdrs, "Accept: application/json");
+  hdrs = h ? h : hdrs;
+  if (t->token) {
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", t->token);
+    h = curl_slist_append(hdrs, auth);
+    hdrs = h ? h : hdrs;
+  }
+  curl_easy_setopt(t->curl, CURLOPT_HTTPHEADER, hdrs);
+  rc = curl_easy_perform(t->curl);
+  curl_easy_setopt(t->curl, CURLOPT_HTTPHEADER, NULL);
+  curl_slist_free_all(hdrs);
+  if (rc == CURLE_ABORTED_BY_CALLBACK && g_stop) {
+    free(resp->p);
+    resp->p = NULL;
+    return -2;
+  }
+  if (rc != CURLE_OK) {
+    if (!err[0])
+      snprintf(err, CURL_ERROR_SIZE, "%s", curl_easy_strerror(rc));
+    free(resp->p);
+    resp->p = NULL;
+    return -1;
+  }
+  curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, status);
+  return 0;
+}
+
+static void say_unreachable(const struct ctl *t, const char *err) {
+  fprintf(stderr,
+          "lynxctl: cannot reach the coordinator at %s: %s\n"
+          "  (is lynx-coordinator running with --http on that address? "
+          "set --api URL or $LYNX_API)\n",
+          t->api, err);
+}
+
+/*
+ * A call whose answer must be 2xx JSON. EX_OK with *out (a parsed object,
+ * or NULL when the body is empty) and, when raw is not NULL, the body as it
+ * came; otherwise prints what went wrong and returns the exit code.
+ */
+static int api(struct ctl *t, const char *method, const char *path,
+               const char *body, struct json_object **out, char **raw) {
+  char err[CURL_ERROR_SIZE];
+  struct buf b;
+  long status = 0;
+  struct json_object *j = NULL;
+  int rc;
+
+  *out = NULL;
+  if (raw)
+    *raw = NULL;
+  rc = http_call(t, method, path, body, CALL_TIMEOUT_MS, &status, &b, err);
+  if (rc == -2)
+    return EX_OK;
+  if (rc) {
+    if (!t->quiet)
+      say_unreachable(t, err);
+    return EX_UNREACHABLE;
+  }
+  if (b.p && b.len)
+    j = json_tokener_parse(b.p);
+  if (status < 200 || status > 299) {
+    struct json_object *e, *m, *code;
+    if (j && json_object_object_get_ex(j, "error", &e) &&
+        json_object_object_get_ex(e, "message", &m)) {
+      json_object_object_get_ex(e, "code", &code);
+      fprintf(stderr, "lynxctl: %s (HTTP %ld%s%s)\n",
+              json_object_get_string(m), status, code ? ", " : "",
+              code ? json_object_get_string(code) : "");
+    } else {
+      fprintf(stderr, "lynxctl: the coordinator answered HTTP %ld: %.300s\n",
+              status, b.p ? b.p : "(no body)");
+    }
+    if (t->json && b.p)
+      fputs(b.p, stdout);
+    json_object_put(j);
+    free(b.p);
+    return EX_API;
+  }
+  if (b.p && b.len && !j) {
+    fprintf(stderr, "lynxctl: the coordinator's answer (HTTP %ld) is not "
+            "JSON: %.300s\n", status, b.p);
+    free(b.p);
+    return EX_API;
+  }
+  *out = j;
+  if (raw)
+    *raw = b.p;
+  else
+    free(b.p);
+  return EX_OK;
+}
+
+/* "/v1/nodes/" + escaped id + suffix */
+static int path_with(struct ctl *t, char *path, size_t len, const char *prefix,
+                     const char *seg, const char *suffix) {
+  char *e = curl_easy_escape(t->curl, seg, 0);
+  if (!e)
+    return -ENOMEM;
+  snprintf(path, len, "%s%s%s", prefix, e, suffix);
+  curl_free(e);
+  return 0;
+}
+
+/* ---- tables ------------------------------------------------------------- */
+
+typedef void (*fmt_fn)(struct json_object *v, char *out, size_t n);
+
+struct col {
+  const char *head;
+  const char *key;
+  fmt_fn fmt;
+};
+
+static void f_str(struct json_object *v, char *out, size_t n) {
+  if (!v || json_object_is_type(v, json_type_null))
+    snprintf(out, n, "-");
+  else
+    snprintf(out, n, "%s", json_object_get_string(v));
+}
+
+static void f_labels(struct json_object *v, char *out, size_t n) {
+  size_t l = 0;
+  out[0] = 0;
+  if (v && json_object_is_type(v, json_type_object)) {
+    json_object_object_foreach(v, k, val) {
+      int w = snprintf(out + l, n - l, "%s%s=%s", l ? "," : "", k,
+                       json_object_get_string(val));
+      if (w < 0 || (size_t)w >= n - l)
+        break;
+      l += (size_t)w;
+    }
+  }
+  if (!out[0])
+    snprintf(out, n, "-");
+}
+
+static void f_count(struct json_object *v, char *out, size_t n) {
+  if (v && json_object_is_type(v, json_type_array))
+    snprintf(out, n, "%zu", json_object_array_length(v));
+  else
+    f_str(v, out, n);
+}
+
+static void f_ms_ago(struct json_object *v, char *out, size_t n) {
+  uint64_t ms;
+  if (!v || !(json_object_is_type(v, json_type_int) ||
+              json_object_is_type(v, json_type_double))) {
+    f_str(v, out, n);
+    return;
+  }
+  ms = json_object_get_uint64(v);
+  if (ms < 1000)
+    snprintf(out, n, "%llums ago", (unsigned long long)ms);
+  else if (ms < 60000)
+    snprintf(out, n, "%.1fs ago", (double)ms / 1000.0);
+  else if (ms < 3600000)
+    snprintf(out, n, "%llum%02llus ago", (unsigned long long)(ms / 60000),
+             (unsigned long long)(ms / 1000 % 60));
+  else
+    snprintf(out, n, "%lluh%02llum ago", (unsigned long long)(ms / 3600000),
+             (unsigned long long)(ms / 60000 % 60));
+}
+
+static void f_bytes(struct json_object *v, char *out, size_t n) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double x;
+  unsigned u = 0;
+  if (!v || !json_object_is_type(v, json_type_int)) {
+    f_str(v, out, n);
+    return;
+  }
+  x = (double)json_object_get_uint64(v);
+  while (x >= 1024.0 && u + 1 < LYNX_ARRAY_SIZE(units)) {
+    x /= 1024.0;
+    u++;
+  }
+  if (u == 0)
+    snprintf(out, n, "%.0f%s", x, units[u]);
+  else
+    snprintf(out, n, "%.1f%s", x, units[u]);
+}
+
+static void f_bool(struct json_object *v, char *out, size_t n) {
+  if (v && json_object_is_type(v, json_type_boolean))
+    snprintf(out, n, "%s", json_object_get_boolean(v) ? "yes" : "no");
+  else
+    f_str(v, out, n);
+}
+
+static void f_placement(struct json_object *v, char *out, size_t n) {
+  struct json_object *r, *sel;
+  if (v && json_object_is_type(v, json_type_object)) {
+    char s[256];
+    int w = 0;
+    if (json_object_object_get_ex(v, "replicas", &r))
+      w = snprintf(out, n, "replicas=%s", json_object_get_string(r));
+    else
+      w = snprintf(out, n, "all"); /* a selector alone: all matching */
+    if (json_object_object_get_ex(v, "selector", &sel) &&
+        json_object_is_type(sel, json_type_object) &&
+        json_object_object_length(sel) > 0 && w >= 0 && (size_t)w < n) {
+      f_labels(sel, s, sizeof(s));
+      snprintf(out + w, n - (size_t)w, " where %s", s);
+    }
+    return;
+  }
+  f_str(v, out, n);
+}
+
+static void f_instances(struct json_object *v, char *out, size_t n) {
+  struct json_object *r, *w;
+  if (v && json_object_is_type(v, json_type_object) &&
+      json_object_object_get_ex(v, "ready", &r) &&
+      json_object_object_get_ex(v, "wanted", &w))
+    snprintf(out, n, "%s/%s", json_object_get_string(r),
+             json_object_get_string(w));
+  else
+    f_str(v, out, n);
+}
+
+static const struct col node_cols[] = {
+    {"ID", "id", f_str},
+    {"STATE", "state", f_str},
+    {"ADDRESS", "address", f_str},
+    {"EPOCH", "epoch", f_str},
+    {"ACCELS", "accelerators", f_count},
+    {"LABELS", "labels", f_labels},
+    {"LAST-HEARTBEAT", "last_heartbeat_ms", f_ms_ago},
+    {NULL, NULL, NULL},
+};
+
+static const struct col accel_cols[] = {
+    {"ID", "id", f_str},
+    {"NODE", "node", f_str},
+    {"KIND", "kind", f_str},
+    {"MODEL", "model", f_str},
+    {"MEMORY", "memory_bytes", f_bytes},
+    {"ORDERING", "ordering", f_str},
+    {"STATE", "state", f_str},
+    {"REQUESTS", "requests", f_str},
+    {"RESPONSES", "responses", f_str},
+    {NULL, NULL, NULL},
+};
+
+static const struct col mq_cols[] = {
+    {"ID", "id", f_str},
+    {"SERVICE", "service", f_str},
+    {"NODE", "node", f_str},
+    {"ACCEL", "accel", f_str},
+    {"INSTANCE", "instance", f_str},
+    {"SLOTS", "slots", f_str},
+    {"SLOT-SIZE", "slot_size", f_str},
+    {"TRANSPORT", "transport", f_str},
+    {"DISPATCHED", "dispatched", f_str},
+    {"RESPONDED", "responded", f_str},
+    {"OUTSTANDING", "outstanding", f_str},
+    {NULL, NULL, NULL},
+};
+
+static const struct col svc_cols[] = {
+    {"NAME", "name", f_str},
+    {"PROTO", "proto", f_str},
+    {"PORT", "port", f_str},
+    {"APP", "app", f_str},
+    {"SLOT-SIZE", "slot_size", f_str},
+    {"SLOTS", "slots", f_str},
+    {"MQUEUES", "mqueues_per_accel", f_str},
+    {"WORK-US", "work_us", f_str},
+    {"PLACEMENT", "placement", f_placement},
+    {"INSTANCES", "instances", f_instances},
+    {NULL, NULL, NULL},
+};
+
+static const struct col fe_cols[] = {
+    {"ID", "id", f_str},
+    {"ADDRESS", "address", f_str},
+    {"CONNECTED", "connected", f_bool},
+    {"TABLE-VERSION", "table_version", f_str},
+    {"LAST-SEEN", "last_seen_ms", f_ms_ago},
+    {NULL, NULL, NULL},
+};
+
+/* Prints items (a JSON array of objects) as an aligned table. */
+static int print_table(FILE *f, struct json_object *items,
+                       const struct col *cols) {
+  size_t nc = 0, nr, w[16] = {0};
+  char **cells;
+  char cell[512];
+
+  while (cols[nc].head && nc < LYNX_ARRAY_SIZE(w))
+    nc++;
+  nr = items && json_object_is_type(items, json_type_array)
+           ? json_object_array_length(items)
+           : 0;
+  cells = calloc(nr * nc + 1, sizeof(*cells));
+  if (!cells)
+    return -ENOMEM;
+  for (size_t c = 0; c < nc; c++)
+    w[c] = strlen(cols[c].head);
+  for (size_t r = 0; r < nr; r++) {
+    struct json_object *it = json_object_array_get_idx(items, r), *v = NULL;
+    for (size_t c = 0; c < nc; c++) {
+      if (!it || !json_object_object_get_ex(it, cols[c].key, &v))
+        v = NULL;
+      cols[c].fmt(v, cell, sizeof(cell));
+      cells[r * nc + c] = strdup(cell);
+      if (cells[r * nc + c] && strlen(cell) > w[c])
+        w[c] = strlen(cell);
+    }
+  }
+  for (size_t c = 0; c < nc; c++)
+    fprintf(f, "%-*s%s", c + 1 < nc ? (int)w[c] : 0, cols[c].head,
+            c + 1 < nc ? "  " : "\n");
+  for (size_t r = 0; r < nr; r++)
+    for (size_t c = 0; c < nc; c++) {
+      const char *s = cells[r * nc + c] ? cells[r * nc + c] : "?";
+      fprintf(f, "%-*s%s", c + 1 < nc ? (int)w[c] : 0, s,
+              c + 1 < nc ? "  " : "\n");
+    }
+  for (size_t i = 0; i < nr * nc; i++)
+    free(cells[i]);
+  free(cells);
+  return 0;
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+static int cmd_list(struct ctl *t, const char *path, const struct col *cols) {
+  struct json_object *j, *items = NULL;
+  char *raw;
+  int rc = api(t, "GET", path, NULL, &j, &raw);
+  if (rc)
+    return rc;
+  if (t->json) {
+    fputs(raw ? raw : "", stdout);
+  } else {
+    if (!j || !json_object_object_get_ex(j, "items", &items)) {
+      fprintf(stderr, "lynxctl: the coordinator's answer has no \"items\"\n");
+      rc = EX_API;
+    } else if (print_table(stdout, items, cols)) {
+      rc = EX_API;
+    }
+  }
+  json_object_put(j);
+  free(raw);
+  return rc;
+}
+
+/* Matches "--opt VALUE" or "--opt=VALUE" at argv[*i]; 1 with *val, 0 when
+ * argv[*i] is another option, -1 when the value is missing. */
+static int opt_val(int argc, char **argv, int *i, const char *opt,
+                   const char **val) {
+  size_t l = strlen(opt);
+  if (strncmp(argv[*i], opt, l) != 0)
+    return 0;
+  if (argv[*i][l] == '=') {
+    *val = argv[*i] + l + 1;
+    return 1;
+  }
+  if (argv[*i][l] != 0)
+    return 0;
+  if (*i + 1 >= argc)
+    return -1;
+  *val = argv[++*i];
+  return 1;
+}
+
+static int parse_u32(const char *opt, const char *s, uint32_t *out) {
+  uint64_t v;
+  if (lynx_parse_u64(s, 0, UINT32_MAX, &v))
+    return usage_err("%s: expected a non-negative integer, got '%s'", opt, s);
+  *out = (uint32_t)v;
+  return 0;
+}
+
+static char *read_all(FILE *f, size_t max, int *too_big) {
+  size_t len = 0, cap = 4096;
+  char *p = malloc(cap), *np;
+  *too_big = 0;
+  if (!p)
+    return NULL;
+  for (;;) {
+    size_t n;
+    if (len + 1 >= cap) {
+      if (cap > max) {
+        *too_big = 1;
+        free(p);
+        return NULL;
+      }
+      np = realloc(p, cap * 2);
+      if (!np) {
+        free(p);
+        return NULL;
+      }
+      p = np;
+      cap *= 2;
+    }
+    n = fread(p + len, 1, cap - len - 1, f);
+    len += n;
+    if (n == 0)
+      break;
+  }
+  if (ferror(f)) {
+    free(p);
+    return NULL;
+  }
+  p[len] = 0;
+  return p;
+}
+
+/* "k=v,k2=v2" into a JSON object. */
+static int selector_json(const char *s, struct json_object *obj) {
+  char *dup = strdup(s), *save = NULL, *tok;
+  if (!dup)
+    return -ENOMEM;
+  for (tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    if (!eq || eq == tok) {
+      free(dup);
+      return -EINVAL;
+    }
+    *eq = 0;
+    json_object_object_add(obj, tok, json_object_new_string(eq + 1));
+  }
+  free(dup);
+  return 0;
+}
+
+static int print_service_created(struct ctl *t, struct json_object *j,
+                                 const char *raw) {
+  struct json_object *arr, *name;
+  if (t->json) {
+    fputs(raw ? raw : "", stdout);
+    return EX_OK;
+  }
+  if (j && json_object_object_get_ex(j, "name", &name))
+    printf("service %s created\n", json_object_get_string(name));
+  else
+    printf("service created\n");
+  arr = json_object_new_array();
+  if (arr && j) {
+    json_object_array_add(arr, json_object_get(j));
+    print_table(stdout, arr, svc_cols);
+  }
+  json_object_put(arr);
+  return EX_OK;
+}
+
+static int cmd_service_create(struct ctl *t, int argc, char **argv) {
+  const char *file = NULL, *name = NULL, *app = NULL, *placement = NULL,
+             *selector = NULL, *v = NULL;
+  uint32_t port = 0, slot_size = 0, slots = 0, mqueues = 0, work_us = 0,
+           replicas = 0;
+  int has_port = 0, has_slot_size = 0, has_slots = 0, has_mq = 0,
+      has_work = 0, has_replicas = 0, rc;
+  struct json_object *req = NULL, *resp = NULL;
+  char *body = NULL, *raw = NULL;
+
+  for (int i = 0; i < argc; i++) {
+    int m;
+#define OPT(o, var)                                                            \
+  if ((m = opt_val(argc, argv, &i, o, &v)) != 0) {                             \
+    if (m < 0)                                                                 \
+      return usage_err("%s needs a value", o);                                 \
+    var;                                                                       \
+    continue;                                                                  \
+  }
+#define NUM(o, var, flag)                                                      \
+  OPT(o, if (parse_u32(o, v, &var)) return EX_USAGE; flag = 1)
+    OPT("-f", file = v)
+    OPT("--file", file = v)
+    OPT("--name", name = v)
+    OPT("--app", app = v)
+    NUM("--port", port, has_port)
+    NUM("--slot-size", slot_size, has_slot_size)
+    NUM("--slots", slots, has_slots)
+    NUM("--mqueues", mqueues, has_mq)
+    NUM("--work-us", work_us, has_work)
+    NUM("--replicas", replicas, has_replicas)
+    OPT("--placement", placement = v)
+    OPT("--selector", selector = v)
+#undef NUM
+#undef OPT
+    return usage_err("service create: unknown argument '%s'", argv[i]);
+  }
+
+  if (file) {
+    FILE *f;
+    int too_big = 0;
+    if (name || app || placement || selector || has_port || has_slot_size ||
+        has_slots || has_mq || has_work || has_replicas)
+      return usage_err("service create: -f takes the whole spec; give no "
+                       "other option with it");
+    f = strcmp(file, "-") == 0 ? stdin : fopen(file, "r");
+    if (!f) {
+      fprintf(stderr, "lynxctl: cannot open %s: %s\n", file, strerror(errno));
+      return EX_USAGE;
+    }
+    body = read_all(f, FILE_MAX, &too_big);
+    if (f != stdin)
+      fclose(f);
+    if (!body) {
+      fprintf(stderr, "lynxctl: cannot read %s: %s\n", file,
+              too_big ? "larger than 16 MiB" : "read error");
+      return EX_USAGE;
+    }
+  } else {
+    if (!name || !has_port || !app)
+      return usage_err("service create needs --name, --port and --app (or "
+                       "-f FILE.json)");
+    if (placement && strcmp(placement, "all") != 0)
+      return usage_err("--placement: only 'all' is a placement name; use "
+                       "--replicas N for a replica count");
+    if (placement && has_replicas)
+      return usage_err("--placement all and --replicas exclude each other");
+    if (selector && !has_replicas)
+      return usage_err("--selector goes with --replicas N");
+    req = json_object_new_object();
+    if (!req)
+      return EX_API;
+    json_object_object_add(req, "name", json_object_new_string(name));
+    json_object_object_add(req, "port", json_object_new_int64(port));
+    json_object_object_add(req, "app", json_object_new_string(app));
+    if (has_slot_size)
+      json_object_object_add(req, "slot_size", json_object_new_int64(slot_size));
+    if (has_slots)
+      json_object_object_add(req, "slots", json_object_new_int64(slots));
+    if (has_mq)
+      json_object_object_add(req, "mqueues_per_accel",
+                             json_object_new_int64(mqueues));
+    if (has_work)
+      json_object_object_add(req, "work_us", json_object_new_int64(work_us));
+    if (placement) {
+      json_object_object_add(req, "placement", json_object_new_string("all"));
+    } else if (has_replicas) {
+      struct json_object *p = json_object_new_object(),
+                         *sel = json_object_new_object();
+      if (!p || !sel) {
+        json_object_put(p);
+        json_object_put(sel);
+        json_object_put(req);
+        return EX_API;
+      }
+      json_object_object_add(p, "replicas", json_object_new_int64(replicas));
+      if (selector && selector_json(selector, sel)) {
+        json_object_put(p);
+        json_object_put(sel);
+        json_object_put(req);
+        return usage_err("--selector: expected k=v[,k=v...], got '%s'",
+                         selector);
+      }
+      json_object_object_add(p, "selector", sel);
+      json_object_object_add(req, "placement", p);
+    }
+    body = strdup(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    json_object_put(req);
+    if (!body)
+      return EX_API;
+  }
+  rc = api(t, "POST", "/v1/services", body, &resp, &raw);
+  free(body);
+  if (rc == EX_OK)
+    rc = print_service_created(t, resp, raw);
+  json_object_put(resp);
+  free(raw);
+  return rc;
+}
+
+/* DELETE / POST on one object; prints `done` (with the object's state when
+ * it has one) or the raw answer with --json. */
+static int cmd_object(struct ctl *t, const char *method, const char *prefix,
+                      const char *id, const char *suffix, const char *what,
+                      const char *done) {
+  char path[1024];
+  struct json_object *j, *state;
+  char *raw;
+  int rc;
+  if (path_with(t, path, sizeof(path), prefix, id, suffix))
+    return EX_API;
+  rc = api(t, method, path, NULL, &j, &raw);
+  if (rc == EX_OK) {
+    if (t->json)
+      fputs(raw ? raw : "", stdout);
+    else if (j && strcmp(what, "node") == 0 && strcmp(method, "POST") == 0 &&
+             json_object_object_get_ex(j, "state", &state))
+      printf("%s %s %s: now %s\n", what, id, done,
+             json_object_get_string(state));
+    else
+      printf("%s %s %s\n", what, id, done);
+  }
+  json_object_put(j);
+  free(raw);
+  return rc;
+}
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+/* Waits until the registry version differs from version (it grew, or the
+ * coordinator restarted with a lower one); rides out coordinator outages.
+ * EX_OK (also when interrupted: g_stop is set) or EX_API. */
+static int watch_wait(struct ctl *t, uint64_t version, int *lost) {
+  char err[CURL_ERROR_SIZE], path[128];
+  for (;;) {
+    struct buf b;
+    long status = 0;
+    struct json_object *j, *v;
+    uint64_t nv;
+    int rc;
+    if (g_stop)
+      return EX_OK;
+    snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=%ld",
+             (unsigned long long)version, WATCH_POLL_MS);
+    rc = http_call(t, "GET", path, NULL, WATCH_POLL_MS + 10000, &status, &b,
+                   err);
+    if (rc == -2)
+      return EX_OK;
+    if (rc) {
+      struct timespec one = {1, 0};
+      if (!*lost)
+        fprintf(stderr, "lynxctl: lost the coordinator at %s (%s); "
+                "retrying every second\n", t->api, err);
+      *lost = 1;
+      nanosleep(&one, NULL);
+      continue;
+    }
+    if (*lost) {
+      fprintf(stderr, "lynxctl: coordinator back\n");
+      *lost = 0;
+    }
+    j = b.p ? json_tokener_parse(b.p) : NULL;
+    if (status != 200 || !j || !json_object_object_get_ex(j, "version", &v)) {
+      fprintf(stderr, "lynxctl: watch failed (HTTP %ld): %.300s\n", status,
+              b.p ? b.p : "(no body)");
+      json_object_put(j);
+      free(b.p);
+      return EX_API;
+    }
+    nv = json_object_get_uint64(v);
+    json_object_put(j);
+    free(b.p);
+    if (nv != version)
+      return EX_OK;
+  }
+}
+
+static int cmd_watch(struct ctl *t) {
+  struct sigaction sa;
+  struct json_object *nodes = NULL, *v, *items;
+  char *raw = NULL;
+  uint64_t version;
+  int rc, lost = 0;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  rc = api(t, "GET", "/v1/nodes", NULL, &nodes, &raw);
+  if (rc || g_stop) {
+    json_object_put(nodes);
+    free(raw);
+    return rc;
+  }
+  t->quiet = 1; /* from now on outages are retried, not fatal */
+  for (;;) {
+    time_t now = time(NULL);
+    struct tm tm;
+    char ts[32];
+    version = nodes && json_object_object_get_ex(nodes, "version", &v)
+                  ? json_object_get_uint64(v)
+                  : 0;
+    localtime_r(&now, &tm);
+    strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
+    if (t->json) {
+      if (raw)
+        fputs(raw, stdout);
+    } else {
+      items = NULL;
+      if (nodes)
+        json_object_object_get_ex(nodes, "items", &items);
+      printf("--- %s version %llu: %zu node(s)\n", ts,
+             (unsigned long long)version,
+             items ? json_object_array_length(items) : (size_t)0);
+      print_table(stdout, items, node_cols);
+    }
+    fflush(stdout);
+    json_object_put(nodes);
+    nodes = NULL;
+    free(raw);
+    raw = NULL;
+
+    for (;;) { /* the next version, then its node table */
+      rc = watch_wait(t, version, &lost);
+      if (rc || g_stop)
+        return rc;
+      rc = api(t, "GET", "/v1/nodes", NULL, &nodes, &raw);
+      if (rc == EX_OK && !g_stop)
+        break;
+      json_object_put(nodes);
+      nodes = NULL;
+      free(raw);
+      raw = NULL;
+      if (rc != EX_UNREACHABLE || g_stop)
+        return rc;
+      if (!lost)
+        fprintf(stderr, "lynxctl: lost the coordinator at %s; retrying "
+                "every second\n", t->api);
+      lost = 1; /* the watch call says when it is back */
+    }
+  }
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+/* Consumes a global option at argv[*i]: 1 when it was one, 0 when not,
+ * -1 on a usage error (printed). */
+static int global_opt(struct ctl *t, int argc, char **argv, int *i,
+                      const char **token_file) {
+  const char *v = NULL;
+  int m;
+  if (strcmp(argv[*i], "--json") == 0) {
+    t->json = 1;
+    return 1;
+  }
+  if ((m = opt_val(argc, argv, i, "--api", &v)) != 0) {
+    size_t l;
+    if (m < 0 || !v[0]) {
+      usage_err("--api needs a URL");
+      return -1;
+    }
+    snprintf(t->api, sizeof(t->api), "%s%s",
+             strstr(v, "://") ? "" : "http://", v);
+    l = strlen(t->api);
+    while (l > 0 && t->api[l - 1] == '/')
+      t->api[--l] = 0;
+    return 1;
+  }
+  if ((m = opt_val(argc, argv, i, "--token-file", &v)) != 0) {
+    if (m < 0) {
+      usage_err("--token-file needs a file");
+      return -1;
+    }
+    *token_file = v;
+    return 1;
+  }
+  return 0;
+}
+
+static int run(struct ctl *t, int argc, char **argv) {
+  const char *cmd = argv[0], *sub = argc > 1 ? argv[1] : NULL;
+
+  if (strcmp(cmd, "nodes") == 0 && argc == 1)
+    return cmd_list(t, "/v1/nodes", node_cols);
+  if ((strcmp(cmd, "accelerators") == 0 || strcmp(cmd, "accels") == 0) &&
+      argc == 1)
+    return cmd_list(t, "/v1/accelerators", accel_cols);
+  if (strcmp(cmd, "mqueues") == 0 && argc == 1)
+    return cmd_list(t, "/v1/mqueues", mq_cols);
+  if (strcmp(cmd, "services") == 0 && argc == 1)
+    return cmd_list(t, "/v1/services", svc_cols);
+  if (strcmp(cmd, "frontends") == 0 && argc == 1)
+    return cmd_list(t, "/v1/frontends", fe_cols);
+  if (strcmp(cmd, "watch") == 0 && argc == 1)
+    return cmd_watch(t);
+  if (strcmp(cmd, "service") == 0 && sub) {
+    if (strcmp(sub, "create") == 0)
+      return cmd_service_create(t, argc - 2, argv + 2);
+    if (strcmp(sub, "delete") == 0 && argc == 3)
+      return cmd_object(t, "DELETE", "/v1/services/", argv[2], "", "service",
+                        "deleted");
+    return usage_err("service: expected 'create ...' or 'delete NAME'");
+  }
+  if (strcmp(cmd, "node") == 0 && sub && argc == 3) {
+    if (strcmp(sub, "drain") == 0)
+      return cmd_object(t, "POST", "/v1/nodes/", argv[2], "/drain", "node",
+                        "drain requested");
+    if (strcmp(sub, "undrain") == 0)
+      return cmd_object(t, "POST", "/v1/nodes/", argv[2], "/undrain", "node",
+                        "undrained");
+    if (strcmp(sub, "forget") == 0)
+      return cmd_object(t, "DELETE", "/v1/nodes/", argv[2], "", "node",
+                        "forgotten");
+  }
+  if (strcmp(cmd, "node") == 0)
+    return usage_err("node: expected 'drain ID', 'undrain ID' or 'forget ID'");
+  return usage_err("unknown command or wrong arguments: '%s'", cmd);
+}
+
+int main(int argc, char **argv) {
+  struct ctl t;
+  const char *token_file = getenv("LYNX_TOKEN_FILE"), *env_api;
+  char **args;
+  int n = 0, rc;
+
+  memset(&t, 0, sizeof(t));
+  env_api = getenv("LYNX_API");
+  snprintf(t.api, sizeof(t.api), "%s",
+           env_api && env_api[0] ? env_api : DEFAULT_API);
+  args = calloc((size_t)argc + 1, sizeof(*args));
+  if (!args)
+    return EX_API;
+  /* global options anywhere; "--" ends them */
+  for (int i = 1; i < argc; i++) {
+    int m;
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      fputs(usage_text, stdout);
+      free(args);
+      return EX_OK;
+    }
+    if (strcmp(argv[i], "--") == 0) {
+      while (++i < argc)
+        args[n++] = argv[i];
+      break;
+    }
+    m = global_opt(&t, argc, argv, &i, &token_file);
+    if (m < 0) {
+      free(args);
+      return EX_USAGE;
+    }
+    if (m == 0)
+      args[n++] = argv[i];
+  }
+  if (n == 0) {
+    fputs(usage_text, stderr);
+    free(args);
+    return EX_USAGE;
+  }
+  if (!strstr(t.api, "://")) {
+    char tmp[sizeof(t.api)];
+    snprintf(tmp, sizeof(tmp), "%s", t.api);
+    snprintf(t.api, sizeof(t.api), "http://%.500s", tmp);
+  }
+  if (token_file && token_file[0]) {
+    rc = lynx_read_token(token_file, &t.token);
+    if (rc) {
+      fprintf(stderr, "lynxctl: --token-file %s: %s\n", token_file,
+              rc == -EINVAL ? "empty" : strerror(-rc));
+      free(args);
+      return EX_USAGE;
+    }
+  }
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK ||
+      !(t.curl = curl_easy_init())) {
+    fprintf(stderr, "lynxctl: cannot initialise libcurl\n");
+    free(t.token);
+    free(args);
+    return EX_API;
+  }
+  rc = run(&t, n, args);
+  fflush(stdout);
+  curl_easy_cleanup(t.curl);
+  curl_global_cleanup();
+  free(t.token);
+  free(args);
+  return rc;
+}

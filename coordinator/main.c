@@ -1,0 +1,865 @@
+/*
+ * lynx-coordinator - the registry of every accelerator, placement, leases,
+ * dispatch tables, and the operators' JSON API.
+ *
+ * Threads: the libuv loop thread owns the control connections (agents and
+ * frontends, protobuf-c frames), the 100 ms lease tick and every message
+ * sent; libmicrohttpd's threads serve the JSON API (http.c). Both take
+ * c.lock around registry access. The registry's action callbacks run under
+ * the lock on either thread and only queue work; the loop thread sends it
+ * (flush_actions), woken by a uv_async when the API caused it.
+ *
+ * Frontends: one is active and gets the dispatch table; any other is a
+ * standby with an empty table, promoted when the active one disconnects.
+ * Each mqueue has exactly one producer that way (docs/design.md).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "coord.h"
+#include "ctlconn.h"
+#include "frame.h"
+#include "log.h"
+#include "options.h"
+#include "store.h"
+#include "util.h"
+
+struct coord_cfg {
+  char *listen, *http, *state_dir, *token_file, *log_level;
+  uint32_t lease_ms, drain_ms, frame_max, body_max;
+};
+
+#define O(f) offsetof(struct coord_cfg, f)
+static const struct lynx_opt coord_opts[] = {
+    {"listen", LYNX_OPT_STR, O(listen), "127.0.0.1:7700", 0, 0, NULL,
+     "control address for agents and frontends"},
+    {"http", LYNX_OPT_STR, O(http), "127.0.0.1:7780", 0, 0, NULL,
+     "JSON API address"},
+    {"state-dir", LYNX_OPT_STR, O(state_dir), "./lynx-state", 0, 0, NULL,
+     "where services and drain intents are kept"},
+    {"lease-ms", LYNX_OPT_U32, O(lease_ms), "3000", 100, 600000, NULL,
+     "an agent without heartbeat for this long is down"},
+    {"drain-timeout-ms", LYNX_OPT_U32, O(drain_ms), "10000", 0, 3600000, NULL,
+     "a drain stops the node's instances at the latest after this"},
+    {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
+     "cluster token; without one only loopback peers are accepted"},
+    {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
+     "largest accepted control frame, bytes"},
+    {"body-max", LYNX_OPT_U32, O(body_max), "65536", 256, 1u << 24, NULL,
+     "largest accepted API request body, bytes"},
+    {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
+     "error, warn, info or debug"},
+    LYNX_OPT_END,
+};
+#undef O
+
+enum action_kind { ACT_START, ACT_STOP, ACT_TABLES };
+
+struct action {
+  enum action_kind kind;
+  char node[LYNX_ID_MAX];
+  uint64_t instance_id;
+  uint32_t accel;
+  struct lynx_service_spec spec;
+  struct action *next;
+};
+
+enum peer_role { ROLE_NONE, ROLE_AGENT, ROLE_FRONTEND };
+
+struct cpeer {
+  struct lynx_ctl ctl;
+  struct coordinator *co;
+  enum peer_role role;
+  int registered;
+  char id[LYNX_ID_MAX];
+  uint64_t connected_seq; /* frontends: the earliest connected is active */
+  uint64_t table_sent;    /* last table version sent (+1; 0 = none) */
+  int standby_sent;
+  struct cpeer *next, **pprev;
+};
+
+struct coordinator {
+  struct coord_cfg cfg;
+  struct lynx_coord c;
+  uv_loop_t loop;
+  uv_tcp_t server;
+  uv_timer_t tick;
+  uv_async_t wake;
+  uv_signal_t sigint, sigterm;
+  struct cpeer *peers;
+  struct action *actions, **actions_tail; /* under c.lock */
+  uint64_t seen_version, fe_seq;
+  /* After a start, frontends keep their last table for one lease while the
+   * agents re-register, rather than losing nodes that are a moment late. */
+  uint64_t settle_until_ms;
+  int stopping;
+};
+
+uint64_t lynx_coord_now_ms(void) { return lynx_now_ns() / 1000000u; }
+
+void lynx_coord_changed(struct lynx_coord *c) {
+  pthread_cond_broadcast(&c->changed);
+}
+
+/* ---- registry actions (called under the lock, on any thread) --------- */
+
+static void queue_action(struct coordinator *co, struct action *a) {
+  a->next = NULL;
+  *co->actions_tail = a;
+  co->actions_tail = &a->next;
+  uv_async_send(&co->wake);
+}
+
+static void act_start(void *data, struct lynx_reg_node *node,
+                      struct lynx_reg_instance *inst) {
+  struct coordinator *co = data;
+  struct action *a = calloc(1, sizeof(*a));
+  if (!a) {
+    LYNX_ERR("coordinator", "out of memory queueing a start");
+    return;
+  }
+  a->kind = ACT_START;
+  snprintf(a->node, sizeof(a->node), "%s", node->id);
+  a->instance_id = inst->id;
+  a->accel = inst->accel_idx;
+  a->spec = inst->svc->spec;
+  queue_action(co, a);
+}
+
+static void act_stop(void *data, struct lynx_reg_node *node,
+                     uint64_t instance_id) {
+  struct coordinator *co = data;
+  struct action *a = calloc(1, sizeof(*a));
+  if (!a) {
+    LYNX_ERR("coordinator", "out of memory queueing a stop");
+    return;
+  }
+  a->kind = ACT_STOP;
+  snprintf(a->node, sizeof(a->node), "%s", node->id);
+  a->instance_id = instance_id;
+  queue_action(co, a);
+}
+
+static void act_tables(void *data) {
+  struct coordinator *co = data;
+  struct action *a = calloc(1, sizeof(*a));
+  if (!a)
+    return;
+  a->kind = ACT_TABLES;
+  queue_action(co, a);
+}
+
+/* ---- sending --------------------------------------------------------- */
+
+static void send_env(struct cpeer *p, Lynx__Envelope *env) {
+  if (lynx_ctl_send(&p->ctl, env))
+    lynx_ctl_close(&p->ctl, "cannot queue a message");
+}
+
+static void spec_to_pb(const struct lynx_service_spec *s,
+                       Lynx__ServiceSpec *pb) {
+  lynx__service_spec__init(pb);
+  pb->name = (char *)s->name;
+  pb->proto = (char *)s->proto;
+  pb->port = s->port;
+  pb->app = (char *)s->app;
+  pb->slot_size = s->slot_size;
+  pb->slots = s->slots;
+  pb->mqueues_per_accel = s->mqueues_per_accel;
+  pb->work_us = s->work_us;
+}
+
+static struct cpeer *agent_peer(struct coordinator *co, const char *node) {
+  for (struct cpeer *p = co->peers; p; p = p->next)
+    if (p->role == ROLE_AGENT && p->registered && strcmp(p->id, node) == 0 &&
+        !p->ctl.closing)
+      return p;
+  return NULL;
+}
+
+/* The active frontend: the earliest connected one still connected. */
+static struct cpeer *active_frontend(struct coordinator *co) {
+  struct cpeer *best = NULL;
+  for (struct cpeer *p = co->peers; p; p = p->next)
+    if (p->role == ROLE_FRONTEND && !p->ctl.closing &&
+        (!best || p->connected_seq < best->connected_seq))
+      best = p;
+  return best;
+}
+
+struct table_build {
+  Lynx__ServiceTable *svcs;
+  Lynx__ServiceTable **svc_ptrs;
+  Lynx__ServiceSpec *specs;
+  size_t n_svcs, cap_svcs;
+  Lynx__TableEntry *entries;
+  Lynx__RegionDesc *regions;
+  size_t n_entries, cap_entries;
+  const struct lynx_reg_service *cur;
+  int oom;
+};
+
+static void count_entry(void *arg, const struct lynx_reg_service *svc,
+                        const struct lynx_reg_instance *inst) {
+  struct table_build *tb = arg;
+  (void)inst;
+  if (svc != tb->cur) {
+    tb->cap_svcs++;
+    tb->cur = svc;
+  }
+  tb->cap_entries++;
+}
+
+static void add_entry(void *arg, const struct lynx_reg_service *svc,
+                      const struct lynx_reg_instance *inst) {
+  struct table_build *tb = arg;
+  Lynx__ServiceTable *st;
+  Lynx__TableEntry *e;
+  if (svc != tb->cur) {
+    st = &tb->svcs[tb->n_svcs];
+    lynx__service_table__init(st);
+    spec_to_pb(&svc->spec, &tb->specs[tb->n_svcs]);
+    st->service = &tb->specs[tb->n_svcs];
+    st->entries = calloc(tb->cap_entries, sizeof(*st->entries));
+    if (!st->entries)
+      tb->oom = 1;
+    tb->svc_ptrs[tb->n_svcs++] = st;
+    tb->cur = svc;
+  }
+  st = &tb->svcs[tb->n_svcs - 1];
+  e = &tb->entries[tb->n_entries];
+  lynx__table_entry__init(e);
+  e->instance_id = inst->id;
+  e->node_id = inst->node->id;
+  lynx_desc_to_pb(&inst->desc, &tb->regions[tb->n_entries]);
+  e->region = &tb->regions[tb->n_entries];
+  if (st->entries)
+    st->entries[st->n_entries++] = e;
+  tb->n_entries++;
+}
+
+/* Sends every frontend the table it should run, if it has not got it yet.
+ * Called on the loop thread with the lock held. */
+static void push_tables(struct coordinator *co) {
+  struct lynx_registry *r = &co->c.reg;
+  struct cpeer *active = active_frontend(co);
+  struct table_build tb;
+  if (lynx_coord_now_ms() < co->settle_until_ms)
+    return; /* the tick pushes once the agents had their chance */
+  memset(&tb, 0, sizeof(tb));
+  lynx_reg_table_foreach(r, count_entry, &tb);
+  tb.cur = NULL;
+  tb.svcs = calloc(tb.cap_svcs + 1, sizeof(*tb.svcs));
+  tb.svc_ptrs = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_ptrs));
+  tb.specs = calloc(tb.cap_svcs + 1, sizeof(*tb.specs));
+  tb.entries = calloc(tb.cap_entries + 1, sizeof(*tb.entries));
+  tb.regions = calloc(tb.cap_entries + 1, sizeof(*tb.regions));
+  if (!tb.svcs || !tb.svc_ptrs || !tb.specs || !tb.entries || !tb.regions)
+    tb.oom = 1;
+  else
+    lynx_reg_table_foreach(r, add_entry, &tb);
+  if (tb.oom) {
+    LYNX_ERR("coordinator", "out of memory building dispatch tables");
+    goto out;
+  }
+  for (struct cpeer *p = co->peers; p; p = p->next) {
+    Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+    Lynx__DispatchTable t = LYNX__DISPATCH_TABLE__INIT;
+    int standby = p != active;
+    if (p->role != ROLE_FRONTEND || p->ctl.closing)
+      continue;
+    if (p->table_sent == r->table_version + 1 && p->standby_sent == standby)
+      continue;
+    t.version = r->table_version;
+    t.standby = standby;
+    if (!standby) {
+      t.n_services = tb.n_svcs;
+      t.services = tb.svc_ptrs;
+    }
+    env.msg_case = LYNX__ENVELOPE__MSG_DISPATCH_TABLE;
+    env.dispatch_table = &t;
+    send_env(p, &env);
+    p->table_sent = r->table_version + 1;
+    p->standby_sent = standby;
+    LYNX_INFO("coordinator", "table %llu -> frontend %s%s (%zu services, "
+              "%zu instances)", (unsigned long long)t.version, p->id,
+              standby ? " (standby)" : "", standby ? 0 : tb.n_svcs,
+              standby ? 0 : tb.n_entries);
+  }
+out:
+  for (size_t i = 0; i < tb.n_svcs; i++)
+    free(tb.svcs[i].entries);
+  free(tb.svcs);
+  free(tb.svc_ptrs);
+  free(tb.specs);
+  free(tb.entries);
+  free(tb.regions);
+}
+
+/* Runs queued actions; loop thread, lock held. */
+static void flush_actions(struct coordinator *co) {
+  int tables = 0;
+  while (co->actions) {
+    struct action *a = co->actions;
+    struct cpeer *p;
+    co->actions = a->next;
+    if (!co->actions)
+      co->actions_tail = &co->actions;
+    switch (a->kind) {
+    case ACT_START:
+    case ACT_STOP:
+      p = agent_peer(co, a->node);
+      if (!p) {
+        LYNX_DBG("coordinator", "node %s not connected: %s of instance %llu "
+                 "not sent", a->node, a->kind == ACT_START ? "start" : "stop",
+                 (unsigned long long)a->instance_id);
+        break;
+      }
+      if (a->kind == ACT_START) {
+        Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+        Lynx__StartInstance s = LYNX__START_INSTANCE__INIT;
+        Lynx__ServiceSpec sp;
+        spec_to_pb(&a->spec, &sp);
+        s.instance_id = a->instance_id;
+        s.accel_idx = a->accel;
+        s.service = &sp;
+        env.msg_case = LYNX__ENVELOPE__MSG_START_INSTANCE;
+        env.start_instance = &s;
+        send_env(p, &env);
+      } else {
+        Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+        Lynx__StopInstance s = LYNX__STOP_INSTANCE__INIT;
+        s.instance_id = a->instance_id;
+        env.msg_case = LYNX__ENVELOPE__MSG_STOP_INSTANCE;
+        env.stop_instance = &s;
+        send_env(p, &env);
+      }
+      break;
+    case ACT_TABLES:
+      tables = 1;
+      break;
+    }
+    free(a);
+  }
+  if (tables)
+    push_tables(co);
+}
+
+/* After any registry call on the loop thread (lock held). */
+static void after_change(struct coordinator *co) {
+  flush_actions(co);
+  if (co->c.reg.version != co->seen_version) {
+    co->seen_version = co->c.reg.version;
+    lynx_coord_changed(&co->c);
+  }
+}
+
+/* ---- control connections --------------------------------------------- */
+
+static void peer_closed(struct lynx_ctl *ctl) {
+  struct cpeer *p = container_of(ctl, struct cpeer, ctl);
+  struct coordinator *co = p->co;
+  *p->pprev = p->next;
+  if (p->next)
+    p->next->pprev = p->pprev;
+  pthread_mutex_lock(&co->c.lock);
+  if (p->role == ROLE_AGENT)
+    lynx_reg_node_disconnected(&co->c.reg, p);
+  else if (p->role == ROLE_FRONTEND) {
+    lynx_reg_frontend_disconnected(&co->c.reg, p);
+    co->c.reg.version++;
+    push_tables(co); /* a standby may become the active frontend */
+  }
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+  if (p->role != ROLE_NONE)
+    LYNX_INFO("coordinator", "%s %s disconnected",
+              p->role == ROLE_AGENT ? "agent" : "frontend", p->id);
+  free(p);
+}
+
+static void send_hello_reply(struct cpeer *p, int ok, const char *error) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
+  r.proto_version = LYNX_PROTO_VERSION;
+  r.ok = ok;
+  r.error = (char *)(error ? error : "");
+  r.id = "coordinator";
+  env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
+  env.hello_reply = &r;
+  send_env(p, &env);
+}
+
+static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
+  struct coordinator *co = p->co;
+  char err[200];
+  const char *role = h->role ? h->role : "";
+  if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
+    LYNX_WARN("coordinator", "refusing %s (%s %s): %s", p->ctl.peer, role,
+              h->id ? h->id : "?", err);
+    send_hello_reply(p, 0, err);
+    p->ctl.close_after_write = 1;
+    return;
+  }
+  if (!h->id || !*h->id || strlen(h->id) >= LYNX_ID_MAX) {
+    send_hello_reply(p, 0, "hello without a valid id");
+    p->ctl.close_after_write = 1;
+    return;
+  }
+  snprintf(p->id, sizeof(p->id), "%s", h->id);
+  if (strcmp(role, "agent") == 0) {
+    p->role = ROLE_AGENT;
+    send_hello_reply(p, 1, NULL);
+  } else if (strcmp(role, "frontend") == 0) {
+    p->role = ROLE_FRONTEND;
+    p->connected_seq = ++co->fe_seq;
+    send_hello_reply(p, 1, NULL);
+    pthread_mutex_lock(&co->c.lock);
+    lynx_reg_frontend_connect(&co->c.reg, p->id, p->ctl.peer, p,
+                              lynx_coord_now_ms());
+    co->c.reg.version++;
+    push_tables(co);
+    after_change(co);
+    pthread_mutex_unlock(&co->c.lock);
+    LYNX_INFO("coordinator", "frontend %s connected from %s", p->id,
+              p->ctl.peer);
+  } else {
+    snprintf(err, sizeof(err), "unknown role '%s'", role);
+    send_hello_reply(p, 0, err);
+    p->ctl.close_after_write = 1;
+  }
+}
+
+static void on_register(struct cpeer *p, const Lynx__Register *m) {
+  struct coordinator *co = p->co;
+  struct lynx_label labels[LYNX_LABELS_MAX];
+  struct lynx_accel_info accels[LYNX_ACCELS_MAX];
+  struct lynx_reg_err err = {0};
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__RegisterReply rr = LYNX__REGISTER_REPLY__INIT;
+  uint64_t now = lynx_coord_now_ms();
+  struct lynx_reg_adopt *adopt = NULL;
+  uint32_t n_adopt = 0;
+  int rc;
+  memset(labels, 0, sizeof(labels));
+  memset(accels, 0, sizeof(accels));
+  if (!m->node_id || strcmp(m->node_id, p->id) != 0) {
+    snprintf(err.message, sizeof(err.message),
+             "registers node '%s' but said hello as '%s'",
+             m->node_id ? m->node_id : "", p->id);
+    rc = -EINVAL;
+    goto reply;
+  }
+  if (m->n_labels > LYNX_LABELS_MAX || m->n_accels > LYNX_ACCELS_MAX) {
+    snprintf(err.message, sizeof(err.message),
+             "too many labels (%zu, max %d) or accelerators (%zu, max %d)",
+             m->n_labels, LYNX_LABELS_MAX, m->n_accels, LYNX_ACCELS_MAX);
+    rc = -EINVAL;
+    goto reply;
+  }
+  for (size_t i = 0; i < m->n_labels; i++) {
+    snprintf(labels[i].key, sizeof(labels[i].key), "%s",
+             m->labels[i]->key ? m->labels[i]->key : "");
+    snprintf(labels[i].value, sizeof(labels[i].value), "%s",
+             m->labels[i]->value ? m->labels[i]->value : "");
+  }
+  for (size_t i = 0; i < m->n_accels; i++) {
+    const Lynx__AccelInfo *a = m->accels[i];
+    accels[i].idx = a->idx;
+    snprintf(accels[i].kind, sizeof(accels[i].kind), "%s",
+             a->kind ? a->kind : "");
+    snprintf(accels[i].model, sizeof(accels[i].model), "%s",
+             a->model ? a->model : "");
+    accels[i].memory_bytes = a->memory_bytes;
+    accels[i].ordering =
+        a->ordering == LYNX__ORDERING__ORDERING_FENCED ? 1u : 0u;
+  }
+  adopt = calloc(m->n_instances + 1, sizeof(*adopt));
+  if (!adopt) {
+    snprintf(err.message, sizeof(err.message), "out of memory");
+    rc = -ENOMEM;
+    goto reply;
+  }
+  for (size_t i = 0; i < m->n_instances; i++) {
+    const Lynx__InstanceInfo *ii = m->instances[i];
+    char why[200];
+    /* an instance we cannot understand is adopted under no service, which
+     * makes the registry ask the agent to stop it */
+    adopt[n_adopt].instance_id = ii->instance_id;
+    adopt[n_adopt].accel_idx = ii->accel_idx;
+    snprintf(adopt[n_adopt].service, sizeof(adopt[n_adopt].service), "%s",
+             ii->service && ii->region &&
+                     lynx_desc_from_pb(ii->region, &adopt[n_adopt].desc, why,
+                                       sizeof(why)) == 0
+                 ? ii->service
+                 : "");
+    n_adopt++;
+  }
+  pthread_mutex_lock(&co->c.lock);
+  rc = lynx_reg_register_adopt(&co->c.reg, m->node_id,
+                               m->address ? m->address : "", m->epoch, labels,
+                               (uint32_t)m->n_labels, accels,
+                               (uint32_t)m->n_accels, adopt, n_adopt, p, now,
+                               &err);
+  pthread_mutex_unlock(&co->c.lock);
+reply:
+  rr.ok = rc == 0;
+  rr.error = err.message;
+  rr.lease_ms = co->cfg.lease_ms;
+  env.msg_case = LYNX__ENVELOPE__MSG_REGISTER_REPLY;
+  env.register_reply = &rr;
+  send_env(p, &env);
+  free(adopt);
+  if (rc) {
+    LYNX_WARN("coordinator", "refused registration of %s from %s: %s",
+              m->node_id ? m->node_id : "?", p->ctl.peer, err.message);
+    p->ctl.close_after_write = 1;
+    return;
+  }
+  p->registered = 1;
+  LYNX_INFO("coordinator", "node %s registered from %s: epoch %llu, %zu "
+            "accelerators, %zu running instances", p->id, p->ctl.peer,
+            (unsigned long long)m->epoch, m->n_accels, m->n_instances);
+  pthread_mutex_lock(&co->c.lock);
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+}
+
+static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
+  struct coordinator *co = p->co;
+  uint64_t now = lynx_coord_now_ms();
+  char why[200];
+  int rc = 0;
+  pthread_mutex_lock(&co->c.lock);
+  switch (env->msg_case) {
+  case LYNX__ENVELOPE__MSG_HEARTBEAT: {
+    const Lynx__Heartbeat *hb = env->heartbeat;
+    uint32_t n = hb->n_counters > LYNX_ACCELS_MAX ? LYNX_ACCELS_MAX
+                                                  : (uint32_t)hb->n_counters;
+    uint32_t idx[LYNX_ACCELS_MAX];
+    uint64_t rq[LYNX_ACCELS_MAX], rs[LYNX_ACCELS_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+      idx[i] = hb->counters[i]->idx;
+      rq[i] = hb->counters[i]->requests;
+      rs[i] = hb->counters[i]->responses;
+    }
+    rc = lynx_reg_heartbeat(&co->c.reg, p->id, hb->epoch, idx, rq, rs, n, now);
+    break;
+  }
+  case LYNX__ENVELOPE__MSG_INSTANCE_READY: {
+    const Lynx__InstanceReady *ir = env->instance_ready;
+    struct lynx_region_desc d;
+    if (!ir->region || lynx_desc_from_pb(ir->region, &d, why, sizeof(why))) {
+      LYNX_WARN("coordinator", "node %s: instance %llu reported with a bad "
+                "region: %s", p->id, (unsigned long long)ir->instance_id,
+                ir->region ? why : "none");
+      rc = lynx_reg_instance_failed(&co->c.reg, p->id, ir->epoch,
+                                    ir->instance_id, "bad region", now);
+    } else {
+      rc = lynx_reg_instance_ready(&co->c.reg, p->id, ir->epoch,
+                                   ir->instance_id, &d, now);
+    }
+    break;
+  }
+  case LYNX__ENVELOPE__MSG_INSTANCE_FAILED: {
+    const Lynx__InstanceFailed *f = env->instance_failed;
+    LYNX_WARN("coordinator", "node %s: instance %llu failed: %s", p->id,
+              (unsigned long long)f->instance_id, f->error ? f->error : "");
+    rc = lynx_reg_instance_failed(&co->c.reg, p->id, f->epoch, f->instance_id,
+                                  f->error ? f->error : "", now);
+    break;
+  }
+  case LYNX__ENVELOPE__MSG_LEAVE:
+    rc = lynx_reg_leave(&co->c.reg, p->id, env->leave->epoch, now);
+    if (rc == 0)
+      LYNX_INFO("coordinator", "node %s left", p->id);
+    break;
+  default:
+    rc = -EPROTO;
+    break;
+  }
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+  if (rc == -EPROTO) {
+    snprintf(why, sizeof(why), "unexpected message (case %d) from an agent",
+             (int)env->msg_case);
+    lynx_ctl_close(&p->ctl, why);
+  } else if (rc == -ESTALE || rc == -ENOTCONN || rc == -ENOENT) {
+    /* an old epoch, or a node the registry declared down: it must register
+     * again, on a new connection */
+    snprintf(why, sizeof(why), "%s",
+             rc == -ESTALE ? "message carries an old epoch"
+                           : "node is not registered (lease expired?)");
+    lynx_ctl_close(&p->ctl, why);
+  }
+}
+
+static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
+  struct coordinator *co = p->co;
+  const Lynx__FrontendStatus *st;
+  struct lynx_fe_mq_report *mq;
+  char why[160];
+  if (env->msg_case != LYNX__ENVELOPE__MSG_FRONTEND_STATUS) {
+    snprintf(why, sizeof(why), "unexpected message (case %d) from a frontend",
+             (int)env->msg_case);
+    lynx_ctl_close(&p->ctl, why);
+    return;
+  }
+  st = env->frontend_status;
+  mq = calloc(st->n_mqueues + 1, sizeof(*mq));
+  if (!mq)
+    return;
+  for (size_t i = 0; i < st->n_mqueues; i++) {
+    mq[i].instance_id = st->mqueues[i]->instance_id;
+    mq[i].q = st->mqueues[i]->q;
+    mq[i].outstanding = st->mqueues[i]->outstanding;
+    mq[i].dispatched = st->mqueues[i]->dispatched;
+    mq[i].responded = st->mqueues[i]->responded;
+  }
+  pthread_mutex_lock(&co->c.lock);
+  lynx_reg_frontend_status(&co->c.reg, p->id, st->table_version, mq,
+                           (uint32_t)st->n_mqueues, lynx_coord_now_ms());
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+  free(mq);
+}
+
+static void peer_msg(struct lynx_ctl *ctl, Lynx__Envelope *env) {
+  struct cpeer *p = container_of(ctl, struct cpeer, ctl);
+  char why[160];
+  if (p->role == ROLE_NONE) {
+    if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO) {
+      lynx_ctl_close(ctl, "first message is not a Hello");
+      return;
+    }
+    on_hello(p, env->hello);
+    return;
+  }
+  if (p->role == ROLE_AGENT && !p->registered) {
+    if (env->msg_case != LYNX__ENVELOPE__MSG_REGISTER) {
+      snprintf(why, sizeof(why), "agent sent message case %d before Register",
+               (int)env->msg_case);
+      lynx_ctl_close(ctl, why);
+      return;
+    }
+    on_register(p, env->register_);
+    return;
+  }
+  if (p->role == ROLE_AGENT)
+    on_agent_msg(p, env);
+  else
+    on_frontend_msg(p, env);
+}
+
+static int is_loopback(const struct sockaddr_storage *ss) {
+  if (ss->ss_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) ==
+           127;
+  if (ss->ss_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) ||
+           (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return 0;
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  struct coordinator *co = server->data;
+  struct cpeer *p;
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (status < 0) {
+    LYNX_WARN("coordinator", "accept failed: %s", uv_strerror(status));
+    return;
+  }
+  p = calloc(1, sizeof(*p));
+  if (!p)
+    return;
+  p->co = co;
+  uv_tcp_init(&co->loop, &p->ctl.tcp);
+  lynx_ctl_init(&p->ctl, "coordinator", co->cfg.frame_max, peer_msg,
+                peer_closed);
+  p->next = co->peers;
+  if (p->next)
+    p->next->pprev = &p->next;
+  p->pprev = &co->peers;
+  co->peers = p;
+  if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp) ||
+      lynx_ctl_start(&p->ctl)) {
+    lynx_ctl_close(&p->ctl, "accept failed");
+    return;
+  }
+  if (!co->c.token &&
+      (uv_tcp_getpeername(&p->ctl.tcp, (struct sockaddr *)&ss, &len) ||
+       !is_loopback(&ss)))
+    lynx_ctl_close(&p->ctl, "no cluster token is configured, so only "
+                            "loopback peers are accepted");
+}
+
+/* ---- loop ------------------------------------------------------------ */
+
+static void on_tick(uv_timer_t *t) {
+  struct coordinator *co = t->data;
+  pthread_mutex_lock(&co->c.lock);
+  lynx_reg_tick(&co->c.reg, lynx_coord_now_ms());
+  if (co->settle_until_ms && lynx_coord_now_ms() >= co->settle_until_ms) {
+    co->settle_until_ms = 0;
+    push_tables(co);
+  }
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+}
+
+static void on_wake(uv_async_t *a) {
+  struct coordinator *co = a->data;
+  pthread_mutex_lock(&co->c.lock);
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  struct coordinator *co = s->data;
+  if (co->stopping)
+    return;
+  co->stopping = 1;
+  LYNX_INFO("coordinator", "%s, shutting down", strsignal(signum));
+  for (struct cpeer *p = co->peers; p; p = p->next)
+    lynx_ctl_close(&p->ctl, NULL);
+  uv_close((uv_handle_t *)&co->server, NULL);
+  uv_close((uv_handle_t *)&co->tick, NULL);
+  uv_close((uv_handle_t *)&co->wake, NULL);
+  uv_close((uv_handle_t *)&co->sigint, NULL);
+  uv_close((uv_handle_t *)&co->sigterm, NULL);
+}
+
+int main(int argc, char **argv) {
+  static struct coordinator co;
+  struct lynx_reg_ops ops = {act_start, act_stop, act_tables, &co};
+  struct sockaddr_storage ss;
+  char err[256], *token = NULL;
+  int rc, lvl, exit_code = 1;
+
+  rc = lynx_opts_parse(coord_opts, &co.cfg, argc, argv,
+                       "usage: lynx-coordinator [options]\n"
+                       "Registry, placement, leases and dispatch tables of a "
+                       "Lynx cluster, with a JSON API.");
+  if (rc)
+    return rc > 0 ? 0 : 2;
+  signal(SIGPIPE, SIG_IGN);
+  lvl = lynx_log_parse_level(co.cfg.log_level);
+  if (lvl < 0) {
+    fprintf(stderr, "--log-level: unknown level '%s'\n", co.cfg.log_level);
+    goto out_opts;
+  }
+  lynx_log_level = lvl;
+  if (lynx_parse_hostport(co.cfg.listen, &ss)) {
+    fprintf(stderr, "--listen: '%s' is not host:port\n", co.cfg.listen);
+    goto out_opts;
+  }
+  if (co.cfg.token_file && (rc = lynx_read_token(co.cfg.token_file, &token))) {
+    fprintf(stderr, "--token-file %s: %s\n", co.cfg.token_file,
+            rc == -EINVAL ? "file is empty" : strerror(-rc));
+    goto out_opts;
+  }
+  if (mkdir(co.cfg.state_dir, 0700) != 0 && errno != EEXIST) {
+    fprintf(stderr, "--state-dir %s: %s\n", co.cfg.state_dir, strerror(errno));
+    goto out_opts;
+  }
+  pthread_mutex_init(&co.c.lock, NULL);
+  pthread_cond_init(&co.c.changed, NULL);
+  co.c.state_dir = co.cfg.state_dir;
+  co.c.token = token;
+  co.c.body_max = co.cfg.body_max;
+  co.actions_tail = &co.actions;
+  lynx_reg_init(&co.c.reg, co.cfg.lease_ms, co.cfg.drain_ms, &ops);
+  /* instance ids and table versions keep growing across coordinator
+   * restarts (frontends and agents outlive us): start from the clock */
+  co.c.reg.next_instance_id = (uint64_t)time(NULL) * 1000u;
+  co.c.reg.table_version = (uint64_t)time(NULL) * 1000u;
+  /* the loop and its wake-up exist before anything can queue an action */
+  uv_loop_init(&co.loop);
+  uv_async_init(&co.loop, &co.wake, on_wake);
+  co.wake.data = &co;
+  rc = lynx_store_load(co.cfg.state_dir, &co.c.reg, lynx_coord_now_ms(), err,
+                       sizeof(err));
+  if (rc) {
+    LYNX_ERR("coordinator", "cannot load state from %s: %s", co.cfg.state_dir,
+             err);
+    uv_close((uv_handle_t *)&co.wake, NULL);
+    uv_run(&co.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&co.loop);
+    goto out_reg;
+  }
+  uv_tcp_init(&co.loop, &co.server);
+  co.server.data = &co;
+  rc = uv_tcp_bind(&co.server, (struct sockaddr *)&ss, 0);
+  if (!rc)
+    rc = uv_listen((uv_stream_t *)&co.server, 128, on_connection);
+  if (rc) {
+    LYNX_ERR("coordinator", "cannot listen on %s: %s", co.cfg.listen,
+             uv_strerror(rc));
+    uv_close((uv_handle_t *)&co.server, NULL);
+    uv_close((uv_handle_t *)&co.wake, NULL);
+    uv_run(&co.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&co.loop);
+    goto out_reg;
+  }
+  rc = lynx_http_start(&co.c, co.cfg.http);
+  if (rc) {
+    LYNX_ERR("coordinator", "cannot serve the API on %s: %s", co.cfg.http,
+             strerror(-rc));
+    uv_close((uv_handle_t *)&co.server, NULL);
+    uv_close((uv_handle_t *)&co.wake, NULL);
+    uv_run(&co.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&co.loop);
+    goto out_reg;
+  }
+  /* with services on disk this is a restart: agents are re-registering */
+  if (co.c.reg.services)
+    co.settle_until_ms = lynx_coord_now_ms() + co.cfg.lease_ms;
+  uv_timer_init(&co.loop, &co.tick);
+  co.tick.data = &co;
+  uv_timer_start(&co.tick, on_tick, 100, 100);
+  uv_signal_init(&co.loop, &co.sigint);
+  uv_signal_init(&co.loop, &co.sigterm);
+  co.sigint.data = co.sigterm.data = &co;
+  uv_signal_start(&co.sigint, on_signal, SIGINT);
+  uv_signal_start(&co.sigterm, on_signal, SIGTERM);
+  pthread_mutex_lock(&co.c.lock);
+  co.c.ready = 1;
+  pthread_mutex_unlock(&co.c.lock);
+  {
+    struct json_object *j = lynx_opts_json(coord_opts, &co.cfg);
+    LYNX_INFO("coordinator", "serving control on %s and the API on %s%s; "
+              "config %s", co.cfg.listen, co.cfg.http,
+              token ? "" : " (no token: loopback peers only)",
+              json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+    json_object_put(j);
+  }
+  uv_run(&co.loop, UV_RUN_DEFAULT);
+  lynx_http_stop(&co.c);
+  if (uv_loop_close(&co.loop))
+    LYNX_WARN("coordinator", "loop closed with handles open");
+  exit_code = 0;
+out_reg:
+  while (co.actions) {
+    struct action *a = co.actions;
+    co.actions = a->next;
+    free(a);
+  }
+  lynx_reg_free(&co.c.reg);
+  pthread_cond_destroy(&co.c.changed);
+  pthread_mutex_destroy(&co.c.lock);
+out_opts:
+  free(token);
+  lynx_opts_free(coord_opts, &co.cfg);
+  return exit_code;
+}

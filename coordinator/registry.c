@@ -1,0 +1,1370 @@
+/*
+ * registry.c - the coordinator's registry (see registry.h).
+ *
+ * Design notes:
+ * - Lists, not indexes: nodes in registration order, services in creation
+ *   order, instances by id (new ids are appended, so the instance list stays
+ *   sorted). Placement builds a per-call array of nodes and looks instances'
+ *   nodes up by pointer, so one pass costs O(services x instances + nodes x
+ *   accelerators), not a scan per accelerator.
+ * - The dispatch table is not stored: it is the READY instances on READY
+ *   nodes. Every change to that set marks r->table_dirty; the public call
+ *   that made it ends with table_commit(), which bumps table_version once and
+ *   calls ops.tables_changed once, with the registry consistent.
+ * - Instances on DRAINING nodes are left alone by placement (in-flight
+ *   requests still come back through them); the drain stops them. Instances
+ *   on DOWN nodes are forgotten without a stop (their agent is gone).
+ * - A failed instance is forgotten and placement retries on the next tick,
+ *   not at once, so an application that cannot start does not spin.
+ */
+#include "registry.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mqueue.h"
+
+/* ---- small helpers -------------------------------------------------- */
+
+static void set_err(struct lynx_reg_err *err, int status, const char *code,
+                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void set_err(struct lynx_reg_err *err, int status, const char *code,
+                    const char *fmt, ...) {
+  va_list ap;
+  if (!err)
+    return;
+  err->status = status;
+  snprintf(err->code, sizeof(err->code), "%s", code);
+  va_start(ap, fmt);
+  vsnprintf(err->message, sizeof(err->message), fmt, ap);
+  va_end(ap);
+}
+
+#define ERR_INVALID(err, ...) set_err(err, 400, "invalid_argument", __VA_ARGS__)
+#define ERR_NOTFOUND(err, ...) set_err(err, 404, "not_found", __VA_ARGS__)
+#define ERR_CONFLICT(err, ...) set_err(err, 409, "conflict", __VA_ARGS__)
+
+/* strlen bounded by the array: max means "not terminated inside". */
+static size_t slen(const char *s, size_t max) { return strnlen(s, max); }
+
+/* Identifiers that appear in API paths and label selectors. */
+static int id_char_ok(char c, int colon) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-' ||
+         (colon && c == ':');
+}
+
+static int id_ok(const char *s, size_t max, int colon) {
+  size_t n, i;
+  if (!s)
+    return 0;
+  n = slen(s, max);
+  if (n == 0 || n >= max)
+    return 0;
+  for (i = 0; i < n; i++)
+    if (!id_char_ok(s[i], colon))
+      return 0;
+  return 1;
+}
+
+static void copy_str(char *dst, size_t size, const char *src) {
+  snprintf(dst, size, "%s", src ? src : "");
+}
+
+const char *lynx_node_state_name(enum lynx_node_state s) {
+  switch (s) {
+  case LYNX_NODE_READY:
+    return "ready";
+  case LYNX_NODE_DRAINING:
+    return "draining";
+  case LYNX_NODE_DRAINED:
+    return "drained";
+  case LYNX_NODE_DOWN:
+    return "down";
+  }
+  return "unknown";
+}
+
+int lynx_labels_parse(const char *s, struct lynx_label *out, uint32_t max,
+                      uint32_t *n) {
+  uint32_t count = 0, i;
+  const char *p = s;
+  if (!n)
+    return -EINVAL;
+  *n = 0;
+  if (!s || !*s)
+    return 0;
+  for (;;) {
+    const char *end = strchr(p, ',');
+    const char *eq;
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    size_t klen, vlen;
+    eq = memchr(p, '=', len);
+    if (!eq)
+      return -EINVAL;
+    klen = (size_t)(eq - p);
+    vlen = len - klen - 1;
+    if (klen == 0 || klen >= LYNX_LABEL_MAX || vlen >= LYNX_LABEL_MAX ||
+        memchr(eq + 1, '=', vlen))
+      return -EINVAL;
+    if (count >= max || !out)
+      return -EINVAL;
+    memcpy(out[count].key, p, klen);
+    out[count].key[klen] = '\0';
+    memcpy(out[count].value, eq + 1, vlen);
+    out[count].value[vlen] = '\0';
+    for (i = 0; i < count; i++)
+      if (!strcmp(out[i].key, out[count].key))
+        return -EINVAL; /* the same key twice */
+    count++;
+    if (!end)
+      break;
+    p = end + 1;
+  }
+  *n = count;
+  return 0;
+}
+
+/* ---- init / free ---------------------------------------------------- */
+
+void lynx_reg_init(struct lynx_registry *r, uint64_t lease_ms,
+                   uint64_t drain_timeout_ms, const struct lynx_reg_ops *ops) {
+  memset(r, 0, sizeof(*r));
+  r->lease_ms = lease_ms;
+  r->drain_timeout_ms = drain_timeout_ms;
+  r->next_instance_id = 1;
+  if (ops)
+    r->ops = *ops;
+  /* placement has never run: make the first tick run it */
+  r->placed_version = UINT64_MAX;
+}
+
+void lynx_reg_free(struct lynx_registry *r) {
+  struct lynx_reg_instance *i, *inext;
+  struct lynx_reg_node *n, *nnext;
+  struct lynx_reg_service *s, *snext;
+  struct lynx_reg_frontend *f, *fnext;
+  struct lynx_reg_drain_intent *d, *dnext;
+  if (!r)
+    return;
+  for (i = r->instances; i; i = inext) {
+    inext = i->next;
+    free(i);
+  }
+  for (n = r->nodes; n; n = nnext) {
+    nnext = n->next;
+    free(n);
+  }
+  for (s = r->services; s; s = snext) {
+    snext = s->next;
+    free(s);
+  }
+  for (f = r->frontends; f; f = fnext) {
+    fnext = f->next;
+    free(f->mqs);
+    free(f);
+  }
+  for (d = r->drain_intents; d; d = dnext) {
+    dnext = d->next;
+    free(d);
+  }
+  memset(r, 0, sizeof(*r));
+}
+
+/* ---- dispatch table bookkeeping ------------------------------------- */
+
+static int inst_dispatchable(const struct lynx_reg_instance *i) {
+  return i->state == LYNX_INST_READY && i->node->state == LYNX_NODE_READY;
+}
+
+/* Ends every public call that may have changed the table. */
+static void table_commit(struct lynx_registry *r) {
+  if (!r->table_dirty)
+    return;
+  r->table_dirty = 0;
+  r->table_version++;
+  r->version++;
+  r->table_pushes++;
+  if (r->ops.tables_changed)
+    r->ops.tables_changed(r->ops.data);
+}
+
+static int node_has_ready_inst(const struct lynx_registry *r,
+                               const struct lynx_reg_node *n) {
+  const struct lynx_reg_instance *i;
+  for (i = r->instances; i; i = i->next)
+    if (i->node == n && i->state == LYNX_INST_READY)
+      return 1;
+  return 0;
+}
+
+static void node_set_state(struct lynx_registry *r, struct lynx_reg_node *n,
+                           enum lynx_node_state s) {
+  if (n->state == s)
+    return;
+  if ((n->state == LYNX_NODE_READY || s == LYNX_NODE_READY) &&
+      node_has_ready_inst(r, n))
+    r->table_dirty = 1;
+  n->state = s;
+  r->version++;
+}
+
+/* Unlinks *pp and frees it (no message to the agent). */
+static void inst_forget_at(struct lynx_registry *r,
+                           struct lynx_reg_instance **pp) {
+  struct lynx_reg_instance *i = *pp;
+  if (inst_dispatchable(i))
+    r->table_dirty = 1;
+  *pp = i->next;
+  free(i);
+  r->version++;
+}
+
+/* Asks the agent to stop *pp, then forgets it. */
+static void inst_stop_at(struct lynx_registry *r,
+                         struct lynx_reg_instance **pp) {
+  struct lynx_reg_instance *i = *pp;
+  if (inst_dispatchable(i))
+    r->table_dirty = 1;
+  i->state = LYNX_INST_STOPPING;
+  if (r->ops.stop_instance)
+    r->ops.stop_instance(r->ops.data, i->node, i->id);
+  inst_forget_at(r, pp);
+}
+
+/* Forgets (stop = 0) or stops every instance on node n. */
+static void node_drop_instances(struct lynx_registry *r,
+                                struct lynx_reg_node *n, int stop) {
+  struct lynx_reg_instance **pp = &r->instances;
+  while (*pp) {
+    if ((*pp)->node != n) {
+      pp = &(*pp)->next;
+      continue;
+    }
+    if (stop)
+      inst_stop_at(r, pp);
+    else
+      inst_forget_at(r, pp);
+  }
+}
+
+static struct lynx_reg_instance *inst_find(struct lynx_registry *r, uint64_t id,
+                                           struct lynx_reg_instance ***ppp) {
+  struct lynx_reg_instance **pp;
+  for (pp = &r->instances; *pp; pp = &(*pp)->next)
+    if ((*pp)->id == id) {
+      if (ppp)
+        *ppp = pp;
+      return *pp;
+    }
+  return NULL;
+}
+
+/* ---- placement ------------------------------------------------------ */
+
+struct rc_node {
+  struct lynx_reg_node *n;
+  uint32_t *load;   /* instances of any service, per accel position */
+  uint64_t have;    /* accel positions with an instance of this service */
+  uint32_t svc_cnt; /* instances of this service on the node */
+  int eligible;     /* READY and matching this service's selector */
+};
+
+struct rc_key {
+  const struct lynx_reg_node *n;
+  uint32_t idx;
+};
+
+struct rc_ctx {
+  struct rc_node *nodes;
+  struct rc_key *keys; /* by node pointer, for lookups */
+  uint32_t n_nodes;
+  uint32_t *loads;
+};
+
+static int key_cmp(const void *a, const void *b) {
+  const struct rc_key *x = a, *y = b;
+  uintptr_t px = (uintptr_t)x->n, py = (uintptr_t)y->n;
+  return px < py ? -1 : px > py;
+}
+
+static struct rc_node *rc_lookup(struct rc_ctx *c,
+                                 const struct lynx_reg_node *n) {
+  struct rc_key k = {n, 0}, *hit;
+  hit = bsearch(&k, c->keys, c->n_nodes, sizeof(k), key_cmp);
+  return hit ? &c->nodes[hit->idx] : NULL;
+}
+
+static int accel_pos(const struct lynx_reg_node *n, uint32_t idx) {
+  uint32_t a;
+  for (a = 0; a < n->n_accels; a++)
+    if (n->accels[a].info.idx == idx)
+      return (int)a;
+  return -1;
+}
+
+static int labels_match(const struct lynx_reg_node *n,
+                        const struct lynx_service_spec *sp) {
+  uint32_t s, l;
+  for (s = 0; s < sp->n_selector; s++) {
+    int found = 0;
+    for (l = 0; l < n->n_labels && !found; l++)
+      found = !strcmp(n->labels[l].key, sp->selector[s].key) &&
+              !strcmp(n->labels[l].value, sp->selector[s].value);
+    if (!found)
+      return 0;
+  }
+  return 1;
+}
+
+static void rc_free(struct rc_ctx *c) {
+  free(c->nodes);
+  free(c->keys);
+  free(c->loads);
+}
+
+static int rc_build(struct lynx_registry *r, struct rc_ctx *c) {
+  struct lynx_reg_node *n;
+  struct lynx_reg_instance *i;
+  uint32_t cnt = 0, acc = 0, k;
+  memset(c, 0, sizeof(*c));
+  for (n = r->nodes; n; n = n->next) {
+    cnt++;
+    acc += n->n_accels;
+  }
+  c->nodes = calloc(cnt ? cnt : 1, sizeof(*c->nodes));
+  c->keys = calloc(cnt ? cnt : 1, sizeof(*c->keys));
+  c->loads = calloc(acc ? acc : 1, sizeof(*c->loads));
+  if (!c->nodes || !c->keys || !c->loads) {
+    rc_free(c);
+    return -ENOMEM;
+  }
+  c->n_nodes = cnt;
+  acc = 0;
+  for (n = r->nodes, k = 0; n; n = n->next, k++) {
+    c->nodes[k].n = n;
+    c->nodes[k].load = c->loads + acc;
+    acc += n->n_accels;
+    c->keys[k].n = n;
+    c->keys[k].idx = k;
+  }
+  qsort(c->keys, cnt, sizeof(*c->keys), key_cmp);
+  for (i = r->instances; i; i = i->next) {
+    struct rc_node *rn = rc_lookup(c, i->node);
+    int pos = accel_pos(i->node, i->accel_idx);
+    if (rn && pos >= 0 && i->node->state != LYNX_NODE_DOWN)
+      rn->load[pos]++;
+  }
+  return 0;
+}
+
+/* Creates a STARTING instance of s on (n, accel position pos), appended at
+ * *tailp (the list's end), and asks the agent to start it. */
+static int inst_start(struct lynx_registry *r, struct lynx_reg_service *s,
+                      struct lynx_reg_node *n, uint32_t pos,
+                      struct lynx_reg_instance ***tailp) {
+  struct lynx_reg_instance *i = calloc(1, sizeof(*i));
+  if (!i)
+    return -ENOMEM;
+  i->id = r->next_instance_id++;
+  i->svc = s;
+  i->node = n;
+  i->accel_idx = n->accels[pos].info.idx;
+  i->state = LYNX_INST_STARTING;
+  **tailp = i;
+  *tailp = &i->next;
+  r->version++;
+  if (r->ops.start_instance)
+    r->ops.start_instance(r->ops.data, n, i);
+  return 0;
+}
+
+/* Picks the eligible (node, accel) without an instance of this service that
+ * spreads best: fewest of the service's instances on the node, then the
+ * least-loaded accelerator, then registration order. */
+static int rc_pick(struct rc_ctx *c, uint32_t *node_out, uint32_t *pos_out) {
+  uint32_t k, a;
+  int found = 0;
+  uint32_t best_cnt = 0, best_load = 0;
+  for (k = 0; k < c->n_nodes; k++) {
+    struct rc_node *rn = &c->nodes[k];
+    if (!rn->eligible)
+      continue;
+    for (a = 0; a < rn->n->n_accels; a++) {
+      if (rn->have & (1ull << a))
+        continue;
+      if (!found || rn->svc_cnt < best_cnt ||
+          (rn->svc_cnt == best_cnt && rn->load[a] < best_load)) {
+        found = 1;
+        best_cnt = rn->svc_cnt;
+        best_load = rn->load[a];
+        *node_out = k;
+        *pos_out = a;
+      }
+    }
+  }
+  return found;
+}
+
+static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
+                             struct lynx_reg_service *s) {
+  const struct lynx_service_spec *sp = &s->spec;
+  struct lynx_reg_instance **pp, **tail;
+  uint32_t k, a, kept = 0;
+  int rc;
+
+  for (k = 0; k < c->n_nodes; k++) {
+    struct rc_node *rn = &c->nodes[k];
+    rn->have = 0;
+    rn->svc_cnt = 0;
+    rn->eligible = rn->n->state == LYNX_NODE_READY && rn->n->n_accels &&
+                   labels_match(rn->n, sp);
+  }
+
+  /* Existing instances: keep what is still wanted, stop the rest. */
+  pp = &r->instances;
+  while (*pp) {
+    struct lynx_reg_instance *i = *pp;
+    struct rc_node *rn;
+    int pos;
+    if (i->svc != s) {
+      pp = &i->next;
+      continue;
+    }
+    if (i->node->state == LYNX_NODE_DOWN) {
+      inst_forget_at(r, pp);
+      continue;
+    }
+    if (i->node->state == LYNX_NODE_DRAINING) {
+      pp = &i->next; /* the drain stops it */
+      continue;
+    }
+    rn = rc_lookup(c, i->node);
+    pos = accel_pos(i->node, i->accel_idx);
+    if (!rn || pos < 0 || !rn->eligible || (rn->have & (1ull << pos))) {
+      if (rn && pos >= 0 && rn->load[pos])
+        rn->load[pos]--;
+      inst_stop_at(r, pp);
+      continue;
+    }
+    rn->have |= 1ull << pos;
+    rn->svc_cnt++;
+    kept++;
+    pp = &i->next;
+  }
+  tail = pp; /* the end of the list: new instances go here */
+
+  if (sp->placement == LYNX_PLACE_ALL) {
+    for (k = 0; k < c->n_nodes; k++) {
+      struct rc_node *rn = &c->nodes[k];
+      if (!rn->eligible)
+        continue;
+      for (a = 0; a < rn->n->n_accels; a++) {
+        if (rn->have & (1ull << a))
+          continue;
+        rc = inst_start(r, s, rn->n, a, &tail);
+        if (rc)
+          return rc;
+        rn->have |= 1ull << a;
+        rn->svc_cnt++;
+        rn->load[a]++;
+      }
+    }
+    return 0;
+  }
+
+  /* Replicas: remove extras from the most crowded nodes first (newest,
+   * not-yet-ready instances before ready ones), then add. */
+  while (kept > sp->replicas) {
+    struct lynx_reg_instance **victim = NULL, **q;
+    struct rc_node *vrn = NULL;
+    for (q = &r->instances; *q; q = &(*q)->next) {
+      struct lynx_reg_instance *i = *q;
+      struct rc_node *rn;
+      if (i->svc != s || i->node->state != LYNX_NODE_READY)
+        continue;
+      rn = rc_lookup(c, i->node);
+      if (!rn || !rn->eligible)
+        continue;
+      if (!victim || rn->svc_cnt > vrn->svc_cnt ||
+          (rn->svc_cnt == vrn->svc_cnt &&
+           (i->state != LYNX_INST_READY ||
+            (*victim)->state == LYNX_INST_READY))) {
+        victim = q;
+        vrn = rn;
+      }
+    }
+    if (!victim)
+      break;
+    {
+      int pos = accel_pos((*victim)->node, (*victim)->accel_idx);
+      if (pos >= 0) {
+        vrn->have &= ~(1ull << pos);
+        if (vrn->load[pos])
+          vrn->load[pos]--;
+      }
+    }
+    vrn->svc_cnt--;
+    if (&(*victim)->next == tail)
+      tail = victim;
+    inst_stop_at(r, victim);
+    kept--;
+  }
+  while (kept < sp->replicas) {
+    uint32_t nk, pos;
+    struct rc_node *rn;
+    if (!rc_pick(c, &nk, &pos))
+      break; /* not enough capacity: retried when nodes join */
+    rn = &c->nodes[nk];
+    rc = inst_start(r, s, rn->n, pos, &tail);
+    if (rc)
+      return rc;
+    rn->have |= 1ull << pos;
+    rn->svc_cnt++;
+    rn->load[pos]++;
+    kept++;
+  }
+  return 0;
+}
+
+/* Instances of deleted services never remain; instances whose service is
+ * gone would be a bug, so placement only walks services. */
+static int reconcile(struct lynx_registry *r) {
+  struct rc_ctx c;
+  struct lynx_reg_service *s;
+  struct lynx_reg_instance **pp;
+  int rc;
+
+  /* Instances on DOWN nodes: their agent is gone. On DRAINED nodes: the
+   * drain stopped them all, so any here is stale. */
+  pp = &r->instances;
+  while (*pp) {
+    if ((*pp)->node->state == LYNX_NODE_DOWN)
+      inst_forget_at(r, pp);
+    else if ((*pp)->node->state == LYNX_NODE_DRAINED)
+      inst_stop_at(r, pp);
+    else
+      pp = &(*pp)->next;
+  }
+  rc = rc_build(r, &c);
+  if (rc)
+    return rc;
+  for (s = r->services; s; s = s->next) {
+    rc = reconcile_service(r, &c, s);
+    if (rc)
+      break;
+  }
+  rc_free(&c);
+  if (rc == 0)
+    r->placed_version = r->version;
+  return rc;
+}
+
+/* ---- drain ---------------------------------------------------------- */
+
+static int u64_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Whether every connected frontend runs a table without n and reports
+ * nothing outstanding on n's instances. */
+static int drain_quiet(struct lynx_registry *r, struct lynx_reg_node *n) {
+  struct lynx_reg_frontend *f;
+  struct lynx_reg_instance *i;
+  uint64_t *ids = NULL;
+  size_t cnt = 0, cap = 0, m;
+  int quiet = 1;
+
+  for (f = r->frontends; f; f = f->next)
+    if (f->connected && f->table_version_applied < n->drain_table_version)
+      return 0;
+  for (i = r->instances; i; i = i->next) {
+    if (i->node != n)
+      continue;
+    if (cnt == cap) {
+      size_t ncap = cap ? 2 * cap : 16;
+      uint64_t *nids = realloc(ids, ncap * sizeof(*ids));
+      if (!nids) {
+        free(ids);
+        return 0; /* try again later; the deadline still bounds it */
+      }
+      ids = nids;
+      cap = ncap;
+    }
+    ids[cnt++] = i->id;
+  }
+  if (cnt) {
+    qsort(ids, cnt, sizeof(*ids), u64_cmp);
+    for (f = r->frontends; f && quiet; f = f->next) {
+      if (!f->connected)
+        continue;
+      for (m = 0; m < f->n_mqs; m++)
+        if (f->mqs[m].outstanding &&
+            bsearch(&f->mqs[m].instance_id, ids, cnt, sizeof(*ids), u64_cmp)) {
+          quiet = 0;
+          break;
+        }
+    }
+  }
+  free(ids);
+  return quiet;
+}
+
+/* Finishes the drain of n if it is complete or its deadline passed. */
+static void drain_check(struct lynx_registry *r, struct lynx_reg_node *n,
+                        uint64_t now_ms) {
+  if (n->state != LYNX_NODE_DRAINING)
+    return;
+  if (now_ms < n->drain_deadline_ms && !drain_quiet(r, n))
+    return;
+  node_drop_instances(r, n, 1);
+  node_set_state(r, n, LYNX_NODE_DRAINED);
+}
+
+static void drain_check_all(struct lynx_registry *r, uint64_t now_ms) {
+  struct lynx_reg_node *n;
+  for (n = r->nodes; n; n = n->next)
+    drain_check(r, n, now_ms);
+}
+
+/* ---- agents --------------------------------------------------------- */
+
+struct lynx_reg_node *lynx_reg_node_find(struct lynx_registry *r,
+                                         const char *id) {
+  struct lynx_reg_node *n;
+  if (!id)
+    return NULL;
+  for (n = r->nodes; n; n = n->next)
+    if (!strncmp(n->id, id, sizeof(n->id)))
+      return n;
+  return NULL;
+}
+
+static int take_drain_intent(struct lynx_registry *r, const char *id) {
+  struct lynx_reg_drain_intent **pp, *d;
+  for (pp = &r->drain_intents; *pp; pp = &(*pp)->next)
+    if (!strcmp((*pp)->id, id)) {
+      d = *pp;
+      *pp = d->next;
+      free(d);
+      return 1;
+    }
+  return 0;
+}
+
+int lynx_reg_drain_intent_add(struct lynx_registry *r, const char *id) {
+  struct lynx_reg_node *n;
+  struct lynx_reg_drain_intent *d, **pp;
+  if (!id_ok(id, LYNX_ID_MAX, 1))
+    return -EINVAL;
+  n = lynx_reg_node_find(r, id);
+  if (n) {
+    if (!n->drain_intent)
+      r->version++;
+    n->drain_intent = 1;
+    return 0;
+  }
+  for (pp = &r->drain_intents; *pp; pp = &(*pp)->next)
+    if (!strcmp((*pp)->id, id))
+      return 0;
+  d = calloc(1, sizeof(*d));
+  if (!d)
+    return -ENOMEM;
+  copy_str(d->id, sizeof(d->id), id);
+  *pp = d;
+  r->version++;
+  return 0;
+}
+
+static int check_registration(const char *id, const char *address,
+                              const struct lynx_label *labels,
+                              uint32_t n_labels,
+                              const struct lynx_accel_info *accels,
+                              uint32_t n_accels, struct lynx_reg_err *err) {
+  uint32_t a, b;
+  if (!id_ok(id, LYNX_ID_MAX, 1)) {
+    ERR_INVALID(err, "id: must be 1-%d characters of [A-Za-z0-9_.:-]",
+                LYNX_ID_MAX - 1);
+    return -EINVAL;
+  }
+  if (address && slen(address, LYNX_ID_MAX) >= LYNX_ID_MAX) {
+    ERR_INVALID(err, "address: longer than %d characters", LYNX_ID_MAX - 1);
+    return -EINVAL;
+  }
+  if (n_labels > LYNX_LABELS_MAX || (n_labels && !labels)) {
+    ERR_INVALID(err, "labels: at most %d", LYNX_LABELS_MAX);
+    return -EINVAL;
+  }
+  for (a = 0; a < n_labels; a++) {
+    size_t kl = slen(labels[a].key, LYNX_LABEL_MAX);
+    if (kl == 0 || kl >= LYNX_LABEL_MAX ||
+        slen(labels[a].value, LYNX_LABEL_MAX) >= LYNX_LABEL_MAX) {
+      ERR_INVALID(err, "labels: key must be 1-%d characters, value at most %d",
+                  LYNX_LABEL_MAX - 1, LYNX_LABEL_MAX - 1);
+      return -EINVAL;
+    }
+    for (b = 0; b < a; b++)
+      if (!strcmp(labels[a].key, labels[b].key)) {
+        ERR_INVALID(err, "labels: key %s appears twice", labels[a].key);
+        return -EINVAL;
+      }
+  }
+  if (n_accels > LYNX_ACCELS_MAX || (n_accels && !accels)) {
+    ERR_INVALID(err, "accelerators: at most %d per node", LYNX_ACCELS_MAX);
+    return -EINVAL;
+  }
+  for (a = 0; a < n_accels; a++) {
+    if (slen(accels[a].kind, sizeof(accels[a].kind)) >=
+            sizeof(accels[a].kind) ||
+        slen(accels[a].model, sizeof(accels[a].model)) >=
+            sizeof(accels[a].model)) {
+      ERR_INVALID(err, "accelerators[%u]: kind or model too long", a);
+      return -EINVAL;
+    }
+    if (accels[a].ordering > LYNX_ORDER_FENCED) {
+      ERR_INVALID(err, "accelerators[%u].ordering: unknown ordering %u", a,
+                  accels[a].ordering);
+      return -EINVAL;
+    }
+    for (b = 0; b < a; b++)
+      if (accels[a].idx == accels[b].idx) {
+        ERR_INVALID(err, "accelerators[%u].idx: %u appears twice", a,
+                    accels[a].idx);
+        return -EINVAL;
+      }
+  }
+  return 0;
+}
+
+static void node_fill(struct lynx_reg_node *n, const char *address,
+                      const struct lynx_label *labels, uint32_t n_labels,
+                      const struct lynx_accel_info *accels, uint32_t n_accels,
+                      void *conn) {
+  uint32_t a, b;
+  struct lynx_reg_accel old[LYNX_ACCELS_MAX];
+  uint32_t n_old = n->n_accels;
+  memcpy(old, n->accels, sizeof(old));
+  copy_str(n->address, sizeof(n->address), address);
+  memset(n->labels, 0, sizeof(n->labels));
+  if (n_labels)
+    memcpy(n->labels, labels, n_labels * sizeof(*labels));
+  n->n_labels = n_labels;
+  memset(n->accels, 0, sizeof(n->accels));
+  for (a = 0; a < n_accels; a++) {
+    n->accels[a].info = accels[a];
+    /* counters carry over for an accelerator the node still has */
+    for (b = 0; b < n_old; b++)
+      if (old[b].info.idx == accels[a].idx) {
+        n->accels[a].requests = old[b].requests;
+        n->accels[a].responses = old[b].responses;
+      }
+  }
+  n->n_accels = n_accels;
+  n->conn = conn;
+}
+
+int lynx_reg_register(struct lynx_registry *r, const char *id,
+                      const char *address, uint64_t epoch,
+                      const struct lynx_label *labels, uint32_t n_labels,
+                      const struct lynx_accel_info *accels, uint32_t n_accels,
+                      void *conn, uint64_t now_ms, struct lynx_reg_err *err) {
+  return lynx_reg_register_adopt(r, id, address, epoch, labels, n_labels,
+                                 accels, n_accels, NULL, 0, conn, now_ms, err);
+}
+
+/* Takes over an instance the agent reports running, if its service exists
+ * and nothing else runs it here already; otherwise asks the agent to stop
+ * it. Placement, which runs next, stops any that policy does not want. */
+static void adopt_one(struct lynx_registry *r, struct lynx_reg_node *n,
+                      const struct lynx_reg_adopt *a) {
+  struct lynx_reg_service *s = lynx_reg_service_find(r, a->service);
+  struct lynx_reg_instance *i, **tail;
+  if (inst_find(r, a->instance_id, NULL))
+    return; /* known already (same incarnation, reconnected) */
+  if (!s || accel_pos(n, a->accel_idx) < 0 ||
+      n->state == LYNX_NODE_DRAINED || a->desc.n_mqueues !=
+      s->spec.mqueues_per_accel || a->desc.slots != s->spec.slots ||
+      a->desc.slot_size != s->spec.slot_size) {
+    if (r->ops.stop_instance)
+      r->ops.stop_instance(r->ops.data, n, a->instance_id);
+    return;
+  }
+  i = calloc(1, sizeof(*i));
+  if (!i) {
+    if (r->ops.stop_instance)
+      r->ops.stop_instance(r->ops.data, n, a->instance_id);
+    return;
+  }
+  i->id = a->instance_id;
+  i->svc = s;
+  i->node = n;
+  i->accel_idx = a->accel_idx;
+  i->state = LYNX_INST_READY;
+  i->desc = a->desc;
+  i->desc.transport[sizeof(i->desc.transport) - 1] = '\0';
+  i->desc.locator[sizeof(i->desc.locator) - 1] = '\0';
+  for (tail = &r->instances; *tail; tail = &(*tail)->next)
+    ;
+  *tail = i;
+  if (r->next_instance_id <= a->instance_id)
+    r->next_instance_id = a->instance_id + 1;
+  if (inst_dispatchable(i))
+    r->table_dirty = 1;
+  r->version++;
+}
+
+int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
+                            const char *address, uint64_t epoch,
+                            const struct lynx_label *labels, uint32_t n_labels,
+                            const struct lynx_accel_info *accels,
+                            uint32_t n_accels,
+                            const struct lynx_reg_adopt *adopt,
+                            uint32_t n_adopt, void *conn, uint64_t now_ms,
+                            struct lynx_reg_err *err) {
+  struct lynx_reg_node *n, **tail;
+  int rc;
+
+  rc = check_registration(id, address, labels, n_labels, accels, n_accels, err);
+  if (rc)
+    return rc;
+  n = lynx_reg_node_find(r, id);
+  if (n && epoch < n->epoch) {
+    r->refused_epochs++;
+    ERR_CONFLICT(err, "node %s: epoch %llu is older than %llu", id,
+                 (unsigned long long)epoch, (unsigned long long)n->epoch);
+    return -ESTALE;
+  }
+  if (!n) {
+    n = calloc(1, sizeof(*n));
+    if (!n) {
+      set_err(err, 500, "internal", "out of memory");
+      return -ENOMEM;
+    }
+    copy_str(n->id, sizeof(n->id), id);
+    n->drain_intent = take_drain_intent(r, id);
+    n->state = LYNX_NODE_DOWN; /* set below */
+    for (tail = &r->nodes; *tail; tail = &(*tail)->next)
+      ;
+    *tail = n;
+  }
+  if (epoch == n->epoch && n->state != LYNX_NODE_DOWN) {
+    /* The same agent again (its connection or the coordinator restarted):
+     * its instances are still running. Placement below stops any on an
+     * accelerator it no longer reports. */
+    node_fill(n, address, labels, n_labels, accels, n_accels, conn);
+  } else {
+    /* A new incarnation, or one that comes back after being declared down:
+     * whatever ran there is gone. */
+    node_drop_instances(r, n, 0);
+    node_fill(n, address, labels, n_labels, accels, n_accels, conn);
+    n->epoch = epoch;
+    n->drain_deadline_ms = 0;
+    n->drain_table_version = 0;
+    node_set_state(r, n, n->drain_intent ? LYNX_NODE_DRAINED : LYNX_NODE_READY);
+  }
+  n->last_heartbeat_ms = now_ms;
+  n->lease_deadline_ms = now_ms + r->lease_ms;
+  for (uint32_t k = 0; k < n_adopt; k++)
+    adopt_one(r, n, &adopt[k]);
+  r->registrations++;
+  r->version++;
+  reconcile(r);
+  table_commit(r);
+  return 0;
+}
+
+int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
+                       const uint32_t *accel_idx, const uint64_t *requests,
+                       const uint64_t *responses, uint32_t n, uint64_t now_ms) {
+  struct lynx_reg_node *node = lynx_reg_node_find(r, id);
+  uint32_t k;
+  if (!node)
+    return -ENOENT;
+  if (epoch != node->epoch) {
+    r->refused_epochs++;
+    return -ESTALE;
+  }
+  if (node->state == LYNX_NODE_DOWN)
+    return -ENOTCONN;
+  node->last_heartbeat_ms = now_ms;
+  node->lease_deadline_ms = now_ms + r->lease_ms;
+  /* Counters are not "changes" for watchers: they move on every heartbeat
+   * and would wake every watcher every second. */
+  for (k = 0; k < n && accel_idx; k++) {
+    int pos = accel_pos(node, accel_idx[k]);
+    if (pos < 0)
+      continue;
+    if (requests)
+      node->accels[pos].requests = requests[k];
+    if (responses)
+      node->accels[pos].responses = responses[k];
+  }
+  return 0;
+}
+
+/* A node goes DOWN: instances forgotten, replicas re-placed. */
+static void node_down(struct lynx_registry *r, struct lynx_reg_node *n) {
+  node_drop_instances(r, n, 0);
+  node_set_state(r, n, LYNX_NODE_DOWN);
+}
+
+int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
+                   uint64_t now_ms) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  (void)now_ms;
+  if (!n)
+    return -ENOENT;
+  if (epoch != n->epoch) {
+    r->refused_epochs++;
+    return -ESTALE;
+  }
+  if (n->state == LYNX_NODE_DOWN)
+    return 0;
+  node_down(r, n);
+  reconcile(r);
+  table_commit(r);
+  return 0;
+}
+
+void lynx_reg_node_disconnected(struct lynx_registry *r, void *conn) {
+  struct lynx_reg_node *n;
+  if (!conn)
+    return;
+  for (n = r->nodes; n; n = n->next)
+    if (n->conn == conn)
+      n->conn = NULL;
+}
+
+static int inst_of_node(struct lynx_registry *r, const char *node_id,
+                        uint64_t epoch, uint64_t instance_id,
+                        struct lynx_reg_instance ***ppp) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, node_id);
+  struct lynx_reg_instance *i;
+  if (!n)
+    return -ENOENT;
+  if (epoch != n->epoch) {
+    r->refused_epochs++;
+    return -ESTALE;
+  }
+  i = inst_find(r, instance_id, ppp);
+  if (!i || i->node != n)
+    return -ENOENT;
+  return 0;
+}
+
+/* Field by field: padding bytes are not part of a descriptor. */
+static int desc_equal(const struct lynx_region_desc *a,
+                      const struct lynx_region_desc *b) {
+  return a->accel_id == b->accel_id && !strcmp(a->transport, b->transport) &&
+         !strcmp(a->locator, b->locator) && a->region_size == b->region_size &&
+         a->epoch == b->epoch && a->n_mqueues == b->n_mqueues &&
+         a->slot_size == b->slot_size && a->slots == b->slots &&
+         a->ordering == b->ordering && a->rkey == b->rkey &&
+         a->remote_addr == b->remote_addr;
+}
+
+int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
+                            uint64_t epoch, uint64_t instance_id,
+                            const struct lynx_region_desc *desc,
+                            uint64_t now_ms) {
+  struct lynx_reg_instance **pp, *i;
+  struct lynx_region_desc d;
+  int rc;
+  (void)now_ms;
+  if (!desc)
+    return -EINVAL;
+  rc = inst_of_node(r, node_id, epoch, instance_id, &pp);
+  if (rc)
+    return rc;
+  i = *pp;
+  d = *desc;
+  d.transport[sizeof(d.transport) - 1] = '\0';
+  d.locator[sizeof(d.locator) - 1] = '\0';
+  if (i->state == LYNX_INST_READY && desc_equal(&i->desc, &d))
+    return 0; /* a repeated report */
+  i->desc = d;
+  i->state = LYNX_INST_READY;
+  if (inst_dispatchable(i))
+    r->table_dirty = 1;
+  r->version++;
+  table_commit(r);
+  return 0;
+}
+
+int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
+                             uint64_t epoch, uint64_t instance_id,
+                             const char *why, uint64_t now_ms) {
+  struct lynx_reg_instance **pp;
+  int rc;
+  (void)why;
+  (void)now_ms;
+  rc = inst_of_node(r, node_id, epoch, instance_id, &pp);
+  if (rc)
+    return rc;
+  /* Forgotten now; the next tick places it again (not at once, so an
+   * instance that cannot start is retried at the tick's pace). */
+  inst_forget_at(r, pp);
+  table_commit(r);
+  return 0;
+}
+
+/* ---- services ------------------------------------------------------- */
+
+int lynx_service_spec_validate(const struct lynx_service_spec *sp,
+                               struct lynx_reg_err *err) {
+  struct lynx_geom g;
+  uint32_t k, j;
+  if (!sp) {
+    ERR_INVALID(err, "service: missing");
+    return -EINVAL;
+  }
+  if (!id_ok(sp->name, sizeof(sp->name), 0)) {
+    ERR_INVALID(err, "name: must be 1-%zu characters of [A-Za-z0-9_.-]",
+                sizeof(sp->name) - 1);
+    return -EINVAL;
+  }
+  if (slen(sp->proto, sizeof(sp->proto)) >= sizeof(sp->proto) ||
+      strcmp(sp->proto, "udp")) {
+    ERR_INVALID(err, "proto: only \"udp\" is supported (tcp comes in a later "
+                     "release)");
+    return -EINVAL;
+  }
+  if (sp->port < 1 || sp->port > 65535) {
+    ERR_INVALID(err, "port: must be between 1 and 65535");
+    return -EINVAL;
+  }
+  if (slen(sp->app, sizeof(sp->app)) == 0 ||
+      slen(sp->app, sizeof(sp->app)) >= sizeof(sp->app)) {
+    ERR_INVALID(err, "app: must be 1-%zu characters", sizeof(sp->app) - 1);
+    return -EINVAL;
+  }
+  if (!lynx_is_pow2(sp->slot_size) || sp->slot_size < LYNX_SLOT_MIN ||
+      sp->slot_size > LYNX_SLOT_MAX) {
+    ERR_INVALID(err, "slot_size: must be a power of two between %u and %u",
+                LYNX_SLOT_MIN, LYNX_SLOT_MAX);
+    return -EINVAL;
+  }
+  if (!lynx_is_pow2(sp->slots) || sp->slots < LYNX_SLOTS_MIN ||
+      sp->slots > LYNX_SLOTS_MAX) {
+    ERR_INVALID(err, "slots: must be a power of two between %u and %u",
+                LYNX_SLOTS_MIN, LYNX_SLOTS_MAX);
+    return -EINVAL;
+  }
+  if (sp->mqueues_per_accel < 1 || sp->mqueues_per_accel > LYNX_MQUEUES_MAX) {
+    ERR_INVALID(err, "mqueues_per_accel: must be between 1 and %u",
+                LYNX_MQUEUES_MAX);
+    return -EINVAL;
+  }
+  if (lynx_geom_init(&g, sp->mqueues_per_accel, sp->slots, sp->slot_size)) {
+    ERR_INVALID(err, "slots: geometry out of bounds");
+    return -EINVAL;
+  }
+  if (sp->placement != LYNX_PLACE_ALL && sp->placement != LYNX_PLACE_REPLICAS) {
+    ERR_INVALID(err, "placement: must be \"all\" or {\"replicas\": N}");
+    return -EINVAL;
+  }
+  if (sp->placement == LYNX_PLACE_REPLICAS && sp->replicas < 1) {
+    ERR_INVALID(err, "placement.replicas: must be at least 1");
+    return -EINVAL;
+  }
+  if (sp->n_selector > LYNX_LABELS_MAX) {
+    ERR_INVALID(err, "placement.selector: at most %d labels", LYNX_LABELS_MAX);
+    return -EINVAL;
+  }
+  for (k = 0; k < sp->n_selector; k++) {
+    size_t kl = slen(sp->selector[k].key, LYNX_LABEL_MAX);
+    if (kl == 0 || kl >= LYNX_LABEL_MAX ||
+        slen(sp->selector[k].value, LYNX_LABEL_MAX) >= LYNX_LABEL_MAX) {
+      ERR_INVALID(err,
+                  "placement.selector: keys must be 1-%d characters, values "
+                  "at most %d",
+                  LYNX_LABEL_MAX - 1, LYNX_LABEL_MAX - 1);
+      return -EINVAL;
+    }
+    for (j = 0; j < k; j++)
+      if (!strcmp(sp->selector[k].key, sp->selector[j].key)) {
+        ERR_INVALID(err, "placement.selector: key %s appears twice",
+                    sp->selector[k].key);
+        return -EINVAL;
+      }
+  }
+  return 0;
+}
+
+struct lynx_reg_service *lynx_reg_service_find(struct lynx_registry *r,
+                                               const char *name) {
+  struct lynx_reg_service *s;
+  if (!name)
+    return NULL;
+  for (s = r->services; s; s = s->next)
+    if (!strncmp(s->spec.name, name, sizeof(s->spec.name)))
+      return s;
+  return NULL;
+}
+
+int lynx_reg_service_create(struct lynx_registry *r,
+                            const struct lynx_service_spec *spec,
+                            uint64_t now_ms, struct lynx_reg_err *err) {
+  struct lynx_reg_service *s, **tail;
+  int rc = lynx_service_spec_validate(spec, err);
+  if (rc)
+    return rc;
+  if (lynx_reg_service_find(r, spec->name)) {
+    ERR_CONFLICT(err, "name: service %s already exists", spec->name);
+    return -EEXIST;
+  }
+  for (s = r->services; s; s = s->next)
+    if (s->spec.port == spec->port) {
+      ERR_CONFLICT(err, "port: %u is in use by service %s", spec->port,
+                   s->spec.name);
+      return -EADDRINUSE;
+    }
+  s = calloc(1, sizeof(*s));
+  if (!s) {
+    set_err(err, 500, "internal", "out of memory");
+    return -ENOMEM;
+  }
+  s->spec = *spec;
+  /* normalise: unused selector entries and a meaningless replica count */
+  if (s->spec.placement == LYNX_PLACE_ALL)
+    s->spec.replicas = 0;
+  memset(s->spec.selector + s->spec.n_selector, 0,
+         (LYNX_LABELS_MAX - s->spec.n_selector) * sizeof(s->spec.selector[0]));
+  s->created_ms = now_ms;
+  for (tail = &r->services; *tail; tail = &(*tail)->next)
+    ;
+  *tail = s;
+  r->version++;
+  reconcile(r);
+  table_commit(r);
+  return 0;
+}
+
+int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
+                            uint64_t now_ms, struct lynx_reg_err *err) {
+  struct lynx_reg_service *s, **sp;
+  struct lynx_reg_instance **pp;
+  (void)now_ms;
+  for (sp = &r->services; *sp; sp = &(*sp)->next)
+    if (name && !strncmp((*sp)->spec.name, name, sizeof((*sp)->spec.name)))
+      break;
+  if (!*sp) {
+    ERR_NOTFOUND(err, "service %s not found", name ? name : "");
+    return -ENOENT;
+  }
+  s = *sp;
+  pp = &r->instances;
+  while (*pp) {
+    if ((*pp)->svc != s) {
+      pp = &(*pp)->next;
+      continue;
+    }
+    if ((*pp)->node->state == LYNX_NODE_DOWN)
+      inst_forget_at(r, pp);
+    else
+      inst_stop_at(r, pp);
+  }
+  *sp = s->next;
+  free(s);
+  r->version++;
+  reconcile(r);
+  table_commit(r);
+  return 0;
+}
+
+/* ---- operators: nodes ----------------------------------------------- */
+
+int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
+                   struct lynx_reg_err *err) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  if (!n) {
+    ERR_NOTFOUND(err, "node %s not found", id ? id : "");
+    return -ENOENT;
+  }
+  if (n->state == LYNX_NODE_DOWN) {
+    ERR_CONFLICT(err, "node %s is down", n->id);
+    return -EINVAL;
+  }
+  if (!n->drain_intent) {
+    n->drain_intent = 1;
+    r->version++;
+  }
+  if (n->state != LYNX_NODE_READY)
+    return 0; /* already draining or drained */
+  node_set_state(r, n, LYNX_NODE_DRAINING);
+  table_commit(r); /* the table without n: frontends must run it */
+  n->drain_table_version = r->table_version;
+  n->drain_deadline_ms = now_ms + r->drain_timeout_ms;
+  /* replicas get their replacements while n drains */
+  reconcile(r);
+  drain_check(r, n, now_ms); /* no frontend: done at once */
+  table_commit(r);
+  return 0;
+}
+
+int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
+                     struct lynx_reg_err *err) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  (void)now_ms;
+  if (!n) {
+    ERR_NOTFOUND(err, "node %s not found", id ? id : "");
+    return -ENOENT;
+  }
+  if (n->state == LYNX_NODE_DOWN) {
+    ERR_CONFLICT(err, "node %s is down", n->id);
+    return -EINVAL;
+  }
+  if (n->drain_intent) {
+    n->drain_intent = 0;
+    r->version++;
+  }
+  n->drain_deadline_ms = 0;
+  n->drain_table_version = 0;
+  node_set_state(r, n, LYNX_NODE_READY);
+  reconcile(r);
+  table_commit(r);
+  return 0;
+}
+
+int lynx_reg_forget(struct lynx_registry *r, const char *id,
+                    struct lynx_reg_err *err) {
+  struct lynx_reg_node **pp, *n;
+  for (pp = &r->nodes; *pp; pp = &(*pp)->next)
+    if (id && !strncmp((*pp)->id, id, sizeof((*pp)->id)))
+      break;
+  if (!*pp) {
+    ERR_NOTFOUND(err, "node %s not found", id ? id : "");
+    return -ENOENT;
+  }
+  n = *pp;
+  if (n->state != LYNX_NODE_DOWN) {
+    ERR_CONFLICT(err, "node %s is %s: only a down node can be forgotten", n->id,
+                 lynx_node_state_name(n->state));
+    return -EBUSY;
+  }
+  node_drop_instances(r, n, 0); /* none: a down node has none */
+  *pp = n->next;
+  free(n);
+  r->version++;
+  table_commit(r);
+  return 0;
+}
+
+/* ---- frontends ------------------------------------------------------ */
+
+static struct lynx_reg_frontend *fe_find(struct lynx_registry *r,
+                                         const char *id) {
+  struct lynx_reg_frontend *f;
+  if (!id)
+    return NULL;
+  for (f = r->frontends; f; f = f->next)
+    if (!strncmp(f->id, id, sizeof(f->id)))
+      return f;
+  return NULL;
+}
+
+struct lynx_reg_frontend *
+lynx_reg_frontend_connect(struct lynx_registry *r, const char *id,
+                          const char *address, void *conn, uint64_t now_ms) {
+  struct lynx_reg_frontend *f, **tail;
+  if (!id || !*id || slen(id, LYNX_ID_MAX) >= LYNX_ID_MAX)
+    return NULL;
+  f = fe_find(r, id);
+  if (!f) {
+    f = calloc(1, sizeof(*f));
+    if (!f)
+      return NULL;
+    copy_str(f->id, sizeof(f->id), id);
+    for (tail = &r->frontends; *tail; tail = &(*tail)->next)
+      ;
+    *tail = f;
+  }
+  copy_str(f->address, sizeof(f->address), address);
+  f->conn = conn;
+  f->connected = 1;
+  f->last_seen_ms = now_ms;
+  /* Until it reports, assume it runs no table and knows nothing: a drain
+   * waits for its first report (it may be a new process). */
+  f->table_version_applied = 0;
+  free(f->mqs);
+  f->mqs = NULL;
+  f->n_mqs = 0;
+  r->version++;
+  return f;
+}
+
+void lynx_reg_frontend_disconnected(struct lynx_registry *r, void *conn) {
+  struct lynx_reg_frontend *f;
+  if (!conn)
+    return;
+  for (f = r->frontends; f; f = f->next)
+    if (f->conn == conn) {
+      f->conn = NULL;
+      f->connected = 0;
+      r->version++;
+    }
+}
+
+void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
+                              uint64_t table_version,
+                              const struct lynx_fe_mq_report *mqs, uint32_t n,
+                              uint64_t now_ms) {
+  struct lynx_reg_frontend *f = fe_find(r, id);
+  struct lynx_fe_mq_report *copy = NULL;
+  if (!f)
+    return;
+  f->last_seen_ms = now_ms;
+  if (n && mqs) {
+    copy = malloc((size_t)n * sizeof(*copy));
+    if (!copy)
+      return; /* keep the last report: a drain must not see a false 0 */
+    memcpy(copy, mqs, (size_t)n * sizeof(*copy));
+  } else {
+    n = 0;
+  }
+  free(f->mqs);
+  f->mqs = copy;
+  f->n_mqs = n;
+  if (f->table_version_applied != table_version) {
+    f->table_version_applied = table_version;
+    r->version++;
+  }
+  drain_check_all(r, now_ms);
+  table_commit(r);
+}
+
+/* ---- time ----------------------------------------------------------- */
+
+void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
+  struct lynx_reg_node *n;
+  for (n = r->nodes; n; n = n->next)
+    if (n->state != LYNX_NODE_DOWN && now_ms >= n->lease_deadline_ms) {
+      r->lease_expiries++;
+      node_down(r, n);
+    }
+  drain_check_all(r, now_ms);
+  if (r->version != r->placed_version)
+    reconcile(r);
+  table_commit(r);
+}
+
+/* ---- dispatch table ------------------------------------------------- */
+
+void lynx_reg_table_foreach(struct lynx_registry *r,
+                            void (*fn)(void *arg,
+                                       const struct lynx_reg_service *svc,
+                                       const struct lynx_reg_instance *inst),
+                            void *arg) {
+  const struct lynx_reg_service *s;
+  const struct lynx_reg_instance *i;
+  if (!fn)
+    return;
+  for (s = r->services; s; s = s->next)
+    for (i = r->instances; i; i = i->next)
+      if (i->svc == s && inst_dispatchable(i))
+        fn(arg, s, i);
+}

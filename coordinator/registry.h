@@ -1,0 +1,325 @@
+/*
+ * registry.h - the coordinator's registry: nodes, accelerators, services,
+ * instances, frontends; leases, placement, drain, dispatch tables.
+ *
+ * Pure logic, no I/O and no clock of its own: every call that depends on
+ * time takes `now_ms` (monotonic milliseconds), so tests drive it with an
+ * injected clock. The daemon (coordinator/main.c) owns the network; the
+ * registry tells it what to do through the action callbacks in
+ * struct lynx_reg_ops and answers its questions (tables, JSON).
+ * Single-threaded: the coordinator's loop thread owns it.
+ *
+ * Versions: `version` grows by one on every observable change (watch
+ * long-polls on it); `table_version` grows whenever the dispatch table
+ * (the set of ready, dispatchable instances and their descriptors) changes.
+ *
+ * Errors: 0 or -errno; functions that validate operator input also fill a
+ * struct lynx_reg_err with an API error code and a message naming the field.
+ */
+#ifndef LYNX_REGISTRY_H
+#define LYNX_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+#define LYNX_ID_MAX 64
+#define LYNX_LABELS_MAX 16
+#define LYNX_LABEL_MAX 64
+#define LYNX_ACCELS_MAX 64
+
+enum lynx_node_state {
+  LYNX_NODE_READY = 0,    /* registered, lease alive, in dispatch */
+  LYNX_NODE_DRAINING = 1, /* out of dispatch, waiting for in-flight answers */
+  LYNX_NODE_DRAINED = 2,  /* instances stopped; stays until undrained */
+  LYNX_NODE_DOWN = 3,     /* lease expired or left; forgettable */
+};
+
+enum lynx_inst_state {
+  LYNX_INST_STARTING = 0, /* asked the agent to start it */
+  LYNX_INST_READY = 1,    /* agent reported its region: dispatchable */
+  LYNX_INST_STOPPING = 2, /* asked the agent to stop it */
+};
+
+enum lynx_placement_kind { LYNX_PLACE_ALL = 0, LYNX_PLACE_REPLICAS = 1 };
+
+struct lynx_label {
+  char key[LYNX_LABEL_MAX];
+  char value[LYNX_LABEL_MAX];
+};
+
+struct lynx_accel_info { /* as an agent registers it */
+  uint32_t idx;          /* index on its node */
+  char kind[16];         /* "cpu", "cuda" */
+  char model[LYNX_ID_MAX];
+  uint64_t memory_bytes;
+  uint32_t ordering; /* enum lynx_ordering it supports */
+};
+
+struct lynx_reg_accel {
+  struct lynx_accel_info info;
+  uint64_t requests, responses; /* from heartbeats */
+};
+
+struct lynx_reg_node {
+  char id[LYNX_ID_MAX];
+  char address[LYNX_ID_MAX]; /* host:port of the agent's control link */
+  uint64_t epoch;
+  struct lynx_label labels[LYNX_LABELS_MAX];
+  uint32_t n_labels;
+  struct lynx_reg_accel accels[LYNX_ACCELS_MAX];
+  uint32_t n_accels;
+  enum lynx_node_state state;
+  int drain_intent;          /* operator asked to drain (survives restarts) */
+  uint64_t last_heartbeat_ms;
+  uint64_t lease_deadline_ms;
+  uint64_t drain_deadline_ms;
+  uint64_t drain_table_version; /* table without this node */
+  void *conn;                   /* the daemon's control connection, or NULL */
+  struct lynx_reg_node *next;
+};
+
+struct lynx_service_spec {
+  char name[LYNX_ID_MAX];
+  char proto[8]; /* "udp" */
+  uint32_t port;
+  char app[LYNX_ID_MAX];
+  uint32_t slot_size, slots, mqueues_per_accel, work_us;
+  enum lynx_placement_kind placement;
+  uint32_t replicas;              /* LYNX_PLACE_REPLICAS */
+  struct lynx_label selector[LYNX_LABELS_MAX]; /* every pair must match */
+  uint32_t n_selector;
+};
+
+struct lynx_reg_instance {
+  uint64_t id; /* unique for the registry's lifetime */
+  struct lynx_reg_service *svc;
+  struct lynx_reg_node *node;
+  uint32_t accel_idx;
+  enum lynx_inst_state state;
+  struct lynx_region_desc desc; /* valid when READY */
+  struct lynx_reg_instance *next;
+};
+
+struct lynx_reg_service {
+  struct lynx_service_spec spec;
+  uint64_t created_ms;
+  struct lynx_reg_service *next;
+};
+
+/* One frontend's view of one mqueue it serves. */
+struct lynx_fe_mq_report {
+  uint64_t instance_id;
+  uint32_t q;
+  uint64_t outstanding, dispatched, responded;
+};
+
+struct lynx_reg_frontend {
+  char id[LYNX_ID_MAX];
+  char address[LYNX_ID_MAX];
+  int connected;
+  uint64_t table_version_applied; /* last table the frontend reported */
+  uint64_t last_seen_ms;
+  void *conn;
+  /* per-mqueue counters as last reported (owned, replaced on each report) */
+  struct lynx_fe_mq_report *mqs;
+  uint32_t n_mqs;
+  struct lynx_reg_frontend *next;
+};
+
+/* What the registry asks the daemon to do. Each may be NULL in tests. */
+struct lynx_reg_ops {
+  /* Ask node's agent to start inst (service spec in inst->svc). */
+  void (*start_instance)(void *data, struct lynx_reg_node *node,
+                         struct lynx_reg_instance *inst);
+  /* Ask node's agent to stop inst (the registry forgets it right after). */
+  void (*stop_instance)(void *data, struct lynx_reg_node *node,
+                        uint64_t instance_id);
+  /* The dispatch table changed: push it to every frontend. */
+  void (*tables_changed)(void *data);
+  void *data;
+};
+
+struct lynx_reg_err {
+  int status;       /* HTTP status: 400, 404, 409, ... */
+  char code[32];    /* "invalid_argument", "not_found", "conflict", ... */
+  char message[256];
+};
+
+/* A drain the operator asked for on a node that has not registered (yet):
+ * loaded from the state directory, applied (and dropped from the list) when
+ * the node registers. */
+struct lynx_reg_drain_intent {
+  char id[LYNX_ID_MAX];
+  struct lynx_reg_drain_intent *next;
+};
+
+struct lynx_registry {
+  uint64_t version;
+  uint64_t table_version;
+  uint64_t lease_ms;
+  uint64_t drain_timeout_ms;
+  uint64_t next_instance_id;
+  struct lynx_reg_node *nodes;
+  struct lynx_reg_service *services;
+  struct lynx_reg_instance *instances;
+  struct lynx_reg_frontend *frontends;
+  struct lynx_reg_ops ops;
+  /* counters for /metrics */
+  uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+  /* drain intents of unregistered nodes (lynx_reg_drain_intent_add); the
+   * state file's "drained" is these plus every node with drain_intent */
+  struct lynx_reg_drain_intent *drain_intents;
+  /* internal: the dispatch table changed during the current call (pushed
+   * once at its end), and r->version when placement last ran (tick skips
+   * placement when nothing changed since) */
+  int table_dirty;
+  uint64_t placed_version;
+};
+
+void lynx_reg_init(struct lynx_registry *r, uint64_t lease_ms,
+                   uint64_t drain_timeout_ms, const struct lynx_reg_ops *ops);
+void lynx_reg_free(struct lynx_registry *r);
+
+/* ---- agents ---------------------------------------------------------- */
+
+/*
+ * An agent registers (or re-registers after a restart or a coordinator
+ * restart). -ESTALE when epoch is older than the one known for this node id
+ * (an old incarnation), -EINVAL on bad fields (err says which). A newer
+ * epoch replaces the node: its old instances are forgotten (they died with
+ * the old agent). A node whose operator asked to drain it stays drained.
+ * Placement runs: the node's accelerators get the instances policies want.
+ */
+int lynx_reg_register(struct lynx_registry *r, const char *id,
+                      const char *address, uint64_t epoch,
+                      const struct lynx_label *labels, uint32_t n_labels,
+                      const struct lynx_accel_info *accels, uint32_t n_accels,
+                      void *conn, uint64_t now_ms, struct lynx_reg_err *err);
+
+/* An instance the agent reports running when it registers. */
+struct lynx_reg_adopt {
+  uint64_t instance_id;
+  char service[LYNX_ID_MAX];
+  uint32_t accel_idx;
+  struct lynx_region_desc desc;
+};
+
+/* lynx_reg_register, then takes over the instances the agent still runs
+ * (after a coordinator restart, or when a node that was declared down comes
+ * back with the same epoch) instead of starting duplicates: each one whose
+ * service exists with the same geometry becomes a READY instance with its
+ * id; any other is stopped (ops.stop_instance). Placement then runs. */
+int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
+                            const char *address, uint64_t epoch,
+                            const struct lynx_label *labels, uint32_t n_labels,
+                            const struct lynx_accel_info *accels,
+                            uint32_t n_accels,
+                            const struct lynx_reg_adopt *adopt,
+                            uint32_t n_adopt, void *conn, uint64_t now_ms,
+                            struct lynx_reg_err *err);
+
+/* Renews the lease and stores counters (arrays of n, by accel index).
+ * -ENOENT unknown node, -ESTALE wrong epoch, -ENOTCONN node is down
+ * (it must register again). */
+int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
+                       const uint32_t *accel_idx, const uint64_t *requests,
+                       const uint64_t *responses, uint32_t n, uint64_t now_ms);
+
+/* Explicit leave (agent shutdown): node down, its instances gone. */
+int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
+                   uint64_t now_ms);
+
+/* The daemon's connection to the node closed (the lease still decides). */
+void lynx_reg_node_disconnected(struct lynx_registry *r, void *conn);
+
+/* The agent reports an instance running with its region (ready) or failed
+ * to start (the instance is forgotten; placement retries on the next tick).
+ * -ENOENT unknown instance, -ESTALE wrong epoch. */
+int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
+                            uint64_t epoch, uint64_t instance_id,
+                            const struct lynx_region_desc *desc,
+                            uint64_t now_ms);
+int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
+                             uint64_t epoch, uint64_t instance_id,
+                             const char *why, uint64_t now_ms);
+
+/* ---- operators ------------------------------------------------------- */
+
+/* Validates and adds a service (persisting is the caller's). -EINVAL (400,
+ * field named), -EEXIST (409 duplicate name), -EADDRINUSE (409 port in
+ * use). Placement runs. */
+int lynx_reg_service_create(struct lynx_registry *r,
+                            const struct lynx_service_spec *spec,
+                            uint64_t now_ms, struct lynx_reg_err *err);
+/* The checks lynx_reg_service_create makes on a spec alone (no conflicts):
+ * 0, or -EINVAL with err (400, "invalid_argument", field named). Shared
+ * with the JSON decoder. */
+int lynx_service_spec_validate(const struct lynx_service_spec *spec,
+                               struct lynx_reg_err *err);
+/* Stops its instances and forgets it. -ENOENT (404). */
+int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
+                            uint64_t now_ms, struct lynx_reg_err *err);
+struct lynx_reg_service *lynx_reg_service_find(struct lynx_registry *r,
+                                               const char *name);
+
+/* Drain: out of dispatch now; instances stopped once every frontend applied
+ * a table without the node and reports no outstanding request on it, or at
+ * the drain deadline; then DRAINED. -ENOENT, -EINVAL (node is down). */
+int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
+                   struct lynx_reg_err *err);
+/* Back to READY (instances placed again). -ENOENT, -EINVAL (down). */
+int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
+                     struct lynx_reg_err *err);
+/* Remembers that the operator drained node id (lynx_store_load): a node of
+ * that id not registered yet starts DRAINED when it registers; a known node
+ * just gets drain_intent (it applies at its next registration). 0, -EINVAL
+ * (bad id), -ENOMEM. */
+int lynx_reg_drain_intent_add(struct lynx_registry *r, const char *id);
+/* Forget a DOWN node. -ENOENT, -EBUSY (409: not down). */
+int lynx_reg_forget(struct lynx_registry *r, const char *id,
+                    struct lynx_reg_err *err);
+struct lynx_reg_node *lynx_reg_node_find(struct lynx_registry *r,
+                                         const char *id);
+
+/* ---- frontends ------------------------------------------------------- */
+
+struct lynx_reg_frontend *lynx_reg_frontend_connect(struct lynx_registry *r,
+                                                    const char *id,
+                                                    const char *address,
+                                                    void *conn,
+                                                    uint64_t now_ms);
+void lynx_reg_frontend_disconnected(struct lynx_registry *r, void *conn);
+/* A frontend reports the table version it runs and its per-mqueue counters
+ * (copied). Drives drains forward: a draining node's instances are stopped
+ * once every connected frontend runs a table without them and reports no
+ * request outstanding on them. */
+void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
+                              uint64_t table_version,
+                              const struct lynx_fe_mq_report *mqs, uint32_t n,
+                              uint64_t now_ms);
+
+/* ---- time ------------------------------------------------------------ */
+
+/* Expires leases (node DOWN, instances gone, tables pushed), finishes
+ * drains whose deadline passed, re-runs placement. Call every ~100 ms. */
+void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms);
+
+/* ---- dispatch table -------------------------------------------------- */
+
+/* Calls fn for every dispatchable instance (READY, node READY) of every
+ * service, in a stable order. The daemon encodes the table from this. */
+void lynx_reg_table_foreach(struct lynx_registry *r,
+                            void (*fn)(void *arg,
+                                       const struct lynx_reg_service *svc,
+                                       const struct lynx_reg_instance *inst),
+                            void *arg);
+
+const char *lynx_node_state_name(enum lynx_node_state s);
+
+/* Parses "k=v,k2=v2" into labels; -EINVAL on a malformed pair or too many. */
+int lynx_labels_parse(const char *s, struct lynx_label *out, uint32_t max,
+                      uint32_t *n);
+
+#endif

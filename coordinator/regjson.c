@@ -1,0 +1,476 @@
+/*
+ * regjson.c - the registry as JSON (see regjson.h).
+ *
+ * Encoders build fresh json-c objects from the registry; they only read it.
+ * The decoder is strict on purpose: an operator's typo ("replica": 3, a
+ * port as a string) is refused with the field named instead of silently
+ * becoming a default. Range checks shared with the registry live in
+ * lynx_service_spec_validate, so the API and the C entry points agree.
+ */
+#include "regjson.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mqueue.h"
+
+#define WORK_US_MAX 10000000u /* the agent's --work-us bound: 10 s */
+#define REPLICAS_MAX 1000000u
+
+/* ---- encoding ------------------------------------------------------- */
+
+static void add_str(struct json_object *o, const char *k, const char *v) {
+  json_object_object_add(o, k, json_object_new_string(v ? v : ""));
+}
+
+static void add_u64(struct json_object *o, const char *k, uint64_t v) {
+  json_object_object_add(o, k, json_object_new_uint64(v));
+}
+
+static uint64_t since(uint64_t now_ms, uint64_t t) {
+  return now_ms > t ? now_ms - t : 0;
+}
+
+static const char *ordering_name(uint32_t o) {
+  return o == LYNX_ORDER_FENCED ? "fenced" : "coalesced";
+}
+
+static struct json_object *labels_obj(const struct lynx_label *l, uint32_t n) {
+  struct json_object *o = json_object_new_object();
+  uint32_t k;
+  for (k = 0; k < n; k++)
+    add_str(o, l[k].key, l[k].value);
+  return o;
+}
+
+static struct json_object *list_obj(const struct lynx_registry *r,
+                                    struct json_object *items) {
+  struct json_object *o = json_object_new_object();
+  add_u64(o, "version", r->version);
+  json_object_object_add(o, "items", items);
+  return o;
+}
+
+struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
+                                    const struct lynx_reg_accel *a) {
+  struct json_object *o = json_object_new_object();
+  char id[LYNX_ID_MAX + 16];
+  snprintf(id, sizeof(id), "%s/%" PRIu32, n->id, a->info.idx);
+  add_str(o, "id", id);
+  add_str(o, "node", n->id);
+  add_str(o, "kind", a->info.kind);
+  add_str(o, "model", a->info.model);
+  add_u64(o, "memory_bytes", a->info.memory_bytes);
+  add_str(o, "ordering", ordering_name(a->info.ordering));
+  add_str(o, "state", lynx_node_state_name(n->state));
+  add_u64(o, "requests", a->requests);
+  add_u64(o, "responses", a->responses);
+  return o;
+}
+
+struct json_object *lynx_json_node(const struct lynx_registry *r,
+                                   const struct lynx_reg_node *n,
+                                   uint64_t now_ms) {
+  struct json_object *o = json_object_new_object(), *accels;
+  uint32_t a;
+  (void)r;
+  add_str(o, "id", n->id);
+  add_str(o, "state", lynx_node_state_name(n->state));
+  add_str(o, "address", n->address);
+  add_u64(o, "epoch", n->epoch);
+  json_object_object_add(o, "labels", labels_obj(n->labels, n->n_labels));
+  accels = json_object_new_array();
+  for (a = 0; a < n->n_accels; a++)
+    json_object_array_add(accels, lynx_json_accel(n, &n->accels[a]));
+  json_object_object_add(o, "accelerators", accels);
+  add_u64(o, "last_heartbeat_ms", since(now_ms, n->last_heartbeat_ms));
+  return o;
+}
+
+/* The spec alone: what the state file stores and the decoder reads. */
+static struct json_object *spec_obj(const struct lynx_service_spec *sp) {
+  struct json_object *o = json_object_new_object();
+  add_str(o, "name", sp->name);
+  add_str(o, "proto", sp->proto);
+  add_u64(o, "port", sp->port);
+  add_str(o, "app", sp->app);
+  add_u64(o, "slot_size", sp->slot_size);
+  add_u64(o, "slots", sp->slots);
+  add_u64(o, "mqueues_per_accel", sp->mqueues_per_accel);
+  add_u64(o, "work_us", sp->work_us);
+  if (sp->placement == LYNX_PLACE_ALL && sp->n_selector == 0) {
+    add_str(o, "placement", "all");
+  } else {
+    struct json_object *p = json_object_new_object();
+    if (sp->placement == LYNX_PLACE_REPLICAS)
+      add_u64(p, "replicas", sp->replicas);
+    json_object_object_add(p, "selector",
+                           labels_obj(sp->selector, sp->n_selector));
+    json_object_object_add(o, "placement", p);
+  }
+  return o;
+}
+
+static int selector_match(const struct lynx_reg_node *n,
+                          const struct lynx_service_spec *sp) {
+  uint32_t s, l;
+  for (s = 0; s < sp->n_selector; s++) {
+    int found = 0;
+    for (l = 0; l < n->n_labels && !found; l++)
+      found = !strcmp(n->labels[l].key, sp->selector[s].key) &&
+              !strcmp(n->labels[l].value, sp->selector[s].value);
+    if (!found)
+      return 0;
+  }
+  return 1;
+}
+
+struct json_object *lynx_json_service(const struct lynx_registry *r,
+                                      const struct lynx_reg_service *s) {
+  struct json_object *o = spec_obj(&s->spec), *inst;
+  const struct lynx_reg_instance *i;
+  const struct lynx_reg_node *n;
+  uint64_t ready = 0, wanted = 0;
+  for (i = r->instances; i; i = i->next)
+    if (i->svc == s && i->state == LYNX_INST_READY &&
+        i->node->state == LYNX_NODE_READY)
+      ready++;
+  if (s->spec.placement == LYNX_PLACE_REPLICAS) {
+    wanted = s->spec.replicas;
+  } else {
+    for (n = r->nodes; n; n = n->next)
+      if (n->state == LYNX_NODE_READY && selector_match(n, &s->spec))
+        wanted += n->n_accels;
+  }
+  inst = json_object_new_object();
+  add_u64(inst, "ready", ready);
+  add_u64(inst, "wanted", wanted);
+  json_object_object_add(o, "instances", inst);
+  return o;
+}
+
+struct json_object *lynx_json_frontend(const struct lynx_reg_frontend *f,
+                                       uint64_t now_ms) {
+  struct json_object *o = json_object_new_object();
+  add_str(o, "id", f->id);
+  add_str(o, "address", f->address);
+  json_object_object_add(o, "connected", json_object_new_boolean(f->connected));
+  add_u64(o, "table_version", f->table_version_applied);
+  add_u64(o, "last_seen_ms", since(now_ms, f->last_seen_ms));
+  return o;
+}
+
+struct json_object *lynx_json_nodes(const struct lynx_registry *r,
+                                    uint64_t now_ms) {
+  struct json_object *items = json_object_new_array();
+  const struct lynx_reg_node *n;
+  for (n = r->nodes; n; n = n->next)
+    json_object_array_add(items, lynx_json_node(r, n, now_ms));
+  return list_obj(r, items);
+}
+
+struct json_object *lynx_json_accels(const struct lynx_registry *r) {
+  struct json_object *items = json_object_new_array();
+  const struct lynx_reg_node *n;
+  uint32_t a;
+  for (n = r->nodes; n; n = n->next)
+    for (a = 0; a < n->n_accels; a++)
+      json_object_array_add(items, lynx_json_accel(n, &n->accels[a]));
+  return list_obj(r, items);
+}
+
+/* Frontends' per-mqueue reports merged by (instance, q): sorted, one entry
+ * per key, so each mqueue finds its sums with one binary search. */
+struct mq_sum {
+  uint64_t instance_id;
+  uint32_t q;
+  uint64_t dispatched, responded, outstanding;
+};
+
+static int mq_sum_cmp(const void *a, const void *b) {
+  const struct mq_sum *x = a, *y = b;
+  if (x->instance_id != y->instance_id)
+    return x->instance_id < y->instance_id ? -1 : 1;
+  return x->q < y->q ? -1 : x->q > y->q;
+}
+
+static struct mq_sum *mq_sums(const struct lynx_registry *r, size_t *count) {
+  const struct lynx_reg_frontend *f;
+  struct mq_sum *v;
+  size_t total = 0, k = 0, m, out;
+  *count = 0;
+  for (f = r->frontends; f; f = f->next)
+    total += f->n_mqs;
+  if (!total)
+    return NULL;
+  v = malloc(total * sizeof(*v));
+  if (!v)
+    return NULL;
+  for (f = r->frontends; f; f = f->next)
+    for (m = 0; m < f->n_mqs; m++, k++) {
+      v[k].instance_id = f->mqs[m].instance_id;
+      v[k].q = f->mqs[m].q;
+      v[k].dispatched = f->mqs[m].dispatched;
+      v[k].responded = f->mqs[m].responded;
+      /* a disconnected frontend's counts stay, its in-flight view is stale */
+      v[k].outstanding = f->connected ? f->mqs[m].outstanding : 0;
+    }
+  qsort(v, total, sizeof(*v), mq_sum_cmp);
+  for (k = 1, out = 0; k < total; k++) {
+    if (!mq_sum_cmp(&v[k], &v[out])) {
+      v[out].dispatched += v[k].dispatched;
+      v[out].responded += v[k].responded;
+      v[out].outstanding += v[k].outstanding;
+    } else {
+      v[++out] = v[k];
+    }
+  }
+  *count = out + 1;
+  return v;
+}
+
+struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
+  struct json_object *items = json_object_new_array();
+  const struct lynx_reg_service *s;
+  const struct lynx_reg_instance *i;
+  size_t n_sums;
+  struct mq_sum *sums = mq_sums(r, &n_sums);
+  uint32_t q;
+  for (s = r->services; s; s = s->next)
+    for (i = r->instances; i; i = i->next) {
+      if (i->svc != s || i->state != LYNX_INST_READY)
+        continue;
+      for (q = 0; q < i->desc.n_mqueues; q++) {
+        struct json_object *o = json_object_new_object();
+        struct mq_sum key = {i->id, q, 0, 0, 0}, *hit = NULL;
+        char id[3 * LYNX_ID_MAX + 32];
+        if (sums)
+          hit = bsearch(&key, sums, n_sums, sizeof(key), mq_sum_cmp);
+        snprintf(id, sizeof(id), "%s/%s/%" PRIu32 "/%" PRIu32, s->spec.name,
+                 i->node->id, i->accel_idx, q);
+        add_str(o, "id", id);
+        add_str(o, "service", s->spec.name);
+        add_str(o, "node", i->node->id);
+        add_u64(o, "accel", i->accel_idx);
+        add_u64(o, "instance", i->id);
+        add_u64(o, "index", q);
+        add_u64(o, "slots", i->desc.slots);
+        add_u64(o, "slot_size", i->desc.slot_size);
+        add_str(o, "transport", i->desc.transport);
+        add_u64(o, "dispatched", hit ? hit->dispatched : 0);
+        add_u64(o, "responded", hit ? hit->responded : 0);
+        add_u64(o, "outstanding", hit ? hit->outstanding : 0);
+        json_object_array_add(items, o);
+      }
+    }
+  free(sums);
+  return list_obj(r, items);
+}
+
+struct json_object *lynx_json_services(const struct lynx_registry *r) {
+  struct json_object *items = json_object_new_array();
+  const struct lynx_reg_service *s;
+  for (s = r->services; s; s = s->next)
+    json_object_array_add(items, lynx_json_service(r, s));
+  return list_obj(r, items);
+}
+
+struct json_object *lynx_json_frontends(const struct lynx_registry *r,
+                                        uint64_t now_ms) {
+  struct json_object *items = json_object_new_array();
+  const struct lynx_reg_frontend *f;
+  for (f = r->frontends; f; f = f->next)
+    json_object_array_add(items, lynx_json_frontend(f, now_ms));
+  return list_obj(r, items);
+}
+
+struct json_object *lynx_json_error(const char *code, const char *message) {
+  struct json_object *o = json_object_new_object(), *e;
+  e = json_object_new_object();
+  add_str(e, "code", code);
+  add_str(e, "message", message);
+  json_object_object_add(o, "error", e);
+  return o;
+}
+
+/* ---- decoding ------------------------------------------------------- */
+
+static int bad(struct lynx_reg_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int bad(struct lynx_reg_err *err, const char *fmt, ...) {
+  va_list ap;
+  if (err) {
+    err->status = 400;
+    snprintf(err->code, sizeof(err->code), "invalid_argument");
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+  }
+  return -EINVAL;
+}
+
+static int get_string(struct json_object *v, const char *field, char *dst,
+                      size_t size, struct lynx_reg_err *err) {
+  const char *s;
+  size_t len;
+  if (!json_object_is_type(v, json_type_string))
+    return bad(err, "%s: must be a string", field);
+  s = json_object_get_string(v);
+  len = (size_t)json_object_get_string_len(v);
+  if (len >= size)
+    return bad(err, "%s: longer than %zu characters", field, size - 1);
+  if (memchr(s, '\0', len))
+    return bad(err, "%s: contains a NUL character", field);
+  memcpy(dst, s, len);
+  dst[len] = '\0';
+  return 0;
+}
+
+/* A non-negative JSON integer up to UINT32_MAX. With clamp, a larger value
+ * becomes UINT32_MAX so the range check that follows (and names the real
+ * bounds) refuses it. */
+static int get_u32(struct json_object *v, const char *field, int clamp,
+                   uint32_t *out, struct lynx_reg_err *err) {
+  uint64_t u;
+  if (!json_object_is_type(v, json_type_int))
+    return bad(err, "%s: must be an integer", field);
+  if (json_object_get_int64(v) < 0)
+    return bad(err, "%s: must not be negative", field);
+  u = json_object_get_uint64(v);
+  if (u > UINT32_MAX) {
+    if (!clamp)
+      return bad(err, "%s: must be at most %" PRIu32, field, UINT32_MAX);
+    u = UINT32_MAX;
+  }
+  *out = (uint32_t)u;
+  return 0;
+}
+
+static int get_selector(struct json_object *v, struct lynx_service_spec *sp,
+                        struct lynx_reg_err *err) {
+  char field[LYNX_LABEL_MAX + 32];
+  sp->n_selector = 0;
+  if (!json_object_is_type(v, json_type_object))
+    return bad(err, "placement.selector: must be an object of strings");
+  json_object_object_foreach(v, key, val) {
+    struct lynx_label *l;
+    if (sp->n_selector >= LYNX_LABELS_MAX)
+      return bad(err, "placement.selector: at most %d labels", LYNX_LABELS_MAX);
+    l = &sp->selector[sp->n_selector];
+    if (!*key || strlen(key) >= LYNX_LABEL_MAX)
+      return bad(err, "placement.selector: keys must be 1-%d characters",
+                 LYNX_LABEL_MAX - 1);
+    snprintf(field, sizeof(field), "placement.selector.%s", key);
+    if (get_string(val, field, l->value, sizeof(l->value), err))
+      return -EINVAL;
+    snprintf(l->key, sizeof(l->key), "%s", key);
+    sp->n_selector++;
+  }
+  return 0;
+}
+
+static int get_placement(struct json_object *v, struct lynx_service_spec *sp,
+                         struct lynx_reg_err *err) {
+  int have_replicas = 0;
+  if (json_object_is_type(v, json_type_string)) {
+    if (strcmp(json_object_get_string(v), "all"))
+      return bad(err, "placement: must be \"all\" or {\"replicas\": N, "
+                      "\"selector\": {...}}");
+    sp->placement = LYNX_PLACE_ALL;
+    sp->replicas = 0;
+    sp->n_selector = 0;
+    return 0;
+  }
+  if (!json_object_is_type(v, json_type_object))
+    return bad(err,
+               "placement: must be \"all\" or {\"replicas\": N, \"selector\": "
+               "{...}}");
+  sp->n_selector = 0;
+  json_object_object_foreach(v, key, val) {
+    if (!strcmp(key, "replicas")) {
+      if (get_u32(val, "placement.replicas", 0, &sp->replicas, err))
+        return -EINVAL;
+      if (sp->replicas < 1 || sp->replicas > REPLICAS_MAX)
+        return bad(err, "placement.replicas: must be between 1 and %u",
+                   REPLICAS_MAX);
+      have_replicas = 1;
+    } else if (!strcmp(key, "selector")) {
+      if (get_selector(val, sp, err))
+        return -EINVAL;
+    } else {
+      return bad(err, "placement.%s: unknown field", key);
+    }
+  }
+  /* {"selector": {...}} alone: every accelerator of every matching node */
+  sp->placement = have_replicas ? LYNX_PLACE_REPLICAS : LYNX_PLACE_ALL;
+  if (!have_replicas)
+    sp->replicas = 0;
+  return 0;
+}
+
+int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
+                           struct lynx_reg_err *err) {
+  struct lynx_service_spec sp;
+  int have_name = 0, have_port = 0, have_app = 0, rc;
+
+  if (!out)
+    return -EINVAL;
+  if (!j || !json_object_is_type(j, json_type_object))
+    return bad(err, "service: must be a JSON object");
+  memset(&sp, 0, sizeof(sp));
+  snprintf(sp.proto, sizeof(sp.proto), "udp");
+  sp.slot_size = 2048;
+  sp.slots = 256;
+  sp.mqueues_per_accel = 4;
+  sp.work_us = 0;
+  sp.placement = LYNX_PLACE_ALL;
+
+  json_object_object_foreach(j, key, val) {
+    if (!strcmp(key, "name")) {
+      rc = get_string(val, "name", sp.name, sizeof(sp.name), err);
+      have_name = 1;
+    } else if (!strcmp(key, "proto")) {
+      rc = get_string(val, "proto", sp.proto, sizeof(sp.proto), err);
+      if (rc == -EINVAL && json_object_is_type(val, json_type_string))
+        rc = bad(err, "proto: only \"udp\" is supported (tcp comes in a "
+                      "later release)");
+    } else if (!strcmp(key, "port")) {
+      rc = get_u32(val, "port", 1, &sp.port, err);
+      have_port = 1;
+    } else if (!strcmp(key, "app")) {
+      rc = get_string(val, "app", sp.app, sizeof(sp.app), err);
+      have_app = 1;
+    } else if (!strcmp(key, "slot_size")) {
+      rc = get_u32(val, "slot_size", 1, &sp.slot_size, err);
+    } else if (!strcmp(key, "slots")) {
+      rc = get_u32(val, "slots", 1, &sp.slots, err);
+    } else if (!strcmp(key, "mqueues_per_accel")) {
+      rc = get_u32(val, "mqueues_per_accel", 1, &sp.mqueues_per_accel, err);
+    } else if (!strcmp(key, "work_us")) {
+      rc = get_u32(val, "work_us", 1, &sp.work_us, err);
+      if (!rc && sp.work_us > WORK_US_MAX)
+        rc = bad(err, "work_us: must be between 0 and %u", WORK_US_MAX);
+    } else if (!strcmp(key, "placement")) {
+      rc = get_placement(val, &sp, err);
+    } else {
+      rc = bad(err, "%s: unknown field", key);
+    }
+    if (rc)
+      return rc;
+  }
+  if (!have_name)
+    return bad(err, "name: required");
+  if (!have_port)
+    return bad(err, "port: required");
+  if (!have_app)
+    return bad(err, "app: required");
+  rc = lynx_service_spec_validate(&sp, err);
+  if (rc)
+    return rc;
+  *out = sp;
+  return 0;
+}

@@ -1,0 +1,58 @@
+/*
+ * regjson.h - the registry as JSON (json-c), for the HTTP API, lynxctl and
+ * the state directory.
+ *
+ * Encoders return a new json_object the caller owns (json_object_put).
+ * Field names and shapes are the API's (docs/api.md): a node has id, state,
+ * address, epoch, labels (object), accelerators (array of accelerator
+ * objects), last_heartbeat_ms (ms since the last heartbeat); an accelerator
+ * has id ("node/idx"), node, kind, model, memory_bytes, ordering
+ * ("coalesced"|"fenced"), state (its node's state), requests, responses;
+ * a mqueue has id ("service/node/accel/q"), service, node, accel, instance,
+ * index, slots, slot_size, transport, dispatched, responded, outstanding
+ * (sums over frontends' reports where known, else 0); a service has every
+ * spec field plus placement as "all" or {"replicas": N, "selector": {...}},
+ * and instances (count ready / wanted); a frontend has id, address,
+ * connected, table_version, last_seen_ms.
+ */
+#ifndef LYNX_REGJSON_H
+#define LYNX_REGJSON_H
+
+#include <json-c/json.h>
+
+#include "registry.h"
+
+struct json_object *lynx_json_node(const struct lynx_registry *r,
+                                   const struct lynx_reg_node *n,
+                                   uint64_t now_ms);
+struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
+                                    const struct lynx_reg_accel *a);
+struct json_object *lynx_json_service(const struct lynx_registry *r,
+                                      const struct lynx_reg_service *s);
+struct json_object *lynx_json_frontend(const struct lynx_reg_frontend *f,
+                                       uint64_t now_ms);
+
+/* {"version": r->version, "items": [...]} for each collection. */
+struct json_object *lynx_json_nodes(const struct lynx_registry *r,
+                                    uint64_t now_ms);
+struct json_object *lynx_json_accels(const struct lynx_registry *r);
+struct json_object *lynx_json_mqueues(const struct lynx_registry *r);
+struct json_object *lynx_json_services(const struct lynx_registry *r);
+struct json_object *lynx_json_frontends(const struct lynx_registry *r,
+                                        uint64_t now_ms);
+
+/*
+ * Decodes a service spec (the POST /v1/services body, and one entry of the
+ * state file). Applies defaults for absent optional fields (proto "udp",
+ * slot_size 2048, slots 256, mqueues_per_accel 4, work_us 0, placement
+ * "all"); wrong types, unknown fields, out-of-range values give -EINVAL
+ * with err->status 400, code "invalid_argument" and a message naming the
+ * field. Range checks on geometry follow common/mqueue.h.
+ */
+int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
+                           struct lynx_reg_err *err);
+
+/* The error body {"error": {"code": ..., "message": ...}} (new object). */
+struct json_object *lynx_json_error(const char *code, const char *message);
+
+#endif

@@ -1,0 +1,358 @@
+/*
+ * store.c - operator intent on disk (see store.h).
+ *
+ * DIR/state.json:
+ *   {"version": 1,
+ *    "services": [ service spec, as POST /v1/services takes it, ... ],
+ *    "drained": [ "node-id", ... ]}
+ *
+ * Services are stored in the API's own shape and read back with the API's
+ * decoder, so a spec that was accepted once is accepted again and nothing
+ * is validated twice in two ways. The file is small (operator intent, not
+ * runtime state), so it is rewritten whole on every change.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "regjson.h"
+
+#define STORE_FILE "state.json"
+#define STORE_TMP "state.json.tmp"
+#define STORE_VERSION 1
+#define STORE_MAX (64u << 20) /* far above any real intent; refuses junk */
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  va_list ap;
+  if (err && errlen) {
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
+static int join(char *out, size_t size, const char *dir, const char *name) {
+  int n = snprintf(out, size, "%s/%s", dir, name);
+  return (n < 0 || (size_t)n >= size) ? -ENAMETOOLONG : 0;
+}
+
+static struct json_object *state_obj(const struct lynx_registry *r) {
+  struct json_object *root = json_object_new_object();
+  struct json_object *svcs = json_object_new_array();
+  struct json_object *drained = json_object_new_array();
+  const struct lynx_reg_service *s;
+  const struct lynx_reg_node *n;
+  const struct lynx_reg_drain_intent *d;
+
+  json_object_object_add(root, "version", json_object_new_int(STORE_VERSION));
+  for (s = r->services; s; s = s->next) {
+    struct json_object *o = lynx_json_service(r, s);
+    json_object_object_del(o, "instances"); /* runtime, not intent */
+    json_object_array_add(svcs, o);
+  }
+  json_object_object_add(root, "services", svcs);
+  for (n = r->nodes; n; n = n->next)
+    if (n->drain_intent)
+      json_object_array_add(drained, json_object_new_string(n->id));
+  for (d = r->drain_intents; d; d = d->next)
+    json_object_array_add(drained, json_object_new_string(d->id));
+  json_object_object_add(root, "drained", drained);
+  return root;
+}
+
+static int write_all(int fd, const char *buf, size_t len) {
+  while (len) {
+    ssize_t w = write(fd, buf, len);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    buf += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
+int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
+                    size_t errlen) {
+  char path[PATH_MAX], tmp[PATH_MAX];
+  struct json_object *root;
+  const char *text;
+  int fd, rc, dfd;
+
+  if (!dir || !r)
+    return fail(err, errlen, -EINVAL, "no state directory");
+  if (join(path, sizeof(path), dir, STORE_FILE) ||
+      join(tmp, sizeof(tmp), dir, STORE_TMP))
+    return fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+
+  root = state_obj(r);
+  text = json_object_to_json_string_ext(
+      root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+  if (!text) {
+    json_object_put(root);
+    return fail(err, errlen, -ENOMEM, "%s: cannot encode the state", path);
+  }
+
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    rc = -errno;
+    json_object_put(root);
+    return fail(err, errlen, rc, "%s: open: %s", tmp, strerror(-rc));
+  }
+  rc = write_all(fd, text, strlen(text));
+  if (!rc)
+    rc = write_all(fd, "\n", 1);
+  json_object_put(root);
+  if (rc) {
+    fail(err, errlen, rc, "%s: write: %s", tmp, strerror(-rc));
+    goto err_close;
+  }
+  if (fsync(fd) < 0) {
+    rc = -errno;
+    fail(err, errlen, rc, "%s: fsync: %s", tmp, strerror(-rc));
+    goto err_close;
+  }
+  if (close(fd) < 0) {
+    rc = -errno;
+    fail(err, errlen, rc, "%s: close: %s", tmp, strerror(-rc));
+    goto err_unlink;
+  }
+  if (rename(tmp, path) < 0) {
+    rc = -errno;
+    fail(err, errlen, rc, "%s: rename to %s: %s", tmp, path, strerror(-rc));
+    goto err_unlink;
+  }
+  /* the rename itself must reach the disk */
+  dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    rc = -errno;
+    return fail(err, errlen, rc, "%s: open: %s", dir, strerror(-rc));
+  }
+  if (fsync(dfd) < 0) {
+    rc = -errno;
+    close(dfd);
+    return fail(err, errlen, rc, "%s: fsync: %s", dir, strerror(-rc));
+  }
+  close(dfd);
+  return 0;
+
+err_close:
+  close(fd);
+err_unlink:
+  unlink(tmp);
+  return rc;
+}
+
+/* Reads the whole file; *buf is NUL-terminated and the caller frees it.
+ * -ENOENT when it does not exist. */
+static int read_file(const char *path, char **buf, size_t *len, char *err,
+                     size_t errlen) {
+  struct stat st;
+  size_t got = 0;
+  char *b;
+  int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+  if (fd < 0) {
+    rc = -errno;
+    if (rc == -ENOENT)
+      return rc;
+    return fail(err, errlen, rc, "%s: open: %s", path, strerror(-rc));
+  }
+  if (fstat(fd, &st) < 0) {
+    rc = -errno;
+    close(fd);
+    return fail(err, errlen, rc, "%s: stat: %s", path, strerror(-rc));
+  }
+  if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > STORE_MAX) {
+    close(fd);
+    return fail(err, errlen, -EINVAL,
+                "%s: not a regular file of at most %u "
+                "bytes",
+                path, STORE_MAX);
+  }
+  b = malloc((size_t)st.st_size + 1);
+  if (!b) {
+    close(fd);
+    return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+  }
+  while (got < (size_t)st.st_size) {
+    ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      rc = -errno;
+      free(b);
+      close(fd);
+      return fail(err, errlen, rc, "%s: read: %s", path, strerror(-rc));
+    }
+    if (n == 0)
+      break; /* shrank under us: parse what is there */
+    got += (size_t)n;
+  }
+  close(fd);
+  b[got] = '\0';
+  *buf = b;
+  *len = got;
+  return 0;
+}
+
+static int parse_state(const char *path, const char *buf, size_t len,
+                       struct json_object **out, char *err, size_t errlen) {
+  struct json_tokener *tok = json_tokener_new();
+  struct json_object *root;
+  enum json_tokener_error je;
+  size_t end;
+  if (!tok)
+    return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+  root = json_tokener_parse_ex(tok, buf, (int)len);
+  je = json_tokener_get_error(tok);
+  end = json_tokener_get_parse_end(tok);
+  json_tokener_free(tok);
+  if (!root || je != json_tokener_success) {
+    json_object_put(root);
+    return fail(err, errlen, -EINVAL, "%s: not valid JSON: %s", path,
+                je == json_tokener_continue ? "empty or truncated"
+                                            : json_tokener_error_desc(je));
+  }
+  for (; end < len; end++)
+    if (buf[end] != ' ' && buf[end] != '\n' && buf[end] != '\t' &&
+        buf[end] != '\r') {
+      json_object_put(root);
+      return fail(err, errlen, -EINVAL, "%s: not valid JSON: trailing data",
+                  path);
+    }
+  *out = root;
+  return 0;
+}
+
+int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
+                    char *err, size_t errlen) {
+  char path[PATH_MAX];
+  char *buf = NULL;
+  size_t len = 0, k, n_svcs = 0, n_drained = 0;
+  struct json_object *root = NULL, *svcs = NULL, *drained = NULL;
+  struct lynx_service_spec *specs = NULL;
+  struct lynx_reg_err e;
+  int rc, have_version = 0;
+
+  if (!dir || !r)
+    return fail(err, errlen, -EINVAL, "no state directory");
+  if (join(path, sizeof(path), dir, STORE_FILE))
+    return fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+  rc = read_file(path, &buf, &len, err, errlen);
+  if (rc == -ENOENT)
+    return 0; /* first start: nothing decided yet */
+  if (rc)
+    return rc;
+  rc = parse_state(path, buf, len, &root, err, errlen);
+  free(buf);
+  if (rc)
+    return rc;
+
+  rc = -EINVAL;
+  if (!json_object_is_type(root, json_type_object)) {
+    fail(err, errlen, rc, "%s: must be a JSON object", path);
+    goto out;
+  }
+  {
+    json_object_object_foreach(root, key, val) {
+      if (!strcmp(key, "version")) {
+        if (!json_object_is_type(val, json_type_int) ||
+            json_object_get_int64(val) != STORE_VERSION) {
+          fail(err, errlen, rc,
+               "%s: version: must be %d (written by a "
+               "different release?)",
+               path, STORE_VERSION);
+          goto out;
+        }
+        have_version = 1;
+      } else if (!strcmp(key, "services")) {
+        if (!json_object_is_type(val, json_type_array)) {
+          fail(err, errlen, rc, "%s: services: must be an array", path);
+          goto out;
+        }
+        svcs = val;
+      } else if (!strcmp(key, "drained")) {
+        if (!json_object_is_type(val, json_type_array)) {
+          fail(err, errlen, rc, "%s: drained: must be an array", path);
+          goto out;
+        }
+        drained = val;
+      } else {
+        fail(err, errlen, rc, "%s: %s: unknown field", path, key);
+        goto out;
+      }
+    }
+  }
+  if (!have_version) {
+    fail(err, errlen, rc, "%s: version: required", path);
+    goto out;
+  }
+
+  /* Decode everything before changing r, so a bad file changes nothing
+   * as far as decoding can tell. */
+  n_svcs = svcs ? json_object_array_length(svcs) : 0;
+  n_drained = drained ? json_object_array_length(drained) : 0;
+  if (n_svcs) {
+    specs = calloc(n_svcs, sizeof(*specs));
+    if (!specs) {
+      rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+      goto out;
+    }
+  }
+  for (k = 0; k < n_svcs; k++) {
+    memset(&e, 0, sizeof(e));
+    if (lynx_json_service_spec(json_object_array_get_idx(svcs, k), &specs[k],
+                               &e)) {
+      fail(err, errlen, rc, "%s: services[%zu]: %s", path, k, e.message);
+      goto out;
+    }
+  }
+  for (k = 0; k < n_drained; k++) {
+    struct json_object *v = json_object_array_get_idx(drained, k);
+    if (!json_object_is_type(v, json_type_string) ||
+        json_object_get_string_len(v) == 0 ||
+        json_object_get_string_len(v) >= LYNX_ID_MAX) {
+      fail(err, errlen, rc, "%s: drained[%zu]: must be a node id", path, k);
+      goto out;
+    }
+  }
+
+  for (k = 0; k < n_svcs; k++) {
+    memset(&e, 0, sizeof(e));
+    rc = lynx_reg_service_create(r, &specs[k], now_ms, &e);
+    if (rc) {
+      fail(err, errlen, rc, "%s: services[%zu]: %s", path, k, e.message);
+      goto out;
+    }
+  }
+  for (k = 0; k < n_drained; k++) {
+    const char *id =
+        json_object_get_string(json_object_array_get_idx(drained, k));
+    rc = lynx_reg_drain_intent_add(r, id);
+    if (rc) {
+      fail(err, errlen, rc, "%s: drained[%zu]: %s", path, k,
+           rc == -EINVAL ? "not a valid node id" : strerror(-rc));
+      goto out;
+    }
+  }
+  rc = 0;
+out:
+  free(specs);
+  json_object_put(root);
+  return rc;
+}

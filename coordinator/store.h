@@ -1,0 +1,28 @@
+/*
+ * store.h - operator intent on disk: the services, and which nodes the
+ * operator drained, in DIR/state.json.
+ *
+ * Saving writes DIR/state.json.tmp, fsyncs it, renames it over state.json
+ * and fsyncs DIR, so a crash leaves either the old or the new file, never a
+ * torn one. Loading a missing file is an empty state; a file that does not
+ * parse is an error (the coordinator refuses to start rather than forget
+ * services).
+ */
+#ifndef LYNX_STORE_H
+#define LYNX_STORE_H
+
+#include <stddef.h>
+
+#include "registry.h"
+
+/* 0 or -errno; err gets a sentence on failure. */
+int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
+                    size_t errlen);
+
+/* Creates the services and drain intents in r (r freshly initialised, no
+ * nodes yet: drain intents are kept by node id and applied when the node
+ * registers). 0, or -errno / -EINVAL with err. */
+int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
+                    char *err, size_t errlen);
+
+#endif

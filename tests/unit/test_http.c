@@ -1,0 +1,1078 @@
+/*
+ * test_http.c - the coordinator's JSON API (coordinator/http.c), in-process.
+ *
+ * Each test builds a struct lynx_coord (a real registry, a temporary state
+ * directory), serves it with lynx_http_start on 127.0.0.1 and a free port,
+ * and talks to it with libcurl exactly as an operator's tools would. The
+ * last tests run the lynxctl binary against the same server.
+ *
+ * The daemon's lynx_coord_now_ms / lynx_coord_changed live in main.c, which
+ * is not linked here: this file provides them.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+#include <json-c/json.h>
+
+#include "coord.h"
+#include "log.h"
+#include "registry.h"
+#include "util.h"
+
+#define BODY_MAX 4096
+
+/* ---- what main.c provides in the daemon -------------------------------- */
+
+uint64_t lynx_coord_now_ms(void) { return lynx_now_ns() / 1000000u; }
+
+void lynx_coord_changed(struct lynx_coord *c) {
+  pthread_cond_broadcast(&c->changed);
+}
+
+/* ---- fixture ----------------------------------------------------------- */
+
+struct fx {
+  struct lynx_coord c;
+  char dir[64];
+  char state[128];
+  char base[64]; /* http://127.0.0.1:PORT */
+  unsigned port;
+};
+
+static unsigned free_port(void) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  unsigned port = 0;
+  if (fd < 0)
+    return 0;
+  memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+    port = ntohs(sa.sin_port);
+  close(fd);
+  return port;
+}
+
+/* Serves f->c on host:free port; retries when the port was taken meanwhile. */
+static int serve(struct fx *f, const char *host) {
+  char addr[64];
+  for (int tries = 0; tries < 20; tries++) {
+    unsigned port = free_port();
+    if (!port)
+      continue;
+    snprintf(addr, sizeof(addr), "%s:%u", host, port);
+    if (lynx_http_start(&f->c, addr) == 0) {
+      f->port = port;
+      snprintf(f->base, sizeof(f->base), "http://127.0.0.1:%u", port);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static int setup(void **state) {
+  struct fx *f = calloc(1, sizeof(*f));
+  if (!f)
+    return -1;
+  lynx_log_level = LYNX_LOG_ERROR;
+  snprintf(f->dir, sizeof(f->dir), "/tmp/lynx-ut-http-XXXXXX");
+  if (!mkdtemp(f->dir)) {
+    free(f);
+    return -1;
+  }
+  snprintf(f->state, sizeof(f->state), "%s/state.json", f->dir);
+  pthread_mutex_init(&f->c.lock, NULL);
+  pthread_cond_init(&f->c.changed, NULL);
+  lynx_reg_init(&f->c.reg, 3000, 5000, NULL);
+  f->c.state_dir = f->dir;
+  f->c.body_max = BODY_MAX;
+  f->c.ready = 1;
+  if (serve(f, "127.0.0.1")) {
+    lynx_reg_free(&f->c.reg);
+    rmdir(f->dir);
+    free(f);
+    return -1;
+  }
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct fx *f = *state;
+  char path[160];
+  lynx_http_stop(&f->c);
+  lynx_reg_free(&f->c.reg);
+  pthread_cond_destroy(&f->c.changed);
+  pthread_mutex_destroy(&f->c.lock);
+  unlink(f->state);
+  snprintf(path, sizeof(path), "%s/state.json.tmp", f->dir);
+  unlink(path);
+  for (int i = 0; i < 8; i++) { /* lynxctl test outputs */
+    snprintf(path, sizeof(path), "%s/out%d", f->dir, i);
+    unlink(path);
+  }
+  snprintf(path, sizeof(path), "%s/spec.json", f->dir);
+  unlink(path);
+  rmdir(f->dir);
+  free(f);
+  return 0;
+}
+
+/* ---- HTTP client -------------------------------------------------------- */
+
+struct resp {
+  long status;
+  char *body;
+  size_t len;
+  char allow[128];
+  char ctype[128];
+  char location[128];
+  char www_auth[128];
+  struct json_object *json; /* parsed body, or NULL */
+};
+
+static size_t on_body(char *p, size_t size, size_t n, void *arg) {
+  struct resp *r = arg;
+  char *nb = realloc(r->body, r->len + size * n + 1);
+  if (!nb)
+    return 0;
+  memcpy(nb + r->len, p, size * n);
+  r->body = nb;
+  r->len += size * n;
+  r->body[r->len] = 0;
+  return size * n;
+}
+
+static void header_copy(char *dst, size_t dlen, const char *v, size_t n) {
+  while (n && (v[n - 1] == '\r' || v[n - 1] == '\n'))
+    n--;
+  while (n && *v == ' ') {
+    v++;
+    n--;
+  }
+  if (n >= dlen)
+    n = dlen - 1;
+  memcpy(dst, v, n);
+  dst[n] = 0;
+}
+
+static size_t on_header(char *p, size_t size, size_t n, void *arg) {
+  struct resp *r = arg;
+  size_t len = size * n;
+  static const struct {
+    const char *name;
+    size_t off;
+  } want[] = {
+      {"allow:", offsetof(struct resp, allow)},
+      {"content-type:", offsetof(struct resp, ctype)},
+      {"location:", offsetof(struct resp, location)},
+      {"www-authenticate:", offsetof(struct resp, www_auth)},
+  };
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+    size_t l = strlen(want[i].name);
+    if (len > l && strncasecmp(p, want[i].name, l) == 0)
+      header_copy((char *)r + want[i].off, 128, p + l, len - l);
+  }
+  return len;
+}
+
+struct upload {
+  const char *data;
+  size_t len, off;
+};
+
+static size_t on_read(char *p, size_t size, size_t n, void *arg) {
+  struct upload *u = arg;
+  size_t k = size * n;
+  if (k > u->len - u->off)
+    k = u->len - u->off;
+  if (k > 1000) /* several chunks */
+    k = 1000;
+  memcpy(p, u->data + u->off, k);
+  u->off += k;
+  return k;
+}
+
+/* One request to base+path. headers: NULL-terminated extra header lines.
+ * chunked: send body with Transfer-Encoding: chunked (no Content-Length). */
+static CURLcode do_req(const char *base, const char *method, const char *path,
+                       const char *body, const char *const *headers,
+                       int chunked, long timeout_ms, struct resp *r) {
+  char url[512];
+  CURL *h = curl_easy_init();
+  struct curl_slist *hl = NULL;
+  struct upload up = {body, body ? strlen(body) : 0, 0};
+  CURLcode rc;
+  memset(r, 0, sizeof(*r));
+  if (!h)
+    return CURLE_FAILED_INIT;
+  snprintf(url, sizeof(url), "%s%s", base, path);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  if (strcmp(method, "HEAD") == 0)
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  else
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+  for (const char *const *x = headers; x && *x; x++)
+    hl = curl_slist_append(hl, *x);
+  if (body && chunked) {
+    hl = curl_slist_append(hl, "Transfer-Encoding: chunked");
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(h, CURLOPT_READDATA, &up);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  } else if (body) {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)up.len);
+  }
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+  rc = curl_easy_perform(h);
+  if (rc == CURLE_OK) {
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (r->body)
+      r->json = json_tokener_parse(r->body);
+  }
+  curl_slist_free_all(hl);
+  curl_easy_cleanup(h);
+  return rc;
+}
+
+static void resp_free(struct resp *r) {
+  json_object_put(r->json);
+  free(r->body);
+  memset(r, 0, sizeof(*r));
+}
+
+/* A request that must complete; returns the status. */
+static long req(struct fx *f, const char *method, const char *path,
+                const char *body, struct resp *r) {
+  CURLcode rc = do_req(f->base, method, path, body, NULL, 0, 10000, r);
+  if (rc != CURLE_OK)
+    fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+  return r->status;
+}
+
+static const char *jstr(struct json_object *j, const char *a, const char *b) {
+  struct json_object *v;
+  if (!j || !json_object_object_get_ex(j, a, &v))
+    return NULL;
+  if (b && !json_object_object_get_ex(v, b, &v))
+    return NULL;
+  return json_object_get_string(v);
+}
+
+/* Checks an error answer: status, JSON shape, code, and words of the
+ * message. */
+static void expect_error(struct resp *r, long status, const char *code,
+                         const char *word1, const char *word2) {
+  const char *m;
+  if (r->status != status)
+    fail_msg("expected HTTP %ld, got %ld: %s", status, r->status,
+             r->body ? r->body : "(no body)");
+  assert_non_null(r->json);
+  assert_non_null(r->body);
+  assert_int_equal(r->body[r->len - 1], '\n');
+  assert_string_equal(jstr(r->json, "error", "code"), code);
+  m = jstr(r->json, "error", "message");
+  assert_non_null(m);
+  if (word1 && !strstr(m, word1))
+    fail_msg("message '%s' does not mention '%s'", m, word1);
+  if (word2 && !strstr(m, word2))
+    fail_msg("message '%s' does not mention '%s'", m, word2);
+}
+
+static char *slurp(const char *path) {
+  FILE *fp = fopen(path, "r");
+  char *buf;
+  long n;
+  if (!fp)
+    return NULL;
+  fseek(fp, 0, SEEK_END);
+  n = ftell(fp);
+  fseek(fp, 0, SEEK_SET);
+  buf = calloc(1, (size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  fclose(fp);
+  return buf;
+}
+
+static uint64_t now_ms(void) { return lynx_now_ns() / 1000000u; }
+
+static const char svc_body[] =
+    "{\"name\": \"echo-ut\", \"port\": 9123, \"app\": \"echo\", "
+    "\"slots\": 64, \"placement\": \"all\"}";
+
+/* ---- tests -------------------------------------------------------------- */
+
+static void test_health_ready(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  assert_int_equal(req(f, "GET", "/healthz", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "status", NULL), "ok");
+  assert_int_equal(r.body[r.len - 1], '\n');
+  assert_non_null(strstr(r.ctype, "application/json"));
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/readyz", NULL, &r), 200);
+  resp_free(&r);
+  __atomic_store_n(&f->c.ready, 0, __ATOMIC_RELEASE);
+  req(f, "GET", "/readyz", NULL, &r);
+  expect_error(&r, 503, "not_ready", "not ready", NULL);
+  resp_free(&r);
+  /* HEAD is served by the GET route */
+  assert_int_equal(req(f, "HEAD", "/healthz", NULL, &r), 200);
+  resp_free(&r);
+}
+
+static void test_lists_shape(void **state) {
+  struct fx *f = *state;
+  static const char *const paths[] = {"/v1/nodes", "/v1/accelerators",
+                                      "/v1/mqueues", "/v1/services",
+                                      "/v1/frontends", "/v1/nodes/"};
+  for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+    struct resp r;
+    struct json_object *v, *items;
+    assert_int_equal(req(f, "GET", paths[i], NULL, &r), 200);
+    assert_non_null(r.json);
+    assert_true(json_object_object_get_ex(r.json, "version", &v));
+    assert_true(json_object_is_type(v, json_type_int));
+    assert_true(json_object_object_get_ex(r.json, "items", &items));
+    assert_true(json_object_is_type(items, json_type_array));
+    assert_int_equal(json_object_array_length(items), 0);
+    assert_int_equal(r.body[r.len - 1], '\n');
+    resp_free(&r);
+  }
+}
+
+static void test_service_lifecycle(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  struct json_object *items;
+  char *disk;
+  uint64_t v0 = f->c.reg.version;
+
+  assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 201);
+  assert_string_equal(jstr(r.json, "name", NULL), "echo-ut");
+  assert_string_equal(jstr(r.json, "port", NULL), "9123");
+  assert_string_equal(jstr(r.json, "placement", NULL), "all");
+  assert_string_equal(r.location, "/v1/services/echo-ut");
+  resp_free(&r);
+  assert_true(f->c.reg.version > v0);
+
+  /* persisted */
+  disk = slurp(f->state);
+  assert_non_null(disk);
+  assert_non_null(strstr(disk, "echo-ut"));
+  free(disk);
+
+  assert_int_equal(req(f, "GET", "/v1/services/echo-ut", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "app", NULL), "echo");
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 200);
+  assert_true(json_object_object_get_ex(r.json, "items", &items));
+  assert_int_equal(json_object_array_length(items), 1);
+  resp_free(&r);
+
+  /* duplicate name, then the same port under another name */
+  req(f, "POST", "/v1/services", svc_body, &r);
+  expect_error(&r, 409, "conflict", "echo-ut", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"other\", \"port\": 9123, \"app\": \"echo\"}", &r);
+  expect_error(&r, 409, "conflict", "port", NULL);
+  resp_free(&r);
+
+  /* delete: 200 with the service as it was */
+  assert_int_equal(req(f, "DELETE", "/v1/services/echo-ut", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "name", NULL), "echo-ut");
+  resp_free(&r);
+  disk = slurp(f->state);
+  assert_non_null(disk);
+  assert_null(strstr(disk, "echo-ut"));
+  free(disk);
+  req(f, "GET", "/v1/services/echo-ut", NULL, &r);
+  expect_error(&r, 404, "not_found", "echo-ut", NULL);
+  resp_free(&r);
+  req(f, "DELETE", "/v1/services/echo-ut", NULL, &r);
+  expect_error(&r, 404, "not_found", "echo-ut", NULL);
+  resp_free(&r);
+}
+
+static void test_bad_json(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "POST", "/v1/services", "{\"name\": \"a\", \"port\": ", &r);
+  expect_error(&r, 400, "invalid_argument", "malformed JSON", "end of input");
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "{\"name\":\n  nope}", &r);
+  expect_error(&r, 400, "invalid_argument", "malformed JSON", "line 2");
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "{\"name\": \"a\",}", &r);
+  expect_error(&r, 400, "invalid_argument", "malformed JSON", "column");
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "{} {}", &r); /* points at the 2nd value */
+  expect_error(&r, 400, "invalid_argument", "malformed JSON", "column 4");
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "", &r);
+  expect_error(&r, 400, "invalid_argument", "empty body", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "[1, 2]", &r);
+  expect_error(&r, 400, "invalid_argument", "JSON object", "array");
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "\x01\xff garbage", &r);
+  expect_error(&r, 400, "invalid_argument", "malformed JSON", NULL);
+  resp_free(&r);
+  /* nothing was created */
+  assert_null(f->c.reg.services);
+}
+
+static void test_bad_fields(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": \"80\", \"app\": \"echo\"}", &r);
+  expect_error(&r, 400, "invalid_argument", "port", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 80, \"app\": \"echo\", \"replica\": 3}", &r);
+  expect_error(&r, 400, "invalid_argument", "replica", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services", "{\"name\": \"a\", \"app\": \"echo\"}", &r);
+  expect_error(&r, 400, "invalid_argument", "port", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 80, \"app\": \"echo\", "
+      "\"placement\": {\"replicas\": -1}}", &r);
+  expect_error(&r, 400, "invalid_argument", "placement.replicas", NULL);
+  resp_free(&r);
+  assert_null(f->c.reg.services);
+}
+
+static void test_unknown_path(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "GET", "/v1/nope", NULL, &r);
+  expect_error(&r, 404, "not_found", "/v1/nope", NULL);
+  resp_free(&r);
+  req(f, "GET", "/v1/services/a/b", NULL, &r);
+  expect_error(&r, 404, "not_found", NULL, NULL);
+  resp_free(&r);
+  req(f, "POST", "/", "{}", &r);
+  expect_error(&r, 404, "not_found", NULL, NULL);
+  resp_free(&r);
+}
+
+static void test_wrong_method(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "PUT", "/v1/services", "{}", &r);
+  expect_error(&r, 405, "method_not_allowed", "PUT", NULL);
+  assert_non_null(strstr(r.allow, "GET"));
+  assert_non_null(strstr(r.allow, "POST"));
+  resp_free(&r);
+  req(f, "POST", "/v1/nodes", NULL, &r);
+  expect_error(&r, 405, "method_not_allowed", NULL, NULL);
+  assert_string_equal(r.allow, "GET, HEAD");
+  resp_free(&r);
+  req(f, "GET", "/v1/nodes/n1/drain", NULL, &r);
+  expect_error(&r, 405, "method_not_allowed", NULL, NULL);
+  assert_string_equal(r.allow, "POST");
+  resp_free(&r);
+  req(f, "PATCH", "/v1/services/x", NULL, &r);
+  expect_error(&r, 405, "method_not_allowed", NULL, NULL);
+  assert_non_null(strstr(r.allow, "DELETE"));
+  resp_free(&r);
+}
+
+static void test_oversized(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  size_t n = 3 * BODY_MAX;
+  char *big = malloc(n + 1);
+  CURLcode rc;
+  assert_non_null(big);
+  memset(big, ' ', n);
+  big[0] = '{';
+  big[n - 1] = '}';
+  big[n] = 0;
+  /* declared length: refused before the body is read */
+  req(f, "POST", "/v1/services", big, &r);
+  expect_error(&r, 413, "payload_too_large", "4096", NULL);
+  resp_free(&r);
+  /* chunked: refused once it grows past the limit */
+  rc = do_req(f->base, "POST", "/v1/services", big, NULL, 1, 10000, &r);
+  assert_int_equal(rc, CURLE_OK);
+  expect_error(&r, 413, "payload_too_large", NULL, NULL);
+  resp_free(&r);
+  /* just under the limit is read (and then judged on its content) */
+  big[BODY_MAX - 2] = '}';
+  big[BODY_MAX - 1] = 0;
+  req(f, "POST", "/v1/services", big, &r);
+  expect_error(&r, 400, "invalid_argument", "name", NULL);
+  resp_free(&r);
+  free(big);
+  assert_int_equal(req(f, "GET", "/healthz", NULL, &r), 200);
+  resp_free(&r);
+}
+
+static void test_token(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  static const char *const none[] = {NULL};
+  static const char *const wrong[] = {"Authorization: Bearer nope", NULL};
+  static const char *const prefix[] = {"Authorization: Bearer s3cre", NULL};
+  static const char *const longer[] = {"Authorization: Bearer s3cret!", NULL};
+  static const char *const basic[] = {"Authorization: Basic czNjcmV0", NULL};
+  static const char *const right[] = {"Authorization: Bearer s3cret", NULL};
+  static const char *const lower[] = {"Authorization: bearer s3cret", NULL};
+  const char *const *bad[] = {none, wrong, prefix, longer, basic};
+
+  f->c.token = "s3cret";
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    assert_int_equal(do_req(f->base, "POST", "/v1/services", svc_body, bad[i],
+                            0, 10000, &r),
+                     CURLE_OK);
+    expect_error(&r, 401, "unauthenticated", NULL, NULL);
+    assert_non_null(strstr(r.www_auth, "Bearer"));
+    resp_free(&r);
+    assert_int_equal(do_req(f->base, "DELETE", "/v1/services/echo-ut", NULL,
+                            bad[i], 0, 10000, &r),
+                     CURLE_OK);
+    expect_error(&r, 401, "unauthenticated", NULL, NULL);
+    resp_free(&r);
+  }
+  assert_null(f->c.reg.services);
+  /* reads need no token */
+  assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(do_req(f->base, "POST", "/v1/services", svc_body, right, 0,
+                          10000, &r),
+                   CURLE_OK);
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  assert_int_equal(do_req(f->base, "DELETE", "/v1/services/echo-ut", NULL,
+                          lower, 0, 10000, &r),
+                   CURLE_OK);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  f->c.token = NULL;
+}
+
+static void test_nodes_unknown(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "POST", "/v1/nodes/ghost/drain", NULL, &r);
+  expect_error(&r, 404, "not_found", "ghost", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/nodes/ghost/undrain", NULL, &r);
+  expect_error(&r, 404, "not_found", "ghost", NULL);
+  resp_free(&r);
+  req(f, "DELETE", "/v1/nodes/ghost", NULL, &r);
+  expect_error(&r, 404, "not_found", "ghost", NULL);
+  resp_free(&r);
+  req(f, "GET", "/v1/nodes/ghost", NULL, &r);
+  expect_error(&r, 404, "not_found", "ghost", NULL);
+  resp_free(&r);
+}
+
+static void add_node(struct fx *f, const char *id) {
+  struct lynx_label labels[1] = {{"zone", "a"}};
+  struct lynx_accel_info acc[2];
+  struct lynx_reg_err err;
+  int rc;
+  memset(acc, 0, sizeof(acc));
+  memset(&err, 0, sizeof(err));
+  for (uint32_t i = 0; i < 2; i++) {
+    acc[i].idx = i;
+    snprintf(acc[i].kind, sizeof(acc[i].kind), "cpu");
+    snprintf(acc[i].model, sizeof(acc[i].model), "x86-64");
+    acc[i].memory_bytes = 1u << 30;
+  }
+  pthread_mutex_lock(&f->c.lock);
+  rc = lynx_reg_register(&f->c.reg, id, "127.0.0.1:40000", 7, labels, 1, acc,
+                         2, NULL, lynx_coord_now_ms(), &err);
+  lynx_coord_changed(&f->c);
+  pthread_mutex_unlock(&f->c.lock);
+  if (rc)
+    fail_msg("register %s: %d %s", id, rc, err.message);
+}
+
+static void test_node_ops(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  struct json_object *items, *accels;
+  const char *st;
+  char *disk;
+
+  add_node(f, "node-a");
+  assert_int_equal(req(f, "GET", "/v1/nodes/node-a", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "state", NULL), "ready");
+  assert_string_equal(jstr(r.json, "epoch", NULL), "7");
+  assert_string_equal(jstr(r.json, "labels", "zone"), "a");
+  assert_true(json_object_object_get_ex(r.json, "accelerators", &accels));
+  assert_int_equal(json_object_array_length(accels), 2);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/accelerators", NULL, &r), 200);
+  assert_true(json_object_object_get_ex(r.json, "items", &items));
+  assert_int_equal(json_object_array_length(items), 2);
+  resp_free(&r);
+
+  assert_int_equal(req(f, "POST", "/v1/nodes/node-a/drain", NULL, &r), 200);
+  st = jstr(r.json, "state", NULL);
+  assert_non_null(st);
+  assert_true(!strcmp(st, "draining") || !strcmp(st, "drained"));
+  resp_free(&r);
+  disk = slurp(f->state);
+  assert_non_null(disk);
+  assert_non_null(strstr(disk, "node-a")); /* the drain intent */
+  free(disk);
+
+  /* only a down node can be forgotten */
+  req(f, "DELETE", "/v1/nodes/node-a", NULL, &r);
+  expect_error(&r, 409, "conflict", NULL, NULL);
+  resp_free(&r);
+
+  assert_int_equal(req(f, "POST", "/v1/nodes/node-a/undrain", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "state", NULL), "ready");
+  resp_free(&r);
+  disk = slurp(f->state);
+  assert_non_null(disk);
+  assert_null(strstr(disk, "node-a"));
+  free(disk);
+
+  assert_int_equal(req(f, "GET", "/metrics", NULL, &r), 200);
+  assert_non_null(strstr(r.body, "lynx_coordinator_nodes{state=\"ready\"} 1\n"));
+  assert_non_null(strstr(r.body, "lynx_coordinator_accelerators 2\n"));
+  resp_free(&r);
+
+  /* leave: down, then forgettable */
+  pthread_mutex_lock(&f->c.lock);
+  assert_int_equal(lynx_reg_leave(&f->c.reg, "node-a", 7, lynx_coord_now_ms()),
+                   0);
+  pthread_mutex_unlock(&f->c.lock);
+  req(f, "POST", "/v1/nodes/node-a/drain", NULL, &r);
+  assert_true(r.status == 400 || r.status == 409);
+  assert_non_null(jstr(r.json, "error", "message"));
+  resp_free(&r);
+  assert_int_equal(req(f, "DELETE", "/v1/nodes/node-a", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "state", NULL), "down");
+  resp_free(&r);
+  req(f, "GET", "/v1/nodes/node-a", NULL, &r);
+  expect_error(&r, 404, "not_found", NULL, NULL);
+  resp_free(&r);
+}
+
+struct bumper {
+  struct fx *f;
+  unsigned delay_ms;
+};
+
+static void *bump_later(void *arg) {
+  struct bumper *b = arg;
+  struct timespec ts = {0, (long)b->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  pthread_mutex_lock(&b->f->c.lock);
+  b->f->c.reg.version++;
+  lynx_coord_changed(&b->f->c);
+  pthread_mutex_unlock(&b->f->c.lock);
+  return NULL;
+}
+
+static uint64_t watch_version(struct resp *r) {
+  struct json_object *v;
+  assert_int_equal(r->status, 200);
+  assert_true(json_object_object_get_ex(r->json, "version", &v));
+  return json_object_get_uint64(v);
+}
+
+static void test_watch(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  char path[128];
+  uint64_t v, t0, dt;
+  pthread_t th;
+  struct bumper b = {f, 300};
+
+  /* without since: the current version at once */
+  assert_int_equal(req(f, "GET", "/v1/watch", NULL, &r), 200);
+  v = watch_version(&r);
+  resp_free(&r);
+  assert_int_equal(v, f->c.reg.version);
+
+  /* woken by a change from another thread */
+  snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=10000",
+           (unsigned long long)v);
+  assert_int_equal(pthread_create(&th, NULL, bump_later, &b), 0);
+  t0 = now_ms();
+  req(f, "GET", path, NULL, &r);
+  dt = now_ms() - t0;
+  pthread_join(th, NULL);
+  assert_int_equal(watch_version(&r), v + 1);
+  resp_free(&r);
+  assert_true(dt >= 250);
+  assert_true(dt < 5000);
+
+  /* nothing changes: answers the same version at the timeout */
+  snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=400",
+           (unsigned long long)(v + 1));
+  t0 = now_ms();
+  req(f, "GET", path, NULL, &r);
+  dt = now_ms() - t0;
+  assert_int_equal(watch_version(&r), v + 1);
+  resp_free(&r);
+  assert_true(dt >= 350);
+  assert_true(dt < 3000);
+
+  /* already past since: at once */
+  snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=10000",
+           (unsigned long long)v);
+  t0 = now_ms();
+  req(f, "GET", path, NULL, &r);
+  assert_int_equal(watch_version(&r), v + 1);
+  assert_true(now_ms() - t0 < 2000);
+  resp_free(&r);
+
+  /* since from a previous incarnation (higher than now): at once */
+  t0 = now_ms();
+  req(f, "GET", "/v1/watch?since=999999&timeout_ms=10000", NULL, &r);
+  assert_int_equal(watch_version(&r), v + 1);
+  assert_true(now_ms() - t0 < 2000);
+  resp_free(&r);
+
+  req(f, "GET", "/v1/watch?since=abc", NULL, &r);
+  expect_error(&r, 400, "invalid_argument", "since", NULL);
+  resp_free(&r);
+  req(f, "GET", "/v1/watch?since=1&timeout_ms=-5", NULL, &r);
+  expect_error(&r, 400, "invalid_argument", "timeout_ms", NULL);
+  resp_free(&r);
+}
+
+struct watcher {
+  const char *base;
+  uint64_t since;
+  CURLcode rc;
+  struct resp r;
+};
+
+static void *watch_thread(void *arg) {
+  struct watcher *w = arg;
+  char path[128];
+  snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=60000",
+           (unsigned long long)w->since);
+  w->rc = do_req(w->base, "GET", path, NULL, NULL, 0, 70000, &w->r);
+  return NULL;
+}
+
+/* lynx_http_stop does not wait for blocked watchers' timeouts. */
+static void test_stop_wakes_watchers(void **state) {
+  struct fx *f = *state;
+  struct watcher w[3];
+  pthread_t th[3];
+  struct timespec ts = {0, 300 * 1000000L};
+  uint64_t t0;
+  for (int i = 0; i < 3; i++) {
+    memset(&w[i], 0, sizeof(w[i]));
+    w[i].base = f->base;
+    w[i].since = f->c.reg.version;
+    assert_int_equal(pthread_create(&th[i], NULL, watch_thread, &w[i]), 0);
+  }
+  nanosleep(&ts, NULL);
+  t0 = now_ms();
+  lynx_http_stop(&f->c);
+  assert_true(now_ms() - t0 < 3000);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(th[i], NULL);
+    resp_free(&w[i].r);
+  }
+  assert_null(f->c.http);
+}
+
+static void test_metrics(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  static const char *const series[] = {
+      "lynx_coordinator_nodes{state=\"ready\"} ",
+      "lynx_coordinator_nodes{state=\"draining\"} ",
+      "lynx_coordinator_nodes{state=\"drained\"} ",
+      "lynx_coordinator_nodes{state=\"down\"} ",
+      "lynx_coordinator_accelerators ",
+      "lynx_coordinator_requests_total ",
+      "lynx_coordinator_lease_expiries_total ",
+      "lynx_coordinator_table_pushes_total ",
+      "lynx_coordinator_registry_version ",
+      "lynx_coordinator_services 1\n",
+      "# TYPE lynx_coordinator_requests_total counter\n",
+  };
+  assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 201);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/metrics", NULL, &r), 200);
+  assert_non_null(strstr(r.ctype, "text/plain"));
+  for (size_t i = 0; i < sizeof(series) / sizeof(series[0]); i++)
+    if (!strstr(r.body, series[i]))
+      fail_msg("/metrics lacks '%s':\n%s", series[i], r.body);
+  resp_free(&r);
+}
+
+/* Without a token, changes come only from loopback peers. */
+static void test_loopback_only(void **state) {
+  struct fx *f = *state;
+  struct ifaddrs *ifa, *i;
+  char ip[INET_ADDRSTRLEN] = "", base[64];
+  struct resp r;
+
+  if (getifaddrs(&ifa))
+    skip();
+  for (i = ifa; i; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+        (i->ifa_flags & IFF_UP) && !(i->ifa_flags & IFF_LOOPBACK)) {
+      inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, ip,
+                sizeof(ip));
+      break;
+    }
+  freeifaddrs(ifa);
+  if (!ip[0]) {
+    print_message("no non-loopback IPv4 address: skipped\n");
+    skip();
+  }
+  lynx_http_stop(&f->c);
+  assert_int_equal(serve(f, "0.0.0.0"), 0);
+  snprintf(base, sizeof(base), "http://%s:%u", ip, f->port);
+  assert_int_equal(do_req(base, "POST", "/v1/services", svc_body, NULL, 0,
+                          10000, &r),
+                   CURLE_OK);
+  expect_error(&r, 403, "permission_denied", "loopback", NULL);
+  resp_free(&r);
+  assert_int_equal(
+      do_req(base, "GET", "/v1/services", NULL, NULL, 0, 10000, &r), CURLE_OK);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  /* loopback is still fine */
+  assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 201);
+  resp_free(&r);
+  /* with a token, any peer that has it */
+  {
+    static const char *const right[] = {"Authorization: Bearer t0k", NULL};
+    f->c.token = "t0k";
+    assert_int_equal(do_req(base, "DELETE", "/v1/services/echo-ut", NULL,
+                            right, 0, 10000, &r),
+                     CURLE_OK);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    f->c.token = NULL;
+  }
+}
+
+/* A failed save answers 500 and says the change is not persisted. */
+static void test_save_failure(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  f->c.state_dir = "/nonexistent/lynx-ut-http";
+  req(f, "POST", "/v1/services", svc_body, &r);
+  expect_error(&r, 500, "internal", "not saved", NULL);
+  resp_free(&r);
+  f->c.state_dir = f->dir;
+}
+
+/* ---- lynxctl ------------------------------------------------------------ */
+
+#ifdef LYNXCTL
+/* Runs lynxctl with args; stdout and stderr into *out / *err (malloc'd).
+ * Returns the exit status. */
+static int ctl(struct fx *f, char **out, char **err, ...) {
+  char *argv[32], po[160], pe[160];
+  va_list ap;
+  int n = 0, st;
+  pid_t pid;
+  argv[n++] = (char *)LYNXCTL;
+  va_start(ap, err);
+  for (char *a; (a = va_arg(ap, char *)) != NULL && n < 31;)
+    argv[n++] = a;
+  va_end(ap);
+  argv[n] = NULL;
+  snprintf(po, sizeof(po), "%s/out0", f->dir);
+  snprintf(pe, sizeof(pe), "%s/out1", f->dir);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fo < 0 || fe < 0)
+      _exit(99);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    unsetenv("LYNX_API");
+    unsetenv("LYNX_TOKEN_FILE");
+    execv(argv[0], argv);
+    _exit(98);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  *out = slurp(po);
+  *err = slurp(pe);
+  assert_non_null(*out);
+  assert_non_null(*err);
+  assert_true(WIFEXITED(st));
+  return WEXITSTATUS(st);
+}
+
+static void test_lynxctl(void **state) {
+  struct fx *f = *state;
+  char *out, *err, spec[160];
+  struct json_object *j, *items;
+  FILE *fp;
+
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "services", NULL), 0);
+  assert_non_null(strstr(out, "NAME"));
+  free(out), free(err);
+
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
+                       "--name", "ctl-svc", "--port", "9200", "--app", "echo",
+                       "--slots", "32", "--replicas", "2", "--selector",
+                       "zone=a", NULL),
+                   0);
+  assert_non_null(strstr(out, "ctl-svc"));
+  assert_non_null(strstr(out, "replicas=2 where zone=a"));
+  free(out), free(err);
+
+  /* again: the API's conflict, exit 1, its message printed */
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
+                       "--name", "ctl-svc", "--port", "9201", "--app", "echo",
+                       NULL),
+                   1);
+  assert_non_null(strstr(err, "ctl-svc"));
+  assert_non_null(strstr(err, "409"));
+  free(out), free(err);
+
+  /* --json: the API's answer as it came */
+  assert_int_equal(ctl(f, &out, &err, "services", "--json", "--api", f->base,
+                       NULL),
+                   0);
+  j = json_tokener_parse(out);
+  assert_non_null(j);
+  assert_true(json_object_object_get_ex(j, "items", &items));
+  assert_int_equal(json_object_array_length(items), 1);
+  json_object_put(j);
+  free(out), free(err);
+
+  /* -f FILE */
+  snprintf(spec, sizeof(spec), "%s/spec.json", f->dir);
+  fp = fopen(spec, "w");
+  assert_non_null(fp);
+  fputs("{\"name\": \"from-file\", \"port\": 9300, \"app\": \"echo\"}\n", fp);
+  fclose(fp);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
+                       "-f", spec, NULL),
+                   0);
+  assert_non_null(strstr(out, "from-file"));
+  free(out), free(err);
+
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "delete",
+                       "from-file", NULL),
+                   0);
+  assert_non_null(strstr(out, "deleted"));
+  free(out), free(err);
+
+  add_node(f, "ctl-node");
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "nodes", NULL), 0);
+  assert_non_null(strstr(out, "LAST-HEARTBEAT"));
+  assert_non_null(strstr(out, "ctl-node"));
+  assert_non_null(strstr(out, "zone=a"));
+  free(out), free(err);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain",
+                       "ctl-node", NULL),
+                   0);
+  assert_non_null(strstr(out, "drain"));
+  free(out), free(err);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "accelerators", NULL),
+                   0);
+  assert_non_null(strstr(out, "ctl-node/1"));
+  assert_non_null(strstr(out, "1.0GiB"));
+  free(out), free(err);
+
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain",
+                       "ghost", NULL),
+                   1);
+  assert_non_null(strstr(err, "ghost"));
+  free(out), free(err);
+
+  /* usage errors */
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "bogus", NULL), 2);
+  free(out), free(err);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
+                       "--name", "x", NULL),
+                   2);
+  free(out), free(err);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
+                       "--name", "x", "--port", "eighty", "--app", "echo",
+                       NULL),
+                   2);
+  free(out), free(err);
+
+  /* nobody there */
+  {
+    char dead[64];
+    snprintf(dead, sizeof(dead), "http://127.0.0.1:%u", free_port());
+    assert_int_equal(ctl(f, &out, &err, "--api", dead, "nodes", NULL), 3);
+    assert_non_null(strstr(err, "cannot reach the coordinator"));
+    free(out), free(err);
+  }
+}
+#endif
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_health_ready, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lists_shape, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_service_lifecycle, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_json, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_fields, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unknown_path, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_wrong_method, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_oversized, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_token, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_unknown, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_node_ops, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_watch, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stop_wakes_watchers, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_loopback_only, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_save_failure, setup, teardown),
+#ifdef LYNXCTL
+      cmocka_unit_test_setup_teardown(test_lynxctl, setup, teardown),
+#endif
+  };
+  int rc;
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  rc = cmocka_run_group_tests(tests, NULL, NULL);
+  curl_global_cleanup();
+  return rc;
+}

@@ -1,0 +1,1170 @@
+/* test_registry.c - unit tests of coordinator/registry.c: node state
+ * machine, leases on an injected clock, epochs, placement, drain, dispatch
+ * table versions, service validation. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "registry.h"
+
+#define LEASE 3000
+#define DRAIN_TIMEOUT 10000
+#define REC_MAX 512
+
+/* ---- fixture: a registry whose actions are recorded ----------------- */
+
+struct rec_start {
+  char node[LYNX_ID_MAX];
+  uint64_t id;
+  uint32_t accel;
+  char svc[LYNX_ID_MAX];
+};
+
+struct rec_stop {
+  char node[LYNX_ID_MAX];
+  uint64_t id;
+};
+
+struct fx {
+  struct lynx_registry r;
+  int n_start, n_stop, n_tables;
+  struct rec_start start[REC_MAX];
+  struct rec_stop stop[REC_MAX];
+  int table_len_at_push; /* dispatchable instances seen by the last push */
+};
+
+static void on_start(void *data, struct lynx_reg_node *node,
+                     struct lynx_reg_instance *inst) {
+  struct fx *f = data;
+  assert_true(f->n_start < REC_MAX);
+  assert_ptr_equal(inst->node, node);
+  assert_int_equal(inst->state, LYNX_INST_STARTING);
+  snprintf(f->start[f->n_start].node, LYNX_ID_MAX, "%s", node->id);
+  snprintf(f->start[f->n_start].svc, LYNX_ID_MAX, "%s", inst->svc->spec.name);
+  f->start[f->n_start].id = inst->id;
+  f->start[f->n_start].accel = inst->accel_idx;
+  f->n_start++;
+}
+
+static void on_stop(void *data, struct lynx_reg_node *node, uint64_t id) {
+  struct fx *f = data;
+  assert_true(f->n_stop < REC_MAX);
+  snprintf(f->stop[f->n_stop].node, LYNX_ID_MAX, "%s", node->id);
+  f->stop[f->n_stop].id = id;
+  f->n_stop++;
+}
+
+static void count_fn(void *arg, const struct lynx_reg_service *svc,
+                     const struct lynx_reg_instance *inst) {
+  (void)svc;
+  (void)inst;
+  (*(int *)arg)++;
+}
+
+static int table_len(struct lynx_registry *r) {
+  int n = 0;
+  lynx_reg_table_foreach(r, count_fn, &n);
+  return n;
+}
+
+static void on_tables(void *data) {
+  struct fx *f = data;
+  f->n_tables++;
+  /* the registry is consistent when it pushes */
+  f->table_len_at_push = table_len(&f->r);
+}
+
+static int fx_setup(void **state) {
+  struct fx *f = calloc(1, sizeof(*f));
+  struct lynx_reg_ops ops = {on_start, on_stop, on_tables, NULL};
+  if (!f)
+    return -1;
+  ops.data = f;
+  lynx_reg_init(&f->r, LEASE, DRAIN_TIMEOUT, &ops);
+  *state = f;
+  return 0;
+}
+
+static int fx_teardown(void **state) {
+  struct fx *f = *state;
+  lynx_reg_free(&f->r);
+  free(f);
+  return 0;
+}
+
+/* ---- helpers -------------------------------------------------------- */
+
+static int reg_node(struct lynx_registry *r, const char *id, uint64_t epoch,
+                    uint32_t n_accels, const char *labels, uint64_t now) {
+  struct lynx_accel_info acc[LYNX_ACCELS_MAX];
+  struct lynx_label lab[LYNX_LABELS_MAX];
+  struct lynx_reg_err err;
+  uint32_t n_lab = 0, a;
+  char addr[64];
+  memset(acc, 0, sizeof(acc));
+  for (a = 0; a < n_accels; a++) {
+    acc[a].idx = a;
+    snprintf(acc[a].kind, sizeof(acc[a].kind), "cpu");
+    snprintf(acc[a].model, sizeof(acc[a].model), "emulated");
+    acc[a].memory_bytes = 1u << 30;
+    acc[a].ordering = 0;
+  }
+  assert_int_equal(lynx_labels_parse(labels, lab, LYNX_LABELS_MAX, &n_lab), 0);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)(7700 + epoch % 100));
+  return lynx_reg_register(r, id, addr, epoch, lab, n_lab, acc, n_accels,
+                           (void *)0x1, now, &err);
+}
+
+static struct lynx_service_spec spec(const char *name, uint32_t port,
+                                     uint32_t replicas, const char *selector) {
+  struct lynx_service_spec s;
+  memset(&s, 0, sizeof(s));
+  snprintf(s.name, sizeof(s.name), "%s", name);
+  snprintf(s.proto, sizeof(s.proto), "udp");
+  s.port = port;
+  snprintf(s.app, sizeof(s.app), "sockperf-echo");
+  s.slot_size = 2048;
+  s.slots = 256;
+  s.mqueues_per_accel = 2;
+  s.placement = replicas ? LYNX_PLACE_REPLICAS : LYNX_PLACE_ALL;
+  s.replicas = replicas;
+  if (selector)
+    assert_int_equal(
+        lynx_labels_parse(selector, s.selector, LYNX_LABELS_MAX, &s.n_selector),
+        0);
+  return s;
+}
+
+static void add_service(struct lynx_registry *r, const char *name,
+                        uint32_t port, uint32_t replicas, const char *sel) {
+  struct lynx_service_spec s = spec(name, port, replicas, sel);
+  struct lynx_reg_err err;
+  assert_int_equal(lynx_reg_service_create(r, &s, 0, &err), 0);
+}
+
+static struct lynx_region_desc desc_for(const struct lynx_reg_instance *i) {
+  struct lynx_region_desc d;
+  memset(&d, 0, sizeof(d));
+  d.accel_id = i->accel_idx;
+  snprintf(d.transport, sizeof(d.transport), "shm");
+  snprintf(d.locator, sizeof(d.locator), "/lynx-%llu",
+           (unsigned long long)i->id);
+  d.region_size = 1 << 20;
+  d.epoch = i->node->epoch;
+  d.n_mqueues = i->svc->spec.mqueues_per_accel;
+  d.slot_size = i->svc->spec.slot_size;
+  d.slots = i->svc->spec.slots;
+  return d;
+}
+
+/* Every STARTING instance reports ready. */
+static int ready_all(struct lynx_registry *r, uint64_t now) {
+  struct lynx_reg_instance *i;
+  int n = 0;
+  for (i = r->instances; i; i = i->next)
+    if (i->state == LYNX_INST_STARTING) {
+      struct lynx_region_desc d = desc_for(i);
+      assert_int_equal(lynx_reg_instance_ready(r, i->node->id, i->node->epoch,
+                                               i->id, &d, now),
+                       0);
+      n++;
+    }
+  return n;
+}
+
+/* Instances matching node id / service name / state (NULL, NULL, -1: all). */
+static int count_inst(struct lynx_registry *r, const char *node,
+                      const char *svc, int state) {
+  struct lynx_reg_instance *i;
+  int n = 0;
+  for (i = r->instances; i; i = i->next)
+    if ((!node || !strcmp(i->node->id, node)) &&
+        (!svc || !strcmp(i->svc->spec.name, svc)) &&
+        (state < 0 || (int)i->state == state))
+      n++;
+  return n;
+}
+
+static enum lynx_node_state node_state(struct lynx_registry *r,
+                                       const char *id) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  assert_non_null(n);
+  return n->state;
+}
+
+static void heartbeat(struct lynx_registry *r, const char *id, uint64_t now) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  assert_non_null(n);
+  assert_int_equal(
+      lynx_reg_heartbeat(r, id, n->epoch, NULL, NULL, NULL, 0, now), 0);
+}
+
+/* ---- tests ---------------------------------------------------------- */
+
+static void test_labels_and_names(void **state) {
+  struct lynx_label l[4];
+  uint32_t n = 99;
+  (void)state;
+  assert_int_equal(lynx_labels_parse("", l, 4, &n), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(lynx_labels_parse(NULL, l, 4, &n), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(lynx_labels_parse("gpu=a100,zone=eu-1", l, 4, &n), 0);
+  assert_int_equal(n, 2);
+  assert_string_equal(l[0].key, "gpu");
+  assert_string_equal(l[0].value, "a100");
+  assert_string_equal(l[1].key, "zone");
+  assert_string_equal(l[1].value, "eu-1");
+  assert_int_equal(lynx_labels_parse("k=", l, 4, &n), 0);
+  assert_string_equal(l[0].value, "");
+  assert_int_equal(lynx_labels_parse("novalue", l, 4, &n), -EINVAL);
+  assert_int_equal(lynx_labels_parse("=v", l, 4, &n), -EINVAL);
+  assert_int_equal(lynx_labels_parse("a=b,", l, 4, &n), -EINVAL);
+  assert_int_equal(lynx_labels_parse("a=b=c", l, 4, &n), -EINVAL);
+  assert_int_equal(lynx_labels_parse("a=1,a=2", l, 4, &n), -EINVAL);
+  assert_int_equal(lynx_labels_parse("a=1,b=2,c=3", l, 2, &n), -EINVAL);
+  {
+    char big[200];
+    memset(big, 'k', sizeof(big));
+    big[150] = '=';
+    big[151] = 'v';
+    big[152] = '\0';
+    assert_int_equal(lynx_labels_parse(big, l, 4, &n), -EINVAL);
+  }
+  assert_string_equal(lynx_node_state_name(LYNX_NODE_READY), "ready");
+  assert_string_equal(lynx_node_state_name(LYNX_NODE_DRAINING), "draining");
+  assert_string_equal(lynx_node_state_name(LYNX_NODE_DRAINED), "drained");
+  assert_string_equal(lynx_node_state_name(LYNX_NODE_DOWN), "down");
+}
+
+static void test_register_validation(void **state) {
+  struct fx *f = *state;
+  struct lynx_accel_info acc[2];
+  struct lynx_reg_err err;
+  memset(acc, 0, sizeof(acc));
+  acc[1].idx = 1;
+  assert_int_equal(
+      lynx_reg_register(&f->r, "", "a", 1, NULL, 0, acc, 2, NULL, 0, &err),
+      -EINVAL);
+  assert_int_equal(err.status, 400);
+  assert_string_equal(err.code, "invalid_argument");
+  assert_non_null(strstr(err.message, "id"));
+  assert_int_equal(
+      lynx_reg_register(&f->r, "a/b", "a", 1, NULL, 0, acc, 2, NULL, 0, &err),
+      -EINVAL);
+  acc[1].idx = 0; /* the same index twice */
+  assert_int_equal(
+      lynx_reg_register(&f->r, "n1", "a", 1, NULL, 0, acc, 2, NULL, 0, &err),
+      -EINVAL);
+  assert_non_null(strstr(err.message, "accelerators[1]"));
+  acc[1].idx = 1;
+  acc[0].ordering = 7;
+  assert_int_equal(
+      lynx_reg_register(&f->r, "n1", "a", 1, NULL, 0, acc, 2, NULL, 0, &err),
+      -EINVAL);
+  assert_non_null(strstr(err.message, "ordering"));
+  assert_int_equal(lynx_reg_register(&f->r, "n1", "a", 1, NULL, 0, acc,
+                                     LYNX_ACCELS_MAX + 1, NULL, 0, &err),
+                   -EINVAL);
+  assert_null(f->r.nodes);
+  assert_int_equal(f->r.registrations, 0);
+}
+
+/* ready -> draining -> drained -> undrain -> ready */
+static void test_drain_state_machine(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  struct lynx_reg_frontend *fe;
+  struct lynx_reg_node *n;
+  uint64_t tv, v;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(f->n_start, 4);
+  assert_int_equal(ready_all(&f->r, 10), 4);
+  assert_int_equal(table_len(&f->r), 4);
+  fe = lynx_reg_frontend_connect(&f->r, "fe1", "127.0.0.1:1", (void *)0x2, 10);
+  assert_non_null(fe);
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 10);
+
+  tv = f->r.table_version;
+  v = f->r.version;
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 100, &err), 0);
+  n = lynx_reg_node_find(&f->r, "n1");
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_true(n->drain_intent);
+  assert_true(f->r.version > v);
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(n->drain_table_version, tv + 1);
+  assert_int_equal(n->drain_deadline_ms, 100 + DRAIN_TIMEOUT);
+  assert_int_equal(table_len(&f->r), 2); /* only n2's */
+  assert_int_equal(f->table_len_at_push, 2);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, LYNX_INST_READY), 2);
+  assert_int_equal(f->n_stop, 0);
+  /* draining again is harmless */
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 150, &err), 0);
+  assert_int_equal(n->drain_deadline_ms, 100 + DRAIN_TIMEOUT);
+
+  /* the frontend runs the new table with nothing outstanding */
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 200);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 2);
+  assert_string_equal(f->stop[0].node, "n1");
+  assert_string_equal(f->stop[1].node, "n1");
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+  assert_int_equal(f->r.table_version, tv + 1); /* n1 was already out */
+
+  /* drained stays drained: ticks place nothing on it */
+  heartbeat(&f->r, "n1", 300);
+  heartbeat(&f->r, "n2", 300);
+  lynx_reg_tick(&f->r, 300);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+
+  /* undrain: READY, instances placed again, then dispatchable */
+  f->n_start = 0;
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", 400, &err), 0);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_false(n->drain_intent);
+  assert_int_equal(f->n_start, 2);
+  assert_string_equal(f->start[0].node, "n1");
+  assert_int_equal(ready_all(&f->r, 410), 2);
+  assert_int_equal(table_len(&f->r), 4);
+  assert_int_equal(f->table_len_at_push, 4);
+}
+
+static void test_undrain_while_draining(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  uint64_t tv;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 0));
+  tv = f->r.table_version;
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 10, &err), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINING);
+  assert_int_equal(table_len(&f->r), 0);
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", 20, &err), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_READY);
+  /* the same instances come back into the table: nothing restarted */
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(table_len(&f->r), 2);
+  assert_int_equal(f->r.table_version, tv + 2);
+  /* a later frontend report does not complete a cancelled drain */
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 30);
+  heartbeat(&f->r, "n1", 10 + DRAIN_TIMEOUT - 1);
+  lynx_reg_tick(&f->r, 10 + DRAIN_TIMEOUT);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_READY);
+}
+
+static void test_drain_waits_for_frontend(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+  struct lynx_reg_instance *i;
+  struct lynx_fe_mq_report mq[3];
+  uint64_t n1_inst = 0, n2_inst = 0;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  for (i = f->r.instances; i; i = i->next) {
+    if (!strcmp(i->node->id, "n1"))
+      n1_inst = i->id;
+    else
+      n2_inst = i->id;
+  }
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 0));
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe2", "y", (void *)0x3, 0));
+  /* a disconnected frontend does not hold drains back */
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe3", "z", (void *)0x4, 0));
+  lynx_reg_frontend_disconnected(&f->r, (void *)0x4);
+
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 1000, &err), 0);
+  n = lynx_reg_node_find(&f->r, "n1");
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+
+  /* fe1 still runs the old table */
+  memset(mq, 0, sizeof(mq));
+  lynx_reg_frontend_status(&f->r, "fe1", n->drain_table_version - 1, NULL, 0,
+                           1100);
+  lynx_reg_frontend_status(&f->r, "fe2", n->drain_table_version, NULL, 0, 1100);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  lynx_reg_tick(&f->r, 1100);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+
+  /* fe1 applied it but still has requests in flight on n1 */
+  mq[0].instance_id = n1_inst;
+  mq[0].q = 0;
+  mq[0].outstanding = 0;
+  mq[1].instance_id = n1_inst;
+  mq[1].q = 1;
+  mq[1].outstanding = 3;
+  mq[2].instance_id = n2_inst;
+  mq[2].q = 0;
+  mq[2].outstanding = 50; /* another node's: irrelevant */
+  lynx_reg_frontend_status(&f->r, "fe1", n->drain_table_version, mq, 3, 1200);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_int_equal(f->n_stop, 0);
+
+  /* answered: drained, instances stopped */
+  mq[1].outstanding = 0;
+  lynx_reg_frontend_status(&f->r, "fe1", n->drain_table_version, mq, 3, 1300);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 1);
+  assert_int_equal(f->stop[0].id, n1_inst);
+  assert_int_equal(count_inst(&f->r, "n2", NULL, LYNX_INST_READY), 1);
+}
+
+static void test_drain_deadline(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 0));
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 500, &err), 0);
+  n = lynx_reg_node_find(&f->r, "n1");
+  /* the frontend never reports; keep the lease alive meanwhile */
+  heartbeat(&f->r, "n1", 500 + DRAIN_TIMEOUT - 2000);
+  lynx_reg_tick(&f->r, 500 + DRAIN_TIMEOUT - 1);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_int_equal(f->n_stop, 0);
+  lynx_reg_tick(&f->r, 500 + DRAIN_TIMEOUT);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 2);
+}
+
+static void test_drain_without_frontend(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 10, &err), 0);
+  lynx_reg_tick(&f->r, 20);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 2);
+  assert_int_equal(count_inst(&f->r, NULL, NULL, -1), 0);
+}
+
+static void test_drain_errors(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(lynx_reg_drain(&f->r, "nope", 0, &err), -ENOENT);
+  assert_int_equal(err.status, 404);
+  assert_string_equal(err.code, "not_found");
+  assert_int_equal(lynx_reg_undrain(&f->r, "nope", 0, &err), -ENOENT);
+  assert_int_equal(err.status, 404);
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  lynx_reg_tick(&f->r, LEASE);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DOWN);
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", LEASE, &err), -EINVAL);
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", LEASE, &err), -EINVAL);
+}
+
+static void test_lease_expiry(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_node *n;
+  uint64_t tv;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 1000), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 1000), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 1000);
+  n = lynx_reg_node_find(&f->r, "n1");
+  assert_int_equal(n->lease_deadline_ms, 1000 + LEASE);
+
+  /* not before the lease */
+  lynx_reg_tick(&f->r, 1000 + LEASE - 1);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_int_equal(f->r.lease_expiries, 0);
+  /* a heartbeat renews it */
+  heartbeat(&f->r, "n2", 1000 + LEASE - 1);
+  assert_int_equal(lynx_reg_node_find(&f->r, "n2")->last_heartbeat_ms,
+                   1000 + LEASE - 1);
+
+  /* exactly at the lease */
+  tv = f->r.table_version;
+  f->n_tables = 0;
+  lynx_reg_tick(&f->r, 1000 + LEASE);
+  assert_int_equal(n->state, LYNX_NODE_DOWN);
+  assert_int_equal(node_state(&f->r, "n2"), LYNX_NODE_READY);
+  assert_int_equal(f->r.lease_expiries, 1);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(f->n_tables, 1);
+  assert_int_equal(table_len(&f->r), 2);
+  assert_int_equal(f->n_stop, 0); /* its agent is gone: nothing to stop */
+
+  /* a down node must register again */
+  assert_int_equal(
+      lynx_reg_heartbeat(&f->r, "n1", 1, NULL, NULL, NULL, 0, 1000 + LEASE + 1),
+      -ENOTCONN);
+  /* expiry is counted once */
+  lynx_reg_tick(&f->r, 1000 + 2 * LEASE - 2);
+  assert_int_equal(f->r.lease_expiries, 1);
+
+  /* the same agent comes back (e.g. after a partition): placed again */
+  f->n_start = 0;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 5000), 0);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_int_equal(f->n_start, 2);
+}
+
+static void test_heartbeat_counters(void **state) {
+  struct fx *f = *state;
+  uint32_t idx[2] = {1, 9};
+  uint64_t req[2] = {100, 5}, resp[2] = {99, 5};
+  struct lynx_reg_node *n;
+  uint64_t v;
+  assert_int_equal(reg_node(&f->r, "n1", 7, 2, "", 0), 0);
+  n = lynx_reg_node_find(&f->r, "n1");
+  v = f->r.version;
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 7, idx, req, resp, 2, 50),
+                   0);
+  assert_int_equal(n->accels[1].requests, 100);
+  assert_int_equal(n->accels[1].responses, 99);
+  assert_int_equal(n->accels[0].requests, 0);
+  assert_int_equal(n->last_heartbeat_ms, 50);
+  assert_int_equal(n->lease_deadline_ms, 50 + LEASE);
+  assert_int_equal(f->r.version, v);
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 6, NULL, NULL, NULL, 0, 60),
+                   -ESTALE);
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 8, NULL, NULL, NULL, 0, 60),
+                   -ESTALE);
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "zz", 7, NULL, NULL, NULL, 0, 60),
+                   -ENOENT);
+  /* a reconnect keeps counters of accelerators it still has */
+  assert_int_equal(reg_node(&f->r, "n1", 7, 2, "", 70), 0);
+  assert_int_equal(n->accels[1].requests, 100);
+}
+
+static void test_leave_and_forget(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(reg_node(&f->r, "n1", 5, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 5, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+
+  /* forget only when down */
+  assert_int_equal(lynx_reg_forget(&f->r, "n1", &err), -EBUSY);
+  assert_int_equal(err.status, 409);
+  assert_string_equal(err.code, "conflict");
+  assert_int_equal(lynx_reg_forget(&f->r, "zz", &err), -ENOENT);
+  assert_int_equal(err.status, 404);
+  assert_string_equal(err.code, "not_found");
+
+  assert_int_equal(lynx_reg_leave(&f->r, "n1", 4, 10), -ESTALE);
+  assert_int_equal(lynx_reg_leave(&f->r, "zz", 5, 10), -ENOENT);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_READY);
+  assert_int_equal(lynx_reg_leave(&f->r, "n1", 5, 10), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DOWN);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+  assert_int_equal(table_len(&f->r), 2);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(lynx_reg_leave(&f->r, "n1", 5, 11), 0); /* again: fine */
+
+  assert_int_equal(lynx_reg_forget(&f->r, "n1", &err), 0);
+  assert_null(lynx_reg_node_find(&f->r, "n1"));
+  assert_non_null(lynx_reg_node_find(&f->r, "n2"));
+  assert_int_equal(lynx_reg_forget(&f->r, "n1", &err), -ENOENT);
+}
+
+static void test_epochs(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_instance *i;
+  struct lynx_region_desc d;
+  uint64_t ids[2] = {0, 0}, tv;
+  int k = 0;
+
+  assert_int_equal(reg_node(&f->r, "n1", 100, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  for (i = f->r.instances; i; i = i->next)
+    ids[k++] = i->id;
+  assert_int_equal(k, 2);
+
+  /* older: refused, nothing changes */
+  assert_int_equal(reg_node(&f->r, "n1", 99, 2, "", 10), -ESTALE);
+  assert_int_equal(f->r.refused_epochs, 1);
+  assert_int_equal(lynx_reg_node_find(&f->r, "n1")->epoch, 100);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, LYNX_INST_READY), 2);
+
+  /* equal: a reconnect; instances kept, nothing started or pushed */
+  tv = f->r.table_version;
+  f->n_start = 0;
+  f->n_tables = 0;
+  assert_int_equal(reg_node(&f->r, "n1", 100, 2, "zone=b", 20), 0);
+  assert_int_equal(f->n_start, 0);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_tables, 0);
+  assert_int_equal(f->r.table_version, tv);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, LYNX_INST_READY), 2);
+  assert_int_equal(f->r.instances->id, ids[0]);
+  assert_int_equal(f->r.instances->next->id, ids[1]);
+  assert_int_equal(lynx_reg_node_find(&f->r, "n1")->n_labels, 1);
+
+  /* newer: the agent restarted; old instances forgotten, new ones placed */
+  assert_int_equal(reg_node(&f->r, "n1", 101, 2, "", 30), 0);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, LYNX_INST_STARTING), 2);
+  assert_true(f->r.instances->id > ids[1]);
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(table_len(&f->r), 0);
+
+  /* anything carrying the old epoch is refused */
+  i = f->r.instances;
+  d = desc_for(i);
+  assert_int_equal(lynx_reg_instance_ready(&f->r, "n1", 100, i->id, &d, 40),
+                   -ESTALE);
+  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 100, i->id, "old", 40),
+                   -ESTALE);
+  assert_int_equal(lynx_reg_leave(&f->r, "n1", 100, 40), -ESTALE);
+  assert_int_equal(lynx_reg_instance_ready(&f->r, "n1", 101, ids[0], &d, 40),
+                   -ENOENT);
+  assert_int_equal(lynx_reg_instance_ready(&f->r, "zz", 101, i->id, &d, 40),
+                   -ENOENT);
+  assert_int_equal(lynx_reg_instance_ready(&f->r, "n1", 101, i->id, &d, 40), 0);
+  assert_int_equal(table_len(&f->r), 1);
+}
+
+static void test_reconnect_drops_missing_accel(void **state) {
+  struct fx *f = *state;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 3, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  assert_int_equal(table_len(&f->r), 3);
+  /* the same incarnation reports only two accelerators now */
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 10), 0);
+  assert_int_equal(f->n_stop, 1);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 2);
+  assert_int_equal(table_len(&f->r), 2);
+}
+
+static void test_place_all(void **state) {
+  struct fx *f = *state;
+  char node[8];
+  int k, a, seen[3][2];
+  uint64_t tv;
+
+  for (k = 0; k < 3; k++) {
+    snprintf(node, sizeof(node), "n%d", k);
+    assert_int_equal(reg_node(&f->r, node, 1, 2, "", 0), 0);
+  }
+  assert_int_equal(f->n_start, 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(f->n_start, 6);
+  memset(seen, 0, sizeof(seen));
+  for (k = 0; k < 6; k++) {
+    int nk = f->start[k].node[1] - '0';
+    assert_true(nk >= 0 && nk < 3);
+    assert_true(f->start[k].accel < 2);
+    seen[nk][f->start[k].accel]++;
+    assert_string_equal(f->start[k].svc, "echo");
+  }
+  for (k = 0; k < 3; k++)
+    for (a = 0; a < 2; a++)
+      assert_int_equal(seen[k][a], 1);
+  assert_int_equal(count_inst(&f->r, NULL, "echo", LYNX_INST_STARTING), 6);
+  assert_int_equal(table_len(&f->r), 0);
+
+  /* each ready report that changes the table bumps its version once */
+  tv = f->r.table_version;
+  f->n_tables = 0;
+  assert_int_equal(ready_all(&f->r, 10), 6);
+  assert_int_equal(f->r.table_version, tv + 6);
+  assert_int_equal(f->n_tables, 6);
+  assert_int_equal(f->r.table_pushes, f->r.table_version);
+  assert_int_equal(table_len(&f->r), 6);
+
+  /* placement is stable: ticks change nothing */
+  for (k = 0; k < 3; k++) {
+    snprintf(node, sizeof(node), "n%d", k);
+    heartbeat(&f->r, node, 100);
+  }
+  lynx_reg_tick(&f->r, 100);
+  lynx_reg_tick(&f->r, 200);
+  assert_int_equal(f->n_start, 6);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->r.table_version, tv + 6);
+
+  /* a joining node gets instances at once */
+  assert_int_equal(reg_node(&f->r, "n3", 1, 2, "", 300), 0);
+  assert_int_equal(f->n_start, 8);
+  assert_string_equal(f->start[7].node, "n3");
+}
+
+static void test_place_selector(void **state) {
+  struct fx *f = *state;
+  assert_int_equal(reg_node(&f->r, "a", 1, 2, "gpu=a100,zone=eu", 0), 0);
+  assert_int_equal(reg_node(&f->r, "b", 1, 2, "gpu=t4,zone=eu", 0), 0);
+  assert_int_equal(reg_node(&f->r, "c", 1, 2, "gpu=a100,zone=us", 0), 0);
+  add_service(&f->r, "big", 7000, 0, "gpu=a100");
+  assert_int_equal(count_inst(&f->r, "a", "big", -1), 2);
+  assert_int_equal(count_inst(&f->r, "b", "big", -1), 0);
+  assert_int_equal(count_inst(&f->r, "c", "big", -1), 2);
+  add_service(&f->r, "eu", 7001, 0, "gpu=a100,zone=eu");
+  assert_int_equal(count_inst(&f->r, NULL, "eu", -1), 2);
+  assert_int_equal(count_inst(&f->r, "a", "eu", -1), 2);
+  add_service(&f->r, "t4", 7002, 3, "gpu=t4");
+  /* only two accelerators match: as many as there are */
+  assert_int_equal(count_inst(&f->r, "b", "t4", -1), 2);
+  assert_int_equal(count_inst(&f->r, NULL, "t4", -1), 2);
+  add_service(&f->r, "none", 7003, 0, "gpu=h100");
+  assert_int_equal(count_inst(&f->r, NULL, "none", -1), 0);
+  /* a matching node joins: the short service fills up */
+  assert_int_equal(reg_node(&f->r, "d", 1, 1, "gpu=t4", 10), 0);
+  assert_int_equal(count_inst(&f->r, NULL, "t4", -1), 3);
+  assert_int_equal(count_inst(&f->r, "d", "t4", -1), 1);
+  /* labels change on a reconnect: instances that no longer match stop */
+  f->n_stop = 0;
+  assert_int_equal(reg_node(&f->r, "a", 1, 2, "gpu=t4,zone=eu", 20), 0);
+  assert_int_equal(count_inst(&f->r, "a", "big", -1), 0);
+  assert_int_equal(count_inst(&f->r, "a", "eu", -1), 0);
+  assert_int_equal(f->n_stop, 4);
+  assert_int_equal(count_inst(&f->r, NULL, "t4", -1), 3); /* still enough */
+}
+
+static void test_replicas_spread_and_replace(void **state) {
+  struct fx *f = *state;
+  char node[8];
+  int k;
+  uint64_t tv;
+  struct lynx_reg_instance *i;
+
+  for (k = 0; k < 3; k++) {
+    snprintf(node, sizeof(node), "n%d", k);
+    assert_int_equal(reg_node(&f->r, node, 1, 2, "", 0), 0);
+  }
+  add_service(&f->r, "rep", 7000, 3, NULL);
+  /* spread across nodes first */
+  assert_int_equal(f->n_start, 3);
+  for (k = 0; k < 3; k++) {
+    snprintf(node, sizeof(node), "n%d", k);
+    assert_int_equal(count_inst(&f->r, node, "rep", -1), 1);
+  }
+  ready_all(&f->r, 0);
+  assert_int_equal(table_len(&f->r), 3);
+
+  /* least-loaded accelerators: a second service avoids busy ones */
+  add_service(&f->r, "two", 7001, 3, NULL);
+  for (i = f->r.instances; i; i = i->next) {
+    struct lynx_reg_instance *j;
+    if (strcmp(i->svc->spec.name, "two"))
+      continue;
+    for (j = f->r.instances; j; j = j->next)
+      if (j != i && j->node == i->node && j->accel_idx == i->accel_idx)
+        fail_msg("two instances on %s/%u", i->node->id, i->accel_idx);
+  }
+  ready_all(&f->r, 0);
+
+  /* n1 dies: its replica is re-placed on another node */
+  heartbeat(&f->r, "n0", LEASE - 1);
+  heartbeat(&f->r, "n2", LEASE - 1);
+  tv = f->r.table_version;
+  f->n_start = 0;
+  lynx_reg_tick(&f->r, LEASE);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DOWN);
+  assert_int_equal(f->n_start, 2); /* one per service */
+  assert_string_not_equal(f->start[0].node, "n1");
+  assert_string_not_equal(f->start[1].node, "n1");
+  assert_int_equal(count_inst(&f->r, NULL, "rep", -1), 3);
+  assert_int_equal(count_inst(&f->r, NULL, "two", -1), 3);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+  assert_true(f->r.table_version > tv);
+  /* still one per accelerator per service */
+  for (i = f->r.instances; i; i = i->next) {
+    struct lynx_reg_instance *j;
+    for (j = i->next; j; j = j->next)
+      if (j->svc == i->svc)
+        assert_false(j->node == i->node && j->accel_idx == i->accel_idx);
+  }
+  ready_all(&f->r, LEASE);
+  assert_int_equal(table_len(&f->r), 6);
+
+  /* n1 comes back: replicas already satisfied, nothing moves */
+  f->n_start = 0;
+  f->n_stop = 0;
+  assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", LEASE + 10), 0);
+  assert_int_equal(f->n_start, 0);
+  assert_int_equal(f->n_stop, 0);
+
+  /* with too little capacity, as many as fit; the rest when nodes join */
+  add_service(&f->r, "wide", 7002, 8, NULL);
+  assert_int_equal(count_inst(&f->r, NULL, "wide", -1), 6);
+  assert_int_equal(reg_node(&f->r, "n4", 1, 4, "", LEASE + 20), 0);
+  assert_int_equal(count_inst(&f->r, NULL, "wide", -1), 8);
+  assert_int_equal(count_inst(&f->r, "n4", "wide", -1), 2);
+}
+
+static void test_replicas_during_drain(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(reg_node(&f->r, "n0", 1, 1, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 0), 0);
+  add_service(&f->r, "rep", 7000, 2, NULL);
+  ready_all(&f->r, 0);
+  assert_int_equal(count_inst(&f->r, "n2", NULL, -1), 0);
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 0));
+  /* n0 drains: its replacement starts on n2 while n0 keeps answering */
+  assert_int_equal(lynx_reg_drain(&f->r, "n0", 10, &err), 0);
+  assert_int_equal(count_inst(&f->r, "n0", NULL, LYNX_INST_READY), 1);
+  assert_int_equal(count_inst(&f->r, "n2", NULL, LYNX_INST_STARTING), 1);
+  lynx_reg_tick(&f->r, 20);
+  assert_int_equal(count_inst(&f->r, "n0", NULL, LYNX_INST_READY), 1);
+  assert_int_equal(node_state(&f->r, "n0"), LYNX_NODE_DRAINING);
+}
+
+static void test_instance_failed_retries_on_tick(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_instance *i;
+  uint64_t id, tv;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(f->n_start, 1);
+  i = f->r.instances;
+  id = i->id;
+  tv = f->r.table_version;
+  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, id, "no app", 10),
+                   0);
+  assert_null(f->r.instances);
+  assert_int_equal(f->r.table_version, tv); /* it never was dispatchable */
+  assert_int_equal(f->n_start, 1);          /* not at once */
+  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, id, "again", 10),
+                   -ENOENT);
+  lynx_reg_tick(&f->r, 100);
+  assert_int_equal(f->n_start, 2);
+  assert_true(f->start[1].id > id);
+  ready_all(&f->r, 110);
+  assert_int_equal(f->r.table_version, tv + 1);
+  /* a repeated ready report with the same region changes nothing */
+  {
+    struct lynx_region_desc d = desc_for(f->r.instances);
+    assert_int_equal(
+        lynx_reg_instance_ready(&f->r, "n1", 1, f->r.instances->id, &d, 120),
+        0);
+    assert_int_equal(f->r.table_version, tv + 1);
+    /* a new region does */
+    d.region_size *= 2;
+    assert_int_equal(
+        lynx_reg_instance_ready(&f->r, "n1", 1, f->r.instances->id, &d, 130),
+        0);
+    assert_int_equal(f->r.table_version, tv + 2);
+  }
+  /* a ready instance failing leaves the table */
+  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, f->r.instances->id,
+                                            "crash", 140),
+                   0);
+  assert_int_equal(f->r.table_version, tv + 3);
+  assert_int_equal(f->table_len_at_push, 0);
+}
+
+static void expect_invalid(struct lynx_registry *r,
+                           const struct lynx_service_spec *s,
+                           const char *field) {
+  struct lynx_reg_err err;
+  char prefix[64];
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_service_create(r, s, 0, &err), -EINVAL);
+  assert_int_equal(err.status, 400);
+  assert_string_equal(err.code, "invalid_argument");
+  snprintf(prefix, sizeof(prefix), "%s:", field);
+  if (strncmp(err.message, prefix, strlen(prefix)))
+    fail_msg("expected a message about %s, got \"%s\"", field, err.message);
+}
+
+static void test_service_validation(void **state) {
+  struct fx *f = *state;
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+
+  s = spec("", 7000, 0, NULL);
+  expect_invalid(&f->r, &s, "name");
+  s = spec("a b", 7000, 0, NULL);
+  expect_invalid(&f->r, &s, "name");
+  s = spec("a/b", 7000, 0, NULL);
+  expect_invalid(&f->r, &s, "name");
+  s = spec("ok", 7000, 0, NULL);
+  snprintf(s.proto, sizeof(s.proto), "tcp");
+  expect_invalid(&f->r, &s, "proto");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EINVAL);
+  assert_non_null(strstr(err.message, "later"));
+  s = spec("ok", 0, 0, NULL);
+  expect_invalid(&f->r, &s, "port");
+  s = spec("ok", 65536, 0, NULL);
+  expect_invalid(&f->r, &s, "port");
+  s = spec("ok", 7000, 0, NULL);
+  s.app[0] = '\0';
+  expect_invalid(&f->r, &s, "app");
+  s = spec("ok", 7000, 0, NULL);
+  s.slot_size = 100;
+  expect_invalid(&f->r, &s, "slot_size");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EINVAL);
+  assert_string_equal(err.message,
+                      "slot_size: must be a power of two between 64 and "
+                      "1048576");
+  s.slot_size = 32;
+  expect_invalid(&f->r, &s, "slot_size");
+  s.slot_size = 1u << 21;
+  expect_invalid(&f->r, &s, "slot_size");
+  s = spec("ok", 7000, 0, NULL);
+  s.slots = 3;
+  expect_invalid(&f->r, &s, "slots");
+  s.slots = 1;
+  expect_invalid(&f->r, &s, "slots");
+  s.slots = 1u << 17;
+  expect_invalid(&f->r, &s, "slots");
+  s = spec("ok", 7000, 0, NULL);
+  s.mqueues_per_accel = 0;
+  expect_invalid(&f->r, &s, "mqueues_per_accel");
+  s.mqueues_per_accel = 1025;
+  expect_invalid(&f->r, &s, "mqueues_per_accel");
+  s = spec("ok", 7000, 0, NULL);
+  s.placement = LYNX_PLACE_REPLICAS;
+  s.replicas = 0;
+  expect_invalid(&f->r, &s, "placement.replicas");
+  s = spec("ok", 7000, 0, NULL);
+  s.placement = (enum lynx_placement_kind)5;
+  expect_invalid(&f->r, &s, "placement");
+  s = spec("ok", 7000, 2, "a=1");
+  s.selector[0].key[0] = '\0';
+  expect_invalid(&f->r, &s, "placement.selector");
+  assert_null(f->r.services);
+
+  /* the bounds themselves are fine */
+  s = spec("edge.ok_1-x", 65535, 0, NULL);
+  s.slot_size = 64;
+  s.slots = 65536;
+  s.mqueues_per_accel = 1;
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
+  s = spec("edge2", 1, 0, NULL);
+  s.slot_size = 1u << 20;
+  s.slots = 2;
+  s.mqueues_per_accel = 1024;
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
+}
+
+static void test_service_conflicts_and_delete(void **state) {
+  struct fx *f = *state;
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  uint64_t tv;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  s = spec("echo", 7001, 0, NULL);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EEXIST);
+  assert_int_equal(err.status, 409);
+  assert_string_equal(err.code, "conflict");
+  s = spec("other", 7000, 0, NULL);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EADDRINUSE);
+  assert_int_equal(err.status, 409);
+  assert_string_equal(err.code, "conflict");
+  assert_non_null(strstr(err.message, "echo"));
+  assert_non_null(lynx_reg_service_find(&f->r, "echo"));
+  assert_null(lynx_reg_service_find(&f->r, "other"));
+
+  ready_all(&f->r, 0);
+  tv = f->r.table_version;
+  assert_int_equal(lynx_reg_service_delete(&f->r, "nope", 10, &err), -ENOENT);
+  assert_int_equal(err.status, 404);
+  assert_string_equal(err.code, "not_found");
+  assert_int_equal(lynx_reg_service_delete(&f->r, "echo", 10, &err), 0);
+  assert_int_equal(f->n_stop, 2);
+  assert_null(f->r.instances);
+  assert_null(f->r.services);
+  assert_int_equal(f->r.table_version, tv + 1);
+  /* the port is free again */
+  s = spec("other", 7000, 0, NULL);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
+}
+
+struct order_rec {
+  char svc[8][LYNX_ID_MAX];
+  uint64_t id[8];
+  int n;
+};
+
+static void order_fn(void *arg, const struct lynx_reg_service *svc,
+                     const struct lynx_reg_instance *inst) {
+  struct order_rec *o = arg;
+  assert_true(o->n < 8);
+  snprintf(o->svc[o->n], LYNX_ID_MAX, "%s", svc->spec.name);
+  o->id[o->n] = inst->id;
+  o->n++;
+}
+
+static void test_table_order(void **state) {
+  struct fx *f = *state;
+  struct order_rec o;
+  int k;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  add_service(&f->r, "zeta", 7000, 0, NULL);
+  add_service(&f->r, "alpha", 7001, 0, NULL);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 0), 0);
+  ready_all(&f->r, 0);
+  memset(&o, 0, sizeof(o));
+  lynx_reg_table_foreach(&f->r, order_fn, &o);
+  assert_int_equal(o.n, 4);
+  /* services in creation order, instances by id */
+  assert_string_equal(o.svc[0], "zeta");
+  assert_string_equal(o.svc[1], "zeta");
+  assert_string_equal(o.svc[2], "alpha");
+  assert_string_equal(o.svc[3], "alpha");
+  for (k = 0; k < 4; k += 2)
+    assert_true(o.id[k] < o.id[k + 1]);
+}
+
+static void test_drain_intent_before_register(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(lynx_reg_drain_intent_add(&f->r, "n1"), 0);
+  assert_int_equal(lynx_reg_drain_intent_add(&f->r, "n1"), 0);
+  assert_int_equal(lynx_reg_drain_intent_add(&f->r, "bad/id"), -EINVAL);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINED);
+  assert_true(lynx_reg_node_find(&f->r, "n1")->drain_intent);
+  assert_null(f->r.drain_intents);
+  assert_int_equal(f->n_start, 0);
+  /* a new incarnation of a drained node stays drained */
+  assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", 10), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINED);
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", 20, &err), 0);
+  assert_int_equal(f->n_start, 2);
+}
+
+static void test_restart_while_draining(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 0));
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 10, &err), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINING);
+  /* reconnect of the same agent: still draining, instances kept */
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 20), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINING);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 2);
+  /* the agent restarted: what ran there is gone, so it is drained */
+  assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", 30), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DRAINED);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+  assert_int_equal(f->n_stop, 0);
+}
+
+static void test_connections(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_frontend *fe, *fe2;
+  struct lynx_fe_mq_report mq = {5, 0, 1, 2, 3};
+  struct lynx_reg_node *n;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  n = lynx_reg_node_find(&f->r, "n1");
+  assert_ptr_equal(n->conn, (void *)0x1);
+  lynx_reg_node_disconnected(&f->r, (void *)0x1);
+  assert_null(n->conn);
+  assert_int_equal(n->state, LYNX_NODE_READY); /* the lease decides */
+
+  fe = lynx_reg_frontend_connect(&f->r, "fe1", "10.0.0.1:5", (void *)0x9, 5);
+  assert_non_null(fe);
+  assert_true(fe->connected);
+  lynx_reg_frontend_status(&f->r, "fe1", 3, &mq, 1, 6);
+  assert_int_equal(fe->table_version_applied, 3);
+  assert_int_equal(fe->n_mqs, 1);
+  assert_int_equal(fe->mqs[0].dispatched, 2);
+  assert_int_equal(fe->last_seen_ms, 6);
+  lynx_reg_frontend_status(&f->r, "unknown", 3, &mq, 1, 6); /* ignored */
+  lynx_reg_frontend_disconnected(&f->r, (void *)0x9);
+  assert_false(fe->connected);
+  assert_null(fe->conn);
+  /* reconnecting finds the same record, fresh until it reports */
+  fe2 = lynx_reg_frontend_connect(&f->r, "fe1", "10.0.0.1:6", (void *)0xa, 7);
+  assert_ptr_equal(fe, fe2);
+  assert_true(fe->connected);
+  assert_int_equal(fe->table_version_applied, 0);
+  assert_int_equal(fe->n_mqs, 0);
+  assert_string_equal(fe->address, "10.0.0.1:6");
+  assert_null(lynx_reg_frontend_connect(&f->r, "", "x", NULL, 0));
+  lynx_reg_frontend_status(&f->r, "fe1", 4, &mq, 1, 8); /* freed at the end */
+}
+
+static void test_versions_grow(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  uint64_t v = f->r.version;
+#define GREW()                                                                 \
+  do {                                                                         \
+    assert_true(f->r.version > v);                                             \
+    v = f->r.version;                                                          \
+  } while (0)
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  GREW();
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  GREW();
+  ready_all(&f->r, 0);
+  GREW();
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe", "x", (void *)2, 0));
+  GREW();
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 0, &err), 0);
+  GREW();
+  lynx_reg_frontend_status(&f->r, "fe", f->r.table_version, NULL, 0, 1);
+  GREW();
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", 2, &err), 0);
+  GREW();
+  lynx_reg_tick(&f->r, LEASE);
+  GREW();
+  assert_int_equal(lynx_reg_forget(&f->r, "n1", &err), 0);
+  GREW();
+  assert_int_equal(lynx_reg_service_delete(&f->r, "echo", 0, &err), 0);
+  GREW();
+#undef GREW
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_labels_and_names),
+      T(test_register_validation),
+      T(test_drain_state_machine),
+      T(test_undrain_while_draining),
+      T(test_drain_waits_for_frontend),
+      T(test_drain_deadline),
+      T(test_drain_without_frontend),
+      T(test_drain_errors),
+      T(test_lease_expiry),
+      T(test_heartbeat_counters),
+      T(test_leave_and_forget),
+      T(test_epochs),
+      T(test_reconnect_drops_missing_accel),
+      T(test_place_all),
+      T(test_place_selector),
+      T(test_replicas_spread_and_replace),
+      T(test_replicas_during_drain),
+      T(test_instance_failed_retries_on_tick),
+      T(test_service_validation),
+      T(test_service_conflicts_and_delete),
+      T(test_table_order),
+      T(test_drain_intent_before_register),
+      T(test_restart_while_draining),
+      T(test_connections),
+      T(test_versions_grow),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,703 @@
+/* test_regjson.c - unit tests of coordinator/regjson.c (service spec
+ * decoding, API object shapes) and coordinator/store.c (state directory
+ * round trip, refusal of corrupt files). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <json-c/json.h>
+
+#include "registry.h"
+#include "regjson.h"
+#include "store.h"
+
+/* ---- helpers -------------------------------------------------------- */
+
+static int decode(const char *text, struct lynx_service_spec *out,
+                  struct lynx_reg_err *err) {
+  struct json_object *j = json_tokener_parse(text);
+  int rc;
+  if (!j)
+    fail_msg("test input does not parse: %s", text);
+  memset(err, 0, sizeof(*err));
+  rc = lynx_json_service_spec(j, out, err);
+  json_object_put(j);
+  return rc;
+}
+
+static struct json_object *get(struct json_object *o, const char *key) {
+  struct json_object *v = NULL;
+  if (!json_object_object_get_ex(o, key, &v))
+    fail_msg("no field %s in %s", key, json_object_to_json_string(o));
+  return v;
+}
+
+static const char *get_str(struct json_object *o, const char *key) {
+  struct json_object *v = get(o, key);
+  assert_true(json_object_is_type(v, json_type_string));
+  return json_object_get_string(v);
+}
+
+static uint64_t get_u64(struct json_object *o, const char *key) {
+  struct json_object *v = get(o, key);
+  assert_true(json_object_is_type(v, json_type_int));
+  return json_object_get_uint64(v);
+}
+
+static int n_keys(struct json_object *o) {
+  return json_object_object_length(o);
+}
+
+static void reg_node(struct lynx_registry *r, const char *id, uint64_t epoch,
+                     uint32_t n_accels, const char *labels, uint64_t now) {
+  struct lynx_accel_info acc[4];
+  struct lynx_label lab[LYNX_LABELS_MAX];
+  struct lynx_reg_err err;
+  uint32_t n_lab = 0, a;
+  memset(acc, 0, sizeof(acc));
+  for (a = 0; a < n_accels; a++) {
+    acc[a].idx = a;
+    snprintf(acc[a].kind, sizeof(acc[a].kind), "cpu");
+    snprintf(acc[a].model, sizeof(acc[a].model), "emulated");
+    acc[a].memory_bytes = 4096;
+    acc[a].ordering = a % 2;
+  }
+  assert_int_equal(lynx_labels_parse(labels, lab, LYNX_LABELS_MAX, &n_lab), 0);
+  assert_int_equal(lynx_reg_register(r, id, "127.0.0.1:7701", epoch, lab, n_lab,
+                                     acc, n_accels, NULL, now, &err),
+                   0);
+}
+
+static void create(struct lynx_registry *r, const char *json) {
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  if (decode(json, &s, &err))
+    fail_msg("%s: %s", json, err.message);
+  assert_int_equal(lynx_reg_service_create(r, &s, 0, &err), 0);
+}
+
+static void ready_all(struct lynx_registry *r) {
+  struct lynx_reg_instance *i;
+  for (i = r->instances; i; i = i->next) {
+    struct lynx_region_desc d;
+    memset(&d, 0, sizeof(d));
+    snprintf(d.transport, sizeof(d.transport), "shm");
+    snprintf(d.locator, sizeof(d.locator), "/lynx-%llu",
+             (unsigned long long)i->id);
+    d.n_mqueues = i->svc->spec.mqueues_per_accel;
+    d.slots = i->svc->spec.slots;
+    d.slot_size = i->svc->spec.slot_size;
+    assert_int_equal(
+        lynx_reg_instance_ready(r, i->node->id, i->node->epoch, i->id, &d, 0),
+        0);
+  }
+}
+
+/* ---- decoding ------------------------------------------------------- */
+
+static void test_decode_defaults(void **state) {
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  (void)state;
+  assert_int_equal(
+      decode("{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\"}", &s,
+             &err),
+      0);
+  assert_string_equal(s.name, "echo");
+  assert_string_equal(s.proto, "udp");
+  assert_int_equal(s.port, 7000);
+  assert_string_equal(s.app, "echo");
+  assert_int_equal(s.slot_size, 2048);
+  assert_int_equal(s.slots, 256);
+  assert_int_equal(s.mqueues_per_accel, 4);
+  assert_int_equal(s.work_us, 0);
+  assert_int_equal(s.placement, LYNX_PLACE_ALL);
+  assert_int_equal(s.n_selector, 0);
+
+  assert_int_equal(
+      decode("{\"name\": \"e-1.x_y\", \"proto\": \"udp\", \"port\": 65535, "
+             "\"app\": \"sockperf-echo\", \"slot_size\": 64, \"slots\": "
+             "65536, \"mqueues_per_accel\": 1024, \"work_us\": 25, "
+             "\"placement\": {\"replicas\": 3, \"selector\": {\"gpu\": "
+             "\"a100\", \"zone\": \"eu\"}}}",
+             &s, &err),
+      0);
+  assert_int_equal(s.port, 65535);
+  assert_int_equal(s.slot_size, 64);
+  assert_int_equal(s.slots, 65536);
+  assert_int_equal(s.mqueues_per_accel, 1024);
+  assert_int_equal(s.work_us, 25);
+  assert_int_equal(s.placement, LYNX_PLACE_REPLICAS);
+  assert_int_equal(s.replicas, 3);
+  assert_int_equal(s.n_selector, 2);
+  assert_string_equal(s.selector[0].key, "gpu");
+  assert_string_equal(s.selector[0].value, "a100");
+  assert_string_equal(s.selector[1].key, "zone");
+
+  assert_int_equal(decode("{\"name\": \"a\", \"port\": 1, \"app\": \"x\", "
+                          "\"placement\": \"all\"}",
+                          &s, &err),
+                   0);
+  assert_int_equal(s.placement, LYNX_PLACE_ALL);
+  /* a selector alone: every accelerator of every matching node */
+  assert_int_equal(decode("{\"name\": \"a\", \"port\": 1, \"app\": \"x\", "
+                          "\"placement\": {\"selector\": {\"gpu\": \"t4\"}}}",
+                          &s, &err),
+                   0);
+  assert_int_equal(s.placement, LYNX_PLACE_ALL);
+  assert_int_equal(s.n_selector, 1);
+}
+
+struct bad_case {
+  const char *json;
+  const char *msg; /* expected message prefix */
+};
+
+#define SVC(extra)                                                             \
+  "{\"name\": \"s\", \"port\": 7000, \"app\": \"echo\"" extra "}"
+
+static void test_decode_bad(void **state) {
+  static const struct bad_case cases[] = {
+      {"[]", "service: must be a JSON object"},
+      {"\"echo\"", "service:"},
+      {"{\"port\": 7000, \"app\": \"echo\"}", "name: required"},
+      {"{\"name\": \"s\", \"app\": \"echo\"}", "port: required"},
+      {"{\"name\": \"s\", \"port\": 7000}", "app: required"},
+      {"{\"name\": 5, \"port\": 7000, \"app\": \"echo\"}",
+       "name: must be a string"},
+      {"{\"name\": null, \"port\": 7000, \"app\": \"echo\"}",
+       "name: must be a string"},
+      {"{\"name\": \"\", \"port\": 7000, \"app\": \"echo\"}", "name:"},
+      {"{\"name\": \"a b\", \"port\": 7000, \"app\": \"echo\"}", "name:"},
+      {"{\"name\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+       "xxxxxxxxxx\", \"port\": 7000, \"app\": \"echo\"}",
+       "name: longer than 63"},
+      {"{\"name\": \"s\", \"port\": \"7000\", \"app\": \"echo\"}",
+       "port: must be an integer"},
+      {"{\"name\": \"s\", \"port\": 7000.5, \"app\": \"echo\"}",
+       "port: must be an integer"},
+      {"{\"name\": \"s\", \"port\": true, \"app\": \"echo\"}",
+       "port: must be an integer"},
+      {"{\"name\": \"s\", \"port\": -1, \"app\": \"echo\"}",
+       "port: must not be negative"},
+      {"{\"name\": \"s\", \"port\": 0, \"app\": \"echo\"}",
+       "port: must be between 1 and 65535"},
+      {"{\"name\": \"s\", \"port\": 65536, \"app\": \"echo\"}",
+       "port: must be between 1 and 65535"},
+      {"{\"name\": \"s\", \"port\": 99999999999999999999999, \"app\": "
+       "\"echo\"}",
+       "port: must be between 1 and 65535"},
+      {"{\"name\": \"s\", \"port\": 7000, \"app\": 1}",
+       "app: must be a string"},
+      {SVC(", \"app\": \"\""), "app:"},
+      {SVC(", \"proto\": \"tcp\""),
+       "proto: only \"udp\" is supported (tcp comes in a later release)"},
+      {SVC(", \"proto\": \"quic-and-more\""), "proto: only \"udp\""},
+      {SVC(", \"proto\": 17"), "proto: must be a string"},
+      {SVC(", \"slot_size\": 100"),
+       "slot_size: must be a power of two between 64 and 1048576"},
+      {SVC(", \"slot_size\": 32"),
+       "slot_size: must be a power of two between 64 and 1048576"},
+      {SVC(", \"slot_size\": 2097152"),
+       "slot_size: must be a power of two between 64 and 1048576"},
+      {SVC(", \"slot_size\": 18446744073709551616"),
+       "slot_size: must be a power of two between 64 and 1048576"},
+      {SVC(", \"slot_size\": -64"), "slot_size: must not be negative"},
+      {SVC(", \"slot_size\": \"2k\""), "slot_size: must be an integer"},
+      {SVC(", \"slots\": 3"), "slots: must be a power of two between 2 and"},
+      {SVC(", \"slots\": 131072"), "slots: must be a power of two"},
+      {SVC(", \"slots\": -8"), "slots: must not be negative"},
+      {SVC(", \"mqueues_per_accel\": 0"),
+       "mqueues_per_accel: must be between 1 and 1024"},
+      {SVC(", \"mqueues_per_accel\": 1025"),
+       "mqueues_per_accel: must be between 1 and 1024"},
+      {SVC(", \"mqueues_per_accel\": [4]"),
+       "mqueues_per_accel: must be an integer"},
+      {SVC(", \"work_us\": -5"), "work_us: must not be negative"},
+      {SVC(", \"work_us\": 20000000"), "work_us: must be between 0 and"},
+      {SVC(", \"work_us\": 1e3"), "work_us: must be an integer"},
+      {SVC(", \"replica\": 3"), "replica: unknown field"},
+      {SVC(", \"placement\": \"some\""), "placement: must be \"all\""},
+      {SVC(", \"placement\": \"ALL\""), "placement: must be \"all\""},
+      {SVC(", \"placement\": 3"), "placement: must be \"all\""},
+      {SVC(", \"placement\": [\"all\"]"), "placement: must be \"all\""},
+      {SVC(", \"placement\": null"), "placement: must be \"all\""},
+      {SVC(", \"placement\": {\"replicas\": 0}"),
+       "placement.replicas: must be between 1 and"},
+      {SVC(", \"placement\": {\"replicas\": -3}"),
+       "placement.replicas: must not be negative"},
+      {SVC(", \"placement\": {\"replicas\": \"3\"}"),
+       "placement.replicas: must be an integer"},
+      {SVC(", \"placement\": {\"replicas\": 99999999999}"),
+       "placement.replicas: must be at most"},
+      {SVC(", \"placement\": {\"replicas\": 2, \"spread\": true}"),
+       "placement.spread: unknown field"},
+      {SVC(", \"placement\": {\"replicas\": 2, \"selector\": [\"a=b\"]}"),
+       "placement.selector: must be an object"},
+      {SVC(", \"placement\": {\"replicas\": 2, \"selector\": {\"gpu\": 1}}"),
+       "placement.selector.gpu: must be a string"},
+      {SVC(", \"placement\": {\"replicas\": 2, \"selector\": {\"\": \"x\"}}"),
+       "placement.selector: keys must be"},
+  };
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  size_t k;
+  (void)state;
+  for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    memset(&s, 0x5a, sizeof(s));
+    if (decode(cases[k].json, &s, &err) != -EINVAL)
+      fail_msg("accepted: %s", cases[k].json);
+    assert_int_equal(err.status, 400);
+    assert_string_equal(err.code, "invalid_argument");
+    if (strncmp(err.message, cases[k].msg, strlen(cases[k].msg)))
+      fail_msg("%s: expected \"%s...\", got \"%s\"", cases[k].json,
+               cases[k].msg, err.message);
+  }
+  assert_int_equal(lynx_json_service_spec(NULL, &s, &err), -EINVAL);
+}
+
+/* ---- encoding ------------------------------------------------------- */
+
+static void test_encode_shapes(void **state) {
+  struct lynx_registry r;
+  struct json_object *o, *items, *a, *p;
+  struct lynx_fe_mq_report mq1[2], mq2[1];
+  struct lynx_reg_node *n;
+  char id[64];
+  (void)state;
+
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  reg_node(&r, "n1", 42, 2, "gpu=a100,zone=eu", 1000);
+  create(&r, "{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\", "
+             "\"mqueues_per_accel\": 2}");
+  create(&r, "{\"name\": \"rep\", \"port\": 7001, \"app\": \"echo\", "
+             "\"mqueues_per_accel\": 1, \"placement\": {\"replicas\": 5, "
+             "\"selector\": {\"gpu\": \"a100\"}}}");
+  ready_all(&r);
+  n = lynx_reg_node_find(&r, "n1");
+  n->accels[1].requests = 10;
+  n->accels[1].responses = 9;
+
+  /* node */
+  o = lynx_json_node(&r, n, 1500);
+  assert_int_equal(n_keys(o), 7);
+  assert_string_equal(get_str(o, "id"), "n1");
+  assert_string_equal(get_str(o, "state"), "ready");
+  assert_string_equal(get_str(o, "address"), "127.0.0.1:7701");
+  assert_int_equal(get_u64(o, "epoch"), 42);
+  assert_int_equal(get_u64(o, "last_heartbeat_ms"), 500);
+  a = get(o, "labels");
+  assert_true(json_object_is_type(a, json_type_object));
+  assert_string_equal(get_str(a, "gpu"), "a100");
+  assert_string_equal(get_str(a, "zone"), "eu");
+  a = get(o, "accelerators");
+  assert_true(json_object_is_type(a, json_type_array));
+  assert_int_equal(json_object_array_length(a), 2);
+  a = json_object_array_get_idx(a, 1);
+  /* accelerator */
+  assert_int_equal(n_keys(a), 9);
+  assert_string_equal(get_str(a, "id"), "n1/1");
+  assert_string_equal(get_str(a, "node"), "n1");
+  assert_string_equal(get_str(a, "kind"), "cpu");
+  assert_string_equal(get_str(a, "model"), "emulated");
+  assert_int_equal(get_u64(a, "memory_bytes"), 4096);
+  assert_string_equal(get_str(a, "ordering"), "fenced");
+  assert_string_equal(get_str(a, "state"), "ready");
+  assert_int_equal(get_u64(a, "requests"), 10);
+  assert_int_equal(get_u64(a, "responses"), 9);
+  json_object_put(o);
+
+  /* services: placement shapes and instance counts */
+  o = lynx_json_services(&r);
+  assert_int_equal(get_u64(o, "version"), r.version);
+  items = get(o, "items");
+  assert_int_equal(json_object_array_length(items), 2);
+  a = json_object_array_get_idx(items, 0);
+  assert_int_equal(n_keys(a), 10);
+  assert_string_equal(get_str(a, "name"), "echo");
+  assert_string_equal(get_str(a, "proto"), "udp");
+  assert_int_equal(get_u64(a, "port"), 7000);
+  assert_string_equal(get_str(a, "app"), "echo");
+  assert_int_equal(get_u64(a, "slot_size"), 2048);
+  assert_int_equal(get_u64(a, "slots"), 256);
+  assert_int_equal(get_u64(a, "mqueues_per_accel"), 2);
+  assert_int_equal(get_u64(a, "work_us"), 0);
+  assert_string_equal(get_str(a, "placement"), "all");
+  p = get(a, "instances");
+  assert_int_equal(get_u64(p, "ready"), 2);
+  assert_int_equal(get_u64(p, "wanted"), 2);
+  a = json_object_array_get_idx(items, 1);
+  p = get(a, "placement");
+  assert_true(json_object_is_type(p, json_type_object));
+  assert_int_equal(get_u64(p, "replicas"), 5);
+  assert_string_equal(get_str(get(p, "selector"), "gpu"), "a100");
+  p = get(a, "instances");
+  assert_int_equal(get_u64(p, "ready"), 2);
+  assert_int_equal(get_u64(p, "wanted"), 5);
+  json_object_put(o);
+
+  /* mqueues: counters summed over frontends; a disconnected frontend's
+   * outstanding is stale and not counted */
+  assert_non_null(lynx_reg_frontend_connect(&r, "fe1", "a:1", (void *)1, 0));
+  assert_non_null(lynx_reg_frontend_connect(&r, "fe2", "b:2", (void *)2, 0));
+  memset(mq1, 0, sizeof(mq1));
+  memset(mq2, 0, sizeof(mq2));
+  mq1[0].instance_id = r.instances->id; /* echo on n1/0 */
+  mq1[0].q = 1;
+  mq1[0].dispatched = 100;
+  mq1[0].responded = 90;
+  mq1[0].outstanding = 10;
+  mq1[1].instance_id = 999; /* unknown: ignored */
+  mq1[1].q = 0;
+  mq1[1].dispatched = 7;
+  mq2[0] = mq1[0];
+  mq2[0].dispatched = 5;
+  mq2[0].responded = 5;
+  mq2[0].outstanding = 4;
+  lynx_reg_frontend_status(&r, "fe1", r.table_version, mq1, 2, 10);
+  lynx_reg_frontend_status(&r, "fe2", r.table_version, mq2, 1, 10);
+  lynx_reg_frontend_disconnected(&r, (void *)2);
+
+  o = lynx_json_mqueues(&r);
+  items = get(o, "items");
+  /* echo: 2 accels x 2 mqueues; rep: 2 replicas x 1 */
+  assert_int_equal(json_object_array_length(items), 6);
+  a = json_object_array_get_idx(items, 1);
+  assert_int_equal(n_keys(a), 12);
+  snprintf(id, sizeof(id), "echo/n1/0/1");
+  assert_string_equal(get_str(a, "id"), id);
+  assert_string_equal(get_str(a, "service"), "echo");
+  assert_string_equal(get_str(a, "node"), "n1");
+  assert_int_equal(get_u64(a, "accel"), 0);
+  assert_int_equal(get_u64(a, "instance"), r.instances->id);
+  assert_int_equal(get_u64(a, "index"), 1);
+  assert_int_equal(get_u64(a, "slots"), 256);
+  assert_int_equal(get_u64(a, "slot_size"), 2048);
+  assert_string_equal(get_str(a, "transport"), "shm");
+  assert_int_equal(get_u64(a, "dispatched"), 105);
+  assert_int_equal(get_u64(a, "responded"), 95);
+  assert_int_equal(get_u64(a, "outstanding"), 10);
+  a = json_object_array_get_idx(items, 0);
+  assert_string_equal(get_str(a, "id"), "echo/n1/0/0");
+  assert_int_equal(get_u64(a, "dispatched"), 0);
+  a = json_object_array_get_idx(items, 5);
+  assert_string_equal(get_str(a, "service"), "rep");
+  json_object_put(o);
+
+  /* frontends */
+  o = lynx_json_frontends(&r, 110);
+  items = get(o, "items");
+  assert_int_equal(json_object_array_length(items), 2);
+  a = json_object_array_get_idx(items, 0);
+  assert_int_equal(n_keys(a), 5);
+  assert_string_equal(get_str(a, "id"), "fe1");
+  assert_string_equal(get_str(a, "address"), "a:1");
+  assert_true(json_object_get_boolean(get(a, "connected")));
+  assert_int_equal(get_u64(a, "table_version"), r.table_version);
+  assert_int_equal(get_u64(a, "last_seen_ms"), 100);
+  a = json_object_array_get_idx(items, 1);
+  assert_false(json_object_get_boolean(get(a, "connected")));
+  json_object_put(o);
+
+  /* the other lists */
+  o = lynx_json_nodes(&r, 2000);
+  assert_int_equal(n_keys(o), 2);
+  assert_int_equal(get_u64(o, "version"), r.version);
+  assert_int_equal(json_object_array_length(get(o, "items")), 1);
+  json_object_put(o);
+  o = lynx_json_accels(&r);
+  items = get(o, "items");
+  assert_int_equal(json_object_array_length(items), 2);
+  assert_string_equal(get_str(json_object_array_get_idx(items, 0), "id"),
+                      "n1/0");
+  assert_string_equal(get_str(json_object_array_get_idx(items, 0), "ordering"),
+                      "coalesced");
+  json_object_put(o);
+
+  /* a drained node's accelerators say so */
+  {
+    struct lynx_reg_err err;
+    lynx_reg_frontend_disconnected(&r, (void *)1);
+    assert_int_equal(lynx_reg_drain(&r, "n1", 0, &err), 0);
+    o = lynx_json_node(&r, n, 0);
+    assert_string_equal(get_str(o, "state"), "drained");
+    assert_string_equal(
+        get_str(json_object_array_get_idx(get(o, "accelerators"), 0), "state"),
+        "drained");
+    assert_int_equal(get_u64(o, "last_heartbeat_ms"), 0); /* clock behind */
+    json_object_put(o);
+    o = lynx_json_service(&r, r.services);
+    assert_int_equal(get_u64(get(o, "instances"), "wanted"), 0);
+    json_object_put(o);
+  }
+
+  o = lynx_json_error("not_found", "service x not found");
+  assert_int_equal(n_keys(o), 1);
+  a = get(o, "error");
+  assert_int_equal(n_keys(a), 2);
+  assert_string_equal(get_str(a, "code"), "not_found");
+  assert_string_equal(get_str(a, "message"), "service x not found");
+  json_object_put(o);
+
+  lynx_reg_free(&r);
+}
+
+/* An encoded service decodes back to the same spec. */
+static void test_service_round_trip(void **state) {
+  struct lynx_registry r;
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  struct json_object *o;
+  (void)state;
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  create(&r, "{\"name\": \"x\", \"port\": 9, \"app\": \"a\", \"work_us\": 3, "
+             "\"placement\": {\"replicas\": 2, \"selector\": {\"k\": "
+             "\"v\"}}}");
+  create(&r, "{\"name\": \"y\", \"port\": 10, \"app\": \"a\", "
+             "\"placement\": {\"selector\": {\"k\": \"v\"}}}");
+  for (struct lynx_reg_service *sv = r.services; sv; sv = sv->next) {
+    o = lynx_json_service(&r, sv);
+    json_object_object_del(o, "instances");
+    assert_int_equal(lynx_json_service_spec(o, &s, &err), 0);
+    json_object_put(o);
+    assert_string_equal(s.name, sv->spec.name);
+    assert_int_equal(s.port, sv->spec.port);
+    assert_int_equal(s.work_us, sv->spec.work_us);
+    assert_int_equal(s.placement, sv->spec.placement);
+    assert_int_equal(s.replicas, sv->spec.replicas);
+    assert_int_equal(s.n_selector, 1);
+    assert_string_equal(s.selector[0].key, "k");
+  }
+  lynx_reg_free(&r);
+}
+
+/* ---- store ---------------------------------------------------------- */
+
+struct tmpdir {
+  char path[64];
+};
+
+static int dir_setup(void **state) {
+  struct tmpdir *t = calloc(1, sizeof(*t));
+  if (!t)
+    return -1;
+  snprintf(t->path, sizeof(t->path), "/tmp/lynx-regjson-XXXXXX");
+  if (!mkdtemp(t->path)) {
+    free(t);
+    return -1;
+  }
+  *state = t;
+  return 0;
+}
+
+static int dir_teardown(void **state) {
+  struct tmpdir *t = *state;
+  char p[128];
+  snprintf(p, sizeof(p), "%s/state.json", t->path);
+  unlink(p);
+  snprintf(p, sizeof(p), "%s/state.json.tmp", t->path);
+  unlink(p);
+  rmdir(t->path);
+  free(t);
+  return 0;
+}
+
+static void write_state(const char *dir, const char *text) {
+  char p[128];
+  FILE *f;
+  snprintf(p, sizeof(p), "%s/state.json", dir);
+  f = fopen(p, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static int exists(const char *dir, const char *name) {
+  char p[128];
+  struct stat st;
+  snprintf(p, sizeof(p), "%s/%s", dir, name);
+  return stat(p, &st) == 0;
+}
+
+static void test_store_round_trip(void **state) {
+  struct tmpdir *t = *state;
+  struct lynx_registry r, r2;
+  struct lynx_reg_service *a, *b;
+  struct lynx_reg_drain_intent *d;
+  struct lynx_reg_err err;
+  char msg[256];
+  int seen_n1 = 0, seen_n9 = 0;
+
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  reg_node(&r, "n1", 1, 2, "", 0);
+  reg_node(&r, "n2", 1, 2, "", 0);
+  create(&r, "{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\", "
+             "\"slot_size\": 4096, \"slots\": 64, \"mqueues_per_accel\": 8, "
+             "\"work_us\": 12}");
+  create(&r, "{\"name\": \"rep\", \"port\": 7001, \"app\": \"sockperf-echo\", "
+             "\"placement\": {\"replicas\": 3, \"selector\": {\"gpu\": "
+             "\"a100\", \"zone\": \"eu\"}}}");
+  assert_int_equal(lynx_reg_drain(&r, "n1", 0, &err), 0);
+  assert_int_equal(lynx_reg_drain_intent_add(&r, "n9"), 0);
+
+  /* missing file: an empty state */
+  lynx_reg_init(&r2, 3000, 10000, NULL);
+  assert_int_equal(lynx_store_load(t->path, &r2, 0, msg, sizeof(msg)), 0);
+  assert_null(r2.services);
+  assert_null(r2.drain_intents);
+  lynx_reg_free(&r2);
+
+  assert_int_equal(lynx_store_save(t->path, &r, msg, sizeof(msg)), 0);
+  assert_true(exists(t->path, "state.json"));
+  assert_false(exists(t->path, "state.json.tmp"));
+  /* saving again replaces it */
+  assert_int_equal(lynx_store_save(t->path, &r, msg, sizeof(msg)), 0);
+  assert_false(exists(t->path, "state.json.tmp"));
+
+  lynx_reg_init(&r2, 3000, 10000, NULL);
+  if (lynx_store_load(t->path, &r2, 5, msg, sizeof(msg)))
+    fail_msg("load: %s", msg);
+  a = r2.services;
+  assert_non_null(a);
+  b = a->next;
+  assert_non_null(b);
+  assert_null(b->next);
+  assert_string_equal(a->spec.name, "echo");
+  assert_string_equal(a->spec.proto, "udp");
+  assert_int_equal(a->spec.port, 7000);
+  assert_string_equal(a->spec.app, "echo");
+  assert_int_equal(a->spec.slot_size, 4096);
+  assert_int_equal(a->spec.slots, 64);
+  assert_int_equal(a->spec.mqueues_per_accel, 8);
+  assert_int_equal(a->spec.work_us, 12);
+  assert_int_equal(a->spec.placement, LYNX_PLACE_ALL);
+  assert_int_equal(a->created_ms, 5);
+  assert_string_equal(b->spec.name, "rep");
+  assert_int_equal(b->spec.placement, LYNX_PLACE_REPLICAS);
+  assert_int_equal(b->spec.replicas, 3);
+  assert_int_equal(b->spec.n_selector, 2);
+  assert_string_equal(b->spec.selector[1].key, "zone");
+  assert_string_equal(b->spec.selector[1].value, "eu");
+  for (d = r2.drain_intents; d; d = d->next) {
+    seen_n1 += !strcmp(d->id, "n1");
+    seen_n9 += !strcmp(d->id, "n9");
+  }
+  assert_int_equal(seen_n1, 1);
+  assert_int_equal(seen_n9, 1);
+  /* the drained node comes back drained, the other one ready */
+  reg_node(&r2, "n1", 7, 2, "", 10);
+  reg_node(&r2, "n2", 7, 2, "", 10);
+  assert_int_equal(lynx_reg_node_find(&r2, "n1")->state, LYNX_NODE_DRAINED);
+  assert_int_equal(lynx_reg_node_find(&r2, "n2")->state, LYNX_NODE_READY);
+  /* ... and stays in the next save */
+  assert_int_equal(lynx_store_save(t->path, &r2, msg, sizeof(msg)), 0);
+  lynx_reg_free(&r2);
+  lynx_reg_init(&r2, 3000, 10000, NULL);
+  assert_int_equal(lynx_store_load(t->path, &r2, 0, msg, sizeof(msg)), 0);
+  seen_n1 = seen_n9 = 0;
+  for (d = r2.drain_intents; d; d = d->next) {
+    seen_n1 += !strcmp(d->id, "n1");
+    seen_n9 += !strcmp(d->id, "n9");
+  }
+  assert_int_equal(seen_n1 + seen_n9, 2);
+  lynx_reg_free(&r2);
+  lynx_reg_free(&r);
+}
+
+struct corrupt_case {
+  const char *text;
+  const char *msg; /* expected in the message */
+};
+
+static void test_store_corrupt(void **state) {
+  static const struct corrupt_case cases[] = {
+      {"", "not valid JSON"},
+      {"{\"version\": 1, \"services\": [", "not valid JSON"},
+      {"{not json}", "not valid JSON"},
+      {"{\"version\": 1} trailing", "trailing"},
+      {"[1, 2]", "must be a JSON object"},
+      {"{\"services\": []}", "version: required"},
+      {"{\"version\": 2, \"services\": []}", "version: must be 1"},
+      {"{\"version\": \"1\"}", "version: must be 1"},
+      {"{\"version\": 1, \"services\": {}}", "services: must be an array"},
+      {"{\"version\": 1, \"drained\": \"n1\"}", "drained: must be an array"},
+      {"{\"version\": 1, \"drained\": [1]}", "drained[0]"},
+      {"{\"version\": 1, \"drained\": [\"bad/id\"]}", "drained[0]"},
+      {"{\"version\": 1, \"extra\": 1}", "extra: unknown field"},
+      {"{\"version\": 1, \"services\": [{\"name\": \"a\", \"port\": 1, "
+       "\"app\": \"x\"}, {\"name\": \"b\", \"port\": -1, \"app\": \"x\"}]}",
+       "services[1]: port: must not be negative"},
+      {"{\"version\": 1, \"services\": [{\"name\": \"a\", \"port\": 1, "
+       "\"app\": \"x\"}, {\"name\": \"a\", \"port\": 2, \"app\": \"x\"}]}",
+       "services[1]: name: service a already exists"},
+  };
+  struct tmpdir *t = *state;
+  struct lynx_registry r;
+  char msg[256];
+  size_t k;
+  int rc;
+  for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    write_state(t->path, cases[k].text);
+    lynx_reg_init(&r, 3000, 10000, NULL);
+    msg[0] = '\0';
+    rc = lynx_store_load(t->path, &r, 0, msg, sizeof(msg));
+    if (rc >= 0)
+      fail_msg("loaded: %s", cases[k].text);
+    if (!strstr(msg, cases[k].msg) || !strstr(msg, "state.json"))
+      fail_msg("%s: expected \"%s\" in \"%s\"", cases[k].text, cases[k].msg,
+               msg);
+    lynx_reg_free(&r);
+  }
+  /* a well-formed file with nothing in it */
+  write_state(t->path, " {\"version\": 1}\n");
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  assert_int_equal(lynx_store_load(t->path, &r, 0, msg, sizeof(msg)), 0);
+  lynx_reg_free(&r);
+}
+
+static void test_store_errors(void **state) {
+  struct tmpdir *t = *state;
+  struct lynx_registry r;
+  char msg[256], p[128];
+  (void)t;
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  msg[0] = '\0';
+  assert_int_equal(
+      lynx_store_save("/nonexistent/lynx-dir", &r, msg, sizeof(msg)), -ENOENT);
+  assert_non_null(strstr(msg, "/nonexistent/lynx-dir/state.json.tmp"));
+  /* a directory where the file should be */
+  snprintf(p, sizeof(p), "%s/state.json", t->path);
+  assert_int_equal(mkdir(p, 0700), 0);
+  assert_true(lynx_store_load(t->path, &r, 0, msg, sizeof(msg)) < 0);
+  assert_non_null(strstr(msg, "state.json"));
+  assert_true(lynx_store_save(t->path, &r, msg, sizeof(msg)) < 0);
+  assert_false(exists(t->path, "state.json.tmp"));
+  rmdir(p);
+  lynx_reg_free(&r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_decode_defaults),
+      cmocka_unit_test(test_decode_bad),
+      cmocka_unit_test(test_encode_shapes),
+      cmocka_unit_test(test_service_round_trip),
+      cmocka_unit_test_setup_teardown(test_store_round_trip, dir_setup,
+                                      dir_teardown),
+      cmocka_unit_test_setup_teardown(test_store_corrupt, dir_setup,
+                                      dir_teardown),
+      cmocka_unit_test_setup_teardown(test_store_errors, dir_setup,
+                                      dir_teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
