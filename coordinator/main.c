@@ -204,6 +204,8 @@ struct table_build {
   Lynx__RegionDesc *regions;
   size_t n_entries, cap_entries;
   const struct lynx_reg_service *cur;
+  char **down;
+  size_t n_down;
   int oom;
 };
 
@@ -270,6 +272,18 @@ static void push_tables(struct coordinator *co) {
     LYNX_ERR("coordinator", "out of memory building dispatch tables");
     goto out;
   }
+  for (struct lynx_reg_node *n = r->nodes; n; n = n->next)
+    if (n->state == LYNX_NODE_DOWN)
+      tb.n_down++;
+  tb.down = calloc(tb.n_down + 1, sizeof(*tb.down));
+  if (!tb.down) {
+    LYNX_ERR("coordinator", "out of memory building dispatch tables");
+    goto out;
+  }
+  tb.n_down = 0;
+  for (struct lynx_reg_node *n = r->nodes; n; n = n->next)
+    if (n->state == LYNX_NODE_DOWN)
+      tb.down[tb.n_down++] = n->id;
   for (struct cpeer *p = co->peers; p; p = p->next) {
     Lynx__Envelope env = LYNX__ENVELOPE__INIT;
     Lynx__DispatchTable t = LYNX__DISPATCH_TABLE__INIT;
@@ -284,6 +298,8 @@ static void push_tables(struct coordinator *co) {
       t.n_services = tb.n_svcs;
       t.services = tb.svc_ptrs;
     }
+    t.n_down_nodes = tb.n_down;
+    t.down_nodes = tb.down;
     env.msg_case = LYNX__ENVELOPE__MSG_DISPATCH_TABLE;
     env.dispatch_table = &t;
     send_env(p, &env);
@@ -302,6 +318,7 @@ out:
   free(tb.specs);
   free(tb.entries);
   free(tb.regions);
+  free(tb.down);
 }
 
 /* Runs queued actions; loop thread, lock held. */

@@ -196,7 +196,10 @@ struct frontend {
   uint64_t stop_deadline_ns;
   int workers_running;
   uint64_t cmd_seq; /* main thread: last command posted */
-  uint64_t *instances; /* main thread: instance ids in dispatch */
+  struct fe_inst {
+    uint64_t id;
+    char node[64];
+  } *instances; /* main thread: the instances in dispatch */
   uint32_t n_instances;
   struct frontend *next;
 };

@@ -167,7 +167,14 @@ static void services_stop_all(struct fe_main *m) {
 
 static int instance_listed(const struct frontend *fe, uint64_t id) {
   for (uint32_t i = 0; i < fe->n_instances; i++)
-    if (fe->instances[i] == id)
+    if (fe->instances[i].id == id)
+      return 1;
+  return 0;
+}
+
+static int node_listed(char *const *nodes, size_t n, const char *node) {
+  for (size_t i = 0; i < n; i++)
+    if (nodes[i] && strcmp(nodes[i], node) == 0)
       return 1;
   return 0;
 }
@@ -194,27 +201,34 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
   return 0;
 }
 
-/* Makes fe dispatch to exactly ids[0..n) (accels[i] describes ids[i]):
- * adds the new, removes (gracefully, or as lost) the others. Returns the
- * last command's sequence number (0 if none). */
-static uint64_t service_set_instances(struct frontend *fe, const uint64_t *ids,
+/* Makes fe dispatch to exactly accels[0..n): adds the new, takes the others
+ * out of dispatch: as lost when their node is listed in down (or all_lost),
+ * otherwise gracefully (their answers still come back). Returns the last
+ * command's sequence number (0 if none). */
+static uint64_t service_set_instances(struct frontend *fe,
                                       const struct fe_accel *accels, uint32_t n,
-                                      int lost) {
-  uint64_t seq = 0, *keep = calloc(n + 1, sizeof(*keep));
+                                      char *const *down, size_t n_down,
+                                      int all_lost) {
+  uint64_t seq = 0;
+  struct fe_inst *keep = calloc(n + 1, sizeof(*keep));
   if (!keep)
     return 0;
   for (uint32_t i = 0; i < fe->n_instances; i++) {
     int still = 0;
     for (uint32_t k = 0; k < n && !still; k++)
-      still = ids[k] == fe->instances[i];
+      still = accels[k].instance_id == fe->instances[i].id;
     if (!still)
-      seq = fe_post(fe, lost ? FE_CMD_LOST : FE_CMD_REMOVE, NULL,
-                    fe->instances[i]);
+      seq = fe_post(fe,
+                    all_lost || node_listed(down, n_down, fe->instances[i].node)
+                        ? FE_CMD_LOST
+                        : FE_CMD_REMOVE,
+                    NULL, fe->instances[i].id);
   }
   for (uint32_t k = 0; k < n; k++) {
-    if (!instance_listed(fe, ids[k]))
-      seq = fe_post(fe, FE_CMD_ADD, &accels[k], ids[k]);
-    keep[k] = ids[k];
+    if (!instance_listed(fe, accels[k].instance_id))
+      seq = fe_post(fe, FE_CMD_ADD, &accels[k], accels[k].instance_id);
+    keep[k].id = accels[k].instance_id;
+    snprintf(keep[k].node, sizeof(keep[k].node), "%s", accels[k].node);
   }
   free(fe->instances);
   fe->instances = keep;
@@ -228,7 +242,6 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
   struct frontend *fe = m->services;
   struct sockaddr_storage udp;
   struct fe_accel *accels;
-  uint64_t *ids;
   uint32_t min_q = UINT32_MAX;
   char addr[80];
   int rc = 0;
@@ -237,8 +250,7 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
     return -ENOENT;
   }
   accels = calloc(d->n_regions, sizeof(*accels));
-  ids = calloc(d->n_regions, sizeof(*ids));
-  if (!accels || !ids) {
+  if (!accels) {
     rc = -ENOMEM;
     goto out;
   }
@@ -249,7 +261,6 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
     rc = accel_from_pb(d->regions[i], d->node_id, id, &accels[i]);
     if (rc)
       goto out;
-    ids[i] = id;
     if (accels[i].g.n_mqueues < min_q)
       min_q = accels[i].g.n_mqueues;
   }
@@ -264,7 +275,7 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
       goto out;
     }
   }
-  service_set_instances(fe, ids, accels, (uint32_t)d->n_regions, 1);
+  service_set_instances(fe, accels, (uint32_t)d->n_regions, NULL, 0, 1);
   LYNX_INFO("frontend", "%s: serving UDP %s for service %s: %zu accelerators "
             "of %s (epoch %llu), %u workers, dispatch %s, poll %s",
             m->id, m->cfg.udp, fe->service, d->n_regions, d->node_id,
@@ -272,7 +283,6 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
             dispatch_names[m->cfg.dispatch], poll_names[m->cfg.poll]);
 out:
   free(accels);
-  free(ids);
   return rc;
 }
 
@@ -373,7 +383,6 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
     const Lynx__ServiceSpec *sp = st->service;
     struct frontend *fe;
     struct fe_accel *accels;
-    uint64_t *ids;
     uint32_t n = 0;
     if (!sp || !sp->name || !*sp->name)
       continue;
@@ -391,21 +400,15 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
                 sp->name, m->cfg.bind, sp->port);
     }
     accels = calloc(st->n_entries + 1, sizeof(*accels));
-    ids = calloc(st->n_entries + 1, sizeof(*ids));
-    if (!accels || !ids) {
-      free(accels);
-      free(ids);
+    if (!accels)
       continue;
-    }
     for (size_t k = 0; k < st->n_entries; k++) {
       const Lynx__TableEntry *e = st->entries[k];
-      if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
-        continue;
-      ids[n++] = e->instance_id;
+      if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]) == 0)
+        n++;
     }
-    service_set_instances(fe, ids, accels, n, 0);
+    service_set_instances(fe, accels, n, t->down_nodes, t->n_down_nodes, 0);
     free(accels);
-    free(ids);
   }
   m->table_version = t->version;
   m->have_table = 1;
@@ -439,7 +442,7 @@ static void on_ctl_closed(struct lynx_ctl *c) {
   m->greeted = 0;
   if (!m->coordinator_mode && m->services) {
     /* the agent is gone: out of dispatch at once, in flight counted lost */
-    service_set_instances(m->services, NULL, NULL, 0, 1);
+    service_set_instances(m->services, NULL, 0, NULL, 0, 1);
   }
   if (m->coordinator_mode && !m->shutting_down)
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
