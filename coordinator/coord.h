@@ -25,7 +25,7 @@ struct lynx_coord {
   const char *token; /* NULL: no token; mutating API calls then need loopback */
   size_t body_max;   /* largest accepted request body (413 above) */
   int ready;         /* /readyz: state loaded and control port listening */
-  void *http;        /* struct MHD_Daemon */
+  void *http;        /* http.c's private state (the MHD daemon): opaque */
 };
 
 /* Monotonic milliseconds (the registry's clock in the daemon). */

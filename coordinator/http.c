@@ -39,8 +39,8 @@
 
 #include "coord.h"
 #include "log.h"
-#include "regjson.h"
 #include "registry.h"
+#include "regjson.h"
 #include "store.h"
 #include "util.h"
 
@@ -50,7 +50,8 @@
 #define WATCH_MAX_MS 60000     /* longest a watch may block */
 #define CONN_TIMEOUT_S 90      /* idle connection timeout (> WATCH_MAX_MS) */
 #define CONN_LIMIT 256         /* concurrent connections (one thread each) */
-#define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413 */
+#define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413  \
+                                */
 
 /* The server's private state; c->http points at it. */
 struct http {
@@ -78,7 +79,7 @@ struct http_req {
   char params[2][PARAM_MAX]; /* the {..} segments, in order */
   char *body;                /* the upload, NUL-terminated when set */
   size_t len, cap;
-  int too_big;  /* the upload passed body_max: it is discarded */
+  int too_big; /* the upload passed body_max: it is discarded */
   size_t discarded;
   int answered; /* a response was queued */
   int pending;  /* *early waits for the end of a request without body */
@@ -180,8 +181,8 @@ static int persist(struct http_req *rq, struct http_out *out,
   rc = lynx_store_save(rq->c->state_dir, &rq->c->reg, err, sizeof(err));
   if (rc == 0)
     return 0;
-  LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
-           rq->c->state_dir, err[0] ? err : strerror(-rc));
+  LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what, rq->c->state_dir,
+           err[0] ? err : strerror(-rc));
   reply_err(out, 500, "internal",
             "%s: applied but not saved in the state directory (%s); it is "
             "lost if the coordinator restarts before a later save succeeds",
@@ -296,8 +297,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   char *buf = NULL;
   size_t len = 0;
   FILE *f;
-  static const char *const states[4] = {"ready", "draining", "drained",
-                                        "down"};
+  static const char *const states[4] = {"ready", "draining", "drained", "down"};
 
   memset(&m, 0, sizeof(m));
   pthread_mutex_lock(&rq->c->lock);
@@ -328,16 +328,19 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
     return;
   }
   fputs("# HELP lynx_coordinator_nodes Registered nodes by state.\n"
-        "# TYPE lynx_coordinator_nodes gauge\n", f);
+        "# TYPE lynx_coordinator_nodes gauge\n",
+        f);
   for (int i = 0; i < 4; i++)
     fprintf(f, "lynx_coordinator_nodes{state=\"%s\"} %llu\n", states[i],
             (unsigned long long)m.nodes[i]);
 #define GAUGE(name, help, v)                                                   \
-  fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %llu\n", \
+  fprintf(f,                                                                   \
+          "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %llu\n",  \
           (unsigned long long)(v))
 #define COUNTER(name, help, v)                                                 \
-  fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name        \
-             " %llu\n", (unsigned long long)(v))
+  fprintf(                                                                     \
+      f, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", \
+      (unsigned long long)(v))
   GAUGE("lynx_coordinator_accelerators",
         "Accelerators of registered nodes (any state).", m.accels);
   COUNTER("lynx_coordinator_requests_total",
@@ -380,9 +383,8 @@ static void h_watch(struct http_req *rq, struct http_out *out) {
   struct lynx_coord *c = rq->c;
   const char *s_since =
       MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "since");
-  const char *s_to = MHD_lookup_connection_value(rq->conn,
-                                                 MHD_GET_ARGUMENT_KIND,
-                                                 "timeout_ms");
+  const char *s_to = MHD_lookup_connection_value(
+      rq->conn, MHD_GET_ARGUMENT_KIND, "timeout_ms");
   uint64_t since = 0, timeout = WATCH_DEFAULT_MS, v;
   struct timespec deadline;
   struct json_object *j;
@@ -390,13 +392,15 @@ static void h_watch(struct http_req *rq, struct http_out *out) {
   if (s_since && lynx_parse_u64(s_since, 0, UINT64_MAX, &since)) {
     reply_err(out, 400, "invalid_argument",
               "since: expected a registry version (unsigned integer), got "
-              "'%.64s'", s_since);
+              "'%.64s'",
+              s_since);
     return;
   }
   if (s_to && lynx_parse_u64(s_to, 0, UINT64_MAX, &timeout)) {
     reply_err(out, 400, "invalid_argument",
               "timeout_ms: expected milliseconds (unsigned integer), got "
-              "'%.64s'", s_to);
+              "'%.64s'",
+              s_to);
     return;
   }
   if (timeout > WATCH_MAX_MS)
@@ -472,7 +476,8 @@ static struct json_object *parse_body(struct http_req *rq,
   if (jerr == json_tokener_continue || (!j && jerr == json_tokener_success)) {
     reply_err(out, 400, "invalid_argument",
               "malformed JSON: unexpected end of input at line %zu, column "
-              "%zu (offset %zu)", line, col, end);
+              "%zu (offset %zu)",
+              line, col, end);
     return NULL;
   }
   if (jerr != json_tokener_success) {
@@ -487,7 +492,8 @@ static struct json_object *parse_body(struct http_req *rq,
       json_object_put(j);
       reply_err(out, 400, "invalid_argument",
                 "malformed JSON: unexpected data after the JSON value at "
-                "line %zu, column %zu (offset %zu)", line, col, i);
+                "line %zu, column %zu (offset %zu)",
+                line, col, i);
       return NULL;
     }
   }
@@ -544,8 +550,8 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
     reply_reg_err(out, rc, &err);
     return;
   }
-  LYNX_INFO(COMP, "service %s created (port %u, app %s)", spec.name,
-            spec.port, spec.app);
+  LYNX_INFO(COMP, "service %s created (port %u, app %s)", spec.name, spec.port,
+            spec.app);
   if (url_safe(spec.name))
     snprintf(out->location, sizeof(out->location), "/v1/services/%s",
              spec.name);
@@ -815,7 +821,8 @@ static int authorise(struct http_req *rq, struct http_out *out) {
     out->www_auth = 1;
     return -EACCES;
   }
-  if (strncasecmp(auth, "Bearer", 6) != 0 || (auth[6] != ' ' && auth[6] != '\t')) {
+  if (strncasecmp(auth, "Bearer", 6) != 0 ||
+      (auth[6] != ' ' && auth[6] != '\t')) {
     reply_err(out, 401, "unauthenticated",
               "Authorization header: expected 'Bearer <token>'");
     out->www_auth = 1;
@@ -847,11 +854,11 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
     len = out->text_len;
     out->text = NULL;
   } else {
-    const char *s =
-        out->json ? json_object_to_json_string_ext(
-                        out->json, JSON_C_TO_STRING_PLAIN |
-                                       JSON_C_TO_STRING_NOSLASHESCAPE)
-                  : NULL;
+    const char *s = out->json
+                        ? json_object_to_json_string_ext(
+                              out->json, JSON_C_TO_STRING_PLAIN |
+                                             JSON_C_TO_STRING_NOSLASHESCAPE)
+                        : NULL;
     len = s ? strlen(s) : 0;
     buf = s ? malloc(len + 2) : NULL;
     if (buf) {
@@ -982,9 +989,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
        * on the connection */
       rq->discarded += n;
       if (rq->discarded > DISCARD_MAX) {
-        LYNX_WARN(COMP, "%s %s: chunked body far over the limit of %zu "
-                  "bytes: connection closed", rq->method, rq->route->pattern,
-                  h->c->body_max);
+        LYNX_WARN(COMP,
+                  "%s %s: chunked body far over the limit of %zu "
+                  "bytes: connection closed",
+                  rq->method, rq->route->pattern, h->c->body_max);
         return MHD_NO;
       }
       return MHD_YES;
@@ -1041,8 +1049,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   return send_out(rq, &out);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn,
-                         void **req_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe) {
   struct http_req *rq = *req_cls;
   (void)cls;
   (void)conn;
@@ -1057,6 +1065,38 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   free(rq->body);
   free(rq);
   *req_cls = NULL;
+}
+
+static int hexval(char ch) {
+  if (ch >= '0' && ch <= '9')
+    return ch - '0';
+  if (ch >= 'a' && ch <= 'f')
+    return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F')
+    return ch - 'A' + 10;
+  return -1;
+}
+
+/* Percent-decoding of the path and query arguments, except "%00", which is
+ * kept as written: a decoded NUL would silently cut "/v1/nodes/%00x" down
+ * to "/v1/nodes/". */
+static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *s) {
+  char *w = s;
+  const char *r = s;
+  (void)cls;
+  (void)conn;
+  while (*r) {
+    int hi, lo;
+    if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 &&
+        (hi | lo) != 0) {
+      *w++ = (char)(hi * 16 + lo);
+      r += 3;
+    } else {
+      *w++ = *r++;
+    }
+  }
+  *w = 0;
+  return (size_t)(w - s);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -1098,10 +1138,13 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
       (struct sockaddr *)&ss, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
-      MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+      MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h, MHD_OPTION_END);
   if (!h->d) {
-    LYNX_ERR(COMP, "cannot serve the API on %s (address in use or not "
-             "local?)", addr);
+    LYNX_ERR(COMP,
+             "cannot serve the API on %s (address in use or not "
+             "local?)",
+             addr);
     free(h);
     return -EADDRINUSE;
   }

@@ -67,7 +67,8 @@ struct buf {
 
 static volatile sig_atomic_t g_stop;
 
-static int usage_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_err(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
 
 static int usage_err(const char *fmt, ...) {
   va_list ap;
@@ -202,8 +203,8 @@ static int api(struct ctl *t, const char *method, const char *path,
     if (j && json_object_object_get_ex(j, "error", &e) &&
         json_object_object_get_ex(e, "message", &m)) {
       json_object_object_get_ex(e, "code", &code);
-      fprintf(stderr, "lynxctl: %s (HTTP %ld%s%s)\n",
-              json_object_get_string(m), status, code ? ", " : "",
+      fprintf(stderr, "lynxctl: %s (HTTP %ld%s%s)\n", json_object_get_string(m),
+              status, code ? ", " : "",
               code ? json_object_get_string(code) : "");
     } else {
       fprintf(stderr, "lynxctl: the coordinator answered HTTP %ld: %.300s\n",
@@ -216,8 +217,10 @@ static int api(struct ctl *t, const char *method, const char *path,
     return EX_API;
   }
   if (b.p && b.len && !j) {
-    fprintf(stderr, "lynxctl: the coordinator's answer (HTTP %ld) is not "
-            "JSON: %.300s\n", status, b.p);
+    fprintf(stderr,
+            "lynxctl: the coordinator's answer (HTTP %ld) is not "
+            "JSON: %.300s\n",
+            status, b.p);
     free(b.p);
     return EX_API;
   }
@@ -590,8 +593,8 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
              *selector = NULL, *v = NULL;
   uint32_t port = 0, slot_size = 0, slots = 0, mqueues = 0, work_us = 0,
            replicas = 0;
-  int has_port = 0, has_slot_size = 0, has_slots = 0, has_mq = 0,
-      has_work = 0, has_replicas = 0, rc;
+  int has_port = 0, has_slot_size = 0, has_slots = 0, has_mq = 0, has_work = 0,
+      has_replicas = 0, rc;
   struct json_object *req = NULL, *resp = NULL;
   char *body = NULL, *raw = NULL;
 
@@ -661,7 +664,8 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
     json_object_object_add(req, "port", json_object_new_int64(port));
     json_object_object_add(req, "app", json_object_new_string(app));
     if (has_slot_size)
-      json_object_object_add(req, "slot_size", json_object_new_int64(slot_size));
+      json_object_object_add(req, "slot_size",
+                             json_object_new_int64(slot_size));
     if (has_slots)
       json_object_object_add(req, "slots", json_object_new_int64(slots));
     if (has_mq)
@@ -759,8 +763,10 @@ static int watch_wait(struct ctl *t, uint64_t version, int *lost) {
     if (rc) {
       struct timespec one = {1, 0};
       if (!*lost)
-        fprintf(stderr, "lynxctl: lost the coordinator at %s (%s); "
-                "retrying every second\n", t->api, err);
+        fprintf(stderr,
+                "lynxctl: lost the coordinator at %s (%s); "
+                "retrying every second\n",
+                t->api, err);
       *lost = 1;
       nanosleep(&one, NULL);
       continue;
@@ -846,8 +852,10 @@ static int cmd_watch(struct ctl *t) {
       if (rc != EX_UNREACHABLE || g_stop)
         return rc;
       if (!lost)
-        fprintf(stderr, "lynxctl: lost the coordinator at %s; retrying "
-                "every second\n", t->api);
+        fprintf(stderr,
+                "lynxctl: lost the coordinator at %s; retrying "
+                "every second\n",
+                t->api);
       lost = 1; /* the watch call says when it is back */
     }
   }
@@ -871,8 +879,8 @@ static int global_opt(struct ctl *t, int argc, char **argv, int *i,
       usage_err("--api needs a URL");
       return -1;
     }
-    snprintf(t->api, sizeof(t->api), "%s%s",
-             strstr(v, "://") ? "" : "http://", v);
+    snprintf(t->api, sizeof(t->api), "%s%s", strstr(v, "://") ? "" : "http://",
+             v);
     l = strlen(t->api);
     while (l > 0 && t->api[l - 1] == '/')
       t->api[--l] = 0;
