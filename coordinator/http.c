@@ -53,11 +53,25 @@
 #define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413  \
                                 */
 
+/* Encoded bodies of the big lists (nodes, accelerators, mqueues), reused
+ * while the registry version is unchanged and for at most LIST_CACHE_MS:
+ * their only other content, counters and heartbeat ages, moves once per
+ * heartbeat (lease/3) anyway. Encoding 10,000 accelerators takes tens of
+ * milliseconds; copying the cached body, a fraction of one. */
+#define LIST_CACHE_MS 1000
+enum { CACHE_NODES, CACHE_ACCELS, CACHE_MQUEUES, CACHE_N };
+struct list_cache {
+  char *body; /* with the trailing newline */
+  size_t len;
+  uint64_t version, at_ms;
+};
+
 /* The server's private state; c->http points at it. */
 struct http {
   struct lynx_coord *c;
   struct MHD_Daemon *d;
   int stopping; /* under c->lock: watchers return at once */
+  struct list_cache cache[CACHE_N]; /* under c->lock */
 };
 
 struct http_req;
@@ -213,12 +227,54 @@ static void h_readyz(struct http_req *rq, struct http_out *out) {
   reply_encoded(out, 200, j);
 }
 
-static void h_nodes(struct http_req *rq, struct http_out *out) {
-  struct json_object *j;
+/* Answers a big list from the cache, encoding it first when the registry
+ * changed or the cached body is older than LIST_CACHE_MS. */
+static void reply_list(struct http_req *rq, struct http_out *out, int which) {
+  struct list_cache *lc = &rq->h->cache[which];
+  struct lynx_registry *r = &rq->c->reg;
+  uint64_t now = lynx_coord_now_ms();
+  char *copy = NULL;
+  size_t len = 0;
   pthread_mutex_lock(&rq->c->lock);
-  j = lynx_json_nodes(&rq->c->reg, lynx_coord_now_ms());
+  if (!lc->body || lc->version != r->version || now - lc->at_ms >= LIST_CACHE_MS) {
+    struct json_object *j = which == CACHE_NODES    ? lynx_json_nodes(r, now)
+                            : which == CACHE_ACCELS ? lynx_json_accels(r)
+                                                    : lynx_json_mqueues(r);
+    const char *s = j ? json_object_to_json_string_ext(
+                            j, JSON_C_TO_STRING_PLAIN |
+                                   JSON_C_TO_STRING_NOSLASHESCAPE)
+                      : NULL;
+    char *body = s ? malloc(strlen(s) + 2) : NULL;
+    if (body) {
+      size_t n = strlen(s);
+      memcpy(body, s, n);
+      body[n++] = '\n';
+      body[n] = 0;
+      free(lc->body);
+      lc->body = body;
+      lc->len = n;
+      lc->version = r->version;
+      lc->at_ms = now;
+    }
+    json_object_put(j);
+  }
+  if (lc->body && (copy = malloc(lc->len + 1)) != NULL) {
+    memcpy(copy, lc->body, lc->len + 1);
+    len = lc->len;
+  }
   pthread_mutex_unlock(&rq->c->lock);
-  reply_encoded(out, 200, j);
+  if (!copy) {
+    reply_oom(out);
+    return;
+  }
+  out->status = 200;
+  out->text = copy;
+  out->text_len = len;
+  out->ctype = "application/json";
+}
+
+static void h_nodes(struct http_req *rq, struct http_out *out) {
+  reply_list(rq, out, CACHE_NODES);
 }
 
 static void h_node(struct http_req *rq, struct http_out *out) {
@@ -236,19 +292,11 @@ static void h_node(struct http_req *rq, struct http_out *out) {
 }
 
 static void h_accels(struct http_req *rq, struct http_out *out) {
-  struct json_object *j;
-  pthread_mutex_lock(&rq->c->lock);
-  j = lynx_json_accels(&rq->c->reg);
-  pthread_mutex_unlock(&rq->c->lock);
-  reply_encoded(out, 200, j);
+  reply_list(rq, out, CACHE_ACCELS);
 }
 
 static void h_mqueues(struct http_req *rq, struct http_out *out) {
-  struct json_object *j;
-  pthread_mutex_lock(&rq->c->lock);
-  j = lynx_json_mqueues(&rq->c->reg);
-  pthread_mutex_unlock(&rq->c->lock);
-  reply_encoded(out, 200, j);
+  reply_list(rq, out, CACHE_MQUEUES);
 }
 
 static void h_services(struct http_req *rq, struct http_out *out) {
@@ -1166,5 +1214,7 @@ void lynx_http_stop(struct lynx_coord *c) {
   pthread_mutex_unlock(&c->lock);
   MHD_stop_daemon(h->d);
   c->http = NULL;
+  for (int i = 0; i < CACHE_N; i++)
+    free(h->cache[i].body);
   free(h);
 }
