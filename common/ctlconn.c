@@ -59,7 +59,14 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   struct lynx_ctl *c = s->data;
   char why[128];
   if (n == UV_EOF) {
-    ctl_close_level(c, LYNX_LOG_INFO, "peer closed the connection");
+    if (c->rd.len) {
+      snprintf(why, sizeof(why),
+               "peer closed the connection in the middle of a frame (%zu "
+               "bytes buffered)", c->rd.len);
+      lynx_ctl_close(c, why);
+    } else {
+      ctl_close_level(c, LYNX_LOG_INFO, "peer closed the connection");
+    }
     return;
   }
   if (n < 0) {

@@ -82,6 +82,7 @@ struct cpeer {
   char id[LYNX_ID_MAX];
   uint64_t connected_seq; /* frontends: the earliest connected is active */
   uint64_t table_sent;    /* last table version sent (+1; 0 = none) */
+  uint64_t accepted_ms;
   int standby_sent;
   struct cpeer *next, **pprev;
 };
@@ -102,6 +103,8 @@ struct coordinator {
   uint64_t settle_until_ms;
   int stopping;
 };
+
+#define HELLO_TIMEOUT_MS 10000 /* a peer that says nothing is closed */
 
 uint64_t lynx_coord_now_ms(void) { return lynx_now_ns() / 1000000u; }
 
@@ -203,7 +206,7 @@ struct table_build {
   Lynx__TableEntry *entries;
   Lynx__RegionDesc *regions;
   size_t n_entries, cap_entries;
-  const struct lynx_reg_service *cur;
+  const struct lynx_reg_service **svc_of;
   char **down;
   size_t n_down;
   int oom;
@@ -212,31 +215,21 @@ struct table_build {
 static void count_entry(void *arg, const struct lynx_reg_service *svc,
                         const struct lynx_reg_instance *inst) {
   struct table_build *tb = arg;
+  (void)svc;
   (void)inst;
-  if (svc != tb->cur) {
-    tb->cap_svcs++;
-    tb->cur = svc;
-  }
   tb->cap_entries++;
 }
 
 static void add_entry(void *arg, const struct lynx_reg_service *svc,
                       const struct lynx_reg_instance *inst) {
   struct table_build *tb = arg;
-  Lynx__ServiceTable *st;
+  Lynx__ServiceTable *st = NULL;
   Lynx__TableEntry *e;
-  if (svc != tb->cur) {
-    st = &tb->svcs[tb->n_svcs];
-    lynx__service_table__init(st);
-    spec_to_pb(&svc->spec, &tb->specs[tb->n_svcs]);
-    st->service = &tb->specs[tb->n_svcs];
-    st->entries = calloc(tb->cap_entries, sizeof(*st->entries));
-    if (!st->entries)
-      tb->oom = 1;
-    tb->svc_ptrs[tb->n_svcs++] = st;
-    tb->cur = svc;
-  }
-  st = &tb->svcs[tb->n_svcs - 1];
+  for (size_t i = 0; i < tb->n_svcs && !st; i++)
+    if (tb->svc_of[i] == svc)
+      st = &tb->svcs[i];
+  if (!st)
+    return;
   e = &tb->entries[tb->n_entries];
   lynx__table_entry__init(e);
   e->instance_id = inst->id;
@@ -258,15 +251,32 @@ static void push_tables(struct coordinator *co) {
     return; /* the tick pushes once the agents had their chance */
   memset(&tb, 0, sizeof(tb));
   lynx_reg_table_foreach(r, count_entry, &tb);
-  tb.cur = NULL;
+  /* every service is in the table, also one with no instance ready: the
+   * frontend keeps its port open (clients get no answer, not a refusal) */
+  for (const struct lynx_reg_service *sv = r->services; sv; sv = sv->next)
+    tb.cap_svcs++;
   tb.svcs = calloc(tb.cap_svcs + 1, sizeof(*tb.svcs));
   tb.svc_ptrs = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_ptrs));
+  tb.svc_of = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_of));
   tb.specs = calloc(tb.cap_svcs + 1, sizeof(*tb.specs));
   tb.entries = calloc(tb.cap_entries + 1, sizeof(*tb.entries));
   tb.regions = calloc(tb.cap_entries + 1, sizeof(*tb.regions));
-  if (!tb.svcs || !tb.svc_ptrs || !tb.specs || !tb.entries || !tb.regions)
+  if (!tb.svcs || !tb.svc_ptrs || !tb.svc_of || !tb.specs || !tb.entries ||
+      !tb.regions)
     tb.oom = 1;
-  else
+  for (const struct lynx_reg_service *sv = r->services; sv && !tb.oom;
+       sv = sv->next) {
+    Lynx__ServiceTable *st = &tb.svcs[tb.n_svcs];
+    lynx__service_table__init(st);
+    spec_to_pb(&sv->spec, &tb.specs[tb.n_svcs]);
+    st->service = &tb.specs[tb.n_svcs];
+    st->entries = calloc(tb.cap_entries + 1, sizeof(*st->entries));
+    if (!st->entries)
+      tb.oom = 1;
+    tb.svc_of[tb.n_svcs] = sv;
+    tb.svc_ptrs[tb.n_svcs++] = st;
+  }
+  if (!tb.oom)
     lynx_reg_table_foreach(r, add_entry, &tb);
   if (tb.oom) {
     LYNX_ERR("coordinator", "out of memory building dispatch tables");
@@ -315,6 +325,7 @@ out:
     free(tb.svcs[i].entries);
   free(tb.svcs);
   free(tb.svc_ptrs);
+  free(tb.svc_of);
   free(tb.specs);
   free(tb.entries);
   free(tb.regions);
@@ -427,6 +438,8 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     return;
   }
   if (!h->id || !*h->id || strlen(h->id) >= LYNX_ID_MAX) {
+    LYNX_WARN("coordinator", "refusing %s (%s): hello without a valid id "
+              "(1 to %d characters)", p->ctl.peer, role, LYNX_ID_MAX - 1);
     send_hello_reply(p, 0, "hello without a valid id");
     p->ctl.close_after_write = 1;
     return;
@@ -449,7 +462,8 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     LYNX_INFO("coordinator", "frontend %s connected from %s", p->id,
               p->ctl.peer);
   } else {
-    snprintf(err, sizeof(err), "unknown role '%s'", role);
+    snprintf(err, sizeof(err), "unknown role '%s' (agent or frontend)", role);
+    LYNX_WARN("coordinator", "refusing %s (%s): %s", p->ctl.peer, p->id, err);
     send_hello_reply(p, 0, err);
     p->ctl.close_after_write = 1;
   }
@@ -701,6 +715,7 @@ static void on_connection(uv_stream_t *server, int status) {
   if (!p)
     return;
   p->co = co;
+  p->accepted_ms = lynx_coord_now_ms();
   uv_tcp_init(&co->loop, &p->ctl.tcp);
   lynx_ctl_init(&p->ctl, "coordinator", co->cfg.frame_max, peer_msg,
                 peer_closed);
@@ -723,11 +738,42 @@ static void on_connection(uv_stream_t *server, int status) {
 
 /* ---- loop ------------------------------------------------------------ */
 
+/* 1 when every instance a connected frontend reports serving is known
+ * again (its agent re-registered and it was adopted), and at least one
+ * frontend has reported. */
+static int frontends_settled(struct coordinator *co) {
+  struct lynx_registry *r = &co->c.reg;
+  int reported = 0;
+  for (const struct lynx_reg_frontend *f = r->frontends; f; f = f->next) {
+    if (!f->connected)
+      continue;
+    if (f->table_version_applied || f->n_mqs)
+      reported = 1;
+    for (uint32_t i = 0; i < f->n_mqs; i++) {
+      int known = 0;
+      for (const struct lynx_reg_instance *in = r->instances; in && !known;
+           in = in->next)
+        known = in->id == f->mqs[i].instance_id &&
+                in->state == LYNX_INST_READY;
+      if (!known)
+        return 0;
+    }
+  }
+  return reported;
+}
+
 static void on_tick(uv_timer_t *t) {
   struct coordinator *co = t->data;
+  uint64_t now = lynx_coord_now_ms();
   pthread_mutex_lock(&co->c.lock);
-  lynx_reg_tick(&co->c.reg, lynx_coord_now_ms());
-  if (co->settle_until_ms && lynx_coord_now_ms() >= co->settle_until_ms) {
+  lynx_reg_tick(&co->c.reg, now);
+  for (struct cpeer *p = co->peers; p; p = p->next)
+    if ((p->role == ROLE_NONE || (p->role == ROLE_AGENT && !p->registered)) &&
+        now - p->accepted_ms > HELLO_TIMEOUT_MS)
+      lynx_ctl_close(&p->ctl, "no Hello/Register within 10 s");
+  if (co->settle_until_ms &&
+      (now >= co->settle_until_ms || frontends_settled(co))) {
+    LYNX_INFO("coordinator", "settled after the restart: pushing tables");
     co->settle_until_ms = 0;
     push_tables(co);
   }
@@ -839,9 +885,13 @@ int main(int argc, char **argv) {
     uv_loop_close(&co.loop);
     goto out_reg;
   }
-  /* with services on disk this is a restart: agents are re-registering */
+  /* With services on disk this is a restart: agents are re-registering
+   * (their reconnect backoff is at most 2 s plus jitter). Tables wait until
+   * every instance the frontends serve is adopted again, or this deadline. */
   if (co.c.reg.services)
-    co.settle_until_ms = lynx_coord_now_ms() + co.cfg.lease_ms;
+    co.settle_until_ms = lynx_coord_now_ms() +
+                         (co.cfg.lease_ms > 3000 ? co.cfg.lease_ms : 3000) +
+                         1000;
   uv_timer_init(&co.loop, &co.tick);
   co.tick.data = &co;
   uv_timer_start(&co.tick, on_tick, 100, 100);

@@ -154,8 +154,7 @@ static void service_stop(struct fe_main *m, struct frontend *fe) {
   if (*pp)
     *pp = fe->next;
   pthread_mutex_unlock(&m->list_lock);
-  fe_workers_stop(fe);
-  fe_log_totals(fe);
+  fe_workers_stop(fe); /* logs the service's totals */
   free(fe->instances);
   free(fe);
 }

@@ -1074,10 +1074,14 @@ void fe_workers_stop(struct frontend *fe) {
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
     if (fe->w[i].started)
       uv_async_send(&fe->w[i].wake);
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
+    if (fe->w[i].started)
+      pthread_join(fe->w[i].tid, NULL);
+  fe_log_totals(fe); /* final counts, before the workers are freed */
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
     struct fe_worker *w = &fe->w[i];
     if (w->started) {
-      pthread_join(w->tid, NULL);
+      /* joined above */
     } else if (w->loop_ready) {
       /* set up but never started: close its handles here */
       udp_close(w);

@@ -107,6 +107,15 @@ assert_lt() {
   (($1 < $2)) || { it_check_failed "$3: got $1, want < $2"; return 1; }
   log "ok: $3 = $1 (< $2)"
 }
+# assert_le ACTUAL BOUND WHAT
+assert_le() {
+  if ! is_uint "$1" || ! is_uint "$2"; then
+    it_check_failed "$3: not numbers: '$1' vs '$2'"
+    return 1
+  fi
+  (($1 <= $2)) || { it_check_failed "$3: got $1, want <= $2"; return 1; }
+  log "ok: $3 = $1 (<= $2)"
+}
 # assert_log FILE PATTERN WHAT: FILE holds the fixed string PATTERN.
 assert_log() {
   grep -qF -- "$2" "$1" || { it_check_failed "$3: no '$2' in $(basename "$1")"; return 1; }
@@ -464,6 +473,246 @@ check_sockperf() {
   assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
 }
 
+# ---- coordinator mode ---------------------------------------------------------
+#
+#   pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
+#   start_coordinator --lease-ms 1000      # waits until it serves control + API
+#   node_ids N1 N2                         # N1=<IT_NODE>n1 ...
+#   start_node_agent "$N1"                 # waits for "registered with coordinator"
+#   start_coord_frontend                   # waits for its first "table N applied"
+#   api POST /v1/services -d '{...}'       # sets API_STATUS, API_BODY (a file)
+#   wait_node_state "$N1" down 3000        # sets WAITED_MS
+#
+# Node ids of these agents are $IT_NODE followed by a suffix; node_ids
+# records them in IT_NODES so that the cleanup checks their
+# /dev/shm/lynx-<node>-* region files as it does $IT_NODE's.
+
+declare -a IT_NODES=() # node ids besides $IT_NODE whose region files are checked
+
+# node_ids VAR...: assigns each VAR a node id of this test, "<IT_NODE>n<i>"
+# (i counts from 1 over the calls; ids may not contain '-'), and records it.
+node_ids() {
+  local var
+  for var in "$@"; do
+    IT_NODES+=("${IT_NODE}n$((${#IT_NODES[@]} + 1))")
+    printf -v "$var" '%s' "${IT_NODES[-1]}"
+  done
+}
+
+# node_shm NODE [PID]: region files of node NODE (of agent PID only if given).
+node_shm() {
+  compgen -G "/dev/shm/lynx-$1-${2:-*}-*" || true
+}
+
+# it_require_coord: the coordinator and lynxctl are built, jq is installed.
+it_require_coord() {
+  local b
+  for b in lynx-coordinator lynxctl; do
+    [[ -x $LYNX_BIN_DIR/$b ]] || fail "$LYNX_BIN_DIR/$b is missing: build first (make)"
+  done
+  it_require jq curl
+}
+
+# start_coordinator [OPTION...]: lynx-coordinator with control on
+# 127.0.0.1:$COORD_PORT, the API on 127.0.0.1:$API_PORT and its state in
+# $COORD_STATE (default $IT_DIR/state; kept across restarts). Waits for the
+# API's /readyz unless NOWAIT=1. Sets COORD_PID and COORD_LOG.
+COORD_PID='' COORD_LOG='' COORD_STATE=''
+start_coordinator() {
+  COORD_STATE=${COORD_STATE:-$IT_DIR/state}
+  local -a base=(--listen "127.0.0.1:$COORD_PORT" --http "127.0.0.1:$API_PORT"
+    --state-dir "$COORD_STATE")
+  local end
+  IT_SEQ=$((IT_SEQ + 1))
+  COORD_LOG=$IT_DIR/coordinator.$IT_SEQ.log
+  "$LYNX_BIN_DIR/lynx-coordinator" "${base[@]}" "$@" >"$COORD_LOG" 2>&1 </dev/null &
+  COORD_PID=$!
+  track "$COORD_PID" "lynx-coordinator#$IT_SEQ"
+  log "started lynx-coordinator#$IT_SEQ pid $COORD_PID: ${base[*]} $*"
+  [[ ${NOWAIT:-0} == 1 ]] && return 0
+  wait_log "$COORD_LOG" "serving control on" 10 1 "$COORD_PID"
+  end=$(($(now_ms) + 5000))
+  until curl -sf --max-time 2 "http://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; do
+    is_alive "$COORD_PID" || fail "lynx-coordinator#$IT_SEQ exited before it was ready"
+    (($(now_ms) < end)) || fail "lynx-coordinator#$IT_SEQ: /readyz not 200 within 5 s"
+    sleep 0.05
+  done
+}
+
+# start_node_agent NODE [OPTION...]: lynx-agent in coordinator mode for node
+# NODE with 2 CPU accelerators (unless --cpu-accels is given). Waits for
+# "registered with coordinator" unless NOWAIT=1. Sets AGENT_PID, AGENT_LOG.
+start_node_agent() {
+  local node=$1 a have_accels=0
+  shift
+  local -a base=(--coordinator "127.0.0.1:$COORD_PORT" --node-id "$node")
+  for a in "$@"; do
+    [[ $a == --cpu-accels ]] && have_accels=1
+  done
+  ((have_accels)) || base+=(--cpu-accels 2)
+  IT_SEQ=$((IT_SEQ + 1))
+  AGENT_LOG=$IT_DIR/agent-$node.$IT_SEQ.log
+  "$LYNX_BIN_DIR/lynx-agent" "${base[@]}" "$@" >"$AGENT_LOG" 2>&1 </dev/null &
+  AGENT_PID=$!
+  track "$AGENT_PID" "lynx-agent#$IT_SEQ($node)"
+  log "started lynx-agent#$IT_SEQ pid $AGENT_PID: ${base[*]} $*"
+  [[ ${NOWAIT:-0} == 1 ]] ||
+    wait_log "$AGENT_LOG" "registered with coordinator" 10 1 "$AGENT_PID"
+}
+
+# start_coord_frontend [OPTION...]: lynx-frontend in coordinator mode, its
+# services bound on 127.0.0.1, metrics on 127.0.0.1:$METRICS_PORT. Waits for
+# its first "table N applied" unless NOWAIT=1. Sets FRONTEND_PID, FRONTEND_LOG.
+start_coord_frontend() {
+  local -a base=(--coordinator "127.0.0.1:$COORD_PORT" --bind 127.0.0.1
+    --metrics "127.0.0.1:$METRICS_PORT")
+  IT_SEQ=$((IT_SEQ + 1))
+  FRONTEND_LOG=$IT_DIR/frontend.$IT_SEQ.log
+  "$LYNX_BIN_DIR/lynx-frontend" "${base[@]}" "$@" >"$FRONTEND_LOG" 2>&1 </dev/null &
+  FRONTEND_PID=$!
+  track "$FRONTEND_PID" "lynx-frontend#$IT_SEQ"
+  log "started lynx-frontend#$IT_SEQ pid $FRONTEND_PID: ${base[*]} $*"
+  [[ ${NOWAIT:-0} == 1 ]] ||
+    wait_log "$FRONTEND_LOG" " applied" 10 1 "$FRONTEND_PID"
+}
+
+# api METHOD PATH [CURL_ARG...]: one call to the coordinator's API on
+# $API_PORT. Sets API_STATUS (000 when nothing answered), API_BODY and
+# API_HEADERS (files holding the last answer). Returns 0 when it answered.
+API_STATUS='' API_BODY='' API_HEADERS=''
+api() {
+  local method=$1 path=$2
+  shift 2
+  API_BODY=$IT_DIR/api-body.out API_HEADERS=$IT_DIR/api-headers.out
+  API_STATUS=$(curl -s --max-time 10 -X "$method" -o "$API_BODY" -D "$API_HEADERS" \
+    -w '%{http_code}' "$@" "http://127.0.0.1:$API_PORT$path" 2>/dev/null)
+  [[ -n $API_STATUS && $API_STATUS != 000 ]]
+}
+
+# api_json PATH JQ_FILTER: GET PATH (must be 200), then jq -r FILTER on it.
+api_json() {
+  api GET "$1" || { it_check_failed "GET $1: the coordinator did not answer"; return 1; }
+  [[ $API_STATUS == 200 ]] || { it_check_failed "GET $1: HTTP $API_STATUS: $(head -c 300 "$API_BODY")"; return 1; }
+  jq -r "$2" "$API_BODY"
+}
+
+# ctl [ARG...]: lynxctl against the coordinator on $API_PORT.
+ctl() { "$LYNX_BIN_DIR/lynxctl" --api "http://127.0.0.1:$API_PORT" "$@"; }
+
+# node_state NODE: the node's state from lynxctl nodes --json ("" when the
+# node is not listed or the coordinator does not answer).
+node_state() {
+  ctl nodes --json 2>/dev/null |
+    jq -r --arg n "$1" '.items[] | select(.id == $n) | .state' 2>/dev/null
+}
+
+# wait_node_state NODE STATE TIMEOUT_MS: polls until NODE is in STATE. Sets
+# WAITED_MS (from the call). Returns 1 (no failure) on timeout, with the last
+# state seen in NODE_STATE.
+WAITED_MS='' NODE_STATE=''
+wait_node_state() {
+  local t0 end
+  t0=$(now_ms)
+  end=$((t0 + $3))
+  for (( ; ; )); do
+    NODE_STATE=$(node_state "$1")
+    WAITED_MS=$(($(now_ms) - t0))
+    [[ $NODE_STATE == "$2" ]] && return 0
+    (($(now_ms) < end)) || return 1
+    sleep 0.02
+  done
+}
+
+# accel_requests: "id requests" per accelerator, from lynxctl accelerators --json.
+accel_requests() {
+  ctl accelerators --json | jq -r '.items[] | "\(.id) \(.requests)"'
+}
+
+# json_error_check WHAT STATUS CODE MESSAGE_PART: the last api answer has HTTP
+# STATUS, is application/json, and is {"error":{"code":CODE,"message":...}}
+# with MESSAGE_PART (a fixed string, may be empty) in the message.
+json_error_check() {
+  local what=$1 status=$2 code=$3 part=$4 got_code msg ctype
+  [[ $API_STATUS == "$status" ]] ||
+    { it_check_failed "$what: HTTP $API_STATUS, want $status ($(head -c 300 "$API_BODY"))"; return 1; }
+  ctype=$(grep -i '^content-type:' "$API_HEADERS" | tr -d '\r')
+  [[ $ctype == *application/json* ]] ||
+    { it_check_failed "$what: Content-Type '$ctype', want application/json"; return 1; }
+  got_code=$(jq -r '.error.code // empty' "$API_BODY" 2>/dev/null)
+  msg=$(jq -r '.error.message // empty' "$API_BODY" 2>/dev/null)
+  [[ $got_code == "$code" ]] ||
+    { it_check_failed "$what: error code '$got_code', want '$code' ($(head -c 300 "$API_BODY"))"; return 1; }
+  [[ -n $msg && $msg == *"$part"* ]] ||
+    { it_check_failed "$what: error message '$msg' does not name '$part'"; return 1; }
+  log "ok: $what: $status $code: $msg"
+}
+
+# ---- raw control connections ---------------------------------------------------
+#
+# Hand-made protobuf for the control port: pb_* print bytes as \xHH escapes
+# (for printf %b), so their lengths are ${#s}/4.
+
+pb_varint() {
+  local v=$1 out=''
+  while ((v >= 128)); do
+    printf -v out '%s\\x%02x' "$out" $(((v & 127) | 128))
+    v=$((v >> 7))
+  done
+  printf '%s\\x%02x' "$out" "$v"
+}
+# pb_text TEXT: TEXT's bytes as escapes
+pb_text() {
+  local s=$1 i out='' LC_ALL=C
+  for ((i = 0; i < ${#s}; i++)); do
+    printf -v out '%s\\x%02x' "$out" "'${s:i:1}"
+  done
+  printf '%s' "$out"
+}
+# pb_uint FIELD VALUE / pb_bytes FIELD ESCAPED / pb_string FIELD TEXT
+pb_uint() { pb_varint $(($1 << 3)); pb_varint "$2"; }
+pb_bytes() { pb_varint $((($1 << 3) | 2)); pb_varint $((${#2} / 4)); printf '%s' "$2"; }
+pb_string() { pb_bytes "$1" "$(pb_text "$2")"; }
+# pb_frame ESCAPED: a control frame (4-byte big-endian length, then the bytes)
+pb_frame() {
+  local n=$((${#1} / 4))
+  printf '\\x%02x\\x%02x\\x%02x\\x%02x%s' $((n >> 24 & 255)) $((n >> 16 & 255)) \
+    $((n >> 8 & 255)) $((n & 255)) "$1"
+}
+# pb_hello ROLE ID [TOKEN] [VERSION]: an Envelope holding a Hello
+pb_hello() {
+  local body
+  body="$(pb_uint 1 "${4:-1}")$(pb_string 2 "$1")$(pb_string 3 "$2")"
+  [[ -n ${3:-} ]] && body+=$(pb_string 4 "$3")
+  pb_bytes 1 "$body"
+}
+
+# ctl_open PORT: a TCP connection to 127.0.0.1:PORT on fd CTL_FD; CTL_LPORT is
+# its local port (how the peer names it in its log).
+CTL_FD='' CTL_LPORT=''
+ctl_open() {
+  local ino hex
+  exec {CTL_FD}<>"/dev/tcp/127.0.0.1/$1" || fail "cannot connect to 127.0.0.1:$1"
+  ino=$(readlink "/proc/$BASHPID/fd/$CTL_FD")
+  ino=${ino#socket:[}
+  ino=${ino%]}
+  hex=$(awk -v ino="$ino" '$10 == ino { split($2, a, ":"); print a[2]; exit }' /proc/net/tcp)
+  [[ -n $hex ]] || fail "cannot find the local port of our connection to 127.0.0.1:$1"
+  CTL_LPORT=$((16#$hex))
+}
+# ctl_write ESCAPED: writes bytes (printf %b) on CTL_FD; errors (a peer that
+# closed already) are ignored.
+ctl_write() { { printf '%b' "$1" >&"$CTL_FD"; } 2>/dev/null; }
+# ctl_write_file FILE
+ctl_write_file() { { cat "$1" >&"$CTL_FD"; } 2>/dev/null; }
+# ctl_read_until_close OUT TIMEOUT_S: reads what the peer sends into OUT until
+# it closes the connection. 0 when it closed in time, 1 when it kept it open.
+ctl_read_until_close() {
+  timeout "$2" cat <&"$CTL_FD" >"$1" 2>/dev/null
+  (($? != 124))
+}
+# ctl_close: closes CTL_FD.
+ctl_close() { [[ -n $CTL_FD ]] && exec {CTL_FD}>&-; CTL_FD=''; }
+
 # ---- cleanup ----------------------------------------------------------------
 
 it_print_logs() {
@@ -480,7 +729,7 @@ it_print_logs() {
 }
 
 it_cleanup() {
-  local rc=$? pid f bad=0 deadline name apid
+  local rc=$? pid f bad=0 deadline name apid node
   ((IT_CLEANED)) && return
   IT_CLEANED=1
   set +e
@@ -511,10 +760,11 @@ it_cleanup() {
     wait "$pid" 2>/dev/null
   done
   # region files of this test's agents
-  if [[ -n $IT_NODE ]]; then
-    for f in /dev/shm/lynx-"$IT_NODE"-*; do
+  for node in ${IT_NODE:+"$IT_NODE"} "${IT_NODES[@]:-}"; do
+    [[ -n $node ]] || continue
+    for f in /dev/shm/lynx-"$node"-*; do
       [[ -e $f ]] || continue
-      apid=${f#/dev/shm/lynx-"$IT_NODE"-}
+      apid=${f#/dev/shm/lynx-"$node"-}
       apid=${apid%%-*}
       if [[ -z ${IT_KILLED9[$apid]:-} ]]; then
         echo "[$IT_NAME] cleanup: FAIL: $f was left behind by agent pid $apid" >&2
@@ -522,7 +772,7 @@ it_cleanup() {
       fi
       rm -f "$f"
     done
-  fi
+  done
   if ((rc == 0 && bad)); then
     rc=1
   fi

@@ -1,0 +1,162 @@
+/*
+ * lynx-udp-probe - waits for a sockperf-echo service to answer.
+ *
+ * Sends a sockperf-style pong request (14-byte header: u64 seq, u16 flags =
+ * client|pong-request, u32 length, network order; then zero padding up to
+ * --size bytes) every --interval-ms and exits at the first answer to any of
+ * them (the same seq with the pong-request flag and without the client
+ * flag). An ICMP "port unreachable" (nothing bound yet) is ignored.
+ *
+ * Output (stdout, one line):
+ *   udp_probe: answered=1 elapsed_ms=T sent=N seq=S realtime_ns=R
+ * where T is measured from the probe's start and R is CLOCK_REALTIME at the
+ * answer (a script compares it with the time it started something else);
+ * or answered=0 after --timeout-ms.
+ *
+ * Exit status: 0 answered, 1 timed out, 2 usage or socket errors.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HDR 14u
+#define F_CLIENT 0x1u
+#define F_PONG 0x2u
+#define SEQ_BASE 0x50524f4200000000ull /* "PROB" in the high half */
+
+static uint64_t now_ns(clockid_t clk) {
+  struct timespec ts;
+  clock_gettime(clk, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void put_be64(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8)
+    p[i] = (uint8_t)v;
+}
+
+static uint64_t get_be64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: lynx-udp-probe [--host 127.0.0.1] --port P [--size 64] "
+          "[--interval-ms 5] [--timeout-ms 10000]\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {
+      {"host", required_argument, 0, 'h'},
+      {"port", required_argument, 0, 'p'},
+      {"size", required_argument, 0, 's'},
+      {"interval-ms", required_argument, 0, 'i'},
+      {"timeout-ms", required_argument, 0, 't'},
+      {"help", no_argument, 0, 'H'},
+      {0, 0, 0, 0},
+  };
+  const char *host = "127.0.0.1";
+  long port = 0, size = 64, interval_ms = 5, timeout_ms = 10000;
+  struct sockaddr_in sa;
+  uint8_t buf[65536], rx[65536];
+  uint64_t t0, deadline, next_send, seq = 0;
+  int fd, opt;
+
+  while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (opt) {
+    case 'h': host = optarg; break;
+    case 'p': port = strtol(optarg, NULL, 10); break;
+    case 's': size = strtol(optarg, NULL, 10); break;
+    case 'i': interval_ms = strtol(optarg, NULL, 10); break;
+    case 't': timeout_ms = strtol(optarg, NULL, 10); break;
+    case 'H': usage(); return 0;
+    default: usage(); return 2;
+    }
+  }
+  if (port <= 0 || port > 65535 || size < (long)HDR || size > 65507 ||
+      interval_ms < 1 || timeout_ms < 1) {
+    usage();
+    return 2;
+  }
+  memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    fprintf(stderr, "lynx-udp-probe: --host: '%s' is not an IPv4 address\n",
+            host);
+    return 2;
+  }
+  fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+    perror("lynx-udp-probe: socket");
+    return 2;
+  }
+  memset(buf, 0, sizeof(buf));
+  t0 = now_ns(CLOCK_MONOTONIC);
+  deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
+  next_send = t0;
+  for (;;) {
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int wait_ms;
+    if (now >= deadline)
+      break;
+    if (now >= next_send) {
+      uint16_t fl = htons(F_CLIENT | F_PONG);
+      uint32_t len = htonl((uint32_t)size);
+      seq++;
+      put_be64(buf, SEQ_BASE | seq);
+      memcpy(buf + 8, &fl, 2);
+      memcpy(buf + 10, &len, 4);
+      /* ECONNREFUSED from an earlier datagram (port not bound yet) or a
+       * full buffer: try again at the next interval */
+      (void)!send(fd, buf, (size_t)size, 0);
+      next_send += (uint64_t)interval_ms * 1000000ull;
+      if (next_send < now)
+        next_send = now + (uint64_t)interval_ms * 1000000ull;
+    }
+    wait_ms = (int)((next_send - now + 999999) / 1000000);
+    if (poll(&pfd, 1, wait_ms) <= 0)
+      continue;
+    for (;;) {
+      ssize_t n = recv(fd, rx, sizeof(rx), 0);
+      uint64_t rseq;
+      uint16_t fl;
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+          break;
+        continue; /* ECONNREFUSED and the like: nobody there yet */
+      }
+      if (n < (ssize_t)HDR)
+        continue;
+      rseq = get_be64(rx);
+      fl = (uint16_t)(rx[8] << 8 | rx[9]);
+      if ((rseq & 0xffffffff00000000ull) != SEQ_BASE ||
+          (rseq & 0xffffffffull) == 0 || (rseq & 0xffffffffull) > seq ||
+          !(fl & F_PONG) || (fl & F_CLIENT))
+        continue;
+      printf("udp_probe: answered=1 elapsed_ms=%.3f sent=%llu seq=%llu "
+             "realtime_ns=%llu\n",
+             (double)(now_ns(CLOCK_MONOTONIC) - t0) / 1e6,
+             (unsigned long long)seq,
+             (unsigned long long)(rseq & 0xffffffffull),
+             (unsigned long long)now_ns(CLOCK_REALTIME));
+      return 0;
+    }
+  }
+  printf("udp_probe: answered=0 elapsed_ms=%.3f sent=%llu\n",
+         (double)(now_ns(CLOCK_MONOTONIC) - t0) / 1e6, (unsigned long long)seq);
+  return 1;
+}
