@@ -3,10 +3,12 @@
  * over one keep-alive connection (libcurl), as an operator's tool or a
  * controller polling the API would see it.
  *
- *   lynx-apibench [--count N] [--warmup W] URL...
+ *   lynx-apibench [--count N] [--warmup W] [--interval-ms I] URL...
  *
  * For each URL in turn: W untimed requests, then N timed ones, each a full
- * request/response on the same connection (no new TCP handshake). Every
+ * request/response on the same connection (no new TCP handshake), back to
+ * back or I ms apart (a slow poller: it misses whatever the server caches
+ * for less than I ms; keep I below the server's idle timeout). Every
  * answer must be 200, or the tool fails. Per URL, one line on stdout:
  *   apibench: url=U n=N p50_ms=.. p90_ms=.. p99_ms=.. max_ms=..
  *             ttfb_p50_ms=.. ttfb_p99_ms=.. bytes=B connects=C
@@ -25,6 +27,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#define USAGE                                                                  \
+  "usage: lynx-apibench [--count N] [--warmup W] [--interval-ms I] URL...\n"
 
 static size_t on_body(char *p, size_t sz, size_t n, void *arg) {
   (void)p;
@@ -77,28 +83,37 @@ int main(int argc, char **argv) {
   static const struct option lo[] = {
       {"count", required_argument, 0, 'n'},
       {"warmup", required_argument, 0, 'w'},
+      {"interval-ms", required_argument, 0, 'i'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  long count = 200, warmup = 10;
+  long count = 200, warmup = 10, interval_ms = 0;
   double *tot, *ttfb;
   CURL *h;
   int opt, status = 0;
 
   while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (opt) {
-    case 'n': count = strtol(optarg, NULL, 10); break;
-    case 'w': warmup = strtol(optarg, NULL, 10); break;
+    case 'n':
+      count = strtol(optarg, NULL, 10);
+      break;
+    case 'w':
+      warmup = strtol(optarg, NULL, 10);
+      break;
+    case 'i':
+      interval_ms = strtol(optarg, NULL, 10);
+      break;
     case 'h':
-      printf("usage: lynx-apibench [--count N] [--warmup W] URL...\n");
+      printf(USAGE);
       return 0;
     default:
-      fprintf(stderr, "usage: lynx-apibench [--count N] [--warmup W] URL...\n");
+      fprintf(stderr, USAGE);
       return 2;
     }
   }
-  if (optind >= argc || count < 1 || count > 10000000 || warmup < 0) {
-    fprintf(stderr, "usage: lynx-apibench [--count N] [--warmup W] URL...\n");
+  if (optind >= argc || count < 1 || count > 10000000 || warmup < 0 ||
+      interval_ms < 0 || interval_ms > 60000) {
+    fprintf(stderr, USAGE);
     return 2;
   }
   if (curl_global_init(CURL_GLOBAL_DEFAULT)) {
@@ -129,9 +144,15 @@ int main(int argc, char **argv) {
         break;
       }
     connects = 0;
-    for (long i = 0; i < count && status == 0; i++)
+    for (long i = 0; i < count && status == 0; i++) {
+      if (interval_ms) {
+        struct timespec ts = {interval_ms / 1000,
+                              (interval_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+      }
       if (one(h, url, &bytes, &tot[i], &ttfb[i], &connects))
         status = 1;
+    }
     if (status)
       break;
     qsort(tot, (size_t)count, sizeof(*tot), cmp_dbl);

@@ -17,11 +17,11 @@
  * only after TCP's 1 s retransmission and would distort the timing).
  *
  * Output (stdout, one line each, for scripts):
- *   simnodes: registered nodes=N accels=M elapsed_ms=T reg_p50_ms=.. reg_p99_ms=.. reg_max_ms=..
- *     once every node holds a lease (elapsed_ms: from the first connect);
- *   simnodes: stopped nodes=N registered=R heartbeats=H start_requests=S
- *             reconnects=C refusals=F
- *     at exit. Warnings (lost connections, refusals) go to stderr.
+ *   simnodes: registered nodes=N accels=M elapsed_ms=T reg_p50_ms=..
+ * reg_p99_ms=.. reg_max_ms=.. once every node holds a lease (elapsed_ms: from
+ * the first connect); simnodes: stopped nodes=N registered=R heartbeats=H
+ * start_requests=S reconnects=C refusals=F at exit. Warnings (lost connections,
+ * refusals) go to stderr.
  *
  * File descriptors: one per node. RLIMIT_NOFILE is raised to nodes + 64
  * (within the hard limit) or the tool refuses to start. The coordinator
@@ -216,9 +216,10 @@ static void report_registered(struct sim *s) {
   qsort(s->reg_ns, n, sizeof(*s->reg_ns), cmp_u64);
   printf("simnodes: registered nodes=%u accels=%llu elapsed_ms=%.1f "
          "reg_p50_ms=%.2f reg_p99_ms=%.2f reg_max_ms=%.2f lease_ms=%llu\n",
-         n, (unsigned long long)n * s->cfg.accels, (double)(now - s->t0_ns) / 1e6,
-         pct_ms(s->reg_ns, n, 0.50), pct_ms(s->reg_ns, n, 0.99),
-         pct_ms(s->reg_ns, n, 1.0), (unsigned long long)s->lease_ms);
+         n, (unsigned long long)n * s->cfg.accels,
+         (double)(now - s->t0_ns) / 1e6, pct_ms(s->reg_ns, n, 0.50),
+         pct_ms(s->reg_ns, n, 0.99), pct_ms(s->reg_ns, n, 1.0),
+         (unsigned long long)s->lease_ms);
   fflush(stdout);
   s->all_reported = 1;
 }
@@ -498,7 +499,8 @@ static int parse_labels(struct sim *s, const char *spec) {
   copy = strdup(spec);
   if (!copy)
     return -ENOMEM;
-  for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+  for (tok = strtok_r(copy, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
     char *eq = strchr(tok, '=');
     if (!eq || eq == tok || s->n_labels == LABELS_MAX) {
       free(copy);
@@ -600,8 +602,8 @@ int main(int argc, char **argv) {
   printf("simnodes: stopped nodes=%u registered=%u heartbeats=%llu "
          "start_requests=%llu reconnects=%llu refusals=%llu\n",
          s.cfg.nodes, s.registered_once, (unsigned long long)s.heartbeats,
-         (unsigned long long)s.start_requests,
-         (unsigned long long)s.reconnects, (unsigned long long)s.refusals);
+         (unsigned long long)s.start_requests, (unsigned long long)s.reconnects,
+         (unsigned long long)s.refusals);
   fflush(stdout);
   /* The process ends here: the loop's handles are not closed one by one
    * (thousands of them); the kernel closes the sockets. */

@@ -76,13 +76,27 @@ int main(int argc, char **argv) {
 
   while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (opt) {
-    case 'h': host = optarg; break;
-    case 'p': port = strtol(optarg, NULL, 10); break;
-    case 's': size = strtol(optarg, NULL, 10); break;
-    case 'i': interval_ms = strtol(optarg, NULL, 10); break;
-    case 't': timeout_ms = strtol(optarg, NULL, 10); break;
-    case 'H': usage(); return 0;
-    default: usage(); return 2;
+    case 'h':
+      host = optarg;
+      break;
+    case 'p':
+      port = strtol(optarg, NULL, 10);
+      break;
+    case 's':
+      size = strtol(optarg, NULL, 10);
+      break;
+    case 'i':
+      interval_ms = strtol(optarg, NULL, 10);
+      break;
+    case 't':
+      timeout_ms = strtol(optarg, NULL, 10);
+      break;
+    case 'H':
+      usage();
+      return 0;
+    default:
+      usage();
+      return 2;
     }
   }
   if (port <= 0 || port > 65535 || size < (long)HDR || size > 65507 ||
