@@ -602,8 +602,10 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
   }
   case LYNX__ENVELOPE__MSG_INSTANCE_FAILED: {
     const Lynx__InstanceFailed *f = env->instance_failed;
-    LYNX_WARN("coordinator", "node %s: instance %llu failed: %s", p->id,
-              (unsigned long long)f->instance_id, f->error ? f->error : "");
+    LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator",
+                "node %s: instance %llu failed: %s (retried with backoff)",
+                p->id, (unsigned long long)f->instance_id,
+                f->error ? f->error : "");
     rc = lynx_reg_instance_failed(&co->c.reg, p->id, f->epoch, f->instance_id,
                                   f->error ? f->error : "", now);
     break;

@@ -385,7 +385,18 @@ static int inst_start(struct lynx_registry *r, struct lynx_reg_service *s,
 /* Picks the eligible (node, accel) without an instance of this service that
  * spreads best: fewest of the service's instances on the node, then the
  * least-loaded accelerator, then registration order. */
-static int rc_pick(struct rc_ctx *c, uint32_t *node_out, uint32_t *pos_out) {
+/* 1 while a is in its failed-start backoff; notes when the tick must
+ * place again. */
+static int backing_off(struct lynx_registry *r, const struct lynx_reg_accel *a) {
+  if (a->retry_at_ms <= r->now_ms)
+    return 0;
+  if (!r->next_retry_ms || a->retry_at_ms < r->next_retry_ms)
+    r->next_retry_ms = a->retry_at_ms;
+  return 1;
+}
+
+static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
+                   uint32_t *node_out, uint32_t *pos_out) {
   uint32_t k, a;
   int found = 0;
   uint32_t best_cnt = 0, best_load = 0;
@@ -394,7 +405,7 @@ static int rc_pick(struct rc_ctx *c, uint32_t *node_out, uint32_t *pos_out) {
     if (!rn->eligible)
       continue;
     for (a = 0; a < rn->n->n_accels; a++) {
-      if (rn->have & (1ull << a))
+      if (rn->have & (1ull << a) || backing_off(r, &rn->n->accels[a]))
         continue;
       if (!found || rn->svc_cnt < best_cnt ||
           (rn->svc_cnt == best_cnt && rn->load[a] < best_load)) {
@@ -463,7 +474,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       if (!rn->eligible)
         continue;
       for (a = 0; a < rn->n->n_accels; a++) {
-        if (rn->have & (1ull << a))
+        if (rn->have & (1ull << a) || backing_off(r, &rn->n->accels[a]))
           continue;
         rc = inst_start(r, s, rn->n, a, &tail);
         if (rc)
@@ -516,7 +527,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
   while (kept < sp->replicas) {
     uint32_t nk, pos;
     struct rc_node *rn;
-    if (!rc_pick(c, &nk, &pos))
+    if (!rc_pick(r, c, &nk, &pos))
       break; /* not enough capacity: retried when nodes join */
     rn = &c->nodes[nk];
     rc = inst_start(r, s, rn->n, pos, &tail);
@@ -986,6 +997,13 @@ int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
   d.locator[sizeof(d.locator) - 1] = '\0';
   if (i->state == LYNX_INST_READY && desc_equal(&i->desc, &d))
     return 0; /* a repeated report */
+  {
+    int pos = accel_pos(i->node, i->accel_idx);
+    if (pos >= 0) {
+      i->node->accels[pos].failures = 0;
+      i->node->accels[pos].retry_at_ms = 0;
+    }
+  }
   i->desc = d;
   i->state = LYNX_INST_READY;
   if (inst_dispatchable(i))
@@ -1005,8 +1023,22 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
   rc = inst_of_node(r, node_id, epoch, instance_id, &pp);
   if (rc)
     return rc;
-  /* Forgotten now; the next tick places it again (not at once, so an
-   * instance that cannot start is retried at the tick's pace). */
+  r->now_ms = now_ms;
+  {
+    struct lynx_reg_instance *i = *pp;
+    int pos = accel_pos(i->node, i->accel_idx);
+    if (pos >= 0) {
+      struct lynx_reg_accel *a = &i->node->accels[pos];
+      uint32_t f = a->failures < 8 ? a->failures : 8;
+      uint64_t backoff = 200ull << f;
+      a->failures++;
+      a->retry_at_ms = now_ms + (backoff > 30000 ? 30000 : backoff);
+      if (!r->next_retry_ms || a->retry_at_ms < r->next_retry_ms)
+        r->next_retry_ms = a->retry_at_ms;
+    }
+  }
+  /* Forgotten now; placement starts it again once the accelerator's
+   * backoff has passed (so an app that cannot start is not hammered). */
   inst_forget_at(r, pp);
   table_commit(r);
   return 0;
@@ -1341,6 +1373,11 @@ void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
 
 void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
   struct lynx_reg_node *n;
+  r->now_ms = now_ms;
+  if (r->next_retry_ms && now_ms >= r->next_retry_ms) {
+    r->next_retry_ms = 0;
+    r->placed_version = r->version - 1; /* a backoff ended: place again */
+  }
   for (n = r->nodes; n; n = n->next)
     if (n->state != LYNX_NODE_DOWN && now_ms >= n->lease_deadline_ms) {
       r->lease_expiries++;

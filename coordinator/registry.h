@@ -60,6 +60,10 @@ struct lynx_accel_info { /* as an agent registers it */
 struct lynx_reg_accel {
   struct lynx_accel_info info;
   uint64_t requests, responses; /* from heartbeats */
+  /* an instance failed to start here: placement skips this accelerator
+   * until retry_at_ms (backoff doubling from 200 ms to 30 s) */
+  uint64_t retry_at_ms;
+  uint32_t failures;
 };
 
 struct lynx_reg_node {
@@ -166,6 +170,8 @@ struct lynx_registry {
   struct lynx_reg_instance *instances;
   struct lynx_reg_frontend *frontends;
   struct lynx_reg_ops ops;
+  uint64_t now_ms;        /* the latest time a call brought */
+  uint64_t next_retry_ms; /* earliest failed-start backoff to end (0: none) */
   /* counters for /metrics */
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
   /* drain intents of unregistered nodes (lynx_reg_drain_intent_add); the

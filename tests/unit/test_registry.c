@@ -830,7 +830,7 @@ static void test_replicas_during_drain(void **state) {
   assert_int_equal(node_state(&f->r, "n0"), LYNX_NODE_DRAINING);
 }
 
-static void test_instance_failed_retries_on_tick(void **state) {
+static void test_instance_failed_retries_after_backoff(void **state) {
   struct fx *f = *state;
   struct lynx_reg_instance *i;
   uint64_t id, tv;
@@ -847,11 +847,25 @@ static void test_instance_failed_retries_on_tick(void **state) {
   assert_int_equal(f->n_start, 1);          /* not at once */
   assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, id, "again", 10),
                    -ENOENT);
+  /* backoff: 200 ms after the first failure, doubling after each */
   lynx_reg_tick(&f->r, 100);
+  assert_int_equal(f->n_start, 1);
+  lynx_reg_tick(&f->r, 209);
+  assert_int_equal(f->n_start, 1);
+  lynx_reg_tick(&f->r, 210);
   assert_int_equal(f->n_start, 2);
   assert_true(f->start[1].id > id);
-  ready_all(&f->r, 110);
+  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, f->start[1].id,
+                                            "still no app", 220),
+                   0);
+  lynx_reg_tick(&f->r, 619);
+  assert_int_equal(f->n_start, 2);
+  lynx_reg_tick(&f->r, 620);
+  assert_int_equal(f->n_start, 3);
+  ready_all(&f->r, 630);
   assert_int_equal(f->r.table_version, tv + 1);
+  /* a start that succeeded resets the backoff */
+  assert_int_equal(f->r.nodes->accels[0].failures, 0);
   /* a repeated ready report with the same region changes nothing */
   {
     struct lynx_region_desc d = desc_for(f->r.instances);
@@ -1157,7 +1171,7 @@ int main(void) {
       T(test_place_selector),
       T(test_replicas_spread_and_replace),
       T(test_replicas_during_drain),
-      T(test_instance_failed_retries_on_tick),
+      T(test_instance_failed_retries_after_backoff),
       T(test_service_validation),
       T(test_service_conflicts_and_delete),
       T(test_table_order),
