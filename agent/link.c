@@ -1,10 +1,10 @@
 /*
  * link.c - the agent's connection to the coordinator.
  *
- * States: DISCONNECTED -> CONNECTING -> HELLO (Hello sent) -> REGISTERING
- * (Register sent) -> REGISTERED (heartbeats every lease/3). Any failure
- * closes the connection and goes back to DISCONNECTED, with a reconnect
- * after a jittered exponential backoff (100 ms .. 2 s). Re-registering
+ * States: HELLO (connecting, or Hello sent: the dialer does both) ->
+ * REGISTERING (Register sent) -> REGISTERED (heartbeats every lease/3).
+ * Any failure closes the connection and goes back to HELLO, with a
+ * reconnect after the dialer's jittered exponential backoff (100 ms .. 2 s). Re-registering
  * carries the same epoch and the instances still running, so a restarted
  * coordinator adopts them instead of starting duplicates. A wrong token or
  * protocol version is final: the agent stops with a clear message.
@@ -20,29 +20,25 @@
 #include "util.h"
 
 enum link_state {
-  LINK_DISCONNECTED, /* waiting for the retry timer */
-  LINK_CONNECTING,   /* TCP connect in progress */
-  LINK_HELLO,        /* Hello sent, waiting for HelloReply */
-  LINK_REGISTERING,  /* Register sent, waiting for RegisterReply */
-  LINK_REGISTERED,   /* lease held: heartbeats flow */
+  LINK_HELLO,       /* connecting or Hello sent, waiting for HelloReply */
+  LINK_REGISTERING, /* Register sent, waiting for RegisterReply */
+  LINK_REGISTERED,  /* lease held: heartbeats flow */
 };
 
 struct coord_link {
   struct agent *ag;
-  struct lynx_ctl *ctl;
-  struct sockaddr_storage addr;
-  uv_timer_t retry, beat;
+  struct lynx_dialer d; /* d.ctl is the connection */
+  uv_timer_t beat;
   enum link_state state;
-  uint64_t backoff_ms, lease_ms;
+  uint64_t lease_ms;
   int stopping;
   int timers_closed;
+  char target[96];
 };
 
-static void link_schedule(struct coord_link *l);
-
 static void send_env(struct coord_link *l, Lynx__Envelope *env) {
-  if (l->ctl && lynx_ctl_send(l->ctl, env))
-    lynx_ctl_close(l->ctl, "cannot queue a message to the coordinator");
+  if (l->d.ctl && lynx_ctl_send(l->d.ctl, env))
+    lynx_ctl_close(l->d.ctl, "cannot queue a message to the coordinator");
 }
 
 static void send_register(struct coord_link *l) {
@@ -65,10 +61,10 @@ static void send_register(struct coord_link *l) {
   ip = calloc(n_inst + 1, sizeof(*ip));
   rd = calloc(n_inst + 1, sizeof(*rd));
   if (!acc || !ap || !ii || !ip || !rd) {
-    lynx_ctl_close(l->ctl, "out of memory building Register");
+    lynx_ctl_close(l->d.ctl, "out of memory building Register");
     goto out;
   }
-  if (uv_tcp_getsockname(&l->ctl->tcp, (struct sockaddr *)&ss, &len) == 0)
+  if (uv_tcp_getsockname(&l->d.ctl->tcp, (struct sockaddr *)&ss, &len) == 0)
     lynx_fmt_addr((struct sockaddr *)&ss, addr, sizeof(addr));
   for (uint32_t i = 0; i < ag->n_labels; i++) {
     lynx__label__init(&labels[i]);
@@ -231,6 +227,7 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
         agent_shutdown(ag, 1); /* wrong token or version: retrying can't help */
       return;
     }
+    lynx_dialer_connected(&l->d);
     send_register(l);
     return;
   case LYNX__ENVELOPE__MSG_REGISTER_REPLY:
@@ -243,7 +240,6 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     l->state = LINK_REGISTERED;
-    l->backoff_ms = 0;
     l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
                                                 : 3000;
     LYNX_INFO("agent", "%s: registered with coordinator %s (epoch %llu, "
@@ -277,111 +273,63 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
 
 /* The link is freed once its timers are closed and its connection gone. */
 static void maybe_free(struct coord_link *l) {
-  if (l->stopping == 2 && l->timers_closed == 2 && !l->ctl) {
+  if (l->stopping == 2 && l->timers_closed == 2 && !l->d.ctl) {
     l->ag->link = NULL;
     free(l);
   }
 }
 
+/* The dialer frees c after this returns. */
 static void link_closed(struct lynx_ctl *c) {
   struct coord_link *l = c->data;
   int was = l->state == LINK_REGISTERED;
-  free(c);
-  l->ctl = NULL;
+  l->state = LINK_HELLO;
+  uv_timer_stop(&l->beat);
   if (l->stopping == 2) {
-    maybe_free(l);
+    maybe_free(l); /* the dialer touches only c after this */
     return;
   }
-  l->state = LINK_DISCONNECTED;
-  uv_timer_stop(&l->beat);
-  if (was && !l->stopping)
+  if (was)
     LYNX_WARN("agent", "%s: lost the coordinator; instances keep serving, "
               "reconnecting", l->ag->node_id);
-  if (!l->stopping)
-    link_schedule(l);
-}
-
-static void on_connected(uv_connect_t *req, int status) {
-  struct lynx_ctl *c = req->data;
-  struct coord_link *l = c->data;
-  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
-  Lynx__Hello h = LYNX__HELLO__INIT;
-  free(req);
-  if (status < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "agent", "cannot reach coordinator %s: %s",
-                l->ag->cfg.coordinator, uv_strerror(status));
-    lynx_ctl_close(c, NULL);
-    return;
-  }
-  if (lynx_ctl_start(c)) {
-    lynx_ctl_close(c, "cannot start reading");
-    return;
-  }
-  h.proto_version = LYNX_PROTO_VERSION;
-  h.role = "agent";
-  h.id = l->ag->node_id;
-  h.token = l->ag->token ? l->ag->token : "";
-  env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
-  env.hello = &h;
-  l->state = LINK_HELLO;
-  send_env(l, &env);
-}
-
-static void do_connect(uv_timer_t *t) {
-  struct coord_link *l = t->data;
-  struct lynx_ctl *c;
-  uv_connect_t *req;
-  if (l->stopping || l->ctl)
-    return;
-  c = calloc(1, sizeof(*c));
-  req = calloc(1, sizeof(*req));
-  if (!c || !req) {
-    free(c);
-    free(req);
-    link_schedule(l);
-    return;
-  }
-  uv_tcp_init(&l->ag->loop, &c->tcp);
-  lynx_ctl_init(c, "agent", l->ag->cfg.frame_max, link_msg, link_closed);
-  c->data = l;
-  l->ctl = c;
-  l->state = LINK_CONNECTING;
-  req->data = c;
-  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&l->addr,
-                     on_connected)) {
-    free(req);
-    lynx_ctl_close(c, "connect failed");
-  }
-}
-
-static void link_schedule(struct coord_link *l) {
-  l->backoff_ms = l->backoff_ms ? l->backoff_ms * 2 : 100;
-  if (l->backoff_ms > 2000)
-    l->backoff_ms = 2000;
-  uv_timer_start(&l->retry, do_connect,
-                 l->backoff_ms / 2 + (uint64_t)rand() % (l->backoff_ms / 2 + 1),
-                 0);
+  lynx_dialer_retry(&l->d);
 }
 
 int agent_link_start(struct agent *ag) {
   struct coord_link *l = calloc(1, sizeof(*l));
+  struct sockaddr_storage addr;
   if (!l)
     return -ENOMEM;
-  if (lynx_parse_hostport(ag->cfg.coordinator, &l->addr)) {
+  if (lynx_parse_hostport(ag->cfg.coordinator, &addr)) {
     free(l);
     return -EINVAL;
   }
   l->ag = ag;
-  uv_timer_init(&ag->loop, &l->retry);
+  snprintf(l->target, sizeof(l->target), "coordinator %s",
+           ag->cfg.coordinator);
+  lynx_dialer_init(&l->d, &ag->loop, &addr, "agent", l->target,
+                   ag->cfg.frame_max);
+  l->d.role = "agent";
+  l->d.id = ag->node_id;
+  l->d.token = ag->token;
+  l->d.on_msg = link_msg;
+  l->d.on_close = link_closed;
+  l->d.data = l;
   uv_timer_init(&ag->loop, &l->beat);
-  l->retry.data = l->beat.data = l;
+  l->beat.data = l;
   ag->link = l;
-  do_connect(&l->retry);
+  lynx_dialer_connect(&l->d);
   return 0;
 }
 
-static void timer_closed(uv_handle_t *h) {
+static void beat_closed(uv_handle_t *h) {
   struct coord_link *l = h->data;
+  l->timers_closed++;
+  maybe_free(l);
+}
+
+static void retry_closed(uv_handle_t *h) {
+  struct coord_link *l = container_of(h, struct coord_link, d.retry);
   l->timers_closed++;
   maybe_free(l);
 }
@@ -391,7 +339,7 @@ void agent_link_stop(struct agent *ag) {
   if (!l || l->stopping == 2)
     return;
   l->stopping = 2;
-  if (l->ctl) {
+  if (l->d.ctl) {
     if (l->state == LINK_REGISTERED) {
       Lynx__Envelope env = LYNX__ENVELOPE__INIT;
       Lynx__Leave lv = LYNX__LEAVE__INIT;
@@ -400,12 +348,12 @@ void agent_link_stop(struct agent *ag) {
       env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
       env.leave = &lv;
       send_env(l, &env);
-      l->ctl->close_after_write = 1;
+      l->d.ctl->close_after_write = 1;
       LYNX_INFO("agent", "%s: leaving the cluster", ag->node_id);
     } else {
-      lynx_ctl_close(l->ctl, NULL);
+      lynx_ctl_close(l->d.ctl, NULL);
     }
   }
-  uv_close((uv_handle_t *)&l->retry, timer_closed);
-  uv_close((uv_handle_t *)&l->beat, timer_closed);
+  lynx_dialer_close(&l->d, retry_closed);
+  uv_close((uv_handle_t *)&l->beat, beat_closed);
 }

@@ -24,6 +24,7 @@ void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
   c->closing = 0;
   c->close_after_write = 0;
   c->pending_writes = 0;
+  c->dialer = NULL;
   c->tcp.data = c;
 }
 
@@ -151,4 +152,98 @@ int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env) {
   }
   c->pending_writes++;
   return 0;
+}
+
+/* ---- dialer ------------------------------------------------------------ */
+
+void lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
+                      const struct sockaddr_storage *addr, const char *comp,
+                      const char *target, size_t frame_max) {
+  d->loop = loop;
+  d->addr = *addr;
+  d->comp = comp;
+  d->target = target;
+  d->frame_max = frame_max;
+  d->backoff_ms = 0;
+  d->ctl = NULL;
+  uv_timer_init(loop, &d->retry);
+  d->retry.data = d;
+}
+
+static void dialer_closed(struct lynx_ctl *c) {
+  struct lynx_dialer *d = c->dialer;
+  d->ctl = NULL;
+  if (d->on_close)
+    d->on_close(c);
+  free(c);
+}
+
+static void dialer_on_connected(uv_connect_t *req, int status) {
+  struct lynx_ctl *c = req->data;
+  struct lynx_dialer *d = c->dialer;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Hello h = LYNX__HELLO__INIT;
+  free(req);
+  if (status < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, d->comp, "cannot reach %s: %s", d->target,
+                uv_strerror(status));
+    lynx_ctl_close(c, NULL);
+    return;
+  }
+  if (lynx_ctl_start(c)) {
+    lynx_ctl_close(c, "cannot start reading");
+    return;
+  }
+  h.proto_version = LYNX_PROTO_VERSION;
+  h.role = (char *)d->role;
+  h.id = (char *)d->id;
+  h.token = (char *)(d->token ? d->token : "");
+  env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
+  env.hello = &h;
+  if (lynx_ctl_send(c, &env))
+    lynx_ctl_close(c, "cannot send hello");
+}
+
+void lynx_dialer_connect(struct lynx_dialer *d) {
+  struct lynx_ctl *c;
+  uv_connect_t *req;
+  if (d->ctl)
+    return;
+  c = calloc(1, sizeof(*c));
+  req = calloc(1, sizeof(*req));
+  if (!c || !req) {
+    free(c);
+    free(req);
+    lynx_dialer_retry(d);
+    return;
+  }
+  uv_tcp_init(d->loop, &c->tcp);
+  lynx_ctl_init(c, d->comp, d->frame_max, d->on_msg, dialer_closed);
+  c->dialer = d;
+  c->data = d->data;
+  d->ctl = c;
+  req->data = c;
+  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&d->addr,
+                     dialer_on_connected)) {
+    free(req);
+    lynx_ctl_close(c, "connect failed");
+  }
+}
+
+static void dialer_fire(uv_timer_t *t) { lynx_dialer_connect(t->data); }
+
+void lynx_dialer_retry(struct lynx_dialer *d) {
+  d->backoff_ms = d->backoff_ms ? d->backoff_ms * 2 : 100;
+  if (d->backoff_ms > 2000)
+    d->backoff_ms = 2000;
+  uv_timer_start(&d->retry, dialer_fire,
+                 d->backoff_ms / 2 + (uint64_t)rand() % (d->backoff_ms / 2 + 1),
+                 0);
+}
+
+void lynx_dialer_connected(struct lynx_dialer *d) { d->backoff_ms = 0; }
+
+void lynx_dialer_close(struct lynx_dialer *d, uv_close_cb cb) {
+  uv_timer_stop(&d->retry);
+  uv_close((uv_handle_t *)&d->retry, cb);
 }

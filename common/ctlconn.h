@@ -28,6 +28,7 @@ struct lynx_ctl {
   int closing;
   int close_after_write; /* close once pending writes are flushed */
   unsigned pending_writes;
+  struct lynx_dialer *dialer; /* set when a dialer made this connection */
   void *data;
 };
 
@@ -41,5 +42,44 @@ int lynx_ctl_start(struct lynx_ctl *c);
 int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env);
 /* Closes (deferred, idempotent) and logs why when reason is not NULL. */
 void lynx_ctl_close(struct lynx_ctl *c, const char *reason);
+
+/*
+ * A dialer: the client side of a control connection that must stay up (an
+ * agent's or a frontend's link to the coordinator, a frontend's to its
+ * agent). It connects, says Hello (role, id, token), hands every message to
+ * on_msg, and on any close calls on_close and then frees the connection;
+ * the owner decides whether to lynx_dialer_retry, which reconnects after a
+ * jittered exponential backoff (100 ms .. 2 s) that a successful exchange
+ * resets with lynx_dialer_connected.
+ */
+struct lynx_dialer {
+  uv_loop_t *loop;
+  struct sockaddr_storage addr;
+  uv_timer_t retry;
+  uint64_t backoff_ms;
+  const char *comp;   /* log component */
+  const char *target; /* "coordinator 127.0.0.1:7700": for logs */
+  size_t frame_max;
+  const char *role, *id, *token; /* our Hello */
+  lynx_ctl_msg_cb on_msg;
+  lynx_ctl_close_cb on_close; /* c is freed right after it returns */
+  struct lynx_ctl *ctl;       /* the connection, or NULL */
+  void *data;                 /* the owner's; also every ctl->data */
+};
+
+/* Fills d and initialises its timer on loop (close it with
+ * lynx_dialer_close). The strings must outlive the dialer. */
+void lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
+                      const struct sockaddr_storage *addr, const char *comp,
+                      const char *target, size_t frame_max);
+/* Connects now, unless a connection exists or is being made. */
+void lynx_dialer_connect(struct lynx_dialer *d);
+/* Connects after the backoff. */
+void lynx_dialer_retry(struct lynx_dialer *d);
+/* The peer accepted us: the next retry starts from the shortest backoff. */
+void lynx_dialer_connected(struct lynx_dialer *d);
+/* Closes the retry timer (cb when done); the connection is the owner's to
+ * close. */
+void lynx_dialer_close(struct lynx_dialer *d, uv_close_cb cb);
 
 #endif

@@ -87,10 +87,9 @@ struct fe_main {
   int coordinator_mode;
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
-  uv_timer_t retry, status;
-  struct lynx_ctl *ctl;
-  struct sockaddr_storage peer_addr;
-  uint64_t backoff_ms;
+  uv_timer_t status;
+  struct lynx_dialer d; /* d.ctl is the control connection */
+  char target[96];
   int shutting_down, greeted, exit_code;
   /* the services, read by the metrics thread under list_lock */
   pthread_mutex_t list_lock;
@@ -102,7 +101,6 @@ struct fe_main {
   int have_table;
 };
 
-static void schedule_connect(struct fe_main *m);
 
 /* ---- services ---------------------------------------------------------- */
 
@@ -320,7 +318,7 @@ static void send_status(struct fe_main *m) {
   Lynx__FrontendStatus st = LYNX__FRONTEND_STATUS__INIT;
   struct mq_report_ctx x;
   uint64_t applied = m->table_version;
-  if (!m->ctl || !m->greeted || !m->have_table)
+  if (!m->d.ctl || !m->greeted || !m->have_table)
     return;
   memset(&x, 0, sizeof(x));
   /* a table counts as applied once every worker carried out its commands */
@@ -342,8 +340,8 @@ static void send_status(struct fe_main *m) {
   st.mqueues = x.p;
   env.msg_case = LYNX__ENVELOPE__MSG_FRONTEND_STATUS;
   env.frontend_status = &st;
-  if (lynx_ctl_send(m->ctl, &env))
-    lynx_ctl_close(m->ctl, "cannot queue a status report");
+  if (lynx_ctl_send(m->d.ctl, &env))
+    lynx_ctl_close(m->d.ctl, "cannot queue a status report");
 out:
   free(x.r);
   free(x.p);
@@ -426,18 +424,17 @@ static void begin_shutdown(struct fe_main *m, int code) {
   fe_metrics_stop(m->metrics);
   m->metrics = NULL;
   services_stop_all(m);
-  if (m->ctl)
-    lynx_ctl_close(m->ctl, NULL);
-  uv_close((uv_handle_t *)&m->retry, NULL);
+  if (m->d.ctl)
+    lynx_ctl_close(m->d.ctl, NULL);
+  lynx_dialer_close(&m->d, NULL);
   uv_close((uv_handle_t *)&m->status, NULL);
   uv_close((uv_handle_t *)&m->sigint, NULL);
   uv_close((uv_handle_t *)&m->sigterm, NULL);
 }
 
+/* The dialer frees c after this returns. */
 static void on_ctl_closed(struct lynx_ctl *c) {
   struct fe_main *m = c->data;
-  free(c);
-  m->ctl = NULL;
   m->greeted = 0;
   if (!m->coordinator_mode && m->services) {
     /* the agent is gone: out of dispatch at once, in flight counted lost */
@@ -448,7 +445,7 @@ static void on_ctl_closed(struct lynx_ctl *c) {
                 "%s: no coordinator; serving the last table (%llu)", m->id,
                 (unsigned long long)m->table_version);
   if (!m->shutting_down)
-    schedule_connect(m);
+    lynx_dialer_retry(&m->d);
 }
 
 static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
@@ -476,7 +473,7 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     m->greeted = 1;
-    m->backoff_ms = 0;
+    lynx_dialer_connected(&m->d);
     return;
   }
   if (!m->coordinator_mode &&
@@ -497,70 +494,6 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
   LYNX_DBG("frontend", "ignoring message case %d", (int)env->msg_case);
 }
 
-static void on_connected(uv_connect_t *req, int status) {
-  struct lynx_ctl *c = req->data;
-  struct fe_main *m = c->data;
-  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
-  Lynx__Hello h = LYNX__HELLO__INIT;
-  free(req);
-  if (status < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "cannot reach %s %s: %s",
-                m->coordinator_mode ? "coordinator" : "agent",
-                m->coordinator_mode ? m->cfg.coordinator : m->cfg.agent,
-                uv_strerror(status));
-    lynx_ctl_close(c, NULL);
-    return;
-  }
-  if (lynx_ctl_start(c)) {
-    lynx_ctl_close(c, "cannot start reading");
-    return;
-  }
-  h.proto_version = LYNX_PROTO_VERSION;
-  h.role = "frontend";
-  h.id = m->id;
-  h.token = m->token ? m->token : "";
-  env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
-  env.hello = &h;
-  if (lynx_ctl_send(c, &env))
-    lynx_ctl_close(c, "cannot send hello");
-}
-
-static void do_connect(uv_timer_t *t) {
-  struct fe_main *m = t->data;
-  struct lynx_ctl *c;
-  uv_connect_t *req;
-  if (m->shutting_down || m->ctl)
-    return;
-  c = calloc(1, sizeof(*c));
-  req = calloc(1, sizeof(*req));
-  if (!c || !req) {
-    free(c);
-    free(req);
-    schedule_connect(m);
-    return;
-  }
-  uv_tcp_init(&m->loop, &c->tcp);
-  lynx_ctl_init(c, "frontend", m->cfg.frame_max, on_ctl_msg, on_ctl_closed);
-  c->data = m;
-  m->ctl = c;
-  req->data = c;
-  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&m->peer_addr,
-                     on_connected)) {
-    free(req);
-    lynx_ctl_close(c, "connect failed");
-  }
-}
-
-static void schedule_connect(struct fe_main *m) {
-  /* jittered exponential backoff, 100 ms .. 2 s */
-  m->backoff_ms = m->backoff_ms ? m->backoff_ms * 2 : 100;
-  if (m->backoff_ms > 2000)
-    m->backoff_ms = 2000;
-  uv_timer_start(&m->retry, do_connect,
-                 m->backoff_ms / 2 + (uint64_t)rand() % (m->backoff_ms / 2 + 1),
-                 0);
-}
-
 static void on_signal(uv_signal_t *s, int signum) {
   struct fe_main *m = s->data;
   LYNX_INFO("frontend", "%s: %s, draining and shutting down", m->id,
@@ -573,7 +506,7 @@ int main(int argc, char **argv) {
   struct fe_cfg *cfg = &m.cfg;
   int rc, lvl;
   char udp[80];
-  struct sockaddr_storage ss;
+  struct sockaddr_storage ss, peer_addr;
   const char *peer;
 
   rc = lynx_opts_parse(fe_opts, cfg, argc, argv,
@@ -602,7 +535,7 @@ int main(int argc, char **argv) {
                             : (cfg->agent ? cfg->agent : "127.0.0.1:7701");
   if (!cfg->agent && !m.coordinator_mode)
     cfg->agent = strdup(peer);
-  if (lynx_parse_hostport(peer, &m.peer_addr)) {
+  if (lynx_parse_hostport(peer, &peer_addr)) {
     fprintf(stderr, "--%s: '%s' is not host:port\n",
             m.coordinator_mode ? "coordinator" : "agent", peer);
     goto out;
@@ -634,9 +567,18 @@ int main(int argc, char **argv) {
   }
 
   uv_loop_init(&m.loop);
-  uv_timer_init(&m.loop, &m.retry);
+  snprintf(m.target, sizeof(m.target), "%s %s",
+           m.coordinator_mode ? "coordinator" : "agent", peer);
+  lynx_dialer_init(&m.d, &m.loop, &peer_addr, "frontend", m.target,
+                   cfg->frame_max);
+  m.d.role = "frontend";
+  m.d.id = m.id;
+  m.d.token = m.token;
+  m.d.on_msg = on_ctl_msg;
+  m.d.on_close = on_ctl_closed;
+  m.d.data = &m;
   uv_timer_init(&m.loop, &m.status);
-  m.retry.data = m.status.data = &m;
+  m.status.data = &m;
   uv_signal_init(&m.loop, &m.sigint);
   uv_signal_init(&m.loop, &m.sigterm);
   m.sigint.data = m.sigterm.data = &m;
@@ -652,7 +594,7 @@ int main(int argc, char **argv) {
     json_object_put(j);
   }
   m.exit_code = 0;
-  do_connect(&m.retry);
+  lynx_dialer_connect(&m.d);
   uv_run(&m.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&m.loop) != 0)
     LYNX_WARN("frontend", "loop closed with handles open");
