@@ -306,8 +306,8 @@ static int accel_pos(const struct lynx_reg_node *n, uint32_t idx) {
   return -1;
 }
 
-static int labels_match(const struct lynx_reg_node *n,
-                        const struct lynx_service_spec *sp) {
+int lynx_reg_labels_match(const struct lynx_reg_node *n,
+                          const struct lynx_service_spec *sp) {
   uint32_t s, l;
   for (s = 0; s < sp->n_selector; s++) {
     int found = 0;
@@ -432,7 +432,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
     rn->have = 0;
     rn->svc_cnt = 0;
     rn->eligible = rn->n->state == LYNX_NODE_READY && rn->n->n_accels &&
-                   labels_match(rn->n, sp);
+                   lynx_reg_labels_match(rn->n, sp);
   }
 
   /* Existing instances: keep what is still wanted, stop the rest. */

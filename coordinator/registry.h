@@ -324,6 +324,10 @@ void lynx_reg_table_foreach(struct lynx_registry *r,
 
 const char *lynx_node_state_name(enum lynx_node_state s);
 
+/* 1 when node n carries every label pair of sp's selector. */
+int lynx_reg_labels_match(const struct lynx_reg_node *n,
+                          const struct lynx_service_spec *sp);
+
 /* Parses "k=v,k2=v2" into labels; -EINVAL on a malformed pair or too many. */
 int lynx_labels_parse(const char *s, struct lynx_label *out, uint32_t max,
                       uint32_t *n);

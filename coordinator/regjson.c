@@ -115,20 +115,6 @@ static struct json_object *spec_obj(const struct lynx_service_spec *sp) {
   return o;
 }
 
-static int selector_match(const struct lynx_reg_node *n,
-                          const struct lynx_service_spec *sp) {
-  uint32_t s, l;
-  for (s = 0; s < sp->n_selector; s++) {
-    int found = 0;
-    for (l = 0; l < n->n_labels && !found; l++)
-      found = !strcmp(n->labels[l].key, sp->selector[s].key) &&
-              !strcmp(n->labels[l].value, sp->selector[s].value);
-    if (!found)
-      return 0;
-  }
-  return 1;
-}
-
 struct json_object *lynx_json_service(const struct lynx_registry *r,
                                       const struct lynx_reg_service *s) {
   struct json_object *o = spec_obj(&s->spec), *inst;
@@ -143,7 +129,7 @@ struct json_object *lynx_json_service(const struct lynx_registry *r,
     wanted = s->spec.replicas;
   } else {
     for (n = r->nodes; n; n = n->next)
-      if (n->state == LYNX_NODE_READY && selector_match(n, &s->spec))
+      if (n->state == LYNX_NODE_READY && lynx_reg_labels_match(n, &s->spec))
         wanted += n->n_accels;
   }
   inst = json_object_new_object();
