@@ -53,6 +53,12 @@ static const uint8_t zeros[16];
 static void run_commands(struct fe_worker *w);
 static void reap_removed(struct fe_worker *w);
 
+/* outstanding is written by its worker only and read by the status and
+ * metrics threads: relaxed atomic stores, no locked instruction */
+static void outstanding_set(struct fe_mq *mq, uint32_t v) {
+  __atomic_store_n(&mq->dq.outstanding, v, __ATOMIC_RELAXED);
+}
+
 /* ---- request completion ------------------------------------------- */
 
 /* Every way a request ends (answered, dropped, expired, lost) comes here:
@@ -86,7 +92,7 @@ static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
     struct fe_mq *mq = &c->mqs[i];
     uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
     mq->dq.up = 0;
-    mq->dq.outstanding = 0;
+    outstanding_set(mq, 0);
     lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
   }
   if (c->tc) {
@@ -262,7 +268,7 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
                 m.tag);
     return 0;
   }
-  mq->dq.outstanding--;
+  outstanding_set(mq, mq->dq.outstanding - 1);
   if (m.status == LYNX_ST_DROPPED) {
     lynx_cnt_add(&mq->drops[FE_QDROP_APP], 1);
   } else if (lynx_meta_check(&m, z) != 0) {
@@ -466,7 +472,7 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     w->flows[flow].outstanding++;
   }
   mq->dq.rx_prod++;
-  mq->dq.outstanding++;
+  outstanding_set(mq, mq->dq.outstanding + 1);
   mq->conn->dirty = 1;
   lynx_cnt_add(&mq->dispatched, 1);
 }
@@ -483,7 +489,7 @@ static void on_expire(void *arg, const struct lynx_tag_entry *e) {
   flow_done(w, e);
   if (!mq)
     return;
-  mq->dq.outstanding--;
+  outstanding_set(mq, mq->dq.outstanding - 1);
   lynx_cnt_add(&mq->drops[FE_QDROP_EXPIRED], 1);
 }
 
