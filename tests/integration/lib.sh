@@ -266,12 +266,8 @@ start_agent() {
   ((have_accels)) || base+=(--cpu-accels 2)
   ((have_mq)) || base+=(--mqueues 4)
   ((have_app)) || base+=(--app sockperf-echo)
-  IT_SEQ=$((IT_SEQ + 1))
-  AGENT_LOG=$IT_DIR/agent.$IT_SEQ.log
-  "$LYNX_BIN_DIR/lynx-agent" "${base[@]}" "$@" >"$AGENT_LOG" 2>&1 </dev/null &
-  AGENT_PID=$!
-  track "$AGENT_PID" "lynx-agent#$IT_SEQ"
-  log "started lynx-agent#$IT_SEQ pid $AGENT_PID: ${base[*]} $*"
+  spawn_daemon lynx-agent agent "" "${base[@]}" "$@"
+  AGENT_PID=$SPAWN_PID AGENT_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] ||
     wait_log "$AGENT_LOG" "serving descriptors on" 10 1 "$AGENT_PID"
 }
@@ -284,14 +280,24 @@ FRONTEND_PID='' FRONTEND_LOG=''
 start_frontend() {
   local -a base=(--agent "127.0.0.1:$AGENT_PORT" --udp "127.0.0.1:$UDP_PORT"
     --metrics "127.0.0.1:$METRICS_PORT")
-  IT_SEQ=$((IT_SEQ + 1))
-  FRONTEND_LOG=$IT_DIR/frontend.$IT_SEQ.log
-  "$LYNX_BIN_DIR/lynx-frontend" "${base[@]}" "$@" >"$FRONTEND_LOG" 2>&1 </dev/null &
-  FRONTEND_PID=$!
-  track "$FRONTEND_PID" "lynx-frontend#$IT_SEQ"
-  log "started lynx-frontend#$IT_SEQ pid $FRONTEND_PID: ${base[*]} $*"
+  spawn_daemon lynx-frontend frontend "" "${base[@]}" "$@"
+  FRONTEND_PID=$SPAWN_PID FRONTEND_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] ||
     wait_log "$FRONTEND_LOG" "serving UDP" 10 1 "$FRONTEND_PID"
+}
+
+# spawn_daemon PROG STEM SUFFIX ARGS...: starts build/bin/PROG in the
+# background with its log in $IT_DIR/STEM.<seq>.log, tracked for cleanup.
+# Sets SPAWN_PID and SPAWN_LOG.
+spawn_daemon() {
+  local prog=$1 stem=$2 suffix=$3
+  shift 3
+  IT_SEQ=$((IT_SEQ + 1))
+  SPAWN_LOG=$IT_DIR/$stem.$IT_SEQ.log
+  "$LYNX_BIN_DIR/$prog" "$@" >"$SPAWN_LOG" 2>&1 </dev/null &
+  SPAWN_PID=$!
+  track "$SPAWN_PID" "$prog#$IT_SEQ$suffix"
+  log "started $prog#$IT_SEQ$suffix pid $SPAWN_PID: $*"
 }
 
 # agent_shm PID: region files of agent PID of this test.
@@ -523,12 +529,8 @@ start_coordinator() {
   local -a base=(--listen "127.0.0.1:$COORD_PORT" --http "127.0.0.1:$API_PORT"
     --state-dir "$COORD_STATE")
   local end
-  IT_SEQ=$((IT_SEQ + 1))
-  COORD_LOG=$IT_DIR/coordinator.$IT_SEQ.log
-  "$LYNX_BIN_DIR/lynx-coordinator" "${base[@]}" "$@" >"$COORD_LOG" 2>&1 </dev/null &
-  COORD_PID=$!
-  track "$COORD_PID" "lynx-coordinator#$IT_SEQ"
-  log "started lynx-coordinator#$IT_SEQ pid $COORD_PID: ${base[*]} $*"
+  spawn_daemon lynx-coordinator coordinator "" "${base[@]}" "$@"
+  COORD_PID=$SPAWN_PID COORD_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] && return 0
   wait_log "$COORD_LOG" "serving control on" 10 1 "$COORD_PID"
   end=$(($(now_ms) + 5000))
@@ -550,12 +552,8 @@ start_node_agent() {
     [[ $a == --cpu-accels ]] && have_accels=1
   done
   ((have_accels)) || base+=(--cpu-accels 2)
-  IT_SEQ=$((IT_SEQ + 1))
-  AGENT_LOG=$IT_DIR/agent-$node.$IT_SEQ.log
-  "$LYNX_BIN_DIR/lynx-agent" "${base[@]}" "$@" >"$AGENT_LOG" 2>&1 </dev/null &
-  AGENT_PID=$!
-  track "$AGENT_PID" "lynx-agent#$IT_SEQ($node)"
-  log "started lynx-agent#$IT_SEQ pid $AGENT_PID: ${base[*]} $*"
+  spawn_daemon lynx-agent "agent-$node" "($node)" "${base[@]}" "$@"
+  AGENT_PID=$SPAWN_PID AGENT_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] ||
     wait_log "$AGENT_LOG" "registered with coordinator" 10 1 "$AGENT_PID"
 }
@@ -566,12 +564,8 @@ start_node_agent() {
 start_coord_frontend() {
   local -a base=(--coordinator "127.0.0.1:$COORD_PORT" --bind 127.0.0.1
     --metrics "127.0.0.1:$METRICS_PORT")
-  IT_SEQ=$((IT_SEQ + 1))
-  FRONTEND_LOG=$IT_DIR/frontend.$IT_SEQ.log
-  "$LYNX_BIN_DIR/lynx-frontend" "${base[@]}" "$@" >"$FRONTEND_LOG" 2>&1 </dev/null &
-  FRONTEND_PID=$!
-  track "$FRONTEND_PID" "lynx-frontend#$IT_SEQ"
-  log "started lynx-frontend#$IT_SEQ pid $FRONTEND_PID: ${base[*]} $*"
+  spawn_daemon lynx-frontend frontend "" "${base[@]}" "$@"
+  FRONTEND_PID=$SPAWN_PID FRONTEND_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] ||
     wait_log "$FRONTEND_LOG" " applied" 10 1 "$FRONTEND_PID"
 }
