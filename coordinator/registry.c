@@ -227,12 +227,9 @@ static void inst_forget_at(struct lynx_registry *r,
 static void inst_stop_at(struct lynx_registry *r,
                          struct lynx_reg_instance **pp) {
   struct lynx_reg_instance *i = *pp;
-  if (inst_dispatchable(i))
-    r->table_dirty = 1;
-  i->state = LYNX_INST_STOPPING;
   if (r->ops.stop_instance)
     r->ops.stop_instance(r->ops.data, i->node, i->id);
-  inst_forget_at(r, pp);
+  inst_forget_at(r, pp); /* marks the table dirty if it was dispatchable */
 }
 
 /* Forgets (stop = 0) or stops every instance on node n. */

@@ -39,7 +39,7 @@ enum lynx_node_state {
 enum lynx_inst_state {
   LYNX_INST_STARTING = 0, /* asked the agent to start it */
   LYNX_INST_READY = 1,    /* agent reported its region: dispatchable */
-  LYNX_INST_STOPPING = 2, /* asked the agent to stop it */
+  /* an instance the registry stops is forgotten at once: no third state */
 };
 
 enum lynx_placement_kind { LYNX_PLACE_ALL = 0, LYNX_PLACE_REPLICAS = 1 };
