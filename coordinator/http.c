@@ -606,46 +606,54 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
   reply_encoded(out, 201, j);
 }
 
-/* 200 with the service as it was just before it was deleted. */
-static void h_service_delete(struct http_req *rq, struct http_out *out) {
-  struct lynx_reg_err err;
-  struct lynx_reg_service *s;
-  struct json_object *j = NULL;
-  int rc = -ENOENT;
-
-  memset(&err, 0, sizeof(err));
-  pthread_mutex_lock(&rq->c->lock);
-  s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
-  if (s) {
-    j = lynx_json_service(&rq->c->reg, s);
-    rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0],
-                                 lynx_coord_now_ms(), &err);
-  }
+/* Finishes a mutation made under c->lock, and releases the lock: on
+ * success wakes the watchers, saves the state and answers status with j;
+ * otherwise answers the registry's error. Takes j (may be NULL on error). */
+static void finish_mutation(struct http_req *rq, struct http_out *out, int rc,
+                            const struct lynx_reg_err *err,
+                            struct json_object *j, const char *what,
+                            unsigned status) {
   if (rc == 0) {
     lynx_coord_changed(rq->c);
-    if (persist(rq, out, "service delete")) {
+    if (persist(rq, out, what)) {
       pthread_mutex_unlock(&rq->c->lock);
       json_object_put(j);
       return;
     }
   }
   pthread_mutex_unlock(&rq->c->lock);
+  if (rc) {
+    json_object_put(j);
+    reply_reg_err(out, rc, err);
+    return;
+  }
+  LYNX_INFO(COMP, "%s %s", what, rq->params[0]);
+  reply_encoded(out, status, j);
+}
+
+/* 200 with the service as it was just before it was deleted. */
+static void h_service_delete(struct http_req *rq, struct http_out *out) {
+  struct lynx_reg_err err;
+  struct lynx_reg_service *s;
+  struct json_object *j;
+  int rc;
+
+  memset(&err, 0, sizeof(err));
+  pthread_mutex_lock(&rq->c->lock);
+  s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
   if (!s) {
+    pthread_mutex_unlock(&rq->c->lock);
     reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
     return;
   }
-  if (rc) {
-    json_object_put(j);
-    reply_reg_err(out, rc, &err);
-    return;
-  }
-  LYNX_INFO(COMP, "service %s deleted", rq->params[0]);
-  reply_encoded(out, 200, j);
+  j = lynx_json_service(&rq->c->reg, s);
+  rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0], lynx_coord_now_ms(),
+                               &err);
+  finish_mutation(rq, out, rc, &err, j, "service delete", 200);
 }
 
 /* drain / undrain: 200 with the node as it is afterwards. */
 static void node_op(struct http_req *rq, struct http_out *out, int drain) {
-  const char *what = drain ? "node drain" : "node undrain";
   struct lynx_reg_err err;
   struct lynx_reg_node *n;
   struct json_object *j = NULL;
@@ -661,24 +669,10 @@ static void node_op(struct http_req *rq, struct http_out *out, int drain) {
   }
   rc = drain ? lynx_reg_drain(&rq->c->reg, rq->params[0], now, &err)
              : lynx_reg_undrain(&rq->c->reg, rq->params[0], now, &err);
-  if (rc == 0) {
-    lynx_coord_changed(rq->c);
-    n = lynx_reg_node_find(&rq->c->reg, rq->params[0]);
-    if (n)
-      j = lynx_json_node(&rq->c->reg, n, now);
-    if (persist(rq, out, what)) {
-      pthread_mutex_unlock(&rq->c->lock);
-      json_object_put(j);
-      return;
-    }
-  }
-  pthread_mutex_unlock(&rq->c->lock);
-  if (rc) {
-    reply_reg_err(out, rc, &err);
-    return;
-  }
-  LYNX_INFO(COMP, "%s %s", what, rq->params[0]);
-  reply_encoded(out, 200, j);
+  if (rc == 0 && (n = lynx_reg_node_find(&rq->c->reg, rq->params[0])) != NULL)
+    j = lynx_json_node(&rq->c->reg, n, now);
+  finish_mutation(rq, out, rc, &err, j, drain ? "node drain" : "node undrain",
+                  200);
 }
 
 static void h_node_drain(struct http_req *rq, struct http_out *out) {
@@ -689,41 +683,25 @@ static void h_node_undrain(struct http_req *rq, struct http_out *out) {
   node_op(rq, out, 0);
 }
 
-/* Forget a down node: 200 with the node as it was. */
+/* Forget a down node: 200 with the node as it was. Its drain intent, if
+ * any, leaves the state file with it. */
 static void h_node_forget(struct http_req *rq, struct http_out *out) {
   struct lynx_reg_err err;
   struct lynx_reg_node *n;
-  struct json_object *j = NULL;
-  int rc = -ENOENT;
+  struct json_object *j;
+  int rc;
 
   memset(&err, 0, sizeof(err));
   pthread_mutex_lock(&rq->c->lock);
   n = lynx_reg_node_find(&rq->c->reg, rq->params[0]);
-  if (n) {
-    j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
-    rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
-  }
-  if (rc == 0) {
-    lynx_coord_changed(rq->c);
-    /* its drain intent, if any, leaves the state file with it */
-    if (persist(rq, out, "node forget")) {
-      pthread_mutex_unlock(&rq->c->lock);
-      json_object_put(j);
-      return;
-    }
-  }
-  pthread_mutex_unlock(&rq->c->lock);
   if (!n) {
+    pthread_mutex_unlock(&rq->c->lock);
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
     return;
   }
-  if (rc) {
-    json_object_put(j);
-    reply_reg_err(out, rc, &err);
-    return;
-  }
-  LYNX_INFO(COMP, "node %s forgotten", rq->params[0]);
-  reply_encoded(out, 200, j);
+  j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
+  rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
+  finish_mutation(rq, out, rc, &err, j, "node forget", 200);
 }
 
 /* ---- routing ------------------------------------------------------------ */
