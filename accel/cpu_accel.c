@@ -19,10 +19,19 @@ struct mq_state {
   uint32_t bad_reported;
 };
 
-static void emulate_work(uint32_t us) {
+/* Spinning holds a core as a GPU kernel holds its SMs; sleeping leaves the
+ * host's cores to others, as an accelerator computing elsewhere does (used
+ * to emulate many accelerators on few cores). */
+static void emulate_work(uint32_t us, int sleep) {
   uint64_t end;
   if (!us)
     return;
+  if (sleep) {
+    struct timespec ts = {us / 1000000u, (long)(us % 1000000u) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+      ;
+    return;
+  }
   end = lynx_now_ns() + (uint64_t)us * 1000u;
   while (lynx_now_ns() < end)
     lynx_cpu_relax();
@@ -86,7 +95,7 @@ static void *cpu_thread_main(void *arg) {
         if (lynx_recv(&s->mq, &m) != 0)
           break;
         lynx_cnt_add(&t->requests, 1);
-        emulate_work(a->work_us);
+        emulate_work(a->work_us, a->work_sleep);
         if (!serve_one(t, s, &m)) {
           s->held = m;
           s->has_held = 1;

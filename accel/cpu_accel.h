@@ -7,7 +7,8 @@
  * request, then announces that it sleeps (region word `sleeping`) and waits
  * on the region's doorbell futex until the frontend rings it, or 50 ms pass.
  * work_us emulates processing time per request by spinning, as a busy
- * accelerator would be.
+ * accelerator would be, or (work_sleep) by sleeping, which leaves the host's
+ * cores free as an accelerator computing elsewhere does.
  */
 #ifndef LYNX_CPU_ACCEL_H
 #define LYNX_CPU_ACCEL_H
@@ -32,6 +33,7 @@ struct lynx_cpu_accel {
   uint8_t *region; /* formatted region (caller owns the memory) */
   const struct lynx_app *app;
   uint32_t work_us, spin_us, n_threads, id;
+  int work_sleep; /* emulate work_us by sleeping instead of spinning */
   volatile int stop;
   struct lynx_cpu_thread *threads;
 };

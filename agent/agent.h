@@ -25,8 +25,8 @@ struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,
       accel_threads, frame_max;
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
-      *labels;
-  int transport, ordering;
+      *labels, *data_listen, *advertise;
+  int transport, ordering, work_mode;
 };
 
 struct instance {
@@ -51,6 +51,7 @@ struct coord_link;
 struct agent {
   struct agent_cfg cfg;
   const struct lynx_transport_ops *tops;
+  char data_bound[LYNX_LOCATOR_MAX]; /* tcp/rdma: where data connections land */
   char node_id[LYNX_ID_MAX];
   char *token;
   uint64_t epoch;
@@ -77,6 +78,13 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
                          uint32_t work_us, struct instance **out);
 void agent_instance_stop(struct agent *ag, struct instance *in);
+/* The descriptor of an instance as advertised on control connection ctl:
+ * a wildcard host in the locator becomes --advertise or the address ctl
+ * is bound to. loc (LYNX_LOCATOR_MAX bytes) holds the locator pb points
+ * to. */
+void agent_instance_pb(const struct agent *ag, const struct instance *in,
+                       const struct lynx_ctl *ctl, char *loc,
+                       struct Lynx__RegionDesc *pb);
 struct instance *agent_instance_find(struct agent *ag, uint64_t id);
 void agent_instances_stop_all(struct agent *ag);
 /* totals per accelerator: stopped instances plus running ones */

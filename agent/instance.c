@@ -10,7 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+
 #include "agent.h"
+#include "lynx.pb-c.h"
 #include "log.h"
 #include "mqueue.h"
 
@@ -48,8 +51,14 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   }
   rc = lynx_region_format(&in->region, g.n_mqueues, g.slots, g.slot_size,
                           (uint32_t)ag->cfg.ordering, ag->epoch, accel);
-  if (rc)
+  if (!rc)
+    rc = ag->tops->region_export(&in->region);
+  if (rc) {
+    LYNX_ERR("agent", "%s: instance %llu: cannot export its region over %s: "
+             "%s", ag->node_id, (unsigned long long)id, ag->tops->name,
+             strerror(-rc));
     goto fail;
+  }
   in->desc.accel_id = accel;
   snprintf(in->desc.transport, sizeof(in->desc.transport), "%s",
            ag->tops->name);
@@ -61,9 +70,13 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   in->desc.slots = g.slots;
   in->desc.slot_size = g.slot_size;
   in->desc.ordering = (uint32_t)ag->cfg.ordering;
+  in->desc.key = in->region.key;
+  in->desc.remote_addr = in->region.remote_addr;
+  memcpy(in->desc.rkeys, in->region.rkeys, sizeof(in->desc.rkeys));
   in->cpu.region = in->region.base;
   in->cpu.app = app;
   in->cpu.work_us = work_us;
+  in->cpu.work_sleep = ag->cfg.work_mode == 1;
   in->cpu.spin_us = ag->cfg.spin_us;
   in->cpu.n_threads = ag->cfg.accel_threads;
   in->cpu.id = accel;
@@ -86,6 +99,31 @@ fail:
   ag->tops->region_free(&in->region);
   free(in);
   return rc;
+}
+
+void agent_instance_pb(const struct agent *ag, const struct instance *in,
+                       const struct lynx_ctl *ctl, char *loc,
+                       Lynx__RegionDesc *pb) {
+  lynx_desc_to_pb(&in->desc, pb);
+  pb->kind = "cpu";
+  pb->model = "cpu-emulated";
+  pb->memory_bytes = in->region.size;
+  snprintf(loc, LYNX_LOCATOR_MAX, "%s", in->desc.locator);
+  if (ag->cfg.advertise) {
+    lynx_locator_set_host(loc, LYNX_LOCATOR_MAX, ag->cfg.advertise);
+  } else if (ctl) {
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    char host[INET6_ADDRSTRLEN];
+    const void *a = NULL;
+    if (uv_tcp_getsockname(&ctl->tcp, (struct sockaddr *)&ss, &len) == 0)
+      a = ss.ss_family == AF_INET6
+              ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+              : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    if (a && inet_ntop(ss.ss_family, a, host, sizeof(host)))
+      lynx_locator_set_host(loc, LYNX_LOCATOR_MAX, host);
+  }
+  pb->locator = loc;
 }
 
 struct instance *agent_instance_find(struct agent *ag, uint64_t id) {

@@ -52,6 +52,7 @@ static void send_register(struct coord_link *l) {
   Lynx__InstanceInfo *ii;
   Lynx__InstanceInfo **ip;
   Lynx__RegionDesc *rd;
+  char (*locs)[LYNX_LOCATOR_MAX];
   char addr[64] = "";
   struct sockaddr_storage ss;
   int len = sizeof(ss);
@@ -60,7 +61,8 @@ static void send_register(struct coord_link *l) {
   ii = calloc(n_inst + 1, sizeof(*ii));
   ip = calloc(n_inst + 1, sizeof(*ip));
   rd = calloc(n_inst + 1, sizeof(*rd));
-  if (!acc || !ap || !ii || !ip || !rd) {
+  locs = calloc(n_inst + 1, sizeof(*locs));
+  if (!acc || !ap || !ii || !ip || !rd || !locs) {
     lynx_ctl_close(l->d.ctl, "out of memory building Register");
     goto out;
   }
@@ -88,7 +90,7 @@ static void send_register(struct coord_link *l) {
     ii[n_inst].instance_id = in->id;
     ii[n_inst].service = in->service;
     ii[n_inst].accel_idx = in->accel;
-    lynx_desc_to_pb(&in->desc, &rd[n_inst]);
+    agent_instance_pb(ag, in, l->d.ctl, locs[n_inst], &rd[n_inst]);
     ii[n_inst].region = &rd[n_inst];
     ip[n_inst] = &ii[n_inst];
     n_inst++;
@@ -107,6 +109,7 @@ static void send_register(struct coord_link *l) {
   send_env(l, &env);
   l->state = LINK_REGISTERING;
 out:
+  free(locs);
   free(acc);
   free(ap);
   free(ii);
@@ -152,10 +155,8 @@ static void reply_instance(struct coord_link *l, uint64_t id,
   if (in) {
     Lynx__InstanceReady r = LYNX__INSTANCE_READY__INIT;
     Lynx__RegionDesc rd;
-    lynx_desc_to_pb(&in->desc, &rd);
-    rd.kind = "cpu";
-    rd.model = "cpu-emulated";
-    rd.memory_bytes = in->region.size;
+    char loc[LYNX_LOCATOR_MAX];
+    agent_instance_pb(ag, in, l->d.ctl, loc, &rd);
     r.node_id = ag->node_id;
     r.epoch = ag->epoch;
     r.instance_id = id;

@@ -33,7 +33,8 @@
 #include "options.h"
 #include "util.h"
 
-static const char *const transports[] = {"shm", NULL};
+static const char *const transports[] = {"tcp", "shm", "rdma", NULL};
+static const char *const work_modes[] = {"spin", "sleep", NULL};
 static const char *const orderings[] = {"coalesced", "fenced", NULL};
 
 #define O(f) offsetof(struct agent_cfg, f)
@@ -56,6 +57,9 @@ static const struct lynx_opt agent_opts[] = {
      "static mode: bytes per slot incl. 16 B metadata (power of two)"},
     {"work-us", LYNX_OPT_U32, O(work_us), "0", 0, 10000000, NULL,
      "static mode: emulated processing time per request, microseconds"},
+    {"work-mode", LYNX_OPT_ENUM, O(work_mode), "spin", 0, 0, work_modes,
+     "how work-us is emulated: spin (holds a core, like a busy GPU) or sleep "
+     "(frees the core: many emulated accelerators on few cores)"},
     {"spin-us", LYNX_OPT_U32, O(spin_us), "200", 0, 10000000, NULL,
      "accelerator spins this long after its last request before it sleeps"},
     {"accel-threads", LYNX_OPT_U32, O(accel_threads), "1", 1, 64, NULL,
@@ -64,8 +68,14 @@ static const struct lynx_opt agent_opts[] = {
      "static mode: control address frontends connect to"},
     {"node-id", LYNX_OPT_STR, O(node_id), NULL, 0, 0, NULL,
      "node name [default: host name]"},
-    {"transport", LYNX_OPT_ENUM, O(transport), "shm", 0, 0, transports,
-     "how frontends reach the mqueues"},
+    {"transport", LYNX_OPT_ENUM, O(transport), "tcp", 0, 0, transports,
+     "how frontends reach the mqueues: tcp (any host), shm (frontend on "
+     "this host), rdma (RDMA NIC)"},
+    {"data-listen", LYNX_OPT_STR, O(data_listen), "0.0.0.0:0", 0, 0, NULL,
+     "tcp/rdma: address frontends' data connections reach (port 0: any)"},
+    {"advertise", LYNX_OPT_STR, O(advertise), NULL, 0, 0, NULL,
+     "tcp/rdma: host frontends use to reach --data-listen when it is a "
+     "wildcard [default: this host's address on the control connection]"},
     {"ordering", LYNX_OPT_ENUM, O(ordering), "coalesced", 0, 0, orderings,
      "mqueue ordering mode advertised to frontends"},
     {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
@@ -186,6 +196,11 @@ int main(int argc, char **argv) {
     goto out_opts;
   }
   ag.tops = lynx_transport_find(transports[ag.cfg.transport]);
+  if (!ag.tops) {
+    fprintf(stderr, "--transport %s: not built into this lynx-agent\n",
+            transports[ag.cfg.transport]);
+    goto out_opts;
+  }
   if (ag.cfg.token_file &&
       (rc = lynx_read_token(ag.cfg.token_file, &ag.token))) {
     fprintf(stderr, "--token-file %s: %s\n", ag.cfg.token_file,
@@ -213,6 +228,15 @@ int main(int argc, char **argv) {
   if (!ag.acc)
     goto out_opts;
 
+  {
+    char err[320];
+    rc = ag.tops->agent_start(ag.cfg.data_listen, ag.data_bound,
+                              sizeof(ag.data_bound), err, sizeof(err));
+    if (rc) {
+      fprintf(stderr, "lynx-agent: --transport %s: %s\n", ag.tops->name, err);
+      goto out_acc;
+    }
+  }
   remove_stale_regions();
   uv_loop_init(&ag.loop);
   uv_signal_init(&ag.loop, &ag.sigint);
@@ -232,10 +256,11 @@ int main(int argc, char **argv) {
   } else {
     struct json_object *j = lynx_opts_json(agent_opts, &ag.cfg);
     LYNX_INFO("agent", "%s: epoch %llu, %u CPU accelerators, %s; serving "
-              "descriptors on %s; config %s",
+              "descriptors on %s; transport %s%s%s; config %s",
               ag.node_id, (unsigned long long)ag.epoch, ag.n_acc,
               app ? "static mode" : "coordinator mode",
-              app ? ag.cfg.listen : ag.cfg.coordinator,
+              app ? ag.cfg.listen : ag.cfg.coordinator, ag.tops->name,
+              ag.data_bound[0] ? " on " : "", ag.data_bound,
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
     json_object_put(j);
   }
@@ -244,6 +269,8 @@ int main(int argc, char **argv) {
     LYNX_WARN("agent", "loop closed with handles open");
   exit_code = ag.exit_code;
   agent_instances_stop_all(&ag);
+  ag.tops->agent_stop();
+out_acc:
   free(ag.acc);
 out_opts:
   free(ag.token);

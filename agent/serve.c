@@ -58,19 +58,18 @@ static void send_descriptors(struct peer *p) {
   Lynx__Descriptors d = LYNX__DESCRIPTORS__INIT;
   size_t n = 0, max = 0;
   Lynx__RegionDesc *pbs, **ptrs;
+  char (*locs)[LYNX_LOCATOR_MAX];
   for (struct instance *in = ag->instances; in; in = in->next)
     max++;
   pbs = calloc(max + 1, sizeof(*pbs));
   ptrs = calloc(max + 1, sizeof(*ptrs));
-  if (!pbs || !ptrs) {
+  locs = calloc(max + 1, sizeof(*locs));
+  if (!pbs || !ptrs || !locs) {
     lynx_ctl_close(&p->ctl, "out of memory building descriptors");
     goto out;
   }
   for (struct instance *in = ag->instances; in; in = in->next) {
-    lynx_desc_to_pb(&in->desc, &pbs[n]);
-    pbs[n].kind = "cpu";
-    pbs[n].model = "cpu-emulated";
-    pbs[n].memory_bytes = in->region.size;
+    agent_instance_pb(ag, in, &p->ctl, locs[n], &pbs[n]);
     ptrs[n] = &pbs[n];
     n++;
   }
@@ -85,6 +84,7 @@ static void send_descriptors(struct peer *p) {
   if (lynx_ctl_send(&p->ctl, &env))
     lynx_ctl_close(&p->ctl, "cannot queue descriptors");
 out:
+  free(locs);
   free(pbs);
   free(ptrs);
 }

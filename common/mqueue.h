@@ -26,7 +26,7 @@
 #endif
 
 #define LYNX_REGION_MAGIC 0x584E594Cu /* "LYNX" little-endian */
-#define LYNX_LAYOUT_VERSION 1u
+#define LYNX_LAYOUT_VERSION 2u
 #define LYNX_META_SIZE 16u
 #define LYNX_SLOT_MIN 64u
 #define LYNX_SLOT_MAX (1u << 20)
@@ -124,12 +124,15 @@ LYNX_HD uint32_t lynx_slot_cap(uint32_t slot_size) {
   return slot_size - LYNX_META_SIZE;
 }
 
+/* Every RX ring, then every TX ring: each access class (frontend-written,
+ * accelerator-written) is one contiguous range, registered once (rdma) and
+ * checked with one comparison (tcp). */
 LYNX_HD uint64_t lynx_rx_ring_off(const struct lynx_geom *g, uint32_t q) {
-  return g->rings_off + 2ull * q * g->ring_bytes;
+  return g->rings_off + (uint64_t)q * g->ring_bytes;
 }
 
 LYNX_HD uint64_t lynx_tx_ring_off(const struct lynx_geom *g, uint32_t q) {
-  return lynx_rx_ring_off(g, q) + g->ring_bytes;
+  return g->rings_off + ((uint64_t)g->n_mqueues + q) * g->ring_bytes;
 }
 
 /* Offset of the slot at free-running position pos within a ring. */

@@ -3,14 +3,19 @@
 #include "transport.h"
 
 #include <errno.h>
+#include <linux/futex.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "lynx.pb-c.h"
 #include "mqueue.h"
 
 static const struct lynx_transport_ops *const backends[] = {
     &lynx_transport_shm,
+    &lynx_transport_tcp,
 };
 
 const struct lynx_transport_ops *lynx_transport_find(const char *name) {
@@ -18,6 +23,52 @@ const struct lynx_transport_ops *lynx_transport_find(const char *name) {
     if (strcmp(backends[i]->name, name) == 0)
       return backends[i];
   return NULL;
+}
+
+int lynx_region_wake(uint8_t *base) {
+  uint32_t *sleeping = (uint32_t *)(base + LYNX_OFF_SLEEPING);
+  uint32_t *bell = (uint32_t *)(base + LYNX_OFF_DOORBELL);
+  /* Dekker with the accelerator: our published slot and its sleeping flag
+   * are both seq_cst, so either it sees the slot or we see the flag. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(sleeping, __ATOMIC_SEQ_CST) == 0)
+    return 0;
+  __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+  if (syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0) < 0)
+    return -errno;
+  return 0;
+}
+
+void lynx_locator_set_host(char *locator, size_t len, const char *host) {
+  const char *colon = strrchr(locator, ':');
+  char port[16];
+  size_t hl;
+  if (!colon || !host || !*host)
+    return;
+  hl = (size_t)(colon - locator);
+  if (hl != 0 && !(hl == 7 && !strncmp(locator, "0.0.0.0", 7)) &&
+      !(hl == 4 && !strncmp(locator, "[::]", 4)))
+    return; /* a specific address: keep it */
+  snprintf(port, sizeof(port), "%s", colon + 1);
+  if (strchr(host, ':'))
+    snprintf(locator, len, "[%s]:%s", host, port);
+  else
+    snprintf(locator, len, "%s:%s", host, port);
+}
+
+int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len) {
+  uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
+  uint64_t end;
+  if (lynx_bounds_ok(g->region_size, off, len))
+    return -EFAULT;
+  end = off + len;
+  if (end <= g->fctrl_off)
+    return LYNX_MR_CTL;
+  if (off >= g->fctrl_off && end <= tx)
+    return LYNX_MR_WRITE;
+  if (off >= tx)
+    return LYNX_MR_TX;
+  return -EFAULT;
 }
 
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
@@ -112,8 +163,12 @@ void lynx_desc_to_pb(const struct lynx_region_desc *d, Lynx__RegionDesc *pb) {
   pb->slots = d->slots;
   pb->ordering = d->ordering == LYNX_ORDER_FENCED ? LYNX__ORDERING__ORDERING_FENCED
                                                   : LYNX__ORDERING__ORDERING_COALESCED;
-  pb->rkey = d->rkey;
+  pb->key = d->key;
   pb->remote_addr = d->remote_addr;
+  if (strcmp(d->transport, "rdma") == 0) {
+    pb->n_rkeys = LYNX_MR_COUNT;
+    pb->rkeys = (uint32_t *)d->rkeys;
+  }
 }
 
 int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
@@ -149,7 +204,14 @@ int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
   d->slots = pb->slots;
   d->ordering = pb->ordering == LYNX__ORDERING__ORDERING_FENCED ? LYNX_ORDER_FENCED
                                                               : LYNX_ORDER_COALESCED;
-  d->rkey = pb->rkey;
+  if (strcmp(pb->transport, "rdma") == 0 && pb->n_rkeys != LYNX_MR_COUNT) {
+    snprintf(err, errlen, "accel %u: rdma descriptor carries %zu rkeys, not %d",
+             pb->accel_id, pb->n_rkeys, LYNX_MR_COUNT);
+    return -EINVAL;
+  }
+  d->key = pb->key;
   d->remote_addr = pb->remote_addr;
+  for (size_t i = 0; i < pb->n_rkeys && i < LYNX_MR_COUNT; i++)
+    d->rkeys[i] = pb->rkeys[i];
   return 0;
 }

@@ -33,7 +33,18 @@ struct lynx_region_desc {
   uint64_t epoch;
   uint32_t n_mqueues, slot_size, slots;
   uint32_t ordering; /* enum lynx_ordering */
-  uint64_t rkey, remote_addr;
+  uint64_t key;         /* tcp, rdma: the region's access key */
+  uint64_t remote_addr; /* rdma: region base in the agent */
+  uint32_t rkeys[3];    /* rdma: indexed by enum lynx_mr */
+};
+
+/* The three access classes of a region (layout version 2): what a frontend
+ * reads (header + actrl, TX rings) and what it writes (fctrl + RX rings). */
+enum lynx_mr {
+  LYNX_MR_CTL = 0,   /* [0, fctrl_off): remote read */
+  LYNX_MR_WRITE = 1, /* [fctrl_off, rings_off + Q*S*Z): remote write */
+  LYNX_MR_TX = 2,    /* [rings_off + Q*S*Z, region_size): remote read */
+  LYNX_MR_COUNT = 3,
 };
 
 /* Agent side: memory the transport provides and exports. */
@@ -43,6 +54,10 @@ struct lynx_region {
   uint64_t size;
   char locator[LYNX_LOCATOR_MAX];
   int fd;
+  uint64_t key;         /* tcp, rdma: access key (random) */
+  uint64_t remote_addr; /* rdma */
+  uint32_t rkeys[3];    /* rdma */
+  void *priv;           /* backend state */
 };
 
 /* Frontend side: backends embed this first and recover themselves with
@@ -61,10 +76,24 @@ struct lynx_tconn {
 struct lynx_transport_ops {
   const char *name;
 
-  /* Agent: allocate a zeroed region of size bytes named after name and
-   * export it; fills r (locator included). */
+  /* Agent, once per process before any region: start serving remote
+   * frontends on listen ("host:port"; port 0 = any). Fills bound with the
+   * "host:port" actually listened on. 0, or -errno with the reason in err
+   * (e.g. no RDMA device). shm: nothing to serve. */
+  int (*agent_start)(const char *listen, char *bound, size_t boundlen,
+                     char *err, size_t errlen);
+  /* Agent: stop serving; closes every data connection. */
+  void (*agent_stop)(void);
+  /* Agent: allocate a zeroed region of size bytes named after name; fills
+   * r->base, size, locator (shm: the file; tcp/rdma: the bound "host:port",
+   * host possibly a wildcard the agent replaces before advertising). */
   int (*region_alloc)(struct lynx_region *r, const char *name, uint64_t size);
-  /* Agent: unexport and free; accepts a half-built region. */
+  /* Agent: make a formatted region reachable (tcp: accept connections that
+   * present r->key; rdma: register its three access classes, fill rkeys and
+   * remote_addr). Called after lynx_region_format. */
+  int (*region_export)(struct lynx_region *r);
+  /* Agent: unexport (closing its data connections) and free; accepts a
+   * half-built region. */
   void (*region_free)(struct lynx_region *r);
 
   /* Frontend: connect to the region d names, validate its header against d.
@@ -89,6 +118,16 @@ struct lynx_transport_ops {
 };
 
 extern const struct lynx_transport_ops lynx_transport_shm;
+extern const struct lynx_transport_ops lynx_transport_tcp;
+extern const struct lynx_transport_ops lynx_transport_rdma;
+
+/* Wakes a CPU accelerator sleeping on the region's doorbell (shm notify,
+ * and the tcp/rdma agents on a frontend's notify). 0 or -errno. */
+int lynx_region_wake(uint8_t *base);
+
+/* Agent side of tcp/rdma: fills an empty or wildcard host in a "host:port"
+ * locator with host. */
+void lynx_locator_set_host(char *locator, size_t len, const char *host);
 
 /* The backend called name, or NULL. */
 const struct lynx_transport_ops *lynx_transport_find(const char *name);
@@ -98,6 +137,12 @@ const struct lynx_transport_ops *lynx_transport_find(const char *name);
 static inline int lynx_bounds_ok(uint64_t size, uint64_t off, uint64_t len) {
   return (off <= size && len <= size - off) ? 0 : -14;
 }
+
+/* Where [off, off+len) lies in a region of geometry g: the enum lynx_mr
+ * class holding all of it, or -EFAULT when it is outside the region or
+ * straddles two classes. */
+struct lynx_geom;
+int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len);
 
 /* Checks a mapped region's header against its descriptor; 0 or -EPROTO with
  * the reason in err. */

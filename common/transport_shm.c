@@ -12,13 +12,11 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -35,6 +33,24 @@ struct shm_conn {
   uint64_t cq[SHM_CQ_DEPTH];
   unsigned cq_head, cq_tail;
 };
+
+/* The frontend maps the file itself: nothing to serve or export. */
+static int shm_agent_start(const char *listen, char *bound, size_t boundlen,
+                           char *err, size_t errlen) {
+  (void)listen;
+  (void)err;
+  (void)errlen;
+  if (boundlen)
+    bound[0] = 0;
+  return 0;
+}
+
+static void shm_agent_stop(void) {}
+
+static int shm_region_export(struct lynx_region *r) {
+  (void)r;
+  return 0;
+}
 
 static int shm_region_alloc(struct lynx_region *r, const char *name,
                             uint64_t size) {
@@ -195,17 +211,7 @@ static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
 
 static int shm_notify(struct lynx_tconn *tc) {
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
-  uint32_t *sleeping = (uint32_t *)(c->mem + LYNX_OFF_SLEEPING);
-  uint32_t *bell = (uint32_t *)(c->mem + LYNX_OFF_DOORBELL);
-  /* Dekker with the accelerator: our published slot and its sleeping flag
-   * are both seq_cst, so either it sees the slot or we see the flag. */
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_load_n(sleeping, __ATOMIC_SEQ_CST) == 0)
-    return 0;
-  __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
-  if (syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0) < 0)
-    return -errno;
-  return 0;
+  return lynx_region_wake(c->mem);
 }
 
 static void shm_close(struct lynx_tconn *tc) {
@@ -216,7 +222,10 @@ static void shm_close(struct lynx_tconn *tc) {
 
 const struct lynx_transport_ops lynx_transport_shm = {
     .name = "shm",
+    .agent_start = shm_agent_start,
+    .agent_stop = shm_agent_stop,
     .region_alloc = shm_region_alloc,
+    .region_export = shm_region_export,
     .region_free = shm_region_free,
     .connect = shm_connect,
     .writev = shm_writev,

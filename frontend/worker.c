@@ -405,7 +405,11 @@ static int write_request(struct fe_worker *w, struct fe_mq *mq,
   /* fenced: payload, a read as write barrier, then the metadata */
   rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
   if (!rc)
-    rc = tc->ops->read(tc, slot + poff, w->fence_scratch, 4, WR_FENCE);
+    /* any read of the region flushes the posted payload ahead of it; the
+     * mqueue's actrl word is readable under every transport's access rules
+     * (rdma registers the RX rings write-only) */
+    rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), w->fence_scratch, 4,
+                       WR_FENCE);
   if (!rc)
     rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2], 1,
                          LYNX_WR_PUBLISH | LYNX_WR_FENCE);

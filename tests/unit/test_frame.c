@@ -84,7 +84,7 @@ static void make_descriptors(struct desc_msg *m) {
     m->r[i].kind = "cpu";
     m->r[i].model = "x86-64";
     m->r[i].memory_bytes = 1ull << 33;
-    m->r[i].rkey = 0xABCDu + (uint64_t)i;
+    m->r[i].key = 0xABCDu + (uint64_t)i;
     m->r[i].remote_addr = 0x7f0000000000ull + (uint64_t)i;
     m->rp[i] = &m->r[i];
   }
@@ -129,7 +129,7 @@ static void check_descriptors(const Lynx__Envelope *e, const struct desc_msg *m)
     assert_string_equal(g->kind, w->kind);
     assert_string_equal(g->model, w->model);
     assert_true(g->memory_bytes == w->memory_bytes);
-    assert_true(g->rkey == w->rkey);
+    assert_true(g->key == w->key);
     assert_true(g->remote_addr == w->remote_addr);
   }
 }

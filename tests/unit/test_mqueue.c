@@ -62,9 +62,9 @@ static void test_geom_valid_layout(void **state) {
   assert_int_equal(g.rings_off, 4096);
   assert_int_equal(g.ring_bytes, 8 * 2048);
   assert_int_equal(g.region_size, 4096 + 3 * 2 * 8 * 2048);
-  /* mqueue 2: RX at rings_off + 2*2*S*Z, TX right after it */
-  assert_int_equal(lynx_rx_ring_off(&g, 2), 4096 + 2 * 2 * 8 * 2048);
-  assert_int_equal(lynx_tx_ring_off(&g, 2), 4096 + 5 * 8 * 2048);
+  /* mqueue 2 of 3: RX at rings_off + 2*S*Z, TX after the 3 RX rings */
+  assert_int_equal(lynx_rx_ring_off(&g, 2), 4096 + 2 * 8 * 2048);
+  assert_int_equal(lynx_tx_ring_off(&g, 2), 4096 + (3 + 2) * 8 * 2048);
   assert_int_equal(lynx_actrl_off(&g, 2), 192 + 16);
   assert_int_equal(lynx_fctrl_off(&g, 2), 256 + 16);
   /* slot index is pos & (S-1), including free-running positions */

@@ -176,8 +176,9 @@ static void assert_desc_equal(const struct lynx_region_desc *a,
   assert_int_equal(a->slot_size, b->slot_size);
   assert_int_equal(a->slots, b->slots);
   assert_int_equal(a->ordering, b->ordering);
-  assert_true(a->rkey == b->rkey);
+  assert_true(a->key == b->key);
   assert_true(a->remote_addr == b->remote_addr);
+  assert_memory_equal(a->rkeys, b->rkeys, sizeof(a->rkeys));
 }
 
 /* ---- registry and bounds helper --------------------------------------- */
@@ -810,7 +811,7 @@ static void test_desc_pb_roundtrip(void **state) {
   struct lynx_region_desc in = f->d, out;
   char err[256];
   in.ordering = LYNX_ORDER_FENCED;
-  in.rkey = 0x1234;
+  in.key = 0x1234;
   in.remote_addr = 0xFEDCBA9876543210ull;
   lynx_desc_to_pb(&in, &pb);
   assert_int_equal(pb.ordering, LYNX__ORDERING__ORDERING_FENCED);

@@ -1,0 +1,1061 @@
+/*
+ * transport_tcp.c - the "tcp" backend: one-sided writes and reads of a
+ * remote region carried over a TCP connection and applied by the agent.
+ *
+ * Wire format (docs/design.md, "tcp transport"): every operation is a
+ * 24-byte little-endian header {u8 op, u8 flags, u16 zero, u32 len, u64 off,
+ * u64 wr_id} followed by len bytes for HELLO, WRITE and READ_RESP. The
+ * frontend sends HELLO {magic, version, key, epoch, region size}, then
+ * WRITE and READ operations; the agent answers HELLO_REPLY (off = 0 or an
+ * errno, payload = reason) and one READ_RESP per READ, in order.
+ *
+ * Semantics match shm: the agent applies operations in stream order, so a
+ * read sees every earlier write (the fenced ordering mode's barrier comes
+ * free) and a PUBLISH write stores its last word with release semantics
+ * after the rest. After each batch of writes the agent wakes a CPU
+ * accelerator that sleeps on the region's doorbell, so the frontend's
+ * notify costs nothing on the wire.
+ *
+ * Bounds and access classes are checked on both sides: the frontend refuses
+ * to post an access outside the region (-EFAULT) or a write outside fctrl
+ * and the RX rings; the agent closes a connection that asks for one, with a
+ * logged reason, before touching memory. A frame that does not parse is
+ * treated the same way.
+ *
+ * Batching: the frontend appends operations to one buffer and sends it with
+ * one send() per flush (the doorbell); the agent serves every complete
+ * operation a read() brings and answers the reads with one write. Both sides
+ * pipeline: a frontend may post new operations before earlier reads return.
+ *
+ * Agent threads: one libuv loop thread serves every connection of every
+ * exported region. An exported region is reference-counted: region_free
+ * unlists it and asks the server thread to close its connections; its
+ * memory goes with the last reference.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "log.h"
+#include "mqueue.h"
+#include "transport.h"
+#include "util.h"
+
+#define TCP_MAGIC 0x3154584Cu /* "LXT1" */
+#define TCP_VERSION 1u
+#define TCP_HDR 24u
+#define TCP_OP_MAX (4u << 20)        /* largest write or read, bytes */
+#define TCP_OUT_MAX (32u << 20)      /* frontend: unsent bytes before -ENOBUFS */
+#define TCP_READS_MAX 4096u          /* frontend: reads in flight */
+#define TCP_SRV_OUT_MAX (16u << 20)  /* agent: queued replies before it stops reading */
+#define TCP_CONNECT_MS 1500
+#define TCP_HELLO_MS 5000            /* agent: a connection must say hello */
+
+enum tcp_op {
+  OP_HELLO = 1,
+  OP_HELLO_REPLY = 2,
+  OP_WRITE = 3,
+  OP_READ = 4,
+  OP_READ_RESP = 5,
+};
+
+#define F_PUBLISH 0x1u
+
+struct tcp_hdr {
+  uint8_t op, flags;
+  uint16_t zero;
+  uint32_t len;
+  uint64_t off, wr_id;
+};
+
+struct tcp_hello {
+  uint32_t magic;
+  uint16_t version, zero;
+  uint64_t key, epoch, region_size;
+};
+
+static void hdr_put(uint8_t *p, uint8_t op, uint8_t flags, uint32_t len,
+                    uint64_t off, uint64_t wr_id) {
+  uint32_t l = htole32(len);
+  uint64_t o = htole64(off), w = htole64(wr_id);
+  p[0] = op;
+  p[1] = flags;
+  p[2] = p[3] = 0;
+  memcpy(p + 4, &l, 4);
+  memcpy(p + 8, &o, 8);
+  memcpy(p + 16, &w, 8);
+}
+
+static void hdr_get(const uint8_t *p, struct tcp_hdr *h) {
+  uint16_t z;
+  uint32_t l;
+  uint64_t o, w;
+  h->op = p[0];
+  h->flags = p[1];
+  memcpy(&z, p + 2, 2);
+  memcpy(&l, p + 4, 4);
+  memcpy(&o, p + 8, 8);
+  memcpy(&w, p + 16, 8);
+  h->zero = z;
+  h->len = le32toh(l);
+  h->off = le64toh(o);
+  h->wr_id = le64toh(w);
+}
+
+/* A growable byte buffer: [head, len) holds unconsumed bytes. */
+struct buf {
+  uint8_t *p;
+  size_t head, len, cap;
+};
+
+static int buf_reserve(struct buf *b, size_t more, size_t max) {
+  size_t need, cap;
+  uint8_t *np;
+  if (b->head && b->head == b->len)
+    b->head = b->len = 0;
+  if (b->len + more <= b->cap)
+    return 0;
+  if (b->head) { /* compact first */
+    memmove(b->p, b->p + b->head, b->len - b->head);
+    b->len -= b->head;
+    b->head = 0;
+    if (b->len + more <= b->cap)
+      return 0;
+  }
+  need = b->len + more;
+  if (need > max)
+    return -ENOBUFS;
+  cap = b->cap ? b->cap : 65536;
+  while (cap < need)
+    cap *= 2;
+  if (cap > max)
+    cap = max;
+  np = realloc(b->p, cap);
+  if (!np)
+    return -ENOMEM;
+  b->p = np;
+  b->cap = cap;
+  return 0;
+}
+
+static void buf_free(struct buf *b) {
+  free(b->p);
+  memset(b, 0, sizeof(*b));
+}
+
+/* ====================================================================
+ * Agent side
+ * ==================================================================== */
+
+struct tcp_export {
+  int refs;           /* the region's owner + every connection */
+  int listed;         /* findable by key */
+  uint8_t *base;
+  uint64_t size;
+  uint64_t key, epoch;
+  struct lynx_geom g;
+  struct tcp_export *next;
+};
+
+struct srv_conn {
+  uv_tcp_t tcp;
+  struct tcp_export *ex; /* NULL until HELLO */
+  struct buf in;
+  struct buf out;        /* replies not yet handed to the kernel */
+  uv_write_t wreq;
+  uint8_t *wbuf;         /* bytes of the write in flight */
+  int writing, reading, closing;
+  uint64_t since_ns;
+  char peer[64];
+  struct srv_conn *next;
+};
+
+static struct {
+  pthread_mutex_t lock; /* exports list, refs, closing requests */
+  struct tcp_export *exports;
+  int running;
+  pthread_t thread;
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_async_t wake;
+  uv_timer_t sweep;
+  int stop;
+  int kick_close; /* some export was unlisted: close its connections */
+  struct srv_conn *conns;
+} srv = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void export_put(struct tcp_export *ex) {
+  int last;
+  pthread_mutex_lock(&srv.lock);
+  last = --ex->refs == 0;
+  pthread_mutex_unlock(&srv.lock);
+  if (last) {
+    munmap(ex->base, ex->size);
+    free(ex);
+  }
+}
+
+/* Under srv.lock: the listed export with this key, referenced. */
+static struct tcp_export *export_get(uint64_t key) {
+  struct tcp_export *ex;
+  for (ex = srv.exports; ex; ex = ex->next)
+    if (ex->listed && ex->key == key) {
+      ex->refs++;
+      return ex;
+    }
+  return NULL;
+}
+
+static void srv_on_closed(uv_handle_t *h) {
+  struct srv_conn *c = h->data;
+  struct srv_conn **pp = &srv.conns;
+  while (*pp && *pp != c)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = c->next;
+  if (c->ex)
+    export_put(c->ex);
+  buf_free(&c->in);
+  buf_free(&c->out);
+  free(c->wbuf);
+  free(c);
+}
+
+static void srv_close(struct srv_conn *c, const char *why) {
+  if (c->closing)
+    return;
+  c->closing = 1;
+  if (why)
+    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s closed: %s",
+                c->peer, why);
+  uv_close((uv_handle_t *)&c->tcp, srv_on_closed);
+}
+
+static void srv_flush(struct srv_conn *c);
+
+static void srv_on_write(uv_write_t *req, int status) {
+  struct srv_conn *c = req->data;
+  c->writing = 0;
+  free(c->wbuf);
+  c->wbuf = NULL;
+  if (status < 0) {
+    if (!c->closing)
+      srv_close(c, uv_strerror(status));
+    return;
+  }
+  srv_flush(c);
+}
+
+static void srv_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b);
+static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+
+/* Hands queued replies to the kernel: a direct write when it takes them,
+ * else one uv_write of the rest; reading pauses while too much is queued. */
+static void srv_flush(struct srv_conn *c) {
+  size_t n = c->out.len - c->out.head;
+  if (c->closing)
+    return;
+  if (n && !c->writing) {
+    uv_buf_t b = uv_buf_init((char *)c->out.p + c->out.head, (unsigned)n);
+    int w = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    if (w > 0) {
+      c->out.head += (size_t)w;
+      n -= (size_t)w;
+    } else if (w != UV_EAGAIN) {
+      srv_close(c, uv_strerror(w));
+      return;
+    }
+    if (n) { /* the kernel is full: the rest goes in a write of its own */
+      c->wbuf = malloc(n);
+      if (!c->wbuf) {
+        srv_close(c, "out of memory for replies");
+        return;
+      }
+      memcpy(c->wbuf, c->out.p + c->out.head, n);
+      c->out.head = c->out.len = 0;
+      b = uv_buf_init((char *)c->wbuf, (unsigned)n);
+      c->wreq.data = c;
+      if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, srv_on_write)) {
+        srv_close(c, "cannot write replies");
+        return;
+      }
+      c->writing = 1;
+    } else {
+      c->out.head = c->out.len = 0;
+    }
+  }
+  /* backpressure: a frontend that does not read its replies stops being
+   * read */
+  if (c->writing && c->out.len - c->out.head >= TCP_SRV_OUT_MAX / 2) {
+    if (c->reading) {
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      c->reading = 0;
+    }
+  } else if (!c->reading) {
+    if (uv_read_start((uv_stream_t *)&c->tcp, srv_alloc, srv_on_read) == 0)
+      c->reading = 1;
+  }
+}
+
+static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
+                     uint64_t wr_id, const void *data, uint32_t len) {
+  if (buf_reserve(&c->out, TCP_HDR + len, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64))
+    return -ENOBUFS;
+  hdr_put(c->out.p + c->out.len, op, 0, len, off, wr_id);
+  if (len) {
+    if (op == OP_READ_RESP)
+      __atomic_thread_fence(__ATOMIC_ACQUIRE); /* as a shm read */
+    memcpy(c->out.p + c->out.len + TCP_HDR, data, len);
+  }
+  c->out.len += TCP_HDR + len;
+  return 0;
+}
+
+/* Answers a HELLO; 0 when the connection is now bound to a region. */
+static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
+                     const uint8_t *p) {
+  struct tcp_hello m;
+  struct tcp_export *ex = NULL;
+  char why[160] = "";
+  int err = 0;
+  if (h->len != sizeof(m)) {
+    snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h->len,
+             sizeof(m));
+    err = EPROTO;
+    goto out;
+  }
+  memcpy(&m, p, sizeof(m));
+  if (le32toh(m.magic) != TCP_MAGIC || le16toh(m.version) != TCP_VERSION) {
+    snprintf(why, sizeof(why), "bad magic 0x%08x or version %u (this agent "
+             "speaks %u)", le32toh(m.magic), le16toh(m.version), TCP_VERSION);
+    err = EPROTO;
+    goto out;
+  }
+  pthread_mutex_lock(&srv.lock);
+  ex = export_get(le64toh(m.key));
+  pthread_mutex_unlock(&srv.lock);
+  if (!ex) {
+    snprintf(why, sizeof(why), "no region with this key (the agent "
+             "restarted or the instance stopped: stale descriptor)");
+    err = ENOENT;
+  } else if (ex->epoch != le64toh(m.epoch)) {
+    snprintf(why, sizeof(why), "epoch %llu, the region's is %llu",
+             (unsigned long long)le64toh(m.epoch),
+             (unsigned long long)ex->epoch);
+    err = ESTALE;
+  } else if (ex->size != le64toh(m.region_size)) {
+    snprintf(why, sizeof(why), "region size %llu, the region's is %llu",
+             (unsigned long long)le64toh(m.region_size),
+             (unsigned long long)ex->size);
+    err = EPROTO;
+  }
+out:
+  if (err && ex) {
+    export_put(ex);
+    ex = NULL;
+  }
+  c->ex = ex;
+  srv_reply(c, OP_HELLO_REPLY, (uint64_t)err, 0, why, (uint32_t)strlen(why));
+  if (err)
+    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: %s",
+                c->peer, why);
+  return err ? -err : 0;
+}
+
+/* Applies one operation; a reason in why when the connection must close. */
+static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
+                  const uint8_t *p, int *wrote, char *why, size_t wl) {
+  struct tcp_export *ex = c->ex;
+  if (h->op == OP_WRITE) {
+    int cls = lynx_region_class(&ex->g, h->off, h->len);
+    if (cls != LYNX_MR_WRITE) {
+      snprintf(why, wl, "write of %u bytes at %llu %s", h->len,
+               (unsigned long long)h->off,
+               cls < 0 ? "outside the region" : "outside fctrl and the RX rings");
+      return -EFAULT;
+    }
+    if (h->flags & F_PUBLISH) {
+      uint32_t last;
+      if (h->len < 4 || ((h->off + h->len) & 3)) {
+        snprintf(why, wl, "publishing write of %u bytes at %llu is not "
+                 "word-aligned", h->len, (unsigned long long)h->off);
+        return -EPROTO;
+      }
+      memcpy(ex->base + h->off, p, h->len - 4);
+      memcpy(&last, p + h->len - 4, 4);
+      lynx_store_release32((uint32_t *)(ex->base + h->off + h->len - 4),
+                           last);
+    } else {
+      memcpy(ex->base + h->off, p, h->len);
+    }
+    *wrote = 1;
+    return 0;
+  }
+  if (h->op == OP_READ) {
+    if (lynx_bounds_ok(ex->size, h->off, h->len)) {
+      snprintf(why, wl, "read of %u bytes at %llu outside the %llu-byte "
+               "region", h->len, (unsigned long long)h->off,
+               (unsigned long long)ex->size);
+      return -EFAULT;
+    }
+    if (srv_reply(c, OP_READ_RESP, h->off, h->wr_id, ex->base + h->off,
+                  h->len)) {
+      snprintf(why, wl, "reply buffer full");
+      return -ENOBUFS;
+    }
+    return 0;
+  }
+  snprintf(why, wl, "unknown operation %u", h->op);
+  return -EPROTO;
+}
+
+static void srv_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
+  struct srv_conn *c = h->data;
+  (void)hint;
+  if (buf_reserve(&c->in, 65536, TCP_OP_MAX + TCP_HDR + 65536)) {
+    *b = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+    return;
+  }
+  *b = uv_buf_init((char *)c->in.p + c->in.len,
+                   (unsigned)(c->in.cap - c->in.len));
+}
+
+static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  struct srv_conn *c = s->data;
+  char why[192] = "";
+  int wrote = 0;
+  (void)b;
+  if (n < 0) {
+    srv_close(c, n == UV_EOF ? NULL : uv_strerror((int)n));
+    return;
+  }
+  c->in.len += (size_t)n;
+  while (!c->closing && c->in.len - c->in.head >= TCP_HDR) {
+    struct tcp_hdr h;
+    const uint8_t *p = c->in.p + c->in.head;
+    uint64_t need;
+    hdr_get(p, &h);
+    if (h.zero || h.len > TCP_OP_MAX ||
+        (h.op != OP_HELLO && h.op != OP_WRITE && h.op != OP_READ)) {
+      snprintf(why, sizeof(why), "malformed frame (op %u, length %u)", h.op,
+               h.len);
+      break;
+    }
+    if (!c->ex && h.op != OP_HELLO) {
+      snprintf(why, sizeof(why), "operation %u before hello", h.op);
+      break;
+    }
+    if (c->ex && h.op == OP_HELLO) {
+      snprintf(why, sizeof(why), "second hello");
+      break;
+    }
+    need = TCP_HDR + (h.op == OP_READ ? 0 : (uint64_t)h.len);
+    if (c->in.len - c->in.head < need) {
+      /* make room for the whole frame, then wait for it */
+      if (buf_reserve(&c->in, need - (c->in.len - c->in.head),
+                      TCP_OP_MAX + TCP_HDR + 65536))
+        snprintf(why, sizeof(why), "no memory for a %u-byte frame", h.len);
+      break;
+    }
+    if (h.op == OP_HELLO) {
+      if (srv_hello(c, &h, p + TCP_HDR)) {
+        srv_flush(c);
+        srv_close(c, NULL); /* reason logged and sent */
+        return;
+      }
+    } else if (srv_op(c, &h, p + TCP_HDR, &wrote, why, sizeof(why))) {
+      break;
+    }
+    c->in.head += need;
+  }
+  if (why[0]) {
+    srv_close(c, why);
+    return;
+  }
+  if (c->in.head == c->in.len)
+    c->in.head = c->in.len = 0;
+  if (wrote)
+    lynx_region_wake(c->ex->base);
+  srv_flush(c);
+}
+
+static void srv_on_conn(uv_stream_t *l, int status) {
+  struct srv_conn *c;
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (status < 0)
+    return;
+  c = calloc(1, sizeof(*c));
+  if (!c)
+    return;
+  uv_tcp_init(&srv.loop, &c->tcp);
+  c->tcp.data = c;
+  if (uv_accept(l, (uv_stream_t *)&c->tcp)) {
+    uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
+    lynx_fmt_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+  c->since_ns = lynx_now_ns();
+  c->next = srv.conns;
+  srv.conns = c;
+  if (uv_read_start((uv_stream_t *)&c->tcp, srv_alloc, srv_on_read) == 0)
+    c->reading = 1;
+  else
+    srv_close(c, "cannot read");
+}
+
+/* Closes connections of unlisted regions and silent ones. */
+static void srv_sweep_conns(void) {
+  uint64_t now = lynx_now_ns();
+  for (struct srv_conn *c = srv.conns; c; c = c->next) {
+    int gone;
+    if (c->closing)
+      continue;
+    pthread_mutex_lock(&srv.lock);
+    gone = c->ex && !c->ex->listed;
+    pthread_mutex_unlock(&srv.lock);
+    if (gone)
+      srv_close(c, NULL);
+    else if (!c->ex && now - c->since_ns > TCP_HELLO_MS * 1000000ull)
+      srv_close(c, "no hello");
+  }
+}
+
+static void srv_on_wake(uv_async_t *a) {
+  (void)a;
+  srv_sweep_conns();
+  if (srv.stop) {
+    for (struct srv_conn *c = srv.conns; c; c = c->next)
+      srv_close(c, NULL);
+    uv_close((uv_handle_t *)&srv.listener, NULL);
+    uv_close((uv_handle_t *)&srv.wake, NULL);
+    uv_close((uv_handle_t *)&srv.sweep, NULL);
+  }
+}
+
+static void srv_on_sweep(uv_timer_t *t) {
+  (void)t;
+  srv_sweep_conns();
+}
+
+static void *srv_main(void *arg) {
+  (void)arg;
+  prctl(PR_SET_NAME, "lynx-tcp-srv");
+  uv_run(&srv.loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+static int tcp_agent_start(const char *listen, char *bound, size_t boundlen,
+                           char *err, size_t errlen) {
+  struct sockaddr_storage ss;
+  int len = sizeof(ss), rc;
+  if (srv.running) {
+    snprintf(err, errlen, "tcp transport already serving");
+    return -EALREADY;
+  }
+  if (lynx_parse_hostport(listen, &ss)) {
+    snprintf(err, errlen, "tcp transport: bad listen address '%s' "
+             "(expected host:port)", listen);
+    return -EINVAL;
+  }
+  rc = uv_loop_init(&srv.loop);
+  if (rc)
+    goto fail_msg;
+  uv_tcp_init(&srv.loop, &srv.listener);
+  uv_async_init(&srv.loop, &srv.wake, srv_on_wake);
+  uv_timer_init(&srv.loop, &srv.sweep);
+  rc = uv_tcp_bind(&srv.listener, (struct sockaddr *)&ss, 0);
+  if (!rc)
+    rc = uv_listen((uv_stream_t *)&srv.listener, 256, srv_on_conn);
+  if (!rc)
+    rc = uv_tcp_getsockname(&srv.listener, (struct sockaddr *)&ss, &len);
+  if (rc) {
+    uv_close((uv_handle_t *)&srv.listener, NULL);
+    uv_close((uv_handle_t *)&srv.wake, NULL);
+    uv_close((uv_handle_t *)&srv.sweep, NULL);
+    uv_run(&srv.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&srv.loop);
+    goto fail_msg;
+  }
+  uv_timer_start(&srv.sweep, srv_on_sweep, 1000, 1000);
+  lynx_fmt_addr((struct sockaddr *)&ss, bound, boundlen);
+  srv.stop = 0;
+  rc = pthread_create(&srv.thread, NULL, srv_main, NULL);
+  if (rc) {
+    snprintf(err, errlen, "tcp transport: cannot start its thread: %s",
+             strerror(rc));
+    return -rc;
+  }
+  srv.running = 1;
+  return 0;
+fail_msg:
+  snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", listen,
+           uv_strerror(rc));
+  return rc;
+}
+
+static void tcp_agent_stop(void) {
+  if (!srv.running)
+    return;
+  srv.stop = 1;
+  uv_async_send(&srv.wake);
+  pthread_join(srv.thread, NULL);
+  uv_run(&srv.loop, UV_RUN_NOWAIT);
+  uv_loop_close(&srv.loop);
+  srv.running = 0;
+}
+
+static int tcp_region_alloc(struct lynx_region *r, const char *name,
+                            uint64_t size) {
+  void *p;
+  (void)name;
+  r->fd = -1;
+  r->base = NULL;
+  r->priv = NULL;
+  if (!srv.running)
+    return -ENOTCONN; /* agent_start first */
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+           -1, 0);
+  if (p == MAP_FAILED)
+    return -errno;
+  r->base = p;
+  r->size = size;
+  r->ops = &lynx_transport_tcp;
+  {
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    if (uv_tcp_getsockname(&srv.listener, (struct sockaddr *)&ss, &len) == 0)
+      lynx_fmt_addr((struct sockaddr *)&ss, r->locator, sizeof(r->locator));
+  }
+  return 0;
+}
+
+static int tcp_region_export(struct lynx_region *r) {
+  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)r->base;
+  struct tcp_export *ex;
+  if (!r->base || r->priv)
+    return -EINVAL;
+  ex = calloc(1, sizeof(*ex));
+  if (!ex)
+    return -ENOMEM;
+  if (lynx_geom_init(&ex->g, h->n_mqueues, h->slots, h->slot_size) ||
+      ex->g.region_size > r->size) {
+    free(ex);
+    return -EINVAL;
+  }
+  if (getrandom(&ex->key, sizeof(ex->key), 0) != sizeof(ex->key)) {
+    free(ex);
+    return -EIO;
+  }
+  ex->refs = 1;
+  ex->listed = 1;
+  ex->base = r->base;
+  ex->size = r->size;
+  ex->epoch = h->epoch;
+  pthread_mutex_lock(&srv.lock);
+  ex->next = srv.exports;
+  srv.exports = ex;
+  pthread_mutex_unlock(&srv.lock);
+  r->key = ex->key;
+  r->priv = ex;
+  return 0;
+}
+
+static void tcp_region_free(struct lynx_region *r) {
+  struct tcp_export *ex = r->priv;
+  if (ex) {
+    struct tcp_export **pp;
+    pthread_mutex_lock(&srv.lock);
+    ex->listed = 0;
+    for (pp = &srv.exports; *pp && *pp != ex; pp = &(*pp)->next)
+      ;
+    if (*pp)
+      *pp = ex->next;
+    pthread_mutex_unlock(&srv.lock);
+    if (srv.running)
+      uv_async_send(&srv.wake); /* close its connections */
+    export_put(ex);             /* memory goes with the last connection */
+  } else if (r->base) {
+    munmap(r->base, r->size);
+  }
+  r->base = NULL;
+  r->priv = NULL;
+}
+
+/* ====================================================================
+ * Frontend side (one worker thread per connection: no locks)
+ * ==================================================================== */
+
+struct pending_read {
+  uint64_t wr_id;
+  void *dst;
+  uint32_t len;
+};
+
+struct tcp_conn {
+  struct lynx_tconn base;
+  int fd;
+  struct lynx_geom g;
+  struct buf out; /* posted, not yet sent */
+  struct buf in;  /* received, not yet parsed */
+  struct pending_read *reads;
+  uint32_t r_head, r_tail; /* FIFO of reads in flight, TCP_READS_MAX */
+};
+
+static int errno_dead(int e) {
+  return (e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ETIMEDOUT ||
+          e == EHOSTUNREACH || e == ENETUNREACH)
+             ? -ECONNRESET
+             : -e;
+}
+
+/* Sends what is buffered, without blocking. */
+static int tc_send(struct tcp_conn *c) {
+  while (c->out.head < c->out.len) {
+    ssize_t n = send(c->fd, c->out.p + c->out.head, c->out.len - c->out.head,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return 0;
+      if (errno == EINTR)
+        continue;
+      return errno_dead(errno);
+    }
+    c->out.head += (size_t)n;
+  }
+  c->out.head = c->out.len = 0;
+  return 0;
+}
+
+/* Waits up to the deadline for fd to become ready for events. */
+static int wait_fd(int fd, short events, uint64_t deadline_ns) {
+  for (;;) {
+    struct pollfd p = {fd, events, 0};
+    uint64_t now = lynx_now_ns();
+    int ms, rc;
+    if (now >= deadline_ns)
+      return -ETIMEDOUT;
+    ms = (int)((deadline_ns - now) / 1000000u) + 1;
+    rc = poll(&p, 1, ms);
+    if (rc > 0)
+      return 0;
+    if (rc < 0 && errno != EINTR)
+      return -errno;
+  }
+}
+
+/* Blocking-with-deadline helpers for connection setup only. */
+static int send_all(int fd, const uint8_t *p, size_t n, uint64_t deadline) {
+  while (n) {
+    ssize_t k = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k < 0) {
+      int rc;
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN)
+        return errno_dead(errno);
+      rc = wait_fd(fd, POLLOUT, deadline);
+      if (rc)
+        return rc;
+      continue;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static int recv_all(int fd, uint8_t *p, size_t n, uint64_t deadline) {
+  while (n) {
+    ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
+    if (k == 0)
+      return -ECONNRESET;
+    if (k < 0) {
+      int rc;
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN)
+        return errno_dead(errno);
+      rc = wait_fd(fd, POLLIN, deadline);
+      if (rc)
+        return rc;
+      continue;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* HELLO, its reply, then a read of the region header checked against the
+ * descriptor. */
+static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
+                        uint64_t deadline) {
+  uint8_t frame[TCP_HDR + sizeof(struct tcp_hello)];
+  uint8_t hdr[TCP_HDR];
+  uint8_t regionhdr[sizeof(struct lynx_region_hdr)];
+  char why[257], err[256];
+  struct tcp_hello m = {htole32(TCP_MAGIC), htole16(TCP_VERSION), 0,
+                        htole64(d->key), htole64(d->epoch),
+                        htole64(d->region_size)};
+  struct tcp_hdr h;
+  int rc;
+  hdr_put(frame, OP_HELLO, 0, sizeof(m), 0, 0);
+  memcpy(frame + TCP_HDR, &m, sizeof(m));
+  rc = send_all(c->fd, frame, sizeof(frame), deadline);
+  if (!rc)
+    rc = recv_all(c->fd, hdr, TCP_HDR, deadline);
+  if (rc)
+    return rc;
+  hdr_get(hdr, &h);
+  if (h.op != OP_HELLO_REPLY || h.len >= sizeof(why)) {
+    LYNX_WARN("tcp", "%s: not a lynx tcp agent (reply op %u)", d->locator,
+              h.op);
+    return -EPROTO;
+  }
+  rc = recv_all(c->fd, (uint8_t *)why, h.len, deadline);
+  if (rc)
+    return rc;
+  why[h.len] = 0;
+  if (h.off) {
+    LYNX_WARN("tcp", "%s: agent refused the connection: %s", d->locator, why);
+    return h.off == ENOENT || h.off == ESTALE ? -ESTALE : -EPROTO;
+  }
+  hdr_put(hdr, OP_READ, 0, sizeof(regionhdr), 0, 0);
+  rc = send_all(c->fd, hdr, TCP_HDR, deadline);
+  if (!rc)
+    rc = recv_all(c->fd, hdr, TCP_HDR, deadline);
+  if (rc)
+    return rc;
+  hdr_get(hdr, &h);
+  if (h.op != OP_READ_RESP || h.len != sizeof(regionhdr))
+    return -EPROTO;
+  rc = recv_all(c->fd, regionhdr, sizeof(regionhdr), deadline);
+  if (rc)
+    return rc;
+  rc = lynx_region_validate(regionhdr, d->region_size, d, err, sizeof(err));
+  if (rc)
+    LYNX_WARN("tcp", "%s: refused: %s", d->locator, err);
+  return rc;
+}
+
+static void tcp_close(struct lynx_tconn *tc) {
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  if (c->fd >= 0)
+    close(c->fd);
+  buf_free(&c->out);
+  buf_free(&c->in);
+  free(c->reads);
+  free(c);
+}
+
+static int tcp_connect(const struct lynx_region_desc *d,
+                       struct lynx_tconn **out) {
+  struct sockaddr_storage ss;
+  struct tcp_conn *c;
+  uint64_t deadline = lynx_now_ns() + TCP_CONNECT_MS * 1000000ull;
+  int one = 1, sz = 4 << 20, rc;
+  if (lynx_parse_hostport(d->locator, &ss))
+    return -EINVAL;
+  c = calloc(1, sizeof(*c));
+  if (!c)
+    return -ENOMEM;
+  c->base.ops = &lynx_transport_tcp;
+  c->base.desc = *d;
+  c->fd = -1;
+  c->reads = calloc(TCP_READS_MAX, sizeof(*c->reads));
+  if (!c->reads ||
+      lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size)) {
+    rc = c->reads ? -EINVAL : -ENOMEM;
+    goto fail;
+  }
+  c->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (c->fd < 0) {
+    rc = -errno;
+    goto fail;
+  }
+  setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+  if (connect(c->fd, (struct sockaddr *)&ss,
+              ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                       : sizeof(struct sockaddr_in)) != 0) {
+    int e = 0;
+    socklen_t el = sizeof(e);
+    if (errno != EINPROGRESS) {
+      rc = -errno;
+      goto fail;
+    }
+    rc = wait_fd(c->fd, POLLOUT, deadline);
+    if (rc)
+      goto fail;
+    getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &el);
+    if (e) {
+      rc = -e;
+      goto fail;
+    }
+  }
+  rc = tc_handshake(c, d, deadline);
+  if (rc)
+    goto fail;
+  *out = &c->base;
+  return 0;
+fail:
+  tcp_close(&c->base);
+  return rc;
+}
+
+static int tcp_writev(struct lynx_tconn *tc, uint64_t off,
+                      const struct iovec *iov, int iovcnt, unsigned flags) {
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  uint64_t total = 0;
+  uint8_t *p;
+  int rc;
+  for (int i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > c->g.region_size - total)
+      return -EFAULT;
+    total += iov[i].iov_len;
+  }
+  if (lynx_region_class(&c->g, off, total) != LYNX_MR_WRITE)
+    return -EFAULT;
+  if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
+    return -EINVAL;
+  if (total > TCP_OP_MAX)
+    return -EMSGSIZE;
+  rc = buf_reserve(&c->out, TCP_HDR + total, TCP_OUT_MAX);
+  if (rc)
+    return rc;
+  p = c->out.p + c->out.len;
+  hdr_put(p, OP_WRITE, (flags & LYNX_WR_PUBLISH) ? F_PUBLISH : 0,
+          (uint32_t)total, off, 0);
+  p += TCP_HDR;
+  for (int i = 0; i < iovcnt; i++) {
+    memcpy(p, iov[i].iov_base, iov[i].iov_len);
+    p += iov[i].iov_len;
+  }
+  c->out.len += TCP_HDR + total;
+  return 0;
+}
+
+static int tcp_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
+                    uint64_t wr_id) {
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  struct pending_read *r;
+  int rc;
+  if (lynx_bounds_ok(c->g.region_size, off, len))
+    return -EFAULT;
+  if (len > TCP_OP_MAX)
+    return -EMSGSIZE;
+  if (c->r_tail - c->r_head >= TCP_READS_MAX)
+    return -ENOBUFS;
+  rc = buf_reserve(&c->out, TCP_HDR, TCP_OUT_MAX);
+  if (rc)
+    return rc;
+  hdr_put(c->out.p + c->out.len, OP_READ, 0, (uint32_t)len, off, wr_id);
+  c->out.len += TCP_HDR;
+  r = &c->reads[c->r_tail++ % TCP_READS_MAX];
+  r->wr_id = wr_id;
+  r->dst = dst;
+  r->len = (uint32_t)len;
+  return 0;
+}
+
+static int tcp_flush(struct lynx_tconn *tc) {
+  return tc_send(container_of(tc, struct tcp_conn, base));
+}
+
+static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  int n = 0, rc;
+  if (c->out.len > c->out.head) { /* finish what the kernel did not take */
+    rc = tc_send(c);
+    if (rc)
+      return rc;
+  }
+  if (c->r_head == c->r_tail)
+    return 0; /* nothing expected; a close shows up at the next send */
+  for (int rounds = 0; rounds < 8 && n < max; rounds++) {
+    /* parse what is here */
+    while (n < max && c->in.len - c->in.head >= TCP_HDR &&
+           c->r_head != c->r_tail) {
+      struct pending_read *r = &c->reads[c->r_head % TCP_READS_MAX];
+      struct tcp_hdr h;
+      hdr_get(c->in.p + c->in.head, &h);
+      if (h.op != OP_READ_RESP || h.wr_id != r->wr_id || h.len != r->len) {
+        LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: reply out of step (op %u, "
+                    "%u bytes, expected a %u-byte read)",
+                    c->base.desc.locator, h.op, h.len, r->len);
+        return -EPROTO;
+      }
+      if (c->in.len - c->in.head < TCP_HDR + (size_t)h.len) {
+        rc = buf_reserve(&c->in, TCP_HDR + h.len - (c->in.len - c->in.head),
+                         TCP_OP_MAX + TCP_HDR + 65536);
+        if (rc)
+          return rc;
+        break;
+      }
+      memcpy(r->dst, c->in.p + c->in.head + TCP_HDR, h.len);
+      c->in.head += TCP_HDR + h.len;
+      ids[n++] = r->wr_id;
+      c->r_head++;
+    }
+    if (n == max || c->r_head == c->r_tail)
+      break;
+    /* receive more */
+    rc = buf_reserve(&c->in, 65536, TCP_OP_MAX + TCP_HDR + 65536);
+    if (rc)
+      return rc;
+    ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len,
+                     MSG_DONTWAIT);
+    if (k == 0)
+      return -ECONNRESET;
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        break;
+      if (errno == EINTR)
+        continue;
+      return errno_dead(errno);
+    }
+    c->in.len += (size_t)k;
+  }
+  if (c->in.head == c->in.len)
+    c->in.head = c->in.len = 0;
+  return n;
+}
+
+/* The agent wakes a sleeping accelerator after every batch of writes. */
+static int tcp_notify(struct lynx_tconn *tc) {
+  (void)tc;
+  return 0;
+}
+
+const struct lynx_transport_ops lynx_transport_tcp = {
+    .name = "tcp",
+    .agent_start = tcp_agent_start,
+    .agent_stop = tcp_agent_stop,
+    .region_alloc = tcp_region_alloc,
+    .region_export = tcp_region_export,
+    .region_free = tcp_region_free,
+    .connect = tcp_connect,
+    .writev = tcp_writev,
+    .read = tcp_read,
+    .flush = tcp_flush,
+    .poll = tcp_poll,
+    .notify = tcp_notify,
+    .close = tcp_close,
+};
