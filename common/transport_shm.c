@@ -30,6 +30,7 @@ struct shm_conn {
   struct lynx_tconn base;
   uint8_t *mem;
   uint64_t size;
+  struct lynx_geom g;
   uint64_t cq[SHM_CQ_DEPTH];
   unsigned cq_head, cq_tail;
 };
@@ -134,6 +135,7 @@ static int shm_connect(const struct lynx_region_desc *d,
   }
   c->base.ops = &lynx_transport_shm;
   c->base.desc = *d;
+  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size); /* validated */
   c->mem = p;
   c->size = d->region_size;
   *out = &c->base;
@@ -150,7 +152,8 @@ static int shm_writev(struct lynx_tconn *tc, uint64_t off,
       return -EFAULT;
     total += iov[i].iov_len;
   }
-  if (lynx_bounds_ok(c->size, off, total))
+  /* the frontend writes fctrl and the RX rings only, as under tcp/rdma */
+  if (lynx_region_class(&c->g, off, total) != LYNX_MR_WRITE)
     return -EFAULT;
   if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
     return -EINVAL;

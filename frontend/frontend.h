@@ -115,6 +115,10 @@ struct fe_conn {
   uint32_t reads_pending;
   int dirty;    /* requests written since the last flush */
   int removing; /* out of dispatch; freed once nothing is outstanding */
+  /* a dead connection that is still in the table is reopened at retry_ns;
+   * the wait doubles from 100 ms to 5 s while it keeps failing */
+  uint64_t retry_ns, retry_wait_ns;
+  uint32_t failures;
 };
 
 /* A change the main thread asks a worker to make. */
@@ -143,6 +147,7 @@ struct fe_worker {
   uv_udp_t udp;
   uv_async_t wake;
   int udp_open, loop_ready;
+  unsigned retry_seed;
   /* Guards conns/dqs against the readers in other threads (metrics,
    * status) and the command queue; the data path never takes it. */
   pthread_mutex_t lock;

@@ -52,6 +52,7 @@ static const uint8_t zeros[16];
 
 static void run_commands(struct fe_worker *w);
 static void reap_removed(struct fe_worker *w);
+static void retry_dead(struct fe_worker *w);
 
 /* outstanding is written by its worker only and read by the status and
  * metrics threads: relaxed atomic stores, no locked instruction */
@@ -79,6 +80,21 @@ static void on_lost(void *arg, const struct lynx_tag_entry *e) {
 
 /* ---- connection failure ------------------------------------------- */
 
+#define RETRY_MIN_NS (100u * 1000u * 1000u)
+#define RETRY_MAX_NS (5000ull * 1000u * 1000u)
+
+/* Schedules the next attempt to reopen a dead connection: exponential
+ * backoff with +-25% jitter, so the workers of many frontends do not
+ * reconnect in lockstep. */
+static void retry_later(struct fe_worker *w, struct fe_conn *c) {
+  uint64_t wait = c->retry_wait_ns ? c->retry_wait_ns * 2 : RETRY_MIN_NS;
+  if (wait > RETRY_MAX_NS)
+    wait = RETRY_MAX_NS;
+  c->retry_wait_ns = wait;
+  c->retry_ns = lynx_now_ns() + wait - wait / 4 +
+                (uint64_t)rand_r(&w->retry_seed) % (wait / 2 + 1);
+}
+
 /* Takes a connection out of dispatch: its mqueues leave the dispatcher and
  * every request outstanding on them is counted lost. */
 static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
@@ -88,6 +104,7 @@ static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
             "of dispatch: %s", w->id, c->acc.node, c->acc.desc.accel_id,
             (unsigned long long)c->acc.instance_id, why);
   c->state = FE_CONN_DEAD;
+  retry_later(w, c);
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
     uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
@@ -563,6 +580,7 @@ static void worker_loop(struct fe_worker *w) {
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
       reap_removed(w);
+      retry_dead(w);
       if (w->tags.in_use && w->now_ns > timeout_ns)
         lynx_tag_expire(&w->tags, w->now_ns - timeout_ns, expire_budget,
                         on_expire, w);
@@ -756,6 +774,55 @@ static int rebuild(struct fe_worker *w) {
   return 0;
 }
 
+/* Connects (or reconnects) c's transport and takes its rings over where
+ * they are: the region may have served an earlier frontend or this one
+ * before the connection broke; responses to those requests show up as
+ * stale tags. On success c is in dispatch. */
+static int conn_open(struct fe_worker *w, struct fe_conn *c) {
+  const struct fe_accel *acc = &c->acc;
+  int rc = acc->ops->connect(&acc->desc, &c->tc);
+  if (rc) {
+    c->tc = NULL;
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot connect to "
+                "accelerator %s/%u (%s %s): %s", w->id, acc->node,
+                acc->desc.accel_id, acc->desc.transport, acc->desc.locator,
+                strerror(-rc));
+    return rc;
+  }
+  rc = conn_resume(c);
+  if (rc) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
+                "accelerator %s/%u's indices: %s", w->id, acc->node,
+                acc->desc.accel_id, strerror(-rc));
+    goto fail;
+  }
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    struct iovec iov = {&mq->tx_cons, 4};
+    mq->dq.rx_prod = mq->dq.rx_cons = c->snap[mq->q].rx_cons;
+    mq->tx_cons = c->snap[mq->q].tx_prod;
+    mq->tx_staged = 0;
+    mq->tx_cons_dirty = 0;
+    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, mq->q), &iov, 1,
+                            LYNX_WR_PUBLISH);
+    if (rc)
+      goto fail;
+  }
+  rc = c->tc->ops->flush(c->tc);
+  if (rc)
+    goto fail;
+  c->state = FE_CONN_IDLE;
+  c->reads_pending = 0;
+  c->dirty = 0;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    c->mqs[i].dq.up = 1;
+  return 0;
+fail:
+  c->tc->ops->close(c->tc);
+  c->tc = NULL;
+  return rc;
+}
+
 static int conn_add(struct fe_worker *w, const struct fe_accel *acc) {
   struct frontend *fe = w->fe;
   struct fe_conn *c, **conns;
@@ -779,28 +846,12 @@ static int conn_add(struct fe_worker *w, const struct fe_accel *acc) {
     rc = -ENOMEM;
     goto fail;
   }
-  rc = acc->ops->connect(&acc->desc, &c->tc);
-  if (rc) {
-    LYNX_ERR("frontend", "worker %u: cannot connect to accelerator %s/%u "
-             "(%s %s): %s", w->id, acc->node, acc->desc.accel_id,
-             acc->desc.transport, acc->desc.locator, strerror(-rc));
-    goto fail;
-  }
-  rc = conn_resume(c);
-  if (rc) {
-    LYNX_ERR("frontend", "worker %u: cannot read accelerator %s/%u's "
-             "indices: %s", w->id, acc->node, acc->desc.accel_id,
-             strerror(-rc));
-    goto fail;
-  }
   for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w) {
     struct fe_mq *mq = &c->mqs[c->n_mqs++];
-    struct iovec iov = {&mq->tx_cons, 4};
     mq->conn = c;
     mq->q = q;
     mq->gid = w->next_gid++;
     mq->dq.slots = acc->g.slots;
-    mq->dq.up = 1;
     mq->stage_slots = STAGE_BYTES / acc->g.slot_size;
     if (mq->stage_slots == 0)
       mq->stage_slots = 1;
@@ -811,16 +862,12 @@ static int conn_add(struct fe_worker *w, const struct fe_accel *acc) {
       rc = -ENOMEM;
       goto fail;
     }
-    /* take the rings over where they are: the region may have served an
-     * earlier frontend; responses to its requests show up as stale tags */
-    mq->dq.rx_prod = mq->dq.rx_cons = c->snap[q].rx_cons;
-    mq->tx_cons = c->snap[q].tx_prod;
-    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, q), &iov, 1,
-                            LYNX_WR_PUBLISH);
-    if (!rc)
-      rc = c->tc->ops->flush(c->tc);
-    if (rc)
-      goto fail;
+  }
+  /* an accelerator that cannot be reached yet stays in the table, out of
+   * dispatch, and is retried with backoff */
+  if (conn_open(w, c)) {
+    c->state = FE_CONN_DEAD;
+    retry_later(w, c);
   }
   pthread_mutex_lock(&w->lock);
   conns = realloc(w->conns, (w->n_conns + 1) * sizeof(*conns));
@@ -836,13 +883,42 @@ static int conn_add(struct fe_worker *w, const struct fe_accel *acc) {
   pthread_mutex_unlock(&w->lock);
   if (rc)
     goto fail;
-  LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) in "
-            "dispatch: %u mqueues", w->id, acc->node, acc->desc.accel_id,
-            (unsigned long long)acc->instance_id, c->n_mqs);
+  if (c->state != FE_CONN_DEAD)
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) in "
+              "dispatch over %s: %u mqueues", w->id, acc->node,
+              acc->desc.accel_id, (unsigned long long)acc->instance_id,
+              acc->desc.transport, c->n_mqs);
   return 0;
 fail:
   conn_free(c);
   return rc;
+}
+
+/* Reopens dead connections still in the table whose retry time came. */
+static void retry_dead(struct fe_worker *w) {
+  for (uint32_t i = 0; i < w->n_conns; i++) {
+    struct fe_conn *c = w->conns[i];
+    if (c->state != FE_CONN_DEAD || c->removing || w->now_ns < c->retry_ns)
+      continue;
+    if (conn_open(w, c)) {
+      c->failures++;
+      retry_later(w, c);
+      continue;
+    }
+    pthread_mutex_lock(&w->lock);
+    if (rebuild(w)) { /* out of memory: out of dispatch again, retry */
+      for (uint32_t q = 0; q < c->n_mqs; q++)
+        c->mqs[q].dq.up = 0;
+    }
+    pthread_mutex_unlock(&w->lock);
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) back "
+              "in dispatch over %s after %u failed attempts", w->id,
+              c->acc.node, c->acc.desc.accel_id,
+              (unsigned long long)c->acc.instance_id, c->acc.desc.transport,
+              c->failures);
+    c->failures = 0;
+    c->retry_wait_ns = 0;
+  }
 }
 
 /* The connection to an instance; one being removed counts only when
@@ -973,6 +1049,7 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   int rc;
   pthread_mutex_init(&w->lock, NULL);
   w->cmds_tail = &w->cmds;
+  w->retry_seed = (unsigned)lynx_now_ns() ^ (w->id * 2654435761u);
   w->rbuf = malloc((size_t)FE_RECV_CHUNKS * FE_DGRAM_MAX);
   if (!w->rbuf)
     return -ENOMEM;

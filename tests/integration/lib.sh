@@ -26,7 +26,11 @@ IT_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LYNX_BIN_DIR=${1:-${LYNX_BIN_DIR:-$IT_LIB_DIR/../../build/bin}}
 export LYNX_BIN_DIR
 
+# The agents' transport: shm (region files in /dev/shm, checked by the
+# tests) unless the ctest entry says tcp.
+IT_TRANSPORT=${IT_TRANSPORT:-shm}
 IT_NAME=${IT_NAME:-$(basename "$0" .sh)}
+[[ $IT_TRANSPORT == shm ]] || IT_NAME+=".$IT_TRANSPORT"
 IT_DIR=
 IT_NODE=
 IT_WATCHDOG=
@@ -257,13 +261,15 @@ wait_log() {
 AGENT_PID='' AGENT_LOG=''
 start_agent() {
   local -a base=(--listen "127.0.0.1:$AGENT_PORT" --node-id "$IT_NODE")
-  local have_accels=0 have_mq=0 have_app=0 a
+  local have_accels=0 have_mq=0 have_app=0 have_transport=0 a
   for a in "$@"; do
     case $a in
     --cpu-accels) have_accels=1 ;; --mqueues) have_mq=1 ;; --app) have_app=1 ;;
+    --transport) have_transport=1 ;;
     esac
   done
   ((have_accels)) || base+=(--cpu-accels 2)
+  ((have_transport)) || base+=(--transport "$IT_TRANSPORT")
   ((have_mq)) || base+=(--mqueues 4)
   ((have_app)) || base+=(--app sockperf-echo)
   spawn_daemon lynx-agent agent "" "${base[@]}" "$@"
@@ -545,13 +551,15 @@ start_coordinator() {
 # NODE with 2 CPU accelerators (unless --cpu-accels is given). Waits for
 # "registered with coordinator" unless NOWAIT=1. Sets AGENT_PID, AGENT_LOG.
 start_node_agent() {
-  local node=$1 a have_accels=0
+  local node=$1 a have_accels=0 have_transport=0
   shift
   local -a base=(--coordinator "127.0.0.1:$COORD_PORT" --node-id "$node")
   for a in "$@"; do
     [[ $a == --cpu-accels ]] && have_accels=1
+    [[ $a == --transport ]] && have_transport=1
   done
   ((have_accels)) || base+=(--cpu-accels 2)
+  ((have_transport)) || base+=(--transport "$IT_TRANSPORT")
   spawn_daemon lynx-agent "agent-$node" "($node)" "${base[@]}" "$@"
   AGENT_PID=$SPAWN_PID AGENT_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] ||

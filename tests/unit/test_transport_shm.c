@@ -369,7 +369,7 @@ static void test_connect_refuses(void **state) {
   expect_refused(f, &d, -ENOENT);
 
   /* the header itself is checked: version, magic */
-  h->layout_version = 2;
+  h->layout_version = LYNX_LAYOUT_VERSION + 1;
   expect_refused(f, &f->d, -EPROTO);
   h->layout_version = LYNX_LAYOUT_VERSION;
   h->magic = 0x584E594D;
@@ -490,10 +490,23 @@ static void test_writev_read_outside_efault(void **state) {
   assert_int_equal(ids[0], 5);
   for (size_t i = 0; i < sizeof(dst); i++)
     assert_int_equal(dst[i], 0x11);
+  /* writes go only where a frontend writes (fctrl, RX rings): the TX rings
+   * and the header are refused even inside the region */
   assert_int_equal(f->c->ops->writev(f->c, size - 64, two, 2, LYNX_WR_PUBLISH),
-                   0);
-  assert_memory_equal(f->r.base + size - 64, src, 64);
-  assert_int_equal(f->c->ops->writev(f->c, size, &big[0], 0, 0), 0);
+                   -EFAULT);
+  assert_int_equal(f->c->ops->writev(f->c, 0, two, 2, 0), -EFAULT);
+  assert_int_equal(f->c->ops->writev(f->c, f->g.fctrl_off - 4, two, 2, 0),
+                   -EFAULT); /* straddles actrl and fctrl */
+  assert_unchanged(f);
+  {
+    uint64_t rx_end = f->g.rings_off + (uint64_t)Q * S * Z;
+    assert_int_equal(
+        f->c->ops->writev(f->c, rx_end - 64, two, 2, LYNX_WR_PUBLISH), 0);
+    assert_memory_equal(f->r.base + rx_end - 64, src, 64);
+    assert_int_equal(f->c->ops->writev(f->c, rx_end - 32, two, 2, 0),
+                     -EFAULT); /* straddles RX and TX rings */
+  }
+  assert_int_equal(f->c->ops->writev(f->c, f->g.fctrl_off + 8, &big[0], 0, 0), 0);
 }
 
 /* ---- writev and PUBLISH ------------------------------------------------- */
@@ -556,8 +569,8 @@ static void test_writev_publish(void **state) {
     uint8_t b[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     struct iovec bi[5] = {{b, 4}, {b + 4, 1}, {b + 5, 1}, {b + 6, 1},
                           {b + 7, 1}};
-    assert_int_equal(f->c->ops->writev(f->c, 8192, bi, 5, LYNX_WR_PUBLISH), 0);
-    assert_memory_equal(f->r.base + 8192, b, 8);
+    assert_int_equal(f->c->ops->writev(f->c, 6144, bi, 5, LYNX_WR_PUBLISH), 0);
+    assert_memory_equal(f->r.base + 6144, b, 8);
   }
 }
 

@@ -1,0 +1,569 @@
+/*
+ * test_transport_tcp.c - the tcp backend against its own agent side on
+ * 127.0.0.1: the same one-sided semantics as shm (writes land, PUBLISH
+ * stores the last word last, reads see earlier writes, completions by
+ * wr_id in order, pipelining), refusals at connect (wrong key, epoch,
+ * geometry, ordering, nobody listening), checks on the frontend side
+ * (-EFAULT before anything is sent), and on the agent side: a raw socket
+ * speaking garbage, writing outside fctrl and the RX rings, reading past
+ * the end, or skipping the hello gets its connection closed without a
+ * byte of the region changing, while other connections go on.
+ *
+ * The agent side is process-wide (one server thread): started once for
+ * the whole file.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "mqueue.h"
+#include "transport.h"
+#include "util.h"
+
+#define Q 2u
+#define S 8u
+#define Z 256u
+#define EPOCH 0x5EED0000BEEFull
+
+static const struct lynx_transport_ops *T;
+static char g_bound[LYNX_LOCATOR_MAX];
+
+struct fx {
+  struct lynx_region r;
+  struct lynx_geom g;
+  struct lynx_region_desc d;
+  struct lynx_tconn *c;
+  uint8_t *snap;
+};
+
+static int group_setup(void **state) {
+  char err[256];
+  (void)state;
+  T = lynx_transport_find("tcp");
+  if (!T)
+    return -1;
+  if (T->agent_start("127.0.0.1:0", g_bound, sizeof(g_bound), err,
+                     sizeof(err))) {
+    fprintf(stderr, "agent_start: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  T->agent_stop();
+  return 0;
+}
+
+static int fx_setup(void **state) {
+  struct fx *f = calloc(1, sizeof(*f));
+  if (!f || lynx_geom_init(&f->g, Q, S, Z))
+    return -1;
+  *state = f;
+  f->r.fd = -1;
+  if (T->region_alloc(&f->r, "ut", f->g.region_size) ||
+      lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, 4) ||
+      T->region_export(&f->r))
+    return -1;
+  f->d.accel_id = 4;
+  snprintf(f->d.transport, sizeof(f->d.transport), "tcp");
+  snprintf(f->d.locator, sizeof(f->d.locator), "%s", f->r.locator);
+  f->d.region_size = f->g.region_size;
+  f->d.epoch = EPOCH;
+  f->d.n_mqueues = Q;
+  f->d.slots = S;
+  f->d.slot_size = Z;
+  f->d.ordering = LYNX_ORDER_COALESCED;
+  f->d.key = f->r.key;
+  return 0;
+}
+
+static int fx_teardown(void **state) {
+  struct fx *f = *state;
+  if (!f)
+    return 0;
+  if (f->c)
+    f->c->ops->close(f->c);
+  T->region_free(&f->r);
+  free(f->snap);
+  free(f);
+  return 0;
+}
+
+static void connect_ok(struct fx *f) {
+  assert_int_equal(T->connect(&f->d, &f->c), 0);
+  assert_non_null(f->c);
+}
+
+static void snapshot(struct fx *f) {
+  free(f->snap);
+  f->snap = malloc(f->r.size);
+  assert_non_null(f->snap);
+  memcpy(f->snap, f->r.base, f->r.size);
+}
+
+/* Polls until n completions arrived (or 2 s passed); returns the count. */
+static int poll_n(struct lynx_tconn *c, uint64_t *ids, int n) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  int got = 0;
+  while (got < n && lynx_now_ns() < end) {
+    int k = c->ops->poll(c, ids + got, n - got);
+    if (k < 0)
+      return k;
+    got += k;
+    if (!k)
+      usleep(100);
+  }
+  return got;
+}
+
+/* Polls until the connection reports an error (or 2 s pass). */
+static int poll_error(struct lynx_tconn *c) {
+  uint64_t end = lynx_now_ns() + 2000000000ull, id;
+  uint8_t b[8];
+  while (lynx_now_ns() < end) {
+    int k;
+    /* keep a read in flight so a closed connection shows */
+    if (c->ops->read(c, 0, b, sizeof(b), 1) == 0 && c->ops->flush(c) < 0)
+      return -ECONNRESET;
+    k = c->ops->poll(c, &id, 1);
+    if (k < 0)
+      return k;
+    usleep(1000);
+  }
+  return 0;
+}
+
+/* Writes it, flushes, then reads [off, off+len) back through the
+ * connection (the read is applied after the write). */
+static void roundtrip(struct fx *f, uint64_t off, const void *data, size_t len,
+                      unsigned flags) {
+  uint8_t *back = malloc(len);
+  struct iovec iov = {(void *)data, len};
+  uint64_t id;
+  assert_non_null(back);
+  assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, flags), 0);
+  assert_int_equal(f->c->ops->read(f->c, off, back, len, 77), 0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(poll_n(f->c, &id, 1), 1);
+  assert_int_equal(id, 77);
+  assert_memory_equal(back, data, len);
+  assert_memory_equal(f->r.base + off, data, len);
+  free(back);
+}
+
+/* ---- the data path ------------------------------------------------------ */
+
+static void test_write_read_roundtrip(void **state) {
+  struct fx *f = *state;
+  uint8_t payload[200];
+  for (size_t i = 0; i < sizeof(payload); i++)
+    payload[i] = (uint8_t)(i * 7 + 1);
+  connect_ok(f);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 1) + Z - sizeof(payload), payload,
+            sizeof(payload), LYNX_WR_PUBLISH);
+  roundtrip(f, lynx_fctrl_off(&f->g, 1), "\x05\0\0\0", 4, LYNX_WR_PUBLISH);
+  assert_int_equal(((struct lynx_fctrl *)(f->r.base +
+                                          lynx_fctrl_off(&f->g, 1)))->tx_cons,
+                   5);
+}
+
+/* A request posted the way the frontend does it reaches the accelerator's
+ * ring code intact; its response comes back through a read of the TX
+ * ring. */
+static void test_request_response_through_rings(void **state) {
+  struct fx *f = *state;
+  struct lynx_mq mq;
+  struct lynx_msg m;
+  const char req[] = "what is the answer";
+  uint32_t len = sizeof(req);
+  uint32_t poff = lynx_payload_off(Z, len);
+  struct lynx_slot_meta meta = {len, 0xABCD0001u, LYNX_ST_OK,
+                                (uint16_t)(poff / 16u), lynx_seq_for(0)};
+  static const uint8_t zeros[Z];
+  struct iovec iov[3] = {{(void *)req, len},
+                         {(void *)zeros, lynx_slot_cap(Z) - poff - len},
+                         {&meta, sizeof(meta)}};
+  uint8_t slot[Z];
+  struct lynx_slot_meta got;
+  uint64_t id;
+  connect_ok(f);
+  assert_int_equal(f->c->ops->writev(f->c, lynx_rx_ring_off(&f->g, 0) + poff,
+                                     iov, 3, LYNX_WR_PUBLISH),
+                   0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  lynx_mq_bind(&mq, f->r.base, &f->g, 0);
+  {
+    uint64_t end = lynx_now_ns() + 2000000000ull;
+    int rc;
+    while ((rc = lynx_mq_recv(&mq, &m)) == -EAGAIN && lynx_now_ns() < end)
+      usleep(100);
+    assert_int_equal(rc, 0);
+  }
+  assert_int_equal(m.tag, 0xABCD0001u);
+  assert_int_equal(m.len, len);
+  assert_memory_equal(m.data, req, len);
+  {
+    uint8_t *out = NULL;
+    assert_int_equal(lynx_mq_reserve(&mq, 2, &out), 0);
+    memcpy(out, "42", 2);
+    lynx_mq_commit(&mq, m.tag, 2, 2, LYNX_ST_OK);
+  }
+  lynx_mq_release(&mq);
+  assert_int_equal(f->c->ops->read(f->c, lynx_tx_ring_off(&f->g, 0), slot, Z,
+                                   5),
+                   0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(poll_n(f->c, &id, 1), 1);
+  memcpy(&got, slot + Z - LYNX_META_SIZE, sizeof(got));
+  assert_int_equal(got.seq, lynx_seq_for(0));
+  assert_int_equal(got.tag, 0xABCD0001u);
+  assert_int_equal(got.len, 2);
+  assert_memory_equal(slot + got.off16 * 16u, "42", 2);
+}
+
+/* Many operations posted before one flush, reads interleaved with writes:
+ * every read sees exactly the writes posted before it, completions come in
+ * posting order, and reads larger than a socket buffer arrive whole. */
+static void test_pipelined_batches(void **state) {
+  struct fx *f = *state;
+  enum { N = 64 };
+  uint32_t vals[N], seen[N];
+  uint64_t ids[N + 1];
+  uint8_t *big = malloc(f->g.ring_bytes * Q);
+  uint64_t off = lynx_fctrl_off(&f->g, 0);
+  assert_non_null(big);
+  connect_ok(f);
+  for (int i = 0; i < N; i++) {
+    struct iovec iov = {&vals[i], 4};
+    vals[i] = 1000u + (uint32_t)i;
+    assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, LYNX_WR_PUBLISH),
+                     0);
+    assert_int_equal(f->c->ops->read(f->c, off, &seen[i], 4, (uint64_t)i), 0);
+  }
+  /* the whole TX area in one read */
+  assert_int_equal(f->c->ops->read(f->c, lynx_tx_ring_off(&f->g, 0), big,
+                                   f->g.ring_bytes * Q, 999),
+                   0);
+  memset(f->r.base + lynx_tx_ring_off(&f->g, 0), 0x3C, f->g.ring_bytes * Q);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(poll_n(f->c, ids, N + 1), N + 1);
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(ids[i], (uint64_t)i);
+    assert_int_equal(seen[i], 1000u + (uint32_t)i);
+  }
+  assert_int_equal(ids[N], 999);
+  for (size_t i = 0; i < f->g.ring_bytes * Q; i++)
+    assert_int_equal(big[i], 0x3C);
+  free(big);
+}
+
+/* The agent wakes a CPU accelerator that said it sleeps, after a write. */
+static void test_write_wakes_sleeper(void **state) {
+  struct fx *f = *state;
+  uint32_t *sleeping = (uint32_t *)(f->r.base + LYNX_OFF_SLEEPING);
+  uint32_t *bell = (uint32_t *)(f->r.base + LYNX_OFF_DOORBELL);
+  uint32_t v = 1, before;
+  struct iovec iov = {&v, 4};
+  uint64_t end;
+  connect_ok(f);
+  __atomic_store_n(sleeping, 1, __ATOMIC_SEQ_CST);
+  before = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
+  assert_int_equal(f->c->ops->writev(f->c, lynx_fctrl_off(&f->g, 0), &iov, 1,
+                                     LYNX_WR_PUBLISH),
+                   0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(f->c->ops->notify(f->c), 0);
+  end = lynx_now_ns() + 2000000000ull;
+  while (__atomic_load_n(bell, __ATOMIC_SEQ_CST) == before &&
+         lynx_now_ns() < end)
+    usleep(100);
+  assert_int_not_equal(__atomic_load_n(bell, __ATOMIC_SEQ_CST), before);
+}
+
+/* ---- refusals -------------------------------------------------------- */
+
+static void expect_refused(const struct lynx_region_desc *d, int want) {
+  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
+  struct lynx_tconn *c = sentinel;
+  int rc = T->connect(d, &c);
+  if (rc == 0 && c != sentinel && c)
+    c->ops->close(c);
+  assert_int_equal(rc, want);
+  assert_ptr_equal(c, sentinel);
+}
+
+static void test_connect_refusals(void **state) {
+  struct fx *f = *state;
+  struct lynx_region_desc d;
+  d = f->d;
+  d.key ^= 1; /* not this region's key: a stale or forged descriptor */
+  expect_refused(&d, -ESTALE);
+  d = f->d;
+  d.epoch++;
+  expect_refused(&d, -ESTALE);
+  d = f->d;
+  d.region_size += 4096;
+  expect_refused(&d, -EPROTO);
+  d = f->d;
+  d.ordering = LYNX_ORDER_FENCED; /* the header says coalesced */
+  expect_refused(&d, -EPROTO);
+  d = f->d;
+  d.slot_size = 128;
+  d.slots = 16; /* same size, other geometry */
+  expect_refused(&d, -EPROTO);
+  d = f->d;
+  snprintf(d.locator, sizeof(d.locator), "not-an-address");
+  expect_refused(&d, -EINVAL);
+  d = f->d;
+  { /* nobody listens on a port we just released */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    snprintf(d.locator, sizeof(d.locator), "127.0.0.1:%u", ntohs(a.sin_port));
+    close(fd);
+  }
+  expect_refused(&d, -ECONNREFUSED);
+  /* and the right descriptor still connects */
+  connect_ok(f);
+}
+
+static void test_frontend_side_checks(void **state) {
+  struct fx *f = *state;
+  uint8_t b[64] = {0}, dst[64];
+  struct iovec iov = {b, sizeof(b)};
+  uint64_t size = f->g.region_size, id;
+  connect_ok(f);
+  snapshot(f);
+  /* outside the region, straddling, into the TX rings or the header */
+  assert_int_equal(f->c->ops->writev(f->c, size - 32, &iov, 1, 0), -EFAULT);
+  assert_int_equal(f->c->ops->writev(f->c, UINT64_MAX - 8, &iov, 1, 0),
+                   -EFAULT);
+  assert_int_equal(f->c->ops->writev(f->c, lynx_tx_ring_off(&f->g, 0), &iov,
+                                     1, 0),
+                   -EFAULT);
+  assert_int_equal(f->c->ops->writev(f->c, 0, &iov, 1, 0), -EFAULT);
+  assert_int_equal(f->c->ops->read(f->c, size - 32, dst, 64, 1), -EFAULT);
+  assert_int_equal(f->c->ops->read(f->c, UINT64_MAX, dst, 2, 1), -EFAULT);
+  /* PUBLISH needs a 4-aligned end */
+  iov.iov_len = 7;
+  assert_int_equal(f->c->ops->writev(f->c, lynx_rx_ring_off(&f->g, 0), &iov,
+                                     1, LYNX_WR_PUBLISH),
+                   -EINVAL);
+  /* nothing was posted: a flush and a poll find nothing */
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(f->c->ops->poll(f->c, &id, 1), 0);
+  usleep(20000);
+  assert_memory_equal(f->r.base, f->snap, f->r.size);
+}
+
+/* Freeing the region (instance stopped) closes its connections: the
+ * frontend sees an error, not silence. */
+static void test_region_free_closes(void **state) {
+  struct fx *f = *state;
+  connect_ok(f);
+  T->region_free(&f->r);
+  assert_int_equal(poll_error(f->c), -ECONNRESET);
+  /* a new connection is refused: the key is gone */
+  expect_refused(&f->d, -ESTALE);
+}
+
+/* ---- the agent side against a raw socket ------------------------------ */
+
+static int raw_connect(const struct fx *f) {
+  struct sockaddr_storage ss;
+  int fd;
+  assert_int_equal(lynx_parse_hostport(f->r.locator, &ss), 0);
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&ss,
+                           sizeof(struct sockaddr_in)),
+                   0);
+  return fd;
+}
+
+static void put_hdr(uint8_t *p, uint8_t op, uint8_t flags, uint32_t len,
+                    uint64_t off, uint64_t wr_id) {
+  uint32_t l = htole32(len);
+  uint64_t o = htole64(off), w = htole64(wr_id);
+  memset(p, 0, 24);
+  p[0] = op;
+  p[1] = flags;
+  memcpy(p + 4, &l, 4);
+  memcpy(p + 8, &o, 8);
+  memcpy(p + 16, &w, 8);
+}
+
+static void raw_send(int fd, const void *p, size_t n) {
+  assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Reads until the agent closes the connection (0 from recv) or 2 s pass;
+ * returns 1 when it closed. */
+static int raw_closed(int fd) {
+  uint8_t b[4096];
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  while (lynx_now_ns() < end) {
+    struct pollfd p = {fd, POLLIN, 0};
+    ssize_t n;
+    if (poll(&p, 1, 100) <= 0)
+      continue;
+    n = recv(fd, b, sizeof(b), 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET))
+      return 1;
+  }
+  return 0;
+}
+
+static void raw_hello(int fd, const struct fx *f) {
+  uint8_t m[24 + 32], r[24];
+  uint32_t magic = htole32(0x3154584Cu);
+  uint16_t ver = htole16(1);
+  uint64_t key = htole64(f->r.key), ep = htole64(EPOCH),
+           sz = htole64(f->g.region_size);
+  put_hdr(m, 1, 0, 32, 0, 0);
+  memset(m + 24, 0, 32);
+  memcpy(m + 24, &magic, 4);
+  memcpy(m + 28, &ver, 2);
+  memcpy(m + 32, &key, 8);
+  memcpy(m + 40, &ep, 8);
+  memcpy(m + 48, &sz, 8);
+  raw_send(fd, m, sizeof(m));
+  assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
+  assert_int_equal(r[0], 2);   /* HELLO_REPLY */
+  assert_int_equal(r[8], 0);   /* status 0 */
+}
+
+/* Each bad frame closes its own connection and changes nothing. */
+static void test_agent_closes_on_bad_frames(void **state) {
+  struct fx *f = *state;
+  uint8_t frame[24 + 64];
+  int fd;
+  memset(frame + 24, 0xEE, 64);
+  snapshot(f);
+
+  /* garbage instead of a hello */
+  fd = raw_connect(f);
+  raw_send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* a write before the hello */
+  fd = raw_connect(f);
+  put_hdr(frame, 3, 0, 64, lynx_rx_ring_off(&f->g, 0), 0);
+  raw_send(fd, frame, sizeof(frame));
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* after a valid hello: a write into the TX ring */
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 3, 0, 64, lynx_tx_ring_off(&f->g, 0), 0);
+  raw_send(fd, frame, sizeof(frame));
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* a write past the end of the region (offset near 2^64: no wrap) */
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 3, 0, 64, UINT64_MAX - 16, 0);
+  raw_send(fd, frame, sizeof(frame));
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* a read past the end */
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 4, 0, 64, f->g.region_size - 8, 0);
+  raw_send(fd, frame, 24);
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* a frame claiming 1 GiB */
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 3, 0, 1u << 30, lynx_rx_ring_off(&f->g, 0), 0);
+  raw_send(fd, frame, 24);
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* an unknown operation, and a nonzero reserved field */
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 42, 0, 0, 0, 0);
+  raw_send(fd, frame, 24);
+  assert_true(raw_closed(fd));
+  close(fd);
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 4, 0, 8, 0, 0);
+  frame[2] = 1;
+  raw_send(fd, frame, 24);
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  /* a publishing write whose end is not word-aligned */
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  put_hdr(frame, 3, 1, 7, lynx_rx_ring_off(&f->g, 0), 0);
+  raw_send(fd, frame, 24 + 7);
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  usleep(20000);
+  assert_memory_equal(f->r.base, f->snap, f->r.size);
+  /* the agent goes on serving well-behaved frontends */
+  connect_ok(f);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 1), "still here", 12, 0);
+}
+
+/* A well-behaved connection is not disturbed by a bad one next to it. */
+static void test_bad_peer_does_not_hurt_others(void **state) {
+  struct fx *f = *state;
+  int fd;
+  connect_ok(f);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "before", 8, 0);
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  raw_send(fd, "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"
+               "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 24);
+  assert_true(raw_closed(fd));
+  close(fd);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "after!", 8, 0);
+}
+
+#define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T_(test_write_read_roundtrip),
+      T_(test_request_response_through_rings),
+      T_(test_pipelined_batches),
+      T_(test_write_wakes_sleeper),
+      T_(test_connect_refusals),
+      T_(test_frontend_side_checks),
+      T_(test_region_free_closes),
+      T_(test_agent_closes_on_bad_frames),
+      T_(test_bad_peer_does_not_hurt_others),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
