@@ -110,6 +110,10 @@ struct lynx_transport_ops {
   /* Reap up to max completed reads into ids. Count, or -errno when the
    * connection failed. */
   int (*poll)(struct lynx_tconn *c, uint64_t *ids, int max);
+  /* A file descriptor that turns readable when poll may find new
+   * completions (the worker sleeps on it instead of a timer), or -ENOTSUP
+   * where completions need no system call to arrive (shm). */
+  int (*wait_fd)(struct lynx_tconn *c);
   /* Wake the accelerator if it sleeps on its doorbell; -ENOTSUP where an
    * accelerator cannot sleep (it busy-polls). */
   int (*notify)(struct lynx_tconn *c);

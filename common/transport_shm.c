@@ -212,6 +212,11 @@ static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
   return n;
 }
 
+static int shm_wait_fd(struct lynx_tconn *tc) {
+  (void)tc;
+  return -ENOTSUP; /* reads complete at once */
+}
+
 static int shm_notify(struct lynx_tconn *tc) {
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
   return lynx_region_wake(c->mem);
@@ -235,6 +240,7 @@ const struct lynx_transport_ops lynx_transport_shm = {
     .read = shm_read,
     .flush = shm_flush,
     .poll = shm_poll,
+    .wait_fd = shm_wait_fd,
     .notify = shm_notify,
     .close = shm_close,
 };

@@ -1038,6 +1038,10 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
   return n;
 }
 
+static int tcp_wait_fd(struct lynx_tconn *tc) {
+  return container_of(tc, struct tcp_conn, base)->fd;
+}
+
 /* The agent wakes a sleeping accelerator after every batch of writes. */
 static int tcp_notify(struct lynx_tconn *tc) {
   (void)tc;
@@ -1056,6 +1060,7 @@ const struct lynx_transport_ops lynx_transport_tcp = {
     .read = tcp_read,
     .flush = tcp_flush,
     .poll = tcp_poll,
+    .wait_fd = tcp_wait_fd,
     .notify = tcp_notify,
     .close = tcp_close,
 };

@@ -41,6 +41,7 @@
 #define STAGE_BYTES (256u * 1024u) /* TX staging per mqueue per cycle */
 #define MAX_BACKOFF_NS (500u * 1000u)
 #define EXPIRE_EVERY_NS (10u * 1000u * 1000u)
+#define FE_WAIT_FDS 64 /* remote connections a sleeping worker watches */
 
 const char *const fe_wdrop_names[FE_WDROP_MAX] = {
     "oversize", "ring_full", "no_mqueue", "tag_full", "shutdown"};
@@ -602,10 +603,22 @@ static void worker_loop(struct fe_worker *w) {
       continue;
     }
     {
-      struct pollfd pfd = {bfd, POLLIN, 0};
+      struct pollfd pfd[1 + FE_WAIT_FDS];
+      nfds_t nfd = 1;
       struct timespec ts;
       uint64_t ns;
+      pfd[0] = (struct pollfd){bfd, POLLIN, 0};
       if (outstanding(w)) {
+        /* responses over a remote transport wake us through its fd */
+        for (uint32_t i = 0; i < w->n_conns && nfd <= FE_WAIT_FDS; i++) {
+          struct fe_conn *c = w->conns[i];
+          int fd;
+          if (c->state == FE_CONN_DEAD || c->state == FE_CONN_IDLE)
+            continue;
+          fd = c->tc->ops->wait_fd(c->tc);
+          if (fd >= 0)
+            pfd[nfd++] = (struct pollfd){fd, POLLIN, 0};
+        }
         backoff = backoff ? backoff * 2 : 2000;
         if (backoff > MAX_BACKOFF_NS)
           backoff = MAX_BACKOFF_NS;
@@ -616,7 +629,7 @@ static void worker_loop(struct fe_worker *w) {
       }
       ts.tv_sec = (time_t)(ns / 1000000000u);
       ts.tv_nsec = (long)(ns % 1000000000u);
-      ppoll(&pfd, 1, &ts, NULL);
+      ppoll(pfd, nfd, &ts, NULL);
     }
   }
   /* Whatever is still outstanding is lost to its clients. */
