@@ -16,6 +16,7 @@
 static const struct lynx_transport_ops *const backends[] = {
     &lynx_transport_shm,
     &lynx_transport_tcp,
+    &lynx_transport_rdma,
 };
 
 const struct lynx_transport_ops *lynx_transport_find(const char *name) {

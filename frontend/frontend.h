@@ -175,6 +175,9 @@ struct fe_worker {
   struct mmsghdr out[FE_SEND_BATCH];
   struct iovec out_iov[FE_SEND_BATCH];
   lynx_counter received;
+  /* a flow with requests in flight moved mqueue (its ring was full or
+   * left dispatch): its answers may come back out of order */
+  lynx_counter flow_moves;
   lynx_counter drops[FE_WDROP_MAX];
   /* counters of mqueues whose accelerator was released, so the service's
    * totals never go back */

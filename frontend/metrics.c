@@ -67,7 +67,9 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
              "# HELP lynx_frontend_responded_total Responses sent to clients.\n"
              "# TYPE lynx_frontend_responded_total counter\n"
              "# HELP lynx_frontend_dropped_total Requests or responses dropped, by reason.\n"
-             "# TYPE lynx_frontend_dropped_total counter\n");
+             "# TYPE lynx_frontend_dropped_total counter\n"
+             "# HELP lynx_frontend_flow_moves_total Requests of a client flow sent to another mqueue while earlier ones were in flight (its mqueue was full or left dispatch): answers may be reordered.\n"
+             "# TYPE lynx_frontend_flow_moves_total counter\n");
   fprintf(fd, "# HELP lynx_mqueue_dispatched_total Requests written to this mqueue.\n"
               "# TYPE lynx_mqueue_dispatched_total counter\n");
   fprintf(fr, "# HELP lynx_mqueue_responded_total Responses from this mqueue sent to clients.\n"
@@ -77,7 +79,7 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
   pthread_mutex_lock(m->lock);
   for (struct frontend *fe = *m->list; fe; fe = fe->next) {
     struct mq_pass p;
-    uint64_t rcv = 0, wd[FE_WDROP_MAX] = {0};
+    uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0};
     memset(&p, 0, sizeof(p));
     p.fe = fe;
     p.disp = fd;
@@ -86,6 +88,7 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
     for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
       const struct fe_worker *w = &fe->w[i];
       rcv += lynx_cnt_get(&w->received);
+      moves += lynx_cnt_get(&w->flow_moves);
       for (int r = 0; r < FE_WDROP_MAX; r++)
         wd[r] += lynx_cnt_get(&w->drops[r]);
       p.dispatched += lynx_cnt_get(&w->retired_dispatched);
@@ -96,6 +99,8 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
     fe_foreach_mq(fe, mq_line, &p);
     fprintf(f, "lynx_frontend_received_total{service=\"%s\"} %llu\n",
             fe->service, (unsigned long long)rcv);
+    fprintf(f, "lynx_frontend_flow_moves_total{service=\"%s\"} %llu\n",
+            fe->service, (unsigned long long)moves);
     fprintf(f, "lynx_frontend_dispatched_total{service=\"%s\"} %llu\n",
             fe->service, (unsigned long long)p.dispatched);
     fprintf(f, "lynx_frontend_responded_total{service=\"%s\"} %llu\n",

@@ -54,6 +54,7 @@ static const uint8_t zeros[16];
 static void run_commands(struct fe_worker *w);
 static void reap_removed(struct fe_worker *w);
 static void retry_dead(struct fe_worker *w);
+static uint32_t conn_outstanding(const struct fe_conn *c);
 
 /* outstanding is written by its worker only and read by the status and
  * metrics threads: relaxed atomic stores, no locked instruction */
@@ -236,22 +237,30 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
     n = avail < mq->stage_slots ? avail : mq->stage_slots;
     first = mq->tx_cons & (g->slots - 1);
     n1 = g->slots - first < n ? g->slots - first : n;
+    /* -ENOBUFS: the transport has no room for more reads in flight; what
+     * was not posted is read next cycle */
     rc = tc->ops->read(tc, ring + (uint64_t)first * g->slot_size, mq->stage,
                        (size_t)n1 * g->slot_size, WR_SLOT | i);
+    if (rc == -ENOBUFS)
+      break;
     if (rc)
       return rc;
     c->reads_pending++;
+    mq->tx_staged = n1;
     if (n > n1) {
       rc = tc->ops->read(tc, ring, mq->stage + (size_t)n1 * g->slot_size,
                          (size_t)(n - n1) * g->slot_size, WR_SLOT | i);
+      if (rc == -ENOBUFS)
+        break;
       if (rc)
         return rc;
       c->reads_pending++;
+      mq->tx_staged = n;
     }
-    mq->tx_staged = n;
   }
   c->state = c->reads_pending ? FE_CONN_SLOTS : FE_CONN_IDLE;
-  return c->reads_pending ? tc->ops->flush(tc) : 0;
+  rc = c->reads_pending ? tc->ops->flush(tc) : 0;
+  return rc == -ENOBUFS ? 0 : rc;
 }
 
 /* One staged response slot. Returns 0 when consumed, -EAGAIN when the slot
@@ -327,16 +336,18 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
     struct iovec iov = {&mq->tx_cons, 4};
     if (!mq->tx_cons_dirty)
       continue;
-    mq->tx_cons_dirty = 0;
     rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(g, mq->q), &iov, 1,
                             LYNX_WR_PUBLISH);
+    if (rc == -ENOBUFS)
+      break; /* the transport is full: written back next cycle */
     if (rc)
       return rc;
+    mq->tx_cons_dirty = 0;
   }
   c->state = FE_CONN_IDLE;
   if (sent) {
     rc = c->tc->ops->flush(c->tc);
-    if (rc)
+    if (rc && rc != -ENOBUFS)
       return rc;
   }
   return (int)sent;
@@ -350,13 +361,21 @@ static int conn_progress(struct fe_worker *w, struct fe_conn *c) {
   if (c->state == FE_CONN_DEAD)
     return 0;
   if (c->state == FE_CONN_IDLE) {
+    /* Responses come only for requests in flight: with none, polling the
+     * control array would only cost the agent (tcp) or the NIC (rdma). Its
+     * rx_cons is read again with the next request's first cycle. */
+    if (conn_outstanding(c) == 0)
+      return 0;
     rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
                        8u * c->acc.g.n_mqueues, WR_CTRL);
-    if (!rc)
-      rc = tc->ops->flush(tc);
+    if (rc == -ENOBUFS)
+      rc = 0; /* no room: polled again next cycle */
+    else if (!rc && (rc = tc->ops->flush(tc)) == -ENOBUFS)
+      rc = 0;
+    else if (!rc)
+      c->state = FE_CONN_CTRL;
     if (rc)
       goto fail;
-    c->state = FE_CONN_CTRL;
   }
   /* ctrl completion posts slot reads, whose completions may already be
    * there: a few rounds, bounded */
@@ -484,12 +503,22 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
   if (rc) {
     lynx_tag_release(&w->tags, e);
     lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
-    conn_fail(w, mq->conn, rc);
+    /* -ENOBUFS: the transport's queues are full for now (the request is
+     * dropped, the connection stays; a fenced request's payload may be
+     * posted without its metadata, which is never published) */
+    if (rc == -ENOBUFS)
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: accelerator %s/%u: "
+                  "transport queue full, request dropped", w->id,
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id);
+    else
+      conn_fail(w, mq->conn, rc);
     return;
   }
   e->seq = w->dispatch_seq++;
   e->flow = flow;
   if (w->flows) {
+    if (w->flows[flow].outstanding && w->flows[flow].q != (uint32_t)i)
+      lynx_cnt_add(&w->flow_moves, 1);
     w->flows[flow].q = (uint32_t)i;
     w->flows[flow].outstanding++;
   }
@@ -525,11 +554,13 @@ static void ring_doorbells(struct fe_worker *w) {
     int rc;
     if (!c->dirty || c->state == FE_CONN_DEAD)
       continue;
-    c->dirty = 0;
     rc = c->tc->ops->flush(c->tc);
+    if (rc == -ENOBUFS)
+      continue; /* rung again next iteration */
+    c->dirty = 0;
     if (!rc) {
       rc = c->tc->ops->notify(c->tc);
-      if (rc == -ENOTSUP)
+      if (rc == -ENOTSUP || rc == -ENOBUFS)
         rc = 0;
     }
     if (rc)

@@ -533,7 +533,7 @@ static void test_agent_closes_on_bad_frames(void **state) {
   assert_memory_equal(f->r.base, f->snap, f->r.size);
   /* the agent goes on serving well-behaved frontends */
   connect_ok(f);
-  roundtrip(f, lynx_rx_ring_off(&f->g, 1), "still here", 12, 0);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 1), "still here!", 12, 0);
 }
 
 /* A well-behaved connection is not disturbed by a bad one next to it. */
@@ -541,14 +541,14 @@ static void test_bad_peer_does_not_hurt_others(void **state) {
   struct fx *f = *state;
   int fd;
   connect_ok(f);
-  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "before", 8, 0);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "before!", 8, 0);
   fd = raw_connect(f);
   raw_hello(fd, f);
   raw_send(fd, "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"
                "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 24);
   assert_true(raw_closed(fd));
   close(fd);
-  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "after!", 8, 0);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "after!!", 8, 0);
 }
 
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
