@@ -51,8 +51,10 @@ wait_for() { # FILE PATTERN WHAT
   --state-dir "$LOGDIR/state" >"$LOGDIR/coordinator.log" 2>&1 &
 pids+=($!)
 wait_for "$LOGDIR/coordinator.log" "serving control" coordinator
+# frontend and agent share this host: shm is the fastest path (agents on
+# other hosts use the default, tcp, or rdma)
 "$BIN/lynx-agent" --coordinator "$COORD" --cpu-accels 2 --node-id local \
-  >"$LOGDIR/agent.log" 2>&1 &
+  --transport shm >"$LOGDIR/agent.log" 2>&1 &
 pids+=($!)
 "$BIN/lynx-frontend" --coordinator "$COORD" --metrics "$METRICS" \
   >"$LOGDIR/frontend.log" 2>&1 &
