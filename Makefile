@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run bench clean
+.PHONY: all deps configure build test run bench bench-scaleout clean
 
 all: build
 
@@ -27,6 +27,9 @@ run: build
 
 bench: build
 	@bash bench/udp-echo.sh $(BUILD)
+
+bench-scaleout: build
+	@bash bench/scaleout.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -90,9 +90,9 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   in->next = ag->instances;
   ag->instances = in;
   LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u: %u mqueues "
-            "x %u slots x %u B in %s", ag->node_id, (unsigned long long)id,
+            "x %u slots x %u B, %s %s", ag->node_id, (unsigned long long)id,
             service, app->name, accel, mqueues, slots, slot_size,
-            in->region.locator);
+            ag->tops->name, in->region.locator);
   *out = in;
   return 0;
 fail:

@@ -767,8 +767,15 @@ static int frontends_settled(struct coordinator *co) {
 static void on_tick(uv_timer_t *t) {
   struct coordinator *co = t->data;
   uint64_t now = lynx_coord_now_ms();
+  uint64_t expiries;
   pthread_mutex_lock(&co->c.lock);
+  expiries = co->c.reg.lease_expiries;
   lynx_reg_tick(&co->c.reg, now);
+  if (co->c.reg.lease_expiries != expiries) /* rare: worth a scan */
+    for (struct lynx_reg_node *n = co->c.reg.nodes; n; n = n->next)
+      if (n->state == LYNX_NODE_DOWN && n->expired_ms == now)
+        LYNX_WARN("coordinator", "node %s is down: no heartbeat for its "
+                  "lease; its instances leave the dispatch tables", n->id);
   for (struct cpeer *p = co->peers; p; p = p->next)
     if ((p->role == ROLE_NONE || (p->role == ROLE_AGENT && !p->registered)) &&
         now - p->accepted_ms > HELLO_TIMEOUT_MS)

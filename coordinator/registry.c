@@ -1379,6 +1379,7 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
   for (n = r->nodes; n; n = n->next)
     if (n->state != LYNX_NODE_DOWN && now_ms >= n->lease_deadline_ms) {
       r->lease_expiries++;
+      n->expired_ms = now_ms;
       node_down(r, n);
     }
   drain_check_all(r, now_ms);

@@ -78,6 +78,7 @@ struct lynx_reg_node {
   int drain_intent;          /* operator asked to drain (survives restarts) */
   uint64_t last_heartbeat_ms;
   uint64_t lease_deadline_ms;
+  uint64_t expired_ms; /* when its lease last expired (0: never) */
   uint64_t drain_deadline_ms;
   uint64_t drain_table_version; /* table without this node */
   void *conn;                   /* the daemon's control connection, or NULL */

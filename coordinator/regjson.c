@@ -247,6 +247,7 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         add_u64(o, "slots", i->desc.slots);
         add_u64(o, "slot_size", i->desc.slot_size);
         add_str(o, "transport", i->desc.transport);
+        add_str(o, "locator", i->desc.locator);
         add_u64(o, "dispatched", hit ? hit->dispatched : 0);
         add_u64(o, "responded", hit ? hit->responded : 0);
         add_u64(o, "outstanding", hit ? hit->outstanding : 0);

@@ -373,7 +373,7 @@ static void test_encode_shapes(void **state) {
   /* echo: 2 accels x 2 mqueues; rep: 2 replicas x 1 */
   assert_int_equal(json_object_array_length(items), 6);
   a = json_object_array_get_idx(items, 1);
-  assert_int_equal(n_keys(a), 12);
+  assert_int_equal(n_keys(a), 13);
   snprintf(id, sizeof(id), "echo/n1/0/1");
   assert_string_equal(get_str(a, "id"), id);
   assert_string_equal(get_str(a, "service"), "echo");
@@ -384,6 +384,12 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(get_u64(a, "slots"), 256);
   assert_int_equal(get_u64(a, "slot_size"), 2048);
   assert_string_equal(get_str(a, "transport"), "shm");
+  {
+    char loc[64];
+    snprintf(loc, sizeof(loc), "/lynx-%lld",
+             (long long)json_object_get_int64(get(a, "instance")));
+    assert_string_equal(get_str(a, "locator"), loc);
+  }
   assert_int_equal(get_u64(a, "dispatched"), 105);
   assert_int_equal(get_u64(a, "responded"), 95);
   assert_int_equal(get_u64(a, "outstanding"), 10);
