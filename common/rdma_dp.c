@@ -284,19 +284,11 @@ int lynx__rdma_writev(struct lynx_tconn *tc, uint64_t off,
   int inl, rc;
   if (c->dead)
     return c->dead;
-  if (iovcnt < 0 || (iovcnt > 0 && !iov))
-    return -EINVAL;
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > c->g.region_size - total) /* no wrap either */
-      return -EFAULT;
-    total += iov[i].iov_len;
-  }
   /* the side that performs the access checks it: only fctrl and the RX
    * rings are registered for remote write */
-  if (lynx_region_class(&c->g, off, total) != LYNX_MR_WRITE)
-    return -EFAULT;
-  if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
-    return -EINVAL;
+  rc = lynx_writev_check(&c->g, off, iov, iovcnt, flags, &total);
+  if (rc)
+    return rc;
   if (total == 0)
     return 0;
   inl = total <= c->max_inline;

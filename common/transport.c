@@ -72,6 +72,25 @@ int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len) {
   return -EFAULT;
 }
 
+int lynx_writev_check(const struct lynx_geom *g, uint64_t off,
+                      const struct iovec *iov, int iovcnt, unsigned flags,
+                      uint64_t *total) {
+  uint64_t t = 0;
+  if (iovcnt < 0 || (iovcnt > 0 && !iov))
+    return -EINVAL;
+  for (int i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > g->region_size - t) /* no wrap either */
+      return -EFAULT;
+    t += iov[i].iov_len;
+  }
+  if (lynx_region_class(g, off, t) != LYNX_MR_WRITE)
+    return -EFAULT;
+  if ((flags & LYNX_WR_PUBLISH) && (t < 4 || ((off + t) & 3)))
+    return -EINVAL;
+  *total = t;
+  return 0;
+}
+
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
                        uint32_t slot_size, uint32_t ordering, uint64_t epoch,
                        uint32_t accel_id) {

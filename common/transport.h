@@ -148,6 +148,14 @@ static inline int lynx_bounds_ok(uint64_t size, uint64_t off, uint64_t len) {
 struct lynx_geom;
 int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len);
 
+/* The checks every backend makes before posting a gather write: the sum
+ * of iov (overflow-safe) lies in the write class (fctrl, RX rings), and a
+ * PUBLISH write is at least a word and ends on one. Sets *total. 0,
+ * -EFAULT or -EINVAL. */
+int lynx_writev_check(const struct lynx_geom *g, uint64_t off,
+                      const struct iovec *iov, int iovcnt, unsigned flags,
+                      uint64_t *total);
+
 /* Checks a mapped region's header against its descriptor; 0 or -EPROTO with
  * the reason in err. */
 int lynx_region_validate(const void *base, uint64_t mapped,

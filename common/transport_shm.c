@@ -147,16 +147,10 @@ static int shm_writev(struct lynx_tconn *tc, uint64_t off,
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
   uint64_t total = 0, body, done = 0;
   uint8_t *dst;
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > c->size - total) /* also keeps the sum from wrapping */
-      return -EFAULT;
-    total += iov[i].iov_len;
-  }
   /* the frontend writes fctrl and the RX rings only, as under tcp/rdma */
-  if (lynx_region_class(&c->g, off, total) != LYNX_MR_WRITE)
-    return -EFAULT;
-  if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
-    return -EINVAL;
+  int rc = lynx_writev_check(&c->g, off, iov, iovcnt, flags, &total);
+  if (rc)
+    return rc;
   dst = c->mem + off;
   body = (flags & LYNX_WR_PUBLISH) ? total - 4 : total;
   union {

@@ -759,17 +759,22 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns) {
   }
 }
 
-/* Blocking-with-deadline helpers for connection setup only. */
-static int send_all(int fd, const uint8_t *p, size_t n, uint64_t deadline) {
+/* Sends or receives exactly n bytes before the deadline (connection set-up
+ * only; the data path never blocks). */
+static int xfer_all(int fd, uint8_t *p, size_t n, int sending,
+                    uint64_t deadline) {
   while (n) {
-    ssize_t k = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t k = sending ? send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL)
+                        : recv(fd, p, n, MSG_DONTWAIT);
+    if (k == 0 && !sending)
+      return -ECONNRESET;
     if (k < 0) {
       int rc;
       if (errno == EINTR)
         continue;
       if (errno != EAGAIN)
         return errno_dead(errno);
-      rc = wait_fd(fd, POLLOUT, deadline);
+      rc = wait_fd(fd, sending ? POLLOUT : POLLIN, deadline);
       if (rc)
         return rc;
       continue;
@@ -780,26 +785,12 @@ static int send_all(int fd, const uint8_t *p, size_t n, uint64_t deadline) {
   return 0;
 }
 
+static int send_all(int fd, const uint8_t *p, size_t n, uint64_t deadline) {
+  return xfer_all(fd, (uint8_t *)p, n, 1, deadline);
+}
+
 static int recv_all(int fd, uint8_t *p, size_t n, uint64_t deadline) {
-  while (n) {
-    ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
-    if (k == 0)
-      return -ECONNRESET;
-    if (k < 0) {
-      int rc;
-      if (errno == EINTR)
-        continue;
-      if (errno != EAGAIN)
-        return errno_dead(errno);
-      rc = wait_fd(fd, POLLIN, deadline);
-      if (rc)
-        return rc;
-      continue;
-    }
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
+  return xfer_all(fd, p, n, 0, deadline);
 }
 
 /* HELLO, its reply, then a read of the region header checked against the
@@ -925,16 +916,9 @@ static int tcp_writev(struct lynx_tconn *tc, uint64_t off,
   struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
   uint64_t total = 0;
   uint8_t *p;
-  int rc;
-  for (int i = 0; i < iovcnt; i++) {
-    if (iov[i].iov_len > c->g.region_size - total)
-      return -EFAULT;
-    total += iov[i].iov_len;
-  }
-  if (lynx_region_class(&c->g, off, total) != LYNX_MR_WRITE)
-    return -EFAULT;
-  if ((flags & LYNX_WR_PUBLISH) && (total < 4 || ((off + total) & 3)))
-    return -EINVAL;
+  int rc = lynx_writev_check(&c->g, off, iov, iovcnt, flags, &total);
+  if (rc)
+    return rc;
   if (total > TCP_OP_MAX)
     return -EMSGSIZE;
   rc = buf_reserve(&c->out, TCP_HDR + total, TCP_OUT_MAX);

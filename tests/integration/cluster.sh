@@ -99,40 +99,6 @@ wait_fe_accels() {
 requests_of() {
   ctl accelerators --json | jq -r --arg a "$1" '.items[] | select(.id == $a) | .requests'
 }
-# wait_requests_grow TIMEOUT_S ID=BASE...: until every accelerator ID reports
-# more than BASE requests (heartbeats come every lease/3).
-wait_requests_grow() {
-  local t=$1 end kv id base v ok
-  local -A cur=()
-  shift
-  end=$(($(now_ms) + t * 1000))
-  for (( ; ; )); do
-    ok=1
-    cur=()
-    while read -r id v; do cur[$id]=$v; done < <(accel_requests)
-    for kv in "$@"; do
-      id=${kv%=*} base=${kv#*=}
-      v=${cur[$id]:-}
-      is_uint "$v" && ((v > base)) || ok=0
-    done
-    if ((ok)); then
-      for kv in "$@"; do
-        log "ok: accelerator ${kv%=*}: requests ${cur[${kv%=*}]} (> ${kv#*=})"
-      done
-      return 0
-    fi
-    if (($(now_ms) >= end)); then
-      for kv in "$@"; do
-        id=${kv%=*} base=${kv#*=}
-        v=${cur[$id]:-none}
-        is_uint "$v" && ((v > base)) ||
-          it_check_failed "accelerator $id: requests $v after ${t}s, want > $base"
-      done
-      return 1
-    fi
-    sleep 0.1
-  done
-}
 
 # drops_check WHAT: the frontend counted no drop of any reason (lost and
 # expired named on their own).

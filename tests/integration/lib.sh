@@ -629,6 +629,42 @@ wait_node_state() {
 accel_requests() {
   ctl accelerators --json | jq -r '.items[] | "\(.id) \(.requests)"'
 }
+# wait_requests_grow TIMEOUT_S ID=BASE...: until every accelerator ID reports
+# more than BASE requests in accel_requests (heartbeats come every lease/3);
+# 1 (each laggard recorded as a failure) after TIMEOUT_S.
+wait_requests_grow() {
+  local t=$1 end kv id base v ok
+  local -A cur=()
+  shift
+  end=$(($(now_ms) + t * 1000))
+  for (( ; ; )); do
+    ok=1
+    cur=()
+    while read -r id v; do cur[$id]=$v; done < <(accel_requests || true)
+    for kv in "$@"; do
+      id=${kv%=*} base=${kv#*=}
+      v=${cur[$id]:-}
+      if ! is_uint "$v" || ((v <= base)); then ok=0; fi
+    done
+    if ((ok)); then
+      for kv in "$@"; do
+        log "ok: accelerator ${kv%=*}: requests ${cur[${kv%=*}]} (> ${kv#*=})"
+      done
+      return 0
+    fi
+    if (($(now_ms) >= end)); then
+      for kv in "$@"; do
+        id=${kv%=*} base=${kv#*=}
+        v=${cur[$id]:-none}
+        if ! is_uint "$v" || ((v <= base)); then
+          it_check_failed "accelerator $id: requests $v after ${t}s of waiting, want > $base"
+        fi
+      done
+      return 1
+    fi
+    sleep 0.1
+  done
+}
 
 # json_error_check WHAT STATUS CODE MESSAGE_PART: the last api answer has HTTP
 # STATUS, is application/json, and is {"error":{"code":CODE,"message":...}}
