@@ -38,6 +38,7 @@ static const char usage_text[] =
     "  nodes | accelerators | mqueues | services | frontends\n"
     "  service create --name N --port P --app A [--slot-size Z] [--slots S]\n"
     "                 [--mqueues M] [--work-us U]\n"
+    "                 [--proto udp|tcp [--framing len32|fixed:N]]\n"
     "                 [--placement all | --replicas N [--selector k=v,...]]\n"
     "  service create -f FILE.json      (-f - reads standard input)\n"
     "  service delete NAME\n"
@@ -590,7 +591,7 @@ static int print_service_created(struct ctl *t, struct json_object *j,
 
 static int cmd_service_create(struct ctl *t, int argc, char **argv) {
   const char *file = NULL, *name = NULL, *app = NULL, *placement = NULL,
-             *selector = NULL, *v = NULL;
+             *selector = NULL, *proto = NULL, *framing = NULL, *v = NULL;
   uint32_t port = 0, slot_size = 0, slots = 0, mqueues = 0, work_us = 0,
            replicas = 0;
   int has_port = 0, has_slot_size = 0, has_slots = 0, has_mq = 0, has_work = 0,
@@ -613,6 +614,8 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
     OPT("--file", file = v)
     OPT("--name", name = v)
     OPT("--app", app = v)
+    OPT("--proto", proto = v)
+    OPT("--framing", framing = v)
     NUM("--port", port, has_port)
     NUM("--slot-size", slot_size, has_slot_size)
     NUM("--slots", slots, has_slots)
@@ -629,8 +632,9 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
   if (file) {
     FILE *f;
     int too_big = 0;
-    if (name || app || placement || selector || has_port || has_slot_size ||
-        has_slots || has_mq || has_work || has_replicas)
+    if (name || app || placement || selector || proto || framing ||
+        has_port || has_slot_size || has_slots || has_mq || has_work ||
+        has_replicas)
       return usage_err("service create: -f takes the whole spec; give no "
                        "other option with it");
     f = strcmp(file, "-") == 0 ? stdin : fopen(file, "r");
@@ -663,6 +667,21 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
     json_object_object_add(req, "name", json_object_new_string(name));
     json_object_object_add(req, "port", json_object_new_int64(port));
     json_object_object_add(req, "app", json_object_new_string(app));
+    if (proto)
+      json_object_object_add(req, "proto", json_object_new_string(proto));
+    if (framing && strncmp(framing, "fixed:", 6) == 0) {
+      struct json_object *f = json_object_new_object();
+      uint32_t n;
+      if (!f || parse_u32("--framing fixed:N", framing + 6, &n)) {
+        json_object_put(f);
+        json_object_put(req);
+        return f ? EX_USAGE : EX_API;
+      }
+      json_object_object_add(f, "fixed", json_object_new_int64(n));
+      json_object_object_add(req, "framing", f);
+    } else if (framing) {
+      json_object_object_add(req, "framing", json_object_new_string(framing));
+    }
     if (has_slot_size)
       json_object_object_add(req, "slot_size",
                              json_object_new_int64(slot_size));

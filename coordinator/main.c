@@ -178,6 +178,7 @@ static void spec_to_pb(const struct lynx_service_spec *s,
   pb->slots = s->slots;
   pb->mqueues_per_accel = s->mqueues_per_accel;
   pb->work_us = s->work_us;
+  pb->fixed_len = s->fixed_len;
 }
 
 static struct cpeer *agent_peer(struct coordinator *co, const char *node) {

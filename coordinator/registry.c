@@ -1058,9 +1058,12 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
     return -EINVAL;
   }
   if (slen(sp->proto, sizeof(sp->proto)) >= sizeof(sp->proto) ||
-      strcmp(sp->proto, "udp")) {
-    ERR_INVALID(err, "proto: only \"udp\" is supported (tcp comes in a later "
-                     "release)");
+      (strcmp(sp->proto, "udp") && strcmp(sp->proto, "tcp"))) {
+    ERR_INVALID(err, "proto: must be \"udp\" or \"tcp\"");
+    return -EINVAL;
+  }
+  if (sp->fixed_len && strcmp(sp->proto, "tcp")) {
+    ERR_INVALID(err, "framing: only a tcp service has one");
     return -EINVAL;
   }
   if (sp->port < 1 || sp->port > 65535) {
@@ -1091,6 +1094,12 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
   }
   if (lynx_geom_init(&g, sp->mqueues_per_accel, sp->slots, sp->slot_size)) {
     ERR_INVALID(err, "slots: geometry out of bounds");
+    return -EINVAL;
+  }
+  if (sp->fixed_len > lynx_slot_cap(sp->slot_size)) {
+    ERR_INVALID(err, "framing: fixed messages of %u bytes do not fit a "
+                "%u-byte slot (at most %u)", sp->fixed_len, sp->slot_size,
+                lynx_slot_cap(sp->slot_size));
     return -EINVAL;
   }
   if (sp->placement != LYNX_PLACE_ALL && sp->placement != LYNX_PLACE_REPLICAS) {

@@ -87,8 +87,9 @@ struct lynx_reg_node {
 
 struct lynx_service_spec {
   char name[LYNX_ID_MAX];
-  char proto[8]; /* "udp" */
+  char proto[8]; /* "udp" or "tcp" */
   uint32_t port;
+  uint32_t fixed_len; /* tcp framing: 0 = len32, N = fixed N-byte messages */
   char app[LYNX_ID_MAX];
   uint32_t slot_size, slots, mqueues_per_accel, work_us;
   enum lynx_placement_kind placement;

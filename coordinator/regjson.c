@@ -96,6 +96,15 @@ static struct json_object *spec_obj(const struct lynx_service_spec *sp) {
   struct json_object *o = json_object_new_object();
   add_str(o, "name", sp->name);
   add_str(o, "proto", sp->proto);
+  if (!strcmp(sp->proto, "tcp")) {
+    if (sp->fixed_len) {
+      struct json_object *f = json_object_new_object();
+      add_u64(f, "fixed", sp->fixed_len);
+      json_object_object_add(o, "framing", f);
+    } else {
+      add_str(o, "framing", "len32");
+    }
+  }
   add_u64(o, "port", sp->port);
   add_str(o, "app", sp->app);
   add_u64(o, "slot_size", sp->slot_size);
@@ -360,6 +369,26 @@ static int get_selector(struct json_object *v, struct lynx_service_spec *sp,
   return 0;
 }
 
+/* "framing": "len32" or {"fixed": N} (N > 0). */
+static int get_framing(struct json_object *v, struct lynx_service_spec *sp,
+                       struct lynx_reg_err *err) {
+  struct json_object *n;
+  if (json_object_is_type(v, json_type_string) &&
+      !strcmp(json_object_get_string(v), "len32")) {
+    sp->fixed_len = 0;
+    return 0;
+  }
+  if (json_object_is_type(v, json_type_object) &&
+      json_object_object_length(v) == 1 &&
+      json_object_object_get_ex(v, "fixed", &n)) {
+    int rc = get_u32(n, "framing.fixed", 1, &sp->fixed_len, err);
+    if (!rc && sp->fixed_len == 0)
+      rc = bad(err, "framing.fixed: must be at least 1");
+    return rc;
+  }
+  return bad(err, "framing: must be \"len32\" or {\"fixed\": N}");
+}
+
 static int get_placement(struct json_object *v, struct lynx_service_spec *sp,
                          struct lynx_reg_err *err) {
   int have_replicas = 0;
@@ -402,7 +431,7 @@ static int get_placement(struct json_object *v, struct lynx_service_spec *sp,
 int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
                            struct lynx_reg_err *err) {
   struct lynx_service_spec sp;
-  int have_name = 0, have_port = 0, have_app = 0, rc;
+  int have_name = 0, have_port = 0, have_app = 0, have_framing = 0, rc;
 
   if (!out)
     return -EINVAL;
@@ -423,8 +452,10 @@ int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
     } else if (!strcmp(key, "proto")) {
       rc = get_string(val, "proto", sp.proto, sizeof(sp.proto), err);
       if (rc == -EINVAL && json_object_is_type(val, json_type_string))
-        rc = bad(err, "proto: only \"udp\" is supported (tcp comes in a "
-                      "later release)");
+        rc = bad(err, "proto: must be \"udp\" or \"tcp\"");
+    } else if (!strcmp(key, "framing")) {
+      rc = get_framing(val, &sp, err);
+      have_framing = 1;
     } else if (!strcmp(key, "port")) {
       rc = get_u32(val, "port", 1, &sp.port, err);
       have_port = 1;
@@ -455,6 +486,8 @@ int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
     return bad(err, "port: required");
   if (!have_app)
     return bad(err, "app: required");
+  if (have_framing && strcmp(sp.proto, "tcp"))
+    return bad(err, "framing: only a tcp service has one");
   rc = lynx_service_spec_validate(&sp, err);
   if (rc)
     return rc;

@@ -53,10 +53,25 @@ enum fe_qdrop {
   FE_QDROP_LOST,        /* accelerator left or frontend stopped with it */
   FE_QDROP_WRITE_ERR,   /* transport refused the request write */
   FE_QDROP_SEND_ERR,    /* the response could not be sent to the client */
+  FE_QDROP_CLIENT_GONE, /* TCP: the client closed before its answer came */
   FE_QDROP_MAX
 };
 
+/* TCP client connections closed by the frontend, by reason, and other
+ * per-worker TCP events. */
+enum fe_tcpev {
+  FE_TCP_ACCEPTED,    /* connections accepted */
+  FE_TCP_CLOSED,      /* closed by the client */
+  FE_TCP_OVERSIZE,    /* closed: a frame longer than a slot's payload */
+  FE_TCP_SLOW_READER, /* closed: its unsent answers passed the bound */
+  FE_TCP_ABORTED,     /* closed: a request of it expired or was lost */
+  FE_TCP_ERROR,       /* closed: socket error */
+  FE_TCP_NO_MQUEUE,   /* closed: no accelerator in dispatch */
+  FE_TCPEV_MAX
+};
+
 extern const char *const fe_wdrop_names[FE_WDROP_MAX];
+extern const char *const fe_tcpev_names[FE_TCPEV_MAX];
 extern const char *const fe_qdrop_names[FE_QDROP_MAX];
 
 /* An accelerator instance as the frontend knows it: what the agent (static
@@ -76,6 +91,7 @@ struct fe_mq;
 struct fe_resp {
   uint64_t seq;
   union lynx_sockaddr addr;
+  uint32_t cli, cli_gen; /* TCP services: the client connection */
   const uint8_t *data;
   uint32_t len;
   struct fe_mq *mq;
@@ -184,19 +200,46 @@ struct fe_worker {
   lynx_counter retired_dispatched, retired_responded;
   lynx_counter retired_drops[FE_QDROP_MAX];
   char fence_scratch[8];
+  /* TCP services (tcpsvc.c) */
+  uv_tcp_t listener;
+  int listener_open;
+  struct fe_client **clients; /* by slot; NULL = free */
+  uint32_t n_slots, n_clients;
+  struct fe_client *paused;   /* clients with a frame waiting for room */
+  lynx_counter tcp[FE_TCPEV_MAX];
+};
+
+/* A TCP client connection of a TCP service (owned by one worker). */
+struct fe_client {
+  uv_tcp_t h;
+  struct fe_worker *w;
+  uint32_t slot, gen;
+  uint8_t *in;                /* received, not yet dispatched */
+  uint32_t in_len, in_cap;
+  uint8_t *out;               /* answers the kernel did not take yet */
+  size_t out_len, out_cap;
+  uint8_t *wbuf;              /* the uv_write in flight */
+  uv_write_t wreq;
+  int writing, reading, closing, paused;
+  struct fe_client *next_paused;
 };
 
 struct fe_cfg {
-  char *agent, *coordinator, *udp, *bind, *metrics, *frontend_id, *log_level,
-      *token_file;
+  char *agent, *coordinator, *udp, *tcp, *framing, *bind, *metrics,
+      *frontend_id, *log_level, *token_file;
+  uint32_t fixed_len; /* --framing fixed:N, parsed */
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
   int dispatch, poll, order;
 };
 
-/* One UDP service: its port, its workers. */
+enum fe_proto { FE_PROTO_UDP = 0, FE_PROTO_TCP = 1 };
+
+/* One service: its port, its protocol, its workers. */
 struct frontend {
   const struct fe_cfg *cfg;
   char service[64];
+  enum fe_proto proto;
+  uint32_t fixed_len; /* TCP framing: 0 = len32, else fixed-size messages */
   struct sockaddr_storage udp_addr;
   struct fe_worker *w;
   uint32_t n_w;
@@ -211,6 +254,28 @@ struct frontend {
   uint32_t n_instances;
   struct frontend *next;
 };
+
+/* worker.c (worker thread): dispatches one request from a UDP peer (cli
+ * unused) or a TCP client (peer NULL). 0 when written; a fe_wdrop reason
+ * (> 0; FE_WDROP_MAX: counted on the mqueue) when dropped; with hold,
+ * -EAGAIN instead when the request must wait for room (a TCP stream keeps
+ * its order and loses nothing). */
+int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
+              uint32_t flow, const struct sockaddr *peer, uint32_t cli,
+              uint32_t cli_gen, int hold);
+
+/* tcpsvc.c (worker thread) */
+int fe_tcp_open(struct fe_worker *w);
+void fe_tcp_stop_accepting(struct fe_worker *w);
+void fe_tcp_close_all(struct fe_worker *w);
+/* Frames an answer onto its client's connection; counts and drops it when
+ * the client is gone. */
+void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r);
+/* A request of this client will never be answered (expired, lost): the
+ * stream cannot stay in step, so the connection is closed. */
+void fe_tcp_abort(struct fe_worker *w, uint32_t cli, uint32_t gen);
+/* Retries clients whose next frame waited for room; work done. */
+int fe_tcp_resume(struct fe_worker *w);
 
 /* worker.c (main thread) */
 /* Starts n_w workers on fe->udp_addr with no accelerator yet. */

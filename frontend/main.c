@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <json-c/json.h>
+#include <sys/resource.h>
 
 #include "ctlconn.h"
 #include "frontend.h"
@@ -46,6 +47,11 @@ static const struct lynx_opt fe_opts[] = {
      "coordinator control address: serve what it says"},
     {"udp", LYNX_OPT_STR, O(udp), "7000", 0, 0, NULL,
      "static mode: UDP port, or host:port, to serve"},
+    {"tcp", LYNX_OPT_STR, O(tcp), NULL, 0, 0, NULL,
+     "static mode: serve a TCP port (or host:port) instead of --udp"},
+    {"framing", LYNX_OPT_STR, O(framing), "len32", 0, 0, NULL,
+     "static mode, with --tcp: len32 (4-byte big-endian length, then the "
+     "message) or fixed:N (N-byte messages)"},
     {"bind", LYNX_OPT_STR, O(bind), "0.0.0.0", 0, 0, NULL,
      "coordinator mode: address the services' ports are bound on"},
     {"workers", LYNX_OPT_U32, O(workers), "1", 1, 64, NULL,
@@ -114,7 +120,8 @@ static struct frontend *service_find(struct fe_main *m, const char *name) {
 /* Starts a service's workers on udp (host:port); n_w clamped to mqueues. */
 static struct frontend *service_start(struct fe_main *m, const char *name,
                                       const struct sockaddr_storage *udp,
-                                      uint32_t mqueues) {
+                                      uint32_t mqueues, enum fe_proto proto,
+                                      uint32_t fixed_len) {
   struct frontend *fe = calloc(1, sizeof(*fe));
   int rc;
   if (!fe)
@@ -122,6 +129,8 @@ static struct frontend *service_start(struct fe_main *m, const char *name,
   fe->cfg = &m->cfg;
   snprintf(fe->service, sizeof(fe->service), "%s", name);
   fe->udp_addr = *udp;
+  fe->proto = proto;
+  fe->fixed_len = fixed_len;
   fe->n_w = m->cfg.workers;
   if (mqueues && fe->n_w > mqueues) {
     LYNX_WARN("frontend", "service %s: %u workers but %u mqueues per "
@@ -262,20 +271,24 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
       min_q = accels[i].g.n_mqueues;
   }
   if (!fe) {
-    snprintf(addr, sizeof(addr), "%s%s", strchr(m->cfg.udp, ':') ? "" : ":",
-             m->cfg.udp);
+    const char *port = m->cfg.tcp ? m->cfg.tcp : m->cfg.udp;
+    snprintf(addr, sizeof(addr), "%s%s", strchr(port, ':') ? "" : ":", port);
     lynx_parse_hostport(addr, &udp); /* checked in main */
     fe = service_start(m, d->service && *d->service ? d->service : "default",
-                       &udp, min_q);
+                       &udp, min_q,
+                       m->cfg.tcp ? FE_PROTO_TCP : FE_PROTO_UDP,
+                       m->cfg.tcp ? m->cfg.fixed_len : 0);
     if (!fe) {
       rc = -EIO;
       goto out;
     }
   }
   service_set_instances(fe, accels, (uint32_t)d->n_regions, NULL, 0, 1);
-  LYNX_INFO("frontend", "%s: serving UDP %s for service %s: %zu accelerators "
+  LYNX_INFO("frontend", "%s: serving %s %s for service %s: %zu accelerators "
             "of %s (epoch %llu), %u workers, dispatch %s, poll %s",
-            m->id, m->cfg.udp, fe->service, d->n_regions, d->node_id,
+            m->id, m->cfg.tcp ? "TCP" : "UDP",
+            m->cfg.tcp ? m->cfg.tcp : m->cfg.udp, fe->service, d->n_regions,
+            d->node_id,
             (unsigned long long)d->epoch, fe->n_w,
             dispatch_names[m->cfg.dispatch], poll_names[m->cfg.poll]);
 out:
@@ -357,6 +370,10 @@ static int spec_addr(const struct fe_main *m, uint32_t port,
   return lynx_parse_hostport(addr, ss);
 }
 
+static enum fe_proto spec_proto(const Lynx__ServiceSpec *sp) {
+  return sp->proto && !strcmp(sp->proto, "tcp") ? FE_PROTO_TCP : FE_PROTO_UDP;
+}
+
 static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
   /* services that are gone (or moved port) are stopped first */
   for (struct frontend *fe = m->services, *next; fe; fe = next) {
@@ -367,7 +384,8 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       struct sockaddr_storage ss;
       keep = sp && sp->name && strcmp(sp->name, fe->service) == 0 &&
              spec_addr(m, sp->port, &ss) == 0 &&
-             memcmp(&ss, &fe->udp_addr, sizeof(ss)) == 0;
+             memcmp(&ss, &fe->udp_addr, sizeof(ss)) == 0 &&
+             spec_proto(sp) == fe->proto && sp->fixed_len == fe->fixed_len;
     }
     if (!keep) {
       LYNX_INFO("frontend", "%s: service %s no longer served here", m->id,
@@ -390,11 +408,13 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
         LYNX_ERR("frontend", "service %s: bad port %u", sp->name, sp->port);
         continue;
       }
-      fe = service_start(m, sp->name, &ss, sp->mqueues_per_accel);
+      fe = service_start(m, sp->name, &ss, sp->mqueues_per_accel,
+                         spec_proto(sp), sp->fixed_len);
       if (!fe)
         continue;
-      LYNX_INFO("frontend", "%s: serving service %s on UDP %s:%u", m->id,
-                sp->name, m->cfg.bind, sp->port);
+      LYNX_INFO("frontend", "%s: serving service %s on %s %s:%u", m->id,
+                sp->name, spec_proto(sp) == FE_PROTO_TCP ? "TCP" : "UDP",
+                m->cfg.bind, sp->port);
     }
     accels = calloc(st->n_entries + 1, sizeof(*accels));
     if (!accels)
@@ -518,6 +538,13 @@ int main(int argc, char **argv) {
     return rc > 0 ? 0 : 2;
   m.exit_code = 2;
   signal(SIGPIPE, SIG_IGN);
+  { /* a TCP service holds a descriptor per client: lift the soft limit */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
   pthread_mutex_init(&m.list_lock, NULL);
   lvl = lynx_log_parse_level(cfg->log_level);
   if (lvl < 0) {
@@ -540,10 +567,25 @@ int main(int argc, char **argv) {
             m.coordinator_mode ? "coordinator" : "agent", peer);
     goto out;
   }
-  snprintf(udp, sizeof(udp), "%s%s", strchr(cfg->udp, ':') ? "" : ":",
-           cfg->udp);
-  if (lynx_parse_hostport(udp, &ss)) {
-    fprintf(stderr, "--udp: '%s' is not a port or host:port\n", cfg->udp);
+  {
+    const char *port = cfg->tcp ? cfg->tcp : cfg->udp;
+    snprintf(udp, sizeof(udp), "%s%s", strchr(port, ':') ? "" : ":", port);
+    if (lynx_parse_hostport(udp, &ss)) {
+      fprintf(stderr, "--%s: '%s' is not a port or host:port\n",
+              cfg->tcp ? "tcp" : "udp", port);
+      goto out;
+    }
+  }
+  if (!strncmp(cfg->framing, "fixed:", 6)) {
+    uint64_t n;
+    if (lynx_parse_u64(cfg->framing + 6, 1, LYNX_SLOT_MAX, &n)) {
+      fprintf(stderr, "--framing: fixed:N needs 1 <= N <= %u\n",
+              LYNX_SLOT_MAX);
+      goto out;
+    }
+    cfg->fixed_len = (uint32_t)n;
+  } else if (strcmp(cfg->framing, "len32")) {
+    fprintf(stderr, "--framing: len32 or fixed:N, not '%s'\n", cfg->framing);
     goto out;
   }
   if (spec_addr(&m, 1, &ss)) {

@@ -68,6 +68,10 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
              "# TYPE lynx_frontend_responded_total counter\n"
              "# HELP lynx_frontend_dropped_total Requests or responses dropped, by reason.\n"
              "# TYPE lynx_frontend_dropped_total counter\n"
+             "# HELP lynx_frontend_tcp_connections_total TCP service connections: accepted, and closed by reason.\n"
+             "# TYPE lynx_frontend_tcp_connections_total counter\n"
+             "# HELP lynx_frontend_tcp_clients TCP service connections open now.\n"
+             "# TYPE lynx_frontend_tcp_clients gauge\n"
              "# HELP lynx_frontend_flow_moves_total Requests of a client flow sent to another mqueue while earlier ones were in flight (its mqueue was full or left dispatch): answers may be reordered.\n"
              "# TYPE lynx_frontend_flow_moves_total counter\n");
   fprintf(fd, "# HELP lynx_mqueue_dispatched_total Requests written to this mqueue.\n"
@@ -79,7 +83,7 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
   pthread_mutex_lock(m->lock);
   for (struct frontend *fe = *m->list; fe; fe = fe->next) {
     struct mq_pass p;
-    uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0};
+    uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
     memset(&p, 0, sizeof(p));
     p.fe = fe;
     p.disp = fd;
@@ -89,6 +93,8 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
       const struct fe_worker *w = &fe->w[i];
       rcv += lynx_cnt_get(&w->received);
       moves += lynx_cnt_get(&w->flow_moves);
+      for (int r = 0; r < FE_TCPEV_MAX; r++)
+        tev[r] += lynx_cnt_get(&w->tcp[r]);
       for (int r = 0; r < FE_WDROP_MAX; r++)
         wd[r] += lynx_cnt_get(&w->drops[r]);
       p.dispatched += lynx_cnt_get(&w->retired_dispatched);
@@ -101,6 +107,19 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
             fe->service, (unsigned long long)rcv);
     fprintf(f, "lynx_frontend_flow_moves_total{service=\"%s\"} %llu\n",
             fe->service, (unsigned long long)moves);
+    if (fe->proto == FE_PROTO_TCP) {
+      uint64_t gone = 0;
+      for (int r = 0; r < FE_TCPEV_MAX; r++) {
+        fprintf(f, "lynx_frontend_tcp_connections_total{service=\"%s\","
+                   "event=\"%s\"} %llu\n",
+                fe->service, fe_tcpev_names[r], (unsigned long long)tev[r]);
+        if (r != FE_TCP_ACCEPTED)
+          gone += tev[r];
+      }
+      fprintf(f, "lynx_frontend_tcp_clients{service=\"%s\"} %llu\n",
+              fe->service,
+              (unsigned long long)(tev[FE_TCP_ACCEPTED] - gone));
+    }
     fprintf(f, "lynx_frontend_dispatched_total{service=\"%s\"} %llu\n",
             fe->service, (unsigned long long)p.dispatched);
     fprintf(f, "lynx_frontend_responded_total{service=\"%s\"} %llu\n",

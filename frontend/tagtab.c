@@ -52,7 +52,10 @@ struct lynx_tag_entry *lynx_tag_alloc(struct lynx_tagtab *t, uint32_t mq,
   e->mq = mq;
   e->t_ns = now_ns;
   e->in_use = 1;
-  if (peer->sa_family == AF_INET6)
+  e->cli = e->cli_gen = 0;
+  if (!peer) /* a TCP client: the caller fills cli and cli_gen */
+    memset(&e->peer, 0, sizeof(e->peer));
+  else if (peer->sa_family == AF_INET6)
     memcpy(&e->peer.v6, peer, sizeof(e->peer.v6));
   else
     memcpy(&e->peer.v4, peer, sizeof(e->peer.v4));

@@ -27,6 +27,7 @@ struct lynx_tag_entry {
   uint32_t mq;     /* frontend-wide mqueue index */
   uint32_t flow;   /* caller's flow-table slot */
   uint32_t in_use;
+  uint32_t cli, cli_gen; /* TCP services: client slot and its generation */
 };
 
 struct lynx_tagtab {
@@ -45,7 +46,8 @@ int lynx_tagtab_init(struct lynx_tagtab *t, uint32_t min_entries,
                      uint32_t gen0);
 void lynx_tagtab_free(struct lynx_tagtab *t);
 
-/* Allocates an entry for a request to mqueue mq from peer; returns the entry
+/* Allocates an entry for a request to mqueue mq from peer (NULL for a TCP
+ * client, whose slot the caller records in cli/cli_gen); returns the entry
  * and its tag in *tag, or NULL when the table is full. */
 struct lynx_tag_entry *lynx_tag_alloc(struct lynx_tagtab *t, uint32_t mq,
                                       const struct sockaddr *peer,

@@ -47,7 +47,7 @@ const char *const fe_wdrop_names[FE_WDROP_MAX] = {
     "oversize", "ring_full", "no_mqueue", "tag_full", "shutdown"};
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
-    "expired",   "lost",        "write_error", "send_error"};
+    "expired",   "lost",        "write_error", "send_error", "client_gone"};
 
 static const uint8_t zeros[16];
 
@@ -77,7 +77,10 @@ static void tag_done(struct fe_worker *w, struct lynx_tag_entry *e) {
 }
 
 static void on_lost(void *arg, const struct lynx_tag_entry *e) {
-  flow_done(arg, e);
+  struct fe_worker *w = arg;
+  flow_done(w, e);
+  if (w->fe->proto == FE_PROTO_TCP)
+    fe_tcp_abort(w, e->cli, e->cli_gen);
 }
 
 /* ---- connection failure ------------------------------------------- */
@@ -141,6 +144,12 @@ static void flush_sends(struct fe_worker *w) {
     return;
   if (w->n_resp > 1)
     qsort(w->resp, w->n_resp, sizeof(*w->resp), resp_cmp);
+  if (w->fe->proto == FE_PROTO_TCP) {
+    for (uint32_t i = 0; i < w->n_resp; i++)
+      fe_tcp_send(w, &w->resp[i]);
+    w->n_resp = 0;
+    return;
+  }
   if (uv_fileno((uv_handle_t *)&w->udp, &fd) != 0) {
     /* the socket is closed (stopping): these answers cannot go out */
     for (uint32_t i = 0; i < w->n_resp; i++)
@@ -191,6 +200,8 @@ static void queue_send(struct fe_worker *w, struct fe_mq *mq,
   struct fe_resp *r = &w->resp[w->n_resp++];
   r->seq = e->seq;
   r->addr = e->peer;
+  r->cli = e->cli;
+  r->cli_gen = e->cli_gen;
   r->data = data;
   r->len = len;
   r->mq = mq;
@@ -456,10 +467,8 @@ static int write_request(struct fe_worker *w, struct fe_mq *mq,
 static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                     const struct sockaddr *addr, unsigned flags) {
   struct fe_worker *w = h->data;
-  struct fe_mq *mq;
-  uint32_t tag, flow;
-  struct lynx_tag_entry *e;
-  int i, rc;
+  uint32_t flow;
+  int rc;
   if (nread < 0) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: receive error: %s",
                 w->id, uv_strerror((int)nread));
@@ -484,22 +493,40 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     return;
   }
   flow = w->flows ? lynx_flow_hash(addr) & w->flow_mask : 0;
-  i = lynx_dispatch_pick_flow(&w->disp, w->flows ? &w->flows[flow] : NULL);
+  rc = fe_submit(w, buf->base, (uint32_t)nread, flow, addr, 0, 0, 0);
+  if (rc > 0 && rc < FE_WDROP_MAX)
+    lynx_cnt_add(&w->drops[rc], 1);
+}
+
+int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
+              uint32_t flow, const struct sockaddr *peer, uint32_t cli,
+              uint32_t cli_gen, int hold) {
+  struct lynx_flow *fl = w->flows ? &w->flows[flow] : NULL;
+  struct fe_mq *mq;
+  struct lynx_tag_entry *e;
+  uint32_t tag;
+  int i, rc;
+  if (hold && fl && fl->outstanding) {
+    /* a stream keeps its order: it waits for room on its mqueue rather
+     * than moving */
+    const struct lynx_dq *q = fl->q < w->disp.n ? w->disp.q[fl->q] : NULL;
+    if (q && q->up && q->rx_prod - q->rx_cons >= q->slots)
+      return -EAGAIN;
+  }
+  i = lynx_dispatch_pick_flow(&w->disp, fl);
   if (i < 0) {
-    enum fe_wdrop r = i == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_NO_MQUEUE;
-    lynx_cnt_add(&w->drops[r], 1);
-    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: datagram dropped: %s",
-                w->id, r == FE_DROP_RING_FULL ? "every RX ring is full"
-                                              : "no mqueue in dispatch");
-    return;
+    if (i == -ENOSPC && hold)
+      return -EAGAIN;
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: request dropped: %s",
+                w->id, i == -ENOSPC ? "every RX ring is full"
+                                    : "no mqueue in dispatch");
+    return i == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_NO_MQUEUE;
   }
   mq = container_of(w->dqs[i], struct fe_mq, dq);
-  e = lynx_tag_alloc(&w->tags, mq->gid, addr, w->now_ns, &tag);
-  if (!e) {
-    lynx_cnt_add(&w->drops[FE_DROP_TAG_FULL], 1);
-    return;
-  }
-  rc = write_request(w, mq, buf->base, (uint32_t)nread, tag);
+  e = lynx_tag_alloc(&w->tags, mq->gid, peer, w->now_ns, &tag);
+  if (!e)
+    return hold ? -EAGAIN : FE_DROP_TAG_FULL;
+  rc = write_request(w, mq, data, len, tag);
   if (rc) {
     lynx_tag_release(&w->tags, e);
     lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
@@ -512,20 +539,23 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                   mq->conn->acc.node, mq->conn->acc.desc.accel_id);
     else
       conn_fail(w, mq->conn, rc);
-    return;
+    return FE_WDROP_MAX; /* counted on the mqueue */
   }
   e->seq = w->dispatch_seq++;
   e->flow = flow;
-  if (w->flows) {
-    if (w->flows[flow].outstanding && w->flows[flow].q != (uint32_t)i)
+  e->cli = cli;
+  e->cli_gen = cli_gen;
+  if (fl) {
+    if (fl->outstanding && fl->q != (uint32_t)i)
       lynx_cnt_add(&w->flow_moves, 1);
-    w->flows[flow].q = (uint32_t)i;
-    w->flows[flow].outstanding++;
+    fl->q = (uint32_t)i;
+    fl->outstanding++;
   }
   mq->dq.rx_prod++;
   outstanding_set(mq, mq->dq.outstanding + 1);
   mq->conn->dirty = 1;
   lynx_cnt_add(&mq->dispatched, 1);
+  return 0;
 }
 
 /* ---- loop ----------------------------------------------------------- */
@@ -538,6 +568,8 @@ static void on_expire(void *arg, const struct lynx_tag_entry *e) {
       if (w->conns[i]->mqs[k].gid == e->mq)
         mq = &w->conns[i]->mqs[k];
   flow_done(w, e);
+  if (w->fe->proto == FE_PROTO_TCP)
+    fe_tcp_abort(w, e->cli, e->cli_gen);
   if (!mq)
     return;
   outstanding_set(mq, mq->dq.outstanding - 1);
@@ -608,6 +640,8 @@ static void worker_loop(struct fe_worker *w) {
     for (uint32_t i = 0; i < w->n_conns; i++)
       work += conn_progress(w, w->conns[i]);
     flush_sends(w);
+    if (w->paused)
+      work += fe_tcp_resume(w);
     w->now_ns = lynx_now_ns();
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
@@ -620,6 +654,7 @@ static void worker_loop(struct fe_worker *w) {
     if (!stopping && __atomic_load_n(&fe->stopping, __ATOMIC_ACQUIRE)) {
       stopping = 1;
       udp_close(w); /* stop receiving; answer what is in flight */
+      fe_tcp_stop_accepting(w);
     }
     if (stopping &&
         (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
@@ -681,6 +716,7 @@ static void *worker_main(void *arg) {
   prctl(PR_SET_TIMERSLACK, 1000UL);
   worker_loop(w);
   udp_close(w);
+  fe_tcp_close_all(w);
   uv_close((uv_handle_t *)&w->wake, NULL);
   uv_run(&w->loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&w->loop) != 0)
@@ -1079,6 +1115,7 @@ static void worker_free(struct fe_worker *w) {
     w->cmds = c->next;
     free(c);
   }
+  free(w->clients);
   free(w->conns);
   free(w->dqs);
   free(w->rbuf);
@@ -1119,7 +1156,7 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   if (rc)
     return rc;
   w->wake.data = w;
-  return open_udp(w);
+  return fe->proto == FE_PROTO_TCP ? fe_tcp_open(w) : open_udp(w);
 }
 
 int fe_workers_start(struct frontend *fe) {
@@ -1216,6 +1253,7 @@ void fe_workers_stop(struct frontend *fe) {
     } else if (w->loop_ready) {
       /* set up but never started: close its handles here */
       udp_close(w);
+      fe_tcp_close_all(w);
       if (w->wake.loop && !uv_is_closing((uv_handle_t *)&w->wake))
         uv_close((uv_handle_t *)&w->wake, NULL);
       uv_run(&w->loop, UV_RUN_DEFAULT);

@@ -1,0 +1,439 @@
+/*
+ * tcpsvc.c - TCP services: the frontend accepts client connections, cuts
+ * their byte streams into messages, dispatches every message to the same
+ * server mqueues UDP requests use, and writes each answer back on the
+ * connection its request came from (docs/tcp-services.md).
+ *
+ * Framing per service: len32 (a 4-byte big-endian length, then the bytes;
+ * answers framed the same way) or fixed N (every message and answer is N
+ * bytes; an answer of another size is framed to N: cut or zero-padded).
+ *
+ * Each worker has its own SO_REUSEPORT listener, so the kernel spreads
+ * connections over the workers, and a connection lives on one worker: no
+ * locks. A connection is a flow (flow order, docs/design.md): its requests
+ * in flight stay on one mqueue, so its answers come back in order. When
+ * that mqueue is full, or the tag table is, the connection is paused (not
+ * read) until there is room, instead of moving or dropping: a stream loses
+ * nothing and keeps its order, and TCP's own flow control slows the client.
+ *
+ * Bounds: a connection holds at most one frame of input (the largest
+ * payload a slot takes, plus the length word) and FE_TCP_OUT_MAX bytes of
+ * answers the kernel has not taken; past that it is a slow reader and is
+ * closed. A frame longer than a slot's payload closes the connection. A
+ * client that closes with requests in flight loses their answers, which
+ * are counted (dropped_total{reason="client_gone"}). A request that
+ * expires or is lost (its accelerator left) closes its connection: the
+ * stream could not stay in step.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "frontend.h"
+#include "log.h"
+
+#define FE_TCP_OUT_MAX (4u << 20) /* unsent answer bytes per connection */
+#define FE_TCP_BACKLOG 4096
+
+const char *const fe_tcpev_names[FE_TCPEV_MAX] = {
+    "accepted", "closed", "oversize", "slow_reader",
+    "aborted",  "error",  "no_mqueue"};
+
+static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b);
+
+/* ---- connections --------------------------------------------------------- */
+
+static void client_freed(uv_handle_t *h) {
+  struct fe_client *c = h->data;
+  free(c->in);
+  free(c->out);
+  free(c->wbuf);
+  free(c);
+}
+
+static void client_unpause(struct fe_worker *w, struct fe_client *c) {
+  struct fe_client **pp = &w->paused;
+  if (!c->paused)
+    return;
+  while (*pp && *pp != c)
+    pp = &(*pp)->next_paused;
+  if (*pp)
+    *pp = c->next_paused;
+  c->paused = 0;
+}
+
+/* Closes a connection; answers still due to it are discarded and counted
+ * when they come (its slot's generation moves on). */
+static void client_close(struct fe_client *c, enum fe_tcpev why) {
+  struct fe_worker *w = c->w;
+  if (c->closing)
+    return;
+  c->closing = 1;
+  lynx_cnt_add(&w->tcp[why], 1);
+  if (why != FE_TCP_CLOSED)
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: client "
+                "connection closed: %s", w->fe->service, w->id,
+                fe_tcpev_names[why]);
+  client_unpause(w, c);
+  w->clients[c->slot] = NULL;
+  w->n_clients--;
+  uv_close((uv_handle_t *)&c->h, client_freed);
+}
+
+static struct fe_client *client_get(struct fe_worker *w, uint32_t slot,
+                                    uint32_t gen) {
+  struct fe_client *c = slot < w->n_slots ? w->clients[slot] : NULL;
+  return c && c->gen == gen && !c->closing ? c : NULL;
+}
+
+/* A free slot for a new connection (the table grows by doubling). */
+static int slot_alloc(struct fe_worker *w, uint32_t *slot) {
+  for (uint32_t i = w->n_clients; i < w->n_slots; i++)
+    if (!w->clients[i]) {
+      *slot = i;
+      return 0;
+    }
+  for (uint32_t i = 0; i < w->n_slots; i++)
+    if (!w->clients[i]) {
+      *slot = i;
+      return 0;
+    }
+  {
+    uint32_t n = w->n_slots ? w->n_slots * 2 : 256;
+    struct fe_client **t = realloc(w->clients, n * sizeof(*t));
+    if (!t)
+      return -ENOMEM;
+    memset(t + w->n_slots, 0, (n - w->n_slots) * sizeof(*t));
+    *slot = w->n_slots;
+    w->clients = t;
+    w->n_slots = n;
+  }
+  return 0;
+}
+
+static void on_connection(uv_stream_t *l, int status) {
+  struct fe_worker *w = l->data;
+  struct fe_client *c;
+  static uint32_t gens; /* shared by the workers: atomic */
+  uint32_t slot;
+  int full;
+  if (status < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "service %s worker %u: accept: "
+                "%s", w->fe->service, w->id, uv_strerror(status));
+    return;
+  }
+  c = calloc(1, sizeof(*c));
+  if (!c) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: out of memory for a "
+                "connection", w->id);
+    return; /* it stays in the backlog */
+  }
+  uv_tcp_init(&w->loop, &c->h);
+  c->h.data = c;
+  c->w = w;
+  full = slot_alloc(w, &slot);
+  if (uv_accept(l, (uv_stream_t *)&c->h) || full) {
+    if (full) { /* accepted only to be closed: out of memory */
+      lynx_cnt_add(&w->tcp[FE_TCP_ACCEPTED], 1);
+      lynx_cnt_add(&w->tcp[FE_TCP_ERROR], 1);
+    }
+    uv_close((uv_handle_t *)&c->h, client_freed);
+    return;
+  }
+  uv_tcp_nodelay(&c->h, 1);
+  c->slot = slot;
+  do
+    c->gen = __atomic_add_fetch(&gens, 1, __ATOMIC_RELAXED);
+  while (c->gen == 0);
+  w->clients[slot] = c;
+  w->n_clients++;
+  lynx_cnt_add(&w->tcp[FE_TCP_ACCEPTED], 1);
+  if (uv_read_start((uv_stream_t *)&c->h, client_alloc, client_on_read) == 0)
+    c->reading = 1;
+  else
+    client_close(c, FE_TCP_ERROR);
+}
+
+/* ---- input ------------------------------------------------------------------ */
+
+/* Largest frame this service accepts now: what every accelerator's slots
+ * take (w->cap), plus the length word. */
+static uint32_t frame_max(const struct fe_worker *w) {
+  uint32_t cap = w->cap ? w->cap : LYNX_SLOT_MAX;
+  return (w->fe->fixed_len ? w->fe->fixed_len : cap) + 4u;
+}
+
+static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
+  struct fe_client *c = h->data;
+  uint32_t want = frame_max(c->w) + 4096u;
+  (void)hint;
+  if (c->in_cap < want) {
+    uint8_t *p = realloc(c->in, want);
+    if (!p) {
+      *b = uv_buf_init(NULL, 0);
+      return;
+    }
+    c->in = p;
+    c->in_cap = want;
+  }
+  *b = uv_buf_init((char *)c->in + c->in_len, c->in_cap - c->in_len);
+}
+
+static uint32_t client_flow(const struct fe_worker *w,
+                            const struct fe_client *c) {
+  uint32_t h = c->slot * 0x9E3779B1u ^ c->gen;
+  return w->flows ? (h ^ (h >> 15)) & w->flow_mask : 0;
+}
+
+/* Dispatches every complete frame; pauses the connection at the first one
+ * that must wait for room. 1 when a frame was dispatched. */
+static int client_parse(struct fe_client *c) {
+  struct fe_worker *w = c->w;
+  uint32_t off = 0, fixed = w->fe->fixed_len;
+  int work = 0;
+  while (!c->closing) {
+    uint32_t len, hdr = fixed ? 0 : 4;
+    int rc;
+    if (c->in_len - off < (fixed ? fixed : 4u))
+      break;
+    if (fixed) {
+      len = fixed;
+    } else {
+      uint32_t be;
+      memcpy(&be, c->in + off, 4);
+      len = ntohl(be);
+    }
+    if ((w->cap && len > w->cap) || len + hdr > frame_max(w)) {
+      LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
+                  "frame is larger than a slot's %u-byte payload: closing "
+                  "the connection", w->fe->service, w->id, len, w->cap);
+      client_close(c, FE_TCP_OVERSIZE);
+      return work;
+    }
+    if (c->in_len - off < hdr + len)
+      break;
+    if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
+      lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
+      off += hdr + len;
+      continue;
+    }
+    rc = fe_submit(w, c->in + off + hdr, len, client_flow(w, c), NULL,
+                   c->slot, c->gen, 1);
+    if (rc == -EAGAIN) { /* wait for room; reading stops meanwhile */
+      if (!c->paused) {
+        c->paused = 1;
+        c->next_paused = w->paused;
+        w->paused = c;
+      }
+      break;
+    }
+    lynx_cnt_add(&w->received, 1);
+    w->got++;
+    work = 1;
+    if (rc == FE_DROP_NO_MQUEUE) {
+      lynx_cnt_add(&w->drops[rc], 1);
+      client_close(c, FE_TCP_NO_MQUEUE); /* no answer will ever come */
+      return work;
+    }
+    if (rc > 0 && rc < FE_WDROP_MAX)
+      lynx_cnt_add(&w->drops[rc], 1);
+    off += hdr + len;
+  }
+  if (off) {
+    memmove(c->in, c->in + off, c->in_len - off);
+    c->in_len -= off;
+  }
+  if (c->paused && c->reading) {
+    uv_read_stop((uv_stream_t *)&c->h);
+    c->reading = 0;
+  } else if (!c->paused && !c->reading && !c->closing &&
+             !__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
+    if (uv_read_start((uv_stream_t *)&c->h, client_alloc, client_on_read) == 0)
+      c->reading = 1;
+  }
+  return work;
+}
+
+static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  struct fe_client *c = s->data;
+  (void)b;
+  if (n < 0) {
+    client_close(c, n == UV_EOF || n == UV_ECONNRESET ? FE_TCP_CLOSED
+                                                       : FE_TCP_ERROR);
+    return;
+  }
+  c->in_len += (uint32_t)n;
+  client_parse(c);
+}
+
+int fe_tcp_resume(struct fe_worker *w) {
+  struct fe_client *c = w->paused, *next;
+  int work = 0;
+  w->paused = NULL;
+  for (; c; c = next) {
+    next = c->next_paused;
+    c->paused = 0;
+    work |= client_parse(c);
+  }
+  return work;
+}
+
+/* ---- output ----------------------------------------------------------------- */
+
+static void client_flush(struct fe_client *c);
+
+static void client_on_write(uv_write_t *req, int status) {
+  struct fe_client *c = req->data;
+  c->writing = 0;
+  free(c->wbuf);
+  c->wbuf = NULL;
+  if (status < 0) {
+    if (!c->closing)
+      client_close(c, FE_TCP_ERROR);
+    return;
+  }
+  client_flush(c);
+}
+
+/* Hands buffered answers to the kernel: directly when it takes them, else
+ * in one uv_write of a copy. */
+static void client_flush(struct fe_client *c) {
+  uv_buf_t b;
+  int n;
+  if (c->closing || c->writing || !c->out_len)
+    return;
+  b = uv_buf_init((char *)c->out, (unsigned)c->out_len);
+  n = uv_try_write((uv_stream_t *)&c->h, &b, 1);
+  if (n < 0 && n != UV_EAGAIN) {
+    client_close(c, FE_TCP_ERROR);
+    return;
+  }
+  if (n > 0) {
+    memmove(c->out, c->out + n, c->out_len - (size_t)n);
+    c->out_len -= (size_t)n;
+  }
+  if (!c->out_len)
+    return;
+  c->wbuf = malloc(c->out_len);
+  if (!c->wbuf) {
+    client_close(c, FE_TCP_ERROR);
+    return;
+  }
+  memcpy(c->wbuf, c->out, c->out_len);
+  b = uv_buf_init((char *)c->wbuf, (unsigned)c->out_len);
+  c->out_len = 0;
+  c->wreq.data = c;
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->h, &b, 1, client_on_write)) {
+    client_close(c, FE_TCP_ERROR);
+    return;
+  }
+  c->writing = 1;
+}
+
+void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r) {
+  struct fe_client *c = client_get(w, r->cli, r->cli_gen);
+  uint32_t fixed = w->fe->fixed_len, body = fixed ? fixed : r->len;
+  size_t need = (fixed ? 0 : 4u) + body;
+  uint8_t *p;
+  if (!c) {
+    lynx_cnt_add(&r->mq->drops[FE_QDROP_CLIENT_GONE], 1);
+    return;
+  }
+  if (c->out_len + need > FE_TCP_OUT_MAX) {
+    lynx_cnt_add(&r->mq->drops[FE_QDROP_SEND_ERR], 1);
+    client_close(c, FE_TCP_SLOW_READER);
+    return;
+  }
+  if (c->out_len + need > c->out_cap) {
+    size_t cap = c->out_cap ? c->out_cap : 4096;
+    while (cap < c->out_len + need)
+      cap *= 2;
+    p = realloc(c->out, cap);
+    if (!p) {
+      lynx_cnt_add(&r->mq->drops[FE_QDROP_SEND_ERR], 1);
+      client_close(c, FE_TCP_ERROR);
+      return;
+    }
+    c->out = p;
+    c->out_cap = cap;
+  }
+  p = c->out + c->out_len;
+  if (!fixed) {
+    uint32_t be = htonl(r->len);
+    memcpy(p, &be, 4);
+    p += 4;
+  }
+  memcpy(p, r->data, r->len < body ? r->len : body);
+  if (r->len < body)
+    memset(p + r->len, 0, body - r->len);
+  c->out_len += need;
+  lynx_cnt_add(&r->mq->responded, 1);
+  /* the worker sends every gathered answer first, then flushes: several
+   * answers to one connection leave in one write */
+  client_flush(c);
+}
+
+void fe_tcp_abort(struct fe_worker *w, uint32_t cli, uint32_t gen) {
+  struct fe_client *c = client_get(w, cli, gen);
+  if (c)
+    client_close(c, FE_TCP_ABORTED);
+}
+
+/* ---- listener ------------------------------------------------------------ */
+
+int fe_tcp_open(struct fe_worker *w) {
+  struct frontend *fe = w->fe;
+  int fd, one = 1, rc;
+  socklen_t alen = fe->udp_addr.ss_family == AF_INET6
+                       ? sizeof(struct sockaddr_in6)
+                       : sizeof(struct sockaddr_in);
+  fd = socket(fe->udp_addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0 ||
+      bind(fd, (struct sockaddr *)&fe->udp_addr, alen) != 0) {
+    rc = -errno;
+    close(fd);
+    return rc;
+  }
+  rc = uv_tcp_init(&w->loop, &w->listener);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  w->listener.data = w;
+  w->listener_open = 1;
+  rc = uv_tcp_open(&w->listener, fd);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  return uv_listen((uv_stream_t *)&w->listener, FE_TCP_BACKLOG, on_connection);
+}
+
+void fe_tcp_stop_accepting(struct fe_worker *w) {
+  if (!w->listener_open)
+    return;
+  uv_close((uv_handle_t *)&w->listener, NULL);
+  w->listener_open = 0;
+  /* stop reading new requests; answers to the ones in flight still go */
+  for (uint32_t i = 0; i < w->n_slots; i++) {
+    struct fe_client *c = w->clients[i];
+    if (c && c->reading) {
+      uv_read_stop((uv_stream_t *)&c->h);
+      c->reading = 0;
+    }
+  }
+}
+
+void fe_tcp_close_all(struct fe_worker *w) {
+  fe_tcp_stop_accepting(w);
+  for (uint32_t i = 0; i < w->n_slots; i++)
+    if (w->clients[i])
+      client_close(w->clients[i], FE_TCP_CLOSED);
+}

@@ -1,0 +1,345 @@
+/*
+ * lynx-tcp-load - drives a TCP echo service through the frontend and checks
+ * every answer.
+ *
+ *   lynx-tcp-load --target HOST:PORT [--conns N] [--messages M]
+ *                 [--window W] [--size-max B] [--framing len32|fixed:N]
+ *                 [--seed S] [--timeout-ms T]
+ *                 [--mode echo|disconnect|garbage|oversize]
+ *
+ * echo: N connections, each sends M messages (sizes 0..B bytes, contents
+ *   from the seed) with at most W in flight, and checks that the answers
+ *   come back on the same connection, in order, byte for byte.
+ * disconnect: each connection sends W messages and closes without reading
+ *   (a client that leaves with requests in flight).
+ * garbage: each connection sends a length word of 0xFFFFFFFF and 64 bytes
+ *   of junk; the server must close it.
+ * oversize: each connection sends one frame of --size-max bytes (larger
+ *   than the service's slots); the server must close it.
+ *
+ * Output, one line:
+ *   tcp_load: mode=M conns=N connected=C sent=S answered=A mismatched=X
+ *     closed_by_server=K errors=E elapsed_ms=T rate=R
+ * Exit status: 0 when every check of the mode held, 1 otherwise, 2 usage.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum mode { M_ECHO, M_DISCONNECT, M_GARBAGE, M_OVERSIZE };
+
+struct conn {
+  int fd;
+  uint32_t sent, answered;
+  uint8_t *in;
+  size_t in_len, in_cap;
+  int done, closed_by_server;
+};
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* splitmix64: message k of connection c, reproducible on both ends. */
+static uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+static uint32_t msg_len(uint64_t seed, uint32_t c, uint32_t k, uint32_t max,
+                        uint32_t fixed) {
+  return fixed ? fixed : (uint32_t)(mix(seed ^ ((uint64_t)c << 32) ^ k) %
+                                    (max + 1u));
+}
+
+static void msg_fill(uint8_t *p, uint32_t len, uint64_t seed, uint32_t c,
+                     uint32_t k) {
+  uint64_t x = mix(seed ^ ((uint64_t)c << 32) ^ k ^ 0x5555);
+  for (uint32_t i = 0; i < len; i++) {
+    if ((i & 7) == 0)
+      x = mix(x);
+    p[i] = (uint8_t)(x >> ((i & 7) * 8));
+  }
+}
+
+static int send_all(int fd, const uint8_t *p, size_t n) {
+  while (n) {
+    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: lynx-tcp-load --target HOST:PORT [--conns N] "
+                  "[--messages M] [--window W] [--size-max B] "
+                  "[--framing len32|fixed:N] [--seed S] [--timeout-ms T] "
+                  "[--mode echo|disconnect|garbage|oversize]\n");
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"target", 1, 0, 't'},  {"conns", 1, 0, 'c'},   {"messages", 1, 0, 'm'},
+      {"window", 1, 0, 'w'},  {"size-max", 1, 0, 'b'}, {"framing", 1, 0, 'f'},
+      {"seed", 1, 0, 's'},    {"timeout-ms", 1, 0, 'T'}, {"mode", 1, 0, 'M'},
+      {0, 0, 0, 0}};
+  char host[64] = "";
+  unsigned port = 0;
+  uint32_t n_conns = 1, messages = 100, window = 8, size_max = 1024, fixed = 0;
+  uint64_t seed = 1, timeout = 20000, start, deadline;
+  enum mode mode = M_ECHO;
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  struct conn *cs;
+  uint64_t sent = 0, answered = 0, mismatched = 0, closed = 0, errors = 0,
+           connected = 0;
+  uint8_t *buf;
+  int ep, o, ok;
+  struct rlimit rl;
+
+  while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (o) {
+    case 't':
+      if (sscanf(optarg, "%63[^:]:%u", host, &port) != 2)
+        return usage();
+      break;
+    case 'c': n_conns = (uint32_t)strtoul(optarg, NULL, 0); break;
+    case 'm': messages = (uint32_t)strtoul(optarg, NULL, 0); break;
+    case 'w': window = (uint32_t)strtoul(optarg, NULL, 0); break;
+    case 'b': size_max = (uint32_t)strtoul(optarg, NULL, 0); break;
+    case 's': seed = strtoull(optarg, NULL, 0); break;
+    case 'T': timeout = strtoull(optarg, NULL, 0); break;
+    case 'f':
+      if (!strncmp(optarg, "fixed:", 6))
+        fixed = (uint32_t)strtoul(optarg + 6, NULL, 0);
+      else if (strcmp(optarg, "len32"))
+        return usage();
+      break;
+    case 'M':
+      if (!strcmp(optarg, "echo")) mode = M_ECHO;
+      else if (!strcmp(optarg, "disconnect")) mode = M_DISCONNECT;
+      else if (!strcmp(optarg, "garbage")) mode = M_GARBAGE;
+      else if (!strcmp(optarg, "oversize")) mode = M_OVERSIZE;
+      else return usage();
+      break;
+    default:
+      return usage();
+    }
+  }
+  if (!port || inet_pton(AF_INET, host, &sa.sin_addr) != 1 || !n_conns ||
+      !window || size_max > (64u << 20))
+    return usage();
+  sa.sin_port = htons((uint16_t)port);
+  /* thousands of connections: lift the soft descriptor limit */
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  cs = calloc(n_conns, sizeof(*cs));
+  buf = malloc(size_max + 8u + 65536u);
+  ep = epoll_create1(0);
+  if (!cs || !buf || ep < 0)
+    return 2;
+
+  start = now_ms();
+  deadline = start + timeout;
+  for (uint32_t i = 0; i < n_conns; i++) {
+    struct conn *c = &cs[i];
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = i};
+    int one = 1;
+    c->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa))) {
+      fprintf(stderr, "tcp_load: connection %u: %s\n", i, strerror(errno));
+      errors++;
+      c->done = 1;
+      if (c->fd >= 0)
+        close(c->fd);
+      c->fd = -1;
+      continue;
+    }
+    connected++;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
+  }
+
+  /* first sends (all modes) */
+  for (uint32_t i = 0; i < n_conns; i++) {
+    struct conn *c = &cs[i];
+    if (c->done)
+      continue;
+    if (mode == M_GARBAGE) {
+      memset(buf, 0xFF, 4);
+      memset(buf + 4, 0x5A, 64);
+      if (send_all(c->fd, buf, 68))
+        errors++;
+      continue;
+    }
+    if (mode == M_OVERSIZE) {
+      uint32_t be = htonl(size_max);
+      memcpy(buf, &be, 4);
+      memset(buf + 4, 0x33, size_max);
+      if (send_all(c->fd, buf, 4u + size_max)) /* the server may close early */
+        c->closed_by_server = 1;
+      continue;
+    }
+    while (c->sent < messages && c->sent - c->answered < window) {
+      uint32_t len = msg_len(seed, i, c->sent, size_max, fixed);
+      uint32_t hdr = fixed ? 0 : 4, be = htonl(len);
+      memcpy(buf, &be, 4);
+      msg_fill(buf + hdr, len, seed, i, c->sent);
+      if (send_all(c->fd, buf, hdr + len)) {
+        errors++;
+        break;
+      }
+      c->sent++;
+      sent++;
+    }
+    if (mode == M_DISCONNECT) {
+      close(c->fd); /* requests in flight, nobody to answer */
+      c->fd = -1;
+      c->done = 1;
+    }
+  }
+
+  /* answers, refills, closes */
+  for (;;) {
+    struct epoll_event evs[256];
+    uint32_t live = 0;
+    int n;
+    for (uint32_t i = 0; i < n_conns; i++)
+      live += !cs[i].done;
+    if (!live || now_ms() >= deadline)
+      break;
+    n = epoll_wait(ep, evs, 256, 100);
+    for (int e = 0; e < n; e++) {
+      struct conn *c = &cs[evs[e].data.u32];
+      uint32_t i = evs[e].data.u32;
+      ssize_t k;
+      if (c->done)
+        continue;
+      if (c->in_cap - c->in_len < 65536) {
+        size_t cap = c->in_cap ? c->in_cap * 2 : 65536 + size_max + 8;
+        uint8_t *p = realloc(c->in, cap);
+        if (!p)
+          return 2;
+        c->in = p;
+        c->in_cap = cap;
+      }
+      k = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+      if (k <= 0) {
+        if (k < 0 && errno == EINTR)
+          continue;
+        c->closed_by_server = 1;
+        c->done = 1;
+        closed++;
+        close(c->fd);
+        c->fd = -1;
+        continue;
+      }
+      c->in_len += (size_t)k;
+      if (mode != M_ECHO) {
+        c->in_len = 0; /* anything back is unexpected but harmless */
+        continue;
+      }
+      for (;;) { /* whole answers, in order */
+        uint32_t hdr = fixed ? 0 : 4, len, want;
+        size_t off = 0;
+        if (c->in_len < (fixed ? fixed : 4u))
+          break;
+        if (fixed) {
+          len = fixed;
+        } else {
+          uint32_t be;
+          memcpy(&be, c->in, 4);
+          len = ntohl(be);
+        }
+        if (c->in_len < hdr + len)
+          break;
+        want = msg_len(seed, i, c->answered, size_max, fixed);
+        msg_fill(buf, want, seed, i, c->answered);
+        if (c->answered >= c->sent || len != want ||
+            memcmp(c->in + hdr, buf, len)) {
+          if (mismatched++ < 5)
+            fprintf(stderr, "tcp_load: connection %u answer %u: %u bytes, "
+                    "expected %u%s\n", i, c->answered, len, want,
+                    len == want ? " (contents differ)" : "");
+        }
+        c->answered++;
+        answered++;
+        off = hdr + len;
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+      }
+      while (c->sent < messages && c->sent - c->answered < window) {
+        uint32_t len = msg_len(seed, i, c->sent, size_max, fixed);
+        uint32_t hdr = fixed ? 0 : 4, be = htonl(len);
+        memcpy(buf, &be, 4);
+        msg_fill(buf + hdr, len, seed, i, c->sent);
+        if (send_all(c->fd, buf, hdr + len)) {
+          errors++;
+          break;
+        }
+        c->sent++;
+        sent++;
+      }
+      if (c->answered == messages) {
+        c->done = 1;
+        close(c->fd);
+        c->fd = -1;
+      }
+    }
+  }
+  {
+    uint64_t el = now_ms() - start;
+    uint64_t timeouts = 0;
+    for (uint32_t i = 0; i < n_conns; i++)
+      if (!cs[i].done) {
+        timeouts++;
+        close(cs[i].fd);
+      }
+    printf("tcp_load: mode=%s conns=%u connected=%llu sent=%llu "
+           "answered=%llu mismatched=%llu closed_by_server=%llu errors=%llu "
+           "unfinished=%llu elapsed_ms=%llu rate=%.0f\n",
+           mode == M_ECHO ? "echo" : mode == M_DISCONNECT ? "disconnect"
+                          : mode == M_GARBAGE ? "garbage" : "oversize",
+           n_conns, (unsigned long long)connected, (unsigned long long)sent,
+           (unsigned long long)answered, (unsigned long long)mismatched,
+           (unsigned long long)closed, (unsigned long long)errors,
+           (unsigned long long)timeouts, (unsigned long long)el,
+           el ? answered * 1000.0 / (double)el : 0.0);
+    switch (mode) {
+    case M_ECHO:
+      ok = connected == n_conns && !mismatched && !errors && !timeouts &&
+           !closed && answered == (uint64_t)n_conns * messages;
+      break;
+    case M_DISCONNECT:
+      ok = connected == n_conns && !errors;
+      break;
+    default: /* garbage, oversize: the server closed every connection */
+      ok = connected == n_conns && closed == n_conns;
+      break;
+    }
+  }
+  return ok ? 0 : 1;
+}
