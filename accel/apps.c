@@ -1,12 +1,73 @@
-/* apps.c - echo and sockperf-echo. */
+/* apps.c - echo, sockperf-echo and mc-get; client mqueue calls. */
 #include "apps.h"
 
 #include <errno.h>
+#include <sched.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "util.h"
+
+struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
+                                    const char *name) {
+  for (uint32_t i = 0; ctx && i < ctx->n_clients; i++)
+    if (!strcmp(ctx->clients[i].name, name))
+      return &ctx->clients[i];
+  return NULL;
+}
+
+int lynx_call(struct lynx_client *c, const void *req, uint32_t len,
+              uint8_t *reply, uint32_t cap, uint32_t *reply_len,
+              uint64_t timeout_ns) {
+  uint64_t end = lynx_now_ns() + timeout_ns;
+  struct lynx_msg m;
+  uint32_t tag;
+  int rc;
+  pthread_mutex_lock(&c->lock);
+  tag = ++c->next_tag;
+  while ((rc = lynx_send(&c->mq, tag, req, len)) == -11 /* EAGAIN */) {
+    if (lynx_now_ns() >= end) {
+      rc = -ETIMEDOUT;
+      goto out;
+    }
+    sched_yield();
+  }
+  if (rc)
+    goto out;
+  for (;;) {
+    rc = lynx_recv(&c->mq, &m);
+    if (rc == 0 && m.tag != tag) { /* the reply to a call that timed out */
+      lynx_release(&c->mq);
+      continue;
+    }
+    if (rc == 0)
+      break;
+    if (lynx_now_ns() >= end) {
+      rc = -ETIMEDOUT;
+      goto out;
+    }
+    sched_yield();
+  }
+  if (m.status == LYNX_ST_BACKEND_DOWN) {
+    rc = -EHOSTDOWN;
+  } else if (m.status == LYNX_ST_TOO_LONG || m.len > cap) {
+    rc = -EMSGSIZE;
+  } else {
+    memcpy(reply, m.data, m.len);
+    *reply_len = m.len;
+    rc = 0;
+  }
+  lynx_release(&c->mq);
+out:
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
 static int echo_handle(struct lynx_mq *mq, const struct lynx_msg *req,
-                       int *replied) {
-  int rc = lynx_send(mq, req->tag, req->data, req->len);
+                       int *replied, const struct lynx_app_ctx *ctx) {
+  int rc;
+  (void)ctx;
+  rc = lynx_send(mq, req->tag, req->data, req->len);
   *replied = rc == 0;
   return rc == -EAGAIN ? -EAGAIN : 0;
 }
@@ -18,10 +79,11 @@ static int echo_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  * its tag at once).
  */
 static int sockperf_handle(struct lynx_mq *mq, const struct lynx_msg *req,
-                           int *replied) {
+                           int *replied, const struct lynx_app_ctx *ctx) {
   uint8_t *buf;
   uint16_t flags;
   int rc;
+  (void)ctx;
   *replied = 0;
   if (req->len < LYNX_SOCKPERF_HDR)
     goto drop;
@@ -42,10 +104,80 @@ drop:
   return lynx_drop(mq, req->tag) == -EAGAIN ? -EAGAIN : 0;
 }
 
+/*
+ * mc-get: a request is a memcached key (1-250 bytes, no space or control
+ * character). The application sends "get KEY\r\n" to back end "db"
+ * through its client mqueue and answers with the value's bytes, with an
+ * empty payload on a miss, and with the 5 bytes "ERROR" when the key is
+ * invalid or the back end is unreachable, errs or does not answer in time.
+ */
+#define MC_KEY_MAX 250
+#define MC_REPLY_MAX (1u << 20)
+
+/* The value in a memcached "get" reply: 1 and the value in *val, *vlen for a hit, 0 for a
+ * miss ("END"), -1 for anything else. */
+static int mc_parse_get(const uint8_t *r, uint32_t n, const uint8_t **val,
+                        uint32_t *vlen) {
+  unsigned flags, bytes;
+  int hdr = 0;
+  char line[320];
+  const uint8_t *eol;
+  if (n == 5 && !memcmp(r, "END\r\n", 5))
+    return 0;
+  eol = memchr(r, '\n', n < sizeof(line) ? n : sizeof(line));
+  if (!eol || eol == r || eol[-1] != '\r' || n < 6 || memcmp(r, "VALUE ", 6))
+    return -1;
+  memcpy(line, r, (size_t)(eol - r));
+  line[eol - r] = 0;
+  if (sscanf(line, "VALUE %*s %u %u%n", &flags, &bytes, &hdr) != 2)
+    return -1;
+  hdr = (int)(eol - r) + 1;
+  if ((uint64_t)hdr + bytes + 7 != n ||
+      memcmp(r + hdr + bytes, "\r\nEND\r\n", 7))
+    return -1;
+  *val = r + hdr;
+  *vlen = bytes;
+  return 1;
+}
+
+static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
+                         int *replied, const struct lynx_app_ctx *ctx) {
+  static __thread uint8_t reply[MC_REPLY_MAX];
+  char cmd[MC_KEY_MAX + 8];
+  struct lynx_client *db = lynx_app_client(ctx, "db");
+  const uint8_t *val = (const uint8_t *)"ERROR";
+  uint32_t vlen = 5, rlen = 0;
+  int ok = db && req->len >= 1 && req->len <= MC_KEY_MAX, rc;
+  for (uint32_t i = 0; ok && i < req->len; i++)
+    ok = req->data[i] > ' ' && req->data[i] != 0x7f;
+  if (ok) {
+    memcpy(cmd, "get ", 4);
+    memcpy(cmd + 4, req->data, req->len);
+    memcpy(cmd + 4 + req->len, "\r\n", 2);
+    rc = lynx_call(db, cmd, req->len + 6, reply, sizeof(reply), &rlen,
+                   ctx->call_timeout_ns);
+    if (rc == 0) {
+      rc = mc_parse_get(reply, rlen, &val, &vlen);
+      if (rc == 0)
+        vlen = 0;
+      else if (rc < 0)
+        val = (const uint8_t *)"ERROR", vlen = 5;
+    }
+  }
+  rc = lynx_send(mq, req->tag, val, vlen);
+  if (rc == -EAGAIN)
+    return -EAGAIN; /* called again: the lookup is repeated */
+  *replied = rc == 0;
+  return 0;
+}
+
 static const struct lynx_app apps[] = {
-    {"echo", "answer every request with its own bytes", echo_handle},
+    {"echo", "answer every request with its own bytes", echo_handle, NULL},
     {"sockperf-echo",
-     "answer sockperf pong requests as sockperf's server does", sockperf_handle},
+     "answer sockperf pong requests as sockperf's server does", sockperf_handle,
+     NULL},
+    {"mc-get", "answer a key with its value from memcached back end 'db'",
+     mc_get_handle, "db"},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {
@@ -55,4 +187,4 @@ const struct lynx_app *lynx_app_find(const char *name) {
   return NULL;
 }
 
-const char *lynx_app_names(void) { return "echo, sockperf-echo"; }
+const char *lynx_app_names(void) { return "echo, sockperf-echo, mc-get"; }

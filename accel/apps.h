@@ -8,11 +8,41 @@
 #ifndef LYNX_APPS_H
 #define LYNX_APPS_H
 
+#include <pthread.h>
+
 #include "lynx_io.h"
 
 #define LYNX_SOCKPERF_HDR 14
 #define LYNX_SOCKPERF_CLIENT 0x1u
 #define LYNX_SOCKPERF_PONG_REQ 0x2u
+
+/* A client mqueue (paper §4.3): what the application writes to it goes to
+ * one back end, whose replies come back into it. */
+struct lynx_client {
+  struct lynx_mq mq;
+  char name[32];        /* the back end's name in the service spec */
+  pthread_mutex_t lock; /* one call at a time (accelerator threads share it) */
+  uint32_t next_tag;
+};
+
+/* What an application reaches besides its server mqueue. */
+struct lynx_app_ctx {
+  struct lynx_client *clients;
+  uint32_t n_clients;
+  uint64_t call_timeout_ns; /* a back end that does not answer in time */
+};
+
+/* The client mqueue of the back end called name, or NULL. */
+struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
+                                    const char *name);
+
+/* Sends req to the client's back end and waits for its reply: 0 with
+ * *reply_len bytes (at most cap) copied to reply, -EHOSTDOWN when the
+ * frontend reports the back end unreachable, -EMSGSIZE when the reply did
+ * not fit (a slot, or cap), -ETIMEDOUT after timeout_ns. */
+int lynx_call(struct lynx_client *c, const void *req, uint32_t len,
+              uint8_t *reply, uint32_t cap, uint32_t *reply_len,
+              uint64_t timeout_ns);
 
 struct lynx_app {
   const char *name;
@@ -20,7 +50,10 @@ struct lynx_app {
   /* Answer (or drop) req through mq. 0 when done with it (it is released by
    * the caller), -EAGAIN when the TX ring is full: the caller keeps req and
    * calls again later. Sets *replied to 1 when a response was published. */
-  int (*handle)(struct lynx_mq *mq, const struct lynx_msg *req, int *replied);
+  int (*handle)(struct lynx_mq *mq, const struct lynx_msg *req, int *replied,
+                const struct lynx_app_ctx *ctx);
+  /* back ends it needs by name (NULL: none) */
+  const char *needs_backend;
 };
 
 /* The application called name, or NULL. */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <linux/futex.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -42,7 +43,7 @@ static void emulate_work(uint32_t us, int sleep) {
 static int serve_one(struct lynx_cpu_thread *t, struct mq_state *s,
                      const struct lynx_msg *m) {
   int replied = 0;
-  int rc = t->acc->app->handle(&s->mq, m, &replied);
+  int rc = t->acc->app->handle(&s->mq, m, &replied, &t->acc->ctx);
   if (rc == -EAGAIN)
     return 0;
   if (replied)
@@ -74,7 +75,7 @@ static void *cpu_thread_main(void *arg) {
     LYNX_ERR("cpu-accel", "accel %u: out of memory, thread not serving", a->id);
     return NULL;
   }
-  for (uint32_t q = t->first_q; q < g.n_mqueues; q += t->step)
+  for (uint32_t q = t->first_q; q < a->n_server; q += t->step)
     lynx_mq_bind(&mqs[n++].mq, a->region, &g, q);
 
   while (!a->stop) {
@@ -139,8 +140,29 @@ static void *cpu_thread_main(void *arg) {
 
 int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)a->region;
-  if (a->n_threads == 0 || a->n_threads > h->n_mqueues)
-    a->n_threads = a->n_threads ? h->n_mqueues : 1;
+  struct lynx_geom g;
+  if (!a->n_server || a->n_server > h->n_mqueues)
+    a->n_server = h->n_mqueues;
+  if (a->n_threads == 0 || a->n_threads > a->n_server)
+    a->n_threads = a->n_threads ? a->n_server : 1;
+  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size))
+    return -EINVAL;
+  a->ctx.n_clients = h->n_mqueues - a->n_server;
+  a->ctx.clients = NULL;
+  if (!a->ctx.call_timeout_ns)
+    a->ctx.call_timeout_ns = 500ull * 1000 * 1000;
+  if (a->ctx.n_clients) {
+    a->ctx.clients = calloc(a->ctx.n_clients, sizeof(*a->ctx.clients));
+    if (!a->ctx.clients)
+      return -ENOMEM;
+    for (uint32_t k = 0; k < a->ctx.n_clients; k++) {
+      struct lynx_client *c = &a->ctx.clients[k];
+      lynx_mq_bind(&c->mq, a->region, &g, a->n_server + k);
+      pthread_mutex_init(&c->lock, NULL);
+      if (a->backend_names)
+        snprintf(c->name, sizeof(c->name), "%s", a->backend_names[k]);
+    }
+  }
   a->stop = 0;
   a->threads = calloc(a->n_threads, sizeof(*a->threads));
   if (!a->threads)
@@ -177,6 +199,10 @@ void lynx_cpu_accel_stop(struct lynx_cpu_accel *a) {
 void lynx_cpu_accel_free(struct lynx_cpu_accel *a) {
   free(a->threads);
   a->threads = NULL;
+  for (uint32_t k = 0; a->ctx.clients && k < a->ctx.n_clients; k++)
+    pthread_mutex_destroy(&a->ctx.clients[k].lock);
+  free(a->ctx.clients);
+  a->ctx.clients = NULL;
 }
 
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,

@@ -34,6 +34,11 @@ struct lynx_cpu_accel {
   const struct lynx_app *app;
   uint32_t work_us, spin_us, n_threads, id;
   int work_sleep; /* emulate work_us by sleeping instead of spinning */
+  /* mqueues [0, n_server) are server mqueues the threads serve (0: all);
+   * mqueue n_server + k is the client mqueue of back end backend_names[k] */
+  uint32_t n_server;
+  char (*backend_names)[32];
+  struct lynx_app_ctx ctx;
   volatile int stop;
   struct lynx_cpu_thread *threads;
 };

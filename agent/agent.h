@@ -36,6 +36,7 @@ struct instance {
   struct lynx_region region;
   struct lynx_region_desc desc;
   struct lynx_cpu_accel cpu;
+  char (*backends)[32]; /* names of its client mqueues' back ends */
   int running;
   struct instance *next;
 };
@@ -76,7 +77,8 @@ struct agent {
 int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          const char *service, const struct lynx_app *app,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
-                         uint32_t work_us, struct instance **out);
+                         uint32_t work_us, char (*backends)[32],
+                         uint32_t n_backends, struct instance **out);
 void agent_instance_stop(struct agent *ag, struct instance *in);
 /* The descriptor of an instance as advertised on control connection ctl:
  * a wildcard host in the locator becomes --advertise or the address ctl

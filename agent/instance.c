@@ -20,7 +20,8 @@
 int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          const char *service, const struct lynx_app *app,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
-                         uint32_t work_us, struct instance **out) {
+                         uint32_t work_us, char (*backends)[32],
+                         uint32_t n_backends, struct instance **out) {
   struct lynx_geom g;
   struct instance *in;
   char name[128];
@@ -29,12 +30,21 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
     return -ENODEV;
   if (agent_instance_find(ag, id))
     return -EEXIST;
-  rc = lynx_geom_init(&g, mqueues, slots, slot_size);
+  /* server mqueues, then one client mqueue per back end */
+  rc = lynx_geom_init(&g, mqueues + n_backends, slots, slot_size);
   if (rc)
     return -EINVAL;
   in = calloc(1, sizeof(*in));
   if (!in)
     return -ENOMEM;
+  if (n_backends) {
+    in->backends = calloc(n_backends, sizeof(*in->backends));
+    if (!in->backends) {
+      free(in);
+      return -ENOMEM;
+    }
+    memcpy(in->backends, backends, n_backends * sizeof(*in->backends));
+  }
   in->id = id;
   in->accel = accel;
   in->region.fd = -1;
@@ -46,6 +56,7 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
     LYNX_ERR("agent", "%s: instance %llu: cannot allocate a %llu-byte region: "
              "%s", ag->node_id, (unsigned long long)id,
              (unsigned long long)g.region_size, strerror(-rc));
+    free(in->backends);
     free(in);
     return rc;
   }
@@ -76,6 +87,8 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   in->cpu.region = in->region.base;
   in->cpu.app = app;
   in->cpu.work_us = work_us;
+  in->cpu.n_server = mqueues;
+  in->cpu.backend_names = in->backends;
   in->cpu.work_sleep = ag->cfg.work_mode == 1;
   in->cpu.spin_us = ag->cfg.spin_us;
   in->cpu.n_threads = ag->cfg.accel_threads;
@@ -97,6 +110,7 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   return 0;
 fail:
   ag->tops->region_free(&in->region);
+  free(in->backends);
   free(in);
   return rc;
 }
@@ -154,6 +168,7 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
             (unsigned long long)rq, (unsigned long long)rs,
             (unsigned long long)dr, (unsigned long long)bad);
   ag->tops->region_free(&in->region);
+  free(in->backends);
   free(in);
 }
 

@@ -200,9 +200,29 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
     reply_instance(l, s->instance_id, NULL, why);
     return;
   }
-  rc = agent_instance_start(ag, s->instance_id, s->accel_idx, sp->name, app,
-                            sp->mqueues_per_accel, sp->slots, sp->slot_size,
-                            sp->work_us, &in);
+  {
+    char names[LYNX_BACKENDS_MAX][32];
+    uint32_t nb = 0;
+    for (size_t k = 0; k < sp->n_backends && k < LYNX_BACKENDS_MAX; k++)
+      snprintf(names[nb++], sizeof(names[0]), "%s",
+               sp->backends[k]->name ? sp->backends[k]->name : "");
+    if (app->needs_backend) {
+      int found = 0;
+      for (uint32_t k = 0; k < nb; k++)
+        found |= !strcmp(names[k], app->needs_backend);
+      if (!found) {
+        snprintf(why, sizeof(why), "application '%s' needs a back end named "
+                 "'%s' in the service's backends", sp->app, app->needs_backend);
+        LYNX_WARN("agent", "%s: instance %llu: %s", ag->node_id,
+                  (unsigned long long)s->instance_id, why);
+        reply_instance(l, s->instance_id, NULL, why);
+        return;
+      }
+    }
+    rc = agent_instance_start(ag, s->instance_id, s->accel_idx, sp->name, app,
+                              sp->mqueues_per_accel, sp->slots, sp->slot_size,
+                              sp->work_us, names, nb, &in);
+  }
   if (rc) {
     snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,
              rc == -EINVAL ? "invalid geometry" : strerror(-rc));

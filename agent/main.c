@@ -136,7 +136,7 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
     struct instance *in;
     int rc = agent_instance_start(ag, i, i, app->name, app, ag->cfg.mqueues,
                                   ag->cfg.slots, ag->cfg.slot_size,
-                                  ag->cfg.work_us, &in);
+                                  ag->cfg.work_us, NULL, 0, &in);
     if (rc)
       return rc;
   }

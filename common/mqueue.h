@@ -44,6 +44,10 @@ enum lynx_slot_status {
   LYNX_ST_OK = 0,
   LYNX_ST_CLIENT_CLOSED = 1, /* RX: the client's TCP connection closed */
   LYNX_ST_DROPPED = 2,       /* TX: application drops the request, no reply */
+  LYNX_ST_BACKEND_DOWN = 3,  /* RX of a client mqueue: the back end cannot be
+                                reached; no reply bytes */
+  LYNX_ST_TOO_LONG = 4,      /* RX of a client mqueue: the back end's reply
+                                does not fit a slot; no reply bytes */
 };
 
 /* Region header: written once by the agent, read-only afterwards. */

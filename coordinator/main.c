@@ -167,8 +167,10 @@ static void send_env(struct cpeer *p, Lynx__Envelope *env) {
     lynx_ctl_close(&p->ctl, "cannot queue a message");
 }
 
+/* pb->backends points into bk (LYNX_BACKENDS_MAX entries) and s. */
 static void spec_to_pb(const struct lynx_service_spec *s,
-                       Lynx__ServiceSpec *pb) {
+                       Lynx__ServiceSpec *pb, Lynx__Backend *bk,
+                       Lynx__Backend **bkp) {
   lynx__service_spec__init(pb);
   pb->name = (char *)s->name;
   pb->proto = (char *)s->proto;
@@ -179,6 +181,15 @@ static void spec_to_pb(const struct lynx_service_spec *s,
   pb->mqueues_per_accel = s->mqueues_per_accel;
   pb->work_us = s->work_us;
   pb->fixed_len = s->fixed_len;
+  for (uint32_t i = 0; i < s->n_backends && i < LYNX_BACKENDS_MAX; i++) {
+    lynx__backend__init(&bk[i]);
+    bk[i].name = (char *)s->backends[i].name;
+    bk[i].address = (char *)s->backends[i].address;
+    bk[i].proto = (char *)s->backends[i].proto;
+    bkp[i] = &bk[i];
+  }
+  pb->n_backends = s->n_backends;
+  pb->backends = bkp;
 }
 
 static struct cpeer *agent_peer(struct coordinator *co, const char *node) {
@@ -203,6 +214,8 @@ struct table_build {
   Lynx__ServiceTable *svcs;
   Lynx__ServiceTable **svc_ptrs;
   Lynx__ServiceSpec *specs;
+  Lynx__Backend (*bk)[LYNX_BACKENDS_MAX];   /* per service */
+  Lynx__Backend *(*bkp)[LYNX_BACKENDS_MAX];
   size_t n_svcs, cap_svcs;
   Lynx__TableEntry *entries;
   Lynx__RegionDesc *regions;
@@ -260,16 +273,19 @@ static void push_tables(struct coordinator *co) {
   tb.svc_ptrs = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_ptrs));
   tb.svc_of = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_of));
   tb.specs = calloc(tb.cap_svcs + 1, sizeof(*tb.specs));
+  tb.bk = calloc(tb.cap_svcs + 1, sizeof(*tb.bk));
+  tb.bkp = calloc(tb.cap_svcs + 1, sizeof(*tb.bkp));
   tb.entries = calloc(tb.cap_entries + 1, sizeof(*tb.entries));
   tb.regions = calloc(tb.cap_entries + 1, sizeof(*tb.regions));
   if (!tb.svcs || !tb.svc_ptrs || !tb.svc_of || !tb.specs || !tb.entries ||
-      !tb.regions)
+      !tb.regions || !tb.bk || !tb.bkp)
     tb.oom = 1;
   for (const struct lynx_reg_service *sv = r->services; sv && !tb.oom;
        sv = sv->next) {
     Lynx__ServiceTable *st = &tb.svcs[tb.n_svcs];
     lynx__service_table__init(st);
-    spec_to_pb(&sv->spec, &tb.specs[tb.n_svcs]);
+    spec_to_pb(&sv->spec, &tb.specs[tb.n_svcs], tb.bk[tb.n_svcs],
+               tb.bkp[tb.n_svcs]);
     st->service = &tb.specs[tb.n_svcs];
     st->entries = calloc(tb.cap_entries + 1, sizeof(*st->entries));
     if (!st->entries)
@@ -328,6 +344,8 @@ out:
   free(tb.svc_ptrs);
   free(tb.svc_of);
   free(tb.specs);
+  free(tb.bk);
+  free(tb.bkp);
   free(tb.entries);
   free(tb.regions);
   free(tb.down);
@@ -356,7 +374,8 @@ static void flush_actions(struct coordinator *co) {
         Lynx__Envelope env = LYNX__ENVELOPE__INIT;
         Lynx__StartInstance s = LYNX__START_INSTANCE__INIT;
         Lynx__ServiceSpec sp;
-        spec_to_pb(&a->spec, &sp);
+        Lynx__Backend bk[LYNX_BACKENDS_MAX], *bkp[LYNX_BACKENDS_MAX];
+        spec_to_pb(&a->spec, &sp, bk, bkp);
         s.instance_id = a->instance_id;
         s.accel_idx = a->accel;
         s.service = &sp;

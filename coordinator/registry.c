@@ -24,8 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "mqueue.h"
+#include "util.h"
 
 /* ---- small helpers -------------------------------------------------- */
 
@@ -1101,6 +1104,39 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
                 "%u-byte slot (at most %u)", sp->fixed_len, sp->slot_size,
                 lynx_slot_cap(sp->slot_size));
     return -EINVAL;
+  }
+  if (sp->n_backends > LYNX_BACKENDS_MAX ||
+      lynx_geom_init(&g, sp->mqueues_per_accel + sp->n_backends, sp->slots,
+                     sp->slot_size)) {
+    ERR_INVALID(err, "backends: at most %u, and mqueues_per_accel plus "
+                "backends at most %u", LYNX_BACKENDS_MAX, LYNX_MQUEUES_MAX);
+    return -EINVAL;
+  }
+  for (k = 0; k < sp->n_backends; k++) {
+    const struct lynx_backend_spec *b = &sp->backends[k];
+    struct sockaddr_storage ss;
+    if (!id_ok(b->name, sizeof(b->name), 0)) {
+      ERR_INVALID(err, "backends[%u].name: must be 1-%zu characters of "
+                  "[A-Za-z0-9_.-]", k, sizeof(b->name) - 1);
+      return -EINVAL;
+    }
+    if (slen(b->address, sizeof(b->address)) >= sizeof(b->address) ||
+        lynx_parse_hostport(b->address, &ss) ||
+        ((struct sockaddr_in *)&ss)->sin_port == 0) {
+      ERR_INVALID(err, "backends[%u].address: must be a numeric host:port",
+                  k);
+      return -EINVAL;
+    }
+    if (strcmp(b->proto, "memcached") && strcmp(b->proto, "len32")) {
+      ERR_INVALID(err, "backends[%u].proto: must be \"memcached\" or "
+                  "\"len32\"", k);
+      return -EINVAL;
+    }
+    for (j = 0; j < k; j++)
+      if (!strcmp(sp->backends[j].name, b->name)) {
+        ERR_INVALID(err, "backends[%u].name: '%s' appears twice", k, b->name);
+        return -EINVAL;
+      }
   }
   if (sp->placement != LYNX_PLACE_ALL && sp->placement != LYNX_PLACE_REPLICAS) {
     ERR_INVALID(err, "placement: must be \"all\" or {\"replicas\": N}");

@@ -85,6 +85,15 @@ struct lynx_reg_node {
   struct lynx_reg_node *next;
 };
 
+#define LYNX_BACKENDS_MAX 8
+
+/* A back end a service's application reaches through a client mqueue. */
+struct lynx_backend_spec {
+  char name[32];
+  char address[64]; /* host:port */
+  char proto[16];   /* "memcached" or "len32" */
+};
+
 struct lynx_service_spec {
   char name[LYNX_ID_MAX];
   char proto[8]; /* "udp" or "tcp" */
@@ -96,6 +105,10 @@ struct lynx_service_spec {
   uint32_t replicas;              /* LYNX_PLACE_REPLICAS */
   struct lynx_label selector[LYNX_LABELS_MAX]; /* every pair must match */
   uint32_t n_selector;
+  /* client mqueues: instance mqueue mqueues_per_accel + k reaches
+   * backends[k] */
+  struct lynx_backend_spec backends[LYNX_BACKENDS_MAX];
+  uint32_t n_backends;
 };
 
 struct lynx_reg_instance {

@@ -111,6 +111,17 @@ static struct json_object *spec_obj(const struct lynx_service_spec *sp) {
   add_u64(o, "slots", sp->slots);
   add_u64(o, "mqueues_per_accel", sp->mqueues_per_accel);
   add_u64(o, "work_us", sp->work_us);
+  if (sp->n_backends) {
+    struct json_object *a = json_object_new_array();
+    for (uint32_t i = 0; i < sp->n_backends; i++) {
+      struct json_object *b = json_object_new_object();
+      add_str(b, "name", sp->backends[i].name);
+      add_str(b, "address", sp->backends[i].address);
+      add_str(b, "proto", sp->backends[i].proto);
+      json_object_array_add(a, b);
+    }
+    json_object_object_add(o, "backends", a);
+  }
   if (sp->placement == LYNX_PLACE_ALL && sp->n_selector == 0) {
     add_str(o, "placement", "all");
   } else {
@@ -389,6 +400,50 @@ static int get_framing(struct json_object *v, struct lynx_service_spec *sp,
   return bad(err, "framing: must be \"len32\" or {\"fixed\": N}");
 }
 
+/* "backends": [{"name": N, "address": "host:port", "proto": P}, ...] */
+static int get_backends(struct json_object *v, struct lynx_service_spec *sp,
+                        struct lynx_reg_err *err) {
+  size_t n;
+  if (!json_object_is_type(v, json_type_array))
+    return bad(err, "backends: must be an array of {\"name\", \"address\", "
+                    "\"proto\"}");
+  n = json_object_array_length(v);
+  if (n > LYNX_BACKENDS_MAX)
+    return bad(err, "backends: at most %u", LYNX_BACKENDS_MAX);
+  sp->n_backends = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct json_object *b = json_object_array_get_idx(v, i);
+    struct lynx_backend_spec *o = &sp->backends[i];
+    char f[48];
+    int have_name = 0, have_addr = 0;
+    memset(o, 0, sizeof(*o));
+    snprintf(o->proto, sizeof(o->proto), "len32");
+    if (!json_object_is_type(b, json_type_object))
+      return bad(err, "backends[%zu]: must be an object", i);
+    json_object_object_foreach(b, key, val) {
+      int rc;
+      snprintf(f, sizeof(f), "backends[%zu].%s", i, key);
+      if (!strcmp(key, "name")) {
+        rc = get_string(val, f, o->name, sizeof(o->name), err);
+        have_name = 1;
+      } else if (!strcmp(key, "address")) {
+        rc = get_string(val, f, o->address, sizeof(o->address), err);
+        have_addr = 1;
+      } else if (!strcmp(key, "proto")) {
+        rc = get_string(val, f, o->proto, sizeof(o->proto), err);
+      } else {
+        rc = bad(err, "%s: unknown field", f);
+      }
+      if (rc)
+        return rc;
+    }
+    if (!have_name || !have_addr)
+      return bad(err, "backends[%zu]: name and address are required", i);
+    sp->n_backends++;
+  }
+  return 0;
+}
+
 static int get_placement(struct json_object *v, struct lynx_service_spec *sp,
                          struct lynx_reg_err *err) {
   int have_replicas = 0;
@@ -453,6 +508,8 @@ int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
       rc = get_string(val, "proto", sp.proto, sizeof(sp.proto), err);
       if (rc == -EINVAL && json_object_is_type(val, json_type_string))
         rc = bad(err, "proto: must be \"udp\" or \"tcp\"");
+    } else if (!strcmp(key, "backends")) {
+      rc = get_backends(val, &sp, err);
     } else if (!strcmp(key, "framing")) {
       rc = get_framing(val, &sp, err);
       have_framing = 1;

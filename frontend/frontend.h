@@ -54,6 +54,7 @@ enum fe_qdrop {
   FE_QDROP_WRITE_ERR,   /* transport refused the request write */
   FE_QDROP_SEND_ERR,    /* the response could not be sent to the client */
   FE_QDROP_CLIENT_GONE, /* TCP: the client closed before its answer came */
+  FE_QDROP_BACKEND_DOWN, /* client mqueue: request answered "back end down" */
   FE_QDROP_MAX
 };
 
@@ -82,7 +83,20 @@ struct fe_accel {
   struct lynx_geom g;
   char node[64];
   uint64_t instance_id; /* static mode: the accelerator index */
+  /* mqueues [0, n_server) are server mqueues; n_server + k is the client
+   * mqueue of the service's back end k */
+  uint32_t n_server;
 };
+
+/* A back end of a service (client mqueues). */
+enum fe_be_proto { FE_BE_MEMCACHED, FE_BE_LEN32 };
+struct fe_backend_cfg {
+  char name[32];
+  char address[64];
+  struct sockaddr_storage addr;
+  enum fe_be_proto proto;
+};
+struct fe_backend;
 
 struct fe_conn;
 struct fe_mq;
@@ -107,6 +121,7 @@ struct fe_mq {
   uint32_t tx_staged; /* slots read this forwarder cycle */
   uint32_t tx_cons_dirty;
   uint32_t bad_value, bad_seq_pos; /* last reported (+1), to count once */
+  struct fe_backend *be; /* a client mqueue: its back-end connection */
   uint8_t *stage; /* staging for TX slot reads */
   uint32_t stage_slots;
   lynx_counter dispatched, responded;
@@ -131,6 +146,7 @@ struct fe_conn {
   uint32_t reads_pending;
   int dirty;    /* requests written since the last flush */
   int removing; /* out of dispatch; freed once nothing is outstanding */
+  uint32_t n_client_mqs; /* of mqs: client mqueues (polled always) */
   /* a dead connection that is still in the table is reopened at retry_ns;
    * the wait doubles from 100 ms to 5 s while it keeps failing */
   uint64_t retry_ns, retry_wait_ns;
@@ -175,6 +191,7 @@ struct fe_worker {
   uint32_t n_conns;
   struct lynx_dq **dqs;
   uint32_t n_mqs, next_gid;
+  uint32_t n_client_mqs; /* client mqueues this worker owns */
   struct lynx_dispatcher disp;
   struct lynx_flow *flows; /* NULL with --order none */
   uint32_t flow_mask;
@@ -240,6 +257,8 @@ struct frontend {
   char service[64];
   enum fe_proto proto;
   uint32_t fixed_len; /* TCP framing: 0 = len32, else fixed-size messages */
+  struct fe_backend_cfg backends[8]; /* client mqueues' back ends */
+  uint32_t n_backends;
   struct sockaddr_storage udp_addr;
   struct fe_worker *w;
   uint32_t n_w;
@@ -263,6 +282,23 @@ struct frontend {
 int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
               uint32_t flow, const struct sockaddr *peer, uint32_t cli,
               uint32_t cli_gen, int hold);
+
+/* worker.c: writes one message into mq's RX ring (a request, or a back
+ * end's reply into a client mqueue). The caller checked there is room. */
+int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
+                uint32_t len, uint32_t tag, uint16_t status);
+
+/* backend.c (worker thread): client mqueues' back-end connections */
+int fe_backend_open(struct fe_worker *w, struct fe_mq *mq,
+                    const struct fe_backend_cfg *cfg);
+void fe_backend_close(struct fe_backend *be);
+/* The application's request (tag) from the client mqueue's TX ring: sent
+ * to the back end, or answered at once with LYNX_ST_BACKEND_DOWN. 0 when
+ * consumed, -EAGAIN to retry next cycle. */
+int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
+                       const uint8_t *data, uint32_t len, uint32_t tag);
+/* Hands replies that waited for RX room to the client mqueues. */
+int fe_backend_progress(struct fe_worker *w);
 
 /* tcpsvc.c (worker thread) */
 int fe_tcp_open(struct fe_worker *w);

@@ -105,6 +105,9 @@ struct fe_main {
    * which it is fully applied */
   uint64_t table_version, table_seq_done;
   int have_table;
+  /* the back ends of the service service_start is about to start */
+  const struct fe_backend_cfg *pending_backends;
+  uint32_t n_pending_backends;
 };
 
 
@@ -131,6 +134,12 @@ static struct frontend *service_start(struct fe_main *m, const char *name,
   fe->udp_addr = *udp;
   fe->proto = proto;
   fe->fixed_len = fixed_len;
+  if (m->pending_backends) {
+    memcpy(fe->backends, m->pending_backends,
+           m->n_pending_backends * sizeof(fe->backends[0]));
+    fe->n_backends = m->n_pending_backends;
+    m->pending_backends = NULL;
+  }
   fe->n_w = m->cfg.workers;
   if (mqueues && fe->n_w > mqueues) {
     LYNX_WARN("frontend", "service %s: %u workers but %u mqueues per "
@@ -202,6 +211,7 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
     return -ENOTSUP;
   }
   lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size);
+  a->n_server = a->g.n_mqueues; /* the service's spec may say fewer */
   snprintf(a->node, sizeof(a->node), "%s", node ? node : "?");
   a->instance_id = instance_id;
   return 0;
@@ -370,6 +380,38 @@ static int spec_addr(const struct fe_main *m, uint32_t port,
   return lynx_parse_hostport(addr, ss);
 }
 
+/* The service's back ends (client mqueues); -EINVAL when one is bad. */
+static int spec_backends(const Lynx__ServiceSpec *sp,
+                         struct fe_backend_cfg *out, uint32_t *n) {
+  *n = 0;
+  for (size_t i = 0; i < sp->n_backends && i < 8; i++) {
+    const Lynx__Backend *b = sp->backends[i];
+    struct fe_backend_cfg *o = &out[(*n)++];
+    memset(o, 0, sizeof(*o));
+    if (!b->name || !b->address || !b->proto ||
+        lynx_parse_hostport(b->address, &o->addr))
+      return -EINVAL;
+    snprintf(o->name, sizeof(o->name), "%s", b->name);
+    snprintf(o->address, sizeof(o->address), "%s", b->address);
+    o->proto = strcmp(b->proto, "memcached") ? FE_BE_LEN32 : FE_BE_MEMCACHED;
+  }
+  return sp->n_backends > 8 ? -EINVAL : 0;
+}
+
+static int same_backends(const struct frontend *fe,
+                         const Lynx__ServiceSpec *sp) {
+  struct fe_backend_cfg b[8];
+  uint32_t n;
+  if (spec_backends(sp, b, &n) || n != fe->n_backends)
+    return 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (strcmp(b[i].name, fe->backends[i].name) ||
+        strcmp(b[i].address, fe->backends[i].address) ||
+        b[i].proto != fe->backends[i].proto)
+      return 0;
+  return 1;
+}
+
 static enum fe_proto spec_proto(const Lynx__ServiceSpec *sp) {
   return sp->proto && !strcmp(sp->proto, "tcp") ? FE_PROTO_TCP : FE_PROTO_UDP;
 }
@@ -385,7 +427,8 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       keep = sp && sp->name && strcmp(sp->name, fe->service) == 0 &&
              spec_addr(m, sp->port, &ss) == 0 &&
              memcmp(&ss, &fe->udp_addr, sizeof(ss)) == 0 &&
-             spec_proto(sp) == fe->proto && sp->fixed_len == fe->fixed_len;
+             spec_proto(sp) == fe->proto && sp->fixed_len == fe->fixed_len &&
+             same_backends(fe, sp);
     }
     if (!keep) {
       LYNX_INFO("frontend", "%s: service %s no longer served here", m->id,
@@ -404,10 +447,19 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
     fe = service_find(m, sp->name);
     if (!fe) {
       struct sockaddr_storage ss;
+      struct fe_backend_cfg bk[8];
+      uint32_t nb;
       if (spec_addr(m, sp->port, &ss)) {
         LYNX_ERR("frontend", "service %s: bad port %u", sp->name, sp->port);
         continue;
       }
+      if (spec_backends(sp, bk, &nb)) {
+        LYNX_ERR("frontend", "service %s: a back end has a bad address",
+                 sp->name);
+        continue;
+      }
+      m->pending_backends = bk;
+      m->n_pending_backends = nb;
       fe = service_start(m, sp->name, &ss, sp->mqueues_per_accel,
                          spec_proto(sp), sp->fixed_len);
       if (!fe)
@@ -421,8 +473,19 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       continue;
     for (size_t k = 0; k < st->n_entries; k++) {
       const Lynx__TableEntry *e = st->entries[k];
-      if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]) == 0)
-        n++;
+      if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
+        continue;
+      if (sp->n_backends) { /* server mqueues, then one per back end */
+        if (accels[n].g.n_mqueues != sp->mqueues_per_accel + sp->n_backends) {
+          LYNX_ERR("frontend", "service %s: instance %llu has %u mqueues, "
+                   "the spec says %u + %zu back ends: skipped", sp->name,
+                   (unsigned long long)e->instance_id, accels[n].g.n_mqueues,
+                   sp->mqueues_per_accel, sp->n_backends);
+          continue;
+        }
+        accels[n].n_server = sp->mqueues_per_accel;
+      }
+      n++;
     }
     service_set_instances(fe, accels, n, t->down_nodes, t->n_down_nodes, 0);
     free(accels);

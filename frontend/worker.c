@@ -47,7 +47,8 @@ const char *const fe_wdrop_names[FE_WDROP_MAX] = {
     "oversize", "ring_full", "no_mqueue", "tag_full", "shutdown"};
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
-    "expired",   "lost",        "write_error", "send_error", "client_gone"};
+    "expired",   "lost",        "write_error", "send_error", "client_gone",
+    "backend_down"};
 
 static const uint8_t zeros[16];
 
@@ -282,6 +283,15 @@ static int forward_slot(struct fe_worker *w, struct fe_mq *mq,
   struct lynx_slot_meta m;
   struct lynx_tag_entry *e;
   memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
+  if (mq->be && m.seq == lynx_seq_for(pos)) {
+    /* a client mqueue: the application's request to its back end */
+    if (lynx_meta_check(&m, z) != 0) {
+      lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
+      return 0;
+    }
+    return fe_backend_request(w, mq, slot + (uint32_t)m.off16 * 16u, m.len,
+                              m.tag);
+  }
   if (m.seq != lynx_seq_for(pos)) {
     /* tx_prod ran ahead of the slot: an accelerator bug; counted once per
      * position, retried at every cycle */
@@ -375,7 +385,7 @@ static int conn_progress(struct fe_worker *w, struct fe_conn *c) {
     /* Responses come only for requests in flight: with none, polling the
      * control array would only cost the agent (tcp) or the NIC (rdma). Its
      * rx_cons is read again with the next request's first cycle. */
-    if (conn_outstanding(c) == 0)
+    if (conn_outstanding(c) == 0 && !c->n_client_mqs)
       return 0;
     rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
                        8u * c->acc.g.n_mqueues, WR_CTRL);
@@ -436,12 +446,17 @@ static void on_alloc(uv_handle_t *h, size_t sz, uv_buf_t *buf) {
 
 static int write_request(struct fe_worker *w, struct fe_mq *mq,
                          const void *data, uint32_t len, uint32_t tag) {
+  return fe_write_rx(w, mq, data, len, tag, LYNX_ST_OK);
+}
+
+int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
+                uint32_t len, uint32_t tag, uint16_t status) {
   struct fe_conn *c = mq->conn;
   const struct lynx_geom *g = &c->acc.g;
   uint32_t pos = mq->dq.rx_prod;
   uint32_t poff = lynx_payload_off(g->slot_size, len);
   uint64_t slot = lynx_slot_off(g, lynx_rx_ring_off(g, mq->q), pos);
-  struct lynx_slot_meta m = {len, tag, LYNX_ST_OK, (uint16_t)(poff / 16u),
+  struct lynx_slot_meta m = {len, tag, status, (uint16_t)(poff / 16u),
                              lynx_seq_for(pos)};
   struct iovec iov[3] = {{(void *)data, len},
                          {(void *)zeros, lynx_slot_cap(g->slot_size) - poff - len},
@@ -642,6 +657,8 @@ static void worker_loop(struct fe_worker *w) {
     flush_sends(w);
     if (w->paused)
       work += fe_tcp_resume(w);
+    if (w->n_client_mqs)
+      work += fe_backend_progress(w);
     w->now_ns = lynx_now_ns();
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
@@ -674,7 +691,7 @@ static void worker_loop(struct fe_worker *w) {
       struct timespec ts;
       uint64_t ns;
       pfd[0] = (struct pollfd){bfd, POLLIN, 0};
-      if (outstanding(w)) {
+      if (outstanding(w) || w->n_client_mqs) {
         /* responses over a remote transport wake us through its fd */
         for (uint32_t i = 0; i < w->n_conns && nfd <= FE_WAIT_FDS; i++) {
           struct fe_conn *c = w->conns[i];
@@ -790,8 +807,11 @@ static int conn_resume(struct fe_conn *c) {
 static void conn_free(struct fe_conn *c) {
   if (c->tc)
     c->tc->ops->close(c->tc);
-  for (uint32_t i = 0; c->mqs && i < c->n_mqs; i++)
+  for (uint32_t i = 0; c->mqs && i < c->n_mqs; i++) {
     free(c->mqs[i].stage);
+    if (c->mqs[i].be)
+      fe_backend_close(c->mqs[i].be);
+  }
   free(c->mqs);
   free(c->snap);
   free(c);
@@ -808,7 +828,7 @@ static int rebuild(struct fe_worker *w) {
   struct lynx_dq **dqs, **old = w->dqs;
   for (uint32_t i = 0; i < w->n_conns; i++) {
     struct fe_conn *c = w->conns[i];
-    n += c->n_mqs;
+    n += c->n_mqs - c->n_client_mqs;
     for (uint32_t q = 0; q < c->n_mqs; q++)
       max_resp += c->mqs[q].stage_slots;
     if (!c->removing && c->state != FE_CONN_DEAD &&
@@ -820,7 +840,7 @@ static int rebuild(struct fe_worker *w) {
     return -ENOMEM;
   for (uint32_t round = 0; k < n; round++)
     for (uint32_t i = 0; i < w->n_conns; i++)
-      if (round < w->conns[i]->n_mqs)
+      if (round < w->conns[i]->n_mqs && !w->conns[i]->mqs[round].be)
         dqs[k++] = &w->conns[i]->mqs[round].dq;
   if (max_resp > w->max_resp) {
     struct fe_resp *r = realloc(w->resp, max_resp * sizeof(*r));
@@ -844,6 +864,9 @@ static int rebuild(struct fe_worker *w) {
     if (to == UINT32_MAX)
       fl->outstanding = 0; /* its mqueue is gone; its requests counted there */
   }
+  w->n_client_mqs = 0;
+  for (uint32_t i = 0; i < w->n_conns; i++)
+    w->n_client_mqs += w->conns[i]->n_client_mqs;
   w->dqs = dqs;
   w->n_mqs = n;
   w->cap = cap;
@@ -941,6 +964,12 @@ static int conn_add(struct fe_worker *w, const struct fe_accel *acc) {
     if (!mq->stage) {
       rc = -ENOMEM;
       goto fail;
+    }
+    if (q >= acc->n_server && q - acc->n_server < fe->n_backends) {
+      rc = fe_backend_open(w, mq, &fe->backends[q - acc->n_server]);
+      if (rc)
+        goto fail;
+      c->n_client_mqs++;
     }
   }
   /* an accelerator that cannot be reached yet stays in the table, out of

@@ -78,7 +78,7 @@ static int run_app(struct fx *f, const struct lynx_app *app,
                    const struct lynx_msg *m, int *replied) {
   int rc;
   *replied = -1;
-  rc = app->handle(&f->mq, m, replied);
+  rc = app->handle(&f->mq, m, replied, NULL);
   if (rc == 0)
     lynx_release(&f->mq);
   return rc;

@@ -1,0 +1,440 @@
+/*
+ * backend.c - client mqueues (paper §4.3): what an application writes into
+ * a client mqueue's TX ring is sent to that mqueue's back end on a TCP
+ * connection the frontend keeps; the back end's replies come back into the
+ * same mqueue's RX ring, in order, each carrying the tag of the request it
+ * answers (docs/client-mqueues.md).
+ *
+ * One connection per (worker, instance, back end): the worker that owns
+ * the client mqueue owns its connection, in its own loop, without locks.
+ *
+ * Replies are cut per the back end's protocol: "len32" (a 4-byte big-endian
+ * length, then the bytes) or "memcached" (the text protocol: one line, or
+ * VALUE blocks up to END). Back ends answer in order, so a FIFO of tags
+ * pairs replies with requests.
+ *
+ * Failures: a connection that cannot be made or breaks is retried with
+ * jittered backoff (100 ms to 5 s). Requests in flight on it, and requests
+ * while it is down, are answered at once with status LYNX_ST_BACKEND_DOWN,
+ * so the application answers its client promptly instead of waiting. A
+ * reply that does not fit a slot comes back as LYNX_ST_TOO_LONG. An
+ * unsolicited or malformed reply breaks the connection (and is logged).
+ *
+ * Bounds: at most BE_TAGS requests in flight and BE_OUT_MAX bytes unsent
+ * per connection (beyond, the TX slot waits in the ring: -EAGAIN); a reply
+ * may be at most BE_REPLY_MAX bytes.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "log.h"
+
+#define BE_TAGS 4096u
+#define BE_OUT_MAX (4u << 20)
+#define BE_REPLY_MAX (1u << 20)
+#define BE_RETRY_MIN_MS 100u
+#define BE_RETRY_MAX_MS 5000u
+
+enum be_state { BE_DOWN, BE_CONNECTING, BE_UP };
+
+struct fe_backend {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_connect_t creq;
+  uv_write_t wreq;
+  struct fe_worker *w;
+  struct fe_mq *mq; /* NULL once its mqueue is gone */
+  struct fe_backend_cfg cfg;
+  enum be_state state;
+  int tcp_open, handles, closing, writing, reading;
+  uint32_t retry_ms;
+  uint32_t tags[BE_TAGS];
+  uint32_t t_head, t_tail;
+  uint8_t *in, *out, *wbuf;
+  size_t in_len, in_cap, out_len, out_cap;
+  char why[96];
+};
+
+static void be_connect(struct fe_backend *be);
+static void be_flush(struct fe_backend *be);
+
+static void be_handle_closed(uv_handle_t *h) {
+  struct fe_backend *be = h->data;
+  if (h == (uv_handle_t *)&be->tcp)
+    be->tcp_open = 0;
+  if (--be->handles == 0 && be->closing) {
+    free(be->in);
+    free(be->out);
+    free(be->wbuf);
+    free(be);
+  }
+}
+
+static int rx_room(const struct fe_mq *mq) {
+  return mq->dq.rx_prod - mq->dq.rx_cons < mq->dq.slots;
+}
+
+/* Puts a reply into the client mqueue. 0, or -EAGAIN when its RX ring is
+ * full (try again later). A dead accelerator connection takes nothing:
+ * the reply is dropped. */
+static int deliver(struct fe_backend *be, const uint8_t *data, uint32_t len,
+                   uint32_t tag, uint16_t status) {
+  struct fe_mq *mq = be->mq;
+  int rc;
+  if (!mq || mq->conn->state == FE_CONN_DEAD) {
+    if (mq)
+      lynx_cnt_add(&mq->drops[FE_QDROP_LOST], 1);
+    return 0;
+  }
+  if (!rx_room(mq))
+    return -EAGAIN;
+  if (status == LYNX_ST_OK && len > lynx_slot_cap(mq->conn->acc.g.slot_size)) {
+    status = LYNX_ST_TOO_LONG;
+    len = 0;
+  }
+  rc = fe_write_rx(be->w, mq, data, len, tag, status);
+  if (rc == -ENOBUFS)
+    return -EAGAIN;
+  if (rc) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
+    return 0;
+  }
+  mq->dq.rx_prod++;
+  mq->conn->dirty = 1;
+  if (status == LYNX_ST_OK)
+    lynx_cnt_add(&mq->responded, 1);
+  else
+    lynx_cnt_add(&mq->drops[FE_QDROP_BACKEND_DOWN], 1);
+  return 0;
+}
+
+/* Answers every request still waiting with BACKEND_DOWN, as far as the RX
+ * ring has room (the rest at the next progress call). */
+static void fail_pending(struct fe_backend *be) {
+  while (be->t_head != be->t_tail &&
+         deliver(be, NULL, 0, be->tags[be->t_head % BE_TAGS],
+                 LYNX_ST_BACKEND_DOWN) == 0)
+    be->t_head++;
+}
+
+static void on_retry(uv_timer_t *t) { be_connect(t->data); }
+
+static void be_down(struct fe_backend *be, const char *why) {
+  uint32_t jitter;
+  if (be->state == BE_DOWN)
+    return;
+  be->state = BE_DOWN;
+  snprintf(be->why, sizeof(be->why), "%s", why);
+  be->in_len = be->out_len = 0;
+  be->reading = 0;
+  if (be->tcp_open && !uv_is_closing((uv_handle_t *)&be->tcp))
+    uv_close((uv_handle_t *)&be->tcp, be_handle_closed);
+  fail_pending(be);
+  be->retry_ms = be->retry_ms ? be->retry_ms * 2 : BE_RETRY_MIN_MS;
+  if (be->retry_ms > BE_RETRY_MAX_MS)
+    be->retry_ms = BE_RETRY_MAX_MS;
+  jitter = (uint32_t)rand() % (be->retry_ms / 2 + 1);
+  LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: back end %s (%s) down: "
+              "%s; retrying in %u ms", be->w->id, be->cfg.name,
+              be->cfg.address, why, be->retry_ms - be->retry_ms / 4 + jitter);
+  if (!be->closing)
+    uv_timer_start(&be->timer, on_retry,
+                   be->retry_ms - be->retry_ms / 4 + jitter, 0);
+}
+
+/* ---- replies ---------------------------------------------------------- */
+
+/* Length of the first complete reply in buf: > 0, 0 when more bytes are
+ * needed, -1 when the bytes are not a reply of the protocol. */
+static long reply_len(enum fe_be_proto proto, const uint8_t *p, size_t n) {
+  if (proto == FE_BE_LEN32) {
+    uint32_t be32;
+    if (n < 4)
+      return 0;
+    memcpy(&be32, p, 4);
+    be32 = ntohl(be32);
+    if (be32 > BE_REPLY_MAX)
+      return -1;
+    return n - 4 >= be32 ? 4 + (long)be32 : 0;
+  }
+  /* memcached text protocol */
+  for (size_t pos = 0;;) {
+    const uint8_t *eol = pos < n ? memchr(p + pos, '\n', n - pos) : NULL;
+    size_t line;
+    if (!eol)
+      return n - pos > 512 ? -1 : 0; /* no line is that long */
+    line = (size_t)(eol - (p + pos)) + 1;
+    if (line < 2 || eol[-1] != '\r')
+      return -1;
+    if (line >= 6 && !memcmp(p + pos, "VALUE ", 6)) {
+      char hdr[512];
+      unsigned flags, bytes;
+      memcpy(hdr, p + pos, line - 2);
+      hdr[line - 2] = 0;
+      if (sscanf(hdr, "VALUE %*s %u %u", &flags, &bytes) != 2 ||
+          bytes > BE_REPLY_MAX)
+        return -1;
+      if (n - pos < line + bytes + 2)
+        return 0;
+      if (memcmp(p + pos + line + bytes, "\r\n", 2))
+        return -1;
+      pos += line + bytes + 2;
+      if (pos > BE_REPLY_MAX + 1024u)
+        return -1;
+      continue;
+    }
+    if (pos == 0) /* a one-line reply: END, STORED, ERROR, ... */
+      return (long)line;
+    if (line == 5 && !memcmp(p + pos, "END\r\n", 5))
+      return (long)(pos + line);
+    return -1; /* VALUE blocks must end with END */
+  }
+}
+
+/* Delivers complete replies; stops (reading paused) when the RX ring is
+ * full. */
+static void be_parse(struct fe_backend *be) {
+  size_t off = 0;
+  while (be->state == BE_UP) {
+    long n = reply_len(be->cfg.proto, be->in + off, be->in_len - off);
+    uint32_t hdr = be->cfg.proto == FE_BE_LEN32 ? 4 : 0;
+    if (n == 0)
+      break;
+    if (n < 0) {
+      be_down(be, "malformed reply");
+      return;
+    }
+    if (be->t_head == be->t_tail) {
+      be_down(be, "reply without a request");
+      return;
+    }
+    if (deliver(be, be->in + off + hdr, (uint32_t)(n - hdr),
+                be->tags[be->t_head % BE_TAGS], LYNX_ST_OK) == -EAGAIN)
+      break;
+    be->t_head++;
+    off += (size_t)n;
+  }
+  if (be->state != BE_UP)
+    return;
+  if (off) {
+    memmove(be->in, be->in + off, be->in_len - off);
+    be->in_len -= off;
+  }
+}
+
+static void be_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
+  struct fe_backend *be = h->data;
+  size_t want = be->in_len + 65536;
+  (void)hint;
+  if (want > BE_REPLY_MAX + 65536 + 1024) {
+    *b = uv_buf_init(NULL, 0);
+    return;
+  }
+  if (be->in_cap < want) {
+    uint8_t *p = realloc(be->in, want);
+    if (!p) {
+      *b = uv_buf_init(NULL, 0);
+      return;
+    }
+    be->in = p;
+    be->in_cap = want;
+  }
+  *b = uv_buf_init((char *)be->in + be->in_len,
+                   (unsigned)(be->in_cap - be->in_len));
+}
+
+static void be_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  struct fe_backend *be = s->data;
+  (void)b;
+  if (n < 0) {
+    be_down(be, n == UV_EOF ? "closed by the back end"
+                            : n == UV_ENOBUFS ? "reply too long"
+                                              : uv_strerror((int)n));
+    return;
+  }
+  be->in_len += (size_t)n;
+  be_parse(be);
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static void be_on_write(uv_write_t *req, int status) {
+  struct fe_backend *be = req->data;
+  be->writing = 0;
+  free(be->wbuf);
+  be->wbuf = NULL;
+  if (status < 0) {
+    if (status != UV_ECANCELED)
+      be_down(be, uv_strerror(status));
+    return;
+  }
+  be_flush(be);
+}
+
+static void be_flush(struct fe_backend *be) {
+  uv_buf_t b;
+  int n;
+  if (be->state != BE_UP || be->writing || !be->out_len)
+    return;
+  b = uv_buf_init((char *)be->out, (unsigned)be->out_len);
+  n = uv_try_write((uv_stream_t *)&be->tcp, &b, 1);
+  if (n < 0 && n != UV_EAGAIN) {
+    be_down(be, uv_strerror(n));
+    return;
+  }
+  if (n > 0) {
+    memmove(be->out, be->out + n, be->out_len - (size_t)n);
+    be->out_len -= (size_t)n;
+  }
+  if (!be->out_len)
+    return;
+  be->wbuf = malloc(be->out_len);
+  if (!be->wbuf) {
+    be_down(be, "out of memory");
+    return;
+  }
+  memcpy(be->wbuf, be->out, be->out_len);
+  b = uv_buf_init((char *)be->wbuf, (unsigned)be->out_len);
+  be->out_len = 0;
+  be->wreq.data = be;
+  if (uv_write(&be->wreq, (uv_stream_t *)&be->tcp, &b, 1, be_on_write)) {
+    be_down(be, "cannot write");
+    return;
+  }
+  be->writing = 1;
+}
+
+int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
+                       const uint8_t *data, uint32_t len, uint32_t tag) {
+  struct fe_backend *be = mq->be;
+  (void)w;
+  lynx_cnt_add(&mq->dispatched, 1);
+  if (be->state == BE_DOWN) {
+    if (deliver(be, NULL, 0, tag, LYNX_ST_BACKEND_DOWN) == -EAGAIN) {
+      lynx_cnt_add(&mq->dispatched, (uint64_t)-1);
+      return -EAGAIN;
+    }
+    return 0;
+  }
+  if (be->t_tail - be->t_head >= BE_TAGS || be->out_len + len > BE_OUT_MAX) {
+    lynx_cnt_add(&mq->dispatched, (uint64_t)-1);
+    return -EAGAIN; /* the back end is behind: the slot waits in its ring */
+  }
+  if (be->out_len + len > be->out_cap) {
+    size_t cap = be->out_cap ? be->out_cap : 4096;
+    uint8_t *p;
+    while (cap < be->out_len + len)
+      cap *= 2;
+    p = realloc(be->out, cap);
+    if (!p) {
+      lynx_cnt_add(&mq->dispatched, (uint64_t)-1);
+      return -EAGAIN;
+    }
+    be->out = p;
+    be->out_cap = cap;
+  }
+  memcpy(be->out + be->out_len, data, len);
+  be->out_len += len;
+  be->tags[be->t_tail++ % BE_TAGS] = tag;
+  be_flush(be); /* CONNECTING: sent once connected */
+  return 0;
+}
+
+/* ---- connection ---------------------------------------------------------- */
+
+static void be_on_connect(uv_connect_t *req, int status) {
+  struct fe_backend *be = req->data;
+  if (be->closing || be->state != BE_CONNECTING)
+    return;
+  if (status < 0) {
+    be_down(be, uv_strerror(status));
+    return;
+  }
+  be->state = BE_UP;
+  if (be->retry_ms)
+    LYNX_INFO("frontend", "worker %u: back end %s (%s) up again",
+              be->w->id, be->cfg.name, be->cfg.address);
+  be->retry_ms = 0;
+  uv_tcp_nodelay(&be->tcp, 1);
+  if (uv_read_start((uv_stream_t *)&be->tcp, be_alloc, be_on_read)) {
+    be_down(be, "cannot read");
+    return;
+  }
+  be->reading = 1;
+  be_flush(be);
+}
+
+static void be_connect(struct fe_backend *be) {
+  int rc;
+  if (be->closing)
+    return;
+  if (be->tcp_open) { /* the last socket is still closing: a moment later */
+    uv_timer_start(&be->timer, on_retry, 10, 0);
+    return;
+  }
+  rc = uv_tcp_init(&be->w->loop, &be->tcp);
+  if (rc) {
+    be->state = BE_CONNECTING;
+    be_down(be, uv_strerror(rc));
+    return;
+  }
+  be->tcp.data = be;
+  be->tcp_open = 1;
+  be->handles++;
+  be->state = BE_CONNECTING;
+  be->creq.data = be;
+  rc = uv_tcp_connect(&be->creq, &be->tcp, (struct sockaddr *)&be->cfg.addr,
+                      be_on_connect);
+  if (rc)
+    be_down(be, uv_strerror(rc));
+}
+
+int fe_backend_open(struct fe_worker *w, struct fe_mq *mq,
+                    const struct fe_backend_cfg *cfg) {
+  struct fe_backend *be = calloc(1, sizeof(*be));
+  if (!be)
+    return -ENOMEM;
+  be->w = w;
+  be->mq = mq;
+  be->cfg = *cfg;
+  be->state = BE_DOWN;
+  uv_timer_init(&w->loop, &be->timer);
+  be->timer.data = be;
+  be->handles = 1;
+  mq->be = be;
+  be_connect(be);
+  return 0;
+}
+
+void fe_backend_close(struct fe_backend *be) {
+  be->closing = 1;
+  be->mq = NULL;
+  uv_timer_stop(&be->timer);
+  uv_close((uv_handle_t *)&be->timer, be_handle_closed);
+  if (be->tcp_open && !uv_is_closing((uv_handle_t *)&be->tcp))
+    uv_close((uv_handle_t *)&be->tcp, be_handle_closed);
+}
+
+int fe_backend_progress(struct fe_worker *w) {
+  int work = 0;
+  for (uint32_t i = 0; i < w->n_conns; i++) {
+    struct fe_conn *c = w->conns[i];
+    for (uint32_t k = 0; c->n_client_mqs && k < c->n_mqs; k++) {
+      struct fe_backend *be = c->mqs[k].be;
+      uint32_t before;
+      if (!be)
+        continue;
+      before = be->t_head;
+      if (be->state == BE_UP && be->in_len)
+        be_parse(be);
+      else if (be->state == BE_DOWN)
+        fail_pending(be);
+      work |= be->t_head != before;
+    }
+  }
+  return work;
+}
