@@ -734,6 +734,13 @@ static void *worker_main(void *arg) {
   worker_loop(w);
   udp_close(w);
   fe_tcp_close_all(w);
+  /* back-end connections are handles of this loop: closed before it ends */
+  for (uint32_t i = 0; i < w->n_conns; i++)
+    for (uint32_t k = 0; k < w->conns[i]->n_mqs; k++)
+      if (w->conns[i]->mqs[k].be) {
+        fe_backend_close(w->conns[i]->mqs[k].be);
+        w->conns[i]->mqs[k].be = NULL;
+      }
   uv_close((uv_handle_t *)&w->wake, NULL);
   uv_run(&w->loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&w->loop) != 0)
