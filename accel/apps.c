@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "face.h"
 #include "util.h"
 
 struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
@@ -171,6 +172,48 @@ static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   return 0;
 }
 
+/*
+ * face-verify (paper §6.4, docs/face-verify.md): a request is a 12-byte
+ * label and a 32x32 image; the stored image of that label comes from
+ * memcached back end "db" (key "face:" + label) through the client mqueue;
+ * the answer is match/no-match and the chi-square distance of their LBP
+ * histograms (8 bytes), or "ERROR" for a malformed request, an unknown
+ * label, or a back end that is down or does not answer in time. The CPU
+ * work is face.c's, the same code the host-centric baseline runs.
+ */
+static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
+                       int *replied, const struct lynx_app_ctx *ctx) {
+  static __thread uint8_t reply[FACE_PIXELS + 512];
+  struct lynx_client *db = lynx_app_client(ctx, "db");
+  const uint8_t *label, *probe, *stored;
+  char key[FACE_KEY_MAX], cmd[FACE_KEY_MAX + 8];
+  uint8_t out[FACE_RESP_LEN];
+  const void *ans = FACE_ERROR;
+  uint32_t ans_len = FACE_ERROR_LEN, rlen = 0, slen;
+  int klen, rc;
+  if (db && face_req_parse(req->data, req->len, &label, &probe) == 0 &&
+      (klen = face_key(label, key)) > 0) {
+    memcpy(cmd, "get ", 4);
+    memcpy(cmd + 4, key, (size_t)klen);
+    memcpy(cmd + 4 + klen, "\r\n", 2);
+    rc = lynx_call(db, cmd, (uint32_t)klen + 6, reply, sizeof(reply), &rlen,
+                   ctx->call_timeout_ns);
+    if (rc == 0 && mc_parse_get(reply, rlen, &stored, &slen) == 1 &&
+        slen == FACE_PIXELS) {
+      float dist;
+      int match = face_verify(probe, stored, &dist);
+      face_resp_encode(out, match, dist);
+      ans = out;
+      ans_len = FACE_RESP_LEN;
+    }
+  }
+  rc = lynx_send(mq, req->tag, ans, ans_len);
+  if (rc == -EAGAIN)
+    return -EAGAIN;
+  *replied = rc == 0;
+  return 0;
+}
+
 static const struct lynx_app apps[] = {
     {"echo", "answer every request with its own bytes", echo_handle, NULL},
     {"sockperf-echo",
@@ -178,6 +221,8 @@ static const struct lynx_app apps[] = {
      NULL},
     {"mc-get", "answer a key with its value from memcached back end 'db'",
      mc_get_handle, "db"},
+    {"face-verify", "LBP face verification against images in memcached "
+     "back end 'db'", face_handle, "db"},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {
@@ -187,4 +232,6 @@ const struct lynx_app *lynx_app_find(const char *name) {
   return NULL;
 }
 
-const char *lynx_app_names(void) { return "echo, sockperf-echo, mc-get"; }
+const char *lynx_app_names(void) {
+  return "echo, sockperf-echo, mc-get, face-verify";
+}
