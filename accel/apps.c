@@ -214,6 +214,38 @@ static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   return 0;
 }
 
+/*
+ * relay: the first tier of a multi-tier service: every request is passed
+ * to back end "next" (any len32 service, e.g. another Lynx TCP service)
+ * and its reply is the answer; "ERROR" when "next" is down or silent.
+ */
+static int relay_handle(struct lynx_mq *mq, const struct lynx_msg *req,
+                        int *replied, const struct lynx_app_ctx *ctx) {
+  static __thread uint8_t reply[MC_REPLY_MAX];
+  struct lynx_client *next = lynx_app_client(ctx, "next");
+  const void *ans = "ERROR";
+  uint32_t ans_len = 5, rlen = 0;
+  uint8_t hdr[4] = {(uint8_t)(req->len >> 24), (uint8_t)(req->len >> 16),
+                    (uint8_t)(req->len >> 8), (uint8_t)req->len};
+  static __thread uint8_t framed[MC_REPLY_MAX + 4];
+  int rc;
+  if (next && req->len <= MC_REPLY_MAX) {
+    /* len32: the frontend sends what the application writes, as is */
+    memcpy(framed, hdr, 4);
+    memcpy(framed + 4, req->data, req->len);
+    if (lynx_call(next, framed, req->len + 4, reply, sizeof(reply), &rlen,
+                  ctx->call_timeout_ns) == 0) {
+      ans = reply;
+      ans_len = rlen;
+    }
+  }
+  rc = lynx_send(mq, req->tag, ans, ans_len);
+  if (rc == -EAGAIN)
+    return -EAGAIN;
+  *replied = rc == 0;
+  return 0;
+}
+
 static const struct lynx_app apps[] = {
     {"echo", "answer every request with its own bytes", echo_handle, NULL},
     {"sockperf-echo",
@@ -223,6 +255,8 @@ static const struct lynx_app apps[] = {
      mc_get_handle, "db"},
     {"face-verify", "LBP face verification against images in memcached "
      "back end 'db'", face_handle, "db"},
+    {"relay", "answer with back end 'next''s reply to the same request "
+     "(len32)", relay_handle, "next"},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {
@@ -233,5 +267,5 @@ const struct lynx_app *lynx_app_find(const char *name) {
 }
 
 const char *lynx_app_names(void) {
-  return "echo, sockperf-echo, mc-get, face-verify";
+  return "echo, sockperf-echo, mc-get, face-verify, relay";
 }

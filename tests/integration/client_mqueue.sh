@@ -10,11 +10,15 @@
 #     reconnects (backoff) and the value is served.
 #  3. the back end killed mid-run: ERROR promptly, counted as backend_down;
 #     memcached back: served again, without restarting anything of ours.
+#  4. two tiers: a UDP service (app relay) whose back end is a Lynx TCP
+#     service (app echo, len32) answers with the second tier's reply.
+#  5. face-verify (paper §6.4): images in memcached, every answer of
+#     lynx-face-load checked against its own computation.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init client_mqueue
 it_require memcached curl jq timeout
-pick_ports COORD_PORT API_PORT METRICS_PORT MC1 MC2 KV1 KV2
+pick_ports COORD_PORT API_PORT METRICS_PORT MC1 MC2 KV1 KV2 T1 T2 FACE
 
 MCD_PID=''
 # start_memcached PORT: memcached on 127.0.0.1:PORT (tracked for cleanup)
@@ -107,5 +111,36 @@ assert_gt "$down" 0 "requests answered 'back end down'"
 start_memcached "$MC1"
 mc_set "$MC1" k1 again
 wait_reply "$KV1" k1 again 10 "served again after the back end returned"
+
+# ---- 4. two tiers over a len32 back end -------------------------------------------------
+api POST /v1/services -H 'Content-Type: application/json' -d "{\"name\":\"tier2\",
+  \"port\":$T2,\"app\":\"echo\",\"proto\":\"tcp\"}" || fail "API down"
+assert_eq "$API_STATUS" 201 "service tier2 (tcp echo) created"
+api POST /v1/services -H 'Content-Type: application/json' -d "{\"name\":\"tier1\",
+  \"port\":$T1,\"app\":\"relay\",\"mqueues_per_accel\":2,\"backends\":[
+  {\"name\":\"next\",\"address\":\"127.0.0.1:$T2\",\"proto\":\"len32\"}]}" ||
+  fail "API down"
+assert_eq "$API_STATUS" 201 "service tier1 (relay) created"
+wait_reply "$T1" through-two-tiers through-two-tiers 10 \
+  "answered by the second tier through the first"
+expect_reply "$T1" x x "a one-byte request through two tiers"
+
+# ---- 5. face verification ----------------------------------------------------------------------
+"$LYNX_BIN_DIR/lynx-face-load" --fill "127.0.0.1:$MC1" --identities 200 --seed 3 \
+  >"$IT_DIR/face-fill.out" 2>&1 || { cat "$IT_DIR/face-fill.out"; fail "face fill"; }
+api POST /v1/services -H 'Content-Type: application/json' -d "{\"name\":\"face\",
+  \"port\":$FACE,\"app\":\"face-verify\",\"mqueues_per_accel\":2,\"backends\":[
+  {\"name\":\"db\",\"address\":\"127.0.0.1:$MC1\",\"proto\":\"memcached\"}]}" ||
+  fail "API down"
+assert_eq "$API_STATUS" 201 "service face created"
+wait_log "$FRONTEND_LOG" "serving service face" 10 1 "$FRONTEND_PID"
+sleep 1
+out=$IT_DIR/face-load.out
+"$LYNX_BIN_DIR/lynx-face-load" --target "127.0.0.1:$FACE" --udp --closed-loop 2 \
+  --seconds 2 --identities 200 --seed 3 --impostor-percent 50 >"$out" 2>&1 ||
+  { cat "$out"; it_check_failed "face-verify answers (lynx-face-load exit status)"; }
+log "$(tail -1 "$out")"
+grep -q ' wrong=0 ' "$out" || it_check_failed "face-verify: wrong answers"
+grep -qE ' answered=[1-9]' "$out" || it_check_failed "face-verify: nothing answered"
 assert_eq "$(grep -cF ': starting in ' "$FRONTEND_LOG")" 1 "frontend starts (no restart)"
 it_done
