@@ -8,8 +8,9 @@
 #  2. clients that close with requests in flight: the frontend stays up and
 #     accounts for every request (answered, or dropped as client_gone).
 #  3. bad clients: a length word of 0xFFFFFFFF and a frame larger than the
-#     slots each get their connection closed, counted as oversize; nothing
-#     else is dropped and well-behaved clients are served right after.
+#     slots each get their connection closed, counted as oversize; a client
+#     that never reads its answers is closed as a slow reader once 4 MiB of
+#     them wait; well-behaved clients are served right after.
 #  4. fixed framing (fixed:64): 64-byte messages without length words.
 #  5. coordinator mode: `lynxctl service create --proto tcp` is served; a
 #     framing on a udp service is refused with a clear 400.
@@ -75,8 +76,12 @@ load garbage --conns 10 --mode garbage
 load oversize --conns 10 --mode oversize --size-max 100000
 over=$(tcp_metric oversize)
 assert_eq "$((over - over0))" 20 "connections closed for oversize frames"
+# a client that never reads: 16 MB of answers against a 4 MiB bound
+load slowreader --conns 2 --mode slowreader --messages 8000 --size-max 2000
+slow=$(tcp_metric slow_reader)
+assert_eq "$slow" 2 "connections closed as slow readers"
 load after-bad --conns 10 --messages 100 --window 4 --size-max 2000 --seed 5
-for r in ring_full no_mqueue tag_full oversize write_error send_error expired lost; do
+for r in ring_full no_mqueue tag_full oversize write_error expired lost; do
   v=$(metric lynx_frontend_dropped_total "reason=\"$r\"") || fail "no drop counter $r"
   assert_eq "$v" 0 "requests dropped ($r)"
 done

@@ -16,6 +16,9 @@
  *   of junk; the server must close it.
  * oversize: each connection sends one frame of --size-max bytes (larger
  *   than the service's slots); the server must close it.
+ * slowreader: each connection sends --messages messages of --size-max
+ *   bytes and never reads its answers; the server must close it once its
+ *   unsent answers pass the bound.
  *
  * Output, one line:
  *   tcp_load: mode=M conns=N connected=C sent=S answered=A mismatched=X
@@ -37,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum mode { M_ECHO, M_DISCONNECT, M_GARBAGE, M_OVERSIZE };
+enum mode { M_ECHO, M_DISCONNECT, M_GARBAGE, M_OVERSIZE, M_SLOW };
 
 struct conn {
   int fd;
@@ -141,6 +144,7 @@ int main(int argc, char **argv) {
       else if (!strcmp(optarg, "disconnect")) mode = M_DISCONNECT;
       else if (!strcmp(optarg, "garbage")) mode = M_GARBAGE;
       else if (!strcmp(optarg, "oversize")) mode = M_OVERSIZE;
+      else if (!strcmp(optarg, "slowreader")) mode = M_SLOW;
       else return usage();
       break;
     default:
@@ -215,12 +219,29 @@ int main(int argc, char **argv) {
       c->sent++;
       sent++;
     }
+    if (mode == M_SLOW) { /* send everything, read nothing */
+      struct timeval tv = {1, 0};
+      uint32_t be = htonl(size_max);
+      setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+      memcpy(buf, &be, 4);
+      memset(buf + 4, 0x44, size_max);
+      for (uint32_t k = 0; k < messages; k++) {
+        if (send_all(c->fd, buf, 4u + size_max))
+          break; /* closed on us, or it stopped reading us for a second */
+        sent++;
+      }
+      continue;
+    }
     if (mode == M_DISCONNECT) {
       close(c->fd); /* requests in flight, nobody to answer */
       c->fd = -1;
       c->done = 1;
     }
   }
+
+  /* a slow reader: let the server's unsent answers pile up, then look */
+  if (mode == M_SLOW)
+    sleep(2);
 
   /* answers, refills, closes */
   for (;;) {
@@ -322,7 +343,8 @@ int main(int argc, char **argv) {
            "answered=%llu mismatched=%llu closed_by_server=%llu errors=%llu "
            "unfinished=%llu elapsed_ms=%llu rate=%.0f\n",
            mode == M_ECHO ? "echo" : mode == M_DISCONNECT ? "disconnect"
-                          : mode == M_GARBAGE ? "garbage" : "oversize",
+                          : mode == M_GARBAGE ? "garbage"
+                          : mode == M_SLOW ? "slowreader" : "oversize",
            n_conns, (unsigned long long)connected, (unsigned long long)sent,
            (unsigned long long)answered, (unsigned long long)mismatched,
            (unsigned long long)closed, (unsigned long long)errors,
