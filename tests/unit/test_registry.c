@@ -914,10 +914,31 @@ static void test_service_validation(void **state) {
   s = spec("a/b", 7000, 0, NULL);
   expect_invalid(&f->r, &s, "name");
   s = spec("ok", 7000, 0, NULL);
-  snprintf(s.proto, sizeof(s.proto), "tcp");
+  snprintf(s.proto, sizeof(s.proto), "sctp");
   expect_invalid(&f->r, &s, "proto");
-  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EINVAL);
-  assert_non_null(strstr(err.message, "later"));
+  /* framing belongs to tcp; a fixed size must fit a slot */
+  s = spec("ok", 7000, 0, NULL);
+  s.fixed_len = 64;
+  expect_invalid(&f->r, &s, "framing");
+  snprintf(s.proto, sizeof(s.proto), "tcp");
+  s.fixed_len = s.slot_size; /* the slot's payload is 16 bytes less */
+  expect_invalid(&f->r, &s, "framing");
+  /* back ends: names, addresses, protocols, duplicates */
+  s = spec("ok", 7000, 0, NULL);
+  s.n_backends = 1;
+  snprintf(s.backends[0].name, sizeof(s.backends[0].name), "db");
+  snprintf(s.backends[0].address, sizeof(s.backends[0].address),
+           "db.example:11211");
+  snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "memcached");
+  expect_invalid(&f->r, &s, "backends[0].address");
+  snprintf(s.backends[0].address, sizeof(s.backends[0].address),
+           "127.0.0.1:11211");
+  snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "redis");
+  expect_invalid(&f->r, &s, "backends[0].proto");
+  snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "len32");
+  s.backends[1] = s.backends[0];
+  s.n_backends = 2;
+  expect_invalid(&f->r, &s, "backends[1].name");
   s = spec("ok", 0, 0, NULL);
   expect_invalid(&f->r, &s, "port");
   s = spec("ok", 65536, 0, NULL);

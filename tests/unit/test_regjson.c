@@ -200,9 +200,19 @@ static void test_decode_bad(void **state) {
       {"{\"name\": \"s\", \"port\": 7000, \"app\": 1}",
        "app: must be a string"},
       {SVC(", \"app\": \"\""), "app:"},
-      {SVC(", \"proto\": \"tcp\""),
-       "proto: only \"udp\" is supported (tcp comes in a later release)"},
-      {SVC(", \"proto\": \"quic-and-more\""), "proto: only \"udp\""},
+      {SVC(", \"proto\": \"sctp\""), "proto: must be \"udp\" or \"tcp\""},
+      {SVC(", \"proto\": \"quic-and-more\""), "proto: must be"},
+      {SVC(", \"framing\": \"len32\""), "framing: only a tcp service"},
+      {SVC(", \"proto\": \"tcp\", \"framing\": \"lines\""),
+       "framing: must be \"len32\" or {\"fixed\": N}"},
+      {SVC(", \"proto\": \"tcp\", \"framing\": {\"fixed\": 0}"),
+       "framing.fixed: must be at least 1"},
+      {SVC(", \"backends\": {}"), "backends: must be an array"},
+      {SVC(", \"backends\": [{\"name\": \"db\"}]"),
+       "backends[0]: name and address are required"},
+      {SVC(", \"backends\": [{\"name\": \"db\", \"address\": \"x:1\", "
+           "\"colour\": 1}]"),
+       "backends[0].colour: unknown field"},
       {SVC(", \"proto\": 17"), "proto: must be a string"},
       {SVC(", \"slot_size\": 100"),
        "slot_size: must be a power of two between 64 and 1048576"},
@@ -470,7 +480,11 @@ static void test_service_round_trip(void **state) {
              "\"placement\": {\"replicas\": 2, \"selector\": {\"k\": "
              "\"v\"}}}");
   create(&r, "{\"name\": \"y\", \"port\": 10, \"app\": \"a\", "
-             "\"placement\": {\"selector\": {\"k\": \"v\"}}}");
+             "\"placement\": {\"selector\": {\"k\": \"v\"}}, "
+             "\"proto\": \"tcp\", \"framing\": {\"fixed\": 100}, "
+             "\"backends\": [{\"name\": \"db\", \"address\": "
+             "\"127.0.0.1:11211\", \"proto\": \"memcached\"}, {\"name\": "
+             "\"next\", \"address\": \"10.0.0.2:7000\"}]}");
   for (struct lynx_reg_service *sv = r.services; sv; sv = sv->next) {
     o = lynx_json_service(&r, sv);
     json_object_object_del(o, "instances");
@@ -483,6 +497,21 @@ static void test_service_round_trip(void **state) {
     assert_int_equal(s.replicas, sv->spec.replicas);
     assert_int_equal(s.n_selector, 1);
     assert_string_equal(s.selector[0].key, "k");
+    /* what state.json keeps of a tcp service with back ends */
+    assert_string_equal(s.proto, sv->spec.proto);
+    assert_int_equal(s.fixed_len, sv->spec.fixed_len);
+    assert_int_equal(s.n_backends, sv->spec.n_backends);
+    for (uint32_t k = 0; k < s.n_backends; k++) {
+      assert_string_equal(s.backends[k].name, sv->spec.backends[k].name);
+      assert_string_equal(s.backends[k].address, sv->spec.backends[k].address);
+      assert_string_equal(s.backends[k].proto, sv->spec.backends[k].proto);
+    }
+    if (!strcmp(s.name, "y")) {
+      assert_string_equal(s.proto, "tcp");
+      assert_int_equal(s.fixed_len, 100);
+      assert_int_equal(s.n_backends, 2);
+      assert_string_equal(s.backends[1].proto, "len32"); /* the default */
+    }
   }
   lynx_reg_free(&r);
 }
