@@ -363,5 +363,10 @@ int main(int argc, char **argv) {
       break;
     }
   }
+  for (uint32_t i = 0; i < n_conns; i++)
+    free(cs[i].in);
+  free(cs);
+  free(buf);
+  close(ep);
   return ok ? 0 : 1;
 }
