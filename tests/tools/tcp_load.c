@@ -94,6 +94,30 @@ static int send_all(int fd, const uint8_t *p, size_t n) {
   return 0;
 }
 
+/* the run's parameters, set once in main */
+static uint64_t seed = 1;
+static uint32_t messages = 100, window = 8, size_max = 1024, fixed = 0;
+
+/* Sends connection i's next messages while fewer than window are
+ * unanswered; the number sent (a send error counts in *errors). */
+static uint64_t fill_window(struct conn *c, uint32_t i, uint8_t *buf,
+                            uint64_t *errors) {
+  uint64_t n = 0;
+  while (c->sent < messages && c->sent - c->answered < window) {
+    uint32_t len = msg_len(seed, i, c->sent, size_max, fixed);
+    uint32_t hdr = fixed ? 0 : 4, be = htonl(len);
+    memcpy(buf, &be, 4);
+    msg_fill(buf + hdr, len, seed, i, c->sent);
+    if (send_all(c->fd, buf, hdr + len)) {
+      (*errors)++;
+      break;
+    }
+    c->sent++;
+    n++;
+  }
+  return n;
+}
+
 static int usage(void) {
   fprintf(stderr, "usage: lynx-tcp-load --target HOST:PORT [--conns N] "
                   "[--messages M] [--window W] [--size-max B] "
@@ -110,8 +134,8 @@ int main(int argc, char **argv) {
       {0, 0, 0, 0}};
   char host[64] = "";
   unsigned port = 0;
-  uint32_t n_conns = 1, messages = 100, window = 8, size_max = 1024, fixed = 0;
-  uint64_t seed = 1, timeout = 20000, start, deadline;
+  uint32_t n_conns = 1;
+  uint64_t timeout = 20000, start, deadline;
   enum mode mode = M_ECHO;
   struct sockaddr_in sa = {.sin_family = AF_INET};
   struct conn *cs;
@@ -207,18 +231,6 @@ int main(int argc, char **argv) {
         c->closed_by_server = 1;
       continue;
     }
-    while (c->sent < messages && c->sent - c->answered < window) {
-      uint32_t len = msg_len(seed, i, c->sent, size_max, fixed);
-      uint32_t hdr = fixed ? 0 : 4, be = htonl(len);
-      memcpy(buf, &be, 4);
-      msg_fill(buf + hdr, len, seed, i, c->sent);
-      if (send_all(c->fd, buf, hdr + len)) {
-        errors++;
-        break;
-      }
-      c->sent++;
-      sent++;
-    }
     if (mode == M_SLOW) { /* send everything, read nothing */
       struct timeval tv = {1, 0};
       uint32_t be = htonl(size_max);
@@ -232,6 +244,7 @@ int main(int argc, char **argv) {
       }
       continue;
     }
+    sent += fill_window(c, i, buf, &errors);
     if (mode == M_DISCONNECT) {
       close(c->fd); /* requests in flight, nobody to answer */
       c->fd = -1;
@@ -312,18 +325,7 @@ int main(int argc, char **argv) {
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
       }
-      while (c->sent < messages && c->sent - c->answered < window) {
-        uint32_t len = msg_len(seed, i, c->sent, size_max, fixed);
-        uint32_t hdr = fixed ? 0 : 4, be = htonl(len);
-        memcpy(buf, &be, 4);
-        msg_fill(buf + hdr, len, seed, i, c->sent);
-        if (send_all(c->fd, buf, hdr + len)) {
-          errors++;
-          break;
-        }
-        c->sent++;
-        sent++;
-      }
+      sent += fill_window(c, i, buf, &errors);
       if (c->answered == messages) {
         c->done = 1;
         close(c->fd);
