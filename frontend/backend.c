@@ -45,17 +45,17 @@ struct fe_backend {
   uv_tcp_t tcp;
   uv_timer_t timer;
   uv_connect_t creq;
-  uv_write_t wreq;
   struct fe_worker *w;
   struct fe_mq *mq; /* NULL once its mqueue is gone */
   struct fe_backend_cfg cfg;
   enum be_state state;
-  int tcp_open, handles, closing, writing, reading;
+  int tcp_open, handles, closing, reading;
   uint32_t retry_ms;
   uint32_t tags[BE_TAGS];
   uint32_t t_head, t_tail;
-  uint8_t *in, *out, *wbuf;
-  size_t in_len, in_cap, out_len, out_cap;
+  uint8_t *in;
+  size_t in_len, in_cap;
+  struct fe_outq out;
   char why[96];
 };
 
@@ -68,8 +68,7 @@ static void be_handle_closed(uv_handle_t *h) {
     be->tcp_open = 0;
   if (--be->handles == 0 && be->closing) {
     free(be->in);
-    free(be->out);
-    free(be->wbuf);
+    fe_outq_free(&be->out);
     free(be);
   }
 }
@@ -129,7 +128,7 @@ static void be_down(struct fe_backend *be, const char *why) {
     return;
   be->state = BE_DOWN;
   snprintf(be->why, sizeof(be->why), "%s", why);
-  be->in_len = be->out_len = 0;
+  be->in_len = be->out.len = 0;
   be->reading = 0;
   if (be->tcp_open && !uv_is_closing((uv_handle_t *)&be->tcp))
     uv_close((uv_handle_t *)&be->tcp, be_handle_closed);
@@ -264,9 +263,7 @@ static void be_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 
 static void be_on_write(uv_write_t *req, int status) {
   struct fe_backend *be = req->data;
-  be->writing = 0;
-  free(be->wbuf);
-  be->wbuf = NULL;
+  fe_outq_written(&be->out);
   if (status < 0) {
     if (status != UV_ECANCELED)
       be_down(be, uv_strerror(status));
@@ -276,41 +273,18 @@ static void be_on_write(uv_write_t *req, int status) {
 }
 
 static void be_flush(struct fe_backend *be) {
-  uv_buf_t b;
-  int n;
-  if (be->state != BE_UP || be->writing || !be->out_len)
+  int rc;
+  if (be->state != BE_UP)
     return;
-  b = uv_buf_init((char *)be->out, (unsigned)be->out_len);
-  n = uv_try_write((uv_stream_t *)&be->tcp, &b, 1);
-  if (n < 0 && n != UV_EAGAIN) {
-    be_down(be, uv_strerror(n));
-    return;
-  }
-  if (n > 0) {
-    memmove(be->out, be->out + n, be->out_len - (size_t)n);
-    be->out_len -= (size_t)n;
-  }
-  if (!be->out_len)
-    return;
-  be->wbuf = malloc(be->out_len);
-  if (!be->wbuf) {
-    be_down(be, "out of memory");
-    return;
-  }
-  memcpy(be->wbuf, be->out, be->out_len);
-  b = uv_buf_init((char *)be->wbuf, (unsigned)be->out_len);
-  be->out_len = 0;
-  be->wreq.data = be;
-  if (uv_write(&be->wreq, (uv_stream_t *)&be->tcp, &b, 1, be_on_write)) {
-    be_down(be, "cannot write");
-    return;
-  }
-  be->writing = 1;
+  rc = fe_outq_flush(&be->out, (uv_stream_t *)&be->tcp, be, be_on_write);
+  if (rc)
+    be_down(be, uv_strerror(rc));
 }
 
 int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
                        const uint8_t *data, uint32_t len, uint32_t tag) {
   struct fe_backend *be = mq->be;
+  uint8_t *p;
   (void)w;
   lynx_cnt_add(&mq->dispatched, 1);
   if (be->state == BE_DOWN) {
@@ -320,25 +294,15 @@ int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
     }
     return 0;
   }
-  if (be->t_tail - be->t_head >= BE_TAGS || be->out_len + len > BE_OUT_MAX) {
+  p = be->t_tail - be->t_head < BE_TAGS
+          ? fe_outq_reserve(&be->out, len, BE_OUT_MAX)
+          : NULL;
+  if (!p) { /* the back end is behind: the slot waits in its ring */
     lynx_cnt_add(&mq->dispatched, (uint64_t)-1);
-    return -EAGAIN; /* the back end is behind: the slot waits in its ring */
+    return -EAGAIN;
   }
-  if (be->out_len + len > be->out_cap) {
-    size_t cap = be->out_cap ? be->out_cap : 4096;
-    uint8_t *p;
-    while (cap < be->out_len + len)
-      cap *= 2;
-    p = realloc(be->out, cap);
-    if (!p) {
-      lynx_cnt_add(&mq->dispatched, (uint64_t)-1);
-      return -EAGAIN;
-    }
-    be->out = p;
-    be->out_cap = cap;
-  }
-  memcpy(be->out + be->out_len, data, len);
-  be->out_len += len;
+  memcpy(p, data, len);
+  be->out.len += len;
   be->tags[be->t_tail++ % BE_TAGS] = tag;
   be_flush(be); /* CONNECTING: sent once connected */
   return 0;

@@ -23,6 +23,7 @@
 
 #include "dispatch.h"
 #include "mqueue.h"
+#include "outq.h"
 #include "tagtab.h"
 #include "transport.h"
 #include "util.h"
@@ -233,11 +234,8 @@ struct fe_client {
   uint32_t slot, gen;
   uint8_t *in;                /* received, not yet dispatched */
   uint32_t in_len, in_cap;
-  uint8_t *out;               /* answers the kernel did not take yet */
-  size_t out_len, out_cap;
-  uint8_t *wbuf;              /* the uv_write in flight */
-  uv_write_t wreq;
-  int writing, reading, closing, paused;
+  struct fe_outq out;         /* answers the kernel did not take yet */
+  int reading, closing, paused;
   struct fe_client *next_paused;
 };
 

@@ -50,8 +50,7 @@ static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b);
 static void client_freed(uv_handle_t *h) {
   struct fe_client *c = h->data;
   free(c->in);
-  free(c->out);
-  free(c->wbuf);
+  fe_outq_free(&c->out);
   free(c);
 }
 
@@ -284,54 +283,24 @@ int fe_tcp_resume(struct fe_worker *w) {
 
 /* ---- output ----------------------------------------------------------------- */
 
-static void client_flush(struct fe_client *c);
+static void client_on_write(uv_write_t *req, int status);
+
+/* Hands buffered answers to the kernel. */
+static void client_flush(struct fe_client *c) {
+  if (!c->closing &&
+      fe_outq_flush(&c->out, (uv_stream_t *)&c->h, c, client_on_write))
+    client_close(c, FE_TCP_ERROR);
+}
 
 static void client_on_write(uv_write_t *req, int status) {
   struct fe_client *c = req->data;
-  c->writing = 0;
-  free(c->wbuf);
-  c->wbuf = NULL;
+  fe_outq_written(&c->out);
   if (status < 0) {
     if (!c->closing)
       client_close(c, FE_TCP_ERROR);
     return;
   }
   client_flush(c);
-}
-
-/* Hands buffered answers to the kernel: directly when it takes them, else
- * in one uv_write of a copy. */
-static void client_flush(struct fe_client *c) {
-  uv_buf_t b;
-  int n;
-  if (c->closing || c->writing || !c->out_len)
-    return;
-  b = uv_buf_init((char *)c->out, (unsigned)c->out_len);
-  n = uv_try_write((uv_stream_t *)&c->h, &b, 1);
-  if (n < 0 && n != UV_EAGAIN) {
-    client_close(c, FE_TCP_ERROR);
-    return;
-  }
-  if (n > 0) {
-    memmove(c->out, c->out + n, c->out_len - (size_t)n);
-    c->out_len -= (size_t)n;
-  }
-  if (!c->out_len)
-    return;
-  c->wbuf = malloc(c->out_len);
-  if (!c->wbuf) {
-    client_close(c, FE_TCP_ERROR);
-    return;
-  }
-  memcpy(c->wbuf, c->out, c->out_len);
-  b = uv_buf_init((char *)c->wbuf, (unsigned)c->out_len);
-  c->out_len = 0;
-  c->wreq.data = c;
-  if (uv_write(&c->wreq, (uv_stream_t *)&c->h, &b, 1, client_on_write)) {
-    client_close(c, FE_TCP_ERROR);
-    return;
-  }
-  c->writing = 1;
 }
 
 void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r) {
@@ -343,25 +312,13 @@ void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r) {
     lynx_cnt_add(&r->mq->drops[FE_QDROP_CLIENT_GONE], 1);
     return;
   }
-  if (c->out_len + need > FE_TCP_OUT_MAX) {
+  p = fe_outq_reserve(&c->out, need, FE_TCP_OUT_MAX);
+  if (!p) { /* past the bound (or out of memory): a slow reader */
     lynx_cnt_add(&r->mq->drops[FE_QDROP_SEND_ERR], 1);
-    client_close(c, FE_TCP_SLOW_READER);
+    client_close(c, c->out.len + need > FE_TCP_OUT_MAX ? FE_TCP_SLOW_READER
+                                                       : FE_TCP_ERROR);
     return;
   }
-  if (c->out_len + need > c->out_cap) {
-    size_t cap = c->out_cap ? c->out_cap : 4096;
-    while (cap < c->out_len + need)
-      cap *= 2;
-    p = realloc(c->out, cap);
-    if (!p) {
-      lynx_cnt_add(&r->mq->drops[FE_QDROP_SEND_ERR], 1);
-      client_close(c, FE_TCP_ERROR);
-      return;
-    }
-    c->out = p;
-    c->out_cap = cap;
-  }
-  p = c->out + c->out_len;
   if (!fixed) {
     uint32_t be = htonl(r->len);
     memcpy(p, &be, 4);
@@ -370,7 +327,7 @@ void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r) {
   memcpy(p, r->data, r->len < body ? r->len : body);
   if (r->len < body)
     memset(p + r->len, 0, body - r->len);
-  c->out_len += need;
+  c->out.len += need;
   lynx_cnt_add(&r->mq->responded, 1);
   /* the worker sends every gathered answer first, then flushes: several
    * answers to one connection leave in one write */
