@@ -35,7 +35,6 @@
 
 #define BE_TAGS 4096u
 #define BE_OUT_MAX (4u << 20)
-#define BE_REPLY_MAX (1u << 20)
 #define BE_RETRY_MIN_MS 100u
 #define BE_RETRY_MAX_MS 5000u
 
@@ -147,59 +146,12 @@ static void be_down(struct fe_backend *be, const char *why) {
 
 /* ---- replies ---------------------------------------------------------- */
 
-/* Length of the first complete reply in buf: > 0, 0 when more bytes are
- * needed, -1 when the bytes are not a reply of the protocol. */
-static long reply_len(enum fe_be_proto proto, const uint8_t *p, size_t n) {
-  if (proto == FE_BE_LEN32) {
-    uint32_t be32;
-    if (n < 4)
-      return 0;
-    memcpy(&be32, p, 4);
-    be32 = ntohl(be32);
-    if (be32 > BE_REPLY_MAX)
-      return -1;
-    return n - 4 >= be32 ? 4 + (long)be32 : 0;
-  }
-  /* memcached text protocol */
-  for (size_t pos = 0;;) {
-    const uint8_t *eol = pos < n ? memchr(p + pos, '\n', n - pos) : NULL;
-    size_t line;
-    if (!eol)
-      return n - pos > 512 ? -1 : 0; /* no line is that long */
-    line = (size_t)(eol - (p + pos)) + 1;
-    if (line < 2 || eol[-1] != '\r')
-      return -1;
-    if (line >= 6 && !memcmp(p + pos, "VALUE ", 6)) {
-      char hdr[512];
-      unsigned flags, bytes;
-      memcpy(hdr, p + pos, line - 2);
-      hdr[line - 2] = 0;
-      if (sscanf(hdr, "VALUE %*s %u %u", &flags, &bytes) != 2 ||
-          bytes > BE_REPLY_MAX)
-        return -1;
-      if (n - pos < line + bytes + 2)
-        return 0;
-      if (memcmp(p + pos + line + bytes, "\r\n", 2))
-        return -1;
-      pos += line + bytes + 2;
-      if (pos > BE_REPLY_MAX + 1024u)
-        return -1;
-      continue;
-    }
-    if (pos == 0) /* a one-line reply: END, STORED, ERROR, ... */
-      return (long)line;
-    if (line == 5 && !memcmp(p + pos, "END\r\n", 5))
-      return (long)(pos + line);
-    return -1; /* VALUE blocks must end with END */
-  }
-}
-
 /* Delivers complete replies; stops (reading paused) when the RX ring is
  * full. */
 static void be_parse(struct fe_backend *be) {
   size_t off = 0;
   while (be->state == BE_UP) {
-    long n = reply_len(be->cfg.proto, be->in + off, be->in_len - off);
+    long n = fe_be_reply_len(be->cfg.proto, be->in + off, be->in_len - off);
     uint32_t hdr = be->cfg.proto == FE_BE_LEN32 ? 4 : 0;
     if (n == 0)
       break;

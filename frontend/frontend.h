@@ -23,6 +23,7 @@
 
 #include "dispatch.h"
 #include "mqueue.h"
+#include "beframe.h"
 #include "outq.h"
 #include "tagtab.h"
 #include "transport.h"
@@ -90,7 +91,6 @@ struct fe_accel {
 };
 
 /* A back end of a service (client mqueues). */
-enum fe_be_proto { FE_BE_MEMCACHED, FE_BE_LEN32 };
 struct fe_backend_cfg {
   char name[32];
   char address[64];

@@ -1,0 +1,83 @@
+/*
+ * test_beframe.c - where a back end's reply ends (frontend/beframe.c): the
+ * memcached text protocol and len32, complete, partial and malformed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "beframe.h"
+
+static long mc(const char *s, size_t n) {
+  return fe_be_reply_len(FE_BE_MEMCACHED, (const uint8_t *)s, n);
+}
+#define MC(lit) mc(lit, sizeof(lit) - 1)
+
+static void test_memcached_one_line(void **state) {
+  (void)state;
+  assert_int_equal(MC("END\r\n"), 5);            /* a miss */
+  assert_int_equal(MC("STORED\r\nEND\r\n"), 8);  /* the first reply only */
+  assert_int_equal(MC("ERROR\r\n"), 7);
+  assert_int_equal(MC("SERVER_ERROR out of memory\r\n"), 28);
+  assert_int_equal(MC("EN"), 0);                 /* more bytes needed */
+  assert_int_equal(MC("END\r"), 0);
+  assert_int_equal(MC("END\n"), -1);             /* no CR */
+  assert_int_equal(MC("\r\n"), -1);              /* an empty line */
+}
+
+static void test_memcached_values(void **state) {
+  static const char hit[] = "VALUE k 0 5\r\nhello\r\nEND\r\n";
+  static const char crlf[] = "VALUE k 7 4\r\n\r\n\r\n\r\nEND\r\n";
+  static const char two[] = "VALUE a 0 1\r\nx\r\nVALUE b 0 2\r\nyz\r\nEND\r\n";
+  (void)state;
+  assert_int_equal(MC(hit), (long)sizeof(hit) - 1);
+  /* a value holding CR LF is skipped by its length, not by lines */
+  assert_int_equal(MC(crlf), (long)sizeof(crlf) - 1);
+  assert_int_equal(MC(two), (long)sizeof(two) - 1);
+  /* every proper prefix needs more bytes */
+  for (size_t n = 0; n < sizeof(hit) - 1; n++)
+    assert_int_equal(mc(hit, n), 0);
+  for (size_t n = 0; n < sizeof(two) - 1; n++)
+    assert_int_equal(mc(two, n), 0);
+  /* what follows the reply is not part of it */
+  assert_int_equal(MC("VALUE k 0 1\r\nx\r\nEND\r\nEND\r\n"), 21);
+}
+
+static void test_memcached_malformed(void **state) {
+  char big[700];
+  (void)state;
+  assert_int_equal(MC("VALUE k 0 5\r\nhelloXXEND\r\n"), -1); /* no CR LF */
+  assert_int_equal(MC("VALUE k 0 1\r\nx\r\nSTORED\r\n"), -1);  /* not END */
+  assert_int_equal(MC("VALUE k zero 1\r\nx\r\nEND\r\n"), -1);
+  assert_int_equal(MC("VALUE k 0 99999999\r\n"), -1);         /* > 1 MiB */
+  /* a line that never ends is not waited for forever */
+  memset(big, 'A', sizeof(big));
+  assert_int_equal(mc(big, sizeof(big)), -1);
+  assert_int_equal(mc(big, 100), 0);
+}
+
+static void test_len32(void **state) {
+  uint8_t b[16] = {0, 0, 0, 3, 'a', 'b', 'c', 0, 0, 0, 0};
+  (void)state;
+  assert_int_equal(fe_be_reply_len(FE_BE_LEN32, b, 7), 7);
+  assert_int_equal(fe_be_reply_len(FE_BE_LEN32, b, 11), 7);
+  for (size_t n = 0; n < 7; n++)
+    assert_int_equal(fe_be_reply_len(FE_BE_LEN32, b, n), 0);
+  assert_int_equal(fe_be_reply_len(FE_BE_LEN32, b + 7, 4), 4); /* empty */
+  b[0] = 0x01; /* 16 MiB + 3: over the limit */
+  assert_int_equal(fe_be_reply_len(FE_BE_LEN32, b, 7), -1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_memcached_one_line),
+      cmocka_unit_test(test_memcached_values),
+      cmocka_unit_test(test_memcached_malformed),
+      cmocka_unit_test(test_len32),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
