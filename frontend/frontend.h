@@ -146,6 +146,7 @@ struct fe_conn {
   enum fe_conn_state state;
   uint32_t reads_pending;
   int dirty;    /* requests written since the last flush */
+  int flush_again; /* a doorbell got -ENOBUFS: ring it at the next cycle */
   int removing; /* out of dispatch; freed once nothing is outstanding */
   uint32_t n_client_mqs; /* of mqs: client mqueues (polled always) */
   /* a dead connection that is still in the table is reopened at retry_ns;

@@ -272,6 +272,7 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
   }
   c->state = c->reads_pending ? FE_CONN_SLOTS : FE_CONN_IDLE;
   rc = c->reads_pending ? tc->ops->flush(tc) : 0;
+  c->flush_again = rc == -ENOBUFS; /* the reads are posted: rung next cycle */
   return rc == -ENOBUFS ? 0 : rc;
 }
 
@@ -368,6 +369,7 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
   c->state = FE_CONN_IDLE;
   if (sent) {
     rc = c->tc->ops->flush(c->tc);
+    c->flush_again = rc == -ENOBUFS;
     if (rc && rc != -ENOBUFS)
       return rc;
   }
@@ -381,6 +383,12 @@ static int conn_progress(struct fe_worker *w, struct fe_conn *c) {
   int rc, work = 0;
   if (c->state == FE_CONN_DEAD)
     return 0;
+  if (c->flush_again) { /* an earlier doorbell found the transport full */
+    rc = tc->ops->flush(tc);
+    c->flush_again = rc == -ENOBUFS;
+    if (rc && rc != -ENOBUFS)
+      goto fail;
+  }
   if (c->state == FE_CONN_IDLE) {
     /* Responses come only for requests in flight: with none, polling the
      * control array would only cost the agent (tcp) or the NIC (rdma). Its
@@ -389,12 +397,15 @@ static int conn_progress(struct fe_worker *w, struct fe_conn *c) {
       return 0;
     rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
                        8u * c->acc.g.n_mqueues, WR_CTRL);
-    if (rc == -ENOBUFS)
+    if (rc == -ENOBUFS) {
       rc = 0; /* no room: polled again next cycle */
-    else if (!rc && (rc = tc->ops->flush(tc)) == -ENOBUFS)
-      rc = 0;
-    else if (!rc)
+    } else if (!rc) {
       c->state = FE_CONN_CTRL;
+      rc = tc->ops->flush(tc);
+      c->flush_again = rc == -ENOBUFS; /* posted; rung next cycle */
+      if (rc == -ENOBUFS)
+        rc = 0;
+    }
     if (rc)
       goto fail;
   }
