@@ -113,8 +113,9 @@ static int deliver(struct fe_backend *be, const uint8_t *data, uint32_t len,
 /* Answers every request still waiting with BACKEND_DOWN, as far as the RX
  * ring has room (the rest at the next progress call). */
 static void fail_pending(struct fe_backend *be) {
+  static const uint8_t none[1];
   while (be->t_head != be->t_tail &&
-         deliver(be, NULL, 0, be->tags[be->t_head % BE_TAGS],
+         deliver(be, none, 0, be->tags[be->t_head % BE_TAGS],
                  LYNX_ST_BACKEND_DOWN) == 0)
     be->t_head++;
 }
@@ -240,7 +241,8 @@ int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
   (void)w;
   lynx_cnt_add(&mq->dispatched, 1);
   if (be->state == BE_DOWN) {
-    if (deliver(be, NULL, 0, tag, LYNX_ST_BACKEND_DOWN) == -EAGAIN) {
+    static const uint8_t none[1];
+    if (deliver(be, none, 0, tag, LYNX_ST_BACKEND_DOWN) == -EAGAIN) {
       lynx_cnt_add(&mq->dispatched, (uint64_t)-1);
       return -EAGAIN;
     }
