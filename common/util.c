@@ -95,3 +95,12 @@ int lynx_read_token(const char *path, char **out) {
   *out = strdup(buf);
   return *out ? 0 : -ENOMEM;
 }
+
+uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,
+                           unsigned *seed) {
+  uint64_t b = *cur ? *cur * 2 : min;
+  if (b > max)
+    b = max;
+  *cur = b;
+  return b - b / 4 + (uint64_t)rand_r(seed) % (b / 2 + 1);
+}

@@ -37,6 +37,13 @@ static inline uint64_t lynx_cnt_get(const lynx_counter *c) {
   return __atomic_load_n(c, __ATOMIC_RELAXED);
 }
 
+/* Exponential backoff with +-25% jitter (so many peers do not retry in
+ * lockstep): doubles *cur from min up to max (0 starts at min) and returns
+ * the wait to use now, in *cur's unit. seed: rand_r state of the caller's
+ * thread. */
+uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,
+                           unsigned *seed);
+
 /* Parses "host:port", "[v6]:port" or ":port" into *ss (numeric hosts only, no
  * DNS on the data path's set-up). 0 or -EINVAL. */
 int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);

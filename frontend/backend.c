@@ -49,7 +49,7 @@ struct fe_backend {
   struct fe_backend_cfg cfg;
   enum be_state state;
   int tcp_open, handles, closing, reading;
-  uint32_t retry_ms;
+  uint64_t retry_ms; /* backoff; 0 while connected */
   uint32_t tags[BE_TAGS];
   uint32_t t_head, t_tail;
   uint8_t *in;
@@ -123,7 +123,7 @@ static void fail_pending(struct fe_backend *be) {
 static void on_retry(uv_timer_t *t) { be_connect(t->data); }
 
 static void be_down(struct fe_backend *be, const char *why) {
-  uint32_t jitter;
+  uint64_t wait_ms;
   if (be->state == BE_DOWN)
     return;
   be->state = BE_DOWN;
@@ -133,16 +133,13 @@ static void be_down(struct fe_backend *be, const char *why) {
   if (be->tcp_open && !uv_is_closing((uv_handle_t *)&be->tcp))
     uv_close((uv_handle_t *)&be->tcp, be_handle_closed);
   fail_pending(be);
-  be->retry_ms = be->retry_ms ? be->retry_ms * 2 : BE_RETRY_MIN_MS;
-  if (be->retry_ms > BE_RETRY_MAX_MS)
-    be->retry_ms = BE_RETRY_MAX_MS;
-  jitter = (uint32_t)rand() % (be->retry_ms / 2 + 1);
+  wait_ms = lynx_backoff_next(&be->retry_ms, BE_RETRY_MIN_MS, BE_RETRY_MAX_MS,
+                              &be->w->retry_seed);
   LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: back end %s (%s) down: "
-              "%s; retrying in %u ms", be->w->id, be->cfg.name,
-              be->cfg.address, why, be->retry_ms - be->retry_ms / 4 + jitter);
+              "%s; retrying in %llu ms", be->w->id, be->cfg.name,
+              be->cfg.address, why, (unsigned long long)wait_ms);
   if (!be->closing)
-    uv_timer_start(&be->timer, on_retry,
-                   be->retry_ms - be->retry_ms / 4 + jitter, 0);
+    uv_timer_start(&be->timer, on_retry, wait_ms, 0);
 }
 
 /* ---- replies ---------------------------------------------------------- */

@@ -89,16 +89,12 @@ static void on_lost(void *arg, const struct lynx_tag_entry *e) {
 #define RETRY_MIN_NS (100u * 1000u * 1000u)
 #define RETRY_MAX_NS (5000ull * 1000u * 1000u)
 
-/* Schedules the next attempt to reopen a dead connection: exponential
- * backoff with +-25% jitter, so the workers of many frontends do not
- * reconnect in lockstep. */
+/* Schedules the next attempt to reopen a dead connection (jittered
+ * exponential backoff). */
 static void retry_later(struct fe_worker *w, struct fe_conn *c) {
-  uint64_t wait = c->retry_wait_ns ? c->retry_wait_ns * 2 : RETRY_MIN_NS;
-  if (wait > RETRY_MAX_NS)
-    wait = RETRY_MAX_NS;
-  c->retry_wait_ns = wait;
-  c->retry_ns = lynx_now_ns() + wait - wait / 4 +
-                (uint64_t)rand_r(&w->retry_seed) % (wait / 2 + 1);
+  c->retry_ns = lynx_now_ns() + lynx_backoff_next(&c->retry_wait_ns,
+                                                  RETRY_MIN_NS, RETRY_MAX_NS,
+                                                  &w->retry_seed);
 }
 
 /* Takes a connection out of dispatch: its mqueues leave the dispatcher and
