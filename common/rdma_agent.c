@@ -527,24 +527,13 @@ void lynx__rdma_agent_stop(void) {
 
 int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
                             uint64_t size) {
-  void *p;
   (void)name;
   r->fd = -1;
   r->base = NULL;
   r->priv = NULL;
   if (!ag.running)
     return -ENOTCONN; /* agent_start first */
-  if (size == 0)
-    return -EINVAL;
-  p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
-           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    return -errno;
-  r->base = p;
-  r->size = size;
-  r->ops = &lynx_transport_rdma;
-  snprintf(r->locator, sizeof(r->locator), "%s", ag.bound);
-  return 0;
+  return lynx_region_map_anon(r, &lynx_transport_rdma, size, ag.bound);
 }
 
 static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -37,6 +38,26 @@ int lynx_region_wake(uint8_t *base) {
   __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
   if (syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0) < 0)
     return -errno;
+  return 0;
+}
+
+int lynx_region_map_anon(struct lynx_region *r,
+                         const struct lynx_transport_ops *ops, uint64_t size,
+                         const char *locator) {
+  void *p;
+  r->fd = -1;
+  r->base = NULL;
+  r->priv = NULL;
+  if (size == 0)
+    return -EINVAL;
+  p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return -errno;
+  r->base = p;
+  r->size = size;
+  r->ops = ops;
+  snprintf(r->locator, sizeof(r->locator), "%s", locator);
   return 0;
 }
 

@@ -129,6 +129,12 @@ extern const struct lynx_transport_ops lynx_transport_rdma;
  * and the tcp/rdma agents on a frontend's notify). 0 or -errno. */
 int lynx_region_wake(uint8_t *base);
 
+/* Agent side of tcp/rdma: zeroed anonymous memory for a region the agent
+ * process serves itself, reached at locator. 0 or -errno. */
+int lynx_region_map_anon(struct lynx_region *r,
+                         const struct lynx_transport_ops *ops, uint64_t size,
+                         const char *locator);
+
 /* Agent side of tcp/rdma: fills an empty or wildcard host in a "host:port"
  * locator with host. */
 void lynx_locator_set_host(char *locator, size_t len, const char *host);

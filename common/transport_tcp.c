@@ -193,7 +193,7 @@ static struct {
   uv_async_t wake;
   uv_timer_t sweep;
   int stop;
-  int kick_close; /* some export was unlisted: close its connections */
+  char bound[LYNX_LOCATOR_MAX]; /* "host:port" listened on */
   struct srv_conn *conns;
 } srv = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -593,7 +593,8 @@ static int tcp_agent_start(const char *listen, char *bound, size_t boundlen,
     goto fail_msg;
   }
   uv_timer_start(&srv.sweep, srv_on_sweep, 1000, 1000);
-  lynx_fmt_addr((struct sockaddr *)&ss, bound, boundlen);
+  lynx_fmt_addr((struct sockaddr *)&ss, srv.bound, sizeof(srv.bound));
+  snprintf(bound, boundlen, "%s", srv.bound);
   srv.stop = 0;
   rc = pthread_create(&srv.thread, NULL, srv_main, NULL);
   if (rc) {
@@ -622,27 +623,13 @@ static void tcp_agent_stop(void) {
 
 static int tcp_region_alloc(struct lynx_region *r, const char *name,
                             uint64_t size) {
-  void *p;
   (void)name;
   r->fd = -1;
   r->base = NULL;
   r->priv = NULL;
   if (!srv.running)
     return -ENOTCONN; /* agent_start first */
-  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-           -1, 0);
-  if (p == MAP_FAILED)
-    return -errno;
-  r->base = p;
-  r->size = size;
-  r->ops = &lynx_transport_tcp;
-  {
-    struct sockaddr_storage ss;
-    int len = sizeof(ss);
-    if (uv_tcp_getsockname(&srv.listener, (struct sockaddr *)&ss, &len) == 0)
-      lynx_fmt_addr((struct sockaddr *)&ss, r->locator, sizeof(r->locator));
-  }
-  return 0;
+  return lynx_region_map_anon(r, &lynx_transport_tcp, size, srv.bound);
 }
 
 static int tcp_region_export(struct lynx_region *r) {
