@@ -45,7 +45,8 @@
 #define AG_SINK 64            /* receive buffer of notify SENDs (0 bytes) */
 
 struct ag_region {
-  uint8_t *base;
+  uint8_t *base; /* host memory, or NULL: mem (a GPU's) */
+  const struct lynx_region_mem *mem;
   uint64_t key, epoch;
   struct ibv_mr *mr[LYNX_MR_COUNT]; /* NULL once the device is gone */
   struct ag_region *next;
@@ -360,7 +361,7 @@ static void conn_drain(struct ag_conn *cn) {
       }
     }
   }
-  if (wake && cn->reg)
+  if (wake && cn->reg && cn->reg->base) /* a GPU's kernel polls */
     lynx_region_wake(cn->reg->base);
 }
 
@@ -536,6 +537,24 @@ int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
   return lynx_region_map_anon(r, &lynx_transport_rdma, size, ag.bound);
 }
 
+int lynx__rdma_region_attach(struct lynx_region *r, const char *name,
+                             uint64_t size, const struct lynx_region_mem *mem) {
+  (void)name;
+  r->fd = -1;
+  r->base = NULL;
+  r->priv = NULL;
+  r->mem = NULL;
+  if (!ag.running || size == 0) {
+    mem->release(mem->ctx);
+    return !ag.running ? -ENOTCONN : -EINVAL;
+  }
+  r->mem = mem;
+  r->size = size;
+  r->ops = &lynx_transport_rdma;
+  snprintf(r->locator, sizeof(r->locator), "%s", ag.bound);
+  return 0;
+}
+
 static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
   uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
   const uint64_t from[LYNX_MR_COUNT] = {0, g->fctrl_off, tx};
@@ -548,6 +567,21 @@ static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
   };
   for (int i = 0; i < LYNX_MR_COUNT; i++) {
+    if (reg->mem) {
+      /* GPU memory: dma-buf or nvidia-peermem (the CUDA backend decides) */
+      char why[200] = "";
+      void *mr = NULL;
+      int rc = reg->mem->reg_mr(reg->mem->ctx, ag.pd, from[i], to[i] - from[i],
+                                access[i], &mr, why, sizeof(why));
+      if (rc) {
+        LYNX_ERR("rdma", "agent: cannot register %s memory: %s",
+                 reg->mem->kind, why);
+        region_dereg(reg);
+        return rc;
+      }
+      reg->mr[i] = mr;
+      continue;
+    }
     reg->mr[i] = ibv_reg_mr(ag.pd, reg->base + from[i], to[i] - from[i],
                             access[i]);
     if (!reg->mr[i]) {
@@ -560,19 +594,21 @@ static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
 }
 
 int lynx__rdma_region_export(struct lynx_region *r) {
-  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)r->base;
+  struct lynx_region_hdr h;
   struct ag_region *reg;
   struct lynx_geom g;
   int rc;
-  if (!r->base || r->priv || h->magic != LYNX_REGION_MAGIC ||
-      lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size) ||
+  if ((!r->base && !r->mem) || r->priv ||
+      lynx_region_read(r, 0, &h, sizeof(h)) || h.magic != LYNX_REGION_MAGIC ||
+      lynx_geom_init(&g, h.n_mqueues, h.slots, h.slot_size) ||
       g.region_size > r->size)
     return -EINVAL;
   reg = calloc(1, sizeof(*reg));
   if (!reg)
     return -ENOMEM;
   reg->base = r->base;
-  reg->epoch = h->epoch;
+  reg->mem = r->mem;
+  reg->epoch = h.epoch;
   do { /* 0 is no key */
     if (getrandom(&reg->key, sizeof(reg->key), 0) != sizeof(reg->key)) {
       free(reg);
@@ -595,7 +631,7 @@ int lynx__rdma_region_export(struct lynx_region *r) {
     return rc;
   }
   r->key = reg->key;
-  r->remote_addr = (uintptr_t)r->base;
+  r->remote_addr = r->mem ? r->mem->dev_addr : (uintptr_t)r->base;
   for (int i = 0; i < LYNX_MR_COUNT; i++)
     r->rkeys[i] = reg->mr[i]->rkey;
   r->priv = reg;
@@ -621,8 +657,11 @@ void lynx__rdma_region_free(struct lynx_region *r) {
     pthread_mutex_unlock(&ag.lock);
     free(reg);
   }
-  if (r->base)
+  if (r->mem)
+    r->mem->release(r->mem->ctx); /* no registration or QP uses it now */
+  else if (r->base)
     munmap(r->base, lynx_align_up(r->size, 4096));
   r->base = NULL;
+  r->mem = NULL;
   r->priv = NULL;
 }

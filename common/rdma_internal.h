@@ -219,6 +219,8 @@ int lynx__rdma_agent_start(const char *listen, char *bound, size_t boundlen,
 void lynx__rdma_agent_stop(void);
 int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
                             uint64_t size);
+int lynx__rdma_region_attach(struct lynx_region *r, const char *name,
+                             uint64_t size, const struct lynx_region_mem *mem);
 int lynx__rdma_region_export(struct lynx_region *r);
 void lynx__rdma_region_free(struct lynx_region *r);
 

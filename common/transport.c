@@ -47,6 +47,7 @@ int lynx_region_map_anon(struct lynx_region *r,
   void *p;
   r->fd = -1;
   r->base = NULL;
+  r->mem = NULL;
   r->priv = NULL;
   if (size == 0)
     return -EINVAL;
@@ -116,7 +117,8 @@ int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
                        uint32_t slot_size, uint32_t ordering, uint64_t epoch,
                        uint32_t accel_id) {
   struct lynx_geom g;
-  struct lynx_region_hdr *h = (struct lynx_region_hdr *)r->base;
+  struct lynx_region_hdr hv, *h = r->mem ? &hv : (struct lynx_region_hdr *)r->base;
+  int rc;
   if (lynx_geom_init(&g, q, slots, slot_size) || g.region_size > r->size)
     return -EINVAL;
   memset(h, 0, sizeof(*h));
@@ -131,8 +133,30 @@ int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
   h->actrl_off = g.actrl_off;
   h->fctrl_off = g.fctrl_off;
   h->rings_off = g.rings_off;
-  /* magic last: a reader that sees it sees a complete header */
-  lynx_store_release32(&h->magic, LYNX_REGION_MAGIC);
+  if (!r->mem) {
+    /* magic last: a reader that sees it sees a complete header */
+    lynx_store_release32(&h->magic, LYNX_REGION_MAGIC);
+    return 0;
+  }
+  /* device memory: the same rule through ordered copies */
+  rc = r->mem->write(r->mem->ctx, 4, (const uint8_t *)h + 4, sizeof(*h) - 4);
+  if (!rc) {
+    uint32_t magic = LYNX_REGION_MAGIC;
+    rc = r->mem->write(r->mem->ctx, 0, &magic, sizeof(magic));
+  }
+  return rc;
+}
+
+int lynx_region_read(const struct lynx_region *r, uint64_t off, void *dst,
+                     size_t len) {
+  if (lynx_bounds_ok(r->size, off, len))
+    return -EFAULT;
+  if (r->mem)
+    return r->mem->read(r->mem->ctx, off, dst, len);
+  if (!r->base)
+    return -EINVAL;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  memcpy(dst, r->base + off, len);
   return 0;
 }
 

@@ -47,9 +47,35 @@ enum lynx_mr {
   LYNX_MR_COUNT = 3,
 };
 
+/*
+ * Memory a region lives in that the agent process cannot load from and
+ * store to (a GPU's, allocated by the agent's CUDA backend). The agent side
+ * of tcp and rdma reaches such a region only through these; frontends see no
+ * difference. Called from the transport's own thread.
+ */
+struct lynx_region_mem {
+  const char *kind; /* "cuda", for messages */
+  /* Copy into the region. Writes take effect in the order they were made;
+   * one may still be in flight on return (src may be reused at once). */
+  int (*write)(void *ctx, uint64_t off, const void *src, size_t len);
+  /* Copy out of the region; sees every earlier write. */
+  int (*read)(void *ctx, uint64_t off, void *dst, size_t len);
+  /* rdma: register [off, off + len) of the region with protection domain
+   * pd (struct ibv_pd *) for access (IBV_ACCESS_*); *mr is the struct
+   * ibv_mr *. 0 or -errno, the reason in err. */
+  int (*reg_mr)(void *ctx, void *pd, uint64_t off, size_t len, int access,
+                void **mr, char *err, size_t errlen);
+  /* The transport is done with the memory (its last data connection is
+   * gone): the owner may free it. Called exactly once per attach. */
+  void (*release)(void *ctx);
+  uint64_t dev_addr; /* the region's base in the device's address space */
+  void *ctx;
+};
+
 /* Agent side: memory the transport provides and exports. */
 struct lynx_region {
   const struct lynx_transport_ops *ops;
+  const struct lynx_region_mem *mem; /* device memory, or NULL: base */
   uint8_t *base;
   uint64_t size;
   char locator[LYNX_LOCATOR_MAX];
@@ -88,6 +114,13 @@ struct lynx_transport_ops {
    * r->base, size, locator (shm: the file; tcp/rdma: the bound "host:port",
    * host possibly a wildcard the agent replaces before advertising). */
   int (*region_alloc)(struct lynx_region *r, const char *name, uint64_t size);
+  /* Agent: like region_alloc, for zeroed device memory of size bytes the
+   * transport reaches through mem (r->base stays NULL). The transport owns
+   * the memory until it calls mem->release, which it does exactly once,
+   * also when attach fails. -ENOTSUP where device memory cannot be
+   * reached (shm). */
+  int (*region_attach)(struct lynx_region *r, const char *name, uint64_t size,
+                       const struct lynx_region_mem *mem);
   /* Agent: make a formatted region reachable (tcp: accept connections that
    * present r->key; rdma: register its three access classes, fill rkeys and
    * remote_addr). Called after lynx_region_format. */
@@ -167,6 +200,12 @@ int lynx_writev_check(const struct lynx_geom *g, uint64_t off,
 int lynx_region_validate(const void *base, uint64_t mapped,
                          const struct lynx_region_desc *d, char *err,
                          size_t errlen);
+
+/* Reads [off, off + len) of an agent-side region, host or device memory,
+ * as a frontend would (acquire). 0, -EFAULT out of bounds, or the device's
+ * -errno. */
+int lynx_region_read(const struct lynx_region *r, uint64_t off, void *dst,
+                     size_t len);
 
 /* Writes the header of a freshly allocated region. */
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,

@@ -418,6 +418,7 @@ const struct lynx_transport_ops lynx_transport_rdma = {
     .agent_start = lynx__rdma_agent_start,
     .agent_stop = lynx__rdma_agent_stop,
     .region_alloc = lynx__rdma_region_alloc,
+    .region_attach = lynx__rdma_region_attach,
     .region_export = lynx__rdma_region_export,
     .region_free = lynx__rdma_region_free,
     .connect = rd_connect,

@@ -59,6 +59,7 @@ static int shm_region_alloc(struct lynx_region *r, const char *name,
   void *p;
   r->fd = -1;
   r->base = NULL;
+  r->mem = NULL;
   snprintf(r->locator, sizeof(r->locator), "/%s", name);
   fd = shm_open(r->locator, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
@@ -81,6 +82,17 @@ static int shm_region_alloc(struct lynx_region *r, const char *name,
   r->size = size;
   r->ops = &lynx_transport_shm;
   return 0;
+}
+
+static int shm_region_attach(struct lynx_region *r, const char *name,
+                             uint64_t size, const struct lynx_region_mem *mem) {
+  (void)name;
+  (void)size;
+  r->fd = -1;
+  r->base = NULL;
+  r->mem = NULL;
+  mem->release(mem->ctx);
+  return -ENOTSUP; /* a frontend maps a file of host memory: use tcp or rdma */
 }
 
 static void shm_region_free(struct lynx_region *r) {
@@ -227,6 +239,7 @@ const struct lynx_transport_ops lynx_transport_shm = {
     .agent_start = shm_agent_start,
     .agent_stop = shm_agent_stop,
     .region_alloc = shm_region_alloc,
+    .region_attach = shm_region_attach,
     .region_export = shm_region_export,
     .region_free = shm_region_free,
     .connect = shm_connect,

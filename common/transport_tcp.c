@@ -163,7 +163,8 @@ static void buf_free(struct buf *b) {
 struct tcp_export {
   int refs;           /* the region's owner + every connection */
   int listed;         /* findable by key */
-  uint8_t *base;
+  uint8_t *base;      /* host memory, or NULL: mem */
+  const struct lynx_region_mem *mem;
   uint64_t size;
   uint64_t key, epoch;
   struct lynx_geom g;
@@ -203,7 +204,10 @@ static void export_put(struct tcp_export *ex) {
   last = --ex->refs == 0;
   pthread_mutex_unlock(&srv.lock);
   if (last) {
-    munmap(ex->base, ex->size);
+    if (ex->mem)
+      ex->mem->release(ex->mem->ctx);
+    else
+      munmap(ex->base, ex->size);
     free(ex);
   }
 }
@@ -310,15 +314,24 @@ static void srv_flush(struct srv_conn *c) {
   }
 }
 
+/* Queues a reply; data NULL with len: the region's bytes at off. */
 static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
                      uint64_t wr_id, const void *data, uint32_t len) {
+  uint8_t *dst;
   if (buf_reserve(&c->out, TCP_HDR + len, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64))
     return -ENOBUFS;
   hdr_put(c->out.p + c->out.len, op, 0, len, off, wr_id);
-  if (len) {
-    if (op == OP_READ_RESP)
-      __atomic_thread_fence(__ATOMIC_ACQUIRE); /* as a shm read */
-    memcpy(c->out.p + c->out.len + TCP_HDR, data, len);
+  dst = c->out.p + c->out.len + TCP_HDR;
+  if (len && data) {
+    memcpy(dst, data, len);
+  } else if (len && c->ex->mem) {
+    /* device memory: the copy is ordered after every earlier write */
+    int rc = c->ex->mem->read(c->ex->mem->ctx, off, dst, len);
+    if (rc)
+      return rc;
+  } else if (len) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* as a shm read */
+    memcpy(dst, c->ex->base + off, len);
   }
   c->out.len += TCP_HDR + len;
   return 0;
@@ -394,10 +407,30 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
                  "word-aligned", h->len, (unsigned long long)h->off);
         return -EPROTO;
       }
-      memcpy(ex->base + h->off, p, h->len - 4);
-      memcpy(&last, p + h->len - 4, 4);
-      lynx_store_release32((uint32_t *)(ex->base + h->off + h->len - 4),
-                           last);
+      if (ex->mem) {
+        /* ordered copies: the last word lands after the rest */
+        int rc = ex->mem->write(ex->mem->ctx, h->off, p, h->len - 4);
+        if (!rc)
+          rc = ex->mem->write(ex->mem->ctx, h->off + h->len - 4,
+                              p + h->len - 4, 4);
+        if (rc) {
+          snprintf(why, wl, "%s memory write failed: %s", ex->mem->kind,
+                   strerror(-rc));
+          return rc;
+        }
+      } else {
+        memcpy(ex->base + h->off, p, h->len - 4);
+        memcpy(&last, p + h->len - 4, 4);
+        lynx_store_release32((uint32_t *)(ex->base + h->off + h->len - 4),
+                             last);
+      }
+    } else if (ex->mem) {
+      int rc = ex->mem->write(ex->mem->ctx, h->off, p, h->len);
+      if (rc) {
+        snprintf(why, wl, "%s memory write failed: %s", ex->mem->kind,
+                 strerror(-rc));
+        return rc;
+      }
     } else {
       memcpy(ex->base + h->off, p, h->len);
     }
@@ -411,10 +444,12 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
                (unsigned long long)ex->size);
       return -EFAULT;
     }
-    if (srv_reply(c, OP_READ_RESP, h->off, h->wr_id, ex->base + h->off,
-                  h->len)) {
-      snprintf(why, wl, "reply buffer full");
-      return -ENOBUFS;
+    int rc = srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
+    if (rc) {
+      snprintf(why, wl, rc == -ENOBUFS ? "reply buffer full"
+                                       : "%s memory read failed: %s",
+               ex->mem ? ex->mem->kind : "region", strerror(-rc));
+      return rc;
     }
     return 0;
   }
@@ -487,7 +522,7 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   }
   if (c->in.head == c->in.len)
     c->in.head = c->in.len = 0;
-  if (wrote)
+  if (wrote && c->ex->base) /* device memory: its kernel polls */
     lynx_region_wake(c->ex->base);
   srv_flush(c);
 }
@@ -632,15 +667,35 @@ static int tcp_region_alloc(struct lynx_region *r, const char *name,
   return lynx_region_map_anon(r, &lynx_transport_tcp, size, srv.bound);
 }
 
+static int tcp_region_attach(struct lynx_region *r, const char *name,
+                             uint64_t size, const struct lynx_region_mem *mem) {
+  (void)name;
+  r->fd = -1;
+  r->base = NULL;
+  r->priv = NULL;
+  r->mem = NULL;
+  if (!srv.running || size == 0) {
+    mem->release(mem->ctx);
+    return !srv.running ? -ENOTCONN : -EINVAL;
+  }
+  r->mem = mem;
+  r->size = size;
+  r->ops = &lynx_transport_tcp;
+  snprintf(r->locator, sizeof(r->locator), "%s", srv.bound);
+  return 0;
+}
+
 static int tcp_region_export(struct lynx_region *r) {
-  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)r->base;
+  struct lynx_region_hdr h;
   struct tcp_export *ex;
-  if (!r->base || r->priv)
+  if ((!r->base && !r->mem) || r->priv ||
+      lynx_region_read(r, 0, &h, sizeof(h)))
     return -EINVAL;
   ex = calloc(1, sizeof(*ex));
   if (!ex)
     return -ENOMEM;
-  if (lynx_geom_init(&ex->g, h->n_mqueues, h->slots, h->slot_size) ||
+  if (h.magic != LYNX_REGION_MAGIC ||
+      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size) ||
       ex->g.region_size > r->size) {
     free(ex);
     return -EINVAL;
@@ -652,8 +707,9 @@ static int tcp_region_export(struct lynx_region *r) {
   ex->refs = 1;
   ex->listed = 1;
   ex->base = r->base;
+  ex->mem = r->mem;
   ex->size = r->size;
-  ex->epoch = h->epoch;
+  ex->epoch = h.epoch;
   pthread_mutex_lock(&srv.lock);
   ex->next = srv.exports;
   srv.exports = ex;
@@ -677,10 +733,13 @@ static void tcp_region_free(struct lynx_region *r) {
     if (srv.running)
       uv_async_send(&srv.wake); /* close its connections */
     export_put(ex);             /* memory goes with the last connection */
+  } else if (r->mem) {
+    r->mem->release(r->mem->ctx);
   } else if (r->base) {
     munmap(r->base, r->size);
   }
   r->base = NULL;
+  r->mem = NULL;
   r->priv = NULL;
 }
 
@@ -1024,6 +1083,7 @@ const struct lynx_transport_ops lynx_transport_tcp = {
     .agent_start = tcp_agent_start,
     .agent_stop = tcp_agent_stop,
     .region_alloc = tcp_region_alloc,
+    .region_attach = tcp_region_attach,
     .region_export = tcp_region_export,
     .region_free = tcp_region_free,
     .connect = tcp_connect,

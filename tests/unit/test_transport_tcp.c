@@ -551,6 +551,141 @@ static void test_bad_peer_does_not_hurt_others(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->g, 0), "after!!", 8, 0);
 }
 
+/* ---- device memory (a GPU's region, reached only through copies) ---- */
+
+struct fake_dev {
+  uint8_t *mem; /* not region.base: the transport may not touch it */
+  uint64_t size;
+  int writes, reads, releases;
+  uint64_t last_off;  /* the most recent write */
+  size_t last_len;
+  int fail_reads;
+};
+
+static int fake_write(void *ctx, uint64_t off, const void *src, size_t len) {
+  struct fake_dev *d = ctx;
+  if (off > d->size || len > d->size - off)
+    return -EFAULT;
+  memcpy(d->mem + off, src, len);
+  __atomic_add_fetch(&d->writes, 1, __ATOMIC_SEQ_CST);
+  d->last_off = off;
+  d->last_len = len;
+  return 0;
+}
+
+static int fake_read(void *ctx, uint64_t off, void *dst, size_t len) {
+  struct fake_dev *d = ctx;
+  if (d->fail_reads)
+    return -EIO;
+  if (off > d->size || len > d->size - off)
+    return -EFAULT;
+  memcpy(dst, d->mem + off, len);
+  __atomic_add_fetch(&d->reads, 1, __ATOMIC_SEQ_CST);
+  return 0;
+}
+
+static int fake_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
+                       int access, void **mr, char *err, size_t errlen) {
+  (void)ctx, (void)pd, (void)off, (void)len, (void)access, (void)mr;
+  snprintf(err, errlen, "not on this fake");
+  return -ENOTSUP;
+}
+
+static void fake_release(void *ctx) {
+  struct fake_dev *d = ctx;
+  __atomic_add_fetch(&d->releases, 1, __ATOMIC_SEQ_CST);
+}
+
+static int releases_after(struct fake_dev *d, int want) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  while (__atomic_load_n(&d->releases, __ATOMIC_SEQ_CST) < want &&
+         lynx_now_ns() < end)
+    usleep(1000);
+  return __atomic_load_n(&d->releases, __ATOMIC_SEQ_CST);
+}
+
+/* A region in device memory: the agent formats, exports and serves it only
+ * through the memory's copies (a publishing write lands as two ordered
+ * copies, the word last), and the memory is released exactly once, after
+ * the last data connection. shm cannot reach device memory at all. */
+static void test_device_memory_region(void **state) {
+  struct fake_dev dev = {0};
+  struct lynx_region_mem mem = {.kind = "fake", .write = fake_write,
+                                .read = fake_read, .reg_mr = fake_reg_mr,
+                                .release = fake_release, .ctx = &dev};
+  struct lynx_region r = {.fd = -1};
+  struct lynx_region_desc d;
+  struct lynx_tconn *c;
+  struct lynx_geom g;
+  uint8_t pay[64], back[64];
+  uint64_t ids[1];
+  struct iovec iov = {pay, sizeof(pay)};
+  (void)state;
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z), 0);
+  dev.size = g.region_size;
+  dev.mem = calloc(1, g.region_size);
+  assert_non_null(dev.mem);
+  assert_int_equal(T->region_attach(&r, "ut-dev", g.region_size, &mem), 0);
+  assert_null(r.base);
+  assert_int_equal(
+      lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
+  /* the magic is the last word written */
+  assert_int_equal(dev.last_off, 0);
+  assert_int_equal(dev.last_len, 4);
+  assert_int_equal(((struct lynx_region_hdr *)dev.mem)->magic,
+                   LYNX_REGION_MAGIC);
+  assert_int_equal(T->region_export(&r), 0);
+  memset(&d, 0, sizeof(d));
+  d.accel_id = 7;
+  snprintf(d.transport, sizeof(d.transport), "tcp");
+  snprintf(d.locator, sizeof(d.locator), "%s", r.locator);
+  d.region_size = g.region_size;
+  d.epoch = EPOCH;
+  d.n_mqueues = Q;
+  d.slots = S;
+  d.slot_size = Z;
+  d.ordering = LYNX_ORDER_FENCED;
+  d.key = r.key;
+  assert_int_equal(T->connect(&d, &c), 0);
+  for (unsigned i = 0; i < sizeof(pay); i++)
+    pay[i] = (uint8_t)(i * 7 + 1);
+  dev.writes = 0;
+  assert_int_equal(c->ops->writev(c, lynx_rx_ring_off(&g, 1), &iov, 1,
+                                  LYNX_WR_PUBLISH), 0);
+  assert_int_equal(c->ops->read(c, lynx_rx_ring_off(&g, 1), back,
+                                sizeof(back), 42), 0);
+  assert_int_equal(c->ops->flush(c), 0);
+  assert_int_equal(poll_n(c, ids, 1), 1);
+  assert_int_equal(ids[0], 42);
+  assert_memory_equal(back, pay, sizeof(pay));
+  assert_memory_equal(dev.mem + lynx_rx_ring_off(&g, 1), pay, sizeof(pay));
+  assert_int_equal(__atomic_load_n(&dev.writes, __ATOMIC_SEQ_CST), 2);
+  assert_int_equal(dev.last_off, lynx_rx_ring_off(&g, 1) + sizeof(pay) - 4);
+  assert_int_equal(dev.last_len, 4);
+  /* a device read that fails closes that connection, with a reason */
+  dev.fail_reads = 1;
+  assert_int_equal(c->ops->read(c, 0, back, 8, 43), 0);
+  assert_int_equal(c->ops->flush(c), 0);
+  assert_true(poll_n(c, ids, 1) < 0);
+  dev.fail_reads = 0;
+  /* memory stays until the last connection is gone, then goes once */
+  T->region_free(&r);
+  c->ops->close(c);
+  assert_int_equal(releases_after(&dev, 1), 1);
+  usleep(20000);
+  assert_int_equal(__atomic_load_n(&dev.releases, __ATOMIC_SEQ_CST), 1);
+
+  /* shm: refused, and the memory handed back */
+  {
+    const struct lynx_transport_ops *shm = lynx_transport_find("shm");
+    struct lynx_region r2 = {.fd = -1};
+    assert_int_equal(shm->region_attach(&r2, "ut-dev", g.region_size, &mem),
+                     -ENOTSUP);
+    assert_int_equal(dev.releases, 2);
+  }
+  free(dev.mem);
+}
+
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void) {
@@ -564,6 +699,7 @@ int main(void) {
       T_(test_region_free_closes),
       T_(test_agent_closes_on_bad_frames),
       T_(test_bad_peer_does_not_hurt_others),
+      cmocka_unit_test(test_device_memory_region),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
