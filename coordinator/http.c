@@ -26,6 +26,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <json-c/json.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -238,7 +239,7 @@ static void reply_list(struct http_req *rq, struct http_out *out, int which) {
   pthread_mutex_lock(&rq->c->lock);
   if (!lc->body || lc->version != r->version || now - lc->at_ms >= LIST_CACHE_MS) {
     struct json_object *j = which == CACHE_NODES    ? lynx_json_nodes(r, now)
-                            : which == CACHE_ACCELS ? lynx_json_accels(r)
+                            : which == CACHE_ACCELS ? lynx_json_accels(r, now)
                                                     : lynx_json_mqueues(r);
     const char *s = j ? json_object_to_json_string_ext(
                             j, JSON_C_TO_STRING_PLAIN |
@@ -331,13 +332,70 @@ static void h_frontends(struct http_req *rq, struct http_out *out) {
 
 /* ---- /metrics ----------------------------------------------------------- */
 
+/* One accelerator's health series, copied under the lock. */
+struct metrics_accel {
+  char node[LYNX_ID_MAX];
+  uint32_t idx;
+  int dispatchable;
+  uint32_t stalled_mqueues;
+  uint64_t outages;
+};
+
 struct metrics_snap {
   uint64_t nodes[4];
   uint64_t accels, requests, responses;
   uint64_t services, frontends;
   uint64_t version, table_version;
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+  struct metrics_accel *acc; /* m.accels entries, or NULL (out of memory) */
 };
+
+/* A label value in the exposition format: \, " and newline escaped. Node
+ * ids cannot hold them (the registry refuses such ids); this is a guard. */
+static void prom_label(FILE *f, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"') {
+      fputc('\\', f);
+      fputc(*v, f);
+    } else if (*v == '\n') {
+      fputs("\\n", f);
+    } else {
+      fputc(*v, f);
+    }
+  }
+}
+
+/* lynx_accel_*: one series per accelerator of every registered node. */
+static void metrics_accels(FILE *f, const struct metrics_snap *m) {
+  static const struct {
+    const char *name, *type, *help;
+  } fam[] = {
+      {"lynx_accel_dispatchable", "gauge",
+       "1 when the accelerator's health lets it take requests (not lost, not "
+       "failed, no stalled mqueue), else 0; its node's state is separate."},
+      {"lynx_accel_stalled_mqueues", "gauge",
+       "Mqueues of the accelerator with a request pending whose consumer has "
+       "not moved for the agent's stall period."},
+      {"lynx_accel_health_outages_total", "counter",
+       "Times the accelerator went out of dispatch for its health."},
+  };
+  if (!m->acc)
+    return;
+  for (size_t k = 0; k < LYNX_ARRAY_SIZE(fam); k++) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fam[k].name, fam[k].help,
+            fam[k].name, fam[k].type);
+    for (uint64_t i = 0; i < m->accels; i++) {
+      const struct metrics_accel *a = &m->acc[i];
+      uint64_t v = k == 0 ? (uint64_t)(a->dispatchable ? 1 : 0)
+                   : k == 1 ? a->stalled_mqueues
+                            : a->outages;
+      fprintf(f, "%s{node=\"", fam[k].name);
+      prom_label(f, a->node);
+      fprintf(f, "\",accel=\"%" PRIu32 "\"} %llu\n", a->idx,
+              (unsigned long long)v);
+    }
+  }
+}
 
 static void h_metrics(struct http_req *rq, struct http_out *out) {
   struct metrics_snap m;
@@ -358,6 +416,21 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
       m.responses += n->accels[i].responses;
     }
   }
+  /* the per-accelerator series are formatted after the lock is released;
+   * without memory for the copy they are left out, the rest still answers */
+  m.acc = m.accels ? calloc(m.accels, sizeof(*m.acc)) : NULL;
+  if (m.acc) {
+    uint64_t k = 0;
+    for (const struct lynx_reg_node *n = r->nodes; n; n = n->next)
+      for (uint32_t i = 0; i < n->n_accels && i < LYNX_ACCELS_MAX; i++, k++) {
+        const struct lynx_reg_accel *a = &n->accels[i];
+        snprintf(m.acc[k].node, sizeof(m.acc[k].node), "%s", n->id);
+        m.acc[k].idx = a->info.idx;
+        m.acc[k].dispatchable = lynx_reg_accel_dispatchable(a);
+        m.acc[k].stalled_mqueues = a->stalled_mqueues;
+        m.acc[k].outages = a->health_outages;
+      }
+  }
   for (const struct lynx_reg_service *s = r->services; s; s = s->next)
     m.services++;
   for (const struct lynx_reg_frontend *fe = r->frontends; fe; fe = fe->next)
@@ -372,6 +445,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
 
   f = open_memstream(&buf, &len);
   if (!f) {
+    free(m.acc);
     reply_oom(out);
     return;
   }
@@ -414,6 +488,8 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   GAUGE("lynx_coordinator_frontends", "Frontends connected.", m.frontends);
 #undef GAUGE
 #undef COUNTER
+  metrics_accels(f, &m);
+  free(m.acc);
   if (fclose(f) != 0 || !buf) {
     free(buf);
     reply_oom(out);

@@ -330,6 +330,105 @@ static void f_bool(struct json_object *v, char *out, size_t n) {
     f_str(v, out, n);
 }
 
+/* "-" for an absent or empty string (a cpu accelerator's pci_bus_id). */
+static void f_str_dash(struct json_object *v, char *out, size_t n) {
+  if (v && json_object_is_type(v, json_type_string) &&
+      json_object_get_string_len(v) == 0)
+    snprintf(out, n, "-");
+  else
+    f_str(v, out, n);
+}
+
+static uint64_t obj_u64(struct json_object *o, const char *key) {
+  struct json_object *v;
+  if (!o || !json_object_object_get_ex(o, key, &v) ||
+      !json_object_is_type(v, json_type_int))
+    return 0;
+  return json_object_get_uint64(v);
+}
+
+static int obj_bool(struct json_object *o, const char *key) {
+  struct json_object *v;
+  return o && json_object_object_get_ex(o, key, &v) &&
+         json_object_get_boolean(v);
+}
+
+/* An accelerator's "health" object in a few words: "ok", "lost",
+ * "failed: <last error>", "stalled 1 mq 2.3s", joined with ", ". */
+static void f_health(struct json_object *v, char *out, size_t n) {
+  struct json_object *e;
+  const char *err = "";
+  size_t l = 0;
+  int w;
+  if (!v || !json_object_is_type(v, json_type_object)) {
+    f_str(v, out, n);
+    return;
+  }
+  if (obj_bool(v, "dispatchable")) {
+    snprintf(out, n, "ok");
+    return;
+  }
+  if (json_object_object_get_ex(v, "last_error", &e) &&
+      json_object_is_type(e, json_type_string))
+    err = json_object_get_string(e);
+  out[0] = 0;
+#define PART(...)                                                              \
+  do {                                                                         \
+    if (l < n) {                                                               \
+      w = snprintf(out + l, n - l, "%s", l ? ", " : "");                       \
+      l += w > 0 ? (size_t)w : 0;                                              \
+    }                                                                          \
+    if (l < n) {                                                               \
+      w = snprintf(out + l, n - l, __VA_ARGS__);                               \
+      l += w > 0 ? (size_t)w : 0;                                              \
+    }                                                                          \
+  } while (0)
+  if (obj_bool(v, "device_lost"))
+    PART("lost");
+  if (obj_bool(v, "failed"))
+    PART("failed%s%.80s", *err ? ": " : "", err);
+  if (obj_u64(v, "stalled_mqueues"))
+    PART("stalled %llu mq %.1fs",
+         (unsigned long long)obj_u64(v, "stalled_mqueues"),
+         (double)obj_u64(v, "stall_ms") / 1000.0);
+#undef PART
+  if (!out[0])
+    snprintf(out, n, "out");
+}
+
+/* A node's accelerators' health: "ok" when all are, else "IDX: health"
+ * for each one that is not, joined with "; ". */
+static void f_node_health(struct json_object *v, char *out, size_t n) {
+  size_t l = 0, len;
+  char h[256];
+  if (!v || !json_object_is_type(v, json_type_array)) {
+    f_str(v, out, n);
+    return;
+  }
+  out[0] = 0;
+  len = json_object_array_length(v);
+  for (size_t i = 0; i < len; i++) {
+    struct json_object *a = json_object_array_get_idx(v, i), *hv = NULL, *id;
+    const char *slash;
+    int w;
+    if (!a || !json_object_object_get_ex(a, "health", &hv) ||
+        obj_bool(hv, "dispatchable"))
+      continue;
+    f_health(hv, h, sizeof(h));
+    /* "node/idx": the index is enough inside the node's row */
+    slash = json_object_object_get_ex(a, "id", &id)
+                ? strrchr(json_object_get_string(id), '/')
+                : NULL;
+    if (l < n) {
+      w = snprintf(out + l, n - l, "%s%s: %s", l ? "; " : "",
+                   slash ? slash + 1 : "?", h);
+      l += w > 0 ? (size_t)w : 0;
+    }
+  }
+  if (!out[0])
+    snprintf(out, n, len ? "ok" : "-");
+}
+
 static void f_placement(struct json_object *v, char *out, size_t n) {
   struct json_object *r, *sel;
   if (v && json_object_is_type(v, json_type_object)) {
@@ -369,6 +468,7 @@ static const struct col node_cols[] = {
     {"ACCELS", "accelerators", f_count},
     {"LABELS", "labels", f_labels},
     {"LAST-HEARTBEAT", "last_heartbeat_ms", f_ms_ago},
+    {"HEALTH", "accelerators", f_node_health},
     {NULL, NULL, NULL},
 };
 
@@ -377,9 +477,11 @@ static const struct col accel_cols[] = {
     {"NODE", "node", f_str},
     {"KIND", "kind", f_str},
     {"MODEL", "model", f_str},
+    {"PCI-BUS", "pci_bus_id", f_str_dash},
     {"MEMORY", "memory_bytes", f_bytes},
     {"ORDERING", "ordering", f_str},
     {"STATE", "state", f_str},
+    {"HEALTH", "health", f_health},
     {"REQUESTS", "requests", f_str},
     {"RESPONSES", "responses", f_str},
     {NULL, NULL, NULL},
@@ -397,6 +499,7 @@ static const struct col mq_cols[] = {
     {"DISPATCHED", "dispatched", f_str},
     {"RESPONDED", "responded", f_str},
     {"OUTSTANDING", "outstanding", f_str},
+    {"DISPATCH", "dispatchable", f_bool},
     {NULL, NULL, NULL},
 };
 

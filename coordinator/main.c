@@ -532,6 +532,12 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
     accels[i].memory_bytes = a->memory_bytes;
     accels[i].ordering =
         a->ordering == LYNX__ORDERING__ORDERING_FENCED ? 1u : 0u;
+    /* a bus id too long for any real one is cut, not refused: it is only
+     * shown to operators */
+    snprintf(accels[i].pci_bus_id, sizeof(accels[i].pci_bus_id), "%s",
+             a->pci_bus_id ? a->pci_bus_id : "");
+    accels[i].gpudirect_rdma = a->gpudirect_rdma ? 1 : 0;
+    accels[i].rdma_writes_ordering = a->rdma_writes_ordering;
   }
   adopt = calloc(m->n_instances + 1, sizeof(*adopt));
   if (!adopt) {
@@ -595,14 +601,22 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
     const Lynx__Heartbeat *hb = env->heartbeat;
     uint32_t n = hb->n_counters > LYNX_ACCELS_MAX ? LYNX_ACCELS_MAX
                                                   : (uint32_t)hb->n_counters;
-    uint32_t idx[LYNX_ACCELS_MAX];
-    uint64_t rq[LYNX_ACCELS_MAX], rs[LYNX_ACCELS_MAX];
+    struct lynx_accel_report rep[LYNX_ACCELS_MAX];
     for (uint32_t i = 0; i < n; i++) {
-      idx[i] = hb->counters[i]->idx;
-      rq[i] = hb->counters[i]->requests;
-      rs[i] = hb->counters[i]->responses;
+      const Lynx__AccelCounters *ac = hb->counters[i];
+      memset(&rep[i], 0, sizeof(rep[i]));
+      rep[i].idx = ac->idx;
+      rep[i].requests = ac->requests;
+      rep[i].responses = ac->responses;
+      rep[i].device_lost = ac->device_lost ? 1 : 0;
+      rep[i].failed = ac->failed ? 1 : 0;
+      rep[i].stalled_mqueues = ac->stalled_mqueues;
+      rep[i].stall_ms = ac->stall_ms;
+      /* an agent's error text of any length ends up cut to the field */
+      snprintf(rep[i].last_error, sizeof(rep[i].last_error), "%s",
+               ac->last_error ? ac->last_error : "");
     }
-    rc = lynx_reg_heartbeat(&co->c.reg, p->id, hb->epoch, idx, rq, rs, n, now);
+    rc = lynx_reg_heartbeat(&co->c.reg, p->id, hb->epoch, rep, n, now);
     break;
   }
   case LYNX__ENVELOPE__MSG_INSTANCE_READY: {

@@ -16,10 +16,19 @@
  *   on DOWN nodes are forgotten without a stop (their agent is gone).
  * - A failed instance is forgotten and placement retries on the next tick,
  *   not at once, so an application that cannot start does not spin.
+ * - Accelerator health (heartbeats) is part of dispatchability, not of
+ *   placement's bookkeeping: instances on an accelerator that is lost,
+ *   failed or has a stalled mqueue leave the table but stay placed (and
+ *   count as the service's instances), because a stalled application may
+ *   recover and then serves again without a restart. Placement only
+ *   refuses to put new instances there. Whatever made it unhealthy, the
+ *   accelerator is back as soon as a heartbeat reports it healthy; a new
+ *   agent epoch starts healthy.
  */
 #include "registry.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +36,11 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "log.h"
 #include "mqueue.h"
 #include "util.h"
+
+#define COMP "registry"
 
 /* ---- small helpers -------------------------------------------------- */
 
@@ -177,10 +189,75 @@ void lynx_reg_free(struct lynx_registry *r) {
   memset(r, 0, sizeof(*r));
 }
 
+/* ---- accelerator health --------------------------------------------- */
+
+int lynx_reg_accel_dispatchable(const struct lynx_reg_accel *a) {
+  return !a->device_lost && !a->failed && a->stalled_mqueues == 0;
+}
+
+const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
+                                      char *buf, size_t len) {
+  size_t l = 0;
+  int w;
+  if (!buf || len == 0)
+    return buf;
+  buf[0] = '\0';
+  if (lynx_reg_accel_dispatchable(a)) {
+    snprintf(buf, len, "ok");
+    return buf;
+  }
+  /* appends one reason; a full buffer just stays truncated */
+#define REASON(...)                                                            \
+  do {                                                                         \
+    if (l < len) {                                                             \
+      w = snprintf(buf + l, len - l, "%s", l ? "; " : "");                     \
+      l += w > 0 ? (size_t)w : 0;                                              \
+    }                                                                          \
+    if (l < len) {                                                             \
+      w = snprintf(buf + l, len - l, __VA_ARGS__);                             \
+      l += w > 0 ? (size_t)w : 0;                                              \
+    }                                                                          \
+  } while (0)
+  if (a->device_lost)
+    REASON("device lost");
+  if (a->failed)
+    REASON("failed%s%.*s", a->last_error[0] ? ": " : "",
+           (int)sizeof(a->last_error), a->last_error);
+  else if (a->device_lost && a->last_error[0])
+    REASON("last error: %.*s", (int)sizeof(a->last_error), a->last_error);
+  if (a->stalled_mqueues)
+    REASON("%" PRIu32 " mqueue%s stalled for %" PRIu64 " ms",
+           a->stalled_mqueues, a->stalled_mqueues == 1 ? "" : "s",
+           a->stall_ms);
+#undef REASON
+  return buf;
+}
+
 /* ---- dispatch table bookkeeping ------------------------------------- */
 
+static int accel_pos(const struct lynx_reg_node *n, uint32_t idx) {
+  uint32_t a;
+  for (a = 0; a < n->n_accels; a++)
+    if (n->accels[a].info.idx == idx)
+      return (int)a;
+  return -1;
+}
+
+/* Whether i's accelerator lets it serve. One the node no longer reports
+ * counts as healthy: the placement that follows in the same call stops the
+ * instance, and its removal must still mark the table. */
+static int inst_accel_ok(const struct lynx_reg_instance *i) {
+  int pos = accel_pos(i->node, i->accel_idx);
+  return pos < 0 || lynx_reg_accel_dispatchable(&i->node->accels[pos]);
+}
+
 static int inst_dispatchable(const struct lynx_reg_instance *i) {
-  return i->state == LYNX_INST_READY && i->node->state == LYNX_NODE_READY;
+  return i->state == LYNX_INST_READY && i->node->state == LYNX_NODE_READY &&
+         inst_accel_ok(i);
+}
+
+int lynx_reg_inst_dispatchable(const struct lynx_reg_instance *inst) {
+  return inst && inst_dispatchable(inst);
 }
 
 /* Ends every public call that may have changed the table. */
@@ -195,11 +272,12 @@ static void table_commit(struct lynx_registry *r) {
     r->ops.tables_changed(r->ops.data);
 }
 
+/* Whether n has an instance that is in the table whenever n is READY. */
 static int node_has_ready_inst(const struct lynx_registry *r,
                                const struct lynx_reg_node *n) {
   const struct lynx_reg_instance *i;
   for (i = r->instances; i; i = i->next)
-    if (i->node == n && i->state == LYNX_INST_READY)
+    if (i->node == n && i->state == LYNX_INST_READY && inst_accel_ok(i))
       return 1;
   return 0;
 }
@@ -298,14 +376,6 @@ static struct rc_node *rc_lookup(struct rc_ctx *c,
   return hit ? &c->nodes[hit->idx] : NULL;
 }
 
-static int accel_pos(const struct lynx_reg_node *n, uint32_t idx) {
-  uint32_t a;
-  for (a = 0; a < n->n_accels; a++)
-    if (n->accels[a].info.idx == idx)
-      return (int)a;
-  return -1;
-}
-
 int lynx_reg_labels_match(const struct lynx_reg_node *n,
                           const struct lynx_service_spec *sp) {
   uint32_t s, l;
@@ -382,9 +452,6 @@ static int inst_start(struct lynx_registry *r, struct lynx_reg_service *s,
   return 0;
 }
 
-/* Picks the eligible (node, accel) without an instance of this service that
- * spreads best: fewest of the service's instances on the node, then the
- * least-loaded accelerator, then registration order. */
 /* 1 while a is in its failed-start backoff; notes when the tick must
  * place again. */
 static int backing_off(struct lynx_registry *r, const struct lynx_reg_accel *a) {
@@ -395,6 +462,15 @@ static int backing_off(struct lynx_registry *r, const struct lynx_reg_accel *a) 
   return 1;
 }
 
+/* Whether a new instance may go on a now. An unhealthy accelerator gets
+ * none (its health changing bumps r->version, so the next tick places). */
+static int placeable(struct lynx_registry *r, const struct lynx_reg_accel *a) {
+  return lynx_reg_accel_dispatchable(a) && !backing_off(r, a);
+}
+
+/* Picks the eligible (node, accel) without an instance of this service that
+ * spreads best: fewest of the service's instances on the node, then the
+ * least-loaded accelerator, then registration order. */
 static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
                    uint32_t *node_out, uint32_t *pos_out) {
   uint32_t k, a;
@@ -405,7 +481,7 @@ static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
     if (!rn->eligible)
       continue;
     for (a = 0; a < rn->n->n_accels; a++) {
-      if (rn->have & (1ull << a) || backing_off(r, &rn->n->accels[a]))
+      if (rn->have & (1ull << a) || !placeable(r, &rn->n->accels[a]))
         continue;
       if (!found || rn->svc_cnt < best_cnt ||
           (rn->svc_cnt == best_cnt && rn->load[a] < best_load)) {
@@ -474,7 +550,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       if (!rn->eligible)
         continue;
       for (a = 0; a < rn->n->n_accels; a++) {
-        if (rn->have & (1ull << a) || backing_off(r, &rn->n->accels[a]))
+        if (rn->have & (1ull << a) || !placeable(r, &rn->n->accels[a]))
           continue;
         rc = inst_start(r, s, rn->n, a, &tail);
         if (rc)
@@ -487,8 +563,10 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
     return 0;
   }
 
-  /* Replicas: remove extras from the most crowded nodes first (newest,
-   * not-yet-ready instances before ready ones), then add. */
+  /* Replicas: remove extras from the most crowded nodes first (instances
+   * that do not serve, not yet ready or on an unhealthy accelerator, before
+   * serving ones), then add. An instance on an unhealthy accelerator counts
+   * as kept: it is not replaced while it may recover. */
   while (kept > sp->replicas) {
     struct lynx_reg_instance **victim = NULL, **q;
     struct rc_node *vrn = NULL;
@@ -502,8 +580,9 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
         continue;
       if (!victim || rn->svc_cnt > vrn->svc_cnt ||
           (rn->svc_cnt == vrn->svc_cnt &&
-           (i->state != LYNX_INST_READY ||
-            (*victim)->state == LYNX_INST_READY))) {
+           (i->state != LYNX_INST_READY || !inst_accel_ok(i) ||
+            ((*victim)->state == LYNX_INST_READY &&
+             inst_accel_ok(*victim))))) {
         victim = q;
         vrn = rn;
       }
@@ -732,8 +811,11 @@ static int check_registration(const char *id, const char *address,
     if (slen(accels[a].kind, sizeof(accels[a].kind)) >=
             sizeof(accels[a].kind) ||
         slen(accels[a].model, sizeof(accels[a].model)) >=
-            sizeof(accels[a].model)) {
-      ERR_INVALID(err, "accelerators[%u]: kind or model too long", a);
+            sizeof(accels[a].model) ||
+        slen(accels[a].pci_bus_id, sizeof(accels[a].pci_bus_id)) >=
+            sizeof(accels[a].pci_bus_id)) {
+      ERR_INVALID(err, "accelerators[%u]: kind, model or pci_bus_id too long",
+                  a);
       return -EINVAL;
     }
     if (accels[a].ordering > LYNX_ORDER_FENCED) {
@@ -751,13 +833,29 @@ static int check_registration(const char *id, const char *address,
   return 0;
 }
 
+/* Health the agent reported for an accelerator: what the same agent
+ * registering again keeps and a new incarnation starts without. */
+static void accel_health_copy(struct lynx_reg_accel *dst,
+                              const struct lynx_reg_accel *src) {
+  dst->device_lost = src->device_lost;
+  dst->failed = src->failed;
+  dst->stalled_mqueues = src->stalled_mqueues;
+  dst->stall_ms = src->stall_ms;
+  memcpy(dst->last_error, src->last_error, sizeof(dst->last_error));
+  dst->unhealthy_since_ms = src->unhealthy_since_ms;
+}
+
+/* keep_health: the same incarnation (epoch) registers again, so the health
+ * its last heartbeat reported still holds; a new one reports afresh. The
+ * caller has already forgotten the instances in the second case. */
 static void node_fill(struct lynx_reg_node *n, const char *address,
                       const struct lynx_label *labels, uint32_t n_labels,
                       const struct lynx_accel_info *accels, uint32_t n_accels,
-                      void *conn) {
+                      void *conn, int keep_health) {
   uint32_t a, b;
   struct lynx_reg_accel old[LYNX_ACCELS_MAX];
   uint32_t n_old = n->n_accels;
+  char why[256];
   memcpy(old, n->accels, sizeof(old));
   copy_str(n->address, sizeof(n->address), address);
   memset(n->labels, 0, sizeof(n->labels));
@@ -772,6 +870,13 @@ static void node_fill(struct lynx_reg_node *n, const char *address,
       if (old[b].info.idx == accels[a].idx) {
         n->accels[a].requests = old[b].requests;
         n->accels[a].responses = old[b].responses;
+        n->accels[a].health_outages = old[b].health_outages;
+        if (keep_health)
+          accel_health_copy(&n->accels[a], &old[b]);
+        else if (!lynx_reg_accel_dispatchable(&old[b]))
+          LYNX_INFO(COMP, "node %s accel %" PRIu32 " back in dispatch: its "
+                    "agent restarted (was: %s)", n->id, old[b].info.idx,
+                    lynx_reg_accel_health_str(&old[b], why, sizeof(why)));
       }
   }
   n->n_accels = n_accels;
@@ -866,12 +971,13 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
     /* The same agent again (its connection or the coordinator restarted):
      * its instances are still running. Placement below stops any on an
      * accelerator it no longer reports. */
-    node_fill(n, address, labels, n_labels, accels, n_accels, conn);
+    node_fill(n, address, labels, n_labels, accels, n_accels, conn, 1);
   } else {
     /* A new incarnation, or one that comes back after being declared down:
      * whatever ran there is gone. */
     node_drop_instances(r, n, 0);
-    node_fill(n, address, labels, n_labels, accels, n_accels, conn);
+    node_fill(n, address, labels, n_labels, accels, n_accels, conn,
+              epoch == n->epoch);
     n->epoch = epoch;
     n->drain_deadline_ms = 0;
     n->drain_table_version = 0;
@@ -888,9 +994,79 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
   return 0;
 }
 
+/* Whether the accelerator at position pos of n runs a READY instance. */
+static int accel_has_ready_inst(const struct lynx_registry *r,
+                                const struct lynx_reg_node *n, uint32_t pos) {
+  const struct lynx_reg_instance *i;
+  for (i = r->instances; i; i = i->next)
+    if (i->node == n && i->state == LYNX_INST_READY &&
+        i->accel_idx == n->accels[pos].info.idx)
+      return 1;
+  return 0;
+}
+
+/* What makes an accelerator unhealthy, as bits: a change of these while it
+ * stays out of dispatch is worth a log line and a version. */
+static unsigned health_bits(const struct lynx_reg_accel *a) {
+  return (a->device_lost ? 1u : 0u) | (a->failed ? 2u : 0u) |
+         (a->stalled_mqueues ? 4u : 0u);
+}
+
+/* Stores rep's health in the accelerator at position pos of n. When its
+ * dispatchability changes: logged, r->version bumped, the table marked if
+ * its instances are in (or come back into) it. */
+static void accel_health_update(struct lynx_registry *r,
+                                struct lynx_reg_node *n, uint32_t pos,
+                                const struct lynx_accel_report *rep,
+                                uint64_t now_ms) {
+  struct lynx_reg_accel *a = &n->accels[pos];
+  int was_ok = lynx_reg_accel_dispatchable(a), ok;
+  unsigned was_bits = health_bits(a);
+  size_t el = strnlen(rep->last_error, sizeof(rep->last_error) - 1);
+  char why[256];
+
+  a->device_lost = rep->device_lost != 0;
+  a->failed = rep->failed != 0;
+  a->stalled_mqueues = rep->stalled_mqueues;
+  a->stall_ms = rep->stall_ms;
+  memset(a->last_error, 0, sizeof(a->last_error));
+  memcpy(a->last_error, rep->last_error, el);
+  ok = lynx_reg_accel_dispatchable(a);
+  if (was_ok == ok) {
+    if (!ok && health_bits(a) != was_bits) {
+      r->version++;
+      LYNX_WARN(COMP, "node %s accel %" PRIu32 " still out of dispatch: %s",
+                n->id, a->info.idx,
+                lynx_reg_accel_health_str(a, why, sizeof(why)));
+    }
+    return;
+  }
+  r->version++;
+  if (n->state == LYNX_NODE_READY && accel_has_ready_inst(r, n, pos))
+    r->table_dirty = 1;
+  if (!ok) {
+    a->unhealthy_since_ms = now_ms;
+    a->health_outages++;
+    LYNX_WARN(COMP, "node %s accel %" PRIu32 " out of dispatch: %s", n->id,
+              a->info.idx, lynx_reg_accel_health_str(a, why, sizeof(why)));
+  } else {
+    uint64_t out = now_ms > a->unhealthy_since_ms
+                       ? now_ms - a->unhealthy_since_ms
+                       : 0;
+    if (n->state == LYNX_NODE_READY)
+      LYNX_INFO(COMP,
+                "node %s accel %" PRIu32 " back in dispatch after %" PRIu64
+                " ms", n->id, a->info.idx, out);
+    else
+      LYNX_INFO(COMP, "node %s accel %" PRIu32 " healthy again after %" PRIu64
+                " ms (the node is %s)", n->id, a->info.idx, out,
+                lynx_node_state_name(n->state));
+  }
+}
+
 int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
-                       const uint32_t *accel_idx, const uint64_t *requests,
-                       const uint64_t *responses, uint32_t n, uint64_t now_ms) {
+                       const struct lynx_accel_report *reports, uint32_t n,
+                       uint64_t now_ms) {
   struct lynx_reg_node *node = lynx_reg_node_find(r, id);
   uint32_t k;
   if (!node)
@@ -903,17 +1079,20 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
     return -ENOTCONN;
   node->last_heartbeat_ms = now_ms;
   node->lease_deadline_ms = now_ms + r->lease_ms;
-  /* Counters are not "changes" for watchers: they move on every heartbeat
-   * and would wake every watcher every second. */
-  for (k = 0; k < n && accel_idx; k++) {
-    int pos = accel_pos(node, accel_idx[k]);
+  /* Counters (and a stall growing longer) are not "changes" for watchers:
+   * they move on every heartbeat and would wake every watcher every second.
+   * Health that changes dispatchability is: it changes the table too. An
+   * accelerator back in dispatch gets new instances from the next tick's
+   * placement (r->version moved). */
+  for (k = 0; k < n && reports; k++) {
+    int pos = accel_pos(node, reports[k].idx);
     if (pos < 0)
       continue;
-    if (requests)
-      node->accels[pos].requests = requests[k];
-    if (responses)
-      node->accels[pos].responses = responses[k];
+    node->accels[pos].requests = reports[k].requests;
+    node->accels[pos].responses = reports[k].responses;
+    accel_health_update(r, node, (uint32_t)pos, &reports[k], now_ms);
   }
+  table_commit(r);
   return 0;
 }
 

@@ -2,10 +2,11 @@
  * registry.h - the coordinator's registry: nodes, accelerators, services,
  * instances, frontends; leases, placement, drain, dispatch tables.
  *
- * Pure logic, no I/O and no clock of its own: every call that depends on
- * time takes `now_ms` (monotonic milliseconds), so tests drive it with an
- * injected clock. The daemon (coordinator/main.c) owns the network; the
- * registry tells it what to do through the action callbacks in
+ * Pure logic, no I/O (log lines aside: accelerators going out of and back
+ * into dispatch are logged) and no clock of its own: every call that
+ * depends on time takes `now_ms` (monotonic milliseconds), so tests drive
+ * it with an injected clock. The daemon (coordinator/main.c) owns the
+ * network; the registry tells it what to do through the action callbacks in
  * struct lynx_reg_ops and answers its questions (tables, JSON).
  * Single-threaded: the coordinator's loop thread owns it.
  *
@@ -49,12 +50,41 @@ struct lynx_label {
   char value[LYNX_LABEL_MAX];
 };
 
+#define LYNX_PCI_ID_MAX 32
+#define LYNX_ACCEL_ERR_MAX 128
+
 struct lynx_accel_info { /* as an agent registers it */
   uint32_t idx;          /* index on its node */
   char kind[16];         /* "cpu", "cuda" */
   char model[LYNX_ID_MAX];
   uint64_t memory_bytes;
   uint32_t ordering; /* enum lynx_ordering it supports */
+  /* cuda only ("" and 0 for cpu): where the GPU sits, whether a NIC can
+   * write its memory directly, and cudaDevAttrGPUDirectRDMAWritesOrdering
+   * (0 none, 100 owner, 200 all devices) */
+  char pci_bus_id[LYNX_PCI_ID_MAX];
+  int gpudirect_rdma;
+  uint32_t rdma_writes_ordering;
+};
+
+/*
+ * An accelerator's health as its agent reports it in every heartbeat. It is
+ * dispatchable (lynx_reg_accel_dispatchable) when it is not lost, not failed
+ * and none of its mqueues is stalled. A non-dispatchable accelerator keeps
+ * its instances (a stalled application may recover: they return to dispatch
+ * without a restart) but they leave the dispatch table, and placement puts
+ * no new instance on it.
+ */
+struct lynx_accel_report {
+  uint32_t idx;                 /* accelerator index on its node */
+  uint64_t requests, responses; /* counters */
+  int device_lost; /* the device is gone (fell off the bus, reset) */
+  int failed;      /* last_error is fatal: the device needs a reset */
+  /* mqueues with a request pending whose RX consumer index has not moved
+   * for the agent's stall period, and the longest such stall now */
+  uint32_t stalled_mqueues;
+  uint64_t stall_ms;
+  char last_error[LYNX_ACCEL_ERR_MAX]; /* "" none; need not be terminated */
 };
 
 struct lynx_reg_accel {
@@ -64,6 +94,16 @@ struct lynx_reg_accel {
    * until retry_at_ms (backoff doubling from 200 ms to 30 s) */
   uint64_t retry_at_ms;
   uint32_t failures;
+  /* health from the last heartbeat (struct lynx_accel_report); kept when
+   * the same agent registers again, cleared by a new epoch */
+  int device_lost, failed;
+  uint32_t stalled_mqueues;
+  uint64_t stall_ms;
+  char last_error[LYNX_ACCEL_ERR_MAX];
+  uint64_t unhealthy_since_ms; /* meaningful while not dispatchable */
+  /* times it went out of dispatch for its health (for the registry's
+   * lifetime: a new epoch does not reset it, so /metrics can count it) */
+  uint64_t health_outages;
 };
 
 struct lynx_reg_node {
@@ -241,12 +281,28 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
                             uint32_t n_adopt, void *conn, uint64_t now_ms,
                             struct lynx_reg_err *err);
 
-/* Renews the lease and stores counters (arrays of n, by accel index).
+/* Renews the lease and stores each accelerator's counters and health
+ * (n reports, by accel index; an unknown index is ignored). An accelerator
+ * whose dispatchability changes is logged, bumps version and, when it has
+ * ready instances on a ready node, the dispatch table (pushed once at the
+ * end); one that became dispatchable gets new instances from the next
+ * tick's placement.
+ * Counters and a changing stall_ms alone are not changes for watchers.
  * -ENOENT unknown node, -ESTALE wrong epoch, -ENOTCONN node is down
  * (it must register again). */
 int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
-                       const uint32_t *accel_idx, const uint64_t *requests,
-                       const uint64_t *responses, uint32_t n, uint64_t now_ms);
+                       const struct lynx_accel_report *reports, uint32_t n,
+                       uint64_t now_ms);
+
+/* 1 when a's health lets it take requests: not lost, not failed, no
+ * stalled mqueue. Says nothing of its node's state. */
+int lynx_reg_accel_dispatchable(const struct lynx_reg_accel *a);
+
+/* Why a is out of dispatch, for logs and tables: "ok" when it is not, else
+ * e.g. "device lost", "failed: Xid 79", "1 mqueue stalled for 2300 ms",
+ * joined with "; ". Always terminates buf (when len > 0); returns buf. */
+const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
+                                      char *buf, size_t len);
 
 /* Explicit leave (agent shutdown): node down, its instances gone. */
 int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
@@ -329,13 +385,17 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms);
 
 /* ---- dispatch table -------------------------------------------------- */
 
-/* Calls fn for every dispatchable instance (READY, node READY) of every
- * service, in a stable order. The daemon encodes the table from this. */
+/* Calls fn for every dispatchable instance (READY, node READY, its
+ * accelerator dispatchable) of every service, in a stable order. The
+ * daemon encodes the table from this. */
 void lynx_reg_table_foreach(struct lynx_registry *r,
                             void (*fn)(void *arg,
                                        const struct lynx_reg_service *svc,
                                        const struct lynx_reg_instance *inst),
                             void *arg);
+
+/* 1 when inst is in the dispatch table (see lynx_reg_table_foreach). */
+int lynx_reg_inst_dispatchable(const struct lynx_reg_instance *inst);
 
 const char *lynx_node_state_name(enum lynx_node_state s);
 

@@ -55,8 +55,31 @@ static struct json_object *list_obj(const struct lynx_registry *r,
   return o;
 }
 
+/* The accelerator's health as its agent reports it; "dispatchable" is the
+ * accelerator's own verdict (its node's state is "state" beside it). */
+static struct json_object *health_obj(const struct lynx_reg_accel *a,
+                                      uint64_t now_ms) {
+  struct json_object *o = json_object_new_object();
+  int ok = lynx_reg_accel_dispatchable(a);
+  char err[sizeof(a->last_error) + 1];
+  /* the registry terminates it; bound it anyway, it came off the wire */
+  snprintf(err, sizeof(err), "%.*s", (int)sizeof(a->last_error),
+           a->last_error);
+  json_object_object_add(o, "dispatchable", json_object_new_boolean(ok));
+  json_object_object_add(o, "device_lost",
+                         json_object_new_boolean(a->device_lost));
+  json_object_object_add(o, "failed", json_object_new_boolean(a->failed));
+  add_str(o, "last_error", err);
+  add_u64(o, "stalled_mqueues", a->stalled_mqueues);
+  add_u64(o, "stall_ms", a->stall_ms);
+  add_u64(o, "unhealthy_for_ms", ok ? 0 : since(now_ms, a->unhealthy_since_ms));
+  add_u64(o, "outages", a->health_outages);
+  return o;
+}
+
 struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
-                                    const struct lynx_reg_accel *a) {
+                                    const struct lynx_reg_accel *a,
+                                    uint64_t now_ms) {
   struct json_object *o = json_object_new_object();
   char id[LYNX_ID_MAX + 16];
   snprintf(id, sizeof(id), "%s/%" PRIu32, n->id, a->info.idx);
@@ -66,9 +89,14 @@ struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
   add_str(o, "model", a->info.model);
   add_u64(o, "memory_bytes", a->info.memory_bytes);
   add_str(o, "ordering", ordering_name(a->info.ordering));
+  add_str(o, "pci_bus_id", a->info.pci_bus_id);
+  json_object_object_add(o, "gpudirect_rdma",
+                         json_object_new_boolean(a->info.gpudirect_rdma));
+  add_u64(o, "rdma_writes_ordering", a->info.rdma_writes_ordering);
   add_str(o, "state", lynx_node_state_name(n->state));
   add_u64(o, "requests", a->requests);
   add_u64(o, "responses", a->responses);
+  json_object_object_add(o, "health", health_obj(a, now_ms));
   return o;
 }
 
@@ -85,7 +113,7 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
   json_object_object_add(o, "labels", labels_obj(n->labels, n->n_labels));
   accels = json_object_new_array();
   for (a = 0; a < n->n_accels; a++)
-    json_object_array_add(accels, lynx_json_accel(n, &n->accels[a]));
+    json_object_array_add(accels, lynx_json_accel(n, &n->accels[a], now_ms));
   json_object_object_add(o, "accelerators", accels);
   add_u64(o, "last_heartbeat_ms", since(now_ms, n->last_heartbeat_ms));
   return o;
@@ -141,9 +169,10 @@ struct json_object *lynx_json_service(const struct lynx_registry *r,
   const struct lynx_reg_instance *i;
   const struct lynx_reg_node *n;
   uint64_t ready = 0, wanted = 0;
+  /* ready: in the dispatch table (an instance on an unhealthy accelerator
+   * is placed but not counted) */
   for (i = r->instances; i; i = i->next)
-    if (i->svc == s && i->state == LYNX_INST_READY &&
-        i->node->state == LYNX_NODE_READY)
+    if (i->svc == s && lynx_reg_inst_dispatchable(i))
       ready++;
   if (s->spec.placement == LYNX_PLACE_REPLICAS) {
     wanted = s->spec.replicas;
@@ -179,13 +208,14 @@ struct json_object *lynx_json_nodes(const struct lynx_registry *r,
   return list_obj(r, items);
 }
 
-struct json_object *lynx_json_accels(const struct lynx_registry *r) {
+struct json_object *lynx_json_accels(const struct lynx_registry *r,
+                                     uint64_t now_ms) {
   struct json_object *items = json_object_new_array();
   const struct lynx_reg_node *n;
   uint32_t a;
   for (n = r->nodes; n; n = n->next)
     for (a = 0; a < n->n_accels; a++)
-      json_object_array_add(items, lynx_json_accel(n, &n->accels[a]));
+      json_object_array_add(items, lynx_json_accel(n, &n->accels[a], now_ms));
   return list_obj(r, items);
 }
 
@@ -271,6 +301,10 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         add_u64(o, "dispatched", hit ? hit->dispatched : 0);
         add_u64(o, "responded", hit ? hit->responded : 0);
         add_u64(o, "outstanding", hit ? hit->outstanding : 0);
+        /* in the frontends' table: node ready and accelerator healthy */
+        json_object_object_add(
+            o, "dispatchable",
+            json_object_new_boolean(lynx_reg_inst_dispatchable(i)));
         json_object_array_add(items, o);
       }
     }

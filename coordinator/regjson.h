@@ -7,13 +7,17 @@
  * address, epoch, labels (object), accelerators (array of accelerator
  * objects), last_heartbeat_ms (ms since the last heartbeat); an accelerator
  * has id ("node/idx"), node, kind, model, memory_bytes, ordering
- * ("coalesced"|"fenced"), state (its node's state), requests, responses;
- * a mqueue has id ("service/node/accel/q"), service, node, accel, instance,
- * index, slots, slot_size, transport, dispatched, responded, outstanding
- * (sums over frontends' reports where known, else 0); a service has every
- * spec field plus placement as "all" or {"replicas": N, "selector": {...}},
- * and instances (count ready / wanted); a frontend has id, address,
- * connected, table_version, last_seen_ms.
+ * ("coalesced"|"fenced"), pci_bus_id, gpudirect_rdma, rdma_writes_ordering,
+ * state (its node's state), requests, responses and health {dispatchable,
+ * device_lost, failed, last_error, stalled_mqueues, stall_ms,
+ * unhealthy_for_ms, outages}; a mqueue has id ("service/node/accel/q"),
+ * service, node, accel, instance, index, slots, slot_size, transport,
+ * locator, dispatched, responded, outstanding (sums over frontends' reports
+ * where known, else 0), dispatchable (in the dispatch table); a service has
+ * every spec field plus placement as "all" or {"replicas": N, "selector":
+ * {...}}, and instances (ready = in the dispatch table / wanted); a
+ * frontend has id, address, connected, table_version, last_seen_ms.
+ * Durations ("..._ms") are measured to now_ms.
  */
 #ifndef LYNX_REGJSON_H
 #define LYNX_REGJSON_H
@@ -26,7 +30,8 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
                                    const struct lynx_reg_node *n,
                                    uint64_t now_ms);
 struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
-                                    const struct lynx_reg_accel *a);
+                                    const struct lynx_reg_accel *a,
+                                    uint64_t now_ms);
 struct json_object *lynx_json_service(const struct lynx_registry *r,
                                       const struct lynx_reg_service *s);
 struct json_object *lynx_json_frontend(const struct lynx_reg_frontend *f,
@@ -35,7 +40,8 @@ struct json_object *lynx_json_frontend(const struct lynx_reg_frontend *f,
 /* {"version": r->version, "items": [...]} for each collection. */
 struct json_object *lynx_json_nodes(const struct lynx_registry *r,
                                     uint64_t now_ms);
-struct json_object *lynx_json_accels(const struct lynx_registry *r);
+struct json_object *lynx_json_accels(const struct lynx_registry *r,
+                                     uint64_t now_ms);
 struct json_object *lynx_json_mqueues(const struct lynx_registry *r);
 struct json_object *lynx_json_services(const struct lynx_registry *r);
 struct json_object *lynx_json_frontends(const struct lynx_registry *r,

@@ -202,8 +202,70 @@ static enum lynx_node_state node_state(struct lynx_registry *r,
 static void heartbeat(struct lynx_registry *r, const char *id, uint64_t now) {
   struct lynx_reg_node *n = lynx_reg_node_find(r, id);
   assert_non_null(n);
-  assert_int_equal(
-      lynx_reg_heartbeat(r, id, n->epoch, NULL, NULL, NULL, 0, now), 0);
+  assert_int_equal(lynx_reg_heartbeat(r, id, n->epoch, NULL, 0, now), 0);
+}
+
+/* A heartbeat from id reporting accelerator idx with this health (other
+ * accelerators not reported: theirs stays as it was). */
+static int hb_health(struct lynx_registry *r, const char *id, uint64_t now,
+                     uint32_t idx, int lost, int failed, uint32_t stalled,
+                     uint64_t stall_ms, const char *err) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  struct lynx_accel_report rep;
+  assert_non_null(n);
+  memset(&rep, 0, sizeof(rep));
+  rep.idx = idx;
+  rep.device_lost = lost;
+  rep.failed = failed;
+  rep.stalled_mqueues = stalled;
+  rep.stall_ms = stall_ms;
+  snprintf(rep.last_error, sizeof(rep.last_error), "%s", err ? err : "");
+  return lynx_reg_heartbeat(r, id, n->epoch, &rep, 1, now);
+}
+
+static void hb_ok(struct lynx_registry *r, const char *id, uint64_t now,
+                  uint32_t idx) {
+  assert_int_equal(hb_health(r, id, now, idx, 0, 0, 0, 0, NULL), 0);
+}
+
+/* The dispatch table as instance ids, in table order (n returned). */
+struct ids {
+  uint64_t id[64];
+  int n;
+};
+
+static void ids_fn(void *arg, const struct lynx_reg_service *svc,
+                   const struct lynx_reg_instance *inst) {
+  struct ids *t = arg;
+  (void)svc;
+  assert_true(t->n < 64);
+  t->id[t->n++] = inst->id;
+}
+
+static struct ids table_ids(struct lynx_registry *r) {
+  struct ids t;
+  memset(&t, 0, sizeof(t));
+  lynx_reg_table_foreach(r, ids_fn, &t);
+  return t;
+}
+
+static int table_has(struct lynx_registry *r, uint64_t id) {
+  struct ids t = table_ids(r);
+  for (int k = 0; k < t.n; k++)
+    if (t.id[k] == id)
+      return 1;
+  return 0;
+}
+
+static struct lynx_reg_accel *accel_of(struct lynx_registry *r,
+                                       const char *node, uint32_t idx) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, node);
+  assert_non_null(n);
+  for (uint32_t a = 0; a < n->n_accels; a++)
+    if (n->accels[a].info.idx == idx)
+      return &n->accels[a];
+  fail_msg("node %s has no accelerator %u", node, idx);
+  return NULL;
 }
 
 /* ---- tests ---------------------------------------------------------- */
@@ -510,7 +572,7 @@ static void test_lease_expiry(void **state) {
 
   /* a down node must register again */
   assert_int_equal(
-      lynx_reg_heartbeat(&f->r, "n1", 1, NULL, NULL, NULL, 0, 1000 + LEASE + 1),
+      lynx_reg_heartbeat(&f->r, "n1", 1, NULL, 0, 1000 + LEASE + 1),
       -ENOTCONN);
   /* expiry is counted once */
   lynx_reg_tick(&f->r, 1000 + 2 * LEASE - 2);
@@ -525,27 +587,32 @@ static void test_lease_expiry(void **state) {
 
 static void test_heartbeat_counters(void **state) {
   struct fx *f = *state;
-  uint32_t idx[2] = {1, 9};
-  uint64_t req[2] = {100, 5}, resp[2] = {99, 5};
+  struct lynx_accel_report rep[2];
   struct lynx_reg_node *n;
   uint64_t v;
+  memset(rep, 0, sizeof(rep));
+  rep[0].idx = 1;
+  rep[0].requests = 100;
+  rep[0].responses = 99;
+  rep[1].idx = 9; /* no such accelerator: ignored */
+  rep[1].requests = 5;
+  rep[1].responses = 5;
+  rep[1].failed = 1;
   assert_int_equal(reg_node(&f->r, "n1", 7, 2, "", 0), 0);
   n = lynx_reg_node_find(&f->r, "n1");
   v = f->r.version;
-  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 7, idx, req, resp, 2, 50),
-                   0);
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 7, rep, 2, 50), 0);
   assert_int_equal(n->accels[1].requests, 100);
   assert_int_equal(n->accels[1].responses, 99);
   assert_int_equal(n->accels[0].requests, 0);
   assert_int_equal(n->last_heartbeat_ms, 50);
   assert_int_equal(n->lease_deadline_ms, 50 + LEASE);
   assert_int_equal(f->r.version, v);
-  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 6, NULL, NULL, NULL, 0, 60),
-                   -ESTALE);
-  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 8, NULL, NULL, NULL, 0, 60),
-                   -ESTALE);
-  assert_int_equal(lynx_reg_heartbeat(&f->r, "zz", 7, NULL, NULL, NULL, 0, 60),
-                   -ENOENT);
+  assert_true(lynx_reg_accel_dispatchable(&n->accels[0]));
+  assert_true(lynx_reg_accel_dispatchable(&n->accels[1]));
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 6, NULL, 0, 60), -ESTALE);
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 8, NULL, 0, 60), -ESTALE);
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "zz", 7, NULL, 0, 60), -ENOENT);
   /* a reconnect keeps counters of accelerators it still has */
   assert_int_equal(reg_node(&f->r, "n1", 7, 2, "", 70), 0);
   assert_int_equal(n->accels[1].requests, 100);
@@ -1171,6 +1238,297 @@ static void test_versions_grow(void **state) {
 #undef GREW
 }
 
+/* ---- accelerator health ---------------------------------------------- */
+
+/* A stalled mqueue takes that accelerator's instances (of every service)
+ * out of the table, in one table version; the node's other accelerator
+ * and other nodes keep theirs; nothing is stopped. Repeating the stall
+ * changes nothing; recovering brings back the very same instances. */
+static void test_health_stall_out_and_back(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_instance *i;
+  struct lynx_reg_accel *a0, *a1;
+  struct ids before, after;
+  uint64_t tv, v;
+  char why[128];
+  int starts;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  add_service(&f->r, "kv", 7001, 0, NULL);
+  assert_int_equal(ready_all(&f->r, 10), 6);
+  before = table_ids(&f->r);
+  assert_int_equal(before.n, 6);
+  a0 = accel_of(&f->r, "n1", 0);
+  a1 = accel_of(&f->r, "n1", 1);
+  assert_true(lynx_reg_accel_dispatchable(a0));
+  assert_string_equal(lynx_reg_accel_health_str(a0, why, sizeof(why)), "ok");
+  starts = f->n_start;
+  tv = f->r.table_version;
+  v = f->r.version;
+  f->n_tables = 0;
+
+  assert_int_equal(hb_health(&f->r, "n1", 100, 0, 0, 0, 1, 2300, NULL), 0);
+  assert_false(lynx_reg_accel_dispatchable(a0));
+  assert_true(lynx_reg_accel_dispatchable(a1));
+  assert_string_equal(lynx_reg_accel_health_str(a0, why, sizeof(why)),
+                      "1 mqueue stalled for 2300 ms");
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(f->n_tables, 1);
+  assert_int_equal(f->table_len_at_push, 4);
+  assert_true(f->r.version > v);
+  for (i = f->r.instances; i; i = i->next) {
+    int stalled = !strcmp(i->node->id, "n1") && i->accel_idx == 0;
+    assert_int_equal(table_has(&f->r, i->id), !stalled);
+    assert_int_equal(lynx_reg_inst_dispatchable(i), !stalled);
+    assert_int_equal(i->state, LYNX_INST_READY); /* still placed */
+  }
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_start, starts);
+  assert_int_equal(a0->health_outages, 1);
+  assert_int_equal(a0->unhealthy_since_ms, 100);
+  assert_int_equal(a1->health_outages, 0);
+
+  /* the same stall again, longer: no table, no version, still one outage */
+  v = f->r.version;
+  assert_int_equal(hb_health(&f->r, "n1", 1100, 0, 0, 0, 1, 3300, NULL), 0);
+  assert_int_equal(hb_health(&f->r, "n1", 2100, 0, 0, 0, 1, 4300, NULL), 0);
+  hb_ok(&f->r, "n1", 2100, 1); /* the healthy one, healthy again */
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(f->n_tables, 1);
+  assert_int_equal(f->r.version, v);
+  assert_int_equal(a0->health_outages, 1);
+  assert_int_equal(a0->stall_ms, 4300);
+  assert_int_equal(a0->unhealthy_since_ms, 100);
+  /* placement leaves the stalled instances where they are */
+  lynx_reg_tick(&f->r, 2200);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_start, starts);
+  assert_int_equal(table_len(&f->r), 4);
+
+  /* it recovers: the same instances are back, nothing restarted */
+  hb_ok(&f->r, "n1", 2500, 0);
+  assert_true(lynx_reg_accel_dispatchable(a0));
+  assert_int_equal(f->r.table_version, tv + 2);
+  assert_int_equal(f->n_tables, 2);
+  assert_int_equal(f->table_len_at_push, 6);
+  after = table_ids(&f->r);
+  assert_int_equal(after.n, before.n);
+  assert_memory_equal(after.id, before.id, sizeof(before.id[0]) * 6);
+  lynx_reg_tick(&f->r, 2600);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_start, starts);
+  assert_int_equal(a0->health_outages, 1);
+  v = f->r.version;
+  hb_ok(&f->r, "n1", 2700, 0);
+  assert_int_equal(f->r.table_version, tv + 2);
+  assert_int_equal(f->r.version, v);
+
+  /* a second outage counts */
+  assert_int_equal(hb_health(&f->r, "n1", 2800, 0, 0, 0, 2, 10, NULL), 0);
+  assert_int_equal(a0->health_outages, 2);
+  assert_int_equal(a0->unhealthy_since_ms, 2800);
+  assert_string_equal(lynx_reg_accel_health_str(a0, why, sizeof(why)),
+                      "2 mqueues stalled for 10 ms");
+  assert_int_equal(f->r.table_version, tv + 3);
+}
+
+/* failed and device_lost take an accelerator out like a stall; placement
+ * puts no new instance on an unhealthy accelerator, and does on the next
+ * tick once it is healthy. */
+static void test_health_lost_failed_and_placement(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_accel *a0, *a1;
+  struct lynx_reg_instance *i;
+  uint64_t tv, v;
+  char why[256];
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  a0 = accel_of(&f->r, "n1", 0);
+  a1 = accel_of(&f->r, "n1", 1);
+  v = f->r.version;
+  assert_int_equal(hb_health(&f->r, "n1", 10, 1, 0, 1, 0, 0,
+                             "Xid 79: GPU has fallen off the bus"),
+                   0);
+  assert_true(f->r.version > v);
+  assert_false(lynx_reg_accel_dispatchable(a1));
+  assert_string_equal(lynx_reg_accel_health_str(a1, why, sizeof(why)),
+                      "failed: Xid 79: GPU has fallen off the bus");
+
+  /* a new service: only n1/0; replicas: one, not two on n1/0 */
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(f->n_start, 1);
+  assert_int_equal(f->start[0].accel, 0);
+  add_service(&f->r, "rep", 7001, 2, NULL);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(f->start[1].accel, 0);
+  lynx_reg_tick(&f->r, 20);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(ready_all(&f->r, 20), 2);
+  assert_int_equal(table_len(&f->r), 2);
+
+  /* n1/0's device is lost: out, not stopped */
+  tv = f->r.table_version;
+  f->n_tables = 0;
+  assert_int_equal(hb_health(&f->r, "n1", 30, 0, 1, 0, 0, 0, NULL), 0);
+  assert_false(lynx_reg_accel_dispatchable(a0));
+  assert_string_equal(lynx_reg_accel_health_str(a0, why, sizeof(why)),
+                      "device lost");
+  assert_int_equal(table_len(&f->r), 0);
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(f->n_tables, 1);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, LYNX_INST_READY), 2);
+  lynx_reg_tick(&f->r, 40);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(f->n_stop, 0);
+
+  /* several reasons at once, in one string */
+  assert_int_equal(hb_health(&f->r, "n1", 45, 0, 1, 1, 3, 700, "ECC"), 0);
+  assert_string_equal(lynx_reg_accel_health_str(a0, why, sizeof(why)),
+                      "device lost; failed: ECC; 3 mqueues stalled for 700 ms");
+  assert_int_equal(f->r.table_version, tv + 1); /* out already */
+  assert_int_equal(a0->health_outages, 1);
+  /* a tiny buffer is cut, terminated */
+  assert_string_equal(lynx_reg_accel_health_str(a0, why, 7), "device");
+
+  /* n1/1 is healthy again: not placed by the heartbeat, by the next tick */
+  hb_ok(&f->r, "n1", 50, 1);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(f->r.table_version, tv + 1); /* nothing ready there */
+  lynx_reg_tick(&f->r, 60);
+  assert_int_equal(f->n_start, 4);
+  assert_int_equal(f->start[2].accel, 1);
+  assert_int_equal(f->start[3].accel, 1);
+  assert_string_equal(f->start[2].svc, "echo");
+  assert_string_equal(f->start[3].svc, "rep");
+  assert_int_equal(ready_all(&f->r, 60), 2);
+  assert_int_equal(table_len(&f->r), 2);
+  /* an instance that becomes ready on an unhealthy accelerator stays out */
+  for (i = f->r.instances; i; i = i->next)
+    assert_int_equal(lynx_reg_inst_dispatchable(i), i->accel_idx == 1);
+
+  /* n1/0 is back (a device reset without an agent restart): its instances
+   * return; rep has its two replicas and no third */
+  hb_ok(&f->r, "n1", 70, 0);
+  assert_int_equal(table_len(&f->r), 4);
+  lynx_reg_tick(&f->r, 80);
+  assert_int_equal(f->n_start, 4);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(count_inst(&f->r, NULL, "rep", -1), 2);
+}
+
+/* The same agent registering again keeps the health its heartbeats
+ * reported; a new epoch starts healthy (the outage count stays). A
+ * last_error that fills its field is cut, terminated. */
+static void test_health_epochs(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_accel *a0;
+  struct lynx_accel_report rep;
+  uint64_t tv;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(ready_all(&f->r, 10), 2);
+  a0 = accel_of(&f->r, "n1", 0);
+  memset(&rep, 0, sizeof(rep));
+  rep.idx = 0;
+  rep.failed = 1;
+  memset(rep.last_error, 'x', sizeof(rep.last_error)); /* no terminator */
+  assert_int_equal(lynx_reg_heartbeat(&f->r, "n1", 1, &rep, 1, 100), 0);
+  assert_int_equal(strlen(a0->last_error), sizeof(a0->last_error) - 1);
+  assert_int_equal(table_len(&f->r), 1);
+  tv = f->r.table_version;
+
+  /* reconnect, same epoch: still out, nothing restarted */
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 200), 0);
+  a0 = accel_of(&f->r, "n1", 0);
+  assert_false(lynx_reg_accel_dispatchable(a0));
+  assert_true(a0->failed);
+  assert_int_equal(a0->unhealthy_since_ms, 100);
+  assert_int_equal(table_len(&f->r), 1);
+  assert_int_equal(f->r.table_version, tv);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(f->n_start, 2);
+
+  /* declared down, back with the same epoch: still the same device state */
+  lynx_reg_tick(&f->r, 200 + LEASE);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DOWN);
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 200 + LEASE + 1), 0);
+  assert_false(lynx_reg_accel_dispatchable(accel_of(&f->r, "n1", 0)));
+  assert_int_equal(f->n_start, 3); /* re-placed on n1/1 only */
+  assert_int_equal(f->start[2].accel, 1);
+
+  /* a new agent: fresh health, placed on both, the outage remembered */
+  assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", 200 + LEASE + 2), 0);
+  a0 = accel_of(&f->r, "n1", 0);
+  assert_true(lynx_reg_accel_dispatchable(a0));
+  assert_false(a0->failed);
+  assert_string_equal(a0->last_error, "");
+  assert_int_equal(a0->health_outages, 1);
+  assert_int_equal(f->n_start, 5);
+  assert_int_equal(ready_all(&f->r, 200 + LEASE + 3), 2);
+  assert_int_equal(table_len(&f->r), 2);
+}
+
+/* Health and drains: a draining or drained node's health changes move no
+ * table, the drain stops instances on unhealthy accelerators too, and an
+ * undrained node gets instances only on its healthy accelerators. */
+static void test_health_and_drain(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n1;
+  uint64_t tv, v;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 0), 0);
+  n1 = lynx_reg_node_find(&f->r, "n1");
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(ready_all(&f->r, 10), 3);
+  assert_non_null(
+      lynx_reg_frontend_connect(&f->r, "fe1", "127.0.0.1:1", (void *)0x2, 10));
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 10);
+  assert_int_equal(hb_health(&f->r, "n1", 100, 0, 0, 0, 1, 1500, NULL), 0);
+  assert_int_equal(table_len(&f->r), 2);
+
+  tv = f->r.table_version;
+  assert_int_equal(lynx_reg_drain(&f->r, "n1", 200, &err), 0);
+  assert_int_equal(n1->state, LYNX_NODE_DRAINING);
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(n1->drain_table_version, tv + 1);
+  assert_int_equal(table_len(&f->r), 1);
+  tv = f->r.table_version;
+  v = f->r.version;
+  hb_ok(&f->r, "n1", 250, 0);
+  assert_int_equal(hb_health(&f->r, "n1", 260, 1, 1, 0, 0, 0, NULL), 0);
+  assert_int_equal(f->r.table_version, tv);
+  assert_true(f->r.version > v);
+  assert_int_equal(table_len(&f->r), 1);
+
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 300);
+  assert_int_equal(n1->state, LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 2);
+  assert_int_equal(f->r.table_version, tv);
+  hb_ok(&f->r, "n1", 310, 1);
+  assert_int_equal(hb_health(&f->r, "n1", 320, 0, 0, 0, 4, 90, NULL), 0);
+  assert_int_equal(f->r.table_version, tv);
+  lynx_reg_tick(&f->r, 330);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+
+  /* undrained: only the healthy n1/1 gets an instance */
+  f->n_start = 0;
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", 400, &err), 0);
+  assert_int_equal(f->n_start, 1);
+  assert_int_equal(f->start[0].accel, 1);
+  assert_int_equal(ready_all(&f->r, 410), 1);
+  assert_int_equal(table_len(&f->r), 2);
+  hb_ok(&f->r, "n1", 420, 0);
+  lynx_reg_tick(&f->r, 430);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(f->start[1].accel, 0);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void) {
@@ -1200,6 +1558,10 @@ int main(void) {
       T(test_restart_while_draining),
       T(test_connections),
       T(test_versions_grow),
+      T(test_health_stall_out_and_back),
+      T(test_health_lost_failed_and_placement),
+      T(test_health_epochs),
+      T(test_health_and_drain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

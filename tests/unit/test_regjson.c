@@ -315,7 +315,7 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(json_object_array_length(a), 2);
   a = json_object_array_get_idx(a, 1);
   /* accelerator */
-  assert_int_equal(n_keys(a), 9);
+  assert_int_equal(n_keys(a), 13);
   assert_string_equal(get_str(a, "id"), "n1/1");
   assert_string_equal(get_str(a, "node"), "n1");
   assert_string_equal(get_str(a, "kind"), "cpu");
@@ -325,6 +325,20 @@ static void test_encode_shapes(void **state) {
   assert_string_equal(get_str(a, "state"), "ready");
   assert_int_equal(get_u64(a, "requests"), 10);
   assert_int_equal(get_u64(a, "responses"), 9);
+  assert_string_equal(get_str(a, "pci_bus_id"), "");
+  assert_false(json_object_get_boolean(get(a, "gpudirect_rdma")));
+  assert_int_equal(get_u64(a, "rdma_writes_ordering"), 0);
+  p = get(a, "health");
+  assert_int_equal(n_keys(p), 8);
+  assert_true(json_object_is_type(get(p, "dispatchable"), json_type_boolean));
+  assert_true(json_object_get_boolean(get(p, "dispatchable")));
+  assert_false(json_object_get_boolean(get(p, "device_lost")));
+  assert_false(json_object_get_boolean(get(p, "failed")));
+  assert_string_equal(get_str(p, "last_error"), "");
+  assert_int_equal(get_u64(p, "stalled_mqueues"), 0);
+  assert_int_equal(get_u64(p, "stall_ms"), 0);
+  assert_int_equal(get_u64(p, "unhealthy_for_ms"), 0);
+  assert_int_equal(get_u64(p, "outages"), 0);
   json_object_put(o);
 
   /* services: placement shapes and instance counts */
@@ -383,7 +397,8 @@ static void test_encode_shapes(void **state) {
   /* echo: 2 accels x 2 mqueues; rep: 2 replicas x 1 */
   assert_int_equal(json_object_array_length(items), 6);
   a = json_object_array_get_idx(items, 1);
-  assert_int_equal(n_keys(a), 13);
+  assert_int_equal(n_keys(a), 14);
+  assert_true(json_object_get_boolean(get(a, "dispatchable")));
   snprintf(id, sizeof(id), "echo/n1/0/1");
   assert_string_equal(get_str(a, "id"), id);
   assert_string_equal(get_str(a, "service"), "echo");
@@ -431,7 +446,7 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(get_u64(o, "version"), r.version);
   assert_int_equal(json_object_array_length(get(o, "items")), 1);
   json_object_put(o);
-  o = lynx_json_accels(&r);
+  o = lynx_json_accels(&r, 2000);
   items = get(o, "items");
   assert_int_equal(json_object_array_length(items), 2);
   assert_string_equal(get_str(json_object_array_get_idx(items, 0), "id"),
@@ -469,6 +484,119 @@ static void test_encode_shapes(void **state) {
 }
 
 /* An encoded service decodes back to the same spec. */
+/* Health in the accelerator objects, the mqueues' dispatchable and the
+ * services' ready counts; cuda fields as registered. */
+static void test_encode_health(void **state) {
+  struct lynx_registry r;
+  struct lynx_accel_info acc[2];
+  struct lynx_accel_report rep;
+  struct lynx_reg_err err;
+  struct json_object *o, *items, *a, *h;
+  size_t k;
+  (void)state;
+
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  memset(acc, 0, sizeof(acc));
+  for (k = 0; k < 2; k++) {
+    acc[k].idx = (uint32_t)k;
+    snprintf(acc[k].kind, sizeof(acc[k].kind), "cuda");
+    snprintf(acc[k].model, sizeof(acc[k].model), "NVIDIA A100-PCIE-40GB");
+    acc[k].memory_bytes = 40ull << 30;
+    acc[k].ordering = 1;
+    snprintf(acc[k].pci_bus_id, sizeof(acc[k].pci_bus_id), "0000:%02zx:00.0",
+             0x3b + k);
+    acc[k].gpudirect_rdma = 1;
+    acc[k].rdma_writes_ordering = 100;
+  }
+  assert_int_equal(lynx_reg_register(&r, "g1", "127.0.0.1:7701", 5, NULL, 0,
+                                     acc, 2, NULL, 1000, &err),
+                   0);
+  create(&r, "{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\", "
+             "\"mqueues_per_accel\": 1}");
+  ready_all(&r);
+
+  memset(&rep, 0, sizeof(rep));
+  rep.idx = 1;
+  rep.requests = 7;
+  rep.stalled_mqueues = 1;
+  rep.stall_ms = 2300;
+  snprintf(rep.last_error, sizeof(rep.last_error), "kernel timeout");
+  assert_int_equal(lynx_reg_heartbeat(&r, "g1", 5, &rep, 1, 1200), 0);
+
+  o = lynx_json_accels(&r, 1700);
+  items = get(o, "items");
+  assert_int_equal(json_object_array_length(items), 2);
+  a = json_object_array_get_idx(items, 0);
+  assert_string_equal(get_str(a, "kind"), "cuda");
+  assert_string_equal(get_str(a, "model"), "NVIDIA A100-PCIE-40GB");
+  assert_string_equal(get_str(a, "pci_bus_id"), "0000:3b:00.0");
+  assert_true(json_object_get_boolean(get(a, "gpudirect_rdma")));
+  assert_int_equal(get_u64(a, "rdma_writes_ordering"), 100);
+  assert_true(json_object_get_boolean(get(get(a, "health"), "dispatchable")));
+  a = json_object_array_get_idx(items, 1);
+  assert_string_equal(get_str(a, "pci_bus_id"), "0000:3c:00.0");
+  assert_int_equal(get_u64(a, "requests"), 7);
+  h = get(a, "health");
+  assert_false(json_object_get_boolean(get(h, "dispatchable")));
+  assert_false(json_object_get_boolean(get(h, "device_lost")));
+  assert_false(json_object_get_boolean(get(h, "failed")));
+  assert_string_equal(get_str(h, "last_error"), "kernel timeout");
+  assert_int_equal(get_u64(h, "stalled_mqueues"), 1);
+  assert_int_equal(get_u64(h, "stall_ms"), 2300);
+  assert_int_equal(get_u64(h, "unhealthy_for_ms"), 500);
+  assert_int_equal(get_u64(h, "outages"), 1);
+  json_object_put(o);
+
+  /* the node carries the same objects */
+  o = lynx_json_node(&r, lynx_reg_node_find(&r, "g1"), 1300);
+  h = get(json_object_array_get_idx(get(o, "accelerators"), 1), "health");
+  assert_int_equal(get_u64(h, "unhealthy_for_ms"), 100);
+  json_object_put(o);
+
+  /* in dispatch: only the healthy accelerator's */
+  o = lynx_json_mqueues(&r);
+  items = get(o, "items");
+  assert_int_equal(json_object_array_length(items), 2);
+  for (k = 0; k < 2; k++) {
+    a = json_object_array_get_idx(items, k);
+    assert_int_equal(json_object_get_boolean(get(a, "dispatchable")),
+                     get_u64(a, "accel") == 0);
+  }
+  json_object_put(o);
+  o = lynx_json_service(&r, r.services);
+  assert_int_equal(get_u64(get(o, "instances"), "ready"), 1);
+  assert_int_equal(get_u64(get(o, "instances"), "wanted"), 2);
+  json_object_put(o);
+
+  /* lost; then healthy again: back, the outage counted once */
+  rep.stalled_mqueues = 0;
+  rep.device_lost = 1;
+  assert_int_equal(lynx_reg_heartbeat(&r, "g1", 5, &rep, 1, 1400), 0);
+  o = lynx_json_accel(lynx_reg_node_find(&r, "g1"),
+                      &lynx_reg_node_find(&r, "g1")->accels[1], 1500);
+  h = get(o, "health");
+  assert_false(json_object_get_boolean(get(h, "dispatchable")));
+  assert_true(json_object_get_boolean(get(h, "device_lost")));
+  assert_int_equal(get_u64(h, "unhealthy_for_ms"), 300);
+  assert_int_equal(get_u64(h, "outages"), 1);
+  json_object_put(o);
+  memset(&rep, 0, sizeof(rep));
+  rep.idx = 1;
+  assert_int_equal(lynx_reg_heartbeat(&r, "g1", 5, &rep, 1, 1600), 0);
+  o = lynx_json_accel(lynx_reg_node_find(&r, "g1"),
+                      &lynx_reg_node_find(&r, "g1")->accels[1], 1700);
+  h = get(o, "health");
+  assert_true(json_object_get_boolean(get(h, "dispatchable")));
+  assert_int_equal(get_u64(h, "unhealthy_for_ms"), 0);
+  assert_int_equal(get_u64(h, "outages"), 1);
+  json_object_put(o);
+  o = lynx_json_service(&r, r.services);
+  assert_int_equal(get_u64(get(o, "instances"), "ready"), 2);
+  json_object_put(o);
+
+  lynx_reg_free(&r);
+}
+
 static void test_service_round_trip(void **state) {
   struct lynx_registry r;
   struct lynx_service_spec s;
@@ -726,6 +854,7 @@ int main(void) {
       cmocka_unit_test(test_decode_defaults),
       cmocka_unit_test(test_decode_bad),
       cmocka_unit_test(test_encode_shapes),
+      cmocka_unit_test(test_encode_health),
       cmocka_unit_test(test_service_round_trip),
       cmocka_unit_test_setup_teardown(test_store_round_trip, dir_setup,
                                       dir_teardown),
