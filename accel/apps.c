@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "face.h"
 #include "util.h"
@@ -82,27 +83,44 @@ static int echo_handle(struct lynx_mq *mq, const struct lynx_msg *req,
 static int sockperf_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                            int *replied, const struct lynx_app_ctx *ctx) {
   uint8_t *buf;
-  uint16_t flags;
   int rc;
   (void)ctx;
   *replied = 0;
-  if (req->len < LYNX_SOCKPERF_HDR)
-    goto drop;
-  flags = (uint16_t)(req->data[8] << 8 | req->data[9]);
-  if (!(flags & LYNX_SOCKPERF_PONG_REQ))
-    goto drop;
+  if (!lynx_sockperf_wants_reply(req->data, req->len))
+    return lynx_drop(mq, req->tag) == -EAGAIN ? -EAGAIN : 0;
   rc = lynx_reserve(mq, req->len, &buf);
   if (rc)
     return rc == -EAGAIN ? -EAGAIN : 0;
   memcpy(buf, req->data, req->len);
-  flags &= (uint16_t)~LYNX_SOCKPERF_CLIENT;
-  buf[8] = (uint8_t)(flags >> 8);
-  buf[9] = (uint8_t)flags;
+  lynx_sockperf_make_reply(buf);
   lynx_commit(mq, req->tag, req->len, req->len);
   *replied = 1;
   return 0;
-drop:
-  return lynx_drop(mq, req->tag) == -EAGAIN ? -EAGAIN : 0;
+}
+
+/*
+ * sockperf-fault: sockperf-echo with fault injection. "LYNX-HANG <ms>"
+ * (app_logic.h) holds this accelerator thread for ms milliseconds without
+ * consuming the request, what a hung GPU kernel looks like to the agent's
+ * liveness check, and is then dropped. A request is held once, even when
+ * it must be handled again for lack of TX room.
+ */
+static int sockperf_fault_handle(struct lynx_mq *mq,
+                                 const struct lynx_msg *req, int *replied,
+                                 const struct lynx_app_ctx *ctx) {
+  static __thread const uint8_t *held_data;
+  static __thread uint32_t held_tag;
+  uint32_t ms = lynx_fault_hang_ms(req->data, req->len);
+  if (ms && (held_data != req->data || held_tag != req->tag)) {
+    uint64_t end = lynx_now_ns() + (uint64_t)ms * 1000000u;
+    held_data = req->data;
+    held_tag = req->tag;
+    while (lynx_now_ns() < end && !(ctx && ctx->stop && *ctx->stop)) {
+      struct timespec ts = {0, 5 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return sockperf_handle(mq, req, replied, ctx);
 }
 
 /*
@@ -247,16 +265,20 @@ static int relay_handle(struct lynx_mq *mq, const struct lynx_msg *req,
 }
 
 static const struct lynx_app apps[] = {
-    {"echo", "answer every request with its own bytes", echo_handle, NULL},
+    {"echo", "answer every request with its own bytes", echo_handle, NULL,
+     LYNX_CUDA_APP_ECHO},
     {"sockperf-echo",
      "answer sockperf pong requests as sockperf's server does", sockperf_handle,
-     NULL},
+     NULL, LYNX_CUDA_APP_SOCKPERF_ECHO},
+    {"sockperf-fault", "sockperf-echo; 'LYNX-HANG <ms>' stops the "
+     "accelerator consuming for ms (liveness tests)", sockperf_fault_handle,
+     NULL, LYNX_CUDA_APP_SOCKPERF_FAULT},
     {"mc-get", "answer a key with its value from memcached back end 'db'",
-     mc_get_handle, "db"},
+     mc_get_handle, "db", LYNX_CUDA_APP_NONE},
     {"face-verify", "LBP face verification against images in memcached "
-     "back end 'db'", face_handle, "db"},
+     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_NONE},
     {"relay", "answer with back end 'next''s reply to the same request "
-     "(len32)", relay_handle, "next"},
+     "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {
@@ -267,5 +289,9 @@ const struct lynx_app *lynx_app_find(const char *name) {
 }
 
 const char *lynx_app_names(void) {
-  return "echo, sockperf-echo, mc-get, face-verify, relay";
+  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, relay";
+}
+
+const char *lynx_app_cuda_names(void) {
+  return "echo, sockperf-echo, sockperf-fault";
 }

@@ -2,19 +2,18 @@
  * apps.h - example applications, chosen by name.
  *
  * An application handles one request at a time through lynx_io.h. The CPU
- * backend calls it from the accelerator's persistent polling loop; the same
- * handlers are what a CUDA persistent kernel runs per request (issue 6).
+ * backend calls it from the accelerator's persistent polling loop. An
+ * application with a CUDA kernel (cuda_app) runs the same per-request logic
+ * (app_logic.h) in a persistent kernel on a GPU (accel/cuda/apps.cu).
  */
 #ifndef LYNX_APPS_H
 #define LYNX_APPS_H
 
 #include <pthread.h>
 
+#include "app_logic.h"
+#include "cuda/lynx_cuda.h"
 #include "lynx_io.h"
-
-#define LYNX_SOCKPERF_HDR 14
-#define LYNX_SOCKPERF_CLIENT 0x1u
-#define LYNX_SOCKPERF_PONG_REQ 0x2u
 
 /* A client mqueue (paper §4.3): what the application writes to it goes to
  * one back end, whose replies come back into it. */
@@ -30,6 +29,8 @@ struct lynx_app_ctx {
   struct lynx_client *clients;
   uint32_t n_clients;
   uint64_t call_timeout_ns; /* a back end that does not answer in time */
+  const volatile int *stop;  /* set when the accelerator is stopping: an
+                                app that waits long checks it */
 };
 
 /* The client mqueue of the back end called name, or NULL. */
@@ -54,11 +55,16 @@ struct lynx_app {
                 const struct lynx_app_ctx *ctx);
   /* back ends it needs by name (NULL: none) */
   const char *needs_backend;
+  /* the same application as a CUDA kernel (enum lynx_cuda_app), or
+   * LYNX_CUDA_APP_NONE: CPU accelerators only */
+  uint32_t cuda_app;
 };
 
 /* The application called name, or NULL. */
 const struct lynx_app *lynx_app_find(const char *name);
-/* "echo, sockperf-echo": for error messages. */
+/* "echo, sockperf-echo, ...": for error messages. */
 const char *lynx_app_names(void);
+/* The applications that have a CUDA kernel, the same way. */
+const char *lynx_app_cuda_names(void);
 
 #endif

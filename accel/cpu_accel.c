@@ -147,6 +147,7 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
     a->n_threads = a->n_threads ? a->n_server : 1;
   if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size))
     return -EINVAL;
+  a->ctx.stop = &a->stop;
   a->ctx.n_clients = h->n_mqueues - a->n_server;
   a->ctx.clients = NULL;
   if (!a->ctx.call_timeout_ns)

@@ -259,17 +259,39 @@ LYNX_HD struct lynx_slot_meta *lynx_mq_meta(uint8_t *ring, uint32_t slot_size,
                                    slot_size - LYNX_META_SIZE);
 }
 
+/* Copies a slot's metadata out. On the device every word is a volatile load
+ * (served by L2): the NIC or a copy engine wrote it, and their writes never
+ * update an SM's L1, where an earlier lap's plain loads of this slot may
+ * still sit. Read after the seq acquire. */
+LYNX_HD void lynx_meta_load(const struct lynx_slot_meta *src,
+                            struct lynx_slot_meta *dst) {
+#if defined(__CUDA_ARCH__)
+  const volatile struct lynx_slot_meta *v = src;
+  dst->len = v->len;
+  dst->tag = v->tag;
+  dst->status = v->status;
+  dst->off16 = v->off16;
+  dst->seq = v->seq;
+#else
+  *dst = *src;
+#endif
+}
+
 /* Releases the oldest received request (receive order), together with any
  * malformed slots recv skipped right behind it, so skipped slots never leak. */
 LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
+  struct lynx_slot_meta mv;
   if (mq->rx_cons == mq->rx_head)
     return;
-  do
+  for (;;) {
     mq->rx_cons++;
-  while (mq->rx_cons != mq->rx_head &&
-         lynx_meta_check(lynx_mq_meta(mq->rx, mq->slot_size, mq->slots,
-                                      mq->rx_cons),
-                         mq->slot_size) != 0);
+    if (mq->rx_cons == mq->rx_head)
+      break;
+    lynx_meta_load(lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, mq->rx_cons),
+                   &mv);
+    if (lynx_meta_check(&mv, mq->slot_size) == 0)
+      break;
+  }
   lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);
 }
 
@@ -280,7 +302,7 @@ LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
  */
 LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
   for (;;) {
-    struct lynx_slot_meta *meta;
+    struct lynx_slot_meta *meta, mv;
     uint32_t seq;
     if (mq->rx_head - mq->rx_cons >= mq->slots)
       return -105;
@@ -288,7 +310,8 @@ LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
     seq = lynx_load_acquire32(&meta->seq);
     if (seq != lynx_seq_for(mq->rx_head))
       return -11;
-    if (lynx_meta_check(meta, mq->slot_size) != 0) {
+    lynx_meta_load(meta, &mv);
+    if (lynx_meta_check(&mv, mq->slot_size) != 0) {
       mq->bad++;
       mq->rx_head++;
       /* Releases are in order: with nothing held, free the slot now;
@@ -300,10 +323,10 @@ LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
       continue;
     }
     m->data = (const uint8_t *)meta - (mq->slot_size - LYNX_META_SIZE) +
-              (uint32_t)meta->off16 * 16u;
-    m->len = meta->len;
-    m->tag = meta->tag;
-    m->status = meta->status;
+              (uint32_t)mv.off16 * 16u;
+    m->len = mv.len;
+    m->tag = mv.tag;
+    m->status = mv.status;
     mq->rx_head++;
     return 0;
   }

@@ -1,0 +1,82 @@
+/*
+ * lynx_cuda.h - the host-callable side of the CUDA device code.
+ *
+ * The agent's CUDA backend (agent/cuda_accel.c, C) launches applications
+ * as persistent kernels through this interface; the kernels (apps.cu,
+ * CUDA C++) run the shared ring code of common/mqueue.h through the
+ * per-threadblock I/O library accel/cuda/lynx_dev.cuh. Built only when
+ * the CUDA toolkit is (make LYNX_CUDA=ON|AUTO).
+ */
+#ifndef LYNX_CUDA_H
+#define LYNX_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Applications with a CUDA kernel (struct lynx_app.cuda_app). */
+enum lynx_cuda_app {
+  LYNX_CUDA_APP_NONE = 0,
+  LYNX_CUDA_APP_ECHO = 1,
+  LYNX_CUDA_APP_SOCKPERF_ECHO = 2,
+  LYNX_CUDA_APP_SOCKPERF_FAULT = 3,
+};
+
+/* One threadblock's counters, written by the block's thread 0 only. */
+struct lynx_cuda_block_stats {
+  uint64_t requests, responses, drops, bad;
+};
+
+/* Control block in device memory, zeroed by the host before launch. The
+ * host writes `stop` and reads the rest with copies on its own stream
+ * while the kernel runs. */
+struct lynx_cuda_kctl {
+  uint32_t stop;    /* host writes 1: every block returns */
+  uint32_t started; /* blocks that began serving (atomicAdd) */
+  uint32_t exited;  /* blocks that returned (atomicAdd) */
+  uint32_t reserved;
+  struct lynx_cuda_block_stats blocks[]; /* one per block */
+};
+
+struct lynx_cuda_launch {
+  void *region;                         /* device pointer, formatted */
+  uint32_t n_mqueues, slots, slot_size; /* its geometry (as formatted) */
+  uint32_t n_server;  /* server mqueues served: [0, n_server) */
+  uint32_t app;       /* enum lynx_cuda_app */
+  uint32_t work_us;   /* emulated work per request (%globaltimer) */
+  uint32_t blocks;    /* block b serves mqueues q with q % blocks == b */
+  uint32_t threads;   /* threads per block (multiple of 32, <= 1024) */
+  uint32_t idle_ns;   /* adaptive polling: longest __nanosleep when idle */
+  struct lynx_cuda_kctl *kctl; /* device pointer, lynx_cuda_kctl_size */
+};
+
+/* Bytes of a control block for that many blocks. */
+size_t lynx_cuda_kctl_size(uint32_t blocks);
+
+/* How many blocks of `threads` threads the persistent kernel can keep
+ * resident at once on device `device` (every block must be resident, or
+ * the mqueues of the blocks that wait are never served). 0 or a
+ * cudaError_t value, its text in err: cudaErrorInvalidValue for a thread
+ * count that is not a multiple of 32 in 32..1024,
+ * cudaErrorInvalidConfiguration when not even one block fits an SM. The
+ * query switches to `device` and back to the calling thread's current
+ * device. */
+int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
+                              char *err, size_t errlen);
+
+/* Launches the persistent kernel on stream (a cudaStream_t) of the
+ * current device. 0, or a cudaError_t value with its text in err; -22
+ * (EINVAL) for a launch description that is out of bounds, e.g. more than
+ * 64 server mqueues per block (ceil(n_server / blocks)), with the reason in
+ * err. Blocks beyond n_server serve nothing and only idle. */
+int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
+                     char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

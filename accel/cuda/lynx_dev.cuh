@@ -1,0 +1,336 @@
+/*
+ * lynx_dev.cuh - the per-threadblock device I/O library.
+ *
+ * The GPU form of accel/lynx_io.h: what a persistent kernel's threadblock
+ * uses to serve its mqueues. The ring logic is common/mqueue.h, the same code
+ * the CPU backend and the unit tests run; this file only adds the
+ * threadblock around it (docs/mqueue.md, "On the GPU"):
+ *
+ *  - One thread of the block, threadIdx.x == 0 (the "I/O thread"), owns the
+ *    block's struct lynx_mq objects and makes every metadata access: it polls
+ *    seq words, reads metadata, reserves, commits, releases. That is the
+ *    paper's design (§5.3): one poller per block, so a block's other warps
+ *    are not slowed by polling device/host memory and the ring state needs
+ *    no locks. Blocks are 1-D (threadIdx.y == threadIdx.z == 0).
+ *  - Results are broadcast to the block through one shared-memory cell, so
+ *    every thread sees the same return value and control flow stays uniform.
+ *  - Every thread of the block may take part in copying payloads
+ *    (lynx_block_copy, lynx_block_send).
+ *
+ * Calling rule: every function named lynx_block_* is called by ALL threads
+ * of the block, from uniform control flow, with the same arguments (like
+ * __syncthreads(), which most of them contain). Pointers to a struct lynx_mq
+ * are only dereferenced by the I/O thread, so the mqueue may live in shared
+ * memory or in the I/O thread's own local memory (other threads may then
+ * pass any pointer, it is never read).
+ *
+ * Needs sm_70 or later (__nanosleep, independent thread scheduling).
+ * Nothing here has run on a GPU yet: this machine has no GPU, the code is
+ * only compiled (tests/cuda/nvcc-check.sh, the lynx_cuda_kernels target).
+ */
+#ifndef LYNX_DEV_CUH
+#define LYNX_DEV_CUH
+
+#if !defined(__CUDACC__)
+#error "lynx_dev.cuh is CUDA device code: compile it with nvcc"
+#endif
+
+#include <stdint.h>
+
+#include "mqueue.h"
+
+#define LYNX_DEV static __device__ __forceinline__
+
+/* __nanosleep's argument is capped by the hardware at about 1 ms. */
+#define LYNX_NANOSLEEP_MAX_NS 1000000u
+/* First sleep of the idle backoff, doubled on every idle pass. */
+#define LYNX_IDLE_MIN_NS 64u
+/* Nap between %globaltimer reads while emulating work or hanging. */
+#define LYNX_WORK_NAP_NS 256u
+
+/* ---- time ------------------------------------------------------------ */
+
+/* The GPU's global nanosecond timer (PTX %globaltimer): the same clock on
+ * every SM, unlike clock64(), which counts the SM's own cycles. Its update
+ * granularity is coarser than 1 ns on some GPUs (up to 1 us), which is fine
+ * for work emulation in microseconds and hang times in milliseconds. */
+LYNX_DEV uint64_t lynx_globaltimer_ns(void) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* ---- block primitives -------------------------------------------------- */
+
+LYNX_DEV int lynx_block_io_thread(void) { return threadIdx.x == 0; }
+
+/* The block's broadcast cell: written by the I/O thread, read by all after a
+ * barrier. One per translation unit (a function-local __shared__ variable is
+ * static), reused by every call: each broadcast ends with a second barrier,
+ * so no thread can still be reading the previous value when the I/O thread
+ * writes the next. */
+struct lynx_block_cell {
+  int rc;
+  uint32_t u;
+  uint8_t *buf;
+  struct lynx_msg m;
+};
+
+LYNX_DEV struct lynx_block_cell *lynx_block_bc(void) {
+  __shared__ struct lynx_block_cell bc;
+  return &bc;
+}
+
+/* 1 in every thread when pred is non-zero in any thread (a barrier). */
+LYNX_DEV int lynx_block_any(int pred) { return __syncthreads_or(pred) != 0; }
+
+/* The I/O thread's v, in every thread. */
+LYNX_DEV uint32_t lynx_block_bcast_u32(uint32_t v) {
+  struct lynx_block_cell *bc = lynx_block_bc();
+  if (lynx_block_io_thread())
+    bc->u = v;
+  __syncthreads();
+  v = bc->u;
+  __syncthreads();
+  return v;
+}
+
+/* The I/O thread's *m, in every thread's *m. */
+LYNX_DEV void lynx_block_bcast_msg(struct lynx_msg *m) {
+  struct lynx_block_cell *bc = lynx_block_bc();
+  if (lynx_block_io_thread())
+    bc->m = *m;
+  __syncthreads();
+  *m = bc->m;
+  __syncthreads();
+}
+
+/* A host-written flag (e.g. a stop word in device memory), read by the I/O
+ * thread with a volatile load, so it is fetched from L2 each time, never
+ * from a register or an L1 line; 1 in every thread when it is non-zero. */
+LYNX_DEV int lynx_block_flag(const uint32_t *flag) {
+  return lynx_block_any(lynx_block_io_thread() &&
+                        *(const volatile uint32_t *)flag != 0);
+}
+
+/* ---- payload copies ------------------------------------------------------ */
+
+/*
+ * Why payload loads bypass L1: request payloads are written into GPU memory
+ * by the NIC (GPUDirect RDMA) or by a copy engine (the tcp transport's
+ * agent), not by an SM. Those writes land in L2/DRAM; the SM's L1 is not
+ * coherent with them and is never told. A slot is reused every S requests,
+ * so an L1 line left from an earlier lap of this block's own reads could
+ * still hold the old bytes. The I/O thread's acquire (volatile seq load +
+ * __threadfence_system() in mqueue.h) happens to invalidate L1 on current
+ * GPUs, but the NIC is not a PTX thread, so the memory model promises
+ * nothing about its writes, and the threads that copy the payload did not
+ * execute that acquire themselves (they follow the I/O thread through a
+ * barrier). ld.global.cg (__ldcg: cache in L2 only) reads the point where
+ * the NIC's writes land, costs nothing here (a payload is read once, L1 would
+ * not be reused) and does not depend on the fence's implementation.
+ * A source in shared or local memory is read with ordinary loads.
+ */
+LYNX_DEV uint8_t lynx_ld_bypass_u8(const uint8_t *p, int global) {
+  return global ? __ldcg(p) : *p;
+}
+
+/* One thread copies n bytes with L1-bypassing loads (e.g. the I/O thread
+ * peeking at a request header into its own registers/local memory). */
+LYNX_DEV void lynx_dev_peek(uint8_t *dst, const uint8_t *src, uint32_t n) {
+  int global = __isGlobal(src);
+  for (uint32_t i = 0; i < n; i++)
+    dst[i] = lynx_ld_bypass_u8(src + i, global);
+}
+
+/*
+ * All threads copy len bytes from src to dst, 16 bytes per load when both
+ * are 16-byte aligned (RX payloads and TX reservations always are: slots are
+ * Z-aligned in a 4096-aligned ring and payload offsets are multiples of 16),
+ * L1-bypassing loads from global memory (above). Ends with a barrier: on
+ * return every byte is written and visible to the whole block (not yet to
+ * the host or NIC: lynx_block_commit adds that).
+ */
+LYNX_DEV void lynx_block_copy(uint8_t *dst, const uint8_t *src, uint32_t len) {
+  uint32_t step = blockDim.x, done = 0, i;
+  int global = __isGlobal(src);
+  if (((uintptr_t)dst | (uintptr_t)src) % 16u == 0) {
+    const uint4 *s4 = (const uint4 *)src;
+    uint4 *d4 = (uint4 *)dst;
+    uint32_t n16 = len / 16u;
+    for (i = threadIdx.x; i < n16; i += step)
+      d4[i] = global ? __ldcg(s4 + i) : s4[i];
+    done = n16 * 16u;
+  }
+  for (i = done + threadIdx.x; i < len; i += step)
+    dst[i] = lynx_ld_bypass_u8(src + i, global);
+  __syncthreads();
+}
+
+/* ---- mqueue I/O (lynx_io.h, per block) --------------------------------- */
+
+/*
+ * One poll attempt on mq: 0 and *m (in every thread) when a request was
+ * received, -11 (EAGAIN) when there is none, -105 (ENOBUFS) when every RX
+ * slot is held unreleased. The same rc in all threads. m->data points into
+ * the RX slot (zero copy) until lynx_block_release; read it with
+ * lynx_block_copy / lynx_dev_peek (L1 bypass, above), not plain loads.
+ *
+ * The seq word is read by lynx_mq_recv with an acquire (volatile load, so
+ * it comes from L2 and not from a register or L1, then
+ * __threadfence_system()), so the metadata the I/O thread reads next is the
+ * message's. Malformed slots are skipped and counted in mq->bad there.
+ */
+LYNX_DEV int lynx_block_recv(struct lynx_mq *mq, struct lynx_msg *m) {
+  struct lynx_block_cell *bc = lynx_block_bc();
+  int rc;
+  if (lynx_block_io_thread())
+    bc->rc = lynx_mq_recv(mq, &bc->m);
+  __syncthreads();
+  rc = bc->rc;
+  if (rc == 0)
+    *m = bc->m;
+  __syncthreads();
+  return rc;
+}
+
+/*
+ * Hands the oldest received request's slot back to the frontend. Starts with
+ * a barrier: once rx_cons moves the frontend may overwrite the slot, so every
+ * thread must be done reading it first. Each payload load has delivered its
+ * value before the thread reaches the barrier (the value was stored or used),
+ * and the I/O thread's store-release of rx_cons is ordered after the barrier.
+ */
+LYNX_DEV void lynx_block_release(struct lynx_mq *mq) {
+  __syncthreads();
+  if (lynx_block_io_thread())
+    lynx_mq_release(mq);
+}
+
+/*
+ * Reserves a TX slot for a response of at most max_len bytes: 0 and *buf (in
+ * every thread), -11 (EAGAIN) when the TX ring is full, -90 (EMSGSIZE) when
+ * max_len exceeds the slot. When the ring looks full, lynx_mq_reserve re-reads
+ * fctrl->tx_cons (acquire), which the frontend writes back lazily.
+ */
+LYNX_DEV int lynx_block_reserve(struct lynx_mq *mq, uint32_t max_len,
+                                uint8_t **buf) {
+  struct lynx_block_cell *bc = lynx_block_bc();
+  int rc;
+  if (lynx_block_io_thread()) {
+    bc->buf = NULL;
+    bc->rc = lynx_mq_reserve(mq, max_len, &bc->buf);
+  }
+  __syncthreads();
+  rc = bc->rc;
+  *buf = bc->buf;
+  __syncthreads();
+  return rc;
+}
+
+/*
+ * Publishes the reserved slot as the response to tag (status OK): len bytes
+ * at the reserved pointer, len <= the reserved max_len.
+ *
+ * Fences: every thread that wrote payload bytes executes
+ * __threadfence_system() (fence.sc.sys), which orders its writes before
+ * anything it does next as seen by any observer in the system (the frontend
+ * reading the TX ring over PCIe); then __syncthreads(), so the I/O thread
+ * continues only after every writer passed its fence; then the I/O thread's
+ * commit, whose store-release of seq has its own __threadfence_system() in
+ * front. The PTX memory model's fences are cumulative, so the I/O thread's
+ * fence after the barrier would formally cover writes of other threads it
+ * synchronized with through bar.sync (CTA scope). Each writer fences anyway:
+ * the reader is a NIC or copy engine, not a PTX thread, and a per-writer
+ * system fence ("my writes are out of the SM and at the point of coherence
+ * before I reach the barrier") needs no argument about cumulativity across
+ * scopes. Threads that wrote nothing pay one fence; commits are rare next to
+ * the copies they follow.
+ */
+LYNX_DEV void lynx_block_commit(struct lynx_mq *mq, uint32_t tag, uint32_t len,
+                                uint32_t max_len) {
+  __threadfence_system();
+  __syncthreads();
+  if (lynx_block_io_thread())
+    lynx_mq_commit(mq, tag, len, max_len, LYNX_ST_OK);
+}
+
+/* Copies len bytes of data into a TX slot (all threads) and publishes it for
+ * tag. 0, -11 (EAGAIN: TX ring full, try again later), -90 (EMSGSIZE). */
+LYNX_DEV int lynx_block_send(struct lynx_mq *mq, uint32_t tag,
+                             const uint8_t *data, uint32_t len) {
+  uint8_t *buf;
+  int rc = lynx_block_reserve(mq, len, &buf);
+  if (rc)
+    return rc;
+  lynx_block_copy(buf, data, len);
+  lynx_block_commit(mq, tag, len, len);
+  return 0;
+}
+
+/* The request with this tag gets no reply: a zero-length DROPPED slot, so
+ * the frontend frees its tag at once. 0 or -11 (TX full). */
+LYNX_DEV int lynx_block_drop(struct lynx_mq *mq, uint32_t tag) {
+  struct lynx_block_cell *bc = lynx_block_bc();
+  int rc;
+  if (lynx_block_io_thread())
+    bc->rc = lynx_mq_drop(mq, tag);
+  __syncthreads();
+  rc = bc->rc;
+  __syncthreads();
+  return rc;
+}
+
+/* ---- work emulation and idling ------------------------------------------- */
+
+/*
+ * Emulated per-request work of us microseconds (uniform across the block):
+ * the I/O thread waits on %globaltimer, napping between reads with
+ * __nanosleep so the SM issues other blocks' warps meanwhile; the block's
+ * other warps wait at the barrier, which costs no issue slots. Holds the
+ * block as a real computation would hold it, without stealing the SM from
+ * other blocks.
+ */
+LYNX_DEV void lynx_block_work_us(uint32_t us) {
+  if (!us)
+    return;
+  if (lynx_block_io_thread()) {
+    uint64_t end = lynx_globaltimer_ns() + (uint64_t)us * 1000u;
+    while (lynx_globaltimer_ns() < end)
+      __nanosleep(LYNX_WORK_NAP_NS);
+  }
+  __syncthreads();
+}
+
+/*
+ * Adaptive idle backoff, kept by every thread (the same values everywhere,
+ * since it is updated with uniform arguments). A GPU block cannot sleep on a
+ * futex (the doorbell, docs/mqueue.md), and spinning flat out on seq words
+ * keeps the memory system and the SM's issue slots busy for nothing; after
+ * an idle pass the block sleeps (__nanosleep), doubling from
+ * LYNX_IDLE_MIN_NS up to max_ns, and any work resets it. max_ns 0: never
+ * sleep (lowest latency, a full spin).
+ */
+struct lynx_idle {
+  uint32_t cur_ns, max_ns;
+};
+
+LYNX_DEV void lynx_idle_init(struct lynx_idle *b, uint32_t max_ns) {
+  b->cur_ns = 0;
+  b->max_ns = max_ns > LYNX_NANOSLEEP_MAX_NS ? LYNX_NANOSLEEP_MAX_NS : max_ns;
+}
+
+/* Called once per pass over the block's mqueues by all threads, work
+ * uniform: non-zero when the pass served anything. */
+LYNX_DEV void lynx_block_idle(struct lynx_idle *b, int work) {
+  if (work || !b->max_ns) {
+    b->cur_ns = 0;
+    return;
+  }
+  b->cur_ns = b->cur_ns ? 2u * b->cur_ns : LYNX_IDLE_MIN_NS;
+  if (b->cur_ns > b->max_ns)
+    b->cur_ns = b->max_ns;
+  __nanosleep(b->cur_ns);
+}
+
+#endif /* LYNX_DEV_CUH */
