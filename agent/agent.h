@@ -18,15 +18,23 @@
 
 #include "cpu_accel.h"
 #include "ctlconn.h"
+#include "gpu.h"
 #include "registry.h"
 #include "transport.h"
 
 struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,
-      accel_threads, frame_max;
+      accel_threads, frame_max, stall_ms, gpu_threads;
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
-      *labels, *data_listen, *advertise;
-  int transport, ordering, work_mode;
+      *labels, *data_listen, *advertise, *cuda_accels;
+  int transport, ordering, work_mode, list_accels;
+};
+
+/* Liveness of one server mqueue (health.c). */
+struct mq_watch {
+  uint32_t cons;     /* RX consumer index last seen */
+  uint64_t since_ns; /* a request pending at cons since (0: none) */
+  int stalled;
 };
 
 struct instance {
@@ -35,15 +43,28 @@ struct instance {
   char service[LYNX_ID_MAX];
   struct lynx_region region;
   struct lynx_region_desc desc;
-  struct lynx_cpu_accel cpu;
+  struct lynx_cpu_accel cpu;   /* CPU accelerators */
+  struct gpu_instance *gpu;    /* CUDA accelerators */
   char (*backends)[32]; /* names of its client mqueues' back ends */
+  uint32_t n_server, work_us;
+  struct mq_watch *watch; /* one per server mqueue */
   int running;
   struct instance *next;
 };
 
+enum accel_kind { ACCEL_CPU = 0, ACCEL_CUDA = 1 };
+
 struct agent_accel {
+  enum accel_kind kind;
+  struct gpu_info gpu; /* ACCEL_CUDA */
+  uint32_t ordering;   /* enum lynx_ordering its regions advertise */
   /* counters of instances that have stopped, so totals never go back */
   uint64_t requests, responses;
+  /* health (health.c), reported in every heartbeat */
+  int device_lost, failed;
+  char last_error[128];
+  uint32_t stalled_mqueues;
+  uint64_t stall_ms;
 };
 
 struct peer;
@@ -71,14 +92,19 @@ struct agent {
   struct peer *owner;
   /* coordinator mode */
   struct coord_link *link;
+  /* health.c */
+  uv_timer_t health;
+  int health_open;
 };
 
 /* instance.c */
+/* 0, or -errno with the reason in why */
 int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          const char *service, const struct lynx_app *app,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
                          uint32_t work_us, char (*backends)[32],
-                         uint32_t n_backends, struct instance **out);
+                         uint32_t n_backends, struct instance **out,
+                         char *why, size_t whylen);
 void agent_instance_stop(struct agent *ag, struct instance *in);
 /* The descriptor of an instance as advertised on control connection ctl:
  * a wildcard host in the locator becomes --advertise or the address ctl
@@ -92,6 +118,14 @@ void agent_instances_stop_all(struct agent *ag);
 /* totals per accelerator: stopped instances plus running ones */
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
                           uint64_t *resp);
+
+/* health.c: data-path liveness and device health, sampled on a timer */
+void agent_health_start(struct agent *ag);
+void agent_health_stop(struct agent *ag);
+void agent_health_sample(struct agent *ag, uint64_t now_ns);
+/* "cpu"/"cuda", and the model an accelerator registers with */
+const char *agent_accel_kind(const struct agent_accel *a);
+const char *agent_accel_model(const struct agent_accel *a);
 
 /* serve.c (static mode) */
 int agent_serve_start(struct agent *ag);

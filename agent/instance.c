@@ -17,29 +17,133 @@
 #include "log.h"
 #include "mqueue.h"
 
+/* The region's descriptor, as the transport left it. */
+static void fill_desc(struct agent *ag, struct instance *in,
+                      const struct lynx_geom *g, uint32_t accel) {
+  in->desc.accel_id = accel;
+  snprintf(in->desc.transport, sizeof(in->desc.transport), "%s",
+           ag->tops->name);
+  snprintf(in->desc.locator, sizeof(in->desc.locator), "%s",
+           in->region.locator);
+  in->desc.region_size = g->region_size;
+  in->desc.epoch = ag->epoch;
+  in->desc.n_mqueues = g->n_mqueues;
+  in->desc.slots = g->slots;
+  in->desc.slot_size = g->slot_size;
+  in->desc.ordering = ag->acc[accel].ordering;
+  in->desc.key = in->region.key;
+  in->desc.remote_addr = in->region.remote_addr;
+  memcpy(in->desc.rkeys, in->region.rkeys, sizeof(in->desc.rkeys));
+}
+
+/* A CPU accelerator: the region through the transport, the app's threads. */
+static int start_cpu(struct agent *ag, struct instance *in,
+                     const struct lynx_app *app, const struct lynx_geom *g,
+                     const char *name, char *why, size_t whylen) {
+  int rc = ag->tops->region_alloc(&in->region, name, g->region_size);
+  if (rc) {
+    snprintf(why, whylen, "cannot allocate a %llu-byte region: %s",
+             (unsigned long long)g->region_size, strerror(-rc));
+    return rc;
+  }
+  rc = lynx_region_format(&in->region, g->n_mqueues, g->slots, g->slot_size,
+                          ag->acc[in->accel].ordering, ag->epoch, in->accel);
+  if (!rc)
+    rc = ag->tops->region_export(&in->region);
+  if (rc) {
+    snprintf(why, whylen, "cannot export its region over %s: %s",
+             ag->tops->name, strerror(-rc));
+    goto fail;
+  }
+  in->cpu.region = in->region.base;
+  in->cpu.app = app;
+  in->cpu.work_us = in->work_us;
+  in->cpu.n_server = in->n_server;
+  in->cpu.backend_names = in->backends;
+  in->cpu.work_sleep = ag->cfg.work_mode == 1;
+  in->cpu.spin_us = ag->cfg.spin_us;
+  in->cpu.n_threads = ag->cfg.accel_threads;
+  in->cpu.id = in->accel;
+  rc = lynx_cpu_accel_start(&in->cpu);
+  if (rc) {
+    snprintf(why, whylen, "cannot start threads: %s", strerror(-rc));
+    goto fail;
+  }
+  return 0;
+fail:
+  ag->tops->region_free(&in->region);
+  return rc;
+}
+
+/* A GPU: the region in its memory, the app as a persistent kernel. */
+static int start_cuda(struct agent *ag, struct instance *in,
+                      const struct lynx_app *app, const struct lynx_geom *g,
+                      const char *name, char *why, size_t whylen) {
+  struct gpu_launch l = {
+      .gpu = &ag->acc[in->accel].gpu,
+      .tops = ag->tops,
+      .name = name,
+      .n_mqueues = g->n_mqueues,
+      .n_server = in->n_server,
+      .slots = g->slots,
+      .slot_size = g->slot_size,
+      .ordering = ag->acc[in->accel].ordering,
+      .accel_id = in->accel,
+      .epoch = ag->epoch,
+      .cuda_app = app->cuda_app,
+      .work_us = in->work_us,
+      .threads = ag->cfg.gpu_threads,
+  };
+  if (!app->cuda_app) {
+    snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
+             "applications: %s)", app->name, lynx_app_cuda_names());
+    return -ENOTSUP;
+  }
+  if (g->n_mqueues != in->n_server) {
+    snprintf(why, whylen, "client mqueues (back ends) are served by CPU "
+             "accelerators only");
+    return -ENOTSUP;
+  }
+  return gpu_instance_start(&l, &in->region, &in->gpu, why, whylen);
+}
+
 int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          const char *service, const struct lynx_app *app,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
                          uint32_t work_us, char (*backends)[32],
-                         uint32_t n_backends, struct instance **out) {
+                         uint32_t n_backends, struct instance **out,
+                         char *why, size_t whylen) {
   struct lynx_geom g;
   struct instance *in;
   char name[128];
   int rc;
-  if (accel >= ag->n_acc)
+  why[0] = 0;
+  if (accel >= ag->n_acc) {
+    snprintf(why, whylen, "no accelerator %u on this node", accel);
     return -ENODEV;
-  if (agent_instance_find(ag, id))
+  }
+  if (agent_instance_find(ag, id)) {
+    snprintf(why, whylen, "instance %llu exists", (unsigned long long)id);
     return -EEXIST;
+  }
   /* server mqueues, then one client mqueue per back end */
   rc = lynx_geom_init(&g, mqueues + n_backends, slots, slot_size);
-  if (rc)
+  if (rc) {
+    snprintf(why, whylen, "invalid geometry");
     return -EINVAL;
+  }
   in = calloc(1, sizeof(*in));
   if (!in)
     return -ENOMEM;
+  in->watch = calloc(mqueues, sizeof(*in->watch));
+  if (!in->watch) {
+    free(in);
+    return -ENOMEM;
+  }
   if (n_backends) {
     in->backends = calloc(n_backends, sizeof(*in->backends));
     if (!in->backends) {
+      free(in->watch);
       free(in);
       return -ENOMEM;
     }
@@ -47,80 +151,43 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   }
   in->id = id;
   in->accel = accel;
+  in->n_server = mqueues;
+  in->work_us = work_us;
   in->region.fd = -1;
   snprintf(in->service, sizeof(in->service), "%s", service);
   snprintf(name, sizeof(name), "lynx-%s-%d-i%llu", ag->node_id, (int)getpid(),
            (unsigned long long)id);
-  rc = ag->tops->region_alloc(&in->region, name, g.region_size);
+  rc = ag->acc[accel].kind == ACCEL_CUDA
+           ? start_cuda(ag, in, app, &g, name, why, whylen)
+           : start_cpu(ag, in, app, &g, name, why, whylen);
   if (rc) {
-    LYNX_ERR("agent", "%s: instance %llu: cannot allocate a %llu-byte region: "
-             "%s", ag->node_id, (unsigned long long)id,
-             (unsigned long long)g.region_size, strerror(-rc));
+    LYNX_ERR("agent", "%s: instance %llu (%s, app %s) on accel %u: %s",
+             ag->node_id, (unsigned long long)id, service, app->name, accel,
+             why);
     free(in->backends);
+    free(in->watch);
     free(in);
     return rc;
   }
-  rc = lynx_region_format(&in->region, g.n_mqueues, g.slots, g.slot_size,
-                          (uint32_t)ag->cfg.ordering, ag->epoch, accel);
-  if (!rc)
-    rc = ag->tops->region_export(&in->region);
-  if (rc) {
-    LYNX_ERR("agent", "%s: instance %llu: cannot export its region over %s: "
-             "%s", ag->node_id, (unsigned long long)id, ag->tops->name,
-             strerror(-rc));
-    goto fail;
-  }
-  in->desc.accel_id = accel;
-  snprintf(in->desc.transport, sizeof(in->desc.transport), "%s",
-           ag->tops->name);
-  snprintf(in->desc.locator, sizeof(in->desc.locator), "%s",
-           in->region.locator);
-  in->desc.region_size = g.region_size;
-  in->desc.epoch = ag->epoch;
-  in->desc.n_mqueues = g.n_mqueues;
-  in->desc.slots = g.slots;
-  in->desc.slot_size = g.slot_size;
-  in->desc.ordering = (uint32_t)ag->cfg.ordering;
-  in->desc.key = in->region.key;
-  in->desc.remote_addr = in->region.remote_addr;
-  memcpy(in->desc.rkeys, in->region.rkeys, sizeof(in->desc.rkeys));
-  in->cpu.region = in->region.base;
-  in->cpu.app = app;
-  in->cpu.work_us = work_us;
-  in->cpu.n_server = mqueues;
-  in->cpu.backend_names = in->backends;
-  in->cpu.work_sleep = ag->cfg.work_mode == 1;
-  in->cpu.spin_us = ag->cfg.spin_us;
-  in->cpu.n_threads = ag->cfg.accel_threads;
-  in->cpu.id = accel;
-  rc = lynx_cpu_accel_start(&in->cpu);
-  if (rc) {
-    LYNX_ERR("agent", "%s: instance %llu: cannot start threads: %s",
-             ag->node_id, (unsigned long long)id, strerror(-rc));
-    goto fail;
-  }
+  fill_desc(ag, in, &g, accel);
   in->running = 1;
   in->next = ag->instances;
   ag->instances = in;
-  LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u: %u mqueues "
-            "x %u slots x %u B, %s %s", ag->node_id, (unsigned long long)id,
-            service, app->name, accel, mqueues, slots, slot_size,
+  LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
+            "mqueues x %u slots x %u B, %s %s", ag->node_id,
+            (unsigned long long)id, service, app->name, accel,
+            agent_accel_model(&ag->acc[accel]), mqueues, slots, slot_size,
             ag->tops->name, in->region.locator);
   *out = in;
   return 0;
-fail:
-  ag->tops->region_free(&in->region);
-  free(in->backends);
-  free(in);
-  return rc;
 }
 
 void agent_instance_pb(const struct agent *ag, const struct instance *in,
                        const struct lynx_ctl *ctl, char *loc,
                        Lynx__RegionDesc *pb) {
   lynx_desc_to_pb(&in->desc, pb);
-  pb->kind = "cpu";
-  pb->model = "cpu-emulated";
+  pb->kind = (char *)agent_accel_kind(&ag->acc[in->accel]);
+  pb->model = (char *)agent_accel_model(&ag->acc[in->accel]);
   pb->memory_bytes = in->region.size;
   snprintf(loc, LYNX_LOCATOR_MAX, "%s", in->desc.locator);
   if (ag->cfg.advertise) {
@@ -154,13 +221,17 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = in->next;
-  if (in->running) {
+  if (in->running && in->gpu) {
+    /* a kernel that does not stop keeps its memory (gpu.h) */
+    gpu_instance_stop(in->gpu);
+    gpu_instance_counters(in->gpu, &rq, &rs, &dr, &bad);
+  } else if (in->running) {
     lynx_cpu_accel_stop(&in->cpu);
     lynx_cpu_accel_counters(&in->cpu, &rq, &rs, &dr, &bad);
-    ag->acc[in->accel].requests += rq;
-    ag->acc[in->accel].responses += rs;
     lynx_cpu_accel_free(&in->cpu);
   }
+  ag->acc[in->accel].requests += rq;
+  ag->acc[in->accel].responses += rs;
   LYNX_INFO("agent",
             "%s: instance %llu (%s) on accel %u stopped: %llu requests, %llu "
             "responses, %llu dropped by the app, %llu malformed",
@@ -168,7 +239,9 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
             (unsigned long long)rq, (unsigned long long)rs,
             (unsigned long long)dr, (unsigned long long)bad);
   ag->tops->region_free(&in->region);
+  gpu_instance_put(in->gpu); /* its memory goes with the transport's */
   free(in->backends);
+  free(in->watch);
   free(in);
 }
 
@@ -185,7 +258,10 @@ void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
     uint64_t rq, rs, dr, bad;
     if (in->accel != accel || !in->running)
       continue;
-    lynx_cpu_accel_counters(&in->cpu, &rq, &rs, &dr, &bad);
+    if (in->gpu)
+      gpu_instance_counters(in->gpu, &rq, &rs, &dr, &bad);
+    else
+      lynx_cpu_accel_counters(&in->cpu, &rq, &rs, &dr, &bad);
     *req += rq;
     *resp += rs;
   }

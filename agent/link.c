@@ -76,12 +76,18 @@ static void send_register(struct coord_link *l) {
   }
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     lynx__accel_info__init(&acc[i]);
+    const struct agent_accel *a = &ag->acc[i];
     acc[i].idx = i;
-    acc[i].kind = "cpu";
-    acc[i].model = "cpu-emulated";
-    acc[i].memory_bytes = 0;
-    acc[i].ordering = ag->cfg.ordering ? LYNX__ORDERING__ORDERING_FENCED
-                                       : LYNX__ORDERING__ORDERING_COALESCED;
+    acc[i].kind = (char *)agent_accel_kind(a);
+    acc[i].model = (char *)agent_accel_model(a);
+    acc[i].ordering = a->ordering ? LYNX__ORDERING__ORDERING_FENCED
+                                  : LYNX__ORDERING__ORDERING_COALESCED;
+    if (a->kind == ACCEL_CUDA) {
+      acc[i].memory_bytes = a->gpu.memory;
+      acc[i].pci_bus_id = (char *)a->gpu.pci_bus_id;
+      acc[i].gpudirect_rdma = a->gpu.gpudirect_rdma;
+      acc[i].rdma_writes_ordering = a->gpu.rdma_writes_ordering;
+    }
     ap[i] = &acc[i];
   }
   n_inst = 0;
@@ -130,9 +136,15 @@ static void on_beat(uv_timer_t *t) {
   if (!c || !cp)
     goto out;
   for (uint32_t i = 0; i < ag->n_acc; i++) {
+    struct agent_accel *a = &ag->acc[i];
     lynx__accel_counters__init(&c[i]);
     c[i].idx = i;
     agent_accel_counters(ag, i, &c[i].requests, &c[i].responses);
+    c[i].device_lost = a->device_lost;
+    c[i].failed = a->failed;
+    c[i].last_error = a->last_error;
+    c[i].stalled_mqueues = a->stalled_mqueues;
+    c[i].stall_ms = a->stall_ms;
     cp[i] = &c[i];
   }
   hb.node_id = ag->node_id;
@@ -181,7 +193,7 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
   const Lynx__ServiceSpec *sp = s->service;
   const struct lynx_app *app;
   struct instance *in = agent_instance_find(ag, s->instance_id);
-  char why[160];
+  char why[320];
   int rc;
   if (in) { /* a repeated request: it runs already */
     reply_instance(l, s->instance_id, in, NULL);
@@ -219,15 +231,16 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
         return;
       }
     }
+    char err[256] = "";
     rc = agent_instance_start(ag, s->instance_id, s->accel_idx, sp->name, app,
                               sp->mqueues_per_accel, sp->slots, sp->slot_size,
-                              sp->work_us, names, nb, &in);
-  }
-  if (rc) {
-    snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,
-             rc == -EINVAL ? "invalid geometry" : strerror(-rc));
-    reply_instance(l, s->instance_id, NULL, why);
-    return;
+                              sp->work_us, names, nb, &in, err, sizeof(err));
+    if (rc) {
+      snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,
+               err[0] ? err : strerror(-rc));
+      reply_instance(l, s->instance_id, NULL, why);
+      return;
+    }
   }
   reply_instance(l, s->instance_id, in, NULL);
 }

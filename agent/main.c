@@ -39,11 +39,24 @@ static const char *const orderings[] = {"coalesced", "fenced", NULL};
 
 #define O(f) offsetof(struct agent_cfg, f)
 static const struct lynx_opt agent_opts[] = {
-    {"cpu-accels", LYNX_OPT_U32, O(cpu_accels), "2", 1, 64, NULL,
-     "number of CPU-emulated accelerators"},
+    {"cpu-accels", LYNX_OPT_U32, O(cpu_accels), "2", 0, 64, NULL,
+     "number of CPU-emulated accelerators (none with --cuda-accels unless "
+     "given)"},
+    {"cuda-accels", LYNX_OPT_STR, O(cuda_accels), NULL, 0, 0, NULL,
+     "GPUs to serve as accelerators: all, or CUDA ordinals 0,1,... (needs a "
+     "lynx-agent built with CUDA and the NVIDIA driver)"},
+    {"list-accels", LYNX_OPT_FLAG, O(list_accels), NULL, 0, 0, NULL,
+     "print the accelerators found (index, kind, model, memory, PCI bus id, "
+     "ordering) and exit"},
+    {"gpu-threads", LYNX_OPT_U32, O(gpu_threads), "128", 32, 1024, NULL,
+     "threads per block of a GPU application's persistent kernel (one "
+     "block per mqueue)"},
+    {"stall-ms", LYNX_OPT_U32, O(stall_ms), "2000", 100, 3600000, NULL,
+     "an accelerator whose mqueue has a request pending this long without "
+     "consuming it is reported stalled (out of dispatch until it consumes)"},
     {"app", LYNX_OPT_STR, O(app), NULL, 0, 0, NULL,
-     "static mode: application to run (echo, sockperf-echo) [default "
-     "sockperf-echo without --coordinator]"},
+     "static mode: application to run (echo, sockperf-echo, sockperf-fault, "
+     "...) [default sockperf-echo without --coordinator]"},
     {"coordinator", LYNX_OPT_STR, O(coordinator), NULL, 0, 0, NULL,
      "host:port of the coordinator: register and run what it places"},
     {"labels", LYNX_OPT_STR, O(labels), NULL, 0, 0, NULL,
@@ -126,6 +139,7 @@ void agent_shutdown(struct agent *ag, int exit_code) {
   ag->exit_code = exit_code;
   agent_serve_stop(ag);
   agent_link_stop(ag);
+  agent_health_stop(ag);
   uv_close((uv_handle_t *)&ag->sigint, NULL);
   uv_close((uv_handle_t *)&ag->sigterm, NULL);
 }
@@ -134,12 +148,82 @@ void agent_shutdown(struct agent *ag, int exit_code) {
 static int static_instances(struct agent *ag, const struct lynx_app *app) {
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct instance *in;
+    char why[256];
     int rc = agent_instance_start(ag, i, i, app->name, app, ag->cfg.mqueues,
                                   ag->cfg.slots, ag->cfg.slot_size,
-                                  ag->cfg.work_us, NULL, 0, &in);
-    if (rc)
+                                  ag->cfg.work_us, NULL, 0, &in, why,
+                                  sizeof(why));
+    if (rc) {
+      fprintf(stderr, "lynx-agent: accel %u: %s\n", i, why);
       return rc;
+    }
   }
+  return 0;
+}
+
+/* The accelerators: GPUs first (--cuda-accels), then CPU-emulated ones.
+ * 0, or -errno after printing why. */
+static int find_accels(struct agent *ag, int cpu_given) {
+  struct gpu_info *gpus = NULL;
+  uint32_t n_gpu = 0, n_cpu = ag->cfg.cpu_accels;
+  if (ag->cfg.cuda_accels) {
+    char err[320];
+    int rc = gpu_discover(ag->cfg.cuda_accels, &gpus, &n_gpu, err,
+                          sizeof(err));
+    if (rc) {
+      fprintf(stderr, "lynx-agent: %s\n", err);
+      return rc;
+    }
+    if (!cpu_given)
+      n_cpu = 0;
+    if (ag->tops == &lynx_transport_shm) {
+      fprintf(stderr, "lynx-agent: --cuda-accels: a GPU's mqueues live in "
+              "its memory, which the shm transport cannot map; use "
+              "--transport tcp or rdma\n");
+      free(gpus);
+      return -EINVAL;
+    }
+  }
+  if (n_gpu + n_cpu == 0) {
+    fprintf(stderr, "lynx-agent: no accelerators (--cpu-accels 0 without "
+            "--cuda-accels)\n");
+    free(gpus);
+    return -EINVAL;
+  }
+  if (n_gpu + n_cpu > LYNX_ACCELS_MAX) {
+    fprintf(stderr, "lynx-agent: at most %d accelerators\n", LYNX_ACCELS_MAX);
+    free(gpus);
+    return -EINVAL;
+  }
+  ag->n_acc = n_gpu + n_cpu;
+  ag->acc = calloc(ag->n_acc, sizeof(*ag->acc));
+  if (!ag->acc) {
+    free(gpus);
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < ag->n_acc; i++) {
+    struct agent_accel *a = &ag->acc[i];
+    a->ordering = (uint32_t)ag->cfg.ordering;
+    if (i < n_gpu) {
+      a->kind = ACCEL_CUDA;
+      a->gpu = gpus[i];
+      /* fenced when the GPU does not order GPUDirect RDMA writes itself */
+      if (a->gpu.ordering == LYNX_ORDER_FENCED)
+        a->ordering = LYNX_ORDER_FENCED;
+      fprintf(stderr, "lynx-agent: accel %u: GPU %d %s (%s), %llu MiB, "
+              "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
+              "ordering %u -> %s mode\n", i, a->gpu.device, a->gpu.name,
+              a->gpu.pci_bus_id,
+              (unsigned long long)(a->gpu.memory >> 20), a->gpu.cc_major,
+              a->gpu.cc_minor, a->gpu.sms,
+              a->gpu.gpudirect_rdma ? "yes" : "no",
+              a->gpu.rdma_writes_ordering,
+              a->ordering == LYNX_ORDER_FENCED ? "fenced" : "coalesced");
+    } else {
+      a->kind = ACCEL_CPU;
+    }
+  }
+  free(gpus);
   return 0;
 }
 
@@ -223,10 +307,25 @@ int main(int argc, char **argv) {
   /* The epoch grows on every start: microseconds of wall-clock time. */
   gettimeofday(&tv, NULL);
   ag.epoch = (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
-  ag.n_acc = ag.cfg.cpu_accels;
-  ag.acc = calloc(ag.n_acc, sizeof(*ag.acc));
-  if (!ag.acc)
-    goto out_opts;
+  {
+    int cpu_given = 0;
+    for (int i = 1; i < argc; i++)
+      cpu_given |= !strncmp(argv[i], "--cpu-accels", 12);
+    if (find_accels(&ag, cpu_given))
+      goto out_opts;
+  }
+  if (ag.cfg.list_accels) {
+    for (uint32_t i = 0; i < ag.n_acc; i++) {
+      const struct agent_accel *a = &ag.acc[i];
+      printf("%u %s %s %llu %s %s\n", i, agent_accel_kind(a),
+             a->kind == ACCEL_CUDA ? a->gpu.name : "cpu-emulated",
+             (unsigned long long)(a->kind == ACCEL_CUDA ? a->gpu.memory : 0),
+             a->kind == ACCEL_CUDA ? a->gpu.pci_bus_id : "-",
+             a->ordering == LYNX_ORDER_FENCED ? "fenced" : "coalesced");
+    }
+    exit_code = 0;
+    goto out_acc;
+  }
 
   {
     char err[320];
@@ -244,6 +343,7 @@ int main(int argc, char **argv) {
   ag.sigint.data = ag.sigterm.data = &ag;
   uv_signal_start(&ag.sigint, on_signal, SIGINT);
   uv_signal_start(&ag.sigterm, on_signal, SIGTERM);
+  agent_health_start(&ag);
   if (app) {
     rc = static_instances(&ag, app);
     if (!rc)
@@ -255,9 +355,12 @@ int main(int argc, char **argv) {
     agent_shutdown(&ag, 1);
   } else {
     struct json_object *j = lynx_opts_json(agent_opts, &ag.cfg);
-    LYNX_INFO("agent", "%s: epoch %llu, %u CPU accelerators, %s; serving "
-              "descriptors on %s; transport %s%s%s; config %s",
-              ag.node_id, (unsigned long long)ag.epoch, ag.n_acc,
+    uint32_t n_gpu = 0;
+    for (uint32_t i = 0; i < ag.n_acc; i++)
+      n_gpu += ag.acc[i].kind == ACCEL_CUDA;
+    LYNX_INFO("agent", "%s: epoch %llu, %u GPU and %u CPU accelerators, %s; "
+              "serving descriptors on %s; transport %s%s%s; config %s",
+              ag.node_id, (unsigned long long)ag.epoch, n_gpu, ag.n_acc - n_gpu,
               app ? "static mode" : "coordinator mode",
               app ? ag.cfg.listen : ag.cfg.coordinator, ag.tops->name,
               ag.data_bound[0] ? " on " : "", ag.data_bound,
@@ -269,7 +372,8 @@ int main(int argc, char **argv) {
     LYNX_WARN("agent", "loop closed with handles open");
   exit_code = ag.exit_code;
   agent_instances_stop_all(&ag);
-  ag.tops->agent_stop();
+  ag.tops->agent_stop(); /* every region's memory released */
+  gpu_shutdown();
 out_acc:
   free(ag.acc);
 out_opts:

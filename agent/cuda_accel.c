@@ -1,0 +1,797 @@
+/*
+ * cuda_accel.c - the agent's CUDA backend (gpu.h): GPUs as accelerators.
+ *
+ * Host C over the CUDA runtime, linked statically so the agent starts on a
+ * host without the NVIDIA driver and says why it cannot use a GPU. Driver
+ * API calls (dma-buf export, pointer attributes) go through
+ * cudaGetDriverEntryPointByVersion: the agent never links libcuda.
+ *
+ * An instance: its region in cudaMalloc'd memory (aligned to the 64 KiB
+ * GPU page GPUDirect RDMA and gdrcopy pin), a control block for the kernel,
+ * two non-blocking streams (the kernel's, and one for every copy the
+ * transport and the agent make), and the persistent kernel. The transport
+ * reaches the region through struct lynx_region_mem (below); the instance
+ * is reference-counted between the agent's handle and the transport's
+ * memory, so the memory goes only after the last data connection and never
+ * under a kernel that did not stop.
+ *
+ * Errors from any call are recorded per device (gpu_health): the last one,
+ * and whether it is sticky (the context is unusable: the device needs a
+ * reset), for the heartbeat.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <infiniband/verbs.h>
+
+#include "gpu.h"
+#include "log.h"
+#include "lynx_cuda.h"
+#include "mqueue.h"
+#include "util.h"
+
+#define GPU_PAGE (64u * 1024u)
+#define GPU_MAX 64
+#define STOP_WAIT_MS 3000u
+
+/* ---- per-device error record --------------------------------------- */
+
+static struct {
+  pthread_mutex_t lock;
+  struct {
+    char last_error[128];
+    int failed, lost;
+  } dev[GPU_MAX];
+} rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Errors after which the CUDA context cannot be used again. */
+static int sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorLaunchFailure:
+  case cudaErrorAssert:
+  case cudaErrorECCUncorrectable:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* Errors that mean the device is gone from under the agent. */
+static int gone(cudaError_t e) {
+  return e == cudaErrorNoDevice || e == cudaErrorDevicesUnavailable ||
+         e == cudaErrorSystemNotReady || e == cudaErrorInsufficientDriver;
+}
+
+static void note(int dev, cudaError_t e, const char *what) {
+  if (dev < 0 || dev >= GPU_MAX || e == cudaSuccess)
+    return;
+  pthread_mutex_lock(&rec.lock);
+  snprintf(rec.dev[dev].last_error, sizeof(rec.dev[dev].last_error),
+           "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  rec.dev[dev].failed |= sticky(e);
+  rec.dev[dev].lost |= gone(e);
+  pthread_mutex_unlock(&rec.lock);
+  LYNX_LOG_RL(LYNX_LOG_WARN, "cuda", "GPU %d: %s: %s (%s)", dev, what,
+              cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+static int cuda_errno(cudaError_t e) {
+  return e == cudaErrorMemoryAllocation ? -ENOMEM
+         : gone(e)                      ? -ENODEV
+                                        : -EIO;
+}
+
+/* ---- driver entry points (no link against libcuda) ------------------ */
+
+typedef CUresult (*pfn_get_handle)(void *handle, CUdeviceptr dptr,
+                                   size_t size, CUmemRangeHandleType type,
+                                   unsigned long long flags);
+typedef CUresult (*pfn_set_attr)(const void *value,
+                                 CUpointer_attribute attribute,
+                                 CUdeviceptr ptr);
+
+static void *driver_fn(const char *name) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return NULL;
+  return fn;
+}
+
+/* ---- gdrcopy, when libgdrapi is installed (dlopen) ------------------ */
+
+typedef struct gdr *gdr_t;
+typedef struct {
+  unsigned long h;
+} gdr_mh_t;
+
+static struct {
+  pthread_once_t once;
+  gdr_t g;
+  int (*pin)(gdr_t, unsigned long, size_t, uint64_t, uint32_t, gdr_mh_t *);
+  int (*unpin)(gdr_t, gdr_mh_t);
+  int (*map)(gdr_t, gdr_mh_t, void **, size_t);
+  int (*unmap)(gdr_t, gdr_mh_t, void *, size_t);
+  int (*to)(gdr_mh_t, void *, const void *, size_t);
+  int (*from)(gdr_mh_t, void *, const void *, size_t);
+} gdr = {.once = PTHREAD_ONCE_INIT};
+
+static void gdr_load(void) {
+  void *h = dlopen("libgdrapi.so.2", RTLD_NOW | RTLD_LOCAL);
+  gdr_t (*open_fn)(void);
+  if (!h)
+    return; /* not installed: cudaMemcpyAsync serves the tcp transport */
+  open_fn = (gdr_t(*)(void))dlsym(h, "gdr_open");
+  *(void **)&gdr.pin = dlsym(h, "gdr_pin_buffer");
+  *(void **)&gdr.unpin = dlsym(h, "gdr_unpin_buffer");
+  *(void **)&gdr.map = dlsym(h, "gdr_map");
+  *(void **)&gdr.unmap = dlsym(h, "gdr_unmap");
+  *(void **)&gdr.to = dlsym(h, "gdr_copy_to_mapping");
+  *(void **)&gdr.from = dlsym(h, "gdr_copy_from_mapping");
+  if (!open_fn || !gdr.pin || !gdr.unpin || !gdr.map || !gdr.unmap ||
+      !gdr.to || !gdr.from) {
+    LYNX_WARN("cuda", "libgdrapi.so.2 lacks the gdrcopy 2.x API: not used");
+    dlclose(h);
+    return;
+  }
+  gdr.g = open_fn(); /* NULL without the gdrdrv kernel module */
+  if (!gdr.g) {
+    LYNX_INFO("cuda", "gdrcopy installed but gdr_open failed (is the gdrdrv "
+              "module loaded?): the tcp transport copies with "
+              "cudaMemcpyAsync");
+    dlclose(h);
+  }
+}
+
+/* ---- discovery ------------------------------------------------------- */
+
+int gpu_built(void) { return 1; }
+
+static int parse_list(const char *spec, int count, int *ids, uint32_t *n,
+                      char *err, size_t errlen) {
+  const char *p = spec;
+  *n = 0;
+  if (!strcmp(spec, "all")) {
+    for (int d = 0; d < count && d < GPU_MAX; d++)
+      ids[(*n)++] = d;
+    return 0;
+  }
+  while (*p) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || (*end && *end != ',')) {
+      snprintf(err, errlen, "--cuda-accels '%s': expected 'all' or GPU "
+               "ordinals like 0,1", spec);
+      return -EINVAL;
+    }
+    if (v >= count) {
+      snprintf(err, errlen, "--cuda-accels: CUDA GPU %ld does not exist "
+               "(this host has %d)", v, count);
+      return -ENODEV;
+    }
+    for (uint32_t i = 0; i < *n; i++)
+      if (ids[i] == (int)v) {
+        snprintf(err, errlen, "--cuda-accels: GPU %ld named twice", v);
+        return -EINVAL;
+      }
+    if (*n >= GPU_MAX) {
+      snprintf(err, errlen, "--cuda-accels: at most %d GPUs", GPU_MAX);
+      return -EINVAL;
+    }
+    ids[(*n)++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  if (!*n) {
+    snprintf(err, errlen, "--cuda-accels: empty list");
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
+                 char *err, size_t errlen) {
+  int count = 0, ids[GPU_MAX], rc;
+  struct gpu_info *g;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  *out = NULL;
+  *n = 0;
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "--cuda-accels %s: no usable CUDA GPU: "
+             "cudaGetDeviceCount: %s (%s)", spec, cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    return -ENODEV;
+  }
+  if (count == 0) {
+    snprintf(err, errlen, "--cuda-accels %s: no CUDA GPU on this host",
+             spec);
+    return -ENODEV;
+  }
+  rc = parse_list(spec, count, ids, n, err, errlen);
+  if (rc)
+    return rc;
+  g = calloc(*n, sizeof(*g));
+  if (!g)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < *n; i++) {
+    struct cudaDeviceProp p;
+    int v = 0;
+    g[i].device = ids[i];
+    e = cudaGetDeviceProperties(&p, ids[i]);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetPCIBusId(g[i].pci_bus_id, sizeof(g[i].pci_bus_id),
+                                ids[i]);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "CUDA GPU %d: cannot read its properties: %s",
+               ids[i], cudaGetErrorString(e));
+      free(g);
+      *n = 0;
+      return -ENODEV;
+    }
+    snprintf(g[i].name, sizeof(g[i].name), "%.63s", p.name);
+    g[i].memory = p.totalGlobalMem;
+    g[i].cc_major = p.major;
+    g[i].cc_minor = p.minor;
+    g[i].sms = p.multiProcessorCount;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported,
+                               ids[i]) == cudaSuccess)
+      g[i].gpudirect_rdma = v != 0;
+    v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMAWritesOrdering,
+                               ids[i]) == cudaSuccess)
+      g[i].rdma_writes_ordering = (uint32_t)v;
+    /* Without native ordering of GPUDirect RDMA writes, the kernel may see
+     * a slot's seq before its payload: the paper's fenced mode (payload,
+     * a read as a barrier, then the metadata). */
+    g[i].ordering = g[i].rdma_writes_ordering >=
+                            (uint32_t)cudaGPUDirectRDMAWritesOrderingOwner
+                        ? LYNX_ORDER_COALESCED
+                        : LYNX_ORDER_FENCED;
+    if (p.major < 7)
+      LYNX_WARN("cuda", "GPU %d (%s) has compute capability %d.%d; the "
+                "kernels need 7.0 or newer (built for %s)", ids[i], p.name,
+                p.major, p.minor, "sm_80, sm_90 + PTX");
+  }
+  *out = g;
+  return 0;
+}
+
+/* ---- device memory ---------------------------------------------------
+ *
+ * Never cudaFree while the agent runs: cudaFree synchronises the whole
+ * device, which never completes while another instance's persistent kernel
+ * runs on it (and cudaDeviceSynchronize likewise). Memory an instance gives
+ * back goes to a per-device free list and is reused (first fit);
+ * gpu_shutdown frees it once every kernel is gone. Zeroing is a
+ * cudaMemsetAsync on the instance's own non-blocking stream.
+ */
+
+struct dev_chunk {
+  int device;
+  void *p;
+  size_t size;
+  struct dev_chunk *next;
+};
+
+static struct {
+  pthread_mutex_t lock;
+  struct dev_chunk *free;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* size bytes of device memory on the current device, zeroed on stream s
+ * (synchronised before return); *got is the chunk's real size. */
+static cudaError_t dev_alloc(int device, size_t size, cudaStream_t s,
+                             void **p, size_t *got) {
+  struct dev_chunk **pp, *c = NULL;
+  cudaError_t e = cudaSuccess;
+  pthread_mutex_lock(&pool.lock);
+  for (pp = &pool.free; *pp; pp = &(*pp)->next)
+    if ((*pp)->device == device && (*pp)->size >= size &&
+        (*pp)->size <= 2 * size) {
+      c = *pp;
+      *pp = c->next;
+      break;
+    }
+  pthread_mutex_unlock(&pool.lock);
+  if (c) {
+    *p = c->p;
+    *got = c->size;
+    free(c);
+  } else {
+    e = cudaMalloc(p, size);
+    *got = size;
+  }
+  if (e == cudaSuccess)
+    e = cudaMemsetAsync(*p, 0, *got, s);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(s);
+  return e;
+}
+
+static void dev_free(int device, void *p, size_t size) {
+  struct dev_chunk *c;
+  if (!p)
+    return;
+  c = malloc(sizeof(*c));
+  if (!c) { /* keep it out of use rather than synchronise the device */
+    LYNX_WARN("cuda", "GPU %d: out of memory: %zu device bytes leak",
+              device, size);
+    return;
+  }
+  c->device = device;
+  c->p = p;
+  c->size = size;
+  pthread_mutex_lock(&pool.lock);
+  c->next = pool.free;
+  pool.free = c;
+  pthread_mutex_unlock(&pool.lock);
+}
+
+void gpu_shutdown(void) {
+  pthread_mutex_lock(&pool.lock);
+  while (pool.free) {
+    struct dev_chunk *c = pool.free;
+    pool.free = c->next;
+    cudaSetDevice(c->device);
+    cudaFree(c->p);
+    free(c);
+  }
+  pthread_mutex_unlock(&pool.lock);
+}
+
+/* ---- instances ------------------------------------------------------- */
+
+struct gpu_instance {
+  int device;
+  uint32_t writes_ordering;
+  struct lynx_region_mem mem;
+  void *raw;      /* device memory (dev_alloc) */
+  size_t raw_size;
+  uint8_t *base;  /* raw aligned to GPU_PAGE */
+  uint64_t size;  /* region bytes */
+  uint64_t alloc; /* bytes from base, a multiple of GPU_PAGE */
+  cudaStream_t copy, kern;
+  pthread_mutex_t lock; /* the copy stream, dma-buf fd, gdr mapping */
+  struct lynx_cuda_kctl *kctl;
+  size_t kctl_size;
+  uint32_t blocks;
+  int dmabuf_fd; /* -1: none yet; -2: dma-buf unavailable */
+  gdr_mh_t gmh;
+  void *gva; /* gdrcopy's CPU mapping of base, or NULL */
+  int refs;  /* the agent's handle + the transport's memory */
+  int launched, stopped, hung;
+  uint64_t stats[4]; /* last counters read */
+};
+
+static int mem_write(void *ctx, uint64_t off, const void *src, size_t len) {
+  struct gpu_instance *gi = ctx;
+  cudaError_t e = cudaSuccess;
+  if (off > gi->size || len > gi->size - off)
+    return -EFAULT;
+  pthread_mutex_lock(&gi->lock);
+  if (gi->gva) {
+    gdr.to(gi->gmh, (uint8_t *)gi->gva + off, src, len);
+    /* write-combined stores leave in order only across a fence; without
+     * native ordering of peer writes, a read back makes this write land
+     * before the next one (the fenced mode's barrier, done here) */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (gi->writes_ordering < (uint32_t)cudaGPUDirectRDMAWritesOrderingOwner) {
+      uint32_t sink;
+      gdr.from(gi->gmh, &sink, (uint8_t *)gi->gva + (off & ~3ull), 4);
+    }
+  } else {
+    cudaSetDevice(gi->device);
+    /* pageable source: staged before the call returns, so src may be
+     * reused; copies on one stream complete in order */
+    e = cudaMemcpyAsync(gi->base + off, src, len, cudaMemcpyHostToDevice,
+                        gi->copy);
+  }
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "copy into the region");
+    return cuda_errno(e);
+  }
+  return 0;
+}
+
+static int mem_read(void *ctx, uint64_t off, void *dst, size_t len) {
+  struct gpu_instance *gi = ctx;
+  cudaError_t e = cudaSuccess;
+  if (off > gi->size || len > gi->size - off)
+    return -EFAULT;
+  pthread_mutex_lock(&gi->lock);
+  if (gi->gva) {
+    gdr.from(gi->gmh, dst, (uint8_t *)gi->gva + off, len);
+  } else {
+    cudaSetDevice(gi->device);
+    e = cudaMemcpyAsync(dst, gi->base + off, len, cudaMemcpyDeviceToHost,
+                        gi->copy);
+    if (e == cudaSuccess)
+      e = cudaStreamSynchronize(gi->copy);
+  }
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "copy out of the region");
+    return cuda_errno(e);
+  }
+  return 0;
+}
+
+/* RDMA registration of GPU memory: dma-buf first (upstream kernels, open
+ * GPU module), then the device pointer as is (nvidia-peermem). */
+static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
+                      int access, void **mr, char *err, size_t errlen) {
+  struct gpu_instance *gi = ctx;
+  char dmabuf_why[96] = "";
+  struct ibv_mr *m = NULL;
+  if (off > gi->alloc || len > gi->alloc - off)
+    return -EFAULT;
+  pthread_mutex_lock(&gi->lock);
+  if (gi->dmabuf_fd == -1) {
+    pfn_get_handle get = (pfn_get_handle)driver_fn(
+        "cuMemGetHandleForAddressRange");
+    int fd = -1;
+    CUresult cr = get ? get(&fd, (CUdeviceptr)(uintptr_t)gi->base, gi->alloc,
+                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
+                      : CUDA_ERROR_NOT_SUPPORTED;
+    if (cr == CUDA_SUCCESS && fd >= 0) {
+      gi->dmabuf_fd = fd;
+    } else {
+      gi->dmabuf_fd = -2;
+      snprintf(dmabuf_why, sizeof(dmabuf_why),
+               "cuMemGetHandleForAddressRange: %s",
+               get ? "CUresult error" : "not in this driver");
+      if (get)
+        snprintf(dmabuf_why, sizeof(dmabuf_why),
+                 "cuMemGetHandleForAddressRange: CUresult %d", (int)cr);
+    }
+  }
+  if (gi->dmabuf_fd >= 0) {
+    m = ibv_reg_dmabuf_mr(pd, off, len, (uintptr_t)gi->base + off,
+                          gi->dmabuf_fd, access);
+    if (!m)
+      snprintf(dmabuf_why, sizeof(dmabuf_why), "ibv_reg_dmabuf_mr: %s",
+               strerror(errno));
+  }
+  if (!m) {
+    m = ibv_reg_mr(pd, gi->base + off, len, access);
+    if (!m)
+      snprintf(err, errlen, "GPU %d: neither dma-buf (%s) nor "
+               "nvidia-peermem (ibv_reg_mr: %s) registers its memory; load "
+               "nvidia-peermem, or use the open GPU kernel module with a "
+               "dma-buf capable kernel (5.12+) and NIC driver", gi->device,
+               dmabuf_why[0] ? dmabuf_why : "not tried", strerror(errno));
+    else if (dmabuf_why[0])
+      LYNX_INFO("cuda", "GPU %d: registered through nvidia-peermem (%s)",
+                gi->device, dmabuf_why);
+  }
+  pthread_mutex_unlock(&gi->lock);
+  if (!m)
+    return -EIO;
+  *mr = m;
+  return 0;
+}
+
+static void gi_free(struct gpu_instance *gi) {
+  cudaSetDevice(gi->device);
+  if (gi->hung) {
+    /* the kernel may still touch it: freeing would let it corrupt the
+     * next allocation */
+    LYNX_ERR("cuda", "GPU %d: keeping %llu bytes of a region whose kernel "
+             "did not stop, until the agent exits", gi->device,
+             (unsigned long long)gi->alloc);
+    return;
+  }
+  if (gi->gva) {
+    gdr.unmap(gdr.g, gi->gmh, gi->gva, gi->alloc);
+    gdr.unpin(gdr.g, gi->gmh);
+  }
+  if (gi->dmabuf_fd >= 0)
+    close(gi->dmabuf_fd);
+  if (gi->copy)
+    cudaStreamDestroy(gi->copy);
+  if (gi->kern)
+    cudaStreamDestroy(gi->kern);
+  dev_free(gi->device, gi->kctl, gi->kctl_size);
+  dev_free(gi->device, gi->raw, gi->raw_size);
+  pthread_mutex_destroy(&gi->lock);
+  free(gi);
+}
+
+static void gi_put(struct gpu_instance *gi) {
+  if (__atomic_sub_fetch(&gi->refs, 1, __ATOMIC_ACQ_REL) == 0)
+    gi_free(gi);
+}
+
+static void mem_release(void *ctx) { gi_put(ctx); }
+
+void gpu_instance_put(struct gpu_instance *gi) {
+  if (gi)
+    gi_put(gi);
+}
+
+/* Device memory, zeroed, for the region; streams; gdrcopy mapping. */
+static int gi_alloc(struct gpu_instance *gi, uint64_t size, char *err,
+                    size_t errlen) {
+  cudaError_t e;
+  pfn_set_attr set_attr;
+  gi->alloc = lynx_align_up(size, GPU_PAGE);
+  e = cudaStreamCreateWithFlags(&gi->copy, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = cudaStreamCreateWithFlags(&gi->kern, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = dev_alloc(gi->device, gi->alloc + GPU_PAGE, gi->copy, &gi->raw,
+                  &gi->raw_size);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "region allocation");
+    snprintf(err, errlen, "GPU %d: cannot allocate a %llu-byte region: %s",
+             gi->device, (unsigned long long)size, cudaGetErrorString(e));
+    return cuda_errno(e);
+  }
+  gi->base = (uint8_t *)lynx_align_up((uintptr_t)gi->raw, GPU_PAGE);
+  gi->size = size;
+  /* GPUDirect RDMA: memory operations on this range synchronise with
+   * peer accesses (CUDA's GPUDirect RDMA guide) */
+  set_attr = (pfn_set_attr)driver_fn("cuPointerSetAttribute");
+  if (set_attr) {
+    unsigned one = 1;
+    if (set_attr(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                 (CUdeviceptr)(uintptr_t)gi->base) != CUDA_SUCCESS)
+      LYNX_DBG("cuda", "GPU %d: cannot set SYNC_MEMOPS on the region",
+                 gi->device);
+  }
+  pthread_once(&gdr.once, gdr_load);
+  if (gdr.g) {
+    if (gdr.pin(gdr.g, (unsigned long)(uintptr_t)gi->base, gi->alloc, 0, 0,
+                &gi->gmh) == 0) {
+      if (gdr.map(gdr.g, gi->gmh, &gi->gva, gi->alloc) != 0) {
+        gdr.unpin(gdr.g, gi->gmh);
+        gi->gva = NULL;
+      }
+    }
+    LYNX_INFO("cuda", "GPU %d: tcp transport copies %s", gi->device,
+              gi->gva ? "through gdrcopy's CPU mapping"
+                      : "with cudaMemcpyAsync (gdrcopy could not map)");
+  }
+  return 0;
+}
+
+int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
+                       struct gpu_instance **out, char *err, size_t errlen) {
+  struct gpu_instance *gi;
+  struct lynx_geom g;
+  struct lynx_cuda_launch kl;
+  uint32_t resident = 0;
+  cudaError_t e;
+  int rc;
+  *out = NULL;
+  if (lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size) ||
+      !l->n_server || l->n_server > l->n_mqueues) {
+    snprintf(err, errlen, "invalid geometry");
+    return -EINVAL;
+  }
+  gi = calloc(1, sizeof(*gi));
+  if (!gi)
+    return -ENOMEM;
+  gi->device = l->gpu->device;
+  gi->writes_ordering = l->gpu->rdma_writes_ordering;
+  gi->dmabuf_fd = -1;
+  gi->refs = 1; /* the agent's; the transport takes its own below */
+  pthread_mutex_init(&gi->lock, NULL);
+  e = cudaSetDevice(gi->device);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "cudaSetDevice");
+    snprintf(err, errlen, "GPU %d: %s", gi->device, cudaGetErrorString(e));
+    gi_put(gi);
+    return cuda_errno(e);
+  }
+  rc = gi_alloc(gi, g.region_size, err, errlen);
+  if (rc) {
+    gi_put(gi);
+    return rc;
+  }
+  gi->mem = (struct lynx_region_mem){
+      .kind = "cuda",
+      .write = mem_write,
+      .read = mem_read,
+      .reg_mr = mem_reg_mr,
+      .release = mem_release,
+      .dev_addr = (uintptr_t)gi->base,
+      .ctx = gi,
+  };
+  gi->refs++;
+  rc = l->tops->region_attach(r, l->name, g.region_size, &gi->mem);
+  if (rc) {
+    snprintf(err, errlen, "the %s transport cannot reach GPU memory%s",
+             l->tops->name, rc == -ENOTSUP ? " (use tcp or rdma)" : "");
+    gi_put(gi); /* the transport released its reference */
+    return rc;
+  }
+  rc = lynx_region_format(r, l->n_mqueues, l->slots, l->slot_size,
+                          l->ordering, l->epoch, l->accel_id);
+  if (rc) {
+    snprintf(err, errlen, "cannot format the region in GPU memory: %s",
+             strerror(-rc));
+    goto fail;
+  }
+  rc = l->tops->region_export(r);
+  if (rc) {
+    snprintf(err, errlen, "cannot export the region in GPU memory over %s: "
+             "%s", l->tops->name, strerror(-rc));
+    goto fail;
+  }
+  rc = lynx_cuda_resident_blocks(gi->device, l->threads, &resident, err,
+                                 errlen);
+  if (rc) {
+    rc = -EIO;
+    goto fail;
+  }
+  gi->blocks = l->n_server < resident ? l->n_server : resident;
+  if (!gi->blocks) {
+    snprintf(err, errlen, "GPU %d cannot keep a block of %u threads "
+             "resident", gi->device, l->threads);
+    rc = -EINVAL;
+    goto fail;
+  }
+  {
+    void *k = NULL;
+    e = dev_alloc(gi->device, lynx_cuda_kctl_size(gi->blocks), gi->copy, &k,
+                  &gi->kctl_size);
+    gi->kctl = k;
+  }
+  if (e != cudaSuccess) {
+    note(gi->device, e, "control block");
+    snprintf(err, errlen, "GPU %d: control block: %s", gi->device,
+             cudaGetErrorString(e));
+    rc = cuda_errno(e);
+    goto fail;
+  }
+  kl = (struct lynx_cuda_launch){
+      .region = gi->base,
+      .n_mqueues = l->n_mqueues,
+      .slots = l->slots,
+      .slot_size = l->slot_size,
+      .n_server = l->n_server,
+      .app = l->cuda_app,
+      .work_us = l->work_us,
+      .blocks = gi->blocks,
+      .threads = l->threads,
+      .idle_ns = 20000,
+      .kctl = gi->kctl,
+  };
+  rc = lynx_cuda_start(&kl, gi->kern, err, errlen);
+  if (rc) {
+    if (rc > 0)
+      note(gi->device, (cudaError_t)rc, "kernel launch");
+    rc = rc > 0 ? cuda_errno((cudaError_t)rc) : rc;
+    goto fail;
+  }
+  gi->launched = 1;
+  LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
+            "threads over %u mqueues", gi->device, l->name, gi->blocks,
+            l->threads, l->n_server);
+  *out = gi;
+  return 0;
+fail:
+  l->tops->region_free(r); /* releases the transport's reference */
+  gi_put(gi);
+  return rc;
+}
+
+int gpu_instance_stop(struct gpu_instance *gi) {
+  const uint32_t one = 1;
+  uint64_t end;
+  cudaError_t e;
+  if (!gi->launched || gi->stopped)
+    return gi->hung ? -ETIMEDOUT : 0;
+  cudaSetDevice(gi->device);
+  pthread_mutex_lock(&gi->lock);
+  e = cudaMemcpyAsync(&gi->kctl->stop, &one, sizeof(one),
+                      cudaMemcpyHostToDevice, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess)
+    note(gi->device, e, "stop request");
+  gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
+                        &gi->stats[3]);
+  end = lynx_now_ns() + STOP_WAIT_MS * 1000000ull;
+  while ((e = cudaStreamQuery(gi->kern)) == cudaErrorNotReady &&
+         lynx_now_ns() < end)
+    usleep(1000);
+  gi->stopped = 1;
+  if (e == cudaErrorNotReady) {
+    gi->hung = 1;
+    pthread_mutex_lock(&rec.lock);
+    snprintf(rec.dev[gi->device].last_error,
+             sizeof(rec.dev[gi->device].last_error),
+             "a persistent kernel did not stop within %u ms", STOP_WAIT_MS);
+    pthread_mutex_unlock(&rec.lock);
+    LYNX_ERR("cuda", "GPU %d: the persistent kernel did not stop within %u "
+             "ms (hung)", gi->device, STOP_WAIT_MS);
+    return -ETIMEDOUT;
+  }
+  if (e != cudaSuccess)
+    note(gi->device, e, "persistent kernel");
+  gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
+                        &gi->stats[3]);
+  return 0;
+}
+
+int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
+                          uint64_t *resp, uint64_t *drops, uint64_t *bad) {
+  size_t n = lynx_cuda_kctl_size(gi->blocks);
+  struct lynx_cuda_kctl *k;
+  cudaError_t e;
+  *req = gi->stats[0];
+  *resp = gi->stats[1];
+  *drops = gi->stats[2];
+  *bad = gi->stats[3];
+  if (!gi->kctl || (gi->stopped && !gi->hung))
+    return 0; /* final counters kept at stop */
+  k = malloc(n);
+  if (!k)
+    return -ENOMEM;
+  cudaSetDevice(gi->device);
+  pthread_mutex_lock(&gi->lock);
+  e = cudaMemcpyAsync(k, gi->kctl, n, cudaMemcpyDeviceToHost, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "reading counters");
+    free(k);
+    return cuda_errno(e);
+  }
+  *req = *resp = *drops = *bad = 0;
+  for (uint32_t b = 0; b < gi->blocks; b++) {
+    *req += k->blocks[b].requests;
+    *resp += k->blocks[b].responses;
+    *drops += k->blocks[b].drops;
+    *bad += k->blocks[b].bad;
+  }
+  gi->stats[0] = *req;
+  gi->stats[1] = *resp;
+  gi->stats[2] = *drops;
+  gi->stats[3] = *bad;
+  free(k);
+  /* a kernel that died reports here: record it for the heartbeat */
+  e = cudaStreamQuery(gi->kern);
+  if (e != cudaSuccess && e != cudaErrorNotReady)
+    note(gi->device, e, "persistent kernel");
+  else if (e == cudaSuccess && !gi->stopped)
+    LYNX_LOG_RL(LYNX_LOG_WARN, "cuda", "GPU %d: a persistent kernel exited "
+                "without being asked to", gi->device);
+  return 0;
+}
+
+void gpu_health(const struct gpu_info *g, int *lost, int *failed, char *err,
+                size_t errlen) {
+  int v = 0, dev = g->device;
+  cudaError_t e = cudaSetDevice(dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrPciBusId, dev);
+  if (e != cudaSuccess)
+    note(dev, e, "device query");
+  pthread_mutex_lock(&rec.lock);
+  *lost = dev < GPU_MAX ? rec.dev[dev].lost || gone(e) : 1;
+  *failed = dev < GPU_MAX ? rec.dev[dev].failed : 0;
+  snprintf(err, errlen, "%s", dev < GPU_MAX ? rec.dev[dev].last_error : "");
+  pthread_mutex_unlock(&rec.lock);
+}

@@ -1,0 +1,86 @@
+/*
+ * gpu.h - the agent's CUDA backend: GPUs as accelerators.
+ *
+ * Discovery (--cuda-accels all|0,1,...), and instances whose mqueue region
+ * lives in GPU memory (cudaMalloc) with the application running as a
+ * persistent kernel (accel/cuda). The transport reaches the region through
+ * struct lynx_region_mem: tcp with cudaMemcpyAsync on a dedicated stream
+ * (gdrcopy's CPU mapping when libgdrapi is present), rdma with dma-buf
+ * registration (cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr), falling
+ * back to ibv_reg_mr on the device pointer (nvidia-peermem).
+ *
+ * Built from cuda_accel.c when the CUDA toolkit is (LYNX_CUDA=ON|AUTO);
+ * otherwise from cuda_none.c, whose every entry point says that this agent
+ * was built without CUDA. docs/gpu.md.
+ */
+#ifndef LYNX_AGENT_GPU_H
+#define LYNX_AGENT_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+struct gpu_info {
+  int device; /* CUDA ordinal */
+  char name[64];
+  char pci_bus_id[32];
+  uint64_t memory;
+  int cc_major, cc_minor, sms;
+  int gpudirect_rdma;            /* cudaDevAttrGPUDirectRDMASupported */
+  uint32_t rdma_writes_ordering; /* cudaDevAttrGPUDirectRDMAWritesOrdering */
+  uint32_t ordering; /* enum lynx_ordering it needs: fenced without native
+                        ordering of GPUDirect RDMA writes */
+};
+
+/* 1 when this agent was built with the CUDA backend. */
+int gpu_built(void);
+
+/* Finds the GPUs spec names ("all" or "0,1,..."): *out (free it) of *n.
+ * 0, or -errno with a message naming CUDA/the GPU in err (no driver, no
+ * device, an ordinal that does not exist, a malformed list). */
+int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
+                 char *err, size_t errlen);
+
+struct gpu_instance;
+
+struct gpu_launch {
+  const struct gpu_info *gpu;
+  const struct lynx_transport_ops *tops;
+  const char *name; /* region name */
+  uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
+  uint64_t epoch;
+  uint32_t cuda_app; /* enum lynx_cuda_app */
+  uint32_t work_us;
+  uint32_t threads; /* per block */
+};
+
+/* Allocates the region in GPU memory, attaches it to the transport (r),
+ * formats and exports it, and launches the persistent kernel. 0 or
+ * -errno with the reason in err; on error nothing is left (r freed). */
+int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
+                       struct gpu_instance **out, char *err, size_t errlen);
+
+/* Asks the kernel to stop and waits for it (bounded). 0, or -ETIMEDOUT
+ * when it did not stop (a hung kernel: its memory is then kept until the
+ * agent exits, never freed under it). Counters stay readable. */
+int gpu_instance_stop(struct gpu_instance *gi);
+
+/* The kernel's counters (summed over its blocks). 0 or -errno. */
+int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
+                          uint64_t *resp, uint64_t *drops, uint64_t *bad);
+
+/* Drops the instance's handle; the region's memory goes when the
+ * transport releases it (after tops->region_free). */
+void gpu_instance_put(struct gpu_instance *gi);
+
+/* At exit, after every instance stopped: gives device memory back. */
+void gpu_shutdown(void);
+
+/* Health of GPU device, as of now: *lost when it no longer answers, the
+ * last error any call on it or any of its kernels reported (err, "" for
+ * none), *failed when that error is sticky (the context is unusable). */
+void gpu_health(const struct gpu_info *g, int *lost, int *failed, char *err,
+                size_t errlen);
+
+#endif

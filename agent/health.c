@@ -1,0 +1,135 @@
+/*
+ * health.c - what the agent's heartbeat says about each accelerator.
+ *
+ * Data-path liveness, the same for CPU and CUDA accelerators: the RX
+ * consumer index of a server mqueue must move while a request is pending.
+ * Every HEALTH_MS the agent reads each server mqueue's rx_cons (actrl) and
+ * the seq word of the RX slot at rx_cons, through the transport's view of
+ * the region (host memory, or copies out of GPU memory). A request is
+ * pending when that slot is published for position rx_cons
+ * (seq == rx_cons + 1). A mqueue is stalled when a request has been pending
+ * at the same rx_cons for the stall period: --stall-ms plus the emulated
+ * work of one pass over the instance's mqueues (a busy accelerator is not
+ * a hung one). A mqueue whose TX ring is full waits for the frontend, not
+ * for its application: not a stall. Client mqueues are not watched: their RX ring holds back-end
+ * replies an application collects when it calls, not requests.
+ *
+ * Device health (CUDA): present, the last error, and whether it is sticky
+ * (gpu_health). The coordinator takes an accelerator out of dispatch while
+ * it is lost, failed or has a stalled mqueue, and puts it back when that
+ * clears: a stalled app that resumes serves again without a restart.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "agent.h"
+#include "log.h"
+#include "mqueue.h"
+#include "util.h"
+
+#define HEALTH_MS 250u
+
+const char *agent_accel_kind(const struct agent_accel *a) {
+  return a->kind == ACCEL_CUDA ? "cuda" : "cpu";
+}
+
+const char *agent_accel_model(const struct agent_accel *a) {
+  return a->kind == ACCEL_CUDA ? a->gpu.name : "cpu-emulated";
+}
+
+/* Watches one instance's server mqueues; adds its stalls to its
+ * accelerator's. */
+static void watch_instance(struct agent *ag, struct instance *in,
+                           uint64_t now_ns) {
+  struct agent_accel *acc = &ag->acc[in->accel];
+  struct lynx_geom g;
+  uint64_t period_ns =
+      ((uint64_t)ag->cfg.stall_ms * 1000u + (uint64_t)in->n_server * in->work_us) *
+      1000u;
+  if (lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots,
+                     in->desc.slot_size))
+    return;
+  for (uint32_t q = 0; q < in->n_server; q++) {
+    struct mq_watch *w = &in->watch[q];
+    struct lynx_actrl a;
+    struct lynx_fctrl f;
+    struct lynx_slot_meta m;
+    int pending;
+    if (lynx_region_read(&in->region, lynx_actrl_off(&g, q), &a, sizeof(a)) ||
+        lynx_region_read(&in->region, lynx_fctrl_off(&g, q), &f, sizeof(f)) ||
+        lynx_region_read(&in->region,
+                         lynx_slot_off(&g, lynx_rx_ring_off(&g, q), a.rx_cons) +
+                             g.slot_size - LYNX_META_SIZE,
+                         &m, sizeof(m)))
+      return; /* a device read failed: gpu_health reports it */
+    /* A full TX ring holds the accelerator back through no fault of its
+     * own (the frontend collects no answers): not a stall. */
+    pending = m.seq == lynx_seq_for(a.rx_cons) &&
+              !lynx_ring_full(a.tx_prod, f.tx_cons, g.slots);
+    if (!pending || a.rx_cons != w->cons || !w->since_ns) {
+      if (w->stalled)
+        LYNX_INFO("agent", "%s: accel %u instance %llu (%s): mqueue %u "
+                  "consumes again (rx_cons %u)", ag->node_id, in->accel,
+                  (unsigned long long)in->id, in->service, q, a.rx_cons);
+      w->stalled = 0;
+      w->cons = a.rx_cons;
+      w->since_ns = pending ? now_ns : 0;
+      continue;
+    }
+    if (now_ns - w->since_ns < period_ns)
+      continue;
+    if (!w->stalled)
+      LYNX_WARN("agent", "%s: accel %u instance %llu (%s): mqueue %u has had "
+                "a request pending for %llu ms without its consumer index "
+                "moving (rx_cons %u): the application stopped consuming",
+                ag->node_id, in->accel, (unsigned long long)in->id,
+                in->service, q,
+                (unsigned long long)((now_ns - w->since_ns) / 1000000u),
+                a.rx_cons);
+    w->stalled = 1;
+    acc->stalled_mqueues++;
+    if ((now_ns - w->since_ns) / 1000000u > acc->stall_ms)
+      acc->stall_ms = (now_ns - w->since_ns) / 1000000u;
+  }
+}
+
+void agent_health_sample(struct agent *ag, uint64_t now_ns) {
+  for (uint32_t i = 0; i < ag->n_acc; i++) {
+    struct agent_accel *a = &ag->acc[i];
+    a->stalled_mqueues = 0;
+    a->stall_ms = 0;
+    if (a->kind == ACCEL_CUDA) {
+      int lost = 0, failed = 0;
+      gpu_health(&a->gpu, &lost, &failed, a->last_error,
+                 sizeof(a->last_error));
+      if ((lost && !a->device_lost) || (failed && !a->failed))
+        LYNX_ERR("agent", "%s: accel %u (GPU %d, %s) %s: %s", ag->node_id, i,
+                 a->gpu.device, a->gpu.pci_bus_id,
+                 lost ? "is gone" : "failed", a->last_error);
+      a->device_lost = lost;
+      a->failed = failed;
+    }
+  }
+  for (struct instance *in = ag->instances; in; in = in->next)
+    if (in->running)
+      watch_instance(ag, in, now_ns);
+}
+
+static void on_health(uv_timer_t *t) {
+  struct agent *ag = t->data;
+  agent_health_sample(ag, lynx_now_ns());
+}
+
+void agent_health_start(struct agent *ag) {
+  uv_timer_init(&ag->loop, &ag->health);
+  ag->health.data = ag;
+  ag->health_open = 1;
+  uv_timer_start(&ag->health, on_health, HEALTH_MS, HEALTH_MS);
+}
+
+void agent_health_stop(struct agent *ag) {
+  if (!ag->health_open)
+    return;
+  ag->health_open = 0;
+  uv_close((uv_handle_t *)&ag->health, NULL);
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# cuda_nogpu: on a host without a usable GPU, `lynx-agent --cuda-accels all`
+# (and an explicit ordinal) exits non-zero at once with a message that names
+# CUDA and the GPU, before it listens or registers anywhere. Skipped (77)
+# where a GPU is usable: tests/gpu/gpu_serve.sh covers that host.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init cuda_nogpu
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  skip "this host has a GPU (nvidia-smi -L lists one): the GPU tests run instead"
+fi
+pick_ports AGENT_PORT
+
+for spec in all 0; do
+  out=$IT_DIR/agent-$spec.out
+  t0=$(now_ms)
+  timeout -k 2 10 "$LYNX_BIN_DIR/lynx-agent" --cuda-accels "$spec" --app sockperf-echo \
+    --listen "127.0.0.1:$AGENT_PORT" --node-id "$IT_NODE" >"$out" 2>&1 </dev/null
+  rc=$?
+  took=$(($(now_ms) - t0))
+  log "--cuda-accels $spec: exit $rc after ${took} ms: $(head -c 300 "$out")"
+  ((rc != 0 && rc != 124)) || fail "--cuda-accels $spec: exit status $rc, want a prompt non-zero exit"
+  grep -q 'CUDA' "$out" || fail "--cuda-accels $spec: the message does not name CUDA: $(cat "$out")"
+  grep -q 'GPU' "$out" || fail "--cuda-accels $spec: the message does not name the GPU: $(cat "$out")"
+  assert_lt "$took" 5000 "ms to refuse --cuda-accels $spec"
+  ! grep -q 'serving descriptors' "$out" || fail "--cuda-accels $spec: the agent started serving"
+done
+# a malformed list is refused as such (only when the backend is built in:
+# otherwise the missing backend is the reason)
+out=$IT_DIR/agent-bad.out
+"$LYNX_BIN_DIR/lynx-agent" --cuda-accels 0,x --node-id "$IT_NODE" >"$out" 2>&1 </dev/null &&
+  fail "--cuda-accels 0,x was accepted"
+log "--cuda-accels 0,x: $(head -c 300 "$out")"
+it_done

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# gpu_serve: GPU accelerators end to end, on a host with an NVIDIA GPU and a
+# lynx-agent built with CUDA (skipped with 77 and the reason otherwise).
+#
+#  1. Static mode: lynx-agent --cuda-accels 0 (tcp transport: the region in
+#     GPU memory, served with cudaMemcpyAsync or gdrcopy) runs sockperf-echo
+#     as a persistent kernel; sockperf ping-pong and under-load are answered
+#     with nothing dropped, duplicated or out of order; the agent logged the
+#     GPU (name, PCI bus id, ordering mode) and the kernel launch.
+#  2. work_us emulation on the GPU (%globaltimer): with --work-us 200 the
+#     median latency grows by at least 200 us.
+#  3. Coordinator mode, sockperf-fault on the GPU (--stall-ms 500): a
+#     "LYNX-HANG 4000" request holds the kernel's block; the accelerator is
+#     reported stalled and leaves dispatch, then returns when the block
+#     consumes again, with the same instance.
+#  4. SIGTERM: the agent stops the kernel and exits 0.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init gpu_serve
+it_require sockperf curl timeout
+probe=$("$LYNX_BIN_DIR/lynx-agent" --cuda-accels 0 --list-accels 2>&1 </dev/null)
+case $probe in
+*"built without the CUDA backend"*) skip "lynx-agent was built without CUDA (make LYNX_CUDA=ON on a host with the toolkit)" ;;
+*"no usable CUDA GPU"* | *"no CUDA GPU"* | *"does not exist"*) skip "no usable GPU here: $probe" ;;
+esac
+grep -q '^0 cuda ' <<<"$probe" || fail "lynx-agent --list-accels: $probe"
+log "GPU: $(grep '^0 cuda ' <<<"$probe")"
+# p50 OUT: sockperf's median latency (us, integer part)
+p50() { sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/percentile 50.000/ {print int($NF)}'; }
+pick_ports AGENT_PORT UDP_PORT METRICS_PORT DATA_PORT
+
+# ---- 1. static mode ---------------------------------------------------------------
+log "== 1. sockperf-echo as a persistent kernel on GPU 0"
+start_agent --cuda-accels 0 --cpu-accels 0 --transport tcp \
+  --data-listen "127.0.0.1:$DATA_PORT" --app sockperf-echo
+grep -q 'accel 0: GPU 0 ' "$AGENT_LOG" || fail "the agent did not describe GPU 0"
+grep -q 'persistent kernel of' "$AGENT_LOG" || fail "no kernel launch logged"
+start_frontend
+out=$IT_DIR/pingpong.out
+run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2
+check_sockperf "$out"
+P50_0=$(p50 "$out")
+timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
+  --mps 5000 --reply-every 1 >"$IT_DIR/load.out" 2>&1 </dev/null ||
+  { cat "$IT_DIR/load.out"; fail "sockperf under-load failed"; }
+check_sockperf "$IT_DIR/load.out"
+stop_daemons
+
+# ---- 2. work emulation ------------------------------------------------------------
+log "== 2. --work-us 200 on the GPU"
+start_agent --cuda-accels 0 --cpu-accels 0 --transport tcp \
+  --data-listen "127.0.0.1:$DATA_PORT" --app sockperf-echo --work-us 200
+start_frontend
+out=$IT_DIR/pingpong-work.out
+run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2
+check_sockperf "$out"
+P50_W=$(p50 "$out")
+log "p50 without work ${P50_0} us, with 200 us of work ${P50_W} us"
+assert_ge "$P50_W" $((P50_0 + 200)) "p50 with --work-us 200 (us)"
+stop_daemons
+
+# ---- 3. a hung block in coordinator mode ------------------------------------------
+log "== 3. sockperf-fault: a held block is reported and comes back"
+pick_ports COORD_PORT API_PORT
+it_require_coord
+node_ids N1
+start_coordinator --lease-ms 1500
+start_node_agent "$N1" --cuda-accels 0 --cpu-accels 0 --transport tcp --stall-ms 500
+start_coord_frontend
+api POST /v1/services -d "{\"name\":\"gf\",\"port\":$UDP_PORT,\"app\":\"sockperf-fault\",\"placement\":\"all\"}"
+[[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
+wait_log "$FRONTEND_LOG" "serving service gf" 10 1 "$FRONTEND_PID"
+run_sockperf "$IT_DIR/gf.out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
+check_sockperf "$IT_DIR/gf.out"
+inst0=$(api_json /v1/mqueues '[.items[].instance] | unique | .[]')
+printf 'LYNX-HANG 4000' >"/dev/udp/127.0.0.1/$UDP_PORT"
+t0=$(now_ms)
+until [[ $(ctl accelerators --json | jq -r '.items[0].health.dispatchable') == false ]]; do
+  (($(now_ms) - t0 < 3500)) || fail "GPU accelerator not reported stalled within 3.5 s"
+  sleep 0.05
+done
+log "ok: stalled after $(($(now_ms) - t0)) ms"
+until [[ $(ctl accelerators --json | jq -r '.items[0].health.dispatchable') == true ]]; do
+  (($(now_ms) - t0 < 8000)) || fail "GPU accelerator not dispatchable again within 8 s"
+  sleep 0.05
+done
+assert_ge $(($(now_ms) - t0)) 4000 "ms until dispatchable again (not before the hang ends)"
+assert_eq "$(api_json /v1/mqueues '[.items[].instance] | unique | .[]')" "$inst0" "instance (not restarted)"
+run_sockperf "$IT_DIR/gf2.out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
+check_sockperf "$IT_DIR/gf2.out"
+
+# ---- 4. shutdown --------------------------------------------------------------------
+stop "$FRONTEND_PID" 10
+stop "$AGENT_PID" 10
+assert_eq "$WAIT_RC" 0 "agent exit status on SIGTERM (kernel stopped)"
+it_done
