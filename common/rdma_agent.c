@@ -540,19 +540,8 @@ int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
 int lynx__rdma_region_attach(struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
   (void)name;
-  r->fd = -1;
-  r->base = NULL;
-  r->priv = NULL;
-  r->mem = NULL;
-  if (!ag.running || size == 0) {
-    mem->release(mem->ctx);
-    return !ag.running ? -ENOTCONN : -EINVAL;
-  }
-  r->mem = mem;
-  r->size = size;
-  r->ops = &lynx_transport_rdma;
-  snprintf(r->locator, sizeof(r->locator), "%s", ag.bound);
-  return 0;
+  return lynx_region_attach_served(r, &lynx_transport_rdma, ag.running, size,
+                                   mem, ag.bound);
 }
 
 static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {

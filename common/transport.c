@@ -62,6 +62,26 @@ int lynx_region_map_anon(struct lynx_region *r,
   return 0;
 }
 
+int lynx_region_attach_served(struct lynx_region *r,
+                              const struct lynx_transport_ops *ops,
+                              int running, uint64_t size,
+                              const struct lynx_region_mem *mem,
+                              const char *locator) {
+  r->fd = -1;
+  r->base = NULL;
+  r->priv = NULL;
+  r->mem = NULL;
+  if (!running || size == 0) {
+    mem->release(mem->ctx);
+    return !running ? -ENOTCONN : -EINVAL; /* agent_start first */
+  }
+  r->mem = mem;
+  r->size = size;
+  r->ops = ops;
+  snprintf(r->locator, sizeof(r->locator), "%s", locator);
+  return 0;
+}
+
 void lynx_locator_set_host(char *locator, size_t len, const char *host) {
   const char *colon = strrchr(locator, ':');
   char port[16];

@@ -168,6 +168,15 @@ int lynx_region_map_anon(struct lynx_region *r,
                          const struct lynx_transport_ops *ops, uint64_t size,
                          const char *locator);
 
+/* Agent side of tcp/rdma: region_attach for a transport whose server is
+ * running (else -ENOTCONN) and listens at locator; hands mem back at once
+ * (mem->release) when it fails. 0 or -errno. */
+int lynx_region_attach_served(struct lynx_region *r,
+                              const struct lynx_transport_ops *ops,
+                              int running, uint64_t size,
+                              const struct lynx_region_mem *mem,
+                              const char *locator);
+
 /* Agent side of tcp/rdma: fills an empty or wildcard host in a "host:port"
  * locator with host. */
 void lynx_locator_set_host(char *locator, size_t len, const char *host);

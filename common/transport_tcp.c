@@ -670,19 +670,8 @@ static int tcp_region_alloc(struct lynx_region *r, const char *name,
 static int tcp_region_attach(struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
   (void)name;
-  r->fd = -1;
-  r->base = NULL;
-  r->priv = NULL;
-  r->mem = NULL;
-  if (!srv.running || size == 0) {
-    mem->release(mem->ctx);
-    return !srv.running ? -ENOTCONN : -EINVAL;
-  }
-  r->mem = mem;
-  r->size = size;
-  r->ops = &lynx_transport_tcp;
-  snprintf(r->locator, sizeof(r->locator), "%s", srv.bound);
-  return 0;
+  return lynx_region_attach_served(r, &lynx_transport_tcp, srv.running, size,
+                                   mem, srv.bound);
 }
 
 static int tcp_region_export(struct lynx_region *r) {

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,4 +104,23 @@ uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,
     b = max;
   *cur = b;
   return b - b / 4 + (uint64_t)rand_r(seed) % (b / 2 + 1);
+}
+
+size_t lynx_appendf(char *buf, size_t len, size_t l, const char *sep,
+                    const char *fmt, ...) {
+  va_list ap;
+  int w;
+  if (!buf || l + 1 >= len)
+    return l;
+  if (l && sep) {
+    w = snprintf(buf + l, len - l, "%s", sep);
+    l += w > 0 ? (size_t)w : 0;
+    if (l + 1 >= len)
+      return len - 1;
+  }
+  va_start(ap, fmt);
+  w = vsnprintf(buf + l, len - l, fmt, ap);
+  va_end(ap);
+  l += w > 0 ? (size_t)w : 0;
+  return l < len ? l : len - 1;
 }

@@ -51,6 +51,12 @@ int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);
 /* Formats an address as "host:port" into buf. */
 const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len);
 
+/* Appends sep (when buf[0..l) is not empty) and the formatted text to buf
+ * of len bytes, holding l bytes so far; returns the new length. A full
+ * buffer stays truncated and NUL-terminated: later calls add nothing. */
+size_t lynx_appendf(char *buf, size_t len, size_t l, const char *sep,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* strtoul with full-string and range checks. 0 or -EINVAL. */
 int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 

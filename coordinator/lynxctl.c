@@ -359,7 +359,6 @@ static void f_health(struct json_object *v, char *out, size_t n) {
   struct json_object *e;
   const char *err = "";
   size_t l = 0;
-  int w;
   if (!v || !json_object_is_type(v, json_type_object)) {
     f_str(v, out, n);
     return;
@@ -372,26 +371,14 @@ static void f_health(struct json_object *v, char *out, size_t n) {
       json_object_is_type(e, json_type_string))
     err = json_object_get_string(e);
   out[0] = 0;
-#define PART(...)                                                              \
-  do {                                                                         \
-    if (l < n) {                                                               \
-      w = snprintf(out + l, n - l, "%s", l ? ", " : "");                       \
-      l += w > 0 ? (size_t)w : 0;                                              \
-    }                                                                          \
-    if (l < n) {                                                               \
-      w = snprintf(out + l, n - l, __VA_ARGS__);                               \
-      l += w > 0 ? (size_t)w : 0;                                              \
-    }                                                                          \
-  } while (0)
   if (obj_bool(v, "device_lost"))
-    PART("lost");
+    l = lynx_appendf(out, n, l, ", ", "lost");
   if (obj_bool(v, "failed"))
-    PART("failed%s%.80s", *err ? ": " : "", err);
+    l = lynx_appendf(out, n, l, ", ", "failed%s%.80s", *err ? ": " : "", err);
   if (obj_u64(v, "stalled_mqueues"))
-    PART("stalled %llu mq %.1fs",
-         (unsigned long long)obj_u64(v, "stalled_mqueues"),
-         (double)obj_u64(v, "stall_ms") / 1000.0);
-#undef PART
+    lynx_appendf(out, n, l, ", ", "stalled %llu mq %.1fs",
+                 (unsigned long long)obj_u64(v, "stalled_mqueues"),
+                 (double)obj_u64(v, "stall_ms") / 1000.0);
   if (!out[0])
     snprintf(out, n, "out");
 }

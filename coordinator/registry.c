@@ -198,7 +198,6 @@ int lynx_reg_accel_dispatchable(const struct lynx_reg_accel *a) {
 const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
                                       char *buf, size_t len) {
   size_t l = 0;
-  int w;
   if (!buf || len == 0)
     return buf;
   buf[0] = '\0';
@@ -206,30 +205,19 @@ const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
     snprintf(buf, len, "ok");
     return buf;
   }
-  /* appends one reason; a full buffer just stays truncated */
-#define REASON(...)                                                            \
-  do {                                                                         \
-    if (l < len) {                                                             \
-      w = snprintf(buf + l, len - l, "%s", l ? "; " : "");                     \
-      l += w > 0 ? (size_t)w : 0;                                              \
-    }                                                                          \
-    if (l < len) {                                                             \
-      w = snprintf(buf + l, len - l, __VA_ARGS__);                             \
-      l += w > 0 ? (size_t)w : 0;                                              \
-    }                                                                          \
-  } while (0)
   if (a->device_lost)
-    REASON("device lost");
+    l = lynx_appendf(buf, len, l, "; ", "device lost");
   if (a->failed)
-    REASON("failed%s%.*s", a->last_error[0] ? ": " : "",
-           (int)sizeof(a->last_error), a->last_error);
+    l = lynx_appendf(buf, len, l, "; ", "failed%s%.*s",
+                     a->last_error[0] ? ": " : "",
+                     (int)sizeof(a->last_error), a->last_error);
   else if (a->device_lost && a->last_error[0])
-    REASON("last error: %.*s", (int)sizeof(a->last_error), a->last_error);
+    l = lynx_appendf(buf, len, l, "; ", "last error: %.*s",
+                     (int)sizeof(a->last_error), a->last_error);
   if (a->stalled_mqueues)
-    REASON("%" PRIu32 " mqueue%s stalled for %" PRIu64 " ms",
-           a->stalled_mqueues, a->stalled_mqueues == 1 ? "" : "s",
-           a->stall_ms);
-#undef REASON
+    lynx_appendf(buf, len, l, "; ", "%" PRIu32 " mqueue%s stalled for %" PRIu64
+                 " ms", a->stalled_mqueues,
+                 a->stalled_mqueues == 1 ? "" : "s", a->stall_ms);
   return buf;
 }
 
