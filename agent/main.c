@@ -46,8 +46,8 @@ static const struct lynx_opt agent_opts[] = {
      "GPUs to serve as accelerators: all, or CUDA ordinals 0,1,... (needs a "
      "lynx-agent built with CUDA and the NVIDIA driver)"},
     {"list-accels", LYNX_OPT_FLAG, O(list_accels), NULL, 0, 0, NULL,
-     "print the accelerators found (index, kind, model, memory, PCI bus id, "
-     "ordering) and exit"},
+     "print the accelerators found, one a line, tab-separated (index, kind, "
+     "model, memory bytes, PCI bus id, ordering mode) and exit"},
     {"gpu-threads", LYNX_OPT_U32, O(gpu_threads), "128", 32, 1024, NULL,
      "threads per block of a GPU application's persistent kernel (one "
      "block per mqueue)"},
@@ -317,7 +317,7 @@ int main(int argc, char **argv) {
   if (ag.cfg.list_accels) {
     for (uint32_t i = 0; i < ag.n_acc; i++) {
       const struct agent_accel *a = &ag.acc[i];
-      printf("%u %s %s %llu %s %s\n", i, agent_accel_kind(a),
+      printf("%u\t%s\t%s\t%llu\t%s\t%s\n", i, agent_accel_kind(a),
              a->kind == ACCEL_CUDA ? a->gpu.name : "cpu-emulated",
              (unsigned long long)(a->kind == ACCEL_CUDA ? a->gpu.memory : 0),
              a->kind == ACCEL_CUDA ? a->gpu.pci_bus_id : "-",

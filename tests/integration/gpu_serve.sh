@@ -23,8 +23,8 @@ case $probe in
 *"built without the CUDA backend"*) skip "lynx-agent was built without CUDA (make LYNX_CUDA=ON on a host with the toolkit)" ;;
 *"no usable CUDA GPU"* | *"no CUDA GPU"* | *"does not exist"*) skip "no usable GPU here: $probe" ;;
 esac
-grep -q '^0 cuda ' <<<"$probe" || fail "lynx-agent --list-accels: $probe"
-log "GPU: $(grep '^0 cuda ' <<<"$probe")"
+grep -q $'^0\tcuda\t' <<<"$probe" || fail "lynx-agent --list-accels: $probe"
+log "GPU: $(grep $'^0\tcuda\t' <<<"$probe")"
 # p50 OUT: sockperf's median latency (us, integer part)
 p50() { sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/percentile 50.000/ {print int($NF)}'; }
 pick_ports AGENT_PORT UDP_PORT METRICS_PORT DATA_PORT
