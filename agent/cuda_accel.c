@@ -40,7 +40,9 @@
 
 #define GPU_PAGE (64u * 1024u)
 #define GPU_MAX 64
+#ifndef STOP_WAIT_MS /* unit_cuda_backend waits less */
 #define STOP_WAIT_MS 3000u
+#endif
 
 /* ---- per-device error record --------------------------------------- */
 
@@ -49,6 +51,7 @@ static struct {
   struct {
     char last_error[128];
     int failed, lost;
+    int hung; /* a kernel did not stop: cudaFree would wait for it */
   } dev[GPU_MAX];
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -176,7 +179,8 @@ static int parse_list(const char *spec, int count, int *ids, uint32_t *n,
   while (*p) {
     char *end;
     long v = strtol(p, &end, 10);
-    if (end == p || v < 0 || (*end && *end != ',')) {
+    if (end == p || v < 0 || (*end && *end != ',') ||
+        (*end == ',' && !end[1])) {
       snprintf(err, errlen, "--cuda-accels '%s': expected 'all' or GPU "
                "ordinals like 0,1", spec);
       return -EINVAL;
@@ -224,11 +228,16 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
     return -ENODEV;
   }
   rc = parse_list(spec, count, ids, n, err, errlen);
-  if (rc)
+  if (rc) {
+    *n = 0; /* no GPUs with *out NULL, also after a partly parsed list */
     return rc;
+  }
   g = calloc(*n, sizeof(*g));
-  if (!g)
+  if (!g) {
+    *n = 0;
+    snprintf(err, errlen, "--cuda-accels: out of memory");
     return -ENOMEM;
+  }
   for (uint32_t i = 0; i < *n; i++) {
     struct cudaDeviceProp p;
     int v = 0;
@@ -347,9 +356,17 @@ void gpu_shutdown(void) {
   pthread_mutex_lock(&pool.lock);
   while (pool.free) {
     struct dev_chunk *c = pool.free;
+    int hung;
     pool.free = c->next;
-    cudaSetDevice(c->device);
-    cudaFree(c->p);
+    pthread_mutex_lock(&rec.lock);
+    hung = c->device >= 0 && c->device < GPU_MAX && rec.dev[c->device].hung;
+    pthread_mutex_unlock(&rec.lock);
+    /* a kernel that did not stop still runs there: cudaFree would wait for
+     * it forever; the memory goes with the process */
+    if (!hung) {
+      cudaSetDevice(c->device);
+      cudaFree(c->p);
+    }
     free(c);
   }
   pthread_mutex_unlock(&pool.lock);
@@ -372,10 +389,11 @@ struct gpu_instance {
   size_t kctl_size;
   uint32_t blocks;
   int dmabuf_fd; /* -1: none yet; -2: dma-buf unavailable */
+  char dmabuf_why[96]; /* why, when -2 */
   gdr_mh_t gmh;
   void *gva; /* gdrcopy's CPU mapping of base, or NULL */
   int refs;  /* the agent's handle + the transport's memory */
-  int launched, stopped, hung;
+  int launched, stopping, stopped, hung;
   uint64_t stats[4]; /* last counters read */
 };
 
@@ -460,7 +478,10 @@ static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
       if (get)
         snprintf(dmabuf_why, sizeof(dmabuf_why),
                  "cuMemGetHandleForAddressRange: CUresult %d", (int)cr);
+      memcpy(gi->dmabuf_why, dmabuf_why, sizeof(dmabuf_why));
     }
+  } else if (gi->dmabuf_fd == -2) {
+    memcpy(dmabuf_why, gi->dmabuf_why, sizeof(dmabuf_why));
   }
   if (gi->dmabuf_fd >= 0) {
     m = ibv_reg_dmabuf_mr(pd, off, len, (uintptr_t)gi->base + off,
@@ -701,6 +722,7 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   if (!gi->launched || gi->stopped)
     return gi->hung ? -ETIMEDOUT : 0;
   cudaSetDevice(gi->device);
+  gi->stopping = 1; /* from here on, an exited kernel is expected */
   pthread_mutex_lock(&gi->lock);
   e = cudaMemcpyAsync(&gi->kctl->stop, &one, sizeof(one),
                       cudaMemcpyHostToDevice, gi->copy);
@@ -719,6 +741,8 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   if (e == cudaErrorNotReady) {
     gi->hung = 1;
     pthread_mutex_lock(&rec.lock);
+    rec.dev[gi->device].hung = 1;
+    rec.dev[gi->device].failed = 1; /* only a context reset clears it */
     snprintf(rec.dev[gi->device].last_error,
              sizeof(rec.dev[gi->device].last_error),
              "a persistent kernel did not stop within %u ms", STOP_WAIT_MS);
@@ -775,7 +799,7 @@ int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
   e = cudaStreamQuery(gi->kern);
   if (e != cudaSuccess && e != cudaErrorNotReady)
     note(gi->device, e, "persistent kernel");
-  else if (e == cudaSuccess && !gi->stopped)
+  else if (e == cudaSuccess && !gi->stopping)
     LYNX_LOG_RL(LYNX_LOG_WARN, "cuda", "GPU %d: a persistent kernel exited "
                 "without being asked to", gi->device);
   return 0;

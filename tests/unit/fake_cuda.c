@@ -1,0 +1,695 @@
+/*
+ * fake_cuda.c - a fake CUDA runtime, driver entry points, persistent
+ * kernel and verbs registration for unit_cuda_backend (fake_cuda.h).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#include "fake_cuda.h"
+#include "mqueue.h"
+
+struct fake_cuda fake;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int cur_dev;
+
+#define BUMP(field) __atomic_add_fetch(&fake.field, 1, __ATOMIC_SEQ_CST)
+
+/* ---- device memory ---------------------------------------------------- */
+
+struct alloc {
+  void *p;
+  size_t size;
+  int device, live;
+  struct alloc *next;
+};
+static struct alloc *allocs;
+
+/* Under lock: the live allocation holding [p, p + len), or NULL. */
+static struct alloc *find_live(const void *p, size_t len) {
+  for (struct alloc *a = allocs; a; a = a->next) {
+    const uint8_t *b = a->p;
+    if (a->live && (const uint8_t *)p >= b &&
+        (uint64_t)((const uint8_t *)p - b) + len <= a->size)
+      return a;
+  }
+  return NULL;
+}
+
+int fake_cuda_live(void) {
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (struct alloc *a = allocs; a; a = a->next)
+    n += a->live;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+int fake_cuda_is_live(const void *p) {
+  int live;
+  pthread_mutex_lock(&lock);
+  live = find_live(p, 1) != NULL;
+  pthread_mutex_unlock(&lock);
+  return live;
+}
+
+/* ---- streams and kernels ---------------------------------------------- */
+
+struct kern {
+  struct fake_kernel pub; /* first */
+  pthread_t thread;
+  int kill;
+  struct kern *next;
+};
+static struct kern *kernels;
+static int n_kernels;
+
+struct CUstream_st {
+  int device, destroyed;
+  struct kern *k; /* the kernel launched on it */
+  struct CUstream_st *next;
+};
+static struct CUstream_st *streams;
+
+static int kernel_running(const struct kern *k) {
+  return __atomic_load_n(&k->pub.running, __ATOMIC_ACQUIRE);
+}
+
+/* Under lock: a kernel runs on device dev. */
+static int device_busy(int dev) {
+  for (struct kern *k = kernels; k; k = k->next)
+    if (k->pub.device == dev && kernel_running(k))
+      return 1;
+  return 0;
+}
+
+struct fake_kernel *fake_cuda_kernel(int i) {
+  struct kern *k;
+  pthread_mutex_lock(&lock);
+  for (k = kernels; k && i < n_kernels - 1; k = k->next, i++)
+    ;
+  pthread_mutex_unlock(&lock);
+  return k ? &k->pub : NULL;
+}
+
+int fake_cuda_kernels(void) {
+  int n;
+  pthread_mutex_lock(&lock);
+  n = n_kernels;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* The persistent kernel: block b serves server mqueues q % blocks == b with
+ * the real ring code, echoing (LYNX_CUDA_APP_ECHO) until kctl->stop. Only
+ * requests and responses of each block are written, so a test may set
+ * drops and bad itself. */
+static void *kernel_main(void *arg) {
+  struct kern *k = arg;
+  const struct lynx_cuda_launch *l = &k->pub.l;
+  struct lynx_cuda_kctl *kc = l->kctl;
+  struct lynx_geom g;
+  struct lynx_mq *mq = calloc(l->n_server, sizeof(*mq));
+  uint64_t *req = calloc(l->blocks, sizeof(*req));
+  uint64_t *resp = calloc(l->blocks, sizeof(*resp));
+  if (!mq || !req || !resp ||
+      lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size))
+    abort();
+  for (uint32_t q = 0; q < l->n_server; q++)
+    lynx_mq_bind(&mq[q], l->region, &g, q);
+  __atomic_add_fetch(&kc->started, l->blocks, __ATOMIC_SEQ_CST);
+  while (!__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
+    int busy = 0;
+    if (!k->pub.hang && lynx_load_acquire32(&kc->stop))
+      break;
+    for (uint32_t q = 0; q < l->n_server; q++) {
+      uint32_t b = q % l->blocks;
+      struct lynx_msg m;
+      uint8_t *out = NULL;
+      int full;
+      if (lynx_mq_recv(&mq[q], &m))
+        continue;
+      busy = 1;
+      req[b]++;
+      while ((full = lynx_mq_reserve(&mq[q], m.len, &out)) != 0 &&
+             !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE))
+        usleep(100);
+      if (!full && l->app == LYNX_CUDA_APP_ECHO) {
+        memcpy(out, m.data, m.len);
+        lynx_mq_commit(&mq[q], m.tag, m.len, m.len, LYNX_ST_OK);
+        resp[b]++;
+      }
+      lynx_mq_release(&mq[q]);
+      __atomic_store_n(&kc->blocks[b].requests, req[b], __ATOMIC_RELEASE);
+      __atomic_store_n(&kc->blocks[b].responses, resp[b], __ATOMIC_RELEASE);
+    }
+    if (!busy)
+      usleep(200);
+  }
+  __atomic_add_fetch(&kc->exited, l->blocks, __ATOMIC_SEQ_CST);
+  free(mq);
+  free(req);
+  free(resp);
+  __atomic_store_n(&k->pub.running, 0, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void kernel_end(struct kern *k) {
+  __atomic_store_n(&k->kill, 1, __ATOMIC_RELEASE);
+  if (k->thread) {
+    pthread_join(k->thread, NULL);
+    k->thread = 0;
+  }
+}
+
+void fake_cuda_crash(struct fake_kernel *fk, cudaError_t e) {
+  struct kern *k = (struct kern *)fk;
+  kernel_end(k);
+  k->pub.crashed = e;
+}
+
+/* ---- the runtime ------------------------------------------------------ */
+
+static int bad_dev(int d) { return d < 0 || d >= fake.n_gpus; }
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  BUMP(get_device_count);
+  if (fake.err_device_count != cudaSuccess)
+    return fake.err_device_count;
+  *count = fake.n_gpus;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+  if (bad_dev(d))
+    return cudaErrorInvalidDevice;
+  if (fake.err_properties != cudaSuccess)
+    return fake.err_properties;
+  memset(p, 0, sizeof(*p));
+  snprintf(p->name, sizeof(p->name), "%s", fake.gpu[d].name);
+  p->totalGlobalMem = fake.gpu[d].memory;
+  p->major = fake.gpu[d].major;
+  p->minor = fake.gpu[d].minor;
+  p->multiProcessorCount = fake.gpu[d].sms;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int d) {
+  if (bad_dev(d))
+    return cudaErrorInvalidDevice;
+  snprintf(id, (size_t)len, "%s", fake.gpu[d].pci_bus_id);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
+  if (bad_dev(d))
+    return cudaErrorInvalidDevice;
+  switch (attr) {
+  case cudaDevAttrPciBusId:
+    if (fake.err_attr[d] != cudaSuccess)
+      return fake.err_attr[d];
+    *v = d + 1;
+    break;
+  case cudaDevAttrGPUDirectRDMASupported:
+    *v = fake.gpu[d].gpudirect_rdma;
+    break;
+  case cudaDevAttrGPUDirectRDMAWritesOrdering:
+    *v = fake.gpu[d].writes_ordering;
+    break;
+  case cudaDevAttrMultiProcessorCount:
+    *v = fake.gpu[d].sms;
+    break;
+  default:
+    *v = 0;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d) {
+  BUMP(set_device);
+  if (bad_dev(d))
+    return cudaErrorInvalidDevice;
+  cur_dev = d;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d) {
+  *d = cur_dev;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t size) {
+  struct alloc *a;
+  size_t n = (size + 255) & ~(size_t)255;
+  if (fake.err_malloc != cudaSuccess)
+    return fake.err_malloc;
+  a = calloc(1, sizeof(*a));
+  if (!a)
+    return cudaErrorMemoryAllocation;
+  a->p = aligned_alloc(256, n);
+  if (!a->p) {
+    free(a);
+    return cudaErrorMemoryAllocation;
+  }
+  memset(a->p, 0xA5, n); /* cudaMalloc does not zero */
+  a->size = size;
+  a->device = cur_dev;
+  a->live = 1;
+  pthread_mutex_lock(&lock);
+  a->next = allocs;
+  allocs = a;
+  fake.mallocs++;
+  pthread_mutex_unlock(&lock);
+  *p = a->p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+  struct alloc *a;
+  pthread_mutex_lock(&lock);
+  fake.frees++;
+  if (device_busy(cur_dev))
+    fake.blocking_calls++; /* would wait for a kernel that never ends */
+  for (a = allocs; a && !(a->live && a->p == p); a = a->next)
+    ;
+  if (!a) {
+    fake.bad_frees++;
+    pthread_mutex_unlock(&lock);
+    return cudaErrorInvalidValue;
+  }
+  if (a->device != cur_dev)
+    fake.bad_frees++; /* freed with another device current */
+  a->live = 0;
+  free(a->p);
+  a->p = NULL;
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  pthread_mutex_lock(&lock);
+  fake.device_syncs++;
+  if (device_busy(cur_dev))
+    fake.blocking_calls++;
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+static void log_op(int is_memset, enum cudaMemcpyKind kind, cudaStream_t s,
+                   const void *dev, const void *host, size_t len) {
+  struct fake_op *o;
+  if (fake.n_ops >= FAKE_LOG)
+    return;
+  o = &fake.ops[fake.n_ops++];
+  o->memset = is_memset;
+  o->kind = kind;
+  o->stream = s;
+  o->dev = dev;
+  o->len = len;
+  o->word = 0;
+  if (host && len >= 4)
+    memcpy(&o->word, host, 4);
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  pthread_mutex_lock(&lock);
+  fake.memsets++;
+  log_op(1, cudaMemcpyHostToDevice, s, p, NULL, n);
+  if (!s || s->destroyed || !find_live(p, n)) {
+    fake.bad_copies++;
+    pthread_mutex_unlock(&lock);
+    return cudaErrorInvalidValue;
+  }
+  memset(p, v, n);
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                            enum cudaMemcpyKind kind, cudaStream_t s) {
+  const void *dev = kind == cudaMemcpyHostToDevice ? dst : src;
+  cudaError_t e = cudaSuccess;
+  struct kern *stopped = NULL;
+  pthread_mutex_lock(&lock);
+  fake.memcpys++;
+  log_op(0, kind, s, dev, kind == cudaMemcpyHostToDevice ? src : NULL, n);
+  if (fake.err_memcpy_once != cudaSuccess) {
+    e = fake.err_memcpy_once;
+    fake.err_memcpy_once = cudaSuccess;
+  } else if ((kind != cudaMemcpyHostToDevice &&
+              kind != cudaMemcpyDeviceToHost) ||
+             !s || s->destroyed || !find_live(dev, n)) {
+    fake.bad_copies++;
+    e = cudaErrorInvalidValue;
+  } else {
+    /* the kernel thread uses the same memory: byte copies are what a copy
+     * engine gives too */
+    memcpy(dst, src, n);
+    /* a kernel asked to stop returns at once (a GPU block sees the word
+     * within microseconds), unless it hangs */
+    if (kind == cudaMemcpyHostToDevice && n >= 4)
+      for (struct kern *k = kernels; k; k = k->next)
+        if (dst == (void *)&k->pub.l.kctl->stop && *(const uint32_t *)src &&
+            !k->pub.hang && kernel_running(k))
+          stopped = k;
+  }
+  pthread_mutex_unlock(&lock);
+  for (int i = 0; stopped && kernel_running(stopped) && i < 2000; i++)
+    usleep(1000);
+  return e;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  struct CUstream_st *st = calloc(1, sizeof(*st));
+  if (!st)
+    return cudaErrorMemoryAllocation;
+  st->device = cur_dev;
+  pthread_mutex_lock(&lock);
+  fake.stream_creates++;
+  st->next = streams;
+  streams = st;
+  pthread_mutex_unlock(&lock);
+  *s = st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  pthread_mutex_lock(&lock);
+  fake.stream_destroys++;
+  if (!s || s->destroyed)
+    fake.bad_frees++;
+  else
+    s->destroyed = 1; /* kept: op records point at it */
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  BUMP(stream_syncs);
+  if (!s || s->destroyed)
+    return cudaErrorInvalidResourceHandle;
+  if (s->k && kernel_running(s->k)) {
+    BUMP(blocking_calls);
+    return cudaErrorNotReady;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  BUMP(queries);
+  if (!s || s->destroyed)
+    return cudaErrorInvalidResourceHandle;
+  if (!s->k)
+    return cudaSuccess;
+  if (kernel_running(s->k))
+    return cudaErrorNotReady;
+  return s->k->pub.crashed;
+}
+
+const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+#define N(x)                                                                   \
+  case x:                                                                      \
+    return #x;
+    N(cudaSuccess)
+    N(cudaErrorInvalidValue)
+    N(cudaErrorMemoryAllocation)
+    N(cudaErrorInsufficientDriver)
+    N(cudaErrorNoDevice)
+    N(cudaErrorInvalidDevice)
+    N(cudaErrorIllegalAddress)
+    N(cudaErrorLaunchFailure)
+    N(cudaErrorNotReady)
+    N(cudaErrorNoKernelImageForDevice)
+    N(cudaErrorInvalidResourceHandle)
+#undef N
+  default:
+    return "cudaErrorFake";
+  }
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess:
+    return "no error";
+  case cudaErrorInsufficientDriver:
+    return "CUDA driver version is insufficient for CUDA runtime version";
+  case cudaErrorNoDevice:
+    return "no CUDA-capable device is detected";
+  case cudaErrorMemoryAllocation:
+    return "out of memory";
+  case cudaErrorIllegalAddress:
+    return "an illegal memory access was encountered";
+  default:
+    return "fake error";
+  }
+}
+
+/* ---- driver entry points ----------------------------------------------- */
+
+static CUresult fake_get_handle(void *handle, CUdeviceptr p, size_t size,
+                                CUmemRangeHandleType type,
+                                unsigned long long flags) {
+  int fd;
+  BUMP(get_handles);
+  fake.handle_ptr = p;
+  fake.handle_size = size;
+  if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fake.err_get_handle != CUDA_SUCCESS)
+    return fake.err_get_handle;
+  pthread_mutex_lock(&lock);
+  if (!find_live((const void *)(uintptr_t)p, size)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_unlock(&lock);
+  fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+  if (fd < 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  fake.handle_fd = fd;
+  *(int *)handle = fd;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_set_attr(const void *v, CUpointer_attribute a,
+                              CUdeviceptr p) {
+  BUMP(set_attrs);
+  if (a == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS && *(const unsigned *)v == 1)
+    fake.sync_memops_ptr = p;
+  return CUDA_SUCCESS;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(
+    const char *sym, void **fn, unsigned ver, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *q) {
+  *fn = NULL;
+  *q = cudaDriverEntryPointSymbolNotFound;
+  if (!strcmp(sym, "cuMemGetHandleForAddressRange") && !fake.no_get_handle)
+    *fn = (void *)fake_get_handle;
+  else if (!strcmp(sym, "cuPointerSetAttribute"))
+    *fn = (void *)fake_set_attr;
+  if (*fn)
+    *q = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
+
+/* ---- verbs registration -------------------------------------------------- */
+
+struct mr_node {
+  struct ibv_mr mr;
+  struct mr_node *next;
+};
+static struct mr_node *mrs;
+static uint32_t next_key = 0x100;
+
+static struct ibv_mr *new_mr(struct ibv_pd *pd, void *addr, size_t len) {
+  struct mr_node *n = calloc(1, sizeof(*n));
+  if (!n)
+    return NULL;
+  n->mr.pd = pd;
+  n->mr.addr = addr;
+  n->mr.length = len;
+  pthread_mutex_lock(&lock);
+  n->mr.lkey = n->mr.rkey = next_key++;
+  n->next = mrs;
+  mrs = n;
+  pthread_mutex_unlock(&lock);
+  return &n->mr;
+}
+
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
+                                 size_t length, uint64_t iova, int fd,
+                                 int access) {
+  BUMP(dmabuf_mrs);
+  fake.dmabuf.pd = pd;
+  fake.dmabuf.offset = offset;
+  fake.dmabuf.length = length;
+  fake.dmabuf.iova = iova;
+  fake.dmabuf.fd = fd;
+  fake.dmabuf.access = access;
+  if (fake.err_dmabuf_mr) {
+    errno = fake.err_dmabuf_mr;
+    return NULL;
+  }
+  return new_mr(pd, (void *)(uintptr_t)iova, length);
+}
+
+#undef ibv_reg_mr
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+                          int access) {
+  BUMP(reg_mrs);
+  fake.regmr.pd = pd;
+  fake.regmr.addr = addr;
+  fake.regmr.length = length;
+  fake.regmr.access = access;
+  if (fake.err_reg_mr) {
+    errno = fake.err_reg_mr;
+    return NULL;
+  }
+  return new_mr(pd, addr, length);
+}
+
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
+                                uint64_t iova, unsigned int access) {
+  return ibv_reg_mr(pd, addr, length, (int)access);
+}
+
+/* ---- the kernel-side interface (lynx_cuda.h) ----------------------------- */
+
+size_t lynx_cuda_kctl_size(uint32_t blocks) {
+  return sizeof(struct lynx_cuda_kctl) +
+         (size_t)blocks * sizeof(struct lynx_cuda_block_stats);
+}
+
+int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
+                              char *err, size_t errlen) {
+  *max = 0;
+  if (threads < 32 || threads > 1024 || threads % 32) {
+    snprintf(err, errlen, "%u threads per block: must be a multiple of 32",
+             threads);
+    return (int)cudaErrorInvalidValue;
+  }
+  if (!fake.resident) {
+    snprintf(err, errlen, "not one block fits an SM");
+    return (int)cudaErrorInvalidConfiguration;
+  }
+  *max = fake.resident;
+  return 0;
+}
+
+int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
+                    char *err, size_t errlen) {
+  struct CUstream_st *s = stream;
+  size_t kn = lynx_cuda_kctl_size(l->blocks);
+  struct kern *k;
+  BUMP(launches);
+  if (fake.err_launch) {
+    snprintf(err, errlen, "fake launch failure %d", fake.err_launch);
+    return fake.err_launch;
+  }
+  pthread_mutex_lock(&lock);
+  if (!s || s->destroyed || s->k || !l->blocks ||
+      !find_live(l->region, 4096) || !find_live(l->kctl, kn)) {
+    pthread_mutex_unlock(&lock);
+    snprintf(err, errlen, "fake: bad launch");
+    return -EINVAL;
+  }
+  pthread_mutex_unlock(&lock);
+  for (size_t i = 0; i < kn; i++)
+    if (((const uint8_t *)l->kctl)[i]) {
+      snprintf(err, errlen, "fake: control block not zeroed");
+      return -EINVAL;
+    }
+  k = calloc(1, sizeof(*k));
+  if (!k)
+    return (int)cudaErrorMemoryAllocation;
+  k->pub.l = *l;
+  k->pub.stream = s;
+  k->pub.device = cur_dev;
+  k->pub.hang = fake.hang_next;
+  fake.hang_next = 0;
+  k->pub.running = 1;
+  pthread_mutex_lock(&lock);
+  s->k = k;
+  k->next = kernels;
+  kernels = k;
+  n_kernels++;
+  pthread_mutex_unlock(&lock);
+  if (pthread_create(&k->thread, NULL, kernel_main, k))
+    abort();
+  return 0;
+}
+
+/* ---- test control ------------------------------------------------------ */
+
+void fake_cuda_reset(void) {
+  int n = fake.n_gpus;
+  struct fake_gpu g[FAKE_GPUS];
+  memcpy(g, fake.gpu, sizeof(g));
+  pthread_mutex_lock(&lock);
+  memset(&fake, 0, sizeof(fake));
+  fake.n_gpus = n;
+  memcpy(fake.gpu, g, sizeof(g));
+  fake.resident = 8;
+  fake.handle_fd = -1;
+  pthread_mutex_unlock(&lock);
+}
+
+void fake_cuda_gpus(int n) {
+  fake.n_gpus = n;
+  for (int i = 0; i < FAKE_GPUS; i++) {
+    struct fake_gpu *g = &fake.gpu[i];
+    snprintf(g->name, sizeof(g->name), "Fake GPU %d", i);
+    snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "0000:0%d:00.0", i + 1);
+    g->memory = (size_t)80 << 30;
+    g->major = 9;
+    g->minor = 0;
+    g->sms = 132;
+    g->gpudirect_rdma = 1;
+    g->writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner;
+  }
+}
+
+int fake_cuda_copies(int from, cudaStream_t s) {
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = from; i < fake.n_ops; i++)
+    n += !fake.ops[i].memset && (!s || fake.ops[i].stream == s);
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+void fake_cuda_reap(void) {
+  for (struct kern *k = kernels; k; k = k->next)
+    kernel_end(k);
+  while (kernels) {
+    struct kern *k = kernels;
+    kernels = k->next;
+    free(k);
+  }
+  n_kernels = 0;
+  while (allocs) {
+    struct alloc *a = allocs;
+    allocs = a->next;
+    free(a->p);
+    free(a);
+  }
+  while (streams) {
+    struct CUstream_st *s = streams;
+    streams = s->next;
+    free(s);
+  }
+  while (mrs) {
+    struct mr_node *n = mrs;
+    mrs = n->next;
+    free(n);
+  }
+}

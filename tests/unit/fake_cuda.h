@@ -1,0 +1,129 @@
+/*
+ * fake_cuda.h - a fake CUDA runtime for unit_cuda_backend.
+ *
+ * fake_cuda.c defines every CUDA runtime function agent/cuda_accel.c calls
+ * (the exact symbols the real headers map them to), the kernel-side
+ * interface of accel/cuda/lynx_cuda.h, the two driver entry points it looks
+ * up (cuMemGetHandleForAddressRange, cuPointerSetAttribute) and the verbs
+ * registrations (ibv_reg_dmabuf_mr, ibv_reg_mr). Device memory is host
+ * memory; every call is recorded; the test sets the GPUs and injects
+ * errors. A launched "persistent kernel" is a thread that serves the region
+ * with the real ring code (common/mqueue.h), echoing, until it sees
+ * kctl->stop (or never: a hung kernel), and writes its counters into
+ * kctl->blocks.
+ *
+ * Checks a real GPU would turn into a hang or corruption are counted
+ * instead: a copy or memset touching no live allocation (bad_copies), a
+ * cudaFree of something not allocated or freed twice (bad_frees), and
+ * calls that wait for a running persistent kernel (blocking_calls:
+ * cudaFree, cudaDeviceSynchronize on its device, cudaStreamSynchronize of
+ * its stream).
+ */
+#ifndef LYNX_FAKE_CUDA_H
+#define LYNX_FAKE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "lynx_cuda.h"
+
+#define FAKE_GPUS 8
+#define FAKE_LOG 8192
+
+struct fake_gpu {
+  char name[256];
+  char pci_bus_id[32];
+  size_t memory;
+  int major, minor, sms;
+  int gpudirect_rdma; /* cudaDevAttrGPUDirectRDMASupported */
+  int writes_ordering; /* cudaDevAttrGPUDirectRDMAWritesOrdering */
+};
+
+struct fake_kernel;
+
+/* One copy or memset, in call order. */
+struct fake_op {
+  int memset; /* 0: cudaMemcpyAsync */
+  enum cudaMemcpyKind kind;
+  cudaStream_t stream;
+  const void *dev; /* the device side */
+  size_t len;
+  uint32_t word; /* H2D: the first 4 bytes copied (when len >= 4) */
+};
+
+struct fake_cuda {
+  /* set by the test */
+  int n_gpus;
+  struct fake_gpu gpu[FAKE_GPUS];
+  cudaError_t err_device_count;   /* cudaGetDeviceCount */
+  cudaError_t err_properties;     /* cudaGetDeviceProperties */
+  cudaError_t err_attr[FAKE_GPUS]; /* cudaDeviceGetAttribute(PciBusId) */
+  cudaError_t err_malloc;         /* cudaMalloc */
+  cudaError_t err_memcpy_once;    /* the next cudaMemcpyAsync */
+  int err_launch;                 /* lynx_cuda_start's return */
+  int hang_next;                  /* the next kernel ignores stop */
+  uint32_t resident;              /* lynx_cuda_resident_blocks */
+  int no_get_handle;              /* cuMemGetHandleForAddressRange absent */
+  CUresult err_get_handle;        /* ... fails */
+  int err_dmabuf_mr, err_reg_mr;  /* errno: the registration fails */
+
+  /* recorded */
+  int get_device_count, set_device, mallocs, frees, bad_frees, memsets,
+      memcpys, bad_copies, stream_creates, stream_destroys, stream_syncs,
+      queries, device_syncs, blocking_calls, launches, get_handles,
+      set_attrs, dmabuf_mrs, reg_mrs;
+  int n_ops;
+  struct fake_op ops[FAKE_LOG];
+  CUdeviceptr sync_memops_ptr;  /* cuPointerSetAttribute(SYNC_MEMOPS) */
+  CUdeviceptr handle_ptr;       /* cuMemGetHandleForAddressRange */
+  size_t handle_size;
+  int handle_fd;                /* the fd it returned */
+  struct {                      /* the last ibv_reg_dmabuf_mr */
+    void *pd;
+    uint64_t offset, iova;
+    size_t length;
+    int fd, access;
+  } dmabuf;
+  struct {                      /* the last ibv_reg_mr */
+    void *pd, *addr;
+    size_t length;
+    int access;
+  } regmr;
+};
+
+extern struct fake_cuda fake;
+
+/* A launched kernel: what lynx_cuda_start was given. */
+struct fake_kernel {
+  struct lynx_cuda_launch l;
+  cudaStream_t stream;
+  int device;
+  int hang;            /* ignores kctl->stop */
+  int running;         /* the thread serves */
+  cudaError_t crashed; /* cudaStreamQuery reports it once the thread ended */
+};
+
+/* Forgets recorded calls and injections (not the GPUs, not allocations). */
+void fake_cuda_reset(void);
+/* n identical-but-numbered GPUs ("Fake GPU i", 0000:0i:00.0, 80 GiB,
+ * sm_90, 132 SMs, GPUDirect RDMA, writes ordering owner). */
+void fake_cuda_gpus(int n);
+/* The i-th kernel launched since the start (NULL when there is none). */
+struct fake_kernel *fake_cuda_kernel(int i);
+int fake_cuda_kernels(void);
+/* The kernel dies: its thread ends, its stream reports e. */
+void fake_cuda_crash(struct fake_kernel *k, cudaError_t e);
+/* Device allocations not freed; whether p is one. */
+int fake_cuda_live(void);
+int fake_cuda_is_live(const void *p);
+/* Copies (cudaMemcpyAsync) recorded from op index from on, on stream s
+ * (NULL: on any stream). */
+int fake_cuda_copies(int from, cudaStream_t s);
+/* At exit: ends every kernel thread (hung ones too) and frees whatever
+ * device memory, streams and MRs are left. */
+void fake_cuda_reap(void);
+
+#endif

@@ -1,0 +1,1004 @@
+/*
+ * test_cuda_backend.c - the agent's CUDA backend (agent/cuda_accel.c) run
+ * against a fake CUDA runtime (fake_cuda.c), the way unit_transport_rdma
+ * runs the rdma code against a fake NIC: no GPU, no driver.
+ *
+ * Discovery (names, memory, PCI bus id, GPUDirect ordering -> fenced or
+ * coalesced, the refusals); an instance served over the real tcp transport
+ * whose region is in fake device memory, reached only through copies on
+ * the instance's copy stream, with a fake persistent kernel (a thread
+ * running the real ring code) echoing a frontend's request; stop, the
+ * per-device free list (no cudaFree while the agent runs, reuse, one
+ * cudaFree per chunk at shutdown); a hung kernel (-ETIMEDOUT, its memory
+ * kept, never freed); health (sticky, lost, non-sticky); no device-wide
+ * synchronisation while another kernel runs; the RDMA registration of GPU
+ * memory (dma-buf with offset/iova of the class, the nvidia-peermem
+ * fallback, both reasons when both fail); and clean-up on every failure.
+ *
+ * The tcp agent side is process-wide: started once for the whole file.
+ * The backend's state (free list, per-device error record) is too, so the
+ * tests use separate fake GPUs where health is asserted.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <infiniband/verbs.h>
+
+#include "fake_cuda.h"
+#include "gpu.h"
+#include "mqueue.h"
+#include "transport.h"
+#include "util.h"
+
+#define S 8u
+#define Z 256u
+#define EPOCH 0x5EED0000C0DAull
+#define ACCEL 3u
+#define GPUS 5
+
+#ifndef STOP_WAIT_MS
+#define STOP_WAIT_MS 3000u
+#endif
+
+static const struct lynx_transport_ops *T;
+static char g_bound[LYNX_LOCATOR_MAX];
+/* The hung instance's handle: the backend keeps it (and its memory) until
+ * the process exits, by design; reachable here so LeakSanitizer agrees. */
+struct gpu_instance *volatile ut_hung_gi;
+
+#define assert_contains(hay, needle)                                           \
+  do {                                                                         \
+    if (!strstr((hay), (needle)))                                              \
+      fail_msg("'%s' does not contain '%s'", (hay), (needle));                 \
+  } while (0)
+
+/* ---- the process-wide tcp agent side -------------------------------- */
+
+static int group_setup(void **state) {
+  char err[256];
+  (void)state;
+  fake_cuda_gpus(GPUS);
+  fake_cuda_reset();
+  T = lynx_transport_find("tcp");
+  if (!T || T->agent_start("127.0.0.1:0", g_bound, sizeof(g_bound), err,
+                           sizeof(err))) {
+    fprintf(stderr, "agent_start: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  T->agent_stop();
+  gpu_shutdown();
+  fake_cuda_reap();
+  return 0;
+}
+
+/* ---- a fake transport: captures the region memory it is given ------- */
+
+static const struct lynx_region_mem *fk_mem;
+static int fk_attaches, fk_releases, fk_export_rc;
+
+static int fk_attach(struct lynx_region *r, const char *name, uint64_t size,
+                     const struct lynx_region_mem *mem);
+
+static int fk_export(struct lynx_region *r) {
+  (void)r;
+  return fk_export_rc;
+}
+
+static void fk_free(struct lynx_region *r) {
+  if (r->mem) {
+    fk_releases++;
+    r->mem->release(r->mem->ctx);
+  }
+  r->mem = NULL;
+}
+
+static const struct lynx_transport_ops fake_tops = {
+    .name = "fake",
+    .region_attach = fk_attach,
+    .region_export = fk_export,
+    .region_free = fk_free,
+};
+
+static int fk_attach(struct lynx_region *r, const char *name, uint64_t size,
+                     const struct lynx_region_mem *mem) {
+  (void)name;
+  fk_attaches++;
+  r->fd = -1;
+  r->base = NULL;
+  r->priv = NULL;
+  r->ops = &fake_tops;
+  r->mem = mem;
+  r->size = size;
+  snprintf(r->locator, sizeof(r->locator), "fake:1");
+  fk_mem = mem;
+  return 0;
+}
+
+/* ---- instances --------------------------------------------------------- */
+
+struct inst {
+  struct gpu_info gpu;
+  struct lynx_region r;
+  struct lynx_geom g;
+  struct gpu_instance *gi;
+  struct fake_kernel *k;
+  struct lynx_tconn *c;
+  uint64_t epoch;
+  char err[512];
+};
+
+static int inst_start(struct inst *in, int dev,
+                      const struct lynx_transport_ops *ops, uint32_t q,
+                      uint32_t n_server, uint64_t epoch) {
+  struct gpu_launch l;
+  int n0 = fake_cuda_kernels(), rc;
+  memset(in, 0, sizeof(*in));
+  in->gpu.device = dev;
+  snprintf(in->gpu.name, sizeof(in->gpu.name), "Fake GPU %d", dev);
+  in->gpu.rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner;
+  in->gpu.ordering = LYNX_ORDER_COALESCED;
+  in->epoch = epoch;
+  in->r.fd = -1;
+  if (lynx_geom_init(&in->g, q, S, Z))
+    in->g.region_size = 0;
+  l = (struct gpu_launch){.gpu = &in->gpu,
+                          .tops = ops,
+                          .name = "ut-gpu",
+                          .n_mqueues = q,
+                          .n_server = n_server,
+                          .slots = S,
+                          .slot_size = Z,
+                          .ordering = LYNX_ORDER_FENCED,
+                          .accel_id = ACCEL,
+                          .epoch = epoch,
+                          .cuda_app = LYNX_CUDA_APP_ECHO,
+                          .work_us = 7,
+                          .threads = 64};
+  rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
+  if (!rc && fake_cuda_kernels() > n0)
+    in->k = fake_cuda_kernel(fake_cuda_kernels() - 1);
+  if (rc)
+    fprintf(stderr, "(expected?) gpu_instance_start: %d %s\n", rc, in->err);
+  return rc;
+}
+
+static uint8_t *dev_base(const struct inst *in) {
+  return (uint8_t *)(uintptr_t)in->r.mem->dev_addr;
+}
+
+static void inst_connect(struct inst *in) {
+  struct lynx_region_desc d;
+  memset(&d, 0, sizeof(d));
+  d.accel_id = ACCEL;
+  snprintf(d.transport, sizeof(d.transport), "tcp");
+  snprintf(d.locator, sizeof(d.locator), "%s", in->r.locator);
+  d.region_size = in->g.region_size;
+  d.epoch = in->epoch;
+  d.n_mqueues = in->g.n_mqueues;
+  d.slots = S;
+  d.slot_size = Z;
+  d.ordering = LYNX_ORDER_FENCED;
+  d.key = in->r.key;
+  assert_int_equal(T->connect(&d, &in->c), 0);
+}
+
+/* Polls until n completions arrived (or 2 s passed); returns the count. */
+static int poll_n(struct lynx_tconn *c, uint64_t *ids, int n) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  int got = 0;
+  while (got < n && lynx_now_ns() < end) {
+    int k = c->ops->poll(c, ids + got, n - got);
+    if (k < 0)
+      return k;
+    got += k;
+    if (!k)
+      usleep(100);
+  }
+  return got;
+}
+
+/* The frontend's request at RX position pos of mqueue q (one publishing
+ * gather write); waits for the kernel's echo in the TX ring (reads). */
+static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
+                 uint32_t tag) {
+  uint32_t len = (uint32_t)strlen(msg) + 1;
+  uint32_t poff = lynx_payload_off(Z, len);
+  struct lynx_slot_meta meta = {len, tag, LYNX_ST_OK, (uint16_t)(poff / 16u),
+                                lynx_seq_for(pos)};
+  static const uint8_t zeros[Z];
+  struct iovec iov[3] = {{(void *)msg, len},
+                         {(void *)zeros, lynx_slot_cap(Z) - poff - len},
+                         {&meta, sizeof(meta)}};
+  uint64_t rx = lynx_slot_off(&in->g, lynx_rx_ring_off(&in->g, q), pos);
+  uint64_t tx = lynx_slot_off(&in->g, lynx_tx_ring_off(&in->g, q), pos);
+  uint64_t end = lynx_now_ns() + 2000000000ull, id;
+  uint8_t slot[Z];
+  struct lynx_slot_meta got;
+  assert_int_equal(in->c->ops->writev(in->c, rx + poff, iov, 3,
+                                      LYNX_WR_PUBLISH), 0);
+  assert_int_equal(in->c->ops->flush(in->c), 0);
+  do {
+    assert_int_equal(in->c->ops->read(in->c, tx, slot, Z, 9), 0);
+    assert_int_equal(in->c->ops->flush(in->c), 0);
+    assert_int_equal(poll_n(in->c, &id, 1), 1);
+    memcpy(&got, slot + Z - LYNX_META_SIZE, sizeof(got));
+    if (got.seq == lynx_seq_for(pos))
+      break;
+    usleep(500);
+  } while (lynx_now_ns() < end);
+  assert_int_equal(got.seq, lynx_seq_for(pos));
+  assert_int_equal(got.tag, tag);
+  assert_int_equal(got.len, len);
+  assert_int_equal(got.status, LYNX_ST_OK);
+  assert_memory_equal(slot + got.off16 * 16u, msg, len);
+}
+
+/* Waits until the fake counted want stream destructions (the transport's
+ * server thread releases the memory after its last connection), then a
+ * little longer for the chunks to reach the free list right after. */
+static void wait_destroys(int want) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  while (__atomic_load_n(&fake.stream_destroys, __ATOMIC_SEQ_CST) < want &&
+         lynx_now_ns() < end)
+    usleep(1000);
+  assert_int_equal(__atomic_load_n(&fake.stream_destroys, __ATOMIC_SEQ_CST),
+                   want);
+  usleep(50000);
+}
+
+static void counters(struct inst *in, uint64_t c[4]) {
+  assert_int_equal(gpu_instance_counters(in->gi, &c[0], &c[1], &c[2], &c[3]),
+                   0);
+}
+
+/* Counters until requests reach want (the kernel stores them right after
+ * the response it published), or 2 s. */
+static void counters_until(struct inst *in, uint64_t want, uint64_t c[4]) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  do {
+    counters(in, c);
+    if (c[0] >= want && c[1] >= want)
+      return;
+    usleep(1000);
+  } while (lynx_now_ns() < end);
+}
+
+/* Closes the frontend, frees the region at the transport and drops the
+ * agent's handle. */
+static void inst_drop(struct inst *in) {
+  if (in->c)
+    in->c->ops->close(in->c);
+  in->c = NULL;
+  in->r.ops->region_free(&in->r);
+  gpu_instance_put(in->gi);
+  in->gi = NULL;
+}
+
+/* stderr into a memfd while a call runs (the backend logs there). */
+static int cap_fd = -1, cap_saved = -1;
+
+static void cap_begin(void) {
+  fflush(stderr);
+  cap_fd = memfd_create("ut-stderr", 0);
+  cap_saved = dup(2);
+  assert_true(cap_fd >= 0 && cap_saved >= 0);
+  dup2(cap_fd, 2);
+}
+
+static char *cap_end(void) {
+  off_t n;
+  char *s;
+  fflush(stderr);
+  dup2(cap_saved, 2);
+  close(cap_saved);
+  n = lseek(cap_fd, 0, SEEK_END);
+  s = calloc(1, (size_t)n + 1);
+  assert_non_null(s);
+  assert_int_equal(pread(cap_fd, s, (size_t)n, 0), n);
+  close(cap_fd);
+  fputs(s, stderr);
+  return s;
+}
+
+/* ---- 1. discovery ------------------------------------------------------ */
+
+static void refused(const char *spec, int want, const char *why) {
+  struct gpu_info *g = (void *)1;
+  uint32_t n = 7;
+  char err[256] = "";
+  assert_int_equal(gpu_discover(spec, &g, &n, err, sizeof(err)), want);
+  assert_null(g);
+  assert_int_equal(n, 0);
+  assert_contains(err, why);
+}
+
+static void test_discovery(void **state) {
+  struct gpu_info *g = NULL;
+  uint32_t n = 0;
+  char err[256] = "";
+  (void)state;
+  fake_cuda_reset();
+  fake_cuda_gpus(2);
+  snprintf(fake.gpu[0].name, sizeof(fake.gpu[0].name),
+           "NVIDIA A100-SXM4-80GB");
+  snprintf(fake.gpu[0].pci_bus_id, sizeof(fake.gpu[0].pci_bus_id),
+           "0000:17:00.0");
+  fake.gpu[0].memory = 85899345920ull;
+  fake.gpu[0].major = 8;
+  fake.gpu[0].sms = 108;
+  fake.gpu[0].gpudirect_rdma = 0;
+  fake.gpu[0].writes_ordering = cudaGPUDirectRDMAWritesOrderingNone;
+  snprintf(fake.gpu[1].pci_bus_id, sizeof(fake.gpu[1].pci_bus_id),
+           "0000:c1:00.0");
+  fake.gpu[1].memory = 85520809984ull;
+  fake.gpu[1].writes_ordering = cudaGPUDirectRDMAWritesOrderingAllDevices;
+
+  assert_int_equal(gpu_discover("all", &g, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(g[0].device, 0);
+  assert_string_equal(g[0].name, "NVIDIA A100-SXM4-80GB");
+  assert_string_equal(g[0].pci_bus_id, "0000:17:00.0");
+  assert_int_equal(g[0].memory, 85899345920ull);
+  assert_int_equal(g[0].cc_major, 8);
+  assert_int_equal(g[0].sms, 108);
+  assert_int_equal(g[0].gpudirect_rdma, 0);
+  assert_int_equal(g[0].rdma_writes_ordering,
+                   cudaGPUDirectRDMAWritesOrderingNone);
+  assert_int_equal(g[0].ordering, LYNX_ORDER_FENCED);
+  assert_int_equal(g[1].device, 1);
+  assert_string_equal(g[1].name, "Fake GPU 1");
+  assert_string_equal(g[1].pci_bus_id, "0000:c1:00.0");
+  assert_int_equal(g[1].memory, 85520809984ull);
+  assert_int_equal(g[1].cc_major, 9);
+  assert_int_equal(g[1].sms, 132);
+  assert_int_equal(g[1].gpudirect_rdma, 1);
+  assert_int_equal(g[1].rdma_writes_ordering,
+                   cudaGPUDirectRDMAWritesOrderingAllDevices);
+  assert_int_equal(g[1].ordering, LYNX_ORDER_COALESCED);
+  free(g);
+
+  /* "1" is GPU 1 alone; owner ordering is native ordering too */
+  fake.gpu[1].writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner;
+  assert_int_equal(gpu_discover("1", &g, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(g[0].device, 1);
+  assert_string_equal(g[0].pci_bus_id, "0000:c1:00.0");
+  assert_int_equal(g[0].ordering, LYNX_ORDER_COALESCED);
+  free(g);
+  assert_int_equal(gpu_discover("1,0", &g, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(g[0].device, 1);
+  assert_int_equal(g[1].device, 0);
+  free(g);
+
+  refused("0,0", -EINVAL, "GPU 0 named twice");
+  refused("x", -EINVAL, "'x': expected 'all' or GPU ordinals");
+  refused("", -EINVAL, "empty list");
+  refused("0,", -EINVAL, "expected 'all' or GPU ordinals");
+  refused("0,,1", -EINVAL, "expected 'all' or GPU ordinals");
+  refused("-1", -EINVAL, "expected 'all' or GPU ordinals");
+  refused("5", -ENODEV, "CUDA GPU 5 does not exist (this host has 2)");
+  refused("0,2", -ENODEV, "CUDA GPU 2 does not exist");
+
+  fake.err_properties = cudaErrorInvalidDevice;
+  refused("0", -ENODEV, "CUDA GPU 0: cannot read its properties");
+  fake.err_properties = cudaSuccess;
+
+  /* no driver: the runtime says so at the first call */
+  fake.err_device_count = cudaErrorInsufficientDriver;
+  refused("all", -ENODEV, "no usable CUDA GPU");
+  refused("all", -ENODEV, "cudaErrorInsufficientDriver");
+  fake.err_device_count = cudaSuccess;
+  fake_cuda_gpus(0);
+  refused("all", -ENODEV, "no CUDA GPU on this host");
+  refused("0", -ENODEV, "no CUDA GPU on this host");
+  fake_cuda_gpus(GPUS);
+}
+
+/* ---- 2. an instance over tcp ------------------------------------------- */
+
+static void test_instance_over_tcp(void **state) {
+  struct inst in;
+  const struct lynx_region_hdr *h;
+  struct lynx_cuda_kctl *kc;
+  cudaStream_t cs;
+  int live0, magic_at = -1, ops0;
+  uint64_t c[4];
+  char *log;
+  (void)state;
+  fake_cuda_reset();
+  live0 = fake_cuda_live();
+  assert_int_equal(inst_start(&in, 0, T, 3, 2, EPOCH), 0);
+  assert_non_null(in.gi);
+  assert_non_null(in.k);
+  /* the region is device memory: the transport reaches it only through
+   * the instance's memory, never through r->base */
+  assert_null(in.r.base);
+  assert_non_null(in.r.mem);
+  assert_string_equal(in.r.mem->kind, "cuda");
+  assert_int_equal(in.r.mem->dev_addr % (64u * 1024u), 0);
+  assert_int_equal(in.r.size, in.g.region_size);
+  assert_int_equal(fake.mallocs, 2); /* region, control block */
+  assert_int_equal(fake_cuda_live(), live0 + 2);
+  assert_true(fake_cuda_is_live(dev_base(&in)));
+  assert_true(fake_cuda_is_live(dev_base(&in) + in.g.region_size - 1));
+  assert_int_equal(fake.sync_memops_ptr, in.r.mem->dev_addr);
+
+  /* launched with blocks = min(n_server, resident) and what it was given */
+  assert_int_equal(fake.launches, 1);
+  assert_ptr_equal(in.k->l.region, dev_base(&in));
+  assert_int_equal(in.k->l.n_mqueues, 3);
+  assert_int_equal(in.k->l.n_server, 2);
+  assert_int_equal(in.k->l.slots, S);
+  assert_int_equal(in.k->l.slot_size, Z);
+  assert_int_equal(in.k->l.blocks, 2);
+  assert_int_equal(in.k->l.threads, 64);
+  assert_int_equal(in.k->l.app, LYNX_CUDA_APP_ECHO);
+  assert_int_equal(in.k->l.work_us, 7);
+  assert_int_equal(in.k->device, 0);
+  assert_true(fake_cuda_is_live(in.k->l.kctl));
+  assert_false(fake_cuda_is_live(dev_base(&in)) &&
+               (uint8_t *)in.k->l.kctl >= dev_base(&in) &&
+               (uint8_t *)in.k->l.kctl < dev_base(&in) + in.g.region_size);
+
+  /* the header, formatted in device memory */
+  h = (const struct lynx_region_hdr *)dev_base(&in);
+  assert_int_equal(h->magic, LYNX_REGION_MAGIC);
+  assert_int_equal(h->layout_version, LYNX_LAYOUT_VERSION);
+  assert_int_equal(h->ordering, LYNX_ORDER_FENCED);
+  assert_int_equal(h->epoch, EPOCH);
+  assert_int_equal(h->region_size, in.g.region_size);
+  assert_int_equal(h->n_mqueues, 3);
+  assert_int_equal(h->accel_id, ACCEL);
+
+  /* zeroed, then the header, its magic last; everything on one stream,
+   * the copy stream, which is not the kernel's */
+  cs = fake.ops[0].stream;
+  assert_non_null(cs);
+  assert_ptr_not_equal(cs, in.k->stream);
+  assert_true(fake.ops[0].memset);
+  assert_true((const uint8_t *)fake.ops[0].dev <= dev_base(&in));
+  assert_true((const uint8_t *)fake.ops[0].dev + fake.ops[0].len >=
+              dev_base(&in) + in.g.region_size);
+  for (int i = 0; i < fake.n_ops; i++) {
+    const uint8_t *d = fake.ops[i].dev;
+    assert_ptr_equal(fake.ops[i].stream, cs);
+    if (fake.ops[i].memset || fake.ops[i].kind != cudaMemcpyHostToDevice ||
+        d >= dev_base(&in) + sizeof(*h) || d + fake.ops[i].len <= dev_base(&in))
+      continue;
+    assert_int_equal(magic_at, -1); /* nothing touches the header after */
+    if (d == dev_base(&in) && fake.ops[i].len == 4 &&
+        fake.ops[i].word == LYNX_REGION_MAGIC)
+      magic_at = i;
+    else
+      assert_ptr_equal(d, dev_base(&in) + 4);
+  }
+  assert_true(magic_at > 0);
+
+  /* a frontend's requests through the real tcp transport, answered by the
+   * kernel in device memory; each access a copy on the copy stream */
+  inst_connect(&in);
+  ops0 = fake.n_ops;
+  echo(&in, 1, 0, "hello, GPU", 0xABCD0001u);
+  echo(&in, 0, 0, "on mqueue 0", 0xABCD0002u);
+  echo(&in, 1, 1, "again on 1", 0xABCD0003u);
+  assert_true(fake_cuda_copies(ops0, NULL) >= 6);
+  assert_int_equal(fake_cuda_copies(ops0, cs), fake_cuda_copies(ops0, NULL));
+  assert_int_equal(fake_cuda_copies(0, in.k->stream), 0);
+  assert_int_equal(fake.bad_copies, 0);
+  assert_null(in.r.base);
+
+  /* counters: per block, summed */
+  counters_until(&in, 3, c);
+  assert_int_equal(c[0], 3);
+  assert_int_equal(c[1], 3);
+  kc = in.k->l.kctl;
+  assert_int_equal(kc->blocks[0].requests, 1);
+  assert_int_equal(kc->blocks[1].requests, 2);
+  kc->blocks[0].drops = 3;
+  kc->blocks[1].drops = 4;
+  kc->blocks[0].bad = 5;
+  kc->blocks[1].bad = 6;
+  counters(&in, c);
+  assert_int_equal(c[2], 7);
+  assert_int_equal(c[3], 11);
+  assert_int_equal(fake.frees, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake.device_syncs, 0);
+
+  /* a stop that works is not reported as a kernel that exited by itself */
+  cap_begin();
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  log = cap_end();
+  assert_null(strstr(log, "exited without being asked"));
+  free(log);
+
+  inst_drop(&in);
+  wait_destroys(2);
+  assert_int_equal(fake.frees, 0);
+  gpu_shutdown();
+  assert_int_equal(fake.frees, 2);
+  assert_int_equal(fake.bad_frees, 0);
+  assert_int_equal(fake_cuda_live(), live0);
+}
+
+/* ---- 3. stop, the free list, shutdown -------------------------------- */
+
+static void test_stop_reuse_shutdown(void **state) {
+  struct inst a, b;
+  uint8_t *region;
+  void *kctl;
+  int live0, ops0, stop_at = -1;
+  uint64_t c[4], t0;
+  (void)state;
+  fake_cuda_reset();
+  live0 = fake_cuda_live();
+  assert_int_equal(inst_start(&a, 0, T, 2, 2, EPOCH), 0);
+  region = dev_base(&a);
+  kctl = a.k->l.kctl;
+  inst_connect(&a);
+  echo(&a, 0, 0, "before the stop", 7);
+  counters_until(&a, 1, c);
+
+  ops0 = fake.n_ops;
+  t0 = lynx_now_ns();
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  assert_true(lynx_now_ns() - t0 < 1000000000ull);
+  /* the stop word went with a copy on the copy stream */
+  for (int i = ops0; i < fake.n_ops; i++)
+    if (!fake.ops[i].memset && fake.ops[i].kind == cudaMemcpyHostToDevice &&
+        fake.ops[i].dev == &a.k->l.kctl->stop && fake.ops[i].len == 4 &&
+        fake.ops[i].word == 1)
+      stop_at = i;
+  assert_true(stop_at >= 0);
+  assert_ptr_equal(fake.ops[stop_at].stream, fake.ops[0].stream);
+  assert_int_equal(a.k->l.kctl->stop, 1);
+  assert_false(a.k->running);
+  assert_int_equal(a.k->l.kctl->exited, a.k->l.kctl->started);
+  /* final counters stay readable, without touching the device again */
+  ops0 = fake.n_ops;
+  counters(&a, c);
+  assert_int_equal(c[0], 1);
+  assert_int_equal(c[1], 1);
+  assert_int_equal(fake.n_ops, ops0);
+  assert_int_equal(gpu_instance_stop(a.gi), 0); /* twice: no-op */
+
+  /* freed: memory to the free list, not cudaFree */
+  inst_drop(&a);
+  wait_destroys(2);
+  assert_int_equal(fake.frees, 0);
+  assert_true(fake_cuda_is_live(region));
+  assert_true(fake_cuda_is_live(kctl));
+
+  /* the next instance of that size reuses it, zeroed again */
+  assert_int_equal(inst_start(&b, 0, T, 2, 2, EPOCH + 1), 0);
+  assert_int_equal(fake.mallocs, 2);
+  assert_ptr_equal(dev_base(&b), region);
+  assert_ptr_equal(b.k->l.kctl, kctl);
+  assert_int_equal(((struct lynx_region_hdr *)region)->epoch, EPOCH + 1);
+  inst_connect(&b);
+  echo(&b, 0, 0, "reused memory", 8);
+  echo(&b, 1, 0, "reused memory 2", 9);
+  counters_until(&b, 2, c);
+  assert_int_equal(c[0], 2); /* nothing left from the first instance */
+  assert_int_equal(gpu_instance_stop(b.gi), 0);
+  inst_drop(&b);
+  wait_destroys(4);
+  assert_int_equal(fake.frees, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+
+  /* at exit: every chunk freed exactly once */
+  gpu_shutdown();
+  assert_int_equal(fake.frees, 2);
+  assert_int_equal(fake.bad_frees, 0);
+  assert_false(fake_cuda_is_live(region));
+  assert_false(fake_cuda_is_live(kctl));
+  assert_int_equal(fake_cuda_live(), live0);
+  gpu_shutdown();
+  assert_int_equal(fake.frees, 2);
+}
+
+/* ---- 4. a hung kernel -------------------------------------------------- */
+
+static void test_hung_kernel(void **state) {
+  struct inst a, b;
+  int lost = -1, failed = -1;
+  char err[256];
+  uint64_t t0, ms, c[4];
+  uint8_t *region;
+  void *kctl;
+  (void)state;
+  fake_cuda_reset();
+  fake.hang_next = 1;
+  assert_int_equal(inst_start(&a, 1, T, 2, 2, EPOCH), 0);
+  assert_true(a.k->hang);
+  region = dev_base(&a);
+  kctl = a.k->l.kctl;
+  t0 = lynx_now_ns();
+  assert_int_equal(gpu_instance_stop(a.gi), -ETIMEDOUT);
+  ms = (lynx_now_ns() - t0) / 1000000u;
+  assert_true(ms >= STOP_WAIT_MS - 10);
+  assert_true(ms < STOP_WAIT_MS + 2000);
+  assert_true(a.k->running);
+  gpu_health(&a.gpu, &lost, &failed, err, sizeof(err));
+  assert_int_equal(lost, 0);
+  assert_int_equal(failed, 1); /* only a context reset clears a hung kernel */
+  assert_contains(err, "did not stop");
+  t0 = lynx_now_ns();
+  assert_int_equal(gpu_instance_stop(a.gi), -ETIMEDOUT); /* no second wait */
+  assert_true(lynx_now_ns() - t0 < 100000000ull);
+  counters(&a, c); /* still readable */
+
+  /* its memory is kept: not freed, not reused */
+  ut_hung_gi = a.gi;
+  inst_drop(&a);
+  assert_int_equal(fake.frees, 0);
+  assert_true(fake_cuda_is_live(region));
+  assert_true(fake_cuda_is_live(kctl));
+  assert_int_equal(inst_start(&b, 1, T, 2, 2, EPOCH), 0);
+  assert_int_equal(fake.mallocs, 4);
+  assert_ptr_not_equal(dev_base(&b), region);
+  assert_ptr_not_equal(b.k->l.kctl, kctl);
+  assert_int_equal(gpu_instance_stop(b.gi), 0);
+  inst_drop(&b);
+  wait_destroys(2);
+
+  /* at exit: never a cudaFree there (it would wait for the hung kernel
+   * forever), neither of the hung region nor of what is on the list */
+  gpu_shutdown();
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake.frees, 0);
+  assert_true(fake_cuda_is_live(region));
+  assert_true(fake_cuda_is_live(kctl));
+  assert_int_equal(fake.bad_frees, 0);
+}
+
+/* ---- 5. health --------------------------------------------------------- */
+
+static void test_health(void **state) {
+  struct inst a;
+  struct gpu_info g = {.device = 3};
+  int lost = -1, failed = -1;
+  char err[256];
+  uint64_t c[4];
+  (void)state;
+  fake_cuda_reset();
+
+  /* sticky: the kernel died of an illegal address */
+  assert_int_equal(inst_start(&a, 2, T, 2, 2, EPOCH), 0);
+  gpu_health(&a.gpu, &lost, &failed, err, sizeof(err));
+  assert_int_equal(lost, 0);
+  assert_int_equal(failed, 0);
+  assert_string_equal(err, "");
+  fake_cuda_crash(a.k, cudaErrorIllegalAddress);
+  counters(&a, c);
+  gpu_health(&a.gpu, &lost, &failed, err, sizeof(err));
+  assert_int_equal(lost, 0);
+  assert_int_equal(failed, 1);
+  assert_contains(err, "persistent kernel: cudaErrorIllegalAddress");
+  assert_int_equal(gpu_instance_stop(a.gi), 0); /* dead, not hung */
+  inst_drop(&a);
+  wait_destroys(2);
+
+  /* lost: the device query says there is no device */
+  fake.err_attr[3] = cudaErrorNoDevice;
+  gpu_health(&g, &lost, &failed, err, sizeof(err));
+  assert_int_equal(lost, 1);
+  assert_int_equal(failed, 0);
+  assert_contains(err, "device query: cudaErrorNoDevice");
+  fake.err_attr[3] = cudaSuccess;
+
+  /* not sticky: recorded, the device is fine */
+  assert_int_equal(inst_start(&a, 4, T, 2, 2, EPOCH), 0);
+  fake.err_memcpy_once = cudaErrorInvalidValue;
+  assert_int_equal(gpu_instance_counters(a.gi, &c[0], &c[1], &c[2], &c[3]),
+                   -EIO);
+  gpu_health(&a.gpu, &lost, &failed, err, sizeof(err));
+  assert_int_equal(lost, 0);
+  assert_int_equal(failed, 0);
+  assert_contains(err, "reading counters: cudaErrorInvalidValue");
+  counters(&a, c);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  wait_destroys(4);
+  assert_int_equal(fake.blocking_calls, 0);
+  gpu_shutdown();
+  assert_int_equal(fake.bad_frees, 0);
+}
+
+/* ---- 6. never a device-wide synchronisation -------------------------- */
+
+static void test_no_device_sync(void **state) {
+  struct inst a, b, c;
+  int live0;
+  uint8_t *b_region;
+  (void)state;
+  fake_cuda_reset();
+  fake.resident = 1; /* blocks = min(n_server, resident) */
+  live0 = fake_cuda_live();
+  assert_int_equal(inst_start(&a, 0, T, 2, 2, EPOCH), 0);
+  assert_int_equal(a.k->l.blocks, 1);
+  inst_connect(&a);
+  echo(&a, 1, 0, "a runs", 1);
+
+  fake.resident = 8;
+  assert_int_equal(inst_start(&b, 0, T, 1, 1, EPOCH), 0);
+  b_region = dev_base(&b);
+  assert_int_equal(gpu_instance_stop(b.gi), 0);
+  inst_drop(&b);
+  wait_destroys(2);
+  assert_int_equal(inst_start(&c, 0, T, 1, 1, EPOCH), 0);
+  assert_ptr_equal(dev_base(&c), b_region);
+  inst_connect(&c);
+  echo(&c, 0, 0, "c runs", 2);
+  echo(&a, 0, 0, "a still runs", 3);
+  assert_int_equal(gpu_instance_stop(c.gi), 0);
+  inst_drop(&c);
+  wait_destroys(4);
+  assert_true(a.k->running);
+  echo(&a, 1, 1, "a runs on", 4);
+  /* while a's kernel ran: no cudaFree, no cudaDeviceSynchronize, no wait
+   * on its stream */
+  assert_int_equal(fake.frees, 0);
+  assert_int_equal(fake.device_syncs, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake.mallocs, 4);
+
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  wait_destroys(6);
+  gpu_shutdown();
+  assert_int_equal(fake.frees, 4);
+  assert_int_equal(fake.bad_frees, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake_cuda_live(), live0);
+}
+
+/* ---- 7. RDMA registration of GPU memory ------------------------------- */
+
+struct classes {
+  uint64_t from[LYNX_MR_COUNT], len[LYNX_MR_COUNT];
+};
+
+static void classes_of(const struct lynx_geom *g, struct classes *k) {
+  uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
+  k->from[0] = 0;
+  k->len[0] = g->fctrl_off;
+  k->from[1] = g->fctrl_off;
+  k->len[1] = tx - g->fctrl_off;
+  k->from[2] = tx;
+  k->len[2] = g->region_size - tx;
+}
+
+static int reg(uint64_t off, uint64_t len, int access, struct ibv_mr **mr,
+               char *err, size_t errlen) {
+  void *m = NULL;
+  int rc;
+  err[0] = 0;
+  rc = fk_mem->reg_mr(fk_mem->ctx, (void *)0x5D, off, len, access, &m, err,
+                      errlen);
+  *mr = m;
+  return rc;
+}
+
+static void test_rdma_registration(void **state) {
+  struct inst a;
+  struct classes k;
+  struct ibv_mr *mr;
+  char err[512];
+  const int acc[LYNX_MR_COUNT] = {
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ};
+  int fd, releases0;
+  (void)state;
+
+  /* dma-buf: one fd over the whole allocation, one MR per class at the
+   * class's offset in it and iova = device address of the class */
+  fake_cuda_reset();
+  releases0 = fk_releases;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
+  assert_ptr_equal(fk_mem, a.r.mem);
+  classes_of(&a.g, &k);
+  for (int i = 0; i < LYNX_MR_COUNT; i++) {
+    assert_int_equal(reg(k.from[i], k.len[i], acc[i], &mr, err, sizeof(err)),
+                     0);
+    assert_non_null(mr);
+    assert_int_equal(fake.dmabuf_mrs, i + 1);
+    assert_ptr_equal(fake.dmabuf.pd, (void *)0x5D);
+    assert_int_equal(fake.dmabuf.offset, k.from[i]);
+    assert_int_equal(fake.dmabuf.length, k.len[i]);
+    assert_int_equal(fake.dmabuf.iova, a.r.mem->dev_addr + k.from[i]);
+    assert_int_equal(fake.dmabuf.fd, fake.handle_fd);
+    assert_int_equal(fake.dmabuf.access, acc[i]);
+    assert_ptr_equal(mr->addr, (void *)(uintptr_t)fake.dmabuf.iova);
+  }
+  assert_int_equal(fake.get_handles, 1);
+  assert_int_equal(fake.handle_ptr, a.r.mem->dev_addr);
+  assert_int_equal(fake.handle_size % (64u * 1024u), 0);
+  assert_true(fake.handle_size >= a.g.region_size);
+  assert_int_equal(fake.reg_mrs, 0);
+  assert_int_equal(reg(a.g.region_size + 65536, 64, acc[0], &mr, err,
+                       sizeof(err)), -EFAULT);
+  fd = fake.handle_fd;
+  assert_true(fd >= 0 && fcntl(fd, F_GETFD) >= 0);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  assert_int_equal(fk_releases, releases0 + 1);
+  assert_int_equal(fcntl(fd, F_GETFD), -1); /* closed with the instance */
+
+  /* no dma-buf export: nvidia-peermem on the device pointer */
+  fake_cuda_reset();
+  fake.err_get_handle = CUDA_ERROR_NOT_SUPPORTED;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
+  classes_of(&a.g, &k);
+  assert_int_equal(reg(k.from[1], k.len[1], acc[1], &mr, err, sizeof(err)),
+                   0);
+  assert_int_equal(fake.dmabuf_mrs, 0);
+  assert_int_equal(fake.reg_mrs, 1);
+  assert_ptr_equal(fake.regmr.addr, dev_base(&a) + k.from[1]);
+  assert_int_equal(fake.regmr.length, k.len[1]);
+  assert_int_equal(fake.regmr.access, acc[1]);
+  assert_ptr_equal(mr->addr, dev_base(&a) + k.from[1]);
+  /* then peermem fails too: both reasons, also for a later class */
+  fake.err_reg_mr = EINVAL;
+  assert_int_equal(reg(k.from[2], k.len[2], acc[2], &mr, err, sizeof(err)),
+                   -EIO);
+  assert_contains(err, "GPU 0");
+  assert_contains(err, "cuMemGetHandleForAddressRange: CUresult 801");
+  assert_contains(err, "ibv_reg_mr: Invalid argument");
+  assert_int_equal(fake.get_handles, 1);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+
+  /* the NIC refuses the dma-buf: peermem; both refuse: both reasons */
+  fake_cuda_reset();
+  fake.err_dmabuf_mr = EOPNOTSUPP;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
+  classes_of(&a.g, &k);
+  assert_int_equal(reg(k.from[0], k.len[0], acc[0], &mr, err, sizeof(err)),
+                   0);
+  assert_int_equal(fake.dmabuf_mrs, 1);
+  assert_int_equal(fake.reg_mrs, 1);
+  assert_ptr_equal(fake.regmr.addr, dev_base(&a));
+  fake.err_reg_mr = EFAULT;
+  assert_int_equal(reg(k.from[2], k.len[2], acc[2], &mr, err, sizeof(err)),
+                   -EIO);
+  assert_contains(err, "ibv_reg_dmabuf_mr: Operation not supported");
+  assert_contains(err, "ibv_reg_mr: Bad address");
+  assert_contains(err, "nvidia-peermem");
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+
+  /* a driver without the entry point */
+  fake_cuda_reset();
+  fake.no_get_handle = 1;
+  fake.err_reg_mr = ENODEV;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
+  assert_int_equal(reg(0, 64, acc[0], &mr, err, sizeof(err)), -EIO);
+  assert_contains(err, "cuMemGetHandleForAddressRange: not in this driver");
+  assert_contains(err, "ibv_reg_mr: No such device");
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  gpu_shutdown();
+  assert_int_equal(fake.bad_frees, 0);
+}
+
+/* ---- 8. failures clean up --------------------------------------------- */
+
+static void test_failures_clean_up(void **state) {
+  struct inst a;
+  int live0 = fake_cuda_live(), att0, rel0;
+  uint8_t *region;
+  (void)state;
+
+  /* no device memory: nothing attached, nothing left */
+  fake_cuda_reset();
+  att0 = fk_attaches;
+  rel0 = fk_releases;
+  fake.err_malloc = cudaErrorMemoryAllocation;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), -ENOMEM);
+  assert_null(a.gi);
+  assert_contains(a.err, "GPU 0: cannot allocate a ");
+  assert_contains(a.err, "out of memory");
+  assert_int_equal(fk_attaches, att0);
+  assert_int_equal(fk_releases, rel0);
+  assert_int_equal(fake.stream_creates, 2);
+  assert_int_equal(fake.stream_destroys, 2);
+  assert_int_equal(fake.launches, 0);
+  assert_int_equal(fake_cuda_live(), live0);
+  fake.err_malloc = cudaSuccess;
+
+  /* the launch fails: the transport released the memory once, and it is
+   * back on the free list */
+  fake_cuda_reset();
+  fake.err_launch = cudaErrorNoKernelImageForDevice;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), -EIO);
+  assert_null(a.gi);
+  assert_contains(a.err, "fake launch failure 209");
+  assert_int_equal(fk_releases, rel0 + 1);
+  assert_int_equal(fake.stream_destroys, 2);
+  assert_int_equal(fake.frees, 0);
+  assert_int_equal(fake_cuda_live(), live0 + 2);
+  fake.err_launch = -EINVAL;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), -EINVAL);
+  assert_int_equal(fk_releases, rel0 + 2);
+  assert_int_equal(fake.mallocs, 2); /* reused */
+  fake.err_launch = 0;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
+  assert_int_equal(fake.mallocs, 2);
+  region = dev_base(&a);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  assert_int_equal(fk_releases, rel0 + 3);
+
+  /* the transport cannot reach GPU memory (shm) */
+  assert_int_equal(inst_start(&a, 0, lynx_transport_find("shm"), 3, 2, EPOCH),
+                   -ENOTSUP);
+  assert_contains(a.err, "the shm transport cannot reach GPU memory (use tcp "
+                         "or rdma)");
+  /* nor export it */
+  fk_export_rc = -EPROTO;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), -EPROTO);
+  assert_contains(a.err, "cannot export the region in GPU memory over fake");
+  assert_int_equal(fk_releases, rel0 + 4);
+  fk_export_rc = 0;
+  /* no block fits */
+  fake.resident = 0;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), -EIO);
+  assert_contains(a.err, "not one block fits");
+  assert_int_equal(fk_releases, rel0 + 5);
+  fake.resident = 8;
+  /* a bad geometry, before anything is allocated */
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 4, EPOCH), -EINVAL);
+  assert_int_equal(fake.mallocs, 2);
+  assert_int_equal(fake.launches, 3);
+  assert_int_equal(fake.stream_creates, fake.stream_destroys);
+  assert_int_equal(fake.frees, 0);
+  assert_int_equal(fake_cuda_live(), live0 + 2);
+  assert_true(fake_cuda_is_live(region));
+  gpu_shutdown();
+  assert_int_equal(fake.frees, 2);
+  assert_int_equal(fake.bad_frees, 0);
+  assert_int_equal(fake.bad_copies, 0);
+  assert_int_equal(fake_cuda_live(), live0);
+}
+
+/* Every test starts with GPUS fake GPUs, no injection, no records. */
+static int setup(void **state) {
+  (void)state;
+  fake_cuda_gpus(GPUS);
+  fake_cuda_reset();
+  return 0;
+}
+
+#define T_(fn) cmocka_unit_test_setup(fn, setup)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T_(test_discovery),
+      T_(test_instance_over_tcp),
+      T_(test_stop_reuse_shutdown),
+      T_(test_hung_kernel),
+      T_(test_health),
+      T_(test_no_device_sync),
+      T_(test_rdma_registration),
+      T_(test_failures_clean_up),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
