@@ -154,7 +154,8 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
                                   ag->cfg.work_us, NULL, 0, &in, why,
                                   sizeof(why));
     if (rc) {
-      fprintf(stderr, "lynx-agent: accel %u: %s\n", i, why);
+      fprintf(stderr, "lynx-agent: accel %u: %s\n", i,
+              why[0] ? why : strerror(-rc));
       return rc;
     }
   }
