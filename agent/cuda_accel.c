@@ -400,7 +400,7 @@ struct gpu_instance {
 static int mem_write(void *ctx, uint64_t off, const void *src, size_t len) {
   struct gpu_instance *gi = ctx;
   cudaError_t e = cudaSuccess;
-  if (off > gi->size || len > gi->size - off)
+  if (lynx_bounds_ok(gi->size, off, len))
     return -EFAULT;
   pthread_mutex_lock(&gi->lock);
   if (gi->gva) {
@@ -431,7 +431,7 @@ static int mem_write(void *ctx, uint64_t off, const void *src, size_t len) {
 static int mem_read(void *ctx, uint64_t off, void *dst, size_t len) {
   struct gpu_instance *gi = ctx;
   cudaError_t e = cudaSuccess;
-  if (off > gi->size || len > gi->size - off)
+  if (lynx_bounds_ok(gi->size, off, len))
     return -EFAULT;
   pthread_mutex_lock(&gi->lock);
   if (gi->gva) {
@@ -458,7 +458,7 @@ static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
   struct gpu_instance *gi = ctx;
   char dmabuf_why[96] = "";
   struct ibv_mr *m = NULL;
-  if (off > gi->alloc || len > gi->alloc - off)
+  if (lynx_bounds_ok(gi->alloc, off, len))
     return -EFAULT;
   pthread_mutex_lock(&gi->lock);
   if (gi->dmabuf_fd == -1) {
@@ -731,15 +731,13 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   pthread_mutex_unlock(&gi->lock);
   if (e != cudaSuccess)
     note(gi->device, e, "stop request");
-  gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
-                        &gi->stats[3]);
   end = lynx_now_ns() + STOP_WAIT_MS * 1000000ull;
   while ((e = cudaStreamQuery(gi->kern)) == cudaErrorNotReady &&
          lynx_now_ns() < end)
     usleep(1000);
-  gi->stopped = 1;
   if (e == cudaErrorNotReady) {
-    gi->hung = 1;
+    gi->stopped = 1;
+    gi->hung = 1; /* its counters are still read live */
     pthread_mutex_lock(&rec.lock);
     rec.dev[gi->device].hung = 1;
     rec.dev[gi->device].failed = 1; /* only a context reset clears it */
@@ -753,8 +751,10 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   }
   if (e != cudaSuccess)
     note(gi->device, e, "persistent kernel");
+  /* the counters the blocks published as they returned, kept from here */
   gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
                         &gi->stats[3]);
+  gi->stopped = 1;
   return 0;
 }
 
