@@ -3,8 +3,8 @@
  *
  * Data-path liveness, the same for CPU and CUDA accelerators: the RX
  * consumer index of a server mqueue must move while a request is pending.
- * Every HEALTH_MS the agent reads each server mqueue's rx_cons (actrl) and
- * the seq word of the RX slot at rx_cons, through the transport's view of
+ * Every HEALTH_MS the agent reads the server mqueues' indices (actrl and
+ * fctrl, one read each) and the seq word of each one's RX slot at rx_cons, through the transport's view of
  * the region (host memory, or copies out of GPU memory). A request is
  * pending when that slot is published for position rx_cons
  * (seq == rx_cons + 1). A mqueue is stalled when a request has been pending
@@ -41,55 +41,59 @@ const char *agent_accel_model(const struct agent_accel *a) {
  * accelerator's. */
 static void watch_instance(struct agent *ag, struct instance *in,
                            uint64_t now_ns) {
+  /* every server mqueue's indices in two reads (copies, for a GPU) */
+  struct lynx_actrl a[LYNX_MQUEUES_MAX];
+  struct lynx_fctrl f[LYNX_MQUEUES_MAX];
   struct agent_accel *acc = &ag->acc[in->accel];
   struct lynx_geom g;
   uint64_t period_ns =
       ((uint64_t)ag->cfg.stall_ms * 1000u + (uint64_t)in->n_server * in->work_us) *
       1000u;
   if (lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots,
-                     in->desc.slot_size))
-    return;
+                     in->desc.slot_size) ||
+      lynx_region_read(&in->region, lynx_actrl_off(&g, 0), a,
+                       in->n_server * sizeof(a[0])) ||
+      lynx_region_read(&in->region, lynx_fctrl_off(&g, 0), f,
+                       in->n_server * sizeof(f[0])))
+    return; /* a device read failed: gpu_health reports it */
   for (uint32_t q = 0; q < in->n_server; q++) {
     struct mq_watch *w = &in->watch[q];
-    struct lynx_actrl a;
-    struct lynx_fctrl f;
+    uint32_t cons = a[q].rx_cons;
     struct lynx_slot_meta m;
+    uint64_t stall_ms;
     int pending;
-    if (lynx_region_read(&in->region, lynx_actrl_off(&g, q), &a, sizeof(a)) ||
-        lynx_region_read(&in->region, lynx_fctrl_off(&g, q), &f, sizeof(f)) ||
-        lynx_region_read(&in->region,
-                         lynx_slot_off(&g, lynx_rx_ring_off(&g, q), a.rx_cons) +
+    if (lynx_region_read(&in->region,
+                         lynx_slot_off(&g, lynx_rx_ring_off(&g, q), cons) +
                              g.slot_size - LYNX_META_SIZE,
                          &m, sizeof(m)))
-      return; /* a device read failed: gpu_health reports it */
+      return;
     /* A full TX ring holds the accelerator back through no fault of its
      * own (the frontend collects no answers): not a stall. */
-    pending = m.seq == lynx_seq_for(a.rx_cons) &&
-              !lynx_ring_full(a.tx_prod, f.tx_cons, g.slots);
-    if (!pending || a.rx_cons != w->cons || !w->since_ns) {
+    pending = m.seq == lynx_seq_for(cons) &&
+              !lynx_ring_full(a[q].tx_prod, f[q].tx_cons, g.slots);
+    if (!pending || cons != w->cons || !w->since_ns) {
       if (w->stalled)
         LYNX_INFO("agent", "%s: accel %u instance %llu (%s): mqueue %u "
                   "consumes again (rx_cons %u)", ag->node_id, in->accel,
-                  (unsigned long long)in->id, in->service, q, a.rx_cons);
+                  (unsigned long long)in->id, in->service, q, cons);
       w->stalled = 0;
-      w->cons = a.rx_cons;
+      w->cons = cons;
       w->since_ns = pending ? now_ns : 0;
       continue;
     }
     if (now_ns - w->since_ns < period_ns)
       continue;
+    stall_ms = (now_ns - w->since_ns) / 1000000u;
     if (!w->stalled)
       LYNX_WARN("agent", "%s: accel %u instance %llu (%s): mqueue %u has had "
                 "a request pending for %llu ms without its consumer index "
                 "moving (rx_cons %u): the application stopped consuming",
                 ag->node_id, in->accel, (unsigned long long)in->id,
-                in->service, q,
-                (unsigned long long)((now_ns - w->since_ns) / 1000000u),
-                a.rx_cons);
+                in->service, q, (unsigned long long)stall_ms, cons);
     w->stalled = 1;
     acc->stalled_mqueues++;
-    if ((now_ns - w->since_ns) / 1000000u > acc->stall_ms)
-      acc->stall_ms = (now_ns - w->since_ns) / 1000000u;
+    if (stall_ms > acc->stall_ms)
+      acc->stall_ms = stall_ms;
   }
 }
 

@@ -529,12 +529,8 @@ void lynx__rdma_agent_stop(void) {
 int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
                             uint64_t size) {
   (void)name;
-  r->fd = -1;
-  r->base = NULL;
-  r->priv = NULL;
-  if (!ag.running)
-    return -ENOTCONN; /* agent_start first */
-  return lynx_region_map_anon(r, &lynx_transport_rdma, size, ag.bound);
+  return lynx_region_map_anon(r, &lynx_transport_rdma, ag.running, size,
+                              ag.bound);
 }
 
 int lynx__rdma_region_attach(struct lynx_region *r, const char *name,

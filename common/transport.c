@@ -42,13 +42,15 @@ int lynx_region_wake(uint8_t *base) {
 }
 
 int lynx_region_map_anon(struct lynx_region *r,
-                         const struct lynx_transport_ops *ops, uint64_t size,
-                         const char *locator) {
+                         const struct lynx_transport_ops *ops, int running,
+                         uint64_t size, const char *locator) {
   void *p;
   r->fd = -1;
   r->base = NULL;
   r->mem = NULL;
   r->priv = NULL;
+  if (!running)
+    return -ENOTCONN; /* agent_start first */
   if (size == 0)
     return -EINVAL;
   p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,

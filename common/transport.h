@@ -162,11 +162,12 @@ extern const struct lynx_transport_ops lynx_transport_rdma;
  * and the tcp/rdma agents on a frontend's notify). 0 or -errno. */
 int lynx_region_wake(uint8_t *base);
 
-/* Agent side of tcp/rdma: zeroed anonymous memory for a region the agent
- * process serves itself, reached at locator. 0 or -errno. */
+/* Agent side of tcp/rdma: region_alloc for a transport whose server is
+ * running (else -ENOTCONN) and listens at locator: zeroed anonymous memory
+ * the agent process serves itself. 0 or -errno. */
 int lynx_region_map_anon(struct lynx_region *r,
-                         const struct lynx_transport_ops *ops, uint64_t size,
-                         const char *locator);
+                         const struct lynx_transport_ops *ops, int running,
+                         uint64_t size, const char *locator);
 
 /* Agent side of tcp/rdma: region_attach for a transport whose server is
  * running (else -ENOTCONN) and listens at locator; hands mem back at once

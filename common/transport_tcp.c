@@ -659,12 +659,8 @@ static void tcp_agent_stop(void) {
 static int tcp_region_alloc(struct lynx_region *r, const char *name,
                             uint64_t size) {
   (void)name;
-  r->fd = -1;
-  r->base = NULL;
-  r->priv = NULL;
-  if (!srv.running)
-    return -ENOTCONN; /* agent_start first */
-  return lynx_region_map_anon(r, &lynx_transport_tcp, size, srv.bound);
+  return lynx_region_map_anon(r, &lynx_transport_tcp, srv.running, size,
+                              srv.bound);
 }
 
 static int tcp_region_attach(struct lynx_region *r, const char *name,

@@ -38,6 +38,7 @@
 #include "gpu.h"
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_tconn.h"
 #include "util.h"
 
 #define S 8u
@@ -197,21 +198,6 @@ static void inst_connect(struct inst *in) {
   assert_int_equal(T->connect(&d, &in->c), 0);
 }
 
-/* Polls until n completions arrived (or 2 s passed); returns the count. */
-static int poll_n(struct lynx_tconn *c, uint64_t *ids, int n) {
-  uint64_t end = lynx_now_ns() + 2000000000ull;
-  int got = 0;
-  while (got < n && lynx_now_ns() < end) {
-    int k = c->ops->poll(c, ids + got, n - got);
-    if (k < 0)
-      return k;
-    got += k;
-    if (!k)
-      usleep(100);
-  }
-  return got;
-}
-
 /* The frontend's request at RX position pos of mqueue q (one publishing
  * gather write); waits for the kernel's echo in the TX ring (reads). */
 static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
@@ -235,7 +221,7 @@ static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
   do {
     assert_int_equal(in->c->ops->read(in->c, tx, slot, Z, 9), 0);
     assert_int_equal(in->c->ops->flush(in->c), 0);
-    assert_int_equal(poll_n(in->c, &id, 1), 1);
+    assert_int_equal(ut_poll_n(in->c, &id, 1), 1);
     memcpy(&got, slot + Z - LYNX_META_SIZE, sizeof(got));
     if (got.seq == lynx_seq_for(pos))
       break;

@@ -33,6 +33,7 @@
 
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_tconn.h"
 #include "util.h"
 
 #define Q 2u
@@ -118,21 +119,6 @@ static void snapshot(struct fx *f) {
   memcpy(f->snap, f->r.base, f->r.size);
 }
 
-/* Polls until n completions arrived (or 2 s passed); returns the count. */
-static int poll_n(struct lynx_tconn *c, uint64_t *ids, int n) {
-  uint64_t end = lynx_now_ns() + 2000000000ull;
-  int got = 0;
-  while (got < n && lynx_now_ns() < end) {
-    int k = c->ops->poll(c, ids + got, n - got);
-    if (k < 0)
-      return k;
-    got += k;
-    if (!k)
-      usleep(100);
-  }
-  return got;
-}
-
 /* Polls until the connection reports an error (or 2 s pass). */
 static int poll_error(struct lynx_tconn *c) {
   uint64_t end = lynx_now_ns() + 2000000000ull, id;
@@ -161,7 +147,7 @@ static void roundtrip(struct fx *f, uint64_t off, const void *data, size_t len,
   assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, flags), 0);
   assert_int_equal(f->c->ops->read(f->c, off, back, len, 77), 0);
   assert_int_equal(f->c->ops->flush(f->c), 0);
-  assert_int_equal(poll_n(f->c, &id, 1), 1);
+  assert_int_equal(ut_poll_n(f->c, &id, 1), 1);
   assert_int_equal(id, 77);
   assert_memory_equal(back, data, len);
   assert_memory_equal(f->r.base + off, data, len);
@@ -230,7 +216,7 @@ static void test_request_response_through_rings(void **state) {
                                    5),
                    0);
   assert_int_equal(f->c->ops->flush(f->c), 0);
-  assert_int_equal(poll_n(f->c, &id, 1), 1);
+  assert_int_equal(ut_poll_n(f->c, &id, 1), 1);
   memcpy(&got, slot + Z - LYNX_META_SIZE, sizeof(got));
   assert_int_equal(got.seq, lynx_seq_for(0));
   assert_int_equal(got.tag, 0xABCD0001u);
@@ -263,7 +249,7 @@ static void test_pipelined_batches(void **state) {
                    0);
   memset(f->r.base + lynx_tx_ring_off(&f->g, 0), 0x3C, f->g.ring_bytes * Q);
   assert_int_equal(f->c->ops->flush(f->c), 0);
-  assert_int_equal(poll_n(f->c, ids, N + 1), N + 1);
+  assert_int_equal(ut_poll_n(f->c, ids, N + 1), N + 1);
   for (int i = 0; i < N; i++) {
     assert_int_equal(ids[i], (uint64_t)i);
     assert_int_equal(seen[i], 1000u + (uint32_t)i);
@@ -655,7 +641,7 @@ static void test_device_memory_region(void **state) {
   assert_int_equal(c->ops->read(c, lynx_rx_ring_off(&g, 1), back,
                                 sizeof(back), 42), 0);
   assert_int_equal(c->ops->flush(c), 0);
-  assert_int_equal(poll_n(c, ids, 1), 1);
+  assert_int_equal(ut_poll_n(c, ids, 1), 1);
   assert_int_equal(ids[0], 42);
   assert_memory_equal(back, pay, sizeof(pay));
   assert_memory_equal(dev.mem + lynx_rx_ring_off(&g, 1), pay, sizeof(pay));
@@ -666,7 +652,7 @@ static void test_device_memory_region(void **state) {
   dev.fail_reads = 1;
   assert_int_equal(c->ops->read(c, 0, back, 8, 43), 0);
   assert_int_equal(c->ops->flush(c), 0);
-  assert_true(poll_n(c, ids, 1) < 0);
+  assert_true(ut_poll_n(c, ids, 1) < 0);
   dev.fail_reads = 0;
   /* memory stays until the last connection is gone, then goes once */
   T->region_free(&r);
