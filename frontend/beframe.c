@@ -21,12 +21,14 @@ long fe_be_reply_len(enum fe_be_proto proto, const uint8_t *p, size_t n) {
     const uint8_t *eol = pos < n ? memchr(p + pos, '\n', n - pos) : NULL;
     size_t line;
     if (!eol)
-      return n - pos > 512 ? -1 : 0; /* no line is that long */
+      return n - pos > BE_LINE_MAX ? -1 : 0; /* no line is that long */
     line = (size_t)(eol - (p + pos)) + 1;
     if (line < 3 || eol[-1] != '\r') /* an empty line is no reply */
       return -1;
+    if (line > BE_LINE_MAX) /* as a line that has not ended yet */
+      return -1;
     if (line >= 6 && !memcmp(p + pos, "VALUE ", 6)) {
-      char hdr[512];
+      char hdr[BE_LINE_MAX - 1]; /* the line without CR LF, plus a NUL */
       unsigned flags, bytes;
       memcpy(hdr, p + pos, line - 2);
       hdr[line - 2] = 0;

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -60,6 +61,38 @@ static void test_memcached_malformed(void **state) {
   assert_int_equal(mc(big, 100), 0);
 }
 
+/* A back end (or anything at its address) sending a reply line longer
+ * than any real one: refused, never copied. A 600-byte VALUE line whose
+ * numbers parse once overflowed a 512-byte stack buffer and crashed the
+ * frontend on connect. */
+static void test_memcached_long_lines(void **state) {
+  char r[1024];
+  size_t n = 0;
+  (void)state;
+  n += (size_t)sprintf(r, "VALUE k 0 1 ");
+  memset(r + n, ' ', 600);
+  n += 600;
+  n += (size_t)sprintf(r + n, "\r\nx\r\nEND\r\n");
+  assert_int_equal(mc(r, n), -1);
+  /* the longest line accepted: BE_LINE_MAX bytes with its CR LF */
+  n = (size_t)sprintf(r, "VALUE k 0 1 ");
+  memset(r + n, ' ', BE_LINE_MAX - 2 - n);
+  n = BE_LINE_MAX - 2;
+  n += (size_t)sprintf(r + n, "\r\nx\r\nEND\r\n");
+  assert_int_equal(mc(r, n), (long)n);
+  /* one byte more: refused, whether VALUE or a one-line reply */
+  n = (size_t)sprintf(r, "VALUE k 0 1 ");
+  memset(r + n, ' ', BE_LINE_MAX - 1 - n);
+  n = BE_LINE_MAX - 1;
+  n += (size_t)sprintf(r + n, "\r\nx\r\nEND\r\n");
+  assert_int_equal(mc(r, n), -1);
+  n = (size_t)sprintf(r, "SERVER_ERROR ");
+  memset(r + n, 'e', 600);
+  n += 600;
+  n += (size_t)sprintf(r + n, "\r\n");
+  assert_int_equal(mc(r, n), -1);
+}
+
 static void test_len32(void **state) {
   uint8_t b[16] = {0, 0, 0, 3, 'a', 'b', 'c', 0, 0, 0, 0};
   (void)state;
@@ -77,6 +110,7 @@ int main(void) {
       cmocka_unit_test(test_memcached_one_line),
       cmocka_unit_test(test_memcached_values),
       cmocka_unit_test(test_memcached_malformed),
+      cmocka_unit_test(test_memcached_long_lines),
       cmocka_unit_test(test_len32),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
