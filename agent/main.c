@@ -101,20 +101,27 @@ static const struct lynx_opt agent_opts[] = {
 };
 #undef O
 
-/* Removes shared-memory files of agents that died without cleaning up
- * (kill -9): lynx-<node>-<pid>-... whose pid is gone. */
-static void remove_stale_regions(void) {
+/* Removes shared-memory files that an earlier agent of this node id left
+ * when it died without cleaning up (kill -9): lynx-<node>-<pid>-i<id>
+ * whose pid is gone. Only this node id's files: region names start with
+ * the node id (which holds no '-'), and files of other agents on the host,
+ * another node id's or another test's, are theirs to clean. */
+static void remove_stale_regions(const char *node_id) {
   DIR *d = opendir("/dev/shm");
   struct dirent *e;
+  char prefix[LYNX_ID_MAX + 8];
+  size_t plen;
   if (!d)
     return;
+  plen = (size_t)snprintf(prefix, sizeof(prefix), "lynx-%s-", node_id);
   while ((e = readdir(d))) {
-    char node[128], path[300];
-    int pid;
-    char kind;
-    if (strncmp(e->d_name, "lynx-", 5) != 0)
+    char path[300];
+    unsigned long long id;
+    int pid, end = 0;
+    if (strncmp(e->d_name, prefix, plen) != 0)
       continue;
-    if (sscanf(e->d_name, "lynx-%127[^-]-%d-%c", node, &pid, &kind) != 3)
+    if (sscanf(e->d_name + plen, "%d-i%llu%n", &pid, &id, &end) != 2 ||
+        e->d_name[plen + (size_t)end] != '\0')
       continue;
     if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
       continue;
@@ -337,7 +344,7 @@ int main(int argc, char **argv) {
       goto out_acc;
     }
   }
-  remove_stale_regions();
+  remove_stale_regions(ag.node_id);
   uv_loop_init(&ag.loop);
   uv_signal_init(&ag.loop, &ag.sigint);
   uv_signal_init(&ag.loop, &ag.sigterm);

@@ -11,6 +11,8 @@
 #     serves again.
 #  5. kill -9 of the agent: the frontend stays up, logs that the accelerators
 #     left dispatch, counts datagrams as dropped{no_mqueue}.
+#     An agent of another node id started meanwhile leaves the dead agent's
+#     region files alone: each agent cleans only its own node id's.
 #  6. A new agent on the same port: it removes the dead agent's regions, and
 #     the frontend serves again (sockperf gets answers) without a restart.
 #  7. A frontend started before its agent retries until the agent is up,
@@ -102,6 +104,21 @@ sleep 0.5
 is_alive "$F2" || fail "the frontend died after its agent was killed"
 log "ok: frontend alive after SIGKILL of its agent"
 expect_regions "$A2" 2 # a dead agent cannot clean up
+# another agent on the host (another node id: another deployment or test)
+# starts now: the dead agent's region files are not its to remove
+if [[ $IT_TRANSPORT == shm ]]; then
+  node_ids OTHER
+  pick_ports OTHER_PORT
+  spawn_daemon lynx-agent agent " (node $OTHER)" --listen "127.0.0.1:$OTHER_PORT" \
+    --node-id "$OTHER" --cpu-accels 1 --mqueues 1 --app echo --transport shm
+  OA=$SPAWN_PID
+  wait_log "$SPAWN_LOG" "serving descriptors on" 10 1 "$OA"
+  assert_eq "$(grep -c 'removed stale region' "$SPAWN_LOG")" 0 \
+    "stale regions another node id's agent removed"
+  expect_regions "$A2" 2
+  stop "$OA" 10
+  assert_eq "$WAIT_RC" 0 "the other node id's agent exit status on SIGTERM"
+fi
 
 # ---- 6. a new agent again: served without a frontend restart -------------------
 log "== 6. a new agent after the SIGKILL"

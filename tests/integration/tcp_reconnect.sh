@@ -37,8 +37,10 @@ kill "$probe" 2>/dev/null; wait "$probe" 2>/dev/null
 
 start_agent --transport tcp --data-listen "127.0.0.1:$DATA_PORT"
 start_frontend
-n=$(grep -c 'in dispatch over tcp' "$FRONTEND_LOG")
-assert_eq "$n" 2 "accelerators in dispatch over tcp (2 accelerators x 1 worker)"
+# (each accelerator's connection comes up on its own, after "serving UDP")
+wait_log "$FRONTEND_LOG" 'in dispatch over tcp' 10 2 "$FRONTEND_PID"
+assert_eq "$(grep -c 'in dispatch over tcp' "$FRONTEND_LOG")" 2 \
+  "accelerators in dispatch over tcp (2 accelerators x 1 worker)"
 
 # ---- 1. served over tcp ------------------------------------------------------
 out=$IT_DIR/before.out
@@ -47,10 +49,11 @@ check_sockperf "$out"
 
 # ---- 2. kill every data connection under load ------------------------------------
 log "killing the data connections to 127.0.0.1:$DATA_PORT under load"
+r0=$(metric lynx_frontend_received_total) || fail "cannot read received_total"
 timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
   --mps 5000 >"$IT_DIR/during.out" 2>&1 </dev/null &
 load=$!
-sleep 1
+wait_metric lynx_frontend_received_total "" $((r0 + 500)) 10 # load is flowing
 ss -K dst 127.0.0.1 dport = "$DATA_PORT" >/dev/null
 wait "$load" || true
 wait_log "$FRONTEND_LOG" "out of dispatch: transport error" 5 2 "$FRONTEND_PID"
