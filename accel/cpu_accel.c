@@ -79,7 +79,7 @@ static void *cpu_thread_main(void *arg) {
     lynx_mq_bind(&mqs[n++].mq, a->region, &g, q);
 
   while (!a->stop) {
-    int work = 0;
+    int work = 0, fenced = 0;
     for (uint32_t i = 0; i < n; i++) {
       struct mq_state *s = &mqs[i];
       struct lynx_msg m;
@@ -92,6 +92,12 @@ static void *cpu_thread_main(void *arg) {
           s->has_held = 0;
           work++;
           continue;
+        }
+        /* checked right before each request is taken, so that none is
+         * taken once the agent's lease may have run out */
+        if (lynx_cpu_accel_fenced(a, lynx_now_ns())) {
+          fenced = 1;
+          break;
         }
         if (lynx_recv(&s->mq, &m) != 0)
           break;
@@ -124,8 +130,10 @@ static void *cpu_thread_main(void *arg) {
     uint32_t v = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(sleeping, 1, __ATOMIC_SEQ_CST);
     int ready = 0;
+    /* fenced, waiting requests are no reason to stay awake: the agent kicks
+     * the doorbell when its lease is renewed */
     for (uint32_t i = 0; i < n && !ready; i++)
-      ready = mqs[i].has_held || lynx_mq_rx_ready(&mqs[i].mq);
+      ready = mqs[i].has_held || (!fenced && lynx_mq_rx_ready(&mqs[i].mq));
     if (!ready && !a->stop) {
       struct timespec ts = {0, 50 * 1000 * 1000};
       lynx_cnt_add(&t->sleeps, 1);
@@ -185,13 +193,17 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   return 0;
 }
 
-void lynx_cpu_accel_stop(struct lynx_cpu_accel *a) {
+void lynx_cpu_accel_kick(struct lynx_cpu_accel *a) {
   uint32_t *bell = (uint32_t *)(a->region + LYNX_OFF_DOORBELL);
+  __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+  syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+void lynx_cpu_accel_stop(struct lynx_cpu_accel *a) {
   if (!a->threads)
     return;
   a->stop = 1;
-  __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
-  syscall(SYS_futex, bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+  lynx_cpu_accel_kick(a);
   for (uint32_t i = 0; i < a->n_threads; i++)
     if (a->threads[i].started)
       pthread_join(a->threads[i].tid, NULL);

@@ -40,6 +40,11 @@ struct lynx_cpu_accel {
   char (*backend_names)[32];
   struct lynx_app_ctx ctx;
   volatile int stop;
+  /* Lease fence (NULL: none): a thread takes a new request only while
+   * lynx_now_ns() is below *serve_until, which the agent moves forward as
+   * its lease is renewed (docs/design.md, "Delivery guarantees"). A fenced
+   * thread sleeps on the doorbell; lynx_cpu_accel_kick wakes it. */
+  const uint64_t *serve_until;
   struct lynx_cpu_thread *threads;
 };
 
@@ -51,6 +56,17 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a);
 void lynx_cpu_accel_stop(struct lynx_cpu_accel *a);
 /* Frees what start allocated; after stop (counters stay readable until). */
 void lynx_cpu_accel_free(struct lynx_cpu_accel *a);
+
+/* Wakes threads sleeping on the region's doorbell (after *serve_until
+ * moved forward). */
+void lynx_cpu_accel_kick(struct lynx_cpu_accel *a);
+
+/* 1 while the lease fence stops new requests at time now. */
+static inline int lynx_cpu_accel_fenced(const struct lynx_cpu_accel *a,
+                                        uint64_t now) {
+  return a->serve_until &&
+         now >= __atomic_load_n(a->serve_until, __ATOMIC_ACQUIRE);
+}
 
 /* Sums of the threads' counters. */
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,

@@ -92,6 +92,10 @@ struct agent {
   struct peer *owner;
   /* coordinator mode */
   struct coord_link *link;
+  /* Lease fence (link.c): accelerators take new requests only while the
+   * monotonic clock (lynx_now_ns) is below this; UINT64_MAX in static mode
+   * (no lease). Written by the loop thread, read by accelerator threads. */
+  uint64_t serve_until_ns;
   /* health.c */
   uv_timer_t health;
   int health_open;
@@ -115,6 +119,10 @@ void agent_instance_pb(const struct agent *ag, const struct instance *in,
                        struct Lynx__RegionDesc *pb);
 struct instance *agent_instance_find(struct agent *ag, uint64_t id);
 void agent_instances_stop_all(struct agent *ag);
+/* The lease fence moved to serve_until_ns: every running instance's
+ * accelerator learns it (CPU threads are woken, GPU kernels get the new
+ * deadline in their own clock). */
+void agent_instances_fence(struct agent *ag);
 /* totals per accelerator: stopped instances plus running ones */
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
                           uint64_t *resp);

@@ -395,7 +395,57 @@ struct gpu_instance {
   int refs;  /* the agent's handle + the transport's memory */
   int launched, stopping, stopped, hung;
   uint64_t stats[4]; /* last counters read */
+  /* %globaltimer - host monotonic clock, as measured from the kernel's
+   * now_gt (a lower bound: the value was read before the copy returned),
+   * the best in the last CLOCK_WINDOW_NS; used for the lease fence */
+  int64_t gt_off;
+  uint64_t gt_off_at;
+  int calibrated;
+  uint64_t fence_gt; /* the value last written to kctl->serve_until_gt */
 };
+
+#define CLOCK_WINDOW_NS (10ull * 1000000000ull)
+#define CLOCK_WAIT_MS 2000u /* how long start waits for the kernel's clock */
+
+/* A sample of the kernel's clock (gt, published by block 0) against the
+ * host's (host_after, taken once the copy that brought gt returned). The
+ * offset is a lower bound, so a converted deadline errs early; the largest
+ * recent one is kept, a stale one replaced (clocks drift). */
+static void clock_sample(struct gpu_instance *gi, uint64_t gt,
+                         uint64_t host_after) {
+  int64_t off = (int64_t)(gt - host_after);
+  if (!gt)
+    return; /* nothing published yet */
+  if (!gi->calibrated || off > gi->gt_off ||
+      host_after - gi->gt_off_at > CLOCK_WINDOW_NS) {
+    gi->gt_off = off;
+    gi->gt_off_at = host_after;
+    gi->calibrated = 1;
+  }
+}
+
+/* Writes kctl->serve_until_gt (lock held). */
+static cudaError_t fence_write(struct gpu_instance *gi, uint64_t gt) {
+  cudaError_t e;
+  gi->fence_gt = gt;
+  e = cudaMemcpyAsync(&gi->kctl->serve_until_gt, &gi->fence_gt,
+                      sizeof(gi->fence_gt), cudaMemcpyHostToDevice, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  return e;
+}
+
+/* The control block's header: the kernel's clock sample (lock held). */
+static cudaError_t kctl_header(struct gpu_instance *gi,
+                               struct lynx_cuda_kctl *h) {
+  cudaError_t e = cudaMemcpyAsync(h, gi->kctl, sizeof(*h),
+                                  cudaMemcpyDeviceToHost, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  if (e == cudaSuccess)
+    clock_sample(gi, h->now_gt, lynx_now_ns());
+  return e;
+}
 
 static int mem_write(void *ctx, uint64_t off, const void *src, size_t len) {
   struct gpu_instance *gi = ctx;
@@ -696,6 +746,20 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
       .idle_ns = 20000,
       .kctl = gi->kctl,
   };
+  /* under a lease the kernel starts fenced: the deadline can only be put
+   * in its clock once it has published a reading */
+  if (l->serve_until_ns != UINT64_MAX) {
+    pthread_mutex_lock(&gi->lock);
+    e = fence_write(gi, 1);
+    pthread_mutex_unlock(&gi->lock);
+    if (e != cudaSuccess) {
+      note(gi->device, e, "control block");
+      snprintf(err, errlen, "GPU %d: control block: %s", gi->device,
+               cudaGetErrorString(e));
+      rc = cuda_errno(e);
+      goto fail;
+    }
+  }
   rc = lynx_cuda_start(&kl, gi->kern, err, errlen);
   if (rc) {
     if (rc > 0)
@@ -704,6 +768,27 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
     goto fail;
   }
   gi->launched = 1;
+  if (l->serve_until_ns != UINT64_MAX) {
+    struct lynx_cuda_kctl h;
+    uint64_t end = lynx_now_ns() + CLOCK_WAIT_MS * 1000000ull;
+    pthread_mutex_lock(&gi->lock);
+    while ((e = kctl_header(gi, &h)) == cudaSuccess && !gi->calibrated &&
+           lynx_now_ns() < end) {
+      pthread_mutex_unlock(&gi->lock);
+      usleep(1000);
+      pthread_mutex_lock(&gi->lock);
+    }
+    pthread_mutex_unlock(&gi->lock);
+    if (e != cudaSuccess)
+      note(gi->device, e, "control block");
+    if (gi->calibrated)
+      gpu_instance_fence(gi, l->serve_until_ns);
+    else
+      LYNX_WARN("cuda", "GPU %d: the persistent kernel of %s published no "
+                "clock within %u ms: it takes no request until it does "
+                "(checked at every heartbeat)", gi->device, l->name,
+                CLOCK_WAIT_MS);
+  }
   LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
             "threads over %u mqueues", gi->device, l->name, gi->blocks,
             l->threads, l->n_server);
@@ -758,6 +843,30 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   return 0;
 }
 
+int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns) {
+  uint64_t gt;
+  cudaError_t e;
+  if (!gi->kctl || gi->stopped)
+    return 0;
+  cudaSetDevice(gi->device);
+  pthread_mutex_lock(&gi->lock);
+  if (serve_until_ns == UINT64_MAX) {
+    gt = 0;
+  } else if (!gi->calibrated) {
+    gt = 1; /* no conversion yet: fenced */
+  } else {
+    int64_t v = (int64_t)serve_until_ns + gi->gt_off;
+    gt = v < 1 ? 1 : (uint64_t)v;
+  }
+  e = gt == gi->fence_gt ? cudaSuccess : fence_write(gi, gt);
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "lease fence");
+    return cuda_errno(e);
+  }
+  return 0;
+}
+
 int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
                           uint64_t *resp, uint64_t *drops, uint64_t *bad) {
   size_t n = lynx_cuda_kctl_size(gi->blocks);
@@ -777,6 +886,8 @@ int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
   e = cudaMemcpyAsync(k, gi->kctl, n, cudaMemcpyDeviceToHost, gi->copy);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(gi->copy);
+  if (e == cudaSuccess)
+    clock_sample(gi, k->now_gt, lynx_now_ns());
   pthread_mutex_unlock(&gi->lock);
   if (e != cudaSuccess) {
     note(gi->device, e, "reading counters");

@@ -38,6 +38,12 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   return -ENOTSUP;
 }
 
+int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns) {
+  (void)gi;
+  (void)serve_until_ns;
+  return -ENOTSUP;
+}
+
 int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
                           uint64_t *resp, uint64_t *drops, uint64_t *bad) {
   (void)gi;

@@ -53,6 +53,9 @@ struct gpu_launch {
   uint32_t cuda_app; /* enum lynx_cuda_app */
   uint32_t work_us;
   uint32_t threads; /* per block */
+  /* lease fence on the host's monotonic clock (UINT64_MAX: none): the
+   * kernel takes no new request past it (gpu_instance_fence) */
+  uint64_t serve_until_ns;
 };
 
 /* Allocates the region in GPU memory, attaches it to the transport (r),
@@ -65,6 +68,13 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
  * when it did not stop (a hung kernel: its memory is then kept until the
  * agent exits, never freed under it). Counters stay readable. */
 int gpu_instance_stop(struct gpu_instance *gi);
+
+/* Moves the kernel's lease fence: it takes no new request once the host's
+ * monotonic clock (lynx_now_ns) would read serve_until_ns (UINT64_MAX: no
+ * fence). The deadline is converted to the GPU's %globaltimer with an
+ * offset measured from what the kernel publishes, rounded so that the GPU
+ * stops no later than the host deadline. 0 or -errno. */
+int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns);
 
 /* The kernel's counters (summed over its blocks). 0 or -errno. */
 int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,

@@ -64,6 +64,7 @@ static int start_cpu(struct agent *ag, struct instance *in,
   in->cpu.spin_us = ag->cfg.spin_us;
   in->cpu.n_threads = ag->cfg.accel_threads;
   in->cpu.id = in->accel;
+  in->cpu.serve_until = &ag->serve_until_ns;
   rc = lynx_cpu_accel_start(&in->cpu);
   if (rc) {
     snprintf(why, whylen, "cannot start threads: %s", strerror(-rc));
@@ -93,6 +94,7 @@ static int start_cuda(struct agent *ag, struct instance *in,
       .cuda_app = app->cuda_app,
       .work_us = in->work_us,
       .threads = ag->cfg.gpu_threads,
+      .serve_until_ns = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE),
   };
   if (!app->cuda_app) {
     snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
@@ -248,6 +250,18 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
 void agent_instances_stop_all(struct agent *ag) {
   while (ag->instances)
     agent_instance_stop(ag, ag->instances);
+}
+
+void agent_instances_fence(struct agent *ag) {
+  uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
+  for (struct instance *in = ag->instances; in; in = in->next) {
+    if (!in->running)
+      continue;
+    if (in->gpu)
+      gpu_instance_fence(in->gpu, until);
+    else
+      lynx_cpu_accel_kick(&in->cpu);
+  }
 }
 
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,

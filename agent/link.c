@@ -4,15 +4,32 @@
  * States: HELLO (connecting, or Hello sent: the dialer does both) ->
  * REGISTERING (Register sent) -> REGISTERED (heartbeats every lease/3).
  * Any failure closes the connection and goes back to HELLO, with a
- * reconnect after the dialer's jittered exponential backoff (100 ms .. 2 s). Re-registering
- * carries the same epoch and the instances still running, so a restarted
+ * reconnect after the dialer's jittered exponential backoff (100 ms .. 2 s,
+ * at most a quarter lease once a lease is known). Re-registering carries
+ * the same epoch and the instances still running, so a restarted
  * coordinator adopts them instead of starting duplicates. A wrong token or
  * protocol version is final: the agent stops with a clear message.
+ *
+ * The lease fence (docs/design.md, "Delivery guarantees"): frontends count
+ * a node's requests in flight lost once the coordinator declares it down,
+ * and a lost request must never run later. So the accelerators take new
+ * requests only until ag->serve_until_ns: the send time of the latest
+ * heartbeat (or Register) the coordinator answered, plus the lease, less a
+ * margin. The coordinator expires the lease no earlier than the receipt of
+ * that heartbeat plus the lease, so the accelerators stop first, whether
+ * this process was stopped, starved or cut off. While no coordinator
+ * listens at all (its connection refused: it is being restarted), nobody
+ * can declare the node down, and each refused attempt renews the fence, so
+ * instances keep serving. A registration the coordinator refuses because
+ * the epoch was declared down makes this agent a new incarnation: it
+ * discards its instances, with their queued requests, and registers with a
+ * new epoch.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 #include "agent.h"
 #include "frame.h"
@@ -25,16 +42,87 @@ enum link_state {
   LINK_REGISTERED,  /* lease held: heartbeats flow */
 };
 
+#define HB_RING 64 /* heartbeats awaiting their reply, remembered */
+
 struct coord_link {
   struct agent *ag;
   struct lynx_dialer d; /* d.ctl is the connection */
   uv_timer_t beat;
+  uv_timer_t fence; /* fires when serve_until_ns passes: logs the fence */
   enum link_state state;
   uint64_t lease_ms;
+  int acks;      /* the coordinator answers heartbeats (RegisterReply) */
+  int fenced;    /* the fence stopped the accelerators (logged) */
+  uint64_t register_sent_ns;
+  /* send times of heartbeats, by sequence number; replies come in order */
+  uint64_t hb_sent_ns[HB_RING];
+  uint64_t hb_sent, hb_answered;
   int stopping;
   int timers_closed;
   char target[96];
 };
+
+#define TIMERS 3 /* beat, fence, the dialer's retry */
+
+/* ---- lease fence ------------------------------------------------------ */
+
+static void fence_fired(uv_timer_t *t) {
+  struct coord_link *l = t->data;
+  struct agent *ag = l->ag;
+  uint64_t now = lynx_now_ns();
+  uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
+  if (l->fenced || now < until || !ag->instances)
+    return;
+  l->fenced = 1;
+  LYNX_WARN("agent", "%s: no heartbeat answered within the lease (%llu ms): "
+            "accelerators take no new request until the coordinator "
+            "answers (frontends may already count them lost)", ag->node_id,
+            (unsigned long long)l->lease_ms);
+}
+
+/* The lease holds until sent_ns + lease - margin (sent_ns: when the
+ * message the coordinator answered left): moves the fence forward. */
+static void lease_renew(struct coord_link *l, uint64_t sent_ns) {
+  struct agent *ag = l->ag;
+  uint64_t margin = l->lease_ms / 4 < 20 ? 20 : l->lease_ms / 4;
+  uint64_t until, old, now = lynx_now_ns();
+  if (!l->lease_ms || margin >= l->lease_ms)
+    return;
+  until = sent_ns + (l->lease_ms - margin) * 1000000u;
+  old = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
+  if (until <= old)
+    return;
+  __atomic_store_n(&ag->serve_until_ns, until, __ATOMIC_RELEASE);
+  if (l->fenced) {
+    l->fenced = 0;
+    LYNX_INFO("agent", "%s: lease renewed after %llu ms: accelerators take "
+              "requests again", ag->node_id,
+              (unsigned long long)(now > old ? (now - old) / 1000000u : 0));
+  }
+  agent_instances_fence(ag);
+  if (until > now)
+    uv_timer_start(&l->fence, fence_fired, (until - now) / 1000000u + 1, 0);
+}
+
+/* The coordinator declared this epoch down: every instance goes, with the
+ * requests queued in its mqueues (frontends counted them lost), and the
+ * agent registers again as a new incarnation. */
+static void new_incarnation(struct coord_link *l, const char *why) {
+  struct agent *ag = l->ag;
+  uint64_t old = ag->epoch, now;
+  uint32_t n = 0;
+  struct timeval tv;
+  for (struct instance *in = ag->instances; in; in = in->next)
+    n++;
+  gettimeofday(&tv, NULL);
+  now = (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
+  ag->epoch = now > old ? now : old + 1;
+  LYNX_WARN("agent", "%s: %s; discarding %u instances of epoch %llu with "
+            "their queued requests, registering again as epoch %llu",
+            ag->node_id, why, n, (unsigned long long)old,
+            (unsigned long long)ag->epoch);
+  agent_instances_stop_all(ag);
+}
 
 static void send_env(struct coord_link *l, Lynx__Envelope *env) {
   if (l->d.ctl && lynx_ctl_send(l->d.ctl, env))
@@ -112,6 +200,7 @@ static void send_register(struct coord_link *l) {
   reg.instances = ip;
   env.msg_case = LYNX__ENVELOPE__MSG_REGISTER;
   env.register_ = &reg;
+  l->register_sent_ns = lynx_now_ns();
   send_env(l, &env);
   l->state = LINK_REGISTERING;
 out:
@@ -154,7 +243,11 @@ static void on_beat(uv_timer_t *t) {
   hb.counters = cp;
   env.msg_case = LYNX__ENVELOPE__MSG_HEARTBEAT;
   env.heartbeat = &hb;
+  l->hb_sent_ns[l->hb_sent % HB_RING] = lynx_now_ns();
+  l->hb_sent++;
   send_env(l, &env);
+  if (!l->acks) /* a coordinator that does not answer: sending must do */
+    lease_renew(l, l->hb_sent_ns[(l->hb_sent - 1) % HB_RING]);
 out:
   free(c);
   free(cp);
@@ -270,12 +363,21 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     if (!env->register_reply->ok) {
       snprintf(why, sizeof(why), "registration refused: %s",
                env->register_reply->error);
-      lynx_ctl_close(c, why);
+      if (env->register_reply->new_incarnation)
+        new_incarnation(l, why);
+      lynx_ctl_close(c, env->register_reply->new_incarnation ? NULL : why);
       return;
     }
     l->state = LINK_REGISTERED;
     l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
                                                 : 3000;
+    l->acks = env->register_reply->acks_heartbeats;
+    l->hb_sent = l->hb_answered = 0;
+    /* a restarted coordinator must hear from us well within a lease */
+    l->d.backoff_max_ms = l->lease_ms / 4 < 100 ? 100 : l->lease_ms / 4;
+    if (l->d.backoff_max_ms > 2000)
+      l->d.backoff_max_ms = 2000;
+    lease_renew(l, l->register_sent_ns);
     LYNX_INFO("agent", "%s: registered with coordinator %s (epoch %llu, "
               "lease %llu ms)", ag->node_id, c->peer,
               (unsigned long long)ag->epoch, (unsigned long long)l->lease_ms);
@@ -284,6 +386,19 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       uv_timer_start(&l->beat, on_beat, every, every);
     }
     on_beat(&l->beat);
+    return;
+  case LYNX__ENVELOPE__MSG_HEARTBEAT_REPLY:
+    if (l->state != LINK_REGISTERED || !l->acks)
+      break;
+    if (l->hb_answered >= l->hb_sent) {
+      lynx_ctl_close(c, "a heartbeat reply for no heartbeat");
+      return;
+    }
+    /* a reply whose send time fell out of the ring renews nothing */
+    if (l->hb_sent - l->hb_answered <= HB_RING &&
+        env->heartbeat_reply->epoch == ag->epoch)
+      lease_renew(l, l->hb_sent_ns[l->hb_answered % HB_RING]);
+    l->hb_answered++;
     return;
   case LYNX__ENVELOPE__MSG_START_INSTANCE:
     if (l->state == LINK_REGISTERED)
@@ -307,7 +422,7 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
 
 /* The link is freed once its timers are closed and its connection gone. */
 static void maybe_free(struct coord_link *l) {
-  if (l->stopping == 2 && l->timers_closed == 2 && !l->d.ctl) {
+  if (l->stopping == 2 && l->timers_closed == TIMERS && !l->d.ctl) {
     l->ag->link = NULL;
     free(l);
   }
@@ -324,8 +439,14 @@ static void link_closed(struct lynx_ctl *c) {
     return;
   }
   if (was)
-    LYNX_WARN("agent", "%s: lost the coordinator; instances keep serving, "
-              "reconnecting", l->ag->node_id);
+    LYNX_WARN("agent", "%s: lost the coordinator; instances keep serving "
+              "while it is restarted (its port refuses connections) and "
+              "until the lease runs out otherwise; reconnecting",
+              l->ag->node_id);
+  /* Nothing listens: no coordinator runs there to declare us down, and a
+   * restarted one knows nothing of this node until it registers. */
+  if (l->d.connect_status == UV_ECONNREFUSED)
+    lease_renew(l, lynx_now_ns());
   lynx_dialer_retry(&l->d);
 }
 
@@ -351,6 +472,8 @@ int agent_link_start(struct agent *ag) {
   l->d.data = l;
   uv_timer_init(&ag->loop, &l->beat);
   l->beat.data = l;
+  uv_timer_init(&ag->loop, &l->fence);
+  l->fence.data = l;
   ag->link = l;
   lynx_dialer_connect(&l->d);
   return 0;
@@ -390,4 +513,5 @@ void agent_link_stop(struct agent *ag) {
   }
   lynx_dialer_close(&l->d, retry_closed);
   uv_close((uv_handle_t *)&l->beat, beat_closed);
+  uv_close((uv_handle_t *)&l->fence, beat_closed);
 }

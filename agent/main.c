@@ -352,6 +352,9 @@ int main(int argc, char **argv) {
   uv_signal_start(&ag.sigint, on_signal, SIGINT);
   uv_signal_start(&ag.sigterm, on_signal, SIGTERM);
   agent_health_start(&ag);
+  /* static mode has no lease: nothing fences its accelerators; under a
+   * coordinator they take requests once the registration is answered */
+  ag.serve_until_ns = app ? UINT64_MAX : 0;
   if (app) {
     rc = static_instances(&ag, app);
     if (!rc)

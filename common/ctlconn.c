@@ -165,6 +165,8 @@ void lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
   d->target = target;
   d->frame_max = frame_max;
   d->backoff_ms = 0;
+  d->backoff_max_ms = 0;
+  d->connect_status = 0;
   d->ctl = NULL;
   uv_timer_init(loop, &d->retry);
   d->retry.data = d;
@@ -184,6 +186,7 @@ static void dialer_on_connected(uv_connect_t *req, int status) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Hello h = LYNX__HELLO__INIT;
   free(req);
+  d->connect_status = status < 0 ? status : 0;
   if (status < 0) {
     LYNX_LOG_RL(LYNX_LOG_WARN, d->comp, "cannot reach %s: %s", d->target,
                 uv_strerror(status));
@@ -223,8 +226,9 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
   c->data = d->data;
   d->ctl = c;
   req->data = c;
-  if (uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&d->addr,
-                     dialer_on_connected)) {
+  d->connect_status = uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&d->addr,
+                                     dialer_on_connected);
+  if (d->connect_status) {
     free(req);
     lynx_ctl_close(c, "connect failed");
   }
@@ -233,9 +237,10 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
 static void dialer_fire(uv_timer_t *t) { lynx_dialer_connect(t->data); }
 
 void lynx_dialer_retry(struct lynx_dialer *d) {
+  uint64_t max = d->backoff_max_ms ? d->backoff_max_ms : 2000;
   d->backoff_ms = d->backoff_ms ? d->backoff_ms * 2 : 100;
-  if (d->backoff_ms > 2000)
-    d->backoff_ms = 2000;
+  if (d->backoff_ms > max)
+    d->backoff_ms = max;
   uv_timer_start(&d->retry, dialer_fire,
                  d->backoff_ms / 2 + (uint64_t)rand() % (d->backoff_ms / 2 + 1),
                  0);

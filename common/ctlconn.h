@@ -49,14 +49,18 @@ void lynx_ctl_close(struct lynx_ctl *c, const char *reason);
  * agent). It connects, says Hello (role, id, token), hands every message to
  * on_msg, and on any close calls on_close and then frees the connection;
  * the owner decides whether to lynx_dialer_retry, which reconnects after a
- * jittered exponential backoff (100 ms .. 2 s) that a successful exchange
- * resets with lynx_dialer_connected.
+ * jittered exponential backoff (100 ms .. backoff_max_ms, 2 s unless set)
+ * that a successful exchange resets with lynx_dialer_connected. on_close
+ * may read connect_status to tell a refused connection (UV_ECONNREFUSED:
+ * nothing listens there) from one that broke or timed out.
  */
 struct lynx_dialer {
   uv_loop_t *loop;
   struct sockaddr_storage addr;
   uv_timer_t retry;
   uint64_t backoff_ms;
+  uint64_t backoff_max_ms; /* longest wait between attempts (0: 2 s) */
+  int connect_status; /* the last attempt: 0 connected, else a uv error */
   const char *comp;   /* log component */
   const char *target; /* "coordinator 127.0.0.1:7700": for logs */
   size_t frame_max;

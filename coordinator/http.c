@@ -347,6 +347,7 @@ struct metrics_snap {
   uint64_t services, frontends;
   uint64_t version, table_version;
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+  uint64_t new_incarnations, pauses, paused_ms;
   struct metrics_accel *acc; /* m.accels entries, or NULL (out of memory) */
 };
 
@@ -441,6 +442,9 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   m.table_pushes = r->table_pushes;
   m.registrations = r->registrations;
   m.refused_epochs = r->refused_epochs;
+  m.new_incarnations = r->new_incarnations;
+  m.pauses = r->pauses;
+  m.paused_ms = r->paused_ms;
   pthread_mutex_unlock(&rq->c->lock);
 
   f = open_memstream(&buf, &len);
@@ -480,6 +484,19 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   COUNTER("lynx_coordinator_refused_epochs_total",
           "Agent messages refused for carrying an old epoch.",
           m.refused_epochs);
+  COUNTER("lynx_coordinator_new_incarnations_total",
+          "Re-registrations of a declared-down epoch sent back to register "
+          "as a new incarnation.",
+          m.new_incarnations);
+  COUNTER("lynx_coordinator_pauses_total",
+          "Times the coordinator found it had not run for more than two "
+          "ticks (stopped, starved) and extended every lease by the gap.",
+          m.pauses);
+  fprintf(f, "# HELP lynx_coordinator_paused_seconds_total Time credited "
+             "to leases for such pauses.\n# TYPE "
+             "lynx_coordinator_paused_seconds_total counter\n"
+             "lynx_coordinator_paused_seconds_total %.3f\n",
+          (double)m.paused_ms / 1000.0);
   GAUGE("lynx_coordinator_registry_version",
         "Registry version (grows on every observable change).", m.version);
   GAUGE("lynx_coordinator_table_version", "Dispatch table version.",

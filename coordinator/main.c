@@ -105,6 +105,7 @@ struct coordinator {
 };
 
 #define HELLO_TIMEOUT_MS 10000 /* a peer that says nothing is closed */
+#define TICK_MS 100 /* leases, drains, placement retries */
 
 uint64_t lynx_coord_now_ms(void) { return lynx_now_ns() / 1000000u; }
 
@@ -571,6 +572,8 @@ reply:
   rr.ok = rc == 0;
   rr.error = err.message;
   rr.lease_ms = co->cfg.lease_ms;
+  rr.new_incarnation = err.new_incarnation != 0;
+  rr.acks_heartbeats = 1;
   env.msg_case = LYNX__ENVELOPE__MSG_REGISTER_REPLY;
   env.register_reply = &rr;
   send_env(p, &env);
@@ -590,9 +593,20 @@ reply:
   pthread_mutex_unlock(&co->c.lock);
 }
 
+/* Renews the agent's own view of its lease: it keeps taking requests only
+ * while heartbeats are answered (docs/design.md, "Delivery guarantees"). */
+static void send_heartbeat_reply(struct cpeer *p, uint64_t epoch) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__HeartbeatReply r = LYNX__HEARTBEAT_REPLY__INIT;
+  r.epoch = epoch;
+  env.msg_case = LYNX__ENVELOPE__MSG_HEARTBEAT_REPLY;
+  env.heartbeat_reply = &r;
+  send_env(p, &env);
+}
+
 static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
   struct coordinator *co = p->co;
-  uint64_t now = lynx_coord_now_ms();
+  uint64_t now = lynx_coord_now_ms(), ack_epoch = 0;
   char why[200];
   int rc = 0;
   pthread_mutex_lock(&co->c.lock);
@@ -617,6 +631,7 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
                ac->last_error ? ac->last_error : "");
     }
     rc = lynx_reg_heartbeat(&co->c.reg, p->id, hb->epoch, rep, n, now);
+    ack_epoch = rc == 0 ? hb->epoch : 0;
     break;
   }
   case LYNX__ENVELOPE__MSG_INSTANCE_READY: {
@@ -655,6 +670,8 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
   }
   after_change(co);
   pthread_mutex_unlock(&co->c.lock);
+  if (ack_epoch)
+    send_heartbeat_reply(p, ack_epoch);
   if (rc == -EPROTO) {
     snprintf(why, sizeof(why), "unexpected message (case %d) from an agent",
              (int)env->msg_case);
@@ -805,6 +822,11 @@ static void on_tick(uv_timer_t *t) {
   pthread_mutex_lock(&co->c.lock);
   expiries = co->c.reg.lease_expiries;
   lynx_reg_tick(&co->c.reg, now);
+  if (co->c.reg.last_pause_ms)
+    LYNX_WARN("coordinator", "did not run for %llu ms (stopped or starved of "
+              "CPU): every lease is extended by that much, as no heartbeat "
+              "could be heard meanwhile",
+              (unsigned long long)co->c.reg.last_pause_ms);
   if (co->c.reg.lease_expiries != expiries) /* rare: worth a scan */
     for (struct lynx_reg_node *n = co->c.reg.nodes; n; n = n->next)
       if (n->state == LYNX_NODE_DOWN && n->expired_ms == now)
@@ -886,6 +908,7 @@ int main(int argc, char **argv) {
   co.c.body_max = co.cfg.body_max;
   co.actions_tail = &co.actions;
   lynx_reg_init(&co.c.reg, co.cfg.lease_ms, co.cfg.drain_ms, &ops);
+  co.c.reg.tick_ms = TICK_MS;
   /* instance ids and table versions keep growing across coordinator
    * restarts (frontends and agents outlive us): start from the clock */
   co.c.reg.next_instance_id = (uint64_t)time(NULL) * 1000u;
@@ -937,7 +960,7 @@ int main(int argc, char **argv) {
                          1000;
   uv_timer_init(&co.loop, &co.tick);
   co.tick.data = &co;
-  uv_timer_start(&co.tick, on_tick, 100, 100);
+  uv_timer_start(&co.tick, on_tick, TICK_MS, TICK_MS);
   uv_signal_init(&co.loop, &co.sigint);
   uv_signal_init(&co.loop, &co.sigterm);
   co.sigint.data = co.sigterm.data = &co;

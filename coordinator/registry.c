@@ -930,12 +930,13 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
                             uint32_t n_adopt, void *conn, uint64_t now_ms,
                             struct lynx_reg_err *err) {
   struct lynx_reg_node *n, **tail;
-  int rc;
+  int rc, fresh;
 
   rc = check_registration(id, address, labels, n_labels, accels, n_accels, err);
   if (rc)
     return rc;
   n = lynx_reg_node_find(r, id);
+  fresh = !n;
   if (n && epoch < n->epoch) {
     r->refused_epochs++;
     ERR_CONFLICT(err, "node %s: epoch %llu is older than %llu", id,
@@ -955,17 +956,28 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
       ;
     *tail = n;
   }
-  if (epoch == n->epoch && n->state != LYNX_NODE_DOWN) {
+  if (!fresh && epoch == n->epoch && n->state == LYNX_NODE_DOWN) {
+    /* Stopped or cut off past its lease: the frontends counted what it had
+     * in flight lost, and a lost request must never run later. Only a new
+     * incarnation, which starts without the old queues, may serve. */
+    r->new_incarnations++;
+    ERR_CONFLICT(err, "node %s: epoch %llu was declared down (its lease "
+                 "expired or it left) and its requests in flight were "
+                 "counted lost: register as a new incarnation", id,
+                 (unsigned long long)epoch);
+    if (err)
+      err->new_incarnation = 1;
+    return -ESTALE;
+  }
+  if (!fresh && epoch == n->epoch) {
     /* The same agent again (its connection or the coordinator restarted):
      * its instances are still running. Placement below stops any on an
      * accelerator it no longer reports. */
     node_fill(n, address, labels, n_labels, accels, n_accels, conn, 1);
   } else {
-    /* A new incarnation, or one that comes back after being declared down:
-     * whatever ran there is gone. */
+    /* A new incarnation: whatever ran there is gone. */
     node_drop_instances(r, n, 0);
-    node_fill(n, address, labels, n_labels, accels, n_accels, conn,
-              epoch == n->epoch);
+    node_fill(n, address, labels, n_labels, accels, n_accels, conn, 0);
     n->epoch = epoch;
     n->drain_deadline_ms = 0;
     n->drain_table_version = 0;
@@ -1584,6 +1596,21 @@ void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
 void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
   struct lynx_reg_node *n;
   r->now_ms = now_ms;
+  r->last_pause_ms = 0;
+  if (r->tick_ms && r->last_tick_ms && now_ms > r->last_tick_ms &&
+      now_ms - r->last_tick_ms > 2 * r->tick_ms) {
+    /* Lease age counts the time the coordinator ran to hear heartbeats:
+     * the heartbeats sent while it did not run wait in its sockets, read
+     * after this tick. */
+    uint64_t gap = now_ms - r->last_tick_ms - r->tick_ms;
+    for (n = r->nodes; n; n = n->next)
+      if (n->state != LYNX_NODE_DOWN)
+        n->lease_deadline_ms += gap;
+    r->pauses++;
+    r->paused_ms += gap;
+    r->last_pause_ms = gap;
+  }
+  r->last_tick_ms = now_ms;
   if (r->next_retry_ms && now_ms >= r->next_retry_ms) {
     r->next_retry_ms = 0;
     r->placed_version = r->version - 1; /* a backoff ended: place again */

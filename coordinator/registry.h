@@ -204,6 +204,9 @@ struct lynx_reg_err {
   int status;       /* HTTP status: 400, 404, 409, ... */
   char code[32];    /* "invalid_argument", "not_found", "conflict", ... */
   char message[256];
+  /* registration: refused because the epoch was declared down; the agent
+   * must come back as a new incarnation (RegisterReply.new_incarnation) */
+  int new_incarnation;
 };
 
 /* A drain the operator asked for on a node that has not registered (yet):
@@ -229,6 +232,15 @@ struct lynx_registry {
   uint64_t next_retry_ms; /* earliest failed-start backoff to end (0: none) */
   /* counters for /metrics */
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+  /* registrations of a declared-down epoch sent back as new incarnations */
+  uint64_t new_incarnations;
+  /* Ticks: lynx_reg_tick is expected every tick_ms (0: no pause detection).
+   * A longer gap means the coordinator did not run (stopped, descheduled):
+   * it heard no heartbeat then, so the time beyond one tick is added to
+   * every lease instead of expiring them all at the first tick after. */
+  uint64_t tick_ms, last_tick_ms;
+  uint64_t pauses, paused_ms;  /* gaps credited so far, and their sum */
+  uint64_t last_pause_ms;      /* the gap the latest tick credited (0: none) */
   /* drain intents of unregistered nodes (lynx_reg_drain_intent_add); the
    * state file's "drained" is these plus every node with drain_intent */
   struct lynx_reg_drain_intent *drain_intents;
@@ -248,9 +260,13 @@ void lynx_reg_free(struct lynx_registry *r);
 /*
  * An agent registers (or re-registers after a restart or a coordinator
  * restart). -ESTALE when epoch is older than the one known for this node id
- * (an old incarnation), -EINVAL on bad fields (err says which). A newer
- * epoch replaces the node: its old instances are forgotten (they died with
- * the old agent). A node whose operator asked to drain it stays drained.
+ * (an old incarnation), and when it is the epoch of a node declared down
+ * (err->new_incarnation: frontends counted its requests in flight lost, so
+ * that incarnation may not serve again; its agent discards its instances
+ * and registers with a new epoch). -EINVAL on bad fields (err says which).
+ * A newer epoch replaces the node: its old instances are forgotten (they
+ * died with the old agent). A node whose operator asked to drain it stays
+ * drained.
  * Placement runs: the node's accelerators get the instances policies want.
  */
 int lynx_reg_register(struct lynx_registry *r, const char *id,

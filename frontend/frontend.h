@@ -52,11 +52,13 @@ enum fe_qdrop {
   FE_QDROP_BAD_INDEX,   /* accelerator index out of range */
   FE_QDROP_APP,         /* the application dropped the request */
   FE_QDROP_EXPIRED,     /* no response within the request timeout */
-  FE_QDROP_LOST,        /* accelerator left or frontend stopped with it */
+  FE_QDROP_LOST,        /* its node was declared down: never runs later */
   FE_QDROP_WRITE_ERR,   /* transport refused the request write */
   FE_QDROP_SEND_ERR,    /* the response could not be sent to the client */
   FE_QDROP_CLIENT_GONE, /* TCP: the client closed before its answer came */
   FE_QDROP_BACKEND_DOWN, /* client mqueue: request answered "back end down" */
+  FE_QDROP_IN_DOUBT,    /* given up while its accelerator may still run it
+                           (connection broke, frontend stopped) */
   FE_QDROP_MAX
 };
 
@@ -160,6 +162,8 @@ enum fe_cmd_kind {
   FE_CMD_ADD,    /* connect to acc and dispatch to it */
   FE_CMD_REMOVE, /* stop dispatching; answer what is in flight, then close */
   FE_CMD_LOST,   /* the accelerator is gone: in-flight requests are lost */
+  FE_CMD_ABANDON, /* out of dispatch at once, though the accelerator may
+                     live on: in-flight requests are in doubt */
 };
 
 struct fe_cmd {

@@ -3,7 +3,7 @@
  *
  * Static mode (--agent): one agent, one service on --udp. The agent's
  * control connection is a liveness signal: when it drops, its accelerators
- * leave dispatch at once (in-flight requests counted lost); when the agent
+ * leave dispatch at once (in-flight requests counted in doubt); when the agent
  * comes back (a new epoch, new regions) they are added again, the workers
  * and the socket stay.
  *
@@ -218,13 +218,14 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
 }
 
 /* Makes fe dispatch to exactly accels[0..n): adds the new, takes the others
- * out of dispatch: as lost when their node is listed in down (or all_lost),
- * otherwise gracefully (their answers still come back). Returns the last
- * command's sequence number (0 if none). */
+ * out of dispatch as gone says: FE_CMD_LOST or FE_CMD_ABANDON for all, or
+ * FE_CMD_REMOVE: as lost when their node is listed in down, otherwise
+ * gracefully (their answers still come back). Returns the last command's
+ * sequence number (0 if none). */
 static uint64_t service_set_instances(struct frontend *fe,
                                       const struct fe_accel *accels, uint32_t n,
                                       char *const *down, size_t n_down,
-                                      int all_lost) {
+                                      enum fe_cmd_kind gone) {
   uint64_t seq = 0;
   struct fe_inst *keep = calloc(n + 1, sizeof(*keep));
   if (!keep)
@@ -235,9 +236,10 @@ static uint64_t service_set_instances(struct frontend *fe,
       still = accels[k].instance_id == fe->instances[i].id;
     if (!still)
       seq = fe_post(fe,
-                    all_lost || node_listed(down, n_down, fe->instances[i].node)
+                    gone == FE_CMD_REMOVE &&
+                            node_listed(down, n_down, fe->instances[i].node)
                         ? FE_CMD_LOST
-                        : FE_CMD_REMOVE,
+                        : gone,
                     NULL, fe->instances[i].id);
   }
   for (uint32_t k = 0; k < n; k++) {
@@ -293,7 +295,9 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
       goto out;
     }
   }
-  service_set_instances(fe, accels, (uint32_t)d->n_regions, NULL, 0, 1);
+  /* a new epoch: the old agent process is gone, with its queues */
+  service_set_instances(fe, accels, (uint32_t)d->n_regions, NULL, 0,
+                        FE_CMD_LOST);
   LYNX_INFO("frontend", "%s: serving %s %s for service %s: %zu accelerators "
             "of %s (epoch %llu), %u workers, dispatch %s, poll %s",
             m->id, m->cfg.tcp ? "TCP" : "UDP",
@@ -487,7 +491,8 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       }
       n++;
     }
-    service_set_instances(fe, accels, n, t->down_nodes, t->n_down_nodes, 0);
+    service_set_instances(fe, accels, n, t->down_nodes, t->n_down_nodes,
+                          FE_CMD_REMOVE);
     free(accels);
   }
   m->table_version = t->version;
@@ -520,8 +525,9 @@ static void on_ctl_closed(struct lynx_ctl *c) {
   struct fe_main *m = c->data;
   m->greeted = 0;
   if (!m->coordinator_mode && m->services) {
-    /* the agent is gone: out of dispatch at once, in flight counted lost */
-    service_set_instances(m->services, NULL, 0, NULL, 0, 1);
+    /* the agent is gone or unreachable: out of dispatch at once; what was
+     * in flight may still run (no lease fences a static agent): in doubt */
+    service_set_instances(m->services, NULL, 0, NULL, 0, FE_CMD_ABANDON);
   }
   if (m->coordinator_mode && !m->shutting_down)
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",

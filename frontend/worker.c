@@ -48,7 +48,7 @@ const char *const fe_wdrop_names[FE_WDROP_MAX] = {
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
     "expired",   "lost",        "write_error", "send_error", "client_gone",
-    "backend_down"};
+    "backend_down", "in_doubt"};
 
 static const uint8_t zeros[16];
 
@@ -98,8 +98,12 @@ static void retry_later(struct fe_worker *w, struct fe_conn *c) {
 }
 
 /* Takes a connection out of dispatch: its mqueues leave the dispatcher and
- * every request outstanding on them is counted lost. */
-static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
+ * every request outstanding on them ends, counted as reason: lost when
+ * its node was declared down (its agent's lease fence guarantees it never
+ * runs later), in doubt when the accelerator may still run it (docs/
+ * design.md, "Delivery guarantees"). */
+static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why,
+                      enum fe_qdrop reason) {
   if (c->state == FE_CONN_DEAD)
     return;
   LYNX_WARN("frontend", "worker %u: accelerator %s/%u (instance %llu) out "
@@ -112,7 +116,7 @@ static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
     uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
     mq->dq.up = 0;
     outstanding_set(mq, 0);
-    lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
+    lynx_cnt_add(&mq->drops[reason], n);
   }
   if (c->tc) {
     c->tc->ops->close(c->tc);
@@ -123,7 +127,7 @@ static void conn_down(struct fe_worker *w, struct fe_conn *c, const char *why) {
 static void conn_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
   char why[96];
   snprintf(why, sizeof(why), "transport error: %s", strerror(-rc));
-  conn_down(w, c, why);
+  conn_down(w, c, why, FE_QDROP_IN_DOUBT);
 }
 
 /* ---- egress --------------------------------------------------------- */
@@ -722,13 +726,14 @@ static void worker_loop(struct fe_worker *w) {
       ppoll(pfd, nfd, &ts, NULL);
     }
   }
-  /* Whatever is still outstanding is lost to its clients. */
+  /* Whatever is still outstanding is lost to its clients, though its
+   * accelerator may still run it: in doubt. */
   for (uint32_t i = 0; i < w->n_conns; i++)
     for (uint32_t k = 0; k < w->conns[i]->n_mqs; k++) {
       struct fe_mq *mq = &w->conns[i]->mqs[k];
       uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
       if (n) {
-        lynx_cnt_add(&mq->drops[FE_QDROP_LOST], n);
+        lynx_cnt_add(&mq->drops[FE_QDROP_IN_DOUBT], n);
         LYNX_WARN("frontend", "worker %u: %u requests on mqueue %u unanswered "
                   "at the shutdown deadline", w->id, n, mq->gid);
       }
@@ -1132,10 +1137,15 @@ static void run_commands(struct fe_worker *w) {
         conn_remove(w, c);
       break;
     case FE_CMD_LOST:
+    case FE_CMD_ABANDON:
       c = conn_find(w, cmd->instance_id, 1);
       if (c) {
         conn_remove(w, c);
-        conn_down(w, c, "its agent left");
+        if (cmd->kind == FE_CMD_LOST)
+          conn_down(w, c, "its node was declared down", FE_QDROP_LOST);
+        else
+          conn_down(w, c, "its agent left (its control connection closed)",
+                    FE_QDROP_IN_DOUBT);
       }
       break;
     }

@@ -11,8 +11,9 @@
  *   pass:  for each of its mqueues, at most one request (as accel/cpu_accel.c:
  *          requests spread over the mqueues are answered in arrival order and
  *          none starves): a held request first (one the app could not answer
- *          because the TX ring was full), else one receive attempt; emulated
- *          work; the app; release.
+ *          because the TX ring was full), else one receive attempt unless the
+ *          lease fence (kctl->serve_until_gt) has passed; emulated work; the
+ *          app; release. Block 0 publishes %globaltimer (kctl->now_gt).
  *          Then the block's counters go to kctl->blocks[b], and an idle pass
  *          sleeps (lynx_block_idle).
  *
@@ -169,6 +170,18 @@ static __device__ int run_app(const struct lynx_cuda_launch *l,
  * nothing was (none waiting, or the TX ring still full), APP_STOP. st is the
  * I/O thread's counters (other threads' copies are unused).
  */
+/* 1 in every thread while the lease fence stops new requests: read right
+ * before each receive, so no request is taken past the host's deadline. */
+static __device__ int fenced(const struct lynx_cuda_kctl *kctl) {
+  int f = 0;
+  if (lynx_block_io_thread()) {
+    uint64_t until =
+        *(const volatile uint64_t *)&kctl->serve_until_gt;
+    f = until && lynx_globaltimer_ns() >= until;
+  }
+  return lynx_block_any(f);
+}
+
 static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
                                struct lynx_cuda_block_stats *st) {
   struct lynx_msg m = {NULL, 0, 0, 0};
@@ -179,6 +192,8 @@ static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
       m = s->held;
     lynx_block_bcast_msg(&m);
   } else {
+    if (fenced(l->kctl))
+      return 0;
     if (lynx_block_recv(&s->mq, &m) != 0)
       return 0;
     if (lynx_block_io_thread())
@@ -241,6 +256,8 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
         n++;
       }
     n_kmqs = n;
+    if (blockIdx.x == 0)
+      *(volatile uint64_t *)&kctl->now_gt = lynx_globaltimer_ns();
     atomicAdd(&kctl->started, 1u);
   }
   __syncthreads();
@@ -259,6 +276,8 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     }
     if (lynx_block_io_thread()) {
       uint64_t bad = 0;
+      if (blockIdx.x == 0) /* the agent's clock calibration */
+        *(volatile uint64_t *)&kctl->now_gt = lynx_globaltimer_ns();
       for (uint32_t i = 0; i < n; i++)
         bad += kmqs[i].mq.bad; /* counted by the ring code (lynx_mq_recv) */
       /* requests too: one held for a full TX ring counts before it is done */

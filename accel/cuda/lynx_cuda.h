@@ -30,14 +30,21 @@ struct lynx_cuda_block_stats {
   uint64_t requests, responses, drops, bad;
 };
 
-/* Control block in device memory, zeroed by the host before launch. The
- * host writes `stop` and reads the rest with copies on its own stream
- * while the kernel runs. */
+/* Control block in device memory, zeroed by the host before launch (but
+ * for serve_until_gt). The host writes `stop` and `serve_until_gt` and
+ * reads the rest with copies on its own stream while the kernel runs. */
 struct lynx_cuda_kctl {
   uint32_t stop;    /* host writes 1: every block returns */
   uint32_t started; /* blocks that began serving (atomicAdd) */
   uint32_t exited;  /* blocks that returned (atomicAdd) */
   uint32_t reserved;
+  /* Lease fence: no block takes a new request once %globaltimer reaches
+   * it (0: no fence). The agent moves it forward as its lease is renewed
+   * and launches with 1 (fenced) until it has converted its own deadline. */
+  uint64_t serve_until_gt;
+  /* %globaltimer as block 0 last read it (at start and every pass): what
+   * the agent converts host times to the GPU's clock with. */
+  uint64_t now_gt;
   struct lynx_cuda_block_stats blocks[]; /* one per block */
 };
 

@@ -46,8 +46,8 @@ for k in received dispatched responded; do
   printf -v "M_$k" '%s' "$v"
 done
 for reason in oversize ring_full no_mqueue tag_full shutdown stale_tag \
-  tx_oversize tx_bad_seq bad_index app_dropped expired lost write_error \
-  send_error; do
+  tx_oversize tx_bad_seq bad_index app_dropped expired lost in_doubt \
+  write_error send_error; do
   v=$(metric lynx_frontend_dropped_total "reason=\"$reason\"") ||
     fail "no lynx_frontend_dropped_total{reason=\"$reason\"}"
   printf -v "D_$reason" '%s' "$v"
@@ -72,8 +72,8 @@ assert_eq "$M_dispatched" $((M_received - D_oversize - D_ring_full)) \
   "dispatched_total == received - oversize - ring_full"
 assert_eq "$D_app_dropped" $((M_dispatched - M_responded)) \
   "dropped{app_dropped} == dispatched - responded"
-for reason in stale_tag tx_oversize lost write_error no_mqueue tag_full \
-  shutdown tx_bad_seq bad_index expired send_error; do
+for reason in stale_tag tx_oversize lost in_doubt write_error no_mqueue \
+  tag_full shutdown tx_bad_seq bad_index expired send_error; do
   v=D_$reason
   assert_eq "${!v}" 0 "dropped{reason=\"$reason\"}"
 done

@@ -67,7 +67,7 @@ assert_gt "$rcv" 0 "received_total"
 assert_eq "$disp" "$rcv" "dispatched_total == received_total"
 assert_eq "$resp" "$disp" "responded_total == dispatched_total"
 for reason in oversize ring_full no_mqueue tag_full shutdown stale_tag \
-  tx_oversize tx_bad_seq bad_index app_dropped expired lost write_error \
+  tx_oversize tx_bad_seq bad_index app_dropped expired lost in_doubt write_error \
   send_error; do
   v=$(metric lynx_frontend_dropped_total "reason=\"$reason\"") ||
     fail "no dropped_total{reason=\"$reason\"}"

@@ -14,6 +14,7 @@
 
 #include "fake_cuda.h"
 #include "mqueue.h"
+#include "util.h"
 
 struct fake_cuda fake;
 
@@ -124,16 +125,25 @@ static void *kernel_main(void *arg) {
     abort();
   for (uint32_t q = 0; q < l->n_server; q++)
     lynx_mq_bind(&mq[q], l->region, &g, q);
+  __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&kc->started, l->blocks, __ATOMIC_SEQ_CST);
   while (!__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
     int busy = 0;
     if (!k->pub.hang && lynx_load_acquire32(&kc->stop))
       break;
+    __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
     for (uint32_t q = 0; q < l->n_server; q++) {
       uint32_t b = q % l->blocks;
       struct lynx_msg m;
       uint8_t *out = NULL;
+      uint64_t until;
       int full;
+      /* the lease fence, as apps.cu checks it before each receive */
+      until = __atomic_load_n(&kc->serve_until_gt, __ATOMIC_ACQUIRE);
+      if (until && fake_cuda_globaltimer() >= until) {
+        __atomic_add_fetch(&k->pub.fenced_passes, 1, __ATOMIC_RELAXED);
+        continue;
+      }
       if (lynx_mq_recv(&mq[q], &m))
         continue;
       busy = 1;
@@ -604,7 +614,9 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
   }
   pthread_mutex_unlock(&lock);
   for (size_t i = 0; i < kn; i++)
-    if (((const uint8_t *)l->kctl)[i]) {
+    if (((const uint8_t *)l->kctl)[i] &&
+        (i < offsetof(struct lynx_cuda_kctl, serve_until_gt) ||
+         i >= offsetof(struct lynx_cuda_kctl, now_gt))) {
       snprintf(err, errlen, "fake: control block not zeroed");
       return -EINVAL;
     }
@@ -612,6 +624,7 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
   if (!k)
     return (int)cudaErrorMemoryAllocation;
   k->pub.l = *l;
+  k->pub.launch_fence = l->kctl->serve_until_gt;
   k->pub.stream = s;
   k->pub.device = cur_dev;
   k->pub.hang = fake.hang_next;
@@ -626,6 +639,10 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
   if (pthread_create(&k->thread, NULL, kernel_main, k))
     abort();
   return 0;
+}
+
+uint64_t fake_cuda_globaltimer(void) {
+  return lynx_now_ns() + FAKE_GT_OFFSET_NS;
 }
 
 /* ---- test control ------------------------------------------------------ */

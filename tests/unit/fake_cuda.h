@@ -104,7 +104,14 @@ struct fake_kernel {
   int hang;            /* ignores kctl->stop */
   int running;         /* the thread serves */
   cudaError_t crashed; /* cudaStreamQuery reports it once the thread ended */
+  uint64_t fenced_passes; /* mqueue turns skipped for the lease fence */
+  uint64_t launch_fence;  /* kctl->serve_until_gt when it was launched */
 };
+
+/* The fake %globaltimer: the host's monotonic clock plus an offset, so a
+ * deadline the agent forgets to convert shows. */
+#define FAKE_GT_OFFSET_NS (5000ull * 1000000000ull)
+uint64_t fake_cuda_globaltimer(void);
 
 /* Forgets recorded calls and injections (not the GPUs, not allocations). */
 void fake_cuda_reset(void);

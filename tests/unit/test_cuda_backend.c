@@ -143,6 +143,9 @@ struct inst {
   char err[512];
 };
 
+/* The lease fence instances start with (UINT64_MAX: none, static mode). */
+static uint64_t start_serve_until = UINT64_MAX;
+
 static int inst_start(struct inst *in, int dev,
                       const struct lynx_transport_ops *ops, uint32_t q,
                       uint32_t n_server, uint64_t epoch) {
@@ -169,7 +172,8 @@ static int inst_start(struct inst *in, int dev,
                           .epoch = epoch,
                           .cuda_app = LYNX_CUDA_APP_ECHO,
                           .work_us = 7,
-                          .threads = 64};
+                          .threads = 64,
+                          .serve_until_ns = start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (!rc && fake_cuda_kernels() > n0)
     in->k = fake_cuda_kernel(fake_cuda_kernels() - 1);
@@ -965,6 +969,81 @@ static void test_failures_clean_up(void **state) {
   assert_int_equal(fake_cuda_live(), live0);
 }
 
+/* ---- the lease fence --------------------------------------------------- */
+
+/* kctl->serve_until_gt, as the kernel reads it */
+static uint64_t fence_gt(const struct inst *in) {
+  return __atomic_load_n(&in->k->l.kctl->serve_until_gt, __ATOMIC_ACQUIRE);
+}
+
+/* Under a lease an instance is launched fenced, then gets the agent's
+ * deadline converted to the GPU's clock (never later than the host's), and
+ * serves; a deadline in the past stops new requests without losing them;
+ * lifting the fence serves them. */
+static void test_lease_fence(void **state) {
+  struct inst in;
+  uint64_t until, gt, c[4], passes, reads;
+  const struct lynx_actrl *actrl;
+  (void)state;
+  fake_cuda_reset();
+  until = lynx_now_ns() + 10ull * 1000000000ull;
+  start_serve_until = until;
+  assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH), 0);
+  start_serve_until = UINT64_MAX;
+  /* launched fenced, before the deadline could be converted */
+  assert_int_equal(fake.launches, 1);
+  assert_int_equal(in.k->launch_fence, 1);
+  /* converted: the fake GPU clock runs FAKE_GT_OFFSET_NS ahead; the
+   * offset is measured from below, so the GPU deadline is no later than
+   * the host's, and not much earlier on an idle machine */
+  gt = fence_gt(&in);
+  assert_true(gt <= until + FAKE_GT_OFFSET_NS);
+  assert_true(gt + 1000000000ull > until + FAKE_GT_OFFSET_NS);
+  inst_connect(&in);
+  echo(&in, 0, 0, "before the fence", 21);
+
+  /* the lease ran out: the kernel takes no new request */
+  assert_int_equal(gpu_instance_fence(in.gi, lynx_now_ns() - 1), 0);
+  gt = fence_gt(&in);
+  assert_true(gt <= fake_cuda_globaltimer());
+  passes = __atomic_load_n(&in.k->fenced_passes, __ATOMIC_RELAXED);
+  {
+    uint32_t len = 6;
+    uint32_t poff = lynx_payload_off(Z, len);
+    struct lynx_slot_meta meta = {len, 22, LYNX_ST_OK, (uint16_t)(poff / 16u),
+                                  lynx_seq_for(1)};
+    static const uint8_t zeros[Z];
+    struct iovec iov[3] = {{(void *)"fence", len},
+                           {(void *)zeros, lynx_slot_cap(Z) - poff - len},
+                           {&meta, sizeof(meta)}};
+    uint64_t rx = lynx_slot_off(&in.g, lynx_rx_ring_off(&in.g, 0), 1);
+    assert_int_equal(in.c->ops->writev(in.c, rx + poff, iov, 3,
+                                       LYNX_WR_PUBLISH), 0);
+    assert_int_equal(in.c->ops->flush(in.c), 0);
+  }
+  reads = lynx_now_ns() + 2000000000ull;
+  while (__atomic_load_n(&in.k->fenced_passes, __ATOMIC_RELAXED) < passes + 50 &&
+         lynx_now_ns() < reads)
+    usleep(1000);
+  assert_true(__atomic_load_n(&in.k->fenced_passes, __ATOMIC_RELAXED) >=
+              passes + 50);
+  counters(&in, c);
+  assert_int_equal(c[0], 1); /* the request waits, not taken */
+  actrl = (const struct lynx_actrl *)(dev_base(&in) + LYNX_OFF_ACTRL);
+  assert_int_equal(actrl[0].rx_cons, 1);
+
+  /* renewed: served, nothing lost */
+  assert_int_equal(gpu_instance_fence(in.gi, UINT64_MAX), 0);
+  assert_int_equal(fence_gt(&in), 0);
+  counters_until(&in, 2, c);
+  assert_int_equal(c[0], 2);
+  assert_int_equal(c[1], 2);
+
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  inst_drop(&in);
+  gpu_shutdown();
+}
+
 /* Every test starts with GPUS fake GPUs, no injection, no records. */
 static int setup(void **state) {
   (void)state;
@@ -985,6 +1064,7 @@ int main(void) {
       T_(test_no_device_sync),
       T_(test_rdma_registration),
       T_(test_failures_clean_up),
+      T_(test_lease_fence),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

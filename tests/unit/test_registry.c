@@ -578,11 +578,74 @@ static void test_lease_expiry(void **state) {
   lynx_reg_tick(&f->r, 1000 + 2 * LEASE - 2);
   assert_int_equal(f->r.lease_expiries, 1);
 
-  /* the same agent comes back (e.g. after a partition): placed again */
+  /* the same incarnation comes back (stopped or cut off past its lease):
+   * refused, as frontends counted what it had in flight lost; it must come
+   * back as a new incarnation, without the old queues */
   f->n_start = 0;
-  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 5000), 0);
+  {
+    struct lynx_accel_info acc[2];
+    struct lynx_reg_err err;
+    struct lynx_reg_adopt ad;
+    memset(acc, 0, sizeof(acc));
+    memset(&err, 0, sizeof(err));
+    memset(&ad, 0, sizeof(ad));
+    acc[1].idx = 1;
+    ad.instance_id = f->r.next_instance_id - 1; /* one of its instances */
+    snprintf(ad.service, sizeof(ad.service), "echo");
+    ad.desc.n_mqueues = 4; /* as the service: adoptable were it alive */
+    assert_int_equal(lynx_reg_register_adopt(&f->r, "n1", "127.0.0.1:7701", 1,
+                                             NULL, 0, acc, 2, &ad, 1,
+                                             (void *)0x1, 5000, &err),
+                     -ESTALE);
+    assert_int_equal(err.new_incarnation, 1);
+    assert_int_equal(err.status, 409);
+    assert_non_null(strstr(err.message, "new incarnation"));
+  }
+  assert_int_equal(n->state, LYNX_NODE_DOWN);
+  assert_int_equal(f->r.new_incarnations, 1);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0); /* none adopted */
+  assert_int_equal(f->n_start, 0);
+  /* the new incarnation is placed again */
+  assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", 5001), 0);
   assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_int_equal(n->epoch, 2);
   assert_int_equal(f->n_start, 2);
+}
+
+/* A coordinator that did not run for a while (SIGSTOP, a starved host)
+ * heard no heartbeat then: the gap beyond one tick is added to every
+ * lease, so the first tick after it expires nobody, and the heartbeats
+ * that waited in its sockets renew the leases next. A node that really
+ * stopped is still declared down, a pause later. */
+static void test_pause_credit(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_node *n1, *n2;
+  f->r.tick_ms = 100;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 1000), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 1000), 0);
+  n1 = lynx_reg_node_find(&f->r, "n1");
+  n2 = lynx_reg_node_find(&f->r, "n2");
+  for (uint64_t t = 1100; t <= 2000; t += 100)
+    lynx_reg_tick(&f->r, t);
+  assert_int_equal(f->r.pauses, 0); /* regular ticks are no pause */
+  /* stopped for 2.6 s: the lease (3 s) would have run out at 4000 */
+  lynx_reg_tick(&f->r, 4600);
+  assert_int_equal(f->r.pauses, 1);
+  assert_int_equal(f->r.last_pause_ms, 2500);
+  assert_int_equal(f->r.paused_ms, 2500);
+  assert_int_equal(f->r.lease_expiries, 0);
+  assert_int_equal(n1->state, LYNX_NODE_READY);
+  assert_int_equal(n1->lease_deadline_ms, 1000 + LEASE + 2500);
+  /* n1's heartbeats were waiting: renewed; n2 sent none */
+  heartbeat(&f->r, "n1", 4601);
+  for (uint64_t t = 4700; t < 1000 + LEASE + 2500; t += 100)
+    lynx_reg_tick(&f->r, t);
+  assert_int_equal(f->r.last_pause_ms, 0);
+  assert_int_equal(n2->state, LYNX_NODE_READY);
+  lynx_reg_tick(&f->r, 1000 + LEASE + 2500);
+  assert_int_equal(n2->state, LYNX_NODE_DOWN);
+  assert_int_equal(n1->state, LYNX_NODE_READY);
+  assert_int_equal(f->r.lease_expiries, 1);
 }
 
 static void test_heartbeat_counters(void **state) {
@@ -1452,13 +1515,14 @@ static void test_health_epochs(void **state) {
   assert_int_equal(f->n_stop, 0);
   assert_int_equal(f->n_start, 2);
 
-  /* declared down, back with the same epoch: still the same device state */
+  /* declared down: the same epoch may not come back (a new incarnation
+   * must), and the refusal changes nothing */
   lynx_reg_tick(&f->r, 200 + LEASE);
   assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DOWN);
-  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 200 + LEASE + 1), 0);
-  assert_false(lynx_reg_accel_dispatchable(accel_of(&f->r, "n1", 0)));
-  assert_int_equal(f->n_start, 3); /* re-placed on n1/1 only */
-  assert_int_equal(f->start[2].accel, 1);
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 200 + LEASE + 1), -ESTALE);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_DOWN);
+  assert_true(accel_of(&f->r, "n1", 0)->failed);
+  assert_int_equal(f->n_start, 2);
 
   /* a new agent: fresh health, placed on both, the outage remembered */
   assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", 200 + LEASE + 2), 0);
@@ -1467,7 +1531,7 @@ static void test_health_epochs(void **state) {
   assert_false(a0->failed);
   assert_string_equal(a0->last_error, "");
   assert_int_equal(a0->health_outages, 1);
-  assert_int_equal(f->n_start, 5);
+  assert_int_equal(f->n_start, 4);
   assert_int_equal(ready_all(&f->r, 200 + LEASE + 3), 2);
   assert_int_equal(table_len(&f->r), 2);
 }
@@ -1542,6 +1606,7 @@ int main(void) {
       T(test_drain_without_frontend),
       T(test_drain_errors),
       T(test_lease_expiry),
+      T(test_pause_credit),
       T(test_heartbeat_counters),
       T(test_leave_and_forget),
       T(test_epochs),
