@@ -45,6 +45,8 @@ static void watch_instance(struct agent *ag, struct instance *in,
   struct lynx_actrl a[LYNX_MQUEUES_MAX];
   struct lynx_fctrl f[LYNX_MQUEUES_MAX];
   struct agent_accel *acc = &ag->acc[in->accel];
+  /* the lease fence holds every accelerator back on purpose: not a stall */
+  int fenced = now_ns >= __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
   struct lynx_geom g;
   uint64_t period_ns =
       ((uint64_t)ag->cfg.stall_ms * 1000u + (uint64_t)in->n_server * in->work_us) *
@@ -68,8 +70,9 @@ static void watch_instance(struct agent *ag, struct instance *in,
                          &m, sizeof(m)))
       return;
     /* A full TX ring holds the accelerator back through no fault of its
-     * own (the frontend collects no answers): not a stall. */
-    pending = m.seq == lynx_seq_for(cons) &&
+     * own (the frontend collects no answers): not a stall; nor does the
+     * lease fence. */
+    pending = m.seq == lynx_seq_for(cons) && !fenced &&
               !lynx_ring_full(a[q].tx_prod, f[q].tx_cons, g.slots);
     if (!pending || cons != w->cons || !w->since_ns) {
       if (w->stalled)
