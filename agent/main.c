@@ -57,7 +57,7 @@ static const struct lynx_opt agent_opts[] = {
     {"app", LYNX_OPT_STR, O(app), NULL, 0, 0, NULL,
      "static mode: application to run (echo, sockperf-echo, sockperf-fault, "
      "...) [default sockperf-echo without --coordinator]"},
-    {"coordinator", LYNX_OPT_STR, O(coordinator), NULL, 0, 0, NULL,
+    {"coordinator", LYNX_OPT_ADDR, O(coordinator), NULL, 1, 65535, NULL,
      "host:port of the coordinator: register and run what it places"},
     {"labels", LYNX_OPT_STR, O(labels), NULL, 0, 0, NULL,
      "k=v,... labels for placement selectors"},
@@ -77,14 +77,15 @@ static const struct lynx_opt agent_opts[] = {
      "accelerator spins this long after its last request before it sleeps"},
     {"accel-threads", LYNX_OPT_U32, O(accel_threads), "1", 1, 64, NULL,
      "polling threads per accelerator"},
-    {"listen", LYNX_OPT_STR, O(listen), "127.0.0.1:7701", 0, 0, NULL,
+    {"listen", LYNX_OPT_ADDR, O(listen), "127.0.0.1:7701", 1, 65535, NULL,
      "static mode: control address frontends connect to"},
     {"node-id", LYNX_OPT_STR, O(node_id), NULL, 0, 0, NULL,
      "node name [default: host name]"},
     {"transport", LYNX_OPT_ENUM, O(transport), "tcp", 0, 0, transports,
      "how frontends reach the mqueues: tcp (any host), shm (frontend on "
      "this host), rdma (RDMA NIC)"},
-    {"data-listen", LYNX_OPT_STR, O(data_listen), "0.0.0.0:0", 0, 0, NULL,
+    {"data-listen", LYNX_OPT_ADDR, O(data_listen), "0.0.0.0:0", 0, 65535,
+     NULL,
      "tcp/rdma: address frontends' data connections reach (port 0: any)"},
     {"advertise", LYNX_OPT_STR, O(advertise), NULL, 0, 0, NULL,
      "tcp/rdma: host frontends use to reach --data-listen when it is a "
@@ -247,19 +248,19 @@ int main(int argc, char **argv) {
                        "Runs accelerator instances: static (--app) or as the "
                        "coordinator places them (--coordinator).");
   if (rc)
-    return rc > 0 ? 0 : 2;
+    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
   signal(SIGPIPE, SIG_IGN);
   srand((unsigned)lynx_now_ns());
   lvl = lynx_log_parse_level(ag.cfg.log_level);
   if (lvl < 0) {
     fprintf(stderr, "--log-level: unknown level '%s'\n", ag.cfg.log_level);
-    goto out_opts;
+    goto usage;
   }
   lynx_log_level = lvl;
   if (ag.cfg.coordinator && ag.cfg.app) {
-    fprintf(stderr, "--app is for static mode; with --coordinator the "
-                    "coordinator says what to run\n");
-    goto out_opts;
+    fprintf(stderr, "--app %s: --app is for static mode; with --coordinator "
+                    "the coordinator says what to run\n", ag.cfg.app);
+    goto usage;
   }
   if (!ag.cfg.coordinator) {
     const char *name = ag.cfg.app ? ag.cfg.app : "sockperf-echo";
@@ -267,31 +268,25 @@ int main(int argc, char **argv) {
     if (!app) {
       fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
               lynx_app_names());
-      goto out_opts;
+      goto usage;
     }
     if (lynx_geom_init(&g, ag.cfg.mqueues, ag.cfg.slots, ag.cfg.slot_size)) {
-      fprintf(stderr, "--slots and --slot-size must be powers of two\n");
-      goto out_opts;
-    }
-  } else {
-    struct sockaddr_storage ss;
-    if (lynx_parse_hostport(ag.cfg.coordinator, &ss)) {
-      fprintf(stderr, "--coordinator: '%s' is not host:port\n",
-              ag.cfg.coordinator);
-      goto out_opts;
+      fprintf(stderr, "--slots %u, --slot-size %u: both must be powers of "
+              "two\n", ag.cfg.slots, ag.cfg.slot_size);
+      goto usage;
     }
   }
   if (ag.cfg.labels && lynx_labels_parse(ag.cfg.labels, ag.labels,
                                          LYNX_LABELS_MAX, &ag.n_labels)) {
-    fprintf(stderr, "--labels: expected k=v,k2=v2 (at most %d)\n",
-            LYNX_LABELS_MAX);
-    goto out_opts;
+    fprintf(stderr, "--labels: '%s' is not k=v,k2=v2 (at most %d)\n",
+            ag.cfg.labels, LYNX_LABELS_MAX);
+    goto usage;
   }
   ag.tops = lynx_transport_find(transports[ag.cfg.transport]);
   if (!ag.tops) {
     fprintf(stderr, "--transport %s: not built into this lynx-agent\n",
             transports[ag.cfg.transport]);
-    goto out_opts;
+    goto usage;
   }
   if (ag.cfg.token_file &&
       (rc = lynx_read_token(ag.cfg.token_file, &ag.token))) {
@@ -301,8 +296,9 @@ int main(int argc, char **argv) {
   }
   if (ag.cfg.node_id) {
     if (strlen(ag.cfg.node_id) >= 32 || strpbrk(ag.cfg.node_id, "-/ ")) {
-      fprintf(stderr, "--node-id: at most 31 characters, no '-', '/' or ' '\n");
-      goto out_opts;
+      fprintf(stderr, "--node-id: '%s' is not a node id (at most 31 "
+              "characters, no '-', '/' or ' ')\n", ag.cfg.node_id);
+      goto usage;
     }
     snprintf(ag.node_id, sizeof(ag.node_id), "%s", ag.cfg.node_id);
   } else {
@@ -319,7 +315,10 @@ int main(int argc, char **argv) {
     int cpu_given = 0;
     for (int i = 1; i < argc; i++)
       cpu_given |= !strncmp(argv[i], "--cpu-accels", 12);
-    if (find_accels(&ag, cpu_given))
+    rc = find_accels(&ag, cpu_given);
+    if (rc == -EINVAL) /* the command line asks for what cannot be */
+      goto usage;
+    if (rc)
       goto out_opts;
   }
   if (ag.cfg.list_accels) {
@@ -387,6 +386,9 @@ int main(int argc, char **argv) {
   gpu_shutdown();
 out_acc:
   free(ag.acc);
+  goto out_opts;
+usage:
+  exit_code = LYNX_EXIT_USAGE;
 out_opts:
   free(ag.token);
   lynx_opts_free(agent_opts, &ag.cfg);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <json-c/json.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,18 @@ static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
     }
     *(uint32_t *)p = (uint32_t)v;
     return 0;
+  case LYNX_OPT_ADDR: {
+    struct sockaddr_storage ss;
+    if (val && (lynx_parse_hostport(val, &ss) ||
+                lynx_sockaddr_port(&ss) < o->min ||
+                lynx_sockaddr_port(&ss) > o->max)) {
+      fprintf(stderr, "--%s: '%s' is not HOST:PORT (a numeric IPv4 address, "
+              "[IPv6] or localhost, and a port in %llu..%llu)\n", o->name, val,
+              (unsigned long long)o->min, (unsigned long long)o->max);
+      return -EINVAL;
+    }
+  }
+    __attribute__((fallthrough)); /* stored as a string */
   case LYNX_OPT_STR: {
     char *dup = val ? strdup(val) : NULL;
     if (val && !dup)
@@ -111,7 +124,7 @@ int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
 
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg) {
   for (const struct lynx_opt *o = tab; o->name; o++)
-    if (o->type == LYNX_OPT_STR) {
+    if (o->type == LYNX_OPT_STR || o->type == LYNX_OPT_ADDR) {
       char **p = (char **)((char *)cfg + o->off);
       free(*p);
       *p = NULL;
@@ -129,6 +142,7 @@ struct json_object *lynx_opts_json(const struct lynx_opt *tab,
       v = json_object_new_int64(*(const uint32_t *)p);
       break;
     case LYNX_OPT_STR:
+    case LYNX_OPT_ADDR:
       v = *(char *const *)p ? json_object_new_string(*(char *const *)p) : NULL;
       break;
     case LYNX_OPT_ENUM:

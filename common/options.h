@@ -19,6 +19,8 @@ enum lynx_opt_type {
   LYNX_OPT_STR,  /* char *, strdup'd; NULL default allowed */
   LYNX_OPT_ENUM, /* int, index into choices (NULL-terminated) */
   LYNX_OPT_FLAG, /* int, 1 when given, takes no value */
+  LYNX_OPT_ADDR, /* char *, HOST:PORT (lynx_parse_hostport) whose port is in
+                    [min, max]; NULL default allowed */
 };
 
 struct lynx_opt {
@@ -35,9 +37,18 @@ struct lynx_opt {
 
 /*
  * Applies defaults, then argv. Returns 0; 1 when --help was printed (exit 0);
- * -EINVAL after printing a message that names the bad option.
+ * -EINVAL after printing a message that names the bad option and value.
  * Strings in cfg are heap copies: free them with lynx_opts_free.
+ *
+ * Exit codes, the same in every program: 0 success (and --help), 2 a usage
+ * error (an unknown option, a value that is malformed, out of range, unknown
+ * or contradicts another option: what lynx_opts_parse and the program's own
+ * checks of its command line refuse), 1 a runtime failure (a file that
+ * cannot be read, an address that cannot be bound, a device or peer that
+ * is missing). The message always names the option and the value.
  */
+#define LYNX_EXIT_RUNTIME 1
+#define LYNX_EXIT_USAGE 2
 int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
                     char **argv, const char *usage);
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg);

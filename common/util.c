@@ -65,6 +65,14 @@ int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss) {
   return -EINVAL;
 }
 
+unsigned lynx_sockaddr_port(const struct sockaddr_storage *ss) {
+  if (ss->ss_family == AF_INET)
+    return ntohs(((const struct sockaddr_in *)ss)->sin_port);
+  if (ss->ss_family == AF_INET6)
+    return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+  return 0;
+}
+
 const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len) {
   char h[INET6_ADDRSTRLEN];
   if (sa->sa_family == AF_INET) {

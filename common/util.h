@@ -48,6 +48,9 @@ uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,
  * DNS on the data path's set-up). 0 or -EINVAL. */
 int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);
 
+/* The port of an AF_INET/AF_INET6 address (host order; 0 otherwise). */
+unsigned lynx_sockaddr_port(const struct sockaddr_storage *ss);
+
 /* Formats an address as "host:port" into buf. */
 const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len);
 

@@ -5,8 +5,9 @@
  *   lynxctl [--api URL] [--token-file F] [--json] COMMAND
  *
  * Human-readable aligned tables by default; --json prints the API's answer
- * as it came. Exit codes: 0 ok, 1 the API refused (its message is printed),
- * 2 usage error, 3 the coordinator cannot be reached.
+ * as it came. Exit codes: 0 ok, 1 the API refused (its message is printed)
+ * or another runtime failure (a token file that cannot be read), 2 usage
+ * error, 3 the coordinator cannot be reached.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -51,7 +52,8 @@ static const char usage_text[] =
     "  --token-file F    send the token in F (default $LYNX_TOKEN_FILE)\n"
     "  --json            print the API's JSON instead of tables\n"
     "\n"
-    "exit codes: 0 ok, 1 API error, 2 usage error, 3 coordinator unreachable\n";
+    "exit codes: 0 ok, 1 API error or other runtime failure, 2 usage error, "
+    "3 coordinator unreachable\n";
 
 struct ctl {
   char api[512];
@@ -1096,7 +1098,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "lynxctl: --token-file %s: %s\n", token_file,
               rc == -EINVAL ? "empty" : strerror(-rc));
       free(args);
-      return EX_USAGE;
+      return EX_API; /* a runtime failure, as in every program */
     }
   }
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK ||

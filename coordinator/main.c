@@ -39,9 +39,9 @@ struct coord_cfg {
 
 #define O(f) offsetof(struct coord_cfg, f)
 static const struct lynx_opt coord_opts[] = {
-    {"listen", LYNX_OPT_STR, O(listen), "127.0.0.1:7700", 0, 0, NULL,
+    {"listen", LYNX_OPT_ADDR, O(listen), "127.0.0.1:7700", 1, 65535, NULL,
      "control address for agents and frontends"},
-    {"http", LYNX_OPT_STR, O(http), "127.0.0.1:7780", 0, 0, NULL,
+    {"http", LYNX_OPT_ADDR, O(http), "127.0.0.1:7780", 1, 65535, NULL,
      "JSON API address"},
     {"state-dir", LYNX_OPT_STR, O(state_dir), "./lynx-state", 0, 0, NULL,
      "where services and drain intents are kept"},
@@ -880,18 +880,16 @@ int main(int argc, char **argv) {
                        "Registry, placement, leases and dispatch tables of a "
                        "Lynx cluster, with a JSON API.");
   if (rc)
-    return rc > 0 ? 0 : 2;
+    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
   signal(SIGPIPE, SIG_IGN);
   lvl = lynx_log_parse_level(co.cfg.log_level);
   if (lvl < 0) {
     fprintf(stderr, "--log-level: unknown level '%s'\n", co.cfg.log_level);
+    exit_code = LYNX_EXIT_USAGE;
     goto out_opts;
   }
   lynx_log_level = lvl;
-  if (lynx_parse_hostport(co.cfg.listen, &ss)) {
-    fprintf(stderr, "--listen: '%s' is not host:port\n", co.cfg.listen);
-    goto out_opts;
-  }
+  lynx_parse_hostport(co.cfg.listen, &ss); /* checked by the option table */
   if (co.cfg.token_file && (rc = lynx_read_token(co.cfg.token_file, &token))) {
     fprintf(stderr, "--token-file %s: %s\n", co.cfg.token_file,
             rc == -EINVAL ? "file is empty" : strerror(-rc));

@@ -2,7 +2,27 @@
 # Install the Debian packages Lynx-C builds and tests with.
 # Idempotent: it asks dpkg first and calls apt-get only for what is missing,
 # so a second run on a ready machine takes well under a second.
+#
+#   deploy/install-deps.sh          install what is missing
+#   deploy/install-deps.sh --all    hand apt the whole list (installed
+#                                   packages are left at their version:
+#                                   repairs half-installed ones)
+#
+# Another package manager at work (unattended-upgrades, an apt in another
+# terminal) holds the dpkg lock: apt-get waits for it up to
+# LYNX_APT_LOCK_WAIT seconds (default 600), saying who holds it, instead of
+# failing at once.
 set -euo pipefail
+
+ALL=0
+case ${1:-} in
+--all) ALL=1 ;;
+"") ;;
+*) echo "usage: $0 [--all]" >&2; exit 2 ;;
+esac
+LOCK_WAIT=${LYNX_APT_LOCK_WAIT:-600}
+[[ $LOCK_WAIT =~ ^[0-9]+$ ]] ||
+  { echo "install-deps: LYNX_APT_LOCK_WAIT='$LOCK_WAIT' is not a number of seconds" >&2; exit 2; }
 
 PKGS=(
   build-essential cmake pkg-config
@@ -19,16 +39,26 @@ for p in "${PKGS[@]}"; do
   [[ "$st" == "install ok installed" ]] || missing+=("$p")
 done
 
-if ((${#missing[@]} == 0)); then
+if ((${#missing[@]} == 0 && !ALL)); then
   exit 0
 fi
 
-echo "install-deps: installing ${missing[*]}" >&2
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
+# apt-get waiting for the dpkg lock (and saying who holds it)
+apt_get() {
+  $SUDO apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT" "$@"
+}
+if ((ALL)); then
+  echo "install-deps: checking all ${#PKGS[@]} packages with apt" >&2
+  set -- --no-upgrade "${PKGS[@]}"
+else
+  echo "install-deps: installing ${missing[*]}" >&2
+  set -- "${missing[@]}"
+fi
 # Update the package index only when the first attempt cannot find a package.
-if ! $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; then
-  $SUDO apt-get update
-  $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+if ! apt_get install -y --no-install-recommends "$@"; then
+  apt_get update
+  apt_get install -y --no-install-recommends "$@"
 fi

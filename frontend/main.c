@@ -41,9 +41,9 @@ static const char *const order_names[] = {"flow", "none", NULL};
 
 #define O(f) offsetof(struct fe_cfg, f)
 static const struct lynx_opt fe_opts[] = {
-    {"agent", LYNX_OPT_STR, O(agent), NULL, 0, 0, NULL,
+    {"agent", LYNX_OPT_ADDR, O(agent), NULL, 1, 65535, NULL,
      "static mode: agent control address [default 127.0.0.1:7701]"},
-    {"coordinator", LYNX_OPT_STR, O(coordinator), NULL, 0, 0, NULL,
+    {"coordinator", LYNX_OPT_ADDR, O(coordinator), NULL, 1, 65535, NULL,
      "coordinator control address: serve what it says"},
     {"udp", LYNX_OPT_STR, O(udp), "7000", 0, 0, NULL,
      "static mode: UDP port, or host:port, to serve"},
@@ -66,7 +66,7 @@ static const struct lynx_opt fe_opts[] = {
      "adaptive: spin, then sleep; busy: never sleep (dedicated cores)"},
     {"spin-us", LYNX_OPT_U32, O(spin_us), "50", 0, 1000000, NULL,
      "adaptive polling: spin this long after the last work"},
-    {"metrics", LYNX_OPT_STR, O(metrics), NULL, 0, 0, NULL,
+    {"metrics", LYNX_OPT_ADDR, O(metrics), NULL, 1, 65535, NULL,
      "host:port for Prometheus /metrics [default: off]"},
     {"request-timeout-ms", LYNX_OPT_U32, O(timeout_ms), "1000", 1, 3600000,
      NULL, "a request without response is dropped (expired) after this"},
@@ -604,8 +604,8 @@ int main(int argc, char **argv) {
                        "memory: static (--agent) or as the coordinator says "
                        "(--coordinator).");
   if (rc)
-    return rc > 0 ? 0 : 2;
-  m.exit_code = 2;
+    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
+  m.exit_code = LYNX_EXIT_USAGE; /* until the command line is checked */
   signal(SIGPIPE, SIG_IGN);
   { /* a TCP service holds a descriptor per client: lift the soft limit */
     struct rlimit rl;
@@ -622,8 +622,8 @@ int main(int argc, char **argv) {
   }
   lynx_log_level = lvl;
   if (cfg->agent && cfg->coordinator) {
-    fprintf(stderr, "--agent (static mode) and --coordinator exclude each "
-                    "other\n");
+    fprintf(stderr, "--agent %s (static mode) and --coordinator %s exclude "
+                    "each other\n", cfg->agent, cfg->coordinator);
     goto out;
   }
   m.coordinator_mode = cfg->coordinator != NULL;
@@ -648,8 +648,8 @@ int main(int argc, char **argv) {
   if (!strncmp(cfg->framing, "fixed:", 6)) {
     uint64_t n;
     if (lynx_parse_u64(cfg->framing + 6, 1, LYNX_SLOT_MAX, &n)) {
-      fprintf(stderr, "--framing: fixed:N needs 1 <= N <= %u\n",
-              LYNX_SLOT_MAX);
+      fprintf(stderr, "--framing: '%s': fixed:N needs 1 <= N <= %u\n",
+              cfg->framing, LYNX_SLOT_MAX);
       goto out;
     }
     cfg->fixed_len = (uint32_t)n;
@@ -661,6 +661,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--bind: '%s' is not an address\n", cfg->bind);
     goto out;
   }
+  m.exit_code = LYNX_EXIT_RUNTIME; /* from here on, the world disagrees */
   if (cfg->token_file && (rc = lynx_read_token(cfg->token_file, &m.token))) {
     fprintf(stderr, "--token-file %s: %s\n", cfg->token_file,
             rc == -EINVAL ? "file is empty" : strerror(-rc));

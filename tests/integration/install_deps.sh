@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# install_deps: deploy/install-deps.sh while another package manager holds
+# the dpkg lock (unattended-upgrades at boot, an apt in another terminal)
+# waits for it and then succeeds, instead of failing at once. The lock is
+# held the way apt and dpkg hold it (an fcntl write lock on
+# /var/lib/dpkg/lock-frontend) for 3 s; --all makes the script hand apt the
+# whole package list, installed packages left at their version, so apt runs
+# (and needs the lock) on a ready machine too, without the network.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init install_deps
+it_require python3 apt-get dpkg-query
+[[ $(id -u) -eq 0 ]] || skip "needs root to take the dpkg lock and run apt-get"
+LOCK=/var/lib/dpkg/lock-frontend
+[[ -e $LOCK ]] || skip "no $LOCK: not a Debian-like system"
+SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../deploy" && pwd)/install-deps.sh
+
+python3 - "$LOCK" "$IT_DIR/locked" <<'PY' &
+import fcntl, sys, time
+f = open(sys.argv[1], "w")
+fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+open(sys.argv[2], "w").close()
+time.sleep(3)
+PY
+HOLDER=$!
+track "$HOLDER" lock-holder
+until [[ -e $IT_DIR/locked ]]; do
+  is_alive "$HOLDER" || skip "cannot take $LOCK (another package manager is at work)"
+  sleep 0.05
+done
+t0=$(now_ms)
+LYNX_APT_LOCK_WAIT=60 timeout -k 5 120 bash "$SCRIPT" --all >"$IT_DIR/out.txt" 2>&1
+rc=$?
+took=$(($(now_ms) - t0))
+cat "$IT_DIR/out.txt" >&2
+assert_eq "$rc" 0 "install-deps.sh --all exit status with the lock held for 3 s"
+grep -q 'Could not get lock' "$IT_DIR/out.txt" ||
+  it_check_failed "apt did not say it waited for the lock (held by the test)"
+assert_ge "$took" 2000 "ms install-deps.sh took (it waited for the lock)"
+wait_exit "$HOLDER" 10
+exit 0

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# usage_errors: what an operator sees for a mistake, the same in every
+# program (common/options.h): exit 2 for a usage error (unknown option, a
+# value malformed, out of range or contradicting another), exit 1 for a
+# runtime failure (a file that cannot be read, an address that cannot be
+# bound, a missing device); the message names the option and the value, and
+# nothing waits or retries.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init usage_errors
+it_require_coord
+it_require python3 timeout
+pick_ports HELD
+
+# a TCP port another process holds
+python3 - "$HELD" <<'PY' &
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1)
+time.sleep(60)
+PY
+track $! port-holder
+until ss -ltn "( sport = :$HELD )" | grep -q LISTEN; do sleep 0.05; done
+mkdir -p "$IT_DIR/token-dir"
+printf 'secret\n' >"$IT_DIR/token"
+chmod 600 "$IT_DIR/token"
+
+# expect WANT_RC PROG ARGS... -- TEXT...: PROG exits WANT_RC within 10 s and
+# its output holds every TEXT.
+expect() {
+  local want=$1 prog=$2 out=$IT_DIR/out.txt rc t
+  shift 2
+  local -a args=()
+  while [[ $1 != -- ]]; do args+=("$1"); shift; done
+  shift
+  timeout -k 2 10 "$LYNX_BIN_DIR/$prog" "${args[@]}" >"$out" 2>&1 </dev/null
+  rc=$?
+  if ((rc != want)); then
+    it_check_failed "$prog ${args[*]}: exit $rc, want $want; said: $(head -c 400 "$out")"
+    return
+  fi
+  for t in "$@"; do
+    grep -qF -- "$t" "$out" ||
+      { it_check_failed "$prog ${args[*]}: exit $rc but no '$t' in: $(head -c 400 "$out")"; return; }
+  done
+  log "ok: $prog ${args[*]}: exit $rc: $(grep -vi '^[0-9:. ]*info' "$out" | head -1)"
+}
+
+log "== usage errors: exit 2, option and value named"
+expect 2 lynx-agent --listen 127.0.0.1:99999 -- --listen 99999
+expect 2 lynx-agent --coordinator coordinator-host -- --coordinator coordinator-host
+expect 2 lynx-agent --data-listen 0.0.0.0:70000 -- --data-listen 70000
+expect 2 lynx-agent --frobnicate -- --frobnicate
+expect 2 lynx-agent --slots 100 -- --slots 100
+expect 2 lynx-agent --slots 0 -- --slots "'0'"
+expect 2 lynx-agent --node-id node-1 -- --node-id node-1
+expect 2 lynx-agent --app nope -- --app nope
+expect 2 lynx-agent --coordinator 127.0.0.1:1 --app echo -- --app echo
+expect 2 lynx-agent --transport carrier-pigeon -- --transport carrier-pigeon
+expect 2 lynx-agent --labels zone -- --labels zone
+expect 2 lynx-agent --log-level loud -- --log-level loud
+expect 2 lynx-frontend --udp 99999 -- --udp 99999
+expect 2 lynx-frontend --agent 127.0.0.1:1 --coordinator 127.0.0.1:2 -- \
+  --agent 127.0.0.1:1 --coordinator 127.0.0.1:2
+expect 2 lynx-frontend --framing fixed:0 -- --framing fixed:0
+expect 2 lynx-frontend --metrics localhost -- --metrics localhost
+expect 2 lynx-frontend --workers 0 -- --workers "'0'"
+expect 2 lynx-coordinator --lease-ms 5 -- --lease-ms "'5'"
+expect 2 lynx-coordinator --http x:1 -- --http x:1
+expect 2 lynx-coordinator --log-level loud -- --log-level loud
+expect 2 lynxctl frobnicate -- frobnicate
+
+log "== runtime failures: exit 1, what failed named"
+expect 1 lynx-agent --token-file "$IT_DIR/no-such-token" -- --token-file "$IT_DIR/no-such-token"
+expect 1 lynx-agent --cpu-accels 1 --transport shm --listen "127.0.0.1:$HELD" -- "127.0.0.1:$HELD"
+expect 1 lynx-agent --transport rdma --cpu-accels 1 -- --transport rdma
+expect 1 lynx-frontend --token-file "$IT_DIR/no-such-token" -- --token-file "$IT_DIR/no-such-token"
+expect 1 lynx-frontend --metrics "127.0.0.1:$HELD" -- --metrics "127.0.0.1:$HELD"
+expect 1 lynx-coordinator --token-file "$IT_DIR/token-dir" --state-dir "$IT_DIR/st1" -- \
+  --token-file "$IT_DIR/token-dir"
+expect 1 lynx-coordinator --listen "127.0.0.1:$HELD" --state-dir "$IT_DIR/st2" -- "127.0.0.1:$HELD"
+expect 1 lynxctl --token-file "$IT_DIR/no-such-token" nodes -- "$IT_DIR/no-such-token"
+exit 0
