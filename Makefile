@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run bench bench-scaleout clean
+.PHONY: all deps configure build test test-busy run bench bench-scaleout clean
 
 all: build
 
@@ -21,6 +21,10 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1 $(CTEST_ARGS)
+
+# the suite with a CPU hog per core spinning beside it (tests/run-busy.sh)
+test-busy: build
+	@bash tests/run-busy.sh $(BUILD) $(CTEST_ARGS)
 
 run: build
 	@bash deploy/run-local.sh $(BUILD)

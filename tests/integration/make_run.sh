@@ -36,7 +36,11 @@ os.execvp("bash", ["bash", sys.argv[1], sys.argv[2]])' "$RUN_LOCAL" "$BUILD_DIR"
   RUN_PID=$!
   track "$RUN_PID" run-local
   wait_log "$1" "Press Ctrl-C to stop" 30 1 "$RUN_PID"
+  RUN_LOGDIRS+=("$(sed -n 's|^ *logs *\(/tmp/lynx-run\.[A-Za-z0-9]*\)/.*|\1|p' "$1")")
 }
+RUN_LOGDIRS=()
+# make run keeps its logs for the user; this test's go with it
+trap_logdirs() { for d in "${RUN_LOGDIRS[@]}"; do [[ -n $d ]] && rm -rf "$d"; done; }
 
 # daemons: pids of this run's lynx daemons (by their ports and node id)
 daemons() {
@@ -88,4 +92,5 @@ grep -q "lynx-frontend (pid $fe) exited with status 137" "$OUT2" ||
   it_check_failed "the dead daemon is not named with its status: $(tail -8 "$OUT2")"
 grep -q 'frontend.log' "$OUT2" || it_check_failed "its log is not named: $(tail -8 "$OUT2")"
 assert_eq "$(daemons | wc -l)" 0 "daemons left after the frontend died"
+trap_logdirs
 it_done
