@@ -206,14 +206,15 @@ static int client_parse(struct fe_client *c) {
       memcpy(&be, c->in + off, 4);
       len = ntohl(be);
     }
-    if ((w->cap && len > w->cap) || len + hdr > frame_max(w)) {
+    /* (64-bit: a length word near 4 GiB must not wrap past the bound) */
+    if ((w->cap && len > w->cap) || (uint64_t)len + hdr > frame_max(w)) {
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
                   "frame is larger than a slot's %u-byte payload: closing "
                   "the connection", w->fe->service, w->id, len, w->cap);
       client_close(c, FE_TCP_OVERSIZE);
       return work;
     }
-    if (c->in_len - off < hdr + len)
+    if (c->in_len - off < (uint64_t)hdr + len)
       break;
     if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
       lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
