@@ -35,6 +35,7 @@
 struct coord_cfg {
   char *listen, *http, *state_dir, *token_file, *log_level;
   uint32_t lease_ms, drain_ms, frame_max, body_max;
+  uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
 };
 
 #define O(f) offsetof(struct coord_cfg, f)
@@ -55,6 +56,17 @@ static const struct lynx_opt coord_opts[] = {
      "largest accepted control frame, bytes"},
     {"body-max", LYNX_OPT_U32, O(body_max), "65536", 256, 1u << 24, NULL,
      "largest accepted API request body, bytes"},
+    {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "256", 1, 4096, NULL,
+     "API connections open at once (one thread each); more wait to be "
+     "accepted"},
+    {"http-conn-per-client", LYNX_OPT_U32, O(http_conn_per_client), "32", 1,
+     4096, NULL, "API connections one client address may hold open; more are "
+     "closed at once"},
+    {"http-header-timeout-ms", LYNX_OPT_U32, O(http_header_ms), "10000", 100,
+     600000, NULL, "a request's headers must be in within this of the "
+     "connection's start or the previous answer"},
+    {"http-body-timeout-ms", LYNX_OPT_U32, O(http_body_ms), "30000", 100,
+     3600000, NULL, "a request's body must be in within this of its headers"},
     {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
      "error, warn, info or debug"},
     LYNX_OPT_END,
@@ -884,6 +896,10 @@ int main(int argc, char **argv) {
   co.c.state_dir = co.cfg.state_dir;
   co.c.token = token;
   co.c.body_max = co.cfg.body_max;
+  co.c.http_conn_max = co.cfg.http_conn_max;
+  co.c.http_conn_per_client = co.cfg.http_conn_per_client;
+  co.c.http_header_timeout_ms = co.cfg.http_header_ms;
+  co.c.http_body_timeout_ms = co.cfg.http_body_ms;
   co.actions_tail = &co.actions;
   lynx_reg_init(&co.c.reg, co.cfg.lease_ms, co.cfg.drain_ms, &ops);
   /* instance ids and table versions keep growing across coordinator
