@@ -16,6 +16,8 @@
  *      its end, or the connection is closed if it goes on for more than
  *      DISCARD_MAX bytes (libmicrohttpd 0.9 takes no answer mid-upload);
  *   3. end of request: the route's handler runs and its answer is queued.
+ *      A body is parsed by json-c, then checked by jansson for a key that
+ *      appears twice in an object (jsondup.h), then decoded.
  * The per-request state (struct http_req) is freed in on_completed(), which
  * libmicrohttpd calls however the request ended.
  *
@@ -61,6 +63,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "jsondup.h"
 #include "log.h"
 #include "registry.h"
 #include "regjson.h"
@@ -227,6 +230,12 @@ static void reply_reg_err(struct http_out *out, int rc,
   case -EBUSY:
   case -ESTALE:
     status = 409, code = "conflict";
+    break;
+  case -ENOSPC:
+    status = 409, code = "limit_exceeded";
+    break;
+  case -EFBIG:
+    status = 422, code = "limit_exceeded";
     break;
   default:
     status = 500, code = "internal";
@@ -715,6 +724,23 @@ static struct json_object *parse_body(struct http_req *rq,
                 "malformed JSON: unexpected data after the JSON value at "
                 "line %zu, column %zu (offset %zu)",
                 line, col, i);
+      return NULL;
+    }
+  }
+  {
+    /* json-c kept the last of two equal keys: refuse them instead */
+    char key[96];
+    int dl = 0, dc = 0, dup;
+    dup = lynx_json_dup_key(rq->body, rq->len, key, sizeof(key), &dl, &dc);
+    if (dup) {
+      json_object_put(j);
+      if (dup < 0)
+        reply_oom(out);
+      else
+        reply_err(out, 400, "invalid_argument",
+                  "duplicate key \"%s\" at line %d, column %d: a key may "
+                  "appear only once in an object",
+                  key, dl, dc);
       return NULL;
     }
   }

@@ -479,6 +479,119 @@ static void test_bad_fields(void **state) {
   assert_null(f->c.reg.services);
 }
 
+/* json-c keeps the last of two equal keys: the API refuses them, naming
+ * the key, at any depth. */
+static void test_duplicate_keys(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"name\": \"b\"}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "duplicate key \"name\"",
+               "line 1");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\",\n"
+      " \"placement\": {\"replicas\": 1, \"selector\": {\"zone\": \"a\", "
+      "\"zone\": \"b\"}}}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "duplicate key \"zone\"",
+               "line 2");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"backends\": "
+      "[{\"name\": \"m\", \"address\": \"127.0.0.1:1\", \"address\": "
+      "\"127.0.0.1:2\"}]}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "duplicate key \"address\"",
+               NULL);
+  resp_free(&r);
+  assert_null(f->c.reg.services);
+  /* equal keys in different objects are fine */
+  assert_int_equal(req(f, "POST", "/v1/services",
+                       "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", "
+                       "\"backends\": [{\"name\": \"m\", \"address\": "
+                       "\"127.0.0.1:1\"}]}",
+                       &r),
+                   201);
+  resp_free(&r);
+}
+
+/* Text fields refuse invalid UTF-8 and control characters, naming the
+ * field; nothing the API answers is invalid UTF-8, a path with %ff
+ * included. */
+static void test_bad_text(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  struct json_tokener *tok;
+  struct json_object *back;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"ec\xff\xfeho\"}", &r);
+  expect_error(&r, 400, "invalid_argument", "app", "UTF-8");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"\\u001b[31mecho\"}", &r);
+  expect_error(&r, 400, "invalid_argument", "app", "control");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"placement\": "
+      "{\"selector\": {\"zone\": \"\xc3\"}}}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "placement.selector.zone",
+               NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"b\xffgus\": 1}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "unknown field", NULL);
+  resp_free(&r);
+  req(f, "GET", "/v1/nodes/x%ffy%01", NULL, &r);
+  expect_error(&r, 404, "not_found", NULL, NULL);
+  tok = json_tokener_new();
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+  back = json_tokener_parse_ex(tok, r.body, (int)r.len);
+  if (!back)
+    fail_msg("the answer is not valid JSON: %s", r.body);
+  json_object_put(back);
+  json_tokener_free(tok);
+  resp_free(&r);
+  assert_null(f->c.reg.services);
+}
+
+/* --region-max-mb: 422 with the computed size; --services-max: 409. */
+static void test_limits(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  char body[256];
+  f->c.reg.region_max_bytes = 1024ull << 20;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"huge\", \"port\": 9123, \"app\": \"echo\", \"slot_size\": "
+      "1048576, \"slots\": 65536, \"mqueues_per_accel\": 1024}",
+      &r);
+  expect_error(&r, 422, "limit_exceeded", "140737488", "1024 MiB");
+  resp_free(&r);
+  f->c.reg.services_max = 3;
+  for (int i = 0; i < 3; i++) {
+    snprintf(body, sizeof(body),
+             "{\"name\": \"s%d\", \"port\": %d, \"app\": \"echo\"}", i,
+             9200 + i);
+    assert_int_equal(req(f, "POST", "/v1/services", body, &r), 201);
+    resp_free(&r);
+  }
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"s3\", \"port\": 9203, \"app\": \"echo\"}", &r);
+  expect_error(&r, 409, "limit_exceeded", "--services-max", "3");
+  resp_free(&r);
+  assert_null(lynx_reg_service_find(&f->c.reg, "s3"));
+  assert_int_equal(req(f, "DELETE", "/v1/services/s0", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(req(f, "POST", "/v1/services",
+                       "{\"name\": \"s3\", \"port\": 9203, \"app\": \"echo\"}",
+                       &r),
+                   201);
+  resp_free(&r);
+}
+
 static void test_unknown_path(void **state) {
   struct fx *f = *state;
   struct resp r;
@@ -1237,6 +1350,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_service_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_json, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_fields, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_duplicate_keys, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_text, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_limits, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unknown_path, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_method, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized, setup, teardown),
