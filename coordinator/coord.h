@@ -24,6 +24,13 @@ struct lynx_coord {
   const char *state_dir;
   const char *token; /* NULL: no token; mutating API calls then need loopback */
   size_t body_max;   /* largest accepted request body (413 above) */
+  /* API connection limits (http.c, docs/api.md "Connections"); 0 takes
+   * http.c's default: open connections in all (one thread each), open
+   * connections per client address, how long a request's headers may take
+   * from the connection's start or the previous request's end, and how long
+   * its body may take from the end of its headers */
+  unsigned http_conn_max, http_conn_per_client;
+  uint32_t http_header_timeout_ms, http_body_timeout_ms;
   int ready;         /* /readyz: state loaded and control port listening */
   void *http;        /* http.c's private state (the MHD daemon): opaque */
 };

@@ -16,12 +16,36 @@
  *      its end, or the connection is closed if it goes on for more than
  *      DISCARD_MAX bytes (libmicrohttpd 0.9 takes no answer mid-upload);
  *   3. end of request: the route's handler runs and its answer is queued.
+ *      A body is parsed by json-c, then checked by jansson for a key that
+ *      appears twice in an object (jsondup.h), then decoded.
  * The per-request state (struct http_req) is freed in on_completed(), which
  * libmicrohttpd calls however the request ended.
  *
  * Errors are {"error": {"code": ..., "message": ...}} with the HTTP status
  * that fits; every response body ends with a newline. Bad input never
  * asserts or exits: it gets a 4xx.
+ *
+ * Connections (slow or greedy clients): a thread per connection makes every
+ * open connection cost a thread, and libmicrohttpd's own timeout only
+ * measures idleness, which a client that trickles one byte at a time never
+ * shows. So besides the total cap (c->http_conn_max, MHD_OPTION_
+ * CONNECTION_LIMIT: above it new connections wait in the listen backlog):
+ *   - a per-client cap: the accept policy callback counts the open
+ *     connections of the same source address and refuses one more;
+ *   - deadlines: each connection is tracked from libmicrohttpd's STARTED
+ *     notification to its CLOSED one (struct api_conn). A request's headers
+ *     must be whole within http_header_timeout_ms of the connection's start
+ *     or of the previous request's end, its body within
+ *     http_body_timeout_ms of its headers; a request being handled or
+ *     answered (a watch waits up to WATCH_MAX_MS) has no deadline. A reaper
+ *     thread shutdown()s the socket of a connection past its deadline; the
+ *     connection's thread then sees the end of the stream and libmicrohttpd
+ *     closes it as usual. The reaper holds conns_lock while it touches the
+ *     fd, and the CLOSED notification takes conns_lock to unlink the
+ *     connection; libmicrohttpd closes the fd only after that notification
+ *     returns (MHD_cleanup_connections in 0.9.75), so a tracked fd is never
+ *     one the kernel has given to someone else.
+ * Refusals and timeouts are counted for /metrics.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -39,6 +63,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "jsondup.h"
 #include "log.h"
 #include "registry.h"
 #include "regjson.h"
@@ -50,7 +75,12 @@
 #define WATCH_DEFAULT_MS 30000 /* GET /v1/watch without timeout_ms */
 #define WATCH_MAX_MS 60000     /* longest a watch may block */
 #define CONN_TIMEOUT_S 90      /* idle connection timeout (> WATCH_MAX_MS) */
-#define CONN_LIMIT 256         /* concurrent connections (one thread each) */
+/* defaults of the connection limits (coord.h: 0 takes these) */
+#define CONN_MAX_DEFAULT 256        /* open connections (one thread each) */
+#define CONN_PER_CLIENT_DEFAULT 32  /* open connections per source address */
+#define HEADER_TIMEOUT_MS_DEFAULT 10000
+#define BODY_TIMEOUT_MS_DEFAULT 30000
+#define REAPER_IDLE_MS 1000 /* the reaper's longest sleep */
 #define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413  \
                                 */
 
@@ -67,12 +97,50 @@ struct list_cache {
   uint64_t version, at_ms;
 };
 
+/* Where a connection stands, for its deadline. */
+enum conn_phase {
+  PHASE_HEADERS, /* waiting for a request's headers (deadline) */
+  PHASE_BODY,    /* reading a request's body (deadline) */
+  PHASE_BUSY,    /* the request is in: handled, then answered (none) */
+};
+
+/* A client's address, as the per-client cap compares it (an IPv4-mapped
+ * IPv6 address is its IPv4 address). */
+struct client_key {
+  int family; /* AF_INET, AF_INET6, or 0 (unknown: never capped) */
+  unsigned char addr[16];
+};
+
+/* One API connection, from libmicrohttpd's STARTED notification to its
+ * CLOSED one (its socket context). Fields under http.conns_lock. */
+struct api_conn {
+  int fd;
+  struct client_key key;
+  enum conn_phase phase;
+  uint64_t deadline_ns; /* PHASE_HEADERS / PHASE_BODY (CLOCK_MONOTONIC) */
+  int reaped;           /* its socket was shut down */
+  struct api_conn *next, **pprev;
+};
+
 /* The server's private state; c->http points at it. */
 struct http {
   struct lynx_coord *c;
   struct MHD_Daemon *d;
   int stopping; /* under c->lock: watchers return at once */
   struct list_cache cache[CACHE_N]; /* under c->lock */
+  /* effective connection limits (coord.h's, defaults applied) */
+  unsigned conn_max, conn_per_client;
+  uint64_t header_timeout_ms, body_timeout_ms;
+  /* the open connections and the reaper (see the top of the file) */
+  pthread_mutex_t conns_lock;
+  pthread_cond_t reaper_wake; /* CLOCK_MONOTONIC waits */
+  pthread_t reaper;
+  int reaper_running, reaper_stop;
+  struct api_conn *conns;
+  unsigned n_conns;
+  uint64_t reap_at_ns; /* when the reaper wakes next (earliest deadline) */
+  /* /metrics, under conns_lock */
+  uint64_t refused_per_client, timeouts_header, timeouts_body;
 };
 
 struct http_req;
@@ -162,6 +230,12 @@ static void reply_reg_err(struct http_out *out, int rc,
   case -EBUSY:
   case -ESTALE:
     status = 409, code = "conflict";
+    break;
+  case -ENOSPC:
+    status = 409, code = "limit_exceeded";
+    break;
+  case -EFBIG:
+    status = 422, code = "limit_exceeded";
     break;
   default:
     status = 500, code = "internal";
@@ -342,6 +416,7 @@ struct metrics_accel {
 };
 
 struct metrics_snap {
+  uint64_t api_conns, api_refused, api_timeouts[2]; /* header, body */
   uint64_t nodes[4];
   uint64_t accels, requests, responses;
   uint64_t services, frontends;
@@ -446,6 +521,12 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   m.pauses = r->pauses;
   m.paused_ms = r->paused_ms;
   pthread_mutex_unlock(&rq->c->lock);
+  pthread_mutex_lock(&rq->h->conns_lock);
+  m.api_conns = rq->h->n_conns;
+  m.api_refused = rq->h->refused_per_client;
+  m.api_timeouts[0] = rq->h->timeouts_header;
+  m.api_timeouts[1] = rq->h->timeouts_body;
+  pthread_mutex_unlock(&rq->h->conns_lock);
 
   f = open_memstream(&buf, &len);
   if (!f) {
@@ -503,6 +584,31 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
         m.table_version);
   GAUGE("lynx_coordinator_services", "Services defined.", m.services);
   GAUGE("lynx_coordinator_frontends", "Frontends connected.", m.frontends);
+  GAUGE("lynx_coordinator_api_connections",
+        "Open connections to the JSON API (this scrape's included).",
+        m.api_conns);
+  fputs("# HELP lynx_coordinator_api_connections_refused_total API "
+        "connections closed at once because their client address had "
+        "--http-conn-per-client open.\n"
+        "# TYPE lynx_coordinator_api_connections_refused_total counter\n",
+        f);
+  fprintf(f,
+          "lynx_coordinator_api_connections_refused_total{reason="
+          "\"per_client\"} %llu\n",
+          (unsigned long long)m.api_refused);
+  fputs("# HELP lynx_coordinator_api_connections_timed_out_total API "
+        "connections closed because a request's headers (from the "
+        "connection's start or the previous answer) or body took longer "
+        "than --http-header-timeout-ms / --http-body-timeout-ms.\n"
+        "# TYPE lynx_coordinator_api_connections_timed_out_total counter\n",
+        f);
+  fprintf(f,
+          "lynx_coordinator_api_connections_timed_out_total{phase="
+          "\"header\"} %llu\n"
+          "lynx_coordinator_api_connections_timed_out_total{phase="
+          "\"body\"} %llu\n",
+          (unsigned long long)m.api_timeouts[0],
+          (unsigned long long)m.api_timeouts[1]);
 #undef GAUGE
 #undef COUNTER
   metrics_accels(f, &m);
@@ -635,6 +741,23 @@ static struct json_object *parse_body(struct http_req *rq,
                 "malformed JSON: unexpected data after the JSON value at "
                 "line %zu, column %zu (offset %zu)",
                 line, col, i);
+      return NULL;
+    }
+  }
+  {
+    /* json-c kept the last of two equal keys: refuse them instead */
+    char key[96];
+    int dl = 0, dc = 0, dup;
+    dup = lynx_json_dup_key(rq->body, rq->len, key, sizeof(key), &dl, &dc);
+    if (dup) {
+      json_object_put(j);
+      if (dup < 0)
+        reply_oom(out);
+      else
+        reply_err(out, 400, "invalid_argument",
+                  "duplicate key \"%s\" at line %d, column %d: a key may "
+                  "appear only once in an object",
+                  key, dl, dc);
       return NULL;
     }
   }
@@ -958,6 +1081,198 @@ static int authorise(struct http_req *rq, struct http_out *out) {
   return 0;
 }
 
+/* ---- connections: per-client cap and deadlines ------------------------- */
+
+static void client_key_of(const struct sockaddr *sa, struct client_key *k) {
+  memset(k, 0, sizeof(*k));
+  if (!sa)
+    return;
+  if (sa->sa_family == AF_INET) {
+    k->family = AF_INET;
+    memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+  } else if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a)) {
+      k->family = AF_INET;
+      memcpy(k->addr, a->s6_addr + 12, 4);
+    } else {
+      k->family = AF_INET6;
+      memcpy(k->addr, a->s6_addr, 16);
+    }
+  }
+}
+
+static const char *client_key_str(const struct client_key *k, char *buf,
+                                  socklen_t len) {
+  if (!k->family || !inet_ntop(k->family, k->addr, buf, len))
+    snprintf(buf, len, "?");
+  return buf;
+}
+
+/* Sets a's deadline timeout_ms from now (conns_lock held) and wakes the
+ * reaper when it comes before the reaper's next wake-up. Nanoseconds, so
+ * that no rounding lets a deadline pass early. */
+static void conn_deadline(struct http *h, struct api_conn *a,
+                          uint64_t timeout_ms) {
+  a->deadline_ns = lynx_now_ns() + timeout_ms * 1000000u;
+  if (a->deadline_ns < h->reap_at_ns) {
+    h->reap_at_ns = a->deadline_ns;
+    pthread_cond_signal(&h->reaper_wake);
+  }
+}
+
+/* Moves conn's connection to phase ph; entering PHASE_HEADERS or
+ * PHASE_BODY starts that phase's deadline now. Any thread. */
+static void conn_phase(struct http *h, struct MHD_Connection *conn,
+                       enum conn_phase ph) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct api_conn *a = ci ? ci->socket_context : NULL;
+  if (!a)
+    return;
+  pthread_mutex_lock(&h->conns_lock);
+  if (a->phase != ph) {
+    a->phase = ph;
+    if (ph != PHASE_BUSY)
+      conn_deadline(h, a,
+                    ph == PHASE_HEADERS ? h->header_timeout_ms
+                                        : h->body_timeout_ms);
+  }
+  pthread_mutex_unlock(&h->conns_lock);
+}
+
+/* The accept policy (libmicrohttpd's listening thread, before STARTED):
+ * refuses a connection from an address that already has conn_per_client
+ * open. The count is exact: this thread is also the one that adds
+ * connections (STARTED) right after it accepts them. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
+                                 socklen_t addrlen) {
+  struct http *h = cls;
+  struct client_key k;
+  unsigned n = 0;
+  char ip[INET6_ADDRSTRLEN];
+  if (!addr || addrlen < (socklen_t)sizeof(struct sockaddr_in) ||
+      (addr->sa_family == AF_INET6 &&
+       addrlen < (socklen_t)sizeof(struct sockaddr_in6)))
+    return MHD_YES; /* not an IP peer: nothing to count it by */
+  client_key_of(addr, &k);
+  if (!k.family)
+    return MHD_YES;
+  pthread_mutex_lock(&h->conns_lock);
+  for (const struct api_conn *a = h->conns; a; a = a->next)
+    if (a->key.family == k.family && !memcmp(a->key.addr, k.addr, 16))
+      n++;
+  if (n < h->conn_per_client) {
+    pthread_mutex_unlock(&h->conns_lock);
+    return MHD_YES;
+  }
+  h->refused_per_client++;
+  pthread_mutex_unlock(&h->conns_lock);
+  LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
+              "refused an API connection from %s: it has %u open, the "
+              "per-client cap (--http-conn-per-client)",
+              client_key_str(&k, ip, sizeof(ip)), n);
+  return MHD_NO;
+}
+
+/* STARTED (listening thread): the connection is tracked, its header
+ * deadline runs. CLOSED (listening thread, before libmicrohttpd closes the
+ * fd): it is forgotten. */
+static void on_connection(void *cls, struct MHD_Connection *conn,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  struct http *h = cls;
+  struct api_conn *a;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ad =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!fd) /* cannot happen in 0.9.75; nothing to enforce a deadline on */
+      return;
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+      /* an untracked connection would escape every deadline: end it (its
+       * fd is valid during this notification) */
+      LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
+                  "out of memory tracking an API connection: closed");
+      shutdown(fd->connect_fd, SHUT_RDWR);
+      return;
+    }
+    a->fd = fd->connect_fd;
+    client_key_of(ad ? ad->client_addr : NULL, &a->key);
+    a->phase = PHASE_HEADERS;
+    pthread_mutex_lock(&h->conns_lock);
+    a->next = h->conns;
+    if (h->conns)
+      h->conns->pprev = &a->next;
+    a->pprev = &h->conns;
+    h->conns = a;
+    h->n_conns++;
+    conn_deadline(h, a, h->header_timeout_ms);
+    pthread_mutex_unlock(&h->conns_lock);
+    *socket_context = a;
+    return;
+  }
+  a = *socket_context;
+  if (!a)
+    return;
+  pthread_mutex_lock(&h->conns_lock);
+  *a->pprev = a->next;
+  if (a->next)
+    a->next->pprev = a->pprev;
+  h->n_conns--;
+  pthread_mutex_unlock(&h->conns_lock);
+  free(a);
+  *socket_context = NULL;
+}
+
+/* Shuts down every connection past its deadline, then sleeps until the
+ * earliest deadline left (at most REAPER_IDLE_MS, or until woken). */
+static void *reaper_main(void *arg) {
+  struct http *h = arg;
+  char ip[INET6_ADDRSTRLEN];
+  pthread_mutex_lock(&h->conns_lock);
+  while (!h->reaper_stop) {
+    uint64_t now = lynx_now_ns(), next = now + REAPER_IDLE_MS * 1000000ull;
+    struct timespec ts;
+    for (struct api_conn *a = h->conns; a; a = a->next) {
+      int header;
+      if (a->phase == PHASE_BUSY || a->reaped)
+        continue;
+      if (a->deadline_ns > now) {
+        if (a->deadline_ns < next)
+          next = a->deadline_ns;
+        continue;
+      }
+      /* a is linked, so its CLOSED notification has not run and its fd is
+       * still its own (see the top of the file) */
+      shutdown(a->fd, SHUT_RDWR);
+      a->reaped = 1;
+      header = a->phase == PHASE_HEADERS;
+      if (header)
+        h->timeouts_header++;
+      else
+        h->timeouts_body++;
+      LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
+                  "closed an API connection from %s: its request's %s took "
+                  "longer than %llu ms (--http-%s-timeout-ms)",
+                  client_key_str(&a->key, ip, sizeof(ip)),
+                  header ? "headers" : "body",
+                  (unsigned long long)(header ? h->header_timeout_ms
+                                              : h->body_timeout_ms),
+                  header ? "header" : "body");
+    }
+    h->reap_at_ns = next;
+    ts.tv_sec = (time_t)(next / 1000000000u);
+    ts.tv_nsec = (long)(next % 1000000000u);
+    pthread_cond_clockwait(&h->reaper_wake, &h->conns_lock, CLOCK_MONOTONIC,
+                           &ts);
+  }
+  pthread_mutex_unlock(&h->conns_lock);
+  return NULL;
+}
+
 /* ---- libmicrohttpd glue ------------------------------------------------- */
 
 static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
@@ -1014,6 +1329,7 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
   MHD_destroy_response(resp);
   if (ret == MHD_YES) {
     rq->answered = 1;
+    conn_phase(rq->h, rq->conn, PHASE_BUSY); /* a body left unread is skipped */
     if (out->status >= 500 || (is_mutating(rq->method) && out->status >= 400))
       LYNX_WARN(COMP, "%s %s: %u", rq->method,
                 rq->route ? rq->route->pattern : "?", out->status);
@@ -1069,6 +1385,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     rq->c = h->c;
     rq->conn = conn;
     snprintf(rq->method, sizeof(rq->method), "%s", method);
+    /* the headers are in: the body's deadline starts, or none applies */
+    conn_phase(h, conn, has_body(conn) ? PHASE_BODY : PHASE_BUSY);
     rq->route = route_find(method, url, rq->params, &status, out.allow,
                            sizeof(out.allow));
     if (!rq->route) {
@@ -1148,6 +1466,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   }
 
   /* the whole request is in */
+  conn_phase(h, conn, PHASE_BUSY);
   if (rq->answered)
     return MHD_YES;
   if (rq->pending) {
@@ -1171,9 +1490,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe) {
   struct http_req *rq = *req_cls;
-  (void)cls;
-  (void)conn;
   (void)toe;
+  /* the next request's headers are due within the header timeout */
+  conn_phase(cls, conn, PHASE_HEADERS);
   if (!rq)
     return;
   if (rq->early) { /* the request ended before its early answer went out */
@@ -1219,6 +1538,14 @@ static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *s) {
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  /* a client that hangs up mid-request, or whose connection the reaper
+   * ended: its business, not a server warning (a flood of slow clients
+   * would otherwise be a flood of lines; the reaper logs its own) */
+  static const char *const routine[] = {
+      "closed by remote side with incomplete request",
+      "disconnected when reading request",
+      "due to the error: detected connection closure",
+  };
   char msg[256];
   size_t n;
   (void)cls;
@@ -1226,6 +1553,11 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   n = strlen(msg);
   while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
     msg[--n] = 0;
+  for (size_t i = 0; i < LYNX_ARRAY_SIZE(routine); i++)
+    if (strstr(msg, routine[i])) {
+      LYNX_DBG(COMP, "libmicrohttpd: %s", msg);
+      return;
+    }
   LYNX_WARN(COMP, "libmicrohttpd: %s", msg);
 }
 
@@ -1234,6 +1566,7 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   struct http *h;
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION |
                    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  int rc;
 
   if (!c || c->http)
     return -EINVAL;
@@ -1250,13 +1583,24 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   if (!h)
     return -ENOMEM;
   h->c = c;
+  h->conn_max = c->http_conn_max ? c->http_conn_max : CONN_MAX_DEFAULT;
+  h->conn_per_client =
+      c->http_conn_per_client ? c->http_conn_per_client : CONN_PER_CLIENT_DEFAULT;
+  h->header_timeout_ms = c->http_header_timeout_ms ? c->http_header_timeout_ms
+                                                   : HEADER_TIMEOUT_MS_DEFAULT;
+  h->body_timeout_ms = c->http_body_timeout_ms ? c->http_body_timeout_ms
+                                               : BODY_TIMEOUT_MS_DEFAULT;
+  h->reap_at_ns = UINT64_MAX;
+  pthread_mutex_init(&h->conns_lock, NULL);
+  pthread_cond_init(&h->reaper_wake, NULL);
   h->d = MHD_start_daemon(
-      flags, 0, NULL, NULL, on_request, h,
+      flags, 0, on_accept, h, on_request, h,
       /* first, so every message of the daemon goes through our log */
       MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
       (struct sockaddr *)&ss, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
+      MHD_OPTION_CONNECTION_LIMIT, h->conn_max,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
       MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h, MHD_OPTION_END);
   if (!h->d) {
@@ -1264,12 +1608,32 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
              "cannot serve the API on %s (address in use or not "
              "local?)",
              addr);
-    free(h);
-    return -EADDRINUSE;
+    rc = -EADDRINUSE;
+    goto out_sync;
   }
+  rc = -pthread_create(&h->reaper, NULL, reaper_main, h);
+  if (rc) {
+    LYNX_ERR(COMP, "cannot start the API's connection reaper: %s",
+             strerror(-rc));
+    goto out_daemon;
+  }
+  h->reaper_running = 1;
   c->http = h;
-  LYNX_INFO(COMP, "API on http://%s", addr);
+  LYNX_INFO(COMP,
+            "API on http://%s (at most %u connections, %u per client; "
+            "headers within %llu ms, bodies within %llu ms)",
+            addr, h->conn_max, h->conn_per_client,
+            (unsigned long long)h->header_timeout_ms,
+            (unsigned long long)h->body_timeout_ms);
   return 0;
+
+out_daemon:
+  MHD_stop_daemon(h->d);
+out_sync:
+  pthread_cond_destroy(&h->reaper_wake);
+  pthread_mutex_destroy(&h->conns_lock);
+  free(h);
+  return rc;
 }
 
 void lynx_http_stop(struct lynx_coord *c) {
@@ -1283,9 +1647,18 @@ void lynx_http_stop(struct lynx_coord *c) {
   h->stopping = 1;
   pthread_cond_broadcast(&c->changed);
   pthread_mutex_unlock(&c->lock);
-  MHD_stop_daemon(h->d);
+  /* the reaper first: stopping the daemon ends every connection anyway */
+  pthread_mutex_lock(&h->conns_lock);
+  h->reaper_stop = 1;
+  pthread_cond_signal(&h->reaper_wake);
+  pthread_mutex_unlock(&h->conns_lock);
+  if (h->reaper_running)
+    pthread_join(h->reaper, NULL);
+  MHD_stop_daemon(h->d); /* every CLOSED notification runs in here */
   c->http = NULL;
   for (int i = 0; i < CACHE_N; i++)
     free(h->cache[i].body);
+  pthread_cond_destroy(&h->reaper_wake);
+  pthread_mutex_destroy(&h->conns_lock);
   free(h);
 }

@@ -35,6 +35,8 @@
 struct coord_cfg {
   char *listen, *http, *state_dir, *token_file, *log_level;
   uint32_t lease_ms, drain_ms, frame_max, body_max;
+  uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
+  uint32_t services_max, region_max_mb;
 };
 
 #define O(f) offsetof(struct coord_cfg, f)
@@ -55,6 +57,22 @@ static const struct lynx_opt coord_opts[] = {
      "largest accepted control frame, bytes"},
     {"body-max", LYNX_OPT_U32, O(body_max), "65536", 256, 1u << 24, NULL,
      "largest accepted API request body, bytes"},
+    {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "256", 1, 4096, NULL,
+     "API connections open at once (one thread each); more wait to be "
+     "accepted"},
+    {"http-conn-per-client", LYNX_OPT_U32, O(http_conn_per_client), "32", 1,
+     4096, NULL, "API connections one client address may hold open; more are "
+     "closed at once"},
+    {"http-header-timeout-ms", LYNX_OPT_U32, O(http_header_ms), "10000", 100,
+     600000, NULL, "a request's headers must be in within this of the "
+     "connection's start or the previous answer"},
+    {"http-body-timeout-ms", LYNX_OPT_U32, O(http_body_ms), "30000", 100,
+     3600000, NULL, "a request's body must be in within this of its headers"},
+    {"services-max", LYNX_OPT_U32, O(services_max), "256", 1, 100000, NULL,
+     "services that may exist (each costs every frontend a thread); more are "
+     "refused"},
+    {"region-max-mb", LYNX_OPT_U32, O(region_max_mb), "1024", 1, 1048576,
+     NULL, "largest region a service may ask of each accelerator, MiB"},
     {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
      "error, warn, info or debug"},
     LYNX_OPT_END,
@@ -518,6 +536,17 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
     goto reply;
   }
   for (size_t i = 0; i < m->n_labels; i++) {
+    /* a label is matched by selectors: cut, it would silently be another */
+    if ((m->labels[i]->key &&
+         strlen(m->labels[i]->key) >= sizeof(labels[i].key)) ||
+        (m->labels[i]->value &&
+         strlen(m->labels[i]->value) >= sizeof(labels[i].value))) {
+      snprintf(err.message, sizeof(err.message),
+               "labels[%zu]: key or value longer than %zu bytes", i,
+               sizeof(labels[i].key) - 1);
+      rc = -EINVAL;
+      goto reply;
+    }
     snprintf(labels[i].key, sizeof(labels[i].key), "%s",
              m->labels[i]->key ? m->labels[i]->key : "");
     snprintf(labels[i].value, sizeof(labels[i].value), "%s",
@@ -904,6 +933,10 @@ int main(int argc, char **argv) {
   co.c.state_dir = co.cfg.state_dir;
   co.c.token = token;
   co.c.body_max = co.cfg.body_max;
+  co.c.http_conn_max = co.cfg.http_conn_max;
+  co.c.http_conn_per_client = co.cfg.http_conn_per_client;
+  co.c.http_header_timeout_ms = co.cfg.http_header_ms;
+  co.c.http_body_timeout_ms = co.cfg.http_body_ms;
   co.actions_tail = &co.actions;
   lynx_reg_init(&co.c.reg, co.cfg.lease_ms, co.cfg.drain_ms, &ops);
   co.c.reg.tick_ms = TICK_MS;
@@ -925,6 +958,10 @@ int main(int argc, char **argv) {
     uv_loop_close(&co.loop);
     goto out_reg;
   }
+  /* the limits bind new services only: what the state directory holds
+   * stays, even above a limit lowered since */
+  co.c.reg.services_max = co.cfg.services_max;
+  co.c.reg.region_max_bytes = (uint64_t)co.cfg.region_max_mb << 20;
   uv_tcp_init(&co.loop, &co.server);
   co.server.data = &co;
   rc = uv_tcp_bind(&co.server, (struct sockaddr *)&ss, 0);

@@ -89,6 +89,87 @@ static void copy_str(char *dst, size_t size, const char *src) {
   snprintf(dst, size, "%s", src ? src : "");
 }
 
+/* ---- text ------------------------------------------------------------ */
+
+/* The UTF-8 sequence at s (n bytes available): its length, with its code
+ * point in *cp; 0 when it is not a valid one (a stray continuation byte,
+ * an overlong form, a surrogate, above U+10FFFF, or cut short). */
+static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *cp) {
+  uint32_t c;
+  size_t len, i;
+  if (!n)
+    return 0;
+  c = s[0];
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  }
+  if (c >= 0xc2 && c <= 0xdf)
+    len = 2, c &= 0x1f;
+  else if (c >= 0xe0 && c <= 0xef)
+    len = 3, c &= 0x0f;
+  else if (c >= 0xf0 && c <= 0xf4)
+    len = 4, c &= 0x07;
+  else
+    return 0;
+  if (n < len)
+    return 0;
+  for (i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+    c = c << 6 | (s[i] & 0x3fu);
+  }
+  if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10ffff)) ||
+      (c >= 0xd800 && c <= 0xdfff))
+    return 0;
+  *cp = c;
+  return len;
+}
+
+/* C0 controls, DEL and C1 controls: what a terminal may act on. */
+static int is_control(uint32_t c) { return c < 0x20 || (c >= 0x7f && c <= 0x9f); }
+
+int lynx_text_ok(const char *s, size_t len) {
+  size_t i = 0, k;
+  uint32_t c;
+  if (!s)
+    return len == 0;
+  while (i < len) {
+    k = utf8_seq((const unsigned char *)s + i, len - i, &c);
+    if (!k || is_control(c))
+      return 0;
+    i += k;
+  }
+  return 1;
+}
+
+char *lynx_text_clean(char *dst, size_t size, const char *src) {
+  size_t n, i = 0, o = 0, k;
+  uint32_t c;
+  if (!size)
+    return dst;
+  n = src ? strlen(src) : 0;
+  /* o never passes i: the output is never longer than what it came from,
+   * so cleaning in place only ever moves bytes backwards */
+  while (i < n) {
+    k = utf8_seq((const unsigned char *)src + i, n - i, &c);
+    if (!k || is_control(c)) {
+      if (o + 1 >= size)
+        break;
+      dst[o++] = k ? ' ' : '?';
+      i += k ? k : 1;
+      continue;
+    }
+    if (o + k >= size)
+      break;
+    memmove(dst + o, src + i, k);
+    o += k;
+    i += k;
+  }
+  dst[o] = '\0';
+  return dst;
+}
+
 const char *lynx_node_state_name(enum lynx_node_state s) {
   switch (s) {
   case LYNX_NODE_READY:
@@ -785,6 +866,14 @@ static int check_registration(const char *id, const char *address,
                   LYNX_LABEL_MAX - 1, LYNX_LABEL_MAX - 1);
       return -EINVAL;
     }
+    /* selectors match labels byte for byte and the API shows them: a label
+     * is refused rather than changed */
+    if (!lynx_text_ok(labels[a].key, kl) ||
+        !lynx_text_ok(labels[a].value, slen(labels[a].value, LYNX_LABEL_MAX))) {
+      ERR_INVALID(err, "labels[%u]: key or value is not valid UTF-8 or holds "
+                  "a control character", a);
+      return -EINVAL;
+    }
     for (b = 0; b < a; b++)
       if (!strcmp(labels[a].key, labels[b].key)) {
         ERR_INVALID(err, "labels: key %s appears twice", labels[a].key);
@@ -851,8 +940,15 @@ static void node_fill(struct lynx_reg_node *n, const char *address,
     memcpy(n->labels, labels, n_labels * sizeof(*labels));
   n->n_labels = n_labels;
   memset(n->accels, 0, sizeof(n->accels));
+  /* free text an agent sends is shown, not matched: cleaned, not refused
+   * (the coordinator cuts a long one, possibly inside a character) */
+  lynx_text_clean(n->address, sizeof(n->address), n->address);
   for (a = 0; a < n_accels; a++) {
-    n->accels[a].info = accels[a];
+    struct lynx_accel_info *in = &n->accels[a].info;
+    *in = accels[a];
+    lynx_text_clean(in->kind, sizeof(in->kind), in->kind);
+    lynx_text_clean(in->model, sizeof(in->model), in->model);
+    lynx_text_clean(in->pci_bus_id, sizeof(in->pci_bus_id), in->pci_bus_id);
     /* counters carry over for an accelerator the node still has */
     for (b = 0; b < n_old; b++)
       if (old[b].info.idx == accels[a].idx) {
@@ -1031,6 +1127,8 @@ static void accel_health_update(struct lynx_registry *r,
   a->stall_ms = rep->stall_ms;
   memset(a->last_error, 0, sizeof(a->last_error));
   memcpy(a->last_error, rep->last_error, el);
+  /* a device's message, cut to the field by the daemon: shown as text */
+  lynx_text_clean(a->last_error, sizeof(a->last_error), a->last_error);
   ok = lynx_reg_accel_dispatchable(a);
   if (was_ok == ok) {
     if (!ok && health_bits(a) != was_bits) {
@@ -1257,6 +1355,10 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
     ERR_INVALID(err, "app: must be 1-%zu characters", sizeof(sp->app) - 1);
     return -EINVAL;
   }
+  if (!lynx_text_ok(sp->app, slen(sp->app, sizeof(sp->app)))) {
+    ERR_INVALID(err, "app: must be valid UTF-8 without control characters");
+    return -EINVAL;
+  }
   if (!lynx_is_pow2(sp->slot_size) || sp->slot_size < LYNX_SLOT_MIN ||
       sp->slot_size > LYNX_SLOT_MAX) {
     ERR_INVALID(err, "slot_size: must be a power of two between %u and %u",
@@ -1339,6 +1441,13 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
                   LYNX_LABEL_MAX - 1, LYNX_LABEL_MAX - 1);
       return -EINVAL;
     }
+    if (!lynx_text_ok(sp->selector[k].key, kl) ||
+        !lynx_text_ok(sp->selector[k].value,
+                      slen(sp->selector[k].value, LYNX_LABEL_MAX))) {
+      ERR_INVALID(err, "placement.selector: key and value %u must be valid "
+                  "UTF-8 without control characters", k);
+      return -EINVAL;
+    }
     for (j = 0; j < k; j++)
       if (!strcmp(sp->selector[k].key, sp->selector[j].key)) {
         ERR_INVALID(err, "placement.selector: key %s appears twice",
@@ -1347,6 +1456,54 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
       }
   }
   return 0;
+}
+
+uint64_t lynx_service_region_bytes(const struct lynx_service_spec *sp) {
+  struct lynx_geom g;
+  if (!sp || sp->n_backends > LYNX_BACKENDS_MAX ||
+      lynx_geom_init(&g, sp->mqueues_per_accel + sp->n_backends, sp->slots,
+                     sp->slot_size))
+    return 0;
+  return g.region_size;
+}
+
+/* The operator's limit on a valid spec's region: -EFBIG (422) above
+ * r->region_max_bytes, naming the computed size. */
+static int region_limit(const struct lynx_registry *r,
+                        const struct lynx_service_spec *sp,
+                        struct lynx_reg_err *err) {
+  uint64_t bytes = lynx_service_region_bytes(sp);
+  if (!r->region_max_bytes || bytes <= r->region_max_bytes)
+    return 0;
+  set_err(err, 422, "limit_exceeded",
+          "region: %u slots of %u bytes in %u mqueues (%u per accelerator + "
+          "%u for back ends), each with an RX and a TX ring, take %" PRIu64
+          " bytes (%" PRIu64 " MiB) on every accelerator; the limit is "
+          "%" PRIu64 " MiB (--region-max-mb)",
+          sp->slots, sp->slot_size, sp->mqueues_per_accel + sp->n_backends,
+          sp->mqueues_per_accel, sp->n_backends, bytes,
+          (bytes + (1u << 20) - 1) >> 20, r->region_max_bytes >> 20);
+  return -EFBIG;
+}
+
+/* The operator's limit on the number of services: -ENOSPC (409) when
+ * r->services_max exist. Each one costs every frontend a thread and
+ * descriptors, and every accelerator it runs on a region. */
+static int count_limit(const struct lynx_registry *r,
+                       struct lynx_reg_err *err) {
+  const struct lynx_reg_service *s;
+  uint32_t n = 0;
+  if (!r->services_max)
+    return 0;
+  for (s = r->services; s; s = s->next)
+    n++;
+  if (n < r->services_max)
+    return 0;
+  set_err(err, 409, "limit_exceeded",
+          "services: %" PRIu32 " exist, the limit (--services-max); delete "
+          "one first",
+          n);
+  return -ENOSPC;
 }
 
 struct lynx_reg_service *lynx_reg_service_find(struct lynx_registry *r,
@@ -1367,6 +1524,9 @@ int lynx_reg_service_create(struct lynx_registry *r,
   int rc = lynx_service_spec_validate(spec, err);
   if (rc)
     return rc;
+  rc = region_limit(r, spec, err);
+  if (rc)
+    return rc;
   if (lynx_reg_service_find(r, spec->name)) {
     ERR_CONFLICT(err, "name: service %s already exists", spec->name);
     return -EEXIST;
@@ -1377,6 +1537,9 @@ int lynx_reg_service_create(struct lynx_registry *r,
                    s->spec.name);
       return -EADDRINUSE;
     }
+  rc = count_limit(r, err);
+  if (rc)
+    return rc;
   s = calloc(1, sizeof(*s));
   if (!s) {
     set_err(err, 500, "internal", "out of memory");

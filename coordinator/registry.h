@@ -249,6 +249,11 @@ struct lynx_registry {
    * placement when nothing changed since) */
   int table_dirty;
   uint64_t placed_version;
+  /* operator limits on lynx_reg_service_create (0: none): how many
+   * services may exist (409 above), and the largest region one service may
+   * ask of each accelerator (lynx_service_region_bytes; 422 above) */
+  uint32_t services_max;
+  uint64_t region_max_bytes;
 };
 
 void lynx_reg_init(struct lynx_registry *r, uint64_t lease_ms,
@@ -341,8 +346,10 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
 /* ---- operators ------------------------------------------------------- */
 
 /* Validates and adds a service (persisting is the caller's). -EINVAL (400,
- * field named), -EEXIST (409 duplicate name), -EADDRINUSE (409 port in
- * use). Placement runs. */
+ * field named), -EFBIG (422 "limit_exceeded": its region is larger than
+ * r->region_max_bytes; the message gives the computed size), -EEXIST (409
+ * duplicate name), -EADDRINUSE (409 port in use), -ENOSPC (409
+ * "limit_exceeded": r->services_max services exist). Placement runs. */
 int lynx_reg_service_create(struct lynx_registry *r,
                             const struct lynx_service_spec *spec,
                             uint64_t now_ms, struct lynx_reg_err *err);
@@ -351,6 +358,11 @@ int lynx_reg_service_create(struct lynx_registry *r,
  * with the JSON decoder. */
 int lynx_service_spec_validate(const struct lynx_service_spec *spec,
                                struct lynx_reg_err *err);
+/* The size of the region a service asks of each accelerator it runs on:
+ * mqueues_per_accel server mqueues plus one client mqueue per back end,
+ * laid out as common/mqueue.h says (lynx_geom_init). 0 when the geometry is
+ * out of the ring format's bounds. */
+uint64_t lynx_service_region_bytes(const struct lynx_service_spec *spec);
 /* Stops its instances and forgets it. -ENOENT (404). */
 int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
                             uint64_t now_ms, struct lynx_reg_err *err);
@@ -418,6 +430,19 @@ const char *lynx_node_state_name(enum lynx_node_state s);
 /* 1 when node n carries every label pair of sp's selector. */
 int lynx_reg_labels_match(const struct lynx_reg_node *n,
                           const struct lynx_service_spec *sp);
+
+/* ---- text ------------------------------------------------------------ */
+
+/* Text the API shows (names, labels, an agent's free text): 1 when the len
+ * bytes at s are valid UTF-8 (shortest forms, no surrogates, at most
+ * U+10FFFF) and hold no control character (C0, DEL, C1). */
+int lynx_text_ok(const char *s, size_t len);
+
+/* Copies the NUL-terminated src into dst (size bytes, always terminated;
+ * dst may be src) made fit for lynx_text_ok: each byte that does not start
+ * a valid UTF-8 sequence becomes '?', each control character a space, and
+ * a character that does not fit whole is left out. Returns dst. */
+char *lynx_text_clean(char *dst, size_t size, const char *src);
 
 /* Parses "k=v,k2=v2" into labels; -EINVAL on a malformed pair or too many. */
 int lynx_labels_parse(const char *s, struct lynx_label *out, uint32_t max,

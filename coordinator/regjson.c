@@ -23,8 +23,17 @@
 
 /* ---- encoding ------------------------------------------------------- */
 
+/* Every string the API sends goes through here. JSON must be UTF-8, and
+ * json-c copies bytes as they are: a string that is not clean text (an
+ * agent's, or one from a request path) is sent cleaned (lynx_text_clean),
+ * so no registry content can make an answer invalid JSON. */
 static void add_str(struct json_object *o, const char *k, const char *v) {
-  json_object_object_add(o, k, json_object_new_string(v ? v : ""));
+  char fixed[512];
+  if (!v)
+    v = "";
+  if (!lynx_text_ok(v, strlen(v)))
+    v = lynx_text_clean(fixed, sizeof(fixed), v);
+  json_object_object_add(o, k, json_object_new_string(v));
 }
 
 static void add_u64(struct json_object *o, const char *k, uint64_t v) {
@@ -366,6 +375,9 @@ static int get_string(struct json_object *v, const char *field, char *dst,
     return bad(err, "%s: longer than %zu characters", field, size - 1);
   if (memchr(s, '\0', len))
     return bad(err, "%s: contains a NUL character", field);
+  if (!lynx_text_ok(s, len))
+    return bad(err, "%s: must be valid UTF-8 without control characters",
+               field);
   memcpy(dst, s, len);
   dst[len] = '\0';
   return 0;
@@ -405,6 +417,9 @@ static int get_selector(struct json_object *v, struct lynx_service_spec *sp,
     if (!*key || strlen(key) >= LYNX_LABEL_MAX)
       return bad(err, "placement.selector: keys must be 1-%d characters",
                  LYNX_LABEL_MAX - 1);
+    if (!lynx_text_ok(key, strlen(key)))
+      return bad(err, "placement.selector: keys must be valid UTF-8 without "
+                      "control characters");
     snprintf(field, sizeof(field), "placement.selector.%s", key);
     if (get_string(val, field, l->value, sizeof(l->value), err))
       return -EINVAL;

@@ -2,7 +2,9 @@
  * regjson.h - the registry as JSON (json-c), for the HTTP API, lynxctl and
  * the state directory.
  *
- * Encoders return a new json_object the caller owns (json_object_put).
+ * Encoders return a new json_object the caller owns (json_object_put);
+ * every string in them is valid UTF-8 (one that is not is cleaned with
+ * lynx_text_clean), so an answer is always valid JSON.
  * Field names and shapes are the API's (docs/api.md): a node has id, state,
  * address, epoch, labels (object), accelerators (array of accelerator
  * objects), last_heartbeat_ms (ms since the last heartbeat); an accelerator
@@ -51,9 +53,12 @@ struct json_object *lynx_json_frontends(const struct lynx_registry *r,
  * Decodes a service spec (the POST /v1/services body, and one entry of the
  * state file). Applies defaults for absent optional fields (proto "udp",
  * slot_size 2048, slots 256, mqueues_per_accel 4, work_us 0, placement
- * "all"); wrong types, unknown fields, out-of-range values give -EINVAL
- * with err->status 400, code "invalid_argument" and a message naming the
- * field. Range checks on geometry follow common/mqueue.h.
+ * "all"); wrong types, unknown fields, out-of-range values and strings
+ * that are not valid UTF-8 or hold a control character (lynx_text_ok) give
+ * -EINVAL with err->status 400, code "invalid_argument" and a message
+ * naming the field. Range checks on geometry follow common/mqueue.h. Two
+ * equal keys cannot be seen here (json-c keeps the last): the API refuses
+ * them before (http.c, jsondup.h).
  */
 int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
                            struct lynx_reg_err *err);

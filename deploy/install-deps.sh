@@ -28,7 +28,7 @@ PKGS=(
   build-essential cmake pkg-config
   libuv1-dev libjson-c-dev libprotobuf-c-dev protobuf-c-compiler
   libibverbs-dev librdmacm-dev
-  libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev
+  libmicrohttpd-dev libjansson-dev libcmocka-dev libcurl4-openssl-dev
   libmemcached-dev
   sockperf memcached iproute2 procps jq
 )

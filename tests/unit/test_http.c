@@ -15,6 +15,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -478,6 +479,119 @@ static void test_bad_fields(void **state) {
   assert_null(f->c.reg.services);
 }
 
+/* json-c keeps the last of two equal keys: the API refuses them, naming
+ * the key, at any depth. */
+static void test_duplicate_keys(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"name\": \"b\"}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "duplicate key \"name\"",
+               "line 1");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\",\n"
+      " \"placement\": {\"replicas\": 1, \"selector\": {\"zone\": \"a\", "
+      "\"zone\": \"b\"}}}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "duplicate key \"zone\"",
+               "line 2");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"backends\": "
+      "[{\"name\": \"m\", \"address\": \"127.0.0.1:1\", \"address\": "
+      "\"127.0.0.1:2\"}]}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "duplicate key \"address\"",
+               NULL);
+  resp_free(&r);
+  assert_null(f->c.reg.services);
+  /* equal keys in different objects are fine */
+  assert_int_equal(req(f, "POST", "/v1/services",
+                       "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", "
+                       "\"backends\": [{\"name\": \"m\", \"address\": "
+                       "\"127.0.0.1:1\"}]}",
+                       &r),
+                   201);
+  resp_free(&r);
+}
+
+/* Text fields refuse invalid UTF-8 and control characters, naming the
+ * field; nothing the API answers is invalid UTF-8, a path with %ff
+ * included. */
+static void test_bad_text(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  struct json_tokener *tok;
+  struct json_object *back;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"ec\xff\xfeho\"}", &r);
+  expect_error(&r, 400, "invalid_argument", "app", "UTF-8");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"\\u001b[31mecho\"}", &r);
+  expect_error(&r, 400, "invalid_argument", "app", "control");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"placement\": "
+      "{\"selector\": {\"zone\": \"\xc3\"}}}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "placement.selector.zone",
+               NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"b\xffgus\": 1}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "unknown field", NULL);
+  resp_free(&r);
+  req(f, "GET", "/v1/nodes/x%ffy%01", NULL, &r);
+  expect_error(&r, 404, "not_found", NULL, NULL);
+  tok = json_tokener_new();
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+  back = json_tokener_parse_ex(tok, r.body, (int)r.len);
+  if (!back)
+    fail_msg("the answer is not valid JSON: %s", r.body);
+  json_object_put(back);
+  json_tokener_free(tok);
+  resp_free(&r);
+  assert_null(f->c.reg.services);
+}
+
+/* --region-max-mb: 422 with the computed size; --services-max: 409. */
+static void test_limits(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  char body[256];
+  f->c.reg.region_max_bytes = 1024ull << 20;
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"huge\", \"port\": 9123, \"app\": \"echo\", \"slot_size\": "
+      "1048576, \"slots\": 65536, \"mqueues_per_accel\": 1024}",
+      &r);
+  expect_error(&r, 422, "limit_exceeded", "140737488", "1024 MiB");
+  resp_free(&r);
+  f->c.reg.services_max = 3;
+  for (int i = 0; i < 3; i++) {
+    snprintf(body, sizeof(body),
+             "{\"name\": \"s%d\", \"port\": %d, \"app\": \"echo\"}", i,
+             9200 + i);
+    assert_int_equal(req(f, "POST", "/v1/services", body, &r), 201);
+    resp_free(&r);
+  }
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"s3\", \"port\": 9203, \"app\": \"echo\"}", &r);
+  expect_error(&r, 409, "limit_exceeded", "--services-max", "3");
+  resp_free(&r);
+  assert_null(lynx_reg_service_find(&f->c.reg, "s3"));
+  assert_int_equal(req(f, "DELETE", "/v1/services/s0", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(req(f, "POST", "/v1/services",
+                       "{\"name\": \"s3\", \"port\": 9203, \"app\": \"echo\"}",
+                       &r),
+                   201);
+  resp_free(&r);
+}
+
 static void test_unknown_path(void **state) {
   struct fx *f = *state;
   struct resp r;
@@ -915,6 +1029,178 @@ static void test_save_failure(void **state) {
   f->c.state_dir = f->dir;
 }
 
+/* ---- slow and greedy clients ---------------------------------------------- */
+
+/* A raw connection to the API from source address src (any 127.x is
+ * loopback), with text sent at once. -1 on failure. */
+static int raw_open(struct fx *f, const char *src, const char *text) {
+  struct sockaddr_in sa, da;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  memset(&sa, 0, sizeof(sa));
+  memset(&da, 0, sizeof(da));
+  sa.sin_family = da.sin_family = AF_INET;
+  inet_pton(AF_INET, src, &sa.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &da.sin_addr);
+  da.sin_port = htons((uint16_t)f->port);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+      connect(fd, (struct sockaddr *)&da, sizeof(da)) ||
+      (text && send(fd, text, strlen(text), MSG_NOSIGNAL) !=
+                   (ssize_t)strlen(text))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Sends one byte on every open fds[i] each every_ms, and reads what comes
+ * (an answer is kept in got[i] when got is given), until the server has
+ * closed each of them or limit_ms passed. life[i]: ms from the call to the
+ * close, or -1 when still open (fds[i] is then left open). */
+static void trickle(int *fds, int n, long *life, char (*got)[1024],
+                    unsigned every_ms, unsigned limit_ms, int send_bytes) {
+  uint64_t t0 = now_ms(), next = t0;
+  size_t glen[8] = {0};
+  int open_n = n;
+  assert_true(n <= 8);
+  for (int i = 0; i < n; i++) {
+    life[i] = -1;
+    if (got)
+      got[i][0] = 0;
+  }
+  while (open_n > 0 && now_ms() - t0 < limit_ms) {
+    struct pollfd p[8];
+    if (send_bytes && now_ms() >= next) {
+      for (int i = 0; i < n; i++)
+        if (life[i] < 0)
+          (void)send(fds[i], "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      next += every_ms;
+    }
+    for (int i = 0; i < n; i++) {
+      p[i].fd = life[i] < 0 ? fds[i] : -1;
+      p[i].events = POLLIN;
+      p[i].revents = 0;
+    }
+    poll(p, (nfds_t)n, 20);
+    for (int i = 0; i < n; i++) {
+      char buf[1024];
+      ssize_t r;
+      if (life[i] >= 0 || !p[i].revents)
+        continue;
+      r = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+      if (r > 0) {
+        if (got) {
+          size_t k = (size_t)r < sizeof(got[i]) - 1 - glen[i]
+                         ? (size_t)r
+                         : sizeof(got[i]) - 1 - glen[i];
+          memcpy(got[i] + glen[i], buf, k);
+          glen[i] += k;
+          got[i][glen[i]] = 0;
+        }
+        continue;
+      }
+      if (r < 0 && (errno == EAGAIN || errno == EINTR))
+        continue;
+      life[i] = (long)(now_ms() - t0);
+      close(fds[i]);
+      open_n--;
+    }
+  }
+}
+
+/* The value of one /metrics sample (full series text with labels). */
+static long metric_value(struct fx *f, const char *series) {
+  struct resp r;
+  char *p;
+  long v = -1;
+  assert_int_equal(req(f, "GET", "/metrics", NULL, &r), 200);
+  p = strstr(r.body, series);
+  if (p && p[strlen(series)] == ' ')
+    v = strtol(p + strlen(series) + 1, NULL, 10);
+  resp_free(&r);
+  if (v < 0)
+    fail_msg("/metrics lacks %s", series);
+  return v;
+}
+
+/* Per-client cap, header timeout (however slowly the bytes come, and for an
+ * idle keep-alive connection), body timeout; operators, and a watch longer
+ * than every timeout, are served meanwhile. */
+static void test_slow_clients(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  int fds[3];
+  long life[3];
+  char got[3][1024];
+  uint64_t t0;
+
+  lynx_http_stop(&f->c);
+  f->c.http_conn_per_client = 2;
+  f->c.http_header_timeout_ms = 400;
+  f->c.http_body_timeout_ms = 400;
+  assert_int_equal(serve(f, "127.0.0.1"), 0);
+
+  /* headers that never end, from 127.0.0.7: the third is over the cap */
+  for (int i = 0; i < 3; i++) {
+    fds[i] = raw_open(f, "127.0.0.7", "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    assert_true(fds[i] >= 0);
+  }
+  /* meanwhile 127.0.0.1 is served */
+  assert_int_equal(req(f, "GET", "/healthz", NULL, &r), 200);
+  resp_free(&r);
+  /* one byte every 100 ms keeps none of them alive: the third is closed
+   * first (at once), the other two at the header timeout, not before */
+  trickle(fds, 3, life, NULL, 100, 10000, 1);
+  assert_true(life[0] >= 0 && life[1] >= 0 && life[2] >= 0);
+  assert_true(life[2] < life[0] && life[2] < life[1]);
+  assert_true(life[0] >= 400 && life[1] >= 400);
+  /* a watch longer than every timeout is answered at its own timeout */
+  {
+    char path[96];
+    snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=1000",
+             (unsigned long long)f->c.reg.version);
+    t0 = now_ms();
+    assert_int_equal(req(f, "GET", path, NULL, &r), 200);
+    assert_true(now_ms() - t0 >= 900);
+    resp_free(&r);
+  }
+  assert_int_equal(
+      metric_value(f, "lynx_coordinator_api_connections_refused_total{"
+                      "reason=\"per_client\"}"),
+      1);
+  assert_int_equal(
+      metric_value(f, "lynx_coordinator_api_connections_timed_out_total{"
+                      "phase=\"header\"}"),
+      2);
+
+  /* keep-alive: answered, then closed once idle for the header timeout */
+  fds[0] = raw_open(f, "127.0.0.8", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  assert_true(fds[0] >= 0);
+  trickle(fds, 1, life, got, 100, 10000, 0);
+  assert_non_null(strstr(got[0], "HTTP/1.1 200"));
+  assert_non_null(strstr(got[0], "\"ok\""));
+  assert_true(life[0] >= 400);
+
+  /* a body that trickles: closed after the body timeout */
+  fds[0] = raw_open(f, "127.0.0.9",
+                    "POST /v1/services HTTP/1.1\r\nHost: x\r\n"
+                    "Content-Length: 100\r\n\r\n{");
+  assert_true(fds[0] >= 0);
+  trickle(fds, 1, life, got, 100, 10000, 1);
+  assert_true(life[0] >= 400);
+  assert_null(strstr(got[0], "HTTP/1.1")); /* never answered */
+  assert_int_equal(
+      metric_value(f, "lynx_coordinator_api_connections_timed_out_total{"
+                      "phase=\"body\"}"),
+      1);
+  assert_int_equal(
+      metric_value(f, "lynx_coordinator_api_connections_timed_out_total{"
+                      "phase=\"header\"}"),
+      3);
+  assert_null(f->c.reg.services);
+}
+
 /* ---- lynxctl ------------------------------------------------------------ */
 
 #ifdef LYNXCTL
@@ -1065,6 +1351,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_service_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_json, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_fields, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_duplicate_keys, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_text, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_limits, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unknown_path, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_method, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized, setup, teardown),
@@ -1077,6 +1366,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
       cmocka_unit_test_setup_teardown(test_loopback_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_save_failure, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_slow_clients, setup, teardown),
 #ifdef LYNXCTL
       cmocka_unit_test_setup_teardown(test_lynxctl, setup, teardown),
 #endif

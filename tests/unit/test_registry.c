@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "mqueue.h"
 #include "registry.h"
 
 #define LEASE 3000
@@ -1593,6 +1594,200 @@ static void test_health_and_drain(void **state) {
   assert_int_equal(f->start[1].accel, 0);
 }
 
+/* What the API shows as text: valid UTF-8 without control characters. */
+static void test_text(void **state) {
+  static const char *const ok[] = {
+      "", "echo", "zone-a.b_c", "caf\xc3\xa9", "\xe2\x82\xac 5",
+      "\xf0\x9f\x9a\x80", "a b", "\xef\xbf\xbd",
+  };
+  static const char *const bad[] = {
+      "\xff",             /* never in UTF-8 */
+      "a\x80",            /* a stray continuation byte */
+      "\xc0\xaf",         /* overlong '/' */
+      "\xe0\x80\xaf",     /* overlong, 3 bytes */
+      "\xed\xa0\x80",     /* a surrogate */
+      "\xf4\x90\x80\x80", /* above U+10FFFF */
+      "\xe2\x82",         /* cut short */
+      "a\x01",  "tab\there", "new\nline", "esc\x1b[2J", "del\x7f",
+      "\xc2\x85", /* C1 control NEL */
+  };
+  char buf[64];
+  (void)state;
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+    if (!lynx_text_ok(ok[i], strlen(ok[i])))
+      fail_msg("'%s' refused", ok[i]);
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    if (lynx_text_ok(bad[i], strlen(bad[i])))
+      fail_msg("bad text #%zu accepted", i);
+  /* cleaning: bad bytes become '?', controls a space, valid text stays */
+  assert_string_equal(lynx_text_clean(buf, sizeof(buf), "caf\xc3\xa9\xff!"),
+                      "caf\xc3\xa9?!");
+  assert_string_equal(lynx_text_clean(buf, sizeof(buf), "Xid\t79\x1b[2J\xc3"),
+                      "Xid 79 [2J?");
+  assert_string_equal(lynx_text_clean(buf, sizeof(buf), "\xed\xa0\x80"), "???");
+  assert_string_equal(lynx_text_clean(buf, sizeof(buf), "\xc2\x85x"), " x");
+  /* in place, and never a character cut in two at the end */
+  snprintf(buf, sizeof(buf), "ab\x01\xff\xe2\x82\xac");
+  assert_string_equal(lynx_text_clean(buf, sizeof(buf), buf), "ab ?\xe2\x82\xac");
+  assert_string_equal(lynx_text_clean(buf, 5, "ab\xe2\x82\xac"), "ab");
+  assert_string_equal(lynx_text_clean(buf, 6, "ab\xe2\x82\xac"),
+                      "ab\xe2\x82\xac");
+  assert_true(lynx_text_ok(buf, strlen(buf)));
+}
+
+/* Labels are matched by selectors: bad ones refuse the registration with
+ * the reason. Free text (kind, model, bus id, address) is shown only: it is
+ * cleaned, so the API's JSON stays valid. */
+static void test_register_text(void **state) {
+  struct fx *f = *state;
+  struct lynx_accel_info acc[1];
+  struct lynx_label lab[2];
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+  memset(acc, 0, sizeof(acc));
+  memset(lab, 0, sizeof(lab));
+  snprintf(acc[0].kind, sizeof(acc[0].kind), "cpu");
+  snprintf(lab[0].key, sizeof(lab[0].key), "zone");
+  snprintf(lab[0].value, sizeof(lab[0].value), "a\x1b[31m");
+  assert_int_equal(lynx_reg_register(&f->r, "n1", "127.0.0.1:1", 1, lab, 1,
+                                     acc, 1, NULL, 0, &err),
+                   -EINVAL);
+  assert_int_equal(err.status, 400);
+  assert_non_null(strstr(err.message, "labels[0]"));
+  assert_non_null(strstr(err.message, "control"));
+  snprintf(lab[1].key, sizeof(lab[1].key), "r\xffk");
+  snprintf(lab[0].value, sizeof(lab[0].value), "a");
+  assert_int_equal(lynx_reg_register(&f->r, "n1", "127.0.0.1:1", 1, lab, 2,
+                                     acc, 1, NULL, 0, &err),
+                   -EINVAL);
+  assert_non_null(strstr(err.message, "labels[1]"));
+  assert_non_null(strstr(err.message, "UTF-8"));
+  assert_null(f->r.nodes);
+
+  snprintf(lab[1].key, sizeof(lab[1].key), "rack");
+  snprintf(acc[0].kind, sizeof(acc[0].kind), "cu\x01");
+  snprintf(acc[0].model, sizeof(acc[0].model), "GPU \xe2\x82\xac\xff\xfe");
+  snprintf(acc[0].pci_bus_id, sizeof(acc[0].pci_bus_id), "0000:\n3b");
+  assert_int_equal(lynx_reg_register(&f->r, "n1", "10.0.0.1:\x7f", 1, lab, 2,
+                                     acc, 1, NULL, 0, &err),
+                   0);
+  n = lynx_reg_node_find(&f->r, "n1");
+  assert_non_null(n);
+  assert_string_equal(n->accels[0].info.kind, "cu ");
+  assert_string_equal(n->accels[0].info.model, "GPU \xe2\x82\xac??");
+  assert_string_equal(n->accels[0].info.pci_bus_id, "0000: 3b");
+  assert_string_equal(n->address, "10.0.0.1: ");
+  assert_string_equal(n->labels[0].value, "a");
+}
+
+/* An agent's last_error is free text from a device: cleaned when stored. */
+static void test_health_last_error_cleaned(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_accel *a;
+  char why[256];
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  assert_int_equal(
+      hb_health(&f->r, "n1", 10, 0, 0, 1, 0, 0, "Xid 79\x1b[2J \xc3"), 0);
+  a = accel_of(&f->r, "n1", 0);
+  assert_string_equal(a->last_error, "Xid 79 [2J ?");
+  assert_true(lynx_text_ok(a->last_error, strlen(a->last_error)));
+  lynx_reg_accel_health_str(a, why, sizeof(why));
+  assert_true(lynx_text_ok(why, strlen(why)));
+}
+
+/* app and selectors are shown and matched: bad text is refused. */
+static void test_service_text(void **state) {
+  struct fx *f = *state;
+  struct lynx_service_spec s;
+  s = spec("ok", 7000, 0, NULL);
+  snprintf(s.app, sizeof(s.app), "ec\x01ho");
+  expect_invalid(&f->r, &s, "app");
+  snprintf(s.app, sizeof(s.app), "ech\xff");
+  expect_invalid(&f->r, &s, "app");
+  s = spec("ok", 7000, 0, "zone=a");
+  snprintf(s.selector[0].value, sizeof(s.selector[0].value), "a\x1b");
+  expect_invalid(&f->r, &s, "placement.selector");
+  s = spec("ok", 7000, 0, "zone=a");
+  snprintf(s.selector[0].key, sizeof(s.selector[0].key), "\xc0\xaf");
+  expect_invalid(&f->r, &s, "placement.selector");
+  assert_null(f->r.services);
+  s = spec("ok", 7000, 0, "zone=caf\xc3\xa9");
+  snprintf(s.app, sizeof(s.app), "\xc3\xa9" "cho");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, NULL), 0);
+}
+
+/* --services-max and --region-max-mb (r->services_max, region_max_bytes). */
+static void test_service_limits(void **state) {
+  struct fx *f = *state;
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  struct lynx_geom g;
+  char num[32];
+  uint64_t two_mq;
+
+  /* the region is the ring layout's, back ends' client mqueues included */
+  s = spec("r", 7000, 0, NULL);
+  assert_int_equal(lynx_geom_init(&g, 2, 256, 2048), 0);
+  assert_int_equal(lynx_service_region_bytes(&s), g.region_size);
+  two_mq = g.region_size;
+  s.n_backends = 1;
+  snprintf(s.backends[0].name, sizeof(s.backends[0].name), "db");
+  snprintf(s.backends[0].address, sizeof(s.backends[0].address),
+           "127.0.0.1:11211");
+  snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "len32");
+  assert_int_equal(lynx_geom_init(&g, 3, 256, 2048), 0);
+  assert_int_equal(lynx_service_region_bytes(&s), g.region_size);
+  s.slots = 3;
+  assert_int_equal(lynx_service_region_bytes(&s), 0);
+
+  /* a region up to the limit is fine; a back end more is over it */
+  f->r.region_max_bytes = two_mq;
+  s = spec("r", 7000, 0, NULL);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
+  assert_int_equal(lynx_reg_service_delete(&f->r, "r", 0, &err), 0);
+  s.n_backends = 1;
+  snprintf(s.backends[0].name, sizeof(s.backends[0].name), "db");
+  snprintf(s.backends[0].address, sizeof(s.backends[0].address),
+           "127.0.0.1:11211");
+  snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "len32");
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EFBIG);
+  assert_int_equal(err.status, 422);
+  assert_string_equal(err.code, "limit_exceeded");
+  snprintf(num, sizeof(num), "%llu",
+           (unsigned long long)lynx_service_region_bytes(&s));
+  assert_non_null(strstr(err.message, num));
+  assert_non_null(strstr(err.message, "--region-max-mb"));
+  /* every field at its own bound: 128 TiB, refused under 1 GiB */
+  f->r.region_max_bytes = 1024ull << 20;
+  s = spec("huge", 7000, 0, NULL);
+  s.slot_size = LYNX_SLOT_MAX;
+  s.slots = LYNX_SLOTS_MAX;
+  s.mqueues_per_accel = LYNX_MQUEUES_MAX;
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EFBIG);
+  assert_non_null(strstr(err.message, "1024 MiB"));
+  assert_null(f->r.services);
+
+  /* the number of services */
+  f->r.services_max = 2;
+  add_service(&f->r, "a", 7001, 0, NULL);
+  add_service(&f->r, "b", 7002, 0, NULL);
+  s = spec("c", 7003, 0, NULL);
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -ENOSPC);
+  assert_int_equal(err.status, 409);
+  assert_string_equal(err.code, "limit_exceeded");
+  assert_non_null(strstr(err.message, "2"));
+  assert_non_null(strstr(err.message, "--services-max"));
+  assert_null(lynx_reg_service_find(&f->r, "c"));
+  /* a duplicate is still told as a duplicate */
+  s = spec("a", 7009, 0, NULL);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EEXIST);
+  assert_int_equal(lynx_reg_service_delete(&f->r, "b", 0, &err), 0);
+  s = spec("c", 7003, 0, NULL);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(void) {
@@ -1627,6 +1822,11 @@ int main(void) {
       T(test_health_lost_failed_and_placement),
       T(test_health_epochs),
       T(test_health_and_drain),
+      cmocka_unit_test(test_text),
+      T(test_register_text),
+      T(test_health_last_error_cleaned),
+      T(test_service_text),
+      T(test_service_limits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

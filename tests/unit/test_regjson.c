@@ -276,6 +276,104 @@ static void test_decode_bad(void **state) {
   assert_int_equal(lynx_json_service_spec(NULL, &s, &err), -EINVAL);
 }
 
+/* Strings the API stores and shows must be text: invalid UTF-8 and
+ * control characters are refused with the field named. */
+static void test_decode_bad_text(void **state) {
+  static const struct bad_case cases[] = {
+      {SVC(", \"app\": \"ec\\u0001ho\""),
+       "app: must be valid UTF-8 without control characters"},
+      {SVC(", \"app\": \"ec\xffho\""),
+       "app: must be valid UTF-8 without control characters"},
+      {SVC(", \"app\": \"\xc0\xaf\""), "app: must be valid UTF-8"},
+      {SVC(", \"app\": \"\\u001b[2J\""), "app: must be valid UTF-8"},
+      {SVC(", \"placement\": {\"selector\": {\"zone\": \"a\\u0085\"}}"),
+       "placement.selector.zone: must be valid UTF-8"},
+      {SVC(", \"placement\": {\"selector\": {\"zone\": \"\xed\xa0\x80\"}}"),
+       "placement.selector.zone: must be valid UTF-8"},
+      {SVC(", \"placement\": {\"selector\": {\"z\xff\": \"a\"}}"),
+       "placement.selector: keys must be valid UTF-8"},
+      {SVC(", \"placement\": {\"selector\": {\"z\\n\": \"a\"}}"),
+       "placement.selector: keys must be valid UTF-8"},
+      {SVC(", \"backends\": [{\"name\": \"d\\u0007b\", \"address\": "
+           "\"127.0.0.1:1\"}]"),
+       "backends[0].name: must be valid UTF-8"},
+      {SVC(", \"backends\": [{\"name\": \"db\", \"address\": "
+           "\"127.0.0.1:1\\u0000\"}]"),
+       "backends[0].address: contains a NUL"},
+  };
+  struct lynx_service_spec s;
+  struct lynx_reg_err err;
+  (void)state;
+  for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    if (decode(cases[k].json, &s, &err) != -EINVAL)
+      fail_msg("accepted: %s", cases[k].json);
+    assert_int_equal(err.status, 400);
+    if (strncmp(err.message, cases[k].msg, strlen(cases[k].msg)))
+      fail_msg("%s: expected \"%s...\", got \"%s\"", cases[k].json,
+               cases[k].msg, err.message);
+  }
+  /* text that is text is fine, accents and all */
+  assert_int_equal(
+      decode(SVC(", \"app\": \"\xc3\xa9" "cho\", \"placement\": {\"selector\": "
+                 "{\"zone\": \"z\xc3\xbcrich\"}}"),
+             &s, &err),
+      0);
+  assert_string_equal(s.app, "\xc3\xa9" "cho");
+}
+
+/* Renders o and parses it back with UTF-8 validation: fails the test when
+ * the text is not valid JSON. Takes o. */
+static void expect_valid_json(struct json_object *o) {
+  const char *text = json_object_to_json_string_ext(
+      o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+  struct json_tokener *tok = json_tokener_new();
+  struct json_object *back;
+  assert_non_null(tok);
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+  back = json_tokener_parse_ex(tok, text, (int)strlen(text));
+  if (!back)
+    fail_msg("not valid JSON (%s): %s",
+             json_tokener_error_desc(json_tokener_get_error(tok)), text);
+  json_object_put(back);
+  json_tokener_free(tok);
+  json_object_put(o);
+}
+
+/* Whatever bytes reach the registry by ways that do not check them (an
+ * agent's address, a frontend's id, a region locator, a request path in an
+ * error message), the API's JSON stays valid UTF-8. */
+static void test_encode_never_invalid(void **state) {
+  struct lynx_registry r;
+  struct lynx_reg_node *n;
+  struct lynx_reg_frontend *fe;
+  (void)state;
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  reg_node(&r, "n1", 1, 2, "zone=a", 0);
+  create(&r, "{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\", "
+             "\"mqueues_per_accel\": 1}");
+  ready_all(&r);
+  n = lynx_reg_node_find(&r, "n1");
+  assert_non_null(n);
+  /* what a future path, or a bug, could leave there */
+  snprintf(n->address, sizeof(n->address), "10.0.0.1:\xff\xfe");
+  snprintf(n->labels[0].value, sizeof(n->labels[0].value), "a\xc3");
+  snprintf(n->accels[0].info.model, sizeof(n->accels[0].info.model),
+           "GPU \xe2\x82");
+  snprintf(n->accels[1].last_error, sizeof(n->accels[1].last_error),
+           "\x80\x1b[2J");
+  n->accels[1].failed = 1;
+  snprintf(r.instances->desc.locator, sizeof(r.instances->desc.locator),
+           "/lynx-\xf5");
+  fe = lynx_reg_frontend_connect(&r, "fe-\xff", "127.0.0.1:\xc0", NULL, 0);
+  assert_non_null(fe);
+  expect_valid_json(lynx_json_nodes(&r, 10));
+  expect_valid_json(lynx_json_accels(&r, 10));
+  expect_valid_json(lynx_json_mqueues(&r));
+  expect_valid_json(lynx_json_frontends(&r, 10));
+  expect_valid_json(lynx_json_error("not_found", "node '\xff\x01' not found"));
+  lynx_reg_free(&r);
+}
+
 /* ---- encoding ------------------------------------------------------- */
 
 static void test_encode_shapes(void **state) {
@@ -853,6 +951,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_defaults),
       cmocka_unit_test(test_decode_bad),
+      cmocka_unit_test(test_decode_bad_text),
+      cmocka_unit_test(test_encode_never_invalid),
       cmocka_unit_test(test_encode_shapes),
       cmocka_unit_test(test_encode_health),
       cmocka_unit_test(test_service_round_trip),

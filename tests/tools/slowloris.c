@@ -1,0 +1,241 @@
+/*
+ * lynx-slowloris - a slow HTTP client, to test that a server bounds how long
+ * a request's headers (or body) may take however the bytes trickle.
+ *
+ * Opens --conns TCP connections to --host:--port, each from --source (bound
+ * before connect: any 127.x.y.z is loopback on Linux, so a test can play a
+ * second client on one machine), and then sends one byte per connection
+ * every --interval-ms, never finishing:
+ *   --mode header: "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaa..."
+ *                  (the headers never end);
+ *   --mode body:   a whole POST header block announcing a body of
+ *                  --content-length bytes (default 60000: under the
+ *                  coordinator's default --body-max, so it is read rather
+ *                  than refused with 413), then the body one byte at a time.
+ * --header "Name: value" adds a header line (e.g. the API's Authorization,
+ * so that the body is read rather than refused from the headers).
+ * A connection the server closes (end of stream, reset, or a send that
+ * fails) is closed here too and its lifetime recorded, from the end of
+ * connect() to the moment the close was seen. Nothing is ever reopened.
+ *
+ * Output (stdout):
+ *   slowloris: ready conns=N connected=C          once every connect ended
+ *   slowloris: conns=N connected=C closed=K open=O short=S long=L bytes=B
+ *              (one line, at the end)
+ * where short/long count the closed connections that lived less / at least
+ * --long-ms. The server's answer, if any, is read and ignored.
+ *
+ * Runs until every connection is closed or --duration-ms has passed.
+ * Exit status: 0 (the summary says what happened), 2 usage or socket errors.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+struct slow {
+  int fd;           /* -1 when closed (or never connected) */
+  uint64_t open_ms; /* when connect() returned */
+  size_t sent;      /* bytes of the script sent so far */
+};
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: lynx-slowloris --port P [--host 127.0.0.1] [--source "
+          "127.0.0.2] [--conns 300] [--interval-ms 1500] [--duration-ms "
+          "60000] [--long-ms 1000] [--mode header|body] [--path /healthz] "
+          "[--header 'Name: value'] [--content-length 60000]\n");
+}
+
+/* The next byte of connection s's endless script. */
+static char script_byte(const char *head, size_t head_len, size_t pos) {
+  return pos < head_len ? head[pos] : 'a';
+}
+
+int main(int argc, char **argv) {
+  const char *host = "127.0.0.1", *source = "127.0.0.2", *mode = "header";
+  const char *path = "/healthz", *extra = NULL;
+  unsigned port = 0, conns = 300, interval_ms = 1500;
+  uint64_t duration_ms = 60000, long_ms = 1000, content_length = 60000;
+  static const struct option opts[] = {
+      {"host", required_argument, NULL, 'h'},
+      {"port", required_argument, NULL, 'p'},
+      {"source", required_argument, NULL, 's'},
+      {"conns", required_argument, NULL, 'n'},
+      {"interval-ms", required_argument, NULL, 'i'},
+      {"duration-ms", required_argument, NULL, 'd'},
+      {"long-ms", required_argument, NULL, 'l'},
+      {"mode", required_argument, NULL, 'm'},
+      {"path", required_argument, NULL, 'u'},
+      {"header", required_argument, NULL, 'x'},
+      {"content-length", required_argument, NULL, 'c'},
+      {NULL, 0, NULL, 0},
+  };
+  struct sockaddr_in dst, src;
+  struct slow *c;
+  struct pollfd *pfd;
+  char head[1024], hx[600] = "";
+  size_t head_len;
+  unsigned connected = 0, closed = 0, n_short = 0, n_long = 0, open_now;
+  uint64_t bytes = 0, t_end, next_send;
+  int o;
+
+  while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (o) {
+    case 'h': host = optarg; break;
+    case 'p': port = (unsigned)strtoul(optarg, NULL, 10); break;
+    case 's': source = optarg; break;
+    case 'n': conns = (unsigned)strtoul(optarg, NULL, 10); break;
+    case 'i': interval_ms = (unsigned)strtoul(optarg, NULL, 10); break;
+    case 'd': duration_ms = strtoull(optarg, NULL, 10); break;
+    case 'l': long_ms = strtoull(optarg, NULL, 10); break;
+    case 'm': mode = optarg; break;
+    case 'u': path = optarg; break;
+    case 'x': extra = optarg; break;
+    case 'c': content_length = strtoull(optarg, NULL, 10); break;
+    default: usage(); return 2;
+    }
+  }
+  memset(&dst, 0, sizeof(dst));
+  memset(&src, 0, sizeof(src));
+  dst.sin_family = src.sin_family = AF_INET;
+  dst.sin_port = htons((uint16_t)port);
+  if (!port || port > 65535 || !conns || !interval_ms ||
+      inet_pton(AF_INET, host, &dst.sin_addr) != 1 ||
+      inet_pton(AF_INET, source, &src.sin_addr) != 1 ||
+      (strcmp(mode, "header") && strcmp(mode, "body")) ||
+      (extra && strlen(extra) > sizeof(hx) - 3)) {
+    usage();
+    return 2;
+  }
+  if (extra)
+    snprintf(hx, sizeof(hx), "%s\r\n", extra);
+  if (!strcmp(mode, "header"))
+    snprintf(head, sizeof(head),
+             "GET %s HTTP/1.1\r\nHost: %s\r\n%sX-Slow: ", path, host, hx);
+  else
+    snprintf(head, sizeof(head),
+             "POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: "
+             "application/json\r\nContent-Length: %llu\r\n\r\n",
+             path, host, hx, (unsigned long long)content_length);
+  head_len = strlen(head);
+  c = calloc(conns, sizeof(*c));
+  pfd = calloc(conns, sizeof(*pfd));
+  if (!c || !pfd) {
+    fprintf(stderr, "slowloris: out of memory\n");
+    return 2;
+  }
+  for (unsigned i = 0; i < conns; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    c[i].fd = -1;
+    if (fd < 0) {
+      fprintf(stderr, "slowloris: socket: %s\n", strerror(errno));
+      return 2;
+    }
+    if (bind(fd, (struct sockaddr *)&src, sizeof(src))) {
+      fprintf(stderr, "slowloris: bind %s: %s\n", source, strerror(errno));
+      return 2;
+    }
+    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst))) {
+      /* a server that refuses at the TCP level: counted as not connected */
+      close(fd);
+      continue;
+    }
+    c[i].fd = fd;
+    c[i].open_ms = now_ms();
+    connected++;
+  }
+  printf("slowloris: ready conns=%u connected=%u\n", connected, connected);
+  fflush(stdout);
+
+  t_end = now_ms() + duration_ms;
+  next_send = now_ms(); /* the first byte at once */
+  for (;;) {
+    uint64_t now = now_ms();
+    unsigned n = 0;
+    int timeout;
+    open_now = connected - closed;
+    if (open_now == 0 || now >= t_end)
+      break;
+    if (now >= next_send) {
+      for (unsigned i = 0; i < conns; i++) {
+        char b;
+        if (c[i].fd < 0)
+          continue;
+        b = script_byte(head, head_len, c[i].sent);
+        /* in body mode the header block goes out whole, then the body
+         * byte by byte */
+        if (!strcmp(mode, "body") && c[i].sent == 0) {
+          ssize_t k = send(c[i].fd, head, head_len, MSG_NOSIGNAL);
+          if (k > 0) {
+            c[i].sent += (size_t)k;
+            bytes += (uint64_t)k;
+          }
+          continue;
+        }
+        if (send(c[i].fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) {
+          c[i].sent++;
+          bytes++;
+        } /* a failed send shows as a close below */
+      }
+      next_send = now + interval_ms;
+    }
+    for (unsigned i = 0; i < conns; i++) {
+      if (c[i].fd < 0)
+        continue;
+      pfd[n].fd = c[i].fd;
+      pfd[n].events = POLLIN;
+      pfd[n].revents = 0;
+      n++;
+    }
+    timeout = (int)((next_send < t_end ? next_send : t_end) - now);
+    if (poll(pfd, n, timeout < 0 ? 0 : timeout) < 0 && errno != EINTR) {
+      fprintf(stderr, "slowloris: poll: %s\n", strerror(errno));
+      return 2;
+    }
+    now = now_ms();
+    for (unsigned i = 0, k = 0; i < conns; i++) {
+      char buf[4096];
+      ssize_t r;
+      if (c[i].fd < 0)
+        continue;
+      if (!pfd[k++].revents)
+        continue;
+      r = recv(c[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR)))
+        continue; /* an answer, or nothing after all: keep trickling */
+      close(c[i].fd);
+      c[i].fd = -1;
+      closed++;
+      if (now - c[i].open_ms >= long_ms)
+        n_long++;
+      else
+        n_short++;
+    }
+  }
+  open_now = connected - closed;
+  printf("slowloris: conns=%u connected=%u closed=%u open=%u short=%u "
+         "long=%u bytes=%llu\n",
+         conns, connected, closed, open_now, n_short, n_long,
+         (unsigned long long)bytes);
+  for (unsigned i = 0; i < conns; i++)
+    if (c[i].fd >= 0)
+      close(c[i].fd);
+  free(c);
+  free(pfd);
+  return 0;
+}
