@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "connguard.h"
 #include "cpu_accel.h"
 #include "ctlconn.h"
 #include "gpu.h"
@@ -25,8 +26,10 @@
 struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,
       accel_threads, frame_max, stall_ms, gpu_threads;
+  uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
+      ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
-      *labels, *data_listen, *advertise, *cuda_accels;
+      *labels, *data_listen, *advertise, *cuda_accels, *metrics;
   int transport, ordering, work_mode, list_accels;
 };
 
@@ -88,6 +91,10 @@ struct agent {
   /* static mode */
   uv_tcp_t server;
   int server_open;
+  struct lynx_guard ctl_guard; /* its control port (connguard.h) */
+  uv_timer_t serve_sweep;      /* closes peers silent past the Hello timeout */
+  int sweep_open;
+  void *metrics;               /* --metrics endpoint (promhttp.h) */
   struct peer *peers;
   struct peer *owner;
   /* coordinator mode */

@@ -116,7 +116,7 @@ static void new_incarnation(struct coord_link *l, const char *why) {
     n++;
   gettimeofday(&tv, NULL);
   now = (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
-  ag->epoch = now > old ? now : old + 1;
+  __atomic_store_n(&ag->epoch, now > old ? now : old + 1, __ATOMIC_RELAXED);
   LYNX_WARN("agent", "%s: %s; discarding %u instances of epoch %llu with "
             "their queued requests, registering again as epoch %llu",
             ag->node_id, why, n, (unsigned long long)old,

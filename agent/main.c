@@ -31,6 +31,7 @@
 #include "log.h"
 #include "mqueue.h"
 #include "options.h"
+#include "promhttp.h"
 #include "util.h"
 
 static const char *const transports[] = {"tcp", "shm", "rdma", NULL};
@@ -94,6 +95,21 @@ static const struct lynx_opt agent_opts[] = {
      "mqueue ordering mode advertised to frontends"},
     {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
      "largest accepted control frame, bytes"},
+    {"data-conn-max", LYNX_OPT_U32, O(data_conn_max), "1024", 1, 1u << 20,
+     NULL, "tcp: data connections open at once; more are closed at once"},
+    {"data-unauth-max", LYNX_OPT_U32, O(data_unauth_max), "64", 1, 1u << 20,
+     NULL, "tcp: of those, connections that have not presented a region "
+     "key yet"},
+    {"data-unauth-per-client", LYNX_OPT_U32, O(data_unauth_per_client), "8",
+     1, 1u << 20, NULL, "tcp: of those, from one address"},
+    {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "256", 1, 1u << 20,
+     NULL, "static mode: control connections open at once"},
+    {"control-unauth-max", LYNX_OPT_U32, O(ctl_unauth_max), "64", 1, 1u << 20,
+     NULL, "static mode: of those, connections before a valid Hello"},
+    {"control-unauth-per-client", LYNX_OPT_U32, O(ctl_unauth_per_client), "8",
+     1, 1u << 20, NULL, "static mode: of those, from one address"},
+    {"metrics", LYNX_OPT_ADDR, O(metrics), NULL, 1, 65535, NULL,
+     "host:port for Prometheus /metrics and /healthz [default: off]"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token peers must present"},
     {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
@@ -132,6 +148,24 @@ static void remove_stale_regions(const char *node_id) {
                 path, pid);
   }
   closedir(d);
+}
+
+/* --metrics (its own thread): the ports' guards and the lease fence. */
+static void write_metrics(FILE *f, void *arg) {
+  struct agent *ag = arg;
+  uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
+  lynx_guard_metrics(f, "lynx_agent_data", "data port (tcp transport)",
+                     &lynx_data_guard);
+  lynx_guard_metrics(f, "lynx_agent_control", "static mode's control port",
+                     &ag->ctl_guard);
+  fprintf(f, "# HELP lynx_agent_lease_fenced 1 while the accelerators take "
+          "no new request because the lease was not renewed (docs/design.md, "
+          "\"Delivery guarantees\").\n# TYPE lynx_agent_lease_fenced gauge\n"
+          "lynx_agent_lease_fenced %d\n"
+          "# HELP lynx_agent_epoch This agent's incarnation.\n"
+          "# TYPE lynx_agent_epoch gauge\nlynx_agent_epoch %llu\n",
+          lynx_now_ns() >= until,
+          (unsigned long long)__atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
@@ -242,6 +276,7 @@ int main(int argc, char **argv) {
   struct lynx_geom g;
   int rc, lvl, exit_code = 1;
   struct timeval tv;
+  char tok_err[320];
 
   rc = lynx_opts_parse(agent_opts, &ag.cfg, argc, argv,
                        "usage: lynx-agent [options]\n"
@@ -289,9 +324,8 @@ int main(int argc, char **argv) {
     goto usage;
   }
   if (ag.cfg.token_file &&
-      (rc = lynx_read_token(ag.cfg.token_file, &ag.token))) {
-    fprintf(stderr, "--token-file %s: %s\n", ag.cfg.token_file,
-            rc == -EINVAL ? "file is empty" : strerror(-rc));
+      lynx_read_token(ag.cfg.token_file, &ag.token, tok_err, sizeof(tok_err))) {
+    fprintf(stderr, "%s\n", tok_err);
     goto out_opts;
   }
   if (ag.cfg.node_id) {
@@ -334,12 +368,20 @@ int main(int argc, char **argv) {
     goto out_acc;
   }
 
+  lynx_guard_init(&lynx_data_guard, ag.cfg.data_conn_max,
+                  ag.cfg.data_unauth_max, ag.cfg.data_unauth_per_client);
+  lynx_guard_init(&ag.ctl_guard, ag.cfg.ctl_conn_max, ag.cfg.ctl_unauth_max,
+                  ag.cfg.ctl_unauth_per_client);
+  if (ag.cfg.metrics &&
+      lynx_prom_start(ag.cfg.metrics, write_metrics, &ag, &ag.metrics))
+    goto out_acc; /* the reason, with the address, is on stderr */
   {
     char err[320];
     rc = ag.tops->agent_start(ag.cfg.data_listen, ag.data_bound,
                               sizeof(ag.data_bound), err, sizeof(err));
     if (rc) {
       fprintf(stderr, "lynx-agent: --transport %s: %s\n", ag.tops->name, err);
+      lynx_prom_stop(ag.metrics);
       goto out_acc;
     }
   }
@@ -384,6 +426,7 @@ int main(int argc, char **argv) {
   agent_instances_stop_all(&ag);
   ag.tops->agent_stop(); /* every region's memory released */
   gpu_shutdown();
+  lynx_prom_stop(ag.metrics);
 out_acc:
   free(ag.acc);
   goto out_opts;

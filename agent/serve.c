@@ -5,6 +5,11 @@
  * connection open as a liveness signal. Each mqueue has one producer, so
  * one frontend at a time gets the accelerators; another is refused with a
  * retryable reason until the first one goes.
+ *
+ * The port is guarded (ag->ctl_guard, connguard.h): connections over its
+ * caps are closed at once, one that says no valid Hello within
+ * HELLO_TIMEOUT_MS is closed, and a source that keeps presenting a wrong
+ * token gets its refusals later and later.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,11 +21,16 @@
 #include "log.h"
 #include "util.h"
 
+#define HELLO_TIMEOUT_MS 10000 /* a peer that says nothing is closed */
+
 struct peer {
   struct lynx_ctl ctl;
   struct agent *ag;
   struct peer *next, **pprev;
   int greeted;
+  int admitted, authed; /* counted by ag->ctl_guard; its Hello passed */
+  struct lynx_guard_src *src;
+  uint64_t since_ns;
 };
 
 static void peer_closed(struct lynx_ctl *c) {
@@ -32,8 +42,11 @@ static void peer_closed(struct lynx_ctl *c) {
   *p->pprev = p->next;
   if (p->next)
     p->next->pprev = p->pprev;
-  LYNX_INFO("agent", "%s: control connection %s closed", p->ag->node_id,
-            c->peer);
+  if (p->admitted)
+    lynx_guard_closed(&p->ag->ctl_guard, p->src, p->authed);
+  if (p->authed)
+    LYNX_INFO("agent", "%s: control connection %s closed", p->ag->node_id,
+              c->peer);
   free(p);
 }
 
@@ -98,13 +111,33 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     if (lynx_hello_check(env->hello, p->ag->token, err, sizeof(err))) {
-      LYNX_WARN("agent", "%s: refusing %s (%s %s): %s", p->ag->node_id,
-                c->peer, env->hello->role ? env->hello->role : "?",
-                env->hello->id ? env->hello->id : "?", err);
+      uint64_t hold = lynx_guard_auth_failed(&p->ag->ctl_guard, p->src,
+                                             lynx_now_ns());
+      LYNX_LOG_RL(LYNX_LOG_WARN, "agent", "%s: refusing %s (%s %s): %s%s",
+                  p->ag->node_id, c->peer,
+                  env->hello->role ? env->hello->role : "?",
+                  env->hello->id ? env->hello->id : "?", err,
+                  hold ? " (answer held back: this address keeps presenting "
+                         "a wrong token)" : "");
+      if (hold) {
+        Lynx__Envelope r_env = LYNX__ENVELOPE__INIT;
+        Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
+        r.proto_version = LYNX_PROTO_VERSION;
+        r.error = err;
+        r.id = p->ag->node_id;
+        r_env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
+        r_env.hello_reply = &r;
+        if (lynx_ctl_send_later(c, &r_env, hold / 1000000u))
+          lynx_ctl_close(c, "cannot hold back a refusal");
+        return;
+      }
       send_reply(p, 0, 0, err);
       c->close_after_write = 1;
       return;
     }
+    p->authed = 1;
+    lynx_guard_auth_ok(&p->ag->ctl_guard, p->src);
+    lynx_ctl_trust(c);
     /* Each mqueue has one producer: in static mode one frontend at a time
      * gets the accelerators (the coordinator partitions them otherwise). */
     if (p->ag->owner) {
@@ -132,6 +165,8 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
 static void on_connection(uv_stream_t *server, int status) {
   struct agent *ag = server->data;
   struct peer *p;
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
   if (status < 0) {
     LYNX_WARN("agent", "accept failed: %s", uv_strerror(status));
     return;
@@ -148,8 +183,37 @@ static void on_connection(uv_stream_t *server, int status) {
   p->pprev = &ag->peers;
   ag->peers = p;
   if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp) ||
-      lynx_ctl_start(&p->ctl))
+      lynx_ctl_start(&p->ctl)) {
     lynx_ctl_close(&p->ctl, "accept failed");
+    return;
+  }
+  memset(&ss, 0, sizeof(ss));
+  uv_tcp_getpeername(&p->ctl.tcp, (struct sockaddr *)&ss, &len);
+  p->since_ns = lynx_now_ns();
+  {
+    enum lynx_guard_refusal r =
+        lynx_guard_admit(&ag->ctl_guard, &ss, p->since_ns, &p->src);
+    if (r != LYNX_GUARD_ADMIT) {
+      char why[160];
+      snprintf(why, sizeof(why), "refused: %s (caps: %u connections, %u "
+               "before Hello, %u of those per address)",
+               lynx_guard_reason_names[r], ag->ctl_guard.conn_max,
+               ag->ctl_guard.unauth_max, ag->ctl_guard.per_source);
+      lynx_ctl_close(&p->ctl, why); /* rate-limited: not trusted */
+      return;
+    }
+    p->admitted = 1;
+  }
+}
+
+/* Closes connections that said no valid Hello in time. */
+static void on_sweep(uv_timer_t *t) {
+  struct agent *ag = t->data;
+  uint64_t now = lynx_now_ns();
+  for (struct peer *p = ag->peers; p; p = p->next)
+    if (!p->authed && !p->ctl.held &&
+        now - p->since_ns > HELLO_TIMEOUT_MS * 1000000ull)
+      lynx_ctl_close(&p->ctl, "no Hello within 10 s");
 }
 
 int agent_serve_start(struct agent *ag) {
@@ -160,6 +224,10 @@ int agent_serve_start(struct agent *ag) {
   uv_tcp_init(&ag->loop, &ag->server);
   ag->server.data = ag;
   ag->server_open = 1;
+  uv_timer_init(&ag->loop, &ag->serve_sweep);
+  ag->serve_sweep.data = ag;
+  ag->sweep_open = 1;
+  uv_timer_start(&ag->serve_sweep, on_sweep, 1000, 1000);
   rc = uv_tcp_bind(&ag->server, (struct sockaddr *)&ss, 0);
   if (!rc)
     rc = uv_listen((uv_stream_t *)&ag->server, 64, on_connection);
@@ -175,5 +243,9 @@ void agent_serve_stop(struct agent *ag) {
   if (ag->server_open) {
     uv_close((uv_handle_t *)&ag->server, NULL);
     ag->server_open = 0;
+  }
+  if (ag->sweep_open) {
+    uv_close((uv_handle_t *)&ag->serve_sweep, NULL);
+    ag->sweep_open = 0;
   }
 }

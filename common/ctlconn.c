@@ -14,9 +14,22 @@ struct ctl_write {
   uint8_t *buf;
 };
 
+/* A refusal held back (lynx_ctl_send_later). */
+struct lynx_ctl_held {
+  uv_timer_t timer;
+  struct lynx_ctl *c; /* NULL once the connection went first */
+  uint8_t *buf;
+  size_t len;
+};
+
 void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
                    lynx_ctl_msg_cb on_msg, lynx_ctl_close_cb on_close) {
-  lynx_frame_reader_init(&c->rd, frame_max);
+  lynx_frame_reader_init(&c->rd, frame_max < LYNX_CTL_UNTRUSTED_MAX
+                                     ? frame_max
+                                     : LYNX_CTL_UNTRUSTED_MAX);
+  c->frame_max = frame_max;
+  c->trusted = 0;
+  c->held = NULL;
   c->on_msg = on_msg;
   c->on_close = on_close;
   c->comp = comp;
@@ -35,14 +48,46 @@ static void on_closed(uv_handle_t *h) {
     c->on_close(c);
 }
 
+static void held_closed(uv_handle_t *h) {
+  struct lynx_ctl_held *held = h->data;
+  free(held->buf);
+  free(held);
+}
+
 static void ctl_close_level(struct lynx_ctl *c, int level, const char *reason) {
   if (c->closing)
     return;
   c->closing = 1;
-  if (reason)
+  if (c->held) {
+    c->held->c = NULL;
+    uv_timer_stop(&c->held->timer);
+    uv_close((uv_handle_t *)&c->held->timer, held_closed);
+    c->held = NULL;
+  }
+  if (reason && c->trusted) {
     LYNX_LOG(level, c->comp, "closing control connection %s: %s",
              c->peer[0] ? c->peer : "(unconnected)", reason);
+  } else if (reason && level <= lynx_log_level) {
+    /* a stranger can open as many as it likes: rate-limited, per kind of
+     * reason (its text up to the first number or quote), so one flood does
+     * not hide other news */
+    static __thread struct lynx__log_rl rl[16];
+    uint32_t h = 2166136261u;
+    uint64_t sup;
+    for (const char *r = reason;
+         *r && !(*r >= '0' && *r <= '9') && *r != '\'' && *r != '"'; r++)
+      h = (h ^ (uint8_t)*r) * 16777619u;
+    if (lynx__log_rl_allow(&rl[h % 16], &sup))
+      lynx__log(level, c->comp, "closing control connection %s: %s (%llu "
+                "similar suppressed)", c->peer[0] ? c->peer : "(unconnected)",
+                reason, (unsigned long long)sup);
+  }
   uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+void lynx_ctl_trust(struct lynx_ctl *c) {
+  c->trusted = 1;
+  c->rd.max = c->frame_max;
 }
 
 void lynx_ctl_close(struct lynx_ctl *c, const char *reason) {
@@ -127,30 +172,71 @@ static void on_written(uv_write_t *req, int status) {
   }
 }
 
-int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env) {
-  struct ctl_write *w;
+static int write_buf(struct lynx_ctl *c, uint8_t *buf, size_t len) {
+  struct ctl_write *w = calloc(1, sizeof(*w));
   uv_buf_t b;
-  size_t len;
   int rc;
-  if (c->closing)
-    return -EPIPE;
-  w = calloc(1, sizeof(*w));
-  if (!w)
+  if (!w) {
+    free(buf);
     return -ENOMEM;
-  rc = lynx_frame_encode(env, c->rd.max, &w->buf, &len);
-  if (rc) {
-    free(w);
-    return rc;
   }
   w->c = c;
-  b = uv_buf_init((char *)w->buf, (unsigned)len);
+  w->buf = buf;
+  b = uv_buf_init((char *)buf, (unsigned)len);
   rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written);
   if (rc) {
-    free(w->buf);
+    free(buf);
     free(w);
     return rc;
   }
   c->pending_writes++;
+  return 0;
+}
+
+int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env) {
+  uint8_t *buf;
+  size_t len;
+  int rc;
+  if (c->closing)
+    return -EPIPE;
+  rc = lynx_frame_encode(env, c->frame_max, &buf, &len);
+  if (rc)
+    return rc;
+  return write_buf(c, buf, len);
+}
+
+static void held_fire(uv_timer_t *t) {
+  struct lynx_ctl_held *held = t->data;
+  struct lynx_ctl *c = held->c;
+  uint8_t *buf = held->buf;
+  held->buf = NULL;
+  c->held = NULL;
+  uv_close((uv_handle_t *)&held->timer, held_closed);
+  c->close_after_write = 1;
+  if (write_buf(c, buf, held->len))
+    lynx_ctl_close(c, NULL);
+}
+
+int lynx_ctl_send_later(struct lynx_ctl *c, const Lynx__Envelope *env,
+                        uint64_t delay_ms) {
+  struct lynx_ctl_held *held;
+  int rc;
+  if (c->closing || c->held)
+    return -EPIPE;
+  held = calloc(1, sizeof(*held));
+  if (!held)
+    return -ENOMEM;
+  rc = lynx_frame_encode(env, c->frame_max, &held->buf, &held->len);
+  if (rc) {
+    free(held);
+    return rc;
+  }
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  held->c = c;
+  uv_timer_init(c->tcp.loop, &held->timer);
+  held->timer.data = held;
+  uv_timer_start(&held->timer, held_fire, delay_ms, 0);
+  c->held = held;
   return 0;
 }
 
@@ -222,6 +308,7 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
   }
   uv_tcp_init(d->loop, &c->tcp);
   lynx_ctl_init(c, d->comp, d->frame_max, d->on_msg, dialer_closed);
+  lynx_ctl_trust(c); /* the peer is the address we were told to reach */
   c->dialer = d;
   c->data = d->data;
   d->ctl = c;

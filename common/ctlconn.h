@@ -18,9 +18,12 @@ struct lynx_ctl;
 typedef void (*lynx_ctl_msg_cb)(struct lynx_ctl *c, Lynx__Envelope *env);
 typedef void (*lynx_ctl_close_cb)(struct lynx_ctl *c);
 
+struct lynx_ctl_held;
+
 struct lynx_ctl {
   uv_tcp_t tcp;
-  struct lynx_frame_reader rd;
+  struct lynx_frame_reader rd; /* rd.max: LYNX_CTL_UNTRUSTED_MAX until trusted */
+  size_t frame_max;            /* the cap once trusted, and on what we send */
   lynx_ctl_msg_cb on_msg;     /* env is freed after on_msg returns */
   lynx_ctl_close_cb on_close; /* last call; owner may free c here */
   const char *comp;           /* log component */
@@ -29,8 +32,17 @@ struct lynx_ctl {
   int close_after_write; /* close once pending writes are flushed */
   unsigned pending_writes;
   struct lynx_dialer *dialer; /* set when a dialer made this connection */
+  /* The peer proved who it is (its Hello passed; a dialer's peer is the
+   * address we were told to reach): frames up to frame_max are read, and a
+   * close is logged in full. Before, frames are capped at
+   * LYNX_CTL_UNTRUSTED_MAX (a Hello is far smaller) and close reasons are
+   * logged rate-limited, so strangers cannot fill memory or the log. */
+  int trusted;
+  struct lynx_ctl_held *held; /* a refusal waiting to be sent */
   void *data;
 };
+
+#define LYNX_CTL_UNTRUSTED_MAX 4096u
 
 /* Initialises c around an accepted or to-be-connected uv_tcp_t (c->tcp must
  * already be uv_tcp_init'ed). */
@@ -38,6 +50,13 @@ void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
                    lynx_ctl_msg_cb on_msg, lynx_ctl_close_cb on_close);
 /* Starts reading; fills c->peer. 0 or -errno. */
 int lynx_ctl_start(struct lynx_ctl *c);
+/* The peer authenticated: see struct lynx_ctl.trusted. */
+void lynx_ctl_trust(struct lynx_ctl *c);
+/* Stops reading and sends env after delay_ms, then closes: a refusal held
+ * back from a peer that keeps presenting wrong credentials. 0 or -errno
+ * (the caller closes). */
+int lynx_ctl_send_later(struct lynx_ctl *c, const Lynx__Envelope *env,
+                        uint64_t delay_ms);
 /* Queues env as one frame. 0 or -errno. */
 int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env);
 /* Closes (deferred, idempotent) and logs why when reason is not NULL. */

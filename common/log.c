@@ -44,13 +44,24 @@ void lynx__log(int level, const char *comp, const char *fmt, ...) {
 }
 
 int lynx__log_rl_allow(struct lynx__log_rl *rl, uint64_t *suppressed) {
-  uint64_t now = lynx_now_ns();
-  if (now < rl->next_ns) {
+  uint64_t now = lynx_now_ns(), add;
+  if (!rl->last_ns) {
+    rl->tokens = LYNX_LOG_RL_BURST;
+    rl->last_ns = now;
+  }
+  add = (now - rl->last_ns) / 1000000000ull;
+  if (add) { /* one line a second comes back, up to the burst */
+    rl->tokens = add >= LYNX_LOG_RL_BURST - rl->tokens
+                     ? LYNX_LOG_RL_BURST
+                     : rl->tokens + (uint32_t)add;
+    rl->last_ns += add * 1000000000ull;
+  }
+  if (!rl->tokens) {
     rl->suppressed++;
     return 0;
   }
+  rl->tokens--;
   *suppressed = rl->suppressed;
   rl->suppressed = 0;
-  rl->next_ns = now + 1000000000ull;
   return 1;
 }

@@ -2,9 +2,10 @@
  * log.h - leveled, component-tagged logging to stderr.
  *
  * LYNX_LOG checks the level before it evaluates its arguments. LYNX_LOG_RL
- * is for the data path: at most one line per second per call site and
- * thread, with a count of what it suppressed, so a flood of bad datagrams
- * cannot turn into a flood of log lines.
+ * is for the data path and for what strangers can trigger: per call site
+ * and thread, a burst of LYNX_LOG_RL_BURST lines, then one a second, each
+ * with a count of what it suppressed, so a flood of bad datagrams or
+ * connections cannot turn into a flood of log lines.
  */
 #ifndef LYNX_LOG_H
 #define LYNX_LOG_H
@@ -26,8 +27,10 @@ void lynx__log(int level, const char *comp, const char *fmt, ...)
 /* Parses "error|warn|info|debug"; -EINVAL when unknown. */
 int lynx_log_parse_level(const char *s);
 
-struct lynx__log_rl {
-  uint64_t next_ns;
+#define LYNX_LOG_RL_BURST 10u
+struct lynx__log_rl { /* a token bucket: LYNX_LOG_RL_BURST lines, 1 a second */
+  uint64_t last_ns;
+  uint32_t tokens;
   uint64_t suppressed;
 };
 /* 1 when a rate-limited line may be printed now; *suppressed gets the number

@@ -11,8 +11,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "connguard.h"
 #include "lynx.pb-c.h"
 #include "mqueue.h"
+
+struct lynx_guard lynx_data_guard;
 
 static const struct lynx_transport_ops *const backends[] = {
     &lynx_transport_shm,

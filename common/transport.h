@@ -158,6 +158,12 @@ extern const struct lynx_transport_ops lynx_transport_shm;
 extern const struct lynx_transport_ops lynx_transport_tcp;
 extern const struct lynx_transport_ops lynx_transport_rdma;
 
+/* The agent's data port (tcp; rdma counts its refusals here too): its
+ * connection caps, configured before agent_start (all 0: no cap), and the
+ * counters its --metrics shows (connguard.h). */
+struct lynx_guard;
+extern struct lynx_guard lynx_data_guard;
+
 /* Wakes a CPU accelerator sleeping on the region's doorbell (shm notify,
  * and the tcp/rdma agents on a frontend's notify). 0 or -errno. */
 int lynx_region_wake(uint8_t *base);

@@ -49,6 +49,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "connguard.h"
 #include "log.h"
 #include "mqueue.h"
 #include "transport.h"
@@ -179,6 +180,11 @@ struct srv_conn {
   uv_write_t wreq;
   uint8_t *wbuf;         /* bytes of the write in flight */
   int writing, reading, closing;
+  int admitted;          /* counted by lynx_data_guard */
+  struct lynx_guard_src *src; /* its source's record there, or NULL */
+  /* a refused HELLO whose answer is held back (a source backed off for
+   * wrong keys): sent and closed at refuse_at_ns */
+  uint64_t refuse_at_ns;
   uint64_t since_ns;
   char peer[64];
   struct srv_conn *next;
@@ -232,6 +238,8 @@ static void srv_on_closed(uv_handle_t *h) {
     *pp = c->next;
   if (c->ex)
     export_put(c->ex);
+  if (c->admitted)
+    lynx_guard_closed(&lynx_data_guard, c->src, c->ex != NULL);
   buf_free(&c->in);
   buf_free(&c->out);
   free(c->wbuf);
@@ -337,7 +345,10 @@ static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
   return 0;
 }
 
-/* Answers a HELLO; 0 when the connection is now bound to a region. */
+/* Answers a HELLO; 0 when the connection is now bound to a region. A
+ * refusal from a source backed off for wrong credentials is held back
+ * (-EAGAIN: the answer waits in c->out, reading stops, the sweep sends it
+ * at refuse_at_ns). */
 static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
                      const uint8_t *p) {
   struct tcp_hello m;
@@ -382,10 +393,22 @@ out:
   }
   c->ex = ex;
   srv_reply(c, OP_HELLO_REPLY, (uint64_t)err, 0, why, (uint32_t)strlen(why));
-  if (err)
-    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: %s",
-                c->peer, why);
-  return err ? -err : 0;
+  if (!err) {
+    lynx_guard_auth_ok(&lynx_data_guard, c->src);
+    return 0;
+  }
+  {
+    uint64_t now = lynx_now_ns();
+    uint64_t hold = lynx_guard_auth_failed(&lynx_data_guard, c->src, now);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: %s%s",
+                c->peer, why, hold ? " (answer held back: this address keeps "
+                "presenting wrong credentials)" : "");
+    if (hold) {
+      c->refuse_at_ns = now + hold;
+      return -EAGAIN;
+    }
+  }
+  return -err;
 }
 
 /* Applies one operation; a reason in why when the connection must close. */
@@ -459,8 +482,12 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
 
 static void srv_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   struct srv_conn *c = h->data;
+  /* before HELLO only a HELLO may come: nothing bigger is buffered for a
+   * peer that has not shown a key */
+  size_t want = c->ex ? 65536 : TCP_HDR + sizeof(struct tcp_hello);
   (void)hint;
-  if (buf_reserve(&c->in, 65536, TCP_OP_MAX + TCP_HDR + 65536)) {
+  if (buf_reserve(&c->in, want, c->ex ? TCP_OP_MAX + TCP_HDR + 65536
+                                      : 2 * (TCP_HDR + sizeof(struct tcp_hello)))) {
     *b = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
     return;
   }
@@ -493,6 +520,12 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       snprintf(why, sizeof(why), "operation %u before hello", h.op);
       break;
     }
+    if (!c->ex && h.len != sizeof(struct tcp_hello)) {
+      /* refused on its header: a stranger's length is never buffered */
+      snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h.len,
+               sizeof(struct tcp_hello));
+      break;
+    }
     if (c->ex && h.op == OP_HELLO) {
       snprintf(why, sizeof(why), "second hello");
       break;
@@ -506,7 +539,13 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       break;
     }
     if (h.op == OP_HELLO) {
-      if (srv_hello(c, &h, p + TCP_HDR)) {
+      int rc = srv_hello(c, &h, p + TCP_HDR);
+      if (rc == -EAGAIN) { /* the refusal waits; read nothing more */
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+        return;
+      }
+      if (rc) {
         srv_flush(c);
         srv_close(c, NULL); /* reason logged and sent */
         return;
@@ -543,11 +582,26 @@ static void srv_on_conn(uv_stream_t *l, int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
+  memset(&ss, 0, sizeof(ss));
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
     lynx_fmt_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
   c->since_ns = lynx_now_ns();
   c->next = srv.conns;
   srv.conns = c;
+  {
+    enum lynx_guard_refusal r =
+        lynx_guard_admit(&lynx_data_guard, &ss, c->since_ns, &c->src);
+    if (r != LYNX_GUARD_ADMIT) {
+      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: "
+                  "%s (caps: %u connections, %u not authenticated, %u of "
+                  "those per address)", c->peer, lynx_guard_reason_names[r],
+                  lynx_data_guard.conn_max, lynx_data_guard.unauth_max,
+                  lynx_data_guard.per_source);
+      srv_close(c, NULL);
+      return;
+    }
+    c->admitted = 1;
+  }
   if (uv_read_start((uv_stream_t *)&c->tcp, srv_alloc, srv_on_read) == 0)
     c->reading = 1;
   else
@@ -564,10 +618,16 @@ static void srv_sweep_conns(void) {
     pthread_mutex_lock(&srv.lock);
     gone = c->ex && !c->ex->listed;
     pthread_mutex_unlock(&srv.lock);
-    if (gone)
+    if (gone) {
       srv_close(c, NULL);
-    else if (!c->ex && now - c->since_ns > TCP_HELLO_MS * 1000000ull)
+    } else if (c->refuse_at_ns) {
+      if (now >= c->refuse_at_ns) { /* the held-back refusal goes now */
+        srv_flush(c);
+        srv_close(c, NULL);
+      }
+    } else if (!c->ex && now - c->since_ns > TCP_HELLO_MS * 1000000ull) {
       srv_close(c, "no hello");
+    }
   }
 }
 

@@ -3,10 +3,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out) {
   char *end;
@@ -89,20 +92,59 @@ const char *lynx_fmt_addr(const struct sockaddr *sa, char *buf, size_t len) {
   return buf;
 }
 
-int lynx_read_token(const char *path, char **out) {
-  char buf[512];
-  FILE *f = fopen(path, "r");
+int lynx_read_token(const char *path, char **out, char *err, size_t errlen) {
+  char buf[514];
+  struct stat st;
   size_t n;
-  if (!f)
-    return -errno;
-  n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
+  int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+  *out = NULL;
+  if (fd < 0) {
+    rc = -errno;
+    snprintf(err, errlen, "--token-file %s: %s", path, strerror(-rc));
+    return rc;
+  }
+  if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    rc = S_ISDIR(st.st_mode) ? -EISDIR : -errno;
+    snprintf(err, errlen, "--token-file %s: %s", path,
+             rc == -EISDIR ? "is a directory, not a file holding the token"
+                           : strerror(-rc));
+    close(fd);
+    return rc;
+  }
+  {
+    ssize_t r = read(fd, buf, sizeof(buf) - 1);
+    if (r < 0) {
+      rc = -errno;
+      snprintf(err, errlen, "--token-file %s: %s", path, strerror(-rc));
+      close(fd);
+      return rc;
+    }
+    n = (size_t)r;
+  }
+  close(fd);
   buf[n] = 0;
   buf[strcspn(buf, "\r\n")] = 0;
-  if (!buf[0])
+  if (!buf[0]) {
+    snprintf(err, errlen, "--token-file %s: the file is empty (the token is "
+             "its first line)", path);
     return -EINVAL;
+  }
+  if (strlen(buf) > 511) {
+    snprintf(err, errlen, "--token-file %s: the token is longer than 511 "
+             "bytes", path);
+    return -E2BIG;
+  }
+  if (st.st_mode & 0077)
+    fprintf(stderr, "warning: --token-file %s can be read by %s (mode %04o): "
+            "whoever can read it can join the cluster; chmod 600 %s\n", path,
+            (st.st_mode & 0007) ? "every user" : "its group",
+            (unsigned)(st.st_mode & 07777), path);
   *out = strdup(buf);
-  return *out ? 0 : -ENOMEM;
+  if (!*out) {
+    snprintf(err, errlen, "--token-file %s: out of memory", path);
+    return -ENOMEM;
+  }
+  return 0;
 }
 
 uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,

@@ -12,10 +12,6 @@
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
   ((type *)((char *)(ptr) - offsetof(type, member)))
-/* Reads a cluster token: the first line of the file, at most 511 bytes.
- * *out is malloc'd (caller frees). 0, -errno, or -EINVAL when empty. */
-int lynx_read_token(const char *path, char **out);
-
 #endif
 
 #define LYNX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -63,8 +59,12 @@ size_t lynx_appendf(char *buf, size_t len, size_t l, const char *sep,
 /* strtoul with full-string and range checks. 0 or -EINVAL. */
 int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
-/* Reads a cluster token: the first line of the file, at most 511 bytes.
- * *out is malloc'd (caller frees). 0, -errno, or -EINVAL when empty. */
-int lynx_read_token(const char *path, char **out);
+/* Reads a cluster token (--token-file): the first line of the file, at
+ * most 511 bytes. *out is malloc'd (caller frees). 0, or -errno with a
+ * message naming the file in err: it cannot be opened, is a directory
+ * (-EISDIR), holds no token (-EINVAL) or a longer one (-E2BIG). A file that
+ * its group or others may read is accepted with a warning on stderr: anyone
+ * who can read it can join the cluster. */
+int lynx_read_token(const char *path, char **out, char *err, size_t errlen);
 
 #endif

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "connguard.h"
 #include "registry.h"
 
 struct lynx_coord {
@@ -31,6 +32,9 @@ struct lynx_coord {
    * its body may take from the end of its headers */
   unsigned http_conn_max, http_conn_per_client;
   uint32_t http_header_timeout_ms, http_body_timeout_ms;
+  /* The control port's caps and counters (connguard.h): used by the loop
+   * thread, read by /metrics with relaxed loads. */
+  struct lynx_guard ctl_guard;
   int ready;         /* /readyz: state loaded and control port listening */
   void *http;        /* http.c's private state (the MHD daemon): opaque */
 };

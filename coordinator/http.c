@@ -611,6 +611,8 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
           (unsigned long long)m.api_timeouts[1]);
 #undef GAUGE
 #undef COUNTER
+  lynx_guard_metrics(f, "lynx_coordinator_control", "control port",
+                     &rq->c->ctl_guard);
   metrics_accels(f, &m);
   free(m.acc);
   if (fclose(f) != 0 || !buf) {

@@ -1093,10 +1093,10 @@ int main(int argc, char **argv) {
     snprintf(t.api, sizeof(t.api), "http://%.500s", tmp);
   }
   if (token_file && token_file[0]) {
-    rc = lynx_read_token(token_file, &t.token);
+    char err[320];
+    rc = lynx_read_token(token_file, &t.token, err, sizeof(err));
     if (rc) {
-      fprintf(stderr, "lynxctl: --token-file %s: %s\n", token_file,
-              rc == -EINVAL ? "empty" : strerror(-rc));
+      fprintf(stderr, "lynxctl: %s\n", err);
       free(args);
       return EX_API; /* a runtime failure, as in every program */
     }

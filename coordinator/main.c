@@ -33,6 +33,7 @@
 #include "util.h"
 
 struct coord_cfg {
+  uint32_t ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *listen, *http, *state_dir, *token_file, *log_level;
   uint32_t lease_ms, drain_ms, frame_max, body_max;
   uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
@@ -55,6 +56,13 @@ static const struct lynx_opt coord_opts[] = {
      "cluster token; without one only loopback peers are accepted"},
     {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
      "largest accepted control frame, bytes"},
+    {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "4096", 1, 1u << 20,
+     NULL, "control connections (agents, frontends) open at once; more are "
+     "closed at once"},
+    {"control-unauth-max", LYNX_OPT_U32, O(ctl_unauth_max), "64", 1, 1u << 20,
+     NULL, "of those, connections that have not said a valid Hello yet"},
+    {"control-unauth-per-client", LYNX_OPT_U32, O(ctl_unauth_per_client), "8",
+     1, 1u << 20, NULL, "of those, from one address"},
     {"body-max", LYNX_OPT_U32, O(body_max), "65536", 256, 1u << 24, NULL,
      "largest accepted API request body, bytes"},
     {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "256", 1, 4096, NULL,
@@ -97,6 +105,8 @@ struct cpeer {
   struct coordinator *co;
   enum peer_role role;
   int registered;
+  int admitted; /* counted by c.ctl_guard */
+  struct lynx_guard_src *src;
   char id[LYNX_ID_MAX];
   uint64_t connected_seq; /* frontends: the earliest connected is active */
   uint64_t table_sent;    /* last table version sent (+1; 0 = none) */
@@ -437,6 +447,8 @@ static void peer_closed(struct lynx_ctl *ctl) {
   *p->pprev = p->next;
   if (p->next)
     p->next->pprev = p->pprev;
+  if (p->admitted)
+    lynx_guard_closed(&co->c.ctl_guard, p->src, p->role != ROLE_NONE);
   pthread_mutex_lock(&co->c.lock);
   if (p->role == ROLE_AGENT)
     lynx_reg_node_disconnected(&co->c.reg, p);
@@ -465,15 +477,37 @@ static void send_hello_reply(struct cpeer *p, int ok, const char *error) {
   send_env(p, &env);
 }
 
+/* A failed Hello's answer: now, or held back hold_ns (a source that keeps
+ * presenting a wrong token: connguard.h); closed after it. */
+static void refuse_hello(struct cpeer *p, const char *err, uint64_t hold_ns) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
+  if (!hold_ns) {
+    send_hello_reply(p, 0, err);
+    p->ctl.close_after_write = 1;
+    return;
+  }
+  r.proto_version = LYNX_PROTO_VERSION;
+  r.error = (char *)err;
+  r.id = "coordinator";
+  env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
+  env.hello_reply = &r;
+  if (lynx_ctl_send_later(&p->ctl, &env, hold_ns / 1000000u))
+    lynx_ctl_close(&p->ctl, "cannot hold back a refusal");
+}
+
 static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   struct coordinator *co = p->co;
   char err[200];
   const char *role = h->role ? h->role : "";
   if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
-    LYNX_WARN("coordinator", "refusing %s (%s %s): %s", p->ctl.peer, role,
-              h->id ? h->id : "?", err);
-    send_hello_reply(p, 0, err);
-    p->ctl.close_after_write = 1;
+    uint64_t hold = lynx_guard_auth_failed(&co->c.ctl_guard, p->src,
+                                           lynx_now_ns());
+    LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s (%s %s): %s%s",
+                p->ctl.peer, role, h->id ? h->id : "?", err,
+                hold ? " (answer held back: this address keeps presenting "
+                       "a wrong token)" : "");
+    refuse_hello(p, err, hold);
     return;
   }
   if (!h->id || !*h->id || strlen(h->id) >= LYNX_ID_MAX) {
@@ -484,6 +518,10 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     return;
   }
   snprintf(p->id, sizeof(p->id), "%s", h->id);
+  if (strcmp(role, "agent") == 0 || strcmp(role, "frontend") == 0) {
+    lynx_guard_auth_ok(&co->c.ctl_guard, p->src);
+    lynx_ctl_trust(&p->ctl);
+  }
   if (strcmp(role, "agent") == 0) {
     p->role = ROLE_AGENT;
     send_hello_reply(p, 1, NULL);
@@ -811,6 +849,23 @@ static void on_connection(uv_stream_t *server, int status) {
     lynx_ctl_close(&p->ctl, "accept failed");
     return;
   }
+  memset(&ss, 0, sizeof(ss));
+  uv_tcp_getpeername(&p->ctl.tcp, (struct sockaddr *)&ss, &len);
+  {
+    enum lynx_guard_refusal r =
+        lynx_guard_admit(&co->c.ctl_guard, &ss, lynx_now_ns(), &p->src);
+    if (r != LYNX_GUARD_ADMIT) {
+      char why[160];
+      snprintf(why, sizeof(why), "refused: %s (caps: %u connections, %u "
+               "before Hello, %u of those per address)",
+               lynx_guard_reason_names[r], co->c.ctl_guard.conn_max,
+               co->c.ctl_guard.unauth_max, co->c.ctl_guard.per_source);
+      lynx_ctl_close(&p->ctl, why); /* rate-limited: not trusted */
+      return;
+    }
+    p->admitted = 1;
+  }
+  len = sizeof(ss);
   if (!co->c.token &&
       (uv_tcp_getpeername(&p->ctl.tcp, (struct sockaddr *)&ss, &len) ||
        !is_loopback(&ss)))
@@ -919,14 +974,33 @@ int main(int argc, char **argv) {
   }
   lynx_log_level = lvl;
   lynx_parse_hostport(co.cfg.listen, &ss); /* checked by the option table */
-  if (co.cfg.token_file && (rc = lynx_read_token(co.cfg.token_file, &token))) {
-    fprintf(stderr, "--token-file %s: %s\n", co.cfg.token_file,
-            rc == -EINVAL ? "file is empty" : strerror(-rc));
+  if (co.cfg.token_file &&
+      lynx_read_token(co.cfg.token_file, &token, err, sizeof(err))) {
+    fprintf(stderr, "%s\n", err);
     goto out_opts;
   }
   if (mkdir(co.cfg.state_dir, 0700) != 0 && errno != EEXIST) {
     fprintf(stderr, "--state-dir %s: %s\n", co.cfg.state_dir, strerror(errno));
     goto out_opts;
+  }
+  {
+    struct stat st;
+    if (stat(co.cfg.state_dir, &st) != 0) {
+      fprintf(stderr, "--state-dir %s: %s\n", co.cfg.state_dir,
+              strerror(errno));
+      goto out_opts;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      fprintf(stderr, "--state-dir %s: not a directory\n", co.cfg.state_dir);
+      goto out_opts;
+    }
+    /* it holds the services and drain intents operators set */
+    if (st.st_mode & 0077)
+      LYNX_WARN("coordinator", "--state-dir %s can be %s by %s (mode %04o): "
+                "the cluster's services are kept there; chmod 700 %s",
+                co.cfg.state_dir, (st.st_mode & 0022) ? "changed" : "read",
+                (st.st_mode & 0007) ? "every user" : "its group",
+                (unsigned)(st.st_mode & 07777), co.cfg.state_dir);
   }
   pthread_mutex_init(&co.c.lock, NULL);
   pthread_cond_init(&co.c.changed, NULL);
@@ -938,6 +1012,8 @@ int main(int argc, char **argv) {
   co.c.http_header_timeout_ms = co.cfg.http_header_ms;
   co.c.http_body_timeout_ms = co.cfg.http_body_ms;
   co.actions_tail = &co.actions;
+  lynx_guard_init(&co.c.ctl_guard, co.cfg.ctl_conn_max, co.cfg.ctl_unauth_max,
+                  co.cfg.ctl_unauth_per_client);
   lynx_reg_init(&co.c.reg, co.cfg.lease_ms, co.cfg.drain_ms, &ops);
   co.c.reg.tick_ms = TICK_MS;
   /* instance ids and table versions keep growing across coordinator

@@ -662,10 +662,12 @@ int main(int argc, char **argv) {
     goto out;
   }
   m.exit_code = LYNX_EXIT_RUNTIME; /* from here on, the world disagrees */
-  if (cfg->token_file && (rc = lynx_read_token(cfg->token_file, &m.token))) {
-    fprintf(stderr, "--token-file %s: %s\n", cfg->token_file,
-            rc == -EINVAL ? "file is empty" : strerror(-rc));
-    goto out;
+  if (cfg->token_file) {
+    char err[320];
+    if (lynx_read_token(cfg->token_file, &m.token, err, sizeof(err))) {
+      fprintf(stderr, "%s\n", err);
+      goto out;
+    }
   }
   if (cfg->frontend_id)
     snprintf(m.id, sizeof(m.id), "%s", cfg->frontend_id);
@@ -673,10 +675,8 @@ int main(int argc, char **argv) {
     snprintf(m.id, sizeof(m.id), "fe-%d", (int)getpid());
   srand((unsigned)lynx_now_ns());
   if (cfg->metrics &&
-      fe_metrics_start(cfg->metrics, &m.services, &m.list_lock, &m.metrics)) {
-    fprintf(stderr, "--metrics: cannot serve on '%s'\n", cfg->metrics);
-    goto out;
-  }
+      fe_metrics_start(cfg->metrics, &m.services, &m.list_lock, &m.metrics))
+    goto out; /* the reason, with the address, is on stderr */
 
   uv_loop_init(&m.loop);
   snprintf(m.target, sizeof(m.target), "%s %s",

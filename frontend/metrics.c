@@ -1,5 +1,6 @@
 /*
- * metrics.c - Prometheus text on --metrics (libmicrohttpd, its own thread).
+ * metrics.c - Prometheus text on --metrics (common/promhttp.c: its own
+ * thread).
  *
  * Reads the workers' counters with relaxed loads. The list of services is
  * read under the main thread's list lock, each worker's connections under
@@ -10,13 +11,13 @@
  *   GET /healthz  200 "ok" while serving
  */
 #include <errno.h>
-#include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "frontend.h"
 #include "log.h"
+#include "promhttp.h"
 
 struct metrics_ctx {
   struct frontend **list;
@@ -150,78 +151,17 @@ out:
   free(bq);
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
-                                  const char *url, const char *method,
-                                  const char *version, const char *upload,
-                                  size_t *upload_size, void **req_cls) {
-  struct metrics_ctx *m = cls;
-  struct MHD_Response *resp;
-  enum MHD_Result ret;
-  unsigned status = MHD_HTTP_OK;
-  char *buf = NULL;
-  size_t len = 0;
-  (void)version;
-  (void)upload;
-  (void)upload_size;
-  (void)req_cls;
-  if (strcmp(method, "GET") != 0) {
-    static const char msg[] = "only GET\n";
-    resp = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg,
-                                           MHD_RESPMEM_PERSISTENT);
-    status = MHD_HTTP_METHOD_NOT_ALLOWED;
-  } else if (strcmp(url, "/metrics") == 0) {
-    FILE *f = open_memstream(&buf, &len);
-    if (!f)
-      return MHD_NO;
-    write_metrics(f, m);
-    fclose(f);
-    resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
-    if (resp)
-      MHD_add_response_header(resp, "Content-Type",
-                              "text/plain; version=0.0.4");
-  } else if (strcmp(url, "/healthz") == 0) {
-    static const char msg[] = "ok\n";
-    resp = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg,
-                                           MHD_RESPMEM_PERSISTENT);
-  } else {
-    static const char msg[] = "not found: try /metrics or /healthz\n";
-    resp = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg,
-                                           MHD_RESPMEM_PERSISTENT);
-    status = MHD_HTTP_NOT_FOUND;
-  }
-  if (!resp) {
-    free(buf);
-    return MHD_NO;
-  }
-  ret = MHD_queue_response(conn, status, resp);
-  MHD_destroy_response(resp);
-  return ret;
-}
+static void write_cb(FILE *f, void *arg) { write_metrics(f, arg); }
 
 int fe_metrics_start(const char *addr, struct frontend **list,
                      pthread_mutex_t *list_lock, void **daemon) {
   static struct metrics_ctx ctx;
-  struct sockaddr_storage ss;
-  if (lynx_parse_hostport(addr, &ss))
-    return -EINVAL;
   ctx.list = list;
   ctx.lock = list_lock;
-  *daemon = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-      on_request, &ctx, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-      MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_LIMIT, 64u,
-      MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-  if (!*daemon) {
-    LYNX_ERR("frontend", "cannot serve metrics on %s", addr);
-    return -EADDRINUSE;
-  }
-  return 0;
+  return lynx_prom_start(addr, write_cb, &ctx, daemon);
 }
 
-void fe_metrics_stop(void *daemon) {
-  if (daemon)
-    MHD_stop_daemon(daemon);
-}
+void fe_metrics_stop(void *daemon) { lynx_prom_stop(daemon); }
 
 struct totals {
   uint64_t disp, resp;

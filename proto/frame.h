@@ -45,8 +45,14 @@ int lynx_frame_feed(struct lynx_frame_reader *r, const void *data, size_t n);
  */
 int lynx_frame_next(struct lynx_frame_reader *r, Lynx__Envelope **env);
 
+/* Compares two tokens in a time that depends on their lengths only, never
+ * on where they first differ, so a peer cannot find the token byte by byte
+ * from response times. 1 when equal. */
+int lynx_token_equal(const char *a, const char *b);
+
 /* Checks a peer's Hello: version, then token (both empty means none
- * configured). 0, or -EPROTO / -EACCES with a reason written to err. */
+ * configured; compared with lynx_token_equal). 0, or -EPROTO / -EACCES with
+ * a reason written to err. */
 int lynx_hello_check(const Lynx__Hello *h, const char *token, char *err,
                      size_t errlen);
 

@@ -39,6 +39,7 @@ pick_ports COORD_PORT API_PORT B_COORD_PORT B_API_PORT SVC_PORT SVC_PORT2
 node_ids N1 N2 N3 N4 N5
 RAW="${IT_NODE}raw" # hand-made agents (no regions)
 CAP=1048576         # the coordinator's default --frame-max
+PRE_CAP=4096        # what a peer may send before its Hello passed (LYNX_CTL_UNTRUSTED_MAX)
 IT_SOFT=1           # report every refusal that falls short, then fail (it_done)
 
 # ---- helpers ------------------------------------------------------------------
@@ -118,22 +119,29 @@ start_node_agent "$N1"
 A1=$AGENT_PID A1_LOG=$AGENT_LOG
 
 big_hdr='\x05\xf5\xe1\x00' # 100,000,000
-refused "text" 'GARBAGE, not a lynx frame\r\n' "frame larger than the $CAP-byte cap"
+# before a Hello has passed, frames are capped at PRE_CAP: a stranger's
+# length word never makes the coordinator buffer more
+refused "text" 'GARBAGE, not a lynx frame\r\n' "frame larger than the $PRE_CAP-byte cap"
 head -c 4096 /dev/urandom >"$IT_DIR/random.bin"
 printf '\x9c' | dd of="$IT_DIR/random.bin" bs=1 count=1 conv=notrunc status=none # length > cap
-refused "4 KiB of random bytes" "@$IT_DIR/random.bin" "frame larger than the $CAP-byte cap"
-refused "length header announcing 100 MB" "$big_hdr" "frame larger than the $CAP-byte cap"
+refused "4 KiB of random bytes" "@$IT_DIR/random.bin" "frame larger than the $PRE_CAP-byte cap"
+refused "length header announcing 100 MB" "$big_hdr" "frame larger than the $PRE_CAP-byte cap"
 { printf '\x05\xf5\xe1\x00'; head -c 262144 /dev/zero; } >"$IT_DIR/100mb-start.bin"
 refused "100 MB frame, the first 256 KiB of it" "@$IT_DIR/100mb-start.bin" \
+  "frame larger than the $PRE_CAP-byte cap"
+refused "length header one byte over the cap before Hello" '\x00\x00\x10\x01' \
+  "frame larger than the $PRE_CAP-byte cap"
+# once its Hello passed, a peer may send frames up to --frame-max
+refused "a valid Hello, then a length header one byte over --frame-max" \
+  "$(pb_frame "$(pb_hello agent "${RAW}f")")"'\x00\x10\x00\x01' \
   "frame larger than the $CAP-byte cap"
-refused "length header one byte over the cap" '\x00\x10\x00\x01' "frame larger than the $CAP-byte cap"
 refused "frame that does not decode" '\x00\x00\x00\x08\xff\xff\xff\xff\xff\xff\xff\xff' \
   "does not decode"
 refused "empty frame (an Envelope without a message)" '\x00\x00\x00\x00' "does not decode"
 # a Hello whose length says 12 bytes, inside a frame that has 5 of them
 refused "truncated protobuf inside a whole frame" '\x00\x00\x00\x07\x0a\x0c\x08\x01\x12\x05\x61' \
   "does not decode"
-{ printf '\x00\x10\x00\x00'; head -c "$CAP" /dev/zero; } >"$IT_DIR/cap-frame.bin"
+{ printf '\x00\x00\x10\x00'; head -c "$PRE_CAP" /dev/zero; } >"$IT_DIR/cap-frame.bin"
 refused "a whole frame of the cap's size that does not decode" "@$IT_DIR/cap-frame.bin" \
   "does not decode"
 for i in 1 2 3; do # random bodies in well-formed frames

@@ -171,8 +171,9 @@ garbage() {
 garbage "text garbage" 'GARBAGE, not a lynx frame\r\n' "frame larger than"
 garbage "undecodable frame" '\x00\x00\x00\x08\xff\xff\xff\xff\xff\xff\xff\xff' \
   "does not decode"
+# (before a Hello has passed, frames are capped at 4 KiB, not --frame-max)
 garbage "100 MB length header" '\x05\xf5\xe1\x00' \
-  "frame larger than the 1048576-byte cap"
+  "frame larger than the 4096-byte cap"
 # an empty frame decodes to an Envelope without a message
 garbage "empty frame" '\x00\x00\x00\x00' "does not decode"
 assert_eq "$(grep -cF 'out of dispatch' "$F3_LOG")" 0 "frontend #3 kept its accelerators"

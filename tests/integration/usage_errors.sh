@@ -4,13 +4,15 @@
 # value malformed, out of range or contradicting another), exit 1 for a
 # runtime failure (a file that cannot be read, an address that cannot be
 # bound, a missing device); the message names the option and the value, and
-# nothing waits or retries.
+# nothing waits or retries. A token file or state directory others may read
+# is used, with a warning naming it, its mode and the fix.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init usage_errors
 it_require_coord
 it_require python3 timeout
 pick_ports HELD
+IT_SOFT=1 # report every message that falls short
 
 # a TCP port another process holds
 python3 - "$HELD" <<'PY' &
@@ -75,8 +77,51 @@ expect 1 lynx-agent --cpu-accels 1 --transport shm --listen "127.0.0.1:$HELD" --
 expect 1 lynx-agent --transport rdma --cpu-accels 1 -- --transport rdma
 expect 1 lynx-frontend --token-file "$IT_DIR/no-such-token" -- --token-file "$IT_DIR/no-such-token"
 expect 1 lynx-frontend --metrics "127.0.0.1:$HELD" -- --metrics "127.0.0.1:$HELD"
-expect 1 lynx-coordinator --token-file "$IT_DIR/token-dir" --state-dir "$IT_DIR/st1" -- \
+expect 1 lynx-coordinator --token-file "$IT_DIR/token-dir" --state-dir "$IT_DIR/st1" -- "is a directory" \
   --token-file "$IT_DIR/token-dir"
 expect 1 lynx-coordinator --listen "127.0.0.1:$HELD" --state-dir "$IT_DIR/st2" -- "127.0.0.1:$HELD"
 expect 1 lynxctl --token-file "$IT_DIR/no-such-token" nodes -- "$IT_DIR/no-such-token"
-exit 0
+: >"$IT_DIR/empty-token"
+expect 1 lynx-frontend --token-file "$IT_DIR/empty-token" -- "$IT_DIR/empty-token" "empty"
+
+# warns WANT PROG ARGS... -- TEXT...: PROG, run for a moment, says every TEXT
+# (WANT 1) or none of them (WANT 0) on its output.
+warns() {
+  local want=$1 prog=$2 out=$IT_DIR/warn.txt t
+  shift 2
+  local -a args=()
+  while [[ $1 != -- ]]; do args+=("$1"); shift; done
+  shift
+  timeout -k 2 1.5 "$LYNX_BIN_DIR/$prog" "${args[@]}" >"$out" 2>&1 </dev/null
+  for t in "$@"; do
+    if ((want)) && ! grep -qF -- "$t" "$out"; then
+      it_check_failed "$prog ${args[*]}: no warning '$t' in: $(head -c 400 "$out")"
+      return
+    elif ((!want)) && grep -qF -- "$t" "$out"; then
+      it_check_failed "$prog ${args[*]}: a warning '$t' it should not give: $(grep -F -- "$t" "$out")"
+      return
+    fi
+  done
+  log "ok: $prog ${args[*]}: $( ((want)) && grep -m1 -F -- "$1" "$out" || echo "no warning")"
+}
+
+log "== loose permissions: warned, with the file, its mode and the fix"
+printf 'secret\n' >"$IT_DIR/token644" && chmod 644 "$IT_DIR/token644"
+printf 'secret\n' >"$IT_DIR/token640" && chmod 640 "$IT_DIR/token640"
+pick_ports P1 P2
+warns 1 lynx-coordinator --token-file "$IT_DIR/token644" --state-dir "$IT_DIR/st3" \
+  --listen "127.0.0.1:$P1" --http "127.0.0.1:$P2" -- \
+  "$IT_DIR/token644 can be read by every user (mode 0644)" "chmod 600 $IT_DIR/token644"
+warns 1 lynx-agent --token-file "$IT_DIR/token640" --coordinator "127.0.0.1:$P1" -- \
+  "$IT_DIR/token640 can be read by its group (mode 0640)"
+warns 1 lynx-frontend --token-file "$IT_DIR/token644" --coordinator "127.0.0.1:$P1" -- \
+  "can be read by every user (mode 0644)"
+warns 0 lynx-frontend --token-file "$IT_DIR/token" --coordinator "127.0.0.1:$P1" -- \
+  "can be read by"
+mkdir -p "$IT_DIR/st-loose" && chmod 755 "$IT_DIR/st-loose"
+warns 1 lynx-coordinator --state-dir "$IT_DIR/st-loose" --listen "127.0.0.1:$P1" \
+  --http "127.0.0.1:$P2" -- "--state-dir $IT_DIR/st-loose can be read by every user (mode 0755)" \
+  "chmod 700 $IT_DIR/st-loose"
+warns 0 lynx-coordinator --state-dir "$IT_DIR/st4" --listen "127.0.0.1:$P1" \
+  --http "127.0.0.1:$P2" -- "--state-dir"
+it_done

@@ -548,9 +548,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--labels: expected k=v,k2=v2 (at most %d)\n", LABELS_MAX);
     return 2;
   }
-  if (s.cfg.token_file && (rc = lynx_read_token(s.cfg.token_file, &s.token))) {
-    fprintf(stderr, "--token-file %s: %s\n", s.cfg.token_file, strerror(-rc));
-    return 2;
+  if (s.cfg.token_file) {
+    char err[320];
+    if (lynx_read_token(s.cfg.token_file, &s.token, err, sizeof(err))) {
+      fprintf(stderr, "%s\n", err);
+      return 1;
+    }
   }
   if ((rc = raise_nofile(s.cfg.nodes + 64))) {
     if (rc != -EMFILE)

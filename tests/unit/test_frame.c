@@ -363,6 +363,30 @@ static void test_many_frames_streamed(void **state) {
   assert_true(f->r.cap <= 4096);
 }
 
+/* The token comparison the Hello check uses: right answers for tokens
+ * that differ anywhere, or only in length (it looks at every byte of the
+ * longer one whatever differs first: constant time by construction). */
+static void test_token_equal(void **state) {
+  char a[512], b[512];
+  (void)state;
+  assert_true(lynx_token_equal("", ""));
+  assert_true(lynx_token_equal("s3cret", "s3cret"));
+  assert_false(lynx_token_equal("s3cret", "s3cres"));
+  assert_false(lynx_token_equal("s3cret", "x3cret"));
+  assert_false(lynx_token_equal("s3cret", "s3cre"));
+  assert_false(lynx_token_equal("s3cre", "s3cret"));
+  assert_false(lynx_token_equal("", "s"));
+  memset(a, 'k', sizeof(a) - 1);
+  a[sizeof(a) - 1] = 0;
+  memcpy(b, a, sizeof(b));
+  assert_true(lynx_token_equal(a, b));
+  for (size_t i = 0; i < sizeof(a) - 1; i += 37) {
+    b[i] ^= 1;
+    assert_false(lynx_token_equal(a, b));
+    b[i] ^= 1;
+  }
+}
+
 static void test_hello_check(void **state) {
   Lynx__Hello h;
   char err[256];
@@ -449,6 +473,7 @@ int main(void) {
       T(test_oversized_length_early), T(test_garbage_body),
       T(test_empty_envelope),        T(test_two_frames_one_feed),
       T(test_feed_empty),            T(test_many_frames_streamed),
+      cmocka_unit_test(test_token_equal),
       cmocka_unit_test(test_hello_check),
       T(test_hello_check_decoded),
   };

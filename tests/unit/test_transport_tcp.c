@@ -31,6 +31,7 @@
 
 #include <cmocka.h>
 
+#include "connguard.h"
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_tconn.h"
@@ -522,6 +523,46 @@ static void test_agent_closes_on_bad_frames(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->g, 1), "still here!", 12, 0);
 }
 
+/* Before a HELLO, the agent takes only a HELLO of the hello's size: a
+ * header announcing 4 MiB is refused on its header, before any byte of
+ * that length is buffered (it closes while the stranger is still sending),
+ * and the port's guard counts the connection closed. */
+static void test_hello_length_checked_first(void **state) {
+  struct fx *f = *state;
+  uint8_t hdr[24];
+  static uint8_t chunk[65536];
+  uint64_t open0 = lynx_guard_get(&lynx_data_guard.open);
+  size_t sent = 0;
+  int fd = raw_connect(f), closed = 0;
+  put_hdr(hdr, 1, 0, 4u << 20, 0, 0); /* HELLO of 4 MiB */
+  raw_send(fd, hdr, sizeof(hdr));
+  assert_true(raw_closed(fd));
+  /* what follows finds the connection gone, long before 4 MiB */
+  while (sent < (4u << 20)) {
+    ssize_t n = send(fd, chunk, sizeof(chunk), MSG_NOSIGNAL);
+    if (n < 0) {
+      closed = 1;
+      break;
+    }
+    sent += (size_t)n;
+  }
+  assert_true(closed);
+  close(fd);
+  /* a WRITE before HELLO: refused the same way */
+  fd = raw_connect(f);
+  put_hdr(hdr, 3, 0, 4u << 20, lynx_rx_ring_off(&f->g, 0), 0);
+  raw_send(fd, hdr, sizeof(hdr));
+  assert_true(raw_closed(fd));
+  close(fd);
+  /* both are counted closed again (the sweep runs on the agent's thread) */
+  for (int i = 0; i < 200 && lynx_guard_get(&lynx_data_guard.open) != open0;
+       i++)
+    usleep(10000);
+  assert_int_equal(lynx_guard_get(&lynx_data_guard.open), open0);
+  connect_ok(f);
+  roundtrip(f, lynx_rx_ring_off(&f->g, 1), "still fine", 11, 0);
+}
+
 /* A well-behaved connection is not disturbed by a bad one next to it. */
 static void test_bad_peer_does_not_hurt_others(void **state) {
   struct fx *f = *state;
@@ -685,6 +726,7 @@ int main(void) {
       T_(test_region_free_closes),
       T_(test_agent_closes_on_bad_frames),
       T_(test_bad_peer_does_not_hurt_others),
+      T_(test_hello_length_checked_first),
       cmocka_unit_test(test_device_memory_region),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
