@@ -127,9 +127,10 @@ void agent_instance_pb(const struct agent *ag, const struct instance *in,
 struct instance *agent_instance_find(struct agent *ag, uint64_t id);
 void agent_instances_stop_all(struct agent *ag);
 /* The lease fence moved to serve_until_ns: every running instance's
- * accelerator learns it (CPU threads are woken, GPU kernels get the new
- * deadline in their own clock). */
-void agent_instances_fence(struct agent *ag);
+ * accelerator learns it (GPU kernels get the new deadline in their own
+ * clock; CPU threads read it, and are woken when wake_cpu: the fence had
+ * passed, so they may sleep on their doorbells). */
+void agent_instances_fence(struct agent *ag, int wake_cpu);
 /* totals per accelerator: stopped instances plus running ones */
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
                           uint64_t *resp);

@@ -252,14 +252,14 @@ void agent_instances_stop_all(struct agent *ag) {
     agent_instance_stop(ag, ag->instances);
 }
 
-void agent_instances_fence(struct agent *ag) {
+void agent_instances_fence(struct agent *ag, int wake_cpu) {
   uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
   for (struct instance *in = ag->instances; in; in = in->next) {
     if (!in->running)
       continue;
     if (in->gpu)
       gpu_instance_fence(in->gpu, until);
-    else
+    else if (wake_cpu)
       lynx_cpu_accel_kick(&in->cpu);
   }
 }

@@ -99,7 +99,7 @@ static void lease_renew(struct coord_link *l, uint64_t sent_ns) {
               "requests again", ag->node_id,
               (unsigned long long)(now > old ? (now - old) / 1000000u : 0));
   }
-  agent_instances_fence(ag);
+  agent_instances_fence(ag, now >= old);
   if (until > now)
     uv_timer_start(&l->fence, fence_fired, (until - now) / 1000000u + 1, 0);
 }
