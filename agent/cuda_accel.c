@@ -726,6 +726,13 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
                   &gi->kctl_size);
     gi->kctl = k;
   }
+  /* under a lease the kernel starts fenced: the deadline can only be put
+   * in its clock once it has published a reading */
+  if (e == cudaSuccess && l->serve_until_ns != UINT64_MAX) {
+    pthread_mutex_lock(&gi->lock);
+    e = fence_write(gi, 1);
+    pthread_mutex_unlock(&gi->lock);
+  }
   if (e != cudaSuccess) {
     note(gi->device, e, "control block");
     snprintf(err, errlen, "GPU %d: control block: %s", gi->device,
@@ -746,20 +753,6 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
       .idle_ns = 20000,
       .kctl = gi->kctl,
   };
-  /* under a lease the kernel starts fenced: the deadline can only be put
-   * in its clock once it has published a reading */
-  if (l->serve_until_ns != UINT64_MAX) {
-    pthread_mutex_lock(&gi->lock);
-    e = fence_write(gi, 1);
-    pthread_mutex_unlock(&gi->lock);
-    if (e != cudaSuccess) {
-      note(gi->device, e, "control block");
-      snprintf(err, errlen, "GPU %d: control block: %s", gi->device,
-               cudaGetErrorString(e));
-      rc = cuda_errno(e);
-      goto fail;
-    }
-  }
   rc = lynx_cuda_start(&kl, gi->kern, err, errlen);
   if (rc) {
     if (rc > 0)

@@ -37,12 +37,8 @@ AUTH="Authorization: Bearer $TOKEN"
 
 # slow_summary FILE: sets SL_<key> for every key=value of the summary line.
 slow_summary() {
-  local line kv
-  line=$(grep -m1 '^slowloris: conns=' "$1") || { cat "$1"; fail "no summary line from lynx-slowloris"; }
-  for kv in ${line#slowloris: }; do
-    [[ $kv == *=* ]] && printf -v "SL_${kv%%=*}" '%s' "${kv#*=}"
-  done
-  log "lynx-slowloris: ${line#slowloris: }"
+  summary_vars "$1" slowloris conns SL_
+  log "lynx-slowloris: $SUMMARY"
 }
 
 # start_slow OUT ARGS...: lynx-slowloris in the background; waits until its

@@ -406,14 +406,21 @@ wait_metric() {
 
 LYNX_UDP_FUZZ=${LYNX_UDP_FUZZ:-$LYNX_BIN_DIR/lynx-udp-fuzz}
 
-# fuzz_summary FILE: sets FZ_<key> for every key=value of the summary line.
-fuzz_summary() {
+# summary_vars FILE TAG FIRST_KEY PREFIX: a tool's one-line summary
+# ("TAG: FIRST_KEY=v k2=v2 ...") in FILE: sets PREFIX<key> for every
+# key=value, and SUMMARY to the line without its tag.
+SUMMARY=''
+summary_vars() {
   local line kv
-  line=$(grep -m1 '^udp_fuzz: sent=' "$1") || { cat "$1"; fail "no summary line from lynx-udp-fuzz"; }
-  for kv in ${line#udp_fuzz: }; do
-    [[ $kv == *=* ]] && printf -v "FZ_${kv%%=*}" '%s' "${kv#*=}"
+  line=$(grep -m1 "^$2: $3=" "$1") || { cat "$1"; fail "no summary line from $2"; }
+  SUMMARY=${line#"$2": }
+  for kv in $SUMMARY; do
+    [[ $kv == *=* ]] && printf -v "$4${kv%%=*}" '%s' "${kv#*=}"
   done
 }
+
+# fuzz_summary FILE: sets FZ_<key> for every key=value of the summary line.
+fuzz_summary() { summary_vars "$1" udp_fuzz sent FZ_; }
 
 # probe_udp WHAT [SEED] [COUNT]: the service on $UDP_PORT answers: COUNT
 # datagrams that fit a slot (lynx-udp-fuzz --max-size 2032), every expected
