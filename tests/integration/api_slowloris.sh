@@ -32,7 +32,7 @@ pick_ports COORD_PORT API_PORT B_COORD_PORT B_API_PORT SVC_PORT
 IT_SOFT=1
 
 TOKEN="slow-$RANDOM$RANDOM"
-echo "$TOKEN" >"$IT_DIR/token"
+echo "$TOKEN" >"$IT_DIR/token" && chmod 600 "$IT_DIR/token"
 AUTH="Authorization: Bearer $TOKEN"
 
 # slow_summary FILE: sets SL_<key> for every key=value of the summary line.
@@ -61,9 +61,13 @@ A_PID=$COORD_PID A_LOG=$COORD_LOG
 METRICS_PORT=$API_PORT # metric() scrapes the coordinator's /metrics
 
 PER_CLIENT=32 HEADER_MS=10000 # the coordinator's defaults (docs/api.md)
+# (lynx-slowloris counts a connection "long" when it lived at least
+# --long-ms, from when its connect() returned: half the timeout, as on a
+# loaded machine that moment may come after the server started the
+# connection's deadline; a refusal comes within milliseconds)
 NCONN=300
 start_slow "$IT_DIR/slow-1.out" --port "$API_PORT" --source 127.0.0.2 \
-  --conns "$NCONN" --interval-ms 1000 --long-ms "$HEADER_MS" \
+  --conns "$NCONN" --interval-ms 1000 --long-ms $((HEADER_MS / 2)) \
   --duration-ms 60000 --mode header
 
 # operators keep being served while the slow clients hold their connections
@@ -115,7 +119,7 @@ WATCH_PID=$!
 track "$WATCH_PID" curl-watch
 
 start_slow "$IT_DIR/slow-2.out" --port "$B_API_PORT" --source 127.0.0.3 \
-  --conns 6 --interval-ms 500 --long-ms 2000 --duration-ms 30000 --mode body \
+  --conns 6 --interval-ms 500 --long-ms 1000 --duration-ms 30000 --mode body \
   --path /v1/services --header "$AUTH"
 wait_exit "$SLOW_PID" 40 || fail "lynx-slowloris did not end"
 slow_summary "$IT_DIR/slow-2.out"

@@ -295,8 +295,8 @@ http_ok "at the end of the API checks"
 # ---- 5. a coordinator with a token -------------------------------------------------
 log "== 5. a coordinator with --token-file"
 TOKEN="tok${RANDOM}${RANDOM}x"
-echo "$TOKEN" >"$IT_DIR/token"
-echo "not-the-token" >"$IT_DIR/wrong-token"
+echo "$TOKEN" >"$IT_DIR/token" && chmod 600 "$IT_DIR/token"
+echo "not-the-token" >"$IT_DIR/wrong-token" && chmod 600 "$IT_DIR/wrong-token"
 on_b() { local COORD_PORT=$B_COORD_PORT API_PORT=$B_API_PORT; "$@"; }
 COORD_STATE=$IT_DIR/state-b on_b start_coordinator --lease-ms 1000 --token-file "$IT_DIR/token"
 CB=$COORD_PID CB_LOG=$COORD_LOG

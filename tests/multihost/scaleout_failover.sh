@@ -53,6 +53,7 @@ HOSTS=(h1 h2 h3 h4)
 TOKEN=$MH_DIR/token
 head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOKEN"
 echo >>"$TOKEN"
+chmod 600 "$TOKEN"
 
 declare -A NODE=() ALOG=()
 
