@@ -288,6 +288,10 @@ const struct lynx_app *lynx_app_find(const char *name) {
   return NULL;
 }
 
+const struct lynx_app *lynx_app_at(size_t i) {
+  return i < sizeof(apps) / sizeof(apps[0]) ? &apps[i] : NULL;
+}
+
 const char *lynx_app_names(void) {
   return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, relay";
 }

@@ -62,6 +62,8 @@ struct lynx_app {
 
 /* The application called name, or NULL. */
 const struct lynx_app *lynx_app_find(const char *name);
+/* The i-th application of the table, NULL past its end. */
+const struct lynx_app *lynx_app_at(size_t i);
 /* "echo, sockperf-echo, ...": for error messages. */
 const char *lynx_app_names(void);
 /* The applications that have a CUDA kernel, the same way. */

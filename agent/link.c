@@ -136,6 +136,8 @@ static void send_register(struct coord_link *l) {
   Lynx__Label labels[LYNX_LABELS_MAX], *lp[LYNX_LABELS_MAX];
   Lynx__AccelInfo *acc = calloc(ag->n_acc, sizeof(*acc));
   Lynx__AccelInfo **ap = calloc(ag->n_acc, sizeof(*ap));
+  /* per accelerator, the apps it runs (pointers to the app table's names) */
+  char *(*apps)[LYNX_APPS_MAX] = calloc(ag->n_acc + 1, sizeof(*apps));
   size_t n_inst = 0;
   Lynx__InstanceInfo *ii;
   Lynx__InstanceInfo **ip;
@@ -150,7 +152,7 @@ static void send_register(struct coord_link *l) {
   ip = calloc(n_inst + 1, sizeof(*ip));
   rd = calloc(n_inst + 1, sizeof(*rd));
   locs = calloc(n_inst + 1, sizeof(*locs));
-  if (!acc || !ap || !ii || !ip || !rd || !locs) {
+  if (!acc || !ap || !apps || !ii || !ip || !rd || !locs) {
     lynx_ctl_close(l->d.ctl, "out of memory building Register");
     goto out;
   }
@@ -176,6 +178,16 @@ static void send_register(struct coord_link *l) {
       acc[i].gpudirect_rdma = a->gpu.gpudirect_rdma;
       acc[i].rdma_writes_ordering = a->gpu.rdma_writes_ordering;
     }
+    /* what it can run, so the coordinator places nothing that cannot
+     * start: a CPU runs every app; a GPU an app with a kernel and without
+     * client mqueues (agent/instance.c refuses the others) */
+    for (size_t k = 0; lynx_app_at(k) && acc[i].n_apps < LYNX_APPS_MAX; k++) {
+      const struct lynx_app *app = lynx_app_at(k);
+      if (a->kind == ACCEL_CUDA && (!app->cuda_app || app->needs_backend))
+        continue;
+      apps[i][acc[i].n_apps++] = (char *)app->name;
+    }
+    acc[i].apps = apps[i];
     ap[i] = &acc[i];
   }
   n_inst = 0;
@@ -207,6 +219,7 @@ out:
   free(locs);
   free(acc);
   free(ap);
+  free(apps);
   free(ii);
   free(ip);
   free(rd);

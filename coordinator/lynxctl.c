@@ -503,6 +503,8 @@ static const struct col svc_cols[] = {
     {"WORK-US", "work_us", f_str},
     {"PLACEMENT", "placement", f_placement},
     {"INSTANCES", "instances", f_instances},
+    {"STATE", "state", f_str},
+    {"REASON", "reason", f_str},
     {NULL, NULL, NULL},
 };
 

@@ -606,6 +606,13 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
              a->pci_bus_id ? a->pci_bus_id : "");
     accels[i].gpudirect_rdma = a->gpudirect_rdma ? 1 : 0;
     accels[i].rdma_writes_ordering = a->rdma_writes_ordering;
+    /* an app name no agent could run is dropped, not refused: placement
+     * only ever compares names the API took */
+    for (size_t k = 0; k < a->n_apps && accels[i].n_apps < LYNX_APPS_MAX; k++)
+      if (a->apps[k] && strlen(a->apps[k]) < LYNX_APP_NAME_MAX &&
+          lynx_text_ok(a->apps[k], strlen(a->apps[k])))
+        snprintf(accels[i].apps[accels[i].n_apps++], LYNX_APP_NAME_MAX, "%s",
+                 a->apps[k]);
   }
   adopt = calloc(m->n_instances + 1, sizeof(*adopt));
   if (!adopt) {
@@ -775,11 +782,27 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
     mq[i].dispatched = st->mqueues[i]->dispatched;
     mq[i].responded = st->mqueues[i]->responded;
   }
-  pthread_mutex_lock(&co->c.lock);
-  lynx_reg_frontend_status(&co->c.reg, p->id, st->table_version, mq,
-                           (uint32_t)st->n_mqueues, lynx_coord_now_ms());
-  after_change(co);
-  pthread_mutex_unlock(&co->c.lock);
+  {
+    uint32_t nl = st->n_services < 1024 ? (uint32_t)st->n_services : 1024;
+    struct lynx_fe_listen *fl = calloc(nl + 1, sizeof(*fl));
+    pthread_mutex_lock(&co->c.lock);
+    lynx_reg_frontend_status(&co->c.reg, p->id, st->table_version, mq,
+                             (uint32_t)st->n_mqueues, lynx_coord_now_ms());
+    if (fl) {
+      for (uint32_t k = 0; k < nl; k++) {
+        const Lynx__ServiceListen *sl = st->services[k];
+        snprintf(fl[k].service, sizeof(fl[k].service), "%s",
+                 sl->service ? sl->service : "");
+        fl[k].listening = sl->listening;
+        lynx_text_clean(fl[k].error, sizeof(fl[k].error),
+                        sl->error ? sl->error : "");
+      }
+      lynx_reg_frontend_listen(&co->c.reg, p->id, fl, nl);
+    }
+    after_change(co);
+    pthread_mutex_unlock(&co->c.lock);
+    free(fl);
+  }
   free(mq);
 }
 

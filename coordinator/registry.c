@@ -37,6 +37,7 @@
 #include <sys/socket.h>
 
 #include "log.h"
+#include "util.h"
 #include "mqueue.h"
 #include "util.h"
 
@@ -261,6 +262,7 @@ void lynx_reg_free(struct lynx_registry *r) {
   for (f = r->frontends; f; f = fnext) {
     fnext = f->next;
     free(f->mqs);
+    free(f->listen);
     free(f);
   }
   for (d = r->drain_intents; d; d = dnext) {
@@ -531,17 +533,31 @@ static int backing_off(struct lynx_registry *r, const struct lynx_reg_accel *a) 
   return 1;
 }
 
-/* Whether a new instance may go on a now. An unhealthy accelerator gets
- * none (its health changing bumps r->version, so the next tick places). */
-static int placeable(struct lynx_registry *r, const struct lynx_reg_accel *a) {
-  return lynx_reg_accel_dispatchable(a) && !backing_off(r, a);
+int lynx_reg_accel_runs(const struct lynx_reg_accel *a, const char *app) {
+  if (!a->info.n_apps)
+    return 1;
+  for (uint32_t k = 0; k < a->info.n_apps && k < LYNX_APPS_MAX; k++)
+    if (!strcmp(a->info.apps[k], app))
+      return 1;
+  return 0;
+}
+
+/* Whether a new instance of s may go on a now. An accelerator that cannot
+ * run s's app gets none (no start that can only fail), nor does an
+ * unhealthy one (its health changing bumps r->version, so the next tick
+ * places). */
+static int placeable(struct lynx_registry *r, const struct lynx_reg_service *s,
+                     const struct lynx_reg_accel *a) {
+  return lynx_reg_accel_runs(a, s->spec.app) &&
+         lynx_reg_accel_dispatchable(a) && !backing_off(r, a);
 }
 
 /* Picks the eligible (node, accel) without an instance of this service that
  * spreads best: fewest of the service's instances on the node, then the
  * least-loaded accelerator, then registration order. */
 static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
-                   uint32_t *node_out, uint32_t *pos_out) {
+                   const struct lynx_reg_service *s, uint32_t *node_out,
+                   uint32_t *pos_out) {
   uint32_t k, a;
   int found = 0;
   uint32_t best_cnt = 0, best_load = 0;
@@ -550,7 +566,7 @@ static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
     if (!rn->eligible)
       continue;
     for (a = 0; a < rn->n->n_accels; a++) {
-      if (rn->have & (1ull << a) || !placeable(r, &rn->n->accels[a]))
+      if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]))
         continue;
       if (!found || rn->svc_cnt < best_cnt ||
           (rn->svc_cnt == best_cnt && rn->load[a] < best_load)) {
@@ -619,7 +635,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       if (!rn->eligible)
         continue;
       for (a = 0; a < rn->n->n_accels; a++) {
-        if (rn->have & (1ull << a) || !placeable(r, &rn->n->accels[a]))
+        if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]))
           continue;
         rc = inst_start(r, s, rn->n, a, &tail);
         if (rc)
@@ -675,7 +691,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
   while (kept < sp->replicas) {
     uint32_t nk, pos;
     struct rc_node *rn;
-    if (!rc_pick(r, c, &nk, &pos))
+    if (!rc_pick(r, c, s, &nk, &pos))
       break; /* not enough capacity: retried when nodes join */
     rn = &c->nodes[nk];
     rc = inst_start(r, s, rn->n, pos, &tail);
@@ -1284,6 +1300,10 @@ int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
   }
   i->desc = d;
   i->state = LYNX_INST_READY;
+  if (i->svc->last_error[0]) { /* it starts after all */
+    i->svc->last_error[0] = 0;
+    i->svc->last_error_ms = 0;
+  }
   if (inst_dispatchable(i))
     r->table_dirty = 1;
   r->version++;
@@ -1296,8 +1316,6 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
                              const char *why, uint64_t now_ms) {
   struct lynx_reg_instance **pp;
   int rc;
-  (void)why;
-  (void)now_ms;
   rc = inst_of_node(r, node_id, epoch, instance_id, &pp);
   if (rc)
     return rc;
@@ -1305,6 +1323,16 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
   {
     struct lynx_reg_instance *i = *pp;
     int pos = accel_pos(i->node, i->accel_idx);
+    /* the operator sees why in the service's state: an agent's text,
+     * cleaned (a byte that is not UTF-8 becomes '?') */
+    snprintf(i->svc->last_error, sizeof(i->svc->last_error),
+             "instance on %s/%u failed to start: ", node_id, i->accel_idx);
+    lynx_text_clean(i->svc->last_error + strlen(i->svc->last_error),
+                    sizeof(i->svc->last_error) - strlen(i->svc->last_error),
+                    why ? why : "");
+    i->svc->last_error_ms = now_ms;
+    i->svc->failures++;
+    r->version++;
     if (pos >= 0) {
       struct lynx_reg_accel *a = &i->node->accels[pos];
       uint32_t f = a->failures < 8 ? a->failures : 8;
@@ -1486,6 +1514,52 @@ static int region_limit(const struct lynx_registry *r,
   return -EFBIG;
 }
 
+/* The applications the accelerators of nodes that are not down say they
+ * run, ", "-separated without repeats, into buf (len bytes). Returns 1
+ * when one of them runs app, or one does not say (it may run any). */
+static int apps_known(const struct lynx_registry *r, const char *app,
+                      char *buf, size_t len) {
+  const char *seen[LYNX_APPS_MAX * 2];
+  uint32_t n_seen = 0;
+  size_t l = 0;
+  buf[0] = 0;
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
+    if (n->state == LYNX_NODE_DOWN)
+      continue;
+    for (uint32_t a = 0; a < n->n_accels; a++) {
+      const struct lynx_accel_info *in = &n->accels[a].info;
+      if (lynx_reg_accel_runs(&n->accels[a], app))
+        return 1;
+      for (uint32_t k = 0; k < in->n_apps && k < LYNX_APPS_MAX; k++) {
+        uint32_t j = 0;
+        while (j < n_seen && strcmp(seen[j], in->apps[k]))
+          j++;
+        if (j < n_seen || n_seen == LYNX_APPS_MAX * 2)
+          continue;
+        seen[n_seen++] = in->apps[k];
+        l = lynx_appendf(buf, len, l, ", ", "%s", in->apps[k]);
+      }
+    }
+  }
+  return 0;
+}
+
+/* An app the registered accelerators cannot run: 422 naming it and what
+ * they run. With no agent registered, or one that does not list what it
+ * runs, it is taken, and the service's state says pending until one that
+ * runs it registers. */
+static int app_check(const struct lynx_registry *r,
+                     const struct lynx_service_spec *sp,
+                     struct lynx_reg_err *err) {
+  char known[512];
+  if (apps_known(r, sp->app, known, sizeof(known)) || !known[0])
+    return 0;
+  set_err(err, 422, "unknown_app",
+          "app: no registered accelerator runs application '%s' (they run: "
+          "%s)", sp->app, known);
+  return -EINVAL;
+}
+
 /* The operator's limit on the number of services: -ENOSPC (409) when
  * r->services_max exist. Each one costs every frontend a thread and
  * descriptors, and every accelerator it runs on a region. */
@@ -1525,6 +1599,8 @@ int lynx_reg_service_create(struct lynx_registry *r,
   if (rc)
     return rc;
   rc = region_limit(r, spec, err);
+  if (!rc)
+    rc = app_check(r, spec, err);
   if (rc)
     return rc;
   if (lynx_reg_service_find(r, spec->name)) {
@@ -1710,6 +1786,9 @@ lynx_reg_frontend_connect(struct lynx_registry *r, const char *id,
   free(f->mqs);
   f->mqs = NULL;
   f->n_mqs = 0;
+  free(f->listen);
+  f->listen = NULL;
+  f->n_listen = 0;
   r->version++;
   return f;
 }
@@ -1752,6 +1831,91 @@ void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
   }
   drain_check_all(r, now_ms);
   table_commit(r);
+}
+
+void lynx_reg_frontend_listen(struct lynx_registry *r, const char *id,
+                              const struct lynx_fe_listen *l, uint32_t n) {
+  struct lynx_reg_frontend *f = fe_find(r, id);
+  struct lynx_fe_listen *copy = NULL;
+  if (!f)
+    return;
+  if (n == f->n_listen &&
+      (!n || !memcmp(l, f->listen, (size_t)n * sizeof(*l))))
+    return; /* as before: no news for watchers */
+  if (n) {
+    copy = malloc((size_t)n * sizeof(*copy));
+    if (!copy)
+      return;
+    memcpy(copy, l, (size_t)n * sizeof(*copy));
+  }
+  free(f->listen);
+  f->listen = copy;
+  f->n_listen = n;
+  r->version++;
+}
+
+/* A connected frontend that reports it cannot listen on s's port, or
+ * NULL (with its listener record in *out). */
+static const struct lynx_reg_frontend *
+listen_failure(const struct lynx_registry *r, const struct lynx_reg_service *s,
+               const struct lynx_fe_listen **out) {
+  for (const struct lynx_reg_frontend *f = r->frontends; f; f = f->next) {
+    if (!f->connected)
+      continue;
+    for (uint32_t k = 0; k < f->n_listen; k++)
+      if (!f->listen[k].listening && !strcmp(f->listen[k].service, s->spec.name)) {
+        *out = &f->listen[k];
+        return f;
+      }
+  }
+  return NULL;
+}
+
+const char *lynx_reg_service_state(const struct lynx_registry *r,
+                                   const struct lynx_reg_service *s,
+                                   uint64_t *ready, uint64_t *wanted,
+                                   char *reason, size_t len) {
+  const struct lynx_fe_listen *fl = NULL;
+  const struct lynx_reg_frontend *f;
+  uint64_t matching = 0, runs = 0, nodes = 0;
+  *ready = *wanted = 0;
+  reason[0] = 0;
+  /* ready: in the dispatch table (an instance on an unhealthy accelerator
+   * is placed but not counted) */
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next)
+    if (i->svc == s && lynx_reg_inst_dispatchable(i))
+      (*ready)++;
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
+    nodes += n->state != LYNX_NODE_DOWN;
+    if (n->state != LYNX_NODE_READY || !lynx_reg_labels_match(n, &s->spec))
+      continue;
+    matching += n->n_accels;
+    for (uint32_t a = 0; a < n->n_accels; a++)
+      runs += lynx_reg_accel_runs(&n->accels[a], s->spec.app);
+  }
+  *wanted = s->spec.placement == LYNX_PLACE_REPLICAS ? s->spec.replicas : runs;
+  f = listen_failure(r, s, &fl);
+  if (f) {
+    snprintf(reason, len, "frontend %s: %s", f->id, fl->error);
+    return "pending";
+  }
+  if (*ready && *ready >= *wanted)
+    return "ready";
+  if (s->last_error[0])
+    snprintf(reason, len, "%s", s->last_error);
+  else if (!nodes)
+    snprintf(reason, len, "no agent has registered");
+  else if (!matching)
+    snprintf(reason, len, "no ready node matches the service's placement");
+  else if (!runs) {
+    char known[256];
+    apps_known(r, s->spec.app, known, sizeof(known));
+    snprintf(reason, len, "no accelerator of the matching nodes runs "
+             "application '%s' (they run: %s)", s->spec.app, known);
+  } else
+    snprintf(reason, len, "%" PRIu64 " of %" PRIu64 " instances ready", *ready,
+             *wanted);
+  return *ready ? "degraded" : "pending";
 }
 
 /* ---- time ----------------------------------------------------------- */

@@ -29,6 +29,8 @@
 #define LYNX_LABELS_MAX 16
 #define LYNX_LABEL_MAX 64
 #define LYNX_ACCELS_MAX 64
+#define LYNX_APPS_MAX 32     /* applications one accelerator advertises */
+#define LYNX_APP_NAME_MAX 32
 
 enum lynx_node_state {
   LYNX_NODE_READY = 0,    /* registered, lease alive, in dispatch */
@@ -65,6 +67,10 @@ struct lynx_accel_info { /* as an agent registers it */
   char pci_bus_id[LYNX_PCI_ID_MAX];
   int gpudirect_rdma;
   uint32_t rdma_writes_ordering;
+  /* the applications it can run (AccelInfo.apps); none listed: an agent
+   * that does not say, taken to run any */
+  uint32_t n_apps;
+  char apps[LYNX_APPS_MAX][LYNX_APP_NAME_MAX];
 };
 
 /*
@@ -164,6 +170,10 @@ struct lynx_reg_instance {
 struct lynx_reg_service {
   struct lynx_service_spec spec;
   uint64_t created_ms;
+  /* the latest failure of one of its instances to start (InstanceFailed),
+   * cleared when one becomes ready: shown in its API state */
+  char last_error[256];
+  uint64_t last_error_ms, failures;
   struct lynx_reg_service *next;
 };
 
@@ -172,6 +182,13 @@ struct lynx_fe_mq_report {
   uint64_t instance_id;
   uint32_t q;
   uint64_t outstanding, dispatched, responded;
+};
+
+/* A frontend's listener for one service, as it last reported it. */
+struct lynx_fe_listen {
+  char service[LYNX_ID_MAX];
+  int listening;
+  char error[160]; /* why not, e.g. "cannot bind UDP 0.0.0.0:7000: ..." */
 };
 
 struct lynx_reg_frontend {
@@ -184,6 +201,8 @@ struct lynx_reg_frontend {
   /* per-mqueue counters as last reported (owned, replaced on each report) */
   struct lynx_fe_mq_report *mqs;
   uint32_t n_mqs;
+  struct lynx_fe_listen *listen; /* owned, replaced on each report */
+  uint32_t n_listen;
   struct lynx_reg_frontend *next;
 };
 
@@ -404,6 +423,11 @@ void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
                               uint64_t table_version,
                               const struct lynx_fe_mq_report *mqs, uint32_t n,
                               uint64_t now_ms);
+/* A frontend reports whether it listens on each service's port (copied;
+ * a change bumps r->version, so watchers see services become ready or
+ * not). */
+void lynx_reg_frontend_listen(struct lynx_registry *r, const char *id,
+                              const struct lynx_fe_listen *l, uint32_t n);
 
 /* ---- time ------------------------------------------------------------ */
 
@@ -426,6 +450,21 @@ void lynx_reg_table_foreach(struct lynx_registry *r,
 int lynx_reg_inst_dispatchable(const struct lynx_reg_instance *inst);
 
 const char *lynx_node_state_name(enum lynx_node_state s);
+
+/* 1 when accelerator a can run application app (an agent that lists no
+ * applications is taken to run any). */
+int lynx_reg_accel_runs(const struct lynx_reg_accel *a, const char *app);
+
+/* Whether a service is served, for operators: "ready" (every instance it
+ * wants is ready and no frontend fails to listen on its port), "degraded"
+ * (some are ready) or "pending" (none, or no frontend can listen), with the
+ * reason in reason (len bytes; "" when ready) and the counts in *ready and
+ * *wanted. wanted counts the accelerators placement may use: on ready
+ * nodes matching the selector, running the app. */
+const char *lynx_reg_service_state(const struct lynx_registry *r,
+                                   const struct lynx_reg_service *s,
+                                   uint64_t *ready, uint64_t *wanted,
+                                   char *reason, size_t len);
 
 /* 1 when node n carries every label pair of sp's selector. */
 int lynx_reg_labels_match(const struct lynx_reg_node *n,

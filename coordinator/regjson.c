@@ -129,7 +129,8 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
 }
 
 /* The spec alone: what the state file stores and the decoder reads. */
-static struct json_object *spec_obj(const struct lynx_service_spec *sp) {
+struct json_object *lynx_json_service_spec_obj(
+    const struct lynx_service_spec *sp) {
   struct json_object *o = json_object_new_object();
   add_str(o, "name", sp->name);
   add_str(o, "proto", sp->proto);
@@ -174,26 +175,18 @@ static struct json_object *spec_obj(const struct lynx_service_spec *sp) {
 
 struct json_object *lynx_json_service(const struct lynx_registry *r,
                                       const struct lynx_reg_service *s) {
-  struct json_object *o = spec_obj(&s->spec), *inst;
-  const struct lynx_reg_instance *i;
-  const struct lynx_reg_node *n;
+  struct json_object *o = lynx_json_service_spec_obj(&s->spec), *inst;
   uint64_t ready = 0, wanted = 0;
-  /* ready: in the dispatch table (an instance on an unhealthy accelerator
-   * is placed but not counted) */
-  for (i = r->instances; i; i = i->next)
-    if (i->svc == s && lynx_reg_inst_dispatchable(i))
-      ready++;
-  if (s->spec.placement == LYNX_PLACE_REPLICAS) {
-    wanted = s->spec.replicas;
-  } else {
-    for (n = r->nodes; n; n = n->next)
-      if (n->state == LYNX_NODE_READY && lynx_reg_labels_match(n, &s->spec))
-        wanted += n->n_accels;
-  }
+  char reason[512];
+  const char *state =
+      lynx_reg_service_state(r, s, &ready, &wanted, reason, sizeof(reason));
   inst = json_object_new_object();
   add_u64(inst, "ready", ready);
   add_u64(inst, "wanted", wanted);
+  add_u64(inst, "failed_starts", s->failures);
   json_object_object_add(o, "instances", inst);
+  json_object_object_add(o, "state", json_object_new_string(state));
+  add_str(o, "reason", reason);
   return o;
 }
 

@@ -34,8 +34,14 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
 struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
                                     const struct lynx_reg_accel *a,
                                     uint64_t now_ms);
+/* A service as the API shows it: its spec, its instances and its state
+ * (lynx_reg_service_state). */
 struct json_object *lynx_json_service(const struct lynx_registry *r,
                                       const struct lynx_reg_service *s);
+/* The operator's intent alone, as the state directory keeps it (and as
+ * lynx_json_service_spec reads it back). */
+struct json_object *lynx_json_service_spec_obj(
+    const struct lynx_service_spec *sp);
 struct json_object *lynx_json_frontend(const struct lynx_reg_frontend *f,
                                        uint64_t now_ms);
 

@@ -59,9 +59,7 @@ static struct json_object *state_obj(const struct lynx_registry *r) {
 
   json_object_object_add(root, "version", json_object_new_int(STORE_VERSION));
   for (s = r->services; s; s = s->next) {
-    struct json_object *o = lynx_json_service(r, s);
-    json_object_object_del(o, "instances"); /* runtime, not intent */
-    json_object_array_add(svcs, o);
+    json_object_array_add(svcs, lynx_json_service_spec_obj(&s->spec));
   }
   json_object_object_add(root, "services", svcs);
   for (n = r->nodes; n; n = n->next)

@@ -185,6 +185,11 @@ struct fe_worker {
   uv_udp_t udp;
   uv_async_t wake;
   int udp_open, loop_ready;
+  /* The service's socket could not be bound (the port is taken): the errno
+   * (read by the status thread: relaxed atomics), and when to try again
+   * (backoff 1 s doubling to 30 s) */
+  int listen_err;
+  uint64_t listen_retry_ns, listen_wait_ns;
   unsigned retry_seed;
   /* Guards conns/dqs against the readers in other threads (metrics,
    * status) and the command queue; the data path never takes it. */
@@ -319,6 +324,12 @@ int fe_tcp_resume(struct fe_worker *w);
 /* worker.c (main thread) */
 /* Starts n_w workers on fe->udp_addr with no accelerator yet. */
 int fe_workers_start(struct frontend *fe);
+/* 0 while every worker listens on the service's port, else the errno of
+ * the first that cannot bind it (any thread). */
+int fe_listen_error(const struct frontend *fe);
+/* "cannot bind UDP 0.0.0.0:7000: Address already in use" into buf. */
+void fe_listen_error_str(const struct frontend *fe, int err, char *buf,
+                         size_t len);
 /* Stops receiving, answers in flight until stop_deadline, joins, frees. */
 void fe_workers_stop(struct frontend *fe);
 /* Posts a command to every worker; returns its sequence number. */

@@ -345,6 +345,9 @@ static void send_status(struct fe_main *m) {
   Lynx__FrontendStatus st = LYNX__FRONTEND_STATUS__INIT;
   struct mq_report_ctx x;
   uint64_t applied = m->table_version;
+  Lynx__ServiceListen *sl = NULL, **slp = NULL;
+  char (*errs)[160] = NULL;
+  size_t n_sl = 0;
   if (!m->d.ctl || !m->greeted || !m->have_table)
     return;
   memset(&x, 0, sizeof(x));
@@ -361,10 +364,32 @@ static void send_status(struct fe_main *m) {
     goto out;
   for (size_t i = 0; i < x.n; i++)
     x.p[i] = &x.r[i];
+  /* whether each service's port is open: a taken port shows in the API */
+  for (struct frontend *fe = m->services; fe; fe = fe->next)
+    n_sl++;
+  sl = calloc(n_sl + 1, sizeof(*sl));
+  slp = calloc(n_sl + 1, sizeof(*slp));
+  errs = calloc(n_sl + 1, sizeof(*errs));
+  if (!sl || !slp || !errs)
+    goto out;
+  n_sl = 0;
+  for (struct frontend *fe = m->services; fe; fe = fe->next) {
+    int e = fe_listen_error(fe);
+    lynx__service_listen__init(&sl[n_sl]);
+    sl[n_sl].service = fe->service;
+    sl[n_sl].listening = e == 0;
+    if (e)
+      fe_listen_error_str(fe, e, errs[n_sl], sizeof(errs[n_sl]));
+    sl[n_sl].error = errs[n_sl];
+    slp[n_sl] = &sl[n_sl];
+    n_sl++;
+  }
   st.frontend_id = m->id;
   st.table_version = applied;
   st.n_mqueues = x.n;
   st.mqueues = x.p;
+  st.n_services = n_sl;
+  st.services = slp;
   env.msg_case = LYNX__ENVELOPE__MSG_FRONTEND_STATUS;
   env.frontend_status = &st;
   if (lynx_ctl_send(m->d.ctl, &env))
@@ -372,9 +397,29 @@ static void send_status(struct fe_main *m) {
 out:
   free(x.r);
   free(x.p);
+  free(sl);
+  free(slp);
+  free(errs);
 }
 
 static void on_status_timer(uv_timer_t *t) { send_status(t->data); }
+
+/* Whether a socket of type can bind addr as the workers will (with
+ * SO_REUSEPORT): 0, or the errno. */
+static int probe_bind(const struct sockaddr_storage *addr, int type) {
+  int fd = socket(addr->ss_family, type | SOCK_CLOEXEC, 0), one = 1, e = 0;
+  socklen_t alen = addr->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                               : sizeof(struct sockaddr_in);
+  if (fd < 0)
+    return errno;
+  if ((type == SOCK_STREAM &&
+       setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) ||
+      setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0 ||
+      bind(fd, (const struct sockaddr *)addr, alen) != 0)
+    e = errno;
+  close(fd);
+  return e;
+}
 
 static int spec_addr(const struct fe_main *m, uint32_t port,
                      struct sockaddr_storage *ss) {
@@ -595,7 +640,7 @@ int main(int argc, char **argv) {
   struct fe_cfg *cfg = &m.cfg;
   int rc, lvl;
   char udp[80];
-  struct sockaddr_storage ss, peer_addr;
+  struct sockaddr_storage ss, peer_addr, bind_ss;
   const char *peer;
 
   rc = lynx_opts_parse(fe_opts, cfg, argc, argv,
@@ -657,7 +702,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--framing: len32 or fixed:N, not '%s'\n", cfg->framing);
     goto out;
   }
-  if (spec_addr(&m, 1, &ss)) {
+  if (spec_addr(&m, 1, &bind_ss)) {
     fprintf(stderr, "--bind: '%s' is not an address\n", cfg->bind);
     goto out;
   }
@@ -666,6 +711,20 @@ int main(int argc, char **argv) {
     char err[320];
     if (lynx_read_token(cfg->token_file, &m.token, err, sizeof(err))) {
       fprintf(stderr, "%s\n", err);
+      goto out;
+    }
+  }
+  if (!m.coordinator_mode) {
+    /* static mode serves one port, known now: one that is taken is this
+     * command's failure, said at once (a coordinator's services, which
+     * come and go, wait for their port instead) */
+    int e = probe_bind(&ss, cfg->tcp ? SOCK_STREAM : SOCK_DGRAM);
+    if (e) {
+      char addr[80];
+      lynx_fmt_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+      fprintf(stderr, "--%s %s: cannot bind %s %s: %s\n",
+              cfg->tcp ? "tcp" : "udp", cfg->tcp ? cfg->tcp : cfg->udp,
+              cfg->tcp ? "TCP" : "UDP", addr, strerror(e));
       goto out;
     }
   }

@@ -636,6 +636,78 @@ static void udp_close(struct fe_worker *w) {
   w->udp_open = 0;
 }
 
+/* ---- the service's socket ----------------------------------------------- */
+
+static int open_udp(struct fe_worker *w);
+
+#define LISTEN_RETRY_MIN_NS (1000ull * 1000000ull)
+#define LISTEN_RETRY_MAX_NS (30000ull * 1000000ull)
+
+static int open_listener(struct fe_worker *w) {
+  return w->fe->proto == FE_PROTO_TCP ? fe_tcp_open(w) : open_udp(w);
+}
+
+/* A socket error that another process or the host's configuration causes,
+ * and that may go away: the worker keeps trying. */
+static int bind_error(int rc) {
+  return rc == -EADDRINUSE || rc == -EACCES || rc == -EADDRNOTAVAIL ||
+         rc == -EPERM;
+}
+
+void fe_listen_error_str(const struct frontend *fe, int err, char *buf,
+                         size_t len) {
+  char addr[80];
+  lynx_fmt_addr((const struct sockaddr *)&fe->udp_addr, addr, sizeof(addr));
+  snprintf(buf, len, "cannot bind %s %s: %s",
+           fe->proto == FE_PROTO_TCP ? "TCP" : "UDP", addr, strerror(err));
+}
+
+int fe_listen_error(const struct frontend *fe) {
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    int e = __atomic_load_n(&fe->w[i].listen_err, __ATOMIC_RELAXED);
+    if (e)
+      return e;
+  }
+  return 0;
+}
+
+/* Opens (or tries again to open) the service's socket. A port that is
+ * taken is no reason to give up the service: its accelerators are
+ * connected meanwhile, the coordinator hears why clients get no answer,
+ * and it serves as soon as the port is free. 0, or the error of anything
+ * else. */
+static int listen_try(struct fe_worker *w) {
+  struct frontend *fe = w->fe;
+  char why[160];
+  int rc = open_listener(w), was = w->listen_err;
+  if (!rc) {
+    __atomic_store_n(&w->listen_err, 0, __ATOMIC_RELAXED);
+    w->listen_wait_ns = 0;
+    if (was && w->id == 0) {
+      fe_listen_error_str(fe, was, why, sizeof(why));
+      LYNX_INFO("frontend", "service %s: listening now (the port was taken: "
+                "%s)", fe->service, why);
+    }
+    return 0;
+  }
+  if (!bind_error(rc))
+    return rc;
+  __atomic_store_n(&w->listen_err, -rc, __ATOMIC_RELAXED);
+  w->listen_retry_ns = lynx_now_ns() +
+                       lynx_backoff_next(&w->listen_wait_ns, LISTEN_RETRY_MIN_NS,
+                                         LISTEN_RETRY_MAX_NS, &w->retry_seed);
+  if (w->id == 0) {
+    fe_listen_error_str(fe, -rc, why, sizeof(why));
+    if (!was)
+      LYNX_WARN("frontend", "service %s: %s; clients get no answer until it "
+                "is free (retrying every 1 s to 30 s)", fe->service, why);
+    else
+      LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s: still %s",
+                  fe->service, why);
+  }
+  return 0;
+}
+
 static void worker_loop(struct fe_worker *w) {
   struct frontend *fe = w->fe;
   uint64_t last_work, next_expire, backoff = 0;
@@ -675,6 +747,8 @@ static void worker_loop(struct fe_worker *w) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
       reap_removed(w);
       retry_dead(w);
+      if (w->listen_err && !stopping && w->now_ns >= w->listen_retry_ns)
+        listen_try(w);
       if (w->tags.in_use && w->now_ns > timeout_ns)
         lynx_tag_expire(&w->tags, w->now_ns - timeout_ns, expire_budget,
                         on_expire, w);
@@ -1209,7 +1283,7 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   if (rc)
     return rc;
   w->wake.data = w;
-  return fe->proto == FE_PROTO_TCP ? fe_tcp_open(w) : open_udp(w);
+  return listen_try(w);
 }
 
 int fe_workers_start(struct frontend *fe) {

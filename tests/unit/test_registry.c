@@ -613,6 +613,123 @@ static void test_lease_expiry(void **state) {
   assert_int_equal(f->n_start, 2);
 }
 
+/* A node whose accelerators say what they run: accel 0 runs only "echo"
+ * (a GPU, say), accel 1 runs "echo" and "sockperf-echo". */
+static int reg_apps_node(struct lynx_registry *r, const char *id,
+                         uint64_t epoch, uint64_t now) {
+  struct lynx_accel_info acc[2];
+  struct lynx_reg_err err;
+  memset(acc, 0, sizeof(acc));
+  for (uint32_t a = 0; a < 2; a++) {
+    acc[a].idx = a;
+    snprintf(acc[a].kind, sizeof(acc[a].kind), a ? "cpu" : "cuda");
+    snprintf(acc[a].apps[acc[a].n_apps++], LYNX_APP_NAME_MAX, "echo");
+  }
+  snprintf(acc[1].apps[acc[1].n_apps++], LYNX_APP_NAME_MAX, "sockperf-echo");
+  return lynx_reg_register(r, id, "127.0.0.1:7701", epoch, NULL, 0, acc, 2,
+                           (void *)0x1, now, &err);
+}
+
+static const char *svc_state(struct lynx_registry *r, const char *name,
+                             char *reason, size_t len, uint64_t *ready,
+                             uint64_t *wanted) {
+  return lynx_reg_service_state(r, lynx_reg_service_find(r, name), ready,
+                                wanted, reason, len);
+}
+
+/* The app decides where a service may go: only on accelerators that run
+ * it; one no registered accelerator runs is refused with 422 naming what
+ * they run, unless nothing (or an agent that does not say) is registered,
+ * and then the service is pending with the reason. */
+static void test_apps_and_state(void **state) {
+  struct fx *f = *state;
+  struct lynx_service_spec s = spec("x", 7000, 0, NULL);
+  struct lynx_reg_err err;
+  char why[512];
+  uint64_t ready, wanted;
+
+  /* nothing registered yet: taken, pending, and it says why */
+  snprintf(s.app, sizeof(s.app), "nope");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
+  assert_string_equal(svc_state(&f->r, "x", why, sizeof(why), &ready, &wanted),
+                      "pending");
+  assert_string_equal(why, "no agent has registered");
+  assert_int_equal(lynx_reg_service_delete(&f->r, "x", 0, &err), 0);
+
+  /* accelerators that list what they run: an app none runs is refused */
+  assert_int_equal(reg_apps_node(&f->r, "n1", 1, 1), 0);
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 1, &err), -EINVAL);
+  assert_int_equal(err.status, 422);
+  assert_string_equal(err.code, "unknown_app");
+  assert_non_null(strstr(err.message, "'nope'"));
+  assert_non_null(strstr(err.message, "they run: echo, sockperf-echo"));
+  assert_null(lynx_reg_service_find(&f->r, "x"));
+  assert_int_equal(f->n_start, 0);
+
+  /* an app one accelerator runs: placed there only */
+  snprintf(s.app, sizeof(s.app), "sockperf-echo");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 2, &err), 0);
+  assert_int_equal(f->n_start, 1);
+  assert_int_equal(f->start[0].accel, 1);
+  assert_string_equal(svc_state(&f->r, "x", why, sizeof(why), &ready, &wanted),
+                      "pending");
+  assert_int_equal(wanted, 1);
+  assert_string_equal(why, "0 of 1 instances ready");
+
+  /* it fails to start: the agent's reason, in the service's state */
+  {
+    struct lynx_reg_instance *i = f->r.instances;
+    assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, i->id,
+                                              "cannot allocate a region", 3),
+                     0);
+  }
+  assert_string_equal(svc_state(&f->r, "x", why, sizeof(why), &ready, &wanted),
+                      "pending");
+  assert_non_null(strstr(why, "instance on n1/1 failed to start: cannot "
+                              "allocate a region"));
+  assert_int_equal(lynx_reg_service_find(&f->r, "x")->failures, 1);
+  /* placed again after its backoff (200 ms), ready: the failure is history */
+  lynx_reg_tick(&f->r, 1000);
+  assert_int_equal(ready_all(&f->r, 1001), 1);
+  assert_string_equal(svc_state(&f->r, "x", why, sizeof(why), &ready, &wanted),
+                      "ready");
+  assert_string_equal(why, "");
+
+  /* a frontend that cannot open the port: pending, with its reason */
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "a:1", (void *)1, 0));
+  {
+    struct lynx_fe_listen l;
+    uint64_t v;
+    memset(&l, 0, sizeof(l));
+    snprintf(l.service, sizeof(l.service), "x");
+    snprintf(l.error, sizeof(l.error),
+             "cannot bind UDP 0.0.0.0:7000: Address already in use");
+    v = f->r.version;
+    lynx_reg_frontend_listen(&f->r, "fe1", &l, 1);
+    assert_true(f->r.version > v);
+    v = f->r.version;
+    lynx_reg_frontend_listen(&f->r, "fe1", &l, 1); /* the same: no news */
+    assert_int_equal(f->r.version, v);
+    assert_string_equal(
+        svc_state(&f->r, "x", why, sizeof(why), &ready, &wanted), "pending");
+    assert_string_equal(why, "frontend fe1: cannot bind UDP 0.0.0.0:7000: "
+                             "Address already in use");
+    l.listening = 1;
+    l.error[0] = 0;
+    lynx_reg_frontend_listen(&f->r, "fe1", &l, 1);
+    assert_string_equal(
+        svc_state(&f->r, "x", why, sizeof(why), &ready, &wanted), "ready");
+  }
+
+  /* an agent that does not say what it runs may run anything */
+  assert_int_equal(reg_node(&f->r, "n2", 1, 1, "", 5), 0);
+  snprintf(s.name, sizeof(s.name), "y");
+  s.port = 7001;
+  snprintf(s.app, sizeof(s.app), "nope");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 6, &err), 0);
+}
+
 /* A coordinator that did not run for a while (SIGSTOP, a starved host)
  * heard no heartbeat then: the gap beyond one tick is added to every
  * lease, so the first tick after it expires nobody, and the heartbeats
@@ -1802,6 +1919,7 @@ int main(void) {
       T(test_drain_errors),
       T(test_lease_expiry),
       T(test_pause_credit),
+      T(test_apps_and_state),
       T(test_heartbeat_counters),
       T(test_leave_and_forget),
       T(test_epochs),
