@@ -20,6 +20,15 @@ IT_SOFT=1
 
 svc() { api_json "/v1/services/$1" "$2"; }
 
+# wait_reason NAME TEXT TIMEOUT_S: until service NAME's reason holds TEXT.
+wait_reason() {
+  local end=$(($(now_ms) + $3 * 1000))
+  until [[ $(svc "$1" .reason) == *"$2"* ]]; do
+    (($(now_ms) < end)) || { it_check_failed "service $1: no '$2' in its reason $3 s on: $(svc "$1" '.state + ": " + .reason')"; return 1; }
+    sleep 0.1
+  done
+}
+
 start_coordinator --lease-ms 3000
 node_ids N1
 start_node_agent "$N1" --cpu-accels 1
@@ -42,11 +51,7 @@ log "== 2. an instance that fails on its agent"
 # mc-get calls back end "db"; without one the agent refuses to start it
 api POST /v1/services -d "{\"name\":\"nodb\",\"port\":$UDP_PORT2,\"app\":\"mc-get\"}"
 assert_eq "$API_STATUS" 201 "POST /v1/services mc-get without its back end: HTTP status"
-end=$(($(now_ms) + 10000))
-until [[ $(svc nodb .reason) == *"failed to start"* ]]; do
-  (($(now_ms) < end)) || { it_check_failed "no failure reason 10 s on: $(svc nodb '.state + ": " + .reason')"; break; }
-  sleep 0.1
-done
+wait_reason nodb "failed to start" 10
 assert_eq "$(svc nodb '.state == "pending"' | grep -c true)" 1 "service nodb is pending"
 [[ $(svc nodb .reason) == *"needs a back end named 'db'"* ]] ||
   it_check_failed "the agent's reason is not in the API: $(svc nodb .reason)"
@@ -67,11 +72,7 @@ track "$HOLDER" port-holder
 until [[ -e $IT_DIR/held ]]; do sleep 0.05; done
 api POST /v1/services -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\"}"
 assert_eq "$API_STATUS" 201 "POST /v1/services echo on a held port: HTTP status"
-end=$(($(now_ms) + 5000))
-until [[ $(svc echo .reason) == *"cannot bind"* ]]; do
-  (($(now_ms) < end)) || { it_check_failed "no bind failure in the API 5 s on: $(svc echo '.state + ": " + .reason')"; break; }
-  sleep 0.1
-done
+wait_reason echo "cannot bind" 5
 reason=$(svc echo .reason)
 [[ $(svc echo .state) == pending &&
    $reason == *"cannot bind UDP 127.0.0.1:$UDP_PORT: Address already in use"* &&
