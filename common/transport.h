@@ -158,7 +158,7 @@ extern const struct lynx_transport_ops lynx_transport_shm;
 extern const struct lynx_transport_ops lynx_transport_tcp;
 extern const struct lynx_transport_ops lynx_transport_rdma;
 
-/* The agent's data port (tcp; rdma counts its refusals here too): its
+/* The agent's tcp data port (the rdma transport does not use it yet): its
  * connection caps, configured before agent_start (all 0: no cap), and the
  * counters its --metrics shows (connguard.h). */
 struct lynx_guard;
