@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <string.h>
 
+#include "util.h"
+
 const char *const lynx_guard_reason_names[LYNX_GUARD_REASONS] = {
     "admitted", "conn_max", "unauth_max", "per_source"};
 
@@ -19,22 +21,6 @@ void lynx_guard_init(struct lynx_guard *g, uint32_t conn_max,
   g->conn_max = conn_max;
   g->unauth_max = unauth_max;
   g->per_source = per_source;
-}
-
-/* The address as 16 bytes (IPv4 mapped into IPv6), or -1 for a family
- * that has no address (a unix socket: no per-source record). */
-static int addr_key(const struct sockaddr_storage *ss, uint8_t key[16]) {
-  if (ss->ss_family == AF_INET6) {
-    memcpy(key, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
-    return 0;
-  }
-  if (ss->ss_family == AF_INET) {
-    memset(key, 0, 10);
-    key[10] = key[11] = 0xff;
-    memcpy(key + 12, &((const struct sockaddr_in *)ss)->sin_addr, 4);
-    return 0;
-  }
-  return -1;
 }
 
 /* The record of key: found, a free one, or the least recently seen one
@@ -73,7 +59,7 @@ enum lynx_guard_refusal lynx_guard_admit(struct lynx_guard *g,
   struct lynx_guard_src *s = NULL;
   enum lynx_guard_refusal why = LYNX_GUARD_ADMIT;
   *src = NULL;
-  if (peer && addr_key(peer, key) == 0)
+  if (peer && lynx_addr_key((const struct sockaddr *)peer, key) == 0)
     s = src_find(g, key, now_ns);
   if (g->conn_max && g->open >= g->conn_max)
     why = LYNX_GUARD_CONN_MAX;

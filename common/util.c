@@ -68,6 +68,28 @@ int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss) {
   return -EINVAL;
 }
 
+int lynx_addr_key(const struct sockaddr *sa, uint8_t key[16]) {
+  if (sa && sa->sa_family == AF_INET6) {
+    memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    return 0;
+  }
+  if (sa && sa->sa_family == AF_INET) {
+    memset(key, 0, 10);
+    key[10] = key[11] = 0xff;
+    memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    return 0;
+  }
+  return -1;
+}
+
+const char *lynx_addr_key_str(const uint8_t key[16], char *buf, size_t len) {
+  const struct in6_addr *a = (const struct in6_addr *)key;
+  if (!(IN6_IS_ADDR_V4MAPPED(a) ? inet_ntop(AF_INET, key + 12, buf, (socklen_t)len)
+                                : inet_ntop(AF_INET6, key, buf, (socklen_t)len)))
+    snprintf(buf, len, "?");
+  return buf;
+}
+
 unsigned lynx_sockaddr_port(const struct sockaddr_storage *ss) {
   if (ss->ss_family == AF_INET)
     return ntohs(((const struct sockaddr_in *)ss)->sin_port);

@@ -44,6 +44,13 @@ uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,
  * DNS on the data path's set-up). 0 or -EINVAL. */
 int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);
 
+/* A peer's address as 16 bytes, IPv4 mapped into IPv6 (so an IPv4 peer
+ * and its IPv4-mapped IPv6 form are one key): what per-address caps and
+ * back-offs count by. 0, or -1 for a family without an IP address. */
+int lynx_addr_key(const struct sockaddr *sa, uint8_t key[16]);
+/* The key as text: dotted IPv4 for a mapped address, else IPv6. */
+const char *lynx_addr_key_str(const uint8_t key[16], char *buf, size_t len);
+
 /* The port of an AF_INET/AF_INET6 address (host order; 0 otherwise). */
 unsigned lynx_sockaddr_port(const struct sockaddr_storage *ss);
 

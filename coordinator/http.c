@@ -63,6 +63,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "frame.h"
 #include "jsondup.h"
 #include "log.h"
 #include "registry.h"
@@ -104,11 +105,11 @@ enum conn_phase {
   PHASE_BUSY,    /* the request is in: handled, then answered (none) */
 };
 
-/* A client's address, as the per-client cap compares it (an IPv4-mapped
- * IPv6 address is its IPv4 address). */
+/* A client's address, as the per-client cap compares it (lynx_addr_key:
+ * an IPv4-mapped IPv6 address is its IPv4 address). */
 struct client_key {
-  int family; /* AF_INET, AF_INET6, or 0 (unknown: never capped) */
-  unsigned char addr[16];
+  int valid; /* 0: not an IP peer (never capped) */
+  uint8_t addr[16];
 };
 
 /* One API connection, from libmicrohttpd's STARTED notification to its
@@ -1032,18 +1033,6 @@ static int peer_is_loopback(struct MHD_Connection *conn) {
   return 0;
 }
 
-/* Compares the presented credential with the token in time that depends
- * on the token's length only. */
-static int token_equal(const char *given, const char *token) {
-  size_t glen = strlen(given), tlen = strlen(token);
-  unsigned char d = glen != tlen;
-  for (size_t i = 0; i < tlen; i++) {
-    unsigned char g = i < glen ? (unsigned char)given[i] : 0;
-    d |= (unsigned char)(g ^ (unsigned char)token[i]);
-  }
-  return d == 0;
-}
-
 /* 0 when rq may mutate; else fills out (401 / 403). */
 static int authorise(struct http_req *rq, struct http_out *out) {
   const char *token = rq->c->token;
@@ -1075,7 +1064,7 @@ static int authorise(struct http_req *rq, struct http_out *out) {
   auth += 6;
   while (*auth == ' ' || *auth == '\t')
     auth++;
-  if (!token_equal(auth, token)) {
+  if (!lynx_token_equal(auth, token)) {
     reply_err(out, 401, "unauthenticated", "wrong token");
     out->www_auth = 1;
     return -EACCES;
@@ -1086,29 +1075,16 @@ static int authorise(struct http_req *rq, struct http_out *out) {
 /* ---- connections: per-client cap and deadlines ------------------------- */
 
 static void client_key_of(const struct sockaddr *sa, struct client_key *k) {
-  memset(k, 0, sizeof(*k));
-  if (!sa)
-    return;
-  if (sa->sa_family == AF_INET) {
-    k->family = AF_INET;
-    memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-  } else if (sa->sa_family == AF_INET6) {
-    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-    if (IN6_IS_ADDR_V4MAPPED(a)) {
-      k->family = AF_INET;
-      memcpy(k->addr, a->s6_addr + 12, 4);
-    } else {
-      k->family = AF_INET6;
-      memcpy(k->addr, a->s6_addr, 16);
-    }
-  }
+  k->valid = lynx_addr_key(sa, k->addr) == 0;
 }
 
 static const char *client_key_str(const struct client_key *k, char *buf,
                                   socklen_t len) {
-  if (!k->family || !inet_ntop(k->family, k->addr, buf, len))
+  if (!k->valid) {
     snprintf(buf, len, "?");
-  return buf;
+    return buf;
+  }
+  return lynx_addr_key_str(k->addr, buf, len);
 }
 
 /* Sets a's deadline timeout_ms from now (conns_lock held) and wakes the
@@ -1158,11 +1134,11 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
        addrlen < (socklen_t)sizeof(struct sockaddr_in6)))
     return MHD_YES; /* not an IP peer: nothing to count it by */
   client_key_of(addr, &k);
-  if (!k.family)
+  if (!k.valid)
     return MHD_YES;
   pthread_mutex_lock(&h->conns_lock);
   for (const struct api_conn *a = h->conns; a; a = a->next)
-    if (a->key.family == k.family && !memcmp(a->key.addr, k.addr, 16))
+    if (a->key.valid && !memcmp(a->key.addr, k.addr, 16))
       n++;
   if (n < h->conn_per_client) {
     pthread_mutex_unlock(&h->conns_lock);

@@ -78,13 +78,14 @@ int lynx_frame_next(struct lynx_frame_reader *r, Lynx__Envelope **env) {
   return 1;
 }
 
-int lynx_token_equal(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b), n = la > lb ? la : lb;
-  unsigned diff = la != lb;
-  for (size_t i = 0; i < n; i++) /* every byte, whatever differs first */
-    diff |= (unsigned)(uint8_t)(i < la ? a[i] : 0) ^
-            (unsigned)(uint8_t)(i < lb ? b[i] : 0);
-  return diff == 0;
+int lynx_token_equal(const char *given, const char *token) {
+  size_t glen = strlen(given), tlen = strlen(token);
+  unsigned char d = glen != tlen;
+  for (size_t i = 0; i < tlen; i++) { /* every byte, whatever differs first */
+    unsigned char g = i < glen ? (unsigned char)given[i] : 0;
+    d |= (unsigned char)(g ^ (unsigned char)token[i]);
+  }
+  return d == 0;
 }
 
 int lynx_hello_check(const Lynx__Hello *h, const char *token, char *err,
@@ -96,7 +97,7 @@ int lynx_hello_check(const Lynx__Hello *h, const char *token, char *err,
              h->proto_version, LYNX_PROTO_VERSION);
     return -EPROTO;
   }
-  if (!lynx_token_equal(want, got)) {
+  if (!lynx_token_equal(got, want)) {
     snprintf(err, errlen, "%s", *want ? "wrong cluster token" : "unexpected cluster token");
     return -EACCES;
   }

@@ -45,10 +45,11 @@ int lynx_frame_feed(struct lynx_frame_reader *r, const void *data, size_t n);
  */
 int lynx_frame_next(struct lynx_frame_reader *r, Lynx__Envelope **env);
 
-/* Compares two tokens in a time that depends on their lengths only, never
- * on where they first differ, so a peer cannot find the token byte by byte
- * from response times. 1 when equal. */
-int lynx_token_equal(const char *a, const char *b);
+/* Compares a presented credential with the token in a time that depends
+ * on the token's length only, never on where they first differ, so a peer
+ * cannot find the token byte by byte from response times (control Hellos,
+ * the API's bearer token). 1 when equal. */
+int lynx_token_equal(const char *given, const char *token);
 
 /* Checks a peer's Hello: version, then token (both empty means none
  * configured; compared with lynx_token_equal). 0, or -EPROTO / -EACCES with

@@ -363,9 +363,9 @@ static void test_many_frames_streamed(void **state) {
   assert_true(f->r.cap <= 4096);
 }
 
-/* The token comparison the Hello check uses: right answers for tokens
- * that differ anywhere, or only in length (it looks at every byte of the
- * longer one whatever differs first: constant time by construction). */
+/* The token comparison the Hello check and the API use: right answers for
+ * tokens that differ anywhere, or only in length (it looks at every byte
+ * of the token whatever differs first: constant time by construction). */
 static void test_token_equal(void **state) {
   char a[512], b[512];
   (void)state;
