@@ -50,8 +50,11 @@ static void peer_closed(struct lynx_ctl *c) {
   free(p);
 }
 
+/* Accepts a Hello, or refuses it and closes once the refusal is written;
+ * hold_ms holds a refusal back (a source that keeps presenting a wrong
+ * token: connguard.h). */
 static void send_reply(struct peer *p, int ok, int retryable,
-                       const char *error) {
+                       const char *error, uint64_t hold_ms) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
   r.proto_version = LYNX_PROTO_VERSION;
@@ -61,7 +64,8 @@ static void send_reply(struct peer *p, int ok, int retryable,
   r.id = p->ag->node_id;
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
   env.hello_reply = &r;
-  if (lynx_ctl_send(&p->ctl, &env))
+  if (ok ? lynx_ctl_send(&p->ctl, &env)
+         : lynx_ctl_refuse(&p->ctl, &env, hold_ms))
     lynx_ctl_close(&p->ctl, "cannot queue hello reply");
 }
 
@@ -119,20 +123,7 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
                   env->hello->id ? env->hello->id : "?", err,
                   hold ? " (answer held back: this address keeps presenting "
                          "a wrong token)" : "");
-      if (hold) {
-        Lynx__Envelope r_env = LYNX__ENVELOPE__INIT;
-        Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
-        r.proto_version = LYNX_PROTO_VERSION;
-        r.error = err;
-        r.id = p->ag->node_id;
-        r_env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
-        r_env.hello_reply = &r;
-        if (lynx_ctl_send_later(c, &r_env, hold / 1000000u))
-          lynx_ctl_close(c, "cannot hold back a refusal");
-        return;
-      }
-      send_reply(p, 0, 0, err);
-      c->close_after_write = 1;
+      send_reply(p, 0, 0, err, hold / 1000000u);
       return;
     }
     p->authed = 1;
@@ -144,8 +135,7 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       snprintf(err, sizeof(err), "mqueues are in use by frontend at %s",
                p->ag->owner->ctl.peer);
       LYNX_WARN("agent", "%s: refusing %s: %s", p->ag->node_id, c->peer, err);
-      send_reply(p, 0, 1, err);
-      c->close_after_write = 1;
+      send_reply(p, 0, 1, err, 0);
       return;
     }
     p->ag->owner = p;
@@ -153,7 +143,7 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     LYNX_INFO("agent", "%s: %s %s connected from %s", p->ag->node_id,
               env->hello->role ? env->hello->role : "peer",
               env->hello->id ? env->hello->id : "", c->peer);
-    send_reply(p, 1, 0, NULL);
+    send_reply(p, 1, 0, NULL, 0);
     send_descriptors(p);
     return;
   }

@@ -14,7 +14,7 @@ struct ctl_write {
   uint8_t *buf;
 };
 
-/* A refusal held back (lynx_ctl_send_later). */
+/* A refusal held back (lynx_ctl_refuse). */
 struct lynx_ctl_held {
   uv_timer_t timer;
   struct lynx_ctl *c; /* NULL once the connection went first */
@@ -217,12 +217,18 @@ static void held_fire(uv_timer_t *t) {
     lynx_ctl_close(c, NULL);
 }
 
-int lynx_ctl_send_later(struct lynx_ctl *c, const Lynx__Envelope *env,
-                        uint64_t delay_ms) {
+int lynx_ctl_refuse(struct lynx_ctl *c, const Lynx__Envelope *env,
+                    uint64_t delay_ms) {
   struct lynx_ctl_held *held;
   int rc;
   if (c->closing || c->held)
     return -EPIPE;
+  if (!delay_ms) {
+    rc = lynx_ctl_send(c, env);
+    if (!rc)
+      c->close_after_write = 1;
+    return rc;
+  }
   held = calloc(1, sizeof(*held));
   if (!held)
     return -ENOMEM;

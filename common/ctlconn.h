@@ -52,11 +52,12 @@ void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
 int lynx_ctl_start(struct lynx_ctl *c);
 /* The peer authenticated: see struct lynx_ctl.trusted. */
 void lynx_ctl_trust(struct lynx_ctl *c);
-/* Stops reading and sends env after delay_ms, then closes: a refusal held
- * back from a peer that keeps presenting wrong credentials. 0 or -errno
- * (the caller closes). */
-int lynx_ctl_send_later(struct lynx_ctl *c, const Lynx__Envelope *env,
-                        uint64_t delay_ms);
+/* Sends env, a refusal, and closes once it is written; with delay_ms,
+ * stops reading and sends it only after delay_ms (a peer that keeps
+ * presenting wrong credentials waits for its answer). 0 or -errno (the
+ * caller closes). */
+int lynx_ctl_refuse(struct lynx_ctl *c, const Lynx__Envelope *env,
+                    uint64_t delay_ms);
 /* Queues env as one frame. 0 or -errno. */
 int lynx_ctl_send(struct lynx_ctl *c, const Lynx__Envelope *env);
 /* Closes (deferred, idempotent) and logs why when reason is not NULL. */

@@ -465,7 +465,11 @@ static void peer_closed(struct lynx_ctl *ctl) {
   free(p);
 }
 
-static void send_hello_reply(struct cpeer *p, int ok, const char *error) {
+/* Accepts a Hello, or refuses it and closes once the refusal is written;
+ * hold_ms holds a refusal back (a source that keeps presenting a wrong
+ * token: connguard.h). */
+static void send_hello_reply(struct cpeer *p, int ok, const char *error,
+                             uint64_t hold_ms) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
   r.proto_version = LYNX_PROTO_VERSION;
@@ -474,26 +478,10 @@ static void send_hello_reply(struct cpeer *p, int ok, const char *error) {
   r.id = "coordinator";
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
   env.hello_reply = &r;
-  send_env(p, &env);
-}
-
-/* A failed Hello's answer: now, or held back hold_ns (a source that keeps
- * presenting a wrong token: connguard.h); closed after it. */
-static void refuse_hello(struct cpeer *p, const char *err, uint64_t hold_ns) {
-  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
-  Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
-  if (!hold_ns) {
-    send_hello_reply(p, 0, err);
-    p->ctl.close_after_write = 1;
-    return;
-  }
-  r.proto_version = LYNX_PROTO_VERSION;
-  r.error = (char *)err;
-  r.id = "coordinator";
-  env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
-  env.hello_reply = &r;
-  if (lynx_ctl_send_later(&p->ctl, &env, hold_ns / 1000000u))
-    lynx_ctl_close(&p->ctl, "cannot hold back a refusal");
+  if (ok)
+    send_env(p, &env);
+  else if (lynx_ctl_refuse(&p->ctl, &env, hold_ms))
+    lynx_ctl_close(&p->ctl, "cannot queue a refusal");
 }
 
 static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
@@ -507,14 +495,13 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
                 p->ctl.peer, role, h->id ? h->id : "?", err,
                 hold ? " (answer held back: this address keeps presenting "
                        "a wrong token)" : "");
-    refuse_hello(p, err, hold);
+    send_hello_reply(p, 0, err, hold / 1000000u);
     return;
   }
   if (!h->id || !*h->id || strlen(h->id) >= LYNX_ID_MAX) {
     LYNX_WARN("coordinator", "refusing %s (%s): hello without a valid id "
               "(1 to %d characters)", p->ctl.peer, role, LYNX_ID_MAX - 1);
-    send_hello_reply(p, 0, "hello without a valid id");
-    p->ctl.close_after_write = 1;
+    send_hello_reply(p, 0, "hello without a valid id", 0);
     return;
   }
   snprintf(p->id, sizeof(p->id), "%s", h->id);
@@ -524,11 +511,11 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   }
   if (strcmp(role, "agent") == 0) {
     p->role = ROLE_AGENT;
-    send_hello_reply(p, 1, NULL);
+    send_hello_reply(p, 1, NULL, 0);
   } else if (strcmp(role, "frontend") == 0) {
     p->role = ROLE_FRONTEND;
     p->connected_seq = ++co->fe_seq;
-    send_hello_reply(p, 1, NULL);
+    send_hello_reply(p, 1, NULL, 0);
     pthread_mutex_lock(&co->c.lock);
     lynx_reg_frontend_connect(&co->c.reg, p->id, p->ctl.peer, p,
                               lynx_coord_now_ms());
@@ -541,8 +528,7 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   } else {
     snprintf(err, sizeof(err), "unknown role '%s' (agent or frontend)", role);
     LYNX_WARN("coordinator", "refusing %s (%s): %s", p->ctl.peer, p->id, err);
-    send_hello_reply(p, 0, err);
-    p->ctl.close_after_write = 1;
+    send_hello_reply(p, 0, err, 0);
   }
 }
 

@@ -37,7 +37,6 @@
 #include <sys/socket.h>
 
 #include "log.h"
-#include "util.h"
 #include "mqueue.h"
 #include "util.h"
 
