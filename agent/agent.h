@@ -20,8 +20,8 @@
 #include "cpu_accel.h"
 #include "ctlconn.h"
 #include "gpu.h"
-#include "registry.h"
 #include "transport.h"
+#include "wire.h"
 
 struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,

@@ -23,14 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire.h"
 #include "transport.h"
-
-#define LYNX_ID_MAX 64
-#define LYNX_LABELS_MAX 16
-#define LYNX_LABEL_MAX 64
-#define LYNX_ACCELS_MAX 64
-#define LYNX_APPS_MAX 32     /* applications one accelerator advertises */
-#define LYNX_APP_NAME_MAX 32
 
 enum lynx_node_state {
   LYNX_NODE_READY = 0,    /* registered, lease alive, in dispatch */
@@ -46,14 +40,6 @@ enum lynx_inst_state {
 };
 
 enum lynx_placement_kind { LYNX_PLACE_ALL = 0, LYNX_PLACE_REPLICAS = 1 };
-
-struct lynx_label {
-  char key[LYNX_LABEL_MAX];
-  char value[LYNX_LABEL_MAX];
-};
-
-#define LYNX_PCI_ID_MAX 32
-#define LYNX_ACCEL_ERR_MAX 128
 
 struct lynx_accel_info { /* as an agent registers it */
   uint32_t idx;          /* index on its node */
@@ -131,13 +117,11 @@ struct lynx_reg_node {
   struct lynx_reg_node *next;
 };
 
-#define LYNX_BACKENDS_MAX 8
-
 /* A back end a service's application reaches through a client mqueue. */
 struct lynx_backend_spec {
-  char name[32];
-  char address[64]; /* host:port */
-  char proto[16];   /* "memcached" or "len32" */
+  char name[LYNX_BACKEND_NAME_MAX];
+  char address[LYNX_ADDR_MAX]; /* host:port */
+  char proto[16];              /* "memcached" or "len32" */
 };
 
 struct lynx_service_spec {
@@ -482,9 +466,5 @@ int lynx_text_ok(const char *s, size_t len);
  * a valid UTF-8 sequence becomes '?', each control character a space, and
  * a character that does not fit whole is left out. Returns dst. */
 char *lynx_text_clean(char *dst, size_t size, const char *src);
-
-/* Parses "k=v,k2=v2" into labels; -EINVAL on a malformed pair or too many. */
-int lynx_labels_parse(const char *s, struct lynx_label *out, uint32_t max,
-                      uint32_t *n);
 
 #endif
