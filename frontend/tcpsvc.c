@@ -86,7 +86,8 @@ static void client_close(struct fe_client *c, enum fe_tcpev why) {
 
 static struct fe_client *client_get(struct fe_worker *w, uint32_t slot,
                                     uint32_t gen) {
-  struct fe_client *c = slot < w->tcpsvc.n_slots ? w->tcpsvc.clients[slot] : NULL;
+  struct fe_client *c =
+      slot < w->tcpsvc.n_slots ? w->tcpsvc.clients[slot] : NULL;
   return c && c->gen == gen && !c->closing ? c : NULL;
 }
 
@@ -209,7 +210,8 @@ static int client_parse(struct fe_client *c) {
       len = ntohl(be);
     }
     /* (64-bit: a length word near 4 GiB must not wrap past the bound) */
-    if ((w->ingress.cap && len > w->ingress.cap) || (uint64_t)len + hdr > frame_max(w)) {
+    if ((w->ingress.cap && len > w->ingress.cap) ||
+        (uint64_t)len + hdr > frame_max(w)) {
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
                   "frame is larger than a slot's %u-byte payload: closing "
                   "the connection", w->fe->service, w->id, len, w->ingress.cap);

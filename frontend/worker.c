@@ -87,7 +87,8 @@ static void on_wake(uv_async_t *a) { (void)a; }
 #define LISTEN_RETRY_MAX_NS (30000ull * 1000000ull)
 
 static int open_listener(struct fe_worker *w) {
-  return w->fe->proto == FE_PROTO_TCP ? fe_tcp_open(w) : fe_dispatcher_open_udp(w);
+  return w->fe->proto == FE_PROTO_TCP ? fe_tcp_open(w)
+                                       : fe_dispatcher_open_udp(w);
 }
 
 /* A socket error that another process or the host's configuration causes,
