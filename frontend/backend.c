@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "frontend.h"
 #include "log.h"
 
@@ -336,8 +337,8 @@ void fe_backend_close(struct fe_backend *be) {
 
 int fe_backend_progress(struct fe_worker *w) {
   int work = 0;
-  for (uint32_t i = 0; i < w->n_conns; i++) {
-    struct fe_conn *c = w->conns[i];
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
+    struct fe_conn *c = w->rmq.conns[i];
     for (uint32_t k = 0; c->n_client_mqs && k < c->n_mqs; k++) {
       struct fe_backend *be = c->mqs[k].be;
       uint32_t before;

@@ -34,6 +34,7 @@
 
 #include "frontend.h"
 #include "log.h"
+#include "tcpsvc.h"
 
 #define FE_TCP_OUT_MAX (4u << 20) /* unsent answer bytes per connection */
 #define FE_TCP_BACKLOG 4096
@@ -55,7 +56,7 @@ static void client_freed(uv_handle_t *h) {
 }
 
 static void client_unpause(struct fe_worker *w, struct fe_client *c) {
-  struct fe_client **pp = &w->paused;
+  struct fe_client **pp = &w->tcpsvc.paused;
   if (!c->paused)
     return;
   while (*pp && *pp != c)
@@ -78,38 +79,39 @@ static void client_close(struct fe_client *c, enum fe_tcpev why) {
                 "connection closed: %s", w->fe->service, w->id,
                 fe_tcpev_names[why]);
   client_unpause(w, c);
-  w->clients[c->slot] = NULL;
-  w->n_clients--;
+  w->tcpsvc.clients[c->slot] = NULL;
+  w->tcpsvc.n_clients--;
   uv_close((uv_handle_t *)&c->h, client_freed);
 }
 
 static struct fe_client *client_get(struct fe_worker *w, uint32_t slot,
                                     uint32_t gen) {
-  struct fe_client *c = slot < w->n_slots ? w->clients[slot] : NULL;
+  struct fe_client *c =
+      slot < w->tcpsvc.n_slots ? w->tcpsvc.clients[slot] : NULL;
   return c && c->gen == gen && !c->closing ? c : NULL;
 }
 
 /* A free slot for a new connection (the table grows by doubling). */
 static int slot_alloc(struct fe_worker *w, uint32_t *slot) {
-  for (uint32_t i = w->n_clients; i < w->n_slots; i++)
-    if (!w->clients[i]) {
+  for (uint32_t i = w->tcpsvc.n_clients; i < w->tcpsvc.n_slots; i++)
+    if (!w->tcpsvc.clients[i]) {
       *slot = i;
       return 0;
     }
-  for (uint32_t i = 0; i < w->n_slots; i++)
-    if (!w->clients[i]) {
+  for (uint32_t i = 0; i < w->tcpsvc.n_slots; i++)
+    if (!w->tcpsvc.clients[i]) {
       *slot = i;
       return 0;
     }
   {
-    uint32_t n = w->n_slots ? w->n_slots * 2 : 256;
-    struct fe_client **t = realloc(w->clients, n * sizeof(*t));
+    uint32_t n = w->tcpsvc.n_slots ? w->tcpsvc.n_slots * 2 : 256;
+    struct fe_client **t = realloc(w->tcpsvc.clients, n * sizeof(*t));
     if (!t)
       return -ENOMEM;
-    memset(t + w->n_slots, 0, (n - w->n_slots) * sizeof(*t));
-    *slot = w->n_slots;
-    w->clients = t;
-    w->n_slots = n;
+    memset(t + w->tcpsvc.n_slots, 0, (n - w->tcpsvc.n_slots) * sizeof(*t));
+    *slot = w->tcpsvc.n_slots;
+    w->tcpsvc.clients = t;
+    w->tcpsvc.n_slots = n;
   }
   return 0;
 }
@@ -148,8 +150,8 @@ static void on_connection(uv_stream_t *l, int status) {
   do
     c->gen = __atomic_add_fetch(&gens, 1, __ATOMIC_RELAXED);
   while (c->gen == 0);
-  w->clients[slot] = c;
-  w->n_clients++;
+  w->tcpsvc.clients[slot] = c;
+  w->tcpsvc.n_clients++;
   lynx_cnt_add(&w->tcp[FE_TCP_ACCEPTED], 1);
   if (uv_read_start((uv_stream_t *)&c->h, client_alloc, client_on_read) == 0)
     c->reading = 1;
@@ -160,9 +162,9 @@ static void on_connection(uv_stream_t *l, int status) {
 /* ---- input ------------------------------------------------------------------ */
 
 /* Largest frame this service accepts now: what every accelerator's slots
- * take (w->cap), plus the length word. */
+ * take (w->ingress.cap), plus the length word. */
 static uint32_t frame_max(const struct fe_worker *w) {
-  uint32_t cap = w->cap ? w->cap : LYNX_SLOT_MAX;
+  uint32_t cap = w->ingress.cap ? w->ingress.cap : LYNX_SLOT_MAX;
   return (w->fe->fixed_len ? w->fe->fixed_len : cap) + 4u;
 }
 
@@ -185,7 +187,7 @@ static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
 static uint32_t client_flow(const struct fe_worker *w,
                             const struct fe_client *c) {
   uint32_t h = c->slot * 0x9E3779B1u ^ c->gen;
-  return w->flows ? (h ^ (h >> 15)) & w->flow_mask : 0;
+  return w->ingress.flows ? (h ^ (h >> 15)) & w->ingress.flow_mask : 0;
 }
 
 /* Dispatches every complete frame; pauses the connection at the first one
@@ -196,6 +198,7 @@ static int client_parse(struct fe_client *c) {
   int work = 0;
   while (!c->closing) {
     uint32_t len, hdr = fixed ? 0 : 4;
+    enum fe_wdrop drop;
     int rc;
     if (c->in_len - off < (fixed ? fixed : 4u))
       break;
@@ -207,10 +210,11 @@ static int client_parse(struct fe_client *c) {
       len = ntohl(be);
     }
     /* (64-bit: a length word near 4 GiB must not wrap past the bound) */
-    if ((w->cap && len > w->cap) || (uint64_t)len + hdr > frame_max(w)) {
+    if ((w->ingress.cap && len > w->ingress.cap) ||
+        (uint64_t)len + hdr > frame_max(w)) {
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
                   "frame is larger than a slot's %u-byte payload: closing "
-                  "the connection", w->fe->service, w->id, len, w->cap);
+                  "the connection", w->fe->service, w->id, len, w->ingress.cap);
       client_close(c, FE_TCP_OVERSIZE);
       return work;
     }
@@ -222,25 +226,25 @@ static int client_parse(struct fe_client *c) {
       continue;
     }
     rc = fe_submit(w, c->in + off + hdr, len, client_flow(w, c), NULL,
-                   c->slot, c->gen, 1);
+                   c->slot, c->gen, 1, &drop);
     if (rc == -EAGAIN) { /* wait for room; reading stops meanwhile */
       if (!c->paused) {
         c->paused = 1;
-        c->next_paused = w->paused;
-        w->paused = c;
+        c->next_paused = w->tcpsvc.paused;
+        w->tcpsvc.paused = c;
       }
       break;
     }
     lynx_cnt_add(&w->received, 1);
-    w->got++;
+    w->ingress.got++;
     work = 1;
-    if (rc == FE_DROP_NO_MQUEUE) {
-      lynx_cnt_add(&w->drops[rc], 1);
+    if (rc && drop == FE_DROP_NO_MQUEUE) {
+      lynx_cnt_add(&w->drops[drop], 1);
       client_close(c, FE_TCP_NO_MQUEUE); /* no answer will ever come */
       return work;
     }
-    if (rc > 0 && rc < FE_WDROP_MAX)
-      lynx_cnt_add(&w->drops[rc], 1);
+    if (rc && drop < FE_WDROP_MAX)
+      lynx_cnt_add(&w->drops[drop], 1);
     off += hdr + len;
   }
   if (off) {
@@ -271,9 +275,9 @@ static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 }
 
 int fe_tcp_resume(struct fe_worker *w) {
-  struct fe_client *c = w->paused, *next;
+  struct fe_client *c = w->tcpsvc.paused, *next;
   int work = 0;
-  w->paused = NULL;
+  w->tcpsvc.paused = NULL;
   for (; c; c = next) {
     next = c->next_paused;
     c->paused = 0;
@@ -359,29 +363,30 @@ int fe_tcp_open(struct fe_worker *w) {
     close(fd);
     return rc;
   }
-  rc = uv_tcp_init(&w->loop, &w->listener);
+  rc = uv_tcp_init(&w->loop, &w->tcpsvc.listener);
   if (rc) {
     close(fd);
     return rc;
   }
-  w->listener.data = w;
-  w->listener_open = 1;
-  rc = uv_tcp_open(&w->listener, fd);
+  w->tcpsvc.listener.data = w;
+  w->tcpsvc.listener_open = 1;
+  rc = uv_tcp_open(&w->tcpsvc.listener, fd);
   if (rc) {
     close(fd);
     return rc;
   }
-  return uv_listen((uv_stream_t *)&w->listener, FE_TCP_BACKLOG, on_connection);
+  return uv_listen((uv_stream_t *)&w->tcpsvc.listener, FE_TCP_BACKLOG,
+                   on_connection);
 }
 
 void fe_tcp_stop_accepting(struct fe_worker *w) {
-  if (!w->listener_open)
+  if (!w->tcpsvc.listener_open)
     return;
-  uv_close((uv_handle_t *)&w->listener, NULL);
-  w->listener_open = 0;
+  uv_close((uv_handle_t *)&w->tcpsvc.listener, NULL);
+  w->tcpsvc.listener_open = 0;
   /* stop reading new requests; answers to the ones in flight still go */
-  for (uint32_t i = 0; i < w->n_slots; i++) {
-    struct fe_client *c = w->clients[i];
+  for (uint32_t i = 0; i < w->tcpsvc.n_slots; i++) {
+    struct fe_client *c = w->tcpsvc.clients[i];
     if (c && c->reading) {
       uv_read_stop((uv_stream_t *)&c->h);
       c->reading = 0;
@@ -391,7 +396,13 @@ void fe_tcp_stop_accepting(struct fe_worker *w) {
 
 void fe_tcp_close_all(struct fe_worker *w) {
   fe_tcp_stop_accepting(w);
-  for (uint32_t i = 0; i < w->n_slots; i++)
-    if (w->clients[i])
-      client_close(w->clients[i], FE_TCP_CLOSED);
+  for (uint32_t i = 0; i < w->tcpsvc.n_slots; i++)
+    if (w->tcpsvc.clients[i])
+      client_close(w->tcpsvc.clients[i], FE_TCP_CLOSED);
+}
+
+void fe_tcp_free(struct fe_worker *w) {
+  free(w->tcpsvc.clients);
+  w->tcpsvc.clients = NULL;
+  w->tcpsvc.n_slots = 0;
 }

@@ -1,0 +1,279 @@
+/*
+ * dispatcher.c - the Message Dispatcher (Lynx paper §4.2, ingress).
+ *
+ * libuv receives datagrams in batches (recvmmsg, up to 20 per call); each
+ * gets a tag and is written, through the Remote Message Queue Manager, into
+ * the RX slot of the mqueue the policy (dispatch.c) picks. The worker rings
+ * the touched accelerators' doorbells after the batch. TCP services hand
+ * their framed messages to fe_submit the same way (tcpsvc.c).
+ *
+ * Owns: the UDP socket and its receive buffer, the dispatch order over the
+ * worker's server mqueues (interleaving accelerators, rebuilt when
+ * connections come or go), the payload cap, and the flow table (--order
+ * flow: a flow's requests in flight stay on one mqueue).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "frontend.h"
+#include "log.h"
+
+const char *const fe_wdrop_names[FE_WDROP_MAX] = {
+    "oversize", "ring_full", "no_mqueue", "tag_full", "shutdown"};
+
+/* ---- request completion ------------------------------------------- */
+
+/* Every way a request ends (answered, dropped, expired, lost) comes here:
+ * its flow has one request fewer in flight. */
+void fe_flow_done(struct fe_worker *w, const struct lynx_tag_entry *e) {
+  if (w->ingress.flows && w->ingress.flows[e->flow].outstanding)
+    w->ingress.flows[e->flow].outstanding--;
+}
+
+void fe_request_done(struct fe_worker *w, struct lynx_tag_entry *e) {
+  fe_flow_done(w, e);
+  lynx_tag_release(&w->tags, e);
+}
+
+/* ---- receive --------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t sz, uv_buf_t *buf) {
+  struct fe_worker *w = h->data;
+  (void)sz;
+  *buf = uv_buf_init(w->ingress.rbuf, FE_RECV_CHUNKS * FE_DGRAM_MAX);
+}
+
+static int write_request(struct fe_worker *w, struct fe_mq *mq,
+                         const void *data, uint32_t len, uint32_t tag) {
+  return fe_write_rx(w, mq, data, len, tag, LYNX_ST_OK);
+}
+
+static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
+                    const struct sockaddr *addr, unsigned flags) {
+  struct fe_worker *w = h->data;
+  struct fe_ingress *in = &w->ingress;
+  enum fe_wdrop drop;
+  uint32_t flow;
+  int rc;
+  if (nread < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: receive error: %s",
+                w->id, uv_strerror((int)nread));
+    return;
+  }
+  /* nread == 0 with an address is an empty datagram, a request like any
+   * other; without one it is libuv's end of batch or buffer release */
+  if (addr == NULL)
+    return;
+  in->got++;
+  lynx_cnt_add(&w->received, 1);
+  if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
+    lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
+    return;
+  }
+  if ((flags & UV_UDP_PARTIAL) || (in->cap && (size_t)nread > in->cap)) {
+    lynx_cnt_add(&w->drops[FE_DROP_OVERSIZE], 1);
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
+                "worker %u: %zd-byte datagram is larger than a slot's %u-byte "
+                "payload, dropped",
+                w->id, nread, in->cap);
+    return;
+  }
+  flow = in->flows ? lynx_flow_hash(addr) & in->flow_mask : 0;
+  rc = fe_submit(w, buf->base, (uint32_t)nread, flow, addr, 0, 0, 0, &drop);
+  if (rc && drop < FE_WDROP_MAX)
+    lynx_cnt_add(&w->drops[drop], 1);
+}
+
+int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
+              uint32_t flow, const struct sockaddr *peer, uint32_t cli,
+              uint32_t cli_gen, int hold, enum fe_wdrop *drop) {
+  struct fe_ingress *in = &w->ingress;
+  struct lynx_flow *fl = in->flows ? &in->flows[flow] : NULL;
+  struct fe_mq *mq;
+  struct lynx_tag_entry *e;
+  uint32_t tag;
+  int i, rc;
+  *drop = FE_WDROP_MAX;
+  if (hold && fl && fl->outstanding) {
+    /* a stream keeps its order: it waits for room on its mqueue rather
+     * than moving */
+    const struct lynx_dq *q = fl->q < in->disp.n ? in->disp.q[fl->q] : NULL;
+    if (q && q->up && q->rx_prod - q->rx_cons >= q->slots)
+      return -EAGAIN;
+  }
+  i = lynx_dispatch_pick_flow(&in->disp, fl);
+  if (i < 0) {
+    if (i == -ENOSPC && hold)
+      return -EAGAIN;
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: request dropped: %s",
+                w->id, i == -ENOSPC ? "every RX ring is full"
+                                    : "no mqueue in dispatch");
+    *drop = i == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_NO_MQUEUE;
+    return i; /* -ENOSPC or -ENOENT */
+  }
+  mq = container_of(in->dqs[i], struct fe_mq, dq);
+  e = lynx_tag_alloc(&w->tags, mq->gid, peer, w->now_ns, &tag);
+  if (!e) {
+    if (hold)
+      return -EAGAIN;
+    *drop = FE_DROP_TAG_FULL;
+    return -ENOSPC;
+  }
+  rc = write_request(w, mq, data, len, tag);
+  if (rc) {
+    lynx_tag_release(&w->tags, e);
+    lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
+    /* -ENOBUFS: the transport's queues are full for now (the request is
+     * dropped, the connection stays; a fenced request's payload may be
+     * posted without its metadata, which is never published) */
+    if (rc == -ENOBUFS)
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: accelerator %s/%u: "
+                  "transport queue full, request dropped", w->id,
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id);
+    else
+      fe_rmq_fail(w, mq->conn, rc);
+    return rc; /* *drop: FE_WDROP_MAX, counted on the mqueue */
+  }
+  e->seq = in->dispatch_seq++;
+  e->flow = flow;
+  e->cli = cli;
+  e->cli_gen = cli_gen;
+  if (fl) {
+    if (fl->outstanding && fl->q != (uint32_t)i)
+      lynx_cnt_add(&w->flow_moves, 1);
+    fl->q = (uint32_t)i;
+    fl->outstanding++;
+  }
+  mq->dq.rx_prod++;
+  fe_mq_outstanding_set(mq, mq->dq.outstanding + 1);
+  mq->conn->dirty = 1;
+  lynx_cnt_add(&mq->dispatched, 1);
+  return 0;
+}
+
+/* ---- the dispatch order -------------------------------------------- */
+
+/*
+ * Rebuilds what depends on the set of connections: the dispatch order
+ * (interleaving accelerators: a0q0, a1q0, a0q1, ... so consecutive requests
+ * spread over all of them), the payload cap, and the flow table's mqueue
+ * indices. Called with w->rmq.lock held.
+ */
+int fe_dispatcher_rebuild(struct fe_worker *w) {
+  struct fe_ingress *in = &w->ingress;
+  const struct fe_rmq *r = &w->rmq;
+  uint32_t n = 0, k = 0, cap = 0;
+  struct lynx_dq **dqs, **old = in->dqs;
+  for (uint32_t i = 0; i < r->n_conns; i++) {
+    const struct fe_conn *c = r->conns[i];
+    n += c->n_mqs - c->n_client_mqs;
+    if (!c->removing && c->state != FE_CONN_DEAD &&
+        (cap == 0 || lynx_slot_cap(c->acc.g.slot_size) < cap))
+      cap = lynx_slot_cap(c->acc.g.slot_size);
+  }
+  dqs = calloc(n + 1, sizeof(*dqs));
+  if (!dqs)
+    return -ENOMEM;
+  for (uint32_t round = 0; k < n; round++)
+    for (uint32_t i = 0; i < r->n_conns; i++)
+      if (round < r->conns[i]->n_mqs && !r->conns[i]->mqs[round].be)
+        dqs[k++] = &r->conns[i]->mqs[round].dq;
+  /* a flow in flight keeps its mqueue across the rebuild */
+  for (uint32_t f = 0; in->flows && f <= in->flow_mask; f++) {
+    struct lynx_flow *fl = &in->flows[f];
+    uint32_t to = UINT32_MAX;
+    if (!fl->outstanding || fl->q >= in->n_mqs || !old)
+      continue;
+    for (uint32_t j = 0; j < n && to == UINT32_MAX; j++)
+      if (dqs[j] == old[fl->q])
+        to = j;
+    fl->q = to == UINT32_MAX ? 0 : to;
+    if (to == UINT32_MAX)
+      fl->outstanding = 0; /* its mqueue is gone; its requests counted there */
+  }
+  in->dqs = dqs;
+  in->n_mqs = n;
+  in->cap = cap;
+  in->disp.q = dqs;
+  in->disp.n = n;
+  in->disp.cursor = 0;
+  free(old);
+  return 0;
+}
+
+/* ---- set-up --------------------------------------------------------- */
+
+int fe_dispatcher_init(struct fe_worker *w) {
+  struct fe_ingress *in = &w->ingress;
+  const struct fe_cfg *cfg = w->fe->cfg;
+  in->rbuf = malloc((size_t)FE_RECV_CHUNKS * FE_DGRAM_MAX);
+  if (!in->rbuf)
+    return -ENOMEM;
+  in->disp.policy = (enum lynx_dispatch_policy)cfg->dispatch;
+  if (cfg->order == 0) { /* flow order */
+    in->flow_mask = FE_FLOWS - 1;
+    in->flows = calloc(FE_FLOWS, sizeof(*in->flows));
+    if (!in->flows)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+void fe_dispatcher_free(struct fe_worker *w) {
+  struct fe_ingress *in = &w->ingress;
+  free(in->dqs);
+  free(in->rbuf);
+  free(in->flows);
+  in->dqs = NULL;
+  in->rbuf = NULL;
+  in->flows = NULL;
+}
+
+int fe_dispatcher_open_udp(struct fe_worker *w) {
+  struct frontend *fe = w->fe;
+  int one = 1, fd, rc, sz = (int)fe->cfg->rcvbuf_kb * 1024;
+  socklen_t alen = fe->udp_addr.ss_family == AF_INET6
+                       ? sizeof(struct sockaddr_in6)
+                       : sizeof(struct sockaddr_in);
+  fd = socket(fe->udp_addr.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+              0);
+  if (fd < 0)
+    return -errno;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
+    goto fail;
+  /* a deep receive buffer absorbs bursts; FORCE needs CAP_NET_ADMIN */
+  if (sz && setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+  if (sz && setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof(sz)) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+  if (bind(fd, (struct sockaddr *)&fe->udp_addr, alen) != 0)
+    goto fail;
+  /* AF_UNSPEC: libuv creates no socket of its own; we hand it ours */
+  rc = uv_udp_init_ex(&w->loop, &w->ingress.udp, AF_UNSPEC | UV_UDP_RECVMMSG);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  w->ingress.udp.data = w;
+  w->ingress.udp_open = 1;
+  rc = uv_udp_open(&w->ingress.udp, fd);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  return uv_udp_recv_start(&w->ingress.udp, on_alloc, on_recv);
+fail:
+  rc = -errno;
+  close(fd);
+  return rc;
+}
+
+void fe_dispatcher_close_udp(struct fe_worker *w) {
+  if (!w->ingress.udp_open)
+    return;
+  uv_udp_recv_stop(&w->ingress.udp);
+  uv_close((uv_handle_t *)&w->ingress.udp, NULL);
+  w->ingress.udp_open = 0;
+}

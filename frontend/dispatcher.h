@@ -1,0 +1,85 @@
+/*
+ * dispatcher.h - the Message Dispatcher (Lynx paper §4.2, ingress): takes
+ * a request from the network, picks an mqueue by the dispatch policy
+ * (dispatch.h), gives it a tag and writes it into that mqueue's RX ring.
+ *
+ * Owns: the UDP socket of a UDP service and its receive buffer, the
+ * dispatch order over the worker's mqueues (rebuilt when connections come
+ * or go), the payload cap, and the flow table (--order flow). TCP streams
+ * (tcpsvc.c) come in through fe_submit too.
+ */
+#ifndef LYNX_FE_DISPATCHER_H
+#define LYNX_FE_DISPATCHER_H
+
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "dispatch.h"
+#include "rmq.h"
+#include "tagtab.h"
+
+#define FE_RECV_CHUNKS 20 /* libuv's recvmmsg width */
+#define FE_DGRAM_MAX 65536
+#define FE_FLOWS 4096 /* flow-table slots per worker (power of two) */
+
+/* Drop reasons counted per worker (not attributable to one mqueue). */
+enum fe_wdrop {
+  FE_DROP_OVERSIZE,  /* datagram longer than the slot */
+  FE_DROP_RING_FULL, /* every RX ring in dispatch was full */
+  FE_DROP_NO_MQUEUE, /* no mqueue in dispatch */
+  FE_DROP_TAG_FULL,  /* too many requests outstanding */
+  FE_DROP_SHUTDOWN,  /* arrived while stopping */
+  FE_WDROP_MAX       /* (fe_submit: counted on the mqueue instead) */
+};
+
+extern const char *const fe_wdrop_names[FE_WDROP_MAX];
+
+/* The dispatcher's state in a worker. */
+struct fe_ingress {
+  uv_udp_t udp; /* UDP services */
+  int udp_open;
+  char *rbuf;
+  uint32_t got; /* requests received in this loop pass */
+  struct lynx_dispatcher disp;
+  struct lynx_dq **dqs; /* dispatch order (server mqueues) */
+  uint32_t n_mqs;
+  uint32_t cap; /* largest payload every accelerator's slots take */
+  struct lynx_flow *flows; /* NULL with --order none */
+  uint32_t flow_mask;
+  uint64_t dispatch_seq; /* order of requests, kept by their answers */
+};
+
+/* Sets up a worker's dispatcher (main thread): policy and flow table from
+ * the service's configuration. 0 or -errno; fe_dispatcher_free undoes it,
+ * also half-done. */
+int fe_dispatcher_init(struct fe_worker *w);
+void fe_dispatcher_free(struct fe_worker *w);
+
+/* Opens the UDP socket on the service's address and starts receiving.
+ * 0 or -errno. */
+int fe_dispatcher_open_udp(struct fe_worker *w);
+/* Stops receiving and closes the socket (idempotent). */
+void fe_dispatcher_close_udp(struct fe_worker *w);
+
+/* Dispatches one request from a UDP peer (cli unused) or a TCP client
+ * (peer NULL). Returns 0 when written; with hold, -EAGAIN when it must
+ * wait for room (a TCP stream keeps its order and loses nothing);
+ * otherwise it was dropped: a negative errno (-ENOSPC no room, -ENOENT no
+ * mqueue in dispatch, or the transport's error) with *drop set to where
+ * the caller counts it (a fe_wdrop reason; FE_WDROP_MAX: already counted
+ * on the mqueue). */
+int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
+              uint32_t flow, const struct sockaddr *peer, uint32_t cli,
+              uint32_t cli_gen, int hold, enum fe_wdrop *drop);
+
+/* A request ended (answered, dropped, expired, lost): its flow has one
+ * fewer in flight. fe_request_done also releases its tag. */
+void fe_flow_done(struct fe_worker *w, const struct lynx_tag_entry *e);
+void fe_request_done(struct fe_worker *w, struct lynx_tag_entry *e);
+
+/* Rebuilds the dispatch order and the payload cap from the connection set
+ * (called with the set's lock held). 0 or -ENOMEM (nothing changed). */
+int fe_dispatcher_rebuild(struct fe_worker *w);
+
+#endif

@@ -1,0 +1,188 @@
+/*
+ * forwarder.c - the Message Forwarder (Lynx paper §4.2, egress).
+ *
+ * Each pass runs every connection's Remote Message Queue Manager cycle,
+ * which hands each new TX slot here (fe_forward_slot): the response's tag
+ * is mapped back to its client (the tag table), the response is gathered,
+ * and after the pass every gathered response is sent in dispatch order:
+ * one sendmmsg per 64 for UDP, framed onto its connection for TCP
+ * (tcpsvc.c). A client mqueue's slot is a request of the application to
+ * its back end instead (backend.c).
+ *
+ * Owns: the gathered responses (struct fe_egress). Their payloads stay in
+ * the mqueues' staging buffers, which the manager reads into again only at
+ * that connection's next cycle, after the pass has sent.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "log.h"
+
+static int resp_cmp(const void *a, const void *b) {
+  const struct fe_resp *x = a, *y = b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Sends every gathered response, in dispatch order, 64 per sendmmsg. */
+static void flush_sends(struct fe_worker *w) {
+  struct fe_egress *eg = &w->egress;
+  uint32_t base = 0;
+  int fd;
+  if (!eg->n_resp)
+    return;
+  if (eg->n_resp > 1)
+    qsort(eg->resp, eg->n_resp, sizeof(*eg->resp), resp_cmp);
+  if (w->fe->proto == FE_PROTO_TCP) {
+    for (uint32_t i = 0; i < eg->n_resp; i++)
+      fe_tcp_send(w, &eg->resp[i]);
+    eg->n_resp = 0;
+    return;
+  }
+  if (uv_fileno((uv_handle_t *)&w->ingress.udp, &fd) != 0) {
+    /* the socket is closed (stopping): these answers cannot go out */
+    for (uint32_t i = 0; i < eg->n_resp; i++)
+      lynx_cnt_add(&eg->resp[i].mq->drops[FE_QDROP_SEND_ERR], 1);
+    eg->n_resp = 0;
+    return;
+  }
+  while (base < eg->n_resp) {
+    uint32_t n = eg->n_resp - base, done = 0;
+    if (n > FE_SEND_BATCH)
+      n = FE_SEND_BATCH;
+    for (uint32_t i = 0; i < n; i++) {
+      struct fe_resp *r = &eg->resp[base + i];
+      struct msghdr *h = &eg->out[i].msg_hdr;
+      eg->out_iov[i].iov_base = (void *)r->data;
+      eg->out_iov[i].iov_len = r->len;
+      memset(h, 0, sizeof(*h));
+      h->msg_name = &r->addr;
+      h->msg_namelen = r->addr.sa.sa_family == AF_INET6 ? sizeof(r->addr.v6)
+                                                        : sizeof(r->addr.v4);
+      h->msg_iov = &eg->out_iov[i];
+      h->msg_iovlen = 1;
+    }
+    while (done < n) {
+      int k = sendmmsg(fd, eg->out + done, n - done, MSG_DONTWAIT);
+      if (k > 0) {
+        for (uint32_t i = done; i < done + (uint32_t)k; i++)
+          lynx_cnt_add(&eg->resp[base + i].mq->responded, 1);
+        done += (uint32_t)k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR)
+        continue;
+      /* the first of the rest failed: count it, go on with the others */
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: send failed: %s",
+                  w->id, strerror(errno));
+      lynx_cnt_add(&eg->resp[base + done].mq->drops[FE_QDROP_SEND_ERR], 1);
+      done++;
+    }
+    base += n;
+  }
+  eg->n_resp = 0;
+}
+
+static void queue_send(struct fe_worker *w, struct fe_mq *mq,
+                       const struct lynx_tag_entry *e, const uint8_t *data,
+                       uint32_t len) {
+  struct fe_egress *eg = &w->egress;
+  struct fe_resp *r = &eg->resp[eg->n_resp++];
+  r->seq = e->seq;
+  r->addr = e->peer;
+  r->cli = e->cli;
+  r->cli_gen = e->cli_gen;
+  r->data = data;
+  r->len = len;
+  r->mq = mq;
+}
+
+int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
+                    const uint8_t *slot, uint32_t pos) {
+  uint32_t z = mq->conn->acc.g.slot_size;
+  struct lynx_slot_meta m;
+  struct lynx_tag_entry *e;
+  memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
+  if (mq->be && m.seq == lynx_seq_for(pos)) {
+    /* a client mqueue: the application's request to its back end */
+    if (lynx_meta_check(&m, z) != 0) {
+      lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
+      return 0;
+    }
+    return fe_backend_request(w, mq, slot + (uint32_t)m.off16 * 16u, m.len,
+                              m.tag);
+  }
+  if (m.seq != lynx_seq_for(pos)) {
+    /* tx_prod ran ahead of the slot: an accelerator bug; counted once per
+     * position, retried at every cycle */
+    if (mq->bad_seq_pos != pos + 1) {
+      mq->bad_seq_pos = pos + 1;
+      lynx_cnt_add(&mq->drops[FE_QDROP_TX_SEQ], 1);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                  "mqueue %s/%u/%u: TX slot %u announced but not published "
+                  "(seq %u)",
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
+                  pos, m.seq);
+    }
+    return -EAGAIN;
+  }
+  e = lynx_tag_lookup(&w->tags, m.tag, mq->gid);
+  if (!e) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_STALE_TAG], 1);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "mqueue %s/%u/%u: response with unknown or stale tag 0x%08x "
+                "discarded",
+                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
+                m.tag);
+    return 0;
+  }
+  fe_mq_outstanding_set(mq, mq->dq.outstanding - 1);
+  if (m.status == LYNX_ST_DROPPED) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_APP], 1);
+  } else if (lynx_meta_check(&m, z) != 0) {
+    lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "mqueue %s/%u/%u: response of %u bytes at %u does not fit a "
+                "%u-byte slot, dropped",
+                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
+                m.len, m.off16 * 16u, z);
+  } else {
+    queue_send(w, mq, e, slot + (uint32_t)m.off16 * 16u, m.len);
+  }
+  fe_request_done(w, e);
+  return 0;
+}
+
+int fe_forward(struct fe_worker *w) {
+  int work = 0;
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++)
+    work += fe_rmq_progress(w, w->rmq.conns[i]);
+  flush_sends(w);
+  return work;
+}
+
+/* One pass gathers at most what every mqueue's staging holds. */
+int fe_forwarder_reserve(struct fe_worker *w) {
+  struct fe_egress *eg = &w->egress;
+  uint32_t max_resp = 0;
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
+    const struct fe_conn *c = w->rmq.conns[i];
+    for (uint32_t q = 0; q < c->n_mqs; q++)
+      max_resp += c->mqs[q].stage_slots;
+  }
+  if (max_resp > eg->max_resp) {
+    struct fe_resp *r = realloc(eg->resp, max_resp * sizeof(*r));
+    if (!r)
+      return -ENOMEM;
+    eg->resp = r;
+    eg->max_resp = max_resp;
+  }
+  return 0;
+}
+
+void fe_forwarder_free(struct fe_worker *w) {
+  free(w->egress.resp);
+  w->egress.resp = NULL;
+  w->egress.n_resp = w->egress.max_resp = 0;
+}

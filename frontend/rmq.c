@@ -1,0 +1,633 @@
+/*
+ * rmq.c - the Remote Message Queue Manager (Lynx paper §4.2): keeps the
+ * mqueues in accelerator memory, reached only by one-sided reads and
+ * writes through the transport ops table (shm, tcp, rdma).
+ *
+ * Owns a worker's connection set: each connection to one accelerator
+ * instance, the worker's mqueues on it, its state machine, its reconnects.
+ *
+ * Per connection, one cycle of the state machine: read the accelerator's
+ * control array (all its indices in one read), then read the new TX slots
+ * of this worker's mqueues, hand each slot up (the forwarder's hook), then
+ * write the TX consumer indices back (lazily: once per cycle). Reads are
+ * asynchronous so a remote transport pipelines; shm completes them at
+ * once. RX slots are written payload and metadata in one posted write (or
+ * fenced: payload, a read as barrier, metadata); after a batch every
+ * touched connection gets one doorbell (flush and notify).
+ *
+ * A connection that fails goes out of dispatch, its outstanding requests
+ * end (in doubt, or lost when its node was declared down), and it is
+ * reopened with jittered backoff while it stays in the table.
+ *
+ * Calls no other frontend file: upward events go through the worker's
+ * struct fe_rmq_hooks.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "log.h"
+
+#define WR_KIND_SHIFT 60
+#define WR_CTRL (1ull << WR_KIND_SHIFT)
+#define WR_SLOT (2ull << WR_KIND_SHIFT)
+#define WR_FENCE (3ull << WR_KIND_SHIFT)
+#define WR_KIND(id) ((id) >> WR_KIND_SHIFT)
+
+#define STAGE_BYTES (256u * 1024u) /* TX staging per mqueue per cycle */
+
+const char *const fe_qdrop_names[FE_QDROP_MAX] = {
+    "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
+    "expired",   "lost",        "write_error", "send_error", "client_gone",
+    "backend_down", "in_doubt"};
+
+static const uint8_t zeros[16];
+
+uint32_t fe_conn_outstanding(const struct fe_conn *c) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    n += c->mqs[i].dq.outstanding;
+  return n;
+}
+
+/* The connection set changed: the layers above rebuild what depends on it
+ * (w->rmq.lock held). 0, or -errno and they changed nothing. */
+static int set_changed(struct fe_worker *w) {
+  struct fe_rmq *r = &w->rmq;
+  int rc = r->hooks->changed(w);
+  if (rc)
+    return rc;
+  r->n_client_mqs = 0;
+  for (uint32_t i = 0; i < r->n_conns; i++)
+    r->n_client_mqs += r->conns[i]->n_client_mqs;
+  return 0;
+}
+
+/* ---- connection failure ------------------------------------------- */
+
+#define RETRY_MIN_NS (100u * 1000u * 1000u)
+#define RETRY_MAX_NS (5000ull * 1000u * 1000u)
+
+/* Schedules the next attempt to reopen a dead connection (jittered
+ * exponential backoff). */
+static void retry_later(struct fe_worker *w, struct fe_conn *c) {
+  c->retry_ns = lynx_now_ns() + lynx_backoff_next(&c->retry_wait_ns,
+                                                  RETRY_MIN_NS, RETRY_MAX_NS,
+                                                  &w->retry_seed);
+}
+
+/* Takes a connection out of dispatch: its mqueues leave the dispatcher and
+ * every request outstanding on them ends, counted as reason: lost when
+ * its node was declared down (its agent's lease fence guarantees it never
+ * runs later), in doubt when the accelerator may still run it (docs/
+ * design.md, "Delivery guarantees"). */
+void fe_rmq_down(struct fe_worker *w, struct fe_conn *c, const char *why,
+                 enum fe_qdrop reason) {
+  if (c->state == FE_CONN_DEAD)
+    return;
+  LYNX_WARN("frontend", "worker %u: accelerator %s/%u (instance %llu) out "
+            "of dispatch: %s", w->id, c->acc.node, c->acc.desc.accel_id,
+            (unsigned long long)c->acc.instance_id, why);
+  c->state = FE_CONN_DEAD;
+  retry_later(w, c);
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    uint32_t n =
+        lynx_tag_release_mq(&w->tags, mq->gid, w->rmq.hooks->lost, w);
+    mq->dq.up = 0;
+    fe_mq_outstanding_set(mq, 0);
+    lynx_cnt_add(&mq->drops[reason], n);
+  }
+  if (c->tc) {
+    c->tc->ops->close(c->tc);
+    c->tc = NULL;
+  }
+}
+
+void fe_rmq_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
+  char why[96];
+  snprintf(why, sizeof(why), "transport error: %s", strerror(-rc));
+  fe_rmq_down(w, c, why, FE_QDROP_IN_DOUBT);
+}
+
+/* ---- the remote rings ------------------------------------------------ */
+
+int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
+                uint32_t len, uint32_t tag, uint16_t status) {
+  struct fe_conn *c = mq->conn;
+  const struct lynx_geom *g = &c->acc.g;
+  uint32_t pos = mq->dq.rx_prod;
+  uint32_t poff = lynx_payload_off(g->slot_size, len);
+  uint64_t slot = lynx_slot_off(g, lynx_rx_ring_off(g, mq->q), pos);
+  struct lynx_slot_meta m = {len, tag, status, (uint16_t)(poff / 16u),
+                             lynx_seq_for(pos)};
+  struct iovec iov[3] = {{(void *)data, len},
+                         {(void *)zeros, lynx_slot_cap(g->slot_size) - poff - len},
+                         {&m, sizeof(m)}};
+  struct lynx_tconn *tc = c->tc;
+  int rc;
+  if (c->acc.desc.ordering == LYNX_ORDER_COALESCED)
+    return tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
+  /* fenced: payload, a read as write barrier, then the metadata */
+  rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
+  if (!rc)
+    /* any read of the region flushes the posted payload ahead of it; the
+     * mqueue's actrl word is readable under every transport's access rules
+     * (rdma registers the RX rings write-only) */
+    rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), w->rmq.fence_scratch, 4,
+                       WR_FENCE);
+  if (!rc)
+    rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2], 1,
+                         LYNX_WR_PUBLISH | LYNX_WR_FENCE);
+  return rc;
+}
+
+void fe_rmq_doorbells(struct fe_worker *w) {
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
+    struct fe_conn *c = w->rmq.conns[i];
+    int rc;
+    if (!c->dirty || c->state == FE_CONN_DEAD)
+      continue;
+    rc = c->tc->ops->flush(c->tc);
+    if (rc == -ENOBUFS)
+      continue; /* rung again next iteration */
+    c->dirty = 0;
+    if (!rc) {
+      rc = c->tc->ops->notify(c->tc);
+      if (rc == -ENOTSUP || rc == -ENOBUFS)
+        rc = 0;
+    }
+    if (rc)
+      fe_rmq_fail(w, c, rc);
+  }
+}
+
+/* ---- one connection's cycle ---------------------------------------- */
+
+/* An index from the accelerator that breaks the ring rules: counted once
+ * per distinct bad value (it is seen again at every poll), logged. */
+static void bad_index(struct fe_mq *mq, const char *which, uint32_t v) {
+  if (mq->bad_value == v + 1)
+    return;
+  mq->bad_value = v + 1;
+  lynx_cnt_add(&mq->drops[FE_QDROP_BAD_INDEX], 1);
+  LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+              "accelerator %s/%u mqueue %u: %s %u out of range (rx %u..%u, "
+              "tx_cons %u), ignored",
+              mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, which,
+              v, mq->dq.rx_cons, mq->dq.rx_prod, mq->tx_cons);
+}
+
+/* The actrl array arrived: refresh flow control, post reads of new TX
+ * slots. */
+static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc.g;
+  struct lynx_tconn *tc = c->tc;
+  int rc;
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    struct lynx_actrl a = c->snap[mq->q];
+    uint32_t avail, n, first, n1;
+    uint64_t ring = lynx_tx_ring_off(g, mq->q);
+    /* rx_cons may only move forward within what we produced; a bad value
+     * is ignored (flow control keeps the last good one) */
+    if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons)
+      mq->dq.rx_cons = a.rx_cons;
+    else
+      bad_index(mq, "rx_cons", a.rx_cons);
+    avail = a.tx_prod - mq->tx_cons;
+    if (avail == 0)
+      continue;
+    if (avail > g->slots) {
+      bad_index(mq, "tx_prod", a.tx_prod);
+      continue;
+    }
+    n = avail < mq->stage_slots ? avail : mq->stage_slots;
+    first = mq->tx_cons & (g->slots - 1);
+    n1 = g->slots - first < n ? g->slots - first : n;
+    /* -ENOBUFS: the transport has no room for more reads in flight; what
+     * was not posted is read next cycle */
+    rc = tc->ops->read(tc, ring + (uint64_t)first * g->slot_size, mq->stage,
+                       (size_t)n1 * g->slot_size, WR_SLOT | i);
+    if (rc == -ENOBUFS)
+      break;
+    if (rc)
+      return rc;
+    c->reads_pending++;
+    mq->tx_staged = n1;
+    if (n > n1) {
+      rc = tc->ops->read(tc, ring, mq->stage + (size_t)n1 * g->slot_size,
+                         (size_t)(n - n1) * g->slot_size, WR_SLOT | i);
+      if (rc == -ENOBUFS)
+        break;
+      if (rc)
+        return rc;
+      c->reads_pending++;
+      mq->tx_staged = n;
+    }
+  }
+  c->state = c->reads_pending ? FE_CONN_SLOTS : FE_CONN_IDLE;
+  rc = c->reads_pending ? tc->ops->flush(tc) : 0;
+  c->flush_again = rc == -ENOBUFS; /* the reads are posted: rung next cycle */
+  return rc == -ENOBUFS ? 0 : rc;
+}
+
+/* All slot reads are in: forward, then write TX consumer indices back. */
+static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc.g;
+  uint32_t sent = 0;
+  int rc;
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    for (uint32_t k = 0; k < mq->tx_staged; k++) {
+      if (w->rmq.hooks->slot(w, mq, mq->stage + (size_t)k * g->slot_size,
+                       mq->tx_cons) != 0)
+        break;
+      mq->tx_cons++;
+      mq->tx_cons_dirty = 1;
+      sent++;
+    }
+    mq->tx_staged = 0;
+  }
+  /* The payloads stay in the staging buffers, which are only read into
+   * again at this connection's next cycle, after the worker has sent. */
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    struct iovec iov = {&mq->tx_cons, 4};
+    if (!mq->tx_cons_dirty)
+      continue;
+    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(g, mq->q), &iov, 1,
+                            LYNX_WR_PUBLISH);
+    if (rc == -ENOBUFS)
+      break; /* the transport is full: written back next cycle */
+    if (rc)
+      return rc;
+    mq->tx_cons_dirty = 0;
+  }
+  c->state = FE_CONN_IDLE;
+  if (sent) {
+    rc = c->tc->ops->flush(c->tc);
+    c->flush_again = rc == -ENOBUFS;
+    if (rc && rc != -ENOBUFS)
+      return rc;
+  }
+  return (int)sent;
+}
+
+int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  uint64_t ids[32];
+  int rc, work = 0;
+  if (c->state == FE_CONN_DEAD)
+    return 0;
+  if (c->flush_again) { /* an earlier doorbell found the transport full */
+    rc = tc->ops->flush(tc);
+    c->flush_again = rc == -ENOBUFS;
+    if (rc && rc != -ENOBUFS)
+      goto fail;
+  }
+  if (c->state == FE_CONN_IDLE) {
+    /* Responses come only for requests in flight: with none, polling the
+     * control array would only cost the agent (tcp) or the NIC (rdma). Its
+     * rx_cons is read again with the next request's first cycle. */
+    if (fe_conn_outstanding(c) == 0 && !c->n_client_mqs)
+      return 0;
+    rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                       8u * c->acc.g.n_mqueues, WR_CTRL);
+    if (rc == -ENOBUFS) {
+      rc = 0; /* no room: polled again next cycle */
+    } else if (!rc) {
+      c->state = FE_CONN_CTRL;
+      rc = tc->ops->flush(tc);
+      c->flush_again = rc == -ENOBUFS; /* posted; rung next cycle */
+      if (rc == -ENOBUFS)
+        rc = 0;
+    }
+    if (rc)
+      goto fail;
+  }
+  /* ctrl completion posts slot reads, whose completions may already be
+   * there: a few rounds, bounded */
+  for (int round = 0; round < 4; round++) {
+    int n = tc->ops->poll(tc, ids, (int)LYNX_ARRAY_SIZE(ids));
+    if (n < 0) {
+      rc = n;
+      goto fail;
+    }
+    if (n == 0)
+      break;
+    for (int i = 0; i < n; i++) {
+      switch (WR_KIND(ids[i])) {
+      case 1: /* WR_CTRL */
+        rc = conn_on_ctrl(w, c);
+        if (rc)
+          goto fail;
+        break;
+      case 2: /* WR_SLOT */
+        if (c->reads_pending)
+          c->reads_pending--;
+        break;
+      default: /* fence reads carry no data we use */
+        break;
+      }
+    }
+    if (c->state == FE_CONN_SLOTS && c->reads_pending == 0) {
+      rc = conn_on_slots(w, c);
+      if (rc < 0)
+        goto fail;
+      work += rc;
+    }
+  }
+  return work;
+fail:
+  fe_rmq_fail(w, c, rc);
+  return work;
+}
+
+/* ---- connections come and go (worker thread) ------------------------ */
+
+/* Reads the accelerator's indices synchronously (when a connection is
+ * added; shm answers at once, a remote transport within the deadline). */
+static int conn_resume(struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  uint64_t id;
+  uint64_t deadline = lynx_now_ns() + 2000000000ull;
+  int rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                         8u * c->acc.g.n_mqueues, WR_CTRL);
+  if (!rc)
+    rc = tc->ops->flush(tc);
+  while (!rc) {
+    rc = tc->ops->poll(tc, &id, 1);
+    if (rc == 1)
+      return 0;
+    if (rc == 0 && lynx_now_ns() > deadline)
+      rc = -ETIMEDOUT;
+  }
+  return rc;
+}
+
+static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
+  if (c->tc)
+    c->tc->ops->close(c->tc);
+  for (uint32_t i = 0; c->mqs && i < c->n_mqs; i++) {
+    free(c->mqs[i].stage);
+    if (c->mqs[i].be)
+      r->hooks->be_close(c->mqs[i].be);
+  }
+  free(c->mqs);
+  free(c->snap);
+  free(c);
+}
+
+/* Connects (or reconnects) c's transport and takes its rings over where
+ * they are: the region may have served an earlier frontend or this one
+ * before the connection broke; responses to those requests show up as
+ * stale tags. On success c is in dispatch. */
+static int conn_open(struct fe_worker *w, struct fe_conn *c) {
+  const struct fe_accel *acc = &c->acc;
+  int rc = acc->ops->connect(&acc->desc, &c->tc);
+  if (rc) {
+    c->tc = NULL;
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot connect to "
+                "accelerator %s/%u (%s %s): %s", w->id, acc->node,
+                acc->desc.accel_id, acc->desc.transport, acc->desc.locator,
+                strerror(-rc));
+    return rc;
+  }
+  rc = conn_resume(c);
+  if (rc) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
+                "accelerator %s/%u's indices: %s", w->id, acc->node,
+                acc->desc.accel_id, strerror(-rc));
+    goto fail;
+  }
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    struct iovec iov = {&mq->tx_cons, 4};
+    mq->dq.rx_prod = mq->dq.rx_cons = c->snap[mq->q].rx_cons;
+    mq->tx_cons = c->snap[mq->q].tx_prod;
+    mq->tx_staged = 0;
+    mq->tx_cons_dirty = 0;
+    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, mq->q), &iov, 1,
+                            LYNX_WR_PUBLISH);
+    if (rc)
+      goto fail;
+  }
+  rc = c->tc->ops->flush(c->tc);
+  if (rc)
+    goto fail;
+  c->state = FE_CONN_IDLE;
+  c->reads_pending = 0;
+  c->dirty = 0;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    c->mqs[i].dq.up = 1;
+  return 0;
+fail:
+  c->tc->ops->close(c->tc);
+  c->tc = NULL;
+  return rc;
+}
+
+int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
+  struct frontend *fe = w->fe;
+  struct fe_conn *c, **conns;
+  uint32_t n = 0;
+  int rc;
+  for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w)
+    n++;
+  if (n == 0) {
+    LYNX_WARN("frontend", "worker %u: instance %llu has %u mqueues for %u "
+              "workers: this worker gets none", w->id,
+              (unsigned long long)acc->instance_id, acc->g.n_mqueues, fe->n_w);
+    return 0;
+  }
+  c = calloc(1, sizeof(*c));
+  if (!c)
+    return -ENOMEM;
+  c->acc = *acc;
+  c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
+  c->mqs = calloc(n, sizeof(*c->mqs));
+  if (!c->snap || !c->mqs) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w) {
+    struct fe_mq *mq = &c->mqs[c->n_mqs++];
+    mq->conn = c;
+    mq->q = q;
+    mq->gid = w->rmq.next_gid++;
+    mq->dq.slots = acc->g.slots;
+    mq->stage_slots = STAGE_BYTES / acc->g.slot_size;
+    if (mq->stage_slots == 0)
+      mq->stage_slots = 1;
+    if (mq->stage_slots > acc->g.slots)
+      mq->stage_slots = acc->g.slots;
+    mq->stage = malloc((size_t)mq->stage_slots * acc->g.slot_size);
+    if (!mq->stage) {
+      rc = -ENOMEM;
+      goto fail;
+    }
+    if (q >= acc->n_server && q - acc->n_server < fe->n_backends) {
+      rc = w->rmq.hooks->be_open(w, mq, &fe->backends[q - acc->n_server]);
+      if (rc)
+        goto fail;
+      c->n_client_mqs++;
+    }
+  }
+  /* an accelerator that cannot be reached yet stays in the table, out of
+   * dispatch, and is retried with backoff */
+  if (conn_open(w, c)) {
+    c->state = FE_CONN_DEAD;
+    retry_later(w, c);
+  }
+  pthread_mutex_lock(&w->rmq.lock);
+  conns = realloc(w->rmq.conns, (w->rmq.n_conns + 1) * sizeof(*conns));
+  if (conns) {
+    w->rmq.conns = conns;
+    w->rmq.conns[w->rmq.n_conns++] = c;
+    rc = set_changed(w);
+    if (rc)
+      w->rmq.n_conns--;
+  } else {
+    rc = -ENOMEM;
+  }
+  pthread_mutex_unlock(&w->rmq.lock);
+  if (rc)
+    goto fail;
+  if (c->state != FE_CONN_DEAD)
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) in "
+              "dispatch over %s: %u mqueues", w->id, acc->node,
+              acc->desc.accel_id, (unsigned long long)acc->instance_id,
+              acc->desc.transport, c->n_mqs);
+  return 0;
+fail:
+  conn_free(&w->rmq, c);
+  return rc;
+}
+
+/* Reopens dead connections still in the table whose retry time came. */
+void fe_rmq_retry(struct fe_worker *w) {
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
+    struct fe_conn *c = w->rmq.conns[i];
+    if (c->state != FE_CONN_DEAD || c->removing || w->now_ns < c->retry_ns)
+      continue;
+    if (conn_open(w, c)) {
+      c->failures++;
+      retry_later(w, c);
+      continue;
+    }
+    pthread_mutex_lock(&w->rmq.lock);
+    if (set_changed(w)) { /* out of memory: out of dispatch again, retry */
+      for (uint32_t q = 0; q < c->n_mqs; q++)
+        c->mqs[q].dq.up = 0;
+    }
+    pthread_mutex_unlock(&w->rmq.lock);
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) back "
+              "in dispatch over %s after %u failed attempts", w->id,
+              c->acc.node, c->acc.desc.accel_id,
+              (unsigned long long)c->acc.instance_id, c->acc.desc.transport,
+              c->failures);
+    c->failures = 0;
+    c->retry_wait_ns = 0;
+  }
+}
+
+/* (a LOST may hit a connection that is draining: any_state) */
+struct fe_conn *fe_rmq_find(struct fe_worker *w, uint64_t instance_id,
+                            int any_state) {
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++)
+    if (w->rmq.conns[i]->acc.instance_id == instance_id &&
+        (any_state || !w->rmq.conns[i]->removing))
+      return w->rmq.conns[i];
+  return NULL;
+}
+
+struct fe_mq *fe_rmq_mq(struct fe_worker *w, uint32_t gid) {
+  struct fe_rmq *r = &w->rmq;
+  for (uint32_t i = 0; i < r->n_conns; i++)
+    for (uint32_t k = 0; k < r->conns[i]->n_mqs; k++)
+      if (r->conns[i]->mqs[k].gid == gid)
+        return &r->conns[i]->mqs[k];
+  return NULL;
+}
+
+/* Out of dispatch: new requests go elsewhere, answers still come back. */
+void fe_rmq_remove(struct fe_worker *w, struct fe_conn *c) {
+  if (c->removing)
+    return;
+  c->removing = 1;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    c->mqs[i].dq.up = 0;
+  LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) leaves "
+            "dispatch with %u requests in flight", w->id, c->acc.node,
+            c->acc.desc.accel_id, (unsigned long long)c->acc.instance_id,
+            fe_conn_outstanding(c));
+}
+
+/* Frees removed connections whose requests are all answered (or expired:
+ * the request timeout bounds the wait). */
+void fe_rmq_reap(struct fe_worker *w) {
+  uint32_t i = 0;
+  while (i < w->rmq.n_conns) {
+    struct fe_conn *c = w->rmq.conns[i];
+    int rc;
+    if (!c->removing ||
+        (c->state != FE_CONN_DEAD && fe_conn_outstanding(c) != 0)) {
+      i++;
+      continue;
+    }
+    pthread_mutex_lock(&w->rmq.lock);
+    w->rmq.conns[i] = w->rmq.conns[--w->rmq.n_conns];
+    rc = set_changed(w);
+    if (rc) { /* out of memory: put it back, try again later */
+      w->rmq.conns[w->rmq.n_conns++] = w->rmq.conns[i];
+      w->rmq.conns[i] = c;
+    }
+    pthread_mutex_unlock(&w->rmq.lock);
+    if (rc)
+      return;
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) "
+              "released", w->id, c->acc.node, c->acc.desc.accel_id,
+              (unsigned long long)c->acc.instance_id);
+    for (uint32_t q = 0; q < c->n_mqs; q++) {
+      lynx_cnt_add(&w->retired_dispatched, lynx_cnt_get(&c->mqs[q].dispatched));
+      lynx_cnt_add(&w->retired_responded, lynx_cnt_get(&c->mqs[q].responded));
+      for (int k = 0; k < FE_QDROP_MAX; k++)
+        lynx_cnt_add(&w->retired_drops[k], lynx_cnt_get(&c->mqs[q].drops[k]));
+    }
+    /* conns[i] is another connection now: look at it next */
+    conn_free(&w->rmq, c);
+  }
+}
+
+/* ---- set-up (main thread) and other threads -------------------------- */
+
+void fe_rmq_init(struct fe_rmq *r, const struct fe_rmq_hooks *hooks) {
+  r->hooks = hooks;
+  pthread_mutex_init(&r->lock, NULL);
+}
+
+void fe_rmq_free(struct fe_rmq *r) {
+  for (uint32_t i = 0; r->conns && i < r->n_conns; i++)
+    conn_free(r, r->conns[i]);
+  free(r->conns);
+  r->conns = NULL;
+  r->n_conns = 0;
+  pthread_mutex_destroy(&r->lock);
+}
+
+void fe_foreach_mq(struct frontend *fe,
+                   void (*fn)(void *arg, const struct fe_worker *w,
+                              const struct fe_conn *c, const struct fe_mq *mq),
+                   void *arg) {
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    struct fe_worker *w = &fe->w[i];
+    pthread_mutex_lock(&w->rmq.lock);
+    for (uint32_t k = 0; k < w->rmq.n_conns; k++)
+      for (uint32_t q = 0; q < w->rmq.conns[k]->n_mqs; q++)
+        fn(arg, w, w->rmq.conns[k], &w->rmq.conns[k]->mqs[q]);
+    pthread_mutex_unlock(&w->rmq.lock);
+  }
+}

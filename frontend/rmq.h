@@ -1,0 +1,217 @@
+/*
+ * rmq.h - the Remote Message Queue Manager (Lynx paper §4.2): a worker's
+ * connections to its accelerators and the mqueues in their memory.
+ *
+ * Owns: the connection set (struct fe_rmq), each connection's state machine
+ * (read the control array, then the new TX slots), the one-sided writes of
+ * RX slots and TX consumer indices, the doorbells, and reconnecting with
+ * backoff. It reaches the remote rings only through the transport ops
+ * table; it does not know what a request is or where an answer goes. What
+ * it finds (a response slot) or loses (requests on a connection that went
+ * down) it hands up through the hooks the worker registers, so it calls no
+ * other frontend file (see the call graph in frontend.h).
+ *
+ * Thread: everything here runs on the worker's thread, except
+ * fe_foreach_mq, which other threads call under the set's lock.
+ */
+#ifndef LYNX_FE_RMQ_H
+#define LYNX_FE_RMQ_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "dispatch.h"
+#include "beframe.h"
+#include "mqueue.h"
+#include "tagtab.h"
+#include "transport.h"
+#include "util.h"
+
+struct fe_worker;
+struct frontend;
+struct fe_backend;
+
+/* Drop reasons counted per mqueue. */
+enum fe_qdrop {
+  FE_QDROP_STALE_TAG,   /* response carried a tag not outstanding here */
+  FE_QDROP_TX_OVERSIZE, /* response metadata breaks the bounds rule */
+  FE_QDROP_TX_SEQ,      /* TX index moved but slot not published */
+  FE_QDROP_BAD_INDEX,   /* accelerator index out of range */
+  FE_QDROP_APP,         /* the application dropped the request */
+  FE_QDROP_EXPIRED,     /* no response within the request timeout */
+  FE_QDROP_LOST,        /* its node was declared down: never runs later */
+  FE_QDROP_WRITE_ERR,   /* transport refused the request write */
+  FE_QDROP_SEND_ERR,    /* the response could not be sent to the client */
+  FE_QDROP_CLIENT_GONE, /* TCP: the client closed before its answer came */
+  FE_QDROP_BACKEND_DOWN, /* client mqueue: request answered "back end down" */
+  FE_QDROP_IN_DOUBT,    /* given up while its accelerator may still run it
+                           (connection broke, frontend stopped) */
+  FE_QDROP_MAX
+};
+
+extern const char *const fe_qdrop_names[FE_QDROP_MAX];
+
+/* An accelerator instance as the frontend knows it: what the agent (static
+ * mode) or the coordinator's table said. Each connection holds a copy. */
+struct fe_accel {
+  struct lynx_region_desc desc;
+  const struct lynx_transport_ops *ops;
+  struct lynx_geom g;
+  char node[64];
+  uint64_t instance_id; /* static mode: the accelerator index */
+  /* mqueues [0, n_server) are server mqueues; n_server + k is the client
+   * mqueue of the service's back end k */
+  uint32_t n_server;
+};
+
+/* A back end of a service (client mqueues). */
+struct fe_backend_cfg {
+  char name[32];
+  char address[64];
+  struct sockaddr_storage addr;
+  enum fe_be_proto proto;
+};
+
+struct fe_conn;
+
+/* One mqueue, owned by one worker. */
+struct fe_mq {
+  struct lynx_dq dq; /* the dispatcher's view */
+  struct fe_conn *conn;
+  uint32_t q;   /* index within its accelerator */
+  uint32_t gid; /* frontend-wide index */
+  uint32_t tx_cons;
+  uint32_t tx_staged; /* slots read this forwarder cycle */
+  uint32_t tx_cons_dirty;
+  uint32_t bad_value, bad_seq_pos; /* last reported (+1), to count once */
+  struct fe_backend *be; /* a client mqueue: its back-end connection */
+  uint8_t *stage; /* staging for TX slot reads */
+  uint32_t stage_slots;
+  lynx_counter dispatched, responded;
+  lynx_counter drops[FE_QDROP_MAX];
+};
+
+enum fe_conn_state {
+  FE_CONN_IDLE,  /* nothing posted */
+  FE_CONN_CTRL,  /* read of the actrl array posted */
+  FE_CONN_SLOTS, /* reads of TX slots posted */
+  FE_CONN_DEAD,  /* accelerator left or transport failed */
+};
+
+/* One worker's connection to one accelerator instance. */
+struct fe_conn {
+  struct fe_accel acc;
+  struct lynx_tconn *tc;
+  struct lynx_actrl *snap; /* target of the actrl read */
+  struct fe_mq *mqs;       /* this worker's mqueues on this accelerator */
+  uint32_t n_mqs;
+  enum fe_conn_state state;
+  uint32_t reads_pending;
+  int dirty;    /* requests written since the last flush */
+  int flush_again; /* a doorbell got -ENOBUFS: ring it at the next cycle */
+  int removing; /* out of dispatch; freed once nothing is outstanding */
+  uint32_t n_client_mqs; /* of mqs: client mqueues (polled always) */
+  /* a dead connection that is still in the table is reopened at retry_ns;
+   * the wait doubles from 100 ms to 5 s while it keeps failing */
+  uint64_t retry_ns, retry_wait_ns;
+  uint32_t failures;
+};
+
+/* What the layers above the manager do when it finds or loses something.
+ * The worker registers one table (worker.c); every member is set. */
+struct fe_rmq_hooks {
+  /* The connection set changed (called with the set's lock held): rebuild
+   * what depends on it (dispatch order, payload cap, response batch). 0,
+   * or -errno and nothing changed: the manager undoes its change. */
+  int (*changed)(struct fe_worker *w);
+  /* One staged TX slot of mq at ring position pos (the Message
+   * Forwarder). 0 when consumed, -EAGAIN when it is not published yet (the
+   * next cycle reads it again, and those after it). */
+  int (*slot)(struct fe_worker *w, struct fe_mq *mq, const uint8_t *slot,
+              uint32_t pos);
+  /* A request outstanding on a connection that went down ended without an
+   * answer (arg: the worker). */
+  void (*lost)(void *arg, const struct lynx_tag_entry *e);
+  /* A client mqueue of a new connection: open its back end (sets mq->be),
+   * 0 or -errno; close one when its connection is freed. */
+  int (*be_open)(struct fe_worker *w, struct fe_mq *mq,
+                 const struct fe_backend_cfg *cfg);
+  void (*be_close)(struct fe_backend *be);
+};
+
+/* A worker's connection set (state of the Remote Message Queue Manager). */
+struct fe_rmq {
+  const struct fe_rmq_hooks *hooks;
+  /* Guards conns against the readers in other threads (metrics, status);
+   * the data path never takes it. */
+  pthread_mutex_t lock;
+  struct fe_conn **conns;
+  uint32_t n_conns;
+  uint32_t next_gid;
+  uint32_t n_client_mqs; /* client mqueues this worker owns */
+  char fence_scratch[8]; /* target of the fenced writes' barrier reads */
+};
+
+/* outstanding is written by its worker only and read by the status and
+ * metrics threads: relaxed atomic stores, no locked instruction */
+static inline void fe_mq_outstanding_set(struct fe_mq *mq, uint32_t v) {
+  __atomic_store_n(&mq->dq.outstanding, v, __ATOMIC_RELAXED);
+}
+
+/* Requests in flight on a connection's mqueues. */
+uint32_t fe_conn_outstanding(const struct fe_conn *c);
+
+/* Writes one message into mq's RX ring (a request, or a back end's reply
+ * into a client mqueue); published, not yet rung (see fe_rmq_doorbells).
+ * The caller checked there is room and moves rx_prod. 0 or -errno
+ * (-ENOBUFS: the transport's queues are full for now). */
+int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
+                uint32_t len, uint32_t tag, uint16_t status);
+
+/* Rings every connection written to since the last call: one flush and
+ * one notify each. A connection whose transport fails goes down. */
+void fe_rmq_doorbells(struct fe_worker *w);
+
+/* Advances one connection's state machine: reads its control array, then
+ * its new TX slots, hands each to hooks->slot and writes the consumer
+ * indices back. Returns slots handled (>= 0); a transport error takes the
+ * connection down. */
+int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c);
+
+/* Takes a connection out of dispatch after a transport error rc (< 0):
+ * its outstanding requests are in doubt; it is reopened with backoff. */
+void fe_rmq_fail(struct fe_worker *w, struct fe_conn *c, int rc);
+
+/* The commands (worker thread). Add connects to a new instance (one that
+ * cannot be reached yet stays, out of dispatch, and is retried); 0 or
+ * -errno. Remove takes it out of dispatch while its answers still come;
+ * down ends its outstanding requests, counted as reason. */
+int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc);
+void fe_rmq_remove(struct fe_worker *w, struct fe_conn *c);
+void fe_rmq_down(struct fe_worker *w, struct fe_conn *c, const char *why,
+                 enum fe_qdrop reason);
+/* The connection to an instance, or NULL; one being removed counts only
+ * when any_state. */
+struct fe_conn *fe_rmq_find(struct fe_worker *w, uint64_t instance_id,
+                            int any_state);
+/* The mqueue with frontend-wide index gid, or NULL. */
+struct fe_mq *fe_rmq_mq(struct fe_worker *w, uint32_t gid);
+/* Frees removed connections that have nothing outstanding. */
+void fe_rmq_reap(struct fe_worker *w);
+/* Reopens dead connections whose retry time came. */
+void fe_rmq_retry(struct fe_worker *w);
+
+/* Set-up and tear-down of a worker's set (main thread): init before the
+ * worker starts, free after it was joined (frees every connection). */
+void fe_rmq_init(struct fe_rmq *r, const struct fe_rmq_hooks *hooks);
+void fe_rmq_free(struct fe_rmq *r);
+
+/* Calls fn for every mqueue of every worker (under each worker's lock;
+ * any thread). */
+void fe_foreach_mq(struct frontend *fe,
+                   void (*fn)(void *arg, const struct fe_worker *w,
+                              const struct fe_conn *c, const struct fe_mq *mq),
+                   void *arg);
+
+#endif
