@@ -139,10 +139,10 @@ enum fe_proto { FE_PROTO_UDP = 0, FE_PROTO_TCP = 1 };
 /* One service: its port, its protocol, its workers. */
 struct frontend {
   const struct fe_cfg *cfg;
-  char service[64];
+  char service[LYNX_ID_MAX];
   enum fe_proto proto;
   uint32_t fixed_len; /* TCP framing: 0 = len32, else fixed-size messages */
-  struct fe_backend_cfg backends[8]; /* client mqueues' back ends */
+  struct fe_backend_cfg backends[LYNX_BACKENDS_MAX]; /* client mqueues' back ends */
   uint32_t n_backends;
   struct sockaddr_storage udp_addr;
   struct fe_worker *w;
@@ -153,7 +153,7 @@ struct frontend {
   uint64_t cmd_seq; /* main thread: last command posted */
   struct fe_inst {
     uint64_t id;
-    char node[64];
+    char node[LYNX_ID_MAX];
   } *instances; /* main thread: the instances in dispatch */
   uint32_t n_instances;
   struct frontend *next;

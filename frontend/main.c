@@ -89,7 +89,7 @@ static const struct lynx_opt fe_opts[] = {
 struct fe_main {
   struct fe_cfg cfg;
   char *token;
-  char id[64];
+  char id[LYNX_ID_MAX];
   int coordinator_mode;
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
@@ -433,7 +433,7 @@ static int spec_addr(const struct fe_main *m, uint32_t port,
 static int spec_backends(const Lynx__ServiceSpec *sp,
                          struct fe_backend_cfg *out, uint32_t *n) {
   *n = 0;
-  for (size_t i = 0; i < sp->n_backends && i < 8; i++) {
+  for (size_t i = 0; i < sp->n_backends && i < LYNX_BACKENDS_MAX; i++) {
     const Lynx__Backend *b = sp->backends[i];
     struct fe_backend_cfg *o = &out[(*n)++];
     memset(o, 0, sizeof(*o));
@@ -444,12 +444,12 @@ static int spec_backends(const Lynx__ServiceSpec *sp,
     snprintf(o->address, sizeof(o->address), "%s", b->address);
     o->proto = strcmp(b->proto, "memcached") ? FE_BE_LEN32 : FE_BE_MEMCACHED;
   }
-  return sp->n_backends > 8 ? -EINVAL : 0;
+  return sp->n_backends > LYNX_BACKENDS_MAX ? -EINVAL : 0;
 }
 
 static int same_backends(const struct frontend *fe,
                          const Lynx__ServiceSpec *sp) {
-  struct fe_backend_cfg b[8];
+  struct fe_backend_cfg b[LYNX_BACKENDS_MAX];
   uint32_t n;
   if (spec_backends(sp, b, &n) || n != fe->n_backends)
     return 0;
@@ -496,7 +496,7 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
     fe = service_find(m, sp->name);
     if (!fe) {
       struct sockaddr_storage ss;
-      struct fe_backend_cfg bk[8];
+      struct fe_backend_cfg bk[LYNX_BACKENDS_MAX];
       uint32_t nb;
       if (spec_addr(m, sp->port, &ss)) {
         LYNX_ERR("frontend", "service %s: bad port %u", sp->name, sp->port);

@@ -27,6 +27,7 @@
 #include "tagtab.h"
 #include "transport.h"
 #include "util.h"
+#include "wire.h"
 
 struct fe_worker;
 struct frontend;
@@ -58,7 +59,7 @@ struct fe_accel {
   struct lynx_region_desc desc;
   const struct lynx_transport_ops *ops;
   struct lynx_geom g;
-  char node[64];
+  char node[LYNX_ID_MAX];
   uint64_t instance_id; /* static mode: the accelerator index */
   /* mqueues [0, n_server) are server mqueues; n_server + k is the client
    * mqueue of the service's back end k */
@@ -67,8 +68,8 @@ struct fe_accel {
 
 /* A back end of a service (client mqueues). */
 struct fe_backend_cfg {
-  char name[32];
-  char address[64];
+  char name[LYNX_BACKEND_NAME_MAX];
+  char address[LYNX_ADDR_MAX];
   struct sockaddr_storage addr;
   enum fe_be_proto proto;
 };
