@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "transport.h"
+#include "desc.h"
 
 #define LYNX_ID_MAX 64
 #define LYNX_LABELS_MAX 16
