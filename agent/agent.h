@@ -76,6 +76,7 @@ struct coord_link;
 struct agent {
   struct agent_cfg cfg;
   const struct lynx_transport_ops *tops;
+  struct lynx_transport_agent *tagent; /* tops' handle: regions, data port */
   char data_bound[LYNX_LOCATOR_MAX]; /* tcp/rdma: where data connections land */
   char node_id[LYNX_ID_MAX];
   char *token;

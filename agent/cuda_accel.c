@@ -687,7 +687,7 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
       .ctx = gi,
   };
   gi->refs++;
-  rc = l->tops->region_attach(r, l->name, g.region_size, &gi->mem);
+  rc = l->tops->region_attach(l->tagent, r, l->name, g.region_size, &gi->mem);
   if (rc) {
     snprintf(err, errlen, "the %s transport cannot reach GPU memory%s",
              l->tops->name, rc == -ENOTSUP ? " (use tcp or rdma)" : "");

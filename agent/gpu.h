@@ -47,6 +47,7 @@ struct gpu_instance;
 struct gpu_launch {
   const struct gpu_info *gpu;
   const struct lynx_transport_ops *tops;
+  struct lynx_transport_agent *tagent; /* tops' handle the region uses */
   const char *name; /* region name */
   uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
   uint64_t epoch;

@@ -40,7 +40,8 @@ static void fill_desc(struct agent *ag, struct instance *in,
 static int start_cpu(struct agent *ag, struct instance *in,
                      const struct lynx_app *app, const struct lynx_geom *g,
                      const char *name, char *why, size_t whylen) {
-  int rc = ag->tops->region_alloc(&in->region, name, g->region_size);
+  int rc = ag->tops->region_alloc(ag->tagent, &in->region, name,
+                                  g->region_size);
   if (rc) {
     snprintf(why, whylen, "cannot allocate a %llu-byte region: %s",
              (unsigned long long)g->region_size, strerror(-rc));
@@ -83,6 +84,7 @@ static int start_cuda(struct agent *ag, struct instance *in,
   struct gpu_launch l = {
       .gpu = &ag->acc[in->accel].gpu,
       .tops = ag->tops,
+      .tagent = ag->tagent,
       .name = name,
       .n_mqueues = g->n_mqueues,
       .n_server = in->n_server,

@@ -150,12 +150,17 @@ static void remove_stale_regions(const char *node_id) {
   closedir(d);
 }
 
-/* --metrics (its own thread): the ports' guards and the lease fence. */
+/* --metrics (its own thread): the ports' guards and the lease fence. The
+ * data port's guard is the transport handle's; before the handle exists,
+ * and for a transport without one (shm, rdma), it reads as nothing. */
 static void write_metrics(FILE *f, void *arg) {
+  static const struct lynx_guard no_guard;
   struct agent *ag = arg;
   uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
+  struct lynx_transport_agent *ta =
+      __atomic_load_n(&ag->tagent, __ATOMIC_ACQUIRE);
   lynx_guard_metrics(f, "lynx_agent_data", "data port (tcp transport)",
-                     &lynx_data_guard);
+                     ta && ta->guard ? ta->guard : &no_guard);
   lynx_guard_metrics(f, "lynx_agent_control", "static mode's control port",
                      &ag->ctl_guard);
   fprintf(f, "# HELP lynx_agent_lease_fenced 1 while the accelerators take "
@@ -368,22 +373,28 @@ int main(int argc, char **argv) {
     goto out_acc;
   }
 
-  lynx_guard_init(&lynx_data_guard, ag.cfg.data_conn_max,
-                  ag.cfg.data_unauth_max, ag.cfg.data_unauth_per_client);
   lynx_guard_init(&ag.ctl_guard, ag.cfg.ctl_conn_max, ag.cfg.ctl_unauth_max,
                   ag.cfg.ctl_unauth_per_client);
   if (ag.cfg.metrics &&
       lynx_prom_start(ag.cfg.metrics, write_metrics, &ag, &ag.metrics))
     goto out_acc; /* the reason, with the address, is on stderr */
   {
+    const struct lynx_transport_opts topts = {
+        .listen = ag.cfg.data_listen,
+        .conn_max = ag.cfg.data_conn_max,
+        .unauth_max = ag.cfg.data_unauth_max,
+        .per_source = ag.cfg.data_unauth_per_client,
+    };
+    struct lynx_transport_agent *ta = NULL;
     char err[320];
-    rc = ag.tops->agent_start(ag.cfg.data_listen, ag.data_bound,
-                              sizeof(ag.data_bound), err, sizeof(err));
+    rc = ag.tops->agent_create(&topts, &ta, err, sizeof(err));
     if (rc) {
       fprintf(stderr, "lynx-agent: --transport %s: %s\n", ag.tops->name, err);
       lynx_prom_stop(ag.metrics);
       goto out_acc;
     }
+    snprintf(ag.data_bound, sizeof(ag.data_bound), "%s", ta->bound);
+    __atomic_store_n(&ag.tagent, ta, __ATOMIC_RELEASE); /* for --metrics */
   }
   remove_stale_regions(ag.node_id);
   uv_loop_init(&ag.loop);
@@ -424,9 +435,10 @@ int main(int argc, char **argv) {
     LYNX_WARN("agent", "loop closed with handles open");
   exit_code = ag.exit_code;
   agent_instances_stop_all(&ag);
-  ag.tops->agent_stop(); /* every region's memory released */
+  lynx_prom_stop(ag.metrics); /* it reads the handle's guard */
+  ag.tops->agent_destroy(ag.tagent); /* every region's memory released */
+  ag.tagent = NULL;
   gpu_shutdown();
-  lynx_prom_stop(ag.metrics);
 out_acc:
   free(ag.acc);
   goto out_opts;

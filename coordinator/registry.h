@@ -23,8 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "desc.h"
 #include "wire.h"
-#include "transport.h"
 
 enum lynx_node_state {
   LYNX_NODE_READY = 0,    /* registered, lease alive, in dispatch */

@@ -1,6 +1,6 @@
 /*
  * rdma_conformance.c - the rdma transport over a real RDMA device
- * (hardware, SoftRoCE or siw): an agent side (agent_start, a formatted and
+ * (hardware, SoftRoCE or siw): an agent side (agent_create, a formatted and
  * exported region) and frontend connections in one process, through the
  * real rdma_cm and verbs, on the device's own IPv4 address.
  *
@@ -46,6 +46,7 @@
 #define WAIT_NS 3000000000ull
 
 static const struct lynx_transport_ops *ops = &lynx_transport_rdma;
+static struct lynx_transport_agent *agent; /* the agent side's handle */
 static struct lynx_region region;
 static struct lynx_region_desc desc;
 static struct lynx_geom geom;
@@ -428,7 +429,7 @@ static int setup_region(const char *bound) {
     epoch = (uint64_t)time(NULL);
   if (lynx_geom_init(&geom, Q, S, Z))
     FAIL("geometry");
-  rc = ops->region_alloc(&region, "conformance", geom.region_size);
+  rc = ops->region_alloc(agent, &region, "conformance", geom.region_size);
   if (rc)
     FAIL("region_alloc: %s", strerror(-rc));
   rc = lynx_region_format(&region, Q, S, Z, LYNX_ORDER_COALESCED, epoch, 0);
@@ -454,7 +455,7 @@ static int setup_region(const char *bound) {
 }
 
 int main(int argc, char **argv) {
-  char host[128], listen[160], bound[LYNX_LOCATOR_MAX], err[512];
+  char host[128], listen[160], err[512];
   struct lynx_tconn *tc = NULL;
   int rc = find_device(argc, argv, host, sizeof(host));
   if (rc)
@@ -462,13 +463,14 @@ int main(int argc, char **argv) {
   snprintf(listen, sizeof(listen), strchr(host, ':') ? "[%s]:0" : "%s:0",
            host);
   step_no = 1;
-  rc = ops->agent_start(listen, bound, sizeof(bound), err, sizeof(err));
+  rc = ops->agent_create(&(struct lynx_transport_opts){.listen = listen},
+                         &agent, err, sizeof(err));
   if (rc) {
-    fprintf(stderr, "rdma_conformance: agent_start(%s): %s\n", listen, err);
+    fprintf(stderr, "rdma_conformance: agent_create(%s): %s\n", listen, err);
     return 1;
   }
   memset(&region, 0, sizeof(region));
-  rc = setup_region(bound);
+  rc = setup_region(agent->bound);
 #define STEP(expr)                                                             \
   do {                                                                         \
     step_no++;                                                                 \
@@ -494,7 +496,7 @@ int main(int argc, char **argv) {
   if (tc)
     tc->ops->close(tc);
   ops->region_free(&region); /* a no-op after step_free_disconnects */
-  ops->agent_stop();
+  ops->agent_destroy(agent);
   printf("rdma_conformance: %s\n", rc ? "FAILED" : "all steps passed");
   return rc ? 1 : 0;
 }

@@ -53,6 +53,7 @@
 
 static const struct lynx_transport_ops *T;
 static char g_bound[LYNX_LOCATOR_MAX];
+static struct lynx_transport_agent *g_ta; /* the agent side's handle */
 /* The hung instance's handle: the backend keeps it (and its memory) until
  * the process exits, by design; reachable here so LeakSanitizer agrees. */
 struct gpu_instance *volatile ut_hung_gi;
@@ -71,17 +72,19 @@ static int group_setup(void **state) {
   fake_cuda_gpus(GPUS);
   fake_cuda_reset();
   T = lynx_transport_find("tcp");
-  if (!T || T->agent_start("127.0.0.1:0", g_bound, sizeof(g_bound), err,
-                           sizeof(err))) {
-    fprintf(stderr, "agent_start: %s\n", err);
+  if (!T || T->agent_create(
+                &(struct lynx_transport_opts){.listen = "127.0.0.1:0"}, &g_ta,
+                err, sizeof(err))) {
+    fprintf(stderr, "agent_create: %s\n", err);
     return -1;
   }
+  snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
   return 0;
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  T->agent_stop();
+  T->agent_destroy(g_ta);
   gpu_shutdown();
   fake_cuda_reap();
   return 0;
@@ -92,7 +95,8 @@ static int group_teardown(void **state) {
 static const struct lynx_region_mem *fk_mem;
 static int fk_attaches, fk_releases, fk_export_rc;
 
-static int fk_attach(struct lynx_region *r, const char *name, uint64_t size,
+static int fk_attach(struct lynx_transport_agent *a, struct lynx_region *r,
+                     const char *name, uint64_t size,
                      const struct lynx_region_mem *mem);
 
 static int fk_export(struct lynx_region *r) {
@@ -115,8 +119,10 @@ static const struct lynx_transport_ops fake_tops = {
     .region_free = fk_free,
 };
 
-static int fk_attach(struct lynx_region *r, const char *name, uint64_t size,
+static int fk_attach(struct lynx_transport_agent *a, struct lynx_region *r,
+                     const char *name, uint64_t size,
                      const struct lynx_region_mem *mem) {
+  (void)a;
   (void)name;
   fk_attaches++;
   r->fd = -1;
@@ -162,6 +168,7 @@ static int inst_start(struct inst *in, int dev,
     in->g.region_size = 0;
   l = (struct gpu_launch){.gpu = &in->gpu,
                           .tops = ops,
+                          .tagent = ops == T ? g_ta : NULL,
                           .name = "ut-gpu",
                           .n_mqueues = q,
                           .n_server = n_server,

@@ -1,9 +1,9 @@
 /*
  * test_transport_rdma.c - unit tests of the rdma transport up to the verbs
- * calls: common/rdma_dp.c (work requests, signalling, doorbells, bounds and
- * access classes, completions and errors), common/rdma_cm.c (the
+ * calls: transport/rdma_dp.c (work requests, signalling, doorbells, bounds
+ * and access classes, completions and errors), transport/rdma_cm.c (the
  * connection state machine, connect private data, reject reasons) and the
- * no-device paths of common/transport_rdma.c and common/rdma_agent.c.
+ * no-device paths of transport/transport_rdma.c and transport/rdma_agent.c.
  *
  * A fake NIC stands in for the device: ibv_post_send and ibv_poll_cq are
  * static inlines that call qp->context->ops, so a fake ibv_context records
@@ -389,8 +389,8 @@ static void test_find_and_ops(void **state) {
   (void)state;
   assert_ptr_equal(o, &lynx_transport_rdma);
   assert_string_equal(o->name, "rdma");
-  assert_non_null(o->agent_start);
-  assert_non_null(o->agent_stop);
+  assert_non_null(o->agent_create);
+  assert_non_null(o->agent_destroy);
   assert_non_null(o->region_alloc);
   assert_non_null(o->region_export);
   assert_non_null(o->region_free);
@@ -1240,7 +1240,8 @@ static void test_no_device(void **state) {
   const struct lynx_transport_ops *o = &lynx_transport_rdma;
   struct lynx_region r;
   struct lynx_tconn *tc = NULL;
-  char bound[128] = "x", err[512] = "";
+  struct lynx_transport_agent *ta = NULL;
+  char err[512] = "";
   struct fx *x = *state;
   if (lynx__rdma_device_count() > 0) {
     fprintf(stderr, "  (an RDMA device exists: the no-device paths are "
@@ -1248,15 +1249,16 @@ static void test_no_device(void **state) {
     skip();
   }
   memset(&r, 0, sizeof(r));
-  assert_int_equal(o->region_alloc(&r, "x", 4096), -ENOTCONN);
+  assert_int_equal(o->region_alloc(NULL, &r, "x", 4096), -ENOTCONN);
   o->region_free(&r); /* half-built: fine */
   assert_int_equal(o->region_export(&r), -EINVAL);
-  assert_int_equal(o->agent_start("127.0.0.1:0", bound, sizeof(bound), err,
-                                  sizeof(err)), -ENODEV);
+  assert_int_equal(o->agent_create(
+                       &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                       &ta, err, sizeof(err)), -ENODEV);
   assert_non_null(strstr(err, "no RDMA device found"));
   assert_non_null(strstr(err, "--transport tcp"));
   assert_non_null(strstr(err, "rdma link add"));
-  o->agent_stop(); /* never started: a no-op */
+  o->agent_destroy(ta); /* never created (NULL): a no-op */
   assert_int_equal(o->connect(&x->d, &tc), -ENODEV);
   assert_null(tc);
   snprintf(x->d.locator, sizeof(x->d.locator), "not-an-address");

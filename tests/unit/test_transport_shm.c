@@ -1,7 +1,8 @@
 /*
- * test_transport_shm.c - unit tests of common/transport.c (region format and
- * validation, descriptor conversion) and common/transport_shm.c (the shm
- * backend: alloc/connect/writev/read/poll/notify/free).
+ * test_transport_shm.c - unit tests of transport/transport.c (region format
+ * and validation), proto/desc.c (descriptor conversion) and
+ * transport/transport_shm.c (the shm backend:
+ * alloc/connect/writev/read/poll/notify/free).
  *
  * Every shm file is named lynx-ut-<pid>-<n>; the fixture's teardown frees it
  * whichever way a test ends, and an atexit handler unlinks anything left.
@@ -87,6 +88,7 @@ static int shm_exists(const char *locator) {
 
 struct fx {
   const struct lynx_transport_ops *ops;
+  struct lynx_transport_agent *ta; /* the agent-side handle */
   struct lynx_region r, r2; /* r2: a second region some tests need */
   struct lynx_geom g;
   struct lynx_region_desc d;
@@ -124,7 +126,10 @@ static int fx_setup(void **state) {
   f->ops = lynx_transport_find("shm");
   if (!f->ops || lynx_geom_init(&f->g, Q, S, Z))
     return -1;
-  if (f->ops->region_alloc(&f->r, new_name(name, sizeof(name)),
+  if (f->ops->agent_create(&(struct lynx_transport_opts){0}, &f->ta, name,
+                           sizeof(name)))
+    return -1;
+  if (f->ops->region_alloc(f->ta, &f->r, new_name(name, sizeof(name)),
                            f->g.region_size))
     return -1;
   if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
@@ -142,6 +147,7 @@ static int fx_teardown(void **state) {
   if (f->ops) {
     f->ops->region_free(&f->r);
     f->ops->region_free(&f->r2);
+    f->ops->agent_destroy(f->ta);
   }
   free(f->snap);
   free(f);
@@ -295,7 +301,8 @@ static void test_format_rejects(void **state) {
   struct fx *f = *state;
   char name[64];
   /* a region too small for the geometry */
-  assert_int_equal(f->ops->region_alloc(&f->r2, new_name(name, sizeof(name)),
+  assert_int_equal(f->ops->region_alloc(f->ta, &f->r2,
+                                        new_name(name, sizeof(name)),
                                         4096),
                    0);
   assert_int_equal(lynx_region_format(&f->r2, 1, 2, 64, 0, 1, 0), -EINVAL);
@@ -386,7 +393,8 @@ static void test_connect_unformatted(void **state) {
   struct fx *f = *state;
   struct lynx_region_desc d;
   char name[64];
-  assert_int_equal(f->ops->region_alloc(&f->r2, new_name(name, sizeof(name)),
+  assert_int_equal(f->ops->region_alloc(f->ta, &f->r2,
+                                        new_name(name, sizeof(name)),
                                         f->g.region_size),
                    0);
   fill_desc(&d, &f->r2, &f->g, EPOCH);
@@ -795,7 +803,7 @@ static void test_region_free_removes_file(void **state) {
 
   /* the same name again is refused and must not remove the first one */
   region_init_empty(&dup);
-  assert_int_equal(f->ops->region_alloc(&dup, loc + 1, 4096), -EEXIST);
+  assert_int_equal(f->ops->region_alloc(f->ta, &dup, loc + 1, 4096), -EEXIST);
   f->ops->region_free(&dup);
   assert_true(shm_exists(loc));
 

@@ -43,6 +43,7 @@
 #define EPOCH 0x5EED0000BEEFull
 
 static const struct lynx_transport_ops *T;
+static struct lynx_transport_agent *g_ta; /* the agent side's handle */
 static char g_bound[LYNX_LOCATOR_MAX];
 
 struct fx {
@@ -59,17 +60,18 @@ static int group_setup(void **state) {
   T = lynx_transport_find("tcp");
   if (!T)
     return -1;
-  if (T->agent_start("127.0.0.1:0", g_bound, sizeof(g_bound), err,
-                     sizeof(err))) {
-    fprintf(stderr, "agent_start: %s\n", err);
+  if (T->agent_create(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                      &g_ta, err, sizeof(err))) {
+    fprintf(stderr, "agent_create: %s\n", err);
     return -1;
   }
+  snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
   return 0;
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  T->agent_stop();
+  T->agent_destroy(g_ta);
   return 0;
 }
 
@@ -79,7 +81,7 @@ static int fx_setup(void **state) {
     return -1;
   *state = f;
   f->r.fd = -1;
-  if (T->region_alloc(&f->r, "ut", f->g.region_size) ||
+  if (T->region_alloc(g_ta, &f->r, "ut", f->g.region_size) ||
       lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, 4) ||
       T->region_export(&f->r))
     return -1;
@@ -531,7 +533,7 @@ static void test_hello_length_checked_first(void **state) {
   struct fx *f = *state;
   uint8_t hdr[24];
   static uint8_t chunk[65536];
-  uint64_t accepted0 = lynx_guard_get(&lynx_data_guard.accepted);
+  uint64_t accepted0 = lynx_guard_get(&g_ta->guard->accepted);
   size_t sent = 0;
   int fd = raw_connect(f), closed = 0;
   put_hdr(hdr, 1, 0, 4u << 20, 0, 0); /* HELLO of 4 MiB */
@@ -556,10 +558,10 @@ static void test_hello_length_checked_first(void **state) {
   close(fd);
   /* both were admitted and are counted closed again: no connection waits
    * to authenticate (the agent's thread closes them) */
-  for (int i = 0; i < 200 && lynx_guard_get(&lynx_data_guard.unauth) != 0; i++)
+  for (int i = 0; i < 200 && lynx_guard_get(&g_ta->guard->unauth) != 0; i++)
     usleep(10000);
-  assert_int_equal(lynx_guard_get(&lynx_data_guard.unauth), 0);
-  assert_true(lynx_guard_get(&lynx_data_guard.accepted) >= accepted0 + 2);
+  assert_int_equal(lynx_guard_get(&g_ta->guard->unauth), 0);
+  assert_true(lynx_guard_get(&g_ta->guard->accepted) >= accepted0 + 2);
   connect_ok(f);
   roundtrip(f, lynx_rx_ring_off(&f->g, 1), "still fine", 11, 0);
 }
@@ -653,7 +655,8 @@ static void test_device_memory_region(void **state) {
   dev.size = g.region_size;
   dev.mem = calloc(1, g.region_size);
   assert_non_null(dev.mem);
-  assert_int_equal(T->region_attach(&r, "ut-dev", g.region_size, &mem), 0);
+  assert_int_equal(T->region_attach(g_ta, &r, "ut-dev", g.region_size, &mem),
+                   0);
   assert_null(r.base);
   assert_int_equal(
       lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
@@ -707,7 +710,8 @@ static void test_device_memory_region(void **state) {
   {
     const struct lynx_transport_ops *shm = lynx_transport_find("shm");
     struct lynx_region r2 = {.fd = -1};
-    assert_int_equal(shm->region_attach(&r2, "ut-dev", g.region_size, &mem),
+    assert_int_equal(shm->region_attach(NULL, &r2, "ut-dev", g.region_size,
+                                        &mem),
                      -ENOTSUP);
     assert_int_equal(dev.releases, 2);
   }

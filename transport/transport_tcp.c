@@ -27,10 +27,12 @@
  * operation a read() brings and answers the reads with one write. Both sides
  * pipeline: a frontend may post new operations before earlier reads return.
  *
- * Agent threads: one libuv loop thread serves every connection of every
- * exported region. An exported region is reference-counted: region_free
- * unlists it and asks the server thread to close its connections; its
- * memory goes with the last reference.
+ * Agent threads: one libuv loop thread per handle (struct tcp_agent, from
+ * agent_create) serves every connection of every region exported through
+ * it; the handle also owns the data port's guard (connguard.h). An
+ * exported region is reference-counted: region_free unlists it and asks
+ * the server thread to close its connections; its memory goes with the
+ * last reference.
  */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -161,7 +163,10 @@ static void buf_free(struct buf *b) {
  * Agent side
  * ==================================================================== */
 
+struct tcp_agent;
+
 struct tcp_export {
+  struct tcp_agent *srv; /* the handle it is exported through */
   int refs;           /* the region's owner + every connection */
   int listed;         /* findable by key */
   uint8_t *base;      /* host memory, or NULL: mem */
@@ -174,13 +179,14 @@ struct tcp_export {
 
 struct srv_conn {
   uv_tcp_t tcp;
+  struct tcp_agent *srv;
   struct tcp_export *ex; /* NULL until HELLO */
   struct buf in;
   struct buf out;        /* replies not yet handed to the kernel */
   uv_write_t wreq;
   uint8_t *wbuf;         /* bytes of the write in flight */
   int writing, reading, closing;
-  int admitted;          /* counted by lynx_data_guard */
+  int admitted;          /* counted by srv->guard */
   struct lynx_guard_src *src; /* its source's record there, or NULL */
   /* a refused HELLO whose answer is held back (a source backed off for
    * wrong keys): sent and closed at refuse_at_ns */
@@ -190,7 +196,9 @@ struct srv_conn {
   struct srv_conn *next;
 };
 
-static struct {
+/* The agent-side handle: base.bound is the "host:port" listened on. */
+struct tcp_agent {
+  struct lynx_transport_agent base;
   pthread_mutex_t lock; /* exports list, refs, closing requests */
   struct tcp_export *exports;
   int running;
@@ -200,15 +208,16 @@ static struct {
   uv_async_t wake;
   uv_timer_t sweep;
   int stop;
-  char bound[LYNX_LOCATOR_MAX]; /* "host:port" listened on */
   struct srv_conn *conns;
-} srv = {.lock = PTHREAD_MUTEX_INITIALIZER};
+  struct lynx_guard guard; /* the data port's caps and counters */
+};
 
 static void export_put(struct tcp_export *ex) {
+  struct tcp_agent *srv = ex->srv;
   int last;
-  pthread_mutex_lock(&srv.lock);
+  pthread_mutex_lock(&srv->lock);
   last = --ex->refs == 0;
-  pthread_mutex_unlock(&srv.lock);
+  pthread_mutex_unlock(&srv->lock);
   if (last) {
     if (ex->mem)
       ex->mem->release(ex->mem->ctx);
@@ -218,10 +227,10 @@ static void export_put(struct tcp_export *ex) {
   }
 }
 
-/* Under srv.lock: the listed export with this key, referenced. */
-static struct tcp_export *export_get(uint64_t key) {
+/* Under srv->lock: the listed export with this key, referenced. */
+static struct tcp_export *export_get(struct tcp_agent *srv, uint64_t key) {
   struct tcp_export *ex;
-  for (ex = srv.exports; ex; ex = ex->next)
+  for (ex = srv->exports; ex; ex = ex->next)
     if (ex->listed && ex->key == key) {
       ex->refs++;
       return ex;
@@ -231,7 +240,8 @@ static struct tcp_export *export_get(uint64_t key) {
 
 static void srv_on_closed(uv_handle_t *h) {
   struct srv_conn *c = h->data;
-  struct srv_conn **pp = &srv.conns;
+  struct tcp_agent *srv = c->srv;
+  struct srv_conn **pp = &srv->conns;
   while (*pp && *pp != c)
     pp = &(*pp)->next;
   if (*pp)
@@ -239,7 +249,7 @@ static void srv_on_closed(uv_handle_t *h) {
   if (c->ex)
     export_put(c->ex);
   if (c->admitted)
-    lynx_guard_closed(&lynx_data_guard, c->src, c->ex != NULL);
+    lynx_guard_closed(&srv->guard, c->src, c->ex != NULL);
   buf_free(&c->in);
   buf_free(&c->out);
   free(c->wbuf);
@@ -368,9 +378,9 @@ static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
     err = EPROTO;
     goto out;
   }
-  pthread_mutex_lock(&srv.lock);
-  ex = export_get(le64toh(m.key));
-  pthread_mutex_unlock(&srv.lock);
+  pthread_mutex_lock(&c->srv->lock);
+  ex = export_get(c->srv, le64toh(m.key));
+  pthread_mutex_unlock(&c->srv->lock);
   if (!ex) {
     snprintf(why, sizeof(why), "no region with this key (the agent "
              "restarted or the instance stopped: stale descriptor)");
@@ -394,12 +404,12 @@ out:
   c->ex = ex;
   srv_reply(c, OP_HELLO_REPLY, (uint64_t)err, 0, why, (uint32_t)strlen(why));
   if (!err) {
-    lynx_guard_auth_ok(&lynx_data_guard, c->src);
+    lynx_guard_auth_ok(&c->srv->guard, c->src);
     return 0;
   }
   {
     uint64_t now = lynx_now_ns();
-    uint64_t hold = lynx_guard_auth_failed(&lynx_data_guard, c->src, now);
+    uint64_t hold = lynx_guard_auth_failed(&c->srv->guard, c->src, now);
     LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: %s%s",
                 c->peer, why, hold ? " (answer held back: this address keeps "
                 "presenting wrong credentials)" : "");
@@ -567,6 +577,7 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 }
 
 static void srv_on_conn(uv_stream_t *l, int status) {
+  struct tcp_agent *srv = l->data;
   struct srv_conn *c;
   struct sockaddr_storage ss;
   int len = sizeof(ss);
@@ -575,8 +586,9 @@ static void srv_on_conn(uv_stream_t *l, int status) {
   c = calloc(1, sizeof(*c));
   if (!c)
     return;
-  uv_tcp_init(&srv.loop, &c->tcp);
+  uv_tcp_init(&srv->loop, &c->tcp);
   c->tcp.data = c;
+  c->srv = srv;
   if (uv_accept(l, (uv_stream_t *)&c->tcp)) {
     uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
     return;
@@ -586,17 +598,17 @@ static void srv_on_conn(uv_stream_t *l, int status) {
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
     lynx_fmt_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
   c->since_ns = lynx_now_ns();
-  c->next = srv.conns;
-  srv.conns = c;
+  c->next = srv->conns;
+  srv->conns = c;
   {
     enum lynx_guard_refusal r =
-        lynx_guard_admit(&lynx_data_guard, &ss, c->since_ns, &c->src);
+        lynx_guard_admit(&srv->guard, &ss, c->since_ns, &c->src);
     if (r != LYNX_GUARD_ADMIT) {
       LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: "
                   "%s (caps: %u connections, %u not authenticated, %u of "
                   "those per address)", c->peer, lynx_guard_reason_names[r],
-                  lynx_data_guard.conn_max, lynx_data_guard.unauth_max,
-                  lynx_data_guard.per_source);
+                  srv->guard.conn_max, srv->guard.unauth_max,
+                  srv->guard.per_source);
       srv_close(c, NULL);
       return;
     }
@@ -609,15 +621,15 @@ static void srv_on_conn(uv_stream_t *l, int status) {
 }
 
 /* Closes connections of unlisted regions and silent ones. */
-static void srv_sweep_conns(void) {
+static void srv_sweep_conns(struct tcp_agent *srv) {
   uint64_t now = lynx_now_ns();
-  for (struct srv_conn *c = srv.conns; c; c = c->next) {
+  for (struct srv_conn *c = srv->conns; c; c = c->next) {
     int gone;
     if (c->closing)
       continue;
-    pthread_mutex_lock(&srv.lock);
+    pthread_mutex_lock(&srv->lock);
     gone = c->ex && !c->ex->listed;
-    pthread_mutex_unlock(&srv.lock);
+    pthread_mutex_unlock(&srv->lock);
     if (gone) {
       srv_close(c, NULL);
     } else if (c->refuse_at_ns) {
@@ -632,108 +644,141 @@ static void srv_sweep_conns(void) {
 }
 
 static void srv_on_wake(uv_async_t *a) {
-  (void)a;
-  srv_sweep_conns();
-  if (srv.stop) {
-    for (struct srv_conn *c = srv.conns; c; c = c->next)
+  struct tcp_agent *srv = a->data;
+  srv_sweep_conns(srv);
+  if (srv->stop) {
+    for (struct srv_conn *c = srv->conns; c; c = c->next)
       srv_close(c, NULL);
-    uv_close((uv_handle_t *)&srv.listener, NULL);
-    uv_close((uv_handle_t *)&srv.wake, NULL);
-    uv_close((uv_handle_t *)&srv.sweep, NULL);
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    uv_close((uv_handle_t *)&srv->wake, NULL);
+    uv_close((uv_handle_t *)&srv->sweep, NULL);
   }
 }
 
 static void srv_on_sweep(uv_timer_t *t) {
-  (void)t;
-  srv_sweep_conns();
+  srv_sweep_conns(t->data);
 }
 
 static void *srv_main(void *arg) {
-  (void)arg;
+  struct tcp_agent *srv = arg;
   prctl(PR_SET_NAME, "lynx-tcp-srv");
-  uv_run(&srv.loop, UV_RUN_DEFAULT);
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
   return NULL;
 }
 
-static int tcp_agent_start(const char *listen, char *bound, size_t boundlen,
-                           char *err, size_t errlen) {
+static int tcp_agent_create(const struct lynx_transport_opts *o,
+                            struct lynx_transport_agent **out, char *err,
+                            size_t errlen) {
   struct sockaddr_storage ss;
+  struct tcp_agent *srv;
   int len = sizeof(ss), rc;
-  if (srv.running) {
-    snprintf(err, errlen, "tcp transport already serving");
-    return -EALREADY;
-  }
-  if (lynx_parse_hostport(listen, &ss)) {
+  if (lynx_parse_hostport(o->listen, &ss)) {
     snprintf(err, errlen, "tcp transport: bad listen address '%s' "
-             "(expected host:port)", listen);
+             "(expected host:port)", o->listen);
     return -EINVAL;
   }
-  rc = uv_loop_init(&srv.loop);
+  srv = calloc(1, sizeof(*srv));
+  if (!srv) {
+    snprintf(err, errlen, "tcp transport: out of memory");
+    return -ENOMEM;
+  }
+  srv->base.ops = &lynx_transport_tcp;
+  srv->base.guard = &srv->guard;
+  lynx_guard_init(&srv->guard, o->conn_max, o->unauth_max, o->per_source);
+  pthread_mutex_init(&srv->lock, NULL);
+  rc = uv_loop_init(&srv->loop);
   if (rc)
     goto fail_msg;
-  uv_tcp_init(&srv.loop, &srv.listener);
-  uv_async_init(&srv.loop, &srv.wake, srv_on_wake);
-  uv_timer_init(&srv.loop, &srv.sweep);
-  rc = uv_tcp_bind(&srv.listener, (struct sockaddr *)&ss, 0);
+  uv_tcp_init(&srv->loop, &srv->listener);
+  uv_async_init(&srv->loop, &srv->wake, srv_on_wake);
+  uv_timer_init(&srv->loop, &srv->sweep);
+  srv->listener.data = srv->wake.data = srv->sweep.data = srv;
+  rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
   if (!rc)
-    rc = uv_listen((uv_stream_t *)&srv.listener, 256, srv_on_conn);
+    rc = uv_listen((uv_stream_t *)&srv->listener, 256, srv_on_conn);
   if (!rc)
-    rc = uv_tcp_getsockname(&srv.listener, (struct sockaddr *)&ss, &len);
+    rc = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &len);
   if (rc) {
-    uv_close((uv_handle_t *)&srv.listener, NULL);
-    uv_close((uv_handle_t *)&srv.wake, NULL);
-    uv_close((uv_handle_t *)&srv.sweep, NULL);
-    uv_run(&srv.loop, UV_RUN_DEFAULT);
-    uv_loop_close(&srv.loop);
-    goto fail_msg;
+    snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", o->listen,
+             uv_strerror(rc));
+    goto fail_loop;
   }
-  uv_timer_start(&srv.sweep, srv_on_sweep, 1000, 1000);
-  lynx_fmt_addr((struct sockaddr *)&ss, srv.bound, sizeof(srv.bound));
-  snprintf(bound, boundlen, "%s", srv.bound);
-  srv.stop = 0;
-  rc = pthread_create(&srv.thread, NULL, srv_main, NULL);
+  uv_timer_start(&srv->sweep, srv_on_sweep, 1000, 1000);
+  lynx_fmt_addr((struct sockaddr *)&ss, srv->base.bound,
+                sizeof(srv->base.bound));
+  srv->stop = 0;
+  rc = pthread_create(&srv->thread, NULL, srv_main, srv);
   if (rc) {
     snprintf(err, errlen, "tcp transport: cannot start its thread: %s",
              strerror(rc));
-    return -rc;
+    rc = -rc;
+    goto fail_loop;
   }
-  srv.running = 1;
+  srv->running = 1;
+  *out = &srv->base;
   return 0;
+fail_loop:
+  uv_close((uv_handle_t *)&srv->listener, NULL);
+  uv_close((uv_handle_t *)&srv->wake, NULL);
+  uv_close((uv_handle_t *)&srv->sweep, NULL);
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&srv->loop);
+  goto fail;
 fail_msg:
-  snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", listen,
+  snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", o->listen,
            uv_strerror(rc));
+fail:
+  pthread_mutex_destroy(&srv->lock);
+  free(srv);
   return rc;
 }
 
-static void tcp_agent_stop(void) {
-  if (!srv.running)
+static void tcp_agent_destroy(struct lynx_transport_agent *a) {
+  struct tcp_agent *srv;
+  int kept;
+  if (!a)
     return;
-  srv.stop = 1;
-  uv_async_send(&srv.wake);
-  pthread_join(srv.thread, NULL);
-  uv_run(&srv.loop, UV_RUN_NOWAIT);
-  uv_loop_close(&srv.loop);
-  srv.running = 0;
+  srv = container_of(a, struct tcp_agent, base);
+  if (srv->running) {
+    srv->stop = 1;
+    uv_async_send(&srv->wake);
+    pthread_join(srv->thread, NULL);
+    uv_run(&srv->loop, UV_RUN_NOWAIT);
+    uv_loop_close(&srv->loop);
+    srv->running = 0;
+  }
+  pthread_mutex_lock(&srv->lock);
+  kept = srv->exports != NULL;
+  pthread_mutex_unlock(&srv->lock);
+  if (kept) { /* their region_free still takes the lock */
+    LYNX_WARN("tcp", "agent: transport stopped with regions still exported: "
+              "its handle stays for their region_free");
+    return;
+  }
+  pthread_mutex_destroy(&srv->lock);
+  free(srv);
 }
 
-static int tcp_region_alloc(struct lynx_region *r, const char *name,
+static int tcp_region_alloc(struct lynx_transport_agent *a,
+                            struct lynx_region *r, const char *name,
                             uint64_t size) {
   (void)name;
-  return lynx_region_map_anon(r, &lynx_transport_tcp, srv.running, size,
-                              srv.bound);
+  return lynx_region_map_anon(r, a, size);
 }
 
-static int tcp_region_attach(struct lynx_region *r, const char *name,
+static int tcp_region_attach(struct lynx_transport_agent *a,
+                             struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
   (void)name;
-  return lynx_region_attach_served(r, &lynx_transport_tcp, srv.running, size,
-                                   mem, srv.bound);
+  return lynx_region_attach_served(r, a, size, mem);
 }
 
 static int tcp_region_export(struct lynx_region *r) {
+  struct tcp_agent *srv =
+      r->agent ? container_of(r->agent, struct tcp_agent, base) : NULL;
   struct lynx_region_hdr h;
   struct tcp_export *ex;
-  if ((!r->base && !r->mem) || r->priv ||
+  if (!srv || (!r->base && !r->mem) || r->priv ||
       lynx_region_read(r, 0, &h, sizeof(h)))
     return -EINVAL;
   ex = calloc(1, sizeof(*ex));
@@ -749,16 +794,17 @@ static int tcp_region_export(struct lynx_region *r) {
     free(ex);
     return -EIO;
   }
+  ex->srv = srv;
   ex->refs = 1;
   ex->listed = 1;
   ex->base = r->base;
   ex->mem = r->mem;
   ex->size = r->size;
   ex->epoch = h.epoch;
-  pthread_mutex_lock(&srv.lock);
-  ex->next = srv.exports;
-  srv.exports = ex;
-  pthread_mutex_unlock(&srv.lock);
+  pthread_mutex_lock(&srv->lock);
+  ex->next = srv->exports;
+  srv->exports = ex;
+  pthread_mutex_unlock(&srv->lock);
   r->key = ex->key;
   r->priv = ex;
   return 0;
@@ -767,16 +813,17 @@ static int tcp_region_export(struct lynx_region *r) {
 static void tcp_region_free(struct lynx_region *r) {
   struct tcp_export *ex = r->priv;
   if (ex) {
+    struct tcp_agent *srv = ex->srv;
     struct tcp_export **pp;
-    pthread_mutex_lock(&srv.lock);
+    pthread_mutex_lock(&srv->lock);
     ex->listed = 0;
-    for (pp = &srv.exports; *pp && *pp != ex; pp = &(*pp)->next)
+    for (pp = &srv->exports; *pp && *pp != ex; pp = &(*pp)->next)
       ;
     if (*pp)
       *pp = ex->next;
-    pthread_mutex_unlock(&srv.lock);
-    if (srv.running)
-      uv_async_send(&srv.wake); /* close its connections */
+    pthread_mutex_unlock(&srv->lock);
+    if (srv->running)
+      uv_async_send(&srv->wake); /* close its connections */
     export_put(ex);             /* memory goes with the last connection */
   } else if (r->mem) {
     r->mem->release(r->mem->ctx);
@@ -1125,8 +1172,8 @@ static int tcp_notify(struct lynx_tconn *tc) {
 
 const struct lynx_transport_ops lynx_transport_tcp = {
     .name = "tcp",
-    .agent_start = tcp_agent_start,
-    .agent_stop = tcp_agent_stop,
+    .agent_create = tcp_agent_create,
+    .agent_destroy = tcp_agent_destroy,
     .region_alloc = tcp_region_alloc,
     .region_attach = tcp_region_attach,
     .region_export = tcp_region_export,

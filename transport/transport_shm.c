@@ -35,31 +35,40 @@ struct shm_conn {
   unsigned cq_head, cq_tail;
 };
 
-/* The frontend maps the file itself: nothing to serve or export. */
-static int shm_agent_start(const char *listen, char *bound, size_t boundlen,
-                           char *err, size_t errlen) {
-  (void)listen;
-  (void)err;
-  (void)errlen;
-  if (boundlen)
-    bound[0] = 0;
+/* The frontend maps the file itself: nothing to serve or export, the
+ * handle only names the backend. */
+static int shm_agent_create(const struct lynx_transport_opts *o,
+                            struct lynx_transport_agent **out, char *err,
+                            size_t errlen) {
+  struct lynx_transport_agent *a = calloc(1, sizeof(*a));
+  (void)o;
+  if (!a) {
+    snprintf(err, errlen, "shm transport: out of memory");
+    return -ENOMEM;
+  }
+  a->ops = &lynx_transport_shm;
+  *out = a;
   return 0;
 }
 
-static void shm_agent_stop(void) {}
+static void shm_agent_destroy(struct lynx_transport_agent *a) { free(a); }
 
 static int shm_region_export(struct lynx_region *r) {
   (void)r;
   return 0;
 }
 
-static int shm_region_alloc(struct lynx_region *r, const char *name,
+static int shm_region_alloc(struct lynx_transport_agent *a,
+                            struct lynx_region *r, const char *name,
                             uint64_t size) {
   int fd;
   void *p;
   r->fd = -1;
   r->base = NULL;
   r->mem = NULL;
+  r->agent = NULL;
+  if (!a)
+    return -ENOTCONN; /* agent_create first */
   snprintf(r->locator, sizeof(r->locator), "/%s", name);
   fd = shm_open(r->locator, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
@@ -81,16 +90,20 @@ static int shm_region_alloc(struct lynx_region *r, const char *name,
   r->base = p;
   r->size = size;
   r->ops = &lynx_transport_shm;
+  r->agent = a;
   return 0;
 }
 
-static int shm_region_attach(struct lynx_region *r, const char *name,
+static int shm_region_attach(struct lynx_transport_agent *a,
+                             struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
+  (void)a;
   (void)name;
   (void)size;
   r->fd = -1;
   r->base = NULL;
   r->mem = NULL;
+  r->agent = NULL;
   mem->release(mem->ctx);
   return -ENOTSUP; /* a frontend maps a file of host memory: use tcp or rdma */
 }
@@ -236,8 +249,8 @@ static void shm_close(struct lynx_tconn *tc) {
 
 const struct lynx_transport_ops lynx_transport_shm = {
     .name = "shm",
-    .agent_start = shm_agent_start,
-    .agent_stop = shm_agent_stop,
+    .agent_create = shm_agent_create,
+    .agent_destroy = shm_agent_destroy,
     .region_alloc = shm_region_alloc,
     .region_attach = shm_region_attach,
     .region_export = shm_region_export,

@@ -1,4 +1,4 @@
-/* transport.c - backend registry and the region header helpers every
+/* transport.c - the table of backends and the region header helpers every
  * backend shares. */
 #include "transport.h"
 
@@ -11,23 +11,19 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "connguard.h"
-#include "lynx.pb-c.h"
 #include "mqueue.h"
 
-struct lynx_guard lynx_data_guard;
-
-static const struct lynx_transport_ops *const backends[] = {
-    &lynx_transport_shm,
-    &lynx_transport_tcp,
-    &lynx_transport_rdma,
+/* Indexed by enum lynx_transport_id (desc.h): a backend's name is the
+ * descriptor's (lynx_transport_names). */
+static const struct lynx_transport_ops *const backends[LYNX_TRANSPORT_COUNT] = {
+    [LYNX_TRANSPORT_SHM] = &lynx_transport_shm,
+    [LYNX_TRANSPORT_TCP] = &lynx_transport_tcp,
+    [LYNX_TRANSPORT_RDMA] = &lynx_transport_rdma,
 };
 
 const struct lynx_transport_ops *lynx_transport_find(const char *name) {
-  for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++)
-    if (strcmp(backends[i]->name, name) == 0)
-      return backends[i];
-  return NULL;
+  int id = lynx_transport_id(name);
+  return id < 0 ? NULL : backends[id];
 }
 
 int lynx_region_wake(uint8_t *base) {
@@ -44,16 +40,16 @@ int lynx_region_wake(uint8_t *base) {
   return 0;
 }
 
-int lynx_region_map_anon(struct lynx_region *r,
-                         const struct lynx_transport_ops *ops, int running,
-                         uint64_t size, const char *locator) {
+int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
+                         uint64_t size) {
   void *p;
   r->fd = -1;
   r->base = NULL;
   r->mem = NULL;
   r->priv = NULL;
-  if (!running)
-    return -ENOTCONN; /* agent_start first */
+  r->agent = NULL;
+  if (!a)
+    return -ENOTCONN; /* agent_create first */
   if (size == 0)
     return -EINVAL;
   p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
@@ -62,28 +58,29 @@ int lynx_region_map_anon(struct lynx_region *r,
     return -errno;
   r->base = p;
   r->size = size;
-  r->ops = ops;
-  snprintf(r->locator, sizeof(r->locator), "%s", locator);
+  r->ops = a->ops;
+  r->agent = a;
+  snprintf(r->locator, sizeof(r->locator), "%s", a->bound);
   return 0;
 }
 
 int lynx_region_attach_served(struct lynx_region *r,
-                              const struct lynx_transport_ops *ops,
-                              int running, uint64_t size,
-                              const struct lynx_region_mem *mem,
-                              const char *locator) {
+                              struct lynx_transport_agent *a, uint64_t size,
+                              const struct lynx_region_mem *mem) {
   r->fd = -1;
   r->base = NULL;
   r->priv = NULL;
   r->mem = NULL;
-  if (!running || size == 0) {
+  r->agent = NULL;
+  if (!a || size == 0) {
     mem->release(mem->ctx);
-    return !running ? -ENOTCONN : -EINVAL; /* agent_start first */
+    return !a ? -ENOTCONN : -EINVAL; /* agent_create first */
   }
   r->mem = mem;
   r->size = size;
-  r->ops = ops;
-  snprintf(r->locator, sizeof(r->locator), "%s", locator);
+  r->ops = a->ops;
+  r->agent = a;
+  snprintf(r->locator, sizeof(r->locator), "%s", a->bound);
   return 0;
 }
 
@@ -238,70 +235,5 @@ int lynx_region_validate(const void *base, uint64_t mapped,
              d->slot_size, (unsigned long long)d->region_size);
     return -EPROTO;
   }
-  return 0;
-}
-
-void lynx_desc_to_pb(const struct lynx_region_desc *d, Lynx__RegionDesc *pb) {
-  lynx__region_desc__init(pb);
-  pb->accel_id = d->accel_id;
-  pb->transport = (char *)d->transport;
-  pb->locator = (char *)d->locator;
-  pb->region_size = d->region_size;
-  pb->epoch = d->epoch;
-  pb->n_mqueues = d->n_mqueues;
-  pb->slot_size = d->slot_size;
-  pb->slots = d->slots;
-  pb->ordering = d->ordering == LYNX_ORDER_FENCED ? LYNX__ORDERING__ORDERING_FENCED
-                                                  : LYNX__ORDERING__ORDERING_COALESCED;
-  pb->key = d->key;
-  pb->remote_addr = d->remote_addr;
-  if (strcmp(d->transport, "rdma") == 0) {
-    pb->n_rkeys = LYNX_MR_COUNT;
-    pb->rkeys = (uint32_t *)d->rkeys;
-  }
-}
-
-int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
-                      char *err, size_t errlen) {
-  struct lynx_geom g;
-  memset(d, 0, sizeof(*d));
-  if (!pb->transport || strlen(pb->transport) >= sizeof(d->transport) ||
-      !pb->locator || strlen(pb->locator) >= sizeof(d->locator)) {
-    snprintf(err, errlen, "accel %u: transport or locator missing or too long",
-             pb->accel_id);
-    return -EINVAL;
-  }
-  if (lynx_geom_init(&g, pb->n_mqueues, pb->slots, pb->slot_size) ||
-      g.region_size != pb->region_size) {
-    snprintf(err, errlen, "accel %u: geometry %u x %u x %u B / %llu B is invalid",
-             pb->accel_id, pb->n_mqueues, pb->slots, pb->slot_size,
-             (unsigned long long)pb->region_size);
-    return -EINVAL;
-  }
-  if (pb->ordering != LYNX__ORDERING__ORDERING_COALESCED &&
-      pb->ordering != LYNX__ORDERING__ORDERING_FENCED) {
-    snprintf(err, errlen, "accel %u: unknown ordering %d", pb->accel_id,
-             (int)pb->ordering);
-    return -EINVAL;
-  }
-  d->accel_id = pb->accel_id;
-  strcpy(d->transport, pb->transport);
-  strcpy(d->locator, pb->locator);
-  d->region_size = pb->region_size;
-  d->epoch = pb->epoch;
-  d->n_mqueues = pb->n_mqueues;
-  d->slot_size = pb->slot_size;
-  d->slots = pb->slots;
-  d->ordering = pb->ordering == LYNX__ORDERING__ORDERING_FENCED ? LYNX_ORDER_FENCED
-                                                              : LYNX_ORDER_COALESCED;
-  if (strcmp(pb->transport, "rdma") == 0 && pb->n_rkeys != LYNX_MR_COUNT) {
-    snprintf(err, errlen, "accel %u: rdma descriptor carries %zu rkeys, not %d",
-             pb->accel_id, pb->n_rkeys, LYNX_MR_COUNT);
-    return -EINVAL;
-  }
-  d->key = pb->key;
-  d->remote_addr = pb->remote_addr;
-  for (size_t i = 0; i < pb->n_rkeys && i < LYNX_MR_COUNT; i++)
-    d->rkeys[i] = pb->rkeys[i];
   return 0;
 }

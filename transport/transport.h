@@ -2,9 +2,14 @@
  * transport.h - how a frontend reaches an accelerator's mqueue region, and
  * how an agent provides one.
  *
- * Backends ("shm" here; "tcp" and "rdma" plug in the same way) fill a
- * const struct lynx_transport_ops. A member a backend cannot provide points
- * at a function returning -ENOTSUP; no member is ever NULL.
+ * Backends (shm, tcp, rdma: transport_*.c, rdma_*.c) fill a const struct
+ * lynx_transport_ops. A member a backend cannot provide points at a
+ * function returning -ENOTSUP; no member is ever NULL.
+ *
+ * Agent side: agent_create returns a handle (struct lynx_transport_agent)
+ * that owns everything the transport serves with (tcp: its listener,
+ * thread and data-port guard; rdma: its device, CM listener and thread);
+ * regions are allocated through it and remember it (r->agent).
  *
  * Frontend side: one lynx_tconn per (frontend worker, accelerator), used by
  * that worker's thread only. Writes and reads are *posted*: they take effect
@@ -18,33 +23,33 @@
 #ifndef LYNX_TRANSPORT_H
 #define LYNX_TRANSPORT_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
 
-#define LYNX_LOCATOR_MAX 128
+#include "desc.h" /* struct lynx_region_desc, enum lynx_mr */
 
-/* What a frontend needs to reach one region (mirrors lynx.RegionDesc). */
-struct lynx_region_desc {
-  uint32_t accel_id;
-  char transport[16];
-  char locator[LYNX_LOCATOR_MAX];
-  uint64_t region_size;
-  uint64_t epoch;
-  uint32_t n_mqueues, slot_size, slots;
-  uint32_t ordering; /* enum lynx_ordering */
-  uint64_t key;         /* tcp, rdma: the region's access key */
-  uint64_t remote_addr; /* rdma: region base in the agent */
-  uint32_t rkeys[3];    /* rdma: indexed by enum lynx_mr */
+struct lynx_guard;
+
+/* What an agent-side handle is created with. */
+struct lynx_transport_opts {
+  const char *listen; /* tcp/rdma: "host:port" to serve on (port 0 = any) */
+  /* tcp: caps of the data port (connguard.h; 0 = no cap) */
+  uint32_t conn_max, unauth_max, per_source;
 };
 
-/* The three access classes of a region (layout version 2): what a frontend
- * reads (header + actrl, TX rings) and what it writes (fctrl + RX rings). */
-enum lynx_mr {
-  LYNX_MR_CTL = 0,   /* [0, fctrl_off): remote read */
-  LYNX_MR_WRITE = 1, /* [fctrl_off, rings_off + Q*S*Z): remote write */
-  LYNX_MR_TX = 2,    /* [rings_off + Q*S*Z, region_size): remote read */
-  LYNX_MR_COUNT = 3,
+/* Agent side: one serving transport, returned by agent_create and passed
+ * to every region operation (as SPDK's transports are). Backends embed
+ * this first and recover themselves with container_of; nothing of a
+ * transport's agent side is process-global, so a process (a test) may hold
+ * several. */
+struct lynx_transport_agent {
+  const struct lynx_transport_ops *ops;
+  char bound[LYNX_LOCATOR_MAX]; /* "host:port" listened on; "" for shm */
+  /* the data port's guard (caps, counters for --metrics), or NULL where
+   * the transport has none (shm; rdma does not use one yet) */
+  struct lynx_guard *guard;
 };
 
 /*
@@ -75,6 +80,7 @@ struct lynx_region_mem {
 /* Agent side: memory the transport provides and exports. */
 struct lynx_region {
   const struct lynx_transport_ops *ops;
+  struct lynx_transport_agent *agent; /* the handle it was allocated from */
   const struct lynx_region_mem *mem; /* device memory, or NULL: base */
   uint8_t *base;
   uint64_t size;
@@ -102,28 +108,34 @@ struct lynx_tconn {
 struct lynx_transport_ops {
   const char *name;
 
-  /* Agent, once per process before any region: start serving remote
-   * frontends on listen ("host:port"; port 0 = any). Fills bound with the
+  /* Agent: start serving remote frontends on o->listen. *out is the
+   * handle every region operation goes through; its bound holds the
    * "host:port" actually listened on. 0, or -errno with the reason in err
-   * (e.g. no RDMA device). shm: nothing to serve. */
-  int (*agent_start)(const char *listen, char *bound, size_t boundlen,
-                     char *err, size_t errlen);
-  /* Agent: stop serving; closes every data connection. */
-  void (*agent_stop)(void);
+   * (e.g. no RDMA device). shm: a handle with nothing to serve. */
+  int (*agent_create)(const struct lynx_transport_opts *o,
+                      struct lynx_transport_agent **out, char *err,
+                      size_t errlen);
+  /* Agent: stop serving (closing every data connection) and free a. Free
+   * every region of a first (a handle that still has regions is stopped
+   * but kept for their region_free). NULL: a no-op. */
+  void (*agent_destroy)(struct lynx_transport_agent *a);
   /* Agent: allocate a zeroed region of size bytes named after name; fills
-   * r->base, size, locator (shm: the file; tcp/rdma: the bound "host:port",
-   * host possibly a wildcard the agent replaces before advertising). */
-  int (*region_alloc)(struct lynx_region *r, const char *name, uint64_t size);
+   * r->base, size, locator (shm: the file; tcp/rdma: a's bound "host:port",
+   * host possibly a wildcard the agent replaces before advertising) and
+   * r->agent. a NULL (not serving): -ENOTCONN. */
+  int (*region_alloc)(struct lynx_transport_agent *a, struct lynx_region *r,
+                      const char *name, uint64_t size);
   /* Agent: like region_alloc, for zeroed device memory of size bytes the
    * transport reaches through mem (r->base stays NULL). The transport owns
    * the memory until it calls mem->release, which it does exactly once,
    * also when attach fails. -ENOTSUP where device memory cannot be
    * reached (shm). */
-  int (*region_attach)(struct lynx_region *r, const char *name, uint64_t size,
+  int (*region_attach)(struct lynx_transport_agent *a, struct lynx_region *r,
+                       const char *name, uint64_t size,
                        const struct lynx_region_mem *mem);
-  /* Agent: make a formatted region reachable (tcp: accept connections that
-   * present r->key; rdma: register its three access classes, fill rkeys and
-   * remote_addr). Called after lynx_region_format. */
+  /* Agent: make a formatted region reachable through r->agent (tcp: accept
+   * connections that present r->key; rdma: register its three access
+   * classes, fill rkeys and remote_addr). Called after lynx_region_format. */
   int (*region_export)(struct lynx_region *r);
   /* Agent: unexport (closing its data connections) and free; accepts a
    * half-built region. */
@@ -158,43 +170,34 @@ extern const struct lynx_transport_ops lynx_transport_shm;
 extern const struct lynx_transport_ops lynx_transport_tcp;
 extern const struct lynx_transport_ops lynx_transport_rdma;
 
-/* The agent's tcp data port (the rdma transport does not use it yet): its
- * connection caps, configured before agent_start (all 0: no cap), and the
- * counters its --metrics shows (connguard.h). */
-struct lynx_guard;
-extern struct lynx_guard lynx_data_guard;
-
 /* Wakes a CPU accelerator sleeping on the region's doorbell (shm notify,
  * and the tcp/rdma agents on a frontend's notify). 0 or -errno. */
 int lynx_region_wake(uint8_t *base);
 
-/* Agent side of tcp/rdma: region_alloc for a transport whose server is
- * running (else -ENOTCONN) and listens at locator: zeroed anonymous memory
- * the agent process serves itself. 0 or -errno. */
-int lynx_region_map_anon(struct lynx_region *r,
-                         const struct lynx_transport_ops *ops, int running,
-                         uint64_t size, const char *locator);
+/* Agent side of tcp/rdma: region_alloc through handle a (NULL: not
+ * serving, -ENOTCONN): zeroed anonymous memory the agent process serves
+ * itself, its locator a's bound. 0 or -errno. */
+int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
+                         uint64_t size);
 
-/* Agent side of tcp/rdma: region_attach for a transport whose server is
- * running (else -ENOTCONN) and listens at locator; hands mem back at once
- * (mem->release) when it fails. 0 or -errno. */
+/* Agent side of tcp/rdma: region_attach through handle a (NULL: not
+ * serving, -ENOTCONN); hands mem back at once (mem->release) when it
+ * fails. 0 or -errno. */
 int lynx_region_attach_served(struct lynx_region *r,
-                              const struct lynx_transport_ops *ops,
-                              int running, uint64_t size,
-                              const struct lynx_region_mem *mem,
-                              const char *locator);
+                              struct lynx_transport_agent *a, uint64_t size,
+                              const struct lynx_region_mem *mem);
 
 /* Agent side of tcp/rdma: fills an empty or wildcard host in a "host:port"
  * locator with host. */
 void lynx_locator_set_host(char *locator, size_t len, const char *host);
 
-/* The backend called name, or NULL. */
+/* The backend called name (a descriptor's transport), or NULL. */
 const struct lynx_transport_ops *lynx_transport_find(const char *name);
 
 /* Bounds check shared by every backend: 0 when [off, off+len) lies inside a
  * region of size bytes, -EFAULT otherwise (overflow-safe). */
 static inline int lynx_bounds_ok(uint64_t size, uint64_t off, uint64_t len) {
-  return (off <= size && len <= size - off) ? 0 : -14;
+  return (off <= size && len <= size - off) ? 0 : -EFAULT;
 }
 
 /* Where [off, off+len) lies in a region of geometry g: the enum lynx_mr
@@ -227,13 +230,5 @@ int lynx_region_read(const struct lynx_region *r, uint64_t off, void *dst,
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
                        uint32_t slot_size, uint32_t ordering, uint64_t epoch,
                        uint32_t accel_id);
-
-/* Descriptor <-> protobuf. to_pb points into d (no copies: keep d alive
- * while pb is used). from_pb validates; 0 or -EINVAL with a reason. */
-struct Lynx__RegionDesc;
-void lynx_desc_to_pb(const struct lynx_region_desc *d,
-                     struct Lynx__RegionDesc *pb);
-int lynx_desc_from_pb(const struct Lynx__RegionDesc *pb,
-                      struct lynx_region_desc *d, char *err, size_t errlen);
 
 #endif

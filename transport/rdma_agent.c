@@ -10,9 +10,10 @@
  * frontend's notify SENDs (0 bytes) and turns them into a futex wake of a
  * sleeping CPU accelerator.
  *
- * Threads: one CM thread polls the event channel, the completion channel of
- * the notify receives and a stop eventfd. Everything below is guarded by
- * ag.lock; the CM thread takes it around each batch of events and reads and
+ * Threads: one CM thread per handle (struct rdma_agent, from agent_create)
+ * polls its event channel, the completion channel of the notify receives
+ * and a stop eventfd. Everything of a handle is guarded by its lock
+ * (ag->lock); the CM thread takes it around each batch of events and reads and
  * acks every event inside it, so region_free (agent main thread) may
  * destroy a connection's id under the lock without an unacked event ever
  * being in flight (rdma_destroy_id waits for those).
@@ -55,13 +56,15 @@ struct ag_region {
 struct ag_conn {
   struct rdma_cm_id *id;
   struct ag_region *reg;
-  struct ibv_cq *cq; /* its notify receives, on ag.cc */
+  struct ibv_cq *cq; /* its notify receives, on its agent's cc */
   int established;
   char peer[64];
   struct ag_conn *next;
 };
 
-static struct {
+/* The agent-side handle: base.bound is the "host:port" listened on. */
+struct rdma_agent {
+  struct lynx_transport_agent base;
   pthread_mutex_t lock;
   int running;
   int removed;  /* DEVICE_REMOVAL seen: nothing is served any more */
@@ -75,12 +78,11 @@ static struct {
   struct ibv_comp_channel *cc;
   struct ibv_mr *sink_mr;
   uint8_t sink[AG_SINK] __attribute__((aligned(64)));
-  char bound[LYNX_LOCATOR_MAX];
   int stop_fd;
   pthread_t thread;
   struct ag_region *regions;
   struct ag_conn *conns;
-} ag = {.lock = PTHREAD_MUTEX_INITIALIZER, .stop_fd = -1};
+};
 
 static int set_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL);
@@ -93,8 +95,8 @@ static int errno_or(int dflt) { return errno ? -errno : dflt; }
 
 /* ---- connections ------------------------------------------------------ */
 
-static int post_recv(struct ag_conn *cn) {
-  struct ibv_sge sge = {(uintptr_t)ag.sink, AG_SINK, ag.sink_mr->lkey};
+static int post_recv(struct rdma_agent *ag, struct ag_conn *cn) {
+  struct ibv_sge sge = {(uintptr_t)ag->sink, AG_SINK, ag->sink_mr->lkey};
   struct ibv_recv_wr wr, *bad;
   memset(&wr, 0, sizeof(wr));
   wr.sg_list = &sge;
@@ -104,8 +106,9 @@ static int post_recv(struct ag_conn *cn) {
 
 /* Unlinks and frees cn with its QP and CQ; returns its id, which the
  * caller destroys once every event of it is acked. */
-static struct rdma_cm_id *conn_drop(struct ag_conn *cn) {
-  struct ag_conn **pp = &ag.conns;
+static struct rdma_cm_id *conn_drop(struct rdma_agent *ag,
+                                    struct ag_conn *cn) {
+  struct ag_conn **pp = &ag->conns;
   struct rdma_cm_id *id = cn->id;
   while (*pp && *pp != cn)
     pp = &(*pp)->next;
@@ -124,7 +127,8 @@ static struct rdma_cm_id *conn_drop(struct ag_conn *cn) {
 
 /* Creates the QP of an admitted request on the region's PD and accepts.
  * 0 or -errno (the caller rejects). */
-static int conn_accept(struct rdma_cm_id *id, struct ag_region *reg,
+static int conn_accept(struct rdma_agent *ag, struct rdma_cm_id *id,
+                       struct ag_region *reg,
                        const struct rdma_conn_param *req, const char *peer) {
   struct ibv_qp_init_attr qa;
   struct rdma_conn_param p;
@@ -135,7 +139,7 @@ static int conn_accept(struct rdma_cm_id *id, struct ag_region *reg,
   cn->id = id;
   cn->reg = reg;
   snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
-  cn->cq = ibv_create_cq(ag.ctx, AG_RQ_DEPTH + 2, cn, ag.cc, 0);
+  cn->cq = ibv_create_cq(ag->ctx, AG_RQ_DEPTH + 2, cn, ag->cc, 0);
   if (!cn->cq || ibv_req_notify_cq(cn->cq, 0)) {
     rc = errno_or(-ENOMEM);
     goto fail;
@@ -148,12 +152,12 @@ static int conn_accept(struct rdma_cm_id *id, struct ag_region *reg,
   qa.cap.max_recv_wr = AG_RQ_DEPTH;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, ag.pd, &qa)) {
+  if (rdma_create_qp(id, ag->pd, &qa)) {
     rc = errno_or(-ENOMEM);
     goto fail;
   }
   for (int i = 0; i < AG_RQ_DEPTH; i++) {
-    rc = post_recv(cn);
+    rc = post_recv(ag, cn);
     if (rc) {
       rc = -rc;
       goto fail;
@@ -162,17 +166,17 @@ static int conn_accept(struct rdma_cm_id *id, struct ag_region *reg,
   memset(&p, 0, sizeof(p));
   /* the frontend's RDMA READs: as many in flight as it asked for, within
    * what this device serves */
-  p.responder_resources = req->initiator_depth < ag.attr.max_qp_rd_atom
+  p.responder_resources = req->initiator_depth < ag->attr.max_qp_rd_atom
                               ? req->initiator_depth
-                              : (uint8_t)ag.attr.max_qp_rd_atom;
+                              : (uint8_t)ag->attr.max_qp_rd_atom;
   p.initiator_depth = 0;
   p.rnr_retry_count = 7;
   id->context = cn;
-  cn->next = ag.conns;
-  ag.conns = cn;
+  cn->next = ag->conns;
+  ag->conns = cn;
   if (rdma_accept(id, &p)) {
     rc = errno_or(-EIO);
-    conn_drop(cn); /* the id stays: the caller rejects and destroys it */
+    conn_drop(ag, cn); /* the id stays: the caller rejects and destroys it */
     return rc;
   }
   return 0;
@@ -187,7 +191,8 @@ fail:
 
 /* CONNECT_REQUEST: admit to a region or reject with a reason. Returns the
  * id to destroy after the ack (rejected), or NULL. */
-static struct rdma_cm_id *on_request(struct rdma_cm_event *e) {
+static struct rdma_cm_id *on_request(struct rdma_agent *ag,
+                                     struct rdma_cm_event *e) {
   const struct rdma_conn_param *req = &e->param.conn;
   enum lynx__rdma_reject why = LYNX_RDMA_REJ_KEY;
   struct ag_region *reg = NULL;
@@ -200,7 +205,7 @@ static struct rdma_cm_id *on_request(struct rdma_cm_event *e) {
                            &epoch)) {
     why = LYNX_RDMA_REJ_FORMAT;
   } else {
-    for (struct ag_region *r = ag.regions; r && !reg; r = r->next) {
+    for (struct ag_region *r = ag->regions; r && !reg; r = r->next) {
       rc = lynx__rdma_pd_admit(req->private_data, req->private_data_len,
                                r->key, r->epoch);
       if (rc == 0 && r->mr[0])
@@ -209,12 +214,12 @@ static struct rdma_cm_id *on_request(struct rdma_cm_event *e) {
         why = LYNX_RDMA_REJ_EPOCH;
     }
   }
-  if (reg && e->id->verbs != ag.ctx) {
+  if (reg && e->id->verbs != ag->ctx) {
     reg = NULL;
     why = LYNX_RDMA_REJ_DEVICE;
   }
   if (reg) {
-    rc = conn_accept(e->id, reg, req, peer);
+    rc = conn_accept(ag, e->id, reg, req, peer);
     if (rc == 0) {
       LYNX_INFO("rdma", "agent: frontend %s admitted to region 0x%llx",
                 peer, (unsigned long long)(uintptr_t)reg->base);
@@ -232,11 +237,12 @@ static struct rdma_cm_id *on_request(struct rdma_cm_event *e) {
 }
 
 /* One CM event; returns an id to destroy after the ack, or NULL. */
-static struct rdma_cm_id *on_event(struct rdma_cm_event *e) {
+static struct rdma_cm_id *on_event(struct rdma_agent *ag,
+                                   struct rdma_cm_event *e) {
   struct ag_conn *cn = e->id ? e->id->context : NULL;
   switch (e->event) {
   case RDMA_CM_EVENT_CONNECT_REQUEST:
-    return on_request(e);
+    return on_request(ag, e);
   case RDMA_CM_EVENT_ESTABLISHED:
     if (cn)
       cn->established = 1;
@@ -250,12 +256,12 @@ static struct rdma_cm_id *on_event(struct rdma_cm_event *e) {
     LYNX_INFO("rdma", "agent: frontend %s: %s", cn->peer,
               rdma_event_str(e->event));
     cn->established = 0; /* nothing to disconnect */
-    return conn_drop(cn);
+    return conn_drop(ag, cn);
   case RDMA_CM_EVENT_DEVICE_REMOVAL:
     LYNX_ERR("rdma", "agent: RDMA device removed: dropping every connection "
              "and registration; frontends cannot reach this agent's regions "
              "until it restarts");
-    ag.drop_all = 1;
+    ag->drop_all = 1;
     return NULL;
   case RDMA_CM_EVENT_ADDR_CHANGE:
     LYNX_WARN("rdma", "agent: the listen address changed");
@@ -279,68 +285,68 @@ static void region_dereg(struct ag_region *reg) {
 
 /* Every connection, every registration, the PD and channels: after
  * agent_stop's join, or in the CM thread after a DEVICE_REMOVAL's ack. */
-static void drop_device(void) {
-  while (ag.conns)
-    rdma_destroy_id(conn_drop(ag.conns));
-  for (struct ag_region *r = ag.regions; r; r = r->next)
+static void drop_device(struct rdma_agent *ag) {
+  while (ag->conns)
+    rdma_destroy_id(conn_drop(ag, ag->conns));
+  for (struct ag_region *r = ag->regions; r; r = r->next)
     region_dereg(r);
-  if (ag.sink_mr)
-    ibv_dereg_mr(ag.sink_mr);
-  if (ag.cc)
-    ibv_destroy_comp_channel(ag.cc);
-  if (ag.pd)
-    ibv_dealloc_pd(ag.pd);
-  ag.sink_mr = NULL;
-  ag.cc = NULL;
-  ag.pd = NULL;
-  ag.ctx = NULL;
-  if (ag.listen)
-    rdma_destroy_id(ag.listen);
-  ag.listen = NULL;
+  if (ag->sink_mr)
+    ibv_dereg_mr(ag->sink_mr);
+  if (ag->cc)
+    ibv_destroy_comp_channel(ag->cc);
+  if (ag->pd)
+    ibv_dealloc_pd(ag->pd);
+  ag->sink_mr = NULL;
+  ag->cc = NULL;
+  ag->pd = NULL;
+  ag->ctx = NULL;
+  if (ag->listen)
+    rdma_destroy_id(ag->listen);
+  ag->listen = NULL;
 }
 
-static int device_open(char *err, size_t errlen) {
-  struct ibv_context *ctx = ag.listen->verbs;
+static int device_open(struct rdma_agent *ag, char *err, size_t errlen) {
+  struct ibv_context *ctx = ag->listen->verbs;
   int n = 0, rc;
   if (!ctx) { /* wildcard: no device yet */
-    ag.devs = rdma_get_devices(&n);
-    if (!ag.devs || n == 0) {
+    ag->devs = rdma_get_devices(&n);
+    if (!ag->devs || n == 0) {
       snprintf(err, errlen, "rdma transport: rdma_get_devices found none");
       return -ENODEV;
     }
-    ctx = ag.devs[0];
+    ctx = ag->devs[0];
     if (n > 1)
       LYNX_WARN("rdma", "agent: listening on a wildcard with %d RDMA devices: "
                 "regions are registered on %s only; pass the address of its "
                 "interface to serve through one device explicitly",
                 n, ibv_get_device_name(ctx->device));
   }
-  rc = ibv_query_device(ctx, &ag.attr);
+  rc = ibv_query_device(ctx, &ag->attr);
   if (rc) {
     snprintf(err, errlen, "rdma transport: ibv_query_device: %s",
              strerror(rc));
     return -rc;
   }
-  ag.pd = ibv_alloc_pd(ctx);
-  ag.cc = ag.pd ? ibv_create_comp_channel(ctx) : NULL;
-  ag.sink_mr = ag.cc ? ibv_reg_mr(ag.pd, ag.sink, AG_SINK,
+  ag->pd = ibv_alloc_pd(ctx);
+  ag->cc = ag->pd ? ibv_create_comp_channel(ctx) : NULL;
+  ag->sink_mr = ag->cc ? ibv_reg_mr(ag->pd, ag->sink, AG_SINK,
                                   IBV_ACCESS_LOCAL_WRITE)
                      : NULL;
-  if (!ag.sink_mr || set_nonblock(ag.cc->fd)) {
+  if (!ag->sink_mr || set_nonblock(ag->cc->fd)) {
     rc = errno_or(-ENOMEM);
     snprintf(err, errlen, "rdma transport: cannot set up %s (PD, completion "
              "channel, receive buffer): %s",
              ibv_get_device_name(ctx->device), strerror(-rc));
     return rc;
   }
-  ag.ctx = ctx;
+  ag->ctx = ctx;
   return 0;
 }
 
 /* ---- CM thread -------------------------------------------------------- */
 
 /* Notify receives of one connection: repost, then wake the accelerator. */
-static void conn_drain(struct ag_conn *cn) {
+static void conn_drain(struct rdma_agent *ag, struct ag_conn *cn) {
   struct ibv_wc wc[16];
   int wake = 0, n, budget = 2 * AG_RQ_DEPTH;
   if (ibv_req_notify_cq(cn->cq, 0))
@@ -351,7 +357,7 @@ static void conn_drain(struct ag_conn *cn) {
     for (int i = 0; i < n; i++) {
       if (wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV) {
         wake = 1;
-        if (post_recv(cn))
+        if (post_recv(ag, cn))
           LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: frontend %s: cannot "
                       "repost a receive", cn->peer);
       } else if (wc[i].status != IBV_WC_SUCCESS &&
@@ -365,46 +371,46 @@ static void conn_drain(struct ag_conn *cn) {
     lynx_region_wake(cn->reg->base);
 }
 
-static void serve_cq_events(void) {
-  for (int i = 0; i < AG_EVENTS_PER_WAKE && ag.cc; i++) {
+static void serve_cq_events(struct rdma_agent *ag) {
+  for (int i = 0; i < AG_EVENTS_PER_WAKE && ag->cc; i++) {
     struct ibv_cq *cq;
     void *ctx;
-    if (ibv_get_cq_event(ag.cc, &cq, &ctx))
+    if (ibv_get_cq_event(ag->cc, &cq, &ctx))
       return; /* EAGAIN */
     ibv_ack_cq_events(cq, 1);
-    conn_drain(ctx);
+    conn_drain(ag, ctx);
   }
 }
 
-static void serve_cm_events(void) {
+static void serve_cm_events(struct rdma_agent *ag) {
   for (int i = 0; i < AG_EVENTS_PER_WAKE; i++) {
     struct rdma_cm_event *e;
     struct rdma_cm_id *gone;
-    if (rdma_get_cm_event(ag.ch, &e)) {
+    if (rdma_get_cm_event(ag->ch, &e)) {
       if (errno != EAGAIN && errno != EWOULDBLOCK)
         LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: rdma_get_cm_event: %s",
                     strerror(errno));
       return;
     }
-    gone = on_event(e);
+    gone = on_event(ag, e);
     rdma_ack_cm_event(e);
     if (gone)
       rdma_destroy_id(gone);
-    if (ag.drop_all) {
-      drop_device();
-      ag.drop_all = 0;
-      ag.removed = 1;
+    if (ag->drop_all) {
+      drop_device(ag);
+      ag->drop_all = 0;
+      ag->removed = 1;
     }
   }
 }
 
 static void *cm_main(void *arg) {
-  (void)arg;
+  struct rdma_agent *ag = arg;
   prctl(PR_SET_NAME, "lynx-rdma-cm", 0, 0, 0);
   for (;;) {
-    struct pollfd p[3] = {{ag.stop_fd, POLLIN, 0},
-                          {ag.ch->fd, POLLIN, 0},
-                          {ag.cc ? ag.cc->fd : -1, POLLIN, 0}};
+    struct pollfd p[3] = {{ag->stop_fd, POLLIN, 0},
+                          {ag->ch->fd, POLLIN, 0},
+                          {ag->cc ? ag->cc->fd : -1, POLLIN, 0}};
     if (poll(p, 3, -1) < 0) {
       if (errno != EINTR) {
         LYNX_LOG_RL(LYNX_LOG_ERROR, "rdma", "agent: poll: %s", strerror(errno));
@@ -414,133 +420,162 @@ static void *cm_main(void *arg) {
     }
     if (p[0].revents)
       break;
-    pthread_mutex_lock(&ag.lock);
+    pthread_mutex_lock(&ag->lock);
     if (p[1].revents)
-      serve_cm_events();
+      serve_cm_events(ag);
     if (p[2].revents)
-      serve_cq_events();
-    pthread_mutex_unlock(&ag.lock);
+      serve_cq_events(ag);
+    pthread_mutex_unlock(&ag->lock);
   }
   return NULL;
 }
 
 /* ---- ops -------------------------------------------------------------- */
 
-static void agent_teardown(void) {
-  drop_device();
-  if (ag.devs)
-    rdma_free_devices(ag.devs);
-  ag.devs = NULL;
-  if (ag.ch)
-    rdma_destroy_event_channel(ag.ch);
-  ag.ch = NULL;
-  if (ag.stop_fd >= 0)
-    close(ag.stop_fd);
-  ag.stop_fd = -1;
-  ag.removed = 0;
+static void agent_teardown(struct rdma_agent *ag) {
+  drop_device(ag);
+  if (ag->devs)
+    rdma_free_devices(ag->devs);
+  ag->devs = NULL;
+  if (ag->ch)
+    rdma_destroy_event_channel(ag->ch);
+  ag->ch = NULL;
+  if (ag->stop_fd >= 0)
+    close(ag->stop_fd);
+  ag->stop_fd = -1;
+  ag->removed = 0;
 }
 
-static int listen_on(struct sockaddr_storage *ss, char *err, size_t errlen) {
-  ag.ch = rdma_create_event_channel();
-  if (!ag.ch || set_nonblock(ag.ch->fd) ||
-      rdma_create_id(ag.ch, &ag.listen, NULL, RDMA_PS_TCP)) {
+static int listen_on(struct rdma_agent *ag, struct sockaddr_storage *ss,
+                     char *err, size_t errlen) {
+  ag->ch = rdma_create_event_channel();
+  if (!ag->ch || set_nonblock(ag->ch->fd) ||
+      rdma_create_id(ag->ch, &ag->listen, NULL, RDMA_PS_TCP)) {
     snprintf(err, errlen, "rdma transport: cannot create an rdma_cm id: %s",
              strerror(errno));
     return errno_or(-ENOMEM);
   }
-  if (rdma_bind_addr(ag.listen, (struct sockaddr *)ss) ||
-      rdma_listen(ag.listen, AG_BACKLOG)) {
+  if (rdma_bind_addr(ag->listen, (struct sockaddr *)ss) ||
+      rdma_listen(ag->listen, AG_BACKLOG)) {
     int rc = errno_or(-EADDRNOTAVAIL);
     snprintf(err, errlen, "rdma transport: cannot listen: %s (is the "
              "address on an RDMA device's interface?)", strerror(-rc));
     return rc;
   }
   if (ss->ss_family == AF_INET)
-    ((struct sockaddr_in *)ss)->sin_port = rdma_get_src_port(ag.listen);
+    ((struct sockaddr_in *)ss)->sin_port = rdma_get_src_port(ag->listen);
   else
-    ((struct sockaddr_in6 *)ss)->sin6_port = rdma_get_src_port(ag.listen);
+    ((struct sockaddr_in6 *)ss)->sin6_port = rdma_get_src_port(ag->listen);
   return 0;
 }
 
-int lynx__rdma_agent_start(const char *listen, char *bound, size_t boundlen,
-                           char *err, size_t errlen) {
+int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
+                            struct lynx_transport_agent **out, char *err,
+                            size_t errlen) {
   struct sockaddr_storage ss;
+  struct rdma_agent *ag;
   int rc;
-  if (ag.running) {
-    snprintf(err, errlen, "rdma transport already serving");
-    return -EALREADY;
-  }
   if (lynx__rdma_device_count() == 0) {
     snprintf(err, errlen, "rdma transport: no RDMA device found "
              "(ibv_get_device_list returned none); use --transport tcp, or "
              "add SoftRoCE: rdma link add rxe0 type rxe netdev IFACE");
     return -ENODEV;
   }
-  if (lynx_parse_hostport(listen, &ss)) {
+  if (lynx_parse_hostport(o->listen, &ss)) {
     snprintf(err, errlen, "rdma transport: bad listen address '%s' "
-             "(expected host:port)", listen);
+             "(expected host:port)", o->listen);
     return -EINVAL;
   }
-  pthread_mutex_lock(&ag.lock);
-  rc = listen_on(&ss, err, errlen);
+  /* the receive sink inside is 64-byte aligned */
+  ag = aligned_alloc(64, lynx_align_up(sizeof(*ag), 64));
+  if (!ag) {
+    snprintf(err, errlen, "rdma transport: out of memory");
+    return -ENOMEM;
+  }
+  memset(ag, 0, sizeof(*ag));
+  ag->base.ops = &lynx_transport_rdma;
+  ag->stop_fd = -1;
+  pthread_mutex_init(&ag->lock, NULL);
+  pthread_mutex_lock(&ag->lock);
+  rc = listen_on(ag, &ss, err, errlen);
   if (!rc)
-    rc = device_open(err, errlen);
+    rc = device_open(ag, err, errlen);
   if (!rc) {
-    ag.stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ag.stop_fd < 0) {
+    ag->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ag->stop_fd < 0) {
       rc = -errno;
       snprintf(err, errlen, "rdma transport: eventfd: %s", strerror(-rc));
     }
   }
   if (!rc) {
-    rc = -pthread_create(&ag.thread, NULL, cm_main, NULL);
+    rc = -pthread_create(&ag->thread, NULL, cm_main, ag);
     if (rc)
       snprintf(err, errlen, "rdma transport: cannot start its thread: %s",
                strerror(-rc));
   }
   if (rc) {
-    agent_teardown();
-    pthread_mutex_unlock(&ag.lock);
+    agent_teardown(ag);
+    pthread_mutex_unlock(&ag->lock);
+    pthread_mutex_destroy(&ag->lock);
+    free(ag);
     return rc;
   }
-  lynx_fmt_addr((struct sockaddr *)&ss, ag.bound, sizeof(ag.bound));
-  snprintf(bound, boundlen, "%s", ag.bound);
-  ag.running = 1;
-  pthread_mutex_unlock(&ag.lock);
-  LYNX_INFO("rdma", "agent: listening on %s (device %s)", ag.bound,
-            ibv_get_device_name(ag.ctx->device));
+  lynx_fmt_addr((struct sockaddr *)&ss, ag->base.bound,
+                sizeof(ag->base.bound));
+  ag->running = 1;
+  pthread_mutex_unlock(&ag->lock);
+  LYNX_INFO("rdma", "agent: listening on %s (device %s)", ag->base.bound,
+            ibv_get_device_name(ag->ctx->device));
+  *out = &ag->base;
   return 0;
 }
 
-void lynx__rdma_agent_stop(void) {
+void lynx__rdma_agent_destroy(struct lynx_transport_agent *a) {
+  struct rdma_agent *ag;
   uint64_t one = 1;
-  if (!ag.running)
+  int kept;
+  if (!a)
     return;
-  if (write(ag.stop_fd, &one, sizeof(one)) != sizeof(one))
-    LYNX_ERR("rdma", "agent: cannot stop the CM thread: %s", strerror(errno));
-  else
-    pthread_join(ag.thread, NULL);
-  pthread_mutex_lock(&ag.lock);
-  agent_teardown(); /* regions stay listed, unregistered, for region_free */
-  ag.running = 0;
-  pthread_mutex_unlock(&ag.lock);
+  ag = container_of(a, struct rdma_agent, base);
+  if (ag->running) {
+    if (write(ag->stop_fd, &one, sizeof(one)) != sizeof(one))
+      LYNX_ERR("rdma", "agent: cannot stop the CM thread: %s",
+               strerror(errno));
+    else
+      pthread_join(ag->thread, NULL);
+    pthread_mutex_lock(&ag->lock);
+    agent_teardown(ag); /* regions stay listed, unregistered, for region_free */
+    ag->running = 0;
+    pthread_mutex_unlock(&ag->lock);
+  }
+  pthread_mutex_lock(&ag->lock);
+  kept = ag->regions != NULL;
+  pthread_mutex_unlock(&ag->lock);
+  if (kept) { /* their region_free still takes the lock */
+    LYNX_WARN("rdma", "agent: transport stopped with regions still exported: "
+              "its handle stays for their region_free");
+    return;
+  }
+  pthread_mutex_destroy(&ag->lock);
+  free(ag);
 }
 
-int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
+int lynx__rdma_region_alloc(struct lynx_transport_agent *a,
+                            struct lynx_region *r, const char *name,
                             uint64_t size) {
   (void)name;
-  return lynx_region_map_anon(r, &lynx_transport_rdma, ag.running, size,
-                              ag.bound);
+  return lynx_region_map_anon(r, a, size);
 }
 
-int lynx__rdma_region_attach(struct lynx_region *r, const char *name,
+int lynx__rdma_region_attach(struct lynx_transport_agent *a,
+                             struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
   (void)name;
-  return lynx_region_attach_served(r, &lynx_transport_rdma, ag.running, size,
-                                   mem, ag.bound);
+  return lynx_region_attach_served(r, a, size, mem);
 }
 
-static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
+static int region_reg(struct rdma_agent *ag, struct ag_region *reg,
+                      const struct lynx_geom *g) {
   uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
   const uint64_t from[LYNX_MR_COUNT] = {0, g->fctrl_off, tx};
   const uint64_t to[LYNX_MR_COUNT] = {g->fctrl_off, tx, g->region_size};
@@ -556,7 +591,7 @@ static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
       /* GPU memory: dma-buf or nvidia-peermem (the CUDA backend decides) */
       char why[200] = "";
       void *mr = NULL;
-      int rc = reg->mem->reg_mr(reg->mem->ctx, ag.pd, from[i], to[i] - from[i],
+      int rc = reg->mem->reg_mr(reg->mem->ctx, ag->pd, from[i], to[i] - from[i],
                                 access[i], &mr, why, sizeof(why));
       if (rc) {
         LYNX_ERR("rdma", "agent: cannot register %s memory: %s",
@@ -567,7 +602,7 @@ static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
       reg->mr[i] = mr;
       continue;
     }
-    reg->mr[i] = ibv_reg_mr(ag.pd, reg->base + from[i], to[i] - from[i],
+    reg->mr[i] = ibv_reg_mr(ag->pd, reg->base + from[i], to[i] - from[i],
                             access[i]);
     if (!reg->mr[i]) {
       int rc = errno_or(-ENOMEM);
@@ -579,6 +614,8 @@ static int region_reg(struct ag_region *reg, const struct lynx_geom *g) {
 }
 
 int lynx__rdma_region_export(struct lynx_region *r) {
+  struct rdma_agent *ag =
+      r->agent ? container_of(r->agent, struct rdma_agent, base) : NULL;
   struct lynx_region_hdr h;
   struct ag_region *reg;
   struct lynx_geom g;
@@ -588,6 +625,8 @@ int lynx__rdma_region_export(struct lynx_region *r) {
       lynx_geom_init(&g, h.n_mqueues, h.slots, h.slot_size) ||
       g.region_size > r->size)
     return -EINVAL;
+  if (!ag)
+    return -ENOTCONN;
   reg = calloc(1, sizeof(*reg));
   if (!reg)
     return -ENOMEM;
@@ -600,15 +639,15 @@ int lynx__rdma_region_export(struct lynx_region *r) {
       return -EIO;
     }
   } while (reg->key == 0);
-  pthread_mutex_lock(&ag.lock);
-  rc = !ag.running ? -ENOTCONN : ag.removed || !ag.pd ? -ENODEV : 0;
+  pthread_mutex_lock(&ag->lock);
+  rc = !ag->running ? -ENOTCONN : ag->removed || !ag->pd ? -ENODEV : 0;
   if (!rc)
-    rc = region_reg(reg, &g);
+    rc = region_reg(ag, reg, &g);
   if (!rc) {
-    reg->next = ag.regions;
-    ag.regions = reg;
+    reg->next = ag->regions;
+    ag->regions = reg;
   }
-  pthread_mutex_unlock(&ag.lock);
+  pthread_mutex_unlock(&ag->lock);
   if (rc) {
     LYNX_ERR("rdma", "agent: cannot register a %llu-byte region: %s",
              (unsigned long long)g.region_size, strerror(-rc));
@@ -626,20 +665,21 @@ int lynx__rdma_region_export(struct lynx_region *r) {
 void lynx__rdma_region_free(struct lynx_region *r) {
   struct ag_region *reg = r->priv;
   if (reg) {
-    struct ag_region **pp = &ag.regions;
-    pthread_mutex_lock(&ag.lock);
+    struct rdma_agent *ag = container_of(r->agent, struct rdma_agent, base);
+    struct ag_region **pp = &ag->regions;
+    pthread_mutex_lock(&ag->lock);
     while (*pp && *pp != reg)
       pp = &(*pp)->next;
     if (*pp)
       *pp = reg->next;
     /* its frontends first: no QP may outlive the registrations */
-    for (struct ag_conn *cn = ag.conns, *nx; cn; cn = nx) {
+    for (struct ag_conn *cn = ag->conns, *nx; cn; cn = nx) {
       nx = cn->next;
       if (cn->reg == reg)
-        rdma_destroy_id(conn_drop(cn));
+        rdma_destroy_id(conn_drop(ag, cn));
     }
     region_dereg(reg);
-    pthread_mutex_unlock(&ag.lock);
+    pthread_mutex_unlock(&ag->lock);
     free(reg);
   }
   if (r->mem)

@@ -214,12 +214,15 @@ int lynx__rdma_notify(struct lynx_tconn *tc);
 
 /* ---- agent side (rdma_agent.c) --------------------------------------- */
 
-int lynx__rdma_agent_start(const char *listen, char *bound, size_t boundlen,
-                           char *err, size_t errlen);
-void lynx__rdma_agent_stop(void);
-int lynx__rdma_region_alloc(struct lynx_region *r, const char *name,
+int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
+                            struct lynx_transport_agent **out, char *err,
+                            size_t errlen);
+void lynx__rdma_agent_destroy(struct lynx_transport_agent *a);
+int lynx__rdma_region_alloc(struct lynx_transport_agent *a,
+                            struct lynx_region *r, const char *name,
                             uint64_t size);
-int lynx__rdma_region_attach(struct lynx_region *r, const char *name,
+int lynx__rdma_region_attach(struct lynx_transport_agent *a,
+                             struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem);
 int lynx__rdma_region_export(struct lynx_region *r);
 void lynx__rdma_region_free(struct lynx_region *r);

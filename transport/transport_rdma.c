@@ -415,8 +415,8 @@ static int rd_wait_fd(struct lynx_tconn *tc) {
 
 const struct lynx_transport_ops lynx_transport_rdma = {
     .name = "rdma",
-    .agent_start = lynx__rdma_agent_start,
-    .agent_stop = lynx__rdma_agent_stop,
+    .agent_create = lynx__rdma_agent_create,
+    .agent_destroy = lynx__rdma_agent_destroy,
     .region_alloc = lynx__rdma_region_alloc,
     .region_attach = lynx__rdma_region_attach,
     .region_export = lynx__rdma_region_export,
