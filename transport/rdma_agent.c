@@ -284,7 +284,7 @@ static void region_dereg(struct ag_region *reg) {
 }
 
 /* Every connection, every registration, the PD and channels: after
- * agent_stop's join, or in the CM thread after a DEVICE_REMOVAL's ack. */
+ * agent_destroy's join, or in the CM thread after a DEVICE_REMOVAL's ack. */
 static void drop_device(struct rdma_agent *ag) {
   while (ag->conns)
     rdma_destroy_id(conn_drop(ag, ag->conns));

@@ -1,7 +1,7 @@
 /*
  * ut_tconn.h - test helper for the frontend side of a transport: wait for
- * posted reads to complete. Header-only; used by test_transport_tcp.c and
- * test_cuda_backend.c.
+ * posted reads to complete. Header-only; used by transport_conformance.c,
+ * test_transport_tcp.c and test_cuda_backend.c.
  */
 #ifndef LYNX_UT_TCONN_H
 #define LYNX_UT_TCONN_H

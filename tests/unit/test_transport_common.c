@@ -1,0 +1,233 @@
+/*
+ * test_transport_common.c - unit tests of what transport/transport.c gives
+ * every backend without being one (the bounds helper, region format and
+ * header validation), and proto/desc.c's descriptor <-> protobuf
+ * conversion. Regions here
+ * are plain process memory; what the backends do with them is the
+ * conformance suite's (transport_conformance.c).
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "lynx.pb-c.h"
+#include "mqueue.h"
+#include "transport.h"
+
+#define Q 2u
+#define S 8u
+#define Z 256u
+#define EPOCH 0x5EED0000CAFEull
+#define ACCEL 3u
+
+/* ---- fixture: one formatted region in process memory -------------------- */
+
+struct fx {
+  struct lynx_region r;
+  struct lynx_geom g;
+  struct lynx_region_desc d;
+};
+
+static int region_mem(struct lynx_region *r, uint64_t size) {
+  memset(r, 0, sizeof(*r));
+  r->fd = -1;
+  r->base = aligned_alloc(4096, size);
+  if (!r->base)
+    return -1;
+  memset(r->base, 0, size);
+  r->size = size;
+  return 0;
+}
+
+static int fx_setup(void **state) {
+  struct fx *f = calloc(1, sizeof(*f));
+  if (!f)
+    return -1;
+  *state = f;
+  if (lynx_geom_init(&f->g, Q, S, Z) || region_mem(&f->r, f->g.region_size))
+    return -1;
+  snprintf(f->r.locator, sizeof(f->r.locator), "/lynx-ut-common");
+  if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
+    return -1;
+  f->d.accel_id = ACCEL;
+  snprintf(f->d.transport, sizeof(f->d.transport), "shm");
+  snprintf(f->d.locator, sizeof(f->d.locator), "%s", f->r.locator);
+  f->d.region_size = f->g.region_size;
+  f->d.epoch = EPOCH;
+  f->d.n_mqueues = Q;
+  f->d.slots = S;
+  f->d.slot_size = Z;
+  f->d.ordering = LYNX_ORDER_COALESCED;
+  return 0;
+}
+
+static int fx_teardown(void **state) {
+  struct fx *f = *state;
+  if (f)
+    free(f->r.base);
+  free(f);
+  *state = NULL;
+  return 0;
+}
+
+static void assert_desc_equal(const struct lynx_region_desc *a,
+                              const struct lynx_region_desc *b) {
+  assert_int_equal(a->accel_id, b->accel_id);
+  assert_string_equal(a->transport, b->transport);
+  assert_string_equal(a->locator, b->locator);
+  assert_true(a->region_size == b->region_size);
+  assert_true(a->epoch == b->epoch);
+  assert_int_equal(a->n_mqueues, b->n_mqueues);
+  assert_int_equal(a->slot_size, b->slot_size);
+  assert_int_equal(a->slots, b->slots);
+  assert_int_equal(a->ordering, b->ordering);
+  assert_true(a->key == b->key);
+  assert_true(a->remote_addr == b->remote_addr);
+  assert_memory_equal(a->rkeys, b->rkeys, sizeof(a->rkeys));
+}
+
+/* ---- bounds helper -------------------------------------------------------- */
+
+static void test_bounds_ok(void **state) {
+  (void)state;
+  assert_int_equal(lynx_bounds_ok(100, 0, 100), 0);
+  assert_int_equal(lynx_bounds_ok(100, 100, 0), 0);
+  assert_int_equal(lynx_bounds_ok(100, 99, 1), 0);
+  assert_int_equal(lynx_bounds_ok(100, 99, 2), -EFAULT);
+  assert_int_equal(lynx_bounds_ok(100, 101, 0), -EFAULT);
+  assert_int_equal(lynx_bounds_ok(100, 0, 101), -EFAULT);
+  /* no overflow */
+  assert_int_equal(lynx_bounds_ok(100, UINT64_MAX, 2), -EFAULT);
+  assert_int_equal(lynx_bounds_ok(100, 50, UINT64_MAX - 10), -EFAULT);
+  assert_int_equal(lynx_bounds_ok(UINT64_MAX, 1, UINT64_MAX), -EFAULT);
+  assert_int_equal(lynx_bounds_ok(UINT64_MAX, 1, UINT64_MAX - 1), 0);
+}
+
+/* ---- format and validation ------------------------------------------------ */
+
+static void test_format_rejects(void **state) {
+  struct fx *f = *state;
+  struct lynx_region r2;
+  char err[256];
+  /* a region too small for the geometry */
+  assert_int_equal(region_mem(&r2, 4096), 0);
+  assert_int_equal(lynx_region_format(&r2, 1, 2, 64, 0, 1, 0), -EINVAL);
+  assert_int_equal(((struct lynx_region_hdr *)r2.base)->magic, 0);
+  free(r2.base);
+  /* a geometry out of bounds */
+  assert_int_equal(lynx_region_format(&f->r, 1, 3, 64, 0, 1, 0), -EINVAL);
+  assert_int_equal(lynx_region_format(&f->r, 0, 2, 64, 0, 1, 0), -EINVAL);
+  assert_int_equal(lynx_region_format(&f->r, 1, 2, 32, 0, 1, 0), -EINVAL);
+  /* the valid header was not touched: a frontend still accepts it */
+  assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == EPOCH);
+  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &f->d, err,
+                                        sizeof(err)),
+                   0);
+}
+
+static void test_region_validate(void **state) {
+  struct fx *f = *state;
+  char err[256];
+  struct lynx_region_desc d = f->d;
+  err[0] = 0;
+  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &d, err,
+                                        sizeof(err)),
+                   0);
+  assert_int_equal(lynx_region_validate(f->r.base, 63, &d, err, sizeof(err)),
+                   -EPROTO);
+  assert_true(strlen(err) > 0);
+  err[0] = 0;
+  /* mapped less than the geometry needs */
+  assert_int_equal(lynx_region_validate(f->r.base, f->r.size - 1, &d, err,
+                                        sizeof(err)),
+                   -EPROTO);
+  assert_true(strlen(err) > 0);
+  d.epoch = 1;
+  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &d, err,
+                                        sizeof(err)),
+                   -EPROTO);
+  assert_non_null(strstr(err, "epoch"));
+  d = f->d;
+  d.slots = 3; /* invalid geometry in the descriptor */
+  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &d, err,
+                                        sizeof(err)),
+                   -EPROTO);
+}
+
+/* ---- descriptor <-> protobuf ---------------------------------------------- */
+
+static void test_desc_pb_roundtrip(void **state) {
+  struct fx *f = *state;
+  Lynx__RegionDesc pb;
+  struct lynx_region_desc in = f->d, out;
+  char err[256];
+  in.ordering = LYNX_ORDER_FENCED;
+  in.key = 0x1234;
+  in.remote_addr = 0xFEDCBA9876543210ull;
+  lynx_desc_to_pb(&in, &pb);
+  assert_int_equal(pb.ordering, LYNX__ORDERING__ORDERING_FENCED);
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), 0);
+  assert_desc_equal(&in, &out);
+
+  /* through the wire format too */
+  {
+    uint8_t buf[512];
+    size_t n = lynx__region_desc__get_packed_size(&pb);
+    Lynx__RegionDesc *back;
+    assert_true(n <= sizeof(buf));
+    lynx__region_desc__pack(&pb, buf);
+    back = lynx__region_desc__unpack(NULL, n, buf);
+    assert_non_null(back);
+    memset(&out, 0, sizeof(out));
+    assert_int_equal(lynx_desc_from_pb(back, &out, err, sizeof(err)), 0);
+    lynx__region_desc__free_unpacked(back, NULL);
+    assert_desc_equal(&in, &out);
+  }
+
+  /* invalid descriptors are refused with a reason */
+  lynx_desc_to_pb(&in, &pb);
+  pb.region_size += 4096;
+  err[0] = 0;
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  assert_true(strlen(err) > 0);
+  lynx_desc_to_pb(&in, &pb);
+  pb.slots = 6;
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  lynx_desc_to_pb(&in, &pb);
+  pb.ordering = (Lynx__Ordering)7;
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  lynx_desc_to_pb(&in, &pb);
+  pb.transport = NULL;
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  {
+    char longloc[LYNX_LOCATOR_MAX + 1];
+    memset(longloc, 'a', sizeof(longloc) - 1);
+    longloc[0] = '/';
+    longloc[LYNX_LOCATOR_MAX] = 0;
+    lynx_desc_to_pb(&in, &pb);
+    pb.locator = longloc;
+    assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+    longloc[LYNX_LOCATOR_MAX - 1] = 0; /* 127 chars fit */
+    assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), 0);
+    assert_string_equal(out.locator, longloc);
+  }
+}
+
+int main(void) {
+#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bounds_ok),
+      T(test_format_rejects),
+      T(test_region_validate),
+      T(test_desc_pb_roundtrip),
+  };
+#undef T
+  return cmocka_run_group_tests_name("transport_common", tests, NULL, NULL);
+}
