@@ -64,10 +64,10 @@ struct lynx_accel_launch {
   uint32_t spin_us; /* CPU: spin this long after a request before sleeping */
   uint32_t cpu_threads; /* CPU: polling threads */
   uint32_t gpu_threads; /* GPU: threads per block of the kernel */
-  /* Lease fence on lynx_now_ns's clock (UINT64_MAX: none): no new request
-   * is taken once it passes. Owned by the caller, written by its loop and
-   * read live by CPU threads; a GPU takes its value at start and learns
-   * later values through fence. */
+  /* Lease fence on lynx_now_ns's clock (NULL or UINT64_MAX: none): no new
+   * request is taken once it passes. Owned by the caller, written by its
+   * loop and read live by CPU threads; a GPU takes its value at start and
+   * learns later values through fence. */
   const uint64_t *serve_until;
 };
 

@@ -9,6 +9,10 @@
  * work_us emulates processing time per request by spinning, as a busy
  * accelerator would be, or (work_sleep) by sleeping, which leaves the host's
  * cores free as an accelerator computing elsewhere does.
+ *
+ * The agent reaches these through the accelerator ops table (accel.h):
+ * lynx_accel_cpu, at the end of cpu_accel.c, runs one struct
+ * lynx_cpu_accel per instance.
  */
 #ifndef LYNX_CPU_ACCEL_H
 #define LYNX_CPU_ACCEL_H

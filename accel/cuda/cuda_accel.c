@@ -1026,7 +1026,9 @@ static int cuda_start(const struct lynx_accel_launch *l,
       .cuda_app = l->app->cuda_app,
       .work_us = l->work_us,
       .threads = l->gpu_threads,
-      .serve_until_ns = __atomic_load_n(l->serve_until, __ATOMIC_ACQUIRE),
+      .serve_until_ns = l->serve_until ? __atomic_load_n(l->serve_until,
+                                                         __ATOMIC_ACQUIRE)
+                                       : UINT64_MAX,
   };
   if (!l->app->cuda_app) {
     snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
