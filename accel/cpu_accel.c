@@ -1,4 +1,8 @@
-/* cpu_accel.c - CPU accelerator threads; see cpu_accel.h. */
+/*
+ * cpu_accel.c - CPU accelerator threads (cpu_accel.h), and the CPU backend
+ * of the accelerator ops table (accel.h, at the end): one instance is one
+ * struct lynx_cpu_accel over a region the agent allocated in host memory.
+ */
 #include "cpu_accel.h"
 
 #include <errno.h>
@@ -11,6 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "accel.h"
 #include "log.h"
 
 struct mq_state {
@@ -228,3 +233,139 @@ void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,
     *bad += lynx_cnt_get(&a->threads[i].bad);
   }
 }
+
+/* ---- the CPU backend (accel.h) --------------------------------------- */
+
+struct cpu_inst {
+  struct lynx_accel_inst base;
+  struct lynx_cpu_accel cpu;
+};
+
+#define CPU_ACCELS_MAX 4096u /* far above what the agent's options allow */
+
+/* spec: how many CPU-emulated accelerators (--cpu-accels). */
+static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
+                        struct lynx_accel_dev **out, uint32_t *n, char *err,
+                        size_t errlen) {
+  char *end;
+  unsigned long v = strtoul(spec, &end, 10);
+  struct lynx_accel_dev *a;
+  (void)tops; /* host memory: every transport reaches it */
+  *out = NULL;
+  *n = 0;
+  if (end == spec || *end || v > CPU_ACCELS_MAX) {
+    snprintf(err, errlen, "--cpu-accels '%s': expected a count up to %u",
+             spec, CPU_ACCELS_MAX);
+    return -EINVAL;
+  }
+  if (!v)
+    return 0;
+  a = calloc(v, sizeof(*a));
+  if (!a) {
+    snprintf(err, errlen, "--cpu-accels: out of memory");
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < v; i++) {
+    a[i].ops = &lynx_accel_cpu;
+    a[i].device = (int)i;
+    snprintf(a[i].model, sizeof(a[i].model), "cpu-emulated");
+    a[i].ordering = LYNX_ORDER_COALESCED; /* stores to host memory */
+    snprintf(a[i].where, sizeof(a[i].where), "CPU-emulated %u", i);
+  }
+  *out = a;
+  *n = (uint32_t)v;
+  return 0;
+}
+
+static int cpu_runs_app(const struct lynx_app *app) {
+  (void)app; /* every app is C code the threads run */
+  return 1;
+}
+
+static int cpu_start(const struct lynx_accel_launch *l, struct lynx_region *r,
+                     struct lynx_accel_inst **out, char *why, size_t whylen) {
+  struct cpu_inst *ci = calloc(1, sizeof(*ci));
+  struct lynx_cpu_accel *c;
+  int rc;
+  (void)r; /* the caller's, in host memory: l->region */
+  *out = NULL;
+  if (!ci) {
+    snprintf(why, whylen, "cannot start threads: %s", strerror(ENOMEM));
+    return -ENOMEM;
+  }
+  ci->base.ops = &lynx_accel_cpu;
+  c = &ci->cpu;
+  c->region = l->region;
+  c->app = l->app;
+  c->work_us = l->work_us;
+  c->n_server = l->n_server;
+  c->backend_names = l->backends;
+  c->work_sleep = l->work_sleep;
+  c->spin_us = l->spin_us;
+  c->n_threads = l->cpu_threads;
+  c->id = l->accel_id;
+  c->serve_until = l->serve_until;
+  rc = lynx_cpu_accel_start(c);
+  if (rc) {
+    snprintf(why, whylen, "cannot start threads: %s", strerror(-rc));
+    lynx_cpu_accel_free(c); /* what start left allocated */
+    free(ci);
+    return rc;
+  }
+  *out = &ci->base;
+  return 0;
+}
+
+static int cpu_fence(struct lynx_accel_inst *in, uint64_t serve_until_ns,
+                     int wake) {
+  struct cpu_inst *ci = container_of(in, struct cpu_inst, base);
+  (void)serve_until_ns; /* the threads read *serve_until themselves */
+  if (wake)
+    lynx_cpu_accel_kick(&ci->cpu);
+  return 0;
+}
+
+static int cpu_counters(struct lynx_accel_inst *in, uint64_t *req,
+                        uint64_t *resp, uint64_t *drops, uint64_t *bad) {
+  struct cpu_inst *ci = container_of(in, struct cpu_inst, base);
+  lynx_cpu_accel_counters(&ci->cpu, req, resp, drops, bad);
+  return 0;
+}
+
+static int cpu_stop(struct lynx_accel_inst *in) {
+  lynx_cpu_accel_stop(&container_of(in, struct cpu_inst, base)->cpu);
+  return 0;
+}
+
+static void cpu_put(struct lynx_accel_inst *in) {
+  struct cpu_inst *ci = container_of(in, struct cpu_inst, base);
+  lynx_cpu_accel_free(&ci->cpu);
+  free(ci);
+}
+
+/* Host threads: nothing to lose or fail short of the process. */
+static void cpu_health(const struct lynx_accel_dev *a, int *lost,
+                       int *failed, char *err, size_t errlen) {
+  (void)a;
+  *lost = 0;
+  *failed = 0;
+  if (errlen)
+    err[0] = 0;
+}
+
+static void cpu_shutdown(void) {}
+
+const struct lynx_accel_ops lynx_accel_cpu = {
+    .kind = "cpu",
+    .noun = "CPU",
+    .own_memory = 0,
+    .discover = cpu_discover,
+    .runs_app = cpu_runs_app,
+    .start = cpu_start,
+    .fence = cpu_fence,
+    .counters = cpu_counters,
+    .stop = cpu_stop,
+    .put = cpu_put,
+    .health = cpu_health,
+    .shutdown = cpu_shutdown,
+};

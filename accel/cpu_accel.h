@@ -9,6 +9,10 @@
  * work_us emulates processing time per request by spinning, as a busy
  * accelerator would be, or (work_sleep) by sleeping, which leaves the host's
  * cores free as an accelerator computing elsewhere does.
+ *
+ * The agent reaches these through the accelerator ops table (accel.h):
+ * lynx_accel_cpu, at the end of cpu_accel.c, runs one struct
+ * lynx_cpu_accel per instance.
  */
 #ifndef LYNX_CPU_ACCEL_H
 #define LYNX_CPU_ACCEL_H
@@ -18,6 +22,7 @@
 
 #include "apps.h"
 #include "util.h"
+#include "wire.h"
 
 struct lynx_cpu_accel;
 
@@ -37,7 +42,7 @@ struct lynx_cpu_accel {
   /* mqueues [0, n_server) are server mqueues the threads serve (0: all);
    * mqueue n_server + k is the client mqueue of back end backend_names[k] */
   uint32_t n_server;
-  char (*backend_names)[32];
+  char (*backend_names)[LYNX_BACKEND_NAME_MAX];
   struct lynx_app_ctx ctx;
   volatile int stop;
   /* Lease fence (NULL: none): a thread takes a new request only while

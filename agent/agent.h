@@ -16,10 +16,9 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "accel.h"
 #include "connguard.h"
-#include "cpu_accel.h"
 #include "ctlconn.h"
-#include "gpu.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -46,21 +45,17 @@ struct instance {
   char service[LYNX_ID_MAX];
   struct lynx_region region;
   struct lynx_region_desc desc;
-  struct lynx_cpu_accel cpu;   /* CPU accelerators */
-  struct gpu_instance *gpu;    /* CUDA accelerators */
-  char (*backends)[32]; /* names of its client mqueues' back ends */
+  struct lynx_accel_inst *run; /* the accelerator's side (accel.h) */
+  char (*backends)[LYNX_BACKEND_NAME_MAX]; /* names of its client mqueues' back ends */
   uint32_t n_server, work_us;
   struct mq_watch *watch; /* one per server mqueue */
   int running;
   struct instance *next;
 };
 
-enum accel_kind { ACCEL_CPU = 0, ACCEL_CUDA = 1 };
-
 struct agent_accel {
-  enum accel_kind kind;
-  struct gpu_info gpu; /* ACCEL_CUDA */
-  uint32_t ordering;   /* enum lynx_ordering its regions advertise */
+  struct lynx_accel_dev info; /* as its backend found it (accel.h) */
+  uint32_t ordering; /* enum lynx_ordering its regions advertise */
   /* counters of instances that have stopped, so totals never go back */
   uint64_t requests, responses;
   /* health (health.c), reported in every heartbeat */
@@ -114,7 +109,7 @@ struct agent {
 int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          const char *service, const struct lynx_app *app,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
-                         uint32_t work_us, char (*backends)[32],
+                         uint32_t work_us, char (*backends)[LYNX_BACKEND_NAME_MAX],
                          uint32_t n_backends, struct instance **out,
                          char *why, size_t whylen);
 void agent_instance_stop(struct agent *ag, struct instance *in);
@@ -128,10 +123,9 @@ void agent_instance_pb(const struct agent *ag, const struct instance *in,
 struct instance *agent_instance_find(struct agent *ag, uint64_t id);
 void agent_instances_stop_all(struct agent *ag);
 /* The lease fence moved to serve_until_ns: every running instance's
- * accelerator learns it (GPU kernels get the new deadline in their own
- * clock; CPU threads read it, and are woken when wake_cpu: the fence had
- * passed, so they may sleep on their doorbells). */
-void agent_instances_fence(struct agent *ag, int wake_cpu);
+ * accelerator learns it (its backend's fence op), and is woken when wake:
+ * the fence had passed, so its pollers may sleep on their doorbells. */
+void agent_instances_fence(struct agent *ag, int wake);
 /* totals per accelerator: stopped instances plus running ones */
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
                           uint64_t *resp);
@@ -140,9 +134,6 @@ void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
 void agent_health_start(struct agent *ag);
 void agent_health_stop(struct agent *ag);
 void agent_health_sample(struct agent *ag, uint64_t now_ns);
-/* "cpu"/"cuda", and the model an accelerator registers with */
-const char *agent_accel_kind(const struct agent_accel *a);
-const char *agent_accel_model(const struct agent_accel *a);
 
 /* serve.c (static mode) */
 int agent_serve_start(struct agent *ag);

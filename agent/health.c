@@ -14,10 +14,11 @@
  * for its application: not a stall. Client mqueues are not watched: their RX ring holds back-end
  * replies an application collects when it calls, not requests.
  *
- * Device health (CUDA): present, the last error, and whether it is sticky
- * (gpu_health). The coordinator takes an accelerator out of dispatch while
- * it is lost, failed or has a stalled mqueue, and puts it back when that
- * clears: a stalled app that resumes serves again without a restart.
+ * Device health, from the accelerator's backend (its health op): present,
+ * the last error, and whether it is sticky. The coordinator takes an
+ * accelerator out of dispatch while it is lost, failed or has a stalled
+ * mqueue, and puts it back when that clears: a stalled app that resumes
+ * serves again without a restart.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,14 +29,6 @@
 #include "util.h"
 
 #define HEALTH_MS 250u
-
-const char *agent_accel_kind(const struct agent_accel *a) {
-  return a->kind == ACCEL_CUDA ? "cuda" : "cpu";
-}
-
-const char *agent_accel_model(const struct agent_accel *a) {
-  return a->kind == ACCEL_CUDA ? a->gpu.name : "cpu-emulated";
-}
 
 /* Watches one instance's server mqueues; adds its stalls to its
  * accelerator's. */
@@ -57,7 +50,7 @@ static void watch_instance(struct agent *ag, struct instance *in,
                        in->n_server * sizeof(a[0])) ||
       lynx_region_read(&in->region, lynx_fctrl_off(&g, 0), f,
                        in->n_server * sizeof(f[0])))
-    return; /* a device read failed: gpu_health reports it */
+    return; /* a device read failed: the backend's health op reports it */
   for (uint32_t q = 0; q < in->n_server; q++) {
     struct mq_watch *w = &in->watch[q];
     uint32_t cons = a[q].rx_cons;
@@ -103,19 +96,16 @@ static void watch_instance(struct agent *ag, struct instance *in,
 void agent_health_sample(struct agent *ag, uint64_t now_ns) {
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct agent_accel *a = &ag->acc[i];
+    int lost = 0, failed = 0;
     a->stalled_mqueues = 0;
     a->stall_ms = 0;
-    if (a->kind == ACCEL_CUDA) {
-      int lost = 0, failed = 0;
-      gpu_health(&a->gpu, &lost, &failed, a->last_error,
-                 sizeof(a->last_error));
-      if ((lost && !a->device_lost) || (failed && !a->failed))
-        LYNX_ERR("agent", "%s: accel %u (GPU %d, %s) %s: %s", ag->node_id, i,
-                 a->gpu.device, a->gpu.pci_bus_id,
-                 lost ? "is gone" : "failed", a->last_error);
-      a->device_lost = lost;
-      a->failed = failed;
-    }
+    a->info.ops->health(&a->info, &lost, &failed, a->last_error,
+                        sizeof(a->last_error));
+    if ((lost && !a->device_lost) || (failed && !a->failed))
+      LYNX_ERR("agent", "%s: accel %u (%s) %s: %s", ag->node_id, i,
+               a->info.where, lost ? "is gone" : "failed", a->last_error);
+    a->device_lost = lost;
+    a->failed = failed;
   }
   for (struct instance *in = ag->instances; in; in = in->next)
     if (in->running)

@@ -1,8 +1,9 @@
 /*
- * instance.c - one service on one accelerator: a region and the app's
- * polling threads. Regions are named lynx-<node>-<pid>-i<instance id> so
- * that an agent killed with -9 leaves files the next agent recognises as
- * stale (main.c).
+ * instance.c - one service on one accelerator: a region and the app
+ * polling it, started, fenced, counted and stopped through the
+ * accelerator's backend (accel.h). Regions are named
+ * lynx-<node>-<pid>-i<instance id> so that an agent killed with -9 leaves
+ * files the next agent recognises as stale (main.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -36,10 +37,11 @@ static void fill_desc(struct agent *ag, struct instance *in,
   memcpy(in->desc.rkeys, in->region.rkeys, sizeof(in->desc.rkeys));
 }
 
-/* A CPU accelerator: the region through the transport, the app's threads. */
-static int start_cpu(struct agent *ag, struct instance *in,
-                     const struct lynx_app *app, const struct lynx_geom *g,
-                     const char *name, char *why, size_t whylen) {
+/* A region in host memory through the transport, formatted and exported,
+ * for a backend that serves one (!own_memory). */
+static int host_region(struct agent *ag, struct instance *in,
+                       const struct lynx_geom *g, const char *name, char *why,
+                       size_t whylen) {
   int rc = ag->tops->region_alloc(ag->tagent, &in->region, name,
                                   g->region_size);
   if (rc) {
@@ -56,65 +58,56 @@ static int start_cpu(struct agent *ag, struct instance *in,
              ag->tops->name, strerror(-rc));
     goto fail;
   }
-  in->cpu.region = in->region.base;
-  in->cpu.app = app;
-  in->cpu.work_us = in->work_us;
-  in->cpu.n_server = in->n_server;
-  in->cpu.backend_names = in->backends;
-  in->cpu.work_sleep = ag->cfg.work_mode == 1;
-  in->cpu.spin_us = ag->cfg.spin_us;
-  in->cpu.n_threads = ag->cfg.accel_threads;
-  in->cpu.id = in->accel;
-  in->cpu.serve_until = &ag->serve_until_ns;
-  rc = lynx_cpu_accel_start(&in->cpu);
-  if (rc) {
-    snprintf(why, whylen, "cannot start threads: %s", strerror(-rc));
-    goto fail;
-  }
   return 0;
 fail:
   ag->tops->region_free(&in->region);
   return rc;
 }
 
-/* A GPU: the region in its memory, the app as a persistent kernel. */
-static int start_cuda(struct agent *ag, struct instance *in,
-                      const struct lynx_app *app, const struct lynx_geom *g,
-                      const char *name, char *why, size_t whylen) {
-  struct gpu_launch l = {
-      .gpu = &ag->acc[in->accel].gpu,
+/* The app on the accelerator through its backend: the region first where
+ * the backend does not place it in its own memory. */
+static int start_run(struct agent *ag, struct instance *in,
+                     const struct lynx_app *app, const struct lynx_geom *g,
+                     const char *name, char *why, size_t whylen) {
+  const struct lynx_accel_dev *acc = &ag->acc[in->accel].info;
+  struct lynx_accel_launch l = {
+      .acc = acc,
       .tops = ag->tops,
       .tagent = ag->tagent,
       .name = name,
+      .app = app,
       .n_mqueues = g->n_mqueues,
       .n_server = in->n_server,
       .slots = g->slots,
       .slot_size = g->slot_size,
       .ordering = ag->acc[in->accel].ordering,
       .accel_id = in->accel,
+      .backends = in->backends,
       .epoch = ag->epoch,
-      .cuda_app = app->cuda_app,
       .work_us = in->work_us,
-      .threads = ag->cfg.gpu_threads,
-      .serve_until_ns = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE),
+      .work_sleep = ag->cfg.work_mode == 1,
+      .spin_us = ag->cfg.spin_us,
+      .cpu_threads = ag->cfg.accel_threads,
+      .gpu_threads = ag->cfg.gpu_threads,
+      .serve_until = &ag->serve_until_ns,
   };
-  if (!app->cuda_app) {
-    snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
-             "applications: %s)", app->name, lynx_app_cuda_names());
-    return -ENOTSUP;
+  int rc;
+  if (!acc->ops->own_memory) {
+    rc = host_region(ag, in, g, name, why, whylen);
+    if (rc)
+      return rc;
+    l.region = in->region.base;
   }
-  if (g->n_mqueues != in->n_server) {
-    snprintf(why, whylen, "client mqueues (back ends) are served by CPU "
-             "accelerators only");
-    return -ENOTSUP;
-  }
-  return gpu_instance_start(&l, &in->region, &in->gpu, why, whylen);
+  rc = acc->ops->start(&l, &in->region, &in->run, why, whylen);
+  if (rc && !acc->ops->own_memory)
+    ag->tops->region_free(&in->region);
+  return rc;
 }
 
 int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
                          const char *service, const struct lynx_app *app,
                          uint32_t mqueues, uint32_t slots, uint32_t slot_size,
-                         uint32_t work_us, char (*backends)[32],
+                         uint32_t work_us, char (*backends)[LYNX_BACKEND_NAME_MAX],
                          uint32_t n_backends, struct instance **out,
                          char *why, size_t whylen) {
   struct lynx_geom g;
@@ -161,9 +154,7 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   snprintf(in->service, sizeof(in->service), "%s", service);
   snprintf(name, sizeof(name), "lynx-%s-%d-i%llu", ag->node_id, (int)getpid(),
            (unsigned long long)id);
-  rc = ag->acc[accel].kind == ACCEL_CUDA
-           ? start_cuda(ag, in, app, &g, name, why, whylen)
-           : start_cpu(ag, in, app, &g, name, why, whylen);
+  rc = start_run(ag, in, app, &g, name, why, whylen);
   if (rc) {
     LYNX_ERR("agent", "%s: instance %llu (%s, app %s) on accel %u: %s",
              ag->node_id, (unsigned long long)id, service, app->name, accel,
@@ -180,7 +171,7 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
             "mqueues x %u slots x %u B, %s %s", ag->node_id,
             (unsigned long long)id, service, app->name, accel,
-            agent_accel_model(&ag->acc[accel]), mqueues, slots, slot_size,
+            ag->acc[accel].info.model, mqueues, slots, slot_size,
             ag->tops->name, in->region.locator);
   *out = in;
   return 0;
@@ -190,8 +181,8 @@ void agent_instance_pb(const struct agent *ag, const struct instance *in,
                        const struct lynx_ctl *ctl, char *loc,
                        Lynx__RegionDesc *pb) {
   lynx_desc_to_pb(&in->desc, pb);
-  pb->kind = (char *)agent_accel_kind(&ag->acc[in->accel]);
-  pb->model = (char *)agent_accel_model(&ag->acc[in->accel]);
+  pb->kind = (char *)ag->acc[in->accel].info.ops->kind;
+  pb->model = (char *)ag->acc[in->accel].info.model;
   pb->memory_bytes = in->region.size;
   snprintf(loc, LYNX_LOCATOR_MAX, "%s", in->desc.locator);
   if (ag->cfg.advertise) {
@@ -225,14 +216,10 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = in->next;
-  if (in->running && in->gpu) {
-    /* a kernel that does not stop keeps its memory (gpu.h) */
-    gpu_instance_stop(in->gpu);
-    gpu_instance_counters(in->gpu, &rq, &rs, &dr, &bad);
-  } else if (in->running) {
-    lynx_cpu_accel_stop(&in->cpu);
-    lynx_cpu_accel_counters(&in->cpu, &rq, &rs, &dr, &bad);
-    lynx_cpu_accel_free(&in->cpu);
+  if (in->running) {
+    /* one that does not stop keeps its memory (accel.h) */
+    in->run->ops->stop(in->run);
+    in->run->ops->counters(in->run, &rq, &rs, &dr, &bad);
   }
   ag->acc[in->accel].requests += rq;
   ag->acc[in->accel].responses += rs;
@@ -243,7 +230,7 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
             (unsigned long long)rq, (unsigned long long)rs,
             (unsigned long long)dr, (unsigned long long)bad);
   ag->tops->region_free(&in->region);
-  gpu_instance_put(in->gpu); /* its memory goes with the transport's */
+  in->run->ops->put(in->run); /* memory in the transport's hands goes later */
   free(in->backends);
   free(in->watch);
   free(in);
@@ -254,16 +241,11 @@ void agent_instances_stop_all(struct agent *ag) {
     agent_instance_stop(ag, ag->instances);
 }
 
-void agent_instances_fence(struct agent *ag, int wake_cpu) {
+void agent_instances_fence(struct agent *ag, int wake) {
   uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
-  for (struct instance *in = ag->instances; in; in = in->next) {
-    if (!in->running)
-      continue;
-    if (in->gpu)
-      gpu_instance_fence(in->gpu, until);
-    else if (wake_cpu)
-      lynx_cpu_accel_kick(&in->cpu);
-  }
+  for (struct instance *in = ag->instances; in; in = in->next)
+    if (in->running)
+      in->run->ops->fence(in->run, until, wake);
 }
 
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
@@ -274,10 +256,7 @@ void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
     uint64_t rq, rs, dr, bad;
     if (in->accel != accel || !in->running)
       continue;
-    if (in->gpu)
-      gpu_instance_counters(in->gpu, &rq, &rs, &dr, &bad);
-    else
-      lynx_cpu_accel_counters(&in->cpu, &rq, &rs, &dr, &bad);
+    in->run->ops->counters(in->run, &rq, &rs, &dr, &bad);
     *req += rq;
     *resp += rs;
   }

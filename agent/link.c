@@ -168,22 +168,20 @@ static void send_register(struct coord_link *l) {
     lynx__accel_info__init(&acc[i]);
     const struct agent_accel *a = &ag->acc[i];
     acc[i].idx = i;
-    acc[i].kind = (char *)agent_accel_kind(a);
-    acc[i].model = (char *)agent_accel_model(a);
+    acc[i].kind = (char *)a->info.ops->kind;
+    acc[i].model = (char *)a->info.model;
     acc[i].ordering = a->ordering ? LYNX__ORDERING__ORDERING_FENCED
                                   : LYNX__ORDERING__ORDERING_COALESCED;
-    if (a->kind == ACCEL_CUDA) {
-      acc[i].memory_bytes = a->gpu.memory;
-      acc[i].pci_bus_id = (char *)a->gpu.pci_bus_id;
-      acc[i].gpudirect_rdma = a->gpu.gpudirect_rdma;
-      acc[i].rdma_writes_ordering = a->gpu.rdma_writes_ordering;
-    }
+    /* 0 and "" where the backend has none (host memory): not on the wire */
+    acc[i].memory_bytes = a->info.memory;
+    acc[i].pci_bus_id = (char *)a->info.pci_bus_id;
+    acc[i].gpudirect_rdma = a->info.gpudirect_rdma;
+    acc[i].rdma_writes_ordering = a->info.rdma_writes_ordering;
     /* what it can run, so the coordinator places nothing that cannot
-     * start: a CPU runs every app; a GPU an app with a kernel and without
-     * client mqueues (agent/instance.c refuses the others) */
+     * start (the backend's start refuses the others) */
     for (size_t k = 0; lynx_app_at(k) && acc[i].n_apps < LYNX_APPS_MAX; k++) {
       const struct lynx_app *app = lynx_app_at(k);
-      if (a->kind == ACCEL_CUDA && (!app->cuda_app || app->needs_backend))
+      if (!a->info.ops->runs_app(app))
         continue;
       apps[i][acc[i].n_apps++] = (char *)app->name;
     }
@@ -319,7 +317,7 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
     return;
   }
   {
-    char names[LYNX_BACKENDS_MAX][32];
+    char names[LYNX_BACKENDS_MAX][LYNX_BACKEND_NAME_MAX];
     uint32_t nb = 0;
     for (size_t k = 0; k < sp->n_backends && k < LYNX_BACKENDS_MAX; k++)
       snprintf(names[nb++], sizeof(names[0]), "%s",

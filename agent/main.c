@@ -1,10 +1,11 @@
 /*
  * lynx-agent - one per accelerator host.
  *
- * Discovers (here: emulates) accelerators and runs instances on them: one
- * service on one accelerator, with a mqueue region allocated through the
- * transport and the application's persistent polling threads. The agent
- * stays out of the data path.
+ * Discovers accelerators through their backends (accel.h: CPU-emulated
+ * ones, GPUs) and runs instances on them: one service on one accelerator,
+ * with a mqueue region allocated through the transport and the
+ * application's persistent polling code. The agent stays out of the data
+ * path.
  *
  * Static mode (--app): one instance per accelerator from the start, and the
  * descriptors served to one frontend on --listen (serve.c). Coordinator
@@ -12,7 +13,8 @@
  * the coordinator says (link.c).
  *
  * Threads: the main thread runs the libuv loop (control connections,
- * signals); each instance runs its own polling threads (cpu_accel.c).
+ * signals); each instance's accelerator polls its mqueues on its own
+ * (CPU threads, or a GPU's persistent kernel).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -209,70 +211,79 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
   return 0;
 }
 
-/* The accelerators: GPUs first (--cuda-accels), then CPU-emulated ones.
- * 0, or -errno after printing why. */
+/* The accelerator backends (accel.h), in the order their accelerators are
+ * numbered: GPUs first (--cuda-accels), then CPU-emulated ones
+ * (--cpu-accels). */
+#define N_BACKENDS 2
+static const struct lynx_accel_ops *const backends[N_BACKENDS] = {
+    &lynx_accel_cuda, &lynx_accel_cpu};
+
+/* What the command line asks of each backend (NULL: nothing); cpus holds
+ * the CPU count's text. */
+static void backend_specs(const struct agent_cfg *cfg, int cpu_given,
+                          char *cpus, size_t cpus_len,
+                          const char *spec[N_BACKENDS]) {
+  snprintf(cpus, cpus_len, "%u", cfg->cpu_accels);
+  spec[0] = cfg->cuda_accels;
+  /* none alongside --cuda-accels unless --cpu-accels is given */
+  spec[1] = cfg->cpu_accels && (cpu_given || !cfg->cuda_accels) ? cpus : NULL;
+}
+
+/* The accelerators, each backend's in turn. 0, or -errno after printing
+ * why (-EINVAL: the command line asks for what cannot be). */
 static int find_accels(struct agent *ag, int cpu_given) {
-  struct gpu_info *gpus = NULL;
-  uint32_t n_gpu = 0, n_cpu = ag->cfg.cpu_accels;
-  if (ag->cfg.cuda_accels) {
+  struct lynx_accel_dev *found[N_BACKENDS] = {NULL};
+  uint32_t n[N_BACKENDS] = {0}, total = 0, k = 0;
+  const char *spec[N_BACKENDS];
+  char cpus[16];
+  int rc = 0;
+  backend_specs(&ag->cfg, cpu_given, cpus, sizeof(cpus), spec);
+  for (int b = 0; b < N_BACKENDS; b++) {
     char err[320];
-    int rc = gpu_discover(ag->cfg.cuda_accels, &gpus, &n_gpu, err,
-                          sizeof(err));
+    if (!spec[b])
+      continue;
+    rc = backends[b]->discover(spec[b], ag->tops, &found[b], &n[b], err,
+                               sizeof(err));
     if (rc) {
       fprintf(stderr, "lynx-agent: %s\n", err);
-      return rc;
+      goto out;
     }
-    if (!cpu_given)
-      n_cpu = 0;
-    if (ag->tops == &lynx_transport_shm) {
-      fprintf(stderr, "lynx-agent: --cuda-accels: a GPU's mqueues live in "
-              "its memory, which the shm transport cannot map; use "
-              "--transport tcp or rdma\n");
-      free(gpus);
-      return -EINVAL;
-    }
+    total += n[b];
   }
-  if (n_gpu + n_cpu == 0) {
+  if (total == 0) {
     fprintf(stderr, "lynx-agent: no accelerators (--cpu-accels 0 without "
             "--cuda-accels)\n");
-    free(gpus);
-    return -EINVAL;
+    rc = -EINVAL;
+    goto out;
   }
-  if (n_gpu + n_cpu > LYNX_ACCELS_MAX) {
+  if (total > LYNX_ACCELS_MAX) {
     fprintf(stderr, "lynx-agent: at most %d accelerators\n", LYNX_ACCELS_MAX);
-    free(gpus);
-    return -EINVAL;
+    rc = -EINVAL;
+    goto out;
   }
-  ag->n_acc = n_gpu + n_cpu;
+  ag->n_acc = total;
   ag->acc = calloc(ag->n_acc, sizeof(*ag->acc));
   if (!ag->acc) {
-    free(gpus);
-    return -ENOMEM;
+    rc = -ENOMEM;
+    goto out;
   }
-  for (uint32_t i = 0; i < ag->n_acc; i++) {
-    struct agent_accel *a = &ag->acc[i];
-    a->ordering = (uint32_t)ag->cfg.ordering;
-    if (i < n_gpu) {
-      a->kind = ACCEL_CUDA;
-      a->gpu = gpus[i];
-      /* fenced when the GPU does not order GPUDirect RDMA writes itself */
-      if (a->gpu.ordering == LYNX_ORDER_FENCED)
+  for (int b = 0; b < N_BACKENDS; b++)
+    for (uint32_t j = 0; j < n[b]; j++, k++) {
+      struct agent_accel *a = &ag->acc[k];
+      a->info = found[b][j];
+      a->ordering = (uint32_t)ag->cfg.ordering;
+      /* fenced when the device does not order the NIC's writes itself */
+      if (a->info.ordering == LYNX_ORDER_FENCED)
         a->ordering = LYNX_ORDER_FENCED;
-      fprintf(stderr, "lynx-agent: accel %u: GPU %d %s (%s), %llu MiB, "
-              "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
-              "ordering %u -> %s mode\n", i, a->gpu.device, a->gpu.name,
-              a->gpu.pci_bus_id,
-              (unsigned long long)(a->gpu.memory >> 20), a->gpu.cc_major,
-              a->gpu.cc_minor, a->gpu.sms,
-              a->gpu.gpudirect_rdma ? "yes" : "no",
-              a->gpu.rdma_writes_ordering,
-              a->ordering == LYNX_ORDER_FENCED ? "fenced" : "coalesced");
-    } else {
-      a->kind = ACCEL_CPU;
+      if (a->info.about[0])
+        fprintf(stderr, "lynx-agent: accel %u: %s -> %s mode\n", k,
+                a->info.about,
+                a->ordering == LYNX_ORDER_FENCED ? "fenced" : "coalesced");
     }
-  }
-  free(gpus);
-  return 0;
+out:
+  for (int b = 0; b < N_BACKENDS; b++)
+    free(found[b]);
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -363,10 +374,9 @@ int main(int argc, char **argv) {
   if (ag.cfg.list_accels) {
     for (uint32_t i = 0; i < ag.n_acc; i++) {
       const struct agent_accel *a = &ag.acc[i];
-      printf("%u\t%s\t%s\t%llu\t%s\t%s\n", i, agent_accel_kind(a),
-             a->kind == ACCEL_CUDA ? a->gpu.name : "cpu-emulated",
-             (unsigned long long)(a->kind == ACCEL_CUDA ? a->gpu.memory : 0),
-             a->kind == ACCEL_CUDA ? a->gpu.pci_bus_id : "-",
+      printf("%u\t%s\t%s\t%llu\t%s\t%s\n", i, a->info.ops->kind,
+             a->info.model, (unsigned long long)a->info.memory,
+             a->info.pci_bus_id[0] ? a->info.pci_bus_id : "-",
              a->ordering == LYNX_ORDER_FENCED ? "fenced" : "coalesced");
     }
     exit_code = 0;
@@ -418,12 +428,18 @@ int main(int argc, char **argv) {
     agent_shutdown(&ag, 1);
   } else {
     struct json_object *j = lynx_opts_json(agent_opts, &ag.cfg);
-    uint32_t n_gpu = 0;
-    for (uint32_t i = 0; i < ag.n_acc; i++)
-      n_gpu += ag.acc[i].kind == ACCEL_CUDA;
-    LYNX_INFO("agent", "%s: epoch %llu, %u GPU and %u CPU accelerators, %s; "
+    char counts[64] = ""; /* "1 GPU and 2 CPU", a count per backend */
+    for (int b = 0; b < N_BACKENDS; b++) {
+      size_t len = strlen(counts);
+      uint32_t n = 0;
+      for (uint32_t i = 0; i < ag.n_acc; i++)
+        n += ag.acc[i].info.ops == backends[b];
+      snprintf(counts + len, sizeof(counts) - len, "%s%u %s",
+               b ? " and " : "", n, backends[b]->noun);
+    }
+    LYNX_INFO("agent", "%s: epoch %llu, %s accelerators, %s; "
               "serving descriptors on %s; transport %s%s%s; config %s",
-              ag.node_id, (unsigned long long)ag.epoch, n_gpu, ag.n_acc - n_gpu,
+              ag.node_id, (unsigned long long)ag.epoch, counts,
               app ? "static mode" : "coordinator mode",
               app ? ag.cfg.listen : ag.cfg.coordinator, ag.tops->name,
               ag.data_bound[0] ? " on " : "", ag.data_bound,
@@ -438,7 +454,8 @@ int main(int argc, char **argv) {
   lynx_prom_stop(ag.metrics); /* it reads the handle's guard */
   ag.tops->agent_destroy(ag.tagent); /* every region's memory released */
   ag.tagent = NULL;
-  gpu_shutdown();
+  for (int b = 0; b < N_BACKENDS; b++)
+    backends[b]->shutdown();
 out_acc:
   free(ag.acc);
   goto out_opts;

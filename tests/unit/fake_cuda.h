@@ -1,7 +1,7 @@
 /*
  * fake_cuda.h - a fake CUDA runtime for unit_cuda_backend.
  *
- * fake_cuda.c defines every CUDA runtime function agent/cuda_accel.c calls
+ * fake_cuda.c defines every CUDA runtime function accel/cuda/cuda_accel.c calls
  * (the exact symbols the real headers map them to), the kernel-side
  * interface of accel/cuda/lynx_cuda.h, the two driver entry points it looks
  * up (cuMemGetHandleForAddressRange, cuPointerSetAttribute) and the verbs

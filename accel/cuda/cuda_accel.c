@@ -1,5 +1,6 @@
 /*
- * cuda_accel.c - the agent's CUDA backend (gpu.h): GPUs as accelerators.
+ * cuda_accel.c - the CUDA backend (gpu.h, and the accelerator ops table
+ * lynx_accel_cuda of accel.h at the end): GPUs as accelerators.
  *
  * Host C over the CUDA runtime, linked statically so the agent starts on a
  * host without the NVIDIA driver and says why it cannot use a GPU. Driver
@@ -32,6 +33,7 @@
 #include <cuda_runtime_api.h>
 #include <infiniband/verbs.h>
 
+#include "accel.h"
 #include "gpu.h"
 #include "log.h"
 #include "lynx_cuda.h"
@@ -375,6 +377,7 @@ void gpu_shutdown(void) {
 /* ---- instances ------------------------------------------------------- */
 
 struct gpu_instance {
+  struct lynx_accel_inst acc; /* the ops table's handle (accel.h) */
   int device;
   uint32_t writes_ordering;
   struct lynx_region_mem mem;
@@ -923,3 +926,168 @@ void gpu_health(const struct gpu_info *g, int *lost, int *failed, char *err,
   snprintf(err, errlen, "%s", dev < GPU_MAX ? rec.dev[dev].last_error : "");
   pthread_mutex_unlock(&rec.lock);
 }
+
+/* ---- the CUDA backend of the ops table (accel.h) ---------------------
+ *
+ * The agent's view of a GPU (struct lynx_accel_dev) over the functions
+ * above: discovery's gpu_info is kept in the info's fields and rebuilt
+ * from them.
+ */
+
+static void info_gpu(const struct lynx_accel_dev *a, struct gpu_info *g) {
+  memset(g, 0, sizeof(*g));
+  g->device = a->device;
+  snprintf(g->name, sizeof(g->name), "%s", a->model);
+  snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "%s", a->pci_bus_id);
+  g->memory = a->memory;
+  g->gpudirect_rdma = a->gpudirect_rdma;
+  g->rdma_writes_ordering = a->rdma_writes_ordering;
+  g->ordering = a->ordering;
+}
+
+/* spec: --cuda-accels, "all" or ordinals. */
+static int cuda_discover(const char *spec,
+                         const struct lynx_transport_ops *tops,
+                         struct lynx_accel_dev **out, uint32_t *n,
+                         char *err, size_t errlen) {
+  struct gpu_info *g = NULL;
+  struct lynx_accel_dev *a;
+  uint32_t k = 0;
+  int rc = gpu_discover(spec, &g, &k, err, errlen);
+  *out = NULL;
+  *n = 0;
+  if (rc)
+    return rc;
+  if (tops == &lynx_transport_shm) {
+    snprintf(err, errlen, "--cuda-accels: a GPU's mqueues live in its "
+             "memory, which the shm transport cannot map; use --transport "
+             "tcp or rdma");
+    free(g);
+    return -EINVAL;
+  }
+  a = calloc(k, sizeof(*a));
+  if (!a) {
+    snprintf(err, errlen, "--cuda-accels: out of memory");
+    free(g);
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < k; i++) {
+    a[i].ops = &lynx_accel_cuda;
+    a[i].device = g[i].device;
+    snprintf(a[i].model, sizeof(a[i].model), "%s", g[i].name);
+    snprintf(a[i].pci_bus_id, sizeof(a[i].pci_bus_id), "%s", g[i].pci_bus_id);
+    a[i].memory = g[i].memory;
+    a[i].gpudirect_rdma = g[i].gpudirect_rdma;
+    a[i].rdma_writes_ordering = g[i].rdma_writes_ordering;
+    /* fenced when the GPU does not order GPUDirect RDMA writes itself */
+    a[i].ordering = g[i].ordering;
+    snprintf(a[i].where, sizeof(a[i].where), "GPU %d, %s", g[i].device,
+             g[i].pci_bus_id);
+    snprintf(a[i].about, sizeof(a[i].about), "GPU %d %s (%s), %llu MiB, "
+             "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
+             "ordering %u", g[i].device, g[i].name, g[i].pci_bus_id,
+             (unsigned long long)(g[i].memory >> 20), g[i].cc_major,
+             g[i].cc_minor, g[i].sms, g[i].gpudirect_rdma ? "yes" : "no",
+             g[i].rdma_writes_ordering);
+  }
+  free(g);
+  *out = a;
+  *n = k;
+  return 0;
+}
+
+/* A kernel (apps.cu), and no client mqueues: the kernel calls no back
+ * ends. */
+static int cuda_runs_app(const struct lynx_app *app) {
+  return app->cuda_app && !app->needs_backend;
+}
+
+/* The region in the GPU's memory, the app as a persistent kernel. */
+static int cuda_start(const struct lynx_accel_launch *l,
+                      struct lynx_region *r, struct lynx_accel_inst **out,
+                      char *why, size_t whylen) {
+  struct gpu_info g;
+  struct gpu_instance *gi = NULL;
+  struct gpu_launch gl;
+  int rc;
+  *out = NULL;
+  info_gpu(l->acc, &g);
+  gl = (struct gpu_launch){
+      .gpu = &g,
+      .tops = l->tops,
+      .tagent = l->tagent,
+      .name = l->name,
+      .n_mqueues = l->n_mqueues,
+      .n_server = l->n_server,
+      .slots = l->slots,
+      .slot_size = l->slot_size,
+      .ordering = l->ordering,
+      .accel_id = l->accel_id,
+      .epoch = l->epoch,
+      .cuda_app = l->app->cuda_app,
+      .work_us = l->work_us,
+      .threads = l->gpu_threads,
+      .serve_until_ns = l->serve_until ? __atomic_load_n(l->serve_until,
+                                                         __ATOMIC_ACQUIRE)
+                                       : UINT64_MAX,
+  };
+  if (!l->app->cuda_app) {
+    snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
+             "applications: %s)", l->app->name, lynx_app_cuda_names());
+    return -ENOTSUP;
+  }
+  if (l->n_mqueues != l->n_server) {
+    snprintf(why, whylen, "client mqueues (back ends) are served by CPU "
+             "accelerators only");
+    return -ENOTSUP;
+  }
+  rc = gpu_instance_start(&gl, r, &gi, why, whylen);
+  if (rc)
+    return rc;
+  gi->acc.ops = &lynx_accel_cuda;
+  *out = &gi->acc;
+  return 0;
+}
+
+static int cuda_fence(struct lynx_accel_inst *in, uint64_t serve_until_ns,
+                      int wake) {
+  (void)wake; /* the kernel polls: it never sleeps on the doorbell */
+  return gpu_instance_fence(container_of(in, struct gpu_instance, acc),
+                            serve_until_ns);
+}
+
+static int cuda_counters(struct lynx_accel_inst *in, uint64_t *req,
+                         uint64_t *resp, uint64_t *drops, uint64_t *bad) {
+  return gpu_instance_counters(container_of(in, struct gpu_instance, acc),
+                               req, resp, drops, bad);
+}
+
+static int cuda_stop(struct lynx_accel_inst *in) {
+  return gpu_instance_stop(container_of(in, struct gpu_instance, acc));
+}
+
+static void cuda_put(struct lynx_accel_inst *in) {
+  gpu_instance_put(container_of(in, struct gpu_instance, acc));
+}
+
+static void cuda_health(const struct lynx_accel_dev *a, int *lost,
+                        int *failed, char *err, size_t errlen) {
+  struct gpu_info g;
+  info_gpu(a, &g);
+  gpu_health(&g, lost, failed, err, errlen);
+}
+
+const struct lynx_accel_ops lynx_accel_cuda = {
+    .kind = "cuda",
+    .noun = "GPU",
+    .own_memory = 1,
+    .discover = cuda_discover,
+    .runs_app = cuda_runs_app,
+    .start = cuda_start,
+    .fence = cuda_fence,
+    .counters = cuda_counters,
+    .stop = cuda_stop,
+    .put = cuda_put,
+    .health = cuda_health,
+    .shutdown = gpu_shutdown,
+};

@@ -1,5 +1,5 @@
 /*
- * gpu.h - the agent's CUDA backend: GPUs as accelerators.
+ * gpu.h - the CUDA backend's own API: GPUs as accelerators.
  *
  * Discovery (--cuda-accels all|0,1,...), and instances whose mqueue region
  * lives in GPU memory (cudaMalloc) with the application running as a
@@ -9,12 +9,15 @@
  * registration (cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr), falling
  * back to ibv_reg_mr on the device pointer (nvidia-peermem).
  *
- * Built from cuda_accel.c when the CUDA toolkit is (LYNX_CUDA=ON|AUTO);
- * otherwise from cuda_none.c, whose every entry point says that this agent
- * was built without CUDA. docs/gpu.md.
+ * Implemented by cuda_accel.c, built when the CUDA toolkit is
+ * (LYNX_CUDA=ON|AUTO). The agent reaches it through the accelerator ops
+ * table (accel.h, lynx_accel_cuda at the end of cuda_accel.c); the unit
+ * test unit_cuda_backend calls it directly. Without the toolkit,
+ * cuda_none.c's table says that the agent was built without CUDA.
+ * docs/gpu.md.
  */
-#ifndef LYNX_AGENT_GPU_H
-#define LYNX_AGENT_GPU_H
+#ifndef LYNX_CUDA_GPU_H
+#define LYNX_CUDA_GPU_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,0 +1,135 @@
+/*
+ * accel.h - the accelerator backends behind one ops table.
+ *
+ * A backend finds its accelerators, starts an *instance* on one (a mqueue
+ * region and the application polling it), moves the instance's lease
+ * fence, reads its counters, stops it, and says how each device is. Two
+ * backends: CPU-emulated accelerators (cpu_accel.c: polling threads over a
+ * region in host memory) and GPUs (accel/cuda/cuda_accel.c: a persistent
+ * kernel over a region in GPU memory; accel/cuda/cuda_none.c where the
+ * agent was built without CUDA). The agent keeps what discovery returned
+ * and the instances' handles, and calls the table: it never asks which
+ * kind of accelerator it runs, so a new backend is one more table.
+ *
+ * Every op is present (an op a backend cannot do returns -ENOTSUP); errors
+ * are 0 / -errno, with the reason in err/why where there is one. All ops
+ * run on the agent's loop thread unless said otherwise.
+ */
+#ifndef LYNX_ACCEL_H
+#define LYNX_ACCEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apps.h"
+#include "wire.h"
+
+struct lynx_accel_ops;
+struct lynx_region; /* transport.h */
+struct lynx_transport_ops; /* transport.h */
+struct lynx_transport_agent; /* transport.h */
+
+/* One accelerator as discovery found it; the agent keeps a copy. What it
+ * registers with (AccelInfo) and prints for --list-accels. */
+struct lynx_accel_dev {
+  const struct lynx_accel_ops *ops;
+  int device;          /* the backend's own number (CUDA ordinal) */
+  char model[64];      /* "cpu-emulated", or the GPU's name */
+  char pci_bus_id[LYNX_PCI_ID_MAX]; /* "" for none */
+  uint64_t memory;     /* bytes of its own memory (0: it uses host memory) */
+  int gpudirect_rdma;  /* the NIC can write its memory directly */
+  uint32_t rdma_writes_ordering; /* cudaDevAttrGPUDirectRDMAWritesOrdering */
+  /* LYNX_ORDER_FENCED when it does not order a NIC's writes into its
+   * memory itself (its regions must then use the fenced mode), else
+   * LYNX_ORDER_COALESCED (no demand: the agent's --ordering holds) */
+  uint32_t ordering;
+  char where[48];  /* how log lines name the device ("GPU 0, 0000:3b:00.0") */
+  char about[240]; /* the agent's startup line about it ("": none) */
+};
+
+/* What an instance runs, and where (the agent's view). */
+struct lynx_accel_launch {
+  const struct lynx_accel_dev *acc;
+  const struct lynx_transport_ops *tops;
+  struct lynx_transport_agent *tagent; /* tops' handle the region uses */
+  const char *name; /* region name */
+  /* own_memory 0: the region the caller formatted in host memory (its
+   * base); own_memory 1: NULL, start places it */
+  uint8_t *region;
+  const struct lynx_app *app;
+  /* mqueues [0, n_server) are server mqueues; mqueue n_server + k is the
+   * client mqueue of back end backends[k] */
+  uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
+  char (*backends)[LYNX_BACKEND_NAME_MAX];
+  uint64_t epoch;
+  uint32_t work_us; /* emulated processing time per request */
+  int work_sleep;   /* CPU: emulate work_us by sleeping, not spinning */
+  uint32_t spin_us; /* CPU: spin this long after a request before sleeping */
+  uint32_t cpu_threads; /* CPU: polling threads */
+  uint32_t gpu_threads; /* GPU: threads per block of the kernel */
+  /* Lease fence on lynx_now_ns's clock (NULL or UINT64_MAX: none): no new
+   * request is taken once it passes. Owned by the caller, written by its
+   * loop and read live by CPU threads; a GPU takes its value at start and
+   * learns later values through fence. */
+  const uint64_t *serve_until;
+};
+
+/* An instance's handle; each backend embeds it first in its own. */
+struct lynx_accel_inst {
+  const struct lynx_accel_ops *ops;
+};
+
+struct lynx_accel_ops {
+  const char *kind; /* "cpu", "cuda": AccelInfo.kind, RegionDesc.kind */
+  const char *noun; /* "CPU", "GPU": the agent's startup line */
+  /* 1: start places the region in the accelerator's own memory (the
+   * transport's region_attach) and formats and exports it; 0: the caller
+   * allocates, formats and exports it in host memory (region_alloc) before
+   * start, and frees it when start fails */
+  int own_memory;
+  /* The accelerators spec names (the backend's option: CPU a count, CUDA
+   * "all" or ordinals), reached through transport tops: *out (free() it)
+   * of *n, in the order they are numbered. 0, or -errno with the reason in
+   * err: -EINVAL when the request itself cannot be served (bad spec, a
+   * transport that cannot reach it), another -errno when the host lacks
+   * what it names. */
+  int (*discover)(const char *spec, const struct lynx_transport_ops *tops,
+                  struct lynx_accel_dev **out, uint32_t *n, char *err,
+                  size_t errlen);
+  /* 1 when an instance of app can start on this backend's accelerators
+   * (the coordinator places nothing else; start refuses the others). */
+  int (*runs_app)(const struct lynx_app *app);
+  /* Starts l->app on l->acc over region r (see own_memory). 0 and *out,
+   * or -errno with the reason in why and nothing left running (r freed
+   * when own_memory). */
+  int (*start)(const struct lynx_accel_launch *l, struct lynx_region *r,
+               struct lynx_accel_inst **out, char *why, size_t whylen);
+  /* *serve_until moved to serve_until_ns: the instance takes no new request
+   * past it. wake: it had passed, so pollers may sleep on the region's
+   * doorbell and must look again. 0 or -errno. */
+  int (*fence)(struct lynx_accel_inst *in, uint64_t serve_until_ns, int wake);
+  /* Requests taken, responses sent, requests the app dropped, malformed
+   * slots skipped: totals since start, readable until put. 0 or -errno
+   * (the last values read are still set). */
+  int (*counters)(struct lynx_accel_inst *in, uint64_t *req, uint64_t *resp,
+                  uint64_t *drops, uint64_t *bad);
+  /* Stops it and waits (bounded). 0, or -ETIMEDOUT when it did not stop
+   * (its memory is then kept until the agent exits, never freed under
+   * it). Counters stay readable. */
+  int (*stop)(struct lynx_accel_inst *in);
+  /* Drops the handle, after stop and after the transport freed the region
+   * (memory the transport still holds goes when it releases it). */
+  void (*put)(struct lynx_accel_inst *in);
+  /* The device as of now: *lost when it no longer answers, *failed when its
+   * last error is sticky (unusable until reset), that error in err ("":
+   * none). */
+  void (*health)(const struct lynx_accel_dev *a, int *lost, int *failed,
+                 char *err, size_t errlen);
+  /* At exit, once every instance is put: gives the backend's memory back. */
+  void (*shutdown)(void);
+};
+
+extern const struct lynx_accel_ops lynx_accel_cpu;  /* cpu_accel.c */
+extern const struct lynx_accel_ops lynx_accel_cuda; /* accel/cuda/ */
+
+#endif
