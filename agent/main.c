@@ -31,6 +31,7 @@
 #include "log.h"
 #include "mqueue.h"
 #include "options.h"
+#include "prom.h"
 #include "promhttp.h"
 #include "util.h"
 
@@ -158,14 +159,15 @@ static void write_metrics(FILE *f, void *arg) {
                      &lynx_data_guard);
   lynx_guard_metrics(f, "lynx_agent_control", "static mode's control port",
                      &ag->ctl_guard);
-  fprintf(f, "# HELP lynx_agent_lease_fenced 1 while the accelerators take "
-          "no new request because the lease was not renewed (docs/design.md, "
-          "\"Delivery guarantees\").\n# TYPE lynx_agent_lease_fenced gauge\n"
-          "lynx_agent_lease_fenced %d\n"
-          "# HELP lynx_agent_epoch This agent's incarnation.\n"
-          "# TYPE lynx_agent_epoch gauge\nlynx_agent_epoch %llu\n",
-          lynx_now_ns() >= until,
-          (unsigned long long)__atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
+  lynx_prom_family(f, "lynx_agent_lease_fenced", "gauge",
+                   "1 while the accelerators take no new request because the "
+                   "lease was not renewed (docs/design.md, \"Delivery "
+                   "guarantees\").");
+  lynx_prom_u64(f, "lynx_agent_lease_fenced", NULL, lynx_now_ns() >= until);
+  lynx_prom_family(f, "lynx_agent_epoch", "gauge",
+                   "This agent's incarnation.");
+  lynx_prom_u64(f, "lynx_agent_epoch", NULL,
+                __atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
