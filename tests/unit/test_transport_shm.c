@@ -30,6 +30,7 @@
 #include "lynx.pb-c.h"
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_main.h"
 
 #define Q 2u
 #define S 8u
@@ -875,7 +876,7 @@ static void test_desc_pb_roundtrip(void **state) {
   }
 }
 
-static int run_all(void) {
+static int run_all(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_find_and_ops),
@@ -908,21 +909,21 @@ static int run_all(void) {
   }
   close(fd);
   unlink_all();
-  return cmocka_run_group_tests_name("transport_shm", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "transport_shm", tests, NULL, NULL);
 }
 
 /* The tests run in a child; the parent removes the child's shm files
  * afterwards, so not even a crash leaves one behind (teardowns and an
  * atexit handler clean up in the child on every other path). */
-int main(void) {
+int main(int argc, char **argv) {
   pid_t pid;
   int st;
   fflush(NULL);
   pid = fork();
   if (pid < 0)
-    return run_all();
+    return run_all(argc, argv);
   if (pid == 0)
-    exit(run_all());
+    exit(run_all(argc, argv));
   while (waitpid(pid, &st, 0) < 0)
     if (errno != EINTR) {
       perror("waitpid");

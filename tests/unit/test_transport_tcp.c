@@ -34,6 +34,7 @@
 #include "connguard.h"
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_main.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -716,7 +717,7 @@ static void test_device_memory_region(void **state) {
 
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       T_(test_write_read_roundtrip),
       T_(test_request_response_through_rings),
@@ -730,5 +731,5 @@ int main(void) {
       T_(test_hello_length_checked_first),
       cmocka_unit_test(test_device_memory_region),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }
