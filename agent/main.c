@@ -273,6 +273,7 @@ static int find_accels(struct agent *ag, int cpu_given) {
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   static struct agent ag;
   const struct lynx_app *app = NULL;
   struct lynx_geom g;
@@ -283,9 +284,9 @@ int main(int argc, char **argv) {
   rc = lynx_opts_parse(agent_opts, &ag.cfg, argc, argv,
                        "usage: lynx-agent [options]\n"
                        "Runs accelerator instances: static (--app) or as the "
-                       "coordinator places them (--coordinator).");
-  if (rc)
-    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
+                       "coordinator places them (--coordinator).", &help);
+  if (rc || help)
+    return rc ? LYNX_EXIT_USAGE : 0;
   signal(SIGPIPE, SIG_IGN);
   srand((unsigned)lynx_now_ns());
   lvl = lynx_log_parse_level(ag.cfg.log_level);

@@ -113,6 +113,7 @@ int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
                    char **argv, const char *usage, struct lynx_opts_scan *s) {
   s->n_rest = 0;
   s->given = 0;
+  s->help = 0;
   for (const struct lynx_opt *o = tab; o->name; o++)
     if (set_opt(o, cfg, o->type == LYNX_OPT_FLAG ? "0" : o->def))
       return -EINVAL;
@@ -125,7 +126,8 @@ int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
         fputs(usage, stdout);
       else
         print_help(tab, usage);
-      return 1;
+      s->help = 1;
+      return 0;
     }
     if ((s->flags & LYNX_OPTS_POSITIONAL) && strcmp(arg, "--") == 0) {
       while (++i < argc)
@@ -146,8 +148,11 @@ int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
         s->rest[s->n_rest++] = argv[i];
         continue;
       }
-      fprintf(stderr, "unknown option '%.*s' (see --help)\n",
-              (int)(nl + (arg[1] == '-' ? 2 : 1)), arg);
+      if (arg[1] != '-') /* a short option no table has: as before */
+        fprintf(stderr, "unexpected argument '%s' (see --help)\n", arg);
+      else
+        fprintf(stderr, "unknown option '--%.*s' (see --help)\n", (int)nl,
+                arg + 2);
       return -EINVAL;
     }
     arg += dashes(o)[1] ? 2 : 1;
@@ -170,9 +175,11 @@ int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
 }
 
 int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
-                    char **argv, const char *usage) {
-  struct lynx_opts_scan s = {0, NULL, 0, 0};
-  return lynx_opts_scan(tab, cfg, argc, argv, usage, &s);
+                    char **argv, const char *usage, int *help) {
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
+  int rc = lynx_opts_scan(tab, cfg, argc, argv, usage, &s);
+  *help = s.help;
+  return rc;
 }
 
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg) {

@@ -44,9 +44,10 @@ struct lynx_opt {
 #define LYNX_OPT_END {NULL, 0, 0, NULL, 0, 0, NULL, NULL}
 
 /*
- * Applies defaults, then argv. Returns 0; 1 when --help was printed (exit 0);
- * -EINVAL after printing a message that names the bad option and value.
- * Strings in cfg are heap copies: free them with lynx_opts_free.
+ * Applies defaults, then argv. Returns 0, with *help set when --help (or
+ * -h) was printed and the program should exit 0; -EINVAL after printing a
+ * message that names the bad option and value. Strings in cfg are heap
+ * copies: free them with lynx_opts_free.
  *
  * Exit codes, the same in every program: 0 success (and --help), 2 a usage
  * error (an unknown option, a value that is malformed, out of range, unknown
@@ -58,7 +59,7 @@ struct lynx_opt {
 #define LYNX_EXIT_RUNTIME 1
 #define LYNX_EXIT_USAGE 2
 int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
-                    char **argv, const char *usage);
+                    char **argv, const char *usage, int *help);
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg);
 
 /* What lynx_opts_scan does beyond lynx_opts_parse. */
@@ -79,9 +80,11 @@ struct lynx_opts_scan {
   int n_rest;       /* out: arguments kept in rest */
   uint64_t given;   /* out: bit i set when tab[i] was on the command line
                        (tables of at most 64 options) */
+  int help;         /* out: --help was printed (exit 0) */
 };
 
-/* lynx_opts_parse with the choices of *s; the same returns and messages.
+/* lynx_opts_parse with the choices of *s; the same returns and messages
+ * (s->help for lynx_opts_parse's *help).
  * argv[0] is the program (or command) name and is not parsed. */
 int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
                    char **argv, const char *usage, struct lynx_opts_scan *s);

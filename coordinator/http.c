@@ -742,7 +742,7 @@ static struct json_object *parse_body(struct http_req *rq,
     dup = lynx_json_dup_key(rq->body, rq->len, key, sizeof(key), &dl, &dc);
     if (dup) {
       json_object_put(j);
-      if (dup < 0)
+      if (dup != -EEXIST)
         reply_oom(out);
       else
         reply_err(out, 400, "invalid_argument",

@@ -110,8 +110,9 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
   return g_stop ? 1 : 0; /* Ctrl-C aborts a long poll */
 }
 
-/* One exchange. 0 with *status and the body in *resp; -1 when the
- * coordinator cannot be reached (err says why); -2 when interrupted. */
+/* One exchange. 0 with *status and the body in *resp; -EHOSTUNREACH when
+ * the coordinator cannot be reached (err says why); -EINTR when
+ * interrupted. */
 static int http_call(struct ctl *t, const char *method, const char *path,
                      const char *body, long timeout_ms, long *status,
                      struct buf *resp, char *err) {
@@ -156,14 +157,14 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   if (rc == CURLE_ABORTED_BY_CALLBACK && g_stop) {
     free(resp->p);
     resp->p = NULL;
-    return -2;
+    return -EINTR;
   }
   if (rc != CURLE_OK) {
     if (!err[0])
       snprintf(err, CURL_ERROR_SIZE, "%s", curl_easy_strerror(rc));
     free(resp->p);
     resp->p = NULL;
-    return -1;
+    return -EHOSTUNREACH;
   }
   curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, status);
   return 0;
@@ -194,7 +195,7 @@ static int api(struct ctl *t, const char *method, const char *path,
   if (raw)
     *raw = NULL;
   rc = http_call(t, method, path, body, CALL_TIMEOUT_MS, &status, &b, err);
-  if (rc == -2)
+  if (rc == -EINTR)
     return EX_OK;
   if (rc) {
     if (!t->quiet)
@@ -816,19 +817,18 @@ static int create_body(const struct create_opts *o, uint64_t given,
 /* argv[0] is "create"; the rest its options. */
 static int cmd_service_create(struct ctl *t, int argc, char **argv) {
   struct create_opts o;
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   struct json_object *resp = NULL;
   char *body = NULL, *raw = NULL;
   int rc;
 
   memset(&o, 0, sizeof(o));
   rc = lynx_opts_scan(create_tab, &o, argc, argv, usage_text, &scan);
-  if (rc) {
+  if (rc || scan.help) {
     lynx_opts_free(create_tab, &o);
-    if (rc > 0)
-      return EX_OK;
-    fputs("(lynxctl --help for usage)\n", stderr);
-    return EX_USAGE;
+    if (rc)
+      fputs("(lynxctl --help for usage)\n", stderr);
+    return rc ? EX_USAGE : EX_OK;
   }
   rc = create_body(&o, scan.given, &body);
   lynx_opts_free(create_tab, &o);
@@ -892,7 +892,7 @@ static int watch_wait(struct ctl *t, uint64_t version, int *lost) {
              (unsigned long long)version, WATCH_POLL_MS);
     rc = http_call(t, "GET", path, NULL, WATCH_POLL_MS + 10000, &status, &b,
                    err);
-    if (rc == -2)
+    if (rc == -EINTR)
       return EX_OK;
     if (rc) {
       struct timespec one = {1, 0};
@@ -1071,7 +1071,7 @@ int main(int argc, char **argv) {
   struct global_opts g;
   struct lynx_opts_scan scan = {
       LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN | LYNX_OPTS_USAGE_ONLY,
-      NULL, 0, 0};
+      NULL, 0, 0, 0};
   const char *token_file = getenv("LYNX_TOKEN_FILE"), *env_api;
   char **args;
   int n, rc;
@@ -1086,16 +1086,16 @@ int main(int argc, char **argv) {
     return EX_API;
   scan.rest = args;
   rc = lynx_opts_scan(global_tab, &g, argc, argv, usage_text, &scan);
-  if (rc < 0) {
+  if (rc) {
     fputs("(lynxctl --help for usage)\n", stderr);
-  } else if (rc == 0 && g.api && !g.api[0]) {
+  } else if (!scan.help && g.api && !g.api[0]) {
     usage_err("--api needs a URL");
     rc = -EINVAL;
   }
-  if (rc) {
+  if (rc || scan.help) {
     lynx_opts_free(global_tab, &g);
     free(args);
-    return rc > 0 ? EX_OK : EX_USAGE;
+    return rc ? EX_USAGE : EX_OK;
   }
   n = scan.n_rest;
   t.json = g.json;

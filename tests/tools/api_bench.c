@@ -100,7 +100,7 @@ static const struct lynx_opt opts[] = {
 int main(int argc, char **argv) {
   struct cfg cfg;
   struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_USAGE_ONLY,
-                                NULL, 0, 0};
+                                NULL, 0, 0, 0};
   long count, warmup, interval_ms;
   double *tot, *ttfb;
   CURL *h;
@@ -113,11 +113,11 @@ int main(int argc, char **argv) {
   }
   scan.rest = urls;
   rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (rc || scan.n_rest == 0) {
-    if (rc <= 0)
+  if (rc || scan.help || scan.n_rest == 0) {
+    if (!scan.help)
       fprintf(stderr, USAGE);
     free(urls);
-    return rc > 0 ? 0 : 2;
+    return scan.help ? 0 : 2;
   }
   count = cfg.count;
   warmup = cfg.warmup;

@@ -51,7 +51,7 @@ static const struct lynx_opt opts[] = {
 int main(int argc, char **argv) {
   struct cfg cfg = {NULL, 0};
   struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_USAGE_ONLY,
-                                NULL, 0, 0};
+                                NULL, 0, 0, 0};
   char host[64] = "", **keys;
   unsigned port = 0;
   int timeout, rc, fd;
@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     return 2;
   scan.rest = keys;
   rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (rc > 0)
+  if (scan.help)
     return 0;
   if (rc < 0 || !cfg.target ||
       sscanf(cfg.target, "%63[^:]:%u", host, &port) != 2) {

@@ -106,13 +106,13 @@ int main(int argc, char **argv) {
   size_t head_len;
   unsigned connected = 0, closed = 0, n_short = 0, n_long = 0, open_now;
   uint64_t bytes = 0, t_end, next_send;
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   int rc;
 
   rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
+  if (scan.help)
+    return 0;
   if (rc) {
-    if (rc > 0)
-      return 0;
     usage();
     return 2;
   }

@@ -160,7 +160,7 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   static struct cfg cfg; /* its strings live as long as the process */
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   char host[64] = "";
   unsigned port = 0;
   uint32_t n_conns;
@@ -175,8 +175,10 @@ int main(int argc, char **argv) {
   struct rlimit rl;
 
   rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
+  if (scan.help)
+    return 0;
   if (rc)
-    return rc > 0 ? 0 : usage();
+    return usage();
   if (!cfg.target || sscanf(cfg.target, "%63[^:]:%u", host, &port) != 2)
     return usage();
   if (!strncmp(cfg.framing, "fixed:", 6))

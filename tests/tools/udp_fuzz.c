@@ -335,7 +335,7 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   static struct opts o; /* its strings live as long as the process */
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   struct cfg c;
   struct sockaddr_in sa;
   struct stats st;
@@ -345,7 +345,7 @@ int main(int argc, char **argv) {
   uint64_t t0;
 
   rc = lynx_opts_scan(opts, &o, argc, argv, USAGE, &scan);
-  if (rc > 0)
+  if (scan.help)
     return 0;
   if (rc < 0 || o.port == 0) {
     usage(stderr);

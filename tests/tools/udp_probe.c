@@ -78,7 +78,7 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   static struct cfg cfg; /* its strings live as long as the process */
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   const char *host;
   long port, size, interval_ms, timeout_ms;
   struct sockaddr_in sa;
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
   int fd, rc;
 
   rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (rc > 0)
+  if (scan.help)
     return 0;
   if (rc < 0 || cfg.port == 0) {
     usage();

@@ -56,7 +56,7 @@ static int scan(struct cfg *c, struct lynx_opts_scan *s, char **rest, ...) {
 
 static void test_typed_values(void **state) {
   struct cfg c;
-  struct lynx_opts_scan s = {0, NULL, 0, 0};
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
   (void)state;
   memset(&c, 0, sizeof(c));
   c.n = 7; /* no default: kept */
@@ -85,7 +85,7 @@ static void test_typed_values(void **state) {
 
 static void test_usage_errors(void **state) {
   struct cfg c;
-  struct lynx_opts_scan s = {0, NULL, 0, 0};
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
   (void)state;
   memset(&c, 0, sizeof(c));
   assert_int_equal(scan(&c, &s, NULL, "-n", "11", NULL), -EINVAL);
@@ -103,7 +103,7 @@ static void test_usage_errors(void **state) {
 
 static void test_positional(void **state) {
   struct cfg c;
-  struct lynx_opts_scan s = {LYNX_OPTS_POSITIONAL, NULL, 0, 0};
+  struct lynx_opts_scan s = {LYNX_OPTS_POSITIONAL, NULL, 0, 0, 0};
   char *rest[32];
   (void)state;
   memset(&c, 0, sizeof(c));
@@ -125,7 +125,7 @@ static void test_positional(void **state) {
 static void test_pass_unknown(void **state) {
   struct cfg c;
   struct lynx_opts_scan s = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN,
-                             NULL, 0, 0};
+                             NULL, 0, 0, 0};
   char *rest[32];
   (void)state;
   memset(&c, 0, sizeof(c));
@@ -145,12 +145,16 @@ static void test_pass_unknown(void **state) {
 
 static void test_help(void **state) {
   struct cfg c;
-  struct lynx_opts_scan s = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0};
+  struct lynx_opts_scan s = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   (void)state;
   memset(&c, 0, sizeof(c));
-  assert_int_equal(scan(&c, &s, NULL, "--help", NULL), 1);
+  assert_int_equal(scan(&c, &s, NULL, "--help", NULL), 0);
+  assert_int_equal(s.help, 1);
   s.flags = 0;
-  assert_int_equal(scan(&c, &s, NULL, "-h", NULL), 1);
+  assert_int_equal(scan(&c, &s, NULL, "-h", NULL), 0);
+  assert_int_equal(s.help, 1);
+  assert_int_equal(scan(&c, &s, NULL, "--flag", NULL), 0);
+  assert_int_equal(s.help, 0);
   lynx_opts_free(tab, &c);
 }
 
