@@ -148,7 +148,8 @@ int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
         s->rest[s->n_rest++] = argv[i];
         continue;
       }
-      if (arg[1] != '-') /* a short option no table has: as before */
+      /* -x: the daemons have always called it an argument */
+      if (arg[1] != '-')
         fprintf(stderr, "unexpected argument '%s' (see --help)\n", arg);
       else
         fprintf(stderr, "unknown option '--%.*s' (see --help)\n", (int)nl,

@@ -1007,11 +1007,12 @@ struct global_opts {
 #define GO(f) offsetof(struct global_opts, f)
 enum { G_API, G_TOKEN_FILE, G_JSON };
 static const struct lynx_opt global_tab[] = {
-    [G_API] = {"api", LYNX_OPT_STR, GO(api), NULL, 0, 0, NULL, "coordinator API"},
-    [G_TOKEN_FILE] = {"token-file", LYNX_OPT_STR, GO(token_file), NULL, 0, 0, NULL,
-     "send the token in this file"},
+    [G_API] = {"api", LYNX_OPT_STR, GO(api), NULL, 0, 0, NULL,
+               "coordinator API"},
+    [G_TOKEN_FILE] = {"token-file", LYNX_OPT_STR, GO(token_file), NULL, 0, 0,
+                      NULL, "send the token in this file"},
     [G_JSON] = {"json", LYNX_OPT_FLAG, GO(json), NULL, 0, 0, NULL,
-     "print the API's JSON instead of tables"},
+                "print the API's JSON instead of tables"},
     LYNX_OPT_END,
 };
 #undef GO

@@ -527,7 +527,8 @@ int main(int argc, char **argv) {
   rc = lynx_opts_parse(sim_opts, &s.cfg, argc, argv,
                        "usage: lynx-simnodes [options]\n"
                        "Simulated agents for coordinator benchmarks: each node "
-                       "registers A accelerators and keeps its lease.\n", &help);
+                       "registers A accelerators and keeps its lease.\n",
+                       &help);
   if (rc || help)
     return rc ? 2 : 0;
   lvl = lynx_log_parse_level(s.cfg.log_level);
