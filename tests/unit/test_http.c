@@ -1057,10 +1057,13 @@ static int raw_open(struct fx *f, const char *src, const char *text) {
 
 /* Sends one byte on every open fds[i] each every_ms, and reads what comes
  * (an answer is kept in got[i] when got is given), until the server has
- * closed each of them or limit_ms passed. life[i]: ms from the call to the
- * close, or -1 when still open (fds[i] is then left open). */
+ * closed each of them or limit_ms passed. life[i]: ms from opened (now_ms()
+ * before the connections were opened: the server's timeouts run from
+ * there, not from this call) to the close, or -1 when still open (fds[i]
+ * is then left open). */
 static void trickle(int *fds, int n, long *life, char (*got)[1024],
-                    unsigned every_ms, unsigned limit_ms, int send_bytes) {
+                    unsigned every_ms, unsigned limit_ms, int send_bytes,
+                    uint64_t opened) {
   uint64_t t0 = now_ms(), next = t0;
   size_t glen[8] = {0};
   int open_n = n;
@@ -1103,7 +1106,7 @@ static void trickle(int *fds, int n, long *life, char (*got)[1024],
       }
       if (r < 0 && (errno == EAGAIN || errno == EINTR))
         continue;
-      life[i] = (long)(now_ms() - t0);
+      life[i] = (long)(now_ms() - opened);
       close(fds[i]);
       open_n--;
     }
@@ -1143,6 +1146,7 @@ static void test_slow_clients(void **state) {
   assert_int_equal(serve(f, "127.0.0.1"), 0);
 
   /* headers that never end, from 127.0.0.7: the third is over the cap */
+  t0 = now_ms();
   for (int i = 0; i < 3; i++) {
     fds[i] = raw_open(f, "127.0.0.7", "GET /healthz HTTP/1.1\r\nHost: x\r\n");
     assert_true(fds[i] >= 0);
@@ -1152,7 +1156,7 @@ static void test_slow_clients(void **state) {
   resp_free(&r);
   /* one byte every 100 ms keeps none of them alive: the third is closed
    * first (at once), the other two at the header timeout, not before */
-  trickle(fds, 3, life, NULL, 100, 10000, 1);
+  trickle(fds, 3, life, NULL, 100, 10000, 1, t0);
   assert_true(life[0] >= 0 && life[1] >= 0 && life[2] >= 0);
   assert_true(life[2] < life[0] && life[2] < life[1]);
   assert_true(life[0] >= 400 && life[1] >= 400);
@@ -1176,19 +1180,21 @@ static void test_slow_clients(void **state) {
       2);
 
   /* keep-alive: answered, then closed once idle for the header timeout */
+  t0 = now_ms();
   fds[0] = raw_open(f, "127.0.0.8", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
   assert_true(fds[0] >= 0);
-  trickle(fds, 1, life, got, 100, 10000, 0);
+  trickle(fds, 1, life, got, 100, 10000, 0, t0);
   assert_non_null(strstr(got[0], "HTTP/1.1 200"));
   assert_non_null(strstr(got[0], "\"ok\""));
   assert_true(life[0] >= 400);
 
   /* a body that trickles: closed after the body timeout */
+  t0 = now_ms();
   fds[0] = raw_open(f, "127.0.0.9",
                     "POST /v1/services HTTP/1.1\r\nHost: x\r\n"
                     "Content-Length: 100\r\n\r\n{");
   assert_true(fds[0] >= 0);
-  trickle(fds, 1, life, got, 100, 10000, 1);
+  trickle(fds, 1, life, got, 100, 10000, 1, t0);
   assert_true(life[0] >= 400);
   assert_null(strstr(got[0], "HTTP/1.1")); /* never answered */
   assert_int_equal(
