@@ -133,8 +133,8 @@ static int sockperf_fault_handle(struct lynx_mq *mq,
 #define MC_KEY_MAX 250
 #define MC_REPLY_MAX (1u << 20)
 
-/* The value in a memcached "get" reply: 1 and the value in *val, *vlen for a hit, 0 for a
- * miss ("END"), -1 for anything else. */
+/* The value in a memcached "get" reply: 0 and the value in *val, *vlen for
+ * a hit, -ENOENT for a miss ("END"), -EBADMSG for anything else. */
 static int mc_parse_get(const uint8_t *r, uint32_t n, const uint8_t **val,
                         uint32_t *vlen) {
   unsigned flags, bytes;
@@ -142,21 +142,21 @@ static int mc_parse_get(const uint8_t *r, uint32_t n, const uint8_t **val,
   char line[320];
   const uint8_t *eol;
   if (n == 5 && !memcmp(r, "END\r\n", 5))
-    return 0;
+    return -ENOENT;
   eol = memchr(r, '\n', n < sizeof(line) ? n : sizeof(line));
   if (!eol || eol == r || eol[-1] != '\r' || n < 6 || memcmp(r, "VALUE ", 6))
-    return -1;
+    return -EBADMSG;
   memcpy(line, r, (size_t)(eol - r));
   line[eol - r] = 0;
   if (sscanf(line, "VALUE %*s %u %u%n", &flags, &bytes, &hdr) != 2)
-    return -1;
+    return -EBADMSG;
   hdr = (int)(eol - r) + 1;
   if ((uint64_t)hdr + bytes + 7 != n ||
       memcmp(r + hdr + bytes, "\r\nEND\r\n", 7))
-    return -1;
+    return -EBADMSG;
   *val = r + hdr;
   *vlen = bytes;
-  return 1;
+  return 0;
 }
 
 static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
@@ -177,7 +177,7 @@ static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                    ctx->call_timeout_ns);
     if (rc == 0) {
       rc = mc_parse_get(reply, rlen, &val, &vlen);
-      if (rc == 0)
+      if (rc == -ENOENT)
         vlen = 0;
       else if (rc < 0)
         val = (const uint8_t *)"ERROR", vlen = 5;
@@ -216,7 +216,7 @@ static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
     memcpy(cmd + 4 + klen, "\r\n", 2);
     rc = lynx_call(db, cmd, (uint32_t)klen + 6, reply, sizeof(reply), &rlen,
                    ctx->call_timeout_ns);
-    if (rc == 0 && mc_parse_get(reply, rlen, &stored, &slen) == 1 &&
+    if (rc == 0 && mc_parse_get(reply, rlen, &stored, &slen) == 0 &&
         slen == FACE_PIXELS) {
       float dist;
       int match = face_verify(probe, stored, &dist);

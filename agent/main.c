@@ -33,6 +33,7 @@
 #include "log.h"
 #include "mqueue.h"
 #include "options.h"
+#include "prom.h"
 #include "promhttp.h"
 #include "util.h"
 
@@ -165,14 +166,15 @@ static void write_metrics(FILE *f, void *arg) {
                      ta && ta->guard ? ta->guard : &no_guard);
   lynx_guard_metrics(f, "lynx_agent_control", "static mode's control port",
                      &ag->ctl_guard);
-  fprintf(f, "# HELP lynx_agent_lease_fenced 1 while the accelerators take "
-          "no new request because the lease was not renewed (docs/design.md, "
-          "\"Delivery guarantees\").\n# TYPE lynx_agent_lease_fenced gauge\n"
-          "lynx_agent_lease_fenced %d\n"
-          "# HELP lynx_agent_epoch This agent's incarnation.\n"
-          "# TYPE lynx_agent_epoch gauge\nlynx_agent_epoch %llu\n",
-          lynx_now_ns() >= until,
-          (unsigned long long)__atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
+  lynx_prom_family(f, "lynx_agent_lease_fenced", "gauge",
+                   "1 while the accelerators take no new request because the "
+                   "lease was not renewed (docs/design.md, \"Delivery "
+                   "guarantees\").");
+  lynx_prom_u64(f, "lynx_agent_lease_fenced", NULL, lynx_now_ns() >= until);
+  lynx_prom_family(f, "lynx_agent_epoch", "gauge",
+                   "This agent's incarnation.");
+  lynx_prom_u64(f, "lynx_agent_epoch", NULL,
+                __atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
@@ -287,6 +289,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   static struct agent ag;
   const struct lynx_app *app = NULL;
   struct lynx_geom g;
@@ -297,9 +300,9 @@ int main(int argc, char **argv) {
   rc = lynx_opts_parse(agent_opts, &ag.cfg, argc, argv,
                        "usage: lynx-agent [options]\n"
                        "Runs accelerator instances: static (--app) or as the "
-                       "coordinator places them (--coordinator).");
-  if (rc)
-    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
+                       "coordinator places them (--coordinator).", &help);
+  if (rc || help)
+    return rc ? LYNX_EXIT_USAGE : 0;
   signal(SIGPIPE, SIG_IGN);
   srand((unsigned)lynx_now_ns());
   lvl = lynx_log_parse_level(ag.cfg.log_level);

@@ -304,6 +304,7 @@ static int parse_memcached(const char *s) {
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   static struct worker workers[64];
   uint32_t started = 0;
   int rc, lvl, exit_code = 1, sig;
@@ -314,9 +315,9 @@ int main(int argc, char **argv) {
                        "usage: lynx-face-baseline --udp HOST:PORT --memcached "
                        "HOST:PORT [--threads N]\n"
                        "Host-centric face verification server (the baseline "
-                       "of docs/face-verify.md).");
-  if (rc)
-    return rc > 0 ? 0 : 2;
+                       "of docs/face-verify.md).", &help);
+  if (rc || help)
+    return rc ? 2 : 0;
   lvl = lynx_log_parse_level(cfg.log_level);
   if (lvl < 0) {
     fprintf(stderr, "--log-level: unknown level '%s'\n", cfg.log_level);

@@ -634,6 +634,7 @@ static int client(void) {
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   int rc = lynx_opts_parse(
       opts, &cfg, argc, argv,
       "usage: lynx-face-load --fill HOST:PORT --identities N --seed S\n"
@@ -642,9 +643,9 @@ int main(int argc, char **argv) {
       "                      --seconds T --identities N --seed S "
       "--impostor-percent P\n"
       "Fills memcached with the face database, or sends face verification "
-      "requests and checks every answer (docs/face-verify.md).");
-  if (rc)
-    return rc > 0 ? 0 : 2;
+      "requests and checks every answer (docs/face-verify.md).", &help);
+  if (rc || help)
+    return rc ? 2 : 0;
   signal(SIGPIPE, SIG_IGN);
   if (!!cfg.fill + !!cfg.target != 1) {
     fprintf(stderr, "give exactly one of --fill and --target (see --help)\n");

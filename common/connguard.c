@@ -3,8 +3,10 @@
 #include "connguard.h"
 
 #include <netinet/in.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "prom.h"
 #include "util.h"
 
 const char *const lynx_guard_reason_names[LYNX_GUARD_REASONS] = {
@@ -124,36 +126,49 @@ void lynx_guard_closed(struct lynx_guard *g, struct lynx_guard_src *src,
     src->unauth--;
 }
 
+/* A family's name and HELP text, both built from the guard's prefix and
+ * port description. */
+static void family(FILE *f, char *name, size_t nsz, const char *prefix,
+                   const char *suffix, const char *type, const char *help) {
+  snprintf(name, nsz, "%s%s", prefix, suffix);
+  lynx_prom_family(f, name, type, help);
+}
+
 void lynx_guard_metrics(FILE *f, const char *prefix, const char *what,
                         const struct lynx_guard *g) {
   uint64_t open = lynx_guard_get(&g->open), unauth = lynx_guard_get(&g->unauth);
-  fprintf(f, "# HELP %s_connections Open connections to the %s, by whether "
-          "they authenticated.\n# TYPE %s_connections gauge\n"
-          "%s_connections{state=\"authenticated\"} %llu\n"
-          "%s_connections{state=\"unauthenticated\"} %llu\n",
-          prefix, what, prefix, prefix,
-          (unsigned long long)(open >= unauth ? open - unauth : 0), prefix,
-          (unsigned long long)unauth);
-  fprintf(f, "# HELP %s_connections_accepted_total Connections to the %s "
-          "admitted.\n# TYPE %s_connections_accepted_total counter\n"
-          "%s_connections_accepted_total %llu\n", prefix, what, prefix, prefix,
-          (unsigned long long)lynx_guard_get(&g->accepted));
-  fprintf(f, "# HELP %s_connections_refused_total Connections to the %s "
-          "closed at once, by the cap they met.\n"
-          "# TYPE %s_connections_refused_total counter\n", prefix, what,
-          prefix);
+  char name[160], help[256];
+  snprintf(help, sizeof(help),
+           "Open connections to the %s, by whether they authenticated.", what);
+  family(f, name, sizeof(name), prefix, "_connections", "gauge", help);
+  lynx_prom_u64(f, name,
+                (const struct lynx_prom_label[]){{"state", "authenticated"},
+                                                 {NULL, NULL}},
+                open >= unauth ? open - unauth : 0);
+  lynx_prom_u64(f, name,
+                (const struct lynx_prom_label[]){{"state", "unauthenticated"},
+                                                 {NULL, NULL}},
+                unauth);
+  snprintf(help, sizeof(help), "Connections to the %s admitted.", what);
+  family(f, name, sizeof(name), prefix, "_connections_accepted_total",
+         "counter", help);
+  lynx_prom_u64(f, name, NULL, lynx_guard_get(&g->accepted));
+  snprintf(help, sizeof(help),
+           "Connections to the %s closed at once, by the cap they met.", what);
+  family(f, name, sizeof(name), prefix, "_connections_refused_total",
+         "counter", help);
   for (int r = 1; r < LYNX_GUARD_REASONS; r++)
-    fprintf(f, "%s_connections_refused_total{reason=\"%s\"} %llu\n", prefix,
-            lynx_guard_reason_names[r],
-            (unsigned long long)lynx_guard_get(&g->refused[r]));
-  fprintf(f, "# HELP %s_auth_failures_total Connections to the %s that "
-          "presented a wrong credential.\n"
-          "# TYPE %s_auth_failures_total counter\n%s_auth_failures_total "
-          "%llu\n", prefix, what, prefix, prefix,
-          (unsigned long long)lynx_guard_get(&g->auth_failed));
-  fprintf(f, "# HELP %s_auth_delayed_total Refusals held back because their "
-          "source kept presenting wrong credentials.\n"
-          "# TYPE %s_auth_delayed_total counter\n%s_auth_delayed_total "
-          "%llu\n", prefix, prefix, prefix,
-          (unsigned long long)lynx_guard_get(&g->delayed));
+    lynx_prom_u64(f, name,
+                  (const struct lynx_prom_label[]){
+                      {"reason", lynx_guard_reason_names[r]}, {NULL, NULL}},
+                  lynx_guard_get(&g->refused[r]));
+  snprintf(help, sizeof(help),
+           "Connections to the %s that presented a wrong credential.", what);
+  family(f, name, sizeof(name), prefix, "_auth_failures_total", "counter",
+         help);
+  lynx_prom_u64(f, name, NULL, lynx_guard_get(&g->auth_failed));
+  family(f, name, sizeof(name), prefix, "_auth_delayed_total", "counter",
+         "Refusals held back because their source kept presenting wrong "
+         "credentials.");
+  lynx_prom_u64(f, name, NULL, lynx_guard_get(&g->delayed));
 }

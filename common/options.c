@@ -10,25 +10,38 @@
 
 #include "util.h"
 
+/* "-" before a one-letter (short) option's name, "--" before the rest. */
+static const char *dashes(const struct lynx_opt *o) {
+  return o->name[0] && !o->name[1] ? "-" : "--";
+}
+
 static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
   char *p = (char *)cfg + o->off;
   uint64_t v;
+  if (!val && o->type != LYNX_OPT_STR && o->type != LYNX_OPT_ADDR)
+    return 0; /* no default: the caller's value stays */
   switch (o->type) {
   case LYNX_OPT_U32:
+  case LYNX_OPT_U64:
     if (lynx_parse_u64(val, o->min, o->max, &v)) {
-      fprintf(stderr, "--%s: '%s' is not a number in [%llu, %llu]\n", o->name,
-              val, (unsigned long long)o->min, (unsigned long long)o->max);
+      fprintf(stderr, "%s%s: '%s' is not a number in [%llu, %llu]\n",
+              dashes(o), o->name, val, (unsigned long long)o->min,
+              (unsigned long long)o->max);
       return -EINVAL;
     }
-    *(uint32_t *)p = (uint32_t)v;
+    if (o->type == LYNX_OPT_U32)
+      *(uint32_t *)p = (uint32_t)v;
+    else
+      *(uint64_t *)p = v;
     return 0;
   case LYNX_OPT_ADDR: {
     struct sockaddr_storage ss;
     if (val && (lynx_parse_hostport(val, &ss) ||
                 lynx_sockaddr_port(&ss) < o->min ||
                 lynx_sockaddr_port(&ss) > o->max)) {
-      fprintf(stderr, "--%s: '%s' is not HOST:PORT (a numeric IPv4 address, "
-              "[IPv6] or localhost, and a port in %llu..%llu)\n", o->name, val,
+      fprintf(stderr, "%s%s: '%s' is not HOST:PORT (a numeric IPv4 address, "
+              "[IPv6] or localhost, and a port in %llu..%llu)\n", dashes(o),
+              o->name, val,
               (unsigned long long)o->min, (unsigned long long)o->max);
       return -EINVAL;
     }
@@ -48,7 +61,7 @@ static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
         *(int *)p = i;
         return 0;
       }
-    fprintf(stderr, "--%s: '%s' is not one of:", o->name, val);
+    fprintf(stderr, "%s%s: '%s' is not one of:", dashes(o), o->name, val);
     for (int i = 0; o->choices[i]; i++)
       fprintf(stderr, " %s", o->choices[i]);
     fputc('\n', stderr);
@@ -64,7 +77,7 @@ static void print_help(const struct lynx_opt *tab, const char *usage) {
   printf("%s\n\nOptions:\n", usage);
   for (const struct lynx_opt *o = tab; o->name; o++) {
     char lhs[64];
-    snprintf(lhs, sizeof(lhs), "--%s%s", o->name,
+    snprintf(lhs, sizeof(lhs), "%s%s%s", dashes(o), o->name,
              o->type == LYNX_OPT_FLAG ? "" : " VALUE");
     printf("  %-26s %s", lhs, o->help);
     if (o->type == LYNX_OPT_ENUM) {
@@ -80,8 +93,27 @@ static void print_help(const struct lynx_opt *tab, const char *usage) {
   printf("  %-26s %s\n", "--help", "print this help");
 }
 
-int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
-                    char **argv, const char *usage) {
+/* The table entry argv names ("--name", "--name=value" or "-x"); NULL
+ * when it names none. *nl is the length of the name after the dashes. */
+static const struct lynx_opt *find_opt(const struct lynx_opt *tab,
+                                       const char *arg, size_t *nl) {
+  int shrt = arg[1] != '-';
+  arg += shrt ? 1 : 2;
+  *nl = strcspn(arg, "=");
+  if (shrt && *nl != 1)
+    return NULL;
+  for (const struct lynx_opt *o = tab; o->name; o++)
+    if (strlen(o->name) == *nl && strncmp(o->name, arg, *nl) == 0 &&
+        (*nl == 1) == shrt)
+      return o;
+  return NULL;
+}
+
+int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
+                   char **argv, const char *usage, struct lynx_opts_scan *s) {
+  s->n_rest = 0;
+  s->given = 0;
+  s->help = 0;
   for (const struct lynx_opt *o = tab; o->name; o++)
     if (set_opt(o, cfg, o->type == LYNX_OPT_FLAG ? "0" : o->def))
       return -EINVAL;
@@ -90,22 +122,41 @@ int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
     size_t nl;
     const struct lynx_opt *o;
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-      print_help(tab, usage);
-      return 1;
+      if (s->flags & LYNX_OPTS_USAGE_ONLY)
+        fputs(usage, stdout);
+      else
+        print_help(tab, usage);
+      s->help = 1;
+      return 0;
     }
-    if (strncmp(arg, "--", 2) != 0) {
+    if ((s->flags & LYNX_OPTS_POSITIONAL) && strcmp(arg, "--") == 0) {
+      while (++i < argc)
+        s->rest[s->n_rest++] = argv[i];
+      break;
+    }
+    if (arg[0] != '-' || !arg[1]) { /* "-" is an argument (stdin) */
+      if (s->flags & LYNX_OPTS_POSITIONAL) {
+        s->rest[s->n_rest++] = argv[i];
+        continue;
+      }
       fprintf(stderr, "unexpected argument '%s' (see --help)\n", arg);
       return -EINVAL;
     }
-    arg += 2;
-    nl = strcspn(arg, "=");
-    for (o = tab; o->name; o++)
-      if (strlen(o->name) == nl && strncmp(o->name, arg, nl) == 0)
-        break;
-    if (!o->name) {
-      fprintf(stderr, "unknown option '--%.*s' (see --help)\n", (int)nl, arg);
+    o = find_opt(tab, arg, &nl);
+    if (!o) {
+      if (s->flags & LYNX_OPTS_PASS_UNKNOWN) {
+        s->rest[s->n_rest++] = argv[i];
+        continue;
+      }
+      /* -x: the daemons have always called it an argument */
+      if (arg[1] != '-')
+        fprintf(stderr, "unexpected argument '%s' (see --help)\n", arg);
+      else
+        fprintf(stderr, "unknown option '--%.*s' (see --help)\n", (int)nl,
+                arg + 2);
       return -EINVAL;
     }
+    arg += dashes(o)[1] ? 2 : 1;
     if (arg[nl] == '=')
       val = arg + nl + 1;
     else if (o->type == LYNX_OPT_FLAG)
@@ -113,13 +164,23 @@ int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
     else if (i + 1 < argc)
       val = argv[++i];
     else {
-      fprintf(stderr, "--%s needs a value\n", o->name);
+      fprintf(stderr, "%s%s needs a value\n", dashes(o), o->name);
       return -EINVAL;
     }
     if (set_opt(o, cfg, val))
       return -EINVAL;
+    if (o - tab < 64)
+      s->given |= 1ull << (o - tab);
   }
   return 0;
+}
+
+int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
+                    char **argv, const char *usage, int *help) {
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
+  int rc = lynx_opts_scan(tab, cfg, argc, argv, usage, &s);
+  *help = s.help;
+  return rc;
 }
 
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg) {
@@ -140,6 +201,9 @@ struct json_object *lynx_opts_json(const struct lynx_opt *tab,
     switch (o->type) {
     case LYNX_OPT_U32:
       v = json_object_new_int64(*(const uint32_t *)p);
+      break;
+    case LYNX_OPT_U64:
+      v = json_object_new_int64((int64_t)*(const uint64_t *)p);
       break;
     case LYNX_OPT_STR:
     case LYNX_OPT_ADDR:

@@ -1,10 +1,15 @@
 /*
  * options.h - command-line configuration as a table.
  *
- * Each daemon describes its options once: {name, type, offset into its
+ * Each program describes its options once: {name, type, offset into its
  * config struct, default, bounds, help}. The same table parses argv
- * (--name VALUE or --name=VALUE), prints --help, and reads the effective
- * configuration back as JSON (logged at start-up, served by metrics).
+ * (--name VALUE or --name=VALUE; a one-letter name is a short option,
+ * -x VALUE), prints --help, and reads the effective configuration back as
+ * JSON (logged at start-up, served by metrics). The daemons, lynxctl (its
+ * global options and each command's) and the test tools all parse their
+ * command lines here: lynx_opts_parse for a daemon's options only,
+ * lynx_opts_scan where positional arguments, a command's own options or a
+ * hand-written usage text come in.
  */
 #ifndef LYNX_OPTIONS_H
 #define LYNX_OPTIONS_H
@@ -16,6 +21,7 @@ struct json_object;
 
 enum lynx_opt_type {
   LYNX_OPT_U32,  /* uint32_t, decimal, within [min, max] */
+  LYNX_OPT_U64,  /* uint64_t, decimal, within [min, max] */
   LYNX_OPT_STR,  /* char *, strdup'd; NULL default allowed */
   LYNX_OPT_ENUM, /* int, index into choices (NULL-terminated) */
   LYNX_OPT_FLAG, /* int, 1 when given, takes no value */
@@ -27,7 +33,9 @@ struct lynx_opt {
   const char *name;
   enum lynx_opt_type type;
   size_t off;
-  const char *def; /* textual default, parsed like the command line */
+  const char *def; /* textual default, parsed like the command line; NULL:
+                      a string becomes NULL, any other type keeps the value
+                      the caller put in cfg */
   uint64_t min, max;
   const char *const *choices;
   const char *help;
@@ -36,9 +44,10 @@ struct lynx_opt {
 #define LYNX_OPT_END {NULL, 0, 0, NULL, 0, 0, NULL, NULL}
 
 /*
- * Applies defaults, then argv. Returns 0; 1 when --help was printed (exit 0);
- * -EINVAL after printing a message that names the bad option and value.
- * Strings in cfg are heap copies: free them with lynx_opts_free.
+ * Applies defaults, then argv. Returns 0, with *help set when --help (or
+ * -h) was printed and the program should exit 0; -EINVAL after printing a
+ * message that names the bad option and value. Strings in cfg are heap
+ * copies: free them with lynx_opts_free.
  *
  * Exit codes, the same in every program: 0 success (and --help), 2 a usage
  * error (an unknown option, a value that is malformed, out of range, unknown
@@ -50,8 +59,35 @@ struct lynx_opt {
 #define LYNX_EXIT_RUNTIME 1
 #define LYNX_EXIT_USAGE 2
 int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
-                    char **argv, const char *usage);
+                    char **argv, const char *usage, int *help);
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg);
+
+/* What lynx_opts_scan does beyond lynx_opts_parse. */
+enum {
+  /* non-option arguments are kept in rest[] in order (not an error), and
+   * "--" ends the options: every later argument is kept */
+  LYNX_OPTS_POSITIONAL = 1u << 0,
+  /* options not in the table are kept in rest[] too (lynxctl: the global
+   * options are taken wherever they stand, the command's left to it) */
+  LYNX_OPTS_PASS_UNKNOWN = 1u << 1,
+  /* --help prints the usage text as given, without the option table */
+  LYNX_OPTS_USAGE_ONLY = 1u << 2,
+};
+
+struct lynx_opts_scan {
+  unsigned flags;   /* LYNX_OPTS_* */
+  char **rest;      /* with POSITIONAL or PASS_UNKNOWN: room for argc - 1 */
+  int n_rest;       /* out: arguments kept in rest */
+  uint64_t given;   /* out: bit i set when tab[i] was on the command line
+                       (tables of at most 64 options) */
+  int help;         /* out: --help was printed (exit 0) */
+};
+
+/* lynx_opts_parse with the choices of *s; the same returns and messages
+ * (s->help for lynx_opts_parse's *help).
+ * argv[0] is the program (or command) name and is not parsed. */
+int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
+                   char **argv, const char *usage, struct lynx_opts_scan *s);
 
 /* The effective configuration as a new JSON object (caller puts it). */
 struct json_object *lynx_opts_json(const struct lynx_opt *tab, const void *cfg);

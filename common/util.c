@@ -79,7 +79,7 @@ int lynx_addr_key(const struct sockaddr *sa, uint8_t key[16]) {
     memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
     return 0;
   }
-  return -1;
+  return -EAFNOSUPPORT;
 }
 
 const char *lynx_addr_key_str(const uint8_t key[16], char *buf, size_t len) {

@@ -46,7 +46,8 @@ int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);
 
 /* A peer's address as 16 bytes, IPv4 mapped into IPv6 (so an IPv4 peer
  * and its IPv4-mapped IPv6 form are one key): what per-address caps and
- * back-offs count by. 0, or -1 for a family without an IP address. */
+ * back-offs count by. 0, or -EAFNOSUPPORT for a family without an IP
+ * address. */
 int lynx_addr_key(const struct sockaddr *sa, uint8_t key[16]);
 /* The key as text: dotted IPv4 for a mapped address, else IPv6. */
 const char *lynx_addr_key_str(const uint8_t key[16], char *buf, size_t len);

@@ -66,6 +66,7 @@
 #include "frame.h"
 #include "jsondup.h"
 #include "log.h"
+#include "prom.h"
 #include "registry.h"
 #include "regjson.h"
 #include "store.h"
@@ -427,21 +428,6 @@ struct metrics_snap {
   struct metrics_accel *acc; /* m.accels entries, or NULL (out of memory) */
 };
 
-/* A label value in the exposition format: \, " and newline escaped. Node
- * ids cannot hold them (the registry refuses such ids); this is a guard. */
-static void prom_label(FILE *f, const char *v) {
-  for (; *v; v++) {
-    if (*v == '\\' || *v == '"') {
-      fputc('\\', f);
-      fputc(*v, f);
-    } else if (*v == '\n') {
-      fputs("\\n", f);
-    } else {
-      fputc(*v, f);
-    }
-  }
-}
-
 /* lynx_accel_*: one series per accelerator of every registered node. */
 static void metrics_accels(FILE *f, const struct metrics_snap *m) {
   static const struct {
@@ -459,17 +445,19 @@ static void metrics_accels(FILE *f, const struct metrics_snap *m) {
   if (!m->acc)
     return;
   for (size_t k = 0; k < LYNX_ARRAY_SIZE(fam); k++) {
-    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fam[k].name, fam[k].help,
-            fam[k].name, fam[k].type);
+    lynx_prom_family(f, fam[k].name, fam[k].type, fam[k].help);
     for (uint64_t i = 0; i < m->accels; i++) {
       const struct metrics_accel *a = &m->acc[i];
       uint64_t v = k == 0 ? (uint64_t)(a->dispatchable ? 1 : 0)
                    : k == 1 ? a->stalled_mqueues
                             : a->outages;
-      fprintf(f, "%s{node=\"", fam[k].name);
-      prom_label(f, a->node);
-      fprintf(f, "\",accel=\"%" PRIu32 "\"} %llu\n", a->idx,
-              (unsigned long long)v);
+      char idx[16];
+      snprintf(idx, sizeof(idx), "%" PRIu32, a->idx);
+      lynx_prom_u64(f, fam[k].name,
+                    (const struct lynx_prom_label[]){{"node", a->node},
+                                                     {"accel", idx},
+                                                     {NULL, NULL}},
+                    v);
     }
   }
 }
@@ -535,20 +523,20 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
     reply_oom(out);
     return;
   }
-  fputs("# HELP lynx_coordinator_nodes Registered nodes by state.\n"
-        "# TYPE lynx_coordinator_nodes gauge\n",
-        f);
+  lynx_prom_family(f, "lynx_coordinator_nodes", "gauge",
+                   "Registered nodes by state.");
   for (int i = 0; i < 4; i++)
-    fprintf(f, "lynx_coordinator_nodes{state=\"%s\"} %llu\n", states[i],
-            (unsigned long long)m.nodes[i]);
-#define GAUGE(name, help, v)                                                   \
-  fprintf(f,                                                                   \
-          "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %llu\n",  \
-          (unsigned long long)(v))
-#define COUNTER(name, help, v)                                                 \
-  fprintf(                                                                     \
-      f, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", \
-      (unsigned long long)(v))
+    lynx_prom_u64(f, "lynx_coordinator_nodes",
+                  (const struct lynx_prom_label[]){{"state", states[i]},
+                                                   {NULL, NULL}},
+                  m.nodes[i]);
+#define ONE(type, name, help, v)                                               \
+  do {                                                                         \
+    lynx_prom_family(f, name, type, help);                                     \
+    lynx_prom_u64(f, name, NULL, v);                                           \
+  } while (0)
+#define GAUGE(name, help, v) ONE("gauge", name, help, v)
+#define COUNTER(name, help, v) ONE("counter", name, help, v)
   GAUGE("lynx_coordinator_accelerators",
         "Accelerators of registered nodes (any state).", m.accels);
   COUNTER("lynx_coordinator_requests_total",
@@ -574,11 +562,10 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
           "Times the coordinator found it had not run for more than two "
           "ticks (stopped, starved) and extended every lease by the gap.",
           m.pauses);
-  fprintf(f, "# HELP lynx_coordinator_paused_seconds_total Time credited "
-             "to leases for such pauses.\n# TYPE "
-             "lynx_coordinator_paused_seconds_total counter\n"
-             "lynx_coordinator_paused_seconds_total %.3f\n",
-          (double)m.paused_ms / 1000.0);
+  lynx_prom_family(f, "lynx_coordinator_paused_seconds_total", "counter",
+                   "Time credited to leases for such pauses.");
+  lynx_prom_double(f, "lynx_coordinator_paused_seconds_total", NULL,
+                   (double)m.paused_ms / 1000.0, 3);
   GAUGE("lynx_coordinator_registry_version",
         "Registry version (grows on every observable change).", m.version);
   GAUGE("lynx_coordinator_table_version", "Dispatch table version.",
@@ -588,30 +575,31 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   GAUGE("lynx_coordinator_api_connections",
         "Open connections to the JSON API (this scrape's included).",
         m.api_conns);
-  fputs("# HELP lynx_coordinator_api_connections_refused_total API "
-        "connections closed at once because their client address had "
-        "--http-conn-per-client open.\n"
-        "# TYPE lynx_coordinator_api_connections_refused_total counter\n",
-        f);
-  fprintf(f,
-          "lynx_coordinator_api_connections_refused_total{reason="
-          "\"per_client\"} %llu\n",
-          (unsigned long long)m.api_refused);
-  fputs("# HELP lynx_coordinator_api_connections_timed_out_total API "
-        "connections closed because a request's headers (from the "
-        "connection's start or the previous answer) or body took longer "
-        "than --http-header-timeout-ms / --http-body-timeout-ms.\n"
-        "# TYPE lynx_coordinator_api_connections_timed_out_total counter\n",
-        f);
-  fprintf(f,
-          "lynx_coordinator_api_connections_timed_out_total{phase="
-          "\"header\"} %llu\n"
-          "lynx_coordinator_api_connections_timed_out_total{phase="
-          "\"body\"} %llu\n",
-          (unsigned long long)m.api_timeouts[0],
-          (unsigned long long)m.api_timeouts[1]);
+  lynx_prom_family(f, "lynx_coordinator_api_connections_refused_total",
+                   "counter",
+                   "API connections closed at once because their client "
+                   "address had --http-conn-per-client open.");
+  lynx_prom_u64(f, "lynx_coordinator_api_connections_refused_total",
+                (const struct lynx_prom_label[]){{"reason", "per_client"},
+                                                 {NULL, NULL}},
+                m.api_refused);
+  lynx_prom_family(f, "lynx_coordinator_api_connections_timed_out_total",
+                   "counter",
+                   "API connections closed because a request's headers (from "
+                   "the connection's start or the previous answer) or body "
+                   "took longer than --http-header-timeout-ms / "
+                   "--http-body-timeout-ms.");
+  lynx_prom_u64(f, "lynx_coordinator_api_connections_timed_out_total",
+                (const struct lynx_prom_label[]){{"phase", "header"},
+                                                 {NULL, NULL}},
+                m.api_timeouts[0]);
+  lynx_prom_u64(f, "lynx_coordinator_api_connections_timed_out_total",
+                (const struct lynx_prom_label[]){{"phase", "body"},
+                                                 {NULL, NULL}},
+                m.api_timeouts[1]);
 #undef GAUGE
 #undef COUNTER
+#undef ONE
   lynx_guard_metrics(f, "lynx_coordinator_control", "control port",
                      &rq->c->ctl_guard);
   metrics_accels(f, &m);
@@ -754,7 +742,7 @@ static struct json_object *parse_body(struct http_req *rq,
     dup = lynx_json_dup_key(rq->body, rq->len, key, sizeof(key), &dl, &dc);
     if (dup) {
       json_object_put(j);
-      if (dup < 0)
+      if (dup != -EEXIST)
         reply_oom(out);
       else
         reply_err(out, 400, "invalid_argument",

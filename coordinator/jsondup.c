@@ -37,7 +37,7 @@ int lynx_json_dup_key(const char *buf, size_t len, char *key, size_t key_len,
     key[0] = '\0';
   near = strstr(e.text, "near '");
   if (!near || !key_len)
-    return 1;
+    return -EEXIST;
   k = near + 6;
   if (*k == '"')
     k++;
@@ -51,5 +51,5 @@ int lynx_json_dup_key(const char *buf, size_t len, char *key, size_t key_len,
     n = key_len - 1;
   memcpy(key, k, n);
   key[n] = '\0';
-  return 1;
+  return -EEXIST;
 }

@@ -16,12 +16,13 @@
 
 /*
  * Looks for an object with the same key twice in the len bytes at buf.
- * 1 when there is one: key gets its name as written between the quotes
+ * -EEXIST when there is one: key gets its name as written between the quotes
  * (escapes left as they are; cut to key_len - 1 bytes), *line and *column
  * where jansson stopped (1-based). 0 when there is none, and also when
  * jansson cannot read buf for another reason (invalid UTF-8, a control
  * character in a string): the caller's parser and decoder judge those,
- * naming what is wrong. -ENOMEM.
+ * naming what is wrong. -ENOMEM. (0 / -errno like every function here:
+ * the duplicate is the error the caller reports.)
  */
 int lynx_json_dup_key(const char *buf, size_t len, char *key, size_t key_len,
                       int *line, int *column);

@@ -14,12 +14,14 @@
 #include <json-c/json.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "options.h"
 #include "util.h"
 
 #define EX_OK 0
@@ -108,8 +110,9 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
   return g_stop ? 1 : 0; /* Ctrl-C aborts a long poll */
 }
 
-/* One exchange. 0 with *status and the body in *resp; -1 when the
- * coordinator cannot be reached (err says why); -2 when interrupted. */
+/* One exchange. 0 with *status and the body in *resp; -EHOSTUNREACH when
+ * the coordinator cannot be reached (err says why); -EINTR when
+ * interrupted. */
 static int http_call(struct ctl *t, const char *method, const char *path,
                      const char *body, long timeout_ms, long *status,
                      struct buf *resp, char *err) {
@@ -154,14 +157,14 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   if (rc == CURLE_ABORTED_BY_CALLBACK && g_stop) {
     free(resp->p);
     resp->p = NULL;
-    return -2;
+    return -EINTR;
   }
   if (rc != CURLE_OK) {
     if (!err[0])
       snprintf(err, CURL_ERROR_SIZE, "%s", curl_easy_strerror(rc));
     free(resp->p);
     resp->p = NULL;
-    return -1;
+    return -EHOSTUNREACH;
   }
   curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, status);
   return 0;
@@ -192,7 +195,7 @@ static int api(struct ctl *t, const char *method, const char *path,
   if (raw)
     *raw = NULL;
   rc = http_call(t, method, path, body, CALL_TIMEOUT_MS, &status, &b, err);
-  if (rc == -2)
+  if (rc == -EINTR)
     return EX_OK;
   if (rc) {
     if (!t->quiet)
@@ -583,25 +586,6 @@ static int cmd_list(struct ctl *t, const char *path, const struct col *cols) {
   return rc;
 }
 
-/* Matches "--opt VALUE" or "--opt=VALUE" at argv[*i]; 1 with *val, 0 when
- * argv[*i] is another option, -1 when the value is missing. */
-static int opt_val(int argc, char **argv, int *i, const char *opt,
-                   const char **val) {
-  size_t l = strlen(opt);
-  if (strncmp(argv[*i], opt, l) != 0)
-    return 0;
-  if (argv[*i][l] == '=') {
-    *val = argv[*i] + l + 1;
-    return 1;
-  }
-  if (argv[*i][l] != 0)
-    return 0;
-  if (*i + 1 >= argc)
-    return -1;
-  *val = argv[++*i];
-  return 1;
-}
-
 static int parse_u32(const char *opt, const char *s, uint32_t *out) {
   uint64_t v;
   if (lynx_parse_u64(s, 0, UINT32_MAX, &v))
@@ -683,45 +667,58 @@ static int print_service_created(struct ctl *t, struct json_object *j,
   return EX_OK;
 }
 
-static int cmd_service_create(struct ctl *t, int argc, char **argv) {
-  const char *file = NULL, *name = NULL, *app = NULL, *placement = NULL,
-             *selector = NULL, *proto = NULL, *framing = NULL, *v = NULL;
-  uint32_t port = 0, slot_size = 0, slots = 0, mqueues = 0, work_us = 0,
-           replicas = 0;
-  int has_port = 0, has_slot_size = 0, has_slots = 0, has_mq = 0, has_work = 0,
-      has_replicas = 0, rc;
-  struct json_object *req = NULL, *resp = NULL;
-  char *body = NULL, *raw = NULL;
+/* service create's options (common/options.h); the numbers are sent only
+ * when given. */
+struct create_opts {
+  char *file, *name, *app, *proto, *framing, *placement, *selector;
+  uint32_t port, slot_size, slots, mqueues, work_us, replicas;
+};
 
-  for (int i = 0; i < argc; i++) {
-    int m;
-#define OPT(o, var)                                                            \
-  if ((m = opt_val(argc, argv, &i, o, &v)) != 0) {                             \
-    if (m < 0)                                                                 \
-      return usage_err("%s needs a value", o);                                 \
-    var;                                                                       \
-    continue;                                                                  \
-  }
-#define NUM(o, var, flag)                                                      \
-  OPT(o, if (parse_u32(o, v, &var)) return EX_USAGE; flag = 1)
-    OPT("-f", file = v)
-    OPT("--file", file = v)
-    OPT("--name", name = v)
-    OPT("--app", app = v)
-    OPT("--proto", proto = v)
-    OPT("--framing", framing = v)
-    NUM("--port", port, has_port)
-    NUM("--slot-size", slot_size, has_slot_size)
-    NUM("--slots", slots, has_slots)
-    NUM("--mqueues", mqueues, has_mq)
-    NUM("--work-us", work_us, has_work)
-    NUM("--replicas", replicas, has_replicas)
-    OPT("--placement", placement = v)
-    OPT("--selector", selector = v)
-#undef NUM
-#undef OPT
-    return usage_err("service create: unknown argument '%s'", argv[i]);
-  }
+#define CO(f) offsetof(struct create_opts, f)
+#define CO_STR(name, f) {name, LYNX_OPT_STR, CO(f), NULL, 0, 0, NULL, ""}
+#define CO_NUM(name, f)                                                        \
+  {name, LYNX_OPT_U32, CO(f), NULL, 0, UINT32_MAX, NULL, ""}
+enum { C_FILE, C_F, C_NAME, C_APP, C_PROTO, C_FRAMING, C_PORT, C_SLOT_SIZE,
+       C_SLOTS, C_MQUEUES, C_WORK_US, C_REPLICAS, C_PLACEMENT, C_SELECTOR };
+static const struct lynx_opt create_tab[] = {
+    [C_FILE] = CO_STR("file", file),
+    [C_F] = CO_STR("f", file),
+    [C_NAME] = CO_STR("name", name),
+    [C_APP] = CO_STR("app", app),
+    [C_PROTO] = CO_STR("proto", proto),
+    [C_FRAMING] = CO_STR("framing", framing),
+    [C_PORT] = CO_NUM("port", port),
+    [C_SLOT_SIZE] = CO_NUM("slot-size", slot_size),
+    [C_SLOTS] = CO_NUM("slots", slots),
+    [C_MQUEUES] = CO_NUM("mqueues", mqueues),
+    [C_WORK_US] = CO_NUM("work-us", work_us),
+    [C_REPLICAS] = CO_NUM("replicas", replicas),
+    [C_PLACEMENT] = CO_STR("placement", placement),
+    [C_SELECTOR] = CO_STR("selector", selector),
+    LYNX_OPT_END,
+};
+#undef CO_NUM
+#undef CO_STR
+#undef CO
+
+/* The request body for the options o (given: which were on the command
+ * line) into *out (malloc'd). An exit code: EX_OK, EX_USAGE (printed) or
+ * EX_API (out of memory). */
+static int create_body(const struct create_opts *o, uint64_t given,
+                       char **out) {
+  const char *file = o->file, *name = o->name, *app = o->app,
+             *placement = o->placement, *selector = o->selector,
+             *proto = o->proto, *framing = o->framing;
+  uint32_t port = o->port, slot_size = o->slot_size, slots = o->slots,
+           mqueues = o->mqueues, work_us = o->work_us, replicas = o->replicas;
+  int has_port = !!(given & (1ull << C_PORT)),
+      has_slot_size = !!(given & (1ull << C_SLOT_SIZE)),
+      has_slots = !!(given & (1ull << C_SLOTS)),
+      has_mq = !!(given & (1ull << C_MQUEUES)),
+      has_work = !!(given & (1ull << C_WORK_US)),
+      has_replicas = !!(given & (1ull << C_REPLICAS));
+  struct json_object *req = NULL;
+  char *body = NULL;
 
   if (file) {
     FILE *f;
@@ -765,7 +762,7 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
       json_object_object_add(req, "proto", json_object_new_string(proto));
     if (framing && strncmp(framing, "fixed:", 6) == 0) {
       struct json_object *f = json_object_new_object();
-      uint32_t n;
+      uint32_t n = 0;
       if (!f || parse_u32("--framing fixed:N", framing + 6, &n)) {
         json_object_put(f);
         json_object_put(req);
@@ -813,6 +810,30 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
     if (!body)
       return EX_API;
   }
+  *out = body;
+  return EX_OK;
+}
+
+/* argv[0] is "create"; the rest its options. */
+static int cmd_service_create(struct ctl *t, int argc, char **argv) {
+  struct create_opts o;
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  struct json_object *resp = NULL;
+  char *body = NULL, *raw = NULL;
+  int rc;
+
+  memset(&o, 0, sizeof(o));
+  rc = lynx_opts_scan(create_tab, &o, argc, argv, usage_text, &scan);
+  if (rc || scan.help) {
+    lynx_opts_free(create_tab, &o);
+    if (rc)
+      fputs("(lynxctl --help for usage)\n", stderr);
+    return rc ? EX_USAGE : EX_OK;
+  }
+  rc = create_body(&o, scan.given, &body);
+  lynx_opts_free(create_tab, &o);
+  if (rc != EX_OK)
+    return rc;
   rc = api(t, "POST", "/v1/services", body, &resp, &raw);
   free(body);
   if (rc == EX_OK)
@@ -871,7 +892,7 @@ static int watch_wait(struct ctl *t, uint64_t version, int *lost) {
              (unsigned long long)version, WATCH_POLL_MS);
     rc = http_call(t, "GET", path, NULL, WATCH_POLL_MS + 10000, &status, &b,
                    err);
-    if (rc == -2)
+    if (rc == -EINTR)
       return EX_OK;
     if (rc) {
       struct timespec one = {1, 0};
@@ -976,38 +997,34 @@ static int cmd_watch(struct ctl *t) {
 
 /* ---- main --------------------------------------------------------------- */
 
-/* Consumes a global option at argv[*i]: 1 when it was one, 0 when not,
- * -1 on a usage error (printed). */
-static int global_opt(struct ctl *t, int argc, char **argv, int *i,
-                      const char **token_file) {
-  const char *v = NULL;
-  int m;
-  if (strcmp(argv[*i], "--json") == 0) {
-    t->json = 1;
-    return 1;
-  }
-  if ((m = opt_val(argc, argv, i, "--api", &v)) != 0) {
-    size_t l;
-    if (m < 0 || !v[0]) {
-      usage_err("--api needs a URL");
-      return -1;
-    }
-    snprintf(t->api, sizeof(t->api), "%s%s", strstr(v, "://") ? "" : "http://",
-             v);
-    l = strlen(t->api);
-    while (l > 0 && t->api[l - 1] == '/')
-      t->api[--l] = 0;
-    return 1;
-  }
-  if ((m = opt_val(argc, argv, i, "--token-file", &v)) != 0) {
-    if (m < 0) {
-      usage_err("--token-file needs a file");
-      return -1;
-    }
-    *token_file = v;
-    return 1;
-  }
-  return 0;
+/* The global options, taken wherever they stand (before "--"); the
+ * command and its own options are left in order for run(). */
+struct global_opts {
+  char *api, *token_file;
+  int json;
+};
+
+#define GO(f) offsetof(struct global_opts, f)
+enum { G_API, G_TOKEN_FILE, G_JSON };
+static const struct lynx_opt global_tab[] = {
+    [G_API] = {"api", LYNX_OPT_STR, GO(api), NULL, 0, 0, NULL,
+               "coordinator API"},
+    [G_TOKEN_FILE] = {"token-file", LYNX_OPT_STR, GO(token_file), NULL, 0, 0,
+                      NULL, "send the token in this file"},
+    [G_JSON] = {"json", LYNX_OPT_FLAG, GO(json), NULL, 0, 0, NULL,
+                "print the API's JSON instead of tables"},
+    LYNX_OPT_END,
+};
+#undef GO
+
+/* --api URL into t->api: http:// when no scheme is given, no trailing /. */
+static void set_api(struct ctl *t, const char *v) {
+  size_t l;
+  snprintf(t->api, sizeof(t->api), "%s%s", strstr(v, "://") ? "" : "http://",
+           v);
+  l = strlen(t->api);
+  while (l > 0 && t->api[l - 1] == '/')
+    t->api[--l] = 0;
 }
 
 static int run(struct ctl *t, int argc, char **argv) {
@@ -1028,7 +1045,7 @@ static int run(struct ctl *t, int argc, char **argv) {
     return cmd_watch(t);
   if (strcmp(cmd, "service") == 0 && sub) {
     if (strcmp(sub, "create") == 0)
-      return cmd_service_create(t, argc - 2, argv + 2);
+      return cmd_service_create(t, argc - 1, argv + 1);
     if (strcmp(sub, "delete") == 0 && argc == 3)
       return cmd_object(t, "DELETE", "/v1/services/", argv[2], "", "service",
                         "deleted");
@@ -1052,40 +1069,45 @@ static int run(struct ctl *t, int argc, char **argv) {
 
 int main(int argc, char **argv) {
   struct ctl t;
+  struct global_opts g;
+  struct lynx_opts_scan scan = {
+      LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN | LYNX_OPTS_USAGE_ONLY,
+      NULL, 0, 0, 0};
   const char *token_file = getenv("LYNX_TOKEN_FILE"), *env_api;
   char **args;
-  int n = 0, rc;
+  int n, rc;
 
   memset(&t, 0, sizeof(t));
+  memset(&g, 0, sizeof(g));
   env_api = getenv("LYNX_API");
   snprintf(t.api, sizeof(t.api), "%s",
            env_api && env_api[0] ? env_api : DEFAULT_API);
   args = calloc((size_t)argc + 1, sizeof(*args));
   if (!args)
     return EX_API;
-  /* global options anywhere; "--" ends them */
-  for (int i = 1; i < argc; i++) {
-    int m;
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      fputs(usage_text, stdout);
-      free(args);
-      return EX_OK;
-    }
-    if (strcmp(argv[i], "--") == 0) {
-      while (++i < argc)
-        args[n++] = argv[i];
-      break;
-    }
-    m = global_opt(&t, argc, argv, &i, &token_file);
-    if (m < 0) {
-      free(args);
-      return EX_USAGE;
-    }
-    if (m == 0)
-      args[n++] = argv[i];
+  scan.rest = args;
+  rc = lynx_opts_scan(global_tab, &g, argc, argv, usage_text, &scan);
+  if (rc) {
+    fputs("(lynxctl --help for usage)\n", stderr);
+  } else if (!scan.help && g.api && !g.api[0]) {
+    usage_err("--api needs a URL");
+    rc = -EINVAL;
   }
+  if (rc || scan.help) {
+    lynx_opts_free(global_tab, &g);
+    free(args);
+    return rc ? EX_USAGE : EX_OK;
+  }
+  n = scan.n_rest;
+  t.json = g.json;
+  if (g.api)
+    set_api(&t, g.api);
+  /* --token-file, even an empty one, overrides $LYNX_TOKEN_FILE */
+  if (scan.given & (1ull << G_TOKEN_FILE))
+    token_file = g.token_file;
   if (n == 0) {
     fputs(usage_text, stderr);
+    lynx_opts_free(global_tab, &g);
     free(args);
     return EX_USAGE;
   }
@@ -1099,6 +1121,7 @@ int main(int argc, char **argv) {
     rc = lynx_read_token(token_file, &t.token, err, sizeof(err));
     if (rc) {
       fprintf(stderr, "lynxctl: %s\n", err);
+      lynx_opts_free(global_tab, &g);
       free(args);
       return EX_API; /* a runtime failure, as in every program */
     }
@@ -1107,6 +1130,7 @@ int main(int argc, char **argv) {
       !(t.curl = curl_easy_init())) {
     fprintf(stderr, "lynxctl: cannot initialise libcurl\n");
     free(t.token);
+    lynx_opts_free(global_tab, &g);
     free(args);
     return EX_API;
   }
@@ -1115,6 +1139,7 @@ int main(int argc, char **argv) {
   curl_easy_cleanup(t.curl);
   curl_global_cleanup();
   free(t.token);
+  lynx_opts_free(global_tab, &g);
   free(args);
   return rc;
 }

@@ -962,6 +962,7 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   static struct coordinator co;
   struct lynx_reg_ops ops = {act_start, act_stop, act_tables, &co};
   struct sockaddr_storage ss;
@@ -971,9 +972,9 @@ int main(int argc, char **argv) {
   rc = lynx_opts_parse(coord_opts, &co.cfg, argc, argv,
                        "usage: lynx-coordinator [options]\n"
                        "Registry, placement, leases and dispatch tables of a "
-                       "Lynx cluster, with a JSON API.");
-  if (rc)
-    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
+                       "Lynx cluster, with a JSON API.", &help);
+  if (rc || help)
+    return rc ? LYNX_EXIT_USAGE : 0;
   signal(SIGPIPE, SIG_IGN);
   lvl = lynx_log_parse_level(co.cfg.log_level);
   if (lvl < 0) {

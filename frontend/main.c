@@ -636,6 +636,7 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   static struct fe_main m;
   struct fe_cfg *cfg = &m.cfg;
   int rc, lvl;
@@ -647,9 +648,9 @@ int main(int argc, char **argv) {
                        "usage: lynx-frontend [options]\n"
                        "Serves UDP clients from mqueues in accelerator "
                        "memory: static (--agent) or as the coordinator says "
-                       "(--coordinator).");
-  if (rc)
-    return rc > 0 ? 0 : LYNX_EXIT_USAGE;
+                       "(--coordinator).", &help);
+  if (rc || help)
+    return rc ? LYNX_EXIT_USAGE : 0;
   m.exit_code = LYNX_EXIT_USAGE; /* until the command line is checked */
   signal(SIGPIPE, SIG_IGN);
   { /* a TCP service holds a descriptor per client: lift the soft limit */

@@ -17,6 +17,7 @@
 
 #include "frontend.h"
 #include "log.h"
+#include "prom.h"
 #include "promhttp.h"
 
 struct metrics_ctx {
@@ -33,24 +34,26 @@ struct mq_pass {
 static void mq_line(void *arg, const struct fe_worker *w,
                     const struct fe_conn *c, const struct fe_mq *mq) {
   struct mq_pass *p = arg;
-  char labels[320];
+  char inst[24], acc[12], q[12], wid[12];
+  struct lynx_prom_label l[] = {
+      {"service", p->fe->service}, {"node", c->acc.node}, {"instance", inst},
+      {"accel", acc}, {"mqueue", q}, {"worker", wid}, {NULL, NULL}, /* reason */
+      {NULL, NULL}};
   uint64_t d = lynx_cnt_get(&mq->dispatched), r = lynx_cnt_get(&mq->responded);
-  snprintf(labels, sizeof(labels),
-           "service=\"%s\",node=\"%s\",instance=\"%llu\",accel=\"%u\","
-           "mqueue=\"%u\",worker=\"%u\"",
-           p->fe->service, c->acc.node, (unsigned long long)c->acc.instance_id,
-           c->acc.desc.accel_id, mq->q, w->id);
+  snprintf(inst, sizeof(inst), "%llu", (unsigned long long)c->acc.instance_id);
+  snprintf(acc, sizeof(acc), "%u", c->acc.desc.accel_id);
+  snprintf(q, sizeof(q), "%u", mq->q);
+  snprintf(wid, sizeof(wid), "%u", w->id);
   p->dispatched += d;
   p->responded += r;
-  fprintf(p->disp, "lynx_mqueue_dispatched_total{%s} %llu\n", labels,
-          (unsigned long long)d);
-  fprintf(p->resp, "lynx_mqueue_responded_total{%s} %llu\n", labels,
-          (unsigned long long)r);
+  lynx_prom_u64(p->disp, "lynx_mqueue_dispatched_total", l, d);
+  lynx_prom_u64(p->resp, "lynx_mqueue_responded_total", l, r);
+  l[6].name = "reason";
   for (int k = 0; k < FE_QDROP_MAX; k++) {
     uint64_t v = lynx_cnt_get(&mq->drops[k]);
     p->qdrops[k] += v;
-    fprintf(p->drop, "lynx_mqueue_dropped_total{%s,reason=\"%s\"} %llu\n",
-            labels, fe_qdrop_names[k], (unsigned long long)v);
+    l[6].value = fe_qdrop_names[k];
+    lynx_prom_u64(p->drop, "lynx_mqueue_dropped_total", l, v);
   }
 }
 
@@ -61,26 +64,30 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
        *fq = open_memstream(&bq, &lq);
   if (!fd || !fr || !fq)
     goto out;
-  fprintf(f, "# HELP lynx_frontend_received_total Datagrams received.\n"
-             "# TYPE lynx_frontend_received_total counter\n"
-             "# HELP lynx_frontend_dispatched_total Requests written to an mqueue.\n"
-             "# TYPE lynx_frontend_dispatched_total counter\n"
-             "# HELP lynx_frontend_responded_total Responses sent to clients.\n"
-             "# TYPE lynx_frontend_responded_total counter\n"
-             "# HELP lynx_frontend_dropped_total Requests or responses dropped, by reason.\n"
-             "# TYPE lynx_frontend_dropped_total counter\n"
-             "# HELP lynx_frontend_tcp_connections_total TCP service connections: accepted, and closed by reason.\n"
-             "# TYPE lynx_frontend_tcp_connections_total counter\n"
-             "# HELP lynx_frontend_tcp_clients TCP service connections open now.\n"
-             "# TYPE lynx_frontend_tcp_clients gauge\n"
-             "# HELP lynx_frontend_flow_moves_total Requests of a client flow sent to another mqueue while earlier ones were in flight (its mqueue was full or left dispatch): answers may be reordered.\n"
-             "# TYPE lynx_frontend_flow_moves_total counter\n");
-  fprintf(fd, "# HELP lynx_mqueue_dispatched_total Requests written to this mqueue.\n"
-              "# TYPE lynx_mqueue_dispatched_total counter\n");
-  fprintf(fr, "# HELP lynx_mqueue_responded_total Responses from this mqueue sent to clients.\n"
-              "# TYPE lynx_mqueue_responded_total counter\n");
-  fprintf(fq, "# HELP lynx_mqueue_dropped_total Drops attributed to this mqueue, by reason.\n"
-              "# TYPE lynx_mqueue_dropped_total counter\n");
+  /* every family's header first (the order operators' scrapes have),
+   * then each service's samples */
+  lynx_prom_family(f, "lynx_frontend_received_total", "counter",
+                   "Datagrams received.");
+  lynx_prom_family(f, "lynx_frontend_dispatched_total", "counter",
+                   "Requests written to an mqueue.");
+  lynx_prom_family(f, "lynx_frontend_responded_total", "counter",
+                   "Responses sent to clients.");
+  lynx_prom_family(f, "lynx_frontend_dropped_total", "counter",
+                   "Requests or responses dropped, by reason.");
+  lynx_prom_family(f, "lynx_frontend_tcp_connections_total", "counter",
+                   "TCP service connections: accepted, and closed by reason.");
+  lynx_prom_family(f, "lynx_frontend_tcp_clients", "gauge",
+                   "TCP service connections open now.");
+  lynx_prom_family(f, "lynx_frontend_flow_moves_total", "counter",
+                   "Requests of a client flow sent to another mqueue while "
+                   "earlier ones were in flight (its mqueue was full or left "
+                   "dispatch): answers may be reordered.");
+  lynx_prom_family(fd, "lynx_mqueue_dispatched_total", "counter",
+                   "Requests written to this mqueue.");
+  lynx_prom_family(fr, "lynx_mqueue_responded_total", "counter",
+                   "Responses from this mqueue sent to clients.");
+  lynx_prom_family(fq, "lynx_mqueue_dropped_total", "counter",
+                   "Drops attributed to this mqueue, by reason.");
   pthread_mutex_lock(m->lock);
   for (struct frontend *fe = *m->list; fe; fe = fe->next) {
     struct mq_pass p;
@@ -104,33 +111,35 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
         p.qdrops[r] += lynx_cnt_get(&w->retired_drops[r]);
     }
     fe_foreach_mq(fe, mq_line, &p);
-    fprintf(f, "lynx_frontend_received_total{service=\"%s\"} %llu\n",
-            fe->service, (unsigned long long)rcv);
-    fprintf(f, "lynx_frontend_flow_moves_total{service=\"%s\"} %llu\n",
-            fe->service, (unsigned long long)moves);
+    struct lynx_prom_label l[] = {{"service", fe->service},
+                                  {NULL, NULL}, /* event or reason */
+                                  {NULL, NULL}};
+    lynx_prom_u64(f, "lynx_frontend_received_total", l, rcv);
+    lynx_prom_u64(f, "lynx_frontend_flow_moves_total", l, moves);
     if (fe->proto == FE_PROTO_TCP) {
       uint64_t gone = 0;
+      l[1].name = "event";
       for (int r = 0; r < FE_TCPEV_MAX; r++) {
-        fprintf(f, "lynx_frontend_tcp_connections_total{service=\"%s\","
-                   "event=\"%s\"} %llu\n",
-                fe->service, fe_tcpev_names[r], (unsigned long long)tev[r]);
+        l[1].value = fe_tcpev_names[r];
+        lynx_prom_u64(f, "lynx_frontend_tcp_connections_total", l, tev[r]);
         if (r != FE_TCP_ACCEPTED)
           gone += tev[r];
       }
-      fprintf(f, "lynx_frontend_tcp_clients{service=\"%s\"} %llu\n",
-              fe->service,
-              (unsigned long long)(tev[FE_TCP_ACCEPTED] - gone));
+      l[1].name = NULL;
+      lynx_prom_u64(f, "lynx_frontend_tcp_clients", l,
+                    tev[FE_TCP_ACCEPTED] - gone);
     }
-    fprintf(f, "lynx_frontend_dispatched_total{service=\"%s\"} %llu\n",
-            fe->service, (unsigned long long)p.dispatched);
-    fprintf(f, "lynx_frontend_responded_total{service=\"%s\"} %llu\n",
-            fe->service, (unsigned long long)p.responded);
-    for (int r = 0; r < FE_WDROP_MAX; r++)
-      fprintf(f, "lynx_frontend_dropped_total{service=\"%s\",reason=\"%s\"} %llu\n",
-              fe->service, fe_wdrop_names[r], (unsigned long long)wd[r]);
-    for (int r = 0; r < FE_QDROP_MAX; r++)
-      fprintf(f, "lynx_frontend_dropped_total{service=\"%s\",reason=\"%s\"} %llu\n",
-              fe->service, fe_qdrop_names[r], (unsigned long long)p.qdrops[r]);
+    lynx_prom_u64(f, "lynx_frontend_dispatched_total", l, p.dispatched);
+    lynx_prom_u64(f, "lynx_frontend_responded_total", l, p.responded);
+    l[1].name = "reason";
+    for (int r = 0; r < FE_WDROP_MAX; r++) {
+      l[1].value = fe_wdrop_names[r];
+      lynx_prom_u64(f, "lynx_frontend_dropped_total", l, wd[r]);
+    }
+    for (int r = 0; r < FE_QDROP_MAX; r++) {
+      l[1].value = fe_qdrop_names[r];
+      lynx_prom_u64(f, "lynx_frontend_dropped_total", l, p.qdrops[r]);
+    }
   }
   pthread_mutex_unlock(m->lock);
 out:

@@ -22,12 +22,14 @@
  * Exit status: 0, 1 on a failed or non-200 request, 2 on usage errors.
  */
 #include <curl/curl.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "options.h"
 
 #define USAGE                                                                  \
   "usage: lynx-apibench [--count N] [--warmup W] [--interval-ms I] URL...\n"
@@ -79,43 +81,47 @@ static int one(CURL *h, const char *url, size_t *bytes, double *total_ms,
   return 0;
 }
 
+struct cfg {
+  uint32_t count, warmup, interval_ms;
+};
+
+#define O(f) offsetof(struct cfg, f)
+static const struct lynx_opt opts[] = {
+    {"count", LYNX_OPT_U32, O(count), "200", 1, 10000000, NULL,
+     "requests per URL"},
+    {"warmup", LYNX_OPT_U32, O(warmup), "10", 0, UINT32_MAX, NULL,
+     "requests per URL before measuring"},
+    {"interval-ms", LYNX_OPT_U32, O(interval_ms), "0", 0, 60000, NULL,
+     "pause between requests"},
+    LYNX_OPT_END,
+};
+#undef O
+
 int main(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"count", required_argument, 0, 'n'},
-      {"warmup", required_argument, 0, 'w'},
-      {"interval-ms", required_argument, 0, 'i'},
-      {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0},
-  };
-  long count = 200, warmup = 10, interval_ms = 0;
+  struct cfg cfg;
+  struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_USAGE_ONLY,
+                                NULL, 0, 0, 0};
+  long count, warmup, interval_ms;
   double *tot, *ttfb;
   CURL *h;
-  int opt, status = 0;
-
-  while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    switch (opt) {
-    case 'n':
-      count = strtol(optarg, NULL, 10);
-      break;
-    case 'w':
-      warmup = strtol(optarg, NULL, 10);
-      break;
-    case 'i':
-      interval_ms = strtol(optarg, NULL, 10);
-      break;
-    case 'h':
-      printf(USAGE);
-      return 0;
-    default:
+  char **urls;
+  int rc, status = 0;
+  urls = calloc((size_t)argc, sizeof(*urls));
+  if (!urls) {
+    fprintf(stderr, "lynx-apibench: out of memory\n");
+    return 1;
+  }
+  scan.rest = urls;
+  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
+  if (rc || scan.help || scan.n_rest == 0) {
+    if (!scan.help)
       fprintf(stderr, USAGE);
-      return 2;
-    }
+    free(urls);
+    return scan.help ? 0 : 2;
   }
-  if (optind >= argc || count < 1 || count > 10000000 || warmup < 0 ||
-      interval_ms < 0 || interval_ms > 60000) {
-    fprintf(stderr, USAGE);
-    return 2;
-  }
+  count = cfg.count;
+  warmup = cfg.warmup;
+  interval_ms = cfg.interval_ms;
   if (curl_global_init(CURL_GLOBAL_DEFAULT)) {
     fprintf(stderr, "lynx-apibench: cannot initialise libcurl\n");
     return 1;
@@ -133,8 +139,8 @@ int main(int argc, char **argv) {
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
 
-  for (int u = optind; u < argc && status == 0; u++) {
-    const char *url = argv[u];
+  for (int u = 0; u < scan.n_rest && status == 0; u++) {
+    const char *url = urls[u];
     size_t bytes = 0;
     long connects = 0;
     double a, b;
@@ -169,5 +175,6 @@ int main(int argc, char **argv) {
   curl_global_cleanup();
   free(tot);
   free(ttfb);
+  free(urls);
   return status;
 }

@@ -518,6 +518,7 @@ static int parse_labels(struct sim *s, const char *spec) {
 }
 
 int main(int argc, char **argv) {
+  int help = 0; /* --help was printed */
   static struct sim s;
   struct timeval tv;
   uint64_t epoch;
@@ -526,9 +527,10 @@ int main(int argc, char **argv) {
   rc = lynx_opts_parse(sim_opts, &s.cfg, argc, argv,
                        "usage: lynx-simnodes [options]\n"
                        "Simulated agents for coordinator benchmarks: each node "
-                       "registers A accelerators and keeps its lease.\n");
-  if (rc)
-    return rc > 0 ? 0 : 2;
+                       "registers A accelerators and keeps its lease.\n",
+                       &help);
+  if (rc || help)
+    return rc ? 2 : 0;
   lvl = lynx_log_parse_level(s.cfg.log_level);
   if (lvl < 0) {
     fprintf(stderr, "--log-level: unknown level '%s'\n", s.cfg.log_level);

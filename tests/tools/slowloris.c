@@ -30,9 +30,9 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +40,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "options.h"
 
 struct slow {
   int fd;           /* -1 when closed (or never connected) */
@@ -53,13 +55,39 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void usage(void) {
-  fprintf(stderr,
-          "usage: lynx-slowloris --port P [--host 127.0.0.1] [--source "
-          "127.0.0.2] [--conns 300] [--interval-ms 1500] [--duration-ms "
-          "60000] [--long-ms 1000] [--mode header|body] [--path /healthz] "
-          "[--header 'Name: value'] [--content-length 60000]\n");
-}
+#define USAGE                                                                  \
+  "usage: lynx-slowloris --port P [--host 127.0.0.1] [--source "               \
+  "127.0.0.2] [--conns 300] [--interval-ms 1500] [--duration-ms "              \
+  "60000] [--long-ms 1000] [--mode header|body] [--path /healthz] "            \
+  "[--header 'Name: value'] [--content-length 60000]\n"
+
+static void usage(void) { fputs(USAGE, stderr); }
+
+struct cfg {
+  char *host, *source, *mode, *path, *extra;
+  uint32_t port, conns, interval_ms;
+  uint64_t duration_ms, long_ms, content_length;
+};
+
+#define O(f) offsetof(struct cfg, f)
+static const struct lynx_opt opts[] = {
+    {"host", LYNX_OPT_STR, O(host), "127.0.0.1", 0, 0, NULL, ""},
+    {"port", LYNX_OPT_U32, O(port), "0", 0, 65535, NULL, ""},
+    {"source", LYNX_OPT_STR, O(source), "127.0.0.2", 0, 0, NULL, ""},
+    {"conns", LYNX_OPT_U32, O(conns), "300", 0, 1000000, NULL, ""},
+    {"interval-ms", LYNX_OPT_U32, O(interval_ms), "1500", 0, 3600000, NULL,
+     ""},
+    {"duration-ms", LYNX_OPT_U64, O(duration_ms), "60000", 0, UINT64_MAX,
+     NULL, ""},
+    {"long-ms", LYNX_OPT_U64, O(long_ms), "1000", 0, UINT64_MAX, NULL, ""},
+    {"mode", LYNX_OPT_STR, O(mode), "header", 0, 0, NULL, ""},
+    {"path", LYNX_OPT_STR, O(path), "/healthz", 0, 0, NULL, ""},
+    {"header", LYNX_OPT_STR, O(extra), NULL, 0, 0, NULL, ""},
+    {"content-length", LYNX_OPT_U64, O(content_length), "60000", 0,
+     UINT64_MAX, NULL, ""},
+    LYNX_OPT_END,
+};
+#undef O
 
 /* The next byte of connection s's endless script. */
 static char script_byte(const char *head, size_t head_len, size_t pos) {
@@ -67,24 +95,10 @@ static char script_byte(const char *head, size_t head_len, size_t pos) {
 }
 
 int main(int argc, char **argv) {
-  const char *host = "127.0.0.1", *source = "127.0.0.2", *mode = "header";
-  const char *path = "/healthz", *extra = NULL;
-  unsigned port = 0, conns = 300, interval_ms = 1500;
-  uint64_t duration_ms = 60000, long_ms = 1000, content_length = 60000;
-  static const struct option opts[] = {
-      {"host", required_argument, NULL, 'h'},
-      {"port", required_argument, NULL, 'p'},
-      {"source", required_argument, NULL, 's'},
-      {"conns", required_argument, NULL, 'n'},
-      {"interval-ms", required_argument, NULL, 'i'},
-      {"duration-ms", required_argument, NULL, 'd'},
-      {"long-ms", required_argument, NULL, 'l'},
-      {"mode", required_argument, NULL, 'm'},
-      {"path", required_argument, NULL, 'u'},
-      {"header", required_argument, NULL, 'x'},
-      {"content-length", required_argument, NULL, 'c'},
-      {NULL, 0, NULL, 0},
-  };
+  static struct cfg cfg; /* its strings live as long as the process */
+  const char *host, *source, *mode, *path, *extra;
+  unsigned port, conns, interval_ms;
+  uint64_t duration_ms, long_ms, content_length;
   struct sockaddr_in dst, src;
   struct slow *c;
   struct pollfd *pfd;
@@ -92,24 +106,27 @@ int main(int argc, char **argv) {
   size_t head_len;
   unsigned connected = 0, closed = 0, n_short = 0, n_long = 0, open_now;
   uint64_t bytes = 0, t_end, next_send;
-  int o;
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  int rc;
 
-  while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    switch (o) {
-    case 'h': host = optarg; break;
-    case 'p': port = (unsigned)strtoul(optarg, NULL, 10); break;
-    case 's': source = optarg; break;
-    case 'n': conns = (unsigned)strtoul(optarg, NULL, 10); break;
-    case 'i': interval_ms = (unsigned)strtoul(optarg, NULL, 10); break;
-    case 'd': duration_ms = strtoull(optarg, NULL, 10); break;
-    case 'l': long_ms = strtoull(optarg, NULL, 10); break;
-    case 'm': mode = optarg; break;
-    case 'u': path = optarg; break;
-    case 'x': extra = optarg; break;
-    case 'c': content_length = strtoull(optarg, NULL, 10); break;
-    default: usage(); return 2;
-    }
+  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
+  if (scan.help)
+    return 0;
+  if (rc) {
+    usage();
+    return 2;
   }
+  host = cfg.host;
+  source = cfg.source;
+  mode = cfg.mode;
+  path = cfg.path;
+  extra = cfg.extra;
+  port = cfg.port;
+  conns = cfg.conns;
+  interval_ms = cfg.interval_ms;
+  duration_ms = cfg.duration_ms;
+  long_ms = cfg.long_ms;
+  content_length = cfg.content_length;
   memset(&dst, 0, sizeof(dst));
   memset(&src, 0, sizeof(src));
   dst.sin_family = src.sin_family = AF_INET;

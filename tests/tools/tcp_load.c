@@ -27,9 +27,9 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +39,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "options.h"
 
 enum mode { M_ECHO, M_DISCONNECT, M_GARBAGE, M_OVERSIZE, M_SLOW };
 
@@ -118,63 +120,78 @@ static uint64_t fill_window(struct conn *c, uint32_t i, uint8_t *buf,
   return n;
 }
 
+#define USAGE                                                                  \
+  "usage: lynx-tcp-load --target HOST:PORT [--conns N] "                       \
+  "[--messages M] [--window W] [--size-max B] "                                \
+  "[--framing len32|fixed:N] [--seed S] [--timeout-ms T] "                     \
+  "[--mode echo|disconnect|garbage|oversize]\n"
+
 static int usage(void) {
-  fprintf(stderr, "usage: lynx-tcp-load --target HOST:PORT [--conns N] "
-                  "[--messages M] [--window W] [--size-max B] "
-                  "[--framing len32|fixed:N] [--seed S] [--timeout-ms T] "
-                  "[--mode echo|disconnect|garbage|oversize]\n");
+  fputs(USAGE, stderr);
   return 2;
 }
 
+/* The command line; messages, window, size_max and seed are the globals
+ * above once parsed. */
+struct cfg {
+  char *target, *framing;
+  uint32_t conns, messages, window, size_max;
+  uint64_t seed, timeout_ms;
+  int mode;
+};
+
+static const char *const mode_names[] = {"echo",     "disconnect", "garbage",
+                                         "oversize", "slowreader", NULL};
+#define O(f) offsetof(struct cfg, f)
+static const struct lynx_opt opts[] = {
+    {"target", LYNX_OPT_STR, O(target), NULL, 0, 0, NULL, ""},
+    {"conns", LYNX_OPT_U32, O(conns), "1", 0, UINT32_MAX, NULL, ""},
+    {"messages", LYNX_OPT_U32, O(messages), "100", 0, UINT32_MAX, NULL, ""},
+    {"window", LYNX_OPT_U32, O(window), "8", 0, UINT32_MAX, NULL, ""},
+    {"size-max", LYNX_OPT_U32, O(size_max), "1024", 0, UINT32_MAX, NULL, ""},
+    {"framing", LYNX_OPT_STR, O(framing), "len32", 0, 0, NULL, ""},
+    {"seed", LYNX_OPT_U64, O(seed), "1", 0, UINT64_MAX, NULL, ""},
+    {"timeout-ms", LYNX_OPT_U64, O(timeout_ms), "20000", 0, UINT64_MAX, NULL,
+     ""},
+    {"mode", LYNX_OPT_ENUM, O(mode), "echo", 0, 0, mode_names, ""},
+    LYNX_OPT_END,
+};
+#undef O
+
 int main(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"target", 1, 0, 't'},  {"conns", 1, 0, 'c'},   {"messages", 1, 0, 'm'},
-      {"window", 1, 0, 'w'},  {"size-max", 1, 0, 'b'}, {"framing", 1, 0, 'f'},
-      {"seed", 1, 0, 's'},    {"timeout-ms", 1, 0, 'T'}, {"mode", 1, 0, 'M'},
-      {0, 0, 0, 0}};
+  static struct cfg cfg; /* its strings live as long as the process */
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   char host[64] = "";
   unsigned port = 0;
-  uint32_t n_conns = 1;
-  uint64_t timeout = 20000, start, deadline;
-  enum mode mode = M_ECHO;
+  uint32_t n_conns;
+  uint64_t timeout, start, deadline;
+  enum mode mode;
   struct sockaddr_in sa = {.sin_family = AF_INET};
   struct conn *cs;
   uint64_t sent = 0, answered = 0, mismatched = 0, closed = 0, errors = 0,
            connected = 0;
   uint8_t *buf;
-  int ep, o, ok;
+  int ep, ok, rc;
   struct rlimit rl;
 
-  while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    switch (o) {
-    case 't':
-      if (sscanf(optarg, "%63[^:]:%u", host, &port) != 2)
-        return usage();
-      break;
-    case 'c': n_conns = (uint32_t)strtoul(optarg, NULL, 0); break;
-    case 'm': messages = (uint32_t)strtoul(optarg, NULL, 0); break;
-    case 'w': window = (uint32_t)strtoul(optarg, NULL, 0); break;
-    case 'b': size_max = (uint32_t)strtoul(optarg, NULL, 0); break;
-    case 's': seed = strtoull(optarg, NULL, 0); break;
-    case 'T': timeout = strtoull(optarg, NULL, 0); break;
-    case 'f':
-      if (!strncmp(optarg, "fixed:", 6))
-        fixed = (uint32_t)strtoul(optarg + 6, NULL, 0);
-      else if (strcmp(optarg, "len32"))
-        return usage();
-      break;
-    case 'M':
-      if (!strcmp(optarg, "echo")) mode = M_ECHO;
-      else if (!strcmp(optarg, "disconnect")) mode = M_DISCONNECT;
-      else if (!strcmp(optarg, "garbage")) mode = M_GARBAGE;
-      else if (!strcmp(optarg, "oversize")) mode = M_OVERSIZE;
-      else if (!strcmp(optarg, "slowreader")) mode = M_SLOW;
-      else return usage();
-      break;
-    default:
-      return usage();
-    }
-  }
+  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
+  if (scan.help)
+    return 0;
+  if (rc)
+    return usage();
+  if (!cfg.target || sscanf(cfg.target, "%63[^:]:%u", host, &port) != 2)
+    return usage();
+  if (!strncmp(cfg.framing, "fixed:", 6))
+    fixed = (uint32_t)strtoul(cfg.framing + 6, NULL, 0);
+  else if (strcmp(cfg.framing, "len32"))
+    return usage();
+  n_conns = cfg.conns;
+  messages = cfg.messages;
+  window = cfg.window;
+  size_max = cfg.size_max;
+  seed = cfg.seed;
+  timeout = cfg.timeout_ms;
+  mode = (enum mode)cfg.mode;
   if (!port || inet_pton(AF_INET, host, &sa.sin_addr) != 1 || !n_conns ||
       !window || size_max > (64u << 20))
     return usage();

@@ -35,10 +35,10 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +46,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "options.h"
 
 #define UDP_MAX 65507u
 #define HDR 14u
@@ -287,115 +289,79 @@ static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
   }
 }
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: lynx-udp-fuzz [options]\n"
-          "Sends reproducible random datagrams to a sockperf-echo service and "
-          "checks the replies.\n\n"
-          "  --host ADDR          IPv4 address [127.0.0.1]\n"
-          "  --port N             UDP port (required)\n"
-          "  --count N            datagrams to send [10000]\n"
-          "  --seed N             random seed [1]\n"
-          "  --cap N              largest payload the service takes [2032]\n"
-          "  --max-size N         largest datagram [65507]\n"
-          "  --burst N            datagrams per burst [32]\n"
-          "  --burst-wait-ms N    wait at most this for a burst's replies [200]\n"
-          "  --gap-us N           pause after each burst [300]\n"
-          "  --drain-ms N         wait this long for the last replies [2000]\n"
-          "  --verbose            progress on stderr\n");
-}
+#define USAGE                                                                  \
+  "usage: lynx-udp-fuzz [options]\n"                                           \
+  "Sends reproducible random datagrams to a sockperf-echo service and "        \
+  "checks the replies.\n\n"                                                    \
+  "  --host ADDR          IPv4 address [127.0.0.1]\n"                          \
+  "  --port N             UDP port (required)\n"                               \
+  "  --count N            datagrams to send [10000]\n"                         \
+  "  --seed N             random seed [1]\n"                                   \
+  "  --cap N              largest payload the service takes [2032]\n"          \
+  "  --max-size N         largest datagram [65507]\n"                          \
+  "  --burst N            datagrams per burst [32]\n"                          \
+  "  --burst-wait-ms N    wait at most this for a burst's replies [200]\n"     \
+  "  --gap-us N           pause after each burst [300]\n"                      \
+  "  --drain-ms N         wait this long for the last replies [2000]\n"        \
+  "  --verbose            progress on stderr\n"
 
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
-  char *end;
-  unsigned long long v;
-  errno = 0;
-  v = strtoull(s, &end, 0);
-  if (errno || !*s || *end || v < lo || v > hi)
-    return -1;
-  *out = (uint32_t)v;
-  return 0;
-}
+static void usage(FILE *f) { fputs(USAGE, f); }
+
+/* The command line, copied into struct cfg once parsed. */
+struct opts {
+  char *host;
+  uint32_t port, count, seed, cap, max_size, burst, burst_wait_ms, gap_us,
+      drain_ms;
+  int verbose;
+};
+
+#define O(f) offsetof(struct opts, f)
+static const struct lynx_opt opts[] = {
+    {"host", LYNX_OPT_STR, O(host), "127.0.0.1", 0, 0, NULL, ""},
+    {"port", LYNX_OPT_U32, O(port), NULL, 1, 65535, NULL, ""},
+    {"count", LYNX_OPT_U32, O(count), "10000", 0, 10000000, NULL, ""},
+    {"seed", LYNX_OPT_U32, O(seed), "1", 0, UINT32_MAX, NULL, ""},
+    {"cap", LYNX_OPT_U32, O(cap), "2032", HDR, UDP_MAX, NULL, ""},
+    {"max-size", LYNX_OPT_U32, O(max_size), "65507", HDR, UDP_MAX, NULL, ""},
+    {"burst", LYNX_OPT_U32, O(burst), "32", 1, 4096, NULL, ""},
+    {"burst-wait-ms", LYNX_OPT_U32, O(burst_wait_ms), "200", 0, 60000, NULL,
+     ""},
+    {"gap-us", LYNX_OPT_U32, O(gap_us), "300", 0, 10000000, NULL, ""},
+    {"drain-ms", LYNX_OPT_U32, O(drain_ms), "2000", 0, 600000, NULL, ""},
+    {"verbose", LYNX_OPT_FLAG, O(verbose), NULL, 0, 0, NULL, ""},
+    LYNX_OPT_END,
+};
+#undef O
 
 int main(int argc, char **argv) {
-  static const struct option lopts[] = {
-      {"host", required_argument, NULL, 'h'},
-      {"port", required_argument, NULL, 'p'},
-      {"count", required_argument, NULL, 'n'},
-      {"seed", required_argument, NULL, 's'},
-      {"cap", required_argument, NULL, 'c'},
-      {"max-size", required_argument, NULL, 'M'},
-      {"burst", required_argument, NULL, 'b'},
-      {"burst-wait-ms", required_argument, NULL, 'w'},
-      {"gap-us", required_argument, NULL, 'g'},
-      {"drain-ms", required_argument, NULL, 'd'},
-      {"verbose", no_argument, NULL, 'v'},
-      {"help", no_argument, NULL, 'H'},
-      {NULL, 0, NULL, 0}};
-  struct cfg c = {"127.0.0.1", 0, 10000, 2032, 32, 200, 300, 2000, UDP_MAX,
-                  1, 0};
+  static struct opts o; /* its strings live as long as the process */
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  struct cfg c;
   struct sockaddr_in sa;
   struct stats st;
   struct dgram *d;
   uint8_t *sbuf, *rbuf;
-  int fd, opt, li = 0, sz = 4 << 20;
+  int fd, rc, sz = 4 << 20;
   uint64_t t0;
 
-  while ((opt = getopt_long(argc, argv, "", lopts, &li)) != -1) {
-    uint32_t v = 0;
-    int bad = 0;
-    switch (opt) {
-    case 'h':
-      c.host = optarg;
-      break;
-    case 'p':
-      bad = parse_u32(optarg, 1, 65535, &v);
-      c.port = (int)v;
-      break;
-    case 'n':
-      bad = parse_u32(optarg, 0, 10000000, &c.count);
-      break;
-    case 's':
-      bad = parse_u32(optarg, 0, UINT32_MAX, &v);
-      c.seed = v;
-      break;
-    case 'c':
-      bad = parse_u32(optarg, HDR, UDP_MAX, &c.cap);
-      break;
-    case 'M':
-      bad = parse_u32(optarg, HDR, UDP_MAX, &c.max_size);
-      break;
-    case 'b':
-      bad = parse_u32(optarg, 1, 4096, &c.burst);
-      break;
-    case 'w':
-      bad = parse_u32(optarg, 0, 60000, &c.burst_wait_ms);
-      break;
-    case 'g':
-      bad = parse_u32(optarg, 0, 10000000, &c.gap_us);
-      break;
-    case 'd':
-      bad = parse_u32(optarg, 0, 600000, &c.drain_ms);
-      break;
-    case 'v':
-      c.verbose = 1;
-      break;
-    case 'H':
-      usage(stdout);
-      return 0;
-    default:
-      usage(stderr);
-      return 2;
-    }
-    if (bad) {
-      fprintf(stderr, "lynx-udp-fuzz: bad value for --%s: %s\n",
-              lopts[li].name, optarg);
-      return 2;
-    }
-  }
-  if (optind < argc || c.port == 0) {
+  rc = lynx_opts_scan(opts, &o, argc, argv, USAGE, &scan);
+  if (scan.help)
+    return 0;
+  if (rc < 0 || o.port == 0) {
     usage(stderr);
     return 2;
   }
+  c.host = o.host;
+  c.port = (int)o.port;
+  c.count = o.count;
+  c.cap = o.cap;
+  c.burst = o.burst;
+  c.burst_wait_ms = o.burst_wait_ms;
+  c.gap_us = o.gap_us;
+  c.drain_ms = o.drain_ms;
+  c.max_size = o.max_size;
+  c.seed = o.seed;
+  c.verbose = o.verbose;
   memset(&sa, 0, sizeof(sa));
   sa.sin_family = AF_INET;
   sa.sin_port = htons((uint16_t)c.port);

@@ -17,9 +17,9 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +27,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "options.h"
 
 #define HDR 14u
 #define F_CLIENT 0x1u
@@ -51,59 +53,51 @@ static uint64_t get_be64(const uint8_t *p) {
   return v;
 }
 
-static void usage(void) {
-  fprintf(stderr,
-          "usage: lynx-udp-probe [--host 127.0.0.1] --port P [--size 64] "
-          "[--interval-ms 5] [--timeout-ms 10000]\n");
-}
+#define USAGE                                                                  \
+  "usage: lynx-udp-probe [--host 127.0.0.1] --port P [--size 64] "             \
+  "[--interval-ms 5] [--timeout-ms 10000]\n"
+
+static void usage(void) { fputs(USAGE, stderr); }
+
+struct cfg {
+  char *host;
+  uint32_t port, size, interval_ms, timeout_ms;
+};
+
+#define O(f) offsetof(struct cfg, f)
+static const struct lynx_opt opts[] = {
+    {"host", LYNX_OPT_STR, O(host), "127.0.0.1", 0, 0, NULL, ""},
+    {"port", LYNX_OPT_U32, O(port), NULL, 1, 65535, NULL, ""},
+    {"size", LYNX_OPT_U32, O(size), "64", HDR, 65507, NULL, ""},
+    {"interval-ms", LYNX_OPT_U32, O(interval_ms), "5", 1, INT32_MAX, NULL, ""},
+    {"timeout-ms", LYNX_OPT_U32, O(timeout_ms), "10000", 1, INT32_MAX, NULL,
+     ""},
+    LYNX_OPT_END,
+};
+#undef O
 
 int main(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"host", required_argument, 0, 'h'},
-      {"port", required_argument, 0, 'p'},
-      {"size", required_argument, 0, 's'},
-      {"interval-ms", required_argument, 0, 'i'},
-      {"timeout-ms", required_argument, 0, 't'},
-      {"help", no_argument, 0, 'H'},
-      {0, 0, 0, 0},
-  };
-  const char *host = "127.0.0.1";
-  long port = 0, size = 64, interval_ms = 5, timeout_ms = 10000;
+  static struct cfg cfg; /* its strings live as long as the process */
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  const char *host;
+  long port, size, interval_ms, timeout_ms;
   struct sockaddr_in sa;
   uint8_t buf[65536], rx[65536];
   uint64_t t0, deadline, next_send, seq = 0;
-  int fd, opt;
+  int fd, rc;
 
-  while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    switch (opt) {
-    case 'h':
-      host = optarg;
-      break;
-    case 'p':
-      port = strtol(optarg, NULL, 10);
-      break;
-    case 's':
-      size = strtol(optarg, NULL, 10);
-      break;
-    case 'i':
-      interval_ms = strtol(optarg, NULL, 10);
-      break;
-    case 't':
-      timeout_ms = strtol(optarg, NULL, 10);
-      break;
-    case 'H':
-      usage();
-      return 0;
-    default:
-      usage();
-      return 2;
-    }
-  }
-  if (port <= 0 || port > 65535 || size < (long)HDR || size > 65507 ||
-      interval_ms < 1 || timeout_ms < 1) {
+  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
+  if (scan.help)
+    return 0;
+  if (rc < 0 || cfg.port == 0) {
     usage();
     return 2;
   }
+  host = cfg.host;
+  port = cfg.port;
+  size = cfg.size;
+  interval_ms = cfg.interval_ms;
+  timeout_ms = cfg.timeout_ms;
   memset(&sa, 0, sizeof(sa));
   sa.sin_family = AF_INET;
   sa.sin_port = htons((uint16_t)port);

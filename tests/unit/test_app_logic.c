@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "app_logic.h"
+#include "ut_main.h"
 
 /* A copy of len bytes of s in a buffer of exactly len bytes. */
 static uint8_t *exact(const void *s, uint32_t len) {
@@ -152,12 +153,12 @@ static void test_sockperf_make_reply(void **state) {
   expect_reply(0x0002, 0x0002, 14);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hang_valid),
       cmocka_unit_test(test_hang_not_a_hang),
       cmocka_unit_test(test_sockperf_wants_reply),
       cmocka_unit_test(test_sockperf_make_reply),
   };
-  return cmocka_run_group_tests_name("app_logic", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "app_logic", tests, NULL, NULL);
 }

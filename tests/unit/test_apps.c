@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "apps.h"
+#include "ut_main.h"
 #include "ut_ring.h"
 
 #define Z 256u
@@ -314,7 +315,7 @@ static void test_sockperf_tx_full(void **state) {
   expect_dropped(f, 51);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_app_find),
       cmocka_unit_test_setup_teardown(test_echo_echoes, fx_setup, fx_teardown),
@@ -329,5 +330,5 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sockperf_tx_full, fx_setup,
                                       fx_teardown),
   };
-  return cmocka_run_group_tests_name("apps", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "apps", tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "beframe.h"
+#include "ut_main.h"
 
 static long mc(const char *s, size_t n) {
   return fe_be_reply_len(FE_BE_MEMCACHED, (const uint8_t *)s, n);
@@ -105,7 +106,7 @@ static void test_len32(void **state) {
   assert_int_equal(fe_be_reply_len(FE_BE_LEN32, b, 7), -1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_memcached_one_line),
       cmocka_unit_test(test_memcached_values),
@@ -113,5 +114,5 @@ int main(void) {
       cmocka_unit_test(test_memcached_long_lines),
       cmocka_unit_test(test_len32),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "connguard.h"
+#include "ut_main.h"
 
 #define S 1000000000ull
 
@@ -159,12 +160,12 @@ static void test_metrics_text(void **state) {
   free(buf);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_caps),
       cmocka_unit_test(test_backoff),
       cmocka_unit_test(test_source_table_bounded),
       cmocka_unit_test(test_metrics_text),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }

@@ -38,6 +38,7 @@
 #include "gpu.h"
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_main.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -1061,7 +1062,7 @@ static int setup(void **state) {
 
 #define T_(fn) cmocka_unit_test_setup(fn, setup)
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       T_(test_discovery),
       T_(test_instance_over_tcp),
@@ -1073,5 +1074,5 @@ int main(void) {
       T_(test_failures_clean_up),
       T_(test_lease_fence),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 
 #include "dispatch.h"
+#include "ut_main.h"
 
 #define NQ 4
 
@@ -277,7 +278,7 @@ static void test_flow_hash(void **state) {
   }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rr_rotates_evenly),
       cmocka_unit_test(test_rr_skips_full_and_down),
@@ -289,5 +290,5 @@ int main(void) {
       cmocka_unit_test(test_flow_sticks_while_outstanding),
       cmocka_unit_test(test_flow_hash),
   };
-  return cmocka_run_group_tests_name("dispatch", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "dispatch", tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "face.h"
+#include "ut_main.h"
 
 #define SEED 0x5EEDull
 /* face_label(1, 0) and the FNV-1a hash of face_image(1, 0) */
@@ -331,7 +332,7 @@ static void test_separation(void **state) {
   assert_true(imin > 1.1f * FACE_THRESHOLD);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lbp_codes),
       cmocka_unit_test(test_lbp_bins),
@@ -345,5 +346,5 @@ int main(void) {
       cmocka_unit_test(test_impostor),
       cmocka_unit_test(test_separation),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }

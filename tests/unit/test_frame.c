@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "frame.h"
+#include "ut_main.h"
 
 /* Everything a test may have to free, released by the teardown whichever
  * way the test ends. */
@@ -465,7 +466,7 @@ static void test_hello_check_decoded(void **state) {
       lynx_hello_check(f->env[0]->hello, "tok", err, sizeof(err)), -EACCES);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
       T(test_roundtrip_hello),       T(test_roundtrip_descriptors),
@@ -478,5 +479,5 @@ int main(void) {
       T(test_hello_check_decoded),
   };
 #undef T
-  return cmocka_run_group_tests_name("frame", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "frame", tests, NULL, NULL);
 }

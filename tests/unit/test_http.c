@@ -37,6 +37,7 @@
 #include "coord.h"
 #include "log.h"
 #include "registry.h"
+#include "ut_main.h"
 #include "util.h"
 
 #define BODY_MAX 4096
@@ -1350,7 +1351,7 @@ static void test_lynxctl(void **state) {
 }
 #endif
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_health_ready, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lists_shape, setup, teardown),
@@ -1379,7 +1380,7 @@ int main(void) {
   };
   int rc;
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  rc = cmocka_run_group_tests(tests, NULL, NULL);
+  rc = LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
   curl_global_cleanup();
   return rc;
 }

@@ -16,6 +16,7 @@
 
 #include "lynx_io.h"
 #include "mqueue.h"
+#include "ut_main.h"
 #include "ut_ring.h"
 
 /* ---- fixture: one region, mqueue 0 bound ----------------------------- */
@@ -740,7 +741,7 @@ static void test_malformed_whole_ring(void **state) {
   assert_int_equal(f->mq.bad, 12);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_geom_valid_layout),
       cmocka_unit_test(test_geom_rejects_out_of_bounds),
@@ -765,5 +766,5 @@ int main(void) {
       cmocka_unit_test_teardown(test_malformed_trailing_and_runs, fx_teardown),
       cmocka_unit_test_teardown(test_malformed_whole_ring, fx_teardown),
   };
-  return cmocka_run_group_tests_name("mqueue", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "mqueue", tests, NULL, NULL);
 }

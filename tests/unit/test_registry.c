@@ -14,6 +14,7 @@
 
 #include "mqueue.h"
 #include "registry.h"
+#include "ut_main.h"
 
 #define LEASE 3000
 #define DRAIN_TIMEOUT 10000
@@ -1907,7 +1908,7 @@ static void test_service_limits(void **state) {
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_labels_and_names),
       T(test_register_validation),
@@ -1946,5 +1947,5 @@ int main(void) {
       T(test_service_text),
       T(test_service_limits),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include "registry.h"
 #include "regjson.h"
 #include "store.h"
+#include "ut_main.h"
 
 /* ---- helpers -------------------------------------------------------- */
 
@@ -951,7 +952,7 @@ static void test_store_errors(void **state) {
   lynx_reg_free(&r);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_defaults),
       cmocka_unit_test(test_decode_bad),
@@ -967,5 +968,5 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_store_errors, dir_setup,
                                       dir_teardown),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "tagtab.h"
+#include "ut_main.h"
 
 static struct sockaddr_in v4(uint32_t host, uint16_t port) {
   struct sockaddr_in a;
@@ -383,7 +384,7 @@ static int pair_teardown(void **state) {
   return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_init_sizes),
       cmocka_unit_test_teardown(test_alloc_lookup_release, tt_teardown),
@@ -397,5 +398,5 @@ int main(void) {
       cmocka_unit_test_teardown(test_release_mq_callback, tt_teardown),
       cmocka_unit_test_teardown(test_gen0_distinct_tables, pair_teardown),
   };
-  return cmocka_run_group_tests_name("tagtab", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "tagtab", tests, NULL, NULL);
 }

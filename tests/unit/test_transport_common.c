@@ -20,6 +20,7 @@
 #include "lynx.pb-c.h"
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_main.h"
 
 #define Q 2u
 #define S 8u
@@ -220,7 +221,7 @@ static void test_desc_pb_roundtrip(void **state) {
   }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bounds_ok),
@@ -229,5 +230,5 @@ int main(void) {
       T(test_desc_pb_roundtrip),
   };
 #undef T
-  return cmocka_run_group_tests_name("transport_common", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "transport_common", tests, NULL, NULL);
 }

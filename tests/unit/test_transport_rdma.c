@@ -37,6 +37,7 @@
 #include "mqueue.h"
 #include "rdma_internal.h"
 #include "transport.h"
+#include "ut_main.h"
 #include "util.h"
 
 #define Q 4u
@@ -1041,7 +1042,7 @@ static void test_no_device(void **state) {
   assert_int_equal(o->connect(&x->d, &tc), -EINVAL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
       T(test_write_builds_rdma_write),
@@ -1078,5 +1079,5 @@ int main(void) {
       T(test_no_device),
   };
 #undef T
-  return cmocka_run_group_tests_name("transport_rdma", tests, NULL, NULL);
+  return LYNX_UT_MAIN(argc, argv, "transport_rdma", tests, NULL, NULL);
 }

@@ -34,6 +34,7 @@
 
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_main.h"
 #include "ut_shm.h"
 
 #define Q 2u
@@ -344,6 +345,9 @@ static void test_region_free_removes_file(void **state) {
   expect_refused(f, &f->d, -ENOENT);
 }
 
+static int g_argc;
+static char **g_argv;
+
 static int run_all(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
@@ -355,7 +359,11 @@ static int run_all(void) {
       T(test_region_free_removes_file),
   };
 #undef T
-  return cmocka_run_group_tests_name("transport_shm", tests, NULL, NULL);
+  return LYNX_UT_MAIN(g_argc, g_argv, "transport_shm", tests, NULL, NULL);
 }
 
-int main(void) { return ut_shm_main("transport_shm", run_all); }
+int main(int argc, char **argv) {
+  g_argc = argc;
+  g_argv = argv;
+  return ut_shm_main("transport_shm", run_all);
+}

@@ -36,6 +36,7 @@
 #include "connguard.h"
 #include "mqueue.h"
 #include "transport.h"
+#include "ut_main.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -517,7 +518,7 @@ static void test_device_memory_region(void **state) {
 
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
-int main(void) {
+int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       T_(test_connect_nobody_listening),
       T_(test_agent_closes_on_bad_frames),
@@ -525,5 +526,5 @@ int main(void) {
       T_(test_hello_length_checked_first),
       cmocka_unit_test(test_device_memory_region),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }

@@ -38,6 +38,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "transport_conformance.h"
+#include "ut_main.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -900,6 +901,9 @@ static void tc_epoch_renew(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->r.g, 0), "new epoch", 10, 0);
 }
 
+static int g_argc;
+static char **g_argv;
+
 static int run(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
@@ -924,8 +928,12 @@ static int run(void) {
 #undef T
   char group[64];
   snprintf(group, sizeof(group), "transport_conformance_%s", B->name);
-  return cmocka_run_group_tests_name(group, tests, group_setup,
-                                     group_teardown);
+  return LYNX_UT_MAIN(g_argc, g_argv, group, tests, group_setup,
+                      group_teardown);
 }
 
-int main(void) { return B->main ? B->main(run) : run(); }
+int main(int argc, char **argv) {
+  g_argc = argc;
+  g_argv = argv;
+  return B->main ? B->main(run) : run();
+}

@@ -1,0 +1,170 @@
+/*
+ * test_options.c - the one option parser (common/options.c): typed values
+ * and their bounds, --opt=value, short options, positional arguments, the
+ * pass-through lynxctl uses for its global options, which options were
+ * given, and defaults.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "options.h"
+#include "ut_main.h"
+
+struct cfg {
+  char *name, *file;
+  uint32_t n;
+  uint64_t big;
+  int flag, mode;
+};
+
+static const char *const modes[] = {"a", "b", NULL};
+#define O(f) offsetof(struct cfg, f)
+enum { T_NAME, T_FILE, T_F, T_N, T_BIG, T_FLAG, T_MODE };
+static const struct lynx_opt tab[] = {
+    [T_NAME] = {"name", LYNX_OPT_STR, O(name), "dflt", 0, 0, NULL, "a name"},
+    [T_FILE] = {"file", LYNX_OPT_STR, O(file), NULL, 0, 0, NULL, "a file"},
+    [T_F] = {"f", LYNX_OPT_STR, O(file), NULL, 0, 0, NULL, "same as --file"},
+    [T_N] = {"n", LYNX_OPT_U32, O(n), NULL, 1, 10, NULL, "kept when absent"},
+    [T_BIG] = {"big", LYNX_OPT_U64, O(big), "5", 0, UINT64_MAX, NULL, "u64"},
+    [T_FLAG] = {"flag", LYNX_OPT_FLAG, O(flag), NULL, 0, 0, NULL, "a flag"},
+    [T_MODE] = {"mode", LYNX_OPT_ENUM, O(mode), "b", 0, 0, modes, "a mode"},
+    LYNX_OPT_END,
+};
+#undef O
+
+/* Scans the NULL-terminated argument list (after a program name). */
+static int scan(struct cfg *c, struct lynx_opts_scan *s, char **rest, ...) {
+  char *argv[32] = {"prog"};
+  int argc = 1, rc;
+  va_list ap;
+  va_start(ap, rest);
+  for (char *a; (a = va_arg(ap, char *)) != NULL;)
+    argv[argc++] = a;
+  va_end(ap);
+  s->rest = rest;
+  rc = lynx_opts_scan(tab, c, argc, argv, "usage: prog", s);
+  return rc;
+}
+
+static void test_typed_values(void **state) {
+  struct cfg c;
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  c.n = 7; /* no default: kept */
+  assert_int_equal(scan(&c, &s, NULL, NULL), 0);
+  assert_string_equal(c.name, "dflt");
+  assert_null(c.file);
+  assert_int_equal(c.n, 7);
+  assert_true(c.big == 5);
+  assert_int_equal(c.flag, 0);
+  assert_int_equal(c.mode, 1);
+  assert_true(s.given == 0);
+  assert_int_equal(scan(&c, &s, NULL, "--name=x", "-n", "3", "--big",
+                        "18446744073709551615", "--flag", "--mode=a", "-f",
+                        "-", NULL),
+                   0);
+  assert_string_equal(c.name, "x");
+  assert_string_equal(c.file, "-");
+  assert_int_equal(c.n, 3);
+  assert_true(c.big == UINT64_MAX);
+  assert_int_equal(c.flag, 1);
+  assert_int_equal(c.mode, 0);
+  assert_true(s.given == ((1u << T_NAME) | (1u << T_F) | (1u << T_N) |
+                          (1u << T_BIG) | (1u << T_FLAG) | (1u << T_MODE)));
+  lynx_opts_free(tab, &c);
+}
+
+static void test_usage_errors(void **state) {
+  struct cfg c;
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  assert_int_equal(scan(&c, &s, NULL, "-n", "11", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "-n", "x", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "--mode", "c", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "--name", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "--bogus", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "-x", NULL), -EINVAL);
+  /* a one-letter name is only a short option, a longer one only long */
+  assert_int_equal(scan(&c, &s, NULL, "--f", "x", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "-name", "x", NULL), -EINVAL);
+  assert_int_equal(scan(&c, &s, NULL, "positional", NULL), -EINVAL);
+  lynx_opts_free(tab, &c);
+}
+
+static void test_positional(void **state) {
+  struct cfg c;
+  struct lynx_opts_scan s = {LYNX_OPTS_POSITIONAL, NULL, 0, 0, 0};
+  char *rest[32];
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  assert_int_equal(
+      scan(&c, &s, rest, "a", "--name", "x", "-", "b", "--", "--n", NULL), 0);
+  assert_int_equal(s.n_rest, 4);
+  assert_string_equal(rest[0], "a");
+  assert_string_equal(rest[1], "-");
+  assert_string_equal(rest[2], "b");
+  assert_string_equal(rest[3], "--n");
+  assert_string_equal(c.name, "x");
+  /* unknown options are still errors without PASS_UNKNOWN */
+  assert_int_equal(scan(&c, &s, rest, "a", "--bogus", NULL), -EINVAL);
+  lynx_opts_free(tab, &c);
+}
+
+/* lynxctl: the global options come out wherever they stand; the command,
+ * its options and their values stay in order. */
+static void test_pass_unknown(void **state) {
+  struct cfg c;
+  struct lynx_opts_scan s = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN,
+                             NULL, 0, 0, 0};
+  char *rest[32];
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  assert_int_equal(scan(&c, &s, rest, "service", "create", "--port", "1",
+                        "--flag", "-x", "--name", "n", "--port=2", NULL),
+                   0);
+  assert_int_equal(s.n_rest, 6);
+  assert_string_equal(rest[0], "service");
+  assert_string_equal(rest[2], "--port");
+  assert_string_equal(rest[3], "1");
+  assert_string_equal(rest[4], "-x");
+  assert_string_equal(rest[5], "--port=2");
+  assert_int_equal(c.flag, 1);
+  assert_string_equal(c.name, "n");
+  lynx_opts_free(tab, &c);
+}
+
+static void test_help(void **state) {
+  struct cfg c;
+  struct lynx_opts_scan s = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  assert_int_equal(scan(&c, &s, NULL, "--help", NULL), 0);
+  assert_int_equal(s.help, 1);
+  s.flags = 0;
+  assert_int_equal(scan(&c, &s, NULL, "-h", NULL), 0);
+  assert_int_equal(s.help, 1);
+  assert_int_equal(scan(&c, &s, NULL, "--flag", NULL), 0);
+  assert_int_equal(s.help, 0);
+  lynx_opts_free(tab, &c);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_typed_values),
+      cmocka_unit_test(test_usage_errors),
+      cmocka_unit_test(test_positional),
+      cmocka_unit_test(test_pass_unknown),
+      cmocka_unit_test(test_help),
+  };
+  return LYNX_UT_MAIN(argc, argv, "options", tests, NULL, NULL);
+}
