@@ -129,6 +129,18 @@ struct lynx_accel_ops {
   void (*shutdown)(void);
 };
 
+/* A backend's table from its functions, each named <prefix>_<member>: one
+ * place maps members to functions, and a backend that lacks one does not
+ * link (none is ever NULL). */
+#define LYNX_ACCEL_OPS(kind_, noun_, own_memory_, prefix)                      \
+  {                                                                            \
+    .kind = kind_, .noun = noun_, .own_memory = own_memory_,                   \
+    .discover = prefix##_discover, .runs_app = prefix##_runs_app,              \
+    .start = prefix##_start, .fence = prefix##_fence,                          \
+    .counters = prefix##_counters, .stop = prefix##_stop, .put = prefix##_put, \
+    .health = prefix##_health, .shutdown = prefix##_shutdown                   \
+  }
+
 extern const struct lynx_accel_ops lynx_accel_cpu;  /* cpu_accel.c */
 extern const struct lynx_accel_ops lynx_accel_cuda; /* accel/cuda/ */
 

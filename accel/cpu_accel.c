@@ -355,17 +355,5 @@ static void cpu_health(const struct lynx_accel_dev *a, int *lost,
 
 static void cpu_shutdown(void) {}
 
-const struct lynx_accel_ops lynx_accel_cpu = {
-    .kind = "cpu",
-    .noun = "CPU",
-    .own_memory = 0,
-    .discover = cpu_discover,
-    .runs_app = cpu_runs_app,
-    .start = cpu_start,
-    .fence = cpu_fence,
-    .counters = cpu_counters,
-    .stop = cpu_stop,
-    .put = cpu_put,
-    .health = cpu_health,
-    .shutdown = cpu_shutdown,
-};
+const struct lynx_accel_ops lynx_accel_cpu =
+    LYNX_ACCEL_OPS("cpu", "CPU", 0, cpu);

@@ -105,13 +105,20 @@ struct agent {
 };
 
 /* instance.c */
+/* What to start: instance id of app for service on accelerator accel, its
+ * geometry, and the names of the back ends its client mqueues reach. */
+struct instance_req {
+  uint64_t id;
+  uint32_t accel;
+  const char *service;
+  const struct lynx_app *app;
+  uint32_t mqueues, slots, slot_size, work_us;
+  char (*backends)[LYNX_BACKEND_NAME_MAX];
+  uint32_t n_backends;
+};
 /* 0, or -errno with the reason in why */
-int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
-                         const char *service, const struct lynx_app *app,
-                         uint32_t mqueues, uint32_t slots, uint32_t slot_size,
-                         uint32_t work_us, char (*backends)[LYNX_BACKEND_NAME_MAX],
-                         uint32_t n_backends, struct instance **out,
-                         char *why, size_t whylen);
+int agent_instance_start(struct agent *ag, const struct instance_req *q,
+                         struct instance **out, char *why, size_t whylen);
 void agent_instance_stop(struct agent *ag, struct instance *in);
 /* The descriptor of an instance as advertised on control connection ctl:
  * a wildcard host in the locator becomes --advertise or the address ctl

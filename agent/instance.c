@@ -104,12 +104,13 @@ static int start_run(struct agent *ag, struct instance *in,
   return rc;
 }
 
-int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
-                         const char *service, const struct lynx_app *app,
-                         uint32_t mqueues, uint32_t slots, uint32_t slot_size,
-                         uint32_t work_us, char (*backends)[LYNX_BACKEND_NAME_MAX],
-                         uint32_t n_backends, struct instance **out,
-                         char *why, size_t whylen) {
+int agent_instance_start(struct agent *ag, const struct instance_req *q,
+                         struct instance **out, char *why, size_t whylen) {
+  const uint64_t id = q->id;
+  const uint32_t accel = q->accel, mqueues = q->mqueues,
+                 n_backends = q->n_backends;
+  const char *service = q->service;
+  const struct lynx_app *app = q->app;
   struct lynx_geom g;
   struct instance *in;
   char name[128];
@@ -124,7 +125,7 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
     return -EEXIST;
   }
   /* server mqueues, then one client mqueue per back end */
-  rc = lynx_geom_init(&g, mqueues + n_backends, slots, slot_size);
+  rc = lynx_geom_init(&g, mqueues + n_backends, q->slots, q->slot_size);
   if (rc) {
     snprintf(why, whylen, "invalid geometry");
     return -EINVAL;
@@ -144,12 +145,12 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
       free(in);
       return -ENOMEM;
     }
-    memcpy(in->backends, backends, n_backends * sizeof(*in->backends));
+    memcpy(in->backends, q->backends, n_backends * sizeof(*in->backends));
   }
   in->id = id;
   in->accel = accel;
   in->n_server = mqueues;
-  in->work_us = work_us;
+  in->work_us = q->work_us;
   in->region.fd = -1;
   snprintf(in->service, sizeof(in->service), "%s", service);
   snprintf(name, sizeof(name), "lynx-%s-%d-i%llu", ag->node_id, (int)getpid(),
@@ -171,7 +172,7 @@ int agent_instance_start(struct agent *ag, uint64_t id, uint32_t accel,
   LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
             "mqueues x %u slots x %u B, %s %s", ag->node_id,
             (unsigned long long)id, service, app->name, accel,
-            ag->acc[accel].info.model, mqueues, slots, slot_size,
+            ag->acc[accel].info.model, mqueues, q->slots, q->slot_size,
             ag->tops->name, in->region.locator);
   *out = in;
   return 0;

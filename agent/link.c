@@ -336,9 +336,12 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
       }
     }
     char err[256] = "";
-    rc = agent_instance_start(ag, s->instance_id, s->accel_idx, sp->name, app,
-                              sp->mqueues_per_accel, sp->slots, sp->slot_size,
-                              sp->work_us, names, nb, &in, err, sizeof(err));
+    struct instance_req q = {
+        .id = s->instance_id, .accel = s->accel_idx, .service = sp->name,
+        .app = app, .mqueues = sp->mqueues_per_accel, .slots = sp->slots,
+        .slot_size = sp->slot_size, .work_us = sp->work_us,
+        .backends = names, .n_backends = nb};
+    rc = agent_instance_start(ag, &q, &in, err, sizeof(err));
     if (rc) {
       snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,
                err[0] ? err : strerror(-rc));

@@ -200,10 +200,11 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct instance *in;
     char why[256];
-    int rc = agent_instance_start(ag, i, i, app->name, app, ag->cfg.mqueues,
-                                  ag->cfg.slots, ag->cfg.slot_size,
-                                  ag->cfg.work_us, NULL, 0, &in, why,
-                                  sizeof(why));
+    struct instance_req q = {
+        .id = i, .accel = i, .service = app->name, .app = app,
+        .mqueues = ag->cfg.mqueues, .slots = ag->cfg.slots,
+        .slot_size = ag->cfg.slot_size, .work_us = ag->cfg.work_us};
+    int rc = agent_instance_start(ag, &q, &in, why, sizeof(why));
     if (rc) {
       fprintf(stderr, "lynx-agent: accel %u: %s\n", i,
               why[0] ? why : strerror(-rc));

@@ -166,6 +166,23 @@ struct lynx_transport_ops {
   void (*close)(struct lynx_tconn *c);
 };
 
+/* A backend's table from its functions, each named <prefix>_<member>: one
+ * place maps members to functions, and a backend that lacks one does not
+ * link (none is ever NULL). */
+#define LYNX_TRANSPORT_OPS(nm, prefix)                                         \
+  {                                                                            \
+    .name = nm, .agent_create = prefix##_agent_create,                         \
+    .agent_destroy = prefix##_agent_destroy,                                   \
+    .region_alloc = prefix##_region_alloc,                                     \
+    .region_attach = prefix##_region_attach,                                   \
+    .region_export = prefix##_region_export,                                   \
+    .region_free = prefix##_region_free, .connect = prefix##_connect,          \
+    .writev = prefix##_writev, .read = prefix##_read,                          \
+    .flush = prefix##_flush, .poll = prefix##_poll,                            \
+    .wait_fd = prefix##_wait_fd, .notify = prefix##_notify,                    \
+    .close = prefix##_close                                                    \
+  }
+
 extern const struct lynx_transport_ops lynx_transport_shm;
 extern const struct lynx_transport_ops lynx_transport_tcp;
 extern const struct lynx_transport_ops lynx_transport_rdma;

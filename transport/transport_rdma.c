@@ -288,7 +288,7 @@ static int fe_check_region(struct lynx__rdma_conn *c, uint64_t deadline) {
 }
 
 /* Accepts a half-built connection. */
-static void rd_close(struct lynx_tconn *tc) {
+static void lynx__rdma_close(struct lynx_tconn *tc) {
   struct lynx__rdma_conn *c = container_of(tc, struct lynx__rdma_conn, base);
   if (c->id) {
     if (c->cm == LYNX_RCM_ESTABLISHED || c->cm == LYNX_RCM_CONNECTING)
@@ -317,8 +317,8 @@ static void rd_close(struct lynx_tconn *tc) {
   free(c);
 }
 
-static int rd_connect(const struct lynx_region_desc *d,
-                        struct lynx_tconn **out) {
+static int lynx__rdma_connect(const struct lynx_region_desc *d,
+                              struct lynx_tconn **out) {
   uint64_t deadline = lynx_now_ns() + CONNECT_MS * 1000000ull;
   struct lynx__rdma_conn *c;
   struct sockaddr_storage ss;
@@ -340,7 +340,7 @@ static int rd_connect(const struct lynx_region_desc *d,
   if (!rc)
     rc = fe_check_region(c, deadline);
   if (rc) {
-    rd_close(&c->base);
+    lynx__rdma_close(&c->base);
     return rc;
   }
   LYNX_INFO("rdma", "%s: connected (QP %u, %u-entry send queue, %u B "
@@ -370,7 +370,7 @@ static void cm_check(struct lynx__rdma_conn *c) {
   }
 }
 
-static int rd_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
+static int lynx__rdma_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
   struct lynx__rdma_conn *c = container_of(tc, struct lynx__rdma_conn, base);
   if (c->woken) {
     uint64_t v;
@@ -387,7 +387,7 @@ static int rd_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
  * raised, re-arms the CQ, and reaps once, because a completion that came
  * before the CQ was armed raises no event; if that (or the CM channel)
  * left something for poll, the eventfd makes the fd readable at once. */
-static int rd_wait_fd(struct lynx_tconn *tc) {
+static int lynx__rdma_wait_fd(struct lynx_tconn *tc) {
   struct lynx__rdma_conn *c = container_of(tc, struct lynx__rdma_conn, base);
   struct ibv_cq *cq;
   void *ctx;
@@ -413,20 +413,5 @@ static int rd_wait_fd(struct lynx_tconn *tc) {
   return c->epfd;
 }
 
-const struct lynx_transport_ops lynx_transport_rdma = {
-    .name = "rdma",
-    .agent_create = lynx__rdma_agent_create,
-    .agent_destroy = lynx__rdma_agent_destroy,
-    .region_alloc = lynx__rdma_region_alloc,
-    .region_attach = lynx__rdma_region_attach,
-    .region_export = lynx__rdma_region_export,
-    .region_free = lynx__rdma_region_free,
-    .connect = rd_connect,
-    .writev = lynx__rdma_writev,
-    .read = lynx__rdma_read,
-    .flush = lynx__rdma_flush,
-    .poll = rd_poll,
-    .wait_fd = rd_wait_fd,
-    .notify = lynx__rdma_notify,
-    .close = rd_close,
-};
+const struct lynx_transport_ops lynx_transport_rdma =
+    LYNX_TRANSPORT_OPS("rdma", lynx__rdma);

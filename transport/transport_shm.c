@@ -247,20 +247,5 @@ static void shm_close(struct lynx_tconn *tc) {
   free(c);
 }
 
-const struct lynx_transport_ops lynx_transport_shm = {
-    .name = "shm",
-    .agent_create = shm_agent_create,
-    .agent_destroy = shm_agent_destroy,
-    .region_alloc = shm_region_alloc,
-    .region_attach = shm_region_attach,
-    .region_export = shm_region_export,
-    .region_free = shm_region_free,
-    .connect = shm_connect,
-    .writev = shm_writev,
-    .read = shm_read,
-    .flush = shm_flush,
-    .poll = shm_poll,
-    .wait_fd = shm_wait_fd,
-    .notify = shm_notify,
-    .close = shm_close,
-};
+const struct lynx_transport_ops lynx_transport_shm =
+    LYNX_TRANSPORT_OPS("shm", shm);

@@ -1170,20 +1170,5 @@ static int tcp_notify(struct lynx_tconn *tc) {
   return 0;
 }
 
-const struct lynx_transport_ops lynx_transport_tcp = {
-    .name = "tcp",
-    .agent_create = tcp_agent_create,
-    .agent_destroy = tcp_agent_destroy,
-    .region_alloc = tcp_region_alloc,
-    .region_attach = tcp_region_attach,
-    .region_export = tcp_region_export,
-    .region_free = tcp_region_free,
-    .connect = tcp_connect,
-    .writev = tcp_writev,
-    .read = tcp_read,
-    .flush = tcp_flush,
-    .poll = tcp_poll,
-    .wait_fd = tcp_wait_fd,
-    .notify = tcp_notify,
-    .close = tcp_close,
-};
+const struct lynx_transport_ops lynx_transport_tcp =
+    LYNX_TRANSPORT_OPS("tcp", tcp);

@@ -1077,17 +1077,7 @@ static void cuda_health(const struct lynx_accel_dev *a, int *lost,
   gpu_health(&g, lost, failed, err, errlen);
 }
 
-const struct lynx_accel_ops lynx_accel_cuda = {
-    .kind = "cuda",
-    .noun = "GPU",
-    .own_memory = 1,
-    .discover = cuda_discover,
-    .runs_app = cuda_runs_app,
-    .start = cuda_start,
-    .fence = cuda_fence,
-    .counters = cuda_counters,
-    .stop = cuda_stop,
-    .put = cuda_put,
-    .health = cuda_health,
-    .shutdown = gpu_shutdown,
-};
+static void cuda_shutdown(void) { gpu_shutdown(); }
+
+const struct lynx_accel_ops lynx_accel_cuda =
+    LYNX_ACCEL_OPS("cuda", "GPU", 1, cuda);

@@ -74,17 +74,5 @@ static void none_health(const struct lynx_accel_dev *a, int *lost,
 
 static void none_shutdown(void) {}
 
-const struct lynx_accel_ops lynx_accel_cuda = {
-    .kind = "cuda",
-    .noun = "GPU",
-    .own_memory = 1,
-    .discover = none_discover,
-    .runs_app = none_runs_app,
-    .start = none_start,
-    .fence = none_fence,
-    .counters = none_counters,
-    .stop = none_stop,
-    .put = none_put,
-    .health = none_health,
-    .shutdown = none_shutdown,
-};
+const struct lynx_accel_ops lynx_accel_cuda =
+    LYNX_ACCEL_OPS("cuda", "GPU", 1, none);
