@@ -39,6 +39,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -68,17 +69,13 @@ struct gpu_instance *volatile ut_hung_gi;
 /* ---- the process-wide tcp agent side -------------------------------- */
 
 static int group_setup(void **state) {
-  char err[256];
   (void)state;
   fake_cuda_gpus(GPUS);
   fake_cuda_reset();
-  T = lynx_transport_find("tcp");
-  if (!T || T->agent_create(
-                &(struct lynx_transport_opts){.listen = "127.0.0.1:0"}, &g_ta,
-                err, sizeof(err))) {
-    fprintf(stderr, "agent_create: %s\n", err);
+  if (ut_agent_create("tcp",
+                      &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                      &T, &g_ta))
     return -1;
-  }
   snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
   return 0;
 }

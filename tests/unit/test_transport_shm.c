@@ -35,6 +35,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_shm.h"
 
 #define Q 2u
@@ -54,45 +55,25 @@ struct fx {
   struct lynx_transport_agent *ta; /* the agent-side handle */
 };
 
-static void region_init_empty(struct lynx_region *r) {
-  memset(r, 0, sizeof(*r));
-  r->fd = -1;
-}
-
-static void fill_desc(struct lynx_region_desc *d, const struct lynx_region *r,
-                      const struct lynx_geom *g, uint64_t epoch) {
-  memset(d, 0, sizeof(*d));
-  d->accel_id = ACCEL;
-  snprintf(d->transport, sizeof(d->transport), "shm");
-  snprintf(d->locator, sizeof(d->locator), "%s", r->locator);
-  d->region_size = g->region_size;
-  d->epoch = epoch;
-  d->n_mqueues = g->n_mqueues;
-  d->slots = g->slots;
-  d->slot_size = g->slot_size;
-  d->ordering = LYNX_ORDER_COALESCED;
-}
-
 static int fx_setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
   char name[64];
   if (!f)
     return -1;
   *state = f;
-  region_init_empty(&f->r);
-  region_init_empty(&f->r2);
-  f->ops = lynx_transport_find("shm");
-  if (!f->ops || lynx_geom_init(&f->g, Q, S, Z))
-    return -1;
-  if (f->ops->agent_create(&(struct lynx_transport_opts){0}, &f->ta, name,
-                           sizeof(name)))
+  ut_region_empty(&f->r);
+  ut_region_empty(&f->r2);
+  if (ut_agent_create("shm", &(struct lynx_transport_opts){0}, &f->ops,
+                      &f->ta) ||
+      lynx_geom_init(&f->g, Q, S, Z))
     return -1;
   if (f->ops->region_alloc(f->ta, &f->r, ut_shm_new_name(name, sizeof(name)),
                            f->g.region_size))
     return -1;
   if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
     return -1;
-  fill_desc(&f->d, &f->r, &f->g, EPOCH);
+  ut_desc_fill(&f->d, "shm", f->r.locator, &f->g, ACCEL, EPOCH,
+               LYNX_ORDER_COALESCED);
   return 0;
 }
 
@@ -188,7 +169,8 @@ static void test_connect_unformatted(void **state) {
                                         ut_shm_new_name(name, sizeof(name)),
                                         f->g.region_size),
                    0);
-  fill_desc(&d, &f->r2, &f->g, EPOCH);
+  ut_desc_fill(&d, "shm", f->r2.locator, &f->g, ACCEL, EPOCH,
+               LYNX_ORDER_COALESCED);
   expect_refused(f, &d, -EPROTO); /* magic 0: not (yet) a region */
   assert_int_equal(
       lynx_region_format(&f->r2, Q, S, Z, LYNX_ORDER_FENCED, EPOCH + 5, 9), 0);
@@ -323,7 +305,7 @@ static void test_region_free_removes_file(void **state) {
   assert_true(ut_shm_exists(loc));
 
   /* the same name again is refused and must not remove the first one */
-  region_init_empty(&dup);
+  ut_region_empty(&dup);
   assert_int_equal(f->ops->region_alloc(f->ta, &dup, loc + 1, 4096), -EEXIST);
   f->ops->region_free(&dup);
   assert_true(ut_shm_exists(loc));

@@ -37,6 +37,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -58,16 +59,11 @@ struct fx {
 };
 
 static int group_setup(void **state) {
-  char err[256];
   (void)state;
-  T = lynx_transport_find("tcp");
-  if (!T)
+  if (ut_agent_create("tcp",
+                      &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                      &T, &g_ta))
     return -1;
-  if (T->agent_create(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
-                      &g_ta, err, sizeof(err))) {
-    fprintf(stderr, "agent_create: %s\n", err);
-    return -1;
-  }
   snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
   return 0;
 }
@@ -88,15 +84,8 @@ static int fx_setup(void **state) {
       lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, 4) ||
       T->region_export(&f->r))
     return -1;
-  f->d.accel_id = 4;
-  snprintf(f->d.transport, sizeof(f->d.transport), "tcp");
-  snprintf(f->d.locator, sizeof(f->d.locator), "%s", f->r.locator);
-  f->d.region_size = f->g.region_size;
-  f->d.epoch = EPOCH;
-  f->d.n_mqueues = Q;
-  f->d.slots = S;
-  f->d.slot_size = Z;
-  f->d.ordering = LYNX_ORDER_COALESCED;
+  ut_desc_fill(&f->d, "tcp", f->r.locator, &f->g, 4, EPOCH,
+               LYNX_ORDER_COALESCED);
   f->d.key = f->r.key;
   return 0;
 }
@@ -464,16 +453,7 @@ static void test_device_memory_region(void **state) {
   assert_int_equal(((struct lynx_region_hdr *)dev.mem)->magic,
                    LYNX_REGION_MAGIC);
   assert_int_equal(T->region_export(&r), 0);
-  memset(&d, 0, sizeof(d));
-  d.accel_id = 7;
-  snprintf(d.transport, sizeof(d.transport), "tcp");
-  snprintf(d.locator, sizeof(d.locator), "%s", r.locator);
-  d.region_size = g.region_size;
-  d.epoch = EPOCH;
-  d.n_mqueues = Q;
-  d.slots = S;
-  d.slot_size = Z;
-  d.ordering = LYNX_ORDER_FENCED;
+  ut_desc_fill(&d, "tcp", r.locator, &g, 7, EPOCH, LYNX_ORDER_FENCED);
   d.key = r.key;
   assert_int_equal(T->connect(&d, &c), 0);
   for (unsigned i = 0; i < sizeof(pay); i++)

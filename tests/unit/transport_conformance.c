@@ -39,6 +39,7 @@
 #include "transport.h"
 #include "transport_conformance.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -126,22 +127,6 @@ static void snapshot(struct fx *f) {
 
 static void assert_unchanged(struct fx *f) {
   assert_memory_equal(f->r.mem, f->snap, f->r.g.region_size);
-}
-
-static void assert_desc_equal(const struct lynx_region_desc *a,
-                              const struct lynx_region_desc *b) {
-  assert_int_equal(a->accel_id, b->accel_id);
-  assert_string_equal(a->transport, b->transport);
-  assert_string_equal(a->locator, b->locator);
-  assert_true(a->region_size == b->region_size);
-  assert_true(a->epoch == b->epoch);
-  assert_int_equal(a->n_mqueues, b->n_mqueues);
-  assert_int_equal(a->slot_size, b->slot_size);
-  assert_int_equal(a->slots, b->slots);
-  assert_int_equal(a->ordering, b->ordering);
-  assert_true(a->key == b->key);
-  assert_true(a->remote_addr == b->remote_addr);
-  assert_memory_equal(a->rkeys, b->rkeys, sizeof(a->rkeys));
 }
 
 /* Polls until the connection reports an error (or 2 s pass), keeping a
@@ -247,7 +232,7 @@ static void tc_format_connect(void **state) {
 
   connect_ok(f);
   assert_ptr_equal(f->c->ops, B->ops);
-  assert_desc_equal(&f->c->desc, &f->r.d);
+  ut_assert_desc_equal(&f->c->desc, &f->r.d);
 
   /* the frontend's write shows up in the agent's memory ... */
   {
@@ -930,6 +915,80 @@ static int run(void) {
   snprintf(group, sizeof(group), "transport_conformance_%s", B->name);
   return LYNX_UT_MAIN(g_argc, g_argv, group, tests, group_setup,
                       group_teardown);
+}
+
+/* ---- the harness of shm and tcp: their own agent side, in this process -- */
+
+struct tc_agent_region {
+  struct lynx_region r;
+  char name[64];
+};
+
+static struct lynx_transport_agent *g_ta; /* the agent side's handle */
+
+int tc_agent_start(const struct lynx_transport_opts *o) {
+  const struct lynx_transport_ops *ops;
+  return ut_agent_create(B->name, o, &ops, &g_ta);
+}
+
+void tc_agent_stop(void) {
+  B->ops->agent_destroy(g_ta);
+  g_ta = NULL;
+}
+
+/* Allocates, formats and exports a->r; fills t from it. */
+static int agent_region_make(struct tc_region *t, struct tc_agent_region *a,
+                             uint32_t ordering, uint64_t epoch) {
+  int rc;
+  ut_region_empty(&a->r);
+  rc = B->ops->region_alloc(g_ta, &a->r, a->name, t->g.region_size);
+  if (!rc)
+    rc = lynx_region_format(&a->r, Q, S, Z, ordering, epoch, TC_ACCEL);
+  if (!rc)
+    rc = B->ops->region_export(&a->r);
+  if (rc)
+    return rc;
+  t->mem = a->r.base;
+  ut_desc_fill(&t->d, B->name, a->r.locator, &t->g, TC_ACCEL, epoch,
+               ordering);
+  if (B->caps & TC_CAP_KEY)
+    t->d.key = a->r.key;
+  return 0;
+}
+
+int tc_agent_region_new(struct tc_region *t, const char *name,
+                        uint32_t ordering, uint64_t epoch) {
+  struct tc_agent_region *a = calloc(1, sizeof(*a));
+  memset(t, 0, sizeof(*t));
+  if (!a)
+    return -ENOMEM;
+  t->priv = a;
+  ut_region_empty(&a->r);
+  if (lynx_geom_init(&t->g, Q, S, Z))
+    return -EINVAL;
+  snprintf(a->name, sizeof(a->name), "%s", name);
+  return agent_region_make(t, a, ordering, epoch);
+}
+
+int tc_agent_region_renew(struct tc_region *t, uint64_t epoch) {
+  struct tc_agent_region *a = t->priv;
+  B->ops->region_free(&a->r);
+  return agent_region_make(t, a, t->d.ordering, epoch);
+}
+
+void tc_agent_region_free(struct tc_region *t) {
+  struct tc_agent_region *a = t->priv;
+  if (!a)
+    return;
+  B->ops->region_free(&a->r);
+  free(a);
+  t->priv = NULL;
+  t->mem = NULL;
+}
+
+int tc_agent_connect(const struct lynx_region_desc *d,
+                     struct lynx_tconn **out) {
+  return B->ops->connect(d, out);
 }
 
 int main(int argc, char **argv) {
