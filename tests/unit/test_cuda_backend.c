@@ -72,12 +72,7 @@ static int group_setup(void **state) {
   (void)state;
   fake_cuda_gpus(GPUS);
   fake_cuda_reset();
-  if (ut_agent_create("tcp",
-                      &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
-                      &T, &g_ta))
-    return -1;
-  snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
-  return 0;
+  return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
 }
 
 static int group_teardown(void **state) {
@@ -276,9 +271,7 @@ static void counters_until(struct inst *in, uint64_t want, uint64_t c[4]) {
 /* Closes the frontend, frees the region at the transport and drops the
  * agent's handle. */
 static void inst_drop(struct inst *in) {
-  if (in->c)
-    in->c->ops->close(in->c);
-  in->c = NULL;
+  ut_tconn_close(&in->c);
   in->r.ops->region_free(&in->r);
   gpu_instance_put(in->gi);
   in->gi = NULL;

@@ -38,6 +38,8 @@
 #include "rdma_internal.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
+#include "ut_tconn.h"
 #include "util.h"
 
 #define Q 4u
@@ -65,9 +67,7 @@ struct fx {
 /* (Re)builds the connection over a fresh fake NIC. */
 static void attach(struct fx *x, uint32_t sq, uint32_t max_inline,
                    size_t stage, size_t bounce, int deferred) {
-  if (x->tc)
-    x->tc->ops->close(x->tc);
-  x->tc = NULL;
+  ut_tconn_close(&x->tc);
   free(x->buf);
   x->buf = aligned_alloc(4096, stage + bounce);
   assert_non_null(x->buf);
@@ -106,8 +106,7 @@ static int fx_teardown(void **state) {
   struct fx *x = *state;
   if (!x)
     return 0;
-  if (x->tc)
-    x->tc->ops->close(x->tc);
+  ut_tconn_close(&x->tc);
   free(x->buf);
   free(x->region);
   free(x->f);

@@ -37,6 +37,7 @@
 #include "ut_main.h"
 #include "ut_region.h"
 #include "ut_shm.h"
+#include "ut_tconn.h"
 
 #define Q 2u
 #define S 8u
@@ -81,8 +82,7 @@ static int fx_teardown(void **state) {
   struct fx *f = *state;
   if (!f)
     return 0;
-  if (f->c)
-    f->c->ops->close(f->c);
+  ut_tconn_close(&f->c);
   if (f->ops) {
     f->ops->region_free(&f->r);
     f->ops->region_free(&f->r2);
@@ -130,8 +130,7 @@ static void test_region_file(void **state) {
   connect_ok(f);
   assert_ptr_equal(f->c->ops, &lynx_transport_shm);
   /* closing the connection leaves the file with its agent */
-  f->c->ops->close(f->c);
-  f->c = NULL;
+  ut_tconn_close(&f->c);
   assert_true(ut_shm_exists(f->r.locator));
   connect_ok(f);
 }
@@ -311,8 +310,7 @@ static void test_region_free_removes_file(void **state) {
   assert_true(ut_shm_exists(loc));
 
   connect_ok(f);
-  f->c->ops->close(f->c);
-  f->c = NULL;
+  ut_tconn_close(&f->c);
   f->ops->region_free(&f->r);
   assert_false(ut_shm_exists(loc));
   errno = 0;

@@ -60,12 +60,7 @@ struct fx {
 
 static int group_setup(void **state) {
   (void)state;
-  if (ut_agent_create("tcp",
-                      &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
-                      &T, &g_ta))
-    return -1;
-  snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
-  return 0;
+  return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
 }
 
 static int group_teardown(void **state) {
@@ -94,8 +89,7 @@ static int fx_teardown(void **state) {
   struct fx *f = *state;
   if (!f)
     return 0;
-  if (f->c)
-    f->c->ops->close(f->c);
+  ut_tconn_close(&f->c);
   T->region_free(&f->r);
   free(f->snap);
   free(f);

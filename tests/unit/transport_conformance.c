@@ -71,8 +71,7 @@ static int fx_teardown(void **state) {
   struct fx *f = *state;
   if (!f)
     return 0;
-  if (f->c)
-    f->c->ops->close(f->c);
+  ut_tconn_close(&f->c);
   B->region_free(&f->r);
   free(f->snap);
   free(f);
@@ -260,8 +259,7 @@ static void tc_format_connect(void **state) {
   assert_memory_equal(buf, f->r.mem, 64);
 
   /* closing the connection leaves the region with its agent */
-  f->c->ops->close(f->c);
-  f->c = NULL;
+  ut_tconn_close(&f->c);
   assert_int_equal(h->magic, LYNX_REGION_MAGIC);
   connect_ok(f);
 }

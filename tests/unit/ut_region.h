@@ -79,6 +79,19 @@ static inline int ut_agent_create(const char *name,
   return 0;
 }
 
+/* The tcp agent side on 127.0.0.1 at a port the kernel picks, for a whole
+ * test file; bound gets the address it listens on. 0 or -1. */
+static inline int ut_tcp_agent(const struct lynx_transport_ops **ops,
+                               struct lynx_transport_agent **ta, char *bound,
+                               size_t n) {
+  if (ut_agent_create("tcp",
+                      &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                      ops, ta))
+    return -1;
+  snprintf(bound, n, "%s", (*ta)->bound);
+  return 0;
+}
+
 static inline void ut_assert_desc_equal(const struct lynx_region_desc *a,
                                         const struct lynx_region_desc *b) {
   assert_int_equal(a->accel_id, b->accel_id);

@@ -1,7 +1,8 @@
 /*
- * ut_tconn.h - test helper for the frontend side of a transport: wait for
- * posted reads to complete. Header-only; used by transport_conformance.c,
- * test_transport_tcp.c and test_cuda_backend.c.
+ * ut_tconn.h - test helpers for the frontend side of a transport: wait for
+ * posted reads to complete, close a connection a fixture holds.
+ * Header-only; used by transport_conformance.c, test_transport_{shm,tcp,
+ * rdma}.c and test_cuda_backend.c.
  */
 #ifndef LYNX_UT_TCONN_H
 #define LYNX_UT_TCONN_H
@@ -26,6 +27,14 @@ static inline int ut_poll_n(struct lynx_tconn *c, uint64_t *ids, int n) {
       usleep(100);
   }
   return got;
+}
+
+/* Closes *c if it is open and forgets it, so that a fixture's teardown
+ * does not close it again. */
+static inline void ut_tconn_close(struct lynx_tconn **c) {
+  if (*c)
+    (*c)->ops->close(*c);
+  *c = NULL;
 }
 
 #endif
