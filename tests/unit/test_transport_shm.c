@@ -68,14 +68,11 @@ static int fx_setup(void **state) {
                       &f->ta) ||
       lynx_geom_init(&f->g, Q, S, Z))
     return -1;
-  if (f->ops->region_alloc(f->ta, &f->r, ut_shm_new_name(name, sizeof(name)),
-                           f->g.region_size))
-    return -1;
-  if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
-    return -1;
-  ut_desc_fill(&f->d, "shm", f->r.locator, &f->g, ACCEL, EPOCH,
-               LYNX_ORDER_COALESCED);
-  return 0;
+  return ut_region_serve(f->ops, f->ta, &f->r,
+                         ut_shm_new_name(name, sizeof(name)), &f->g,
+                         LYNX_ORDER_COALESCED, EPOCH, ACCEL, &f->d)
+             ? -1
+             : 0;
 }
 
 static int fx_teardown(void **state) {

@@ -75,14 +75,10 @@ static int fx_setup(void **state) {
     return -1;
   *state = f;
   f->r.fd = -1;
-  if (T->region_alloc(g_ta, &f->r, "ut", f->g.region_size) ||
-      lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, 4) ||
-      T->region_export(&f->r))
-    return -1;
-  ut_desc_fill(&f->d, "tcp", f->r.locator, &f->g, 4, EPOCH,
-               LYNX_ORDER_COALESCED);
-  f->d.key = f->r.key;
-  return 0;
+  return ut_region_serve(T, g_ta, &f->r, "ut", &f->g, LYNX_ORDER_COALESCED,
+                         EPOCH, 4, &f->d)
+             ? -1
+             : 0;
 }
 
 static int fx_teardown(void **state) {

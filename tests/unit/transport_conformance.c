@@ -939,19 +939,11 @@ static int agent_region_make(struct tc_region *t, struct tc_agent_region *a,
                              uint32_t ordering, uint64_t epoch) {
   int rc;
   ut_region_empty(&a->r);
-  rc = B->ops->region_alloc(g_ta, &a->r, a->name, t->g.region_size);
+  rc = ut_region_serve(B->ops, g_ta, &a->r, a->name, &t->g, ordering, epoch,
+                       TC_ACCEL, &t->d);
   if (!rc)
-    rc = lynx_region_format(&a->r, Q, S, Z, ordering, epoch, TC_ACCEL);
-  if (!rc)
-    rc = B->ops->region_export(&a->r);
-  if (rc)
-    return rc;
-  t->mem = a->r.base;
-  ut_desc_fill(&t->d, B->name, a->r.locator, &t->g, TC_ACCEL, epoch,
-               ordering);
-  if (B->caps & TC_CAP_KEY)
-    t->d.key = a->r.key;
-  return 0;
+    t->mem = a->r.base;
+  return rc;
 }
 
 int tc_agent_region_new(struct tc_region *t, const char *name,

@@ -60,6 +60,29 @@ static inline void ut_desc_fill(struct lynx_region_desc *d,
   d->ordering = ordering;
 }
 
+/* What an agent does before it advertises a region: allocates r from ta
+ * under name, formats it with g's geometry, ordering, epoch and accel, and
+ * exports it; d is then the descriptor a frontend connects with, the
+ * region's key included (0 where the backend has none). 0 or -errno. */
+static inline int ut_region_serve(const struct lynx_transport_ops *ops,
+                                  struct lynx_transport_agent *ta,
+                                  struct lynx_region *r, const char *name,
+                                  const struct lynx_geom *g, uint32_t ordering,
+                                  uint64_t epoch, uint32_t accel,
+                                  struct lynx_region_desc *d) {
+  int rc = ops->region_alloc(ta, r, name, g->region_size);
+  if (!rc)
+    rc = lynx_region_format(r, g->n_mqueues, g->slots, g->slot_size, ordering,
+                            epoch, accel);
+  if (!rc)
+    rc = ops->region_export(r);
+  if (rc)
+    return rc;
+  ut_desc_fill(d, ops->name, r->locator, g, accel, epoch, ordering);
+  d->key = r->key;
+  return 0;
+}
+
 /* The agent side of the backend called name, created with o; *ops is that
  * backend. Says why on stderr when it cannot be. 0 or -1. */
 static inline int ut_agent_create(const char *name,
