@@ -91,19 +91,12 @@ static int fx_teardown(void **state) {
 }
 
 static void connect_ok(struct fx *f) {
-  assert_int_equal(f->ops->connect(&f->d, &f->c), 0);
-  assert_non_null(f->c);
+  ut_connect_ok(f->ops->connect, &f->d, &f->c);
 }
 
 static void expect_refused(struct fx *f, const struct lynx_region_desc *d,
                            int want) {
-  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
-  struct lynx_tconn *c = sentinel;
-  int rc = f->ops->connect(d, &c);
-  if (rc == 0 && c != sentinel && c)
-    c->ops->close(c);
-  assert_int_equal(rc, want);
-  assert_ptr_equal(c, sentinel); /* *out untouched on failure */
+  ut_expect_refused(f->ops->connect, d, want);
 }
 
 /* ---- the file ------------------------------------------------------------ */

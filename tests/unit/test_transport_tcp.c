@@ -93,8 +93,7 @@ static int fx_teardown(void **state) {
 }
 
 static void connect_ok(struct fx *f) {
-  assert_int_equal(T->connect(&f->d, &f->c), 0);
-  assert_non_null(f->c);
+  ut_connect_ok(T->connect, &f->d, &f->c);
 }
 
 static void snapshot(struct fx *f) {
@@ -125,13 +124,7 @@ static void roundtrip(struct fx *f, uint64_t off, const void *data, size_t len,
 /* ---- refusals -------------------------------------------------------- */
 
 static void expect_refused(const struct lynx_region_desc *d, int want) {
-  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
-  struct lynx_tconn *c = sentinel;
-  int rc = T->connect(d, &c);
-  if (rc == 0 && c != sentinel && c)
-    c->ops->close(c);
-  assert_int_equal(rc, want);
-  assert_ptr_equal(c, sentinel);
+  ut_expect_refused(T->connect, d, want);
 }
 
 static void test_connect_nobody_listening(void **state) {

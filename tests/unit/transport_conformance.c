@@ -92,18 +92,11 @@ static int group_teardown(void **state) {
 }
 
 static void connect_ok(struct fx *f) {
-  assert_int_equal(B->connect(&f->r.d, &f->c), 0);
-  assert_non_null(f->c);
+  ut_connect_ok(B->connect, &f->r.d, &f->c);
 }
 
 static void expect_refused(const struct lynx_region_desc *d, int want) {
-  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
-  struct lynx_tconn *c = sentinel;
-  int rc = B->connect(d, &c);
-  if (rc == 0 && c != sentinel && c)
-    c->ops->close(c);
-  assert_int_equal(rc, want);
-  assert_ptr_equal(c, sentinel); /* *out untouched on failure */
+  ut_expect_refused(B->connect, d, want);
 }
 
 /* Posts a read of the header behind everything posted so far and waits
