@@ -23,12 +23,6 @@
 #include "ut_main.h"
 #include "ut_region.h"
 
-#define Q 2u
-#define S 8u
-#define Z 256u
-#define EPOCH 0x5EED0000CAFEull
-#define ACCEL 3u
-
 /* ---- fixture: one formatted region in process memory -------------------- */
 
 struct fx {
@@ -42,13 +36,14 @@ static int fx_setup(void **state) {
   if (!f)
     return -1;
   *state = f;
-  if (lynx_geom_init(&f->g, Q, S, Z) ||
+  if (lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z) ||
       ut_region_mem(&f->r, f->g.region_size))
     return -1;
   snprintf(f->r.locator, sizeof(f->r.locator), "/lynx-ut-common");
-  if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
+  if (lynx_region_format(&f->r, UT_Q, UT_S, UT_Z, LYNX_ORDER_COALESCED,
+                         UT_EPOCH, UT_ACCEL))
     return -1;
-  ut_desc_fill(&f->d, "shm", f->r.locator, &f->g, ACCEL, EPOCH,
+  ut_desc_fill(&f->d, "shm", f->r.locator, &f->g, UT_ACCEL, UT_EPOCH,
                LYNX_ORDER_COALESCED);
   return 0;
 }
@@ -95,7 +90,7 @@ static void test_format_rejects(void **state) {
   assert_int_equal(lynx_region_format(&f->r, 0, 2, 64, 0, 1, 0), -EINVAL);
   assert_int_equal(lynx_region_format(&f->r, 1, 2, 32, 0, 1, 0), -EINVAL);
   /* the valid header was not touched: a frontend still accepts it */
-  assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == EPOCH);
+  assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == UT_EPOCH);
   assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &f->d, err,
                                         sizeof(err)),
                    0);

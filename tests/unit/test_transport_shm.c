@@ -39,12 +39,6 @@
 #include "ut_shm.h"
 #include "ut_tconn.h"
 
-#define Q 2u
-#define S 8u
-#define Z 256u
-#define EPOCH 0x5EED0000CAFEull
-#define ACCEL 3u
-
 /* ---- fixture ----------------------------------------------------------- */
 
 struct fx {
@@ -66,13 +60,12 @@ static int fx_setup(void **state) {
   ut_region_empty(&f->r2);
   if (ut_agent_create("shm", &(struct lynx_transport_opts){0}, &f->ops,
                       &f->ta) ||
-      lynx_geom_init(&f->g, Q, S, Z))
+      lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z))
     return -1;
+  /* nonzero fails the setup, as -1 does */
   return ut_region_serve(f->ops, f->ta, &f->r,
                          ut_shm_new_name(name, sizeof(name)), &f->g,
-                         LYNX_ORDER_COALESCED, EPOCH, ACCEL, &f->d)
-             ? -1
-             : 0;
+                         LYNX_ORDER_COALESCED, UT_EPOCH, UT_ACCEL, &f->d);
 }
 
 static int fx_teardown(void **state) {
@@ -158,12 +151,13 @@ static void test_connect_unformatted(void **state) {
                                         ut_shm_new_name(name, sizeof(name)),
                                         f->g.region_size),
                    0);
-  ut_desc_fill(&d, "shm", f->r2.locator, &f->g, ACCEL, EPOCH,
+  ut_desc_fill(&d, "shm", f->r2.locator, &f->g, UT_ACCEL, UT_EPOCH,
                LYNX_ORDER_COALESCED);
   expect_refused(f, &d, -EPROTO); /* magic 0: not (yet) a region */
-  assert_int_equal(
-      lynx_region_format(&f->r2, Q, S, Z, LYNX_ORDER_FENCED, EPOCH + 5, 9), 0);
-  d.epoch = EPOCH + 5;
+  assert_int_equal(lynx_region_format(&f->r2, UT_Q, UT_S, UT_Z,
+                                      LYNX_ORDER_FENCED, UT_EPOCH + 5, 9),
+                   0);
+  d.epoch = UT_EPOCH + 5;
   expect_refused(f, &d, -EPROTO); /* ordering still says coalesced */
   d.ordering = LYNX_ORDER_FENCED;
   assert_int_equal(f->ops->connect(&d, &f->c), 0);

@@ -22,6 +22,15 @@
 #include "mqueue.h"
 #include "transport.h"
 
+/* The geometry (UT_Q mqueues of UT_S slots of UT_Z bytes) and identity a
+ * transport test formats its regions with where it needs no other; the
+ * conformance suite's TC_* are the same. */
+#define UT_Q 2u
+#define UT_S 8u
+#define UT_Z 256u
+#define UT_EPOCH 0x5EED0000CAFEull
+#define UT_ACCEL 3u
+
 /* A region with nothing behind it yet: what region_alloc/region_free and
  * the fixtures' teardowns take as "not allocated". */
 static inline void ut_region_empty(struct lynx_region *r) {

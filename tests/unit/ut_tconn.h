@@ -1,8 +1,9 @@
 /*
  * ut_tconn.h - test helpers for the frontend side of a transport: connect
  * (or be refused), wait for posted reads to complete, close a connection a
- * fixture holds. Header-only; include after <cmocka.h>. Used by transport_conformance.c, test_transport_{shm,tcp,
- * rdma}.c and test_cuda_backend.c.
+ * fixture holds. Header-only; include after <cmocka.h>. Used by
+ * transport_conformance.c, test_transport_{shm,tcp,rdma}.c and
+ * test_cuda_backend.c.
  */
 #ifndef LYNX_UT_TCONN_H
 #define LYNX_UT_TCONN_H
