@@ -159,21 +159,13 @@ static int inst_start(struct inst *in, int dev,
   in->r.fd = -1;
   if (lynx_geom_init(&in->g, q, S, Z))
     in->g.region_size = 0;
-  l = (struct gpu_launch){.gpu = &in->gpu,
-                          .tops = ops,
-                          .tagent = ops == T ? g_ta : NULL,
-                          .name = "ut-gpu",
-                          .n_mqueues = q,
-                          .n_server = n_server,
-                          .slots = S,
-                          .slot_size = Z,
-                          .ordering = LYNX_ORDER_FENCED,
-                          .accel_id = ACCEL,
-                          .epoch = epoch,
-                          .cuda_app = LYNX_CUDA_APP_ECHO,
-                          .work_us = 7,
-                          .threads = 64,
-                          .serve_until_ns = start_serve_until};
+  l = (struct gpu_launch){
+      .gpu = &in->gpu, .name = "ut-gpu",
+      .tops = ops, .tagent = ops == T ? g_ta : NULL,
+      .n_mqueues = q, .n_server = n_server, .slots = S, .slot_size = Z,
+      .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL, .epoch = epoch,
+      .cuda_app = LYNX_CUDA_APP_ECHO, .work_us = 7, .threads = 64,
+      .serve_until_ns = start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (!rc && fake_cuda_kernels() > n0)
     in->k = fake_cuda_kernel(fake_cuda_kernels() - 1);
