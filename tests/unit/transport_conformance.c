@@ -273,11 +273,24 @@ static void tc_write_read_roundtrip(void **state) {
 
 /* ---- refused connects ---------------------------------------------------- */
 
+/* The descriptor of f's region with another geometry q x sl x z of the
+ * same size: the header disagrees, connect refuses it. */
+static void expect_refused_geometry(struct fx *f, uint32_t q, uint32_t sl,
+                                    uint32_t z) {
+  struct lynx_geom g2;
+  struct lynx_region_desc d = f->r.d;
+  assert_int_equal(lynx_geom_init(&g2, q, sl, z), 0);
+  assert_int_equal(g2.region_size, f->r.g.region_size);
+  d.n_mqueues = q;
+  d.slots = sl;
+  d.slot_size = z;
+  expect_refused(&d, -EPROTO);
+}
+
 static void tc_connect_refusals(void **state) {
   struct fx *f = *state;
   struct lynx_region_hdr *h = (struct lynx_region_hdr *)f->r.mem;
   struct lynx_region_desc d;
-  struct lynx_geom g2;
 
   if (B->caps & TC_CAP_KEY) {
     d = f->r.d;
@@ -299,18 +312,8 @@ static void tc_connect_refusals(void **state) {
   d.slot_size = 512;
   expect_refused(&d, B->err.bad_desc);
   /* another geometry of the same size: 1 x 16 x 256, 2 x 16 x 128 */
-  assert_int_equal(lynx_geom_init(&g2, 1, 16, 256), 0);
-  assert_int_equal(g2.region_size, f->r.g.region_size);
-  d = f->r.d;
-  d.n_mqueues = 1;
-  d.slots = 16;
-  expect_refused(&d, -EPROTO);
-  assert_int_equal(lynx_geom_init(&g2, 2, 16, 128), 0);
-  assert_int_equal(g2.region_size, f->r.g.region_size);
-  d = f->r.d;
-  d.slot_size = 128;
-  d.slots = 16;
-  expect_refused(&d, -EPROTO);
+  expect_refused_geometry(f, 1, 16, 256);
+  expect_refused_geometry(f, 2, 16, 128);
   /* wrong ordering: the header says coalesced */
   d = f->r.d;
   d.ordering = LYNX_ORDER_FENCED;
