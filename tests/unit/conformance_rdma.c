@@ -82,7 +82,6 @@ static int make(struct tc_region *t, uint32_t ordering, uint64_t epoch,
                 uint64_t key) {
   struct rd_region *reg = calloc(1, sizeof(*reg));
   struct lynx_region r;
-  struct lynx_region_desc *d = &t->d;
   if (!reg)
     return -ENOMEM;
   reg->next = g_regions;
@@ -90,35 +89,18 @@ static int make(struct tc_region *t, uint32_t ordering, uint64_t epoch,
   reg->g = t->g;
   reg->key = key;
   reg->epoch = epoch;
-  reg->mem = aligned_alloc(4096, t->g.region_size);
-  if (!reg->mem) {
+  if (ut_region_mem(&r, t->g.region_size)) {
     reg->gone = 1;
     return -ENOMEM;
   }
-  memset(reg->mem, 0, t->g.region_size);
-  memset(&r, 0, sizeof(r));
-  r.base = reg->mem;
-  r.size = t->g.region_size;
-  r.fd = -1;
+  reg->mem = r.base;
   if (lynx_region_format(&r, TC_Q, TC_S, TC_Z, ordering, epoch, TC_ACCEL)) {
     reg->gone = 1;
     return -EINVAL;
   }
   t->priv = reg;
   t->mem = reg->mem;
-  memset(d, 0, sizeof(*d));
-  d->accel_id = TC_ACCEL;
-  snprintf(d->transport, sizeof(d->transport), "rdma");
-  snprintf(d->locator, sizeof(d->locator), "192.0.2.7:7471");
-  d->region_size = t->g.region_size;
-  d->epoch = epoch;
-  d->n_mqueues = TC_Q;
-  d->slots = TC_S;
-  d->slot_size = TC_Z;
-  d->ordering = ordering;
-  d->key = key;
-  d->remote_addr = RADDR;
-  memcpy(d->rkeys, rkeys, sizeof(rkeys));
+  fake_desc(&t->d, &t->g, TC_ACCEL, epoch, ordering, key);
   return 0;
 }
 
@@ -177,7 +159,6 @@ static int check_header(struct lynx_tconn *tc) {
 
 static int rd_connect(const struct lynx_region_desc *d,
                       struct lynx_tconn **out) {
-  struct lynx__rdma_attach a = {0};
   struct sockaddr_storage ss;
   struct rd_region *reg;
   struct rd_conn *c;
@@ -212,15 +193,7 @@ static int rd_connect(const struct lynx_region_desc *d,
   c->f.stage_len = stage;
   c->f.gone = &reg->gone;
   c->f.wake_on_send = 1;
-  a.qp = &c->f.qp;
-  a.cq = &c->f.cq;
-  a.buf = c->buf;
-  a.lkey = LKEY;
-  a.stage_size = stage;
-  a.bounce_size = bounce;
-  a.sq_depth = LYNX_RDMA_SQ_DEPTH;
-  a.max_inline = LYNX_RDMA_INLINE;
-  rc = lynx__rdma_attach(d, &a, &tc);
+  rc = fake_attach(&c->f, d, &tc);
   if (rc)
     return rc;
   rc = check_header(tc);
@@ -233,15 +206,12 @@ static int rd_connect(const struct lynx_region_desc *d,
 }
 
 const struct tc_backend tc_backend = {
-    .name = "rdma",
-    .ops = &lynx_transport_rdma,
+    .name = "rdma", .ops = &lynx_transport_rdma,
     .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS | TC_CAP_READ_CLASS,
     .err = {.wrong_key = -ECONNREFUSED, .stale_epoch = -ECONNREFUSED,
             .bad_desc = -EINVAL, .gone = -ECONNREFUSED},
     .reads_max = 1000,
     .stop = rd_stop,
-    .region_new = rd_region_new,
-    .region_renew = rd_region_renew,
-    .region_free = rd_region_free,
-    .connect = rd_connect,
+    .region_new = rd_region_new, .region_renew = rd_region_renew,
+    .region_free = rd_region_free, .connect = rd_connect,
 };

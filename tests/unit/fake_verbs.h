@@ -12,8 +12,9 @@
  * also play the agent's side of a region that goes away (every WR then
  * flushes) and wake a sleeping accelerator on a SEND, as the agent does.
  *
- * Header-only; include after <cmocka.h>. Used by test_transport_rdma.c and
- * conformance_rdma.c.
+ * Also the descriptor of such a region and the frontend's data path attached
+ * over the fake. Header-only; include after <cmocka.h>. Used by
+ * test_transport_rdma.c and conformance_rdma.c.
  */
 #ifndef LYNX_FAKE_VERBS_H
 #define LYNX_FAKE_VERBS_H
@@ -24,6 +25,7 @@
 #include "mqueue.h"
 #include "rdma_internal.h"
 #include "transport.h"
+#include "ut_region.h"
 
 #define RADDR 0x7f0012340000ull /* the region's VA "in the agent" */
 #define RK_CTL 0x1111u
@@ -235,6 +237,35 @@ static void fake_init(struct fake *f, uint8_t *region,
   f->sq_max = sq;
   f->max_inline = max_inline;
   f->deferred = deferred;
+}
+
+/* ---- the frontend's side over it ----------------------------------------- */
+
+/* The descriptor of a region of geometry g in the pretend agent: its
+ * address, the three rkeys above, key and epoch. */
+static void fake_desc(struct lynx_region_desc *d, const struct lynx_geom *g,
+                      uint32_t accel, uint64_t epoch, uint32_t ordering,
+                      uint64_t key) {
+  ut_desc_fill(d, "rdma", "192.0.2.7:7471", g, accel, epoch, ordering);
+  d->key = key;
+  d->remote_addr = RADDR;
+  memcpy(d->rkeys, rkeys, sizeof(rkeys));
+}
+
+/* The frontend's data path for d over f's QP and CQ (f as fake_init made it,
+ * its stage_len set): f's registered buffer, send queue and inline bound. */
+static int fake_attach(struct fake *f, const struct lynx_region_desc *d,
+                       struct lynx_tconn **out) {
+  struct lynx__rdma_attach a = {0};
+  a.qp = &f->qp;
+  a.cq = &f->cq;
+  a.buf = f->buf;
+  a.lkey = LKEY;
+  a.stage_size = f->stage_len;
+  a.bounce_size = f->buf_len - f->stage_len;
+  a.sq_depth = f->sq_max;
+  a.max_inline = f->max_inline;
+  return lynx__rdma_attach(d, &a, out);
 }
 
 #endif

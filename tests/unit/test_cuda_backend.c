@@ -39,6 +39,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -68,19 +69,10 @@ struct gpu_instance *volatile ut_hung_gi;
 /* ---- the process-wide tcp agent side -------------------------------- */
 
 static int group_setup(void **state) {
-  char err[256];
   (void)state;
   fake_cuda_gpus(GPUS);
   fake_cuda_reset();
-  T = lynx_transport_find("tcp");
-  if (!T || T->agent_create(
-                &(struct lynx_transport_opts){.listen = "127.0.0.1:0"}, &g_ta,
-                err, sizeof(err))) {
-    fprintf(stderr, "agent_create: %s\n", err);
-    return -1;
-  }
-  snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
-  return 0;
+  return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
 }
 
 static int group_teardown(void **state) {
@@ -167,21 +159,13 @@ static int inst_start(struct inst *in, int dev,
   in->r.fd = -1;
   if (lynx_geom_init(&in->g, q, S, Z))
     in->g.region_size = 0;
-  l = (struct gpu_launch){.gpu = &in->gpu,
-                          .tops = ops,
-                          .tagent = ops == T ? g_ta : NULL,
-                          .name = "ut-gpu",
-                          .n_mqueues = q,
-                          .n_server = n_server,
-                          .slots = S,
-                          .slot_size = Z,
-                          .ordering = LYNX_ORDER_FENCED,
-                          .accel_id = ACCEL,
-                          .epoch = epoch,
-                          .cuda_app = LYNX_CUDA_APP_ECHO,
-                          .work_us = 7,
-                          .threads = 64,
-                          .serve_until_ns = start_serve_until};
+  l = (struct gpu_launch){
+      .gpu = &in->gpu, .name = "ut-gpu",
+      .tops = ops, .tagent = ops == T ? g_ta : NULL,
+      .n_mqueues = q, .n_server = n_server, .slots = S, .slot_size = Z,
+      .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL, .epoch = epoch,
+      .cuda_app = LYNX_CUDA_APP_ECHO, .work_us = 7, .threads = 64,
+      .serve_until_ns = start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (!rc && fake_cuda_kernels() > n0)
     in->k = fake_cuda_kernel(fake_cuda_kernels() - 1);
@@ -279,9 +263,7 @@ static void counters_until(struct inst *in, uint64_t want, uint64_t c[4]) {
 /* Closes the frontend, frees the region at the transport and drops the
  * agent's handle. */
 static void inst_drop(struct inst *in) {
-  if (in->c)
-    in->c->ops->close(in->c);
-  in->c = NULL;
+  ut_tconn_close(&in->c);
   in->r.ops->region_free(&in->r);
   gpu_instance_put(in->gi);
   in->gi = NULL;

@@ -21,12 +21,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
-
-#define Q 2u
-#define S 8u
-#define Z 256u
-#define EPOCH 0x5EED0000CAFEull
-#define ACCEL 3u
+#include "ut_region.h"
 
 /* ---- fixture: one formatted region in process memory -------------------- */
 
@@ -36,36 +31,20 @@ struct fx {
   struct lynx_region_desc d;
 };
 
-static int region_mem(struct lynx_region *r, uint64_t size) {
-  memset(r, 0, sizeof(*r));
-  r->fd = -1;
-  r->base = aligned_alloc(4096, size);
-  if (!r->base)
-    return -1;
-  memset(r->base, 0, size);
-  r->size = size;
-  return 0;
-}
-
 static int fx_setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
   if (!f)
     return -1;
   *state = f;
-  if (lynx_geom_init(&f->g, Q, S, Z) || region_mem(&f->r, f->g.region_size))
+  if (lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z) ||
+      ut_region_mem(&f->r, f->g.region_size))
     return -1;
   snprintf(f->r.locator, sizeof(f->r.locator), "/lynx-ut-common");
-  if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
+  if (lynx_region_format(&f->r, UT_Q, UT_S, UT_Z, LYNX_ORDER_COALESCED,
+                         UT_EPOCH, UT_ACCEL))
     return -1;
-  f->d.accel_id = ACCEL;
-  snprintf(f->d.transport, sizeof(f->d.transport), "shm");
-  snprintf(f->d.locator, sizeof(f->d.locator), "%s", f->r.locator);
-  f->d.region_size = f->g.region_size;
-  f->d.epoch = EPOCH;
-  f->d.n_mqueues = Q;
-  f->d.slots = S;
-  f->d.slot_size = Z;
-  f->d.ordering = LYNX_ORDER_COALESCED;
+  ut_desc_fill(&f->d, "shm", f->r.locator, &f->g, UT_ACCEL, UT_EPOCH,
+               LYNX_ORDER_COALESCED);
   return 0;
 }
 
@@ -76,22 +55,6 @@ static int fx_teardown(void **state) {
   free(f);
   *state = NULL;
   return 0;
-}
-
-static void assert_desc_equal(const struct lynx_region_desc *a,
-                              const struct lynx_region_desc *b) {
-  assert_int_equal(a->accel_id, b->accel_id);
-  assert_string_equal(a->transport, b->transport);
-  assert_string_equal(a->locator, b->locator);
-  assert_true(a->region_size == b->region_size);
-  assert_true(a->epoch == b->epoch);
-  assert_int_equal(a->n_mqueues, b->n_mqueues);
-  assert_int_equal(a->slot_size, b->slot_size);
-  assert_int_equal(a->slots, b->slots);
-  assert_int_equal(a->ordering, b->ordering);
-  assert_true(a->key == b->key);
-  assert_true(a->remote_addr == b->remote_addr);
-  assert_memory_equal(a->rkeys, b->rkeys, sizeof(a->rkeys));
 }
 
 /* ---- bounds helper -------------------------------------------------------- */
@@ -118,7 +81,7 @@ static void test_format_rejects(void **state) {
   struct lynx_region r2;
   char err[256];
   /* a region too small for the geometry */
-  assert_int_equal(region_mem(&r2, 4096), 0);
+  assert_int_equal(ut_region_mem(&r2, 4096), 0);
   assert_int_equal(lynx_region_format(&r2, 1, 2, 64, 0, 1, 0), -EINVAL);
   assert_int_equal(((struct lynx_region_hdr *)r2.base)->magic, 0);
   free(r2.base);
@@ -127,7 +90,7 @@ static void test_format_rejects(void **state) {
   assert_int_equal(lynx_region_format(&f->r, 0, 2, 64, 0, 1, 0), -EINVAL);
   assert_int_equal(lynx_region_format(&f->r, 1, 2, 32, 0, 1, 0), -EINVAL);
   /* the valid header was not touched: a frontend still accepts it */
-  assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == EPOCH);
+  assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == UT_EPOCH);
   assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &f->d, err,
                                         sizeof(err)),
                    0);
@@ -175,7 +138,7 @@ static void test_desc_pb_roundtrip(void **state) {
   lynx_desc_to_pb(&in, &pb);
   assert_int_equal(pb.ordering, LYNX__ORDERING__ORDERING_FENCED);
   assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), 0);
-  assert_desc_equal(&in, &out);
+  ut_assert_desc_equal(&in, &out);
 
   /* through the wire format too */
   {
@@ -189,7 +152,7 @@ static void test_desc_pb_roundtrip(void **state) {
     memset(&out, 0, sizeof(out));
     assert_int_equal(lynx_desc_from_pb(back, &out, err, sizeof(err)), 0);
     lynx__region_desc__free_unpacked(back, NULL);
-    assert_desc_equal(&in, &out);
+    ut_assert_desc_equal(&in, &out);
   }
 
   /* invalid descriptors are refused with a reason */

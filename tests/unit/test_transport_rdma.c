@@ -38,6 +38,8 @@
 #include "rdma_internal.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
+#include "ut_tconn.h"
 #include "util.h"
 
 #define Q 4u
@@ -62,29 +64,10 @@ struct fx {
   struct lynx__rdma_conn *c;
 };
 
-static void fill_desc(struct lynx_region_desc *d, const struct lynx_geom *g) {
-  memset(d, 0, sizeof(*d));
-  d->accel_id = ACCEL;
-  snprintf(d->transport, sizeof(d->transport), "rdma");
-  snprintf(d->locator, sizeof(d->locator), "192.0.2.7:7471");
-  d->region_size = g->region_size;
-  d->epoch = EPOCH;
-  d->n_mqueues = g->n_mqueues;
-  d->slots = g->slots;
-  d->slot_size = g->slot_size;
-  d->ordering = LYNX_ORDER_COALESCED;
-  d->key = KEY;
-  d->remote_addr = RADDR;
-  memcpy(d->rkeys, rkeys, sizeof(rkeys));
-}
-
 /* (Re)builds the connection over a fresh fake NIC. */
 static void attach(struct fx *x, uint32_t sq, uint32_t max_inline,
                    size_t stage, size_t bounce, int deferred) {
-  struct lynx__rdma_attach a = {0};
-  if (x->tc)
-    x->tc->ops->close(x->tc);
-  x->tc = NULL;
+  ut_tconn_close(&x->tc);
   free(x->buf);
   x->buf = aligned_alloc(4096, stage + bounce);
   assert_non_null(x->buf);
@@ -94,15 +77,7 @@ static void attach(struct fx *x, uint32_t sq, uint32_t max_inline,
   fake_init(x->f, x->region, &x->g, x->buf, stage + bounce, sq, max_inline,
             deferred);
   x->f->stage_len = stage;
-  a.qp = &x->f->qp;
-  a.cq = &x->f->cq;
-  a.buf = x->buf;
-  a.lkey = LKEY;
-  a.stage_size = stage;
-  a.bounce_size = bounce;
-  a.sq_depth = sq;
-  a.max_inline = max_inline;
-  assert_int_equal(lynx__rdma_attach(&x->d, &a, &x->tc), 0);
+  assert_int_equal(fake_attach(x->f, &x->d, &x->tc), 0);
   assert_ptr_equal(x->tc->ops, &lynx_transport_rdma);
   x->c = container_of(x->tc, struct lynx__rdma_conn, base);
 }
@@ -115,18 +90,13 @@ static int fx_setup(void **state) {
     return -1;
   *state = x;
   x->f = calloc(1, sizeof(*x->f));
-  if (!x->f || lynx_geom_init(&x->g, Q, S, Z))
+  if (!x->f || lynx_geom_init(&x->g, Q, S, Z) ||
+      ut_region_mem(&r, x->g.region_size))
     return -1;
-  x->region = aligned_alloc(4096, x->g.region_size);
-  if (!x->region)
-    return -1;
-  memset(x->region, 0, x->g.region_size);
-  memset(&r, 0, sizeof(r));
-  r.base = x->region;
-  r.size = x->g.region_size;
+  x->region = r.base;
   if (lynx_region_format(&r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
     return -1;
-  fill_desc(&x->d, &x->g);
+  fake_desc(&x->d, &x->g, ACCEL, EPOCH, LYNX_ORDER_COALESCED, KEY);
   lynx__rdma_buf_sizes(&x->g, &stage, &bounce);
   attach(x, LYNX_RDMA_SQ_DEPTH, LYNX_RDMA_INLINE, stage, bounce, 0);
   return 0;
@@ -136,8 +106,7 @@ static int fx_teardown(void **state) {
   struct fx *x = *state;
   if (!x)
     return 0;
-  if (x->tc)
-    x->tc->ops->close(x->tc);
+  ut_tconn_close(&x->tc);
   free(x->buf);
   free(x->region);
   free(x->f);

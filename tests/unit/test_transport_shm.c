@@ -35,13 +35,9 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_shm.h"
-
-#define Q 2u
-#define S 8u
-#define Z 256u
-#define EPOCH 0x5EED0000CAFEull
-#define ACCEL 3u
+#include "ut_tconn.h"
 
 /* ---- fixture ----------------------------------------------------------- */
 
@@ -54,54 +50,29 @@ struct fx {
   struct lynx_transport_agent *ta; /* the agent-side handle */
 };
 
-static void region_init_empty(struct lynx_region *r) {
-  memset(r, 0, sizeof(*r));
-  r->fd = -1;
-}
-
-static void fill_desc(struct lynx_region_desc *d, const struct lynx_region *r,
-                      const struct lynx_geom *g, uint64_t epoch) {
-  memset(d, 0, sizeof(*d));
-  d->accel_id = ACCEL;
-  snprintf(d->transport, sizeof(d->transport), "shm");
-  snprintf(d->locator, sizeof(d->locator), "%s", r->locator);
-  d->region_size = g->region_size;
-  d->epoch = epoch;
-  d->n_mqueues = g->n_mqueues;
-  d->slots = g->slots;
-  d->slot_size = g->slot_size;
-  d->ordering = LYNX_ORDER_COALESCED;
-}
-
 static int fx_setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
   char name[64];
   if (!f)
     return -1;
   *state = f;
-  region_init_empty(&f->r);
-  region_init_empty(&f->r2);
-  f->ops = lynx_transport_find("shm");
-  if (!f->ops || lynx_geom_init(&f->g, Q, S, Z))
+  ut_region_empty(&f->r);
+  ut_region_empty(&f->r2);
+  if (ut_agent_create("shm", &(struct lynx_transport_opts){0}, &f->ops,
+                      &f->ta) ||
+      lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z))
     return -1;
-  if (f->ops->agent_create(&(struct lynx_transport_opts){0}, &f->ta, name,
-                           sizeof(name)))
-    return -1;
-  if (f->ops->region_alloc(f->ta, &f->r, ut_shm_new_name(name, sizeof(name)),
-                           f->g.region_size))
-    return -1;
-  if (lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
-    return -1;
-  fill_desc(&f->d, &f->r, &f->g, EPOCH);
-  return 0;
+  /* nonzero fails the setup, as -1 does */
+  return ut_region_serve(f->ops, f->ta, &f->r,
+                         ut_shm_new_name(name, sizeof(name)), &f->g,
+                         LYNX_ORDER_COALESCED, UT_EPOCH, UT_ACCEL, &f->d);
 }
 
 static int fx_teardown(void **state) {
   struct fx *f = *state;
   if (!f)
     return 0;
-  if (f->c)
-    f->c->ops->close(f->c);
+  ut_tconn_close(&f->c);
   if (f->ops) {
     f->ops->region_free(&f->r);
     f->ops->region_free(&f->r2);
@@ -113,19 +84,12 @@ static int fx_teardown(void **state) {
 }
 
 static void connect_ok(struct fx *f) {
-  assert_int_equal(f->ops->connect(&f->d, &f->c), 0);
-  assert_non_null(f->c);
+  ut_connect_ok(f->ops->connect, &f->d, &f->c);
 }
 
 static void expect_refused(struct fx *f, const struct lynx_region_desc *d,
                            int want) {
-  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
-  struct lynx_tconn *c = sentinel;
-  int rc = f->ops->connect(d, &c);
-  if (rc == 0 && c != sentinel && c)
-    c->ops->close(c);
-  assert_int_equal(rc, want);
-  assert_ptr_equal(c, sentinel); /* *out untouched on failure */
+  ut_expect_refused(f->ops->connect, d, want);
 }
 
 /* ---- the file ------------------------------------------------------------ */
@@ -149,8 +113,7 @@ static void test_region_file(void **state) {
   connect_ok(f);
   assert_ptr_equal(f->c->ops, &lynx_transport_shm);
   /* closing the connection leaves the file with its agent */
-  f->c->ops->close(f->c);
-  f->c = NULL;
+  ut_tconn_close(&f->c);
   assert_true(ut_shm_exists(f->r.locator));
   connect_ok(f);
 }
@@ -188,11 +151,13 @@ static void test_connect_unformatted(void **state) {
                                         ut_shm_new_name(name, sizeof(name)),
                                         f->g.region_size),
                    0);
-  fill_desc(&d, &f->r2, &f->g, EPOCH);
+  ut_desc_fill(&d, "shm", f->r2.locator, &f->g, UT_ACCEL, UT_EPOCH,
+               LYNX_ORDER_COALESCED);
   expect_refused(f, &d, -EPROTO); /* magic 0: not (yet) a region */
-  assert_int_equal(
-      lynx_region_format(&f->r2, Q, S, Z, LYNX_ORDER_FENCED, EPOCH + 5, 9), 0);
-  d.epoch = EPOCH + 5;
+  assert_int_equal(lynx_region_format(&f->r2, UT_Q, UT_S, UT_Z,
+                                      LYNX_ORDER_FENCED, UT_EPOCH + 5, 9),
+                   0);
+  d.epoch = UT_EPOCH + 5;
   expect_refused(f, &d, -EPROTO); /* ordering still says coalesced */
   d.ordering = LYNX_ORDER_FENCED;
   assert_int_equal(f->ops->connect(&d, &f->c), 0);
@@ -323,14 +288,13 @@ static void test_region_free_removes_file(void **state) {
   assert_true(ut_shm_exists(loc));
 
   /* the same name again is refused and must not remove the first one */
-  region_init_empty(&dup);
+  ut_region_empty(&dup);
   assert_int_equal(f->ops->region_alloc(f->ta, &dup, loc + 1, 4096), -EEXIST);
   f->ops->region_free(&dup);
   assert_true(ut_shm_exists(loc));
 
   connect_ok(f);
-  f->c->ops->close(f->c);
-  f->c = NULL;
+  ut_tconn_close(&f->c);
   f->ops->region_free(&f->r);
   assert_false(ut_shm_exists(loc));
   errno = 0;

@@ -37,6 +37,7 @@
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -58,18 +59,8 @@ struct fx {
 };
 
 static int group_setup(void **state) {
-  char err[256];
   (void)state;
-  T = lynx_transport_find("tcp");
-  if (!T)
-    return -1;
-  if (T->agent_create(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
-                      &g_ta, err, sizeof(err))) {
-    fprintf(stderr, "agent_create: %s\n", err);
-    return -1;
-  }
-  snprintf(g_bound, sizeof(g_bound), "%s", g_ta->bound);
-  return 0;
+  return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
 }
 
 static int group_teardown(void **state) {
@@ -84,29 +75,16 @@ static int fx_setup(void **state) {
     return -1;
   *state = f;
   f->r.fd = -1;
-  if (T->region_alloc(g_ta, &f->r, "ut", f->g.region_size) ||
-      lynx_region_format(&f->r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, 4) ||
-      T->region_export(&f->r))
-    return -1;
-  f->d.accel_id = 4;
-  snprintf(f->d.transport, sizeof(f->d.transport), "tcp");
-  snprintf(f->d.locator, sizeof(f->d.locator), "%s", f->r.locator);
-  f->d.region_size = f->g.region_size;
-  f->d.epoch = EPOCH;
-  f->d.n_mqueues = Q;
-  f->d.slots = S;
-  f->d.slot_size = Z;
-  f->d.ordering = LYNX_ORDER_COALESCED;
-  f->d.key = f->r.key;
-  return 0;
+  /* nonzero fails the setup, as -1 does */
+  return ut_region_serve(T, g_ta, &f->r, "ut", &f->g, LYNX_ORDER_COALESCED,
+                         EPOCH, 4, &f->d);
 }
 
 static int fx_teardown(void **state) {
   struct fx *f = *state;
   if (!f)
     return 0;
-  if (f->c)
-    f->c->ops->close(f->c);
+  ut_tconn_close(&f->c);
   T->region_free(&f->r);
   free(f->snap);
   free(f);
@@ -114,8 +92,7 @@ static int fx_teardown(void **state) {
 }
 
 static void connect_ok(struct fx *f) {
-  assert_int_equal(T->connect(&f->d, &f->c), 0);
-  assert_non_null(f->c);
+  ut_connect_ok(T->connect, &f->d, &f->c);
 }
 
 static void snapshot(struct fx *f) {
@@ -146,13 +123,7 @@ static void roundtrip(struct fx *f, uint64_t off, const void *data, size_t len,
 /* ---- refusals -------------------------------------------------------- */
 
 static void expect_refused(const struct lynx_region_desc *d, int want) {
-  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
-  struct lynx_tconn *c = sentinel;
-  int rc = T->connect(d, &c);
-  if (rc == 0 && c != sentinel && c)
-    c->ops->close(c);
-  assert_int_equal(rc, want);
-  assert_ptr_equal(c, sentinel);
+  ut_expect_refused(T->connect, d, want);
 }
 
 static void test_connect_nobody_listening(void **state) {
@@ -464,16 +435,7 @@ static void test_device_memory_region(void **state) {
   assert_int_equal(((struct lynx_region_hdr *)dev.mem)->magic,
                    LYNX_REGION_MAGIC);
   assert_int_equal(T->region_export(&r), 0);
-  memset(&d, 0, sizeof(d));
-  d.accel_id = 7;
-  snprintf(d.transport, sizeof(d.transport), "tcp");
-  snprintf(d.locator, sizeof(d.locator), "%s", r.locator);
-  d.region_size = g.region_size;
-  d.epoch = EPOCH;
-  d.n_mqueues = Q;
-  d.slots = S;
-  d.slot_size = Z;
-  d.ordering = LYNX_ORDER_FENCED;
+  ut_desc_fill(&d, "tcp", r.locator, &g, 7, EPOCH, LYNX_ORDER_FENCED);
   d.key = r.key;
   assert_int_equal(T->connect(&d, &c), 0);
   for (unsigned i = 0; i < sizeof(pay); i++)

@@ -39,6 +39,7 @@
 #include "transport.h"
 #include "transport_conformance.h"
 #include "ut_main.h"
+#include "ut_region.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -70,8 +71,7 @@ static int fx_teardown(void **state) {
   struct fx *f = *state;
   if (!f)
     return 0;
-  if (f->c)
-    f->c->ops->close(f->c);
+  ut_tconn_close(&f->c);
   B->region_free(&f->r);
   free(f->snap);
   free(f);
@@ -92,18 +92,11 @@ static int group_teardown(void **state) {
 }
 
 static void connect_ok(struct fx *f) {
-  assert_int_equal(B->connect(&f->r.d, &f->c), 0);
-  assert_non_null(f->c);
+  ut_connect_ok(B->connect, &f->r.d, &f->c);
 }
 
 static void expect_refused(const struct lynx_region_desc *d, int want) {
-  struct lynx_tconn *sentinel = (struct lynx_tconn *)(uintptr_t)0x1;
-  struct lynx_tconn *c = sentinel;
-  int rc = B->connect(d, &c);
-  if (rc == 0 && c != sentinel && c)
-    c->ops->close(c);
-  assert_int_equal(rc, want);
-  assert_ptr_equal(c, sentinel); /* *out untouched on failure */
+  ut_expect_refused(B->connect, d, want);
 }
 
 /* Posts a read of the header behind everything posted so far and waits
@@ -126,22 +119,6 @@ static void snapshot(struct fx *f) {
 
 static void assert_unchanged(struct fx *f) {
   assert_memory_equal(f->r.mem, f->snap, f->r.g.region_size);
-}
-
-static void assert_desc_equal(const struct lynx_region_desc *a,
-                              const struct lynx_region_desc *b) {
-  assert_int_equal(a->accel_id, b->accel_id);
-  assert_string_equal(a->transport, b->transport);
-  assert_string_equal(a->locator, b->locator);
-  assert_true(a->region_size == b->region_size);
-  assert_true(a->epoch == b->epoch);
-  assert_int_equal(a->n_mqueues, b->n_mqueues);
-  assert_int_equal(a->slot_size, b->slot_size);
-  assert_int_equal(a->slots, b->slots);
-  assert_int_equal(a->ordering, b->ordering);
-  assert_true(a->key == b->key);
-  assert_true(a->remote_addr == b->remote_addr);
-  assert_memory_equal(a->rkeys, b->rkeys, sizeof(a->rkeys));
 }
 
 /* Polls until the connection reports an error (or 2 s pass), keeping a
@@ -247,7 +224,7 @@ static void tc_format_connect(void **state) {
 
   connect_ok(f);
   assert_ptr_equal(f->c->ops, B->ops);
-  assert_desc_equal(&f->c->desc, &f->r.d);
+  ut_assert_desc_equal(&f->c->desc, &f->r.d);
 
   /* the frontend's write shows up in the agent's memory ... */
   {
@@ -275,8 +252,7 @@ static void tc_format_connect(void **state) {
   assert_memory_equal(buf, f->r.mem, 64);
 
   /* closing the connection leaves the region with its agent */
-  f->c->ops->close(f->c);
-  f->c = NULL;
+  ut_tconn_close(&f->c);
   assert_int_equal(h->magic, LYNX_REGION_MAGIC);
   connect_ok(f);
 }
@@ -297,11 +273,24 @@ static void tc_write_read_roundtrip(void **state) {
 
 /* ---- refused connects ---------------------------------------------------- */
 
+/* The descriptor of f's region with another geometry q x sl x z of the
+ * same size: the header disagrees, connect refuses it. */
+static void expect_refused_geometry(struct fx *f, uint32_t q, uint32_t sl,
+                                    uint32_t z) {
+  struct lynx_geom g2;
+  struct lynx_region_desc d = f->r.d;
+  assert_int_equal(lynx_geom_init(&g2, q, sl, z), 0);
+  assert_int_equal(g2.region_size, f->r.g.region_size);
+  d.n_mqueues = q;
+  d.slots = sl;
+  d.slot_size = z;
+  expect_refused(&d, -EPROTO);
+}
+
 static void tc_connect_refusals(void **state) {
   struct fx *f = *state;
   struct lynx_region_hdr *h = (struct lynx_region_hdr *)f->r.mem;
   struct lynx_region_desc d;
-  struct lynx_geom g2;
 
   if (B->caps & TC_CAP_KEY) {
     d = f->r.d;
@@ -323,18 +312,8 @@ static void tc_connect_refusals(void **state) {
   d.slot_size = 512;
   expect_refused(&d, B->err.bad_desc);
   /* another geometry of the same size: 1 x 16 x 256, 2 x 16 x 128 */
-  assert_int_equal(lynx_geom_init(&g2, 1, 16, 256), 0);
-  assert_int_equal(g2.region_size, f->r.g.region_size);
-  d = f->r.d;
-  d.n_mqueues = 1;
-  d.slots = 16;
-  expect_refused(&d, -EPROTO);
-  assert_int_equal(lynx_geom_init(&g2, 2, 16, 128), 0);
-  assert_int_equal(g2.region_size, f->r.g.region_size);
-  d = f->r.d;
-  d.slot_size = 128;
-  d.slots = 16;
-  expect_refused(&d, -EPROTO);
+  expect_refused_geometry(f, 1, 16, 256);
+  expect_refused_geometry(f, 2, 16, 128);
   /* wrong ordering: the header says coalesced */
   d = f->r.d;
   d.ordering = LYNX_ORDER_FENCED;
@@ -930,6 +909,72 @@ static int run(void) {
   snprintf(group, sizeof(group), "transport_conformance_%s", B->name);
   return LYNX_UT_MAIN(g_argc, g_argv, group, tests, group_setup,
                       group_teardown);
+}
+
+/* ---- the harness of shm and tcp: their own agent side, in this process -- */
+
+struct tc_agent_region {
+  struct lynx_region r;
+  char name[64];
+};
+
+static struct lynx_transport_agent *g_ta; /* the agent side's handle */
+
+int tc_agent_start(const struct lynx_transport_opts *o) {
+  const struct lynx_transport_ops *ops;
+  return ut_agent_create(B->name, o, &ops, &g_ta);
+}
+
+void tc_agent_stop(void) {
+  B->ops->agent_destroy(g_ta);
+  g_ta = NULL;
+}
+
+/* Allocates, formats and exports a->r; fills t from it. */
+static int agent_region_make(struct tc_region *t, struct tc_agent_region *a,
+                             uint32_t ordering, uint64_t epoch) {
+  int rc;
+  ut_region_empty(&a->r);
+  rc = ut_region_serve(B->ops, g_ta, &a->r, a->name, &t->g, ordering, epoch,
+                       TC_ACCEL, &t->d);
+  if (!rc)
+    t->mem = a->r.base;
+  return rc;
+}
+
+int tc_agent_region_new(struct tc_region *t, const char *name,
+                        uint32_t ordering, uint64_t epoch) {
+  struct tc_agent_region *a = calloc(1, sizeof(*a));
+  memset(t, 0, sizeof(*t));
+  if (!a)
+    return -ENOMEM;
+  t->priv = a;
+  ut_region_empty(&a->r);
+  if (lynx_geom_init(&t->g, Q, S, Z))
+    return -EINVAL;
+  snprintf(a->name, sizeof(a->name), "%s", name);
+  return agent_region_make(t, a, ordering, epoch);
+}
+
+int tc_agent_region_renew(struct tc_region *t, uint64_t epoch) {
+  struct tc_agent_region *a = t->priv;
+  B->ops->region_free(&a->r);
+  return agent_region_make(t, a, t->d.ordering, epoch);
+}
+
+void tc_agent_region_free(struct tc_region *t) {
+  struct tc_agent_region *a = t->priv;
+  if (!a)
+    return;
+  B->ops->region_free(&a->r);
+  free(a);
+  t->priv = NULL;
+  t->mem = NULL;
+}
+
+int tc_agent_connect(const struct lynx_region_desc *d,
+                     struct lynx_tconn **out) {
+  return B->ops->connect(d, out);
 }
 
 int main(int argc, char **argv) {

@@ -8,8 +8,9 @@
  * close) and run once per backend: the conformance executable is
  * transport_conformance.c linked with one conformance_<backend>.c, which
  * defines tc_backend. Every agent-side call (agent_create/destroy, region_alloc,
- * format, export, free) is made here, in the harness, never in a case, so
- * a change of the agent-side API touches only the three harnesses.
+ * format, export, free) is made by the harness, never in a case, so a
+ * change of the agent-side API touches only the harnesses: rdma's own, and
+ * the tc_agent_* one below that shm and tcp share.
  */
 #ifndef LYNX_TRANSPORT_CONFORMANCE_H
 #define LYNX_TRANSPORT_CONFORMANCE_H
@@ -74,5 +75,20 @@ struct tc_backend {
 
 /* Defined by the harness linked in. */
 extern const struct tc_backend tc_backend;
+
+/* For a harness whose agent side is its backend's own, run in this process
+ * (shm, tcp): tc_backend.ops makes every agent-side call. Defined in
+ * transport_conformance.c, apart from the cases. */
+/* start: the agent side, created with o. 0 or -1. */
+int tc_agent_start(const struct lynx_transport_opts *o);
+void tc_agent_stop(void);
+/* region_new, the region allocated under name (shm: its file; the same
+ * name again on region_renew, as an agent restarting it does). */
+int tc_agent_region_new(struct tc_region *t, const char *name,
+                        uint32_t ordering, uint64_t epoch);
+int tc_agent_region_renew(struct tc_region *t, uint64_t epoch);
+void tc_agent_region_free(struct tc_region *t);
+/* connect: the backend's own. */
+int tc_agent_connect(const struct lynx_region_desc *d, struct lynx_tconn **out);
 
 #endif
