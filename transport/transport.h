@@ -88,7 +88,7 @@ struct lynx_region {
   int fd;
   uint64_t key;         /* tcp, rdma: access key (random) */
   uint64_t remote_addr; /* rdma */
-  uint32_t rkeys[3];    /* rdma */
+  uint32_t rkeys[LYNX_MR_COUNT]; /* rdma */
   void *priv;           /* backend state */
 };
 
