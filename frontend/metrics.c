@@ -25,10 +25,10 @@ struct metrics_ctx {
   pthread_mutex_t *lock;
 };
 
-/* The families, in the order their headers are written: the service-level
- * ones, whose samples follow in the scrape itself, then the per-mqueue ones,
- * whose samples are gathered in a buffer each (F_MQ_FIRST on) and appended
- * after all the service-level samples. */
+/* The families (fams[] in the enum's order), in the order their headers are
+ * written: the service-level ones, whose samples follow in the scrape
+ * itself, then the per-mqueue ones, whose samples are gathered in a buffer
+ * each (F_MQ_FIRST on) and appended after all the service-level samples. */
 enum {
   F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
   F_TCP_CLIENTS, F_FLOW_MOVES,
@@ -40,29 +40,25 @@ enum {
 static const struct {
   const char *name, *type, *help;
 } fams[F_MAX] = {
-    [F_RECEIVED] = {"lynx_frontend_received_total", "counter",
-                    "Datagrams received."},
-    [F_DISPATCHED] = {"lynx_frontend_dispatched_total", "counter",
-                      "Requests written to an mqueue."},
-    [F_RESPONDED] = {"lynx_frontend_responded_total", "counter",
-                     "Responses sent to clients."},
-    [F_DROPPED] = {"lynx_frontend_dropped_total", "counter",
-                   "Requests or responses dropped, by reason."},
-    [F_TCP_CONNS] = {"lynx_frontend_tcp_connections_total", "counter",
-                     "TCP service connections: accepted, and closed by "
-                     "reason."},
-    [F_TCP_CLIENTS] = {"lynx_frontend_tcp_clients", "gauge",
-                       "TCP service connections open now."},
-    [F_FLOW_MOVES] = {"lynx_frontend_flow_moves_total", "counter",
-                      "Requests of a client flow sent to another mqueue "
-                      "while earlier ones were in flight (its mqueue was "
-                      "full or left dispatch): answers may be reordered."},
-    [F_MQ_DISPATCHED] = {"lynx_mqueue_dispatched_total", "counter",
-                         "Requests written to this mqueue."},
-    [F_MQ_RESPONDED] = {"lynx_mqueue_responded_total", "counter",
-                        "Responses from this mqueue sent to clients."},
-    [F_MQ_DROPPED] = {"lynx_mqueue_dropped_total", "counter",
-                      "Drops attributed to this mqueue, by reason."},
+    {"lynx_frontend_received_total", "counter", "Datagrams received."},
+    {"lynx_frontend_dispatched_total", "counter",
+     "Requests written to an mqueue."},
+    {"lynx_frontend_responded_total", "counter", "Responses sent to clients."},
+    {"lynx_frontend_dropped_total", "counter",
+     "Requests or responses dropped, by reason."},
+    {"lynx_frontend_tcp_connections_total", "counter",
+     "TCP service connections: accepted, and closed by reason."},
+    {"lynx_frontend_tcp_clients", "gauge", "TCP service connections open now."},
+    {"lynx_frontend_flow_moves_total", "counter",
+     "Requests of a client flow sent to another mqueue while earlier ones "
+     "were in flight (its mqueue was full or left dispatch): answers may be "
+     "reordered."},
+    {"lynx_mqueue_dispatched_total", "counter",
+     "Requests written to this mqueue."},
+    {"lynx_mqueue_responded_total", "counter",
+     "Responses from this mqueue sent to clients."},
+    {"lynx_mqueue_dropped_total", "counter",
+     "Drops attributed to this mqueue, by reason."},
 };
 
 /* One sample of family fam per reason (or event): the label *lab, one of

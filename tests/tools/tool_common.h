@@ -132,21 +132,22 @@ static inline int tool_udp_connect(const struct sockaddr_in *sa,
  * The UDP tools' --host and --port: *fd a UDP socket connected there and
  * -1 returned, or the tool's exit status after a message: the usage text
  * when --port was not given (0), 2 when host is not an IPv4 address
- * (host_fmt, the tool's own message, takes it as its one %s), sock_exit
- * when the socket fails (perror(sock_what)).
+ * ("PROG: " and host_fmt, the tool's own words, with host as its one %s),
+ * sock_exit when the socket fails (perror's "PROG: socket: " and the error).
  */
-static inline int tool_udp_open(const char *host, uint32_t port, int type_flags,
-                                const char *usage, const char *host_fmt,
-                                const char *sock_what, int sock_exit, int *fd) {
+static inline int tool_udp_open(const char *prog, const char *usage,
+                                const char *host, uint32_t port, int type_flags,
+                                const char *host_fmt, int sock_exit, int *fd) {
   struct sockaddr_in sa;
   if (port == 0)
     return tool_usage(usage);
   if (tool_ipv4(host, port, &sa)) {
+    fprintf(stderr, "%s: ", prog);
     fprintf(stderr, host_fmt, host);
     return 2;
   }
   if ((*fd = tool_udp_connect(&sa, type_flags)) < 0) {
-    perror(sock_what);
+    fprintf(stderr, "%s: socket: %s\n", prog, strerror(errno));
     return sock_exit;
   }
   return -1;

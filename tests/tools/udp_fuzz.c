@@ -310,12 +310,9 @@ int main(int argc, char **argv) {
   int fd, rc, sz = 4 << 20;
   uint64_t t0;
 
-  if ((rc = tool_opts(opts, &c, argc, argv, USAGE, NULL)) >= 0)
-    return rc;
-  rc = tool_udp_open(c.host, c.port, SOCK_CLOEXEC, USAGE,
-                     "lynx-udp-fuzz: --host %s is not an IPv4 address\n",
-                     "lynx-udp-fuzz: socket", 1, &fd);
-  if (rc >= 0)
+  if ((rc = tool_opts(opts, &c, argc, argv, USAGE, NULL)) >= 0 ||
+      (rc = tool_udp_open("lynx-udp-fuzz", USAGE, c.host, c.port, SOCK_CLOEXEC,
+                          "--host %s is not an IPv4 address\n", 1, &fd)) >= 0)
     return rc;
   /* deep buffers (FORCE works as root, the plain one up to rmem_max) */
   if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) != 0)

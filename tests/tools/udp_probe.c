@@ -68,12 +68,10 @@ int main(int argc, char **argv) {
   uint64_t t0, deadline, next_send, seq = 0;
   int fd, rc;
 
-  if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL)) >= 0)
-    return rc;
-  rc = tool_udp_open(cfg.host, cfg.port, SOCK_NONBLOCK, USAGE,
-                     "lynx-udp-probe: --host: '%s' is not an IPv4 address\n",
-                     "lynx-udp-probe: socket", 2, &fd);
-  if (rc >= 0)
+  if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL)) >= 0 ||
+      (rc = tool_udp_open(
+           "lynx-udp-probe", USAGE, cfg.host, cfg.port, SOCK_NONBLOCK,
+           "--host: '%s' is not an IPv4 address\n", 2, &fd)) >= 0)
     return rc;
   memset(buf, 0, sizeof(buf));
   t0 = now_ns(CLOCK_MONOTONIC);
