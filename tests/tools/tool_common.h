@@ -2,7 +2,8 @@
  * tool_common.h - what the test tools (tests/tools) and the bench programs
  * (bench/face_*.c) share: the command-line prologue around common/options.c
  * with the tools' exit codes, a monotonic clock in milliseconds, splitmix64,
- * big-endian 64-bit words, and numeric IPv4 addresses and UDP sockets.
+ * big-endian 64-bit words and sockperf headers, numeric IPv4 addresses and
+ * UDP sockets, HOST:PORT for libmemcached.
  *
  * Header-only (static inline): each tool is one .c file linked with
  * lynx_common, and not every tool uses every helper.
@@ -70,6 +71,19 @@ static inline uint64_t tool_get_be64(const uint8_t *p) {
   for (int i = 0; i < 8; i++)
     v = v << 8 | p[i];
   return v;
+}
+
+/* A sockperf message header (14 bytes, network order): u64 seq, u16 flags
+ * (0x1 client, 0x2 pong request), u32 length of the whole message. */
+static inline void tool_sockperf_hdr(uint8_t *p, uint64_t seq, uint16_t flags,
+                                     uint32_t len) {
+  tool_put_be64(p, seq);
+  p[8] = (uint8_t)(flags >> 8);
+  p[9] = (uint8_t)flags;
+  p[10] = (uint8_t)(len >> 24);
+  p[11] = (uint8_t)(len >> 16);
+  p[12] = (uint8_t)(len >> 8);
+  p[13] = (uint8_t)len;
 }
 
 /* A numeric IPv4 host and a port into *sa; -EINVAL when host is not one. */

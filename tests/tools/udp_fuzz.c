@@ -156,13 +156,7 @@ static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
       flags |= F_CLIENT;
     if (rnd_below(4) == 0)
       flags |= 0x4u; /* sockperf's warm-up bit, sometimes */
-    tool_put_be64(hdr, seq);
-    hdr[8] = (uint8_t)(flags >> 8);
-    hdr[9] = (uint8_t)flags;
-    hdr[10] = (uint8_t)(len >> 24);
-    hdr[11] = (uint8_t)(len >> 16);
-    hdr[12] = (uint8_t)(len >> 8);
-    hdr[13] = (uint8_t)len;
+    tool_sockperf_hdr(hdr, seq, flags, len);
     /* a datagram shorter than the header carries its first bytes only */
     memcpy(buf, hdr, len < HDR ? len : HDR);
   }

@@ -84,12 +84,8 @@ int main(int argc, char **argv) {
     if (now >= deadline)
       break;
     if (now >= next_send) {
-      uint16_t fl = htons(F_CLIENT | F_PONG);
-      uint32_t len = htonl((uint32_t)cfg.size);
       seq++;
-      tool_put_be64(buf, SEQ_BASE | seq);
-      memcpy(buf + 8, &fl, 2);
-      memcpy(buf + 10, &len, 4);
+      tool_sockperf_hdr(buf, SEQ_BASE | seq, F_CLIENT | F_PONG, cfg.size);
       /* ECONNREFUSED from an earlier datagram (port not bound yet) or a
        * full buffer: try again at the next interval */
       (void)!send(fd, buf, (size_t)cfg.size, 0);
