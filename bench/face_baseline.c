@@ -35,8 +35,7 @@
 
 #include "face.h"
 #include "log.h"
-#include "options.h"
-#include "util.h"
+#include "tool_common.h"
 
 #define BATCH_MAX 64
 
@@ -98,7 +97,7 @@ struct worker {
 };
 
 static struct cfg cfg;
-static struct sockaddr_storage udp_addr;
+static struct sockaddr_storage udp_addr, mc_addr;
 static char mc_host[NI_MAXHOST];
 static unsigned mc_port;
 static volatile int stopping;
@@ -289,20 +288,6 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-static int parse_memcached(const char *s) {
-  struct sockaddr_storage ss;
-  if (lynx_parse_hostport(s, &ss))
-    return -EINVAL;
-  socklen_t sl = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                          : sizeof(struct sockaddr_in);
-  char port[16];
-  if (getnameinfo((struct sockaddr *)&ss, sl, mc_host, sizeof(mc_host), port,
-                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV))
-    return -EINVAL;
-  mc_port = (unsigned)atoi(port);
-  return mc_port ? 0 : -EINVAL;
-}
-
 int main(int argc, char **argv) {
   int help = 0; /* --help was printed */
   static struct worker workers[64];
@@ -328,7 +313,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--udp: '%s' is not HOST:PORT\n", cfg.udp);
     goto out;
   }
-  if (parse_memcached(cfg.memcached)) {
+  if (tool_split_hostport(cfg.memcached, &mc_addr, mc_host, sizeof(mc_host),
+                          &mc_port)) {
     fprintf(stderr, "--memcached: '%s' is not HOST:PORT\n", cfg.memcached);
     goto out;
   }

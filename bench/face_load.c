@@ -69,8 +69,7 @@
 #include <libmemcached/memcached.h>
 
 #include "face.h"
-#include "options.h"
-#include "util.h"
+#include "tool_common.h"
 
 #define OUT_MAX 256 /* requests outstanding per connection */
 #define TCP_TX_MAX (256u << 10)
@@ -124,27 +123,7 @@ static struct cfg cfg;
 /* ---- helpers ---- */
 
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* "host:port" into a numeric host string and a port */
-static int split_hostport(const char *s, struct sockaddr_storage *ss,
-                          char *host, size_t hlen, unsigned *port) {
-  char pbuf[16];
-  if (lynx_parse_hostport(s, ss))
-    return -EINVAL;
-  socklen_t sl = ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                           : sizeof(struct sockaddr_in);
-  if (getnameinfo((struct sockaddr *)ss, sl, host, (socklen_t)hlen, pbuf,
-                  sizeof(pbuf), NI_NUMERICHOST | NI_NUMERICSERV))
-    return -EINVAL;
-  *port = (unsigned)atoi(pbuf);
-  return *port ? 0 : -EINVAL;
-}
+static uint64_t rnd(void) { return tool_splitmix(&rng_state); }
 
 static int cmp_u32(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -163,7 +142,7 @@ static int fill(void) {
   uint32_t failed = 0;
   int exit_code = 2;
 
-  if (split_hostport(cfg.fill, &ss, host, sizeof(host), &port)) {
+  if (tool_split_hostport(cfg.fill, &ss, host, sizeof(host), &port)) {
     fprintf(stderr, "--fill: '%s' is not HOST:PORT\n", cfg.fill);
     return 2;
   }
@@ -509,7 +488,7 @@ static int client(void) {
   char host[NI_MAXHOST];
   unsigned port;
 
-  if (split_hostport(cfg.target, &target, host, sizeof(host), &port)) {
+  if (tool_split_hostport(cfg.target, &target, host, sizeof(host), &port)) {
     fprintf(stderr, "--target: '%s' is not HOST:PORT\n", cfg.target);
     return 2;
   }

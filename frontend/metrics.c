@@ -25,9 +25,57 @@ struct metrics_ctx {
   pthread_mutex_t *lock;
 };
 
+/* The families (fams[] in the enum's order), in the order their headers are
+ * written: the service-level ones, whose samples follow in the scrape
+ * itself, then the per-mqueue ones, whose samples are gathered in a buffer
+ * each (F_MQ_FIRST on) and appended after all the service-level samples. */
+enum {
+  F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
+  F_TCP_CLIENTS, F_FLOW_MOVES,
+  F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
+};
+#define F_MQ_FIRST F_MQ_DISPATCHED
+#define F_MQ_MAX (F_MAX - F_MQ_FIRST)
+
+static const struct {
+  const char *name, *type, *help;
+} fams[F_MAX] = {
+    {"lynx_frontend_received_total", "counter", "Datagrams received."},
+    {"lynx_frontend_dispatched_total", "counter",
+     "Requests written to an mqueue."},
+    {"lynx_frontend_responded_total", "counter", "Responses sent to clients."},
+    {"lynx_frontend_dropped_total", "counter",
+     "Requests or responses dropped, by reason."},
+    {"lynx_frontend_tcp_connections_total", "counter",
+     "TCP service connections: accepted, and closed by reason."},
+    {"lynx_frontend_tcp_clients", "gauge", "TCP service connections open now."},
+    {"lynx_frontend_flow_moves_total", "counter",
+     "Requests of a client flow sent to another mqueue while earlier ones "
+     "were in flight (its mqueue was full or left dispatch): answers may be "
+     "reordered."},
+    {"lynx_mqueue_dispatched_total", "counter",
+     "Requests written to this mqueue."},
+    {"lynx_mqueue_responded_total", "counter",
+     "Responses from this mqueue sent to clients."},
+    {"lynx_mqueue_dropped_total", "counter",
+     "Drops attributed to this mqueue, by reason."},
+};
+
+/* One sample of family fam per reason (or event): the label *lab, one of
+ * l's, is named key and takes each of names[] in turn. */
+static void per_reason(FILE *f, int fam, struct lynx_prom_label *l,
+                       struct lynx_prom_label *lab, const char *key,
+                       const char *const *names, const uint64_t *v, int n) {
+  lab->name = key;
+  for (int r = 0; r < n; r++) {
+    lab->value = names[r];
+    lynx_prom_u64(f, fams[fam].name, l, v[r]);
+  }
+}
+
 struct mq_pass {
   const struct frontend *fe;
-  FILE *disp, *resp, *drop;
+  FILE **out; /* the per-mqueue families' buffers, F_MQ_FIRST on */
   uint64_t dispatched, responded, qdrops[FE_QDROP_MAX];
 };
 
@@ -40,124 +88,93 @@ static void mq_line(void *arg, const struct fe_worker *w,
       {"accel", acc}, {"mqueue", q}, {"worker", wid}, {NULL, NULL}, /* reason */
       {NULL, NULL}};
   uint64_t d = lynx_cnt_get(&mq->dispatched), r = lynx_cnt_get(&mq->responded);
+  uint64_t v[FE_QDROP_MAX];
   snprintf(inst, sizeof(inst), "%llu", (unsigned long long)c->acc.instance_id);
   snprintf(acc, sizeof(acc), "%u", c->acc.desc.accel_id);
   snprintf(q, sizeof(q), "%u", mq->q);
   snprintf(wid, sizeof(wid), "%u", w->id);
   p->dispatched += d;
   p->responded += r;
-  lynx_prom_u64(p->disp, "lynx_mqueue_dispatched_total", l, d);
-  lynx_prom_u64(p->resp, "lynx_mqueue_responded_total", l, r);
-  l[6].name = "reason";
+  lynx_prom_u64(p->out[F_MQ_DISPATCHED - F_MQ_FIRST],
+                fams[F_MQ_DISPATCHED].name, l, d);
+  lynx_prom_u64(p->out[F_MQ_RESPONDED - F_MQ_FIRST], fams[F_MQ_RESPONDED].name,
+                l, r);
   for (int k = 0; k < FE_QDROP_MAX; k++) {
-    uint64_t v = lynx_cnt_get(&mq->drops[k]);
-    p->qdrops[k] += v;
-    l[6].value = fe_qdrop_names[k];
-    lynx_prom_u64(p->drop, "lynx_mqueue_dropped_total", l, v);
+    v[k] = lynx_cnt_get(&mq->drops[k]);
+    p->qdrops[k] += v[k];
   }
+  per_reason(p->out[F_MQ_DROPPED - F_MQ_FIRST], F_MQ_DROPPED, l, &l[6],
+             "reason", fe_qdrop_names, v, FE_QDROP_MAX);
+}
+
+/* One service's samples; its per-mqueue ones into out[]. */
+static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
+  struct mq_pass p;
+  uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
+  struct lynx_prom_label l[] = {{"service", fe->service},
+                                {NULL, NULL}, /* event or reason */
+                                {NULL, NULL}};
+  memset(&p, 0, sizeof(p));
+  p.fe = fe;
+  p.out = out;
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
+    const struct fe_worker *w = &fe->w[i];
+    rcv += lynx_cnt_get(&w->received);
+    moves += lynx_cnt_get(&w->flow_moves);
+    for (int r = 0; r < FE_TCPEV_MAX; r++)
+      tev[r] += lynx_cnt_get(&w->tcp[r]);
+    for (int r = 0; r < FE_WDROP_MAX; r++)
+      wd[r] += lynx_cnt_get(&w->drops[r]);
+    p.dispatched += lynx_cnt_get(&w->retired_dispatched);
+    p.responded += lynx_cnt_get(&w->retired_responded);
+    for (int r = 0; r < FE_QDROP_MAX; r++)
+      p.qdrops[r] += lynx_cnt_get(&w->retired_drops[r]);
+  }
+  fe_foreach_mq(fe, mq_line, &p);
+  lynx_prom_u64(f, fams[F_RECEIVED].name, l, rcv);
+  lynx_prom_u64(f, fams[F_FLOW_MOVES].name, l, moves);
+  if (fe->proto == FE_PROTO_TCP) {
+    uint64_t gone = 0;
+    per_reason(f, F_TCP_CONNS, l, &l[1], "event", fe_tcpev_names, tev,
+               FE_TCPEV_MAX);
+    for (int r = 0; r < FE_TCPEV_MAX; r++)
+      if (r != FE_TCP_ACCEPTED)
+        gone += tev[r];
+    l[1].name = NULL;
+    lynx_prom_u64(f, fams[F_TCP_CLIENTS].name, l, tev[FE_TCP_ACCEPTED] - gone);
+  }
+  lynx_prom_u64(f, fams[F_DISPATCHED].name, l, p.dispatched);
+  lynx_prom_u64(f, fams[F_RESPONDED].name, l, p.responded);
+  per_reason(f, F_DROPPED, l, &l[1], "reason", fe_wdrop_names, wd,
+             FE_WDROP_MAX);
+  per_reason(f, F_DROPPED, l, &l[1], "reason", fe_qdrop_names, p.qdrops,
+             FE_QDROP_MAX);
 }
 
 static void write_metrics(FILE *f, struct metrics_ctx *m) {
-  char *bd = NULL, *br = NULL, *bq = NULL;
-  size_t ld = 0, lr = 0, lq = 0;
-  FILE *fd = open_memstream(&bd, &ld), *fr = open_memstream(&br, &lr),
-       *fq = open_memstream(&bq, &lq);
-  if (!fd || !fr || !fq)
-    goto out;
+  FILE *out[F_MQ_MAX] = {NULL};
+  char *buf[F_MQ_MAX] = {NULL};
+  size_t len[F_MQ_MAX] = {0};
+  for (int k = 0; k < F_MQ_MAX; k++)
+    if (!(out[k] = open_memstream(&buf[k], &len[k])))
+      goto out;
   /* every family's header first (the order operators' scrapes have),
    * then each service's samples */
-  lynx_prom_family(f, "lynx_frontend_received_total", "counter",
-                   "Datagrams received.");
-  lynx_prom_family(f, "lynx_frontend_dispatched_total", "counter",
-                   "Requests written to an mqueue.");
-  lynx_prom_family(f, "lynx_frontend_responded_total", "counter",
-                   "Responses sent to clients.");
-  lynx_prom_family(f, "lynx_frontend_dropped_total", "counter",
-                   "Requests or responses dropped, by reason.");
-  lynx_prom_family(f, "lynx_frontend_tcp_connections_total", "counter",
-                   "TCP service connections: accepted, and closed by reason.");
-  lynx_prom_family(f, "lynx_frontend_tcp_clients", "gauge",
-                   "TCP service connections open now.");
-  lynx_prom_family(f, "lynx_frontend_flow_moves_total", "counter",
-                   "Requests of a client flow sent to another mqueue while "
-                   "earlier ones were in flight (its mqueue was full or left "
-                   "dispatch): answers may be reordered.");
-  lynx_prom_family(fd, "lynx_mqueue_dispatched_total", "counter",
-                   "Requests written to this mqueue.");
-  lynx_prom_family(fr, "lynx_mqueue_responded_total", "counter",
-                   "Responses from this mqueue sent to clients.");
-  lynx_prom_family(fq, "lynx_mqueue_dropped_total", "counter",
-                   "Drops attributed to this mqueue, by reason.");
+  for (int k = 0; k < F_MAX; k++)
+    lynx_prom_family(k < F_MQ_FIRST ? f : out[k - F_MQ_FIRST], fams[k].name,
+                     fams[k].type, fams[k].help);
   pthread_mutex_lock(m->lock);
-  for (struct frontend *fe = *m->list; fe; fe = fe->next) {
-    struct mq_pass p;
-    uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
-    memset(&p, 0, sizeof(p));
-    p.fe = fe;
-    p.disp = fd;
-    p.resp = fr;
-    p.drop = fq;
-    for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
-      const struct fe_worker *w = &fe->w[i];
-      rcv += lynx_cnt_get(&w->received);
-      moves += lynx_cnt_get(&w->flow_moves);
-      for (int r = 0; r < FE_TCPEV_MAX; r++)
-        tev[r] += lynx_cnt_get(&w->tcp[r]);
-      for (int r = 0; r < FE_WDROP_MAX; r++)
-        wd[r] += lynx_cnt_get(&w->drops[r]);
-      p.dispatched += lynx_cnt_get(&w->retired_dispatched);
-      p.responded += lynx_cnt_get(&w->retired_responded);
-      for (int r = 0; r < FE_QDROP_MAX; r++)
-        p.qdrops[r] += lynx_cnt_get(&w->retired_drops[r]);
-    }
-    fe_foreach_mq(fe, mq_line, &p);
-    struct lynx_prom_label l[] = {{"service", fe->service},
-                                  {NULL, NULL}, /* event or reason */
-                                  {NULL, NULL}};
-    lynx_prom_u64(f, "lynx_frontend_received_total", l, rcv);
-    lynx_prom_u64(f, "lynx_frontend_flow_moves_total", l, moves);
-    if (fe->proto == FE_PROTO_TCP) {
-      uint64_t gone = 0;
-      l[1].name = "event";
-      for (int r = 0; r < FE_TCPEV_MAX; r++) {
-        l[1].value = fe_tcpev_names[r];
-        lynx_prom_u64(f, "lynx_frontend_tcp_connections_total", l, tev[r]);
-        if (r != FE_TCP_ACCEPTED)
-          gone += tev[r];
-      }
-      l[1].name = NULL;
-      lynx_prom_u64(f, "lynx_frontend_tcp_clients", l,
-                    tev[FE_TCP_ACCEPTED] - gone);
-    }
-    lynx_prom_u64(f, "lynx_frontend_dispatched_total", l, p.dispatched);
-    lynx_prom_u64(f, "lynx_frontend_responded_total", l, p.responded);
-    l[1].name = "reason";
-    for (int r = 0; r < FE_WDROP_MAX; r++) {
-      l[1].value = fe_wdrop_names[r];
-      lynx_prom_u64(f, "lynx_frontend_dropped_total", l, wd[r]);
-    }
-    for (int r = 0; r < FE_QDROP_MAX; r++) {
-      l[1].value = fe_qdrop_names[r];
-      lynx_prom_u64(f, "lynx_frontend_dropped_total", l, p.qdrops[r]);
-    }
-  }
+  for (struct frontend *fe = *m->list; fe; fe = fe->next)
+    service_lines(f, out, fe);
   pthread_mutex_unlock(m->lock);
 out:
-  if (fd)
-    fclose(fd);
-  if (fr)
-    fclose(fr);
-  if (fq)
-    fclose(fq);
-  if (bd)
-    fwrite(bd, 1, ld, f);
-  if (br)
-    fwrite(br, 1, lr, f);
-  if (bq)
-    fwrite(bq, 1, lq, f);
-  free(bd);
-  free(br);
-  free(bq);
+  for (int k = 0; k < F_MQ_MAX; k++) {
+    if (out[k])
+      fclose(out[k]);
+    if (buf[k])
+      fwrite(buf[k], 1, len[k], f);
+    free(buf[k]);
+  }
 }
 
 static void write_cb(FILE *f, void *arg) { write_metrics(f, arg); }

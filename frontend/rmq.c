@@ -180,6 +180,30 @@ static void bad_index(struct fe_mq *mq, const char *which, uint32_t v) {
               v, mq->dq.rx_cons, mq->dq.rx_prod, mq->tx_cons);
 }
 
+/* Posts the reads of mq's (the i-th of c) next n TX slots into its stage:
+ * one read, or two where the slots wrap around the ring's end. 0, or
+ * -ENOBUFS when the transport has no room for more reads in flight (what
+ * was not posted, beyond mq->tx_staged, is read next cycle), or another
+ * error. */
+static int post_slot_reads(struct fe_conn *c, struct fe_mq *mq, uint32_t i,
+                           uint32_t n) {
+  const struct lynx_geom *g = &c->acc.g;
+  uint64_t ring = lynx_tx_ring_off(g, mq->q);
+  for (uint32_t done = 0; done < n;) {
+    uint32_t at = (mq->tx_cons + done) & (g->slots - 1);
+    uint32_t k = g->slots - at < n - done ? g->slots - at : n - done;
+    int rc = c->tc->ops->read(c->tc, ring + (uint64_t)at * g->slot_size,
+                              mq->stage + (size_t)done * g->slot_size,
+                              (size_t)k * g->slot_size, WR_SLOT | i);
+    if (rc)
+      return rc;
+    c->reads_pending++;
+    done += k;
+    mq->tx_staged = done;
+  }
+  return 0;
+}
+
 /* The actrl array arrived: refresh flow control, post reads of new TX
  * slots. */
 static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
@@ -189,8 +213,7 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
     struct lynx_actrl a = c->snap[mq->q];
-    uint32_t avail, n, first, n1;
-    uint64_t ring = lynx_tx_ring_off(g, mq->q);
+    uint32_t avail;
     /* rx_cons may only move forward within what we produced; a bad value
      * is ignored (flow control keeps the last good one) */
     if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons)
@@ -204,29 +227,12 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
       bad_index(mq, "tx_prod", a.tx_prod);
       continue;
     }
-    n = avail < mq->stage_slots ? avail : mq->stage_slots;
-    first = mq->tx_cons & (g->slots - 1);
-    n1 = g->slots - first < n ? g->slots - first : n;
-    /* -ENOBUFS: the transport has no room for more reads in flight; what
-     * was not posted is read next cycle */
-    rc = tc->ops->read(tc, ring + (uint64_t)first * g->slot_size, mq->stage,
-                       (size_t)n1 * g->slot_size, WR_SLOT | i);
+    rc = post_slot_reads(c, mq, i,
+                         avail < mq->stage_slots ? avail : mq->stage_slots);
     if (rc == -ENOBUFS)
       break;
     if (rc)
       return rc;
-    c->reads_pending++;
-    mq->tx_staged = n1;
-    if (n > n1) {
-      rc = tc->ops->read(tc, ring, mq->stage + (size_t)n1 * g->slot_size,
-                         (size_t)(n - n1) * g->slot_size, WR_SLOT | i);
-      if (rc == -ENOBUFS)
-        break;
-      if (rc)
-        return rc;
-      c->reads_pending++;
-      mq->tx_staged = n;
-    }
   }
   c->state = c->reads_pending ? FE_CONN_SLOTS : FE_CONN_IDLE;
   rc = c->reads_pending ? tc->ops->flush(tc) : 0;

@@ -29,7 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "options.h"
+#include "tool_common.h"
 
 #define USAGE                                                                  \
   "usage: lynx-apibench [--count N] [--warmup W] [--interval-ms I] URL...\n"
@@ -99,8 +99,7 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   struct cfg cfg;
-  struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_USAGE_ONLY,
-                                NULL, 0, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL, NULL, 0, 0, 0};
   long count, warmup, interval_ms;
   double *tot, *ttfb;
   CURL *h;
@@ -112,12 +111,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   scan.rest = urls;
-  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (rc || scan.help || scan.n_rest == 0) {
-    if (!scan.help)
-      fprintf(stderr, USAGE);
+  rc = tool_opts(opts, &cfg, argc, argv, USAGE, &scan);
+  if (rc < 0 && scan.n_rest == 0)
+    rc = tool_usage(USAGE); /* no URL */
+  if (rc >= 0) {
     free(urls);
-    return scan.help ? 0 : 2;
+    return rc;
   }
   count = cfg.count;
   warmup = cfg.warmup;

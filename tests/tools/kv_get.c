@@ -24,13 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "options.h"
+#include "tool_common.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return (double)lynx_now_ns() / 1e6; }
 
 #define USAGE "usage: lynx-kv-get --target HOST:PORT [--timeout-ms T] KEY...\n"
 
@@ -50,31 +46,24 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   struct cfg cfg = {NULL, 0};
-  struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_USAGE_ONLY,
-                                NULL, 0, 0, 0};
-  char host[64] = "", **keys;
-  unsigned port = 0;
+  struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL, NULL, 0, 0, 0};
+  char **keys;
   int timeout, rc, fd;
-  struct sockaddr_in sa = {.sin_family = AF_INET};
+  struct sockaddr_in sa;
   static uint8_t buf[65536];
   keys = calloc((size_t)argc, sizeof(*keys));
   if (!keys)
     return 2;
   scan.rest = keys;
-  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (scan.help)
-    return 0;
-  if (rc < 0 || !cfg.target ||
-      sscanf(cfg.target, "%63[^:]:%u", host, &port) != 2) {
-    fprintf(stderr, USAGE);
-    return 2;
-  }
+  if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, &scan)) >= 0)
+    return rc;
+  /* not HOST:PORT is a usage error; a host or port that is no address
+   * fails quietly */
+  rc = tool_ipv4_target(cfg.target, &sa);
+  if (rc == -EINVAL)
+    return tool_usage(USAGE);
   timeout = (int)cfg.timeout_ms;
-  if (!port || inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-    return 2;
-  sa.sin_port = htons((uint16_t)port);
-  fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
+  if (rc || (fd = tool_udp_connect(&sa, 0)) < 0)
     return 2;
   for (int ki = 0; ki < scan.n_rest; ki++) {
     const char *key = keys[ki];

@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "options.h"
+#include "tool_common.h"
 
 struct slow {
   int fd;           /* -1 when closed (or never connected) */
@@ -49,19 +49,11 @@ struct slow {
   size_t sent;      /* bytes of the script sent so far */
 };
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 #define USAGE                                                                  \
   "usage: lynx-slowloris --port P [--host 127.0.0.1] [--source "               \
   "127.0.0.2] [--conns 300] [--interval-ms 1500] [--duration-ms "              \
   "60000] [--long-ms 1000] [--mode header|body] [--path /healthz] "            \
   "[--header 'Name: value'] [--content-length 60000]\n"
-
-static void usage(void) { fputs(USAGE, stderr); }
 
 struct cfg {
   char *host, *source, *mode, *path, *extra;
@@ -96,9 +88,6 @@ static char script_byte(const char *head, size_t head_len, size_t pos) {
 
 int main(int argc, char **argv) {
   static struct cfg cfg; /* its strings live as long as the process */
-  const char *host, *source, *mode, *path, *extra;
-  unsigned port, conns, interval_ms;
-  uint64_t duration_ms, long_ms, content_length;
   struct sockaddr_in dst, src;
   struct slow *c;
   struct pollfd *pfd;
@@ -106,57 +95,34 @@ int main(int argc, char **argv) {
   size_t head_len;
   unsigned connected = 0, closed = 0, n_short = 0, n_long = 0, open_now;
   uint64_t bytes = 0, t_end, next_send;
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   int rc;
 
-  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (scan.help)
-    return 0;
-  if (rc) {
-    usage();
-    return 2;
-  }
-  host = cfg.host;
-  source = cfg.source;
-  mode = cfg.mode;
-  path = cfg.path;
-  extra = cfg.extra;
-  port = cfg.port;
-  conns = cfg.conns;
-  interval_ms = cfg.interval_ms;
-  duration_ms = cfg.duration_ms;
-  long_ms = cfg.long_ms;
-  content_length = cfg.content_length;
-  memset(&dst, 0, sizeof(dst));
-  memset(&src, 0, sizeof(src));
-  dst.sin_family = src.sin_family = AF_INET;
-  dst.sin_port = htons((uint16_t)port);
-  if (!port || port > 65535 || !conns || !interval_ms ||
-      inet_pton(AF_INET, host, &dst.sin_addr) != 1 ||
-      inet_pton(AF_INET, source, &src.sin_addr) != 1 ||
-      (strcmp(mode, "header") && strcmp(mode, "body")) ||
-      (extra && strlen(extra) > sizeof(hx) - 3)) {
-    usage();
-    return 2;
-  }
-  if (extra)
-    snprintf(hx, sizeof(hx), "%s\r\n", extra);
-  if (!strcmp(mode, "header"))
+  if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL)) >= 0)
+    return rc;
+  if (!cfg.port || !cfg.conns || !cfg.interval_ms ||
+      tool_ipv4(cfg.host, cfg.port, &dst) || tool_ipv4(cfg.source, 0, &src) ||
+      (strcmp(cfg.mode, "header") && strcmp(cfg.mode, "body")) ||
+      (cfg.extra && strlen(cfg.extra) > sizeof(hx) - 3))
+    return tool_usage(USAGE);
+  if (cfg.extra)
+    snprintf(hx, sizeof(hx), "%s\r\n", cfg.extra);
+  if (!strcmp(cfg.mode, "header"))
     snprintf(head, sizeof(head),
-             "GET %s HTTP/1.1\r\nHost: %s\r\n%sX-Slow: ", path, host, hx);
+             "GET %s HTTP/1.1\r\nHost: %s\r\n%sX-Slow: ", cfg.path, cfg.host,
+             hx);
   else
     snprintf(head, sizeof(head),
              "POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: "
              "application/json\r\nContent-Length: %llu\r\n\r\n",
-             path, host, hx, (unsigned long long)content_length);
+             cfg.path, cfg.host, hx, (unsigned long long)cfg.content_length);
   head_len = strlen(head);
-  c = calloc(conns, sizeof(*c));
-  pfd = calloc(conns, sizeof(*pfd));
+  c = calloc(cfg.conns, sizeof(*c));
+  pfd = calloc(cfg.conns, sizeof(*pfd));
   if (!c || !pfd) {
     fprintf(stderr, "slowloris: out of memory\n");
     return 2;
   }
-  for (unsigned i = 0; i < conns; i++) {
+  for (unsigned i = 0; i < cfg.conns; i++) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     c[i].fd = -1;
     if (fd < 0) {
@@ -164,7 +130,7 @@ int main(int argc, char **argv) {
       return 2;
     }
     if (bind(fd, (struct sockaddr *)&src, sizeof(src))) {
-      fprintf(stderr, "slowloris: bind %s: %s\n", source, strerror(errno));
+      fprintf(stderr, "slowloris: bind %s: %s\n", cfg.source, strerror(errno));
       return 2;
     }
     if (connect(fd, (struct sockaddr *)&dst, sizeof(dst))) {
@@ -173,30 +139,30 @@ int main(int argc, char **argv) {
       continue;
     }
     c[i].fd = fd;
-    c[i].open_ms = now_ms();
+    c[i].open_ms = tool_now_ms();
     connected++;
   }
   printf("slowloris: ready conns=%u connected=%u\n", connected, connected);
   fflush(stdout);
 
-  t_end = now_ms() + duration_ms;
-  next_send = now_ms(); /* the first byte at once */
+  t_end = tool_now_ms() + cfg.duration_ms;
+  next_send = tool_now_ms(); /* the first byte at once */
   for (;;) {
-    uint64_t now = now_ms();
+    uint64_t now = tool_now_ms();
     unsigned n = 0;
     int timeout;
     open_now = connected - closed;
     if (open_now == 0 || now >= t_end)
       break;
     if (now >= next_send) {
-      for (unsigned i = 0; i < conns; i++) {
+      for (unsigned i = 0; i < cfg.conns; i++) {
         char b;
         if (c[i].fd < 0)
           continue;
         b = script_byte(head, head_len, c[i].sent);
-        /* in body mode the header block goes out whole, then the body
+        /* in body cfg.mode the header block goes out whole, then the body
          * byte by byte */
-        if (!strcmp(mode, "body") && c[i].sent == 0) {
+        if (!strcmp(cfg.mode, "body") && c[i].sent == 0) {
           ssize_t k = send(c[i].fd, head, head_len, MSG_NOSIGNAL);
           if (k > 0) {
             c[i].sent += (size_t)k;
@@ -209,9 +175,9 @@ int main(int argc, char **argv) {
           bytes++;
         } /* a failed send shows as a close below */
       }
-      next_send = now + interval_ms;
+      next_send = now + cfg.interval_ms;
     }
-    for (unsigned i = 0; i < conns; i++) {
+    for (unsigned i = 0; i < cfg.conns; i++) {
       if (c[i].fd < 0)
         continue;
       pfd[n].fd = c[i].fd;
@@ -224,8 +190,8 @@ int main(int argc, char **argv) {
       fprintf(stderr, "slowloris: poll: %s\n", strerror(errno));
       return 2;
     }
-    now = now_ms();
-    for (unsigned i = 0, k = 0; i < conns; i++) {
+    now = tool_now_ms();
+    for (unsigned i = 0, k = 0; i < cfg.conns; i++) {
       char buf[4096];
       ssize_t r;
       if (c[i].fd < 0)
@@ -238,7 +204,7 @@ int main(int argc, char **argv) {
       close(c[i].fd);
       c[i].fd = -1;
       closed++;
-      if (now - c[i].open_ms >= long_ms)
+      if (now - c[i].open_ms >= cfg.long_ms)
         n_long++;
       else
         n_short++;
@@ -247,9 +213,9 @@ int main(int argc, char **argv) {
   open_now = connected - closed;
   printf("slowloris: conns=%u connected=%u closed=%u open=%u short=%u "
          "long=%u bytes=%llu\n",
-         conns, connected, closed, open_now, n_short, n_long,
+         cfg.conns, connected, closed, open_now, n_short, n_long,
          (unsigned long long)bytes);
-  for (unsigned i = 0; i < conns; i++)
+  for (unsigned i = 0; i < cfg.conns; i++)
     if (c[i].fd >= 0)
       close(c[i].fd);
   free(c);

@@ -40,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "options.h"
+#include "tool_common.h"
 
 enum mode { M_ECHO, M_DISCONNECT, M_GARBAGE, M_OVERSIZE, M_SLOW };
 
@@ -52,19 +52,8 @@ struct conn {
   int done, closed_by_server;
 };
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* splitmix64: message k of connection c, reproducible on both ends. */
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+/* splitmix64 of x: message k of connection c, reproducible on both ends. */
+static uint64_t mix(uint64_t x) { return tool_splitmix(&x); }
 
 static uint32_t msg_len(uint64_t seed, uint32_t c, uint32_t k, uint32_t max,
                         uint32_t fixed) {
@@ -126,11 +115,6 @@ static uint64_t fill_window(struct conn *c, uint32_t i, uint8_t *buf,
   "[--framing len32|fixed:N] [--seed S] [--timeout-ms T] "                     \
   "[--mode echo|disconnect|garbage|oversize]\n"
 
-static int usage(void) {
-  fputs(USAGE, stderr);
-  return 2;
-}
-
 /* The command line; messages, window, size_max and seed are the globals
  * above once parsed. */
 struct cfg {
@@ -160,13 +144,10 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   static struct cfg cfg; /* its strings live as long as the process */
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
-  char host[64] = "";
-  unsigned port = 0;
   uint32_t n_conns;
   uint64_t timeout, start, deadline;
   enum mode mode;
-  struct sockaddr_in sa = {.sin_family = AF_INET};
+  struct sockaddr_in sa;
   struct conn *cs;
   uint64_t sent = 0, answered = 0, mismatched = 0, closed = 0, errors = 0,
            connected = 0;
@@ -174,17 +155,14 @@ int main(int argc, char **argv) {
   int ep, ok, rc;
   struct rlimit rl;
 
-  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (scan.help)
-    return 0;
-  if (rc)
-    return usage();
-  if (!cfg.target || sscanf(cfg.target, "%63[^:]:%u", host, &port) != 2)
-    return usage();
+  if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL)) >= 0)
+    return rc;
+  if (tool_ipv4_target(cfg.target, &sa))
+    return tool_usage(USAGE);
   if (!strncmp(cfg.framing, "fixed:", 6))
     fixed = (uint32_t)strtoul(cfg.framing + 6, NULL, 0);
   else if (strcmp(cfg.framing, "len32"))
-    return usage();
+    return tool_usage(USAGE);
   n_conns = cfg.conns;
   messages = cfg.messages;
   window = cfg.window;
@@ -192,10 +170,8 @@ int main(int argc, char **argv) {
   seed = cfg.seed;
   timeout = cfg.timeout_ms;
   mode = (enum mode)cfg.mode;
-  if (!port || inet_pton(AF_INET, host, &sa.sin_addr) != 1 || !n_conns ||
-      !window || size_max > (64u << 20))
-    return usage();
-  sa.sin_port = htons((uint16_t)port);
+  if (!n_conns || !window || size_max > (64u << 20))
+    return tool_usage(USAGE);
   /* thousands of connections: lift the soft descriptor limit */
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
@@ -207,7 +183,7 @@ int main(int argc, char **argv) {
   if (!cs || !buf || ep < 0)
     return 2;
 
-  start = now_ms();
+  start = tool_now_ms();
   deadline = start + timeout;
   for (uint32_t i = 0; i < n_conns; i++) {
     struct conn *c = &cs[i];
@@ -280,7 +256,7 @@ int main(int argc, char **argv) {
     int n;
     for (uint32_t i = 0; i < n_conns; i++)
       live += !cs[i].done;
-    if (!live || now_ms() >= deadline)
+    if (!live || tool_now_ms() >= deadline)
       break;
     n = epoll_wait(ep, evs, 256, 100);
     for (int e = 0; e < n; e++) {
@@ -351,7 +327,7 @@ int main(int argc, char **argv) {
     }
   }
   {
-    uint64_t el = now_ms() - start;
+    uint64_t el = tool_now_ms() - start;
     uint64_t timeouts = 0;
     for (uint32_t i = 0; i < n_conns; i++)
       if (!cs[i].done) {

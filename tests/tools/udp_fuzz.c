@@ -47,7 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "options.h"
+#include "tool_common.h"
 
 #define UDP_MAX 65507u
 #define HDR 14u
@@ -64,42 +64,19 @@ struct dgram {
   int got;       /* replies received */
 };
 
+/* The command line (opts below). */
 struct cfg {
-  const char *host;
-  int port;
-  uint32_t count, cap, burst, burst_wait_ms, gap_us, drain_ms, max_size;
-  uint64_t seed;
+  char *host;
+  uint32_t port, count, seed, cap, max_size, burst, burst_wait_ms, gap_us,
+      drain_ms;
   int verbose;
 };
 
-/* splitmix64: small, fast, reproducible everywhere */
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return tool_splitmix(&rng_state); }
 static uint32_t rnd_below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
 static uint32_t rnd_range(uint32_t lo, uint32_t hi) { /* inclusive */
   return lo + rnd_below(hi - lo + 1);
-}
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void put_be64(uint8_t *p, uint64_t v) {
-  for (int i = 7; i >= 0; i--, v >>= 8)
-    p[i] = (uint8_t)v;
-}
-static uint64_t get_be64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v = v << 8 | p[i];
-  return v;
 }
 
 /* ---- seq -> datagram index (open addressing, expected datagrams only) */
@@ -179,13 +156,7 @@ static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
       flags |= F_CLIENT;
     if (rnd_below(4) == 0)
       flags |= 0x4u; /* sockperf's warm-up bit, sometimes */
-    put_be64(hdr, seq);
-    hdr[8] = (uint8_t)(flags >> 8);
-    hdr[9] = (uint8_t)flags;
-    hdr[10] = (uint8_t)(len >> 24);
-    hdr[11] = (uint8_t)(len >> 16);
-    hdr[12] = (uint8_t)(len >> 8);
-    hdr[13] = (uint8_t)len;
+    tool_sockperf_hdr(hdr, seq, flags, len);
     /* a datagram shorter than the header carries its first bytes only */
     memcpy(buf, hdr, len < HDR ? len : HDR);
   }
@@ -193,7 +164,7 @@ static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
   *expect = len >= HDR && len <= c->cap && (buf[9] & F_PONG);
   if (*expect) {
     /* the reply is matched by bytes 0..7: keep them unique */
-    while (ht_find(get_be64(buf)) >= 0)
+    while (ht_find(tool_get_be64(buf)) >= 0)
       buf[0] ^= 0x80, buf[7] += 1;
   }
   return len;
@@ -235,11 +206,13 @@ static void check_reply(struct dgram *d, const uint8_t *buf, ssize_t n,
     report(st, "reply of %zd bytes cannot carry a seq", n);
     return;
   }
-  idx = ht_find(get_be64(buf));
+  idx = ht_find(tool_get_be64(buf));
   if (idx < 0) {
     st->unexpected++;
-    report(st, "reply of %zd bytes with seq 0x%016llx matches no request that "
-               "expects one", n, (unsigned long long)get_be64(buf));
+    report(st,
+           "reply of %zd bytes with seq 0x%016llx matches no request that "
+           "expects one",
+           n, (unsigned long long)tool_get_be64(buf));
     return;
   }
   q = &d[idx];
@@ -275,7 +248,7 @@ static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
                   uint32_t want, uint64_t deadline, int linger) {
   for (;;) {
     struct pollfd p = {fd, POLLIN, 0};
-    uint64_t now = now_ms();
+    uint64_t now = tool_now_ms();
     int rc;
     ssize_t n;
     if (now >= deadline || (!linger && st->received >= want))
@@ -305,17 +278,7 @@ static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
   "  --drain-ms N         wait this long for the last replies [2000]\n"        \
   "  --verbose            progress on stderr\n"
 
-static void usage(FILE *f) { fputs(USAGE, f); }
-
-/* The command line, copied into struct cfg once parsed. */
-struct opts {
-  char *host;
-  uint32_t port, count, seed, cap, max_size, burst, burst_wait_ms, gap_us,
-      drain_ms;
-  int verbose;
-};
-
-#define O(f) offsetof(struct opts, f)
+#define O(f) offsetof(struct cfg, f)
 static const struct lynx_opt opts[] = {
     {"host", LYNX_OPT_STR, O(host), "127.0.0.1", 0, 0, NULL, ""},
     {"port", LYNX_OPT_U32, O(port), NULL, 1, 65535, NULL, ""},
@@ -334,47 +297,17 @@ static const struct lynx_opt opts[] = {
 #undef O
 
 int main(int argc, char **argv) {
-  static struct opts o; /* its strings live as long as the process */
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
-  struct cfg c;
-  struct sockaddr_in sa;
+  static struct cfg c; /* its strings live as long as the process */
   struct stats st;
   struct dgram *d;
   uint8_t *sbuf, *rbuf;
   int fd, rc, sz = 4 << 20;
   uint64_t t0;
 
-  rc = lynx_opts_scan(opts, &o, argc, argv, USAGE, &scan);
-  if (scan.help)
-    return 0;
-  if (rc < 0 || o.port == 0) {
-    usage(stderr);
-    return 2;
-  }
-  c.host = o.host;
-  c.port = (int)o.port;
-  c.count = o.count;
-  c.cap = o.cap;
-  c.burst = o.burst;
-  c.burst_wait_ms = o.burst_wait_ms;
-  c.gap_us = o.gap_us;
-  c.drain_ms = o.drain_ms;
-  c.max_size = o.max_size;
-  c.seed = o.seed;
-  c.verbose = o.verbose;
-  memset(&sa, 0, sizeof(sa));
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)c.port);
-  if (inet_pton(AF_INET, c.host, &sa.sin_addr) != 1) {
-    fprintf(stderr, "lynx-udp-fuzz: --host %s is not an IPv4 address\n",
-            c.host);
-    return 2;
-  }
-  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-    perror("lynx-udp-fuzz: socket");
-    return 1;
-  }
+  if ((rc = tool_opts(opts, &c, argc, argv, USAGE, NULL)) >= 0 ||
+      (rc = tool_udp_open("lynx-udp-fuzz", USAGE, c.host, c.port, SOCK_CLOEXEC,
+                          "--host %s is not an IPv4 address\n", 1, &fd)) >= 0)
+    return rc;
   /* deep buffers (FORCE works as root, the plain one up to rmem_max) */
   if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) != 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
@@ -390,7 +323,7 @@ int main(int argc, char **argv) {
   }
   memset(&st, 0, sizeof(st));
   rng_state = c.seed;
-  t0 = now_ms();
+  t0 = tool_now_ms();
 
   for (uint32_t i = 0; i < c.count;) {
     /* the pacing target: this burst's replies on top of those received so
@@ -409,7 +342,7 @@ int main(int argc, char **argv) {
           return 1;
         }
         memcpy(d[i].data, sbuf, len);
-        ht_put(get_be64(sbuf), i);
+        ht_put(tool_get_be64(sbuf), i);
       }
       do
         n = send(fd, sbuf, len, 0);
@@ -435,7 +368,7 @@ int main(int argc, char **argv) {
       burst_bytes += len;
     }
     /* the burst's replies (and any late ones), then a breather */
-    drain(fd, d, rbuf, &st, want, now_ms() + c.burst_wait_ms, 0);
+    drain(fd, d, rbuf, &st, want, tool_now_ms() + c.burst_wait_ms, 0);
     if (c.gap_us)
       usleep(c.gap_us);
     if (c.verbose && (i % 1024) < c.burst)
@@ -443,9 +376,9 @@ int main(int argc, char **argv) {
               st.received, st.expected);
   }
   /* all expected replies, then linger a little for strays and duplicates */
-  drain(fd, d, rbuf, &st, st.expected, now_ms() + c.drain_ms, 0);
+  drain(fd, d, rbuf, &st, st.expected, tool_now_ms() + c.drain_ms, 0);
   drain(fd, d, rbuf, &st, st.expected,
-        now_ms() + (c.drain_ms < 300 ? c.drain_ms : 300), 1);
+        tool_now_ms() + (c.drain_ms < 300 ? c.drain_ms : 300), 1);
 
   for (uint32_t i = 0, shown = 0; i < c.count && shown < REPORT_MAX; i++)
     if (d[i].expect && !d[i].got) {
@@ -453,15 +386,16 @@ int main(int argc, char **argv) {
                       "0x%02x%02x)\n", i, d[i].len, d[i].data[8], d[i].data[9]);
       shown++;
     }
-  printf("udp_fuzz: sent=%u oversize=%u expected_replies=%u "
-         "received_replies=%u empty=%u mismatched=%u unexpected=%u duplicates=%u "
-         "send_errors=%u bytes_sent=%llu bytes_received=%llu seed=%llu "
-         "cap=%u elapsed_ms=%llu\n",
-         st.sent, st.oversize, st.expected, st.received, st.empty, st.mismatched,
-         st.unexpected, st.duplicates, st.send_errors,
-         (unsigned long long)st.bytes_sent,
-         (unsigned long long)st.bytes_received, (unsigned long long)c.seed,
-         c.cap, (unsigned long long)(now_ms() - t0));
+  printf(
+      "udp_fuzz: sent=%u oversize=%u expected_replies=%u "
+      "received_replies=%u empty=%u mismatched=%u unexpected=%u duplicates=%u "
+      "send_errors=%u bytes_sent=%llu bytes_received=%llu seed=%llu "
+      "cap=%u elapsed_ms=%llu\n",
+      st.sent, st.oversize, st.expected, st.received, st.empty, st.mismatched,
+      st.unexpected, st.duplicates, st.send_errors,
+      (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
+      (unsigned long long)c.seed, c.cap,
+      (unsigned long long)(tool_now_ms() - t0));
   fflush(stdout);
   for (uint32_t i = 0; i < c.count; i++)
     free(d[i].data);

@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "options.h"
+#include "tool_common.h"
 
 #define HDR 14u
 #define F_CLIENT 0x1u
@@ -41,23 +41,9 @@ static uint64_t now_ns(clockid_t clk) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void put_be64(uint8_t *p, uint64_t v) {
-  for (int i = 7; i >= 0; i--, v >>= 8)
-    p[i] = (uint8_t)v;
-}
-
-static uint64_t get_be64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v = v << 8 | p[i];
-  return v;
-}
-
 #define USAGE                                                                  \
   "usage: lynx-udp-probe [--host 127.0.0.1] --port P [--size 64] "             \
   "[--interval-ms 5] [--timeout-ms 10000]\n"
-
-static void usage(void) { fputs(USAGE, stderr); }
 
 struct cfg {
   char *host;
@@ -78,42 +64,18 @@ static const struct lynx_opt opts[] = {
 
 int main(int argc, char **argv) {
   static struct cfg cfg; /* its strings live as long as the process */
-  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
-  const char *host;
-  long port, size, interval_ms, timeout_ms;
-  struct sockaddr_in sa;
   uint8_t buf[65536], rx[65536];
   uint64_t t0, deadline, next_send, seq = 0;
   int fd, rc;
 
-  rc = lynx_opts_scan(opts, &cfg, argc, argv, USAGE, &scan);
-  if (scan.help)
-    return 0;
-  if (rc < 0 || cfg.port == 0) {
-    usage();
-    return 2;
-  }
-  host = cfg.host;
-  port = cfg.port;
-  size = cfg.size;
-  interval_ms = cfg.interval_ms;
-  timeout_ms = cfg.timeout_ms;
-  memset(&sa, 0, sizeof(sa));
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-    fprintf(stderr, "lynx-udp-probe: --host: '%s' is not an IPv4 address\n",
-            host);
-    return 2;
-  }
-  fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-    perror("lynx-udp-probe: socket");
-    return 2;
-  }
+  if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL)) >= 0 ||
+      (rc = tool_udp_open(
+           "lynx-udp-probe", USAGE, cfg.host, cfg.port, SOCK_NONBLOCK,
+           "--host: '%s' is not an IPv4 address\n", 2, &fd)) >= 0)
+    return rc;
   memset(buf, 0, sizeof(buf));
   t0 = now_ns(CLOCK_MONOTONIC);
-  deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
+  deadline = t0 + (uint64_t)cfg.timeout_ms * 1000000ull;
   next_send = t0;
   for (;;) {
     uint64_t now = now_ns(CLOCK_MONOTONIC);
@@ -122,18 +84,14 @@ int main(int argc, char **argv) {
     if (now >= deadline)
       break;
     if (now >= next_send) {
-      uint16_t fl = htons(F_CLIENT | F_PONG);
-      uint32_t len = htonl((uint32_t)size);
       seq++;
-      put_be64(buf, SEQ_BASE | seq);
-      memcpy(buf + 8, &fl, 2);
-      memcpy(buf + 10, &len, 4);
+      tool_sockperf_hdr(buf, SEQ_BASE | seq, F_CLIENT | F_PONG, cfg.size);
       /* ECONNREFUSED from an earlier datagram (port not bound yet) or a
        * full buffer: try again at the next interval */
-      (void)!send(fd, buf, (size_t)size, 0);
-      next_send += (uint64_t)interval_ms * 1000000ull;
+      (void)!send(fd, buf, (size_t)cfg.size, 0);
+      next_send += (uint64_t)cfg.interval_ms * 1000000ull;
       if (next_send < now)
-        next_send = now + (uint64_t)interval_ms * 1000000ull;
+        next_send = now + (uint64_t)cfg.interval_ms * 1000000ull;
     }
     wait_ms = (int)((next_send - now + 999999) / 1000000);
     if (poll(&pfd, 1, wait_ms) <= 0)
@@ -149,7 +107,7 @@ int main(int argc, char **argv) {
       }
       if (n < (ssize_t)HDR)
         continue;
-      rseq = get_be64(rx);
+      rseq = tool_get_be64(rx);
       fl = (uint16_t)(rx[8] << 8 | rx[9]);
       if ((rseq & 0xffffffff00000000ull) != SEQ_BASE ||
           (rseq & 0xffffffffull) == 0 || (rseq & 0xffffffffull) > seq ||
