@@ -131,7 +131,7 @@ struct lynx_accel_ops {
 
 /* A backend's table from its functions, each named <prefix>_<member>: one
  * place maps members to functions, and a backend that lacks one does not
- * link (none is ever NULL). */
+ * compile (none is ever NULL). */
 #define LYNX_ACCEL_OPS(kind_, noun_, own_memory_, prefix)                      \
   {                                                                            \
     .kind = kind_, .noun = noun_, .own_memory = own_memory_,                   \

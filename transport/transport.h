@@ -168,7 +168,7 @@ struct lynx_transport_ops {
 
 /* A backend's table from its functions, each named <prefix>_<member>: one
  * place maps members to functions, and a backend that lacks one does not
- * link (none is ever NULL). */
+ * compile (none is ever NULL). */
 #define LYNX_TRANSPORT_OPS(nm, prefix)                                         \
   {                                                                            \
     .name = nm, .agent_create = prefix##_agent_create,                         \
