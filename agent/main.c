@@ -96,8 +96,7 @@ static const struct lynx_opt agent_opts[] = {
      "wildcard [default: this host's address on the control connection]"},
     {"ordering", LYNX_OPT_ENUM, O(ordering), "coalesced", 0, 0, orderings,
      "mqueue ordering mode advertised to frontends"},
-    {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
-     "largest accepted control frame, bytes"},
+    LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"data-conn-max", LYNX_OPT_U32, O(data_conn_max), "1024", 1, 1u << 20,
      NULL, "tcp: data connections open at once; more are closed at once"},
     {"data-unauth-max", LYNX_OPT_U32, O(data_unauth_max), "64", 1, 1u << 20,
@@ -115,8 +114,7 @@ static const struct lynx_opt agent_opts[] = {
      "host:port for Prometheus /metrics and /healthz [default: off]"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token peers must present"},
-    {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
-     "error, warn, info or debug"},
+    LYNX_OPT_LOG_LEVEL(O(log_level), "info"),
     LYNX_OPT_END,
 };
 #undef O

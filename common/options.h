@@ -43,6 +43,15 @@ struct lynx_opt {
 
 #define LYNX_OPT_END {NULL, 0, 0, NULL, 0, 0, NULL, NULL}
 
+/* Options the daemons (and the tools that speak their protocol) share,
+ * defined once: off is the field's offset in the caller's cfg. */
+#define LYNX_OPT_FRAME_MAX(off)                                                \
+  {"frame-max", LYNX_OPT_U32, off, "1048576", 64, 1u << 26, NULL,              \
+   "largest accepted control frame, bytes"}
+#define LYNX_OPT_LOG_LEVEL(off, dflt)                                          \
+  {"log-level", LYNX_OPT_STR, off, dflt, 0, 0, NULL,                           \
+   "error, warn, info or debug"}
+
 /*
  * Applies defaults, then argv. Returns 0, with *help set when --help (or
  * -h) was printed and the program should exit 0; -EINVAL after printing a

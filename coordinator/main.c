@@ -54,8 +54,7 @@ static const struct lynx_opt coord_opts[] = {
      "a drain stops the node's instances at the latest after this"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "cluster token; without one only loopback peers are accepted"},
-    {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
-     "largest accepted control frame, bytes"},
+    LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "4096", 1, 1u << 20,
      NULL, "control connections (agents, frontends) open at once; more are "
      "closed at once"},
@@ -81,8 +80,7 @@ static const struct lynx_opt coord_opts[] = {
      "refused"},
     {"region-max-mb", LYNX_OPT_U32, O(region_max_mb), "1024", 1, 1048576,
      NULL, "largest region a service may ask of each accelerator, MiB"},
-    {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
-     "error, warn, info or debug"},
+    LYNX_OPT_LOG_LEVEL(O(log_level), "info"),
     LYNX_OPT_END,
 };
 #undef O

@@ -76,12 +76,10 @@ static const struct lynx_opt fe_opts[] = {
      "UDP socket buffer size, KiB (0: system default)"},
     {"frontend-id", LYNX_OPT_STR, O(frontend_id), NULL, 0, 0, NULL,
      "name of this frontend [default: fe-<pid>]"},
-    {"frame-max", LYNX_OPT_U32, O(frame_max), "1048576", 64, 1u << 26, NULL,
-     "largest accepted control frame, bytes"},
+    LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token"},
-    {"log-level", LYNX_OPT_STR, O(log_level), "info", 0, 0, NULL,
-     "error, warn, info or debug"},
+    LYNX_OPT_LOG_LEVEL(O(log_level), "info"),
     LYNX_OPT_END,
 };
 #undef O

@@ -74,8 +74,7 @@ static const struct lynx_opt sim_opts[] = {
      "sending Leave"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token"},
-    {"log-level", LYNX_OPT_STR, O(log_level), "warn", 0, 0, NULL,
-     "error, warn, info or debug"},
+    LYNX_OPT_LOG_LEVEL(O(log_level), "warn"),
     LYNX_OPT_END,
 };
 #undef O
