@@ -8,7 +8,8 @@
 #     with nothing dropped, duplicated or out of order; the agent logged the
 #     GPU (name, PCI bus id, ordering mode) and the kernel launch.
 #  2. work_us emulation on the GPU (%globaltimer): with --work-us 200 the
-#     median latency grows by at least 200 us.
+#     median round trip grows by at least 200 us (sockperf --full-rtt:
+#     without it sockperf reports half the round trip).
 #  3. Coordinator mode, sockperf-fault on the GPU (--stall-ms 500): a
 #     "LYNX-HANG 4000" request holds the kernel's block; the accelerator is
 #     reported stalled and leaves dispatch, then returns when the block
@@ -25,7 +26,8 @@ case $probe in
 esac
 grep -q $'^0\tcuda\t' <<<"$probe" || fail "lynx-agent --list-accels: $probe"
 log "GPU: $(grep $'^0\tcuda\t' <<<"$probe")"
-# p50 OUT: sockperf's median latency (us, integer part)
+# p50 OUT: sockperf's median (us, integer part): the round trip where the
+# run had --full-rtt, else half of it
 p50() { sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/percentile 50.000/ {print int($NF)}'; }
 pick_ports AGENT_PORT UDP_PORT METRICS_PORT DATA_PORT
 
@@ -37,7 +39,7 @@ grep -q 'accel 0: GPU 0 ' "$AGENT_LOG" || fail "the agent did not describe GPU 0
 grep -q 'persistent kernel of' "$AGENT_LOG" || fail "no kernel launch logged"
 start_frontend
 out=$IT_DIR/pingpong.out
-run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2
+run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 --full-rtt
 check_sockperf "$out"
 P50_0=$(p50 "$out")
 timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
@@ -52,11 +54,11 @@ start_agent --cuda-accels 0 --cpu-accels 0 --transport tcp \
   --data-listen "127.0.0.1:$DATA_PORT" --app sockperf-echo --work-us 200
 start_frontend
 out=$IT_DIR/pingpong-work.out
-run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2
+run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 --full-rtt
 check_sockperf "$out"
 P50_W=$(p50 "$out")
-log "p50 without work ${P50_0} us, with 200 us of work ${P50_W} us"
-assert_ge "$P50_W" $((P50_0 + 200)) "p50 with --work-us 200 (us)"
+log "round trip p50 without work ${P50_0} us, with 200 us of work ${P50_W} us"
+assert_ge "$P50_W" $((P50_0 + 200)) "round-trip p50 with --work-us 200 (us)"
 stop_daemons
 
 # ---- 3. a hung block in coordinator mode ------------------------------------------
