@@ -29,10 +29,26 @@ struct lynx_region; /* transport.h */
 struct lynx_transport_ops; /* transport.h */
 struct lynx_transport_agent; /* transport.h */
 
+/* Where an accelerator with memory of its own keeps its mqueue regions
+ * (the agent's --region-mem; docs/gpu.md). */
+enum lynx_region_where {
+  LYNX_REGION_AUTO = 0,   /* host for shm and tcp, device for rdma */
+  LYNX_REGION_DEVICE = 1, /* its own memory: GPUDirect RDMA reaches it */
+  LYNX_REGION_HOST = 2,   /* pinned host memory mapped into it: a
+                                 frontend on the host (shm) or the tcp
+                                 agent reach it with plain loads/stores */
+};
+
 /* One accelerator as discovery found it; the agent keeps a copy. What it
  * registers with (AccelInfo) and prints for --list-accels. */
 struct lynx_accel_dev {
   const struct lynx_accel_ops *ops;
+  /* 1: start places the region in the accelerator's own memory (the
+   * transport's region_attach) and formats and exports it; 0: the caller
+   * allocates, formats and exports it in host memory (region_alloc) before
+   * start (which maps it where the accelerator needs), and frees it after
+   * stop, or when start fails */
+  int own_memory;
   int device;          /* the backend's own number (CUDA ordinal) */
   char model[64];      /* "cpu-emulated", or the GPU's name */
   char pci_bus_id[LYNX_PCI_ID_MAX]; /* "" for none */
@@ -44,7 +60,7 @@ struct lynx_accel_dev {
    * LYNX_ORDER_COALESCED (no demand: the agent's --ordering holds) */
   uint32_t ordering;
   char where[48];  /* how log lines name the device ("GPU 0, 0000:3b:00.0") */
-  char about[240]; /* the agent's startup line about it ("": none) */
+  char about[320]; /* the agent's startup line about it ("": none) */
 };
 
 /* What an instance runs, and where (the agent's view). */
@@ -82,20 +98,17 @@ struct lynx_accel_inst {
 struct lynx_accel_ops {
   const char *kind; /* "cpu", "cuda": AccelInfo.kind, RegionDesc.kind */
   const char *noun; /* "CPU", "GPU": the agent's startup line */
-  /* 1: start places the region in the accelerator's own memory (the
-   * transport's region_attach) and formats and exports it; 0: the caller
-   * allocates, formats and exports it in host memory (region_alloc) before
-   * start, and frees it when start fails */
-  int own_memory;
   /* The accelerators spec names (the backend's option: CPU a count, CUDA
    * "all" or ordinals), reached through transport tops: *out (free() it)
-   * of *n, in the order they are numbered. 0, or -errno with the reason in
+   * of *n, in the order they are numbered, their regions where mem says
+   * (a backend without memory of its own ignores it). 0, or -errno with
+   * the reason in
    * err: -EINVAL when the request itself cannot be served (bad spec, a
    * transport that cannot reach it), another -errno when the host lacks
    * what it names. */
   int (*discover)(const char *spec, const struct lynx_transport_ops *tops,
-                  struct lynx_accel_dev **out, uint32_t *n, char *err,
-                  size_t errlen);
+                  enum lynx_region_where mem, struct lynx_accel_dev **out,
+                  uint32_t *n, char *err, size_t errlen);
   /* 1 when an instance of app can start on this backend's accelerators
    * (the coordinator places nothing else; start refuses the others). */
   int (*runs_app)(const struct lynx_app *app);
@@ -132,9 +145,9 @@ struct lynx_accel_ops {
 /* A backend's table from its functions, each named <prefix>_<member>: one
  * place maps members to functions, and a backend that lacks one does not
  * compile (none is ever NULL). */
-#define LYNX_ACCEL_OPS(kind_, noun_, own_memory_, prefix)                      \
+#define LYNX_ACCEL_OPS(kind_, noun_, prefix)                                   \
   {                                                                            \
-    .kind = kind_, .noun = noun_, .own_memory = own_memory_,                   \
+    .kind = kind_, .noun = noun_,                                              \
     .discover = prefix##_discover, .runs_app = prefix##_runs_app,              \
     .start = prefix##_start, .fence = prefix##_fence,                          \
     .counters = prefix##_counters, .stop = prefix##_stop, .put = prefix##_put, \

@@ -245,8 +245,8 @@ struct cpu_inst {
 
 /* spec: how many CPU-emulated accelerators (--cpu-accels). */
 static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
-                        struct lynx_accel_dev **out, uint32_t *n, char *err,
-                        size_t errlen) {
+                        enum lynx_region_where mem, struct lynx_accel_dev **out,
+                        uint32_t *n, char *err, size_t errlen) {
   char *end;
   unsigned long v = strtoul(spec, &end, 10);
   struct lynx_accel_dev *a;
@@ -356,4 +356,4 @@ static void cpu_health(const struct lynx_accel_dev *a, int *lost,
 static void cpu_shutdown(void) {}
 
 const struct lynx_accel_ops lynx_accel_cpu =
-    LYNX_ACCEL_OPS("cpu", "CPU", 0, cpu);
+    LYNX_ACCEL_OPS("cpu", "CPU", cpu);

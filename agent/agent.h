@@ -30,6 +30,7 @@ struct agent_cfg {
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
       *labels, *data_listen, *advertise, *cuda_accels, *metrics;
   int transport, ordering, work_mode, list_accels;
+  int region_mem; /* enum lynx_region_where */
 };
 
 /* Liveness of one server mqueue (health.c). */

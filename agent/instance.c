@@ -92,14 +92,14 @@ static int start_run(struct agent *ag, struct instance *in,
       .serve_until = &ag->serve_until_ns,
   };
   int rc;
-  if (!acc->ops->own_memory) {
+  if (!acc->own_memory) {
     rc = host_region(ag, in, g, name, why, whylen);
     if (rc)
       return rc;
     l.region = in->region.base;
   }
   rc = acc->ops->start(&l, &in->region, &in->run, why, whylen);
-  if (rc && !acc->ops->own_memory)
+  if (rc && !acc->own_memory)
     ag->tops->region_free(&in->region);
   return rc;
 }

@@ -40,6 +40,8 @@
 static const char *const transports[] = {"tcp", "shm", "rdma", NULL};
 static const char *const work_modes[] = {"spin", "sleep", NULL};
 static const char *const orderings[] = {"coalesced", "fenced", NULL};
+/* in enum lynx_region_where's order */
+static const char *const region_mems[] = {"auto", "device", "host", NULL};
 
 #define O(f) offsetof(struct agent_cfg, f)
 static const struct lynx_opt agent_opts[] = {
@@ -96,6 +98,10 @@ static const struct lynx_opt agent_opts[] = {
      "wildcard [default: this host's address on the control connection]"},
     {"ordering", LYNX_OPT_ENUM, O(ordering), "coalesced", 0, 0, orderings,
      "mqueue ordering mode advertised to frontends"},
+    {"region-mem", LYNX_OPT_ENUM, O(region_mem), "auto", 0, 0, region_mems,
+     "GPUs: where mqueue regions live: host (pinned host memory mapped "
+     "into the GPU), device (GPU memory), auto (device for rdma, else "
+     "host)"},
     LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"data-conn-max", LYNX_OPT_U32, O(data_conn_max), "1024", 1, 1u << 20,
      NULL, "tcp: data connections open at once; more are closed at once"},
@@ -243,8 +249,9 @@ static int find_accels(struct agent *ag, int cpu_given) {
     char err[320];
     if (!spec[b])
       continue;
-    rc = backends[b]->discover(spec[b], ag->tops, &found[b], &n[b], err,
-                               sizeof(err));
+    rc = backends[b]->discover(spec[b], ag->tops,
+                               (enum lynx_region_where)ag->cfg.region_mem,
+                               &found[b], &n[b], err, sizeof(err));
     if (rc) {
       fprintf(stderr, "lynx-agent: %s\n", err);
       goto out;

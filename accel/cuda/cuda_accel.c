@@ -383,7 +383,8 @@ struct gpu_instance {
   struct lynx_region_mem mem;
   void *raw;      /* device memory (dev_alloc) */
   size_t raw_size;
-  uint8_t *base;  /* raw aligned to GPU_PAGE */
+  uint8_t *base;  /* raw aligned to GPU_PAGE, or host's device address */
+  void *host;     /* a host region registered with the GPU, or NULL */
   uint64_t size;  /* region bytes */
   uint64_t alloc; /* bytes from base, a multiple of GPU_PAGE */
   cudaStream_t copy, kern;
@@ -562,6 +563,47 @@ static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
   return 0;
 }
 
+/* Unmaps a host region from the GPU (its kernel is gone). */
+static void host_unmap(struct gpu_instance *gi) {
+  cudaError_t e;
+  if (!gi->host)
+    return;
+  e = cudaHostUnregister(gi->host);
+  if (e != cudaSuccess)
+    note(gi->device, e, "host region unregistration");
+  gi->host = NULL;
+}
+
+/* A formatted region in host memory (the transport's), pinned and mapped
+ * into the GPU: the kernel reaches it across PCIe at gi->base, with the
+ * same volatile loads and system-scope fences as GPU memory (mqueue.md);
+ * the frontend (shm) or the tcp agent reach it with plain stores. */
+static int gi_map_host(struct gpu_instance *gi, uint8_t *host, uint64_t size,
+                       char *err, size_t errlen) {
+  void *dev = NULL;
+  cudaError_t e = cudaStreamCreateWithFlags(&gi->copy, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = cudaStreamCreateWithFlags(&gi->kern, cudaStreamNonBlocking);
+  if (e == cudaSuccess) {
+    e = cudaHostRegister(host, size,
+                         cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaSuccess)
+      gi->host = host;
+  }
+  if (e == cudaSuccess)
+    e = cudaHostGetDevicePointer(&dev, host, 0);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "host region mapping");
+    snprintf(err, errlen, "GPU %d: cannot map a %llu-byte host region into "
+             "the GPU: %s", gi->device, (unsigned long long)size,
+             cudaGetErrorString(e));
+    return cuda_errno(e);
+  }
+  gi->base = dev;
+  gi->size = gi->alloc = size;
+  return 0;
+}
+
 static void gi_free(struct gpu_instance *gi) {
   cudaSetDevice(gi->device);
   if (gi->hung) {
@@ -572,6 +614,7 @@ static void gi_free(struct gpu_instance *gi) {
              (unsigned long long)gi->alloc);
     return;
   }
+  host_unmap(gi);
   if (gi->gva) {
     gdr.unmap(gdr.g, gi->gmh, gi->gva, gi->alloc);
     gdr.unpin(gdr.g, gi->gmh);
@@ -675,6 +718,14 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
     gi_put(gi);
     return cuda_errno(e);
   }
+  if (l->host_region) {
+    rc = gi_map_host(gi, l->host_region, g.region_size, err, errlen);
+    if (rc) {
+      gi_put(gi);
+      return rc;
+    }
+    goto launch;
+  }
   rc = gi_alloc(gi, g.region_size, err, errlen);
   if (rc) {
     gi_put(gi);
@@ -710,6 +761,7 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
              "%s", l->tops->name, strerror(-rc));
     goto fail;
   }
+launch:
   rc = lynx_cuda_resident_blocks(gi->device, l->threads, &resident, err,
                                  errlen);
   if (rc) {
@@ -791,8 +843,9 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
   *out = gi;
   return 0;
 fail:
-  l->tops->region_free(r); /* releases the transport's reference */
-  gi_put(gi);
+  if (!l->host_region)
+    l->tops->region_free(r); /* releases the transport's reference */
+  gi_put(gi);                /* unmaps a host region */
   return rc;
 }
 
@@ -836,6 +889,7 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
                         &gi->stats[3]);
   gi->stopped = 1;
+  host_unmap(gi); /* before its owner frees it */
   return 0;
 }
 
@@ -945,26 +999,33 @@ static void info_gpu(const struct lynx_accel_dev *a, struct gpu_info *g) {
   g->ordering = a->ordering;
 }
 
-/* spec: --cuda-accels, "all" or ordinals. */
+/* spec: --cuda-accels, "all" or ordinals. Regions in host memory mapped
+ * into the GPU unless in GPU memory is asked for, or auto and the
+ * transport is rdma (GPUDirect RDMA writes GPU memory directly). */
 static int cuda_discover(const char *spec,
                          const struct lynx_transport_ops *tops,
+                         enum lynx_region_where mem,
                          struct lynx_accel_dev **out, uint32_t *n,
                          char *err, size_t errlen) {
   struct gpu_info *g = NULL;
   struct lynx_accel_dev *a;
   uint32_t k = 0;
-  int rc = gpu_discover(spec, &g, &k, err, errlen);
+  int own, rc;
   *out = NULL;
   *n = 0;
-  if (rc)
-    return rc;
-  if (tops == &lynx_transport_shm) {
-    snprintf(err, errlen, "--cuda-accels: a GPU's mqueues live in its "
-             "memory, which the shm transport cannot map; use --transport "
-             "tcp or rdma");
-    free(g);
+  if (mem == LYNX_REGION_AUTO)
+    mem = tops == &lynx_transport_rdma ? LYNX_REGION_DEVICE
+                                       : LYNX_REGION_HOST;
+  own = mem == LYNX_REGION_DEVICE;
+  if (own && tops == &lynx_transport_shm) {
+    snprintf(err, errlen, "--cuda-accels: --region-mem device puts a GPU's "
+             "mqueues in its memory, which the shm transport cannot map; "
+             "use --region-mem host, or --transport tcp or rdma");
     return -EINVAL;
   }
+  rc = gpu_discover(spec, &g, &k, err, errlen);
+  if (rc)
+    return rc;
   a = calloc(k, sizeof(*a));
   if (!a) {
     snprintf(err, errlen, "--cuda-accels: out of memory");
@@ -973,22 +1034,26 @@ static int cuda_discover(const char *spec,
   }
   for (uint32_t i = 0; i < k; i++) {
     a[i].ops = &lynx_accel_cuda;
+    a[i].own_memory = own;
     a[i].device = g[i].device;
     snprintf(a[i].model, sizeof(a[i].model), "%s", g[i].name);
     snprintf(a[i].pci_bus_id, sizeof(a[i].pci_bus_id), "%s", g[i].pci_bus_id);
     a[i].memory = g[i].memory;
     a[i].gpudirect_rdma = g[i].gpudirect_rdma;
     a[i].rdma_writes_ordering = g[i].rdma_writes_ordering;
-    /* fenced when the GPU does not order GPUDirect RDMA writes itself */
-    a[i].ordering = g[i].ordering;
+    /* in GPU memory: fenced when the GPU does not order GPUDirect RDMA
+     * writes itself; in host memory the frontend's (or the tcp agent's)
+     * stores reach it in program order, so no demand */
+    a[i].ordering = own ? g[i].ordering : LYNX_ORDER_COALESCED;
     snprintf(a[i].where, sizeof(a[i].where), "GPU %d, %s", g[i].device,
              g[i].pci_bus_id);
     snprintf(a[i].about, sizeof(a[i].about), "GPU %d %s (%s), %llu MiB, "
              "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
-             "ordering %u", g[i].device, g[i].name, g[i].pci_bus_id,
-             (unsigned long long)(g[i].memory >> 20), g[i].cc_major,
-             g[i].cc_minor, g[i].sms, g[i].gpudirect_rdma ? "yes" : "no",
-             g[i].rdma_writes_ordering);
+             "ordering %u; mqueues in %s", g[i].device, g[i].name,
+             g[i].pci_bus_id, (unsigned long long)(g[i].memory >> 20),
+             g[i].cc_major, g[i].cc_minor, g[i].sms,
+             g[i].gpudirect_rdma ? "yes" : "no", g[i].rdma_writes_ordering,
+             own ? "GPU memory" : "host memory mapped into the GPU");
   }
   free(g);
   *out = a;
@@ -1002,7 +1067,8 @@ static int cuda_runs_app(const struct lynx_app *app) {
   return app->cuda_app && !app->needs_backend;
 }
 
-/* The region in the GPU's memory, the app as a persistent kernel. */
+/* The region in the GPU's memory (or the caller's host region mapped into
+ * the GPU), the app as a persistent kernel. */
 static int cuda_start(const struct lynx_accel_launch *l,
                       struct lynx_region *r, struct lynx_accel_inst **out,
                       char *why, size_t whylen) {
@@ -1017,6 +1083,7 @@ static int cuda_start(const struct lynx_accel_launch *l,
       .tops = l->tops,
       .tagent = l->tagent,
       .name = l->name,
+      .host_region = l->acc->own_memory ? NULL : l->region,
       .n_mqueues = l->n_mqueues,
       .n_server = l->n_server,
       .slots = l->slots,
@@ -1080,4 +1147,4 @@ static void cuda_health(const struct lynx_accel_dev *a, int *lost,
 static void cuda_shutdown(void) { gpu_shutdown(); }
 
 const struct lynx_accel_ops lynx_accel_cuda =
-    LYNX_ACCEL_OPS("cuda", "GPU", 1, cuda);
+    LYNX_ACCEL_OPS("cuda", "GPU", cuda);

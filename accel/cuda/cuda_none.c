@@ -17,10 +17,12 @@
 
 static int none_discover(const char *spec,
                          const struct lynx_transport_ops *tops,
+                         enum lynx_region_where mem,
                          struct lynx_accel_dev **out, uint32_t *n,
                          char *err, size_t errlen) {
   (void)spec;
   (void)tops;
+  (void)mem;
   *out = NULL;
   *n = 0;
   snprintf(err, errlen, "%s", NO_CUDA);
@@ -75,4 +77,4 @@ static void none_health(const struct lynx_accel_dev *a, int *lost,
 static void none_shutdown(void) {}
 
 const struct lynx_accel_ops lynx_accel_cuda =
-    LYNX_ACCEL_OPS("cuda", "GPU", 1, none);
+    LYNX_ACCEL_OPS("cuda", "GPU", none);

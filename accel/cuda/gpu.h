@@ -52,6 +52,10 @@ struct gpu_launch {
   const struct lynx_transport_ops *tops;
   struct lynx_transport_agent *tagent; /* tops' handle the region uses */
   const char *name; /* region name */
+  /* NULL: the region goes in GPU memory (attached to the transport,
+   * formatted and exported here); else the formatted, exported region in
+   * host memory (r->base), which is pinned and mapped into the GPU */
+  uint8_t *host_region;
   uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
   uint64_t epoch;
   uint32_t cuda_app; /* enum lynx_cuda_app */
@@ -63,14 +67,18 @@ struct gpu_launch {
 };
 
 /* Allocates the region in GPU memory, attaches it to the transport (r),
- * formats and exports it, and launches the persistent kernel. 0 or
- * -errno with the reason in err; on error nothing is left (r freed). */
+ * formats and exports it (or, with l->host_region, maps that host region
+ * into the GPU), and launches the persistent kernel. 0 or -errno with the
+ * reason in err; on error nothing is left (r freed, or a host region
+ * unmapped from the GPU and left to its owner). */
 int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen);
 
-/* Asks the kernel to stop and waits for it (bounded). 0, or -ETIMEDOUT
+/* Asks the kernel to stop and waits for it (bounded); a host region is
+ * then unmapped from the GPU (its owner may free it). 0, or -ETIMEDOUT
  * when it did not stop (a hung kernel: its memory is then kept until the
- * agent exits, never freed under it). Counters stay readable. */
+ * agent exits, never freed under it; a host region stays pinned). Counters
+ * stay readable. */
 int gpu_instance_stop(struct gpu_instance *gi);
 
 /* Moves the kernel's lease fence: it takes no new request once the host's

@@ -31,4 +31,18 @@ out=$IT_DIR/agent-bad.out
 "$LYNX_BIN_DIR/lynx-agent" --cuda-accels 0,x --node-id "$IT_NODE" >"$out" 2>&1 </dev/null &&
   fail "--cuda-accels 0,x was accepted"
 log "--cuda-accels 0,x: $(head -c 300 "$out")"
+# GPU memory behind the shm transport cannot be: refused as a usage error
+# (exit 2) naming the way out, before any GPU is looked for; host memory
+# mapped into the GPU is what shm gets by default (--region-mem auto)
+out=$IT_DIR/agent-shm-device.out
+"$LYNX_BIN_DIR/lynx-agent" --cuda-accels all --transport shm --region-mem device \
+  --node-id "$IT_NODE" >"$out" 2>&1 </dev/null
+rc=$?
+log "--transport shm --region-mem device: exit $rc: $(head -c 300 "$out")"
+if grep -q 'built without the CUDA backend' "$out"; then
+  log "(built without CUDA: the backend's absence is the reason)"
+else
+  assert_eq "$rc" 2 "exit status of --transport shm --region-mem device"
+  grep -q -- '--region-mem host' "$out" || fail "the refusal does not name --region-mem host: $(cat "$out")"
+fi
 it_done

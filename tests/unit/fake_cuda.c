@@ -303,6 +303,98 @@ cudaError_t cudaFree(void *p) {
   return cudaSuccess;
 }
 
+/* ---- host memory mapped into the GPU -------------------------------- */
+
+struct host_reg {
+  void *p;
+  size_t size;
+  struct host_reg *next;
+};
+static struct host_reg *host_regs;
+
+/* Under lock: [p, p + len) lies in a registered host range. */
+static int host_mapped(const void *p, size_t len) {
+  for (struct host_reg *h = host_regs; h; h = h->next)
+    if ((const char *)p >= (char *)h->p &&
+        (const char *)p + len <= (char *)h->p + h->size)
+      return 1;
+  return 0;
+}
+
+cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
+  struct host_reg *h;
+  if (fake.err_host_register != cudaSuccess)
+    return fake.err_host_register;
+  if (!p || !size)
+    return cudaErrorInvalidValue;
+  h = calloc(1, sizeof(*h));
+  if (!h)
+    return cudaErrorMemoryAllocation;
+  pthread_mutex_lock(&lock);
+  for (struct host_reg *o = host_regs; o; o = o->next)
+    if ((char *)p < (char *)o->p + o->size && (char *)o->p < (char *)p + size) {
+      pthread_mutex_unlock(&lock);
+      free(h);
+      return cudaErrorHostMemoryAlreadyRegistered;
+    }
+  h->p = p;
+  h->size = size;
+  h->next = host_regs;
+  host_regs = h;
+  fake.host_registers++;
+  fake.host_register_flags = flags;
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **dev, void *p, unsigned int flags) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)flags;
+  if (fake.err_host_devptr != cudaSuccess)
+    return fake.err_host_devptr;
+  pthread_mutex_lock(&lock);
+  for (struct host_reg *h = host_regs; h; h = h->next)
+    if ((char *)p >= (char *)h->p && (char *)p < (char *)h->p + h->size) {
+      *dev = p; /* the fake GPU sees host memory at its own address */
+      e = cudaSuccess;
+    }
+  pthread_mutex_unlock(&lock);
+  return e;
+}
+
+cudaError_t cudaHostUnregister(void *p) {
+  struct host_reg **pp;
+  pthread_mutex_lock(&lock);
+  fake.host_unregisters++;
+  for (pp = &host_regs; *pp && (*pp)->p != p; pp = &(*pp)->next)
+    ;
+  if (!*pp) {
+    fake.bad_unregisters++;
+    pthread_mutex_unlock(&lock);
+    return cudaErrorHostMemoryNotRegistered;
+  }
+  for (struct kern *k = kernels; k; k = k->next)
+    if (kernel_running(k) && (char *)k->pub.l.region >= (char *)p &&
+        (char *)k->pub.l.region < (char *)p + (*pp)->size)
+      fake.unmapped_live++; /* a real kernel would fault */
+  {
+    struct host_reg *h = *pp;
+    *pp = h->next;
+    free(h);
+  }
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+int fake_cuda_host_registered(void) {
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (struct host_reg *h = host_regs; h; h = h->next)
+    n++;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   pthread_mutex_lock(&lock);
   fake.device_syncs++;
@@ -607,7 +699,8 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
   }
   pthread_mutex_lock(&lock);
   if (!s || s->destroyed || s->k || !l->blocks ||
-      !find_live(l->region, 4096) || !find_live(l->kctl, kn)) {
+      !(find_live(l->region, 4096) || host_mapped(l->region, 4096)) ||
+      !find_live(l->kctl, kn)) {
     pthread_mutex_unlock(&lock);
     snprintf(err, errlen, "fake: bad launch");
     return -EINVAL;
@@ -708,5 +801,10 @@ void fake_cuda_reap(void) {
     struct mr_node *n = mrs;
     mrs = n->next;
     free(n);
+  }
+  while (host_regs) {
+    struct host_reg *h = host_regs;
+    host_regs = h->next;
+    free(h);
   }
 }

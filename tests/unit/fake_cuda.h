@@ -5,7 +5,12 @@
  * (the exact symbols the real headers map them to), the kernel-side
  * interface of accel/cuda/lynx_cuda.h, the two driver entry points it looks
  * up (cuMemGetHandleForAddressRange, cuPointerSetAttribute) and the verbs
- * registrations (ibv_reg_dmabuf_mr, ibv_reg_mr). Device memory is host
+ * registrations (ibv_reg_dmabuf_mr, ibv_reg_mr). Host memory registered
+ * with cudaHostRegister maps to itself (cudaHostGetDevicePointer returns
+ * the same address), so a fake kernel serves a host region in place; an
+ * unregistration while a kernel serves that memory is counted
+ * (unmapped_live), as is one of memory never registered (bad_unregisters).
+ * Device memory is host
  * memory; every call is recorded; the test sets the GPUs and injects
  * errors. A launched "persistent kernel" is a thread that serves the region
  * with the real ring code (common/mqueue.h), echoing, until it sees
@@ -69,12 +74,16 @@ struct fake_cuda {
   int no_get_handle;              /* cuMemGetHandleForAddressRange absent */
   CUresult err_get_handle;        /* ... fails */
   int err_dmabuf_mr, err_reg_mr;  /* errno: the registration fails */
+  cudaError_t err_host_register;  /* cudaHostRegister */
+  cudaError_t err_host_devptr;    /* cudaHostGetDevicePointer */
 
   /* recorded */
   int get_device_count, set_device, mallocs, frees, bad_frees, memsets,
       memcpys, bad_copies, stream_creates, stream_destroys, stream_syncs,
       queries, device_syncs, blocking_calls, launches, get_handles,
-      set_attrs, dmabuf_mrs, reg_mrs;
+      set_attrs, dmabuf_mrs, reg_mrs, host_registers, host_unregisters,
+      bad_unregisters, unmapped_live;
+  unsigned host_register_flags; /* the last cudaHostRegister's flags */
   int n_ops;
   struct fake_op ops[FAKE_LOG];
   CUdeviceptr sync_memops_ptr;  /* cuPointerSetAttribute(SYNC_MEMOPS) */
@@ -123,6 +132,8 @@ struct fake_kernel *fake_cuda_kernel(int i);
 int fake_cuda_kernels(void);
 /* The kernel dies: its thread ends, its stream reports e. */
 void fake_cuda_crash(struct fake_kernel *k, cudaError_t e);
+/* Host ranges registered and not unregistered. */
+int fake_cuda_host_registered(void);
 /* Device allocations not freed; whether p is one. */
 int fake_cuda_live(void);
 int fake_cuda_is_live(const void *p);

@@ -56,9 +56,10 @@
 static const struct lynx_transport_ops *T;
 static char g_bound[LYNX_LOCATOR_MAX];
 static struct lynx_transport_agent *g_ta; /* the agent side's handle */
-/* The hung instance's handle: the backend keeps it (and its memory) until
- * the process exits, by design; reachable here so LeakSanitizer agrees. */
-struct gpu_instance *volatile ut_hung_gi;
+/* The hung instances' handles: the backend keeps them (and their memory)
+ * until the process exits, by design; reachable here so LeakSanitizer
+ * agrees. */
+struct gpu_instance *volatile ut_hung_gi[2]; /* test_hung_kernel, the host one */
 
 #define assert_contains(hay, needle)                                           \
   do {                                                                         \
@@ -144,6 +145,11 @@ struct inst {
 
 /* The lease fence instances start with (UINT64_MAX: none, static mode). */
 static uint64_t start_serve_until = UINT64_MAX;
+/* Set: instances start as the agent starts them with --region-mem host
+ * (the transport allocates, formats and exports the region in host memory,
+ * then the backend maps it into the GPU); agent-side handle start_ta. */
+static int start_host;
+static struct lynx_transport_agent *start_ta;
 
 static int inst_start(struct inst *in, int dev,
                       const struct lynx_transport_ops *ops, uint32_t q,
@@ -159,14 +165,28 @@ static int inst_start(struct inst *in, int dev,
   in->r.fd = -1;
   if (lynx_geom_init(&in->g, q, S, Z))
     in->g.region_size = 0;
+  if (start_host) {
+    rc = ops->region_alloc(start_ta, &in->r, "ut-gpu-host", in->g.region_size);
+    if (!rc)
+      rc = lynx_region_format(&in->r, q, S, Z, LYNX_ORDER_FENCED, epoch,
+                              ACCEL);
+    if (!rc)
+      rc = ops->region_export(&in->r);
+    if (rc) {
+      ops->region_free(&in->r);
+      return rc;
+    }
+  }
   l = (struct gpu_launch){
-      .gpu = &in->gpu, .name = "ut-gpu",
-      .tops = ops, .tagent = ops == T ? g_ta : NULL,
+      .gpu = &in->gpu, .name = "ut-gpu", .host_region = in->r.base,
+      .tops = ops, .tagent = start_host ? start_ta : ops == T ? g_ta : NULL,
       .n_mqueues = q, .n_server = n_server, .slots = S, .slot_size = Z,
       .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL, .epoch = epoch,
       .cuda_app = LYNX_CUDA_APP_ECHO, .work_us = 7, .threads = 64,
       .serve_until_ns = start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
+  if (rc && start_host)
+    ops->region_free(&in->r); /* the agent's, as instance.c does */
   if (!rc && fake_cuda_kernels() > n0)
     in->k = fake_cuda_kernel(fake_cuda_kernels() - 1);
   if (rc)
@@ -625,7 +645,7 @@ static void test_hung_kernel(void **state) {
   counters(&a, c); /* still readable */
 
   /* its memory is kept: not freed, not reused */
-  ut_hung_gi = a.gi;
+  ut_hung_gi[0] = a.gi;
   inst_drop(&a);
   assert_int_equal(fake.frees, 0);
   assert_true(fake_cuda_is_live(region));
@@ -646,6 +666,146 @@ static void test_hung_kernel(void **state) {
   assert_true(fake_cuda_is_live(region));
   assert_true(fake_cuda_is_live(kctl));
   assert_int_equal(fake.bad_frees, 0);
+}
+
+/* ---- host memory mapped into the GPU (--region-mem host) ------------ */
+
+/* A frontend over shm reaches the GPU's region (host memory mapped into
+ * the GPU) and the kernel answers in place; stop unmaps it from the GPU
+ * before the agent frees it. */
+static void test_host_region_shm(void **state) {
+  const struct lynx_transport_ops *shm = lynx_transport_find("shm");
+  struct lynx_transport_agent *ta = NULL;
+  struct lynx_region_desc d;
+  struct inst in;
+  char err[128];
+  uint64_t c[4];
+  int live0;
+  (void)state;
+  fake_cuda_reset();
+  live0 = fake_cuda_live();
+  assert_int_equal(shm->agent_create(&(struct lynx_transport_opts){0}, &ta,
+                                     err, sizeof(err)), 0);
+  start_host = 1;
+  start_ta = ta;
+  assert_int_equal(inst_start(&in, 0, shm, 3, 3, EPOCH), 0);
+  /* registered once, mapped, portable; the kernel polls it in place; only
+   * the control block is GPU memory */
+  assert_int_equal(fake.host_registers, 1);
+  assert_int_equal(fake.host_register_flags,
+                   cudaHostRegisterMapped | cudaHostRegisterPortable);
+  assert_int_equal(fake_cuda_host_registered(), 1);
+  assert_ptr_equal(in.k->l.region, in.r.base);
+  assert_null(in.r.mem);
+  assert_int_equal(fake.mallocs, 1);
+  assert_int_equal(fake_cuda_live(), live0 + 1);
+  /* no copy moves requests: the frontend's stores are the kernel's input */
+  memset(&d, 0, sizeof(d));
+  d.accel_id = ACCEL;
+  snprintf(d.transport, sizeof(d.transport), "shm");
+  snprintf(d.locator, sizeof(d.locator), "%s", in.r.locator);
+  d.region_size = in.g.region_size;
+  d.epoch = EPOCH;
+  d.n_mqueues = 3;
+  d.slots = S;
+  d.slot_size = Z;
+  d.ordering = LYNX_ORDER_FENCED;
+  assert_int_equal(shm->connect(&d, &in.c), 0);
+  {
+    int copies0 = fake_cuda_copies(0, NULL);
+    echo(&in, 0, 0, "host-mapped", 11);
+    echo(&in, 2, 0, "third mqueue", 12);
+    echo(&in, 0, 1, "again", 13);
+    assert_int_equal(fake_cuda_copies(0, NULL), copies0);
+  }
+  counters_until(&in, 3, c);
+  assert_int_equal(c[0], 3);
+  assert_int_equal(c[1], 3);
+  /* stop: the kernel is gone before its memory leaves the GPU */
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  assert_int_equal(fake.host_unregisters, 1);
+  assert_int_equal(fake_cuda_host_registered(), 0);
+  assert_int_equal(fake.unmapped_live, 0);
+  inst_drop(&in);
+  assert_int_equal(fake.host_unregisters, 1); /* not twice */
+  assert_int_equal(fake.bad_unregisters, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake.bad_copies, 0);
+  start_host = 0;
+  start_ta = NULL;
+  shm->agent_destroy(ta);
+}
+
+/* Over tcp the agent's server thread serves the host region with plain
+ * loads and stores: no copy per request either. A registration the GPU
+ * refuses, a device pointer it will not give, a device lost while the
+ * kernel runs and a kernel that does not stop each leave nothing mapped
+ * that should not be, and free nothing the kernel may still touch. */
+static void test_host_region_tcp_failures(void **state) {
+  struct inst in;
+  uint64_t c[4];
+  int ops0, n0;
+  (void)state;
+  fake_cuda_reset();
+  start_host = 1;
+  start_ta = g_ta;
+  assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH), 0);
+  assert_non_null(in.r.base);
+  inst_connect(&in);
+  ops0 = fake.n_ops;
+  echo(&in, 1, 0, "over tcp", 21);
+  assert_int_equal(fake_cuda_copies(ops0, NULL), 0);
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  inst_drop(&in);
+  assert_int_equal(fake_cuda_host_registered(), 0);
+
+  /* the GPU refuses the registration: nothing launched, nothing left */
+  fake_cuda_reset();
+  n0 = fake_cuda_kernels();
+  fake.err_host_register = cudaErrorHostMemoryAlreadyRegistered;
+  assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH), -EIO);
+  assert_contains(in.err, "cannot map a");
+  assert_contains(in.err, "host region into the GPU");
+  assert_int_equal(fake_cuda_kernels(), n0);
+  assert_int_equal(fake.stream_creates, fake.stream_destroys);
+  assert_int_equal(fake_cuda_host_registered(), 0);
+  fake.err_host_register = cudaSuccess;
+  /* registered, but no device address: registration undone */
+  fake.err_host_devptr = cudaErrorInvalidValue;
+  assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH), -EIO);
+  assert_int_equal(fake.host_registers, 1);
+  assert_int_equal(fake.host_unregisters, 1);
+  assert_int_equal(fake_cuda_host_registered(), 0);
+  assert_int_equal(fake_cuda_kernels(), n0);
+  fake.err_host_devptr = cudaSuccess;
+
+  /* the device is lost mid-run: stop finds the kernel gone, unmaps */
+  assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH), 0);
+  fake_cuda_crash(in.k, cudaErrorDevicesUnavailable);
+  counters(&in, c);
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  assert_int_equal(fake_cuda_host_registered(), 0);
+  assert_int_equal(fake.unmapped_live, 0);
+  inst_drop(&in);
+
+  /* a kernel that does not stop keeps its host region mapped (and its
+   * pages pinned) for good: unmapping it would fault the kernel */
+  fake.hang_next = 1;
+  assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH), 0);
+  assert_int_equal(gpu_instance_stop(in.gi), -ETIMEDOUT);
+  assert_int_equal(fake_cuda_host_registered(), 1);
+  ut_hung_gi[1] = in.gi;
+  gpu_instance_put(in.gi);
+  assert_int_equal(fake_cuda_host_registered(), 1);
+  assert_int_equal(fake.unmapped_live, 0);
+  /* here the fake kernel thread would touch freed memory once the region
+   * goes: end it first (a real GPU keeps the pinned pages) */
+  fake_cuda_crash(in.k, cudaErrorLaunchFailure);
+  ut_tconn_close(&in.c);
+  in.r.ops->region_free(&in.r);
+  assert_int_equal(fake.bad_unregisters, 0);
+  start_host = 0;
+  start_ta = NULL;
 }
 
 /* ---- 5. health --------------------------------------------------------- */
@@ -1055,6 +1215,8 @@ int main(int argc, char **argv) {
       T_(test_rdma_registration),
       T_(test_failures_clean_up),
       T_(test_lease_fence),
+      T_(test_host_region_shm),
+      T_(test_host_region_tcp_failures),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }
