@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy run bench bench-scaleout clean
+.PHONY: all deps configure build test test-busy run bench bench-scaleout bench-gpu clean
 
 all: build
 
@@ -34,6 +34,10 @@ bench: build
 
 bench-scaleout: build
 	@bash bench/scaleout.sh $(BUILD)
+
+# on a GPU host, built with LYNX_CUDA=ON (bench/gpu.sh)
+bench-gpu: build
+	@bash bench/gpu.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
