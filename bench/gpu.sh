@@ -45,13 +45,7 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   exit 1
 fi
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap 'cleanup; rm -rf "$TMP"' EXIT
+source bench/lib.sh # pids, cleanup
 
 wait_log() { # file pattern: up to 10 s
   for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done

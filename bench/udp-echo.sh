@@ -22,13 +22,7 @@ AG_ADDR=127.0.0.1:17701
 TMP=$(mktemp -d /tmp/lynx-bench.XXXXXX)
 command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap 'cleanup; rm -rf "$TMP"' EXIT
+source bench/lib.sh # pids, cleanup
 
 # prints "p50 p99" from a ping-pong run
 pingpong() {
