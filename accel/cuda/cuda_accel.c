@@ -689,8 +689,15 @@ static int gi_alloc(struct gpu_instance *gi, uint64_t size, char *err,
   return 0;
 }
 
-int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
+int gpu_instance_start(const struct lynx_accel_launch *l,
+                       struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen) {
+  /* the caller's host region where the GPU does not own the memory */
+  uint8_t *host = l->acc->own_memory ? NULL : l->region;
+  /* the lease fence as of now (later moves: gpu_instance_fence) */
+  uint64_t serve_until = l->serve_until ? __atomic_load_n(l->serve_until,
+                                                          __ATOMIC_ACQUIRE)
+                                        : UINT64_MAX;
   struct gpu_instance *gi;
   struct lynx_geom g;
   struct lynx_cuda_launch kl;
@@ -706,8 +713,8 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
   gi = calloc(1, sizeof(*gi));
   if (!gi)
     return -ENOMEM;
-  gi->device = l->gpu->device;
-  gi->writes_ordering = l->gpu->rdma_writes_ordering;
+  gi->device = l->acc->device;
+  gi->writes_ordering = l->acc->rdma_writes_ordering;
   gi->dmabuf_fd = -1;
   gi->refs = 1; /* the agent's; the transport takes its own below */
   pthread_mutex_init(&gi->lock, NULL);
@@ -718,8 +725,8 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
     gi_put(gi);
     return cuda_errno(e);
   }
-  if (l->host_region) {
-    rc = gi_map_host(gi, l->host_region, g.region_size, err, errlen);
+  if (host) {
+    rc = gi_map_host(gi, host, g.region_size, err, errlen);
     if (rc) {
       gi_put(gi);
       return rc;
@@ -762,7 +769,7 @@ int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
     goto fail;
   }
 launch:
-  rc = lynx_cuda_resident_blocks(gi->device, l->threads, &resident, err,
+  rc = lynx_cuda_resident_blocks(gi->device, l->gpu_threads, &resident, err,
                                  errlen);
   if (rc) {
     rc = -EIO;
@@ -771,7 +778,7 @@ launch:
   gi->blocks = l->n_server < resident ? l->n_server : resident;
   if (!gi->blocks) {
     snprintf(err, errlen, "GPU %d cannot keep a block of %u threads "
-             "resident", gi->device, l->threads);
+             "resident", gi->device, l->gpu_threads);
     rc = -EINVAL;
     goto fail;
   }
@@ -783,7 +790,7 @@ launch:
   }
   /* under a lease the kernel starts fenced: the deadline can only be put
    * in its clock once it has published a reading */
-  if (e == cudaSuccess && l->serve_until_ns != UINT64_MAX) {
+  if (e == cudaSuccess && serve_until != UINT64_MAX) {
     pthread_mutex_lock(&gi->lock);
     e = fence_write(gi, 1);
     pthread_mutex_unlock(&gi->lock);
@@ -801,10 +808,10 @@ launch:
       .slots = l->slots,
       .slot_size = l->slot_size,
       .n_server = l->n_server,
-      .app = l->cuda_app,
+      .app = l->app->cuda_app,
       .work_us = l->work_us,
       .blocks = gi->blocks,
-      .threads = l->threads,
+      .threads = l->gpu_threads,
       .idle_ns = 20000,
       .kctl = gi->kctl,
   };
@@ -816,7 +823,7 @@ launch:
     goto fail;
   }
   gi->launched = 1;
-  if (l->serve_until_ns != UINT64_MAX) {
+  if (serve_until != UINT64_MAX) {
     struct lynx_cuda_kctl h;
     uint64_t end = lynx_now_ns() + CLOCK_WAIT_MS * 1000000ull;
     pthread_mutex_lock(&gi->lock);
@@ -830,7 +837,7 @@ launch:
     if (e != cudaSuccess)
       note(gi->device, e, "control block");
     if (gi->calibrated)
-      gpu_instance_fence(gi, l->serve_until_ns);
+      gpu_instance_fence(gi, serve_until);
     else
       LYNX_WARN("cuda", "GPU %d: the persistent kernel of %s published no "
                 "clock within %u ms: it takes no request until it does "
@@ -839,11 +846,11 @@ launch:
   }
   LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
             "threads over %u mqueues", gi->device, l->name, gi->blocks,
-            l->threads, l->n_server);
+            l->gpu_threads, l->n_server);
   *out = gi;
   return 0;
 fail:
-  if (!l->host_region)
+  if (!host)
     l->tops->region_free(r); /* releases the transport's reference */
   gi_put(gi);                /* unmaps a host region */
   return rc;
@@ -1072,32 +1079,9 @@ static int cuda_runs_app(const struct lynx_app *app) {
 static int cuda_start(const struct lynx_accel_launch *l,
                       struct lynx_region *r, struct lynx_accel_inst **out,
                       char *why, size_t whylen) {
-  struct gpu_info g;
   struct gpu_instance *gi = NULL;
-  struct gpu_launch gl;
   int rc;
   *out = NULL;
-  info_gpu(l->acc, &g);
-  gl = (struct gpu_launch){
-      .gpu = &g,
-      .tops = l->tops,
-      .tagent = l->tagent,
-      .name = l->name,
-      .host_region = l->acc->own_memory ? NULL : l->region,
-      .n_mqueues = l->n_mqueues,
-      .n_server = l->n_server,
-      .slots = l->slots,
-      .slot_size = l->slot_size,
-      .ordering = l->ordering,
-      .accel_id = l->accel_id,
-      .epoch = l->epoch,
-      .cuda_app = l->app->cuda_app,
-      .work_us = l->work_us,
-      .threads = l->gpu_threads,
-      .serve_until_ns = l->serve_until ? __atomic_load_n(l->serve_until,
-                                                         __ATOMIC_ACQUIRE)
-                                       : UINT64_MAX,
-  };
   if (!l->app->cuda_app) {
     snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
              "applications: %s)", l->app->name, lynx_app_cuda_names());
@@ -1108,7 +1092,7 @@ static int cuda_start(const struct lynx_accel_launch *l,
              "accelerators only");
     return -ENOTSUP;
   }
-  rc = gpu_instance_start(&gl, r, &gi, why, whylen);
+  rc = gpu_instance_start(l, r, &gi, why, whylen);
   if (rc)
     return rc;
   gi->acc.ops = &lynx_accel_cuda;

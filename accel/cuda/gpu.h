@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "accel.h"
 #include "transport.h"
 
 struct gpu_info {
@@ -47,31 +48,15 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
 
 struct gpu_instance;
 
-struct gpu_launch {
-  const struct gpu_info *gpu;
-  const struct lynx_transport_ops *tops;
-  struct lynx_transport_agent *tagent; /* tops' handle the region uses */
-  const char *name; /* region name */
-  /* NULL: the region goes in GPU memory (attached to the transport,
-   * formatted and exported here); else the formatted, exported region in
-   * host memory (r->base), which is pinned and mapped into the GPU */
-  uint8_t *host_region;
-  uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
-  uint64_t epoch;
-  uint32_t cuda_app; /* enum lynx_cuda_app */
-  uint32_t work_us;
-  uint32_t threads; /* per block */
-  /* lease fence on the host's monotonic clock (UINT64_MAX: none): the
-   * kernel takes no new request past it (gpu_instance_fence) */
-  uint64_t serve_until_ns;
-};
 
-/* Allocates the region in GPU memory, attaches it to the transport (r),
- * formats and exports it (or, with l->host_region, maps that host region
+/* Starts l->app's kernel on GPU l->acc: allocates the region in GPU memory,
+ * attaches it to the transport (r), formats and exports it (or, where
+ * l->acc does not own the memory, maps the caller's host region l->region
  * into the GPU), and launches the persistent kernel. 0 or -errno with the
  * reason in err; on error nothing is left (r freed, or a host region
  * unmapped from the GPU and left to its owner). */
-int gpu_instance_start(const struct gpu_launch *l, struct lynx_region *r,
+int gpu_instance_start(const struct lynx_accel_launch *l,
+                       struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen);
 
 /* Asks the kernel to stop and waits for it (bounded); a host region is

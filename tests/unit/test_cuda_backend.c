@@ -133,7 +133,8 @@ static int fk_attach(struct lynx_transport_agent *a, struct lynx_region *r,
 /* ---- instances --------------------------------------------------------- */
 
 struct inst {
-  struct gpu_info gpu;
+  struct gpu_info gpu;       /* for gpu_health */
+  struct lynx_accel_dev dev; /* the same GPU as discovery describes it */
   struct lynx_region r;
   struct lynx_geom g;
   struct gpu_instance *gi;
@@ -154,13 +155,21 @@ static struct lynx_transport_agent *start_ta;
 static int inst_start(struct inst *in, int dev,
                       const struct lynx_transport_ops *ops, uint32_t q,
                       uint32_t n_server, uint64_t epoch) {
-  struct gpu_launch l;
+  struct lynx_accel_launch l;
+  const struct lynx_app *echo_app = lynx_app_find("echo");
   int n0 = fake_cuda_kernels(), rc;
+  assert_non_null(echo_app);
+  assert_int_equal(echo_app->cuda_app, LYNX_CUDA_APP_ECHO);
   memset(in, 0, sizeof(*in));
   in->gpu.device = dev;
   snprintf(in->gpu.name, sizeof(in->gpu.name), "Fake GPU %d", dev);
   in->gpu.rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner;
   in->gpu.ordering = LYNX_ORDER_COALESCED;
+  in->dev = (struct lynx_accel_dev){
+      .ops = &lynx_accel_cuda, .own_memory = !start_host, .device = dev,
+      .rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner,
+      .ordering = LYNX_ORDER_COALESCED};
+  snprintf(in->dev.model, sizeof(in->dev.model), "%s", in->gpu.name);
   in->epoch = epoch;
   in->r.fd = -1;
   if (lynx_geom_init(&in->g, q, S, Z))
@@ -177,13 +186,13 @@ static int inst_start(struct inst *in, int dev,
       return rc;
     }
   }
-  l = (struct gpu_launch){
-      .gpu = &in->gpu, .name = "ut-gpu", .host_region = in->r.base,
+  l = (struct lynx_accel_launch){
+      .acc = &in->dev, .name = "ut-gpu", .region = in->r.base,
       .tops = ops, .tagent = start_host ? start_ta : ops == T ? g_ta : NULL,
-      .n_mqueues = q, .n_server = n_server, .slots = S, .slot_size = Z,
-      .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL, .epoch = epoch,
-      .cuda_app = LYNX_CUDA_APP_ECHO, .work_us = 7, .threads = 64,
-      .serve_until_ns = start_serve_until};
+      .app = echo_app, .n_mqueues = q, .n_server = n_server, .slots = S,
+      .slot_size = Z, .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL,
+      .epoch = epoch, .work_us = 7, .gpu_threads = 64,
+      .serve_until = &start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (rc && start_host)
     ops->region_free(&in->r); /* the agent's, as instance.c does */
