@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "apps.h"
+#include "lathist.h"
 #include "wire.h"
 
 struct lynx_accel_ops;
@@ -83,6 +84,8 @@ struct lynx_accel_launch {
   uint32_t spin_us; /* CPU: spin this long after a request before sleeping */
   uint32_t cpu_threads; /* CPU: polling threads */
   uint32_t gpu_threads; /* GPU: threads per block of the kernel */
+  uint32_t gpu_blocks;  /* GPU: blocks of the kernel (0: one per mqueue up
+                           to one per SM) */
   /* Lease fence on lynx_now_ns's clock (NULL or UINT64_MAX: none): no new
    * request is taken once it passes. Owned by the caller, written by its
    * loop and read live by CPU threads; a GPU takes its value at start and
@@ -126,6 +129,10 @@ struct lynx_accel_ops {
    * (the last values read are still set). */
   int (*counters)(struct lynx_accel_inst *in, uint64_t *req, uint64_t *resp,
                   uint64_t *drops, uint64_t *bad);
+  /* Queueing and service time of its requests as it stamped them with its
+   * own clock (lathist.h): histograms, totals since start, readable until
+   * put. 0 or -errno (the last values read are still set). */
+  int (*latency)(struct lynx_accel_inst *in, struct lynx_lat *out);
   /* Stops it and waits (bounded). 0, or -ETIMEDOUT when it did not stop
    * (its memory is then kept until the agent exits, never freed under
    * it). Counters stay readable. */
@@ -150,7 +157,8 @@ struct lynx_accel_ops {
     .kind = kind_, .noun = noun_,                                              \
     .discover = prefix##_discover, .runs_app = prefix##_runs_app,              \
     .start = prefix##_start, .fence = prefix##_fence,                          \
-    .counters = prefix##_counters, .stop = prefix##_stop, .put = prefix##_put, \
+    .counters = prefix##_counters, .latency = prefix##_latency,                \
+    .stop = prefix##_stop, .put = prefix##_put,                                \
     .health = prefix##_health, .shutdown = prefix##_shutdown                   \
   }
 

@@ -23,6 +23,8 @@ struct mq_state {
   struct lynx_msg held; /* a request the app could not answer yet (TX full) */
   int has_held;
   uint32_t bad_reported;
+  uint64_t taken_ns;     /* when the request in hand was taken */
+  struct lynx_seen seen; /* first-seen stamps (lathist.h) */
 };
 
 /* Spinning holds a core as a GPU kernel holds its SMs; sleeping leaves the
@@ -43,14 +45,17 @@ static void emulate_work(uint32_t us, int sleep) {
     lynx_cpu_relax();
 }
 
-/* One request through the app; 1 when it is finished with, 0 when TX was
- * full and it must be retried. */
+/* One request through the app; 1 when it is finished with (its service
+ * time stamped), 0 when TX was full and it must be retried. */
 static int serve_one(struct lynx_cpu_thread *t, struct mq_state *s,
                      const struct lynx_msg *m) {
   int replied = 0;
   int rc = t->acc->app->handle(&s->mq, m, &replied, &t->acc->ctx);
+  uint64_t now;
   if (rc == -EAGAIN)
     return 0;
+  now = lynx_now_ns();
+  lynx_lat_add(&t->lat.service, now > s->taken_ns ? now - s->taken_ns : 0);
   if (replied)
     lynx_cnt_add(&t->responses, 1);
   else
@@ -80,11 +85,18 @@ static void *cpu_thread_main(void *arg) {
     LYNX_ERR("cpu-accel", "accel %u: out of memory, thread not serving", a->id);
     return NULL;
   }
-  for (uint32_t q = t->first_q; q < a->n_server; q += t->step)
-    lynx_mq_bind(&mqs[n++].mq, a->region, &g, q);
+  for (uint32_t q = t->first_q; q < a->n_server; q += t->step) {
+    lynx_mq_bind(&mqs[n].mq, a->region, &g, q);
+    mqs[n].seen.pos = mqs[n].mq.rx_head;
+    n++;
+  }
 
   while (!a->stop) {
     int work = 0, fenced = 0;
+    uint64_t now = lynx_now_ns();
+    /* first-seen stamps for the whole pass, before any request is taken */
+    for (uint32_t i = 0; i < n; i++)
+      lynx_seen_scan(&mqs[i].seen, &mqs[i].mq, now);
     for (uint32_t i = 0; i < n; i++) {
       struct mq_state *s = &mqs[i];
       struct lynx_msg m;
@@ -107,6 +119,10 @@ static void *cpu_thread_main(void *arg) {
         if (lynx_recv(&s->mq, &m) != 0)
           break;
         lynx_cnt_add(&t->requests, 1);
+        now = lynx_now_ns();
+        s->taken_ns = now;
+        lynx_lat_add(&t->lat.queue,
+                     now - lynx_seen_at(&s->seen, s->mq.rx_head - 1u, now));
         emulate_work(a->work_us, a->work_sleep);
         if (!serve_one(t, s, &m)) {
           s->held = m;
@@ -234,6 +250,15 @@ void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,
   }
 }
 
+void lynx_cpu_accel_latency(const struct lynx_cpu_accel *a,
+                            struct lynx_lat *out) {
+  memset(out, 0, sizeof(*out));
+  for (uint32_t i = 0; a->threads && i < a->n_threads; i++) {
+    lynx_lat_merge(&out->queue, &a->threads[i].lat.queue);
+    lynx_lat_merge(&out->service, &a->threads[i].lat.service);
+  }
+}
+
 /* ---- the CPU backend (accel.h) --------------------------------------- */
 
 struct cpu_inst {
@@ -329,6 +354,11 @@ static int cpu_counters(struct lynx_accel_inst *in, uint64_t *req,
                         uint64_t *resp, uint64_t *drops, uint64_t *bad) {
   struct cpu_inst *ci = container_of(in, struct cpu_inst, base);
   lynx_cpu_accel_counters(&ci->cpu, req, resp, drops, bad);
+  return 0;
+}
+
+static int cpu_latency(struct lynx_accel_inst *in, struct lynx_lat *out) {
+  lynx_cpu_accel_latency(&container_of(in, struct cpu_inst, base)->cpu, out);
   return 0;
 }
 

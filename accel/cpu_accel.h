@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "apps.h"
+#include "lathist.h"
 #include "util.h"
 #include "wire.h"
 
@@ -32,6 +33,7 @@ struct lynx_cpu_thread {
   int started;
   uint32_t first_q, step;
   lynx_counter requests, responses, drops, bad, sleeps;
+  struct lynx_lat lat; /* this thread's queueing and service times */
 };
 
 struct lynx_cpu_accel {
@@ -76,5 +78,9 @@ static inline int lynx_cpu_accel_fenced(const struct lynx_cpu_accel *a,
 /* Sums of the threads' counters. */
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,
                              uint64_t *resp, uint64_t *drops, uint64_t *bad);
+
+/* The threads' latency histograms, merged (lynx_now_ns nanoseconds). */
+void lynx_cpu_accel_latency(const struct lynx_cpu_accel *a,
+                            struct lynx_lat *out);
 
 #endif

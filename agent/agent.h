@@ -13,7 +13,9 @@
 #ifndef LYNX_AGENT_H
 #define LYNX_AGENT_H
 
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "accel.h"
@@ -24,7 +26,7 @@
 
 struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,
-      accel_threads, frame_max, stall_ms, gpu_threads;
+      accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks;
   uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
       ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
@@ -64,6 +66,15 @@ struct agent_accel {
   char last_error[128];
   uint32_t stalled_mqueues;
   uint64_t stall_ms;
+  /* latency.c: queueing and service times as the accelerator stamps them
+   * (lathist.h). done: instances that stopped; old and mid: totals at the
+   * ends of the recent window (mid taken at mid_ns); q: its quantiles for
+   * the heartbeat; pub: the last total, for --metrics (under lat_lock). */
+  struct lynx_lat done, old, mid, pub;
+  uint64_t mid_ns;
+  struct agent_lat_q {
+    uint64_t window_requests, queue_p50, queue_p99, service_p50, service_p99;
+  } q;
 };
 
 struct peer;
@@ -103,6 +114,7 @@ struct agent {
   /* health.c */
   uv_timer_t health;
   int health_open;
+  pthread_mutex_t lat_lock; /* every acc[].pub (latency.c) */
 };
 
 /* instance.c */
@@ -137,6 +149,13 @@ void agent_instances_fence(struct agent *ag, int wake);
 /* totals per accelerator: stopped instances plus running ones */
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
                           uint64_t *resp);
+
+/* latency.c: accelerator-stamped latency (lathist.h), sampled with the
+ * health timer; a stopping instance's histograms kept; the --metrics
+ * histograms (on the metrics thread) */
+void agent_latency_sample(struct agent *ag, uint64_t now_ns);
+void agent_latency_keep(struct agent *ag, struct instance *in);
+void agent_latency_metrics(struct agent *ag, FILE *f);
 
 /* health.c: data-path liveness and device health, sampled on a timer */
 void agent_health_start(struct agent *ag);

@@ -89,6 +89,7 @@ static int start_run(struct agent *ag, struct instance *in,
       .spin_us = ag->cfg.spin_us,
       .cpu_threads = ag->cfg.accel_threads,
       .gpu_threads = ag->cfg.gpu_threads,
+      .gpu_blocks = ag->cfg.gpu_blocks,
       .serve_until = &ag->serve_until_ns,
   };
   int rc;
@@ -221,6 +222,7 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
     /* one that does not stop keeps its memory (accel.h) */
     in->run->ops->stop(in->run);
     in->run->ops->counters(in->run, &rq, &rs, &dr, &bad);
+    agent_latency_keep(ag, in);
   }
   ag->acc[in->accel].requests += rq;
   ag->acc[in->accel].responses += rs;

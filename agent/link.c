@@ -245,6 +245,11 @@ static void on_beat(uv_timer_t *t) {
     c[i].last_error = a->last_error;
     c[i].stalled_mqueues = a->stalled_mqueues;
     c[i].stall_ms = a->stall_ms;
+    c[i].window_requests = a->q.window_requests;
+    c[i].queue_p50_ns = a->q.queue_p50;
+    c[i].queue_p99_ns = a->q.queue_p99;
+    c[i].service_p50_ns = a->q.service_p50;
+    c[i].service_p99_ns = a->q.service_p99;
     cp[i] = &c[i];
   }
   hb.node_id = ag->node_id;

@@ -55,8 +55,11 @@ static const struct lynx_opt agent_opts[] = {
      "print the accelerators found, one a line, tab-separated (index, kind, "
      "model, memory bytes, PCI bus id, ordering mode) and exit"},
     {"gpu-threads", LYNX_OPT_U32, O(gpu_threads), "128", 32, 1024, NULL,
-     "threads per block of a GPU application's persistent kernel (one "
-     "block per mqueue)"},
+     "threads per block of a GPU application's persistent kernel"},
+    {"gpu-blocks", LYNX_OPT_U32, O(gpu_blocks), "0", 0, 65536, NULL,
+     "blocks of a GPU application's persistent kernel, each scanning its "
+     "share of the mqueues (at most 64); 0: one per mqueue up to one per SM "
+     "(docs/gpu.md)"},
     {"stall-ms", LYNX_OPT_U32, O(stall_ms), "2000", 100, 3600000, NULL,
      "an accelerator whose mqueue has a request pending this long without "
      "consuming it is reported stalled (out of dispatch until it consumes)"},
@@ -179,6 +182,7 @@ static void write_metrics(FILE *f, void *arg) {
                    "This agent's incarnation.");
   lynx_prom_u64(f, "lynx_agent_epoch", NULL,
                 __atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
+  agent_latency_metrics(ag, f);
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
@@ -303,6 +307,7 @@ int main(int argc, char **argv) {
   struct timeval tv;
   char tok_err[320];
 
+  pthread_mutex_init(&ag.lat_lock, NULL);
   rc = lynx_opts_parse(agent_opts, &ag.cfg, argc, argv,
                        "usage: lynx-agent [options]\n"
                        "Runs accelerator instances: static (--app) or as the "

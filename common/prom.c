@@ -1,5 +1,8 @@
 /* prom.c - Prometheus text-exposition writer; see prom.h. */
 #include "prom.h"
+#include "lathist.h"
+
+#include <string.h>
 
 void lynx_prom_escape(FILE *f, const char *v) {
   for (; *v; v++) {
@@ -60,4 +63,52 @@ void lynx_prom_double(FILE *f, const char *name,
                       int decimals) {
   series(f, name, labels);
   fprintf(f, " %.*f\n", decimals, v);
+}
+
+/* Labels plus le="...", for a histogram's bucket series. */
+#define PROM_LABELS_MAX 15
+
+/* ns as seconds in decimal, exactly and without trailing zeros: 128 ns is
+ * "0.000000128", 2^32 ns "4.294967296". */
+static void ns_seconds(char *out, size_t n, uint64_t ns) {
+  size_t l;
+  snprintf(out, n, "%llu.%09llu", (unsigned long long)(ns / 1000000000u),
+           (unsigned long long)(ns % 1000000000u));
+  l = strlen(out);
+  while (l > 0 && out[l - 1] == '0')
+    out[--l] = 0;
+  if (l > 0 && out[l - 1] == '.')
+    out[--l] = 0;
+}
+
+void lynx_prom_histogram(FILE *f, const char *name,
+                         const struct lynx_prom_label *labels,
+                         const struct lynx_lat_hist *h) {
+  struct lynx_prom_label l[PROM_LABELS_MAX + 2];
+  char bname[128], le[32];
+  uint32_t n = 0;
+  uint64_t cum = 0;
+  for (; labels && labels[n].name && n < PROM_LABELS_MAX; n++)
+    l[n] = labels[n];
+  l[n].name = "le";
+  l[n].value = le;
+  l[n + 1].name = l[n + 1].value = NULL;
+  snprintf(bname, sizeof(bname), "%s_bucket", name);
+  /* one series per power of two (every LYNX_LAT_SUB buckets) */
+  for (uint32_t i = 0; i < LYNX_LAT_BUCKETS; i++) {
+    uint64_t hi = lynx_lat_bucket_hi(i);
+    cum += __atomic_load_n(&h->b[i], __ATOMIC_RELAXED);
+    if (hi == UINT64_MAX || (i % LYNX_LAT_SUB) != 0)
+      continue;
+    ns_seconds(le, sizeof(le), hi);
+    lynx_prom_u64(f, bname, l, cum);
+  }
+  snprintf(le, sizeof(le), "+Inf");
+  lynx_prom_u64(f, bname, l, cum);
+  snprintf(bname, sizeof(bname), "%s_sum", name);
+  lynx_prom_double(f, bname, labels,
+                   (double)__atomic_load_n(&h->sum_ns, __ATOMIC_RELAXED) / 1e9,
+                   9);
+  snprintf(bname, sizeof(bname), "%s_count", name);
+  lynx_prom_u64(f, bname, labels, cum);
 }

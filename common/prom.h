@@ -38,6 +38,15 @@ void lynx_prom_double(FILE *f, const char *name,
                       const struct lynx_prom_label *labels, double v,
                       int decimals);
 
+/* A histogram of durations (lathist.h) in seconds: name_bucket with
+ * le at every power of two of nanoseconds from 128 ns (cumulative) and
+ * +Inf, name_sum, name_count; labels as above plus le. The family line
+ * (type "histogram") is the caller's. */
+struct lynx_lat_hist;
+void lynx_prom_histogram(FILE *f, const char *name,
+                         const struct lynx_prom_label *labels,
+                         const struct lynx_lat_hist *h);
+
 /* Writes v with the exposition format's label-value escapes. */
 void lynx_prom_escape(FILE *f, const char *v);
 

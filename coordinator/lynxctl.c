@@ -388,6 +388,41 @@ static void f_health(struct json_object *v, char *out, size_t n) {
     snprintf(out, n, "out");
 }
 
+/* A duration in ns as "850ns", "12.3us", "4.56ms", "1.23s". */
+static void f_dur(uint64_t ns, char *out, size_t n) {
+  if (ns < 1000)
+    snprintf(out, n, "%lluns", (unsigned long long)ns);
+  else if (ns < 1000000)
+    snprintf(out, n, "%.1fus", (double)ns / 1e3);
+  else if (ns < 1000000000)
+    snprintf(out, n, "%.2fms", (double)ns / 1e6);
+  else
+    snprintf(out, n, "%.2fs", (double)ns / 1e9);
+}
+
+/* "p50/p99" of an accelerator's "latency" object; "-" when no request was
+ * taken in the window. */
+static void f_lat_pair(struct json_object *v, const char *p50, const char *p99,
+                       char *out, size_t n) {
+  char a[24], b[24];
+  if (!v || !json_object_is_type(v, json_type_object) ||
+      !obj_u64(v, "window_requests")) {
+    snprintf(out, n, "-");
+    return;
+  }
+  f_dur(obj_u64(v, p50), a, sizeof(a));
+  f_dur(obj_u64(v, p99), b, sizeof(b));
+  snprintf(out, n, "%s/%s", a, b);
+}
+
+static void f_lat_queue(struct json_object *v, char *out, size_t n) {
+  f_lat_pair(v, "queue_p50_ns", "queue_p99_ns", out, n);
+}
+
+static void f_lat_service(struct json_object *v, char *out, size_t n) {
+  f_lat_pair(v, "service_p50_ns", "service_p99_ns", out, n);
+}
+
 /* A node's accelerators' health: "ok" when all are, else "IDX: health"
  * for each one that is not, joined with "; ". */
 static void f_node_health(struct json_object *v, char *out, size_t n) {
@@ -476,6 +511,8 @@ static const struct col accel_cols[] = {
     {"HEALTH", "health", f_health},
     {"REQUESTS", "requests", f_str},
     {"RESPONSES", "responses", f_str},
+    {"QUEUE-P50/P99", "latency", f_lat_queue},
+    {"SERVICE-P50/P99", "latency", f_lat_service},
     {NULL, NULL, NULL},
 };
 

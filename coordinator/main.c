@@ -684,6 +684,11 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
       rep[i].failed = ac->failed ? 1 : 0;
       rep[i].stalled_mqueues = ac->stalled_mqueues;
       rep[i].stall_ms = ac->stall_ms;
+      rep[i].lat.window_requests = ac->window_requests;
+      rep[i].lat.queue_p50_ns = ac->queue_p50_ns;
+      rep[i].lat.queue_p99_ns = ac->queue_p99_ns;
+      rep[i].lat.service_p50_ns = ac->service_p50_ns;
+      rep[i].lat.service_p99_ns = ac->service_p99_ns;
       /* an agent's error text of any length ends up cut to the field */
       snprintf(rep[i].last_error, sizeof(rep[i].last_error), "%s",
                ac->last_error ? ac->last_error : "");

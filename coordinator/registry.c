@@ -1162,6 +1162,7 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
     if (pos < 0)
       continue;
     node->accels[pos].requests = reports[k].requests;
+    node->accels[pos].lat = reports[k].lat;
     node->accels[pos].responses = reports[k].responses;
     accel_health_update(r, node, (uint32_t)pos, &reports[k], now_ms);
   }

@@ -67,9 +67,16 @@ struct lynx_accel_info { /* as an agent registers it */
  * without a restart) but they leave the dispatch table, and placement puts
  * no new instance on it.
  */
+/* Latency quantiles over the agent's recent window (AccelCounters). */
+struct lynx_accel_latency {
+  uint64_t window_requests;
+  uint64_t queue_p50_ns, queue_p99_ns, service_p50_ns, service_p99_ns;
+};
+
 struct lynx_accel_report {
   uint32_t idx;                 /* accelerator index on its node */
   uint64_t requests, responses; /* counters */
+  struct lynx_accel_latency lat;
   int device_lost; /* the device is gone (fell off the bus, reset) */
   int failed;      /* last_error is fatal: the device needs a reset */
   /* mqueues with a request pending whose RX consumer index has not moved
@@ -82,6 +89,7 @@ struct lynx_accel_report {
 struct lynx_reg_accel {
   struct lynx_accel_info info;
   uint64_t requests, responses; /* from heartbeats */
+  struct lynx_accel_latency lat; /* from the last heartbeat */
   /* an instance failed to start here: placement skips this accelerator
    * until retry_at_ms (backoff doubling from 200 ms to 30 s) */
   uint64_t retry_at_ms;

@@ -86,6 +86,18 @@ static struct json_object *health_obj(const struct lynx_reg_accel *a,
   return o;
 }
 
+/* Queueing and service time as the accelerator stamped them, over its
+ * agent's recent window (docs/metrics.md, "Accelerator latency"). */
+static struct json_object *latency_obj(const struct lynx_accel_latency *l) {
+  struct json_object *o = json_object_new_object();
+  add_u64(o, "window_requests", l->window_requests);
+  add_u64(o, "queue_p50_ns", l->queue_p50_ns);
+  add_u64(o, "queue_p99_ns", l->queue_p99_ns);
+  add_u64(o, "service_p50_ns", l->service_p50_ns);
+  add_u64(o, "service_p99_ns", l->service_p99_ns);
+  return o;
+}
+
 struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
                                     const struct lynx_reg_accel *a,
                                     uint64_t now_ms) {
@@ -106,6 +118,7 @@ struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
   add_u64(o, "requests", a->requests);
   add_u64(o, "responses", a->responses);
   json_object_object_add(o, "health", health_obj(a, now_ms));
+  json_object_object_add(o, "latency", latency_obj(&a->lat));
   return o;
 }
 

@@ -5,17 +5,30 @@
  * One launch, every block resident for the kernel's lifetime (the agent
  * checks lynx_cuda_resident_blocks first: a block that waits for another to
  * finish would leave its mqueues unserved forever). Block b serves server
- * mqueues b, b + blocks, b + 2*blocks, ... and loops until the host sets
- * kctl->stop:
+ * mqueues b, b + blocks, b + 2*blocks, ... (up to LYNX_CUDA_MQS_PER_BLOCK)
+ * and loops until the host sets kctl->stop:
  *
- *   pass:  for each of its mqueues, at most one request (as accel/cpu_accel.c:
- *          requests spread over the mqueues are answered in arrival order and
- *          none starves): a held request first (one the app could not answer
- *          because the TX ring was full), else one receive attempt unless the
- *          lease fence (kctl->serve_until_gt) has passed; emulated work; the
- *          app; release. Block 0 publishes %globaltimer (kctl->now_gt).
- *          Then the block's counters go to kctl->blocks[b], and an idle pass
- *          sleeps (lynx_block_idle).
+ *   scan:  the block's first warp looks at all its mqueues at once, one
+ *          lane per mqueue (32 seq-word loads in flight, not one after
+ *          another: a pass over 64 idle host-mapped mqueues costs two
+ *          PCIe round trips, not 64), stamps newly published requests
+ *          (lathist.h, first seen) and marks the mqueues with a request
+ *          waiting or held;
+ *   serve: for each marked mqueue, at most one request (as
+ *          accel/cpu_accel.c: requests spread over the mqueues are answered
+ *          in arrival order and none starves): a held request first (one the
+ *          app could not answer because the TX ring was full), else one
+ *          receive unless the lease fence (kctl->serve_until_gt) has passed;
+ *          emulated work; the app; release. Taking and finishing a request
+ *          are stamped with %globaltimer into the block's queueing and
+ *          service histograms. Block 0 publishes %globaltimer
+ *          (kctl->now_gt). Then the block's counters go to kctl->blocks[b],
+ *          and an idle pass sleeps (lynx_block_idle).
+ *
+ * So one block serves many mqueues without polling each one in turn, and
+ * the agent launches about one block per SM however many mqueues there are
+ * (docs/gpu.md, "Blocks and mqueues"), instead of one block per mqueue
+ * competing for the SMs' issue slots and memory system.
  *
  * The applications are the CPU handlers' twins (accel/apps.c), with the
  * per-request decisions in accel/app_logic.h, which the CPU unit tests run.
@@ -23,7 +36,7 @@
  * 0 (finished with the request: the caller releases it), APP_AGAIN (the TX
  * ring is full: the request is kept unreleased and retried on a later pass)
  * or APP_STOP (the host asked the kernel to stop while the app was holding
- * the block). Nothing here has run on a GPU (docs/mqueue.md, "On the GPU").
+ * the block).
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -35,10 +48,6 @@
 #include "lynx_cuda.h"
 #include "lynx_dev.cuh"
 
-/* Mqueues one block can serve: their state lives in the block's shared
- * memory (LYNX_CUDA_MQS_PER_BLOCK * sizeof(struct kmq), 6 KiB). Launch more
- * blocks for more mqueues. */
-#define LYNX_CUDA_MQS_PER_BLOCK 64u
 #define LYNX_CUDA_THREADS_MAX 1024u
 
 #define APP_AGAIN (-11) /* EAGAIN */
@@ -51,7 +60,28 @@ struct kmq {
   struct lynx_mq mq;
   struct lynx_msg held; /* a request the app could not answer yet */
   uint32_t has_held;
+  uint64_t taken_gt;    /* when the request in hand was taken */
+  struct lynx_seen seen; /* first-seen stamps (lathist.h) */
 };
+
+/* The block's latency histograms: kept in shared memory, each changed
+ * word also stored to the control block (a posted store, no read back),
+ * where the agent copies them from. Thread 0 only. */
+struct klat {
+  struct lynx_lat sh;
+  struct lynx_lat *gl;
+};
+
+static __device__ void lat_add(struct lynx_lat_hist *sh,
+                               struct lynx_lat_hist *gl, uint64_t ns) {
+  uint32_t b = lynx_lat_bucket(ns);
+  uint64_t v = sh->b[b] + 1u;
+  sh->b[b] = v;
+  ((volatile uint64_t *)gl->b)[b] = v;
+  v = sh->sum_ns + ns;
+  sh->sum_ns = v;
+  *(volatile uint64_t *)&gl->sum_ns = v;
+}
 
 /* ---- applications ---------------------------------------------------- */
 
@@ -165,11 +195,6 @@ static __device__ int run_app(const struct lynx_cuda_launch *l,
 
 /* ---- the persistent kernel --------------------------------------------- */
 
-/*
- * One mqueue's turn in a pass: 1 when a request was finished with, 0 when
- * nothing was (none waiting, or the TX ring still full), APP_STOP. st is the
- * I/O thread's counters (other threads' copies are unused).
- */
 /* 1 in every thread while the lease fence stops new requests: read right
  * before each receive, so no request is taken past the host's deadline. */
 static __device__ int fenced(const struct lynx_cuda_kctl *kctl) {
@@ -182,8 +207,15 @@ static __device__ int fenced(const struct lynx_cuda_kctl *kctl) {
   return lynx_block_any(f);
 }
 
+/*
+ * One mqueue's turn in a pass: 1 when a request was finished with, 0 when
+ * nothing was (none waiting, or the TX ring still full), APP_STOP. st and
+ * lat are the I/O thread's counters and histograms (other threads' copies
+ * are unused).
+ */
 static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
-                               struct lynx_cuda_block_stats *st) {
+                               struct lynx_cuda_block_stats *st,
+                               struct klat *lat) {
   struct lynx_msg m = {NULL, 0, 0, 0};
   int held = lynx_block_any(lynx_block_io_thread() && s->has_held);
   int replied = 0, rc;
@@ -196,8 +228,13 @@ static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
       return 0;
     if (lynx_block_recv(&s->mq, &m) != 0)
       return 0;
-    if (lynx_block_io_thread())
+    if (lynx_block_io_thread()) {
+      uint64_t now = lynx_globaltimer_ns();
       st->requests++;
+      s->taken_gt = now;
+      lat_add(&lat->sh.queue, &lat->gl->queue,
+              now - lynx_seen_at(&s->seen, s->mq.rx_head - 1u, now));
+    }
     lynx_block_work_us(l->work_us); /* once per request, not per retry */
   }
   rc = run_app(l, &s->mq, &m, &replied);
@@ -211,6 +248,9 @@ static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
     return 0;
   }
   if (lynx_block_io_thread()) {
+    uint64_t now = lynx_globaltimer_ns();
+    lat_add(&lat->sh.service, &lat->gl->service,
+            now > s->taken_gt ? now - s->taken_gt : 0);
     s->has_held = 0;
     if (replied)
       st->responses++;
@@ -234,9 +274,40 @@ static __device__ void publish_stats(struct lynx_cuda_block_stats *out,
   v->bad = st->bad;
 }
 
+#define READY_WORDS ((LYNX_CUDA_MQS_PER_BLOCK + 31u) / 32u)
+
+/*
+ * The scan: the block's first warp, lane i looking at mqueues i, i + 32,
+ * ...: stamps what each ring newly shows (lynx_seen_scan: seq-word loads
+ * only, the lanes' loads in flight together) and sets ready[] bit k when
+ * mqueue k has a request waiting at its head or a held one. The kmq state
+ * it reads was last written by thread 0 before the barrier that precedes
+ * the scan; lane i writes only its mqueues' seen stamps, which thread 0
+ * reads after the barrier that follows. Called by all threads.
+ */
+static __device__ void scan(struct kmq *kmqs, uint32_t n, uint32_t *ready) {
+  if (threadIdx.x < 32u) {
+    uint32_t lane = threadIdx.x;
+    uint64_t now = lynx_globaltimer_ns();
+    for (uint32_t base = 0; base < n; base += 32u) { /* uniform in the warp */
+      uint32_t k = base + lane;
+      int r = 0;
+      if (k < n)
+        r = lynx_seen_scan(&kmqs[k].seen, &kmqs[k].mq, now) ||
+            kmqs[k].has_held;
+      r = __ballot_sync(0xffffffffu, r);
+      if (lane == 0)
+        ready[base / 32u] = (uint32_t)r;
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     lynx_cuda_kernel(struct lynx_cuda_launch l) {
   __shared__ struct kmq kmqs[LYNX_CUDA_MQS_PER_BLOCK];
+  __shared__ uint32_t ready[READY_WORDS];
+  __shared__ struct klat lat;
   __shared__ uint32_t n_kmqs;
   struct lynx_cuda_kctl *kctl = l.kctl;
   struct lynx_cuda_block_stats st = {0, 0, 0, 0};
@@ -253,9 +324,14 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
            q < l.n_server && n < LYNX_CUDA_MQS_PER_BLOCK; q += l.blocks) {
         lynx_mq_bind(&kmqs[n].mq, (uint8_t *)l.region, &g, q);
         kmqs[n].has_held = 0;
+        kmqs[n].seen.pos = kmqs[n].mq.rx_head;
         n++;
       }
     n_kmqs = n;
+    memset(&lat.sh, 0, sizeof(lat.sh));
+    lat.gl = (struct lynx_lat *)((uint8_t *)kctl +
+                                 lynx_cuda_kctl_lat_off(l.blocks)) +
+             blockIdx.x;
     if (blockIdx.x == 0)
       *(volatile uint64_t *)&kctl->now_gt = lynx_globaltimer_ns();
     atomicAdd(&kctl->started, 1u);
@@ -266,13 +342,20 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
 
   while (!lynx_block_flag(&kctl->stop)) {
     int work = 0, stop = 0;
-    for (uint32_t i = 0; i < n; i++) {
-      int rc = serve_mq(&l, &kmqs[i], &st);
-      if (rc == APP_STOP) {
-        stop = 1;
-        break;
+    scan(kmqs, n, ready);
+    for (uint32_t w = 0; w < READY_WORDS && !stop; w++) {
+      uint32_t bits = ready[w]; /* the same in every thread */
+      while (bits) {
+        uint32_t i = w * 32u + (uint32_t)(__ffs(bits) - 1);
+        int rc;
+        bits &= bits - 1u;
+        rc = serve_mq(&l, &kmqs[i], &st, &lat);
+        if (rc == APP_STOP) {
+          stop = 1;
+          break;
+        }
+        work += rc;
       }
-      work += rc;
     }
     if (lynx_block_io_thread()) {
       uint64_t bad = 0;
@@ -306,11 +389,6 @@ static int fail(int rc, char *err, size_t errlen, const char *what,
   if (err && errlen)
     snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
   return rc;
-}
-
-size_t lynx_cuda_kctl_size(uint32_t blocks) {
-  return sizeof(struct lynx_cuda_kctl) +
-         (size_t)blocks * sizeof(struct lynx_cuda_block_stats);
 }
 
 static int threads_ok(uint32_t threads) {

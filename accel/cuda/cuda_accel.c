@@ -399,6 +399,7 @@ struct gpu_instance {
   int refs;  /* the agent's handle + the transport's memory */
   int launched, stopping, stopped, hung;
   uint64_t stats[4]; /* last counters read */
+  struct lynx_lat lat; /* last latency histograms read (summed) */
   /* %globaltimer - host monotonic clock, as measured from the kernel's
    * now_gt (a lower bound: the value was read before the copy returned),
    * the best in the last CLOCK_WINDOW_NS; used for the lease fence */
@@ -689,6 +690,47 @@ static int gi_alloc(struct gpu_instance *gi, uint64_t size, char *err,
   return 0;
 }
 
+/*
+ * How many blocks the persistent kernel runs (docs/gpu.md, "Blocks and
+ * mqueues"). Auto (--gpu-blocks 0): one per server mqueue up to one per
+ * SM, so a few mqueues get a block each and many share the SMs' blocks,
+ * each block scanning its mqueues together; never fewer than a block can
+ * serve (LYNX_CUDA_MQS_PER_BLOCK each). Every block must stay resident.
+ */
+static int pick_blocks(int device, const struct lynx_accel_launch *l,
+                       uint32_t resident, uint32_t *out, char *err,
+                       size_t errlen) {
+  uint32_t need = (l->n_server + LYNX_CUDA_MQS_PER_BLOCK - 1) /
+                  LYNX_CUDA_MQS_PER_BLOCK;
+  uint32_t b = l->gpu_blocks;
+  int sms = 0;
+  if (!b) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                               device) != cudaSuccess || sms < 1)
+      sms = 1;
+    b = l->n_server < (uint32_t)sms ? l->n_server : (uint32_t)sms;
+    if (b > resident)
+      b = resident;
+    if (b < need)
+      b = need; /* refused below when that many do not fit */
+  } else if (b > l->n_server) {
+    b = l->n_server; /* a block beyond the mqueues would only idle */
+  }
+  if (b < need) {
+    snprintf(err, errlen, "%u server mqueues need at least %u blocks (a "
+             "block serves at most %u): --gpu-blocks %u", l->n_server, need,
+             LYNX_CUDA_MQS_PER_BLOCK, l->gpu_blocks);
+    return -EINVAL;
+  }
+  if (b > resident) {
+    snprintf(err, errlen, "GPU %d keeps at most %u blocks of %u threads "
+             "resident, %u needed", device, resident, l->gpu_threads, b);
+    return -EINVAL;
+  }
+  *out = b;
+  return 0;
+}
+
 int gpu_instance_start(const struct lynx_accel_launch *l,
                        struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen) {
@@ -775,13 +817,9 @@ launch:
     rc = -EIO;
     goto fail;
   }
-  gi->blocks = l->n_server < resident ? l->n_server : resident;
-  if (!gi->blocks) {
-    snprintf(err, errlen, "GPU %d cannot keep a block of %u threads "
-             "resident", gi->device, l->gpu_threads);
-    rc = -EINVAL;
+  rc = pick_blocks(gi->device, l, resident, &gi->blocks, err, errlen);
+  if (rc)
     goto fail;
-  }
   {
     void *k = NULL;
     e = dev_alloc(gi->device, lynx_cuda_kctl_size(gi->blocks), gi->copy, &k,
@@ -895,6 +933,7 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   /* the counters the blocks published as they returned, kept from here */
   gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
                         &gi->stats[3]);
+  gpu_instance_latency(gi, &gi->lat);
   gi->stopped = 1;
   host_unmap(gi); /* before its owner frees it */
   return 0;
@@ -926,7 +965,7 @@ int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns) {
 
 int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
                           uint64_t *resp, uint64_t *drops, uint64_t *bad) {
-  size_t n = lynx_cuda_kctl_size(gi->blocks);
+  size_t n = lynx_cuda_kctl_lat_off(gi->blocks); /* header and stats */
   struct lynx_cuda_kctl *k;
   cudaError_t e;
   *req = gi->stats[0];
@@ -970,6 +1009,40 @@ int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
   else if (e == cudaSuccess && !gi->stopping)
     LYNX_LOG_RL(LYNX_LOG_WARN, "cuda", "GPU %d: a persistent kernel exited "
                 "without being asked to", gi->device);
+  return 0;
+}
+
+int gpu_instance_latency(struct gpu_instance *gi, struct lynx_lat *out) {
+  size_t n = (size_t)gi->blocks * sizeof(struct lynx_lat);
+  struct lynx_lat *k;
+  cudaError_t e;
+  if (out != &gi->lat)
+    *out = gi->lat;
+  if (!gi->kctl || (gi->stopped && !gi->hung))
+    return 0; /* final histograms kept at stop */
+  k = malloc(n);
+  if (!k)
+    return -ENOMEM;
+  cudaSetDevice(gi->device);
+  pthread_mutex_lock(&gi->lock);
+  e = cudaMemcpyAsync(k, (uint8_t *)gi->kctl + lynx_cuda_kctl_lat_off(gi->blocks),
+                      n, cudaMemcpyDeviceToHost, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "reading latency histograms");
+    free(k);
+    return cuda_errno(e);
+  }
+  memset(&gi->lat, 0, sizeof(gi->lat));
+  for (uint32_t b = 0; b < gi->blocks; b++) {
+    lynx_lat_merge(&gi->lat.queue, &k[b].queue);
+    lynx_lat_merge(&gi->lat.service, &k[b].service);
+  }
+  free(k);
+  if (out != &gi->lat)
+    *out = gi->lat;
   return 0;
 }
 
@@ -1105,6 +1178,10 @@ static int cuda_fence(struct lynx_accel_inst *in, uint64_t serve_until_ns,
   (void)wake; /* the kernel polls: it never sleeps on the doorbell */
   return gpu_instance_fence(container_of(in, struct gpu_instance, acc),
                             serve_until_ns);
+}
+
+static int cuda_latency(struct lynx_accel_inst *in, struct lynx_lat *out) {
+  return gpu_instance_latency(container_of(in, struct gpu_instance, acc), out);
 }
 
 static int cuda_counters(struct lynx_accel_inst *in, uint64_t *req,

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "accel.h"
 
@@ -56,6 +57,12 @@ static int none_counters(struct lynx_accel_inst *in, uint64_t *req,
                          uint64_t *resp, uint64_t *drops, uint64_t *bad) {
   (void)in;
   *req = *resp = *drops = *bad = 0;
+  return -ENOTSUP;
+}
+
+static int none_latency(struct lynx_accel_inst *in, struct lynx_lat *out) {
+  (void)in;
+  memset(out, 0, sizeof(*out));
   return -ENOTSUP;
 }
 

@@ -77,6 +77,11 @@ int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns);
 int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
                           uint64_t *resp, uint64_t *drops, uint64_t *bad);
 
+/* The kernel's queueing and service times (summed over its blocks,
+ * %globaltimer ns, totals since start; kept at stop). 0 or -errno (the
+ * last histograms read are still set). */
+int gpu_instance_latency(struct gpu_instance *gi, struct lynx_lat *out);
+
 /* Drops the instance's handle; the region's memory goes when the
  * transport releases it (after tops->region_free). */
 void gpu_instance_put(struct gpu_instance *gi);

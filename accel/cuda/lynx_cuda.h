@@ -13,9 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lathist.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Server mqueues one block can serve (their state lives in the block's
+ * shared memory): launch at least ceil(n_server / this) blocks. */
+#define LYNX_CUDA_MQS_PER_BLOCK 64u
 
 /* Applications with a CUDA kernel (struct lynx_app.cuda_app). */
 enum lynx_cuda_app {
@@ -46,6 +52,9 @@ struct lynx_cuda_kctl {
    * the agent converts host times to the GPU's clock with. */
   uint64_t now_gt;
   struct lynx_cuda_block_stats blocks[]; /* one per block */
+  /* then, at lynx_cuda_kctl_lat_off: struct lynx_lat per block, the
+   * block's queueing and service times (lathist.h), %globaltimer
+   * nanoseconds, written by the block's thread 0 as it goes */
 };
 
 struct lynx_cuda_launch {
@@ -54,14 +63,23 @@ struct lynx_cuda_launch {
   uint32_t n_server;  /* server mqueues served: [0, n_server) */
   uint32_t app;       /* enum lynx_cuda_app */
   uint32_t work_us;   /* emulated work per request (%globaltimer) */
-  uint32_t blocks;    /* block b serves mqueues q with q % blocks == b */
+  uint32_t blocks;    /* block b serves mqueues q with q % blocks == b, at
+                         most LYNX_CUDA_MQS_PER_BLOCK */
   uint32_t threads;   /* threads per block (multiple of 32, <= 1024) */
   uint32_t idle_ns;   /* adaptive polling: longest __nanosleep when idle */
   struct lynx_cuda_kctl *kctl; /* device pointer, lynx_cuda_kctl_size */
 };
 
-/* Bytes of a control block for that many blocks. */
-size_t lynx_cuda_kctl_size(uint32_t blocks);
+/* Where a control block's latency histograms start, and its bytes, for
+ * that many blocks. */
+LYNX_HD size_t lynx_cuda_kctl_lat_off(uint32_t blocks) {
+  return sizeof(struct lynx_cuda_kctl) +
+         (size_t)blocks * sizeof(struct lynx_cuda_block_stats);
+}
+LYNX_HD size_t lynx_cuda_kctl_size(uint32_t blocks) {
+  return lynx_cuda_kctl_lat_off(blocks) +
+         (size_t)blocks * sizeof(struct lynx_lat);
+}
 
 /* How many blocks of `threads` threads the persistent kernel can keep
  * resident at once on device `device` (every block must be resident, or

@@ -22,7 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 it_init liveness
 it_require sockperf curl timeout
 it_require_coord
-pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
+pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT AMETRICS_PORT
 node_ids N1
 HANG_MS=5000
 
@@ -37,6 +37,15 @@ accel_health() {
   ctl accelerators --json |
     jq -r '.items[] | "\(.id) \(.health.stalled_mqueues) \(.health.dispatchable) \(.health.outages) \(.requests)"'
 }
+# the agent's service-time histogram count of accelerator $1 with at least
+# $2 seconds (its le buckets are powers of two of ns: 4.294967296 = 2^32 ns)
+slow_services() {
+  curl -sf --max-time 5 "http://127.0.0.1:$AMETRICS_PORT/metrics" | awk -v a="$1" -v le="$2" '
+    $1 ~ "^lynx_agent_accel_service_seconds_bucket[{]accel=\"" a "\"" {
+      if ($1 ~ "le=\"" le "\"") below = $2
+      if ($1 ~ "le=\"[+]Inf\"") all = $2 }
+    END { print all - below }'
+}
 pingpong() {
   local out=$IT_DIR/pingpong-$1.out
   run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t "${2:-1}"
@@ -44,7 +53,7 @@ pingpong() {
 }
 
 start_coordinator --lease-ms 1500
-start_node_agent "$N1" --stall-ms 500
+start_node_agent "$N1" --stall-ms 500 --metrics "127.0.0.1:$AMETRICS_PORT"
 AGENT_LOG_N1=$AGENT_LOG
 start_coord_frontend
 api POST /v1/services -d "{\"name\":\"sf\",\"port\":$UDP_PORT,\"app\":\"sockperf-fault\",\"placement\":\"all\",\"mqueues_per_accel\":2}"
@@ -69,6 +78,29 @@ cat "$IT_DIR/health-1.txt"
 assert_eq "$(awk '$2 != 0 || $3 != "true" || $4 != 0' "$IT_DIR/health-1.txt" | grep -c .)" 0 \
   "accelerators reported stalled, not dispatchable or with an outage under plain load"
 assert_eq "$(grep -c 'stopped consuming' "$AGENT_LOG_N1")" 0 "agent stall warnings under plain load"
+
+# accelerator-stamped latency (docs/metrics.md): each accelerator took
+# requests in the agent's window, quantiles ordered; the agent's service
+# histogram counts every request its heartbeat reported
+ctl accelerators --json | jq -r '.items[] | "\(.id) \(.latency.window_requests) \(.latency.queue_p50_ns) \(.latency.queue_p99_ns) \(.latency.service_p50_ns) \(.latency.service_p99_ns) \(.requests)"' \
+  >"$IT_DIR/latency-1.txt"
+cat "$IT_DIR/latency-1.txt"
+assert_eq "$(awk '$2 > 0 && $4 >= $3 && $5 > 0 && $6 >= $5' "$IT_DIR/latency-1.txt" | grep -c .)" 2 \
+  "accelerators with requests, a service time and ordered quantiles in their latency window"
+curl -sf --max-time 5 "http://127.0.0.1:$AMETRICS_PORT/metrics" >"$IT_DIR/agent-metrics-1.txt" ||
+  fail "cannot read the agent's --metrics"
+for i in 0 1; do
+  n=$(sed -n "s/^lynx_agent_accel_service_seconds_count{accel=\"$i\",kind=\"cpu\"} //p" "$IT_DIR/agent-metrics-1.txt")
+  assert_eq "$n" "$(awk -v a="$N1/$i" '$1 == a {print $7}' "$IT_DIR/latency-1.txt")" \
+    "accelerator $i: service times counted vs requests reported"
+done
+ctl accelerators >"$IT_DIR/accels-1.txt"
+grep -q 'QUEUE-P50/P99 *SERVICE-P50/P99' "$IT_DIR/accels-1.txt" ||
+  fail "lynxctl accelerators shows no latency columns: $(cat "$IT_DIR/accels-1.txt")"
+assert_eq "$(grep -cE '[0-9.]+(ns|us|ms)/[0-9.]+(ns|us|ms) +[0-9.]+(ns|us|ms)/[0-9.]+(ns|us|ms) *$' "$IT_DIR/accels-1.txt")" 2 \
+  "lynxctl accelerators rows with queueing and service p50/p99"
+assert_eq "$(slow_services 0 4.294967296)$(slow_services 1 4.294967296)" 00 \
+  "service times over 4.29 s before any hang"
 
 # ---- 2. one accelerator hangs -------------------------------------------------------
 log "== 2. LYNX-HANG $HANG_MS: one accelerator stops consuming"
@@ -111,6 +143,12 @@ BACK_MS=$(($(now_ms) - t_hang))
 log "ok: $STALLED dispatchable again ${BACK_MS} ms after the hang began (hang ${HANG_MS} ms)"
 assert_ge "$BACK_MS" "$HANG_MS" "ms from the hang to dispatchable again (not before the app consumes)"
 wait_log "$AGENT_LOG_N1" "consumes again" 2 1
+# the hung request's service time, stamped by the accelerator: over 4.29 s
+end=$(($(now_ms) + 2000))
+until [[ $(slow_services "${STALLED##*/}" 4.294967296) == 1 ]]; do
+  (($(now_ms) < end)) || fail "$STALLED: no service time of at least 4.29 s in the agent's histogram after a ${HANG_MS} ms hang"
+  sleep 0.1
+done
 end=$(($(now_ms) + 3000))
 until [[ $(fe_accels | grep -c .) == 2 ]]; do
   (($(now_ms) < end)) || fail "$STALLED not back in the frontend's dispatch"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
@@ -108,19 +109,30 @@ int fake_cuda_kernels(void) {
   return n;
 }
 
+/* Emulated work (apps.cu's lynx_block_work_us), asleep. */
+static void work_us(uint32_t us) {
+  struct timespec ts = {0, (long)us * 1000};
+  if (us)
+    nanosleep(&ts, NULL);
+}
+
 /* The persistent kernel: block b serves server mqueues q % blocks == b with
- * the real ring code, echoing (LYNX_CUDA_APP_ECHO) until kctl->stop. Only
- * requests and responses of each block are written, so a test may set
- * drops and bad itself. */
+ * the real ring code, echoing (LYNX_CUDA_APP_ECHO) after work_us until
+ * kctl->stop, and stamps queueing and service times into block b's
+ * histograms (lathist.h, as apps.cu). Only requests and responses of each
+ * block are written, so a test may set drops and bad itself. */
 static void *kernel_main(void *arg) {
   struct kern *k = arg;
   const struct lynx_cuda_launch *l = &k->pub.l;
   struct lynx_cuda_kctl *kc = l->kctl;
+  struct lynx_lat *lat = (struct lynx_lat *)((uint8_t *)kc +
+                                             lynx_cuda_kctl_lat_off(l->blocks));
   struct lynx_geom g;
   struct lynx_mq *mq = calloc(l->n_server, sizeof(*mq));
+  struct lynx_seen *seen = calloc(l->n_server, sizeof(*seen));
   uint64_t *req = calloc(l->blocks, sizeof(*req));
   uint64_t *resp = calloc(l->blocks, sizeof(*resp));
-  if (!mq || !req || !resp ||
+  if (!mq || !seen || !req || !resp ||
       lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size))
     abort();
   for (uint32_t q = 0; q < l->n_server; q++)
@@ -132,11 +144,13 @@ static void *kernel_main(void *arg) {
     if (!k->pub.hang && lynx_load_acquire32(&kc->stop))
       break;
     __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
+    for (uint32_t q = 0; q < l->n_server; q++)
+      lynx_seen_scan(&seen[q], &mq[q], fake_cuda_globaltimer());
     for (uint32_t q = 0; q < l->n_server; q++) {
       uint32_t b = q % l->blocks;
       struct lynx_msg m;
       uint8_t *out = NULL;
-      uint64_t until;
+      uint64_t until, taken;
       int full;
       /* the lease fence, as apps.cu checks it before each receive */
       until = __atomic_load_n(&kc->serve_until_gt, __ATOMIC_ACQUIRE);
@@ -148,6 +162,10 @@ static void *kernel_main(void *arg) {
         continue;
       busy = 1;
       req[b]++;
+      taken = fake_cuda_globaltimer();
+      lynx_lat_add(&lat[b].queue,
+                   taken - lynx_seen_at(&seen[q], mq[q].rx_head - 1, taken));
+      work_us(l->work_us);
       while ((full = lynx_mq_reserve(&mq[q], m.len, &out)) != 0 &&
              !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE))
         usleep(100);
@@ -156,6 +174,7 @@ static void *kernel_main(void *arg) {
         lynx_mq_commit(&mq[q], m.tag, m.len, m.len, LYNX_ST_OK);
         resp[b]++;
       }
+      lynx_lat_add(&lat[b].service, fake_cuda_globaltimer() - taken);
       lynx_mq_release(&mq[q]);
       __atomic_store_n(&kc->blocks[b].requests, req[b], __ATOMIC_RELEASE);
       __atomic_store_n(&kc->blocks[b].responses, resp[b], __ATOMIC_RELEASE);
@@ -165,6 +184,7 @@ static void *kernel_main(void *arg) {
   }
   __atomic_add_fetch(&kc->exited, l->blocks, __ATOMIC_SEQ_CST);
   free(mq);
+  free(seen);
   free(req);
   free(resp);
   __atomic_store_n(&k->pub.running, 0, __ATOMIC_RELEASE);
@@ -665,11 +685,6 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
 }
 
 /* ---- the kernel-side interface (lynx_cuda.h) ----------------------------- */
-
-size_t lynx_cuda_kctl_size(uint32_t blocks) {
-  return sizeof(struct lynx_cuda_kctl) +
-         (size_t)blocks * sizeof(struct lynx_cuda_block_stats);
-}
 
 int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
                               char *err, size_t errlen) {

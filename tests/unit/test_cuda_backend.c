@@ -146,6 +146,8 @@ struct inst {
 
 /* The lease fence instances start with (UINT64_MAX: none, static mode). */
 static uint64_t start_serve_until = UINT64_MAX;
+/* --gpu-blocks they start with (0: auto). */
+static uint32_t start_blocks;
 /* Set: instances start as the agent starts them with --region-mem host
  * (the transport allocates, formats and exports the region in host memory,
  * then the backend maps it into the GPU); agent-side handle start_ta. */
@@ -192,6 +194,7 @@ static int inst_start(struct inst *in, int dev,
       .app = echo_app, .n_mqueues = q, .n_server = n_server, .slots = S,
       .slot_size = Z, .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL,
       .epoch = epoch, .work_us = 7, .gpu_threads = 64,
+      .gpu_blocks = start_blocks,
       .serve_until = &start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (rc && start_host)
@@ -526,6 +529,26 @@ static void test_instance_over_tcp(void **state) {
   counters(&in, c);
   assert_int_equal(c[2], 7);
   assert_int_equal(c[3], 11);
+
+  /* GPU-stamped latency: every request in both histograms, summed over
+   * the blocks; service includes the 7 us of emulated work */
+  {
+    struct lynx_lat lat;
+    const struct lynx_lat *kl =
+        (const struct lynx_lat *)((const uint8_t *)kc +
+                                  lynx_cuda_kctl_lat_off(2));
+    uint64_t end = lynx_now_ns() + 2000000000ull;
+    do { /* the service stamp follows the counters' store */
+      assert_int_equal(gpu_instance_latency(in.gi, &lat), 0);
+    } while (lynx_lat_count(&lat.service) < 3 && lynx_now_ns() < end &&
+             usleep(1000) == 0);
+    assert_int_equal(lynx_lat_count(&lat.queue), 3);
+    assert_int_equal(lynx_lat_count(&lat.service), 3);
+    assert_int_equal(lynx_lat_count(&kl[0].service), 1);
+    assert_int_equal(lynx_lat_count(&kl[1].service), 2);
+    assert_true(lat.service.sum_ns >= 3 * 7000ull);
+    assert_true(lynx_lat_quantile(&lat.service, NULL, 0.5, NULL) >= 7000);
+  }
   assert_int_equal(fake.frees, 0);
   assert_int_equal(fake.blocking_calls, 0);
   assert_int_equal(fake.device_syncs, 0);
@@ -818,6 +841,38 @@ static void test_host_region_tcp_failures(void **state) {
 }
 
 /* ---- 5. health --------------------------------------------------------- */
+
+/* How many blocks the kernel gets: one per mqueue up to one per SM (132
+ * on the fake GPU), never fewer than 64 mqueues a block, never more than
+ * stay resident; --gpu-blocks overrides within those bounds. */
+static uint32_t blocks_for(uint32_t n_server, uint32_t blocks, int want_rc) {
+  struct inst in;
+  uint32_t got = 0;
+  start_blocks = blocks;
+  assert_int_equal(inst_start(&in, 0, T, n_server, n_server, 1), want_rc);
+  start_blocks = 0;
+  if (want_rc)
+    return 0;
+  got = in.k->l.blocks;
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  inst_drop(&in);
+  return got;
+}
+
+static void test_blocks(void **state) {
+  (void)state;
+  fake.resident = 2000;
+  assert_int_equal(blocks_for(4, 0, 0), 4);       /* a block each */
+  assert_int_equal(blocks_for(200, 0, 0), 132);   /* one per SM */
+  assert_int_equal(blocks_for(1024, 0, 0), 132);  /* 8 mqueues a block */
+  assert_int_equal(blocks_for(200, 4, 0), 4);     /* 50 a block */
+  assert_int_equal(blocks_for(4, 16, 0), 4);      /* none idles */
+  assert_int_equal(blocks_for(200, 3, -EINVAL), 0); /* 67 a block */
+  fake.resident = 8; /* 8 blocks resident */
+  assert_int_equal(blocks_for(200, 0, 0), 8);     /* as many as fit */
+  assert_int_equal(blocks_for(1024, 0, -EINVAL), 0); /* 16 needed */
+  assert_int_equal(blocks_for(200, 9, -EINVAL), 0);
+}
 
 static void test_health(void **state) {
   struct inst a;
@@ -1219,6 +1274,7 @@ int main(int argc, char **argv) {
       T_(test_instance_over_tcp),
       T_(test_stop_reuse_shutdown),
       T_(test_hung_kernel),
+      T_(test_blocks),
       T_(test_health),
       T_(test_no_device_sync),
       T_(test_rdma_registration),

@@ -414,7 +414,9 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(json_object_array_length(a), 2);
   a = json_object_array_get_idx(a, 1);
   /* accelerator */
-  assert_int_equal(n_keys(a), 13);
+  assert_int_equal(n_keys(a), 14);
+  assert_int_equal(n_keys(get(a, "latency")), 5);
+  assert_int_equal(get_u64(get(a, "latency"), "window_requests"), 0);
   assert_string_equal(get_str(a, "id"), "n1/1");
   assert_string_equal(get_str(a, "node"), "n1");
   assert_string_equal(get_str(a, "kind"), "cpu");
@@ -624,6 +626,7 @@ static void test_encode_health(void **state) {
   rep.requests = 7;
   rep.stalled_mqueues = 1;
   rep.stall_ms = 2300;
+  rep.lat = (struct lynx_accel_latency){900, 2100, 48000, 5300, 9900};
   snprintf(rep.last_error, sizeof(rep.last_error), "kernel timeout");
   assert_int_equal(lynx_reg_heartbeat(&r, "g1", 5, &rep, 1, 1200), 0);
 
@@ -649,6 +652,13 @@ static void test_encode_health(void **state) {
   assert_int_equal(get_u64(h, "stall_ms"), 2300);
   assert_int_equal(get_u64(h, "unhealthy_for_ms"), 500);
   assert_int_equal(get_u64(h, "outages"), 1);
+  /* the accelerator-stamped latency of the last heartbeat, as reported */
+  h = get(a, "latency");
+  assert_int_equal(get_u64(h, "window_requests"), 900);
+  assert_int_equal(get_u64(h, "queue_p50_ns"), 2100);
+  assert_int_equal(get_u64(h, "queue_p99_ns"), 48000);
+  assert_int_equal(get_u64(h, "service_p50_ns"), 5300);
+  assert_int_equal(get_u64(h, "service_p99_ns"), 9900);
   json_object_put(o);
 
   /* the node carries the same objects */
