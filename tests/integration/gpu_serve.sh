@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # gpu_serve: GPU accelerators end to end, on a host with an NVIDIA GPU and a
 # lynx-agent built with CUDA (skipped with 77 and the reason otherwise).
+# IT_TRANSPORT (shm, tcp) and IT_GPU_MEM (--region-mem: auto, host, device)
+# pick the path; ctest runs tcp/auto (host-mapped), shm/host and tcp/device.
 #
-#  1. Static mode: lynx-agent --cuda-accels 0 (tcp transport: the region in
-#     GPU memory, served with cudaMemcpyAsync or gdrcopy) runs sockperf-echo
-#     as a persistent kernel; sockperf ping-pong and under-load are answered
-#     with nothing dropped, duplicated or out of order; the agent logged the
-#     GPU (name, PCI bus id, ordering mode) and the kernel launch.
+#  1. Static mode: lynx-agent --cuda-accels 0 runs sockperf-echo as a
+#     persistent kernel; sockperf ping-pong and under-load are answered with
+#     nothing dropped, duplicated or out of order; 3,000 random datagrams
+#     (lynx-udp-fuzz: sizes up to 64 KiB, sockperf-like headers) get every
+#     expected reply byte for byte; the agent logged the GPU (name, PCI bus
+#     id, ordering mode), where its mqueues live and the kernel launch, and
+#     its --metrics count a GPU-stamped service time for every request.
 #  2. work_us emulation on the GPU (%globaltimer): with --work-us 200 the
 #     median round trip grows by at least 200 us (sockperf --full-rtt:
 #     without it sockperf reports half the round trip).
@@ -14,7 +18,9 @@
 #     "LYNX-HANG 4000" request holds the kernel's block; the accelerator is
 #     reported stalled and leaves dispatch, then returns when the block
 #     consumes again, with the same instance.
-#  4. SIGTERM: the agent stops the kernel and exits 0.
+#  4. SIGTERM to the agent while sockperf under-load runs: it stops the
+#     kernel and exits 0 within 5 s.
+export IT_TRANSPORT=${IT_TRANSPORT:-tcp} # lib.sh's default is shm
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init gpu_serve
@@ -29,14 +35,22 @@ log "GPU: $(grep $'^0\tcuda\t' <<<"$probe")"
 # p50 OUT: sockperf's median (us, integer part): the round trip where the
 # run had --full-rtt, else half of it
 p50() { sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/percentile 50.000/ {print int($NF)}'; }
-pick_ports AGENT_PORT UDP_PORT METRICS_PORT DATA_PORT
+pick_ports AGENT_PORT UDP_PORT METRICS_PORT DATA_PORT AMETRICS_PORT
+MEM=${IT_GPU_MEM:-auto}
+# the agent's GPU options for this variant
+GPU_OPTS=(--cuda-accels 0 --cpu-accels 0 --transport "$IT_TRANSPORT" --region-mem "$MEM")
+[[ $IT_TRANSPORT == shm ]] || GPU_OPTS+=(--data-listen "127.0.0.1:$DATA_PORT")
+log "path: transport $IT_TRANSPORT, --region-mem $MEM"
 
 # ---- 1. static mode ---------------------------------------------------------------
 log "== 1. sockperf-echo as a persistent kernel on GPU 0"
-start_agent --cuda-accels 0 --cpu-accels 0 --transport tcp \
-  --data-listen "127.0.0.1:$DATA_PORT" --app sockperf-echo
+start_agent "${GPU_OPTS[@]}" --app sockperf-echo --metrics "127.0.0.1:$AMETRICS_PORT"
 grep -q 'accel 0: GPU 0 ' "$AGENT_LOG" || fail "the agent did not describe GPU 0"
 grep -q 'persistent kernel of' "$AGENT_LOG" || fail "no kernel launch logged"
+case $MEM in
+device) grep -q 'mqueues in GPU memory' "$AGENT_LOG" || fail "the agent did not say its mqueues are in GPU memory" ;;
+*) grep -q 'mqueues in host memory mapped' "$AGENT_LOG" || fail "the agent did not say its mqueues are host-mapped" ;;
+esac
 start_frontend
 out=$IT_DIR/pingpong.out
 run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 --full-rtt
@@ -46,12 +60,28 @@ timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
   --mps 5000 --reply-every 1 >"$IT_DIR/load.out" 2>&1 </dev/null ||
   { cat "$IT_DIR/load.out"; fail "sockperf under-load failed"; }
 check_sockperf "$IT_DIR/load.out"
+[[ -x $LYNX_UDP_FUZZ ]] || fail "$LYNX_UDP_FUZZ is missing: build first (make)"
+timeout -k 2 60 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 3000 --seed 13 \
+  --cap 2032 >"$IT_DIR/fuzz.out" 2>&1 </dev/null
+rc=$?
+fuzz_summary "$IT_DIR/fuzz.out"
+log "random datagrams: $(grep -m1 '^udp_fuzz: sent=' "$IT_DIR/fuzz.out")"
+assert_eq "$rc" 0 "lynx-udp-fuzz exit status (every reply byte-exact, none unexpected or duplicated)"
+assert_gt "$FZ_expected_replies" 0 "pong requests among the random datagrams"
+assert_eq "$FZ_received_replies" "$FZ_expected_replies" "replies to random datagrams"
+# GPU-stamped latency: a service time for every request the kernel took
+sleep 0.5 # the agent samples every 250 ms
+curl -sf --max-time 5 "http://127.0.0.1:$AMETRICS_PORT/metrics" >"$IT_DIR/agent-metrics.txt" ||
+  fail "cannot read the agent's --metrics"
+n=$(sed -n 's/^lynx_agent_accel_service_seconds_count{accel="0",kind="cuda"} //p' "$IT_DIR/agent-metrics.txt")
+disp=$(metric lynx_frontend_dispatched_total) || fail "no lynx_frontend_dispatched_total"
+log "GPU-stamped service times: $n, requests dispatched to the GPU: $disp"
+assert_eq "$n" "$disp" "service times stamped by the kernel == requests dispatched"
 stop_daemons
 
 # ---- 2. work emulation ------------------------------------------------------------
 log "== 2. --work-us 200 on the GPU"
-start_agent --cuda-accels 0 --cpu-accels 0 --transport tcp \
-  --data-listen "127.0.0.1:$DATA_PORT" --app sockperf-echo --work-us 200
+start_agent "${GPU_OPTS[@]}" --app sockperf-echo --work-us 200
 start_frontend
 out=$IT_DIR/pingpong-work.out
 run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 --full-rtt
@@ -67,7 +97,7 @@ pick_ports COORD_PORT API_PORT
 it_require_coord
 node_ids N1
 start_coordinator --lease-ms 1500
-start_node_agent "$N1" --cuda-accels 0 --cpu-accels 0 --transport tcp --stall-ms 500
+start_node_agent "$N1" "${GPU_OPTS[@]}" --stall-ms 500
 start_coord_frontend
 api POST /v1/services -d "{\"name\":\"gf\",\"port\":$UDP_PORT,\"app\":\"sockperf-fault\",\"placement\":\"all\"}"
 [[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
@@ -91,8 +121,17 @@ assert_eq "$(api_json /v1/mqueues '[.items[].instance] | unique | .[]')" "$inst0
 run_sockperf "$IT_DIR/gf2.out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
 check_sockperf "$IT_DIR/gf2.out"
 
-# ---- 4. shutdown --------------------------------------------------------------------
+# ---- 4. SIGTERM under load -----------------------------------------------------------
+log "== 4. SIGTERM to the agent under load"
+timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 4 \
+  --mps 5000 --reply-every 1 >"$IT_DIR/load-term.out" 2>&1 </dev/null &
+track "$!" sockperf-term
+sleep 1
+t0=$(now_ms)
+kill -TERM "$AGENT_PID"
+wait_exit "$AGENT_PID" 5 || fail "agent did not exit within 5 s of SIGTERM under load"
+assert_eq "$WAIT_RC" 0 "agent exit status on SIGTERM under load (kernel stopped)"
+log "ok: agent exited $(($(now_ms) - t0)) ms after SIGTERM under load"
+grep -q 'did not stop' "$AGENT_LOG" && fail "the kernel did not stop: $(grep 'did not stop' "$AGENT_LOG")"
 stop "$FRONTEND_PID" 10
-stop "$AGENT_PID" 10
-assert_eq "$WAIT_RC" 0 "agent exit status on SIGTERM (kernel stopped)"
 it_done
