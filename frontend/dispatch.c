@@ -40,8 +40,10 @@ int lynx_dispatch_pick_flow(struct lynx_dispatcher *d,
                             const struct lynx_flow *f) {
   if (f && f->outstanding && f->q < d->n) {
     const struct lynx_dq *q = d->q[f->q];
-    if (q->up && has_room(q))
-      return (int)f->q;
+    /* a full ring refuses rather than moves the flow: another mqueue's
+     * answers could overtake those still queued on this one */
+    if (q->up)
+      return has_room(q) ? (int)f->q : -EBUSY;
   }
   return lynx_dispatch_pick(d);
 }

@@ -3,7 +3,7 @@
  *
  * Picks the mqueue a request goes to among a worker's mqueues. A mqueue that
  * is out of dispatch (its accelerator left) or whose RX ring is full is
- * skipped, never waited on.
+ * skipped, never waited on (except by a busy flow, below).
  *   rr - round robin over the mqueues that have room
  *   lo - least outstanding requests (ties rotate, so equal queues share)
  */
@@ -40,17 +40,22 @@ int lynx_dispatch_pick(struct lynx_dispatcher *d);
  * outstanding stays on the mqueue they went to, so the accelerator answers
  * them in order (one mqueue is FIFO end to end) and the client sees its
  * answers in the order it asked. A flow with nothing in flight is placed by
- * the policy, so one client still reaches every accelerator over time. Only
- * when its mqueue is full or leaves dispatch does a busy flow move, and only
- * then can its answers overtake each other.
+ * the policy, so one client still reaches every accelerator over time.
+ * When a busy flow's mqueue is full the request is refused, not moved:
+ * answers from another mqueue could overtake those still queued, so at
+ * saturation the excess is dropped instead (the caller counts it) and one
+ * busy flow is served by one mqueue at a time. A busy flow moves only when
+ * its mqueue leaves dispatch; its answers may then overtake each other.
  */
 struct lynx_flow {
   uint32_t q;           /* dispatcher index of the flow's mqueue */
   uint32_t outstanding; /* the flow's requests in flight */
 };
 
-/* pick, honouring f (NULL: plain pick). The caller records the result in
- * f->q and counts f->outstanding up, and down as each request completes. */
+/* pick, honouring f (NULL: plain pick): also -EBUSY when f is busy and its
+ * mqueue is in dispatch but full (drop the request, or wait for room; never
+ * pick another). The caller records the result in f->q and counts
+ * f->outstanding up, and down as each request completes. */
 int lynx_dispatch_pick_flow(struct lynx_dispatcher *d,
                             const struct lynx_flow *f);
 

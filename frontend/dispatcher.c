@@ -21,7 +21,7 @@
 #include "log.h"
 
 const char *const fe_wdrop_names[FE_WDROP_MAX] = {
-    "oversize", "ring_full", "no_mqueue", "tag_full", "shutdown"};
+    "oversize", "ring_full", "flow_full", "no_mqueue", "tag_full", "shutdown"};
 
 /* ---- request completion ------------------------------------------- */
 
@@ -86,6 +86,32 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     lynx_cnt_add(&w->drops[drop], 1);
 }
 
+/* fe_submit found no mqueue (pick's -ENOSPC, -EBUSY or -ENOENT): with
+ * hold, room may come (-EAGAIN); otherwise the request is dropped. */
+static int pick_failed(struct fe_worker *w, int i, int hold,
+                       enum fe_wdrop *drop) {
+  const char *why;
+  if (hold && (i == -ENOSPC || i == -EBUSY))
+    return -EAGAIN; /* a stream keeps its order: it waits for room */
+  switch (i) {
+  case -ENOSPC:
+    *drop = FE_DROP_RING_FULL;
+    why = "every RX ring is full";
+    break;
+  case -EBUSY:
+    *drop = FE_DROP_FLOW_FULL;
+    why = "its flow's RX ring is full (another mqueue would reorder its "
+          "answers)";
+    break;
+  default:
+    *drop = FE_DROP_NO_MQUEUE;
+    why = "no mqueue in dispatch";
+  }
+  LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: request dropped: %s",
+              w->id, why);
+  return i;
+}
+
 int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
               uint32_t flow, const struct sockaddr *peer, uint32_t cli,
               uint32_t cli_gen, int hold, enum fe_wdrop *drop) {
@@ -96,23 +122,9 @@ int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
   uint32_t tag;
   int i, rc;
   *drop = FE_WDROP_MAX;
-  if (hold && fl && fl->outstanding) {
-    /* a stream keeps its order: it waits for room on its mqueue rather
-     * than moving */
-    const struct lynx_dq *q = fl->q < in->disp.n ? in->disp.q[fl->q] : NULL;
-    if (q && q->up && q->rx_prod - q->rx_cons >= q->slots)
-      return -EAGAIN;
-  }
   i = lynx_dispatch_pick_flow(&in->disp, fl);
-  if (i < 0) {
-    if (i == -ENOSPC && hold)
-      return -EAGAIN;
-    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: request dropped: %s",
-                w->id, i == -ENOSPC ? "every RX ring is full"
-                                    : "no mqueue in dispatch");
-    *drop = i == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_NO_MQUEUE;
-    return i; /* -ENOSPC or -ENOENT */
-  }
+  if (i < 0)
+    return pick_failed(w, i, hold, drop);
   mq = container_of(in->dqs[i], struct fe_mq, dq);
   e = lynx_tag_alloc(&w->tags, mq->gid, peer, w->now_ns, &tag);
   if (!e) {
@@ -141,6 +153,7 @@ int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
   e->cli = cli;
   e->cli_gen = cli_gen;
   if (fl) {
+    /* (only when its mqueue left dispatch: a full one refuses) */
     if (fl->outstanding && fl->q != (uint32_t)i)
       lynx_cnt_add(&w->flow_moves, 1);
     fl->q = (uint32_t)i;

@@ -27,6 +27,8 @@
 enum fe_wdrop {
   FE_DROP_OVERSIZE,  /* datagram longer than the slot */
   FE_DROP_RING_FULL, /* every RX ring in dispatch was full */
+  FE_DROP_FLOW_FULL, /* the busy flow's RX ring was full: moving the flow
+                      * to another mqueue would reorder its answers */
   FE_DROP_NO_MQUEUE, /* no mqueue in dispatch */
   FE_DROP_TAG_FULL,  /* too many requests outstanding */
   FE_DROP_SHUTDOWN,  /* arrived while stopping */
@@ -65,10 +67,10 @@ void fe_dispatcher_close_udp(struct fe_worker *w);
 /* Dispatches one request from a UDP peer (cli unused) or a TCP client
  * (peer NULL). Returns 0 when written; with hold, -EAGAIN when it must
  * wait for room (a TCP stream keeps its order and loses nothing);
- * otherwise it was dropped: a negative errno (-ENOSPC no room, -ENOENT no
- * mqueue in dispatch, or the transport's error) with *drop set to where
- * the caller counts it (a fe_wdrop reason; FE_WDROP_MAX: already counted
- * on the mqueue). */
+ * otherwise it was dropped: a negative errno (-ENOSPC no room, -EBUSY no
+ * room on the busy flow's mqueue, -ENOENT no mqueue in dispatch, or the
+ * transport's error) with *drop set to where the caller counts it (a
+ * fe_wdrop reason; FE_WDROP_MAX: already counted on the mqueue). */
 int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
               uint32_t flow, const struct sockaddr *peer, uint32_t cli,
               uint32_t cli_gen, int hold, enum fe_wdrop *drop);

@@ -115,8 +115,9 @@ struct fe_worker {
    * relaxed loads. received, flow_moves and drops: the dispatcher (and
    * tcpsvc.c for streams); tcp: tcpsvc.c; retired_*: the manager. */
   lynx_counter received;
-  /* a flow with requests in flight moved mqueue (its ring was full or
-   * left dispatch): its answers may come back out of order */
+  /* a flow with requests in flight moved mqueue (its mqueue left
+   * dispatch; a full one drops instead, flow_full): its answers may come
+   * back out of order */
   lynx_counter flow_moves;
   lynx_counter drops[FE_WDROP_MAX];
   /* counters of mqueues whose accelerator was released, so the service's

@@ -61,7 +61,8 @@ static const struct lynx_opt fe_opts[] = {
      "dispatch policy: round robin or least outstanding"},
     {"order", LYNX_OPT_ENUM, O(order), "flow", 0, 0, order_names,
      "flow: a client's requests in flight stay on one mqueue, so its answers "
-     "keep their order; none: every request goes where the policy says"},
+     "keep their order (UDP: when it is full, the excess is dropped, "
+     "flow_full); none: every request goes where the policy says"},
     {"poll", LYNX_OPT_ENUM, O(poll), "adaptive", 0, 0, poll_names,
      "adaptive: spin, then sleep; busy: never sleep (dedicated cores)"},
     {"spin-us", LYNX_OPT_U32, O(spin_us), "50", 0, 1000000, NULL,

@@ -51,8 +51,7 @@ static const struct {
     {"lynx_frontend_tcp_clients", "gauge", "TCP service connections open now."},
     {"lynx_frontend_flow_moves_total", "counter",
      "Requests of a client flow sent to another mqueue while earlier ones "
-     "were in flight (its mqueue was full or left dispatch): answers may be "
-     "reordered."},
+     "were in flight (its mqueue left dispatch): answers may be reordered."},
     {"lynx_mqueue_dispatched_total", "counter",
      "Requests written to this mqueue."},
     {"lynx_mqueue_responded_total", "counter",

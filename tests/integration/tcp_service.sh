@@ -81,7 +81,8 @@ load slowreader --conns 2 --mode slowreader --messages 8000 --size-max 2000
 slow=$(tcp_metric slow_reader)
 assert_eq "$slow" 2 "connections closed as slow readers"
 load after-bad --conns 10 --messages 100 --window 4 --size-max 2000 --seed 5
-for r in ring_full no_mqueue tag_full oversize write_error expired lost in_doubt; do
+for r in ring_full flow_full no_mqueue tag_full oversize write_error expired \
+  lost in_doubt; do
   v=$(metric lynx_frontend_dropped_total "reason=\"$r\"") || fail "no drop counter $r"
   assert_eq "$v" 0 "requests dropped ($r)"
 done

@@ -10,7 +10,8 @@
 #   dropped{oversize}         == datagrams longer than 2032 bytes
 #   responded_total           == expected replies == replies received
 #   dropped{ring_full}        == 0 (paced)
-#   dispatched_total          == received - oversize - ring_full
+#   dropped{flow_full}        == 0 (paced)
+#   dispatched_total          == received - oversize - ring_full - flow_full
 #   dropped{app_dropped}      == dispatched - responded
 #   every other drop reason   == 0
 #
@@ -45,16 +46,17 @@ for k in received dispatched responded; do
   v=$(metric "lynx_frontend_${k}_total") || fail "no lynx_frontend_${k}_total"
   printf -v "M_$k" '%s' "$v"
 done
-for reason in oversize ring_full no_mqueue tag_full shutdown stale_tag \
-  tx_oversize tx_bad_seq bad_index app_dropped expired lost in_doubt \
-  write_error send_error; do
+for reason in oversize ring_full flow_full no_mqueue tag_full shutdown \
+  stale_tag tx_oversize tx_bad_seq bad_index app_dropped expired lost \
+  in_doubt write_error send_error; do
   v=$(metric lynx_frontend_dropped_total "reason=\"$reason\"") ||
     fail "no lynx_frontend_dropped_total{reason=\"$reason\"}"
   printf -v "D_$reason" '%s' "$v"
 done
 unset METRICS_FROM
 log "frontend: received $M_received dispatched $M_dispatched responded $M_responded;" \
-  "dropped: oversize $D_oversize ring_full $D_ring_full app_dropped $D_app_dropped" \
+  "dropped: oversize $D_oversize ring_full $D_ring_full flow_full $D_flow_full" \
+  "app_dropped $D_app_dropped" \
   "no_mqueue $D_no_mqueue tag_full $D_tag_full expired $D_expired lost $D_lost"
 
 IT_SOFT=1
@@ -68,8 +70,9 @@ assert_eq "$FZ_received_replies" "$FZ_expected_replies" "replies received by lyn
 assert_eq "$M_responded" "$FZ_expected_replies" "responded_total == expected replies"
 assert_eq "$M_responded" "$FZ_received_replies" "responded_total == replies received"
 assert_eq "$D_ring_full" 0 "dropped{ring_full} (the tool paces itself)"
-assert_eq "$M_dispatched" $((M_received - D_oversize - D_ring_full)) \
-  "dispatched_total == received - oversize - ring_full"
+assert_eq "$D_flow_full" 0 "dropped{flow_full} (the tool paces itself)"
+assert_eq "$M_dispatched" $((M_received - D_oversize - D_ring_full - D_flow_full)) \
+  "dispatched_total == received - oversize - ring_full - flow_full"
 assert_eq "$D_app_dropped" $((M_dispatched - M_responded)) \
   "dropped{app_dropped} == dispatched - responded"
 for reason in stale_tag tx_oversize lost in_doubt write_error no_mqueue \

@@ -1,4 +1,4 @@
-/* test_dispatch.c - unit tests of frontend/dispatch.c (rr and lo). */
+/* test_dispatch.c - unit tests of frontend/dispatch.c (rr, lo, flow order). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -209,7 +209,8 @@ static void test_lo_rotates_ties(void **state) {
 }
 
 /* Flow order: a flow with requests in flight stays on its mqueue; with none
- * in flight, or when its mqueue is full or down, the policy places it. */
+ * in flight, or when its mqueue is down, the policy places it; when its
+ * mqueue is full it is refused (test_flow_full_refused). */
 static void test_flow_sticks_while_outstanding(void **state) {
   struct fx f;
   struct lynx_flow fl = {0, 0};
@@ -227,11 +228,10 @@ static void test_flow_sticks_while_outstanding(void **state) {
     assert_int_equal(i, 2);
     commit(&f, i);
   }
-  /* mqueue 2 full (4 slots): the busy flow moves on */
+  /* mqueue 2 full (4 slots): the busy flow is refused, not moved */
   commit(&f, 2);
-  i = lynx_dispatch_pick_flow(&f.d, &fl);
-  assert_int_not_equal(i, 2);
-  /* mqueue 2 leaves dispatch: the flow moves as well */
+  assert_int_equal(lynx_dispatch_pick_flow(&f.d, &fl), -EBUSY);
+  /* mqueue 2 leaves dispatch: the flow moves */
   drain(&f, 2);
   f.dq[2].up = 0;
   assert_int_not_equal(lynx_dispatch_pick_flow(&f.d, &fl), 2);
@@ -241,6 +241,52 @@ static void test_flow_sticks_while_outstanding(void **state) {
   assert_true(i >= 0 && i < NQ && i != 2);
   /* NULL flow is plain pick */
   assert_true(lynx_dispatch_pick_flow(&f.d, NULL) >= 0);
+}
+
+/* The pick decision for a busy flow whose mqueue is full, under both
+ * policies: refused with -EBUSY while that mqueue is in dispatch (another
+ * mqueue's answers could overtake the queued ones), however much room the
+ * others have; moved once it leaves dispatch; an idle flow on the same full
+ * mqueue is placed by the policy. */
+static void test_flow_full_refused(void **state) {
+  struct fx f;
+  struct lynx_flow busy = {1, 3}, idle = {1, 0};
+  (void)state;
+  for (int p = 0; p < 2; p++) {
+    uint32_t cursor;
+    int i;
+    fx_init(&f, p ? LYNX_DISPATCH_LO : LYNX_DISPATCH_RR, NQ, 4);
+    make_full(&f.dq[1]);
+    f.dq[1].outstanding = 3;
+    cursor = f.d.cursor;
+    /* every other mqueue is empty: still refused, and the policy's
+     * rotation is left alone */
+    for (int k = 0; k < 3; k++)
+      assert_int_equal(lynx_dispatch_pick_flow(&f.d, &busy), -EBUSY);
+    assert_int_equal(f.d.cursor, cursor);
+    /* one slot freed: the flow stays */
+    f.dq[1].rx_cons++;
+    assert_int_equal(lynx_dispatch_pick_flow(&f.d, &busy), 1);
+    make_full(&f.dq[1]);
+    /* an idle flow is the policy's: anywhere but the full mqueue 1 */
+    i = lynx_dispatch_pick_flow(&f.d, &idle);
+    assert_true(i >= 0 && i < NQ && i != 1);
+    /* every mqueue full: the busy flow is still -EBUSY (its own ring),
+     * an idle one gets the policy's -ENOSPC */
+    for (int q = 0; q < NQ; q++)
+      make_full(&f.dq[q]);
+    assert_int_equal(lynx_dispatch_pick_flow(&f.d, &busy), -EBUSY);
+    assert_int_equal(lynx_dispatch_pick_flow(&f.d, &idle), -ENOSPC);
+    /* mqueue 1 (still full) leaves dispatch: the busy flow moves to
+     * whichever mqueue the policy finds room on */
+    f.dq[1].up = 0;
+    f.dq[3].rx_cons++;
+    assert_int_equal(lynx_dispatch_pick_flow(&f.d, &busy), 3);
+    /* ... and with none left in dispatch it gets -ENOENT */
+    for (int q = 0; q < NQ; q++)
+      f.dq[q].up = 0;
+    assert_int_equal(lynx_dispatch_pick_flow(&f.d, &busy), -ENOENT);
+  }
 }
 
 static void test_flow_hash(void **state) {
@@ -288,6 +334,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_lo_picks_least_outstanding),
       cmocka_unit_test(test_lo_rotates_ties),
       cmocka_unit_test(test_flow_sticks_while_outstanding),
+      cmocka_unit_test(test_flow_full_refused),
       cmocka_unit_test(test_flow_hash),
   };
   return LYNX_UT_MAIN(argc, argv, "dispatch", tests, NULL, NULL);
