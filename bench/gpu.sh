@@ -11,6 +11,10 @@
 #   gpu-host-shm    a GPU, mqueues in host memory mapped into it, over shm
 #   gpu-host-tcp    a GPU, host-mapped mqueues, over tcp
 #   gpu-dev-tcp     a GPU, mqueues in GPU memory, over tcp
+#   gpu-q64, gpu-q1024  a GPU, host-mapped over shm, with 64 and with 1,024
+#                   mqueues (auto --gpu-blocks: 64 and one per SM), under
+#                   the same load from FLOWS sockperf clients (64 B, FLOW_RATE
+#                   messages/s in all): the p99 of many mqueues per block
 #
 # All run sockperf-echo (a zero-time kernel unless WORK_US is set). Per
 # message size: ping-pong round trip (sockperf --full-rtt: p50, p99),
@@ -21,8 +25,8 @@
 #
 # usage: bench/gpu.sh [BUILD_DIR]
 #   env: GPU (0), SIZES ("14 64 1400"), RATES ("10000 50000"), DURATION (5),
-#        WORK_US (0), POLL (adaptive: the frontend's --poll), LABELS (all
-#        of the above: a subset to rerun)
+#        WORK_US (0), POLL (adaptive: the frontend's --poll), FLOWS (8),
+#        FLOW_RATE (40000), LABELS (all of the above: a subset to rerun)
 # Results: bench/results/gpu-<time>.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +38,8 @@ RATES=${RATES:-"10000 50000"}
 DUR=${DURATION:-5}
 WORK_US=${WORK_US:-0}
 POLL=${POLL:-adaptive}
+FLOWS=${FLOWS:-8}
+FLOW_RATE=${FLOW_RATE:-40000}
 PORT=17400
 AG_ADDR=127.0.0.1:17701
 METRICS=127.0.0.1:17702
@@ -54,7 +60,7 @@ wait_log() { # file pattern: up to 10 s
 
 # start LABEL: the server under test on $PORT
 start() {
-  local agent=()
+  local agent=() mqueues=4
   case $1 in
   sockperf) sockperf server -i 127.0.0.1 -p "$PORT" >"$TMP/$1.log" 2>&1 & pids+=($!); sleep 0.5; return ;;
   hostcentric)
@@ -67,8 +73,11 @@ start() {
   gpu-host-shm) agent=(--cuda-accels "$GPU" --transport shm --region-mem host) ;;
   gpu-host-tcp) agent=(--cuda-accels "$GPU" --transport tcp --region-mem host --data-listen 127.0.0.1:0) ;;
   gpu-dev-tcp) agent=(--cuda-accels "$GPU" --transport tcp --region-mem device --data-listen 127.0.0.1:0) ;;
+  gpu-q64 | gpu-q1024)
+    agent=(--cuda-accels "$GPU" --transport shm --region-mem host --slots 64)
+    mqueues=${1#gpu-q} ;;
   esac
-  "$BIN/lynx-agent" "${agent[@]}" --app sockperf-echo --mqueues 4 --work-us "$WORK_US" \
+  "$BIN/lynx-agent" "${agent[@]}" --app sockperf-echo --mqueues "$mqueues" --work-us "$WORK_US" \
     --listen "$AG_ADDR" --node-id bench >"$TMP/$1-agent.log" 2>&1 &
   pids+=($!)
   wait_log "$TMP/$1-agent.log" "serving descriptors"
@@ -133,11 +142,33 @@ measure() { # label
   done
 }
 
-LABELS=${LABELS:-"sockperf hostcentric cpu-shm cpu-tcp gpu-host-shm gpu-host-tcp gpu-dev-tcp"}
+# FLOWS clients at once (each its own flow, so on its own mqueue while
+# busy), FLOW_RATE/FLOWS messages/s each, 64 B: the worst p99 and the
+# median p50 of the clients, their drops summed.
+measure_flows() { # label
+  local i d0 d1 clients=()
+  d0=$(fe_drops)
+  for i in $(seq "$FLOWS"); do
+    sockperf under-load -i 127.0.0.1 -p "$PORT" -m 64 -t "$DUR" --mps=$((FLOW_RATE / FLOWS)) \
+      --full-rtt >"$TMP/flow$i.out" 2>&1 &
+    clients+=($!)
+  done
+  wait "${clients[@]}" || true
+  d1=$(fe_drops)
+  for i in $(seq "$FLOWS"); do parse "$TMP/flow$i.out"; done | sort -n -k1 |
+    awk -v l="$1" -v r="$FLOW_RATE" -v f="$((d1 - d0))" '
+      { p50[NR] = $1; if ($2 > p99) p99 = $2; d += $3; u += $4; o += $5; rate += $6 }
+      END { printf "%s 64 flows%s %s %s %d %d %d %.0f %d\n", l, r, p50[int((NR + 1) / 2)], p99, d, u, o, rate, f }' >>"$RAW"
+}
+
+LABELS=${LABELS:-"sockperf hostcentric cpu-shm cpu-tcp gpu-host-shm gpu-host-tcp gpu-dev-tcp gpu-q64 gpu-q1024"}
 for l in $LABELS; do
   echo "== $l" >&2
   if start "$l"; then
-    measure "$l"
+    case $l in
+    gpu-q*) measure_flows "$l" ;;
+    *) measure "$l" ;;
+    esac
   else
     echo "$l did not start" >&2
   fi
@@ -166,5 +197,7 @@ OUT="bench/results/gpu-$(date -u +%Y%m%dT%H%M%SZ).txt"
     echo "  gpu-dev-tcp p50 / cpu-tcp p50:       $(ratio "$(get gpu-dev-tcp "$size" pingpong 4)" "$(get cpu-tcp "$size" pingpong 4)")"
     echo "  gpu-host-tcp rate / cpu-tcp rate:    $(ratio "$(get gpu-host-tcp "$size" max 9)" "$(get cpu-tcp "$size" max 9)")  (target >= 1)"
   done
+  echo "many mqueues per block, $FLOWS flows, $FLOW_RATE msg/s in all, 64 B:"
+  echo "  gpu-q1024 p99 / gpu-q64 p99:         $(ratio "$(get gpu-q1024 64 "flows$FLOW_RATE" 5)" "$(get gpu-q64 64 "flows$FLOW_RATE" 5)")  (target <= 2)"
   echo "# below saturation nothing may be dropped, duplicated or reordered (dropped/dup/ooo of the ping-pong and load runs)"
 } | tee "$OUT"
