@@ -56,15 +56,47 @@ struct lynx_transport_agent {
  * Memory a region lives in that the agent process cannot load from and
  * store to (a GPU's, allocated by the agent's CUDA backend). The agent side
  * of tcp and rdma reaches such a region only through these; frontends see no
- * difference. Called from the transport's own thread.
+ * difference. Called from the transport's own thread, and from the agent's
+ * (formatting, health reads): an implementation serialises them.
+ *
+ * Writes take effect in the order they were made, whichever call made them
+ * (write or write_start); a read (read or read_start) sees every write made
+ * before it.
  */
 struct lynx_region_mem {
   const char *kind; /* "cuda", for messages */
-  /* Copy into the region. Writes take effect in the order they were made;
-   * one may still be in flight on return (src may be reused at once). */
+  /* Copy into the region. One may still be in flight on return (src may
+   * be reused at once). */
   int (*write)(void *ctx, uint64_t off, const void *src, size_t len);
-  /* Copy out of the region; sees every earlier write. */
+  /* Copy out of the region; complete on return. */
   int (*read)(void *ctx, uint64_t off, void *dst, size_t len);
+  /*
+   * Batches, optional: all three set, or none (then every access goes
+   * through write and read). The tcp server makes each received buffer of
+   * operations one batch, from its one thread, so that device memory is
+   * waited for once per buffer instead of once per read, and never for a
+   * write. write and read may still come between (the agent's thread):
+   * they leave a batch's reads alone.
+   *
+   * write_start: as write; flags LYNX_WR_PUBLISH: the last 4 bytes land
+   *   after every byte before them. The copy may be held back to merge
+   *   with the next adjacent write of the batch (never the publishing word
+   *   with anything) and is issued at the latest by the next read_start or
+   *   flush. An error may be an earlier held write's: the batch failed.
+   * read_start: queues a copy of [off, off + len) that sees every earlier
+   *   write; *bytes holds it from the return of the flush that ends its
+   *   batch until the next write_start or read_start. -ENOBUFS: the batch
+   *   already holds as many reads as the memory can stage (flush, use
+   *   their bytes, start again); -E2BIG: too large to stage at all (use
+   *   read).
+   * flush: ends the batch: issues held writes and waits, once, for the
+   *   reads started since the last flush; never waits for writes alone.
+   *   0, or -errno (the reads' bytes are then undefined).
+   */
+  int (*write_start)(void *ctx, uint64_t off, const void *src, size_t len,
+                     unsigned flags);
+  int (*read_start)(void *ctx, uint64_t off, size_t len, const void **bytes);
+  int (*flush)(void *ctx);
   /* rdma: register [off, off + len) of the region with protection domain
    * pd (struct ibv_pd *) for access (IBV_ACCESS_*); *mr is the struct
    * ibv_mr *. 0 or -errno, the reason in err. */

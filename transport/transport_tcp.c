@@ -26,6 +26,11 @@
  * one send() per flush (the doorbell); the agent serves every complete
  * operation a read() brings and answers the reads with one write. Both sides
  * pipeline: a frontend may post new operations before earlier reads return.
+ * Device memory with batch ops (struct lynx_region_mem: a GPU's) gets the
+ * operations of one read() as one batch: writes are started without
+ * waiting, reads are started into the memory's staging with their reply
+ * space reserved in order, and one flush at the end waits for all of them
+ * before the replies are filled.
  *
  * Agent threads: one libuv loop thread per handle (struct tcp_agent, from
  * agent_create) serves every connection of every region exported through
@@ -193,6 +198,15 @@ struct srv_conn {
   uint64_t refuse_at_ns;
   uint64_t since_ns;
   char peer[64];
+  /* the batch of the read() being served (device memory with batch ops):
+   * reads whose replies have their space in out, filled after the flush */
+  struct srv_pending {
+    size_t at;          /* the reply's bytes, from out.head */
+    const void *bytes;  /* the memory's staged copy */
+    uint32_t len;
+  } *pend;
+  size_t npend, pend_cap;
+  int batched; /* batch ops made since the last flush */
   struct srv_conn *next;
 };
 
@@ -253,6 +267,7 @@ static void srv_on_closed(uv_handle_t *h) {
   buf_free(&c->in);
   buf_free(&c->out);
   free(c->wbuf);
+  free(c->pend);
   free(c);
 }
 
@@ -355,6 +370,66 @@ static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
   return 0;
 }
 
+/* Ends the batch of device memory with batch ops: one flush waits for
+ * every read started since the last, then their replies are filled in the
+ * space reserved for them (in operation order). 0 or the memory's -errno. */
+static int srv_batch_end(struct srv_conn *c) {
+  const struct lynx_region_mem *m = c->ex ? c->ex->mem : NULL;
+  int rc;
+  if (!c->batched)
+    return 0;
+  c->batched = 0;
+  rc = m->flush(m->ctx);
+  for (size_t i = 0; !rc && i < c->npend; i++)
+    memcpy(c->out.p + c->out.head + c->pend[i].at, c->pend[i].bytes,
+           c->pend[i].len);
+  c->npend = 0;
+  return rc;
+}
+
+/* A READ of device memory with batch ops: started now, its reply filled
+ * at the batch's end. A read the memory cannot stage in this batch ends it
+ * first; one it cannot stage at all is copied on its own (mem->read, which
+ * is ordered after the batch's writes as well). */
+static int srv_read_batched(struct srv_conn *c, const struct tcp_hdr *h) {
+  const struct lynx_region_mem *m = c->ex->mem;
+  const void *bytes = NULL;
+  struct srv_pending *pp;
+  int rc;
+  if (c->npend == c->pend_cap) {
+    size_t cap = c->pend_cap ? 2 * c->pend_cap : 64;
+    pp = realloc(c->pend, cap * sizeof(*pp));
+    if (!pp)
+      return -ENOMEM;
+    c->pend = pp;
+    c->pend_cap = cap;
+  }
+  if (buf_reserve(&c->out, TCP_HDR + h->len, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64))
+    return -ENOBUFS;
+  c->batched = 1;
+  rc = m->read_start(m->ctx, h->off, h->len, &bytes);
+  if (rc == -ENOBUFS) { /* the staging is full of this batch's reads */
+    rc = srv_batch_end(c);
+    if (rc)
+      return rc;
+    c->batched = 1;
+    rc = m->read_start(m->ctx, h->off, h->len, &bytes);
+  }
+  if (rc == -ENOBUFS || rc == -E2BIG)
+    return srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
+  if (rc)
+    return rc;
+  /* the space reserved above is still there: a batch end fills replies
+   * in place */
+  hdr_put(c->out.p + c->out.len, OP_READ_RESP, 0, h->len, h->off, h->wr_id);
+  pp = &c->pend[c->npend++];
+  pp->at = c->out.len - c->out.head + TCP_HDR;
+  pp->bytes = bytes;
+  pp->len = h->len;
+  c->out.len += TCP_HDR + h->len;
+  return 0;
+}
+
 /* Answers a HELLO; 0 when the connection is now bound to a region. A
  * refusal from a source backed off for wrong credentials is held back
  * (-EAGAIN: the answer waits in c->out, reading stops, the sweep sends it
@@ -440,7 +515,17 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
                  "word-aligned", h->len, (unsigned long long)h->off);
         return -EPROTO;
       }
-      if (ex->mem) {
+      if (ex->mem && ex->mem->write_start) {
+        /* the memory lands the last word after the rest */
+        int rc = ex->mem->write_start(ex->mem->ctx, h->off, p, h->len,
+                                      LYNX_WR_PUBLISH);
+        c->batched = 1;
+        if (rc) {
+          snprintf(why, wl, "%s memory write failed: %s", ex->mem->kind,
+                   strerror(-rc));
+          return rc;
+        }
+      } else if (ex->mem) {
         /* ordered copies: the last word lands after the rest */
         int rc = ex->mem->write(ex->mem->ctx, h->off, p, h->len - 4);
         if (!rc)
@@ -458,7 +543,13 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
                              last);
       }
     } else if (ex->mem) {
-      int rc = ex->mem->write(ex->mem->ctx, h->off, p, h->len);
+      int rc;
+      if (ex->mem->write_start) {
+        rc = ex->mem->write_start(ex->mem->ctx, h->off, p, h->len, 0);
+        c->batched = 1;
+      } else {
+        rc = ex->mem->write(ex->mem->ctx, h->off, p, h->len);
+      }
       if (rc) {
         snprintf(why, wl, "%s memory write failed: %s", ex->mem->kind,
                  strerror(-rc));
@@ -477,7 +568,9 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
                (unsigned long long)ex->size);
       return -EFAULT;
     }
-    int rc = srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
+    int rc = ex->mem && ex->mem->read_start
+                 ? srv_read_batched(c, h)
+                 : srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
     if (rc) {
       snprintf(why, wl, rc == -ENOBUFS ? "reply buffer full"
                                        : "%s memory read failed: %s",
@@ -564,6 +657,14 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       break;
     }
     c->in.head += need;
+  }
+  /* the batch ends with what this read() brought; a connection closing
+   * for a bad operation still lands the writes before it */
+  {
+    int rc = srv_batch_end(c);
+    if (rc && !why[0])
+      snprintf(why, sizeof(why), "%s memory copies failed: %s",
+               c->ex->mem->kind, strerror(-rc));
   }
   if (why[0]) {
     srv_close(c, why);

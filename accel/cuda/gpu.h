@@ -5,7 +5,8 @@
  * lives in GPU memory (cudaMalloc) with the application running as a
  * persistent kernel (accel/cuda). The transport reaches the region through
  * struct lynx_region_mem: tcp with cudaMemcpyAsync on a dedicated stream
- * (gdrcopy's CPU mapping when libgdrapi is present), rdma with dma-buf
+ * through pinned staging, in batches (gdrcopy's CPU mapping when libgdrapi
+ * is present), rdma with dma-buf
  * registration (cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr), falling
  * back to ibv_reg_mr on the device pointer (nvidia-peermem).
  *
@@ -85,6 +86,23 @@ int gpu_instance_latency(struct gpu_instance *gi, struct lynx_lat *out);
 /* Drops the instance's handle; the region's memory goes when the
  * transport releases it (after tops->region_free). */
 void gpu_instance_put(struct gpu_instance *gi);
+
+/* How the transport reached an instance's region in GPU memory (tcp,
+ * docs/gpu.md): totals since start. */
+struct gpu_copy_stats {
+  uint64_t staging_bytes; /* its pinned staging ring (0: none: gdrcopy, rdma) */
+  uint64_t writes, reads; /* accesses (a batch's and single ones) */
+  uint64_t copies;        /* cudaMemcpyAsync calls they took */
+  uint64_t merged;        /* writes that joined the previous write's copy */
+  uint64_t syncs;         /* stream synchronisations they waited for */
+  uint64_t staging_waits; /* waits for a copy the staging ring wrapped onto */
+  uint64_t unstaged;      /* accesses copied from or to the caller's memory
+                             (the ring could not take them) */
+};
+
+/* The instance's copy counters (logged when its memory goes). */
+void gpu_instance_copy_stats(struct gpu_instance *gi,
+                             struct gpu_copy_stats *st);
 
 /* At exit, after every instance stopped: gives device memory back. */
 void gpu_shutdown(void);

@@ -73,9 +73,23 @@ struct kern {
 static struct kern *kernels;
 static int n_kernels;
 
+/* A copy still in flight on its stream (fake.defer_copies): applied when
+ * the stream is synchronised, an event after it is waited for, or a query
+ * is allowed to complete it. */
+struct inflight {
+  void *dst;
+  const void *src;
+  size_t n;
+  uint8_t *snap; /* host to device: the source as it was at the call */
+  uint64_t seq;
+  struct inflight *next;
+};
+
 struct CUstream_st {
   int device, destroyed;
   struct kern *k; /* the kernel launched on it */
+  uint64_t enq;   /* copies deferred on it so far */
+  struct inflight *q, **qtail; /* in flight, oldest first */
   struct CUstream_st *next;
 };
 static struct CUstream_st *streams;
@@ -415,6 +429,203 @@ int fake_cuda_host_registered(void) {
   return n;
 }
 
+/* ---- pinned host memory ------------------------------------------------ */
+
+struct pinned {
+  void *p;
+  size_t size;
+  int live;
+  struct pinned *next;
+};
+static struct pinned *pinned;
+
+/* Under lock: [p, p + len) lies in live pinned memory. */
+static int is_pinned(const void *p, size_t len) {
+  for (struct pinned *h = pinned; h; h = h->next)
+    if (h->live && (const char *)p >= (char *)h->p &&
+        (uint64_t)((const char *)p - (char *)h->p) + len <= h->size)
+      return 1;
+  return 0;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
+  struct pinned *h;
+  if (fake.err_host_alloc != cudaSuccess)
+    return fake.err_host_alloc;
+  if (!size)
+    return cudaErrorInvalidValue;
+  h = calloc(1, sizeof(*h));
+  if (!h)
+    return cudaErrorMemoryAllocation;
+  h->p = malloc(size);
+  if (!h->p) {
+    free(h);
+    return cudaErrorMemoryAllocation;
+  }
+  memset(h->p, 0x5A, size); /* not zeroed either */
+  h->size = size;
+  h->live = 1;
+  pthread_mutex_lock(&lock);
+  h->next = pinned;
+  pinned = h;
+  fake.host_allocs++;
+  fake.host_alloc_flags = flags;
+  pthread_mutex_unlock(&lock);
+  *p = h->p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+  struct pinned *h;
+  pthread_mutex_lock(&lock);
+  fake.host_frees++;
+  if (device_busy(cur_dev))
+    fake.blocking_calls++; /* may wait for the device, as cudaFree */
+  for (h = pinned; h && !(h->live && h->p == p); h = h->next)
+    ;
+  if (!h) {
+    fake.bad_frees++;
+    pthread_mutex_unlock(&lock);
+    return cudaErrorInvalidValue;
+  }
+  h->live = 0;
+  free(h->p);
+  h->p = NULL;
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+int fake_cuda_pinned_live(void) {
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (struct pinned *h = pinned; h; h = h->next)
+    n += h->live;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* ---- copies in flight (fake.defer_copies) ------------------------------ */
+
+/* Under lock: completes s's copies up to seq mark (all: UINT64_MAX), in
+ * order. A source that changed since the call means the caller reused it
+ * while the copy could still read it. */
+static void complete_until(struct CUstream_st *s, uint64_t mark) {
+  while (s->q && s->q->seq <= mark) {
+    struct inflight *f = s->q;
+    s->q = f->next;
+    if (!s->q)
+      s->qtail = &s->q;
+    if (f->snap && memcmp(f->snap, f->src, f->n))
+      fake.src_races++;
+    memcpy(f->dst, f->src, f->n);
+    free(f->snap);
+    free(f);
+  }
+}
+
+int fake_cuda_inflight(void) {
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (struct CUstream_st *s = streams; s; s = s->next)
+    for (struct inflight *f = s->q; f; f = f->next)
+      n++;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+void fake_cuda_complete(void) {
+  pthread_mutex_lock(&lock);
+  for (struct CUstream_st *s = streams; s; s = s->next)
+    complete_until(s, UINT64_MAX);
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+struct CUevent_st {
+  struct CUstream_st *s; /* where it was last recorded */
+  uint64_t mark;         /* the copies before it there */
+  int recorded, destroyed;
+  struct CUevent_st *next;
+};
+static struct CUevent_st *events;
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags) {
+  struct CUevent_st *e;
+  (void)flags;
+  if (fake.err_event_create != cudaSuccess)
+    return fake.err_event_create;
+  e = calloc(1, sizeof(*e));
+  if (!e)
+    return cudaErrorMemoryAllocation;
+  pthread_mutex_lock(&lock);
+  fake.event_creates++;
+  e->next = events;
+  events = e;
+  pthread_mutex_unlock(&lock);
+  *ev = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  pthread_mutex_lock(&lock);
+  fake.event_destroys++;
+  if (!e || e->destroyed)
+    fake.bad_frees++;
+  else
+    e->destroyed = 1; /* kept until reap */
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  pthread_mutex_lock(&lock);
+  fake.event_records++;
+  if (!e || e->destroyed || !s || s->destroyed) {
+    pthread_mutex_unlock(&lock);
+    return cudaErrorInvalidResourceHandle;
+  }
+  e->s = s;
+  e->mark = s->enq;
+  e->recorded = 1;
+  pthread_mutex_unlock(&lock);
+  return cudaSuccess;
+}
+
+/* Under lock: every copy before e's record has completed. */
+static int event_done(const struct CUevent_st *e) {
+  return !e->recorded || !e->s->q || e->s->q->seq > e->mark;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  cudaError_t r = cudaSuccess;
+  pthread_mutex_lock(&lock);
+  fake.event_queries++;
+  if (!e || e->destroyed)
+    r = cudaErrorInvalidResourceHandle;
+  else if (!event_done(e) && fake.query_completes)
+    complete_until(e->s, e->mark);
+  else if (!event_done(e))
+    r = cudaErrorNotReady;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  cudaError_t r = cudaSuccess;
+  pthread_mutex_lock(&lock);
+  fake.event_syncs++;
+  if (!e || e->destroyed)
+    r = cudaErrorInvalidResourceHandle;
+  else if (fake.err_event_sync_once != cudaSuccess) {
+    r = fake.err_event_sync_once;
+    fake.err_event_sync_once = cudaSuccess;
+  } else if (e->recorded)
+    complete_until(e->s, e->mark);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   pthread_mutex_lock(&lock);
   fake.device_syncs++;
@@ -449,6 +660,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     pthread_mutex_unlock(&lock);
     return cudaErrorInvalidValue;
   }
+  complete_until(s, UINT64_MAX); /* stream order */
   memset(p, v, n);
   pthread_mutex_unlock(&lock);
   return cudaSuccess;
@@ -470,7 +682,34 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
              !s || s->destroyed || !find_live(dev, n)) {
     fake.bad_copies++;
     e = cudaErrorInvalidValue;
+  } else if (fake.defer_copies &&
+             is_pinned(kind == cudaMemcpyHostToDevice ? src : dst, n)) {
+    /* pinned host memory: truly asynchronous, in flight until the stream
+     * gets there */
+    struct inflight *f = calloc(1, sizeof(*f));
+    if (f && kind == cudaMemcpyHostToDevice)
+      f->snap = malloc(n ? n : 1);
+    if (!f || (kind == cudaMemcpyHostToDevice && !f->snap)) {
+      free(f);
+      e = cudaErrorMemoryAllocation;
+    } else {
+      if (f->snap)
+        memcpy(f->snap, src, n);
+      f->dst = dst;
+      f->src = src;
+      f->n = n;
+      f->seq = ++s->enq;
+      if (!s->qtail)
+        s->qtail = &s->q;
+      *s->qtail = f;
+      s->qtail = &f->next;
+      fake.deferred++;
+    }
   } else {
+    /* pageable host memory: the runtime stages it (host to device) or
+     * returns once done (device to host); either way after what the
+     * stream has in flight */
+    complete_until(s, UINT64_MAX);
     /* the kernel thread uses the same memory: byte copies are what a copy
      * engine gives too */
     memcpy(dst, src, n);
@@ -505,10 +744,12 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   pthread_mutex_lock(&lock);
   fake.stream_destroys++;
-  if (!s || s->destroyed)
+  if (!s || s->destroyed) {
     fake.bad_frees++;
-  else
+  } else {
+    complete_until(s, UINT64_MAX); /* its work completes first */
     s->destroyed = 1; /* kept: op records point at it */
+  }
   pthread_mutex_unlock(&lock);
   return cudaSuccess;
 }
@@ -517,6 +758,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   BUMP(stream_syncs);
   if (!s || s->destroyed)
     return cudaErrorInvalidResourceHandle;
+  pthread_mutex_lock(&lock);
+  if (fake.err_stream_sync_once != cudaSuccess) {
+    cudaError_t e = fake.err_stream_sync_once;
+    fake.err_stream_sync_once = cudaSuccess;
+    pthread_mutex_unlock(&lock);
+    return e;
+  }
+  complete_until(s, UINT64_MAX);
+  pthread_mutex_unlock(&lock);
   if (s->k && kernel_running(s->k)) {
     BUMP(blocking_calls);
     return cudaErrorNotReady;
@@ -810,7 +1060,19 @@ void fake_cuda_reap(void) {
   while (streams) {
     struct CUstream_st *s = streams;
     streams = s->next;
+    complete_until(s, UINT64_MAX);
     free(s);
+  }
+  while (events) {
+    struct CUevent_st *e = events;
+    events = e->next;
+    free(e);
+  }
+  while (pinned) {
+    struct pinned *h = pinned;
+    pinned = h->next;
+    free(h->p);
+    free(h);
   }
   while (mrs) {
     struct mr_node *n = mrs;

@@ -17,12 +17,23 @@
  * kctl->stop (or never: a hung kernel), and writes its counters into
  * kctl->blocks.
  *
+ * Pinned host memory (cudaHostAlloc) is host memory the fake knows;
+ * events (cudaEventCreateWithFlags, Record, Query, Synchronize, Destroy)
+ * mark a point in their stream. Copies complete at the call, except with
+ * defer_copies set: a copy from or to pinned memory then stays in flight,
+ * as a DMA would, until its stream is synchronised, an event recorded
+ * after it is waited for (or queried, with query_completes), or another
+ * copy or memset on the stream needs it done first. A source that changed
+ * between the call and the copy's completion is counted (src_races: the
+ * caller reused a buffer the copy was still reading), and bytes copied to
+ * the host are not there before completion.
+ *
  * Checks a real GPU would turn into a hang or corruption are counted
  * instead: a copy or memset touching no live allocation (bad_copies), a
  * cudaFree of something not allocated or freed twice (bad_frees), and
  * calls that wait for a running persistent kernel (blocking_calls:
  * cudaFree, cudaDeviceSynchronize on its device, cudaStreamSynchronize of
- * its stream).
+ * its stream, cudaFreeHost on its device).
  */
 #ifndef LYNX_FAKE_CUDA_H
 #define LYNX_FAKE_CUDA_H
@@ -76,13 +87,22 @@ struct fake_cuda {
   int err_dmabuf_mr, err_reg_mr;  /* errno: the registration fails */
   cudaError_t err_host_register;  /* cudaHostRegister */
   cudaError_t err_host_devptr;    /* cudaHostGetDevicePointer */
+  cudaError_t err_host_alloc;     /* cudaHostAlloc */
+  cudaError_t err_event_create;   /* cudaEventCreateWithFlags */
+  cudaError_t err_stream_sync_once; /* the next cudaStreamSynchronize */
+  cudaError_t err_event_sync_once;  /* the next cudaEventSynchronize */
+  int defer_copies;    /* copies from/to pinned memory stay in flight */
+  int query_completes; /* ... and cudaEventQuery completes them */
 
   /* recorded */
   int get_device_count, set_device, mallocs, frees, bad_frees, memsets,
       memcpys, bad_copies, stream_creates, stream_destroys, stream_syncs,
       queries, device_syncs, blocking_calls, launches, get_handles,
       set_attrs, dmabuf_mrs, reg_mrs, host_registers, host_unregisters,
-      bad_unregisters, unmapped_live;
+      bad_unregisters, unmapped_live, host_allocs, host_frees,
+      event_creates, event_destroys, event_records, event_queries,
+      event_syncs, deferred, src_races;
+  unsigned host_alloc_flags;    /* the last cudaHostAlloc's flags */
   unsigned host_register_flags; /* the last cudaHostRegister's flags */
   int n_ops;
   struct fake_op ops[FAKE_LOG];
@@ -140,6 +160,11 @@ int fake_cuda_is_live(const void *p);
 /* Copies (cudaMemcpyAsync) recorded from op index from on, on stream s
  * (NULL: on any stream). */
 int fake_cuda_copies(int from, cudaStream_t s);
+/* Pinned allocations not freed. */
+int fake_cuda_pinned_live(void);
+/* Copies in flight (defer_copies); completes all of them. */
+int fake_cuda_inflight(void);
+void fake_cuda_complete(void);
 /* At exit: ends every kernel thread (hung ones too) and frees whatever
  * device memory, streams and MRs are left. */
 void fake_cuda_reap(void);

@@ -13,7 +13,10 @@
  * kept, never freed); health (sticky, lost, non-sticky); no device-wide
  * synchronisation while another kernel runs; the RDMA registration of GPU
  * memory (dma-buf with offset/iova of the class, the nvidia-peermem
- * fallback, both reasons when both fail); and clean-up on every failure.
+ * fallback, both reasons when both fail); clean-up on every failure; and
+ * the tcp transport's pinned staging with copies that stay in flight as on
+ * a GPU (writes never wait, a batch's reads wait once, order, merging, the
+ * ring's wraps and waits, what it cannot take, every failure).
  *
  * The tcp agent side is process-wide: started once for the whole file.
  * The backend's state (free list, per-device error record) is too, so the
@@ -1258,6 +1261,513 @@ static void test_lease_fence(void **state) {
   gpu_shutdown();
 }
 
+/* ---- 9. the tcp transport's staging (GPU memory without gdrcopy) ----- */
+
+static void pattern(uint8_t *p, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8) + 1u);
+}
+
+static struct gpu_copy_stats copy_stats(const struct inst *in) {
+  struct gpu_copy_stats st;
+  gpu_instance_copy_stats(in->gi, &st);
+  return st;
+}
+
+/* An instance whose kernel serves mqueue 0 only: the tests copy into the
+ * RX rings of the others (from rx_at(in, 2) on), which it never reads. */
+static void stage_inst(struct inst *in) {
+  assert_int_equal(inst_start(in, 0, &fake_tops, 8, 1, EPOCH), 0);
+  assert_non_null(in->r.mem->write_start);
+  assert_non_null(in->r.mem->read_start);
+  assert_non_null(in->r.mem->flush);
+}
+
+static uint64_t rx_at(const struct inst *in, uint32_t q) {
+  return lynx_rx_ring_off(&in->g, q);
+}
+
+/* Every write starts a copy and none waits; a batch of reads waits once;
+ * reads see the writes before them, in order, within a batch too; adjacent
+ * writes share a copy, the publishing word never; single calls still
+ * work beside batches. Copies from pinned memory stay in flight until the
+ * stream gets there (defer_copies), as on a GPU. */
+static void test_staging_batches(void **state) {
+  const struct lynx_region_mem *m;
+  struct gpu_copy_stats st0, st;
+  struct inst a;
+  uint8_t w[16][200], x[64], y[64], p[128], back[128];
+  const void *bytes[16], *b1, *b2;
+  int syncs0, esyncs0, copies0, ops0, pinned0;
+  (void)state;
+  fake_cuda_reset();
+  pinned0 = fake_cuda_pinned_live();
+  stage_inst(&a);
+  m = a.r.mem;
+  st0 = copy_stats(&a);
+  assert_int_equal(st0.staging_bytes, 4u << 20);
+  assert_true(fake.event_creates > 0);
+  if (fake.host_allocs) { /* not reused from an earlier test */
+    assert_int_equal(fake.host_allocs, 1);
+    assert_true(fake.host_alloc_flags & cudaHostAllocPortable);
+    assert_int_equal(fake_cuda_pinned_live(), pinned0 + 1);
+  }
+  fake.defer_copies = 1;
+
+  /* 16 writes, every other one publishing: copies started, no wait */
+  syncs0 = fake.stream_syncs;
+  esyncs0 = fake.event_syncs;
+  copies0 = fake.memcpys;
+  ops0 = fake.n_ops;
+  for (int i = 0; i < 16; i++) {
+    pattern(w[i], sizeof(w[i]), (uint32_t)i);
+    assert_int_equal(m->write_start(m->ctx, rx_at(&a, 2) + (uint64_t)i * 256,
+                                    w[i], sizeof(w[i]),
+                                    i % 2 ? LYNX_WR_PUBLISH : 0), 0);
+  }
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_int_equal(fake.stream_syncs, syncs0);
+  assert_int_equal(fake.event_syncs, esyncs0);
+  assert_int_equal(fake.memcpys - copies0, 16 + 8);
+  assert_int_equal(fake_cuda_inflight(), 16 + 8); /* nothing waited */
+  assert_true(fake.event_records > 0);
+  /* a publishing write: its body, then its last word alone */
+  for (int i = ops0; i < fake.n_ops; i++) {
+    const uint8_t *d = fake.ops[i].dev;
+    if (d == dev_base(&a) + rx_at(&a, 2) + 256 + 196) {
+      assert_int_equal(fake.ops[i].len, 4);
+      assert_ptr_equal(fake.ops[i - 1].dev, dev_base(&a) + rx_at(&a, 2) + 256);
+      assert_int_equal(fake.ops[i - 1].len, 196);
+    }
+  }
+
+  /* 16 reads: one stream synchronisation for all of them */
+  for (int i = 0; i < 16; i++)
+    assert_int_equal(m->read_start(m->ctx, rx_at(&a, 2) + (uint64_t)i * 256,
+                                   sizeof(w[i]), &bytes[i]), 0);
+  assert_int_equal(fake.stream_syncs, syncs0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_int_equal(fake.stream_syncs, syncs0 + 1);
+  assert_int_equal(fake.event_syncs, esyncs0);
+  assert_int_equal(fake_cuda_inflight(), 0);
+  for (int i = 0; i < 16; i++) {
+    assert_memory_equal(bytes[i], w[i], sizeof(w[i]));
+    assert_memory_equal(dev_base(&a) + rx_at(&a, 2) + (uint64_t)i * 256, w[i],
+                        sizeof(w[i]));
+  }
+  st = copy_stats(&a);
+  assert_int_equal(st.writes - st0.writes, 16);
+  assert_int_equal(st.reads - st0.reads, 16);
+  assert_int_equal(st.syncs - st0.syncs, 1);
+  assert_int_equal(st.staging_waits, 0);
+  assert_int_equal(st.unstaged, 0);
+
+  /* in one batch: write x, read, write y, read: each read sees the
+   * writes before it and no later one */
+  memset(x, 0x11, sizeof(x));
+  memset(y, 0x22, sizeof(y));
+  syncs0 = fake.stream_syncs;
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 3), x, sizeof(x), 0), 0);
+  assert_int_equal(m->read_start(m->ctx, rx_at(&a, 3), sizeof(x), &b1), 0);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 3), y, sizeof(y),
+                                  LYNX_WR_PUBLISH), 0);
+  assert_int_equal(m->read_start(m->ctx, rx_at(&a, 3), sizeof(y), &b2), 0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_int_equal(fake.stream_syncs, syncs0 + 1);
+  assert_memory_equal(b1, x, sizeof(x));
+  assert_memory_equal(b2, y, sizeof(y));
+
+  /* adjacent writes: 0..32, 32..64 and the body of a publishing 64..96
+   * share one copy; its word is a copy of its own, and 96..128 does not
+   * join it */
+  pattern(p, sizeof(p), 99);
+  st0 = copy_stats(&a);
+  ops0 = fake.n_ops;
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4), p, 32, 0), 0);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 32, p + 32, 32, 0),
+                   0);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 64, p + 64, 32,
+                                  LYNX_WR_PUBLISH), 0);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 96, p + 96, 32, 0),
+                   0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  st = copy_stats(&a);
+  assert_int_equal(st.merged - st0.merged, 2);
+  assert_int_equal(st.copies - st0.copies, 3);
+  assert_int_equal(fake.n_ops - ops0, 3);
+  assert_ptr_equal(fake.ops[ops0].dev, dev_base(&a) + rx_at(&a, 4));
+  assert_int_equal(fake.ops[ops0].len, 92);
+  assert_ptr_equal(fake.ops[ops0 + 1].dev, dev_base(&a) + rx_at(&a, 4) + 92);
+  assert_int_equal(fake.ops[ops0 + 1].len, 4);
+  assert_ptr_equal(fake.ops[ops0 + 2].dev, dev_base(&a) + rx_at(&a, 4) + 96);
+  assert_int_equal(fake.ops[ops0 + 2].len, 32);
+  for (int i = ops0; i < fake.n_ops; i++) {
+    assert_int_equal(fake.ops[i].kind, cudaMemcpyHostToDevice);
+    assert_ptr_equal(fake.ops[i].stream, fake.ops[0].stream);
+  }
+
+  /* single calls beside batches: a write staged, a read waits for it */
+  syncs0 = fake.stream_syncs;
+  assert_int_equal(m->write(m->ctx, rx_at(&a, 5), p, sizeof(p)), 0);
+  assert_int_equal(fake.stream_syncs, syncs0);
+  assert_int_equal(m->read(m->ctx, rx_at(&a, 4), back, sizeof(back)), 0);
+  assert_memory_equal(back, p, sizeof(p));
+  assert_int_equal(m->read(m->ctx, rx_at(&a, 5), back, sizeof(back)), 0);
+  assert_memory_equal(back, p, sizeof(p));
+  assert_int_equal(fake.stream_syncs, syncs0 + 2);
+  /* bounds, and a publishing write shorter than its word */
+  assert_int_equal(m->write_start(m->ctx, a.r.size - 8, p, 16, 0), -EFAULT);
+  assert_int_equal(m->read_start(m->ctx, a.r.size, 1, &b1), -EFAULT);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 5), p, 3,
+                                  LYNX_WR_PUBLISH), -EINVAL);
+  assert_int_equal(fake.src_races, 0);
+  assert_int_equal(fake.bad_copies, 0);
+
+  /* the staging outlives the instance in a pool: the next instance of
+   * the GPU reuses it, and it is freed at exit, never under a kernel */
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  assert_int_equal(fake.host_frees, 0);
+  pinned0 = fake.host_allocs;
+  stage_inst(&a);
+  assert_int_equal(fake.host_allocs, pinned0);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  gpu_shutdown();
+  assert_true(fake.host_frees >= 1);
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake.bad_frees, 0);
+  assert_int_equal(fake.event_creates, fake.event_destroys);
+}
+
+/* Writes only, many times the ring: space comes back as copies complete
+ * (queried), and only where the ring wrapped onto a copy still in flight
+ * does a write wait (counted); no staged byte is reused before the copy
+ * that reads it completed (src_races), and the data survives the wraps. */
+static void test_staging_wrap(void **state) {
+  const struct lynx_region_mem *m;
+  struct gpu_copy_stats st0, st;
+  struct inst a;
+  static uint8_t buf[4000];
+  uint8_t last[2][4000];
+  const void *bytes[2];
+  uint64_t off[2];
+  int syncs0, esyncs0, flushes = 0;
+  (void)state;
+  fake_cuda_reset();
+  stage_inst(&a);
+  m = a.r.mem;
+  off[0] = rx_at(&a, 2);
+  off[1] = rx_at(&a, 4);
+  fake.defer_copies = 1; /* queries never complete a copy: it waits */
+  st0 = copy_stats(&a);
+  syncs0 = fake.stream_syncs;
+  esyncs0 = fake.event_syncs;
+  for (uint32_t batch = 0; batch < 200; batch++) {
+    for (uint32_t j = 0; j < 40; j++) {
+      pattern(buf, sizeof(buf), batch * 40 + j);
+      assert_int_equal(m->write_start(m->ctx, off[j % 2], buf, sizeof(buf),
+                                      j % 4 == 3 ? LYNX_WR_PUBLISH : 0), 0);
+      memcpy(last[j % 2], buf, sizeof(buf));
+    }
+    if (batch % 50 == 49) { /* read both back: one wait */
+      for (int k = 0; k < 2; k++)
+        assert_int_equal(m->read_start(m->ctx, off[k], sizeof(buf),
+                                       &bytes[k]), 0);
+      flushes++;
+    }
+    assert_int_equal(m->flush(m->ctx), 0);
+    if (batch % 50 == 49)
+      for (int k = 0; k < 2; k++)
+        assert_memory_equal(bytes[k], last[k], sizeof(buf));
+  }
+  assert_int_equal(fake.src_races, 0); /* nothing staged over in flight */
+  st = copy_stats(&a);
+  assert_true(st.staging_waits - st0.staging_waits > 0);
+  assert_int_equal(fake.event_syncs - esyncs0,
+                   (int)(st.staging_waits - st0.staging_waits));
+  assert_int_equal(fake.stream_syncs - syncs0, flushes);
+  assert_int_equal(st.syncs - st0.syncs, (uint64_t)flushes);
+  assert_int_equal(st.unstaged, 0);
+  assert_int_equal(st.writes - st0.writes, 8000);
+  fprintf(stderr, "200 batches of 40 x 4000 B: %llu staging waits\n",
+          (unsigned long long)(st.staging_waits - st0.staging_waits));
+
+  /* copies that completed are reclaimed by query, without a wait */
+  fake.query_completes = 1;
+  st0 = copy_stats(&a);
+  esyncs0 = fake.event_syncs;
+  for (uint32_t batch = 0; batch < 100; batch++) {
+    for (uint32_t j = 0; j < 40; j++) {
+      pattern(buf, sizeof(buf), 7 + batch * 40 + j);
+      assert_int_equal(m->write_start(m->ctx, off[j % 2], buf, sizeof(buf),
+                                      0), 0);
+      memcpy(last[j % 2], buf, sizeof(buf));
+    }
+    assert_int_equal(m->flush(m->ctx), 0);
+  }
+  st = copy_stats(&a);
+  assert_int_equal(st.staging_waits, st0.staging_waits);
+  assert_int_equal(fake.event_syncs, esyncs0);
+  assert_true(fake.event_queries > 0);
+  assert_int_equal(m->read(m->ctx, off[0], buf, sizeof(buf)), 0);
+  assert_memory_equal(buf, last[0], sizeof(buf));
+  assert_int_equal(m->read(m->ctx, off[1], buf, sizeof(buf)), 0);
+  assert_memory_equal(buf, last[1], sizeof(buf));
+  assert_int_equal(fake.src_races, 0);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  gpu_shutdown();
+  assert_int_equal(fake.blocking_calls, 0);
+}
+
+/* What the ring cannot take, and every failure: a batch whose reads fill
+ * the ring says so (-ENOBUFS) and its reads stay intact; a write then goes
+ * unstaged; a failed copy, stream synchronisation or wait returns -EIO,
+ * recorded for health, and the writes and reads around it are not lost;
+ * pinned memory or events the GPU will not give fail the instance with
+ * the reason, leaving nothing behind. */
+static void test_staging_limits_failures(void **state) {
+  const struct lynx_region_mem *m;
+  struct gpu_copy_stats st0, st;
+  struct inst a;
+  static uint8_t buf[4000], cur[2][4000];
+  static const void *bytes[1200];
+  uint8_t x[100], y[100], back[100];
+  const void *b1;
+  uint64_t off[2];
+  int n, lost, failed, live0, att0, rel0, allocs0;
+  char err[256];
+  (void)state;
+  fake_cuda_reset();
+  stage_inst(&a);
+  m = a.r.mem;
+  off[0] = rx_at(&a, 2);
+  off[1] = rx_at(&a, 4);
+  fake.defer_copies = 1;
+  for (int k = 0; k < 2; k++) {
+    pattern(cur[k], sizeof(cur[k]), 1000u + (uint32_t)k);
+    assert_int_equal(m->write_start(m->ctx, off[k], cur[k], sizeof(cur[k]),
+                                    0), 0);
+  }
+  /* reads until the ring is full of them */
+  for (n = 0; n < 1200; n++) {
+    int rc = m->read_start(m->ctx, off[n % 2], sizeof(buf), &bytes[n]);
+    if (rc == -ENOBUFS)
+      break;
+    assert_int_equal(rc, 0);
+  }
+  assert_true(n > 1000 && n < 1200); /* 4 MiB of 4000-byte reads */
+  /* a write now cannot be staged: it is copied from the caller's memory,
+   * after the reads (they do not see it) */
+  st0 = copy_stats(&a);
+  pattern(buf, sizeof(buf), 2000);
+  assert_int_equal(m->write_start(m->ctx, off[0], buf, sizeof(buf), 0), 0);
+  st = copy_stats(&a);
+  assert_int_equal(st.unstaged - st0.unstaged, 1);
+  assert_int_equal(m->flush(m->ctx), 0);
+  for (int i = 0; i < n; i++)
+    assert_memory_equal(bytes[i], cur[i % 2], sizeof(buf));
+  memcpy(cur[0], buf, sizeof(buf));
+  /* the next batch has the ring again */
+  assert_int_equal(m->read_start(m->ctx, off[0], sizeof(buf), &bytes[0]), 0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_memory_equal(bytes[0], cur[0], sizeof(buf));
+
+  /* a copy fails: -EIO, health has it; the write after it lands */
+  memset(x, 0x33, sizeof(x));
+  memset(y, 0x44, sizeof(y));
+  fake.err_memcpy_once = cudaErrorInvalidValue;
+  assert_int_equal(m->write_start(m->ctx, off[1], x, sizeof(x),
+                                  LYNX_WR_PUBLISH), -EIO);
+  assert_int_equal(m->write_start(m->ctx, off[1] + 200, y, sizeof(y),
+                                  LYNX_WR_PUBLISH), 0);
+  assert_int_equal(m->read_start(m->ctx, off[1] + 200, sizeof(y), &b1), 0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_memory_equal(b1, y, sizeof(y));
+  gpu_health(&a.gpu, &lost, &failed, err, sizeof(err));
+  assert_int_equal(lost, 0);
+  assert_int_equal(failed, 0);
+  assert_contains(err, "copy into the region: cudaErrorInvalidValue");
+  /* a read's copy fails: the reads beside it are answered */
+  assert_int_equal(m->read_start(m->ctx, off[0], sizeof(x), &bytes[0]), 0);
+  fake.err_memcpy_once = cudaErrorInvalidValue;
+  assert_int_equal(m->read_start(m->ctx, off[1], sizeof(x), &b1), -EIO);
+  assert_int_equal(m->read_start(m->ctx, off[1] + 200, sizeof(y), &bytes[1]),
+                   0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_memory_equal(bytes[0], cur[0], sizeof(x));
+  assert_memory_equal(bytes[1], y, sizeof(y));
+  gpu_health(&a.gpu, &lost, &failed, err, sizeof(err));
+  assert_contains(err, "copy out of the region: cudaErrorInvalidValue");
+  /* the batch's wait fails: -EIO; the next batch is whole */
+  assert_int_equal(m->write_start(m->ctx, off[0], y, sizeof(y), 0), 0);
+  assert_int_equal(m->read_start(m->ctx, off[0], sizeof(y), &b1), 0);
+  fake.err_stream_sync_once = cudaErrorInvalidResourceHandle;
+  assert_int_equal(m->flush(m->ctx), -EIO);
+  assert_int_equal(m->read_start(m->ctx, off[0], sizeof(y), &b1), 0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_memory_equal(b1, y, sizeof(y));
+  /* a wait for a copy the ring wrapped onto fails: that write says so,
+   * the ones after it are staged again */
+  fake.err_event_sync_once = cudaErrorInvalidValue;
+  st0 = copy_stats(&a);
+  n = 0;
+  for (int i = 0; i < 4000 && !n; i++) {
+    pattern(buf, sizeof(buf), (uint32_t)i);
+    n = m->write_start(m->ctx, off[1], buf, sizeof(buf), 0);
+    if (!n)
+      memcpy(cur[1], buf, sizeof(buf));
+    if (i % 40 == 39)
+      assert_int_equal(m->flush(m->ctx), 0);
+  }
+  assert_int_equal(n, -EIO);
+  st = copy_stats(&a);
+  assert_int_equal(st.staging_waits - st0.staging_waits, 1);
+  for (int i = 0; i < 100; i++) {
+    pattern(buf, sizeof(buf), 5000u + (uint32_t)i);
+    assert_int_equal(m->write_start(m->ctx, off[1], buf, sizeof(buf), 0), 0);
+  }
+  assert_int_equal(m->read_start(m->ctx, off[1], sizeof(buf), &b1), 0);
+  assert_int_equal(m->flush(m->ctx), 0);
+  assert_memory_equal(b1, buf, sizeof(buf));
+  assert_int_equal(m->read(m->ctx, off[0], back, sizeof(back)), 0);
+  assert_memory_equal(back, y, sizeof(back));
+  assert_int_equal(fake.src_races, 0);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  gpu_shutdown();
+
+  /* no pinned memory: the instance fails with the reason, nothing left */
+  fake_cuda_reset();
+  live0 = fake_cuda_live();
+  att0 = fk_attaches;
+  rel0 = fk_releases;
+  fake.err_host_alloc = cudaErrorMemoryAllocation;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 8, 1, EPOCH), -ENOMEM);
+  assert_null(a.gi);
+  assert_contains(a.err, "GPU 0: cannot set up the tcp transport's 4096 KiB "
+                         "of pinned staging");
+  assert_contains(a.err, "out of memory");
+  assert_int_equal(fk_attaches, att0);
+  assert_int_equal(fk_releases, rel0);
+  assert_int_equal(fake.launches, 0);
+  assert_int_equal(fake.stream_creates, fake.stream_destroys);
+  assert_int_equal(fake.event_creates, fake.event_destroys);
+  fake.err_host_alloc = cudaSuccess;
+  /* no events: the same; the pinned memory is back for the next one */
+  fake.err_event_create = cudaErrorMemoryAllocation;
+  assert_int_equal(inst_start(&a, 0, &fake_tops, 8, 1, EPOCH), -ENOMEM);
+  assert_contains(a.err, "(staging events): out of memory");
+  assert_int_equal(fake.stream_creates, fake.stream_destroys);
+  assert_int_equal(fake.event_creates, fake.event_destroys);
+  fake.err_event_create = cudaSuccess;
+  allocs0 = fake.host_allocs;
+  assert_int_equal(allocs0, 1);
+  stage_inst(&a);
+  assert_int_equal(fake.host_allocs, allocs0);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  /* rdma needs no staging: the NIC reaches the memory itself */
+  n = fake.event_creates;
+  assert_int_equal(inst_start(&a, 0, lynx_transport_find("rdma"), 8, 1, EPOCH),
+                   -ENOTCONN); /* no rdma agent here: refused at attach */
+  assert_int_equal(fake.event_creates, n);
+  gpu_shutdown();
+  assert_int_equal(fake.bad_frees, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+  assert_int_equal(fake.bad_copies, 0);
+  assert_int_equal(fake_cuda_live(), live0);
+}
+
+/* Over the real tcp transport: what one frontend flush sends is one batch:
+ * its reads cost one stream synchronisation, its writes none, replies come
+ * in order, each read after the writes before it. */
+static void test_staging_over_tcp(void **state) {
+  struct gpu_copy_stats st0, st;
+  struct inst in;
+  uint8_t rd[32][64], x[64], y[64], bx[64], by[64];
+  uint64_t ids[32], end;
+  int syncs0;
+  (void)state;
+  fake_cuda_reset();
+  assert_int_equal(inst_start(&in, 0, T, 8, 1, EPOCH), 0);
+  assert_non_null(in.r.mem->flush);
+  inst_connect(&in);
+  echo(&in, 0, 0, "staged", 31);
+  fake.defer_copies = 1;
+
+  /* 16 writes, one flush: no synchronisation */
+  st0 = copy_stats(&in);
+  syncs0 = fake.stream_syncs;
+  for (int i = 0; i < 16; i++) {
+    struct iovec iov = {x, sizeof(x)};
+    pattern(x, sizeof(x), 300u + (uint32_t)i);
+    assert_int_equal(in.c->ops->writev(in.c, rx_at(&in, 2) + (uint64_t)i * 64,
+                                       &iov, 1, LYNX_WR_PUBLISH), 0);
+  }
+  assert_int_equal(in.c->ops->flush(in.c), 0);
+  end = lynx_now_ns() + 2000000000ull;
+  do {
+    st = copy_stats(&in);
+    if (st.writes - st0.writes >= 16)
+      break;
+    usleep(1000);
+  } while (lynx_now_ns() < end);
+  assert_int_equal(st.writes - st0.writes, 16);
+  assert_int_equal(fake.stream_syncs, syncs0);
+  assert_int_equal(st.syncs, st0.syncs);
+
+  /* 32 reads, one flush: one synchronisation, replies in order */
+  st0 = st;
+  for (int i = 0; i < 32; i++)
+    assert_int_equal(in.c->ops->read(in.c, rx_at(&in, 2) + (uint64_t)i * 32,
+                                     rd[i], sizeof(rd[i]), 500u + (uint64_t)i),
+                     0);
+  assert_int_equal(in.c->ops->flush(in.c), 0);
+  assert_int_equal(ut_poll_n(in.c, ids, 32), 32);
+  st = copy_stats(&in);
+  assert_int_equal(st.reads - st0.reads, 32);
+  assert_int_equal(st.syncs - st0.syncs, 1);
+  assert_int_equal(fake.stream_syncs, syncs0 + 1);
+  for (int i = 0; i < 32; i++) {
+    assert_int_equal(ids[i], 500u + (uint64_t)i);
+    pattern(x, sizeof(x), 300u + (uint32_t)(i / 2));
+    assert_memory_equal(rd[i], x + (i % 2) * 32, 32);
+    assert_memory_equal(rd[i] + 32, dev_base(&in) + rx_at(&in, 2) +
+                                        (uint64_t)i * 32 + 32, 32);
+  }
+
+  /* write x, read, write y, read, in one flush */
+  memset(x, 0x55, sizeof(x));
+  memset(y, 0x66, sizeof(y));
+  {
+    struct iovec ix = {x, sizeof(x)}, iy = {y, sizeof(y)};
+    assert_int_equal(in.c->ops->writev(in.c, rx_at(&in, 3), &ix, 1, 0), 0);
+    assert_int_equal(in.c->ops->read(in.c, rx_at(&in, 3), bx, sizeof(bx), 1),
+                     0);
+    assert_int_equal(in.c->ops->writev(in.c, rx_at(&in, 3), &iy, 1,
+                                       LYNX_WR_PUBLISH), 0);
+    assert_int_equal(in.c->ops->read(in.c, rx_at(&in, 3), by, sizeof(by), 2),
+                     0);
+  }
+  assert_int_equal(in.c->ops->flush(in.c), 0);
+  assert_int_equal(ut_poll_n(in.c, ids, 2), 2);
+  assert_int_equal(ids[0], 1);
+  assert_int_equal(ids[1], 2);
+  assert_memory_equal(bx, x, sizeof(x));
+  assert_memory_equal(by, y, sizeof(y));
+  /* the kernel still answers through the staging */
+  echo(&in, 0, 1, "still staged", 32);
+  assert_int_equal(fake.src_races, 0);
+  assert_int_equal(fake.bad_copies, 0);
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  inst_drop(&in);
+  wait_destroys(2);
+  gpu_shutdown();
+  assert_int_equal(fake.blocking_calls, 0);
+}
+
 /* Every test starts with GPUS fake GPUs, no injection, no records. */
 static int setup(void **state) {
   (void)state;
@@ -1282,6 +1792,10 @@ int main(int argc, char **argv) {
       T_(test_lease_fence),
       T_(test_host_region_shm),
       T_(test_host_region_tcp_failures),
+      T_(test_staging_batches),
+      T_(test_staging_wrap),
+      T_(test_staging_limits_failures),
+      T_(test_staging_over_tcp),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }

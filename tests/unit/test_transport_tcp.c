@@ -6,7 +6,11 @@
  * skipping the hello gets its connection closed without a byte of the
  * region changing, while other connections go on; a HELLO's length is
  * checked before its body is buffered, and the data port's guard counts
- * it); a region in device memory served only through its copies. What
+ * it); a region in device memory served only through its copies, and
+ * one whose memory takes batches (a received buffer's operations as one
+ * batch: replies in order, reads after the writes before them, one flush
+ * per buffer, a full staging ending the batch early, a read too large to
+ * stage copied on its own, a failing flush closing the connection). What
  * every backend promises (one-sided writes and reads, PUBLISH, completions,
  * refusals at connect, bounds, region_free) is the conformance suite's
  * (transport_conformance.c, run for tcp as unit_transport_conformance_tcp).
@@ -478,6 +482,218 @@ static void test_device_memory_region(void **state) {
   free(dev.mem);
 }
 
+/* ---- device memory with batches -------------------------------------- */
+
+/* A device whose copies run in order but complete only at flush, the way
+ * a GPU's stream does: write_start queues its bytes, read_start queues a
+ * copy into a small staging area that holds garbage until the flush, and
+ * single writes and reads complete the queue first. */
+#define BD_STAGE 1024u
+#define BD_QMAX 256
+
+struct bdev_op {
+  int write;
+  uint64_t off;
+  size_t len;
+  uint8_t *data; /* write: its bytes; read: where in stage */
+};
+
+struct bdev {
+  struct fake_dev d;
+  uint8_t stage[BD_STAGE];
+  size_t staged; /* stage bytes this batch's reads took */
+  int handed;    /* the last flush handed reads over: stage reused next */
+  struct bdev_op q[BD_QMAX];
+  int nq;
+  int write_starts, read_starts, flushes, fail_flush;
+  int reads_max; /* the most reads one flush completed */
+  int publish_words; /* publishing writes seen */
+};
+
+static void bd_complete(struct bdev *b) {
+  int reads = 0;
+  for (int i = 0; i < b->nq; i++) {
+    struct bdev_op *o = &b->q[i];
+    if (o->write) {
+      memcpy(b->d.mem + o->off, o->data, o->len);
+      free(o->data);
+    } else {
+      memcpy(o->data, b->d.mem + o->off, o->len);
+      reads++;
+    }
+  }
+  b->nq = 0;
+  if (reads > b->reads_max)
+    b->reads_max = reads;
+}
+
+static int bd_write(void *ctx, uint64_t off, const void *src, size_t len) {
+  bd_complete(ctx);
+  return fake_write(&((struct bdev *)ctx)->d, off, src, len);
+}
+
+static int bd_read(void *ctx, uint64_t off, void *dst, size_t len) {
+  bd_complete(ctx);
+  return fake_read(&((struct bdev *)ctx)->d, off, dst, len);
+}
+
+static void bd_next(struct bdev *b) {
+  if (b->handed) {
+    b->handed = 0;
+    b->staged = 0;
+    memset(b->stage, 0xEE, sizeof(b->stage)); /* used: gone */
+  }
+}
+
+static int bd_write_start(void *ctx, uint64_t off, const void *src,
+                          size_t len, unsigned flags) {
+  struct bdev *b = ctx;
+  struct bdev_op *o;
+  bd_next(b);
+  if (off > b->d.size || len > b->d.size - off)
+    return -EFAULT;
+  if (b->nq == BD_QMAX)
+    bd_complete(b); /* not a flush: reads stay the caller's to use later */
+  o = &b->q[b->nq++];
+  o->write = 1;
+  o->off = off;
+  o->len = len;
+  o->data = malloc(len ? len : 1);
+  assert_non_null(o->data);
+  memcpy(o->data, src, len);
+  b->write_starts++;
+  b->publish_words += !!(flags & LYNX_WR_PUBLISH);
+  return 0;
+}
+
+static int bd_read_start(void *ctx, uint64_t off, size_t len,
+                         const void **bytes) {
+  struct bdev *b = ctx;
+  struct bdev_op *o;
+  bd_next(b);
+  if (off > b->d.size || len > b->d.size - off)
+    return -EFAULT;
+  if (len > BD_STAGE)
+    return -E2BIG;
+  if (b->staged + len > BD_STAGE || b->nq == BD_QMAX)
+    return -ENOBUFS;
+  o = &b->q[b->nq++];
+  o->write = 0;
+  o->off = off;
+  o->len = len;
+  o->data = b->stage + b->staged;
+  memset(o->data, 0xEE, len); /* not there before the flush */
+  b->staged += len;
+  *bytes = o->data;
+  b->read_starts++;
+  return 0;
+}
+
+static int bd_flush(void *ctx) {
+  struct bdev *b = ctx;
+  b->flushes++;
+  bd_complete(b);
+  b->handed = 1;
+  return b->fail_flush ? -EIO : 0;
+}
+
+/* A region whose memory takes batches: what one frontend flush sends is
+ * one batch (one flush of the memory), answered in order, each read seeing
+ * exactly the writes before it; reads beyond the staging end the batch
+ * early, one larger than the staging is a single read; a flush that fails
+ * closes the connection. */
+static void test_device_memory_batches(void **state) {
+  struct bdev *b = calloc(1, sizeof(*b));
+  struct lynx_region_mem mem = {
+      .kind = "fake", .write = bd_write, .read = bd_read,
+      .write_start = bd_write_start, .read_start = bd_read_start,
+      .flush = bd_flush, .reg_mr = fake_reg_mr, .release = fake_release,
+      .ctx = b};
+  struct lynx_region r = {.fd = -1};
+  struct lynx_region_desc d;
+  struct lynx_tconn *c;
+  struct lynx_geom g;
+  uint8_t x[48], y[48], bx[48], by[48], big[BD_STAGE + 16];
+  uint8_t small[40][32];
+  uint64_t ids[40], rx0, rx1;
+  struct iovec ix = {x, sizeof(x)}, iy = {y, sizeof(y)};
+  int reads0, flushes0;
+  (void)state;
+  assert_non_null(b);
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z), 0);
+  assert_true(g.region_size > sizeof(big) + 64);
+  b->d.size = g.region_size;
+  b->d.mem = calloc(1, g.region_size);
+  assert_non_null(b->d.mem);
+  for (uint64_t i = 0; i < g.region_size; i++)
+    if (i >= sizeof(struct lynx_region_hdr))
+      b->d.mem[i] = (uint8_t)(i * 13 + 5);
+  assert_int_equal(T->region_attach(g_ta, &r, "ut-bdev", g.region_size, &mem),
+                   0);
+  assert_int_equal(
+      lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
+  assert_int_equal(T->region_export(&r), 0);
+  ut_desc_fill(&d, "tcp", r.locator, &g, 7, EPOCH, LYNX_ORDER_FENCED);
+  d.key = r.key;
+  assert_int_equal(T->connect(&d, &c), 0); /* its header read: a batch */
+  assert_true(b->flushes >= 1);
+
+  /* write x, read, write y, read, a read too large to stage: one buffer */
+  memset(x, 0x11, sizeof(x));
+  memset(y, 0x22, sizeof(y));
+  rx0 = lynx_rx_ring_off(&g, 0);
+  rx1 = lynx_rx_ring_off(&g, 1);
+  flushes0 = b->flushes;
+  reads0 = __atomic_load_n(&b->d.reads, __ATOMIC_SEQ_CST);
+  assert_int_equal(c->ops->writev(c, rx0, &ix, 1, LYNX_WR_PUBLISH), 0);
+  assert_int_equal(c->ops->read(c, rx0, bx, sizeof(bx), 1), 0);
+  assert_int_equal(c->ops->writev(c, rx0, &iy, 1, 0), 0);
+  assert_int_equal(c->ops->read(c, rx0, by, sizeof(by), 2), 0);
+  assert_int_equal(c->ops->read(c, 0, big, sizeof(big), 3), 0);
+  assert_int_equal(c->ops->flush(c), 0);
+  assert_int_equal(ut_poll_n(c, ids, 3), 3);
+  assert_int_equal(ids[0], 1);
+  assert_int_equal(ids[1], 2);
+  assert_int_equal(ids[2], 3);
+  assert_memory_equal(bx, x, sizeof(x)); /* before y was written */
+  assert_memory_equal(by, y, sizeof(y));
+  assert_memory_equal(big, b->d.mem, sizeof(big));
+  assert_memory_equal(b->d.mem + rx0, y, sizeof(y));
+  assert_int_equal(b->flushes, flushes0 + 1);
+  assert_int_equal(b->write_starts, 2);
+  assert_int_equal(b->publish_words, 1);
+  /* the large read went alone, the others through the batch */
+  assert_int_equal(__atomic_load_n(&b->d.reads, __ATOMIC_SEQ_CST), reads0 + 1);
+
+  /* 40 reads in one buffer: the staging holds 32, so the batch ends once
+   * early; every reply in order with its own bytes */
+  flushes0 = b->flushes;
+  for (int i = 0; i < 40; i++)
+    assert_int_equal(c->ops->read(c, rx1 + (uint64_t)i * 32, small[i], 32,
+                                  100 + (uint64_t)i), 0);
+  assert_int_equal(c->ops->flush(c), 0);
+  assert_int_equal(ut_poll_n(c, ids, 40), 40);
+  for (int i = 0; i < 40; i++) {
+    assert_int_equal(ids[i], 100 + (uint64_t)i);
+    assert_memory_equal(small[i], b->d.mem + rx1 + (uint64_t)i * 32, 32);
+  }
+  assert_true(b->flushes >= flushes0 + 2);
+  assert_int_equal(b->reads_max, BD_STAGE / 32);
+
+  /* a batch that fails closes that connection, with a reason */
+  b->fail_flush = 1;
+  assert_int_equal(c->ops->read(c, rx0, bx, 8, 5), 0);
+  assert_int_equal(c->ops->flush(c), 0);
+  assert_true(ut_poll_n(c, ids, 1) < 0);
+  b->fail_flush = 0;
+  c->ops->close(c);
+  T->region_free(&r);
+  assert_int_equal(releases_after(&b->d, 1), 1);
+  bd_complete(b);
+  free(b->d.mem);
+  free(b);
+}
+
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(int argc, char **argv) {
@@ -487,6 +703,7 @@ int main(int argc, char **argv) {
       T_(test_bad_peer_does_not_hurt_others),
       T_(test_hello_length_checked_first),
       cmocka_unit_test(test_device_memory_region),
+      cmocka_unit_test(test_device_memory_batches),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }
