@@ -93,6 +93,20 @@ struct lynx_accel_launch {
   const uint64_t *serve_until;
 };
 
+/* Copies the transport's agent made into and out of an accelerator's own
+ * memory for an instance (tcp into GPU memory without a CPU mapping; all
+ * zero where the transport reaches the memory with loads and stores). */
+struct lynx_accel_copies {
+  uint64_t staging_bytes; /* its pinned staging ring (0: none: gdrcopy, rdma) */
+  uint64_t writes, reads; /* accesses (a batch's and single ones) */
+  uint64_t copies;        /* cudaMemcpyAsync calls they took */
+  uint64_t merged;        /* writes that joined the previous write's copy */
+  uint64_t syncs;         /* stream synchronisations they waited for */
+  uint64_t staging_waits; /* waits for a copy the staging ring wrapped onto */
+  uint64_t unstaged;      /* accesses copied from or to the caller's memory
+                             (the ring could not take them) */
+};
+
 /* An instance's handle; each backend embeds it first in its own. */
 struct lynx_accel_inst {
   const struct lynx_accel_ops *ops;
@@ -133,6 +147,10 @@ struct lynx_accel_ops {
    * own clock (lathist.h): histograms, totals since start, readable until
    * put. 0 or -errno (the last values read are still set). */
   int (*latency)(struct lynx_accel_inst *in, struct lynx_lat *out);
+  /* Copies made for it into and out of the accelerator's memory (totals
+   * since start, readable until put; zeros when there are none). May run
+   * on any thread. */
+  void (*copies)(struct lynx_accel_inst *in, struct lynx_accel_copies *out);
   /* Stops it and waits (bounded). 0, or -ETIMEDOUT when it did not stop
    * (its memory is then kept until the agent exits, never freed under
    * it). Counters stay readable. */
@@ -158,6 +176,7 @@ struct lynx_accel_ops {
     .discover = prefix##_discover, .runs_app = prefix##_runs_app,              \
     .start = prefix##_start, .fence = prefix##_fence,                          \
     .counters = prefix##_counters, .latency = prefix##_latency,                \
+    .copies = prefix##_copies,                                                 \
     .stop = prefix##_stop, .put = prefix##_put,                                \
     .health = prefix##_health, .shutdown = prefix##_shutdown                   \
   }

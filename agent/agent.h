@@ -66,11 +66,13 @@ struct agent_accel {
   char last_error[128];
   uint32_t stalled_mqueues;
   uint64_t stall_ms;
-  /* latency.c: queueing and service times as the accelerator stamps them
+  /* stats.c: queueing and service times as the accelerator stamps them
    * (lathist.h). done: instances that stopped; old and mid: totals at the
    * ends of the recent window (mid taken at mid_ns); q: its quantiles for
-   * the heartbeat; pub: the last total, for --metrics (under lat_lock). */
+   * the heartbeat; pub: the last total, for --metrics (under lat_lock).
+   * Copies into its memory likewise: cdone, cpub. */
   struct lynx_lat done, old, mid, pub;
+  struct lynx_accel_copies cdone, cpub;
   uint64_t mid_ns;
   struct agent_lat_q {
     uint64_t window_requests, queue_p50, queue_p99, service_p50, service_p99;
@@ -114,7 +116,7 @@ struct agent {
   /* health.c */
   uv_timer_t health;
   int health_open;
-  pthread_mutex_t lat_lock; /* every acc[].pub (latency.c) */
+  pthread_mutex_t lat_lock; /* every acc[].pub and cpub (stats.c) */
 };
 
 /* instance.c */
@@ -150,12 +152,12 @@ void agent_instances_fence(struct agent *ag, int wake);
 void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
                           uint64_t *resp);
 
-/* latency.c: accelerator-stamped latency (lathist.h), sampled with the
- * health timer; a stopping instance's histograms kept; the --metrics
- * histograms (on the metrics thread) */
-void agent_latency_sample(struct agent *ag, uint64_t now_ns);
-void agent_latency_keep(struct agent *ag, struct instance *in);
-void agent_latency_metrics(struct agent *ag, FILE *f);
+/* stats.c: accelerator-stamped latency (lathist.h) and the copies made
+ * into accelerator memory, sampled with the health timer; a stopping
+ * instance's kept; their --metrics (on the metrics thread) */
+void agent_stats_sample(struct agent *ag, uint64_t now_ns);
+void agent_stats_keep(struct agent *ag, struct instance *in);
+void agent_stats_metrics(struct agent *ag, FILE *f);
 
 /* health.c: data-path liveness and device health, sampled on a timer */
 void agent_health_start(struct agent *ag);

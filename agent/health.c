@@ -110,7 +110,7 @@ void agent_health_sample(struct agent *ag, uint64_t now_ns) {
   for (struct instance *in = ag->instances; in; in = in->next)
     if (in->running)
       watch_instance(ag, in, now_ns);
-  agent_latency_sample(ag, now_ns);
+  agent_stats_sample(ag, now_ns);
 }
 
 static void on_health(uv_timer_t *t) {

@@ -222,7 +222,7 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
     /* one that does not stop keeps its memory (accel.h) */
     in->run->ops->stop(in->run);
     in->run->ops->counters(in->run, &rq, &rs, &dr, &bad);
-    agent_latency_keep(ag, in);
+    agent_stats_keep(ag, in);
   }
   ag->acc[in->accel].requests += rq;
   ag->acc[in->accel].responses += rs;

@@ -182,7 +182,7 @@ static void write_metrics(FILE *f, void *arg) {
                    "This agent's incarnation.");
   lynx_prom_u64(f, "lynx_agent_epoch", NULL,
                 __atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
-  agent_latency_metrics(ag, f);
+  agent_stats_metrics(ag, f);
 }
 
 static void on_signal(uv_signal_t *s, int signum) {

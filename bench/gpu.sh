@@ -43,6 +43,7 @@ FLOW_RATE=${FLOW_RATE:-40000}
 PORT=17400
 AG_ADDR=127.0.0.1:17701
 METRICS=127.0.0.1:17702
+AMETRICS=127.0.0.1:17703
 TMP=$(mktemp -d /tmp/lynx-bench-gpu.XXXXXX)
 command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
 [[ -x $BIN/lynx-gpu-hostcentric ]] || { echo "$BIN/lynx-gpu-hostcentric is missing: build with make LYNX_CUDA=ON"; exit 1; }
@@ -78,7 +79,7 @@ start() {
     mqueues=${1#gpu-q} ;;
   esac
   "$BIN/lynx-agent" "${agent[@]}" --app sockperf-echo --mqueues "$mqueues" --work-us "$WORK_US" \
-    --listen "$AG_ADDR" --node-id bench >"$TMP/$1-agent.log" 2>&1 &
+    --listen "$AG_ADDR" --node-id bench --metrics "$AMETRICS" >"$TMP/$1-agent.log" 2>&1 &
   pids+=($!)
   wait_log "$TMP/$1-agent.log" "serving descriptors"
   "$BIN/lynx-frontend" --agent "$AG_ADDR" --udp "$PORT" --poll "$POLL" \
@@ -122,6 +123,21 @@ parse() {
 }
 
 RAW=$TMP/raw.txt
+COPIES=$TMP/copies.txt
+# copies LABEL: what the agent's transport did to reach the accelerator's
+# memory over the whole run, per request the frontend dispatched
+copies() {
+  local a f
+  a=$(curl -s "http://$AMETRICS/metrics" 2>/dev/null) || return 0
+  f=$(curl -s "http://$METRICS/metrics" 2>/dev/null) || return 0
+  awk -v l="$1" -v d="$(awk '/^lynx_frontend_dispatched_total/ {s += $NF} END {print s + 0}' <<<"$f")" '
+    /^lynx_agent_accel_region_writes_total/ {w += $NF}
+    /^lynx_agent_accel_region_reads_total/ {r += $NF}
+    /^lynx_agent_accel_copies_total/ {c += $NF}
+    /^lynx_agent_accel_copy_syncs_total/ {s += $NF}
+    /^lynx_agent_accel_staging_waits_total/ {sw += $NF}
+    END { if (d > 0) printf "%-13s %10d %8.2f %8.2f %8.2f %8.3f %8d\n", l, d, w / d, r / d, c / d, s / d, sw }' <<<"$a" >>"$COPIES"
+}
 measure() { # label
   local size rate d0 d1
   for size in $SIZES; do
@@ -169,6 +185,7 @@ for l in $LABELS; do
     gpu-q*) measure_flows "$l" ;;
     *) measure "$l" ;;
     esac
+    case $l in gpu-*tcp) copies "$l" ;; esac
   else
     echo "$l did not start" >&2
   fi
@@ -197,6 +214,11 @@ OUT="bench/results/gpu-$(date -u +%Y%m%dT%H%M%SZ).txt"
     echo "  gpu-dev-tcp p50 / cpu-tcp p50:       $(ratio "$(get gpu-dev-tcp "$size" pingpong 4)" "$(get cpu-tcp "$size" pingpong 4)")"
     echo "  gpu-host-tcp rate / cpu-tcp rate:    $(ratio "$(get gpu-host-tcp "$size" max 9)" "$(get cpu-tcp "$size" max 9)")  (target >= 1)"
   done
+  if [[ -s $COPIES ]]; then
+    echo "# the tcp agent's copies into GPU memory, per request dispatched (the whole run of that server)"
+    printf "%-13s %10s %8s %8s %8s %8s %8s\n" server requests writes reads copies syncs stg_waits
+    cat "$COPIES"
+  fi
   echo "many mqueues per block, $FLOWS flows, $FLOW_RATE msg/s in all, 64 B:"
   echo "  gpu-q1024 p99 / gpu-q64 p99:         $(ratio "$(get gpu-q1024 64 "flows$FLOW_RATE" 5)" "$(get gpu-q64 64 "flows$FLOW_RATE" 5)")  (target <= 2)"
   echo "# below saturation nothing may be dropped, duplicated or reordered (dropped/dup/ooo of the ping-pong and load runs)"

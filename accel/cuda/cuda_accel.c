@@ -505,7 +505,7 @@ struct stage {
     size_t len;
     int live;
   } pend;
-  struct gpu_copy_stats st;
+  struct lynx_accel_copies st;
 };
 
 struct gpu_instance {
@@ -942,7 +942,7 @@ static int stage_init(struct gpu_instance *gi, char *err, size_t errlen) {
  * kernel: this waits for copies only). */
 static void stage_fini(struct gpu_instance *gi) {
   struct stage *sg = &gi->stg;
-  const struct gpu_copy_stats *st = &sg->st;
+  const struct lynx_accel_copies *st = &sg->st;
   for (uint32_t i = 0; i < STAGE_SEGS; i++)
     if (sg->ev[i])
       cudaEventDestroy(sg->ev[i]);
@@ -967,7 +967,7 @@ static void stage_fini(struct gpu_instance *gi) {
 }
 
 void gpu_instance_copy_stats(struct gpu_instance *gi,
-                             struct gpu_copy_stats *st) {
+                             struct lynx_accel_copies *st) {
   pthread_mutex_lock(&gi->lock);
   *st = gi->stg.st;
   st->staging_bytes = gi->stg.buf ? STAGE_BYTES : 0;
@@ -1654,6 +1654,11 @@ static int cuda_fence(struct lynx_accel_inst *in, uint64_t serve_until_ns,
   (void)wake; /* the kernel polls: it never sleeps on the doorbell */
   return gpu_instance_fence(container_of(in, struct gpu_instance, acc),
                             serve_until_ns);
+}
+
+static void cuda_copies(struct lynx_accel_inst *in,
+                        struct lynx_accel_copies *out) {
+  gpu_instance_copy_stats(container_of(in, struct gpu_instance, acc), out);
 }
 
 static int cuda_latency(struct lynx_accel_inst *in, struct lynx_lat *out) {

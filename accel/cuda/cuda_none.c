@@ -66,6 +66,12 @@ static int none_latency(struct lynx_accel_inst *in, struct lynx_lat *out) {
   return -ENOTSUP;
 }
 
+static void none_copies(struct lynx_accel_inst *in,
+                        struct lynx_accel_copies *out) {
+  (void)in;
+  memset(out, 0, sizeof(*out));
+}
+
 static int none_stop(struct lynx_accel_inst *in) {
   (void)in;
   return -ENOTSUP;

@@ -89,20 +89,10 @@ void gpu_instance_put(struct gpu_instance *gi);
 
 /* How the transport reached an instance's region in GPU memory (tcp,
  * docs/gpu.md): totals since start. */
-struct gpu_copy_stats {
-  uint64_t staging_bytes; /* its pinned staging ring (0: none: gdrcopy, rdma) */
-  uint64_t writes, reads; /* accesses (a batch's and single ones) */
-  uint64_t copies;        /* cudaMemcpyAsync calls they took */
-  uint64_t merged;        /* writes that joined the previous write's copy */
-  uint64_t syncs;         /* stream synchronisations they waited for */
-  uint64_t staging_waits; /* waits for a copy the staging ring wrapped onto */
-  uint64_t unstaged;      /* accesses copied from or to the caller's memory
-                             (the ring could not take them) */
-};
 
 /* The instance's copy counters (logged when its memory goes). */
 void gpu_instance_copy_stats(struct gpu_instance *gi,
-                             struct gpu_copy_stats *st);
+                             struct lynx_accel_copies *st);
 
 /* At exit, after every instance stopped: gives device memory back. */
 void gpu_shutdown(void);

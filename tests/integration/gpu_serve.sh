@@ -77,6 +77,17 @@ n=$(sed -n 's/^lynx_agent_accel_service_seconds_count{accel="0",kind="cuda"} //p
 disp=$(metric lynx_frontend_dispatched_total) || fail "no lynx_frontend_dispatched_total"
 log "GPU-stamped service times: $n, requests dispatched to the GPU: $disp"
 assert_eq "$n" "$disp" "service times stamped by the kernel == requests dispatched"
+# how the agent reached the mqueues: host-mapped with plain loads and
+# stores, no copy; GPU memory over tcp with copies, writes never waited for
+am() { sed -n "s/^lynx_agent_accel_$1{accel=\"0\",kind=\"cuda\"} //p" "$IT_DIR/agent-metrics.txt"; }
+log "agent copies: writes $(am region_writes_total) reads $(am region_reads_total) copies $(am copies_total) syncs $(am copy_syncs_total) staging waits $(am staging_waits_total)"
+if [[ $MEM == device ]]; then
+  assert_gt "$(am region_writes_total)" "$disp" "writes into GPU memory (at least one per request)"
+  assert_gt "$(am copies_total)" 0 "copies into GPU memory"
+  assert_lt "$(am copy_syncs_total)" "$(am region_reads_total)" "stream synchronisations (one per batch of reads, none per write)"
+else
+  assert_eq "$(am copies_total)" 0 "copies made by the agent to reach host-mapped mqueues"
+fi
 stop_daemons
 
 # ---- 2. work emulation ------------------------------------------------------------

@@ -94,6 +94,8 @@ for i in 0 1; do
   assert_eq "$n" "$(awk -v a="$N1/$i" '$1 == a {print $7}' "$IT_DIR/latency-1.txt")" \
     "accelerator $i: service times counted vs requests reported"
 done
+assert_eq "$(grep -c '^lynx_agent_accel_copies_total{accel="[01]",kind="cpu"} 0$' "$IT_DIR/agent-metrics-1.txt")" 2 \
+  "CPU accelerators over shm: no copies by the agent"
 ctl accelerators >"$IT_DIR/accels-1.txt"
 grep -q 'QUEUE-P50/P99 *SERVICE-P50/P99' "$IT_DIR/accels-1.txt" ||
   fail "lynxctl accelerators shows no latency columns: $(cat "$IT_DIR/accels-1.txt")"

@@ -1268,8 +1268,8 @@ static void pattern(uint8_t *p, size_t n, uint32_t seed) {
     p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8) + 1u);
 }
 
-static struct gpu_copy_stats copy_stats(const struct inst *in) {
-  struct gpu_copy_stats st;
+static struct lynx_accel_copies copy_stats(const struct inst *in) {
+  struct lynx_accel_copies st;
   gpu_instance_copy_stats(in->gi, &st);
   return st;
 }
@@ -1294,7 +1294,7 @@ static uint64_t rx_at(const struct inst *in, uint32_t q) {
  * stream gets there (defer_copies), as on a GPU. */
 static void test_staging_batches(void **state) {
   const struct lynx_region_mem *m;
-  struct gpu_copy_stats st0, st;
+  struct lynx_accel_copies st0, st;
   struct inst a;
   uint8_t w[16][200], x[64], y[64], p[128], back[128];
   const void *bytes[16], *b1, *b2;
@@ -1446,7 +1446,7 @@ static void test_staging_batches(void **state) {
  * that reads it completed (src_races), and the data survives the wraps. */
 static void test_staging_wrap(void **state) {
   const struct lynx_region_mem *m;
-  struct gpu_copy_stats st0, st;
+  struct lynx_accel_copies st0, st;
   struct inst a;
   static uint8_t buf[4000];
   uint8_t last[2][4000];
@@ -1529,7 +1529,7 @@ static void test_staging_wrap(void **state) {
  * the reason, leaving nothing behind. */
 static void test_staging_limits_failures(void **state) {
   const struct lynx_region_mem *m;
-  struct gpu_copy_stats st0, st;
+  struct lynx_accel_copies st0, st;
   struct inst a;
   static uint8_t buf[4000], cur[2][4000];
   static const void *bytes[1200];
@@ -1684,7 +1684,7 @@ static void test_staging_limits_failures(void **state) {
  * its reads cost one stream synchronisation, its writes none, replies come
  * in order, each read after the writes before it. */
 static void test_staging_over_tcp(void **state) {
-  struct gpu_copy_stats st0, st;
+  struct lynx_accel_copies st0, st;
   struct inst in;
   uint8_t rd[32][64], x[64], y[64], bx[64], by[64];
   uint64_t ids[32], end;
