@@ -4,8 +4,9 @@
 # the references measured in the same invocation:
 #
 #   sockperf        sockperf's own server (the floor of the client and kernel)
-#   hostcentric     lynx-gpu-hostcentric: recvfrom, copy in, one-block kernel,
-#                   copy out, sendto (the design Lynx replaces)
+#   hostcentric     lynx-gpu-baseline --streams 1: recvfrom, copy in,
+#                   one-block kernel, copy out, sendto, one request at a time
+#                   (the design Lynx replaces)
 #   cpu-shm         CPU accelerators, frontend over shm
 #   cpu-tcp         CPU accelerators, frontend over tcp
 #   gpu-host-shm    a GPU, mqueues in host memory mapped into it, over shm
@@ -46,7 +47,7 @@ METRICS=127.0.0.1:17702
 AMETRICS=127.0.0.1:17703
 TMP=$(mktemp -d /tmp/lynx-bench-gpu.XXXXXX)
 command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
-[[ -x $BIN/lynx-gpu-hostcentric ]] || { echo "$BIN/lynx-gpu-hostcentric is missing: build with make LYNX_CUDA=ON"; exit 1; }
+[[ -x $BIN/lynx-gpu-baseline ]] || { echo "$BIN/lynx-gpu-baseline is missing: build with make LYNX_CUDA=ON"; exit 1; }
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   echo "no GPU here (nvidia-smi -L lists none): bench/gpu.sh runs on a GPU host"
   exit 1
@@ -65,7 +66,8 @@ start() {
   case $1 in
   sockperf) sockperf server -i 127.0.0.1 -p "$PORT" >"$TMP/$1.log" 2>&1 & pids+=($!); sleep 0.5; return ;;
   hostcentric)
-    "$BIN/lynx-gpu-hostcentric" --udp "127.0.0.1:$PORT" --device "$GPU" --work-us "$WORK_US" >"$TMP/$1.log" 2>&1 &
+    "$BIN/lynx-gpu-baseline" --udp "127.0.0.1:$PORT" --device "$GPU" --app sockperf-echo \
+      --streams 1 --work-us "$WORK_US" >"$TMP/$1.log" 2>&1 &
     pids+=($!)
     wait_log "$TMP/$1.log" "serving UDP"
     return ;;
