@@ -48,6 +48,7 @@ pingpong() {
 # message a ping); sets SP_PID and SP_OUT.
 underload_start() {
   SP_OUT=$IT_DIR/underload-$1.out
+  UL_FF0=$(metric lynx_frontend_dropped_total 'reason="flow_full"') || fail "no flow_full drop counter"
   log "sockperf under-load -t $2 --mps 5000 --reply-every 1 (background)"
   timeout -k 3 40 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t "$2" \
     --mps 5000 --reply-every 1 --buffer-size 4194304 >"$SP_OUT" 2>&1 </dev/null &
@@ -58,20 +59,27 @@ underload_start() {
 # report: every answer, none dropped, duplicated or out of order. With
 # noloss, out-of-order answers are only reported: a drain moves a client flow
 # that has requests in flight to another mqueue, so its later answers may
-# overtake the earlier ones (docs/design.md, "Flow order").
+# overtake the earlier ones (docs/design.md, "Flow order"). An accelerator
+# the machine stalls long enough for the flow's ring (256 slots, 50 ms at
+# 5000/s) to fill makes the frontend drop the excess as flow_full rather
+# than reorder: losses up to those counted drops are the overload's, not
+# the failure's, and are logged; any other loss fails.
 underload_check() {
-  local what
+  local what ff
   wait_exit "$SP_PID" 20 || fail "sockperf under-load did not finish"
   ((WAIT_RC == 0)) || { cat "$SP_OUT"; fail "sockperf under-load exited $WAIT_RC"; }
-  if [[ ${1:-} != noloss ]]; then
-    check_sockperf "$SP_OUT"
-    return
-  fi
   what="sockperf ($(basename "$SP_OUT"))"
   sockperf_stats "$SP_OUT" || return 1
+  ff=$(($(metric lynx_frontend_dropped_total 'reason="flow_full"') - UL_FF0))
   assert_gt "$SP_VRCVD" 0 "$what: messages received in the valid duration"
-  assert_eq "$SP_DROP" 0 "$what: dropped messages"
+  ((ff == 0)) ||
+    log "note: an accelerator fell behind: the frontend dropped $ff requests as flow_full (its ring was full)"
+  assert_le "$SP_DROP" "$ff" "$what: dropped messages (at most those dropped as flow_full)"
   assert_eq "$SP_DUP" 0 "$what: duplicated messages"
+  if [[ ${1:-} != noloss ]]; then
+    assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
+    return
+  fi
   log "$what: $SP_OOO out-of-order messages (a drain may reorder a busy flow)"
 }
 
@@ -101,16 +109,19 @@ requests_of() {
 }
 
 # drops_check WHAT: the frontend counted no drop of any reason (lost and
-# expired named on their own).
+# expired named on their own) but flow_full, an accelerator the machine
+# stalled (underload_check), which is logged.
 drops_check() {
-  local snap=$IT_DIR/metrics-$1.txt v
+  local snap=$IT_DIR/metrics-$1.txt v ff
   scrape "$snap"
+  ff=$(METRICS_FROM=$snap metric lynx_frontend_dropped_total 'reason="flow_full"') || fail "no dropped_total{flow_full}"
+  ((ff == 0)) || log "note: $1: $ff requests dropped as flow_full so far (an accelerator fell behind)"
   v=$(METRICS_FROM=$snap metric lynx_frontend_dropped_total 'reason="lost"') || fail "no dropped_total{lost}"
   assert_eq "$v" 0 "$1: frontend dropped_total{reason=\"lost\"}"
   v=$(METRICS_FROM=$snap metric lynx_frontend_dropped_total 'reason="expired"') || fail "no dropped_total{expired}"
   assert_eq "$v" 0 "$1: frontend dropped_total{reason=\"expired\"}"
   v=$(METRICS_FROM=$snap metric lynx_frontend_dropped_total) || fail "no dropped_total"
-  assert_eq "$v" 0 "$1: frontend dropped_total, every reason" ||
+  assert_eq $((v - ff)) 0 "$1: frontend dropped_total, every reason but flow_full" ||
     grep '^lynx_frontend_dropped_total' "$snap" | grep -v ' 0$' >&2
 }
 
