@@ -180,7 +180,7 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   a->ctx.n_clients = h->n_mqueues - a->n_server;
   a->ctx.clients = NULL;
   if (!a->ctx.call_timeout_ns)
-    a->ctx.call_timeout_ns = 500ull * 1000 * 1000;
+    a->ctx.call_timeout_ns = LYNX_CALL_TIMEOUT_NS;
   if (a->ctx.n_clients) {
     a->ctx.clients = calloc(a->ctx.n_clients, sizeof(*a->ctx.clients));
     if (!a->ctx.clients)
