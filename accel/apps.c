@@ -243,9 +243,9 @@ static const struct lynx_app apps[] = {
      "accelerator consuming for ms (liveness tests)", sockperf_fault_handle,
      NULL, LYNX_CUDA_APP_SOCKPERF_FAULT},
     {"mc-get", "answer a key with its value from memcached back end 'db'",
-     mc_get_handle, "db", LYNX_CUDA_APP_NONE},
+     mc_get_handle, "db", LYNX_CUDA_APP_MC_GET},
     {"face-verify", "LBP face verification against images in memcached "
-     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_NONE},
+     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY},
     {"relay", "answer with back end 'next''s reply to the same request "
      "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE},
 };
@@ -266,5 +266,5 @@ const char *lynx_app_names(void) {
 }
 
 const char *lynx_app_cuda_names(void) {
-  return "echo, sockperf-echo, sockperf-fault";
+  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify";
 }

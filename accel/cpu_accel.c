@@ -307,6 +307,17 @@ static int cpu_runs_app(const struct lynx_app *app) {
   return 1;
 }
 
+/* One client mqueue per back end: the threads share it, one call at a
+ * time (struct lynx_client's lock). */
+static int cpu_client_mqs(const struct lynx_accel_launch *l,
+                          uint32_t *per_backend, char *why, size_t whylen) {
+  (void)l;
+  (void)why;
+  (void)whylen;
+  *per_backend = 1;
+  return 0;
+}
+
 static int cpu_start(const struct lynx_accel_launch *l, struct lynx_region *r,
                      struct lynx_accel_inst **out, char *why, size_t whylen) {
   struct cpu_inst *ci = calloc(1, sizeof(*ci));
