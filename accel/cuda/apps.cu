@@ -31,7 +31,9 @@
  * competing for the SMs' issue slots and memory system.
  *
  * The applications are the CPU handlers' twins (accel/apps.c), with the
- * per-request decisions in accel/app_logic.h, which the CPU unit tests run.
+ * per-request decisions in accel/app_logic.h and accel/face.h, which the
+ * CPU handlers and unit tests run too. mc-get and face-verify call back end
+ * "db" through their block's own client mqueue (lynx_block_call).
  * Each is called by all threads of the block and returns, in all threads,
  * 0 (finished with the request: the caller releases it), APP_AGAIN (the TX
  * ring is full: the request is kept unreleased and retried on a later pass)

@@ -16,6 +16,8 @@
  *    every thread sees the same return value and control flow stays uniform.
  *  - Every thread of the block may take part in copying payloads
  *    (lynx_block_copy, lynx_block_send).
+ *  - A block calls a back end through a client mqueue of its own
+ *    (lynx_block_call, the GPU's lynx_call).
  *
  * Calling rule: every function named lynx_block_* is called by ALL threads
  * of the block, from uniform control flow, with the same arguments (like
