@@ -74,10 +74,13 @@ struct lynx_accel_launch {
    * base); own_memory 1: NULL, start places it */
   uint8_t *region;
   const struct lynx_app *app;
-  /* mqueues [0, n_server) are server mqueues; mqueue n_server + k is the
-   * client mqueue of back end backends[k] */
+  /* mqueues [0, n_server) are server mqueues; the rest are client
+   * mqueues, client_mqs (the op) per back end: mqueue n_server + j *
+   * n_backends + k is the j-th client mqueue of back end backends[k]
+   * (one each on a CPU: n_server + k, as the frontend always had it) */
   uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
   char (*backends)[LYNX_BACKEND_NAME_MAX];
+  uint32_t n_backends;
   uint64_t epoch;
   uint32_t work_us; /* emulated processing time per request */
   int work_sleep;   /* CPU: emulate work_us by sleeping, not spinning */
@@ -129,6 +132,14 @@ struct lynx_accel_ops {
   /* 1 when an instance of app can start on this backend's accelerators
    * (the coordinator places nothing else; start refuses the others). */
   int (*runs_app)(const struct lynx_app *app);
+  /* How many client mqueues each back end of an instance of l gets, set
+   * in *per_backend before its region is laid out (l->n_mqueues and
+   * l->region are not set yet): 1 where the app's threads share one (CPU,
+   * apps.h's struct lynx_client), one per block of a GPU kernel that calls
+   * back ends (docs/client-mqueues.md, "On a GPU"). 0, or -errno with the
+   * reason in why. */
+  int (*client_mqs)(const struct lynx_accel_launch *l, uint32_t *per_backend,
+                    char *why, size_t whylen);
   /* Starts l->app on l->acc over region r (see own_memory). 0 and *out,
    * or -errno with the reason in why and nothing left running (r freed
    * when own_memory). */
@@ -174,6 +185,7 @@ struct lynx_accel_ops {
   {                                                                            \
     .kind = kind_, .noun = noun_,                                              \
     .discover = prefix##_discover, .runs_app = prefix##_runs_app,              \
+    .client_mqs = prefix##_client_mqs,                                         \
     .start = prefix##_start, .fence = prefix##_fence,                          \
     .counters = prefix##_counters, .latency = prefix##_latency,                \
     .copies = prefix##_copies,                                                 \

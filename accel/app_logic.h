@@ -56,4 +56,187 @@ LYNX_HD uint32_t lynx_fault_hang_ms(const uint8_t *d, uint32_t len) {
   return i == len || d[i] == '\n' || d[i] == '\r' ? ms : 0;
 }
 
+/* ---- client mqueue calls (docs/client-mqueues.md) ------------------------ */
+
+/*
+ * An application calls a back end through a client mqueue: it writes the
+ * request into the mqueue's TX ring with a tag of its own and the frontend
+ * writes the back end's reply into the RX ring with the same tag (status OK,
+ * BACKEND_DOWN or TOO_LONG). The CPU's lynx_call (apps.c), the GPU's
+ * lynx_block_call (cuda/lynx_dev.cuh) and the fake kernel of the CUDA unit
+ * test all take replies with lynx_call_poll. Results are -errno as Linux
+ * numbers them, spelled out because device code has no errno.h (apps.c
+ * checks that they match).
+ */
+#define LYNX_CALL_EHOSTDOWN (-112) /* the back end is unreachable */
+#define LYNX_CALL_EMSGSIZE (-90)   /* the reply did not fit (slot or cap) */
+#define LYNX_CALL_ETIMEDOUT (-110) /* no reply in time */
+#define LYNX_CALL_ECANCELED (-125) /* GPU: the kernel was asked to stop */
+
+/* How long an application waits for a back end's reply (CPU and GPU). */
+#define LYNX_CALL_TIMEOUT_NS (500ull * 1000u * 1000u)
+
+/* What a reply with this status and length means to a caller that takes at
+ * most cap bytes: 0 (use it), LYNX_CALL_EHOSTDOWN or LYNX_CALL_EMSGSIZE. */
+LYNX_HD int lynx_call_reply_rc(uint16_t status, uint32_t len, uint32_t cap) {
+  if (status == LYNX_ST_BACKEND_DOWN)
+    return LYNX_CALL_EHOSTDOWN;
+  if (status == LYNX_ST_TOO_LONG || len > cap)
+    return LYNX_CALL_EMSGSIZE;
+  return 0;
+}
+
+/*
+ * One look at a client mqueue's RX ring for the reply to the call with tag:
+ * 0 and *m, a view of the reply in its RX slot, to be released with
+ * lynx_mq_release once read; -11 (EAGAIN) when it has not come yet;
+ * LYNX_CALL_EHOSTDOWN or LYNX_CALL_EMSGSIZE (lynx_call_reply_rc, the slot
+ * released already). A reply with another tag answers an earlier call that
+ * timed out: it is released and skipped, so a late reply never passes for
+ * the current call's and never blocks the ring.
+ */
+LYNX_HD int lynx_call_poll(struct lynx_mq *mq, uint32_t tag, uint32_t cap,
+                           struct lynx_msg *m) {
+  for (;;) {
+    int rc = lynx_mq_recv(mq, m);
+    if (rc) /* -11; never -105: every reply is released before the next */
+      return -11;
+    if (m->tag != tag) {
+      lynx_mq_release(mq);
+      continue;
+    }
+    rc = lynx_call_reply_rc(m->status, m->len, cap);
+    if (rc)
+      lynx_mq_release(mq);
+    return rc;
+  }
+}
+
+/* ---- mc-get: memcached's text protocol ------------------------------------ */
+
+#define LYNX_MC_KEY_MAX 250u
+#define LYNX_MC_GET_CMD_MAX (LYNX_MC_KEY_MAX + 6u) /* "get " KEY "\r\n" */
+/* How far into a reply its first line ("VALUE <key> <flags> <bytes>\r\n")
+ * is looked for: a 250-byte key and two 10-digit numbers fit. */
+#define LYNX_MC_LINE_MAX 320u
+
+/* 1 when k[0, len) is a key mc-get sends: 1..250 bytes, none a space, a
+ * control character or DEL (memcached's own rule). */
+LYNX_HD int lynx_mc_key_ok(const uint8_t *k, uint32_t len) {
+  if (len < 1 || len > LYNX_MC_KEY_MAX)
+    return 0;
+  for (uint32_t i = 0; i < len; i++)
+    if (k[i] <= ' ' || k[i] == 0x7f)
+      return 0;
+  return 1;
+}
+
+/* Writes "get KEY\r\n" to out (klen + 6 <= LYNX_MC_GET_CMD_MAX bytes) and
+ * returns its length. key is either apart from out or already at out + 4
+ * (a block copies it there straight from the request). */
+LYNX_HD uint32_t lynx_mc_get_cmd(uint8_t *out, const uint8_t *key,
+                                 uint32_t klen) {
+  out[0] = 'g';
+  out[1] = 'e';
+  out[2] = 't';
+  out[3] = ' ';
+  if (key != out + 4)
+    for (uint32_t i = 0; i < klen; i++)
+      out[4 + i] = key[i];
+  out[4 + klen] = '\r';
+  out[5 + klen] = '\n';
+  return klen + 6u;
+}
+
+/* Reads a decimal u32 at r[*i, end): 0 and *v, *i past it; -1 when there is
+ * no digit or it does not fit 32 bits. */
+LYNX_HD int lynx_mc_u32(const uint8_t *r, uint32_t end, uint32_t *i,
+                        uint32_t *v) {
+  uint64_t x = 0;
+  uint32_t start = *i;
+  for (; *i < end && r[*i] >= '0' && r[*i] <= '9'; (*i)++) {
+    x = x * 10u + (uint32_t)(r[*i] - '0');
+    if (x > 0xffffffffu)
+      return -1;
+  }
+  if (*i == start)
+    return -1;
+  *v = (uint32_t)x;
+  return 0;
+}
+
+/*
+ * The first part of a reply to "get": r holds the reply's first avail bytes
+ * (at least min(n, LYNX_MC_LINE_MAX) of them), n is its whole length.
+ * -2 (ENOENT) for a miss ("END\r\n"); 0 for a hit, "VALUE <key> <flags>
+ * <bytes>[ <cas>]\r\n" then <bytes> bytes then "\r\nEND\r\n" exactly to the
+ * end of the reply, with the value at [*voff, *voff + *vlen), provided the
+ * 7 bytes after it are the END line (lynx_mc_get_end: the caller checks,
+ * since a GPU reads the head and the tail of a reply separately);
+ * -74 (EBADMSG) for anything else (an error reply, a malformed line).
+ */
+LYNX_HD int lynx_mc_get_head(const uint8_t *r, uint32_t avail, uint32_t n,
+                             uint32_t *voff, uint32_t *vlen) {
+  const char *value = "VALUE ", *end5 = "END\r\n";
+  uint32_t e, i, flags, bytes;
+  if (avail > n)
+    avail = n;
+  if (avail > LYNX_MC_LINE_MAX)
+    avail = LYNX_MC_LINE_MAX;
+  if (n == 5 && avail == 5) {
+    for (i = 0; i < 5 && r[i] == (uint8_t)end5[i]; i++)
+      ;
+    if (i == 5)
+      return -2;
+  }
+  for (e = 0; e < avail && r[e] != '\n'; e++)
+    ;
+  if (e == avail || e < 7 || r[e - 1] != '\r')
+    return -74;
+  for (i = 0; i < 6; i++)
+    if (r[i] != (uint8_t)value[i])
+      return -74;
+  e--; /* the line without its "\r\n": r[0, e) */
+  while (i < e && r[i] == ' ')
+    i++;
+  if (i == e || r[i] <= ' ')
+    return -74; /* no key */
+  while (i < e && r[i] > ' ')
+    i++;
+  if (i == e || r[i] != ' ')
+    return -74;
+  while (i < e && r[i] == ' ')
+    i++;
+  if (lynx_mc_u32(r, e, &i, &flags) || i == e || r[i] != ' ')
+    return -74;
+  while (i < e && r[i] == ' ')
+    i++;
+  if (lynx_mc_u32(r, e, &i, &bytes) || (i < e && r[i] != ' '))
+    return -74; /* after the length: the end, or " <cas>" */
+  if ((uint64_t)e + 2u + bytes + 7u != n)
+    return -74;
+  *voff = e + 2u;
+  *vlen = bytes;
+  return 0;
+}
+
+/* 1 when p[0, 7) is "\r\nEND\r\n", what follows a hit's value. */
+LYNX_HD int lynx_mc_get_end(const uint8_t *p) {
+  const char *end = "\r\nEND\r\n";
+  for (uint32_t i = 0; i < 7; i++)
+    if (p[i] != (uint8_t)end[i])
+      return 0;
+  return 1;
+}
+
+/* A whole reply to "get" in memory: 0 (hit, the value at [*voff, *voff +
+ * *vlen)), -2 (ENOENT: miss) or -74 (EBADMSG: anything else). */
+LYNX_HD int lynx_mc_parse_get(const uint8_t *r, uint32_t n, uint32_t *voff,
+                              uint32_t *vlen) {
+  int rc = lynx_mc_get_head(r, n, n, voff, vlen);
+  if (rc == 0 && !lynx_mc_get_end(r + *voff + *vlen))
+    rc = -74;
+  return rc;
+}
+
 #endif

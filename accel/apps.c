@@ -18,6 +18,12 @@ struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
   return NULL;
 }
 
+/* app_logic.h spells the call results out for device code */
+_Static_assert(LYNX_CALL_EHOSTDOWN == -EHOSTDOWN, "EHOSTDOWN");
+_Static_assert(LYNX_CALL_EMSGSIZE == -EMSGSIZE, "EMSGSIZE");
+_Static_assert(LYNX_CALL_ETIMEDOUT == -ETIMEDOUT, "ETIMEDOUT");
+_Static_assert(LYNX_CALL_ECANCELED == -ECANCELED, "ECANCELED");
+
 int lynx_call(struct lynx_client *c, const void *req, uint32_t len,
               uint8_t *reply, uint32_t cap, uint32_t *reply_len,
               uint64_t timeout_ns) {
@@ -36,30 +42,20 @@ int lynx_call(struct lynx_client *c, const void *req, uint32_t len,
   }
   if (rc)
     goto out;
-  for (;;) {
-    rc = lynx_recv(&c->mq, &m);
-    if (rc == 0 && m.tag != tag) { /* the reply to a call that timed out */
-      lynx_release(&c->mq);
-      continue;
-    }
-    if (rc == 0)
-      break;
+  /* the reply with our tag; late replies to calls that timed out are
+   * skipped (app_logic.h, the GPU's calls take replies the same way) */
+  while ((rc = lynx_call_poll(&c->mq, tag, cap, &m)) == -11) {
     if (lynx_now_ns() >= end) {
       rc = -ETIMEDOUT;
       goto out;
     }
     sched_yield();
   }
-  if (m.status == LYNX_ST_BACKEND_DOWN) {
-    rc = -EHOSTDOWN;
-  } else if (m.status == LYNX_ST_TOO_LONG || m.len > cap) {
-    rc = -EMSGSIZE;
-  } else {
+  if (rc == 0) {
     memcpy(reply, m.data, m.len);
     *reply_len = m.len;
-    rc = 0;
+    lynx_release(&c->mq);
   }
-  lynx_release(&c->mq);
 out:
   pthread_mutex_unlock(&c->lock);
   return rc;
@@ -129,57 +125,30 @@ static int sockperf_fault_handle(struct lynx_mq *mq,
  * through its client mqueue and answers with the value's bytes, with an
  * empty payload on a miss, and with the 5 bytes "ERROR" when the key is
  * invalid or the back end is unreachable, errs or does not answer in time.
+ * The key check, the command and the reply's parsing are app_logic.h's,
+ * which the GPU's mc-get (cuda/apps.cu) runs too.
  */
-#define MC_KEY_MAX 250
 #define MC_REPLY_MAX (1u << 20)
-
-/* The value in a memcached "get" reply: 0 and the value in *val, *vlen for
- * a hit, -ENOENT for a miss ("END"), -EBADMSG for anything else. */
-static int mc_parse_get(const uint8_t *r, uint32_t n, const uint8_t **val,
-                        uint32_t *vlen) {
-  unsigned flags, bytes;
-  int hdr = 0;
-  char line[320];
-  const uint8_t *eol;
-  if (n == 5 && !memcmp(r, "END\r\n", 5))
-    return -ENOENT;
-  eol = memchr(r, '\n', n < sizeof(line) ? n : sizeof(line));
-  if (!eol || eol == r || eol[-1] != '\r' || n < 6 || memcmp(r, "VALUE ", 6))
-    return -EBADMSG;
-  memcpy(line, r, (size_t)(eol - r));
-  line[eol - r] = 0;
-  if (sscanf(line, "VALUE %*s %u %u%n", &flags, &bytes, &hdr) != 2)
-    return -EBADMSG;
-  hdr = (int)(eol - r) + 1;
-  if ((uint64_t)hdr + bytes + 7 != n ||
-      memcmp(r + hdr + bytes, "\r\nEND\r\n", 7))
-    return -EBADMSG;
-  *val = r + hdr;
-  *vlen = bytes;
-  return 0;
-}
 
 static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                          int *replied, const struct lynx_app_ctx *ctx) {
   static __thread uint8_t reply[MC_REPLY_MAX];
-  char cmd[MC_KEY_MAX + 8];
+  uint8_t cmd[LYNX_MC_GET_CMD_MAX];
   struct lynx_client *db = lynx_app_client(ctx, "db");
   const uint8_t *val = (const uint8_t *)"ERROR";
-  uint32_t vlen = 5, rlen = 0;
-  int ok = db && req->len >= 1 && req->len <= MC_KEY_MAX, rc;
-  for (uint32_t i = 0; ok && i < req->len; i++)
-    ok = req->data[i] > ' ' && req->data[i] != 0x7f;
-  if (ok) {
-    memcpy(cmd, "get ", 4);
-    memcpy(cmd + 4, req->data, req->len);
-    memcpy(cmd + 4 + req->len, "\r\n", 2);
-    rc = lynx_call(db, cmd, req->len + 6, reply, sizeof(reply), &rlen,
+  uint32_t vlen = 5, rlen = 0, voff = 0;
+  int rc;
+  if (db && lynx_mc_key_ok(req->data, req->len)) {
+    uint32_t n = lynx_mc_get_cmd(cmd, req->data, req->len);
+    rc = lynx_call(db, cmd, n, reply, sizeof(reply), &rlen,
                    ctx->call_timeout_ns);
     if (rc == 0) {
-      rc = mc_parse_get(reply, rlen, &val, &vlen);
-      if (rc == -ENOENT)
+      rc = lynx_mc_parse_get(reply, rlen, &voff, &vlen);
+      if (rc == 0)
+        val = reply + voff;
+      else if (rc == -ENOENT)
         vlen = 0;
-      else if (rc < 0)
+      else
         val = (const uint8_t *)"ERROR", vlen = 5;
     }
   }
@@ -197,29 +166,29 @@ static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  * the answer is match/no-match and the chi-square distance of their LBP
  * histograms (8 bytes), or "ERROR" for a malformed request, an unknown
  * label, or a back end that is down or does not answer in time. The CPU
- * work is face.c's, the same code the host-centric baseline runs.
+ * work is face.h's, the same code the host-centric baseline and the GPU's
+ * face-verify (cuda/apps.cu) run.
  */
 static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                        int *replied, const struct lynx_app_ctx *ctx) {
   static __thread uint8_t reply[FACE_PIXELS + 512];
   struct lynx_client *db = lynx_app_client(ctx, "db");
-  const uint8_t *label, *probe, *stored;
-  char key[FACE_KEY_MAX], cmd[FACE_KEY_MAX + 8];
+  const uint8_t *label, *probe;
+  char key[FACE_KEY_MAX];
+  uint8_t cmd[FACE_KEY_MAX + 8];
   uint8_t out[FACE_RESP_LEN];
   const void *ans = FACE_ERROR;
-  uint32_t ans_len = FACE_ERROR_LEN, rlen = 0, slen;
+  uint32_t ans_len = FACE_ERROR_LEN, rlen = 0, soff, slen;
   int klen, rc;
   if (db && face_req_parse(req->data, req->len, &label, &probe) == 0 &&
       (klen = face_key(label, key)) > 0) {
-    memcpy(cmd, "get ", 4);
-    memcpy(cmd + 4, key, (size_t)klen);
-    memcpy(cmd + 4 + klen, "\r\n", 2);
-    rc = lynx_call(db, cmd, (uint32_t)klen + 6, reply, sizeof(reply), &rlen,
+    uint32_t n = lynx_mc_get_cmd(cmd, (const uint8_t *)key, (uint32_t)klen);
+    rc = lynx_call(db, cmd, n, reply, sizeof(reply), &rlen,
                    ctx->call_timeout_ns);
-    if (rc == 0 && mc_parse_get(reply, rlen, &stored, &slen) == 0 &&
+    if (rc == 0 && lynx_mc_parse_get(reply, rlen, &soff, &slen) == 0 &&
         slen == FACE_PIXELS) {
       float dist;
-      int match = face_verify(probe, stored, &dist);
+      int match = face_verify(probe, reply + soff, &dist);
       face_resp_encode(out, match, dist);
       ans = out;
       ans_len = FACE_RESP_LEN;
@@ -274,9 +243,9 @@ static const struct lynx_app apps[] = {
      "accelerator consuming for ms (liveness tests)", sockperf_fault_handle,
      NULL, LYNX_CUDA_APP_SOCKPERF_FAULT},
     {"mc-get", "answer a key with its value from memcached back end 'db'",
-     mc_get_handle, "db", LYNX_CUDA_APP_NONE},
+     mc_get_handle, "db", LYNX_CUDA_APP_MC_GET},
     {"face-verify", "LBP face verification against images in memcached "
-     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_NONE},
+     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY},
     {"relay", "answer with back end 'next''s reply to the same request "
      "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE},
 };
@@ -297,5 +266,5 @@ const char *lynx_app_names(void) {
 }
 
 const char *lynx_app_cuda_names(void) {
-  return "echo, sockperf-echo, sockperf-fault";
+  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify";
 }

@@ -180,7 +180,7 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   a->ctx.n_clients = h->n_mqueues - a->n_server;
   a->ctx.clients = NULL;
   if (!a->ctx.call_timeout_ns)
-    a->ctx.call_timeout_ns = 500ull * 1000 * 1000;
+    a->ctx.call_timeout_ns = LYNX_CALL_TIMEOUT_NS;
   if (a->ctx.n_clients) {
     a->ctx.clients = calloc(a->ctx.n_clients, sizeof(*a->ctx.clients));
     if (!a->ctx.clients)
@@ -305,6 +305,17 @@ static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
 static int cpu_runs_app(const struct lynx_app *app) {
   (void)app; /* every app is C code the threads run */
   return 1;
+}
+
+/* One client mqueue per back end: the threads share it, one call at a
+ * time (struct lynx_client's lock). */
+static int cpu_client_mqs(const struct lynx_accel_launch *l,
+                          uint32_t *per_backend, char *why, size_t whylen) {
+  (void)l;
+  (void)why;
+  (void)whylen;
+  *per_backend = 1;
+  return 0;
 }
 
 static int cpu_start(const struct lynx_accel_launch *l, struct lynx_region *r,

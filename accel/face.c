@@ -1,159 +1,18 @@
 /* face.c - see face.h. */
 #include "face.h"
 
-#include <string.h>
-
 /* The generator's float arithmetic must give the same bytes on every host
  * (x86-64 with or without FMA, the BlueField's aarch64), since the load
  * tool regenerates what the fill tool stored: no multiply-add contraction.
- * (The LBP and the distance use integers only.) */
+ * (The LBP and the distance, in face.h, use integers only.) */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-/* ---- LBP and distance ---- */
-
-static FACE_HD int clampi(int v, int lo, int hi) {
-  return v < lo ? lo : (v > hi ? hi : v);
-}
-
-FACE_HD uint8_t face_lbp_code(const uint8_t *img, int w, int h, int x, int y) {
-  /* clamped neighbour coordinates; no tables, so no static data on the
-   * device */
-  int xl = clampi(x - 1, 0, w - 1), xr = clampi(x + 1, 0, w - 1);
-  const uint8_t *up = img + clampi(y - 1, 0, h - 1) * w;
-  const uint8_t *mid = img + y * w;
-  const uint8_t *dn = img + clampi(y + 1, 0, h - 1) * w;
-  uint8_t c = mid[x];
-  unsigned code = 0;
-  code |= (unsigned)(up[xl] >= c) << 0;
-  code |= (unsigned)(up[x] >= c) << 1;
-  code |= (unsigned)(up[xr] >= c) << 2;
-  code |= (unsigned)(mid[xr] >= c) << 3;
-  code |= (unsigned)(dn[xr] >= c) << 4;
-  code |= (unsigned)(dn[x] >= c) << 5;
-  code |= (unsigned)(dn[xl] >= c) << 6;
-  code |= (unsigned)(mid[xl] >= c) << 7;
-  return (uint8_t)code;
-}
-
-static FACE_HD int popcount8(unsigned v) {
-  v = v - ((v >> 1) & 0x55u);
-  v = (v & 0x33u) + ((v >> 2) & 0x33u);
-  return (int)((v + (v >> 4)) & 0x0fu);
-}
-
-FACE_HD int face_lbp_bin(uint8_t code) {
-  unsigned c = code;
-  unsigned rot = ((c << 1) | (c >> 7)) & 0xffu; /* bit p = bit p-1 of c */
-  int trans = popcount8(c ^ rot);
-  if (trans == 0)
-    return c == 0 ? 0 : 57;
-  if (trans != 2)
-    return 58;
-  /* one run of ones: it starts at the only set bit whose predecessor is
-   * clear; its position is the number of bits below it */
-  unsigned first = c & ~rot;
-  return 1 + (popcount8(c) - 1) * 8 + popcount8(first - 1);
-}
-
-FACE_HD void face_histogram(const uint8_t *img, uint16_t *hist) {
-  for (int i = 0; i < FACE_HIST_BINS; i++)
-    hist[i] = 0;
-  for (int y = 0; y < FACE_H; y++) {
-    int row = (y / FACE_CELL) * FACE_GRID;
-    for (int x = 0; x < FACE_W; x++) {
-      int cell = row + x / FACE_CELL;
-      int bin = face_lbp_bin(face_lbp_code(img, FACE_W, FACE_H, x, y));
-      hist[cell * FACE_LBP_BINS + bin]++;
-    }
-  }
-}
-
-FACE_HD float face_chi2(const uint16_t *a, const uint16_t *b) {
-  /* Each term in 16.16 fixed point, summed as integers: exact and
-   * independent of the summation order. The sum is at most
-   * 2 * FACE_PIXELS << 16 = 2^27. */
-  uint64_t sum = 0;
-  for (int i = 0; i < FACE_HIST_BINS; i++) {
-    uint32_t s = (uint32_t)a[i] + b[i];
-    if (s == 0)
-      continue;
-    int32_t d = (int32_t)a[i] - (int32_t)b[i];
-    sum += (((uint64_t)(uint32_t)(d * d) << 16) + s / 2) / s;
-  }
-  return (float)sum * (1.0f / 65536.0f);
-}
-
-FACE_HD int face_verify(const uint8_t *probe, const uint8_t *stored,
-                        float *dist) {
-  uint16_t ha[FACE_HIST_BINS], hb[FACE_HIST_BINS];
-  face_histogram(probe, ha);
-  face_histogram(stored, hb);
-  float d = face_chi2(ha, hb);
-  if (dist)
-    *dist = d;
-  return d < FACE_THRESHOLD;
-}
-
-/* ---- wire formats ---- */
-
-FACE_HD int face_key(const uint8_t *label, char *key) {
-  int n = FACE_LABEL_LEN;
-  while (n > 0 && (label[n - 1] == 0 || label[n - 1] == ' '))
-    n--;
-  if (n == 0)
-    return -1;
-  for (int i = 0; i < n; i++)
-    if (label[i] < 0x21 || label[i] > 0x7e)
-      return -1;
-  memcpy(key, FACE_KEY_PREFIX, FACE_KEY_PREFIX_LEN);
-  memcpy(key + FACE_KEY_PREFIX_LEN, label, (size_t)n);
-  key[FACE_KEY_PREFIX_LEN + n] = 0;
-  return FACE_KEY_PREFIX_LEN + n;
-}
-
-FACE_HD int face_req_parse(const void *msg, size_t len, const uint8_t **label,
-                           const uint8_t **img) {
-  char key[FACE_KEY_MAX];
-  if (!msg || len != FACE_REQ_LEN)
-    return -1;
-  if (face_key((const uint8_t *)msg, key) < 0)
-    return -1;
-  *label = (const uint8_t *)msg;
-  *img = (const uint8_t *)msg + FACE_LABEL_LEN;
-  return 0;
-}
-
-FACE_HD void face_req_encode(uint8_t *out, const uint8_t *label,
-                             const uint8_t *img) {
-  memcpy(out, label, FACE_LABEL_LEN);
-  memcpy(out + FACE_LABEL_LEN, img, FACE_PIXELS);
-}
-
-FACE_HD void face_resp_encode(uint8_t *out, int match, float dist) {
-  uint32_t bits;
-  memcpy(&bits, &dist, 4);
-  out[0] = match ? 1 : 0;
-  out[1] = out[2] = out[3] = 0;
-  for (int i = 0; i < 4; i++)
-    out[4 + i] = (uint8_t)(bits >> (8 * i));
-}
-
-FACE_HD int face_resp_decode(const void *buf, size_t len, int *match,
-                             float *dist) {
-  const uint8_t *p = (const uint8_t *)buf;
-  uint32_t bits = 0;
-  if (!buf || len != FACE_RESP_LEN || p[0] > 1 || p[1] || p[2] || p[3])
-    return -1;
-  for (int i = 0; i < 4; i++)
-    bits |= (uint32_t)p[4 + i] << (8 * i);
-  *match = p[0];
-  memcpy(dist, &bits, 4);
-  return 0;
-}
+/* The LBP, the distance and the wire formats are in face.h (host+device,
+ * static inline). */
 
 /* ---- deterministic synthetic database ---- */
 

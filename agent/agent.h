@@ -50,6 +50,7 @@ struct instance {
   struct lynx_region_desc desc;
   struct lynx_accel_inst *run; /* the accelerator's side (accel.h) */
   char (*backends)[LYNX_BACKEND_NAME_MAX]; /* names of its client mqueues' back ends */
+  uint32_t n_backends;
   uint32_t n_server, work_us;
   struct mq_watch *watch; /* one per server mqueue */
   int running;

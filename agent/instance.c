@@ -83,6 +83,7 @@ static int start_run(struct agent *ag, struct instance *in,
       .ordering = ag->acc[in->accel].ordering,
       .accel_id = in->accel,
       .backends = in->backends,
+      .n_backends = in->n_backends,
       .epoch = ag->epoch,
       .work_us = in->work_us,
       .work_sleep = ag->cfg.work_mode == 1,
@@ -105,6 +106,34 @@ static int start_run(struct agent *ag, struct instance *in,
   return rc;
 }
 
+/* Client mqueues per back end, as the accelerator's backend lays them out
+ * (accel.h client_mqs: one on a CPU, one per block of a GPU kernel that
+ * calls back ends). */
+static int client_layout(struct agent *ag, const struct instance_req *q,
+                         uint32_t *per_backend, char *why, size_t whylen) {
+  const struct lynx_accel_dev *acc = &ag->acc[q->accel].info;
+  struct lynx_accel_launch l = {
+      .acc = acc,
+      .tops = ag->tops,
+      .app = q->app,
+      .n_server = q->mqueues,
+      .slots = q->slots,
+      .slot_size = q->slot_size,
+      .ordering = ag->acc[q->accel].ordering,
+      .accel_id = q->accel,
+      .backends = q->backends,
+      .n_backends = q->n_backends,
+      .work_us = q->work_us,
+      .cpu_threads = ag->cfg.accel_threads,
+      .gpu_threads = ag->cfg.gpu_threads,
+      .gpu_blocks = ag->cfg.gpu_blocks,
+  };
+  *per_backend = 1;
+  if (!q->n_backends)
+    return 0;
+  return acc->ops->client_mqs(&l, per_backend, why, whylen);
+}
+
 int agent_instance_start(struct agent *ag, const struct instance_req *q,
                          struct instance **out, char *why, size_t whylen) {
   const uint64_t id = q->id;
@@ -114,6 +143,7 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
   const struct lynx_app *app = q->app;
   struct lynx_geom g;
   struct instance *in;
+  uint32_t per_backend = 1;
   char name[128];
   int rc;
   why[0] = 0;
@@ -125,8 +155,18 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
     snprintf(why, whylen, "instance %llu exists", (unsigned long long)id);
     return -EEXIST;
   }
-  /* server mqueues, then one client mqueue per back end */
-  rc = lynx_geom_init(&g, mqueues + n_backends, q->slots, q->slot_size);
+  /* server mqueues, then per_backend client mqueues per back end */
+  rc = client_layout(ag, q, &per_backend, why, whylen);
+  if (rc) {
+    LYNX_ERR("agent", "%s: instance %llu (%s, app %s) on accel %u: %s",
+             ag->node_id, (unsigned long long)id, service, app->name, accel,
+             why);
+    return rc;
+  }
+  rc = per_backend < 1 || per_backend > LYNX_MQUEUES_MAX
+           ? -EINVAL
+           : lynx_geom_init(&g, mqueues + n_backends * per_backend, q->slots,
+                            q->slot_size);
   if (rc) {
     snprintf(why, whylen, "invalid geometry");
     return -EINVAL;
@@ -148,6 +188,7 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
     }
     memcpy(in->backends, q->backends, n_backends * sizeof(*in->backends));
   }
+  in->n_backends = n_backends;
   in->id = id;
   in->accel = accel;
   in->n_server = mqueues;

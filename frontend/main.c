@@ -523,12 +523,16 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       const Lynx__TableEntry *e = st->entries[k];
       if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
         continue;
-      if (sp->n_backends) { /* server mqueues, then one per back end */
-        if (accels[n].g.n_mqueues != sp->mqueues_per_accel + sp->n_backends) {
+      if (sp->n_backends) {
+        /* server mqueues, then client mqueues, as many for each back end
+         * (one on a CPU, one per block of a GPU kernel that calls them:
+         * docs/client-mqueues.md) */
+        uint32_t nq = accels[n].g.n_mqueues, ns = sp->mqueues_per_accel;
+        if (nq <= ns || (nq - ns) % sp->n_backends) {
           LYNX_ERR("frontend", "service %s: instance %llu has %u mqueues, "
-                   "the spec says %u + %zu back ends: skipped", sp->name,
-                   (unsigned long long)e->instance_id, accels[n].g.n_mqueues,
-                   sp->mqueues_per_accel, sp->n_backends);
+                   "the spec says %u + a multiple of %zu back ends: skipped",
+                   sp->name, (unsigned long long)e->instance_id, nq, ns,
+                   sp->n_backends);
           continue;
         }
         accels[n].n_server = sp->mqueues_per_accel;

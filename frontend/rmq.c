@@ -475,8 +475,11 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
       rc = -ENOMEM;
       goto fail;
     }
-    if (q >= acc->n_server && q - acc->n_server < fe->n_backends) {
-      rc = w->rmq.hooks->be_open(w, mq, &fe->backends[q - acc->n_server]);
+    /* client mqueue n_server + j * B + k is back end k's j-th (one per
+     * block of a GPU kernel; j is 0 only, on a CPU) */
+    if (q >= acc->n_server && fe->n_backends) {
+      rc = w->rmq.hooks->be_open(
+          w, mq, &fe->backends[(q - acc->n_server) % fe->n_backends]);
       if (rc)
         goto fail;
       c->n_client_mqs++;

@@ -61,8 +61,9 @@ struct fe_accel {
   struct lynx_geom g;
   char node[LYNX_ID_MAX];
   uint64_t instance_id; /* static mode: the accelerator index */
-  /* mqueues [0, n_server) are server mqueues; n_server + k is the client
-   * mqueue of the service's back end k */
+  /* mqueues [0, n_server) are server mqueues; the rest are client
+   * mqueues, n_server + j * B + k the j-th of the service's back end k of B
+   * (j = 0 only on a CPU; one j per block of a GPU kernel) */
   uint32_t n_server;
 };
 

@@ -31,7 +31,9 @@
  * competing for the SMs' issue slots and memory system.
  *
  * The applications are the CPU handlers' twins (accel/apps.c), with the
- * per-request decisions in accel/app_logic.h, which the CPU unit tests run.
+ * per-request decisions in accel/app_logic.h and accel/face.h, which the
+ * CPU handlers and unit tests run too. mc-get and face-verify call back end
+ * "db" through their block's own client mqueue (lynx_block_call).
  * Each is called by all threads of the block and returns, in all threads,
  * 0 (finished with the request: the caller releases it), APP_AGAIN (the TX
  * ring is full: the request is kept unreleased and retried on a later pass)
@@ -45,6 +47,7 @@
 #include <cuda_runtime.h>
 
 #include "app_logic.h"
+#include "face.h"
 #include "lynx_cuda.h"
 #include "lynx_dev.cuh"
 
@@ -177,6 +180,248 @@ static __device__ int app_sockperf_fault(struct lynx_mq *mq,
   return 0;
 }
 
+/* ---- applications that call a back end (client mqueues) --------------- */
+
+/* The block's client mqueue of the back end its app calls ("db"), its own
+ * (lynx_cuda.h, lynx_cuda_client_mq): bound by the kernel's I/O thread at
+ * start when the app calls one. */
+static __device__ struct lynx_dev_client *block_client(void) {
+  __shared__ struct lynx_dev_client c;
+  return &c;
+}
+
+/* Shared memory of the apps below, one at a time (a kernel runs one app):
+ * a memcached reply's first line and its END tail, the command, and for
+ * face-verify the request, the stored image and both descriptors in one
+ * array (the probe's counts in the low 16 bits of each word, the stored
+ * image's in the high ones: at most 64 per bin, so neither spills into the
+ * other), about 6 KiB. Arrays a block copies into are 16-byte aligned
+ * (lynx_block_copy's 16-byte loads). */
+struct mc_reply_buf {
+  __align__(16) uint8_t head[LYNX_MC_LINE_MAX];
+  __align__(16) uint8_t tail[16];
+};
+
+union app_mem {
+  struct {
+    struct mc_reply_buf r;
+    __align__(16) uint8_t cmd[LYNX_MC_GET_CMD_MAX];
+  } mc;
+  struct {
+    struct mc_reply_buf r;
+    __align__(16) uint8_t req[FACE_REQ_LEN];
+    __align__(16) uint8_t stored[FACE_PIXELS];
+    __align__(16) uint8_t cmd[FACE_KEY_MAX + 8];
+    uint32_t cmd_len;
+    uint32_t hist[FACE_HIST_BINS];
+    unsigned long long sum;
+  } face;
+};
+
+static __device__ union app_mem *app_scratch(void) {
+  __shared__ union app_mem s;
+  return &s;
+}
+
+/*
+ * A memcached reply to "get" (all threads, uniform result): the block
+ * copies its first line and, for a hit, the 7 bytes after the value into
+ * shared memory (L1-bypassing loads, a few parallel loads instead of one
+ * thread's byte after byte, which over host-mapped memory would be a PCIe
+ * round trip each) and the I/O thread parses them with app_logic.h's
+ * lynx_mc_get_head and lynx_mc_get_end, the code the CPU's mc-get runs on
+ * the whole reply. 0 (hit: the value at rep->data + *voff, *vlen bytes),
+ * -2 (miss), -74 (anything else).
+ */
+static __device__ int mc_reply(struct mc_reply_buf *b,
+                               const struct lynx_msg *rep, uint32_t *voff,
+                               uint32_t *vlen) {
+  uint32_t avail = rep->len < LYNX_MC_LINE_MAX ? rep->len : LYNX_MC_LINE_MAX;
+  uint32_t o = 0, n = 0;
+  int rc = 0;
+  lynx_block_copy(b->head, rep->data, avail);
+  if (lynx_block_io_thread())
+    rc = lynx_mc_get_head(b->head, avail, rep->len, &o, &n);
+  rc = (int)lynx_block_bcast_u32((uint32_t)rc);
+  if (rc)
+    return rc;
+  o = lynx_block_bcast_u32(o);
+  n = lynx_block_bcast_u32(n);
+  lynx_block_copy(b->tail, rep->data + o + n, 7);
+  rc = lynx_block_any(lynx_block_io_thread() && !lynx_mc_get_end(b->tail))
+           ? -74
+           : 0;
+  *voff = o;
+  *vlen = n;
+  return rc;
+}
+
+/* "ERROR" into an answer's slot (the I/O thread). */
+static __device__ void put_error(uint8_t *out) {
+  const char *e = "ERROR";
+  for (int i = 0; i < 5; i++)
+    out[i] = (uint8_t)e[i];
+}
+
+/*
+ * mc-get, the twin of the CPU handler (accel/apps.c) over app_logic.h's
+ * key check, command and reply parser: a request is a memcached key; the
+ * answer is its value from back end "db", empty on a miss, "ERROR" for an
+ * invalid key, a back end that is down or errs, or no reply within
+ * l->call_timeout_ns. The answer's TX slot is reserved first, for a whole
+ * slot (the value's length is known only from the reply; any reply fits a
+ * client slot of the same size, so any value fits): a full TX ring returns
+ * APP_AGAIN before the back end is called, and the retry calls it once
+ * (the CPU handler calls again on its retry; the answer is the same). The
+ * value goes from the client mqueue's RX slot to the answer's TX slot in
+ * one block copy.
+ */
+static __device__ int app_mc_get(const struct lynx_cuda_launch *l,
+                                 struct lynx_mq *mq,
+                                 const struct lynx_msg *req, int *replied) {
+  struct lynx_dev_client *cl = block_client();
+  uint8_t *cmd = app_scratch()->mc.cmd;
+  uint32_t cap = lynx_slot_cap(l->slot_size), len = 0, voff, vlen;
+  struct lynx_msg rep;
+  uint8_t *out;
+  int ok = 0, err = 1, rc;
+  *replied = 0;
+  rc = lynx_block_reserve(mq, cap, &out);
+  if (rc)
+    return rc == -11 ? APP_AGAIN : 0;
+  if (req->len >= 1 && req->len <= LYNX_MC_KEY_MAX) {
+    /* the key straight into the command, then checked there */
+    lynx_block_copy(cmd + 4, req->data, req->len);
+    if (lynx_block_io_thread() && lynx_mc_key_ok(cmd + 4, req->len)) {
+      lynx_mc_get_cmd(cmd, cmd + 4, req->len);
+      ok = 1;
+    }
+  }
+  if (lynx_block_any(ok)) {
+    rc = lynx_block_call(cl, cmd, req->len + 6u, &rep, l->call_timeout_ns,
+                         &l->kctl->stop);
+    if (rc == LYNX_CALL_ECANCELED)
+      return APP_STOP; /* unanswered: the kernel is going away */
+    if (rc == 0) {
+      rc = mc_reply(&app_scratch()->mc.r, &rep, &voff, &vlen);
+      if (rc == 0) {
+        lynx_block_copy(out, rep.data + voff, vlen);
+        len = vlen;
+        err = 0;
+      } else if (rc == -2) {
+        err = 0; /* a miss: empty */
+      }
+      lynx_block_call_done(cl);
+    }
+  }
+  if (err) {
+    if (lynx_block_io_thread())
+      put_error(out);
+    len = 5;
+  }
+  lynx_block_commit(mq, req->tag, len, cap);
+  *replied = 1;
+  return 0;
+}
+
+/*
+ * face-verify's comparison by the whole block, with face.h's pieces: each
+ * thread takes pixels (face_hist_index of both images into the shared
+ * descriptors) and bins (face_chi2_term into its own sum, then one atomic
+ * add): integer counts and integer terms, so the order is immaterial and
+ * the distance is the CPU's face_verify's, bit for bit. The I/O thread
+ * writes the 8-byte answer to out.
+ */
+static __device__ void face_block_verify(uint8_t *out) {
+  uint32_t *h = app_scratch()->face.hist;
+  const uint8_t *probe = app_scratch()->face.req + FACE_LABEL_LEN;
+  const uint8_t *stored = app_scratch()->face.stored;
+  unsigned long long part = 0;
+  for (uint32_t i = threadIdx.x; i < FACE_HIST_BINS; i += blockDim.x)
+    h[i] = 0;
+  if (lynx_block_io_thread())
+    app_scratch()->face.sum = 0;
+  __syncthreads();
+  for (uint32_t p = threadIdx.x; p < FACE_PIXELS; p += blockDim.x) {
+    atomicAdd(&h[face_hist_index(probe, (int)p)], 1u);
+    atomicAdd(&h[face_hist_index(stored, (int)p)], 1u << 16);
+  }
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < FACE_HIST_BINS; i += blockDim.x)
+    part += face_chi2_term(h[i] & 0xffffu, h[i] >> 16);
+  atomicAdd(&app_scratch()->face.sum, part);
+  __syncthreads();
+  if (lynx_block_io_thread()) {
+    float d = face_chi2_dist(app_scratch()->face.sum);
+    face_resp_encode(out, face_is_match(d), d);
+  }
+}
+
+/*
+ * face-verify (paper §6.4), the twin of the CPU handler (accel/apps.c):
+ * a request is a 12-byte label and a 32x32 image; the stored image of the
+ * label comes from back end "db" (key "face:" + label, face.h's face_key
+ * and app_logic.h's command and parser); the answer is the 8-byte match
+ * and distance, or "ERROR" for a malformed request, an unknown label, a
+ * stored value that is not 1024 bytes, a back end that is down or errs,
+ * or no reply in time. The answer's slot is reserved first, as mc-get's.
+ */
+static __device__ int app_face_verify(const struct lynx_cuda_launch *l,
+                                      struct lynx_mq *mq,
+                                      const struct lynx_msg *req,
+                                      int *replied) {
+  struct lynx_dev_client *cl = block_client();
+  uint8_t *cmd = app_scratch()->face.cmd;
+  uint32_t len = FACE_ERROR_LEN, voff, vlen;
+  struct lynx_msg rep;
+  uint8_t *out;
+  int ok = 0, rc;
+  *replied = 0;
+  rc = lynx_block_reserve(mq, FACE_RESP_LEN, &out);
+  if (rc)
+    return rc == -11 ? APP_AGAIN : 0;
+  if (req->len == FACE_REQ_LEN) {
+    lynx_block_copy(app_scratch()->face.req, req->data, FACE_REQ_LEN);
+    if (lynx_block_io_thread()) {
+      const uint8_t *label, *probe;
+      char key[FACE_KEY_MAX];
+      int klen;
+      if (face_req_parse(app_scratch()->face.req, req->len, &label,
+                         &probe) == 0 &&
+          (klen = face_key(label, key)) > 0) {
+        app_scratch()->face.cmd_len =
+            lynx_mc_get_cmd(cmd, (const uint8_t *)key, (uint32_t)klen);
+        ok = 1;
+      }
+    }
+  }
+  if (lynx_block_any(ok)) { /* the barrier publishes cmd and cmd_len */
+    rc = lynx_block_call(cl, cmd, app_scratch()->face.cmd_len, &rep,
+                         l->call_timeout_ns, &l->kctl->stop);
+    if (rc == LYNX_CALL_ECANCELED)
+      return APP_STOP;
+    ok = 0;
+    if (rc == 0) {
+      if (mc_reply(&app_scratch()->face.r, &rep, &voff, &vlen) == 0 &&
+          vlen == FACE_PIXELS) {
+        lynx_block_copy(app_scratch()->face.stored, rep.data + voff,
+                        FACE_PIXELS);
+        ok = 1;
+      }
+      lynx_block_call_done(cl);
+    }
+    if (ok) {
+      face_block_verify(out);
+      len = FACE_RESP_LEN;
+    }
+  }
+  if (len == FACE_ERROR_LEN && lynx_block_io_thread())
+    put_error(out);
+  lynx_block_commit(mq, req->tag, len, FACE_RESP_LEN);
+  *replied = 1;
+  return 0;
+}
+
 static __device__ int run_app(const struct lynx_cuda_launch *l,
                               struct lynx_mq *mq, const struct lynx_msg *req,
                               int *replied) {
@@ -187,6 +432,10 @@ static __device__ int run_app(const struct lynx_cuda_launch *l,
     return app_sockperf(mq, req, replied);
   case LYNX_CUDA_APP_SOCKPERF_FAULT:
     return app_sockperf_fault(mq, req, replied, &l->kctl->stop);
+  case LYNX_CUDA_APP_MC_GET:
+    return app_mc_get(l, mq, req, replied);
+  case LYNX_CUDA_APP_FACE_VERIFY:
+    return app_face_verify(l, mq, req, replied);
   default: /* refused by lynx_cuda_start */
     *replied = 0;
     return 0;
@@ -328,6 +577,13 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
         n++;
       }
     n_kmqs = n;
+    /* the block's own client mqueue of the back end its app calls */
+    if (lynx_cuda_app_calls(l.app) && l.n_backends &&
+        lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size) == 0) {
+      lynx_mq_bind(&block_client()->mq, (uint8_t *)l.region, &g,
+                   lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend));
+      block_client()->next_tag = 0;
+    }
     memset(&lat.sh, 0, sizeof(lat.sh));
     lat.gl = (struct lynx_lat *)((uint8_t *)kctl +
                                  lynx_cuda_kctl_lat_off(l.blocks)) +
@@ -363,6 +619,8 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
         *(volatile uint64_t *)&kctl->now_gt = lynx_globaltimer_ns();
       for (uint32_t i = 0; i < n; i++)
         bad += kmqs[i].mq.bad; /* counted by the ring code (lynx_mq_recv) */
+      if (lynx_cuda_app_calls(l.app) && l.n_backends) /* bad replies */
+        bad += block_client()->mq.bad;
       /* requests too: one held for a full TX ring counts before it is done */
       if (work || bad != st.bad || st.requests != published_requests) {
         st.bad = bad;
@@ -455,8 +713,20 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
     return einval(err, errlen,
                   "launch: server mqueues must be 1..the region's mqueues");
   if (l->app != LYNX_CUDA_APP_ECHO && l->app != LYNX_CUDA_APP_SOCKPERF_ECHO &&
-      l->app != LYNX_CUDA_APP_SOCKPERF_FAULT)
+      l->app != LYNX_CUDA_APP_SOCKPERF_FAULT &&
+      l->app != LYNX_CUDA_APP_MC_GET && l->app != LYNX_CUDA_APP_FACE_VERIFY)
     return einval(err, errlen, "launch: no CUDA kernel for that application");
+  /* a block per client mqueue of each back end, and nothing else after
+   * the server mqueues (lynx_cuda_client_mq) */
+  if (lynx_cuda_app_calls(l->app) &&
+      (l->n_backends < 1 || l->app_backend >= l->n_backends ||
+       l->client_base != l->n_server || l->blocks < 1 ||
+       (uint64_t)l->client_base + (uint64_t)l->blocks * l->n_backends !=
+           l->n_mqueues))
+    return einval(err, errlen,
+                  "launch: the application calls a back end: the region "
+                  "needs each block's own client mqueue of every back end "
+                  "after the server mqueues");
   if (!threads_ok(l->threads))
     return einval(err, errlen,
                   "launch: threads per block must be a multiple of 32 in "

@@ -1159,20 +1159,33 @@ static int gi_alloc(struct gpu_instance *gi, uint64_t size, char *err,
   return 0;
 }
 
+/* 1 when l's kernel calls back ends through client mqueues: each block
+ * then has its own (docs/client-mqueues.md, "On a GPU"). */
+static int calls_backends(const struct lynx_accel_launch *l) {
+  return l->n_backends && l->app && lynx_cuda_app_calls(l->app->cuda_app);
+}
+
 /*
  * How many blocks the persistent kernel runs (docs/gpu.md, "Blocks and
  * mqueues"). Auto (--gpu-blocks 0): one per server mqueue up to one per
  * SM, so a few mqueues get a block each and many share the SMs' blocks,
  * each block scanning its mqueues together; never fewer than a block can
  * serve (LYNX_CUDA_MQS_PER_BLOCK each). Every block must stay resident.
+ * A kernel that calls back ends also needs n_backends client mqueues per
+ * block in a region of at most LYNX_MQUEUES_MAX mqueues: auto takes fewer
+ * blocks to fit, --gpu-blocks beyond it is refused.
  */
 static int pick_blocks(int device, const struct lynx_accel_launch *l,
                        uint32_t resident, uint32_t *out, char *err,
                        size_t errlen) {
   uint32_t need = (l->n_server + LYNX_CUDA_MQS_PER_BLOCK - 1) /
                   LYNX_CUDA_MQS_PER_BLOCK;
-  uint32_t b = l->gpu_blocks;
+  uint32_t b = l->gpu_blocks, room = UINT32_MAX;
   int sms = 0;
+  if (calls_backends(l))
+    room = l->n_server < LYNX_MQUEUES_MAX
+               ? (LYNX_MQUEUES_MAX - l->n_server) / l->n_backends
+               : 0;
   if (!b) {
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                device) != cudaSuccess || sms < 1)
@@ -1180,6 +1193,8 @@ static int pick_blocks(int device, const struct lynx_accel_launch *l,
     b = l->n_server < (uint32_t)sms ? l->n_server : (uint32_t)sms;
     if (b > resident)
       b = resident;
+    if (b > room)
+      b = room;
     if (b < need)
       b = need; /* refused below when that many do not fit */
   } else if (b > l->n_server) {
@@ -1196,7 +1211,54 @@ static int pick_blocks(int device, const struct lynx_accel_launch *l,
              "resident, %u needed", device, resident, l->gpu_threads, b);
     return -EINVAL;
   }
+  if (b > room) {
+    snprintf(err, errlen, "%u blocks with a client mqueue for each of %u "
+             "back ends and %u server mqueues exceed a region's %u mqueues "
+             "(fewer --gpu-blocks or mqueues_per_accel)", b, l->n_backends,
+             l->n_server, LYNX_MQUEUES_MAX);
+    return -EINVAL;
+  }
   *out = b;
+  return 0;
+}
+
+/*
+ * The client mqueue layout of a kernel that calls back ends: one block per
+ * client mqueue of each back end, so the blocks are the region's layout
+ * (l->n_mqueues = n_server + blocks * n_backends, from client_mqs) and are
+ * taken from it, after the same checks pick_blocks makes. *backend: the
+ * back end the app calls (its needs_backend). 0 or -EINVAL with the
+ * reason.
+ */
+static int client_blocks(const struct lynx_accel_launch *l,
+                         uint32_t resident, uint32_t *blocks,
+                         uint32_t *backend, char *err, size_t errlen) {
+  uint32_t per, need = (l->n_server + LYNX_CUDA_MQS_PER_BLOCK - 1) /
+                       LYNX_CUDA_MQS_PER_BLOCK;
+  *backend = l->n_backends;
+  for (uint32_t k = 0; l->backends && l->app->needs_backend &&
+                       k < l->n_backends; k++)
+    if (!strcmp(l->backends[k], l->app->needs_backend)) {
+      *backend = k;
+      break;
+    }
+  if (*backend == l->n_backends) {
+    snprintf(err, errlen, "application '%s' needs a back end named '%s'",
+             l->app->name,
+             l->app->needs_backend ? l->app->needs_backend : "?");
+    return -EINVAL;
+  }
+  per = (l->n_mqueues - l->n_server) / l->n_backends;
+  if (l->n_mqueues <= l->n_server ||
+      l->n_server + per * l->n_backends != l->n_mqueues || per < need ||
+      per > resident || per > l->n_server) {
+    snprintf(err, errlen, "client mqueue layout: %u mqueues, %u server "
+             "mqueues and %u back ends do not give each of the kernel's "
+             "blocks its own (%u resident at most)", l->n_mqueues,
+             l->n_server, l->n_backends, resident);
+    return -EINVAL;
+  }
+  *blocks = per;
   return 0;
 }
 
@@ -1212,7 +1274,7 @@ int gpu_instance_start(const struct lynx_accel_launch *l,
   struct gpu_instance *gi;
   struct lynx_geom g;
   struct lynx_cuda_launch kl;
-  uint32_t resident = 0;
+  uint32_t resident = 0, app_backend = 0;
   cudaError_t e;
   int rc;
   *out = NULL;
@@ -1293,7 +1355,10 @@ launch:
     rc = -EIO;
     goto fail;
   }
-  rc = pick_blocks(gi->device, l, resident, &gi->blocks, err, errlen);
+  if (calls_backends(l))
+    rc = client_blocks(l, resident, &gi->blocks, &app_backend, err, errlen);
+  else
+    rc = pick_blocks(gi->device, l, resident, &gi->blocks, err, errlen);
   if (rc)
     goto fail;
   {
@@ -1329,6 +1394,12 @@ launch:
       .idle_ns = 20000,
       .kctl = gi->kctl,
   };
+  if (calls_backends(l)) {
+    kl.n_backends = l->n_backends;
+    kl.client_base = l->n_server;
+    kl.app_backend = app_backend;
+    kl.call_timeout_ns = LYNX_CALL_TIMEOUT_NS;
+  }
   rc = lynx_cuda_start(&kl, gi->kern, err, errlen);
   if (rc) {
     if (rc > 0)
@@ -1358,9 +1429,16 @@ launch:
                 "(checked at every heartbeat)", gi->device, l->name,
                 CLOCK_WAIT_MS);
   }
-  LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
-            "threads over %u mqueues", gi->device, l->name, gi->blocks,
-            l->gpu_threads, l->n_server);
+  if (kl.n_backends)
+    LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
+              "threads over %u mqueues, each block with its own client "
+              "mqueue to each of %u back ends (mqueues %u..%u)", gi->device,
+              l->name, gi->blocks, l->gpu_threads, l->n_server,
+              kl.n_backends, kl.client_base, l->n_mqueues - 1);
+  else
+    LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
+              "threads over %u mqueues", gi->device, l->name, gi->blocks,
+              l->gpu_threads, l->n_server);
   *out = gi;
   return 0;
 fail:
@@ -1617,10 +1695,29 @@ static int cuda_discover(const char *spec,
   return 0;
 }
 
-/* A kernel (apps.cu), and no client mqueues: the kernel calls no back
- * ends. */
+/* A kernel (apps.cu); one that calls a back end does so through client
+ * mqueues of its blocks' own (client_mqs). */
 static int cuda_runs_app(const struct lynx_app *app) {
-  return app->cuda_app && !app->needs_backend;
+  return app->cuda_app &&
+         (!app->needs_backend || lynx_cuda_app_calls(app->cuda_app));
+}
+
+/* One client mqueue per back end for each block of a kernel that calls
+ * back ends (its blocks, as start will pick them: pick_blocks), so no
+ * block ever waits for another's call or takes its reply; one, unused by
+ * the kernel, for any other app (the frontend connects it all the same). */
+static int cuda_client_mqs(const struct lynx_accel_launch *l,
+                           uint32_t *per_backend, char *why, size_t whylen) {
+  uint32_t resident = 0;
+  int rc;
+  *per_backend = 1;
+  if (!calls_backends(l))
+    return 0;
+  rc = lynx_cuda_resident_blocks(l->acc->device, l->gpu_threads, &resident,
+                                 why, whylen);
+  if (rc)
+    return -EIO;
+  return pick_blocks(l->acc->device, l, resident, per_backend, why, whylen);
 }
 
 /* The region in the GPU's memory (or the caller's host region mapped into
@@ -1636,9 +1733,9 @@ static int cuda_start(const struct lynx_accel_launch *l,
              "applications: %s)", l->app->name, lynx_app_cuda_names());
     return -ENOTSUP;
   }
-  if (l->n_mqueues != l->n_server) {
-    snprintf(why, whylen, "client mqueues (back ends) are served by CPU "
-             "accelerators only");
+  if (!cuda_runs_app(l->app)) {
+    snprintf(why, whylen, "application '%s' calls back end '%s', which its "
+             "CUDA kernel cannot", l->app->name, l->app->needs_backend);
     return -ENOTSUP;
   }
   rc = gpu_instance_start(l, r, &gi, why, whylen);

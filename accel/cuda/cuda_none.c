@@ -35,6 +35,16 @@ static int none_runs_app(const struct lynx_app *app) {
   return 0;
 }
 
+/* Whatever the layout, start says the agent was built without CUDA. */
+static int none_client_mqs(const struct lynx_accel_launch *l,
+                           uint32_t *per_backend, char *why, size_t whylen) {
+  (void)l;
+  (void)why;
+  (void)whylen;
+  *per_backend = 1;
+  return 0;
+}
+
 static int none_start(const struct lynx_accel_launch *l,
                       struct lynx_region *r, struct lynx_accel_inst **out,
                       char *why, size_t whylen) {

@@ -29,7 +29,15 @@ enum lynx_cuda_app {
   LYNX_CUDA_APP_ECHO = 1,
   LYNX_CUDA_APP_SOCKPERF_ECHO = 2,
   LYNX_CUDA_APP_SOCKPERF_FAULT = 3,
+  LYNX_CUDA_APP_MC_GET = 4,      /* calls back end "db" (client mqueues) */
+  LYNX_CUDA_APP_FACE_VERIFY = 5, /* calls back end "db" (client mqueues) */
 };
+
+/* 1 when the application's kernel calls a back end through client
+ * mqueues, so each block needs one of its own (below). */
+LYNX_HD int lynx_cuda_app_calls(uint32_t app) {
+  return app == LYNX_CUDA_APP_MC_GET || app == LYNX_CUDA_APP_FACE_VERIFY;
+}
 
 /* One threadblock's counters, written by the block's thread 0 only. */
 struct lynx_cuda_block_stats {
@@ -68,7 +76,24 @@ struct lynx_cuda_launch {
   uint32_t threads;   /* threads per block (multiple of 32, <= 1024) */
   uint32_t idle_ns;   /* adaptive polling: longest __nanosleep when idle */
   struct lynx_cuda_kctl *kctl; /* device pointer, lynx_cuda_kctl_size */
+  /* Client mqueues, for an app that calls a back end (lynx_cuda_app_calls;
+   * docs/client-mqueues.md, "On a GPU"): every block has its own for each
+   * of the service's n_backends back ends, block b's of back end k being
+   * mqueue lynx_cuda_client_mq(l, b, k) = client_base + b * n_backends + k,
+   * so the region holds client_base + blocks * n_backends mqueues and no
+   * two blocks ever share a ring. n_backends 0: the app calls none. */
+  uint32_t n_backends;
+  uint32_t client_base;     /* the first client mqueue: n_server */
+  uint32_t app_backend;     /* k of the back end the app calls ("db") */
+  uint64_t call_timeout_ns; /* how long a call waits for its reply
+                               (%globaltimer), LYNX_CALL_TIMEOUT_NS */
 };
+
+/* Block b's client mqueue of back end k. */
+LYNX_HD uint32_t lynx_cuda_client_mq(const struct lynx_cuda_launch *l,
+                                     uint32_t b, uint32_t k) {
+  return l->client_base + b * l->n_backends + k;
+}
 
 /* Where a control block's latency histograms start, and its bytes, for
  * that many blocks. */
@@ -96,7 +121,10 @@ int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
  * current device. 0, or a cudaError_t value with its text in err; -22
  * (EINVAL) for a launch description that is out of bounds, e.g. more than
  * 64 server mqueues per block (ceil(n_server / blocks)), with the reason in
- * err. Blocks beyond n_server serve nothing and only idle. */
+ * err. Blocks beyond n_server serve nothing and only idle. An app that
+ * calls a back end needs n_backends >= 1, app_backend < n_backends,
+ * client_base == n_server and n_mqueues == client_base + blocks *
+ * n_backends (-22 otherwise). */
 int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
                      char *err, size_t errlen);
 

@@ -16,6 +16,8 @@
  *    every thread sees the same return value and control flow stays uniform.
  *  - Every thread of the block may take part in copying payloads
  *    (lynx_block_copy, lynx_block_send).
+ *  - A block calls a back end through a client mqueue of its own
+ *    (lynx_block_call, the GPU's lynx_call).
  *
  * Calling rule: every function named lynx_block_* is called by ALL threads
  * of the block, from uniform control flow, with the same arguments (like
@@ -37,6 +39,7 @@
 
 #include <stdint.h>
 
+#include "app_logic.h"
 #include "mqueue.h"
 
 #define LYNX_DEV static __device__ __forceinline__
@@ -279,6 +282,120 @@ LYNX_DEV int lynx_block_drop(struct lynx_mq *mq, uint32_t tag) {
   rc = bc->rc;
   __syncthreads();
   return rc;
+}
+
+/* ---- client mqueue calls (lynx_call of apps.h, per block) --------------- */
+
+/*
+ * A block's client mqueue of one back end (docs/client-mqueues.md, "On a
+ * GPU"). The block is its only user: the agent gives every block its own
+ * client mqueue per back end, so a call needs no lock, no other block ever
+ * takes its reply, and one block waiting for a slow back end holds up no
+ * other. (The CPU's threads share one under a mutex, struct lynx_client.)
+ * Like a served mqueue it is read and written by the I/O thread only; it
+ * may live in shared memory.
+ */
+struct lynx_dev_client {
+  struct lynx_mq mq;
+  uint32_t next_tag; /* the last call's tag */
+};
+
+/* Polls while a call waits, from LYNX_CALL_NAP_MIN_NS doubling to
+ * LYNX_CALL_NAP_MAX_NS: a back end answers in tens of microseconds at
+ * best, and each poll of a host-mapped ring is a PCIe round trip. */
+#define LYNX_CALL_NAP_MIN_NS 128u
+#define LYNX_CALL_NAP_MAX_NS 4096u
+
+/* The I/O thread: 1 when the call must end now, with *rc set to
+ * LYNX_CALL_ECANCELED (the host set the stop word) or LYNX_CALL_ETIMEDOUT
+ * (%globaltimer reached end); else naps (doubling *nap) and returns 0. */
+LYNX_DEV int lynx_dev_call_wait(const uint32_t *stop, uint64_t end,
+                                uint32_t *nap, int *rc) {
+  if (stop && *(const volatile uint32_t *)stop) {
+    *rc = LYNX_CALL_ECANCELED;
+    return 1;
+  }
+  if (lynx_globaltimer_ns() >= end) {
+    *rc = LYNX_CALL_ETIMEDOUT;
+    return 1;
+  }
+  __nanosleep(*nap);
+  *nap = *nap * 2u > LYNX_CALL_NAP_MAX_NS ? LYNX_CALL_NAP_MAX_NS : *nap * 2u;
+  return 0;
+}
+
+/*
+ * Sends len bytes of req to the client mqueue's back end (all threads copy,
+ * lynx_block_copy, so req may be the block's shared memory or global
+ * memory) and waits for the reply carrying the call's tag: 0 and *reply (in
+ * every thread), a view of the reply in the client mqueue's RX slot, valid
+ * until lynx_block_call_done (read it with lynx_block_copy / lynx_dev_peek,
+ * like a request); or, with nothing to release:
+ *   LYNX_CALL_EHOSTDOWN  the frontend reports the back end unreachable,
+ *   LYNX_CALL_EMSGSIZE   the reply did not fit a slot, or req does not,
+ *   LYNX_CALL_ETIMEDOUT  no TX room or no reply within timeout_ns,
+ *   LYNX_CALL_ECANCELED  the stop word (host-written) was set meanwhile.
+ * The same rc in all threads. The GPU twin of lynx_call (apps.h), with the
+ * same reply rule (lynx_call_poll, app_logic.h): a late reply to a call
+ * that timed out is released and skipped by tag.
+ *
+ * The wait is the I/O thread's, on %globaltimer, napping with __nanosleep
+ * (lynx_dev_call_wait) and reading the stop word every nap, so a block
+ * waiting for a back end never holds up the kernel's stop; the other
+ * threads wait at the barrier, which costs no issue slots. The request is
+ * published like a response (lynx_block_commit's fences: every writer's
+ * __threadfence_system(), a barrier, the I/O thread's store-release of
+ * seq and tx_prod); the reply is received like a request (lynx_mq_recv's
+ * acquire, payload loads that bypass L1).
+ */
+LYNX_DEV int lynx_block_call(struct lynx_dev_client *c, const uint8_t *req,
+                             uint32_t len, struct lynx_msg *reply,
+                             uint64_t timeout_ns, const uint32_t *stop) {
+  struct lynx_block_cell *bc = lynx_block_bc();
+  uint64_t end = 0;
+  uint32_t nap = LYNX_CALL_NAP_MIN_NS;
+  uint8_t *buf;
+  int rc = 0;
+  /* a TX slot: the frontend takes requests as the back end's connection
+   * has room, so a full ring is waited for, within the same deadline */
+  if (lynx_block_io_thread()) {
+    end = lynx_globaltimer_ns() + timeout_ns;
+    bc->buf = NULL;
+    while ((rc = lynx_mq_reserve(&c->mq, len, &bc->buf)) == -11 &&
+           !lynx_dev_call_wait(stop, end, &nap, &rc))
+      ;
+    bc->rc = rc == -90 ? LYNX_CALL_EMSGSIZE : rc;
+  }
+  __syncthreads();
+  rc = bc->rc;
+  buf = bc->buf;
+  __syncthreads();
+  if (rc)
+    return rc;
+  lynx_block_copy(buf, req, len);
+  __threadfence_system();
+  __syncthreads();
+  if (lynx_block_io_thread()) {
+    uint32_t tag = ++c->next_tag;
+    lynx_mq_commit(&c->mq, tag, len, len, LYNX_ST_OK);
+    nap = LYNX_CALL_NAP_MIN_NS;
+    while ((rc = lynx_call_poll(&c->mq, tag, UINT32_MAX, &bc->m)) == -11 &&
+           !lynx_dev_call_wait(stop, end, &nap, &rc))
+      ;
+    bc->rc = rc;
+  }
+  __syncthreads();
+  rc = bc->rc;
+  if (rc == 0)
+    *reply = bc->m;
+  __syncthreads();
+  return rc;
+}
+
+/* Hands the reply of a call that returned 0 back to the frontend: a
+ * release (every thread done reading it first). */
+LYNX_DEV void lynx_block_call_done(struct lynx_dev_client *c) {
+  lynx_block_release(&c->mq);
 }
 
 /* ---- work emulation and idling ------------------------------------------- */

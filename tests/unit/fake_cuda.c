@@ -13,6 +13,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "app_logic.h"
+#include "face.h"
 #include "fake_cuda.h"
 #include "mqueue.h"
 #include "util.h"
@@ -130,11 +132,114 @@ static void work_us(uint32_t us) {
     nanosleep(&ts, NULL);
 }
 
+/* ---- the fake kernel's client mqueue calls ------------------------------- */
+
+/* A block's client mqueue (lynx_dev.cuh's struct lynx_dev_client). */
+struct fake_client {
+  struct lynx_mq mq;
+  uint32_t next_tag;
+};
+
+/* While a call waits: 1 with *rc set when it must end (the kernel is
+ * killed or asked to stop: LYNX_CALL_ECANCELED; the deadline on the fake
+ * %globaltimer passed: LYNX_CALL_ETIMEDOUT), else a short nap and 0. A
+ * hung kernel ignores the stop word here too. */
+static int call_wait(struct kern *k, uint64_t end, int *rc) {
+  if (__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE) ||
+      (!k->pub.hang && lynx_load_acquire32(&k->pub.l.kctl->stop))) {
+    *rc = LYNX_CALL_ECANCELED;
+    return 1;
+  }
+  if (fake_cuda_globaltimer() >= end) {
+    *rc = LYNX_CALL_ETIMEDOUT;
+    return 1;
+  }
+  usleep(50);
+  return 0;
+}
+
+/* A call as lynx_block_call makes it, by one thread: a TX slot of the
+ * block's client mqueue (waited for within the deadline), the request
+ * published with the next tag, then app_logic.h's lynx_call_poll until the
+ * reply with that tag, l->call_timeout_ns or the stop word. 0 and *rep (to
+ * release) or a LYNX_CALL_* code, as on the GPU. */
+static int fake_call(struct kern *k, struct fake_client *c, const uint8_t *req,
+                     uint32_t len, struct lynx_msg *rep) {
+  uint64_t end = fake_cuda_globaltimer() + k->pub.l.call_timeout_ns;
+  uint8_t *buf = NULL;
+  uint32_t tag;
+  int rc;
+  __atomic_add_fetch(&k->pub.calls, 1, __ATOMIC_RELAXED);
+  while ((rc = lynx_mq_reserve(&c->mq, len, &buf)) == -11 &&
+         !call_wait(k, end, &rc))
+    ;
+  if (rc)
+    return rc;
+  memcpy(buf, req, len);
+  tag = ++c->next_tag;
+  lynx_mq_commit(&c->mq, tag, len, len, LYNX_ST_OK);
+  while ((rc = lynx_call_poll(&c->mq, tag, UINT32_MAX, rep)) == -11 &&
+         !call_wait(k, end, &rc))
+    ;
+  return rc;
+}
+
+/* mc-get and face-verify as apps.cu runs them, over the same shared logic
+ * (app_logic.h, face.h), into the answer's slot reserved beforehand
+ * (out): the answer's length, or -1 when the kernel must stop (the request
+ * stays unanswered, as APP_STOP leaves it). */
+static int fake_app_call(struct kern *k, struct fake_client *c,
+                         const struct lynx_msg *m, uint8_t *out) {
+  uint8_t cmd[LYNX_MC_GET_CMD_MAX];
+  const uint8_t *label = NULL, *probe = NULL;
+  struct lynx_msg rep = {NULL, 0, 0, 0};
+  uint32_t n = 0, voff, vlen;
+  char key[FACE_KEY_MAX];
+  int klen, rc, len = -2; /* -2: "ERROR" */
+  if (k->pub.l.app == LYNX_CUDA_APP_MC_GET) {
+    if (lynx_mc_key_ok(m->data, m->len))
+      n = lynx_mc_get_cmd(cmd, m->data, m->len);
+  } else if (face_req_parse(m->data, m->len, &label, &probe) == 0 &&
+             (klen = face_key(label, key)) > 0) {
+    n = lynx_mc_get_cmd(cmd, (const uint8_t *)key, (uint32_t)klen);
+  }
+  if (n) {
+    rc = fake_call(k, c, cmd, n, &rep);
+    __atomic_store_n(&k->pub.last_call_rc, rc, __ATOMIC_RELEASE);
+    if (rc == LYNX_CALL_ECANCELED)
+      return -1;
+    if (rc == 0) {
+      rc = lynx_mc_parse_get(rep.data, rep.len, &voff, &vlen);
+      if (k->pub.l.app == LYNX_CUDA_APP_MC_GET && rc == 0) {
+        memcpy(out, rep.data + voff, vlen);
+        len = (int)vlen;
+      } else if (k->pub.l.app == LYNX_CUDA_APP_MC_GET && rc == -2) {
+        len = 0;
+      } else if (rc == 0 && vlen == FACE_PIXELS) {
+        float d;
+        int match = face_verify(probe, rep.data + voff, &d);
+        face_resp_encode(out, match, d);
+        len = FACE_RESP_LEN;
+      }
+      lynx_mq_release(&c->mq);
+    }
+  }
+  if (len == -2) {
+    memcpy(out, "ERROR", 5);
+    len = 5;
+  }
+  return len;
+}
+
 /* The persistent kernel: block b serves server mqueues q % blocks == b with
  * the real ring code, echoing (LYNX_CUDA_APP_ECHO) after work_us until
  * kctl->stop, and stamps queueing and service times into block b's
- * histograms (lathist.h, as apps.cu). Only requests and responses of each
- * block are written, so a test may set drops and bad itself. */
+ * histograms (lathist.h, as apps.cu). mc-get and face-verify call back end
+ * app_backend through block b's own client mqueue
+ * (lynx_cuda_client_mq(l, b, app_backend), as apps.cu binds it), one
+ * request at a time like the real blocks; a stop while a call waits ends
+ * the kernel with that request unanswered. Only requests and responses of
+ * each block are written, so a test may set drops and bad itself. */
 static void *kernel_main(void *arg) {
   struct kern *k = arg;
   const struct lynx_cuda_launch *l = &k->pub.l;
@@ -146,14 +251,19 @@ static void *kernel_main(void *arg) {
   struct lynx_seen *seen = calloc(l->n_server, sizeof(*seen));
   uint64_t *req = calloc(l->blocks, sizeof(*req));
   uint64_t *resp = calloc(l->blocks, sizeof(*resp));
-  if (!mq || !seen || !req || !resp ||
+  int calls = lynx_cuda_app_calls(l->app) && l->n_backends, stopped = 0;
+  struct fake_client *cl = calloc(l->blocks, sizeof(*cl));
+  if (!mq || !seen || !req || !resp || !cl ||
       lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size))
     abort();
   for (uint32_t q = 0; q < l->n_server; q++)
     lynx_mq_bind(&mq[q], l->region, &g, q);
+  for (uint32_t b = 0; calls && b < l->blocks; b++)
+    lynx_mq_bind(&cl[b].mq, l->region, &g,
+                 lynx_cuda_client_mq(l, b, l->app_backend));
   __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&kc->started, l->blocks, __ATOMIC_SEQ_CST);
-  while (!__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
+  while (!stopped && !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
     int busy = 0;
     if (!k->pub.hang && lynx_load_acquire32(&kc->stop))
       break;
@@ -165,7 +275,13 @@ static void *kernel_main(void *arg) {
       struct lynx_msg m;
       uint8_t *out = NULL;
       uint64_t until, taken;
-      int full;
+      /* apps.cu's mc-get and face-verify reserve their answer's slot
+       * first: a whole slot (the value's length comes with the reply),
+       * the 8-byte answer */
+      uint32_t max = l->app == LYNX_CUDA_APP_MC_GET ? lynx_slot_cap(g.slot_size)
+                     : l->app == LYNX_CUDA_APP_FACE_VERIFY ? FACE_RESP_LEN
+                                                           : 0;
+      int full, n;
       /* the lease fence, as apps.cu checks it before each receive */
       until = __atomic_load_n(&kc->serve_until_gt, __ATOMIC_ACQUIRE);
       if (until && fake_cuda_globaltimer() >= until) {
@@ -180,12 +296,23 @@ static void *kernel_main(void *arg) {
       lynx_lat_add(&lat[b].queue,
                    taken - lynx_seen_at(&seen[q], mq[q].rx_head - 1, taken));
       work_us(l->work_us);
-      while ((full = lynx_mq_reserve(&mq[q], m.len, &out)) != 0 &&
+      if (!max)
+        max = m.len;
+      while ((full = lynx_mq_reserve(&mq[q], max, &out)) != 0 &&
              !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE))
         usleep(100);
       if (!full && l->app == LYNX_CUDA_APP_ECHO) {
         memcpy(out, m.data, m.len);
         lynx_mq_commit(&mq[q], m.tag, m.len, m.len, LYNX_ST_OK);
+        resp[b]++;
+      } else if (!full && calls) {
+        n = fake_app_call(k, &cl[b], &m, out);
+        if (n < 0) { /* APP_STOP: unanswered, unreleased; counted */
+          __atomic_store_n(&kc->blocks[b].requests, req[b], __ATOMIC_RELEASE);
+          stopped = 1;
+          break;
+        }
+        lynx_mq_commit(&mq[q], m.tag, (uint32_t)n, max, LYNX_ST_OK);
         resp[b]++;
       }
       lynx_lat_add(&lat[b].service, fake_cuda_globaltimer() - taken);
@@ -197,6 +324,7 @@ static void *kernel_main(void *arg) {
       usleep(200);
   }
   __atomic_add_fetch(&kc->exited, l->blocks, __ATOMIC_SEQ_CST);
+  free(cl);
   free(mq);
   free(seen);
   free(req);
@@ -971,6 +1099,15 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
     return -EINVAL;
   }
   pthread_mutex_unlock(&lock);
+  /* what apps.cu's lynx_cuda_start checks of a kernel that calls back
+   * ends: each block's own client mqueue of every back end */
+  if (lynx_cuda_app_calls(l->app) &&
+      (l->n_backends < 1 || l->app_backend >= l->n_backends ||
+       l->client_base != l->n_server ||
+       l->client_base + l->blocks * l->n_backends != l->n_mqueues)) {
+    snprintf(err, errlen, "fake: bad client mqueue layout");
+    return -EINVAL;
+  }
   for (size_t i = 0; i < kn; i++)
     if (((const uint8_t *)l->kctl)[i] &&
         (i < offsetof(struct lynx_cuda_kctl, serve_until_gt) ||

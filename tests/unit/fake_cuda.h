@@ -15,7 +15,10 @@
  * errors. A launched "persistent kernel" is a thread that serves the region
  * with the real ring code (common/mqueue.h), echoing, until it sees
  * kctl->stop (or never: a hung kernel), and writes its counters into
- * kctl->blocks.
+ * kctl->blocks; for mc-get and face-verify it calls the back end through
+ * each block's own client mqueue as apps.cu does, with the shared logic
+ * (app_logic.h, face.h), so a test playing the frontend's relay by hand
+ * sees the kernel's requests and answers.
  *
  * Pinned host memory (cudaHostAlloc) is host memory the fake knows;
  * events (cudaEventCreateWithFlags, Record, Query, Synchronize, Destroy)
@@ -135,6 +138,8 @@ struct fake_kernel {
   cudaError_t crashed; /* cudaStreamQuery reports it once the thread ended */
   uint64_t fenced_passes; /* mqueue turns skipped for the lease fence */
   uint64_t launch_fence;  /* kctl->serve_until_gt when it was launched */
+  uint64_t calls;         /* client mqueue calls made (mc-get, face-verify) */
+  int last_call_rc;       /* the last one's: 0 or a LYNX_CALL_* code */
 };
 
 /* The fake %globaltimer: the host's monotonic clock plus an offset, so a

@@ -37,12 +37,14 @@
 #include <cmocka.h>
 #include <infiniband/verbs.h>
 
+#include "face.h"
 #include "fake_cuda.h"
 #include "gpu.h"
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
 #include "ut_region.h"
+#include "ut_ring.h"
 #include "ut_tconn.h"
 #include "util.h"
 
@@ -79,9 +81,14 @@ static int group_setup(void **state) {
   return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
 }
 
+static const struct lynx_transport_ops *c_shm;
+static struct lynx_transport_agent *c_ta;
+
 static int group_teardown(void **state) {
   (void)state;
   T->agent_destroy(g_ta);
+  if (c_ta)
+    c_shm->agent_destroy(c_ta);
   gpu_shutdown();
   fake_cuda_reap();
   return 0;
@@ -1768,6 +1775,431 @@ static void test_staging_over_tcp(void **state) {
   assert_int_equal(fake.blocking_calls, 0);
 }
 
+/* ---- client mqueues: mc-get and face-verify on a GPU ----------------- */
+
+#define CS 8u    /* slots of a client-calling instance's mqueues */
+#define CZ 2048u /* bytes a slot: a face's stored image fits a reply */
+
+static char cb_names[2][LYNX_BACKEND_NAME_MAX] = {"cache", "db"};
+
+/* An instance of an app that calls back end "db", started the way the
+ * agent starts one (agent/instance.c): the backend's client_mqs first,
+ * then a region of n_server + per * B mqueues in host memory (shm),
+ * formatted and exported, then start through the ops table. The test is
+ * the frontend: it writes requests and the back end's replies into the
+ * mapped region by hand and reads requests and answers from it (ut_ring.h)
+ * with its own producer and consumer positions. */
+struct cinst {
+  struct lynx_accel_dev dev;
+  struct lynx_accel_launch l;
+  struct lynx_region r;
+  struct ut_region ur; /* r's memory and geometry, for ut_ring.h */
+  struct lynx_accel_inst *run;
+  struct fake_kernel *k;
+  uint32_t per;
+  uint32_t rx_prod[64], tx_cons[64]; /* the frontend's, per mqueue */
+  char name[64];
+  char why[320];
+};
+
+static int cinst_start(struct cinst *c, const char *app, uint32_t n_server,
+                       uint32_t n_backends, uint32_t blocks) {
+  uint32_t n;
+  int rc, n0 = fake_cuda_kernels();
+  char err[128];
+  memset(c, 0, sizeof(*c));
+  if (!c_ta) {
+    c_shm = lynx_transport_find("shm");
+    assert_int_equal(c_shm->agent_create(&(struct lynx_transport_opts){0},
+                                         &c_ta, err, sizeof(err)), 0);
+  }
+  c->dev = (struct lynx_accel_dev){
+      .ops = &lynx_accel_cuda, .own_memory = 0, .device = 0,
+      .rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner,
+      .ordering = LYNX_ORDER_COALESCED};
+  snprintf(c->dev.model, sizeof(c->dev.model), "Fake GPU 0");
+  c->r.fd = -1;
+  c->l = (struct lynx_accel_launch){
+      .acc = &c->dev, .tops = c_shm, .tagent = c_ta, .name = "ut-gpu-client",
+      .app = lynx_app_find(app), .n_server = n_server, .slots = CS,
+      .slot_size = CZ, .ordering = LYNX_ORDER_COALESCED, .accel_id = ACCEL,
+      .backends = cb_names + (2 - n_backends), .n_backends = n_backends,
+      .epoch = EPOCH, .gpu_threads = 64, .gpu_blocks = blocks,
+      .serve_until = &start_serve_until};
+  assert_non_null(c->l.app);
+  rc = lynx_accel_cuda.client_mqs(&c->l, &c->per, c->why, sizeof(c->why));
+  if (rc)
+    return rc;
+  n = n_server + n_backends * c->per;
+  assert_int_equal(lynx_geom_init(&c->ur.g, n, CS, CZ), 0);
+  /* the process's own name: a run that failed half-way leaves no file
+   * that a later one trips over */
+  snprintf(c->name, sizeof(c->name), "ut-gpu-client-%d", (int)getpid());
+  c->l.name = c->name;
+  assert_int_equal(c_shm->region_alloc(c_ta, &c->r, c->name,
+                                       c->ur.g.region_size), 0);
+  assert_int_equal(lynx_region_format(&c->r, n, CS, CZ, LYNX_ORDER_COALESCED,
+                                      EPOCH, ACCEL), 0);
+  assert_int_equal(c_shm->region_export(&c->r), 0);
+  c->l.n_mqueues = n;
+  c->l.region = c->r.base;
+  c->ur.mem = c->r.base;
+  rc = lynx_accel_cuda.start(&c->l, &c->r, &c->run, c->why, sizeof(c->why));
+  if (rc) {
+    c_shm->region_free(&c->r); /* the agent's, as instance.c does */
+    return rc;
+  }
+  assert_int_equal(fake_cuda_kernels(), n0 + 1);
+  c->k = fake_cuda_kernel(fake_cuda_kernels() - 1);
+  return 0;
+}
+
+static void cinst_stop(struct cinst *c) {
+  assert_int_equal(c->run->ops->stop(c->run), 0);
+  c_shm->region_free(&c->r);
+  c->run->ops->put(c->run);
+  c->run = NULL;
+}
+
+/* Block b's client mqueue of back end k, as the kernel was told. */
+static uint32_t cq_of(const struct cinst *c, uint32_t b, uint32_t k) {
+  return lynx_cuda_client_mq(&c->k->l, b, k);
+}
+
+/* The frontend puts a request (server mqueue) or a back end's reply
+ * (client mqueue) into q's RX ring. */
+static void c_put(struct cinst *c, uint32_t q, uint32_t tag, uint16_t status,
+                  const void *data, uint32_t len) {
+  uint32_t pos = c->rx_prod[q]++;
+  ut_put_raw(&c->ur, q, pos, tag, data, len,
+             (uint16_t)(lynx_payload_off(CZ, len) / 16u), status,
+             lynx_seq_for(pos));
+}
+
+/* The frontend takes the next TX slot of q within ms: 0 with its tag,
+ * status and bytes (copied out, then the slot handed back), or -11. */
+static int c_take(struct cinst *c, uint32_t q, uint32_t ms, uint32_t *tag,
+                  uint16_t *status, uint8_t *buf, uint32_t *len) {
+  uint64_t end = lynx_now_ns() + (uint64_t)ms * 1000000u;
+  struct lynx_slot_meta m;
+  const uint8_t *data;
+  int rc;
+  while ((rc = ut_get_tx(&c->ur, q, c->tx_cons[q], &m, &data)) == -11 &&
+         lynx_now_ns() < end)
+    usleep(200);
+  if (rc)
+    return rc;
+  *tag = m.tag;
+  *status = m.status;
+  *len = m.len;
+  memcpy(buf, data, m.len);
+  c->tx_cons[q]++;
+  lynx_store_release32(&ut_fctrl(&c->ur, q)->tx_cons, c->tx_cons[q]);
+  return 0;
+}
+
+/* The kernel's request to the back end on client mqueue cq: its bytes must
+ * be want; returns its tag. */
+static uint32_t backend_sees(struct cinst *c, uint32_t cq, const char *want) {
+  uint8_t buf[CZ];
+  uint32_t tag = 0, len = 0;
+  uint16_t st = 0;
+  assert_int_equal(c_take(c, cq, 2000, &tag, &st, buf, &len), 0);
+  assert_int_equal(st, LYNX_ST_OK);
+  assert_int_equal(len, strlen(want));
+  assert_memory_equal(buf, want, len);
+  return tag;
+}
+
+/* The answer to the request with tag on server mqueue q: its bytes must be
+ * want (wlen of them). */
+static void answered(struct cinst *c, uint32_t q, uint32_t tag,
+                     const void *want, uint32_t wlen, uint32_t ms) {
+  uint8_t buf[CZ];
+  uint32_t t = 0, len = 0;
+  uint16_t st = 0;
+  assert_int_equal(c_take(c, q, ms, &t, &st, buf, &len), 0);
+  assert_int_equal(t, tag);
+  assert_int_equal(st, LYNX_ST_OK);
+  assert_int_equal(len, wlen);
+  assert_memory_equal(buf, want, wlen);
+}
+
+static void nothing_on(struct cinst *c, uint32_t q) {
+  uint8_t buf[CZ];
+  uint32_t t, len;
+  uint16_t st;
+  assert_int_equal(c_take(c, q, 0, &t, &st, buf, &len), -11);
+}
+
+#define MC_HELLO "VALUE k1 0 5\r\nhello\r\nEND\r\n"
+
+/* mc-get on a GPU: the layout the agent gives the kernel (a client mqueue
+ * of each back end for each block, the app's back end "db" found by name,
+ * the call timeout), and the kernel's calls through each block's own
+ * client mqueue with the frontend's relay played by hand: a hit, a miss,
+ * an invalid key (no call), a back end down, a back end that never answers
+ * (ERROR after the timeout, its late reply skipped by the next call), and
+ * a stop while a call waits (the kernel stops, the request unanswered). */
+static void test_client_mc_get(void **state) {
+  struct cinst c;
+  uint32_t t;
+  uint64_t t0;
+  int reg0;
+  (void)state;
+  fake_cuda_reset();
+  fake.resident = 8;
+  reg0 = fake_cuda_host_registered(); /* a hung kernel's stays (above) */
+  assert_true(lynx_accel_cuda.runs_app(lynx_app_find("mc-get")));
+  assert_int_equal(cinst_start(&c, "mc-get", 3, 2, 0), 0);
+  /* 3 blocks (one per server mqueue); 3 client mqueues per back end */
+  assert_int_equal(c.per, 3);
+  assert_int_equal(c.k->l.app, LYNX_CUDA_APP_MC_GET);
+  assert_int_equal(c.k->l.n_mqueues, 3 + 2 * 3);
+  assert_int_equal(c.k->l.n_server, 3);
+  assert_int_equal(c.k->l.blocks, 3);
+  assert_int_equal(c.k->l.n_backends, 2);
+  assert_int_equal(c.k->l.client_base, 3);
+  assert_int_equal(c.k->l.app_backend, 1); /* "db", after "cache" */
+  assert_int_equal(c.k->l.call_timeout_ns, LYNX_CALL_TIMEOUT_NS);
+  assert_ptr_equal(c.k->l.region, c.r.base);
+  assert_int_equal(cq_of(&c, 0, 1), 4);
+  assert_int_equal(cq_of(&c, 1, 1), 6);
+  assert_int_equal(cq_of(&c, 2, 1), 8);
+
+  /* a hit on server mqueue 1: block 1 calls through its own client mqueue
+   * of "db" (6), no other */
+  c_put(&c, 1, 101, LYNX_ST_OK, "k1", 2);
+  t = backend_sees(&c, 6, "get k1\r\n");
+  for (uint32_t q = 3; q < 9; q++)
+    if (q != 6)
+      nothing_on(&c, q);
+  c_put(&c, 6, t, LYNX_ST_OK, MC_HELLO, sizeof(MC_HELLO) - 1);
+  answered(&c, 1, 101, "hello", 5, 2000);
+  /* a miss on mqueue 0 (block 0, client mqueue 4): empty */
+  c_put(&c, 0, 102, LYNX_ST_OK, "nokey", 5);
+  t = backend_sees(&c, 4, "get nokey\r\n");
+  c_put(&c, 4, t, LYNX_ST_OK, "END\r\n", 5);
+  answered(&c, 0, 102, "", 0, 2000);
+  /* an invalid key: ERROR, no call */
+  c_put(&c, 2, 103, LYNX_ST_OK, "bad key", 7);
+  answered(&c, 2, 103, "ERROR", 5, 2000);
+  nothing_on(&c, 8);
+  assert_int_equal(c.k->calls, 2);
+  /* the back end down: the frontend answers the call BACKEND_DOWN */
+  c_put(&c, 2, 104, LYNX_ST_OK, "k1", 2);
+  t = backend_sees(&c, 8, "get k1\r\n");
+  c_put(&c, 8, t, LYNX_ST_BACKEND_DOWN, NULL, 0);
+  answered(&c, 2, 104, "ERROR", 5, 2000);
+  assert_int_equal(c.k->last_call_rc, LYNX_CALL_EHOSTDOWN);
+  /* an error reply from memcached */
+  c_put(&c, 2, 105, LYNX_ST_OK, "k1", 2);
+  t = backend_sees(&c, 8, "get k1\r\n");
+  c_put(&c, 8, t, LYNX_ST_OK, "SERVER_ERROR busy\r\n", 19);
+  answered(&c, 2, 105, "ERROR", 5, 2000);
+  /* a back end that does not answer: ERROR after the call timeout */
+  t0 = lynx_now_ns();
+  c_put(&c, 1, 106, LYNX_ST_OK, "slow", 4);
+  t = backend_sees(&c, 6, "get slow\r\n");
+  answered(&c, 1, 106, "ERROR", 5, 3000);
+  assert_true(lynx_now_ns() - t0 >= LYNX_CALL_TIMEOUT_NS);
+  assert_int_equal(c.k->last_call_rc, LYNX_CALL_ETIMEDOUT);
+  /* its reply comes late: the next call on that client mqueue skips it by
+   * tag and takes its own */
+  c_put(&c, 6, t, LYNX_ST_OK, MC_HELLO, sizeof(MC_HELLO) - 1);
+  c_put(&c, 1, 107, LYNX_ST_OK, "k2", 2);
+  {
+    uint32_t t2 = backend_sees(&c, 6, "get k2\r\n");
+    assert_int_not_equal(t2, t);
+    c_put(&c, 6, t2, LYNX_ST_OK, "VALUE k2 0 3\r\nabc\r\nEND\r\n", 24);
+  }
+  answered(&c, 1, 107, "abc", 3, 2000);
+  /* a reply too long for a slot */
+  c_put(&c, 0, 108, LYNX_ST_OK, "big", 3);
+  t = backend_sees(&c, 4, "get big\r\n");
+  c_put(&c, 4, t, LYNX_ST_TOO_LONG, NULL, 0);
+  answered(&c, 0, 108, "ERROR", 5, 2000);
+  assert_int_equal(c.k->last_call_rc, LYNX_CALL_EMSGSIZE);
+  /* a stop while a call waits: the kernel stops at once, unanswered */
+  c_put(&c, 2, 109, LYNX_ST_OK, "k1", 2);
+  backend_sees(&c, 8, "get k1\r\n");
+  t0 = lynx_now_ns();
+  assert_int_equal(c.run->ops->stop(c.run), 0);
+  assert_true(lynx_now_ns() - t0 < LYNX_CALL_TIMEOUT_NS / 2);
+  assert_int_equal(c.k->last_call_rc, LYNX_CALL_ECANCELED);
+  assert_false(c.k->running);
+  nothing_on(&c, 2);
+  {
+    uint64_t cn[4];
+    assert_int_equal(c.run->ops->counters(c.run, &cn[0], &cn[1], &cn[2],
+                                          &cn[3]), 0);
+    assert_int_equal(cn[0], 9); /* requests taken */
+    assert_int_equal(cn[1], 8); /* answered */
+  }
+  c_shm->region_free(&c.r);
+  c.run->ops->put(c.run);
+  assert_int_equal(fake_cuda_host_registered(), reg0);
+  assert_int_equal(fake.unmapped_live, 0);
+  assert_int_equal(fake.blocking_calls, 0);
+}
+
+/* face-verify on a GPU: the label's key to "db", the stored image from the
+ * reply, the answer the CPU's face_verify gives (bit for bit), for a
+ * genuine and an impostor probe on two blocks; ERROR for an unknown
+ * label, a stored value that is not 1024 bytes, a malformed request (no
+ * call) and a back end down. */
+static void test_client_face_verify(void **state) {
+  struct cinst c;
+  uint8_t label[FACE_LABEL_LEN], probe[FACE_PIXELS], stored[FACE_PIXELS];
+  uint8_t reqb[FACE_REQ_LEN], reply[CZ], want[FACE_RESP_LEN];
+  char key[FACE_KEY_MAX], get[64], hdr[64];
+  uint32_t t, n;
+  (void)state;
+  fake_cuda_reset();
+  fake.resident = 8;
+  assert_true(lynx_accel_cuda.runs_app(lynx_app_find("face-verify")));
+  assert_int_equal(cinst_start(&c, "face-verify", 2, 1, 0), 0);
+  assert_int_equal(c.per, 2);
+  assert_int_equal(c.k->l.app, LYNX_CUDA_APP_FACE_VERIFY);
+  assert_int_equal(c.k->l.n_mqueues, 4);
+  assert_int_equal(c.k->l.app_backend, 0);
+  for (uint32_t i = 0; i < 4; i++) {
+    uint32_t q = i % 2, cq = cq_of(&c, q, 0), id = 40 + i;
+    float d;
+    /* genuine (even i) or an impostor's probe under id's label */
+    face_label(7, id, label);
+    face_probe(7, i % 2 ? face_impostor(7, id, 0, 1000) : id, 0, probe);
+    face_image(7, id, stored);
+    face_req_encode(reqb, label, probe);
+    c_put(&c, q, 200 + i, LYNX_ST_OK, reqb, FACE_REQ_LEN);
+    assert_true(face_key(label, key) > 0);
+    snprintf(get, sizeof(get), "get %s\r\n", key);
+    t = backend_sees(&c, cq, get);
+    n = (uint32_t)snprintf(hdr, sizeof(hdr), "VALUE %s 0 %u\r\n", key,
+                           FACE_PIXELS);
+    memcpy(reply, hdr, n);
+    memcpy(reply + n, stored, FACE_PIXELS);
+    memcpy(reply + n + FACE_PIXELS, "\r\nEND\r\n", 7);
+    c_put(&c, cq, t, LYNX_ST_OK, reply, n + FACE_PIXELS + 7);
+    int match = face_verify(probe, stored, &d);
+    face_resp_encode(want, match, d);
+    answered(&c, q, 200 + i, want, FACE_RESP_LEN, 2000);
+    assert_int_equal(want[0], i % 2 ? 0 : 1);
+  }
+  /* an unknown label: memcached's miss */
+  c_put(&c, 0, 300, LYNX_ST_OK, reqb, FACE_REQ_LEN);
+  t = backend_sees(&c, cq_of(&c, 0, 0), get);
+  c_put(&c, cq_of(&c, 0, 0), t, LYNX_ST_OK, "END\r\n", 5);
+  answered(&c, 0, 300, "ERROR", 5, 2000);
+  /* a stored value of 1000 bytes */
+  c_put(&c, 1, 301, LYNX_ST_OK, reqb, FACE_REQ_LEN);
+  t = backend_sees(&c, cq_of(&c, 1, 0), get);
+  n = (uint32_t)snprintf(hdr, sizeof(hdr), "VALUE %s 0 1000\r\n", key);
+  memcpy(reply, hdr, n);
+  memcpy(reply + n, stored, 1000);
+  memcpy(reply + n + 1000, "\r\nEND\r\n", 7);
+  c_put(&c, cq_of(&c, 1, 0), t, LYNX_ST_OK, reply, n + 1000 + 7);
+  answered(&c, 1, 301, "ERROR", 5, 2000);
+  /* malformed: too short, a label with a space inside; no call */
+  n = (uint32_t)c.k->calls;
+  c_put(&c, 0, 302, LYNX_ST_OK, reqb, 100);
+  answered(&c, 0, 302, "ERROR", 5, 2000);
+  reqb[3] = ' ';
+  c_put(&c, 1, 303, LYNX_ST_OK, reqb, FACE_REQ_LEN);
+  answered(&c, 1, 303, "ERROR", 5, 2000);
+  assert_int_equal(c.k->calls, n);
+  /* the back end down */
+  face_req_encode(reqb, label, probe);
+  c_put(&c, 1, 304, LYNX_ST_OK, reqb, FACE_REQ_LEN);
+  t = backend_sees(&c, cq_of(&c, 1, 0), get);
+  c_put(&c, cq_of(&c, 1, 0), t, LYNX_ST_BACKEND_DOWN, NULL, 0);
+  answered(&c, 1, 304, "ERROR", 5, 2000);
+  cinst_stop(&c);
+}
+
+/* How many client mqueues a GPU instance gets per back end, and the
+ * refusals: a kernel's blocks each need one of every back end within a
+ * region's 1,024 mqueues (auto takes fewer blocks, --gpu-blocks beyond
+ * is refused, fewer than the server mqueues need is refused); an app
+ * whose kernel calls nothing gets one (unused); relay has no kernel; a
+ * region laid out for other blocks is refused before any launch. */
+static void test_client_layout(void **state) {
+  struct cinst c;
+  struct lynx_accel_launch l;
+  uint32_t per = 0;
+  int n0;
+  (void)state;
+  fake_cuda_reset();
+  fake.resident = 2000;
+  memset(&c, 0, sizeof(c));
+  l = (struct lynx_accel_launch){
+      .acc = &c.dev, .app = lynx_app_find("mc-get"), .n_server = 900,
+      .backends = cb_names, .n_backends = 2, .slots = CS, .slot_size = CZ,
+      .gpu_threads = 64};
+  c.dev.device = 0;
+  /* 900 + 2 x 62 = 1,024: 62 blocks instead of one per SM (132) */
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
+                                              sizeof(c.why)), 0);
+  assert_int_equal(per, 62);
+  l.gpu_blocks = 63;
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
+                                              sizeof(c.why)), -EINVAL);
+  assert_contains(c.why, "exceed a region's 1024 mqueues");
+  l.gpu_blocks = 0;
+  l.n_server = 1000; /* 16 blocks needed, room for 12 */
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
+                                              sizeof(c.why)), -EINVAL);
+  l.n_server = 4; /* one per server mqueue */
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
+                                              sizeof(c.why)), 0);
+  assert_int_equal(per, 4);
+  fake.resident = 2;
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
+                                              sizeof(c.why)), 0);
+  assert_int_equal(per, 2);
+  /* echo calls nothing: one each, and a kernel told of none */
+  l.app = lynx_app_find("echo");
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
+                                              sizeof(c.why)), 0);
+  assert_int_equal(per, 1);
+  fake.resident = 8;
+  assert_int_equal(cinst_start(&c, "echo", 2, 2, 0), 0);
+  assert_int_equal(c.k->l.n_mqueues, 4);
+  assert_int_equal(c.k->l.n_backends, 0);
+  cinst_stop(&c);
+  /* relay's CPU handler calls a back end, it has no kernel */
+  assert_false(lynx_accel_cuda.runs_app(lynx_app_find("relay")));
+  n0 = fake_cuda_kernels();
+  assert_int_equal(cinst_start(&c, "relay", 2, 1, 0), -ENOTSUP);
+  assert_contains(c.why, "has no CUDA kernel");
+  assert_int_equal(fake_cuda_kernels(), n0);
+  /* a region laid out for other blocks: 2 + 3 mqueues with 2 blocks */
+  {
+    struct inst in;
+    struct lynx_region r = {.fd = -1};
+    struct gpu_instance *gi = NULL;
+    char err[256] = "";
+    memset(&in, 0, sizeof(in));
+    in.dev = (struct lynx_accel_dev){.ops = &lynx_accel_cuda, .own_memory = 1};
+    l = (struct lynx_accel_launch){
+        .acc = &in.dev, .name = "ut-gpu-bad", .tops = T, .tagent = g_ta,
+        .app = lynx_app_find("mc-get"), .n_mqueues = 5, .n_server = 2,
+        .backends = cb_names + 1, .n_backends = 1, .slots = CS,
+        .slot_size = CZ, .gpu_threads = 64, .epoch = EPOCH,
+        .serve_until = &start_serve_until};
+    assert_int_equal(gpu_instance_start(&l, &r, &gi, err, sizeof(err)),
+                     -EINVAL);
+    assert_contains(err, "client mqueue layout");
+    /* "db" is not among its back ends */
+    l.n_mqueues = 4;
+    l.backends = cb_names;
+    assert_int_equal(gpu_instance_start(&l, &r, &gi, err, sizeof(err)),
+                     -EINVAL);
+    assert_contains(err, "needs a back end named 'db'");
+    assert_int_equal(fake_cuda_kernels(), n0);
+  }
+}
+
 /* Every test starts with GPUS fake GPUs, no injection, no records. */
 static int setup(void **state) {
   (void)state;
@@ -1796,6 +2228,9 @@ int main(int argc, char **argv) {
       T_(test_staging_wrap),
       T_(test_staging_limits_failures),
       T_(test_staging_over_tcp),
+      T_(test_client_mc_get),
+      T_(test_client_face_verify),
+      T_(test_client_layout),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }

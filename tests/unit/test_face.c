@@ -155,6 +155,58 @@ static void test_distance_basic(void **state) {
   assert_true(d1 < FACE_THRESHOLD);
 }
 
+/* What a GPU block does with face_hist_index and face_chi2_term: threads
+ * take pixels and bins in any order and add their parts together. The
+ * descriptor and the distance must be the CPU's, bit for bit, whatever the
+ * order: here pixels and bins in a shuffled order, and the terms summed in
+ * per-"thread" partial sums (stride 96, 128 threads) added in reverse. */
+static void test_split_any_order(void **state) {
+  (void)state;
+  uint8_t a[FACE_PIXELS], b[FACE_PIXELS];
+  uint16_t ha[FACE_HIST_BINS], hb[FACE_HIST_BINS];
+  uint32_t ga[FACE_HIST_BINS], gb[FACE_HIST_BINS];
+  int order[FACE_PIXELS];
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  for (uint32_t id = 0; id < 64; id++) {
+    face_probe(SEED, id, id % 3, a);
+    face_image(SEED, id % 5 == 0 ? id + 1 : id, b);
+    face_histogram(a, ha);
+    face_histogram(b, hb);
+    for (int p = 0; p < FACE_PIXELS; p++)
+      order[p] = p;
+    for (int p = FACE_PIXELS - 1; p > 0; p--) { /* Fisher-Yates */
+      int j;
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      j = (int)((seed >> 33) % (uint64_t)(p + 1));
+      int t = order[p];
+      order[p] = order[j];
+      order[j] = t;
+    }
+    memset(ga, 0, sizeof(ga));
+    memset(gb, 0, sizeof(gb));
+    for (int p = 0; p < FACE_PIXELS; p++) {
+      ga[face_hist_index(a, order[p])]++;
+      gb[face_hist_index(b, order[FACE_PIXELS - 1 - p])]++;
+    }
+    for (int i = 0; i < FACE_HIST_BINS; i++) {
+      assert_int_equal(ga[i], ha[i]);
+      assert_int_equal(gb[i], hb[i]);
+    }
+    for (int threads = 1; threads <= 1024; threads *= 2) {
+      uint64_t part[1024] = {0}, sum = 0;
+      for (int t = 0; t < threads; t++)
+        for (int i = t; i < FACE_HIST_BINS; i += threads)
+          part[t] += face_chi2_term(ga[i], gb[i]);
+      for (int t = threads - 1; t >= 0; t--)
+        sum += part[t];
+      float d = face_chi2_dist(sum), want = face_chi2(ha, hb), v;
+      assert_memory_equal(&d, &want, sizeof(d));
+      assert_int_equal(face_is_match(d), face_verify(a, b, &v));
+      assert_memory_equal(&v, &want, sizeof(v));
+    }
+  }
+}
+
 /* ---- wire formats ---- */
 
 static void test_key(void **state) {
@@ -338,6 +390,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_lbp_bins),
       cmocka_unit_test(test_histogram),
       cmocka_unit_test(test_distance_basic),
+      cmocka_unit_test(test_split_any_order),
       cmocka_unit_test(test_key),
       cmocka_unit_test(test_request),
       cmocka_unit_test(test_response),
