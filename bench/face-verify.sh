@@ -14,9 +14,15 @@
 # Client, frontend, accelerators, memcached and baseline share 2 cores: the
 # ratio is the result, not the absolute numbers.
 #
+# With GPU_ACCEL=N (a GPU host; bench/paper-gpu.sh sets it), the paper's GPU
+# comparison instead: (1) runs face-verify as a kernel on GPU N (its blocks
+# call memcached through their own client mqueues), (2) is
+# lynx-gpu-baseline --app face-verify --streams STREAMS on the same GPU (the
+# host fetches from memcached, the GPU compares with the same device code).
+#
 # usage: bench/face-verify.sh [BUILD_DIR]
 #   env: ACCELS (2) THREADS (2) CLIENTS (8) DURATION (5) RUNS (3)
-#        IDENTITIES (1000)
+#        IDENTITIES (1000) GPU_ACCEL (unset: CPU) STREAMS (8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -27,11 +33,25 @@ CLIENTS=${CLIENTS:-8}
 DUR=${DURATION:-5}
 RUNS=${RUNS:-3}
 IDS=${IDENTITIES:-1000}
+GPU_ACCEL=${GPU_ACCEL:-}
+STREAMS=${STREAMS:-8}
+if [[ -n $GPU_ACCEL ]]; then
+  LYNX_ACCELS=(--cuda-accels "$GPU_ACCEL" --cpu-accels 0)
+  BASE_CMD=(lynx-gpu-baseline --app face-verify --device "$GPU_ACCEL" --streams "$STREAMS")
+  ACCELS=1
+  WHAT="GPU $GPU_ACCEL"
+  BASE_WHAT="lynx-gpu-baseline, $STREAMS CUDA streams on GPU $GPU_ACCEL"
+else
+  LYNX_ACCELS=(--cpu-accels "$ACCELS")
+  BASE_CMD=(lynx-face-baseline --threads "$THREADS")
+  WHAT="$ACCELS CPU accelerators"
+  BASE_WHAT="lynx-face-baseline, $THREADS threads"
+fi
 SEED=7
 MC=17211 COORD=17700 API=17780 FACE=17900 BASE=17901
 TMP=$(mktemp -d /tmp/lynx-face.XXXXXX)
 command -v memcached >/dev/null || { echo "memcached is not installed (deploy/install-deps.sh)"; exit 1; }
-for b in lynx-coordinator lynx-agent lynx-frontend lynx-face-load lynx-face-baseline; do
+for b in lynx-coordinator lynx-agent lynx-frontend lynx-face-load "${BASE_CMD[0]}"; do
   [[ -x $BIN/$b ]] || { echo "$BIN/$b missing: build first (make)"; exit 1; }
 done
 
@@ -70,13 +90,13 @@ sleep 0.3
 "$BIN/lynx-face-load" --fill "127.0.0.1:$MC" --identities "$IDS" --seed "$SEED" >&2
 
 # ---- (1) Lynx ----------------------------------------------------------------------
-log "Lynx: $ACCELS CPU accelerators, face-verify with memcached through client mqueues"
+log "Lynx: $WHAT, face-verify with memcached through client mqueues"
 "$BIN/lynx-coordinator" --listen "127.0.0.1:$COORD" --http "127.0.0.1:$API" \
   --state-dir "$TMP/state" >"$TMP/coord.log" 2>&1 &
 pids+=($!)
 wait_log "$TMP/coord.log" "serving control"
 "$BIN/lynx-agent" --coordinator "127.0.0.1:$COORD" --node-id bench \
-  --cpu-accels "$ACCELS" --transport shm >"$TMP/agent.log" 2>&1 &
+  "${LYNX_ACCELS[@]}" --transport shm >"$TMP/agent.log" 2>&1 &
 pids+=($!)
 "$BIN/lynx-frontend" --coordinator "127.0.0.1:$COORD" --bind 127.0.0.1 \
   >"$TMP/fe.log" 2>&1 &
@@ -95,9 +115,9 @@ read -r lt_rps lt_p50 lt_p99 _ < <(median "$FACE" "$CLIENTS")
 stop_all
 
 # ---- (2) baseline ---------------------------------------------------------------------
-log "baseline: lynx-face-baseline, $THREADS threads, the same memcached"
-"$BIN/lynx-face-baseline" --udp "127.0.0.1:$BASE" --memcached "127.0.0.1:$MC" \
-  --threads "$THREADS" >"$TMP/base.log" 2>&1 &
+log "baseline: $BASE_WHAT, the same memcached"
+"$BIN/${BASE_CMD[0]}" "${BASE_CMD[@]:1}" --udp "127.0.0.1:$BASE" --memcached "127.0.0.1:$MC" \
+  >"$TMP/base.log" 2>&1 &
 pids+=($!)
 sleep 0.5
 run "$BASE" 4 >/dev/null
@@ -110,8 +130,8 @@ res="bench/results/face-verify-$(date -u +%Y%m%dT%H%M%SZ).txt"
 {
   echo "# bench/face-verify.sh $(date -u +%FT%TZ) $(uname -m) $(nproc) cores; git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "# $IDS identities, 50% impostors, UDP, closed loop, ${DUR}s, median of $RUNS; every answer checked (0 wrong)"
-  echo "# Lynx: $ACCELS CPU accelerators (shm) + frontend + memcached via client mqueues; baseline: $THREADS threads"
-  echo "# one 2-core VM: client, frontend, accelerators, memcached and baseline share it"
+  echo "# Lynx: $WHAT (shm) + frontend + memcached via client mqueues; baseline: $BASE_WHAT"
+  echo "# $(nproc) cores: client, frontend, accelerators, memcached and baseline share them"
   printf '%-10s %8s %10s %10s %10s\n' system clients req_per_s p50_us p99_us
   printf '%-10s %8s %10s %10s %10s\n' lynx 1 "$l1_rps" "$l1_p50" "$l1_p99"
   printf '%-10s %8s %10s %10s %10s\n' baseline 1 "$b1_rps" "$b1_p50" "$b1_p99"

@@ -9,7 +9,14 @@
  * --streams 1 it is the strict one-at-a-time server.
  *
  *   lynx-gpu-baseline [--udp HOST:PORT] [--device N] [--app APP]
- *                     [--streams N] [--work-us US]
+ *                     [--streams N] [--work-us US] [--memcached HOST:PORT]
+ *
+ * face-verify (docs/face-verify.md): the host takes the datagrams waiting
+ * for idle streams, fetches their stored images from memcached in one
+ * round trip (memcached_mget, as lynx-face-baseline does), answers "ERROR"
+ * itself for a malformed request, an unknown label or a failed fetch, and
+ * runs the comparison on the GPU with face_dev.cuh, the code of Lynx's
+ * face-verify kernel.
  *
  * Bad input never stops it: what the application would drop gets no
  * answer. Runs until SIGINT or SIGTERM (then prints its totals); exits 1
@@ -27,17 +34,22 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <libmemcached/memcached.h>
+
+#include "face.h"
 #include "gpu_baseline.h"
 #include "options.h"
 #include "util.h"
 
 #define MSG_MAX 65536u
 
-static const char *const app_names[] = {"echo", "sockperf-echo", NULL};
+/* in enum lynx_gb_app's order */
+static const char *const app_names[] = {"echo", "sockperf-echo",
+                                        "face-verify", NULL};
 
 struct cfg {
-  char *udp;
-  uint32_t device, work_us, streams;
+  char *udp, *memcached;
+  uint32_t device, work_us, streams, mc_timeout_ms;
   int app;
 };
 
@@ -52,13 +64,17 @@ static const struct lynx_opt opts[] = {
      "CUDA streams, one request in flight on each"},
     {"work-us", LYNX_OPT_U32, O(work_us), "0", 0, 1000000, NULL,
      "emulated processing per request on the GPU, microseconds"},
+    {"memcached", LYNX_OPT_ADDR, O(memcached), "127.0.0.1:11211", 1, 65535,
+     NULL, "face-verify: memcached holding the stored images (HOST:PORT)"},
+    {"mc-timeout-ms", LYNX_OPT_U32, O(mc_timeout_ms), "500", 1, 60000, NULL,
+     "face-verify: memcached connect and poll timeout"},
     LYNX_OPT_END,
 };
 #undef O
 
 static const char USAGE[] =
     "usage: lynx-gpu-baseline [--udp HOST:PORT] [--device N] [--app APP]\n"
-    "                         [--streams N] [--work-us US]\n"
+    "                         [--streams N] [--work-us US] [--memcached H:P]\n"
     "The host-centric GPU server (receive, copy in, kernel, copy out, send)\n"
     "that Lynx's GPU applications are compared with.";
 
@@ -68,19 +84,28 @@ static void on_signal(int sig) {
   stop = 1;
 }
 
-/* A stream's request in flight: whom to answer. */
+/* A stream's request: whom to answer, and (face-verify) what it needs. */
 struct pending {
-  int busy;
+  int busy, got; /* got: received, not started yet */
   struct sockaddr_storage peer;
   socklen_t plen;
+  uint8_t req[MSG_MAX];
+  uint32_t len;
+  char key[FACE_KEY_MAX];
+  size_t key_len;
+  uint8_t stored[FACE_PIXELS];
+  int have_stored;
 };
 
 struct server {
   int fd;
+  int app;
   struct lynx_gb *g;
+  memcached_st *mc;
+  memcached_result_st result;
   uint32_t n;
   struct pending *p;
-  uint64_t received, answered, unanswered;
+  uint64_t received, answered, unanswered, errors;
 };
 
 /* Sends the answers of finished streams: the number finished, or -1. */
@@ -113,32 +138,138 @@ static int reap(struct server *sv) {
   return done;
 }
 
-/* Receives into idle streams while datagrams wait: the number started,
- * or -1. */
+/* face-verify: the stored image of every received request, in one
+ * memcached round trip; the request's key and image set where found. */
+static void fetch_images(struct server *sv) {
+  const char *keys[256];
+  size_t lens[256];
+  size_t nk = 0;
+  memcached_return_t rc;
+  for (uint32_t i = 0; i < sv->n; i++) {
+    struct pending *p = &sv->p[i];
+    const uint8_t *label, *img;
+    p->have_stored = 0;
+    if (!p->got || face_req_parse(p->req, p->len, &label, &img) != 0)
+      continue;
+    p->key_len = (size_t)face_key(label, p->key);
+    keys[nk] = p->key;
+    lens[nk++] = p->key_len;
+  }
+  if (!nk)
+    return;
+  rc = memcached_mget(sv->mc, keys, lens, nk);
+  if (rc != MEMCACHED_SUCCESS) {
+    fprintf(stderr, "lynx-gpu-baseline: memcached get: %s\n",
+            memcached_last_error_message(sv->mc));
+    return;
+  }
+  for (;;) {
+    memcached_result_st *r = memcached_fetch_result(sv->mc, &sv->result, &rc);
+    const char *k;
+    size_t kl;
+    if (!r)
+      return;
+    k = memcached_result_key_value(r);
+    kl = memcached_result_key_length(r);
+    /* memcached answers a key once per time it was asked: the first
+     * request with that key still waiting gets it */
+    for (uint32_t i = 0; i < sv->n; i++) {
+      struct pending *p = &sv->p[i];
+      if (!p->got || p->have_stored || p->key_len != kl ||
+          memcmp(p->key, k, kl) != 0)
+        continue;
+      if (memcached_result_length(r) == FACE_PIXELS) {
+        memcpy(p->stored, memcached_result_value(r), FACE_PIXELS);
+        p->have_stored = 1;
+      }
+      break;
+    }
+  }
+}
+
+/* Receives into idle streams while datagrams wait, fetches what they need
+ * and starts them: the number taken, or -1. */
 static int admit(struct server *sv) {
-  static uint8_t req[MSG_MAX];
   char err[256];
-  int started = 0;
+  int taken = 0;
   for (uint32_t i = 0; i < sv->n; i++) {
     struct pending *p = &sv->p[i];
     ssize_t len;
     if (p->busy)
       continue;
     p->plen = sizeof(p->peer);
-    len = recvfrom(sv->fd, req, sizeof(req), MSG_DONTWAIT,
+    len = recvfrom(sv->fd, p->req, sizeof(p->req), MSG_DONTWAIT,
                    (struct sockaddr *)&p->peer, &p->plen);
     if (len < 0)
       break; /* EAGAIN: nothing waits; an error: the next poll says */
+    p->len = (uint32_t)len;
+    p->got = 1;
     sv->received++;
-    if (lynx_gb_submit(sv->g, i, req, (uint32_t)len, NULL, 0, err,
+    taken++;
+  }
+  if (taken && sv->app == LYNX_GB_FACE_VERIFY)
+    fetch_images(sv);
+  for (uint32_t i = 0; i < sv->n; i++) {
+    struct pending *p = &sv->p[i];
+    if (!p->got)
+      continue;
+    p->got = 0;
+    if (sv->app == LYNX_GB_FACE_VERIFY && !p->have_stored) {
+      /* malformed, unknown label, not an image, memcached failed */
+      sv->errors++;
+      (void)sendto(sv->fd, FACE_ERROR, FACE_ERROR_LEN, 0,
+                   (struct sockaddr *)&p->peer, p->plen);
+      continue;
+    }
+    if (lynx_gb_submit(sv->g, i, p->req, p->len,
+                       sv->app == LYNX_GB_FACE_VERIFY ? p->stored : NULL,
+                       sv->app == LYNX_GB_FACE_VERIFY ? FACE_PIXELS : 0, err,
                        sizeof(err))) {
       fprintf(stderr, "lynx-gpu-baseline: %s\n", err);
       return -1;
     }
     p->busy = 1;
-    started++;
   }
-  return started;
+  return taken;
+}
+
+/* face-verify's memcached (libmemcached, one connection). 0, or -1 with
+ * the reason in err. */
+static int open_memcached(struct server *sv, const char *addr,
+                          uint32_t timeout_ms, char *err, size_t errlen) {
+  char host[256];
+  const char *colon = strrchr(addr, ':');
+  size_t hl = colon ? (size_t)(colon - addr) : 0;
+  if (!colon || hl == 0 || hl >= sizeof(host)) {
+    snprintf(err, errlen, "not HOST:PORT");
+    return -1;
+  }
+  memcpy(host, addr, hl);
+  host[hl] = 0;
+  sv->mc = memcached_create(NULL);
+  if (!sv->mc || memcached_server_add(sv->mc, host, (in_port_t)atoi(colon + 1)) !=
+                     MEMCACHED_SUCCESS ||
+      !memcached_result_create(sv->mc, &sv->result)) {
+    snprintf(err, errlen, "cannot set up libmemcached");
+    if (sv->mc)
+      memcached_free(sv->mc);
+    sv->mc = NULL;
+    return -1;
+  }
+  memcached_behavior_set(sv->mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
+  memcached_behavior_set(sv->mc, MEMCACHED_BEHAVIOR_CONNECT_TIMEOUT,
+                         timeout_ms);
+  memcached_behavior_set(sv->mc, MEMCACHED_BEHAVIOR_POLL_TIMEOUT, timeout_ms);
+  memcached_behavior_set(sv->mc, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 1);
+  return 0;
+}
+
+static void close_memcached(struct server *sv) {
+  if (!sv->mc)
+    return;
+  memcached_result_free(&sv->result);
+  memcached_free(sv->mc);
+  sv->mc = NULL;
 }
 
 static int serve(struct server *sv) {
@@ -202,13 +333,28 @@ int main(int argc, char **argv) {
                             .app = (enum lynx_gb_app)cfg.app,
                             .streams = cfg.streams,
                             .req_max = MSG_MAX,
+                            .aux_max = cfg.app == LYNX_GB_FACE_VERIFY
+                                           ? FACE_PIXELS
+                                           : 0,
                             .resp_max = MSG_MAX,
                             .work_us = cfg.work_us};
+  sv.app = cfg.app;
   sv.n = cfg.streams;
   sv.p = calloc(sv.n, sizeof(*sv.p));
+  if (sv.p && sv.app == LYNX_GB_FACE_VERIFY &&
+      open_memcached(&sv, cfg.memcached, cfg.mc_timeout_ms, err,
+                     sizeof(err))) {
+    fprintf(stderr, "lynx-gpu-baseline: --memcached %s: %s\n", cfg.memcached,
+            err);
+    free(sv.p);
+    close(sv.fd);
+    lynx_opts_free(opts, &cfg);
+    return LYNX_EXIT_USAGE;
+  }
   if (!sv.p || lynx_gb_open(&gc, &sv.g, err, sizeof(err))) {
     fprintf(stderr, "lynx-gpu-baseline: GPU %u: %s\n", cfg.device,
             sv.p ? err : "out of memory");
+    close_memcached(&sv);
     free(sv.p);
     close(sv.fd);
     lynx_opts_free(opts, &cfg);
@@ -217,11 +363,12 @@ int main(int argc, char **argv) {
   fprintf(stderr, "lynx-gpu-baseline: serving UDP %s on GPU %u: %s, %u "
           "streams\n", cfg.udp, cfg.device, app_names[cfg.app], cfg.streams);
   rc = serve(&sv);
-  fprintf(stderr, "lynx-gpu-baseline: %llu requests, %llu answered, %llu "
-          "without an answer\n", (unsigned long long)sv.received,
-          (unsigned long long)sv.answered,
-          (unsigned long long)sv.unanswered);
+  fprintf(stderr, "lynx-gpu-baseline: %llu requests, %llu answered by the "
+          "GPU, %llu without an answer, %llu answered ERROR by the host\n",
+          (unsigned long long)sv.received, (unsigned long long)sv.answered,
+          (unsigned long long)sv.unanswered, (unsigned long long)sv.errors);
   lynx_gb_close(sv.g);
+  close_memcached(&sv);
   free(sv.p);
   close(sv.fd);
   lynx_opts_free(opts, &cfg);

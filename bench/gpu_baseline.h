@@ -20,6 +20,8 @@ extern "C" {
 enum lynx_gb_app {
   LYNX_GB_ECHO = 0,          /* the request back */
   LYNX_GB_SOCKPERF_ECHO = 1, /* sockperf's server: pong requests only */
+  LYNX_GB_FACE_VERIFY = 2,   /* the request (face.h) against aux, the
+                                stored image the host fetched */
 };
 
 struct lynx_gb;

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "app_logic.h"
+#include "face_dev.cuh"
 #include "gpu_baseline.h"
 
 #define GB_THREADS 128
@@ -56,11 +57,32 @@ __device__ static void gb_echo(const uint8_t *in, uint32_t len, uint8_t *out,
   }
 }
 
+/* face-verify: the request's probe against the stored image (aux, which
+ * the host fetched and checked), with the device code of Lynx's kernel. */
+__device__ static void gb_face(const uint8_t *in, uint32_t len,
+                               const uint8_t *aux, uint32_t aux_len,
+                               uint8_t *out) {
+  __shared__ __align__(16) uint8_t probe[FACE_PIXELS], stored[FACE_PIXELS];
+  __shared__ uint32_t hist[FACE_HIST_BINS];
+  __shared__ unsigned long long sum;
+  if (len != FACE_REQ_LEN || aux_len != FACE_PIXELS) { /* the host's check */
+    if (threadIdx.x == 0)
+      *(uint32_t *)out = 0;
+    return;
+  }
+  for (uint32_t i = threadIdx.x; i < FACE_PIXELS; i += blockDim.x) {
+    probe[i] = in[FACE_LABEL_LEN + i];
+    stored[i] = aux[i];
+  }
+  __syncthreads();
+  face_block_verify(probe, stored, hist, &sum, out + GB_HDR);
+  if (threadIdx.x == 0)
+    *(uint32_t *)out = FACE_RESP_LEN;
+}
+
 __global__ void gb_kernel(uint32_t app, const uint8_t *in, uint32_t len,
                           const uint8_t *aux, uint32_t aux_len, uint8_t *out,
                           uint32_t work_us) {
-  (void)aux;
-  (void)aux_len;
   if (work_us && threadIdx.x == 0) {
     uint64_t end = gb_globaltimer() + (uint64_t)work_us * 1000u;
     while (gb_globaltimer() < end)
@@ -71,6 +93,9 @@ __global__ void gb_kernel(uint32_t app, const uint8_t *in, uint32_t len,
   case LYNX_GB_ECHO:
   case LYNX_GB_SOCKPERF_ECHO:
     gb_echo(in, len, out, app == LYNX_GB_SOCKPERF_ECHO);
+    break;
+  case LYNX_GB_FACE_VERIFY:
+    gb_face(in, len, aux, aux_len, out);
     break;
   default:
     if (threadIdx.x == 0)

@@ -48,6 +48,7 @@
 
 #include "app_logic.h"
 #include "face.h"
+#include "face_dev.cuh"
 #include "lynx_cuda.h"
 #include "lynx_dev.cuh"
 
@@ -325,39 +326,6 @@ static __device__ int app_mc_get(const struct lynx_cuda_launch *l,
 }
 
 /*
- * face-verify's comparison by the whole block, with face.h's pieces: each
- * thread takes pixels (face_hist_index of both images into the shared
- * descriptors) and bins (face_chi2_term into its own sum, then one atomic
- * add): integer counts and integer terms, so the order is immaterial and
- * the distance is the CPU's face_verify's, bit for bit. The I/O thread
- * writes the 8-byte answer to out.
- */
-static __device__ void face_block_verify(uint8_t *out) {
-  uint32_t *h = app_scratch()->face.hist;
-  const uint8_t *probe = app_scratch()->face.req + FACE_LABEL_LEN;
-  const uint8_t *stored = app_scratch()->face.stored;
-  unsigned long long part = 0;
-  for (uint32_t i = threadIdx.x; i < FACE_HIST_BINS; i += blockDim.x)
-    h[i] = 0;
-  if (lynx_block_io_thread())
-    app_scratch()->face.sum = 0;
-  __syncthreads();
-  for (uint32_t p = threadIdx.x; p < FACE_PIXELS; p += blockDim.x) {
-    atomicAdd(&h[face_hist_index(probe, (int)p)], 1u);
-    atomicAdd(&h[face_hist_index(stored, (int)p)], 1u << 16);
-  }
-  __syncthreads();
-  for (uint32_t i = threadIdx.x; i < FACE_HIST_BINS; i += blockDim.x)
-    part += face_chi2_term(h[i] & 0xffffu, h[i] >> 16);
-  atomicAdd(&app_scratch()->face.sum, part);
-  __syncthreads();
-  if (lynx_block_io_thread()) {
-    float d = face_chi2_dist(app_scratch()->face.sum);
-    face_resp_encode(out, face_is_match(d), d);
-  }
-}
-
-/*
  * face-verify (paper §6.4), the twin of the CPU handler (accel/apps.c):
  * a request is a 12-byte label and a 32x32 image; the stored image of the
  * label comes from back end "db" (key "face:" + label, face.h's face_key
@@ -411,7 +379,9 @@ static __device__ int app_face_verify(const struct lynx_cuda_launch *l,
       lynx_block_call_done(cl);
     }
     if (ok) {
-      face_block_verify(out);
+      face_block_verify(app_scratch()->face.req + FACE_LABEL_LEN,
+                        app_scratch()->face.stored, app_scratch()->face.hist,
+                        &app_scratch()->face.sum, out);
       len = FACE_RESP_LEN;
     }
   }
