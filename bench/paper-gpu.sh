@@ -79,12 +79,12 @@ lynx_up() {
 }
 
 # ---- 1. LeNet ---------------------------------------------------------------
-# lenet_run LABEL WINDOW CONNS: lynx-lenet-load against $PORT; fails the
+# lenet_run LABEL WINDOW FLOWS: lynx-lenet-load against $PORT; fails the
 # bench on any wrong answer; prints "req_per_s p50_us p99_us accuracy"
 lenet_run() {
   local o
   o=$("$BIN/lynx-lenet-load" --target "127.0.0.1:$PORT" --seconds "$DUR" \
-    --window "$2" --connections "$3" 2>"$TMP/lenet-load.err") || {
+    --window "$2" --flows "$3" 2>"$TMP/lenet-load.err") || {
     cat "$TMP/lenet-load.err" >&2; echo "$o" >&2
     echo "lynx-lenet-load: wrong answers ($1)" >&2; exit 1; }
   log "$1: $o"
