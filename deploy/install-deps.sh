@@ -31,6 +31,8 @@ PKGS=(
   libmicrohttpd-dev libjansson-dev libcmocka-dev libcurl4-openssl-dev
   libmemcached-dev
   sockperf memcached iproute2 procps jq
+  # the lenet app (docs/lenet.md): its test images and its training script
+  dataset-fashion-mnist python3-numpy
 )
 
 missing=()
