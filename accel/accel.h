@@ -74,6 +74,8 @@ struct lynx_accel_launch {
    * base); own_memory 1: NULL, start places it */
   uint8_t *region;
   const struct lynx_app *app;
+  const void *app_data; /* lynx_app_prepare's, for the app's ctx (the CPU
+                           backend; a GPU kernel gets its own copy) */
   /* mqueues [0, n_server) are server mqueues; mqueue n_server + k is the
    * client mqueue of back end backends[k] */
   uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
