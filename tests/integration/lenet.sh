@@ -6,7 +6,8 @@
 #     truncated weights file, or a missing one, does not start the
 #     instance and says why (static mode: it exits 1 with the reason).
 #  2. an agent with 2 CPU accelerators running lenet (the committed
-#     weights), a frontend. 600 test images 4 at a time, then 200 more
+#     weights), a frontend. 600 test images 4 at a time over 3 client
+#     sockets, then 200 more
 #     ping-pong (the last of the test set): every request answered, every
 #     class equal to the training script's reference class of its image,
 #     the logits of the reference images bit-equal, the accuracy equal to
@@ -66,7 +67,7 @@ load() {
 }
 
 MALFORMED=40
-load "$IT_DIR/window.out" --count 600 --window 4 --malformed "$MALFORMED"
+load "$IT_DIR/window.out" --count 600 --window 4 --flows 3 --malformed "$MALFORMED"
 assert_eq "$L_sent" 600 "requests sent"
 assert_eq "$L_answered" 600 "requests answered"
 assert_eq "$L_disagree" 0 "classes that differ from the reference"

@@ -3,15 +3,18 @@
  * Fashion-MNIST test images and checks every answer.
  *
  *   lynx-lenet-load --target HOST:PORT [--count N | --seconds S]
- *                   [--window W | --rate R] [--first K] [--malformed M]
- *                   [--data DIR] [--ref FILE] [--timeout-ms T]
+ *                   [--window W | --rate R] [--flows F] [--first K]
+ *                   [--malformed M] [--data DIR] [--ref FILE]
+ *                   [--timeout-ms T]
  *
  * Request i is test image (K + i) mod 10000 followed by a 12-byte cookie
  * (u64 i and a u32 run id, little-endian) that the service echoes, so
  * answers are matched to requests whatever their order. Pacing: closed
  * loop with W requests outstanding (W = 1: ping-pong), or open loop at R
- * requests per second. A request not answered within T ms is lost (an
- * answer after that is counted late and still checked).
+ * requests per second. Requests go out in turn over F sockets (flows: a
+ * server spreading clients by flow, SO_REUSEPORT or the frontend's
+ * workers, sees F clients). A request not answered within T ms is lost
+ * (an answer after that is counted late and still checked).
  *
  * Every answer is checked: it must decode (lenet.h), carry the cookie of a
  * request that has not been answered yet, and its class must equal the
@@ -54,11 +57,12 @@
 #endif
 
 #define COOKIE_LEN 12
+#define FLOWS_MAX 64
 #define RUN_MAGIC 0x4C4E5435u /* varied per run below */
 
 struct cfg {
   char *target, *data, *ref;
-  uint32_t count, seconds, window, rate, first, malformed, timeout_ms;
+  uint32_t count, seconds, window, rate, flows, first, malformed, timeout_ms;
 };
 
 #define O(f) offsetof(struct cfg, f)
@@ -73,6 +77,8 @@ static const struct lynx_opt opts[] = {
      "closed loop: requests outstanding (1: ping-pong)"},
     {"rate", LYNX_OPT_U32, O(rate), "0", 0, 10000000, NULL,
      "open loop: requests per second (0: closed loop, --window)"},
+    {"flows", LYNX_OPT_U32, O(flows), "1", 1, FLOWS_MAX, NULL,
+     "UDP sockets the requests take in turn"},
     {"first", LYNX_OPT_U32, O(first), "0", 0, 1000000, NULL,
      "test image of the first request"},
     {"malformed", LYNX_OPT_U32, O(malformed), "0", 0, 1000000, NULL,
@@ -89,8 +95,9 @@ static const struct lynx_opt opts[] = {
 
 #define USAGE                                                                  \
   "usage: lynx-lenet-load --target HOST:PORT [--count N | --seconds S]\n"     \
-  "                       [--window W | --rate R] [--first K] [--malformed M]\n" \
-  "                       [--data DIR] [--ref FILE] [--timeout-ms T]\n"       \
+  "                       [--window W | --rate R] [--flows F] [--first K]\n"  \
+  "                       [--malformed M] [--data DIR] [--ref FILE]\n"        \
+  "                       [--timeout-ms T]\n"                                 \
   "Sends Fashion-MNIST test images to a lenet service and checks each\n"      \
   "answer's class against the reference and the label.\n"
 
@@ -106,8 +113,8 @@ struct run {
   const struct cfg *cfg;
   struct lenet_testset ts;
   struct lenet_ref ref;
-  int fd;
-  uint32_t run_id;
+  int fds[FLOWS_MAX];
+  uint32_t n_fds, run_id;
   struct req *reqs;
   uint64_t n_reqs, cap, outstanding, expire_from;
   uint64_t *lat; /* ns, one per answer */
@@ -152,12 +159,12 @@ static int send_request(struct run *r, uint64_t now) {
     buf[LENET_PIXELS + k] = (uint8_t)(i >> (8 * k));
   for (int k = 0; k < 4; k++)
     buf[LENET_PIXELS + 8 + k] = (uint8_t)(r->run_id >> (8 * k));
-  for (;;) {
-    ssize_t n = send(r->fd, buf, sizeof(buf), 0);
+  for (int fd = r->fds[i % r->n_fds];;) {
+    ssize_t n = send(fd, buf, sizeof(buf), 0);
     if (n == (ssize_t)sizeof(buf))
       break;
     if (n < 0 && (errno == EAGAIN || errno == ENOBUFS || errno == EINTR)) {
-      struct pollfd p = {r->fd, POLLOUT, 0};
+      struct pollfd p = {fd, POLLOUT, 0};
       poll(&p, 1, 10);
       continue;
     }
@@ -230,17 +237,24 @@ static void check_answer(struct run *r, const uint8_t *buf, uint32_t len,
   r->ref_correct += r->ref.classes[q->image] == r->ts.labels[q->image];
 }
 
-/* Reads what has arrived, waiting up to wait_ms for the first. */
+/* Reads what has arrived on every flow, waiting up to wait_ms for the
+ * first. */
 static void drain(struct run *r, int wait_ms) {
   uint8_t buf[2048];
-  struct pollfd p = {r->fd, POLLIN, 0};
-  if (poll(&p, 1, wait_ms) <= 0)
+  struct pollfd p[FLOWS_MAX];
+  for (uint32_t f = 0; f < r->n_fds; f++)
+    p[f] = (struct pollfd){r->fds[f], POLLIN, 0};
+  if (poll(p, r->n_fds, wait_ms) <= 0)
     return;
-  for (;;) {
-    ssize_t n = recv(r->fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n < 0)
-      return; /* EAGAIN, or ECONNREFUSED from an earlier send */
-    check_answer(r, buf, (uint32_t)n, lynx_now_ns());
+  for (uint32_t f = 0; f < r->n_fds; f++) {
+    if (!p[f].revents)
+      continue;
+    for (;;) {
+      ssize_t n = recv(r->fds[f], buf, sizeof(buf), MSG_DONTWAIT);
+      if (n < 0)
+        break; /* EAGAIN, or ECONNREFUSED from an earlier send */
+      check_answer(r, buf, (uint32_t)n, lynx_now_ns());
+    }
   }
 }
 
@@ -272,7 +286,8 @@ static int send_malformed(struct run *r) {
   memset(buf, 0x5a, sizeof(buf));
   for (uint32_t i = 0; i < r->cfg->malformed; i++) {
     uint32_t len = sizes[i % 4];
-    if (send(r->fd, buf, len, 0) != (ssize_t)len && errno != ECONNREFUSED) {
+    if (send(r->fds[0], buf, len, 0) != (ssize_t)len &&
+        errno != ECONNREFUSED) {
       fprintf(stderr, "lynx-lenet-load: send: %s\n", strerror(errno));
       return -1;
     }
@@ -361,7 +376,6 @@ int main(int argc, char **argv) {
   int rc, buf = 4 << 20;
   memset(&cfg, 0, sizeof(cfg));
   memset(&r, 0, sizeof(r));
-  r.fd = -1;
   rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL);
   if (rc < 0 && tool_ipv4_target(cfg.target, &sa)) {
     fprintf(stderr, "lynx-lenet-load: --target '%s' is not IPV4:PORT\n",
@@ -383,19 +397,22 @@ int main(int argc, char **argv) {
     rc = LYNX_EXIT_USAGE;
     goto out;
   }
-  r.fd = tool_udp_connect(&sa, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (r.fd < 0) {
-    fprintf(stderr, "lynx-lenet-load: socket: %s\n", strerror(errno));
-    rc = LYNX_EXIT_USAGE;
-    goto out;
+  for (; r.n_fds < cfg.flows; r.n_fds++) {
+    int fd = tool_udp_connect(&sa, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      fprintf(stderr, "lynx-lenet-load: socket: %s\n", strerror(errno));
+      rc = LYNX_EXIT_USAGE;
+      goto out;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    r.fds[r.n_fds] = fd;
   }
-  setsockopt(r.fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-  setsockopt(r.fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   r.run_id = RUN_MAGIC ^ (uint32_t)lynx_now_ns() ^ (uint32_t)getpid();
   rc = send_malformed(&r) ? LYNX_EXIT_RUNTIME : run_load(&r);
 out:
-  if (r.fd >= 0)
-    close(r.fd);
+  for (uint32_t f = 0; f < r.n_fds; f++)
+    close(r.fds[f]);
   free(r.reqs);
   free(r.lat);
   lenet_testset_free(&r.ts);
