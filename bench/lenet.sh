@@ -9,14 +9,15 @@
 # Each is driven by lynx-lenet-load with Fashion-MNIST test images, which
 # checks every answer against the training script's reference (a wrong
 # class stops the bench): ping-pong (1 outstanding, one flow: latency) and
-# closed loop with WINDOW outstanding over FLOWS sockets (throughput: one
-# flow would reach a single baseline thread, SO_REUSEPORT hashing flows),
+# closed loop with WINDOW outstanding over FLOWS sockets (throughput: the
+# kernel hashes flows onto the baseline's SO_REUSEPORT sockets, so one flow
+# would reach a single thread, and a few flows an uneven share of them),
 # DURATION s each, median of RUNS by req/s. Reports req/s, p50, p99 and the Lynx/baseline ratios.
 # Client, frontend, accelerators and baseline share the machine's cores:
 # the ratios are the result, not the absolute numbers.
 #
 # usage: bench/lenet.sh [BUILD_DIR]
-#   env: ACCELS (2) THREADS (2) WINDOW (8) FLOWS (4) DURATION (5) RUNS (3)
+#   env: ACCELS (2) THREADS (2) WINDOW (8) FLOWS (16) DURATION (5) RUNS (3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -24,7 +25,7 @@ BIN="$BUILD/bin"
 ACCELS=${ACCELS:-2}
 THREADS=${THREADS:-2}
 WINDOW=${WINDOW:-8}
-FLOWS=${FLOWS:-4}
+FLOWS=${FLOWS:-16}
 DUR=${DURATION:-5}
 RUNS=${RUNS:-3}
 MODEL=models/lenet-fashion.bin
