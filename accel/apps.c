@@ -1,4 +1,5 @@
-/* apps.c - echo, sockperf-echo and mc-get; client mqueue calls. */
+/* apps.c - echo, sockperf-echo, mc-get, face-verify, relay, lenet; client
+ * mqueue calls; what apps load before they start. */
 #include "apps.h"
 
 #include <errno.h>
@@ -8,6 +9,8 @@
 #include <time.h>
 
 #include "face.h"
+#include "lenet_model.h"
+#include "log.h"
 #include "util.h"
 
 struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
@@ -233,21 +236,88 @@ static int relay_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   return 0;
 }
 
+/*
+ * lenet (docs/lenet.md): a request is a 28x28 grayscale image, optionally
+ * followed by a cookie of up to 16 bytes; the answer is the class, the 10
+ * logits and the cookie (lenet.h). Any other request is dropped (the
+ * frontend counts it). The TX slot is reserved before the inference, so a
+ * full TX ring costs no wasted inference when the request comes back.
+ */
+static int lenet_handle(struct lynx_mq *mq, const struct lynx_msg *req,
+                        int *replied, const struct lynx_app_ctx *ctx) {
+  const struct lenet_model *m = ctx ? ctx->data : NULL;
+  int clen = lenet_req_cookie_len(req->len), cls, rc;
+  float logits[LENET_CLASSES];
+  uint8_t *buf;
+  *replied = 0;
+  if (!m || clen < 0)
+    return lynx_drop(mq, req->tag) == -EAGAIN ? -EAGAIN : 0;
+  rc = lynx_reserve(mq, LENET_RESP_MAX, &buf);
+  if (rc == -EAGAIN)
+    return -EAGAIN;
+  if (rc) /* a slot too small for the answer: the service's spec */
+    return lynx_drop(mq, req->tag) == -EAGAIN ? -EAGAIN : 0;
+  cls = lenet_infer(m, req->data, logits);
+  lynx_commit(mq, req->tag,
+              lenet_resp_encode(buf, cls, logits, req->data + LENET_PIXELS,
+                                (uint32_t)clen),
+              LENET_RESP_MAX);
+  *replied = 1;
+  return 0;
+}
+
+static int lenet_prepare(struct lynx_app_res *res, const void **data,
+                         char *why, size_t whylen) {
+  char err[320];
+  int rc;
+  if (!res->lenet) {
+    if (!res->lenet_model || !res->lenet_model[0]) {
+      snprintf(why, whylen, "lenet: no weights file (--lenet-model)");
+      return -ENOENT;
+    }
+    rc = lenet_model_load(res->lenet_model, &res->lenet, err, sizeof(err));
+    if (rc) {
+      snprintf(why, whylen, "lenet: cannot load its weights: %s", err);
+      return rc;
+    }
+    LYNX_INFO("apps", "lenet: weights %s loaded: %u parameters, CRC-32 "
+              "%08x, test accuracy %u/%u at training", res->lenet_model,
+              LENET_PARAMS, res->lenet->crc, res->lenet->test_correct,
+              res->lenet->test_total);
+  }
+  *data = res->lenet;
+  return 0;
+}
+
+int lynx_app_prepare(const struct lynx_app *app, struct lynx_app_res *res,
+                     const void **data, char *why, size_t whylen) {
+  *data = NULL;
+  return app->prepare ? app->prepare(res, data, why, whylen) : 0;
+}
+
+void lynx_app_res_free(struct lynx_app_res *res) {
+  lenet_model_free(res->lenet);
+  res->lenet = NULL;
+}
+
 static const struct lynx_app apps[] = {
     {"echo", "answer every request with its own bytes", echo_handle, NULL,
-     LYNX_CUDA_APP_ECHO},
+     LYNX_CUDA_APP_ECHO, NULL},
     {"sockperf-echo",
      "answer sockperf pong requests as sockperf's server does", sockperf_handle,
-     NULL, LYNX_CUDA_APP_SOCKPERF_ECHO},
+     NULL, LYNX_CUDA_APP_SOCKPERF_ECHO, NULL},
     {"sockperf-fault", "sockperf-echo; 'LYNX-HANG <ms>' stops the "
      "accelerator consuming for ms (liveness tests)", sockperf_fault_handle,
-     NULL, LYNX_CUDA_APP_SOCKPERF_FAULT},
+     NULL, LYNX_CUDA_APP_SOCKPERF_FAULT, NULL},
     {"mc-get", "answer a key with its value from memcached back end 'db'",
-     mc_get_handle, "db", LYNX_CUDA_APP_MC_GET},
+     mc_get_handle, "db", LYNX_CUDA_APP_MC_GET, NULL},
     {"face-verify", "LBP face verification against images in memcached "
-     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY},
+     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY, NULL},
     {"relay", "answer with back end 'next''s reply to the same request "
-     "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE},
+     "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE, NULL},
+    {"lenet", "LeNet-5 on a 28x28 image (Fashion-MNIST): its class and "
+     "logits (weights: the agent's --lenet-model)", lenet_handle, NULL,
+     LYNX_CUDA_APP_NONE, lenet_prepare},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {
@@ -262,7 +332,8 @@ const struct lynx_app *lynx_app_at(size_t i) {
 }
 
 const char *lynx_app_names(void) {
-  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, relay";
+  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, relay, "
+         "lenet";
 }
 
 const char *lynx_app_cuda_names(void) {

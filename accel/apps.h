@@ -31,7 +31,30 @@ struct lynx_app_ctx {
   uint64_t call_timeout_ns; /* a back end that does not answer in time */
   const volatile int *stop;  /* set when the accelerator is stopping: an
                                 app that waits long checks it */
+  /* what the app's prepare gave (lenet: its struct lenet_model), shared
+   * read-only by every instance; NULL for an app without one */
+  const void *data;
 };
+
+struct lenet_model;
+struct lynx_app;
+
+/* What applications load from files the agent's options name, once per
+ * agent on the first instance that needs it, then shared read-only by all
+ * instances until lynx_app_res_free at exit. Touched by the agent's loop
+ * thread only. */
+struct lynx_app_res {
+  const char *lenet_model;   /* --lenet-model: the weights file's path */
+  struct lenet_model *lenet; /* loaded (NULL: not yet, or it failed) */
+};
+
+/* What the app needs before an instance of it can start: 0 and *data for
+ * its ctx (NULL when it needs nothing), or -errno with the reason in why
+ * (the instance does not start). A failure is not remembered: the next
+ * instance tries again, so a fixed file needs no agent restart. */
+int lynx_app_prepare(const struct lynx_app *app, struct lynx_app_res *res,
+                     const void **data, char *why, size_t whylen);
+void lynx_app_res_free(struct lynx_app_res *res);
 
 /* The client mqueue of the back end called name, or NULL. */
 struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
@@ -58,6 +81,9 @@ struct lynx_app {
   /* the same application as a CUDA kernel (enum lynx_cuda_app), or
    * LYNX_CUDA_APP_NONE: CPU accelerators only */
   uint32_t cuda_app;
+  /* loads what it needs from res (lynx_app_prepare); NULL: nothing */
+  int (*prepare)(struct lynx_app_res *res, const void **data, char *why,
+                 size_t whylen);
 };
 
 /* The application called name, or NULL. */

@@ -333,6 +333,7 @@ static int cpu_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   c = &ci->cpu;
   c->region = l->region;
   c->app = l->app;
+  c->ctx.data = l->app_data;
   c->work_us = l->work_us;
   c->n_server = l->n_server;
   c->backend_names = l->backends;

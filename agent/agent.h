@@ -30,7 +30,8 @@ struct agent_cfg {
   uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
       ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
-      *labels, *data_listen, *advertise, *cuda_accels, *metrics;
+      *labels, *data_listen, *advertise, *cuda_accels, *metrics,
+      *lenet_model;
   int transport, ordering, work_mode, list_accels;
   int region_mem; /* enum lynx_region_where */
 };
@@ -118,6 +119,9 @@ struct agent {
   uv_timer_t health;
   int health_open;
   pthread_mutex_t lat_lock; /* every acc[].pub and cpub (stats.c) */
+  /* what applications load (the lenet weights), once, on the first
+   * instance that needs it (apps.h) */
+  struct lynx_app_res app_res;
 };
 
 /* instance.c */

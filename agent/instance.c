@@ -93,7 +93,9 @@ static int start_run(struct agent *ag, struct instance *in,
       .gpu_blocks = ag->cfg.gpu_blocks,
       .serve_until = &ag->serve_until_ns,
   };
-  int rc;
+  int rc = lynx_app_prepare(app, &ag->app_res, &l.app_data, why, whylen);
+  if (rc)
+    return rc;
   if (!acc->own_memory) {
     rc = host_region(ag, in, g, name, why, whylen);
     if (rc)

@@ -43,6 +43,13 @@ static const char *const orderings[] = {"coalesced", "fenced", NULL};
 /* in enum lynx_region_where's order */
 static const char *const region_mems[] = {"auto", "device", "host", NULL};
 
+/* The committed weights in the source tree, for `make run` from a build
+ * tree; an installed agent is built with LYNX_LENET_MODEL pointing where
+ * the package puts them (agent/CMakeLists.txt). */
+#ifndef LYNX_LENET_MODEL_DEFAULT
+#define LYNX_LENET_MODEL_DEFAULT "models/lenet-fashion.bin"
+#endif
+
 #define O(f) offsetof(struct agent_cfg, f)
 static const struct lynx_opt agent_opts[] = {
     {"cpu-accels", LYNX_OPT_U32, O(cpu_accels), "2", 0, 64, NULL,
@@ -66,6 +73,10 @@ static const struct lynx_opt agent_opts[] = {
     {"app", LYNX_OPT_STR, O(app), NULL, 0, 0, NULL,
      "static mode: application to run (echo, sockperf-echo, sockperf-fault, "
      "...) [default sockperf-echo without --coordinator]"},
+    {"lenet-model", LYNX_OPT_STR, O(lenet_model), LYNX_LENET_MODEL_DEFAULT, 0,
+     0, NULL, "weights file of the lenet application (docs/lenet.md), "
+     "loaded on its first instance; one that is missing or invalid stops "
+     "lenet instances from starting, with the reason"},
     {"coordinator", LYNX_OPT_ADDR, O(coordinator), NULL, 1, 65535, NULL,
      "host:port of the coordinator: register and run what it places"},
     {"labels", LYNX_OPT_STR, O(labels), NULL, 0, 0, NULL,
@@ -322,6 +333,7 @@ int main(int argc, char **argv) {
     goto usage;
   }
   lynx_log_level = lvl;
+  ag.app_res.lenet_model = ag.cfg.lenet_model;
   if (ag.cfg.coordinator && ag.cfg.app) {
     fprintf(stderr, "--app %s: --app is for static mode; with --coordinator "
                     "the coordinator says what to run\n", ag.cfg.app);
@@ -465,6 +477,7 @@ int main(int argc, char **argv) {
     LYNX_WARN("agent", "loop closed with handles open");
   exit_code = ag.exit_code;
   agent_instances_stop_all(&ag);
+  lynx_app_res_free(&ag.app_res); /* no instance uses it any more */
   lynx_prom_stop(ag.metrics); /* it reads the handle's guard */
   ag.tops->agent_destroy(ag.tagent); /* every region's memory released */
   ag.tagent = NULL;

@@ -31,6 +31,9 @@ PKGS=(
   libmicrohttpd-dev libjansson-dev libcmocka-dev libcurl4-openssl-dev
   libmemcached-dev
   sockperf memcached iproute2 procps jq
+  # the lenet app (docs/lenet.md): its test images, its training script, and
+  # zlib for the tools and tests that read the gzipped images
+  dataset-fashion-mnist python3-numpy zlib1g-dev
 )
 
 missing=()
