@@ -317,7 +317,7 @@ static const struct lynx_app apps[] = {
      "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE, NULL},
     {"lenet", "LeNet-5 on a 28x28 image (Fashion-MNIST): its class and "
      "logits (weights: the agent's --lenet-model)", lenet_handle, NULL,
-     LYNX_CUDA_APP_NONE, lenet_prepare},
+     LYNX_CUDA_APP_LENET, lenet_prepare},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {
@@ -337,5 +337,5 @@ const char *lynx_app_names(void) {
 }
 
 const char *lynx_app_cuda_names(void) {
-  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify";
+  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, lenet";
 }

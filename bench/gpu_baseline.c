@@ -38,6 +38,7 @@
 
 #include "face.h"
 #include "gpu_baseline.h"
+#include "lenet_model.h"
 #include "options.h"
 #include "util.h"
 
@@ -45,10 +46,10 @@
 
 /* in enum lynx_gb_app's order */
 static const char *const app_names[] = {"echo", "sockperf-echo",
-                                        "face-verify", NULL};
+                                        "face-verify", "lenet", NULL};
 
 struct cfg {
-  char *udp, *memcached;
+  char *udp, *memcached, *lenet_model;
   uint32_t device, work_us, streams, mc_timeout_ms;
   int app;
 };
@@ -68,6 +69,8 @@ static const struct lynx_opt opts[] = {
      NULL, "face-verify: memcached holding the stored images (HOST:PORT)"},
     {"mc-timeout-ms", LYNX_OPT_U32, O(mc_timeout_ms), "500", 1, 60000, NULL,
      "face-verify: memcached connect and poll timeout"},
+    {"lenet-model", LYNX_OPT_STR, O(lenet_model), LYNX_LENET_MODEL_DEFAULT, 0,
+     0, NULL, "lenet: the weights file (docs/lenet.md)"},
     LYNX_OPT_END,
 };
 #undef O
@@ -75,6 +78,7 @@ static const struct lynx_opt opts[] = {
 static const char USAGE[] =
     "usage: lynx-gpu-baseline [--udp HOST:PORT] [--device N] [--app APP]\n"
     "                         [--streams N] [--work-us US] [--memcached H:P]\n"
+    "                         [--lenet-model PATH]\n"
     "The host-centric GPU server (receive, copy in, kernel, copy out, send)\n"
     "that Lynx's GPU applications are compared with.";
 
@@ -298,7 +302,8 @@ int main(int argc, char **argv) {
   struct sigaction sa;
   struct server sv;
   struct lynx_gb_cfg gc;
-  char err[256];
+  struct lenet_model *model = NULL;
+  char err[320];
   int help = 0, rc;
   memset(&cfg, 0, sizeof(cfg));
   memset(&sv, 0, sizeof(sv));
@@ -329,6 +334,14 @@ int main(int argc, char **argv) {
     lynx_opts_free(opts, &cfg);
     return LYNX_EXIT_RUNTIME;
   }
+  if (cfg.app == LYNX_GB_LENET &&
+      lenet_model_load(cfg.lenet_model, &model, err, sizeof(err))) {
+    fprintf(stderr, "lynx-gpu-baseline: --lenet-model %s: %s\n",
+            cfg.lenet_model, err);
+    close(sv.fd);
+    lynx_opts_free(opts, &cfg);
+    return LYNX_EXIT_USAGE;
+  }
   gc = (struct lynx_gb_cfg){.device = (int)cfg.device,
                             .app = (enum lynx_gb_app)cfg.app,
                             .streams = cfg.streams,
@@ -336,8 +349,13 @@ int main(int argc, char **argv) {
                             .aux_max = cfg.app == LYNX_GB_FACE_VERIFY
                                            ? FACE_PIXELS
                                            : 0,
-                            .resp_max = MSG_MAX,
-                            .work_us = cfg.work_us};
+                            .resp_max = cfg.app == LYNX_GB_FACE_VERIFY
+                                            ? FACE_RESP_LEN
+                                        : cfg.app == LYNX_GB_LENET
+                                            ? LENET_RESP_MAX
+                                            : MSG_MAX,
+                            .work_us = cfg.work_us,
+                            .params = model ? model->params : NULL};
   sv.app = cfg.app;
   sv.n = cfg.streams;
   sv.p = calloc(sv.n, sizeof(*sv.p));
@@ -346,6 +364,7 @@ int main(int argc, char **argv) {
                      sizeof(err))) {
     fprintf(stderr, "lynx-gpu-baseline: --memcached %s: %s\n", cfg.memcached,
             err);
+    lenet_model_free(model);
     free(sv.p);
     close(sv.fd);
     lynx_opts_free(opts, &cfg);
@@ -355,6 +374,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "lynx-gpu-baseline: GPU %u: %s\n", cfg.device,
             sv.p ? err : "out of memory");
     close_memcached(&sv);
+    lenet_model_free(model);
     free(sv.p);
     close(sv.fd);
     lynx_opts_free(opts, &cfg);
@@ -369,6 +389,7 @@ int main(int argc, char **argv) {
           (unsigned long long)sv.unanswered, (unsigned long long)sv.errors);
   lynx_gb_close(sv.g);
   close_memcached(&sv);
+  lenet_model_free(model);
   free(sv.p);
   close(sv.fd);
   lynx_opts_free(opts, &cfg);

@@ -22,6 +22,7 @@ enum lynx_gb_app {
   LYNX_GB_SOCKPERF_ECHO = 1, /* sockperf's server: pong requests only */
   LYNX_GB_FACE_VERIFY = 2,   /* the request (face.h) against aux, the
                                 stored image the host fetched */
+  LYNX_GB_LENET = 3,         /* LeNet-5 (lenet.h) with params */
 };
 
 struct lynx_gb;
@@ -34,6 +35,7 @@ struct lynx_gb_cfg {
   uint32_t aux_max;  /* bytes fetched for it from a back end (0: none) */
   uint32_t resp_max; /* bytes of an answer */
   uint32_t work_us;  /* emulated processing per request (%globaltimer) */
+  const float *params; /* lenet: LENET_PARAMS floats, copied to the GPU */
 };
 
 /* 0, or -1 with the CUDA error in err. */

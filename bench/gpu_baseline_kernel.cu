@@ -17,6 +17,7 @@
 #include "app_logic.h"
 #include "face_dev.cuh"
 #include "gpu_baseline.h"
+#include "lenet_dev.cuh"
 
 #define GB_THREADS 128
 
@@ -34,6 +35,7 @@ struct gb_slot {
 struct lynx_gb {
   struct lynx_gb_cfg c;
   struct gb_slot *slot;
+  float *d_params; /* lenet's weights in GPU memory */
 };
 
 __device__ static uint64_t gb_globaltimer(void) {
@@ -80,9 +82,28 @@ __device__ static void gb_face(const uint8_t *in, uint32_t len,
     *(uint32_t *)out = FACE_RESP_LEN;
 }
 
+/* lenet: the block runs lenet_dev.cuh, the code of Lynx's lenet kernel;
+ * a request of another size gets no answer, as there. */
+__device__ static void gb_lenet(const float *w, const uint8_t *in,
+                                uint32_t len, uint8_t *out) {
+  __shared__ struct lenet_smem act;
+  __shared__ float logits[LENET_CLASSES];
+  int clen = lenet_req_cookie_len(len);
+  if (clen < 0 || !w) {
+    if (threadIdx.x == 0)
+      *(uint32_t *)out = 0;
+    return;
+  }
+  lenet_block_infer(w, in, logits, &act);
+  if (threadIdx.x == 0)
+    *(uint32_t *)out = lenet_resp_encode(out + GB_HDR, lenet_argmax(logits),
+                                         logits, in + LENET_PIXELS,
+                                         (uint32_t)clen);
+}
+
 __global__ void gb_kernel(uint32_t app, const uint8_t *in, uint32_t len,
                           const uint8_t *aux, uint32_t aux_len, uint8_t *out,
-                          uint32_t work_us) {
+                          uint32_t work_us, const float *params) {
   if (work_us && threadIdx.x == 0) {
     uint64_t end = gb_globaltimer() + (uint64_t)work_us * 1000u;
     while (gb_globaltimer() < end)
@@ -96,6 +117,9 @@ __global__ void gb_kernel(uint32_t app, const uint8_t *in, uint32_t len,
     break;
   case LYNX_GB_FACE_VERIFY:
     gb_face(in, len, aux, aux_len, out);
+    break;
+  case LYNX_GB_LENET:
+    gb_lenet(params, in, len, out);
     break;
   default:
     if (threadIdx.x == 0)
@@ -123,6 +147,17 @@ extern "C" int lynx_gb_open(const struct lynx_gb_cfg *c, struct lynx_gb **out,
   }
   g->c = *c;
   e = cudaSetDevice(c->device);
+  if (e == cudaSuccess && c->app == LYNX_GB_LENET) {
+    if (!c->params) {
+      lynx_gb_close(g);
+      snprintf(err, errlen, "lenet without its weights");
+      return -1;
+    }
+    e = cudaMalloc((void **)&g->d_params, LENET_PARAMS * sizeof(float));
+    if (e == cudaSuccess)
+      e = cudaMemcpy(g->d_params, c->params, LENET_PARAMS * sizeof(float),
+                     cudaMemcpyHostToDevice);
+  }
   for (uint32_t i = 0; i < c->streams && e == cudaSuccess; i++) {
     struct gb_slot *s = &g->slot[i];
     e = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
@@ -164,7 +199,8 @@ extern "C" int lynx_gb_submit(struct lynx_gb *g, uint32_t slot,
   if (e == cudaSuccess) {
     gb_kernel<<<1, GB_THREADS, 0, s->s>>>((uint32_t)g->c.app, s->d_in, len,
                                           s->d_in + g->c.req_max, aux_len,
-                                          s->d_out, g->c.work_us);
+                                          s->d_out, g->c.work_us,
+                                          g->d_params);
     e = cudaGetLastError();
   }
   /* length and answer in one copy, as long as the answer can be (an echo
@@ -215,6 +251,7 @@ extern "C" void lynx_gb_close(struct lynx_gb *g) {
     if (s->s)
       cudaStreamDestroy(s->s);
   }
+  cudaFree(g->d_params);
   free(g->slot);
   free(g);
 }

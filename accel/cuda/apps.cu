@@ -49,6 +49,7 @@
 #include "app_logic.h"
 #include "face.h"
 #include "face_dev.cuh"
+#include "lenet_dev.cuh"
 #include "lynx_cuda.h"
 #include "lynx_dev.cuh"
 
@@ -217,6 +218,10 @@ union app_mem {
     uint32_t hist[FACE_HIST_BINS];
     unsigned long long sum;
   } face;
+  struct {
+    struct lenet_smem act; /* 23.5 KiB */
+    float logits[LENET_CLASSES];
+  } lenet;
 };
 
 static __device__ union app_mem *app_scratch(void) {
@@ -392,6 +397,43 @@ static __device__ int app_face_verify(const struct lynx_cuda_launch *l,
   return 0;
 }
 
+/*
+ * lenet (docs/lenet.md), the twin of the CPU handler (accel/apps.c): the
+ * answer's TX slot is reserved first (a full TX ring is retried before any
+ * inference, never after one), then the block runs LeNet-5 on the image in
+ * the RX slot (lenet_dev.cuh: the per-element code of lenet.h, so the
+ * logits are the CPU's bit for bit) and the I/O thread encodes the class,
+ * the logits and the request's cookie. A request of any other length is
+ * dropped, as on the CPU.
+ */
+static __device__ int app_lenet(const struct lynx_cuda_launch *l,
+                                struct lynx_mq *mq,
+                                const struct lynx_msg *req, int *replied) {
+  int clen = lenet_req_cookie_len(req->len);
+  uint8_t *buf;
+  int rc;
+  *replied = 0;
+  if (clen < 0 || !l->lenet_params)
+    return lynx_block_drop(mq, req->tag) == -11 ? APP_AGAIN : 0;
+  rc = lynx_block_reserve(mq, LENET_RESP_MAX, &buf);
+  if (rc == -11)
+    return APP_AGAIN;
+  if (rc) /* a slot too small for the answer: the service's spec */
+    return lynx_block_drop(mq, req->tag) == -11 ? APP_AGAIN : 0;
+  lenet_block_infer(l->lenet_params, req->data, app_scratch()->lenet.logits,
+                    &app_scratch()->lenet.act);
+  if (lynx_block_io_thread()) {
+    uint8_t cookie[LENET_COOKIE_MAX];
+    lynx_dev_peek(cookie, req->data + LENET_PIXELS, (uint32_t)clen);
+    lenet_resp_encode(buf, lenet_argmax(app_scratch()->lenet.logits),
+                      app_scratch()->lenet.logits, cookie, (uint32_t)clen);
+  }
+  lynx_block_commit(mq, req->tag, LENET_RESP_HDR + (uint32_t)clen,
+                    LENET_RESP_MAX);
+  *replied = 1;
+  return 0;
+}
+
 static __device__ int run_app(const struct lynx_cuda_launch *l,
                               struct lynx_mq *mq, const struct lynx_msg *req,
                               int *replied) {
@@ -406,6 +448,8 @@ static __device__ int run_app(const struct lynx_cuda_launch *l,
     return app_mc_get(l, mq, req, replied);
   case LYNX_CUDA_APP_FACE_VERIFY:
     return app_face_verify(l, mq, req, replied);
+  case LYNX_CUDA_APP_LENET:
+    return app_lenet(l, mq, req, replied);
   default: /* refused by lynx_cuda_start */
     *replied = 0;
     return 0;
@@ -684,8 +728,11 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
                   "launch: server mqueues must be 1..the region's mqueues");
   if (l->app != LYNX_CUDA_APP_ECHO && l->app != LYNX_CUDA_APP_SOCKPERF_ECHO &&
       l->app != LYNX_CUDA_APP_SOCKPERF_FAULT &&
-      l->app != LYNX_CUDA_APP_MC_GET && l->app != LYNX_CUDA_APP_FACE_VERIFY)
+      l->app != LYNX_CUDA_APP_MC_GET && l->app != LYNX_CUDA_APP_FACE_VERIFY &&
+      l->app != LYNX_CUDA_APP_LENET)
     return einval(err, errlen, "launch: no CUDA kernel for that application");
+  if (l->app == LYNX_CUDA_APP_LENET && !l->lenet_params)
+    return einval(err, errlen, "launch: lenet without its weights");
   /* a block per client mqueue of each back end, and nothing else after
    * the server mqueues (lynx_cuda_client_mq) */
   if (lynx_cuda_app_calls(l->app) &&

@@ -37,6 +37,7 @@
 #include "accel.h"
 #include "gpu.h"
 #include "log.h"
+#include "lenet_model.h"
 #include "lynx_cuda.h"
 #include "mqueue.h"
 #include "util.h"
@@ -523,6 +524,8 @@ struct gpu_instance {
   pthread_mutex_t lock; /* the copy stream, dma-buf fd, gdr mapping */
   struct lynx_cuda_kctl *kctl;
   size_t kctl_size;
+  float *params; /* lenet: its weights in GPU memory, or NULL */
+  size_t params_size;
   uint32_t blocks;
   int dmabuf_fd; /* -1: none yet; -2: dma-buf unavailable */
   char dmabuf_why[96]; /* why, when -2 */
@@ -1096,6 +1099,7 @@ static void gi_free(struct gpu_instance *gi) {
   if (gi->kern)
     cudaStreamDestroy(gi->kern);
   dev_free(gi->device, gi->kctl, gi->kctl_size);
+  dev_free(gi->device, gi->params, gi->params_size);
   dev_free(gi->device, gi->raw, gi->raw_size);
   pthread_mutex_destroy(&gi->lock);
   free(gi);
@@ -1262,6 +1266,35 @@ static int client_blocks(const struct lynx_accel_launch *l,
   return 0;
 }
 
+/* lenet: its weights (the agent's, loaded once: lenet_model.h) into GPU
+ * memory, copied and waited for before the launch, since the kernel runs
+ * on another stream. 0 or -errno with the reason in err. */
+static int upload_lenet(struct gpu_instance *gi, const void *app_data,
+                        char *err, size_t errlen) {
+  const struct lenet_model *m = app_data;
+  void *p = NULL;
+  cudaError_t e;
+  if (!m) {
+    snprintf(err, errlen, "lenet: no weights loaded");
+    return -ENOENT;
+  }
+  e = dev_alloc(gi->device, sizeof(m->params), gi->copy, &p,
+                &gi->params_size);
+  gi->params = p;
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(gi->params, m->params, sizeof(m->params),
+                        cudaMemcpyHostToDevice, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  if (e != cudaSuccess) {
+    note(gi->device, e, "lenet weights");
+    snprintf(err, errlen, "GPU %d: lenet weights: %s", gi->device,
+             cudaGetErrorString(e));
+    return cuda_errno(e);
+  }
+  return 0;
+}
+
 int gpu_instance_start(const struct lynx_accel_launch *l,
                        struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen) {
@@ -1381,7 +1414,13 @@ launch:
     rc = cuda_errno(e);
     goto fail;
   }
+  if (l->app->cuda_app == LYNX_CUDA_APP_LENET) {
+    rc = upload_lenet(gi, l->app_data, err, errlen);
+    if (rc)
+      goto fail;
+  }
   kl = (struct lynx_cuda_launch){
+      .lenet_params = gi->params,
       .region = gi->base,
       .n_mqueues = l->n_mqueues,
       .slots = l->slots,

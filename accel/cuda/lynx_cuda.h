@@ -31,6 +31,7 @@ enum lynx_cuda_app {
   LYNX_CUDA_APP_SOCKPERF_FAULT = 3,
   LYNX_CUDA_APP_MC_GET = 4,      /* calls back end "db" (client mqueues) */
   LYNX_CUDA_APP_FACE_VERIFY = 5, /* calls back end "db" (client mqueues) */
+  LYNX_CUDA_APP_LENET = 6,       /* needs its weights (lynx_cuda_launch) */
 };
 
 /* 1 when the application's kernel calls a back end through client
@@ -87,6 +88,9 @@ struct lynx_cuda_launch {
   uint32_t app_backend;     /* k of the back end the app calls ("db") */
   uint64_t call_timeout_ns; /* how long a call waits for its reply
                                (%globaltimer), LYNX_CALL_TIMEOUT_NS */
+  /* lenet: its LENET_PARAMS float parameters in GPU memory (lenet.h's
+   * layout), copied there by the agent before the launch; NULL otherwise */
+  const float *lenet_params;
 };
 
 /* Block b's client mqueue of back end k. */

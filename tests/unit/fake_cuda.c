@@ -16,6 +16,7 @@
 #include "app_logic.h"
 #include "face.h"
 #include "fake_cuda.h"
+#include "lenet_model.h"
 #include "mqueue.h"
 #include "util.h"
 
@@ -280,6 +281,7 @@ static void *kernel_main(void *arg) {
        * the 8-byte answer */
       uint32_t max = l->app == LYNX_CUDA_APP_MC_GET ? lynx_slot_cap(g.slot_size)
                      : l->app == LYNX_CUDA_APP_FACE_VERIFY ? FACE_RESP_LEN
+                     : l->app == LYNX_CUDA_APP_LENET       ? LENET_RESP_MAX
                                                            : 0;
       int full, n;
       /* the lease fence, as apps.cu checks it before each receive */
@@ -305,6 +307,25 @@ static void *kernel_main(void *arg) {
         memcpy(out, m.data, m.len);
         lynx_mq_commit(&mq[q], m.tag, m.len, m.len, LYNX_ST_OK);
         resp[b]++;
+      } else if (!full && l->app == LYNX_CUDA_APP_LENET) {
+        /* apps.cu's lenet: the weights the agent put in "GPU memory"
+         * (host memory here), the CPU's per-element code */
+        int clen = lenet_req_cookie_len(m.len);
+        struct lenet_acts *a = malloc(sizeof(*a));
+        if (!a)
+          abort();
+        if (clen < 0) {
+          lynx_mq_commit(&mq[q], m.tag, 0, 0, LYNX_ST_DROPPED);
+        } else {
+          int cls = lenet_forward(l->lenet_params, m.data, a);
+          lynx_mq_commit(&mq[q], m.tag,
+                         lenet_resp_encode(out, cls, a->logits,
+                                           m.data + LENET_PIXELS,
+                                           (uint32_t)clen),
+                         max, LYNX_ST_OK);
+          resp[b]++;
+        }
+        free(a);
       } else if (!full && calls) {
         n = fake_app_call(k, &cl[b], &m, out);
         if (n < 0) { /* APP_STOP: unanswered, unreleased; counted */

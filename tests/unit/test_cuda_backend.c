@@ -37,6 +37,7 @@
 #include <cmocka.h>
 #include <infiniband/verbs.h>
 
+#include "lenet_model.h"
 #include "face.h"
 #include "fake_cuda.h"
 #include "gpu.h"
@@ -83,6 +84,7 @@ static int group_setup(void **state) {
 
 static const struct lynx_transport_ops *c_shm;
 static struct lynx_transport_agent *c_ta;
+static const void *c_app_data; /* what lynx_app_prepare gave the agent */
 
 static int group_teardown(void **state) {
   (void)state;
@@ -1825,7 +1827,7 @@ static int cinst_start(struct cinst *c, const char *app, uint32_t n_server,
       .slot_size = CZ, .ordering = LYNX_ORDER_COALESCED, .accel_id = ACCEL,
       .backends = cb_names + (2 - n_backends), .n_backends = n_backends,
       .epoch = EPOCH, .gpu_threads = 64, .gpu_blocks = blocks,
-      .serve_until = &start_serve_until};
+      .serve_until = &start_serve_until, .app_data = c_app_data};
   assert_non_null(c->l.app);
   rc = lynx_accel_cuda.client_mqs(&c->l, &c->per, c->why, sizeof(c->why));
   if (rc)
@@ -1930,6 +1932,47 @@ static void nothing_on(struct cinst *c, uint32_t q) {
   uint32_t t, len;
   uint16_t st;
   assert_int_equal(c_take(c, q, 0, &t, &st, buf, &len), -11);
+}
+
+/* lenet on a GPU: the agent copies the weights it loaded into GPU memory
+ * and gives the kernel their device address (none loaded: refused); the
+ * kernel's answer (here the fake's, running lenet.h's per-element code as
+ * apps.cu does) is the CPU inference's bit for bit, with the cookie; a
+ * request of another size is dropped. */
+static void test_lenet_gpu(void **state) {
+  struct cinst c;
+  struct lenet_model *m = NULL;
+  uint8_t req[LENET_PIXELS + 4], want[LENET_RESP_MAX], buf[CZ];
+  float logits[LENET_CLASSES];
+  uint32_t wl, t = 0, len = 0;
+  uint16_t st = 0;
+  char why[320];
+  (void)state;
+  assert_int_equal(lenet_model_load(LENET_TEST_MODEL, &m, why, sizeof(why)),
+                   0);
+  c_app_data = NULL;
+  assert_int_equal(cinst_start(&c, "lenet", 2, 0, 0), -ENOENT);
+  assert_non_null(strstr(c.why, "no weights"));
+  c_app_data = m;
+  assert_int_equal(cinst_start(&c, "lenet", 2, 0, 0), 0);
+  c_app_data = NULL;
+  assert_int_equal(c.k->l.app, LYNX_CUDA_APP_LENET);
+  assert_non_null(c.k->l.lenet_params);
+  assert_true(fake_cuda_is_live(c.k->l.lenet_params));
+  assert_memory_equal(c.k->l.lenet_params, m->params, sizeof(m->params));
+  for (uint32_t i = 0; i < LENET_PIXELS; i++)
+    req[i] = (uint8_t)((i * 37u + i / 28u) & 0xffu);
+  memcpy(req + LENET_PIXELS, "ABCD", 4);
+  wl = lenet_resp_encode(want, lenet_infer(m, req, logits), logits,
+                         req + LENET_PIXELS, 4);
+  c_put(&c, 1, 7, LYNX_ST_OK, req, sizeof(req));
+  answered(&c, 1, 7, want, wl, 2000);
+  c_put(&c, 0, 8, LYNX_ST_OK, req, 100);
+  assert_int_equal(c_take(&c, 0, 2000, &t, &st, buf, &len), 0);
+  assert_int_equal(t, 8);
+  assert_int_equal(st, LYNX_ST_DROPPED);
+  cinst_stop(&c);
+  lenet_model_free(m);
 }
 
 #define MC_HELLO "VALUE k1 0 5\r\nhello\r\nEND\r\n"
@@ -2217,6 +2260,7 @@ int main(int argc, char **argv) {
       T_(test_stop_reuse_shutdown),
       T_(test_hung_kernel),
       T_(test_blocks),
+      T_(test_lenet_gpu),
       T_(test_health),
       T_(test_no_device_sync),
       T_(test_rdma_registration),
