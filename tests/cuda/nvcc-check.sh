@@ -2,8 +2,8 @@
 # Compiles the device code with nvcc for every architecture the build
 # targets, nvcc warnings as errors: the ring header (common/mqueue.h), the
 # block I/O library (accel/cuda/lynx_dev.cuh, through ring_device.cu), the
-# persistent kernel (accel/cuda/apps.cu) and LeNet's per-element code
-# (accel/lenet.h, through lenet_device.cu). The build compiles apps.cu too when
+# persistent kernel (accel/cuda/apps.cu, with LeNet's per-element code of
+# accel/lenet.h through lenet_dev.cuh). The build compiles apps.cu too when
 # LYNX_HAVE_CUDA; this script also checks a LYNX_CUDA=OFF build wherever nvcc
 # exists. Skips (77) without nvcc. Nothing runs: it needs no GPU.
 set -u
@@ -23,7 +23,7 @@ flags=(-std=c++17 -Werror all-warnings
        -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
        -Xcompiler -Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti
        -I "$root/common" -I "$root/accel" -I "$root/accel/cuda")
-for f in "$src/ring_device.cu" "$src/lenet_device.cu" "$root/accel/cuda/apps.cu"; do
+for f in "$src/ring_device.cu" "$root/accel/cuda/apps.cu"; do
   "$NVCC" "${flags[@]}" -c "$f" -o "$out/$(basename "$f" .cu).o" || {
     echo "FAIL: $f does not compile for sm_80/sm_90"
     exit 1
