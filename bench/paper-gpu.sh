@@ -20,7 +20,8 @@
 #     --app face-verify fetching from the same memcached).
 #  3. Throughput against mqueues per GPU for emulated request times of 20 us
 #     to 1.6 ms (paper Figure 6): sockperf-echo with --work-us W on MQUEUES
-#     mqueues, sockperf under-load --mps=max from FLOWS sockets (one flow
+#     mqueues (one block each), against lynx-gpu-baseline with as many CUDA
+#     streams; sockperf under-load --mps=max from FLOWS sockets (one flow
 #     each, so the requests spread over the mqueues).
 #
 # usage: bench/paper-gpu.sh [BUILD_DIR]
@@ -126,29 +127,51 @@ part_face() {
 }
 
 # ---- 3. Figure 6 ---------------------------------------------------------------
+# sockperf_rate OUT: replies/s of a sockperf run (its valid duration)
+sockperf_rate() {
+  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/\[Valid Duration\]/ {
+    for (i = 1; i <= NF; i++) {
+      if ($i ~ /^RunTime=/) { split($i, a, "="); t = a[2] + 0 }
+      if ($i ~ /^ReceivedMessages=/) { split($i, b, "="); r = b[2] + 0 } } }
+    END { printf "%.0f", t > 0 ? r / t : 0 }'
+}
+fig6_load() { # OUT
+  sockperf under-load -f "$TMP/feed.txt" -t "$DUR" --mps=max --reply-every 1 -m 64 \
+    >"$1" 2>&1 || true
+}
+# As in the paper: Lynx with one block per mqueue (--gpu-blocks), each
+# serving one request at a time for W us; the host-centric server with as
+# many CUDA streams as Lynx has mqueues (one request in flight on each).
 part_fig6() {
-  local w m rate
+  local w m l b lrow brow rrow
   for _ in $(seq "$FLOWS"); do echo "U:127.0.0.1:$PORT"; done >"$TMP/feed.txt"
-  out "# throughput (replies/s) against mqueues per GPU, sockperf-echo with emulated work (paper Figure 6), $FLOWS flows at --mps=max"
-  out "$(printf '%-8s' work_us; for m in $MQUEUES; do printf ' %10s' "mq=$m"; done)"
+  out "# throughput (replies/s) against mqueues per GPU (host-centric: as many CUDA streams), sockperf-echo with W us of emulated work, $FLOWS flows at --mps=max (paper Figure 6: Lynx 2x host-centric with 1 mqueue and short requests, 15.3x with many mqueues)"
+  out "$(printf '%-8s %-12s' work_us server; for m in $MQUEUES; do printf ' %10s' "mq=$m"; done)"
   for w in $WORKS; do
-    local row
-    row=$(printf '%-8s' "$w")
+    lrow=$(printf '%-8s %-12s' "$w" lynx)
+    brow=$(printf '%-8s %-12s' "$w" host-centric)
+    rrow=$(printf '%-8s %-12s' "$w" ratio)
     for m in $MQUEUES; do
-      lynx_up sockperf-echo "$m" --work-us "$w"
-      sockperf under-load -f "$TMP/feed.txt" -t "$DUR" --mps=max --reply-every 1 -m 64 \
-        >"$TMP/fig6-$w-$m.out" 2>&1 || true
-      rate=$(sed 's/\x1b\[[0-9;]*m//g' "$TMP/fig6-$w-$m.out" | awk '/\[Valid Duration\]/ {
-        for (i = 1; i <= NF; i++) {
-          if ($i ~ /^RunTime=/) { split($i, a, "="); t = a[2] + 0 }
-          if ($i ~ /^ReceivedMessages=/) { split($i, b, "="); r = b[2] + 0 } } }
-        END { printf "%.0f", t > 0 ? r / t : 0 }')
-      row+=$(printf ' %10s' "$rate")
+      lynx_up sockperf-echo "$m" --work-us "$w" --gpu-blocks "$m"
+      fig6_load "$TMP/fig6-lynx-$w-$m.out"
+      l=$(sockperf_rate "$TMP/fig6-lynx-$w-$m.out")
       cleanup
+      "$BIN/lynx-gpu-baseline" --udp "127.0.0.1:$PORT" --device "$GPU" --app sockperf-echo \
+        --streams "$m" --work-us "$w" >"$TMP/fig6-base-$w-$m.log" 2>&1 &
+      pids+=($!)
+      wait_log "$TMP/fig6-base-$w-$m.log" "serving UDP"
+      fig6_load "$TMP/fig6-base-$w-$m.out"
+      b=$(sockperf_rate "$TMP/fig6-base-$w-$m.out")
+      cleanup
+      lrow+=$(printf ' %10s' "$l")
+      brow+=$(printf ' %10s' "$b")
+      rrow+=$(printf ' %10s' "$(awk -v a="$l" -v b="$b" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }')")
     done
-    out "$row"
+    out "$lrow"
+    out "$brow"
+    out "$rrow"
   done
-  out "# ideal: mqueues x 1e6 / work_us while the GPU has blocks to spare (one request per block at a time)"
+  out "# ideal: mqueues x 1e6 / work_us, while the GPU has SMs for the blocks"
 }
 
 : >"$OUT_LINES"
