@@ -552,7 +552,8 @@ static __device__ void scan(struct kmq *kmqs, uint32_t n, uint32_t *ready) {
   if (threadIdx.x < 32u) {
     uint32_t lane = threadIdx.x;
     uint64_t now = lynx_globaltimer_ns();
-    for (uint32_t base = 0; base < n; base += 32u) { /* uniform in the warp */
+    /* every word, also those past n: the serve loop reads them all */
+    for (uint32_t base = 0; base < READY_WORDS * 32u; base += 32u) {
       uint32_t k = base + lane;
       int r = 0;
       if (k < n)
