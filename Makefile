@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy run bench bench-scaleout bench-gpu clean
+.PHONY: all deps configure build test test-busy run bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -38,6 +38,10 @@ bench-scaleout: build
 # on a GPU host, built with LYNX_CUDA=ON (bench/gpu.sh)
 bench-gpu: build
 	@bash bench/gpu.sh $(BUILD)
+
+# the paper's GPU experiments, on a GPU host (bench/paper-gpu.sh)
+bench-paper-gpu: build
+	@bash bench/paper-gpu.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
