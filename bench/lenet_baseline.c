@@ -72,24 +72,6 @@ static struct sockaddr_storage udp_addr;
 static struct lenet_model *model;
 static volatile int stopping;
 
-static int open_socket(void) {
-  int fd = socket(udp_addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0), one = 1;
-  struct timeval tv = {.tv_sec = 0, .tv_usec = 200000}; /* checks stopping */
-  int buf = 4 << 20;
-  if (fd < 0)
-    return -errno;
-  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) ||
-      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) ||
-      bind(fd, (struct sockaddr *)&udp_addr, sizeof(udp_addr))) {
-    int e = -errno;
-    close(fd);
-    return e;
-  }
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf)); /* best effort */
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-  return fd;
-}
-
 static void *worker_main(void *arg) {
   struct worker *w = arg;
   while (!stopping) {
@@ -177,7 +159,7 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   for (uint32_t i = 0; i < cfg.threads; i++) {
     struct worker *w = &workers[i];
-    w->fd = open_socket();
+    w->fd = tool_udp_server(&udp_addr);
     if (w->fd < 0) {
       LYNX_ERR("lenet", "udp %s: %s", cfg.udp, strerror(-w->fd));
       goto stop;

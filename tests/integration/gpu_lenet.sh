@@ -36,18 +36,7 @@ done
 pick_ports AGENT_PORT UDP_PORT METRICS_PORT AMETRICS_PORT
 MALFORMED=40
 
-# load OUT ARGS...: lynx-lenet-load against $UDP_PORT, every answer checked
-load() {
-  local out=$1 rc
-  shift
-  timeout -k 5 90 "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
-    --data "$DATA" --ref "$REF" --timeout-ms 3000 "$@" >"$out" 2>&1
-  rc=$?
-  cat "$out" >&2
-  assert_eq "$rc" 0 "lynx-lenet-load exit status (no wrong or malformed answer)"
-  summary_vars "$out" lenet_load sent L_
-  log "$SUMMARY"
-}
+load() { lenet_load "$@"; }
 # judge WHAT: the answers of a 2,000-image run
 judge() {
   assert_eq "$L_answered" 2000 "$1: requests answered"

@@ -54,17 +54,7 @@ assert_eq "$(grep -c 'lenet: weights .* loaded' "$AGENT_LOG")" 1 \
 start_frontend
 
 # load OUT ARGS...: runs lynx-lenet-load; sets L_<key> from its summary
-load() {
-  local out=$1 rc
-  shift
-  timeout -k 5 60 "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
-    --data "$DATA" --ref "$REF" --timeout-ms 3000 "$@" >"$out" 2>&1
-  rc=$?
-  cat "$out" >&2
-  assert_eq "$rc" 0 "lynx-lenet-load exit status (no wrong or malformed answer)"
-  summary_vars "$out" lenet_load sent L_
-  log "$SUMMARY"
-}
+load() { lenet_load "$@"; }
 
 MALFORMED=40
 load "$IT_DIR/window.out" --count 600 --window 4 --flows 3 --malformed "$MALFORMED"

@@ -440,6 +440,21 @@ probe_udp() {
   assert_eq "$FZ_received_replies" "$FZ_expected_replies" "$what: replies received"
 }
 
+# lenet_load OUT ARGS...: lynx-lenet-load against $UDP_PORT with the test
+# set in $DATA and the reference $REF, every answer checked (its exit
+# status must be 0); its summary in L_* (summary_vars) and logged.
+lenet_load() {
+  local out=$1 rc
+  shift
+  timeout -k 5 90 "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
+    --data "$DATA" --ref "$REF" --timeout-ms 3000 "$@" >"$out" 2>&1
+  rc=$?
+  cat "$out" >&2
+  assert_eq "$rc" 0 "lynx-lenet-load exit status (no wrong or malformed answer)"
+  summary_vars "$out" lenet_load sent L_
+  log "$SUMMARY"
+}
+
 # ---- sockperf -------------------------------------------------------------
 
 # run_sockperf OUT ARGS...: runs sockperf (bounded by timeout) with its output

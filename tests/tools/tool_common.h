@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "options.h"
@@ -129,6 +130,28 @@ static inline int tool_split_hostport(const char *s,
 
 /* A UDP socket (type_flags: SOCK_NONBLOCK, SOCK_CLOEXEC) connected to *sa;
  * -errno, with errno set, when either step fails (for perror). */
+/* A server thread's UDP socket on addr, shared with the process's other
+ * threads (SO_REUSEPORT: the kernel spreads client flows over them), a
+ * 200 ms receive timeout (the thread checks whether to stop) and 4 MiB
+ * buffers (best effort). The descriptor, or -errno. */
+static inline int tool_udp_server(const struct sockaddr_storage *addr) {
+  int fd = socket(addr->ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0), one = 1;
+  struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+  int buf = 4 << 20;
+  if (fd < 0)
+    return -errno;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) ||
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) ||
+      bind(fd, (const struct sockaddr *)addr, sizeof(*addr))) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  return fd;
+}
+
 static inline int tool_udp_connect(const struct sockaddr_in *sa,
                                    int type_flags) {
   int fd = socket(AF_INET, SOCK_DGRAM | type_flags, 0), e;
