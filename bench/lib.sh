@@ -8,3 +8,12 @@ cleanup() {
   pids=()
 }
 trap 'cleanup; rm -rf "$TMP"' EXIT
+
+# cpu_ticks PID: utime + stime of the whole process (every thread), in
+# clock ticks (getconf CLK_TCK a second).
+cpu_ticks() {
+  local stat
+  stat=$(cat "/proc/$1/stat")
+  stat=${stat##*) }
+  awk '{ print $12 + $13 }' <<<"$stat"
+}

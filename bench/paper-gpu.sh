@@ -133,7 +133,7 @@ sockperf_rate() {
     for (i = 1; i <= NF; i++) {
       if ($i ~ /^RunTime=/) { split($i, a, "="); t = a[2] + 0 }
       if ($i ~ /^ReceivedMessages=/) { split($i, b, "="); r = b[2] + 0 } } }
-    END { printf "%.0f", t > 0 ? r / t : 0 }'
+    END { printf "%.0f", (t > 0 ? r / t : 0) }'
 }
 fig6_load() { # OUT
   sockperf under-load -f "$TMP/feed.txt" -t "$DUR" --mps=max --reply-every 1 -m 64 \

@@ -82,6 +82,7 @@ for n in $HOSTS_LIST; do
   ((n > max_hosts)) && max_hosts=$n
 done
 
+source bench/lib.sh # cpu_ticks (its EXIT trap is replaced by mh_init's)
 # shellcheck source=SCRIPTDIR/../tests/multihost/netns.sh
 source tests/multihost/netns.sh
 mh_init scaleout 1500
@@ -122,13 +123,6 @@ wait_fe_accels() { # SERVICE N TIMEOUT_S
     (($(date +%s) < end)) || mh_fail "frontend has $n accelerators of $1 in dispatch after $3 s, want $2"
     sleep 0.1
   done
-}
-# cpu_ticks PID: utime + stime of the whole process (every thread).
-cpu_ticks() {
-  local stat
-  stat=$(cat "/proc/$1/stat")
-  stat=${stat##*) }
-  awk '{ print $12 + $13 }' <<<"$stat"
 }
 
 # idle_ticks: idle + iowait time of the whole machine (clock ticks).
