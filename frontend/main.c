@@ -66,7 +66,7 @@ static const struct lynx_opt fe_opts[] = {
     {"poll", LYNX_OPT_ENUM, O(poll), "adaptive", 0, 0, poll_names,
      "adaptive: spin, then sleep; busy: never sleep (dedicated cores)"},
     {"spin-us", LYNX_OPT_U32, O(spin_us), "50", 0, 1000000, NULL,
-     "adaptive polling: spin this long after the last work"},
+     "adaptive polling: spin at most this long after the last work"},
     {"metrics", LYNX_OPT_ADDR, O(metrics), NULL, 1, 65535, NULL,
      "host:port for Prometheus /metrics [default: off]"},
     {"request-timeout-ms", LYNX_OPT_U32, O(timeout_ms), "1000", 1, 3600000,

@@ -13,10 +13,13 @@
  * lost), the tag table's expiry, and the manager's hooks (struct
  * fe_rmq_hooks), which connect the manager to the layers above it.
  *
- * Polling (docs/design.md): after the last work, spin for spin_us, then
- * sleep in ppoll on libuv's backend fd: with requests outstanding for a
- * short, growing timeout (responses arrive without any fd event), with none
- * until a datagram or timer. --poll busy never sleeps.
+ * Polling (docs/design.md, "Adaptive polling"): with nothing outstanding
+ * the worker keeps an estimate of how long it waits for its next datagram,
+ * spins (yielding) only where that is shorter than a sleep and wake-up
+ * would cost, and otherwise sleeps in ppoll on libuv's backend fd until a
+ * datagram or timer; with requests outstanding it spins for spin_us, then
+ * sleeps for a short, growing timeout (responses arrive without any fd
+ * event). --poll busy never sleeps.
  */
 #include <errno.h>
 #include <sched.h>
@@ -31,6 +34,20 @@
 #include "log.h"
 
 #define MAX_BACKOFF_NS (500u * 1000u)
+#define MIN_SLEEP_NS (2u * 1000u)
+/* Adaptive polling. A sleep in ppoll and the wake-up after it cost the
+ * worker CPU and add to the latency of the work that ends it: a few
+ * microseconds on bare metal, 20 to 50 in a small VM (docs/design.md).
+ * Spinning pays only for waits shorter than that: shorter than
+ * SPIN_PAYS_NS, or than twice the observed lateness of a timed sleep. */
+#define SPIN_PAYS_NS (20u * 1000u)
+/* spin at most this many expected waits: a wait a little longer than the
+ * estimate is still caught spinning, a much longer one is slept */
+#define SPIN_WAITS 4u
+/* A single long wait (an idle minute) counts as this much, so the estimate
+ * comes back down within a dozen short waits when traffic returns. */
+#define WAIT_SAMPLE_MAX_NS (1000u * 1000u)
+#define WAIT_SHIFT 3 /* the estimate is an EWMA with weight 1/8 */
 #define EXPIRE_EVERY_NS (10u * 1000u * 1000u)
 #define FE_WAIT_FDS 64 /* remote connections a sleeping worker watches */
 
@@ -80,6 +97,18 @@ static uint32_t outstanding(const struct fe_worker *w) {
 }
 
 static void on_wake(uv_async_t *a) { (void)a; }
+
+/* How long to spin (yielding) before sleeping in a wait for a datagram
+ * whose expected length is est_ns: a few expected waits while that is shorter than a
+ * sleep and wake-up, none otherwise; never more than --spin-us. */
+static uint64_t spin_budget(uint64_t est_ns, uint64_t late_ns,
+                            uint64_t cap_ns) {
+  uint64_t b;
+  if (est_ns >= SPIN_PAYS_NS && est_ns >= 2 * late_ns)
+    return 0;
+  b = est_ns * SPIN_WAITS;
+  return b < cap_ns ? b : cap_ns;
+}
 
 /* ---- the service's socket ----------------------------------------------- */
 
@@ -199,7 +228,13 @@ static void run_commands(struct fe_worker *w) {
 
 static void worker_loop(struct fe_worker *w) {
   struct frontend *fe = w->fe;
-  uint64_t last_work, next_expire, backoff = 0;
+  uint64_t last_work, next_expire, backoff = 0, spin_until = 0;
+  /* expected wait for a datagram with nothing outstanding; a new worker
+   * starts asleep */
+  uint64_t est = WAIT_SAMPLE_MAX_NS >> WAIT_SHIFT;
+  /* how much later than asked a timed sleep ends: the price of a wake-up */
+  uint64_t late = 0;
+  int waiting = 0, resp = 0;
   uint64_t spin_ns = (uint64_t)fe->cfg->spin_us * 1000u;
   uint64_t timeout_ns = (uint64_t)fe->cfg->timeout_ms * 1000000u;
   int busy = fe->cfg->poll == 1, stopping = 0;
@@ -250,12 +285,35 @@ static void worker_loop(struct fe_worker *w) {
         (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
       break;
     if (work) {
+      if (waiting && !resp) {
+        /* only waits count: back-to-back work says nothing of the gaps
+         * a sleep could fill (and under saturation there are none) */
+        uint64_t g = w->now_ns - last_work;
+        if (g > WAIT_SAMPLE_MAX_NS)
+          g = WAIT_SAMPLE_MAX_NS;
+        est = est - (est >> WAIT_SHIFT) + (g >> WAIT_SHIFT);
+      }
+      waiting = 0;
       last_work = w->now_ns;
       backoff = 0;
       continue;
     }
-    if (busy || w->now_ns - last_work < spin_ns) {
-      if (!busy) sched_yield(); else lynx_cpu_relax();
+    if (busy) {
+      lynx_cpu_relax();
+      continue;
+    }
+    if (!waiting) {
+      waiting = 1;
+      resp = outstanding(w) || w->rmq.n_client_mqs;
+      /* A response has no fd event to wake a sleeper: the wait for one
+       * keeps the whole --spin-us, then short sleeps (below). Sleeping
+       * at once, for a time from the estimate, cost ping-pong 1.4x its
+       * p50 on the 2-core VM (docs/design.md). */
+      spin_until =
+          last_work + (resp ? spin_ns : spin_budget(est, late, spin_ns));
+    }
+    if (w->now_ns < spin_until) {
+      sched_yield();
       continue;
     }
     {
@@ -275,7 +333,7 @@ static void worker_loop(struct fe_worker *w) {
           if (fd >= 0)
             pfd[nfd++] = (struct pollfd){fd, POLLIN, 0};
         }
-        backoff = backoff ? backoff * 2 : 2000;
+        backoff = backoff ? backoff * 2 : MIN_SLEEP_NS;
         if (backoff > MAX_BACKOFF_NS)
           backoff = MAX_BACKOFF_NS;
         ns = backoff;
@@ -285,7 +343,18 @@ static void worker_loop(struct fe_worker *w) {
       }
       ts.tv_sec = (time_t)(ns / 1000000000u);
       ts.tv_nsec = (long)(ns % 1000000000u);
-      ppoll(pfd, nfd, &ts, NULL);
+      {
+        uint64_t t0 = lynx_now_ns(), t1;
+        int n = ppoll(pfd, nfd, &ts, NULL);
+        t1 = lynx_now_ns();
+        /* only sleeps that ran out tell how late a wake-up comes */
+        if (n == 0 && t1 - t0 > ns) {
+          uint64_t l = t1 - t0 - ns;
+          if (l > MAX_BACKOFF_NS)
+            l = MAX_BACKOFF_NS;
+          late = late - (late >> WAIT_SHIFT) + (l >> WAIT_SHIFT);
+        }
+      }
     }
   }
   /* Whatever is still outstanding is lost to its clients, though its

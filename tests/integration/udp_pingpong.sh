@@ -18,6 +18,11 @@
 #     and every mqueue of both accelerators carried traffic.
 #  4. one accelerator with one mqueue (a single FIFO): under-load answers
 #     must come back in order as well, all answered by the frontend.
+#  5. idle CPU (issue 15): after that traffic, with the agent and its CPU
+#     accelerators still attached, the frontend (all its threads) uses less
+#     than 5% of a core over 3 idle seconds (utime+stime from
+#     /proc/<pid>/stat). A frontend that kept spinning after its work
+#     would use most of a core; one that sleeps measures about 0.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init udp_pingpong
@@ -101,4 +106,18 @@ run_sockperf "$out" under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 \
 check_sockperf_served "$out"
 v=$(metric lynx_mqueue_dispatched_total 'accel="0",mqueue="0"') || fail "no per-mqueue series"
 assert_gt "$v" 0 "single mqueue dispatched"
+
+# ---- 5. idle CPU -----------------------------------------------------------
+fe_ticks() { awk '{print $14 + $15}' "/proc/$FRONTEND_PID/stat"; }
+hz=$(getconf CLK_TCK)
+sleep 0.5 # answers of step 4 still on their way; a scrape just done
+c0=$(fe_ticks) || fail "cannot read /proc/$FRONTEND_PID/stat"
+t0=$(now_ms)
+sleep 3
+c1=$(fe_ticks) || fail "cannot read /proc/$FRONTEND_PID/stat"
+t1=$(now_ms)
+# per mille of one core: ticks * 1000 / hz over the window's seconds
+idle_pm=$(((c1 - c0) * 1000 * 1000 / hz / (t1 - t0)))
+log "frontend CPU over $((t1 - t0)) ms idle: $((c1 - c0)) ticks ($idle_pm per mille of a core)"
+assert_lt "$idle_pm" 50 "frontend idle CPU (per mille of a core)"
 exit 0
