@@ -99,8 +99,9 @@ static uint32_t outstanding(const struct fe_worker *w) {
 static void on_wake(uv_async_t *a) { (void)a; }
 
 /* How long to spin (yielding) before sleeping in a wait for a datagram
- * whose expected length is est_ns: a few expected waits while that is shorter than a
- * sleep and wake-up, none otherwise; never more than --spin-us. */
+ * whose expected length is est_ns: a few expected waits while that is
+ * shorter than a sleep and wake-up, none otherwise; never more than
+ * --spin-us. */
 static uint64_t spin_budget(uint64_t est_ns, uint64_t late_ns,
                             uint64_t cap_ns) {
   uint64_t b;
