@@ -43,30 +43,13 @@ AG_ADDR=127.0.0.1:17781
 METRICS=127.0.0.1:17782
 TMP=$(mktemp -d /tmp/lynx-bench-apc.XXXXXX)
 command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
-source bench/lib.sh # pids, cleanup, cpu_ticks
+source bench/lib.sh # pids, cleanup, cpu_ticks, wait_log, sockperf_stat
 log() { printf '[%s] accels-per-core: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-wait_log() { # file pattern: up to 10 s
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  echo "timed out waiting for '$2' in $1:"; cat "$1"; return 1
-}
 OUT_LINES=$TMP/results.txt
 out() { echo "$*" | tee -a "$OUT_LINES" >&2; }
-fe_metric() { # NAME [FILTER]: summed over series
-  curl -s "http://$METRICS/metrics" 2>/dev/null |
-    awk -v n="$1" -v f="${2:-}" 'index($1, n) == 1 && (f == "" || index($0, f)) {s += $NF} END {print s + 0}'
-}
 fe_drops() { # every drop but the app's own (sockperf-echo answers pongs only)
   curl -s "http://$METRICS/metrics" 2>/dev/null |
     awk '/^lynx_frontend_dropped_total/ && !/reason="app_dropped"/ {s += $NF} END {print s + 0}'
-}
-# sockperf_stat OUT FIELD: dropped | replies_per_s
-sockperf_stat() {
-  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk -v f="$2" '
-    /dropped messages =/ { for (i = 1; i <= NF; i++) if ($i == "dropped") d = $(i + 3) }
-    /\[Valid Duration\]/ { for (i = 1; i <= NF; i++) {
-      if ($i ~ /^RunTime=/) { split($i, a, "="); t = a[2] + 0 }
-      if ($i ~ /^ReceivedMessages=/) { split($i, b, "="); r = b[2] + 0 } } }
-    END { gsub(";", "", d); if (f == "dropped") print d + 0; else printf "%.0f\n", (t > 0 ? r / t : 0) }'
 }
 
 # lynx_up TRANSPORT ACCELS [AGENT OPTION...]: agent and frontend (pinned)
@@ -163,7 +146,7 @@ part_accels() {
   local tr lo hi mid cap
   local pin="not pinned: fewer than 8 cores, so not one core's figure"
   ((CORES >= 8)) && pin="frontend pinned to core 0"
-  out "# accelerators one frontend core drives (300 us of work each, 3,300 msg/s each offered, UDP 64 B; $CORES cores: $pin)"
+  out "# accelerators one frontend core drives (300 us of work each, 90 % of one accelerator's measured rate offered to each, UDP 64 B; $CORES cores: $pin)"
   for tr in $TRANSPORTS; do
     cap=$(accel_rate "$tr")
     PER=$((cap * 9 / 10))

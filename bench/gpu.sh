@@ -53,12 +53,7 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   exit 1
 fi
 
-source bench/lib.sh # pids, cleanup
-
-wait_log() { # file pattern: up to 10 s
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  echo "timed out waiting for '$2' in $1:"; cat "$1"; return 1
-}
+source bench/lib.sh # pids, cleanup, wait_log
 
 # start LABEL: the server under test on $PORT
 start() {

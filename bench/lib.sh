@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # bench/lib.sh - what the bench scripts share (sourced from the repository
 # root): the processes a script starts are listed in pids and stopped by
 # cleanup, and at exit with $TMP removed.
@@ -16,4 +17,21 @@ cpu_ticks() {
   stat=$(cat "/proc/$1/stat")
   stat=${stat##*) }
   awk '{ print $12 + $13 }' <<<"$stat"
+}
+
+# wait_log FILE PATTERN: until PATTERN is in FILE (up to 10 s); else prints
+# FILE and returns 1
+wait_log() { # file pattern: up to 10 s
+  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  echo "timed out waiting for '$2' in $1:"; cat "$1"; return 1
+}
+
+# sockperf_stat OUT FIELD: dropped | replies_per_s
+sockperf_stat() {
+  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk -v f="$2" '
+    /dropped messages =/ { for (i = 1; i <= NF; i++) if ($i == "dropped") d = $(i + 3) }
+    /\[Valid Duration\]/ { for (i = 1; i <= NF; i++) {
+      if ($i ~ /^RunTime=/) { split($i, a, "="); t = a[2] + 0 }
+      if ($i ~ /^ReceivedMessages=/) { split($i, b, "="); r = b[2] + 0 } } }
+    END { gsub(";", "", d); if (f == "dropped") print d + 0; else printf "%.0f\n", (t > 0 ? r / t : 0) }'
 }

@@ -55,12 +55,8 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   exit 1
 fi
 
-source bench/lib.sh # pids, cleanup
+source bench/lib.sh # pids, cleanup, wait_log, sockperf_stat
 log() { printf '[%s] paper-gpu: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-wait_log() { # file pattern: up to 10 s
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  echo "timed out waiting for '$2' in $1:"; cat "$1"; return 1
-}
 OUT_LINES=$TMP/results.txt
 out() { echo "$*" | tee -a "$OUT_LINES" >&2; }
 
@@ -127,14 +123,6 @@ part_face() {
 }
 
 # ---- 3. Figure 6 ---------------------------------------------------------------
-# sockperf_rate OUT: replies/s of a sockperf run (its valid duration)
-sockperf_rate() {
-  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/\[Valid Duration\]/ {
-    for (i = 1; i <= NF; i++) {
-      if ($i ~ /^RunTime=/) { split($i, a, "="); t = a[2] + 0 }
-      if ($i ~ /^ReceivedMessages=/) { split($i, b, "="); r = b[2] + 0 } } }
-    END { printf "%.0f", (t > 0 ? r / t : 0) }'
-}
 fig6_load() { # OUT
   sockperf under-load -f "$TMP/feed.txt" -t "$DUR" --mps=max --reply-every 1 -m 64 \
     >"$1" 2>&1 || true
@@ -154,14 +142,14 @@ part_fig6() {
     for m in $MQUEUES; do
       lynx_up sockperf-echo "$m" --work-us "$w" --gpu-blocks "$m"
       fig6_load "$TMP/fig6-lynx-$w-$m.out"
-      l=$(sockperf_rate "$TMP/fig6-lynx-$w-$m.out")
+      l=$(sockperf_stat "$TMP/fig6-lynx-$w-$m.out" replies_per_s)
       cleanup
       "$BIN/lynx-gpu-baseline" --udp "127.0.0.1:$PORT" --device "$GPU" --app sockperf-echo \
         --streams "$m" --work-us "$w" >"$TMP/fig6-base-$w-$m.log" 2>&1 &
       pids+=($!)
       wait_log "$TMP/fig6-base-$w-$m.log" "serving UDP"
       fig6_load "$TMP/fig6-base-$w-$m.out"
-      b=$(sockperf_rate "$TMP/fig6-base-$w-$m.out")
+      b=$(sockperf_stat "$TMP/fig6-base-$w-$m.out" replies_per_s)
       cleanup
       lrow+=$(printf ' %10s' "$l")
       brow+=$(printf ' %10s' "$b")
