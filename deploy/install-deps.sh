@@ -26,7 +26,7 @@ LOCK_WAIT=${LYNX_APT_LOCK_WAIT:-600}
 
 PKGS=(
   build-essential cmake pkg-config
-  libuv1-dev libjson-c-dev libprotobuf-c-dev protobuf-c-compiler
+  libuv1-dev liburing-dev libjson-c-dev libprotobuf-c-dev protobuf-c-compiler
   libibverbs-dev librdmacm-dev
   libmicrohttpd-dev libjansson-dev libcmocka-dev libcurl4-openssl-dev
   libmemcached-dev

@@ -1,13 +1,17 @@
 /*
  * dispatcher.c - the Message Dispatcher (Lynx paper §4.2, ingress).
  *
- * libuv receives datagrams in batches (recvmmsg, up to 20 per call); each
- * gets a tag and is written, through the Remote Message Queue Manager, into
- * the RX slot of the mqueue the policy (dispatch.c) picks. The worker rings
- * the touched accelerators' doorbells after the batch. TCP services hand
- * their framed messages to fe_submit the same way (tcpsvc.c).
+ * Datagrams come in on one of two receive paths (--rx; docs/design.md,
+ * "Receive path"): libuv's recvmmsg in batches of up to 20 per call (the
+ * socket path, which works everywhere), or an io_uring multishot recvmsg
+ * whose completions the worker harvests without a system call (rxring.c).
+ * Either way each datagram gets a tag and is written, through the Remote
+ * Message Queue Manager, into the RX slot of the mqueue the policy
+ * (dispatch.c) picks. The worker rings the touched accelerators' doorbells
+ * after the batch. TCP services hand their framed messages to fe_submit
+ * the same way (tcpsvc.c).
  *
- * Owns: the UDP socket and its receive buffer, the dispatch order over the
+ * Owns: the UDP socket and its receive path, the dispatch order over the
  * worker's server mqueues (interleaving accelerators, rebuilt when
  * connections come or go), the payload cap, and the flow table (--order
  * flow: a flow's requests in flight stay on one mqueue).
@@ -22,6 +26,8 @@
 
 const char *const fe_wdrop_names[FE_WDROP_MAX] = {
     "oversize", "ring_full", "flow_full", "no_mqueue", "tag_full", "shutdown"};
+
+const char *const fe_rx_path_names[FE_RX_MAX] = {"socket", "uring"};
 
 /* ---- request completion ------------------------------------------- */
 
@@ -50,13 +56,43 @@ static int write_request(struct fe_worker *w, struct fe_mq *mq,
   return fe_write_rx(w, mq, data, len, tag, LYNX_ST_OK);
 }
 
-static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
-                    const struct sockaddr *addr, unsigned flags) {
-  struct fe_worker *w = h->data;
+/* One datagram from a UDP peer, from either receive path: data holds
+ * nread bytes, only its first ones if truncated (it was longer than the
+ * receive buffer). */
+static void on_datagram(struct fe_worker *w, const void *data, ssize_t nread,
+                        const struct sockaddr *addr, int truncated) {
   struct fe_ingress *in = &w->ingress;
   enum fe_wdrop drop;
   uint32_t flow;
   int rc;
+  in->got++;
+  lynx_cnt_add(&w->received, 1);
+  if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
+    lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
+    return;
+  }
+  if (truncated || (in->cap && (size_t)nread > in->cap)) {
+    lynx_cnt_add(&w->drops[FE_DROP_OVERSIZE], 1);
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
+                "worker %u: %zd-byte datagram is larger than a slot's %u-byte "
+                "payload, dropped",
+                w->id, nread, in->cap);
+    return;
+  }
+  flow = in->flows ? lynx_flow_hash(addr) & in->flow_mask : 0;
+  rc = fe_submit(w, data, (uint32_t)nread, flow, addr, 0, 0, 0, &drop);
+  if (rc && drop < FE_WDROP_MAX)
+    lynx_cnt_add(&w->drops[drop], 1);
+}
+
+/* The socket path: libuv's recvmmsg. */
+static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
+                    const struct sockaddr *addr, unsigned flags) {
+  struct fe_worker *w = h->data;
+  /* every recvmmsg call ends with one callback without an address: after
+   * its batch, when it found nothing, or with its error */
+  if (addr == NULL)
+    lynx_cnt_add(&w->ingress.rx_calls, 1);
   if (nread < 0) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: receive error: %s",
                 w->id, uv_strerror((int)nread));
@@ -66,24 +102,49 @@ static void on_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
    * other; without one it is libuv's end of batch or buffer release */
   if (addr == NULL)
     return;
-  in->got++;
-  lynx_cnt_add(&w->received, 1);
-  if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
-    lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
+  on_datagram(w, buf->base, nread, addr, (flags & UV_UDP_PARTIAL) != 0);
+}
+
+/* The uring path: a datagram from the ring's buffer (rxring.h). */
+static void on_ring_datagram(void *arg, const void *data, size_t len,
+                             const struct sockaddr *from, int truncated) {
+  on_datagram(arg, data, (ssize_t)len, from, truncated);
+}
+
+/* From the ring to the socket path: at set-up when the ring cannot be
+ * built (--rx auto), or when it keeps failing. 0 or -errno. */
+static int rx_socket(struct fe_worker *w) {
+  struct fe_ingress *in = &w->ingress;
+  lynx_rxring_free(&in->rx);
+  __atomic_store_n(&in->rx_path, FE_RX_SOCKET, __ATOMIC_RELAXED);
+  return uv_udp_recv_start(&in->udp, on_alloc, on_recv);
+}
+
+void fe_dispatcher_poll(struct fe_worker *w) {
+  struct fe_ingress *in = &w->ingress;
+  uint64_t enters = in->rx.enters, nobufs = in->rx.nobufs;
+  int rc;
+  if (!in->udp_open || in->rx_path != FE_RX_URING)
     return;
-  }
-  if ((flags & UV_UDP_PARTIAL) || (in->cap && (size_t)nread > in->cap)) {
-    lynx_cnt_add(&w->drops[FE_DROP_OVERSIZE], 1);
-    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
-                "worker %u: %zd-byte datagram is larger than a slot's %u-byte "
-                "payload, dropped",
-                w->id, nread, in->cap);
+  /* at most one ring of buffers per pass, as libuv bounds its reads */
+  rc = lynx_rxring_poll(&in->rx, LYNX_RXRING_BUFS, on_ring_datagram, w);
+  lynx_cnt_add(&in->rx_calls, in->rx.enters - enters);
+  lynx_cnt_add(&in->rx_nobufs, in->rx.nobufs - nobufs);
+  if (rc >= 0)
     return;
-  }
-  flow = in->flows ? lynx_flow_hash(addr) & in->flow_mask : 0;
-  rc = fe_submit(w, buf->base, (uint32_t)nread, flow, addr, 0, 0, 0, &drop);
-  if (rc && drop < FE_WDROP_MAX)
-    lynx_cnt_add(&w->drops[drop], 1);
+  LYNX_WARN("frontend", "service %s worker %u: io_uring receive failed: %s; "
+            "receiving through the socket (recvmmsg) from now on",
+            w->fe->service, w->id, strerror(-rc));
+  rc = rx_socket(w);
+  if (rc)
+    LYNX_ERR("frontend", "service %s worker %u: cannot receive: %s",
+             w->fe->service, w->id, uv_strerror(rc));
+}
+
+int fe_dispatcher_wait_fd(const struct fe_worker *w) {
+  const struct fe_ingress *in = &w->ingress;
+  return in->udp_open && in->rx_path == FE_RX_URING ? lynx_rxring_fd(&in->rx)
+                                                    : -1;
 }
 
 /* fe_submit found no mqueue (pick's -ENOSPC, -EBUSY or -ENOENT): with
@@ -276,7 +337,21 @@ int fe_dispatcher_open_udp(struct fe_worker *w) {
     close(fd);
     return rc;
   }
-  return uv_udp_recv_start(&w->ingress.udp, on_alloc, on_recv);
+  if (!fe->cfg->rx_uring)
+    return rx_socket(w);
+  /* the ring is armed by the worker's first fe_dispatcher_poll: the
+   * kernel receives on the thread that armed it */
+  rc = lynx_rxring_init(&w->ingress.rx, fd);
+  if (!rc) {
+    __atomic_store_n(&w->ingress.rx_path, FE_RX_URING, __ATOMIC_RELAXED);
+    return 0;
+  }
+  /* io_uring worked at start (main.c's probe): a running frontend keeps
+   * serving, under --rx uring too */
+  LYNX_WARN("frontend", "service %s worker %u: cannot set up its io_uring "
+            "receive ring: %s; receiving through the socket (recvmmsg)",
+            fe->service, w->id, strerror(-rc));
+  return rx_socket(w);
 fail:
   rc = -errno;
   close(fd);
@@ -286,6 +361,8 @@ fail:
 void fe_dispatcher_close_udp(struct fe_worker *w) {
   if (!w->ingress.udp_open)
     return;
+  /* the ring holds the socket: cancelled and freed before it closes */
+  lynx_rxring_free(&w->ingress.rx);
   uv_udp_recv_stop(&w->ingress.udp);
   uv_close((uv_handle_t *)&w->ingress.udp, NULL);
   w->ingress.udp_open = 0;

@@ -3,7 +3,8 @@
  * a request from the network, picks an mqueue by the dispatch policy
  * (dispatch.h), gives it a tag and writes it into that mqueue's RX ring.
  *
- * Owns: the UDP socket of a UDP service and its receive buffer, the
+ * Owns: the UDP socket of a UDP service and its receive path (libuv's
+ * recvmmsg into a buffer, or an io_uring ring: rxring.h), the
  * dispatch order over the worker's mqueues (rebuilt when connections come
  * or go), the payload cap, and the flow table (--order flow). TCP streams
  * (tcpsvc.c) come in through fe_submit too.
@@ -17,6 +18,7 @@
 
 #include "dispatch.h"
 #include "rmq.h"
+#include "rxring.h"
 #include "tagtab.h"
 
 #define FE_RECV_CHUNKS 20 /* libuv's recvmmsg width */
@@ -37,11 +39,28 @@ enum fe_wdrop {
 
 extern const char *const fe_wdrop_names[FE_WDROP_MAX];
 
+/* How a worker receives its UDP service's datagrams (--rx). */
+enum fe_rx_path {
+  FE_RX_SOCKET, /* libuv's recvmmsg on the socket */
+  FE_RX_URING,  /* io_uring's multishot recvmsg (rxring.h) */
+  FE_RX_MAX
+};
+
+extern const char *const fe_rx_path_names[FE_RX_MAX];
+
 /* The dispatcher's state in a worker. */
 struct fe_ingress {
-  uv_udp_t udp; /* UDP services */
+  uv_udp_t udp; /* UDP services; replies go out on its socket either way */
   int udp_open;
   char *rbuf;
+  /* the receive path (read by the metrics thread: relaxed), and the ring
+   * of the uring path */
+  int rx_path;
+  struct lynx_rxring rx;
+  /* system calls the receive path made (recvmmsg, or io_uring_enter to
+   * arm the ring), and ring receives ended for want of buffers: written
+   * by the worker, read by the metrics thread */
+  lynx_counter rx_calls, rx_nobufs;
   uint32_t got; /* requests received in this loop pass */
   struct lynx_dispatcher disp;
   struct lynx_dq **dqs; /* dispatch order (server mqueues) */
@@ -58,11 +77,22 @@ struct fe_ingress {
 int fe_dispatcher_init(struct fe_worker *w);
 void fe_dispatcher_free(struct fe_worker *w);
 
-/* Opens the UDP socket on the service's address and starts receiving.
- * 0 or -errno. */
+/* Opens the UDP socket on the service's address and starts receiving on
+ * the path the configuration chose: io_uring when --rx resolved to it at
+ * start (cfg->rx_uring), the socket otherwise or when this worker's ring
+ * cannot be set up (logged). 0 or -errno. */
 int fe_dispatcher_open_udp(struct fe_worker *w);
-/* Stops receiving and closes the socket (idempotent). */
+/* Stops receiving (cancels the ring's receive) and closes the socket
+ * (idempotent). */
 void fe_dispatcher_close_udp(struct fe_worker *w);
+/* The uring path's share of a loop pass (worker thread): dispatches the
+ * datagrams the ring received (bounded), arms its receive again where it
+ * ended; a ring that keeps failing gives way to the socket path. The
+ * socket path runs in the worker's uv_run instead. */
+void fe_dispatcher_poll(struct fe_worker *w);
+/* An fd a sleeping worker polls for datagrams besides libuv's (the ring's),
+ * or -1. */
+int fe_dispatcher_wait_fd(const struct fe_worker *w);
 
 /* Dispatches one request from a UDP peer (cli unused) or a TCP client
  * (peer NULL). Returns 0 when written; with hold, -EAGAIN when it must

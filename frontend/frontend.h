@@ -127,12 +127,16 @@ struct fe_worker {
   lynx_counter tcp[FE_TCPEV_MAX];
 };
 
+/* --rx, in its option's order */
+enum fe_rx_opt { FE_RXOPT_AUTO, FE_RXOPT_URING, FE_RXOPT_SOCKET };
+
 struct fe_cfg {
   char *agent, *coordinator, *udp, *tcp, *framing, *bind, *metrics,
       *frontend_id, *log_level, *token_file;
   uint32_t fixed_len; /* --framing fixed:N, parsed */
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
-  int dispatch, poll, order;
+  int dispatch, poll, order, rx;
+  int rx_uring; /* --rx resolved at start: UDP services receive on io_uring */
 };
 
 enum fe_proto { FE_PROTO_UDP = 0, FE_PROTO_TCP = 1 };

@@ -38,6 +38,7 @@
 static const char *const dispatch_names[] = {"rr", "lo", NULL};
 static const char *const poll_names[] = {"adaptive", "busy", NULL};
 static const char *const order_names[] = {"flow", "none", NULL};
+static const char *const rx_names[] = {"auto", "uring", "socket", NULL};
 
 #define O(f) offsetof(struct fe_cfg, f)
 static const struct lynx_opt fe_opts[] = {
@@ -65,6 +66,10 @@ static const struct lynx_opt fe_opts[] = {
      "flow_full); none: every request goes where the policy says"},
     {"poll", LYNX_OPT_ENUM, O(poll), "adaptive", 0, 0, poll_names,
      "adaptive: spin, then sleep; busy: never sleep (dedicated cores)"},
+    {"rx", LYNX_OPT_ENUM, O(rx), "auto", 0, 0, rx_names,
+     "UDP receive path: uring (io_uring multishot recvmsg; refuse to start "
+     "where io_uring cannot receive), socket (libuv's recvmmsg), auto "
+     "(uring where it works, else socket)"},
     {"spin-us", LYNX_OPT_U32, O(spin_us), "50", 0, 1000000, NULL,
      "adaptive polling: spin at most this long after the last work"},
     {"metrics", LYNX_OPT_ADDR, O(metrics), NULL, 1, 65535, NULL,
@@ -109,6 +114,39 @@ struct fe_main {
   uint32_t n_pending_backends;
 };
 
+
+/* ---- the receive path --------------------------------------------------- */
+
+/* Resolves --rx (docs/design.md, "Receive path"): io_uring when asked for
+ * or under auto, if a probe receives a datagram through it here. Says
+ * which path and why in one log line. 0, or -1 when --rx uring cannot be
+ * given (the reason on stderr). */
+static int choose_rx(struct fe_cfg *cfg) {
+  char why[320];
+  int rc;
+  cfg->rx_uring = 0;
+  if (cfg->rx == FE_RXOPT_SOCKET) {
+    LYNX_INFO("frontend", "receive path: socket (recvmmsg), as --rx socket "
+              "says");
+    return 0;
+  }
+  rc = lynx_rxring_probe(why, sizeof(why));
+  if (rc == 0) {
+    cfg->rx_uring = 1;
+    LYNX_INFO("frontend", "receive path: io_uring (multishot recvmsg into "
+              "%u provided buffers of %u bytes per worker), as --rx %s says",
+              LYNX_RXRING_BUFS, LYNX_RXRING_BUF_SIZE, rx_names[cfg->rx]);
+    return 0;
+  }
+  if (cfg->rx == FE_RXOPT_URING) {
+    fprintf(stderr, "--rx uring: io_uring cannot receive UDP here: %s\n",
+            why);
+    return -1;
+  }
+  LYNX_INFO("frontend", "receive path: socket (recvmmsg): io_uring cannot "
+            "receive UDP here: %s", why);
+  return 0;
+}
 
 /* ---- services ---------------------------------------------------------- */
 
@@ -298,12 +336,13 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
   service_set_instances(fe, accels, (uint32_t)d->n_regions, NULL, 0,
                         FE_CMD_LOST);
   LYNX_INFO("frontend", "%s: serving %s %s for service %s: %zu accelerators "
-            "of %s (epoch %llu), %u workers, dispatch %s, poll %s",
+            "of %s (epoch %llu), %u workers, dispatch %s, poll %s, rx %s",
             m->id, m->cfg.tcp ? "TCP" : "UDP",
             m->cfg.tcp ? m->cfg.tcp : m->cfg.udp, fe->service, d->n_regions,
             d->node_id,
             (unsigned long long)d->epoch, fe->n_w,
-            dispatch_names[m->cfg.dispatch], poll_names[m->cfg.poll]);
+            dispatch_names[m->cfg.dispatch], poll_names[m->cfg.poll],
+            m->cfg.tcp ? "-" : m->cfg.rx_uring ? "uring" : "socket");
 out:
   free(accels);
   return rc;
@@ -709,6 +748,12 @@ int main(int argc, char **argv) {
   if (spec_addr(&m, 1, &bind_ss)) {
     fprintf(stderr, "--bind: '%s' is not an address\n", cfg->bind);
     goto out;
+  }
+  if (!cfg->tcp || m.coordinator_mode) {
+    /* which receive path UDP services take: an --rx uring this machine
+     * cannot give is the command's error, like a port that is taken */
+    if (choose_rx(cfg))
+      goto out;
   }
   m.exit_code = LYNX_EXIT_RUNTIME; /* from here on, the world disagrees */
   if (cfg->token_file) {

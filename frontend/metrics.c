@@ -31,7 +31,7 @@ struct metrics_ctx {
  * each (F_MQ_FIRST on) and appended after all the service-level samples. */
 enum {
   F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
-  F_TCP_CLIENTS, F_FLOW_MOVES,
+  F_TCP_CLIENTS, F_FLOW_MOVES, F_RX_PATH, F_RX_CALLS, F_RX_NOBUFS,
   F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
 };
 #define F_MQ_FIRST F_MQ_DISPATCHED
@@ -52,6 +52,14 @@ static const struct {
     {"lynx_frontend_flow_moves_total", "counter",
      "Requests of a client flow sent to another mqueue while earlier ones "
      "were in flight (its mqueue left dispatch): answers may be reordered."},
+    {"lynx_frontend_rx_path", "gauge",
+     "Workers of a UDP service receiving on each path: socket (recvmmsg) "
+     "or uring (io_uring multishot recvmsg)."},
+    {"lynx_frontend_rx_syscalls_total", "counter",
+     "System calls the UDP receive path made: recvmmsg calls (socket), "
+     "io_uring_enter calls to arm or cancel the receive (uring)."},
+    {"lynx_frontend_rx_nobufs_total", "counter",
+     "io_uring receives ended for want of a free buffer (armed again)."},
     {"lynx_mqueue_dispatched_total", "counter",
      "Requests written to this mqueue."},
     {"lynx_mqueue_responded_total", "counter",
@@ -110,6 +118,7 @@ static void mq_line(void *arg, const struct fe_worker *w,
 static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
   struct mq_pass p;
   uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
+  uint64_t paths[FE_RX_MAX] = {0}, rx_calls = 0, rx_nobufs = 0;
   struct lynx_prom_label l[] = {{"service", fe->service},
                                 {NULL, NULL}, /* event or reason */
                                 {NULL, NULL}};
@@ -120,6 +129,10 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
     const struct fe_worker *w = &fe->w[i];
     rcv += lynx_cnt_get(&w->received);
     moves += lynx_cnt_get(&w->flow_moves);
+    rx_calls += lynx_cnt_get(&w->ingress.rx_calls);
+    rx_nobufs += lynx_cnt_get(&w->ingress.rx_nobufs);
+    if (__atomic_load_n(&w->ingress.udp_open, __ATOMIC_RELAXED))
+      paths[__atomic_load_n(&w->ingress.rx_path, __ATOMIC_RELAXED)]++;
     for (int r = 0; r < FE_TCPEV_MAX; r++)
       tev[r] += lynx_cnt_get(&w->tcp[r]);
     for (int r = 0; r < FE_WDROP_MAX; r++)
@@ -132,6 +145,13 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
   fe_foreach_mq(fe, mq_line, &p);
   lynx_prom_u64(f, fams[F_RECEIVED].name, l, rcv);
   lynx_prom_u64(f, fams[F_FLOW_MOVES].name, l, moves);
+  if (fe->proto == FE_PROTO_UDP) {
+    per_reason(f, F_RX_PATH, l, &l[1], "path", fe_rx_path_names, paths,
+               FE_RX_MAX);
+    l[1].name = NULL;
+    lynx_prom_u64(f, fams[F_RX_CALLS].name, l, rx_calls);
+    lynx_prom_u64(f, fams[F_RX_NOBUFS].name, l, rx_nobufs);
+  }
   if (fe->proto == FE_PROTO_TCP) {
     uint64_t gone = 0;
     per_reason(f, F_TCP_CONNS, l, &l[1], "event", fe_tcpev_names, tev,

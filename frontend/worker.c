@@ -16,8 +16,9 @@
  * Polling (docs/design.md, "Adaptive polling"): with nothing outstanding
  * the worker keeps an estimate of how long it waits for its next datagram,
  * spins (yielding) only where that is shorter than a sleep and wake-up
- * would cost, and otherwise sleeps in ppoll on libuv's backend fd until a
- * datagram or timer; with requests outstanding it spins for spin_us, then
+ * would cost, and otherwise sleeps in ppoll on libuv's backend fd (and the
+ * io_uring receive ring's, rxring.h) until a datagram or timer; with
+ * requests outstanding it spins for spin_us, then
  * sleeps for a short, growing timeout (responses arrive without any fd
  * event). --poll busy never sleeps.
  */
@@ -258,6 +259,7 @@ static void worker_loop(struct fe_worker *w) {
     if (__atomic_load_n(&w->cmds_pending, __ATOMIC_ACQUIRE))
       run_commands(w);
     uv_run(&w->loop, UV_RUN_NOWAIT);
+    fe_dispatcher_poll(w);
     fe_rmq_doorbells(w);
     work = (int)w->ingress.got;
     work += fe_forward(w);
@@ -318,14 +320,18 @@ static void worker_loop(struct fe_worker *w) {
       continue;
     }
     {
-      struct pollfd pfd[1 + FE_WAIT_FDS];
-      nfds_t nfd = 1;
+      struct pollfd pfd[2 + FE_WAIT_FDS];
+      nfds_t nfd = 1, top;
       struct timespec ts;
       uint64_t ns;
+      int rfd = fe_dispatcher_wait_fd(w);
       pfd[0] = (struct pollfd){bfd, POLLIN, 0};
+      if (rfd >= 0) /* datagrams on the uring path */
+        pfd[nfd++] = (struct pollfd){rfd, POLLIN, 0};
+      top = nfd + FE_WAIT_FDS - 1;
       if (outstanding(w) || w->rmq.n_client_mqs) {
         /* responses over a remote transport wake us through its fd */
-        for (uint32_t i = 0; i < w->rmq.n_conns && nfd <= FE_WAIT_FDS; i++) {
+        for (uint32_t i = 0; i < w->rmq.n_conns && nfd <= top; i++) {
           struct fe_conn *c = w->rmq.conns[i];
           int fd;
           if (c->state == FE_CONN_DEAD || c->state == FE_CONN_IDLE)
