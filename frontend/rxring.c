@@ -8,7 +8,8 @@
  * the shared completion queue (no system call), hands each datagram to its
  * callback and gives the batch's buffers back with one store. A system
  * call is made only to arm the receive: at the start, and again when the
- * kernel ends it (no buffer was free, or its own reasons). Compared with
+ * kernel ends it (no buffer was free, an empty datagram, which a multishot
+ * receive takes for the end of a stream, or its own reasons). Compared with
  * recvmmsg, which costs one call per batch plus the call that finds the
  * socket empty, a busy socket is read without entering the kernel at all;
  * the kernel does the receive in task work on the owner's thread.
