@@ -22,9 +22,17 @@
 #     accelerators to the others; with fewer, nothing is pinned and the
 #     figure is what the machine's cores together allow, not one core's.
 #
+# Both parts run once per frontend receive path in RX (--rx socket:
+# libuv's recvmmsg; --rx uring: io_uring's multishot recvmsg; docs/design.md
+# "Receive path"), in the same run against the same sockperf baseline;
+# part 1 also gives the receive system calls per datagram
+# (lynx_frontend_rx_syscalls_total / received_total) and, with both paths,
+# the uring/socket ratio of CPU per response.
+#
 # usage: bench/accels-per-core.sh [BUILD_DIR]
 #   env: RATES ("10000 50000 100000"), DURATION (5), TRANSPORTS ("shm tcp"),
-#        NMAX (256; 32 below 8 cores), PARTS ("cpu accels")
+#        NMAX (256; 32 below 8 cores), PARTS ("cpu accels"),
+#        RX ("socket uring")
 # Results: bench/results/accels-per-core-<time>.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +42,8 @@ RATES=${RATES:-"10000 50000 100000"}
 DUR=${DURATION:-5}
 TRANSPORTS=${TRANSPORTS:-"shm tcp"}
 PARTS=${PARTS:-"cpu accels"}
+RX=${RX:-"socket uring"}
+LYNX_RX=${RX%% *} # the receive path lynx_up starts the frontend with
 CORES=$(nproc)
 if ((CORES >= 8)); then NMAX=${NMAX:-256}; PIN_FE=(taskset -c 0); PIN_REST=(taskset -c "1-$((CORES - 1))")
 else NMAX=${NMAX:-32}; PIN_FE=(); PIN_REST=(); fi
@@ -51,6 +61,11 @@ fe_drops() { # every drop but the app's own (sockperf-echo answers pongs only)
   curl -s "http://$METRICS/metrics" 2>/dev/null |
     awk '/^lynx_frontend_dropped_total/ && !/reason="app_dropped"/ {s += $NF} END {print s + 0}'
 }
+fe_calls_per_dgram() { # receive system calls per datagram received
+  curl -s "http://$METRICS/metrics" 2>/dev/null |
+    awk '/^lynx_frontend_rx_syscalls_total/ {c += $NF} /^lynx_frontend_received_total/ {r += $NF}
+      END { if (r > 0) printf "%.3f", c / r; else print "n/a" }'
+}
 
 # lynx_up TRANSPORT ACCELS [AGENT OPTION...]: agent and frontend (pinned)
 lynx_up() {
@@ -62,7 +77,7 @@ lynx_up() {
   pids+=($!)
   wait_log "$TMP/agent.log" "serving descriptors"
   "${PIN_FE[@]}" "$BIN/lynx-frontend" --agent "$AG_ADDR" --udp "$PORT" --workers 1 \
-    --metrics "$METRICS" >"$TMP/frontend.log" 2>&1 &
+    --rx "$LYNX_RX" --metrics "$METRICS" >"$TMP/frontend.log" 2>&1 &
   FE_PID=$!
   pids+=("$FE_PID")
   wait_log "$TMP/frontend.log" "serving UDP"
@@ -93,10 +108,11 @@ cpu_run() {
   awk -v n="${n:-0}" -v t="${t:-0}" -v c=$((c1 - c0)) -v hz="$HZ" 'BEGIN {
     printf "%.0f %.2f\n", (t > 0 ? n / t : 0), (n > 0 ? (c / hz) * 1e6 / n : 0) }'
 }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 part_cpu() {
-  local rate spid s l srps sus lrps lus
+  local rate spid s l srps sus lrps lus calls rx us_socket us_uring
   out "# CPU per response at fixed offered rates, 64 B UDP, every message answered ($CORES cores; frontend --workers 1; CPU of the whole process)"
-  out "$(printf '%-8s %14s %14s %14s %14s %8s' rate sockperf_rps sockperf_us lynx_rps lynx_us ratio)"
+  out "$(printf '%-8s %-7s %14s %14s %14s %14s %8s %10s' rate rx sockperf_rps sockperf_us lynx_rps lynx_us ratio calls/dgram)"
   for rate in $RATES; do
     "${PIN_FE[@]}" sockperf server -i 127.0.0.1 -p "$PORT" >"$TMP/server.log" 2>&1 &
     spid=$!
@@ -104,14 +120,23 @@ part_cpu() {
     sleep 0.5
     s=$(cpu_run "$spid" "$rate" "$TMP/cpu-sp-$rate.out")
     cleanup
-    lynx_up shm 2 --mqueues 4
-    l=$(cpu_run "$FE_PID" "$rate" "$TMP/cpu-lynx-$rate.out")
-    cleanup
     read -r srps sus <<<"$s"
-    read -r lrps lus <<<"$l"
-    out "$(printf '%-8s %14s %14s %14s %14s %8s' "$rate" "$srps" "$sus" "$lrps" "$lus" \
-      "$(awk -v a="$lus" -v b="$sus" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')")"
+    us_socket='' us_uring=''
+    for rx in $RX; do
+      LYNX_RX=$rx
+      lynx_up shm 2 --mqueues 4
+      l=$(cpu_run "$FE_PID" "$rate" "$TMP/cpu-lynx-$rate-$rx.out")
+      calls=$(fe_calls_per_dgram)
+      cleanup
+      read -r lrps lus <<<"$l"
+      printf -v "us_$rx" '%s' "$lus"
+      out "$(printf '%-8s %-7s %14s %14s %14s %14s %8s %10s' "$rate" "$rx" "$srps" "$sus" \
+        "$lrps" "$lus" "$(ratio "$lus" "$sus")" "$calls")"
+    done
+    [[ -n $us_socket && -n $us_uring ]] &&
+      out "$(printf '%-8s uring/socket CPU per response: %s' "$rate" "$(ratio "$us_uring" "$us_socket")")"
   done
+  LYNX_RX=${RX%% *}
   out "# ratio: frontend CPU per response / sockperf server CPU per reply (target <= 0.5 at 50k/s)"
 }
 
@@ -147,20 +172,24 @@ part_accels() {
   local pin="not pinned: fewer than 8 cores, so not one core's figure"
   ((CORES >= 8)) && pin="frontend pinned to core 0"
   out "# accelerators one frontend core drives (300 us of work each, 90 % of one accelerator's measured rate offered to each, UDP 64 B; $CORES cores: $pin)"
-  for tr in $TRANSPORTS; do
-    cap=$(accel_rate "$tr")
-    PER=$((cap * 9 / 10))
-    out "$tr: one accelerator answers $cap/s at saturation; offered $PER/s per accelerator"
-    ((PER > 0)) || { out "$tr: no rate measured"; continue; }
-    lo=0 hi=1
-    while ((hi <= NMAX)) && serves "$tr" "$hi"; do lo=$hi hi=$((hi * 2)); done
-    ((hi > NMAX)) && hi=$((NMAX + 1))
-    while ((hi - lo > 1)); do
-      mid=$(((lo + hi) / 2))
-      if serves "$tr" "$mid"; then lo=$mid; else hi=$mid; fi
+  for LYNX_RX in $RX; do
+    out "frontend --rx $LYNX_RX:"
+    for tr in $TRANSPORTS; do
+      cap=$(accel_rate "$tr")
+      PER=$((cap * 9 / 10))
+      out "$tr: one accelerator answers $cap/s at saturation; offered $PER/s per accelerator"
+      ((PER > 0)) || { out "$tr: no rate measured"; continue; }
+      lo=0 hi=1
+      while ((hi <= NMAX)) && serves "$tr" "$hi"; do lo=$hi hi=$((hi * 2)); done
+      ((hi > NMAX)) && hi=$((NMAX + 1))
+      while ((hi - lo > 1)); do
+        mid=$(((lo + hi) / 2))
+        if serves "$tr" "$mid"; then lo=$mid; else hi=$mid; fi
+      done
+      out "$(printf '%-4s accelerators served without loss: %d (%d msg/s; paper: 74 per Xeon core, 102 per 7-core BlueField, UDP)' "$tr" "$lo" $((lo * PER)))"
     done
-    out "$(printf '%-4s accelerators served without loss: %d (%d msg/s; paper: 74 per Xeon core, 102 per 7-core BlueField, UDP)' "$tr" "$lo" $((lo * PER)))"
   done
+  LYNX_RX=${RX%% *}
 }
 
 : >"$OUT_LINES"

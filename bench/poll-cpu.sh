@@ -14,7 +14,9 @@
 # own start-up and wind-down (about 0.1 s), where the frontend is idle.
 #
 # usage: bench/poll-cpu.sh [BUILD_DIR] [FRONTEND_BINARY] [frontend options]
-#   env: DURATION (5), IDLE (3), LOW_MPS (2000), HIGH_MPS (20000), RUNS (1)
+#   env: DURATION (5), IDLE (3), LOW_MPS (2000), HIGH_MPS (20000), RUNS (1),
+#        RX (e.g. "socket uring": each run measures a frontend per receive
+#        path, --rx; default: one frontend with the options given)
 # FRONTEND_BINARY (default BUILD_DIR/bin/lynx-frontend) lets an older build
 # of the frontend be measured against the same agent.
 set -euo pipefail
@@ -50,20 +52,28 @@ cpu_frac() {
 "$BUILD/bin/lynx-agent" --cpu-accels 2 --app sockperf-echo --mqueues 4 --listen "$AG_ADDR" >"$TMP/agent.log" 2>&1 &
 pids+=($!)
 sleep 0.3
-"$FE_BIN" --agent "$AG_ADDR" --udp "$FE_PORT" "$@" >"$TMP/frontend.log" 2>&1 &
-fe=$!
-pids+=("$fe")
-for _ in $(seq 50); do grep -q "serving UDP" "$TMP/frontend.log" && break; sleep 0.1; done
-grep -q "serving UDP" "$TMP/frontend.log" || { cat "$TMP/frontend.log"; exit 1; }
+fe=''
+fe_up() { # fe_up [frontend option...]: (re)starts the frontend, warmed up
+  if [[ -n $fe ]]; then kill -TERM "$fe"; wait "$fe" || true; fi
+  "$FE_BIN" --agent "$AG_ADDR" --udp "$FE_PORT" "$@" >"$TMP/frontend.log" 2>&1 &
+  fe=$!
+  pids+=("$fe")
+  for _ in $(seq 50); do grep -q "serving UDP" "$TMP/frontend.log" && break; sleep 0.1; done
+  grep -q "serving UDP" "$TMP/frontend.log" || { cat "$TMP/frontend.log"; exit 1; }
+  sp ping-pong -t 1 >/dev/null 2>&1 || true # warm-up
+}
 
 sp() { sockperf "$@" -i 127.0.0.1 -p "$FE_PORT" -m 64; }
-sp ping-pong -t 1 >/dev/null 2>&1 || true # warm-up
+[[ -n ${RX:-} ]] || fe_up "$@"
 for r in $(seq "$RUNS"); do
-  idle=$(cpu_frac "$fe" sleep "$IDLE")
-  low=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$LOW" --reply-every 1)
-  high=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$HIGH" --reply-every 1)
-  sp ping-pong -t "$DUR" >"$TMP/pp.txt" 2>&1 || true
-  read -r p50 p99 < <(awk '/percentile 50.000/ {p50=$NF} /percentile 99.000/ {p99=$NF} END {print p50+0, p99+0}' "$TMP/pp.txt")
-  printf "run %s: cpu(cores) idle %s  %s/s %s  %s/s %s   ping-pong p50 %s us p99 %s us\n" \
-    "$r" "$idle" "$LOW" "$low" "$HIGH" "$high" "$p50" "$p99"
+  for rx in ${RX:--}; do
+    [[ $rx == - ]] || fe_up "$@" --rx "$rx"
+    idle=$(cpu_frac "$fe" sleep "$IDLE")
+    low=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$LOW" --reply-every 1)
+    high=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$HIGH" --reply-every 1)
+    sp ping-pong -t "$DUR" >"$TMP/pp.txt" 2>&1 || true
+    read -r p50 p99 < <(awk '/percentile 50.000/ {p50=$NF} /percentile 99.000/ {p99=$NF} END {print p50+0, p99+0}' "$TMP/pp.txt")
+    printf "run %s%s: cpu(cores) idle %s  %s/s %s  %s/s %s   ping-pong p50 %s us p99 %s us\n" \
+      "$r" "$([[ $rx == - ]] || echo " rx $rx")" "$idle" "$LOW" "$low" "$HIGH" "$high" "$p50" "$p99"
+  done
 done

@@ -749,13 +749,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--bind: '%s' is not an address\n", cfg->bind);
     goto out;
   }
-  if (!cfg->tcp || m.coordinator_mode) {
-    /* which receive path UDP services take: an --rx uring this machine
-     * cannot give is the command's error, like a port that is taken */
-    if (choose_rx(cfg))
-      goto out;
-  }
   m.exit_code = LYNX_EXIT_RUNTIME; /* from here on, the world disagrees */
+  /* which receive path UDP services take: an --rx uring this machine
+   * cannot give fails the command at once, as a port that is taken does */
+  if ((!cfg->tcp || m.coordinator_mode) && choose_rx(cfg))
+    goto out;
   if (cfg->token_file) {
     char err[320];
     if (lynx_read_token(cfg->token_file, &m.token, err, sizeof(err))) {

@@ -16,8 +16,11 @@
  *
  * The ring is set up without SQPOLL or DEFER_TASKRUN: SQPOLL would spend a
  * kernel thread's core, and deferred task work would need a system call
- * per harvest. With the default task work, a datagram arriving while the
- * owner sleeps in poll(2) on the ring's fd wakes it.
+ * per harvest. COOP_TASKRUN: a datagram arriving while the owner sleeps
+ * (in poll(2) on the ring's fd) wakes it, but one arriving while it runs
+ * sends no interrupt; its task work runs at the owner's next system call,
+ * which its loop makes every pass anyway (kernels before 5.19 lack the
+ * flag: the ring is set up without it).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,9 +55,13 @@ int lynx_rxring_init(struct lynx_rxring *r, int sock) {
   memset(r, 0, sizeof(*r));
   memset(&p, 0, sizeof(p));
   /* room for a completion per buffer, and the errors that end a receive */
-  p.flags = IORING_SETUP_CQSIZE;
+  p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_COOP_TASKRUN;
   p.cq_entries = 2 * LYNX_RXRING_BUFS;
   rc = io_uring_queue_init_params(RING_ENTRIES, &r->ring, &p);
+  if (rc == -EINVAL) {
+    p.flags &= ~IORING_SETUP_COOP_TASKRUN;
+    rc = io_uring_queue_init_params(RING_ENTRIES, &r->ring, &p);
+  }
   if (rc)
     return rc;
   r->br = mmap(NULL, BR_BYTES, PROT_READ | PROT_WRITE,

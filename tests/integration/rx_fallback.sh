@@ -3,8 +3,10 @@
 # lynx-no-uring, a seccomp filter that fails io_uring_setup with EPERM, as
 # kernel.io_uring_disabled=2 or a container's seccomp profile would):
 #
-#  1. --rx uring refuses to start: exit status 2 and a message that names
-#     io_uring and why (Operation not permitted);
+#  1. --rx uring refuses to start: exit status 1 (a runtime failure, as a
+#     port that is taken: the command line is fine, the machine cannot
+#     give what it asks) and a message that names io_uring and why
+#     (Operation not permitted);
 #  2. --rx auto starts on the socket path and says why in one log line;
 #     /metrics says lynx_frontend_rx_path{path="socket"} 1, path="uring" 0;
 #     it serves: every probe datagram answered byte-exact, sockperf
@@ -34,7 +36,7 @@ timeout -k 2 10 "$NO_URING" "$LYNX_BIN_DIR/lynx-frontend" --rx uring \
   --agent "127.0.0.1:$AGENT_PORT" --udp "127.0.0.1:$UDP_PORT" >"$out" 2>&1 </dev/null
 rc=$?
 cat "$out"
-assert_eq "$rc" 2 "--rx uring without io_uring: exit status"
+assert_eq "$rc" 1 "--rx uring without io_uring: exit status"
 assert_log "$out" "--rx uring: io_uring cannot receive UDP here" "--rx uring: says io_uring cannot receive"
 assert_log "$out" "Operation not permitted" "--rx uring: says why"
 

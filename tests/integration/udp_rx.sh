@@ -34,23 +34,29 @@ pick_ports AGENT_PORT UDP_PORT METRICS_PORT
 CAP=2032 # default slot (2048) minus its 16-byte metadata
 NO_URING=''
 
-# delta NAME [LABELMATCH]: the metric's growth since snap_base
-declare -A BASE
-snap_base() {
-  local k
-  for k in received_total responded_total dispatched_total rx_syscalls_total \
-    rx_nobufs_total; do
-    BASE[$k]=$(metric "lynx_frontend_$k") || fail "no lynx_frontend_$k"
+# counts PREFIX: one stable scrape's counters of the service into
+# PREFIX<name> (rcv resp disp over app drops calls nobufs)
+counts() {
+  local f=$IT_DIR/metrics.$1.txt k v
+  local -A m=([rcv]=lynx_frontend_received_total
+    [resp]=lynx_frontend_responded_total [disp]=lynx_frontend_dispatched_total
+    [calls]=lynx_frontend_rx_syscalls_total [nobufs]=lynx_frontend_rx_nobufs_total
+    [drops]=lynx_frontend_dropped_total)
+  scrape_stable "$f"
+  export METRICS_FROM=$f
+  for k in "${!m[@]}"; do
+    v=$(metric "${m[$k]}") || fail "no ${m[$k]}"
+    printf -v "$1$k" '%s' "$v"
   done
-  BASE[drops]=$(metric lynx_frontend_dropped_total) || fail "no dropped_total"
-  BASE[oversize]=$(metric lynx_frontend_dropped_total 'reason="oversize"') ||
-    fail "no dropped_total{oversize}"
-  BASE[app]=$(metric lynx_frontend_dropped_total 'reason="app_dropped"') ||
-    fail "no dropped_total{app_dropped}"
+  v=$(metric lynx_frontend_dropped_total 'reason="oversize"') || fail "no oversize"
+  printf -v "$1over" '%s' "$v"
+  v=$(metric lynx_frontend_dropped_total 'reason="app_dropped"') || fail "no app_dropped"
+  printf -v "$1app" '%s' "$v"
+  unset METRICS_FROM
 }
 
 serve() { # serve RX: checks 1-6 on one path
-  local rx=$1 other out m rc rcv resp disp calls nobufs drops over app
+  local rx=$1 other out m rc v calls nobufs rcv
   other=$([[ $rx == uring ]] && echo socket || echo uring)
   start_agent --slots 2048
   NOWAIT=1 start_frontend --rx "$rx" --workers 2
@@ -60,7 +66,7 @@ serve() { # serve RX: checks 1-6 on one path
       wait "$FRONTEND_PID"
       rc=$?
       untrack "$FRONTEND_PID"
-      [[ $rx == uring && $rc == 2 ]] && grep -qF -- "--rx uring: io_uring cannot receive UDP here" \
+      [[ $rx == uring && $rc == 1 ]] && grep -qF -- "--rx uring: io_uring cannot receive UDP here" \
         "$FRONTEND_LOG" || { cat "$FRONTEND_LOG"; fail "frontend --rx $rx exited $rc"; }
       NO_URING=$(grep -m1 -F -- "--rx uring:" "$FRONTEND_LOG")
       log "io_uring unavailable: $NO_URING"
@@ -83,7 +89,7 @@ serve() { # serve RX: checks 1-6 on one path
   assert_eq "$v" 2 "lynx_frontend_rx_path{path=\"$rx\"} (workers)"
   v=$(metric lynx_frontend_rx_path "path=\"$other\"") || fail "no rx_path{path=\"$other\"}"
   assert_eq "$v" 0 "lynx_frontend_rx_path{path=\"$other\"}"
-  snap_base
+  counts S_ # at the start
 
   # 2. ping-pong at several sizes
   for m in 14 64 1400 $CAP; do
@@ -100,45 +106,27 @@ serve() { # serve RX: checks 1-6 on one path
   check_sockperf_served "$out"
 
   # 4. every size, empty included, exactly accounted
-  local b_rcv b_resp b_over b_app b_drops
-  scrape_stable "$IT_DIR/$rx-before-fuzz.txt"
-  export METRICS_FROM=$IT_DIR/$rx-before-fuzz.txt
-  b_rcv=$(metric lynx_frontend_received_total)
-  b_resp=$(metric lynx_frontend_responded_total)
-  b_over=$(metric lynx_frontend_dropped_total 'reason="oversize"')
-  b_app=$(metric lynx_frontend_dropped_total 'reason="app_dropped"')
-  b_drops=$(metric lynx_frontend_dropped_total)
-  unset METRICS_FROM
+  counts B_ # before the fuzz
   out=$IT_DIR/$rx-fuzz.out
   timeout -k 2 60 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 3000 \
     --seed 15 --cap "$CAP" >"$out" 2>&1 </dev/null
   rc=$?
   cat "$out"
   fuzz_summary "$out"
-  scrape_stable "$IT_DIR/$rx-after-fuzz.txt"
-  export METRICS_FROM=$IT_DIR/$rx-after-fuzz.txt
-  rcv=$(metric lynx_frontend_received_total)
-  resp=$(metric lynx_frontend_responded_total)
-  over=$(metric lynx_frontend_dropped_total 'reason="oversize"')
-  app=$(metric lynx_frontend_dropped_total 'reason="app_dropped"')
-  drops=$(metric lynx_frontend_dropped_total)
-  calls=$(metric lynx_frontend_rx_syscalls_total)
-  nobufs=$(metric lynx_frontend_rx_nobufs_total)
-  disp=$(metric lynx_frontend_dispatched_total)
-  unset METRICS_FROM
+  counts A_ # after it
   assert_eq "$rc" 0 "$rx: lynx-udp-fuzz exit status (every reply byte-exact)"
   assert_gt "$FZ_empty" 0 "$rx: empty datagrams in the mix"
-  assert_eq $((rcv - b_rcv)) "$FZ_sent" "$rx: received == sent (incl. $FZ_empty empty)"
-  assert_eq $((over - b_over)) "$FZ_oversize" "$rx: dropped{oversize} == datagrams > $CAP bytes"
+  assert_eq $((A_rcv - B_rcv)) "$FZ_sent" "$rx: received == sent (incl. $FZ_empty empty)"
+  assert_eq $((A_over - B_over)) "$FZ_oversize" "$rx: dropped{oversize} == datagrams > $CAP bytes"
   assert_eq "$FZ_received_replies" "$FZ_expected_replies" "$rx: replies received == expected"
-  assert_eq $((resp - b_resp)) "$FZ_expected_replies" "$rx: responded == expected replies"
-  assert_eq $((drops - b_drops)) $((over - b_over + app - b_app)) \
+  assert_eq $((A_resp - B_resp)) "$FZ_expected_replies" "$rx: responded == expected replies"
+  assert_eq $((A_drops - B_drops)) $((A_over - B_over + A_app - B_app)) \
     "$rx: no drop but oversize and the application's"
 
-  # 5. system calls per datagram
-  calls=$((calls - BASE[rx_syscalls_total]))
-  nobufs=$((nobufs - BASE[rx_nobufs_total]))
-  rcv=$((rcv - BASE[received_total]))
+  # 5. system calls per datagram, since the start
+  calls=$((A_calls - S_calls))
+  nobufs=$((A_nobufs - S_nobufs))
+  rcv=$((A_rcv - S_rcv))
   log "$rx: $rcv datagrams, $calls receive system calls, $nobufs out of buffers"
   if [[ $rx == uring ]]; then
     # arming: per empty datagram, per exhaustion, and once per worker
@@ -146,7 +134,7 @@ serve() { # serve RX: checks 1-6 on one path
   else
     assert_ge "$calls" $(((rcv + 19) / 20)) "$rx: recvmmsg calls (at most 20 datagrams each)"
   fi
-  assert_eq "$disp" $((rcv + BASE[received_total] - over)) \
+  assert_eq $((A_disp - S_disp)) $((rcv - (A_over - S_over))) \
     "$rx: dispatched == received - oversize"
 
   # 6. a clean stop

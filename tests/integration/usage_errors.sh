@@ -66,6 +66,7 @@ expect 2 lynx-frontend --agent 127.0.0.1:1 --coordinator 127.0.0.1:2 -- \
 expect 2 lynx-frontend --framing fixed:0 -- --framing fixed:0
 expect 2 lynx-frontend --metrics localhost -- --metrics localhost
 expect 2 lynx-frontend --workers 0 -- --workers "'0'"
+expect 2 lynx-frontend --rx iouring -- --rx iouring
 expect 2 lynx-coordinator --lease-ms 5 -- --lease-ms "'5'"
 expect 2 lynx-coordinator --http x:1 -- --http x:1
 expect 2 lynx-coordinator --log-level loud -- --log-level loud
