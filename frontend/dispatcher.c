@@ -111,8 +111,8 @@ static void on_ring_datagram(void *arg, const void *data, size_t len,
   on_datagram(arg, data, (ssize_t)len, from, truncated);
 }
 
-/* From the ring to the socket path: at set-up when the ring cannot be
- * built (--rx auto), or when it keeps failing. 0 or -errno. */
+/* Receives on the socket path: the configured one, or the fallback when
+ * a worker's ring cannot be built or keeps failing. 0 or -errno. */
 static int rx_socket(struct fe_worker *w) {
   struct fe_ingress *in = &w->ingress;
   lynx_rxring_free(&in->rx);

@@ -123,7 +123,7 @@ static int arm(struct lynx_rxring *r) {
 /* One completion of the receive: a datagram for fn, or why it ended.
  * Returns 1 when a datagram was delivered. */
 static int complete(struct lynx_rxring *r, const struct io_uring_cqe *cqe,
-                    lynx_rxring_fn fn, void *arg, int *last_err) {
+                    lynx_rxring_fn fn, void *arg) {
   struct io_uring_recvmsg_out *o;
   unsigned bid;
   if (!(cqe->flags & IORING_CQE_F_MORE))
@@ -134,7 +134,7 @@ static int complete(struct lynx_rxring *r, const struct io_uring_cqe *cqe,
     } else {
       r->errors++;
       r->err_run++;
-      *last_err = cqe->res;
+      r->last_err = cqe->res;
     }
     return 0;
   }
@@ -158,7 +158,7 @@ int lynx_rxring_poll(struct lynx_rxring *r, unsigned max, lynx_rxring_fn fn,
                      void *arg) {
   struct io_uring_cqe *cqe;
   unsigned head, seen = 0, bufs = 0;
-  int n = 0, last_err = -EIO, rc;
+  int n = 0, rc;
   if (!r->ready)
     return -EINVAL;
   io_uring_for_each_cqe(&r->ring, head, cqe) {
@@ -167,7 +167,7 @@ int lynx_rxring_poll(struct lynx_rxring *r, unsigned max, lynx_rxring_fn fn,
     seen++;
     if (cqe->user_data != UD_RECV)
       continue;
-    n += complete(r, cqe, fn, arg, &last_err);
+    n += complete(r, cqe, fn, arg);
     /* the buffer is copied out: back to the kernel with the batch */
     if (cqe->flags & IORING_CQE_F_BUFFER)
       give_back(r, cqe->flags >> IORING_CQE_BUFFER_SHIFT, (int)bufs++);
@@ -177,7 +177,7 @@ int lynx_rxring_poll(struct lynx_rxring *r, unsigned max, lynx_rxring_fn fn,
   if (bufs)
     io_uring_buf_ring_advance(r->br, (int)bufs);
   if (r->err_run >= ERR_RUN_MAX)
-    return last_err;
+    return r->last_err;
   /* re-armed only once the queue is drained, so that the buffers of the
    * completions still in it are back */
   if (!r->armed && io_uring_cq_ready(&r->ring) == 0) {

@@ -34,6 +34,7 @@ struct lynx_rxring {
   int ready;    /* ring and buffers set up */
   int armed;    /* a multishot recvmsg is in flight */
   uint32_t err_run; /* error completions since the last datagram */
+  int last_err;     /* the last one's -errno */
   /* counts, read by their owner only: io_uring_enter calls (arming,
    * cancelling), receives ended for want of buffers, error completions */
   uint64_t enters, nobufs, errors;

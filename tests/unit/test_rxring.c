@@ -243,7 +243,7 @@ static void test_error_gives_up(void **state) {
     if (rc >= 0)
       poll(&pfd, 1, 10);
   }
-  assert_true(rc < 0);
+  assert_int_equal(rc, -ENOTSOCK); /* the completions' own error */
   assert_int_equal(f->g.n, 0);
   assert_true(r.errors >= 8);
   lynx_rxring_free(&r);
