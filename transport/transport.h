@@ -277,7 +277,7 @@ int lynx_region_read(const struct lynx_region *r, uint64_t off, void *dst,
 
 /* Writes the header of a freshly allocated region. */
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
-                       uint32_t slot_size, uint32_t ordering, uint64_t epoch,
-                       uint32_t accel_id);
+                       uint32_t slot_size, uint32_t large_bytes,
+                       uint32_t ordering, uint64_t epoch, uint32_t accel_id);
 
 #endif

@@ -160,7 +160,7 @@ static int shm_connect(const struct lynx_region_desc *d,
   }
   c->base.ops = &lynx_transport_shm;
   c->base.desc = *d;
-  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size); /* validated */
+  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes); /* validated */
   c->mem = p;
   c->size = d->region_size;
   *out = &c->base;

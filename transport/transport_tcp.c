@@ -886,7 +886,7 @@ static int tcp_region_export(struct lynx_region *r) {
   if (!ex)
     return -ENOMEM;
   if (h.magic != LYNX_REGION_MAGIC ||
-      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size) ||
+      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size, h.large_bytes) ||
       ex->g.region_size > r->size) {
     free(ex);
     return -EINVAL;
@@ -1110,7 +1110,7 @@ static int tcp_connect(const struct lynx_region_desc *d,
   c->fd = -1;
   c->reads = calloc(TCP_READS_MAX, sizeof(*c->reads));
   if (!c->reads ||
-      lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size)) {
+      lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes)) {
     rc = c->reads ? -EINVAL : -ENOMEM;
     goto fail;
   }

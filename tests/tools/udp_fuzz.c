@@ -4,9 +4,11 @@
  * reply it gets.
  *
  * Datagram i (fixed seed, so every run sends the same bytes):
- *   - size: about half at most --cap bytes (what fits an mqueue slot), a few
- *     below the 14-byte sockperf header, boundary sizes (13, 14, cap, cap+1,
- *     65507), the rest up to 65507;
+ *   - size: about half at most --slot bytes (what fits an mqueue slot), a
+ *     few below the 14-byte sockperf header, boundary sizes (13, 14, slot,
+ *     slot+1, cap, cap+1, 65507), the rest up to 65507: large messages
+ *     (longer than --slot, at most --cap) where the cap is above the slot,
+ *     oversize ones (longer than --cap) where it is below 65507;
  *   - content: random, and for most datagrams a sockperf-like header (u64
  *     seq, u16 flags at byte 8, u32 len at byte 10, network order) whose seq
  *     is unique to the datagram; part of those carry the pong-request flag
@@ -28,7 +30,8 @@
  * Output: one line
  *   udp_fuzz: sent=N oversize=O expected_replies=E received_replies=R
  *             empty=Z mismatched=M unexpected=U duplicates=D send_errors=S ...
- * (oversize: longer than --cap; empty: 0-byte datagrams, part of sent)
+ * (oversize: longer than --cap; large: longer than --slot, at most --cap;
+ * empty: 0-byte datagrams, part of sent)
  * Exit status: 0 when mismatched, unexpected, duplicates and send_errors are
  * all 0 (missing replies are for the caller to judge: it compares
  * received_replies with expected_replies), 1 otherwise, 2 on usage errors.
@@ -67,7 +70,7 @@ struct dgram {
 /* The command line (opts below). */
 struct cfg {
   char *host;
-  uint32_t port, count, seed, cap, max_size, burst, burst_wait_ms, gap_us,
+  uint32_t port, count, seed, cap, slot, max_size, burst, burst_wait_ms, gap_us,
       drain_ms;
   int verbose;
 };
@@ -120,17 +123,21 @@ static void ht_put(uint64_t k, uint32_t idx) {
 
 static uint32_t pick_size(const struct cfg *c) {
   uint32_t r = rnd_below(100), cap = c->cap < c->max_size ? c->cap : c->max_size;
+  uint32_t slot = c->slot < cap ? c->slot : cap;
   if (r < 8) /* shorter than the sockperf header, 0 included */
     return rnd_range(0, HDR - 1 < c->max_size ? HDR - 1 : c->max_size);
   if (r < 13) { /* boundaries */
-    const uint32_t b[] = {0, HDR - 1, HDR, cap - 1, cap, cap + 1, c->max_size};
+    const uint32_t b[] = {0,        HDR - 1, HDR,     slot - 1,   slot,
+                          slot + 1, cap - 1, cap,     cap + 1,    c->max_size};
     uint32_t s = b[rnd_below(sizeof(b) / sizeof(b[0]))];
     return s > c->max_size ? c->max_size : s;
   }
   if (r < 35) /* small, typical request sizes */
-    return rnd_range(HDR < cap ? HDR : cap, cap < 256 ? cap : 256);
+    return rnd_range(HDR < slot ? HDR : slot, slot < 256 ? slot : 256);
   if (r < 55) /* anything that fits a slot */
-    return rnd_range(HDR < cap ? HDR : cap, cap);
+    return rnd_range(HDR < slot ? HDR : slot, slot);
+  if (cap > slot && (r < 78 || cap >= c->max_size)) /* large */
+    return rnd_range(slot + 1, cap);
   if (cap >= c->max_size) /* everything fits */
     return rnd_range(0, c->max_size);
   return rnd_range(cap + 1, c->max_size); /* oversize */
@@ -173,7 +180,7 @@ static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
 /* ---- replies --------------------------------------------------------- */
 
 struct stats {
-  uint32_t sent, empty, oversize, expected, received, mismatched, unexpected,
+  uint32_t sent, empty, oversize, large, expected, received, mismatched, unexpected,
       duplicates, send_errors;
   uint64_t bytes_sent, bytes_received;
 };
@@ -271,6 +278,7 @@ static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
   "  --count N            datagrams to send [10000]\n"                         \
   "  --seed N             random seed [1]\n"                                   \
   "  --cap N              largest payload the service takes [2032]\n"          \
+  "  --slot N             largest payload one mqueue slot holds [2032]\n"     \
   "  --max-size N         largest datagram [65507]\n"                          \
   "  --burst N            datagrams per burst [32]\n"                          \
   "  --burst-wait-ms N    wait at most this for a burst's replies [200]\n"     \
@@ -285,6 +293,7 @@ static const struct lynx_opt opts[] = {
     {"count", LYNX_OPT_U32, O(count), "10000", 0, 10000000, NULL, ""},
     {"seed", LYNX_OPT_U32, O(seed), "1", 0, UINT32_MAX, NULL, ""},
     {"cap", LYNX_OPT_U32, O(cap), "2032", HDR, UDP_MAX, NULL, ""},
+    {"slot", LYNX_OPT_U32, O(slot), "2032", HDR, UDP_MAX, NULL, ""},
     {"max-size", LYNX_OPT_U32, O(max_size), "65507", HDR, UDP_MAX, NULL, ""},
     {"burst", LYNX_OPT_U32, O(burst), "32", 1, 4096, NULL, ""},
     {"burst-wait-ms", LYNX_OPT_U32, O(burst_wait_ms), "200", 0, 60000, NULL,
@@ -358,6 +367,8 @@ int main(int argc, char **argv) {
           st.empty++;
         if (len > c.cap)
           st.oversize++;
+        else if (len > c.slot)
+          st.large++;
         if (expect) {
           st.expected++;
           want++;
@@ -387,11 +398,11 @@ int main(int argc, char **argv) {
       shown++;
     }
   printf(
-      "udp_fuzz: sent=%u oversize=%u expected_replies=%u "
+      "udp_fuzz: sent=%u oversize=%u large=%u expected_replies=%u "
       "received_replies=%u empty=%u mismatched=%u unexpected=%u duplicates=%u "
       "send_errors=%u bytes_sent=%llu bytes_received=%llu seed=%llu "
       "cap=%u elapsed_ms=%llu\n",
-      st.sent, st.oversize, st.expected, st.received, st.empty, st.mismatched,
+      st.sent, st.oversize, st.large, st.expected, st.received, st.empty, st.mismatched,
       st.unexpected, st.duplicates, st.send_errors,
       (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
       (unsigned long long)c.seed, c.cap,

@@ -75,7 +75,7 @@ static int group_teardown(void **state) {
 
 static int fx_setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
-  if (!f || lynx_geom_init(&f->g, Q, S, Z))
+  if (!f || lynx_geom_init(&f->g, Q, S, Z, 0))
     return -1;
   *state = f;
   f->r.fd = -1;
@@ -424,7 +424,7 @@ static void test_device_memory_region(void **state) {
   uint64_t ids[1];
   struct iovec iov = {pay, sizeof(pay)};
   (void)state;
-  assert_int_equal(lynx_geom_init(&g, Q, S, Z), 0);
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z, 0), 0);
   dev.size = g.region_size;
   dev.mem = calloc(1, g.region_size);
   assert_non_null(dev.mem);
@@ -432,7 +432,7 @@ static void test_device_memory_region(void **state) {
                    0);
   assert_null(r.base);
   assert_int_equal(
-      lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
+      lynx_region_format(&r, Q, S, Z, 0, LYNX_ORDER_FENCED, EPOCH, 7), 0);
   /* the magic is the last word written */
   assert_int_equal(dev.last_off, 0);
   assert_int_equal(dev.last_len, 4);
@@ -620,7 +620,7 @@ static void test_device_memory_batches(void **state) {
   int reads0, flushes0;
   (void)state;
   assert_non_null(b);
-  assert_int_equal(lynx_geom_init(&g, Q, S, Z), 0);
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z, 0), 0);
   assert_true(g.region_size > sizeof(big) + 64);
   b->d.size = g.region_size;
   b->d.mem = calloc(1, g.region_size);
@@ -631,7 +631,7 @@ static void test_device_memory_batches(void **state) {
   assert_int_equal(T->region_attach(g_ta, &r, "ut-bdev", g.region_size, &mem),
                    0);
   assert_int_equal(
-      lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
+      lynx_region_format(&r, Q, S, Z, 0, LYNX_ORDER_FENCED, EPOCH, 7), 0);
   assert_int_equal(T->region_export(&r), 0);
   ut_desc_fill(&d, "tcp", r.locator, &g, 7, EPOCH, LYNX_ORDER_FENCED);
   d.key = r.key;

@@ -81,7 +81,7 @@ static inline int ut_region_serve(const struct lynx_transport_ops *ops,
                                   struct lynx_region_desc *d) {
   int rc = ops->region_alloc(ta, r, name, g->region_size);
   if (!rc)
-    rc = lynx_region_format(r, g->n_mqueues, g->slots, g->slot_size, ordering,
+    rc = lynx_region_format(r, g->n_mqueues, g->slots, g->slot_size, 0, ordering,
                             epoch, accel);
   if (!rc)
     rc = ops->region_export(r);
