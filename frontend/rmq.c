@@ -320,12 +320,12 @@ static int post_large_reads(struct fe_conn *c) {
     struct fe_mq *mq = &c->mqs[i];
     uint64_t area = lynx_tx_large_off(g, mq->q);
     uint32_t used = 0;
+    memset(mq->ldata, 0, mq->tx_staged * sizeof(*mq->ldata));
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
       const uint8_t *slot = mq->stage + (size_t)k * z;
       struct lynx_slot_meta m;
       struct lynx_large_ref ref;
       uint32_t done = 0;
-      mq->ldata[k] = NULL;
       memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
       if (m.seq != lynx_seq_for(mq->tx_cons + k))
         break; /* not published: the forwarder stops here */
