@@ -1074,8 +1074,9 @@ struct pending_read {
   uint64_t wr_id;
   void *dst; /* READ_TX: of the control array */
   uint32_t len;
-  int ntx;                /* READ_TX: entries of tx */
-  struct lynx_tx_read *tx; /* READ_TX: the caller's, else NULL */
+  int compound;            /* a READ_TX */
+  int ntx;                 /* READ_TX: entries of tx */
+  struct lynx_tx_read *tx; /* READ_TX: the caller's */
 };
 
 struct tcp_conn {
@@ -1327,8 +1328,7 @@ static int tcp_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
   r->wr_id = wr_id;
   r->dst = dst;
   r->len = (uint32_t)len;
-  r->ntx = 0;
-  r->tx = NULL;
+  r->compound = 0;
   return 0;
 }
 
@@ -1373,6 +1373,7 @@ static int tcp_read_tx(struct lynx_tconn *tc, void *actrl,
   r->wr_id = wr_id;
   r->dst = actrl;
   r->len = 8u * g->n_mqueues;
+  r->compound = 1;
   r->ntx = n;
   r->tx = tx;
   return 0;
@@ -1429,7 +1430,7 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
       struct tcp_hdr h;
       hdr_get(c->in.p + c->in.head, &h);
       if (h.wr_id != r->wr_id ||
-          (r->tx ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
+          (r->compound ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
                  : h.op != OP_READ_RESP || h.len != r->len)) {
         LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: reply out of step (op %u, "
                     "%u bytes, expected a %u-byte read)",
@@ -1443,7 +1444,7 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
           return rc;
         break;
       }
-      if (!r->tx) {
+      if (!r->compound) {
         memcpy(r->dst, c->in.p + c->in.head + TCP_HDR, h.len);
       } else if (tc_take_tx(c, r, c->in.p + c->in.head + TCP_HDR, h.len)) {
         LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: compound reply of %u bytes "
