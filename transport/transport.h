@@ -263,6 +263,10 @@ int lynx_region_attach_served(struct lynx_region *r,
  * locator with host. */
 void lynx_locator_set_host(char *locator, size_t len, const char *host);
 
+/* read_tx of a backend without a compound read (shm, rdma): -ENOTSUP. */
+int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
+                       struct lynx_tx_read *tx, int n, uint64_t wr_id);
+
 /* The backend called name (a descriptor's transport), or NULL. */
 const struct lynx_transport_ops *lynx_transport_find(const char *name);
 

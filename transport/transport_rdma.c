@@ -385,15 +385,7 @@ static int lynx__rdma_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
 
 /* One-sided reads are served by the NIC, not a thread: the two-step path
  * costs no wake-up a compound read would save. */
-static int lynx__rdma_read_tx(struct lynx_tconn *tc, void *actrl,
-                              struct lynx_tx_read *tx, int n, uint64_t wr_id) {
-  (void)tc;
-  (void)actrl;
-  (void)tx;
-  (void)n;
-  (void)wr_id;
-  return -ENOTSUP;
-}
+#define lynx__rdma_read_tx lynx__read_tx_none
 
 /* Called by a worker about to sleep: acks what the completion channel
  * raised, re-arms the CQ, and reaps once, because a completion that came

@@ -233,15 +233,7 @@ static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
 
 /* Reads complete at once: the two-step path costs nothing a compound read
  * would save. */
-static int shm_read_tx(struct lynx_tconn *tc, void *actrl,
-                       struct lynx_tx_read *tx, int n, uint64_t wr_id) {
-  (void)tc;
-  (void)actrl;
-  (void)tx;
-  (void)n;
-  (void)wr_id;
-  return -ENOTSUP;
-}
+#define shm_read_tx lynx__read_tx_none
 
 static int shm_wait_fd(struct lynx_tconn *tc) {
   (void)tc;

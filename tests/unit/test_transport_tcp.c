@@ -196,12 +196,13 @@ static int raw_closed(int fd) {
   return 0;
 }
 
-static void raw_hello(int fd, const struct fx *f) {
-  uint8_t m[24 + 32], r[24];
+/* Sends a HELLO of protocol version ver for f's region. */
+static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
+  uint8_t m[24 + 32];
   uint32_t magic = htole32(0x3154584Cu);
-  uint16_t ver = htole16(2);
   uint64_t key = htole64(f->r.key), ep = htole64(EPOCH),
            sz = htole64(f->g.region_size);
+  ver = htole16(ver);
   put_hdr(m, 1, 0, 32, 0, 0);
   memset(m + 24, 0, 32);
   memcpy(m + 24, &magic, 4);
@@ -210,6 +211,11 @@ static void raw_hello(int fd, const struct fx *f) {
   memcpy(m + 40, &ep, 8);
   memcpy(m + 48, &sz, 8);
   raw_send(fd, m, sizeof(m));
+}
+
+static void raw_hello(int fd, const struct fx *f) {
+  uint8_t r[24];
+  raw_hello_send(fd, f, 2);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
   assert_int_equal(r[0], 2);   /* HELLO_REPLY */
   assert_int_equal(r[8], 0);   /* status 0 */
@@ -577,21 +583,12 @@ static void test_read_tx_large(void **state) {
  * with a reason that names both versions, before any operation. */
 static void test_old_frontend_refused(void **state) {
   struct fx *f = *state;
-  uint8_t m[24 + 32], r[24];
+  uint8_t r[24];
   char why[200] = "";
-  uint32_t magic = htole32(0x3154584Cu), len;
-  uint16_t ver = htole16(1);
-  uint64_t key = htole64(f->r.key), ep = htole64(EPOCH),
-           sz = htole64(f->g.region_size), st;
+  uint32_t len;
+  uint64_t st;
   int fd = raw_connect(f);
-  put_hdr(m, 1, 0, 32, 0, 0);
-  memset(m + 24, 0, 32);
-  memcpy(m + 24, &magic, 4);
-  memcpy(m + 28, &ver, 2);
-  memcpy(m + 32, &key, 8);
-  memcpy(m + 40, &ep, 8);
-  memcpy(m + 48, &sz, 8);
-  raw_send(fd, m, sizeof(m));
+  raw_hello_send(fd, f, 1);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
   assert_int_equal(r[0], 2); /* HELLO_REPLY */
   memcpy(&st, r + 8, 8);
