@@ -28,7 +28,8 @@ TRANSPORTS=${TRANSPORTS:-shm tcp}
 FE_PORT=${FE_PORT:-17030}
 AG_ADDR=${AG_ADDR:-127.0.0.1:17731}
 TMP=$(mktemp -d /tmp/lynx-tcpcycle.XXXXXX)
-command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
+command -v sockperf >/dev/null ||
+  { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
 source bench/lib.sh # pids, cleanup, wait_log, sockperf_stat
 
 # start BUILD TRANSPORT POLL: an agent and a frontend of BUILD

@@ -13,9 +13,10 @@
  * transport has a compound read (tcp's read_tx) the first two steps are
  * one: its agent reads the array and, from it, the new slots, in one round
  * trip. Reads are asynchronous so a remote transport pipelines; shm
- * completes them at once. RX slots are written payload and metadata in one posted write (or
- * fenced: payload, a read as barrier, metadata); after a batch every
- * touched connection gets one doorbell (flush and notify).
+ * completes them at once. RX slots are written payload and metadata in
+ * one posted write (or fenced: payload, a read as barrier, metadata);
+ * after a batch every touched connection gets one doorbell (flush and
+ * notify).
  *
  * A connection that fails goes out of dispatch, its outstanding requests
  * end (in doubt, or lost when its node was declared down), and it is

@@ -514,7 +514,8 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
              (unsigned long long)worst, TCP_OP_MAX);
     return -EMSGSIZE;
   }
-  if (buf_reserve(&c->out, TCP_HDR + worst, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)) {
+  if (buf_reserve(&c->out, TCP_HDR + worst,
+                  TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)) {
     snprintf(why, wl, "reply buffer full");
     return -ENOBUFS;
   }
