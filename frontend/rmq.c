@@ -9,11 +9,14 @@
  * Per connection, one cycle of the state machine: read the accelerator's
  * control array (all its indices in one read), then read the new TX slots
  * of this worker's mqueues, hand each slot up (the forwarder's hook), then
- * write the TX consumer indices back (lazily: once per cycle). Reads are
- * asynchronous so a remote transport pipelines; shm completes them at
- * once. RX slots are written payload and metadata in one posted write (or
- * fenced: payload, a read as barrier, metadata); after a batch every
- * touched connection gets one doorbell (flush and notify).
+ * write the TX consumer indices back (lazily: once per cycle). Where the
+ * transport has a compound read (tcp's read_tx) the first two steps are
+ * one: its agent reads the array and, from it, the new slots, in one round
+ * trip. Reads are asynchronous so a remote transport pipelines; shm
+ * completes them at once. RX slots are written payload and metadata in
+ * one posted write (or fenced: payload, a read as barrier, metadata);
+ * after a batch every touched connection gets one doorbell (flush and
+ * notify).
  *
  * A connection that fails goes out of dispatch, its outstanding requests
  * end (in doubt, or lost when its node was declared down), and it is
@@ -34,9 +37,13 @@
 #define WR_CTRL (1ull << WR_KIND_SHIFT)
 #define WR_SLOT (2ull << WR_KIND_SHIFT)
 #define WR_FENCE (3ull << WR_KIND_SHIFT)
+#define WR_TXC (4ull << WR_KIND_SHIFT)
 #define WR_KIND(id) ((id) >> WR_KIND_SHIFT)
 
 #define STAGE_BYTES (256u * 1024u) /* TX staging per mqueue per cycle */
+/* slots one compound read may bring, over all of a connection's mqueues:
+ * an answer stays well within what one transport operation carries */
+#define TXC_BYTES (1024u * 1024u)
 
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
@@ -266,31 +273,36 @@ static int post_slot_reads(struct fe_conn *c, struct fe_mq *mq, uint32_t i,
   return 0;
 }
 
+/* mq's word of the control array arrived: refresh flow control. Returns
+ * the TX slots published beyond tx_cons (0 also for a bad tx_prod). */
+static uint32_t mq_on_ctrl(struct fe_mq *mq, struct lynx_actrl a) {
+  uint32_t avail;
+  /* rx_cons may only move forward within what we produced; a bad value
+   * is ignored (flow control keeps the last good one) */
+  if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons) {
+    mq->dq.rx_cons = a.rx_cons;
+    if (mq->rx_ln)
+      rx_large_release(mq);
+  } else
+    bad_index(mq, "rx_cons", a.rx_cons);
+  avail = a.tx_prod - mq->tx_cons;
+  if (avail > mq->conn->acc.g.slots) {
+    bad_index(mq, "tx_prod", a.tx_prod);
+    return 0;
+  }
+  return avail;
+}
+
 /* The actrl array arrived: refresh flow control, post reads of new TX
  * slots. */
-static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
-  const struct lynx_geom *g = &c->acc.g;
+static int conn_on_ctrl(struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
   int rc;
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
-    struct lynx_actrl a = c->snap[mq->q];
-    uint32_t avail;
-    /* rx_cons may only move forward within what we produced; a bad value
-     * is ignored (flow control keeps the last good one) */
-    if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons) {
-      mq->dq.rx_cons = a.rx_cons;
-      if (mq->rx_ln)
-        rx_large_release(mq);
-    } else
-      bad_index(mq, "rx_cons", a.rx_cons);
-    avail = a.tx_prod - mq->tx_cons;
+    uint32_t avail = mq_on_ctrl(mq, c->snap[mq->q]);
     if (avail == 0)
       continue;
-    if (avail > g->slots) {
-      bad_index(mq, "tx_prod", a.tx_prod);
-      continue;
-    }
     rc = post_slot_reads(c, mq, i,
                          avail < mq->stage_slots ? avail : mq->stage_slots);
     if (rc == -ENOBUFS)
@@ -302,6 +314,35 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
   rc = c->reads_pending ? tc->ops->flush(tc) : 0;
   c->flush_again = rc == -ENOBUFS; /* the reads are posted: rung next cycle */
   return rc == -ENOBUFS ? 0 : rc;
+}
+
+/* A compound read arrived: the array refreshes flow control as above, and
+ * the slots it names are staged already (the transport checked that each
+ * count is the one the array gives). */
+static void conn_on_txc(struct fe_conn *c) {
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    mq_on_ctrl(mq, c->snap[mq->q]);
+    mq->tx_staged = c->txr[i].got;
+  }
+  c->state = FE_CONN_SLOTS;
+}
+
+/* Posts a cycle's first read: the compound read where the transport has
+ * one, else the control array's (its completion posts the slot reads). */
+static int post_poll(struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  if (!c->two_step) {
+    int rc;
+    for (uint32_t i = 0; i < c->n_mqs; i++)
+      c->txr[i].from = c->mqs[i].tx_cons;
+    rc = tc->ops->read_tx(tc, c->snap, c->txr, (int)c->n_mqs, WR_TXC);
+    if (rc != -ENOTSUP && rc != -EMSGSIZE)
+      return rc;
+    c->two_step = 1; /* for as long as this connection lives */
+  }
+  return tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                       8u * c->acc.g.n_mqueues, WR_CTRL);
 }
 
 #define LARGE_READ_MAX (1u << 20) /* one read of a large message, bytes */
@@ -425,8 +466,7 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
      * rx_cons is read again with the next request's first cycle. */
     if (fe_conn_outstanding(c) == 0 && !c->n_client_mqs)
       return 0;
-    rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
-                       8u * c->acc.g.n_mqueues, WR_CTRL);
+    rc = post_poll(c);
     if (rc == -ENOBUFS) {
       rc = 0; /* no room: polled again next cycle */
     } else if (!rc) {
@@ -452,13 +492,16 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
     for (int i = 0; i < n; i++) {
       switch (WR_KIND(ids[i])) {
       case 1: /* WR_CTRL */
-        rc = conn_on_ctrl(w, c);
+        rc = conn_on_ctrl(c);
         if (rc)
           goto fail;
         break;
       case 2: /* WR_SLOT */
         if (c->reads_pending)
           c->reads_pending--;
+        break;
+      case 4: /* WR_TXC */
+        conn_on_txc(c);
         break;
       default: /* fence reads carry no data we use */
         break;
@@ -527,6 +570,7 @@ static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
   }
   free(c->mqs);
   free(c->snap);
+  free(c->txr);
   free(c);
 }
 
@@ -574,6 +618,7 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   c->state = FE_CONN_IDLE;
   c->reads_pending = 0;
   c->dirty = 0;
+  c->two_step = 0; /* the transport may offer a compound read again */
   for (uint32_t i = 0; i < c->n_mqs; i++)
     c->mqs[i].dq.up = 1;
   return 0;
@@ -581,6 +626,16 @@ fail:
   c->tc->ops->close(c->tc);
   c->tc = NULL;
   return rc;
+}
+
+/* The slots a compound read asks of each of n mqueues: its stage, within
+ * TXC_BYTES over all of them, and at least one. */
+static uint32_t txc_slots(const struct fe_accel *acc, uint32_t n,
+                          uint32_t stage_slots) {
+  uint32_t k = TXC_BYTES / n / acc->g.slot_size;
+  if (k == 0)
+    k = 1;
+  return k < stage_slots ? k : stage_slots;
 }
 
 int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
@@ -602,7 +657,8 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
   c->acc = *acc;
   c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
   c->mqs = calloc(n, sizeof(*c->mqs));
-  if (!c->snap || !c->mqs) {
+  c->txr = calloc(n, sizeof(*c->txr));
+  if (!c->snap || !c->mqs || !c->txr) {
     rc = -ENOMEM;
     goto fail;
   }
@@ -624,6 +680,8 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
       rc = -ENOMEM;
       goto fail;
     }
+    c->txr[c->n_mqs - 1] = (struct lynx_tx_read){
+        .q = q, .max = txc_slots(acc, n, mq->stage_slots), .dst = mq->stage};
     if (acc->g.large_bytes) {
       mq->rx_lpos = calloc(acc->g.slots, sizeof(*mq->rx_lpos));
       mq->rx_lend = calloc(acc->g.slots, sizeof(*mq->rx_lend));

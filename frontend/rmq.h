@@ -107,7 +107,8 @@ struct fe_mq {
 
 enum fe_conn_state {
   FE_CONN_IDLE,  /* nothing posted */
-  FE_CONN_CTRL,  /* read of the actrl array posted */
+  FE_CONN_CTRL,  /* read of the actrl array posted, or a compound read
+                    of it and the new TX slots (transports with read_tx) */
   FE_CONN_SLOTS, /* reads of TX slots posted */
   FE_CONN_LARGE, /* reads of the staged slots' large messages posted */
   FE_CONN_DEAD,  /* accelerator left or transport failed */
@@ -120,6 +121,10 @@ struct fe_conn {
   struct lynx_actrl *snap; /* target of the actrl read */
   struct fe_mq *mqs;       /* this worker's mqueues on this accelerator */
   uint32_t n_mqs;
+  /* the compound read's entries, one per mqueue of mqs (its stage); the
+   * transport lacks one or cannot carry it (two_step): array, then slots */
+  struct lynx_tx_read *txr;
+  int two_step;
   enum fe_conn_state state;
   uint32_t reads_pending;
   int dirty;    /* requests written since the last flush */
@@ -192,7 +197,8 @@ int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
 void fe_rmq_doorbells(struct fe_worker *w);
 
 /* Advances one connection's state machine: reads its control array, then
- * its new TX slots, hands each to hooks->slot and writes the consumer
+ * its new TX slots (both in one compound read where the transport has
+ * one), hands each to hooks->slot and writes the consumer
  * indices back. Returns slots handled (>= 0); a transport error takes the
  * connection down. */
 int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c);

@@ -101,6 +101,16 @@ void lynx_locator_set_host(char *locator, size_t len, const char *host) {
     snprintf(locator, len, "%s:%s", host, port);
 }
 
+int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
+                       struct lynx_tx_read *tx, int n, uint64_t wr_id) {
+  (void)c;
+  (void)actrl;
+  (void)tx;
+  (void)n;
+  (void)wr_id;
+  return -ENOTSUP;
+}
+
 int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len) {
   uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
   uint64_t end;
