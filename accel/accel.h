@@ -81,6 +81,7 @@ struct lynx_accel_launch {
    * n_backends + k is the j-th client mqueue of back end backends[k]
    * (one each on a CPU: n_server + k, as the frontend always had it) */
   uint32_t n_mqueues, n_server, slots, slot_size, ordering, accel_id;
+  uint32_t large_bytes; /* each ring's large-message area (0: none) */
   char (*backends)[LYNX_BACKEND_NAME_MAX];
   uint32_t n_backends;
   uint64_t epoch;

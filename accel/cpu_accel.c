@@ -76,7 +76,7 @@ static void *cpu_thread_main(void *arg) {
   uint64_t idle_since = lynx_now_ns();
 
   prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: wake promptly from the futex */
-  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size)) {
+  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size, h->large_bytes)) {
     LYNX_ERR("cpu-accel", "accel %u: region header has a bad geometry", a->id);
     return NULL;
   }
@@ -174,7 +174,7 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
     a->n_server = h->n_mqueues;
   if (a->n_threads == 0 || a->n_threads > a->n_server)
     a->n_threads = a->n_threads ? a->n_server : 1;
-  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size))
+  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size, h->large_bytes))
     return -EINVAL;
   a->ctx.stop = &a->stop;
   a->ctx.n_clients = h->n_mqueues - a->n_server;

@@ -25,7 +25,7 @@
 #include "wire.h"
 
 struct agent_cfg {
-  uint32_t cpu_accels, mqueues, slots, slot_size, work_us, spin_us,
+  uint32_t cpu_accels, mqueues, slots, slot_size, msg_max, work_us, spin_us,
       accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks;
   uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
       ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
@@ -132,7 +132,7 @@ struct instance_req {
   uint32_t accel;
   const char *service;
   const struct lynx_app *app;
-  uint32_t mqueues, slots, slot_size, work_us;
+  uint32_t mqueues, slots, slot_size, msg_max, work_us;
   char (*backends)[LYNX_BACKEND_NAME_MAX];
   uint32_t n_backends;
 };

@@ -45,7 +45,7 @@ static void watch_instance(struct agent *ag, struct instance *in,
       ((uint64_t)ag->cfg.stall_ms * 1000u + (uint64_t)in->n_server * in->work_us) *
       1000u;
   if (lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots,
-                     in->desc.slot_size) ||
+                     in->desc.slot_size, in->desc.large_bytes) ||
       lynx_region_read(&in->region, lynx_actrl_off(&g, 0), a,
                        in->n_server * sizeof(a[0])) ||
       lynx_region_read(&in->region, lynx_fctrl_off(&g, 0), f,

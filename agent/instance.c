@@ -31,6 +31,7 @@ static void fill_desc(struct agent *ag, struct instance *in,
   in->desc.n_mqueues = g->n_mqueues;
   in->desc.slots = g->slots;
   in->desc.slot_size = g->slot_size;
+  in->desc.large_bytes = g->large_bytes;
   in->desc.ordering = ag->acc[accel].ordering;
   in->desc.key = in->region.key;
   in->desc.remote_addr = in->region.remote_addr;
@@ -50,7 +51,8 @@ static int host_region(struct agent *ag, struct instance *in,
     return rc;
   }
   rc = lynx_region_format(&in->region, g->n_mqueues, g->slots, g->slot_size,
-                          ag->acc[in->accel].ordering, ag->epoch, in->accel);
+                          g->large_bytes, ag->acc[in->accel].ordering,
+                          ag->epoch, in->accel);
   if (!rc)
     rc = ag->tops->region_export(&in->region);
   if (rc) {
@@ -80,6 +82,7 @@ static int start_run(struct agent *ag, struct instance *in,
       .n_server = in->n_server,
       .slots = g->slots,
       .slot_size = g->slot_size,
+      .large_bytes = g->large_bytes,
       .ordering = ag->acc[in->accel].ordering,
       .accel_id = in->accel,
       .backends = in->backends,
@@ -121,6 +124,7 @@ static int client_layout(struct agent *ag, const struct instance_req *q,
       .n_server = q->mqueues,
       .slots = q->slots,
       .slot_size = q->slot_size,
+      .large_bytes = lynx_large_for(q->msg_max, q->slot_size),
       .ordering = ag->acc[q->accel].ordering,
       .accel_id = q->accel,
       .backends = q->backends,
@@ -168,7 +172,8 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
   rc = per_backend < 1 || per_backend > LYNX_MQUEUES_MAX
            ? -EINVAL
            : lynx_geom_init(&g, mqueues + n_backends * per_backend, q->slots,
-                            q->slot_size);
+                            q->slot_size,
+                            lynx_large_for(q->msg_max, q->slot_size));
   if (rc) {
     snprintf(why, whylen, "invalid geometry");
     return -EINVAL;
@@ -214,10 +219,10 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
   in->next = ag->instances;
   ag->instances = in;
   LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
-            "mqueues x %u slots x %u B, %s %s", ag->node_id,
-            (unsigned long long)id, service, app->name, accel,
+            "mqueues x %u slots x %u B, messages up to %u B, %s %s",
+            ag->node_id, (unsigned long long)id, service, app->name, accel,
             ag->acc[accel].info.model, mqueues, q->slots, q->slot_size,
-            ag->tops->name, in->region.locator);
+            lynx_msg_cap(&g), ag->tops->name, in->region.locator);
   *out = in;
   return 0;
 }

@@ -344,7 +344,8 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
     struct instance_req q = {
         .id = s->instance_id, .accel = s->accel_idx, .service = sp->name,
         .app = app, .mqueues = sp->mqueues_per_accel, .slots = sp->slots,
-        .slot_size = sp->slot_size, .work_us = sp->work_us,
+        .slot_size = sp->slot_size, .msg_max = sp->msg_max,
+        .work_us = sp->work_us,
         .backends = names, .n_backends = nb};
     rc = agent_instance_start(ag, &q, &in, err, sizeof(err));
     if (rc) {

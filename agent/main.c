@@ -88,6 +88,10 @@ static const struct lynx_opt agent_opts[] = {
     {"slot-size", LYNX_OPT_U32, O(slot_size), "2048", LYNX_SLOT_MIN,
      LYNX_SLOT_MAX, NULL,
      "static mode: bytes per slot incl. 16 B metadata (power of two)"},
+    {"msg-max", LYNX_OPT_U32, O(msg_max), "1048576", 1, LYNX_LARGE_MAX / 2,
+     NULL, "static mode: largest request or answer in bytes; beyond a "
+     "slot's payload each ring gets a large-message area of the power of "
+     "two at least twice this (docs/mqueue.md)"},
     {"work-us", LYNX_OPT_U32, O(work_us), "0", 0, 10000000, NULL,
      "static mode: emulated processing time per request, microseconds"},
     {"work-mode", LYNX_OPT_ENUM, O(work_mode), "spin", 0, 0, work_modes,
@@ -222,7 +226,8 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
     struct instance_req q = {
         .id = i, .accel = i, .service = app->name, .app = app,
         .mqueues = ag->cfg.mqueues, .slots = ag->cfg.slots,
-        .slot_size = ag->cfg.slot_size, .work_us = ag->cfg.work_us};
+        .slot_size = ag->cfg.slot_size, .msg_max = ag->cfg.msg_max,
+        .work_us = ag->cfg.work_us};
     int rc = agent_instance_start(ag, &q, &in, why, sizeof(why));
     if (rc) {
       fprintf(stderr, "lynx-agent: accel %u: %s\n", i,
@@ -347,7 +352,8 @@ int main(int argc, char **argv) {
               lynx_app_names());
       goto usage;
     }
-    if (lynx_geom_init(&g, ag.cfg.mqueues, ag.cfg.slots, ag.cfg.slot_size)) {
+    if (lynx_geom_init(&g, ag.cfg.mqueues, ag.cfg.slots, ag.cfg.slot_size,
+                       lynx_large_for(ag.cfg.msg_max, ag.cfg.slot_size))) {
       fprintf(stderr, "--slots %u, --slot-size %u: both must be powers of "
               "two\n", ag.cfg.slots, ag.cfg.slot_size);
       goto usage;

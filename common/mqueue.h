@@ -26,7 +26,7 @@
 #endif
 
 #define LYNX_REGION_MAGIC 0x584E594Cu /* "LYNX" little-endian */
-#define LYNX_LAYOUT_VERSION 2u
+#define LYNX_LAYOUT_VERSION 3u
 #define LYNX_META_SIZE 16u
 #define LYNX_SLOT_MIN 64u
 #define LYNX_SLOT_MAX (1u << 20)
@@ -34,6 +34,14 @@
 #define LYNX_SLOTS_MAX 65536u
 #define LYNX_MQUEUES_MAX 1024u
 #define LYNX_RINGS_ALIGN 4096u
+/* Large-message area at the end of every ring (docs/mqueue.md, "Large
+ * messages"): 0, or a power of two in [LYNX_LARGE_MIN, LYNX_LARGE_MAX]. */
+#define LYNX_LARGE_MIN 4096u
+#define LYNX_LARGE_MAX (64u << 20)
+#define LYNX_LARGE_ALIGN 64u /* every large message starts on a cache line */
+/* Default message caps: any UDP datagram; a TCP service's len32 frame. */
+#define LYNX_UDP_MSG_MAX 65507u
+#define LYNX_TCP_MSG_MAX (1u << 20)
 
 enum lynx_ordering {
   LYNX_ORDER_COALESCED = 0, /* payload+meta in one write, placed in order */
@@ -50,6 +58,21 @@ enum lynx_slot_status {
                                 does not fit a slot; no reply bytes */
 };
 
+/* Status flag: the message is in the ring's large area; the slot's payload
+ * is a struct lynx_large_ref saying where. lynx_mq_recv resolves it (the
+ * application sees the message and the status without the flag). */
+#define LYNX_ST_LARGE 0x8000u
+
+/* A large message's place, the payload of its slot (meta.len = 16). */
+struct lynx_large_ref {
+  uint32_t off; /* byte offset within the ring's large area */
+  uint32_t len; /* message length: off + len <= the area's size */
+  uint32_t end; /* the producer's free-running allocation end (its own
+                   bookkeeping: the area is free up to here once this slot
+                   is consumed) */
+  uint32_t reserved;
+};
+
 /* Region header: written once by the agent, read-only afterwards. */
 struct lynx_region_hdr {
   uint32_t magic;
@@ -64,7 +87,8 @@ struct lynx_region_hdr {
   uint32_t actrl_off;
   uint32_t fctrl_off;
   uint64_t rings_off;
-  uint64_t reserved;
+  uint32_t large_bytes; /* each ring's large-message area (0: none) */
+  uint32_t reserved;
 };
 
 #define LYNX_OFF_SLEEPING 64u  /* u32, accelerator-written */
@@ -89,11 +113,12 @@ struct lynx_slot_meta { /* the last 16 bytes of every slot */
   uint32_t seq; /* publish word, written last: position + 1 */
 };
 
-/* Geometry of a region, derived from (Q, S, Z). */
+/* Geometry of a region, derived from (Q, S, Z, L). A ring is its S slots
+ * of Z bytes followed by its L-byte large-message area. */
 struct lynx_geom {
-  uint32_t n_mqueues, slots, slot_size;
+  uint32_t n_mqueues, slots, slot_size, large_bytes;
   uint32_t actrl_off, fctrl_off;
-  uint64_t rings_off, ring_bytes, region_size;
+  uint64_t rings_off, ring_bytes, slots_bytes, region_size;
 };
 
 LYNX_HD int lynx_is_pow2(uint32_t v) { return v && !(v & (v - 1)); }
@@ -102,23 +127,27 @@ LYNX_HD uint64_t lynx_align_up(uint64_t v, uint64_t a) {
   return (v + a - 1) & ~(a - 1);
 }
 
-/* Fills *g for Q mqueues of S slots of Z bytes; 0 or -22 (EINVAL) when a
- * parameter is out of the documented bounds. */
+/* Fills *g for Q mqueues of S slots of Z bytes, each ring with an L-byte
+ * large-message area (0: none); 0 or -22 (EINVAL) when a parameter is out
+ * of the documented bounds. */
 LYNX_HD int lynx_geom_init(struct lynx_geom *g, uint32_t q, uint32_t s,
-                           uint32_t z) {
+                           uint32_t z, uint32_t l) {
   uint64_t ctrl;
   if (q < 1 || q > LYNX_MQUEUES_MAX || !lynx_is_pow2(s) || s < LYNX_SLOTS_MIN ||
       s > LYNX_SLOTS_MAX || !lynx_is_pow2(z) || z < LYNX_SLOT_MIN ||
-      z > LYNX_SLOT_MAX)
+      z > LYNX_SLOT_MAX ||
+      (l && (!lynx_is_pow2(l) || l < LYNX_LARGE_MIN || l > LYNX_LARGE_MAX)))
     return -22;
   ctrl = lynx_align_up(8ull * q, 64);
   g->n_mqueues = q;
   g->slots = s;
   g->slot_size = z;
+  g->large_bytes = l;
   g->actrl_off = LYNX_OFF_ACTRL;
   g->fctrl_off = (uint32_t)(LYNX_OFF_ACTRL + ctrl);
   g->rings_off = lynx_align_up(LYNX_OFF_ACTRL + 2 * ctrl, LYNX_RINGS_ALIGN);
-  g->ring_bytes = (uint64_t)s * z;
+  g->slots_bytes = (uint64_t)s * z;
+  g->ring_bytes = g->slots_bytes + l;
   g->region_size =
       lynx_align_up(g->rings_off + 2ull * q * g->ring_bytes, LYNX_RINGS_ALIGN);
   return 0;
@@ -126,6 +155,27 @@ LYNX_HD int lynx_geom_init(struct lynx_geom *g, uint32_t q, uint32_t s,
 
 LYNX_HD uint32_t lynx_slot_cap(uint32_t slot_size) {
   return slot_size - LYNX_META_SIZE;
+}
+
+/* The largest message a region takes: half its large area (so two of the
+ * largest are in flight on each ring), or a slot's payload without one. */
+LYNX_HD uint32_t lynx_msg_cap(const struct lynx_geom *g) {
+  uint32_t cap = lynx_slot_cap(g->slot_size);
+  return g->large_bytes / 2 > cap ? g->large_bytes / 2 : cap;
+}
+
+/* The large area a ring needs for messages of up to msg_max bytes with
+ * slots of slot_size: 0 when a slot holds them, else the power of two at
+ * least twice msg_max (and at least LYNX_LARGE_MIN). 0 also when msg_max
+ * is beyond LYNX_LARGE_MAX / 2: the caller refuses (lynx_geom_init takes
+ * any 0). */
+LYNX_HD uint32_t lynx_large_for(uint32_t msg_max, uint32_t slot_size) {
+  uint32_t l = LYNX_LARGE_MIN;
+  if (msg_max <= lynx_slot_cap(slot_size) || msg_max > LYNX_LARGE_MAX / 2)
+    return 0;
+  while (l < 2 * msg_max)
+    l *= 2;
+  return l;
 }
 
 /* Every RX ring, then every TX ring: each access class (frontend-written,
@@ -137,6 +187,15 @@ LYNX_HD uint64_t lynx_rx_ring_off(const struct lynx_geom *g, uint32_t q) {
 
 LYNX_HD uint64_t lynx_tx_ring_off(const struct lynx_geom *g, uint32_t q) {
   return g->rings_off + ((uint64_t)g->n_mqueues + q) * g->ring_bytes;
+}
+
+/* The large-message area of mqueue q's RX and TX rings. */
+LYNX_HD uint64_t lynx_rx_large_off(const struct lynx_geom *g, uint32_t q) {
+  return lynx_rx_ring_off(g, q) + g->slots_bytes;
+}
+
+LYNX_HD uint64_t lynx_tx_large_off(const struct lynx_geom *g, uint32_t q) {
+  return lynx_tx_ring_off(g, q) + g->slots_bytes;
 }
 
 /* Offset of the slot at free-running position pos within a ring. */
@@ -209,6 +268,75 @@ LYNX_HD void lynx_cpu_relax(void) {
 }
 #endif
 
+/* ---- the large-message area ------------------------------------------ */
+
+/*
+ * Each ring's large area is a byte ring its producer allocates in order:
+ * free-running byte counters head (next allocation) and tail (free up to),
+ * a message never wrapping around the area's end (the rest of the area is
+ * skipped). Messages are consumed in ring order, so the producer frees in
+ * allocation order: consuming a large slot frees the area up to the end
+ * its reference carries.
+ */
+struct lynx_large_alloc {
+  uint32_t head, tail;
+};
+
+LYNX_HD uint32_t lynx_large_end(uint32_t start, uint32_t len) {
+  return start + ((len + LYNX_LARGE_ALIGN - 1) & ~(LYNX_LARGE_ALIGN - 1));
+}
+
+/* Where a message of len bytes (0 < len <= size) goes: its free-running
+ * start in *start (the area offset is start & (size - 1)). 0, or -11
+ * (EAGAIN) while the area has no room. An empty area skips to its start
+ * when the message would not fit before its end, so a message of the
+ * whole area always fits an empty one. */
+LYNX_HD int lynx_large_place(struct lynx_large_alloc *a, uint32_t size,
+                             uint32_t len, uint32_t *start) {
+  uint32_t s = a->head, off = a->head & (size - 1);
+  if (off + len > size) {
+    s += size - off;
+    if (a->head == a->tail)
+      a->head = a->tail = s;
+  }
+  if (lynx_large_end(s, len) - a->tail > size)
+    return -11;
+  *start = s;
+  return 0;
+}
+
+/* Frees the area up to end (a consumed message's): ignored unless end lies
+ * within what is allocated, so a corrupted reference frees nothing. */
+LYNX_HD void lynx_large_free(struct lynx_large_alloc *a, uint32_t end) {
+  if (end - a->tail <= a->head - a->tail)
+    a->tail = end;
+}
+
+/* Copies a reference out of a slot (volatile on the device, as metadata:
+ * lynx_meta_load). */
+LYNX_HD void lynx_ref_load(const struct lynx_large_ref *src,
+                           struct lynx_large_ref *dst) {
+#if defined(__CUDA_ARCH__)
+  const volatile struct lynx_large_ref *v = src;
+  dst->off = v->off;
+  dst->len = v->len;
+  dst->end = v->end;
+  dst->reserved = v->reserved;
+#else
+  *dst = *src;
+#endif
+}
+
+/* Bounds rule of a large slot (its metadata passed lynx_meta_check): 0 when
+ * the reference lies inside an area of size bytes, -90 otherwise. */
+LYNX_HD int lynx_large_check(const struct lynx_slot_meta *m,
+                             const struct lynx_large_ref *r, uint32_t size) {
+  if (m->len != sizeof(*r) || !size || r->off >= size ||
+      r->len > size - r->off)
+    return -90;
+  return 0;
+}
+
 /* ---- accelerator-side mqueue ---------------------------------------- */
 
 /*
@@ -220,14 +348,18 @@ LYNX_HD void lynx_cpu_relax(void) {
 struct lynx_mq {
   uint8_t *rx;                  /* RX ring base */
   uint8_t *tx;                  /* TX ring base */
+  uint8_t *rx_large, *tx_large; /* the rings' large areas */
   struct lynx_actrl *actrl;     /* this mqueue's accelerator-written indices */
   const struct lynx_fctrl *fctrl; /* this mqueue's frontend-written indices */
-  uint32_t slots, slot_size;
+  uint32_t slots, slot_size, large_bytes;
   uint32_t rx_head;  /* next position to receive */
   uint32_t rx_cons;  /* oldest position not yet released */
   uint32_t tx_prod;  /* next position to send */
   uint32_t tx_cons;  /* cached fctrl->tx_cons */
   uint32_t bad;      /* malformed requests skipped */
+  struct lynx_large_alloc tx_la; /* the TX large area */
+  uint32_t tx_lscan; /* TX slots before it were looked at for frees */
+  uint32_t tx_lopen; /* start of the open large reservation */
 };
 
 /* A received request: a view into the RX slot, valid until released. */
@@ -242,14 +374,20 @@ LYNX_HD void lynx_mq_bind(struct lynx_mq *mq, uint8_t *region,
                           const struct lynx_geom *g, uint32_t q) {
   mq->rx = region + lynx_rx_ring_off(g, q);
   mq->tx = region + lynx_tx_ring_off(g, q);
+  mq->rx_large = region + lynx_rx_large_off(g, q);
+  mq->tx_large = region + lynx_tx_large_off(g, q);
   mq->actrl = (struct lynx_actrl *)(region + lynx_actrl_off(g, q));
   mq->fctrl = (const struct lynx_fctrl *)(region + lynx_fctrl_off(g, q));
   mq->slots = g->slots;
   mq->slot_size = g->slot_size;
+  mq->large_bytes = g->large_bytes;
   mq->rx_head = mq->rx_cons = lynx_load_acquire32(&mq->actrl->rx_cons);
   mq->tx_prod = lynx_load_acquire32(&mq->actrl->tx_prod);
   mq->tx_cons = lynx_load_acquire32(&mq->fctrl->tx_cons);
   mq->bad = 0;
+  mq->tx_la.head = mq->tx_la.tail = 0;
+  mq->tx_lscan = mq->tx_prod;
+  mq->tx_lopen = 0;
 }
 
 LYNX_HD struct lynx_slot_meta *lynx_mq_meta(uint8_t *ring, uint32_t slot_size,
@@ -257,6 +395,12 @@ LYNX_HD struct lynx_slot_meta *lynx_mq_meta(uint8_t *ring, uint32_t slot_size,
   return (struct lynx_slot_meta *)(ring +
                                    (uint64_t)(pos & (slots - 1)) * slot_size +
                                    slot_size - LYNX_META_SIZE);
+}
+
+/* Where a slot's payload (or large reference) begins, from its metadata. */
+LYNX_HD uint8_t *lynx_meta_payload(struct lynx_slot_meta *meta,
+                                   uint32_t slot_size, uint16_t off16) {
+  return (uint8_t *)meta - (slot_size - LYNX_META_SIZE) + (uint32_t)off16 * 16u;
 }
 
 /* Copies a slot's metadata out. On the device every word is a volatile load
@@ -277,19 +421,47 @@ LYNX_HD void lynx_meta_load(const struct lynx_slot_meta *src,
 #endif
 }
 
+/* Resolves a published RX slot into *m: 0, or -90 when it breaks the bounds
+ * rule (the slot's, or its large reference's). */
+LYNX_HD int lynx_mq_resolve(const struct lynx_mq *mq,
+                            struct lynx_slot_meta *meta, struct lynx_msg *m) {
+  struct lynx_slot_meta mv;
+  uint8_t *p;
+  lynx_meta_load(meta, &mv);
+  m->tag = mv.tag;
+  if (lynx_meta_check(&mv, mq->slot_size) != 0)
+    return -90;
+  p = lynx_meta_payload(meta, mq->slot_size, mv.off16);
+  if (mv.status & LYNX_ST_LARGE) {
+    struct lynx_large_ref ref;
+    lynx_ref_load((const struct lynx_large_ref *)p, &ref);
+    if (lynx_large_check(&mv, &ref, mq->large_bytes) != 0)
+      return -90;
+    m->data = mq->rx_large + ref.off;
+    m->len = ref.len;
+    m->status = (uint16_t)(mv.status & ~LYNX_ST_LARGE);
+    return 0;
+  }
+  m->data = p;
+  m->len = mv.len;
+  m->status = mv.status;
+  return 0;
+}
+
 /* Releases the oldest received request (receive order), together with any
  * malformed slots recv skipped right behind it, so skipped slots never leak. */
 LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
-  struct lynx_slot_meta mv;
+  struct lynx_msg mm;
   if (mq->rx_cons == mq->rx_head)
     return;
   for (;;) {
     mq->rx_cons++;
     if (mq->rx_cons == mq->rx_head)
       break;
-    lynx_meta_load(lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, mq->rx_cons),
-                   &mv);
-    if (lynx_meta_check(&mv, mq->slot_size) == 0)
+    if (lynx_mq_resolve(mq,
+                        lynx_mq_meta(mq->rx, mq->slot_size, mq->slots,
+                                     mq->rx_cons),
+                        &mm) == 0)
       break;
   }
   lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);
@@ -298,11 +470,12 @@ LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
 /*
  * Next request, zero copy. Returns 0 and fills *m, -11 (EAGAIN) when there
  * is none, -105 (ENOBUFS) when every slot is held unreleased by the caller.
+ * A large message is seen whole, in place in the ring's large area.
  * Malformed slots (bounds rule) are released, counted in mq->bad, skipped.
  */
 LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
   for (;;) {
-    struct lynx_slot_meta *meta, mv;
+    struct lynx_slot_meta *meta;
     uint32_t seq;
     if (mq->rx_head - mq->rx_cons >= mq->slots)
       return -105;
@@ -310,8 +483,7 @@ LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
     seq = lynx_load_acquire32(&meta->seq);
     if (seq != lynx_seq_for(mq->rx_head))
       return -11;
-    lynx_meta_load(meta, &mv);
-    if (lynx_meta_check(&mv, mq->slot_size) != 0) {
+    if (lynx_mq_resolve(mq, meta, m) != 0) {
       mq->bad++;
       mq->rx_head++;
       /* Releases are in order: with nothing held, free the slot now;
@@ -322,11 +494,6 @@ LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
       }
       continue;
     }
-    m->data = (const uint8_t *)meta - (mq->slot_size - LYNX_META_SIZE) +
-              (uint32_t)mv.off16 * 16u;
-    m->len = mv.len;
-    m->tag = mv.tag;
-    m->status = mv.status;
     mq->rx_head++;
     return 0;
   }
@@ -339,21 +506,61 @@ LYNX_HD int lynx_mq_rx_ready(const struct lynx_mq *mq) {
   return lynx_load_acquire32(&meta->seq) == lynx_seq_for(mq->rx_head);
 }
 
+/* Frees the TX large area of the large slots the frontend consumed since
+ * the last look: call after reading tx_cons. Reads back the references in
+ * this mqueue's own TX slots, which stay until tx_prod laps them (only
+ * possible past tx_cons, so always after this look). */
+LYNX_HD void lynx_mq_tx_reclaim(struct lynx_mq *mq) {
+  if (mq->tx_cons - mq->tx_lscan > mq->tx_prod - mq->tx_lscan)
+    return; /* tx_cons beyond what was sent: a bad index, nothing freed */
+  while (mq->tx_lscan != mq->tx_cons) {
+    struct lynx_slot_meta *meta, mv;
+    if (mq->tx_la.head == mq->tx_la.tail) {
+      mq->tx_lscan = mq->tx_cons; /* nothing allocated: nothing to free */
+      return;
+    }
+    meta = lynx_mq_meta(mq->tx, mq->slot_size, mq->slots, mq->tx_lscan);
+    lynx_meta_load(meta, &mv);
+    if (mv.status & LYNX_ST_LARGE) {
+      struct lynx_large_ref ref;
+      lynx_ref_load((const struct lynx_large_ref *)lynx_meta_payload(
+                        meta, mq->slot_size, mv.off16),
+                    &ref);
+      lynx_large_free(&mq->tx_la, ref.end);
+    }
+    mq->tx_lscan++;
+  }
+}
+
 /*
  * Reserves a TX slot for a response of at most max_len bytes and returns a
- * pointer to where the payload goes (*buf). 0, -11 (EAGAIN) when the TX ring
- * is full, -90 (EMSGSIZE) when max_len exceeds the slot. Commit with
- * lynx_mq_commit; at most one reservation is open at a time.
+ * pointer to where the payload goes (*buf): in the slot, or in the TX
+ * ring's large area when max_len exceeds a slot's payload. 0, -11 (EAGAIN)
+ * when the TX ring (or its large area) is full, -90 (EMSGSIZE) when
+ * max_len exceeds the slot and there is no large area or it is larger than
+ * the area. Commit with lynx_mq_commit; at most one reservation is open at
+ * a time.
  */
 LYNX_HD int lynx_mq_reserve(struct lynx_mq *mq, uint32_t max_len,
                             uint8_t **buf) {
-  uint32_t cap = lynx_slot_cap(mq->slot_size);
-  if (max_len > cap)
+  uint32_t cap = lynx_slot_cap(mq->slot_size), start = 0;
+  int large = max_len > cap;
+  if (large && max_len > mq->large_bytes)
     return -90;
-  if (lynx_ring_full(mq->tx_prod, mq->tx_cons, mq->slots)) {
+  if (lynx_ring_full(mq->tx_prod, mq->tx_cons, mq->slots) ||
+      (large && lynx_large_place(&mq->tx_la, mq->large_bytes, max_len,
+                                 &start) != 0)) {
     mq->tx_cons = lynx_load_acquire32(&mq->fctrl->tx_cons);
-    if (lynx_ring_full(mq->tx_prod, mq->tx_cons, mq->slots))
+    lynx_mq_tx_reclaim(mq);
+    if (lynx_ring_full(mq->tx_prod, mq->tx_cons, mq->slots) ||
+        (large && lynx_large_place(&mq->tx_la, mq->large_bytes, max_len,
+                                   &start) != 0))
       return -11;
+  }
+  if (large) {
+    mq->tx_lopen = start;
+    *buf = mq->tx_large + (start & (mq->large_bytes - 1));
+    return 0;
   }
   *buf = mq->tx + (uint64_t)(mq->tx_prod & (mq->slots - 1)) * mq->slot_size +
          lynx_payload_off(mq->slot_size, max_len);
@@ -366,6 +573,21 @@ LYNX_HD void lynx_mq_commit(struct lynx_mq *mq, uint32_t tag, uint32_t len,
                             uint32_t max_len, uint16_t status) {
   struct lynx_slot_meta *meta =
       lynx_mq_meta(mq->tx, mq->slot_size, mq->slots, mq->tx_prod);
+  if (max_len > lynx_slot_cap(mq->slot_size)) {
+    uint32_t poff =
+        lynx_payload_off(mq->slot_size, (uint32_t)sizeof(struct lynx_large_ref));
+    struct lynx_large_ref *ref =
+        (struct lynx_large_ref *)lynx_meta_payload(meta, mq->slot_size,
+                                                   (uint16_t)(poff / 16u));
+    ref->off = mq->tx_lopen & (mq->large_bytes - 1);
+    ref->len = len;
+    ref->end = lynx_large_end(mq->tx_lopen, len);
+    ref->reserved = 0;
+    mq->tx_la.head = ref->end;
+    len = (uint32_t)sizeof(*ref);
+    max_len = len;
+    status = (uint16_t)(status | LYNX_ST_LARGE);
+  }
   meta->len = len;
   meta->tag = tag;
   meta->status = status;

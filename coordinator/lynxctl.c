@@ -40,7 +40,7 @@ static const char usage_text[] =
     "commands:\n"
     "  nodes | accelerators | mqueues | services | frontends\n"
     "  service create --name N --port P --app A [--slot-size Z] [--slots S]\n"
-    "                 [--mqueues M] [--work-us U]\n"
+    "                 [--msg-max B] [--mqueues M] [--work-us U]\n"
     "                 [--proto udp|tcp [--framing len32|fixed:N]]\n"
     "                 [--placement all | --replicas N [--selector k=v,...]]\n"
     "  service create -f FILE.json      (-f - reads standard input)\n"
@@ -708,7 +708,7 @@ static int print_service_created(struct ctl *t, struct json_object *j,
  * when given. */
 struct create_opts {
   char *file, *name, *app, *proto, *framing, *placement, *selector;
-  uint32_t port, slot_size, slots, mqueues, work_us, replicas;
+  uint32_t port, slot_size, slots, msg_max, mqueues, work_us, replicas;
 };
 
 #define CO(f) offsetof(struct create_opts, f)
@@ -716,7 +716,8 @@ struct create_opts {
 #define CO_NUM(name, f)                                                        \
   {name, LYNX_OPT_U32, CO(f), NULL, 0, UINT32_MAX, NULL, ""}
 enum { C_FILE, C_F, C_NAME, C_APP, C_PROTO, C_FRAMING, C_PORT, C_SLOT_SIZE,
-       C_SLOTS, C_MQUEUES, C_WORK_US, C_REPLICAS, C_PLACEMENT, C_SELECTOR };
+       C_SLOTS, C_MSG_MAX, C_MQUEUES, C_WORK_US, C_REPLICAS, C_PLACEMENT,
+       C_SELECTOR };
 static const struct lynx_opt create_tab[] = {
     [C_FILE] = CO_STR("file", file),
     [C_F] = CO_STR("f", file),
@@ -727,6 +728,7 @@ static const struct lynx_opt create_tab[] = {
     [C_PORT] = CO_NUM("port", port),
     [C_SLOT_SIZE] = CO_NUM("slot-size", slot_size),
     [C_SLOTS] = CO_NUM("slots", slots),
+    [C_MSG_MAX] = CO_NUM("msg-max", msg_max),
     [C_MQUEUES] = CO_NUM("mqueues", mqueues),
     [C_WORK_US] = CO_NUM("work-us", work_us),
     [C_REPLICAS] = CO_NUM("replicas", replicas),
@@ -747,10 +749,11 @@ static int create_body(const struct create_opts *o, uint64_t given,
              *placement = o->placement, *selector = o->selector,
              *proto = o->proto, *framing = o->framing;
   uint32_t port = o->port, slot_size = o->slot_size, slots = o->slots,
-           mqueues = o->mqueues, work_us = o->work_us, replicas = o->replicas;
+           msg_max = o->msg_max, mqueues = o->mqueues, work_us = o->work_us, replicas = o->replicas;
   int has_port = !!(given & (1ull << C_PORT)),
       has_slot_size = !!(given & (1ull << C_SLOT_SIZE)),
       has_slots = !!(given & (1ull << C_SLOTS)),
+      has_msg_max = !!(given & (1ull << C_MSG_MAX)),
       has_mq = !!(given & (1ull << C_MQUEUES)),
       has_work = !!(given & (1ull << C_WORK_US)),
       has_replicas = !!(given & (1ull << C_REPLICAS));
@@ -761,7 +764,8 @@ static int create_body(const struct create_opts *o, uint64_t given,
     FILE *f;
     int too_big = 0;
     if (name || app || placement || selector || proto || framing ||
-        has_port || has_slot_size || has_slots || has_mq || has_work ||
+        has_port || has_slot_size || has_slots || has_msg_max || has_mq ||
+        has_work ||
         has_replicas)
       return usage_err("service create: -f takes the whole spec; give no "
                        "other option with it");
@@ -815,6 +819,8 @@ static int create_body(const struct create_opts *o, uint64_t given,
                              json_object_new_int64(slot_size));
     if (has_slots)
       json_object_object_add(req, "slots", json_object_new_int64(slots));
+    if (has_msg_max)
+      json_object_object_add(req, "msg_max", json_object_new_int64(msg_max));
     if (has_mq)
       json_object_object_add(req, "mqueues_per_accel",
                              json_object_new_int64(mqueues));

@@ -205,6 +205,7 @@ static void spec_to_pb(const struct lynx_service_spec *s,
   pb->app = (char *)s->app;
   pb->slot_size = s->slot_size;
   pb->slots = s->slots;
+  pb->msg_max = s->msg_max;
   pb->mqueues_per_accel = s->mqueues_per_accel;
   pb->work_us = s->work_us;
   pb->fixed_len = s->fixed_len;

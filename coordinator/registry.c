@@ -963,7 +963,9 @@ static void adopt_one(struct lynx_registry *r, struct lynx_reg_node *n,
   if (!s || accel_pos(n, a->accel_idx) < 0 ||
       n->state == LYNX_NODE_DRAINED || a->desc.n_mqueues !=
       s->spec.mqueues_per_accel || a->desc.slots != s->spec.slots ||
-      a->desc.slot_size != s->spec.slot_size) {
+      a->desc.slot_size != s->spec.slot_size ||
+      a->desc.large_bytes !=
+          lynx_large_for(s->spec.msg_max, s->spec.slot_size)) {
     if (r->ops.stop_instance)
       r->ops.stop_instance(r->ops.data, n, a->instance_id);
     return;
@@ -1227,7 +1229,7 @@ static int desc_equal(const struct lynx_region_desc *a,
          !strcmp(a->locator, b->locator) && a->region_size == b->region_size &&
          a->epoch == b->epoch && a->n_mqueues == b->n_mqueues &&
          a->slot_size == b->slot_size && a->slots == b->slots &&
-         a->ordering == b->ordering && a->key == b->key &&
+         a->large_bytes == b->large_bytes && a->ordering == b->ordering && a->key == b->key &&
          a->remote_addr == b->remote_addr &&
          !memcmp(a->rkeys, b->rkeys, sizeof(a->rkeys));
 }
@@ -1364,19 +1366,27 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
                 LYNX_MQUEUES_MAX);
     return -EINVAL;
   }
-  if (lynx_geom_init(&g, sp->mqueues_per_accel, sp->slots, sp->slot_size)) {
+  if (lynx_geom_init(&g, sp->mqueues_per_accel, sp->slots, sp->slot_size,
+                     0)) {
     ERR_INVALID(err, "slots: geometry out of bounds");
     return -EINVAL;
   }
-  if (sp->fixed_len > lynx_slot_cap(sp->slot_size)) {
-    ERR_INVALID(err, "framing: fixed messages of %u bytes do not fit a "
-                "%u-byte slot (at most %u)", sp->fixed_len, sp->slot_size,
-                lynx_slot_cap(sp->slot_size));
+  if (sp->msg_max > LYNX_LARGE_MAX / 2) { /* 0: what a slot holds */
+    ERR_INVALID(err, "msg_max: must be at most %u bytes",
+                LYNX_LARGE_MAX / 2);
+    return -EINVAL;
+  }
+  if (sp->fixed_len > (sp->msg_max > lynx_slot_cap(sp->slot_size)
+                            ? sp->msg_max
+                            : lynx_slot_cap(sp->slot_size))) {
+    ERR_INVALID(err, "framing: fixed messages of %u bytes are longer than "
+                "msg_max (%u) and a %u-byte slot's payload", sp->fixed_len,
+                sp->msg_max, sp->slot_size);
     return -EINVAL;
   }
   if (sp->n_backends > LYNX_BACKENDS_MAX ||
       lynx_geom_init(&g, sp->mqueues_per_accel + sp->n_backends, sp->slots,
-                     sp->slot_size)) {
+                     sp->slot_size, lynx_large_for(sp->msg_max, sp->slot_size))) {
     ERR_INVALID(err, "backends: at most %u, and mqueues_per_accel plus "
                 "backends at most %u", LYNX_BACKENDS_MAX, LYNX_MQUEUES_MAX);
     return -EINVAL;
@@ -1450,7 +1460,7 @@ uint64_t lynx_service_region_bytes(const struct lynx_service_spec *sp) {
   struct lynx_geom g;
   if (!sp || sp->n_backends > LYNX_BACKENDS_MAX ||
       lynx_geom_init(&g, sp->mqueues_per_accel + sp->n_backends, sp->slots,
-                     sp->slot_size))
+                     sp->slot_size, lynx_large_for(sp->msg_max, sp->slot_size)))
     return 0;
   return g.region_size;
 }
@@ -1464,12 +1474,14 @@ static int region_limit(const struct lynx_registry *r,
   if (!r->region_max_bytes || bytes <= r->region_max_bytes)
     return 0;
   set_err(err, 422, "limit_exceeded",
-          "region: %u slots of %u bytes in %u mqueues (%u per accelerator + "
-          "%u for back ends), each with an RX and a TX ring, take %" PRIu64
+          "region: %u slots of %u bytes (and %u bytes for large messages) "
+          "in %u mqueues (%u per accelerator + %u for back ends), each with "
+          "an RX and a TX ring, take %" PRIu64
           " bytes (%" PRIu64 " MiB) on every accelerator; the limit is "
           "%" PRIu64 " MiB (--region-max-mb)",
-          sp->slots, sp->slot_size, sp->mqueues_per_accel + sp->n_backends,
-          sp->mqueues_per_accel, sp->n_backends, bytes,
+          sp->slots, sp->slot_size, lynx_large_for(sp->msg_max, sp->slot_size),
+          sp->mqueues_per_accel + sp->n_backends, sp->mqueues_per_accel,
+          sp->n_backends, bytes,
           (bytes + (1u << 20) - 1) >> 20, r->region_max_bytes >> 20);
   return -EFBIG;
 }

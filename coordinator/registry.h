@@ -139,6 +139,9 @@ struct lynx_service_spec {
   uint32_t fixed_len; /* tcp framing: 0 = len32, N = fixed N-byte messages */
   char app[LYNX_ID_MAX];
   uint32_t slot_size, slots, mqueues_per_accel, work_us;
+  /* the largest request or answer (bytes): beyond a slot's payload, each
+   * ring gets a large area (lynx_large_for) */
+  uint32_t msg_max;
   enum lynx_placement_kind placement;
   uint32_t replicas;              /* LYNX_PLACE_REPLICAS */
   struct lynx_label selector[LYNX_LABELS_MAX]; /* every pair must match */

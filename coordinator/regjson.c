@@ -160,6 +160,7 @@ struct json_object *lynx_json_service_spec_obj(
   add_str(o, "app", sp->app);
   add_u64(o, "slot_size", sp->slot_size);
   add_u64(o, "slots", sp->slots);
+  add_u64(o, "msg_max", sp->msg_max);
   add_u64(o, "mqueues_per_accel", sp->mqueues_per_accel);
   add_u64(o, "work_us", sp->work_us);
   if (sp->n_backends) {
@@ -578,6 +579,8 @@ int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
       rc = get_u32(val, "slot_size", 1, &sp.slot_size, err);
     } else if (!strcmp(key, "slots")) {
       rc = get_u32(val, "slots", 1, &sp.slots, err);
+    } else if (!strcmp(key, "msg_max")) {
+      rc = get_u32(val, "msg_max", 1, &sp.msg_max, err);
     } else if (!strcmp(key, "mqueues_per_accel")) {
       rc = get_u32(val, "mqueues_per_accel", 1, &sp.mqueues_per_accel, err);
     } else if (!strcmp(key, "work_us")) {
@@ -600,6 +603,11 @@ int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
     return bad(err, "app: required");
   if (have_framing && strcmp(sp.proto, "tcp"))
     return bad(err, "framing: only a tcp service has one");
+  if (!sp.msg_max) /* absent or 0: the protocol's (a datagram, a len32
+                    * frame, N fixed bytes) */
+    sp.msg_max = strcmp(sp.proto, "tcp") ? LYNX_UDP_MSG_MAX
+                 : sp.fixed_len          ? sp.fixed_len
+                                         : LYNX_TCP_MSG_MAX;
   rc = lynx_service_spec_validate(&sp, err);
   if (rc)
     return rc;

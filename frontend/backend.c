@@ -91,13 +91,13 @@ static int deliver(struct fe_backend *be, const uint8_t *data, uint32_t len,
   }
   if (!rx_room(mq))
     return -EAGAIN;
-  if (status == LYNX_ST_OK && len > lynx_slot_cap(mq->conn->acc.g.slot_size)) {
+  if (status == LYNX_ST_OK && len > lynx_msg_cap(&mq->conn->acc.g)) {
     status = LYNX_ST_TOO_LONG;
     len = 0;
   }
   rc = fe_write_rx(be->w, mq, data, len, tag, status);
-  if (rc == -ENOBUFS)
-    return -EAGAIN;
+  if (rc == -ENOBUFS || rc == -ENOSPC)
+    return -EAGAIN; /* transport or large area full: delivered later */
   if (rc) {
     lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
     return 0;

@@ -74,8 +74,8 @@ static void on_datagram(struct fe_worker *w, const void *data, ssize_t nread,
   if (truncated || (in->cap && (size_t)nread > in->cap)) {
     lynx_cnt_add(&w->drops[FE_DROP_OVERSIZE], 1);
     LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
-                "worker %u: %zd-byte datagram is larger than a slot's %u-byte "
-                "payload, dropped",
+                "worker %u: %zd-byte datagram is larger than the %u bytes "
+                "the accelerators take (--msg-max), dropped",
                 w->id, nread, in->cap);
     return;
   }
@@ -195,6 +195,20 @@ int fe_submit(struct fe_worker *w, const void *data, uint32_t len,
     return -ENOSPC;
   }
   rc = write_request(w, mq, data, len, tag);
+  if (rc == -ENOSPC || rc == -EMSGSIZE) {
+    /* the mqueue's large area has no room yet (or, between connection
+     * changes, is smaller than the cap): a stream waits, a datagram is
+     * dropped as on a full ring */
+    lynx_tag_release(&w->tags, e);
+    if (hold && rc == -ENOSPC)
+      return -EAGAIN;
+    *drop = rc == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_OVERSIZE;
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: %u-byte request "
+                "dropped: %s", w->id, len,
+                rc == -ENOSPC ? "its mqueue's large-message area is full"
+                              : "larger than its mqueue's large-message area");
+    return rc;
+  }
   if (rc) {
     lynx_tag_release(&w->tags, e);
     lynx_cnt_add(&mq->drops[FE_QDROP_WRITE_ERR], 1);
@@ -244,8 +258,8 @@ int fe_dispatcher_rebuild(struct fe_worker *w) {
     const struct fe_conn *c = r->conns[i];
     n += c->n_mqs - c->n_client_mqs;
     if (!c->removing && c->state != FE_CONN_DEAD &&
-        (cap == 0 || lynx_slot_cap(c->acc.g.slot_size) < cap))
-      cap = lynx_slot_cap(c->acc.g.slot_size);
+        (cap == 0 || lynx_msg_cap(&c->acc.g) < cap))
+      cap = lynx_msg_cap(&c->acc.g);
   }
   dqs = calloc(n + 1, sizeof(*dqs));
   if (!dqs)

@@ -99,19 +99,33 @@ static void queue_send(struct fe_worker *w, struct fe_mq *mq,
 }
 
 int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
-                    const uint8_t *slot, uint32_t pos) {
-  uint32_t z = mq->conn->acc.g.slot_size;
+                    const uint8_t *slot, uint32_t pos, const uint8_t *large,
+                    uint32_t large_len) {
+  uint32_t z = mq->conn->acc.g.slot_size, len;
   struct lynx_slot_meta m;
   struct lynx_tag_entry *e;
+  const uint8_t *data;
+  int bad, large_ref = 0;
   memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
+  /* the message: in the slot, or (large) read from the TX large area by
+   * the manager, which found its reference sound */
+  bad = lynx_meta_check(&m, z) != 0;
+  data = slot + (uint32_t)m.off16 * 16u;
+  len = m.len;
+  if (m.status & LYNX_ST_LARGE) {
+    large_ref = !bad && !large;
+    bad = bad || !large;
+    data = large;
+    len = large_len;
+    m.status = (uint16_t)(m.status & ~LYNX_ST_LARGE);
+  }
   if (mq->be && m.seq == lynx_seq_for(pos)) {
     /* a client mqueue: the application's request to its back end */
-    if (lynx_meta_check(&m, z) != 0) {
+    if (bad) {
       lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
       return 0;
     }
-    return fe_backend_request(w, mq, slot + (uint32_t)m.off16 * 16u, m.len,
-                              m.tag);
+    return fe_backend_request(w, mq, data, len, m.tag);
   }
   if (m.seq != lynx_seq_for(pos)) {
     /* tx_prod ran ahead of the slot: an accelerator bug; counted once per
@@ -140,15 +154,22 @@ int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
   fe_mq_outstanding_set(mq, mq->dq.outstanding - 1);
   if (m.status == LYNX_ST_DROPPED) {
     lynx_cnt_add(&mq->drops[FE_QDROP_APP], 1);
-  } else if (lynx_meta_check(&m, z) != 0) {
+  } else if (bad) {
     lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
-                "mqueue %s/%u/%u: response of %u bytes at %u does not fit a "
-                "%u-byte slot, dropped",
-                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
-                m.len, m.off16 * 16u, z);
+    if (large_ref)
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                  "mqueue %s/%u/%u: large response whose reference lies "
+                  "outside the %u-byte large area, dropped",
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
+                  mq->conn->acc.g.large_bytes);
+    else
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                  "mqueue %s/%u/%u: response of %u bytes at %u does not fit "
+                  "a %u-byte slot, dropped",
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
+                  m.len, m.off16 * 16u, z);
   } else {
-    queue_send(w, mq, e, slot + (uint32_t)m.off16 * 16u, m.len);
+    queue_send(w, mq, e, data, len);
   }
   fe_request_done(w, e);
   return 0;

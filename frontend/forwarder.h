@@ -46,7 +46,8 @@ int fe_forward(struct fe_worker *w);
 /* The manager's slot hook: one staged TX slot at ring position pos. 0 when
  * consumed, -EAGAIN when not published yet (retry from here next cycle). */
 int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
-                    const uint8_t *slot, uint32_t pos);
+                    const uint8_t *slot, uint32_t pos, const uint8_t *large,
+                    uint32_t large_len);
 
 /* Room for every response one pass can gather from the connection set
  * (called with the set's lock held). 0 or -ENOMEM (nothing changed). */

@@ -247,7 +247,7 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
              (unsigned long long)instance_id, node, a->desc.transport);
     return -ENOTSUP;
   }
-  lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size);
+  lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size, a->desc.large_bytes);
   a->n_server = a->g.n_mqueues; /* the service's spec may say fewer */
   snprintf(a->node, sizeof(a->node), "%s", node ? node : "?");
   a->instance_id = instance_id;

@@ -9,11 +9,14 @@
  * Per connection, one cycle of the state machine: read the accelerator's
  * control array (all its indices in one read), then read the new TX slots
  * of this worker's mqueues, hand each slot up (the forwarder's hook), then
- * write the TX consumer indices back (lazily: once per cycle). Reads are
- * asynchronous so a remote transport pipelines; shm completes them at
- * once. RX slots are written payload and metadata in one posted write (or
- * fenced: payload, a read as barrier, metadata); after a batch every
- * touched connection gets one doorbell (flush and notify).
+ * write the TX consumer indices back (lazily: once per cycle). Where the
+ * transport has a compound read (tcp's read_tx) the first two steps are
+ * one: its agent reads the array and, from it, the new slots, in one round
+ * trip. Reads are asynchronous so a remote transport pipelines; shm
+ * completes them at once. RX slots are written payload and metadata in
+ * one posted write (or fenced: payload, a read as barrier, metadata);
+ * after a batch every touched connection gets one doorbell (flush and
+ * notify).
  *
  * A connection that fails goes out of dispatch, its outstanding requests
  * end (in doubt, or lost when its node was declared down), and it is
@@ -34,9 +37,13 @@
 #define WR_CTRL (1ull << WR_KIND_SHIFT)
 #define WR_SLOT (2ull << WR_KIND_SHIFT)
 #define WR_FENCE (3ull << WR_KIND_SHIFT)
+#define WR_TXC (4ull << WR_KIND_SHIFT)
 #define WR_KIND(id) ((id) >> WR_KIND_SHIFT)
 
 #define STAGE_BYTES (256u * 1024u) /* TX staging per mqueue per cycle */
+/* slots one compound read may bring, over all of a connection's mqueues:
+ * an answer stays well within what one transport operation carries */
+#define TXC_BYTES (1024u * 1024u)
 
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
@@ -114,33 +121,95 @@ void fe_rmq_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
 
 /* ---- the remote rings ------------------------------------------------ */
 
+/* Writes a message longer than a slot into mq's RX large area: *ref says
+ * where, for the slot. The area is only taken (rx_large_taken) once the
+ * slot is written too. 0 or -errno (-ENOSPC: no room until the
+ * accelerator releases earlier ones). */
+static int write_large(struct fe_conn *c, struct fe_mq *mq, const void *data,
+                       uint32_t len, struct lynx_large_ref *ref) {
+  const struct lynx_geom *g = &c->acc.g;
+  struct iovec iov = {(void *)data, len};
+  uint32_t start;
+  if (len > g->large_bytes)
+    return -EMSGSIZE;
+  if (lynx_large_place(&mq->rx_la, g->large_bytes, len, &start))
+    return -ENOSPC;
+  ref->off = start & (g->large_bytes - 1);
+  ref->len = len;
+  ref->end = lynx_large_end(start, len);
+  ref->reserved = 0;
+  /* ordered before the slot that names it (coalesced: placed in order;
+   * fenced: the slot's barrier read follows it too) */
+  return c->tc->ops->writev(c->tc, lynx_rx_large_off(g, mq->q) + ref->off,
+                            &iov, 1, 0);
+}
+
+/* The large request at ring position pos is written: its area is taken
+ * until the accelerator releases that position. */
+static void rx_large_taken(struct fe_mq *mq, uint32_t pos, uint32_t end) {
+  uint32_t mask = mq->conn->acc.g.slots - 1;
+  uint32_t at = (mq->rx_lfirst + mq->rx_ln) & mask;
+  mq->rx_lpos[at] = pos;
+  mq->rx_lend[at] = end;
+  mq->rx_ln++;
+  mq->rx_la.head = end;
+}
+
+/* The accelerator released up to dq.rx_cons: free the large area of the
+ * large requests before it. */
+static void rx_large_release(struct fe_mq *mq) {
+  uint32_t mask = mq->conn->acc.g.slots - 1;
+  while (mq->rx_ln &&
+         (int32_t)(mq->rx_lpos[mq->rx_lfirst] - mq->dq.rx_cons) < 0) {
+    lynx_large_free(&mq->rx_la, mq->rx_lend[mq->rx_lfirst]);
+    mq->rx_lfirst = (mq->rx_lfirst + 1) & mask;
+    mq->rx_ln--;
+  }
+}
+
 int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
                 uint32_t len, uint32_t tag, uint16_t status) {
   struct fe_conn *c = mq->conn;
   const struct lynx_geom *g = &c->acc.g;
-  uint32_t pos = mq->dq.rx_prod;
-  uint32_t poff = lynx_payload_off(g->slot_size, len);
+  uint32_t pos = mq->dq.rx_prod, poff;
   uint64_t slot = lynx_slot_off(g, lynx_rx_ring_off(g, mq->q), pos);
-  struct lynx_slot_meta m = {len, tag, status, (uint16_t)(poff / 16u),
-                             lynx_seq_for(pos)};
-  struct iovec iov[3] = {{(void *)data, len},
-                         {(void *)zeros, lynx_slot_cap(g->slot_size) - poff - len},
-                         {&m, sizeof(m)}};
   struct lynx_tconn *tc = c->tc;
-  int rc;
-  if (c->acc.desc.ordering == LYNX_ORDER_COALESCED)
-    return tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
-  /* fenced: payload, a read as write barrier, then the metadata */
-  rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
-  if (!rc)
-    /* any read of the region flushes the posted payload ahead of it; the
-     * mqueue's actrl word is readable under every transport's access rules
-     * (rdma registers the RX rings write-only) */
-    rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), w->rmq.fence_scratch, 4,
-                       WR_FENCE);
-  if (!rc)
-    rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2], 1,
-                         LYNX_WR_PUBLISH | LYNX_WR_FENCE);
+  struct lynx_large_ref ref;
+  struct lynx_slot_meta m;
+  struct iovec iov[3];
+  int large = len > lynx_slot_cap(g->slot_size), rc;
+  if (large) {
+    rc = write_large(c, mq, data, len, &ref);
+    if (rc)
+      return rc;
+    data = &ref;
+    len = sizeof(ref);
+    status = (uint16_t)(status | LYNX_ST_LARGE);
+  }
+  poff = lynx_payload_off(g->slot_size, len);
+  m = (struct lynx_slot_meta){len, tag, status, (uint16_t)(poff / 16u),
+                              lynx_seq_for(pos)};
+  iov[0] = (struct iovec){(void *)data, len};
+  iov[1] = (struct iovec){(void *)zeros,
+                          lynx_slot_cap(g->slot_size) - poff - len};
+  iov[2] = (struct iovec){&m, sizeof(m)};
+  if (c->acc.desc.ordering == LYNX_ORDER_COALESCED) {
+    rc = tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
+  } else {
+    /* fenced: payload, a read as write barrier, then the metadata */
+    rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
+    if (!rc)
+      /* any read of the region flushes the posted payload ahead of it; the
+       * mqueue's actrl word is readable under every transport's access
+       * rules (rdma registers the RX rings write-only) */
+      rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), w->rmq.fence_scratch,
+                         4, WR_FENCE);
+    if (!rc)
+      rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2],
+                           1, LYNX_WR_PUBLISH | LYNX_WR_FENCE);
+  }
+  if (!rc && large)
+    rx_large_taken(mq, pos, ref.end);
   return rc;
 }
 
@@ -204,29 +273,36 @@ static int post_slot_reads(struct fe_conn *c, struct fe_mq *mq, uint32_t i,
   return 0;
 }
 
+/* mq's word of the control array arrived: refresh flow control. Returns
+ * the TX slots published beyond tx_cons (0 also for a bad tx_prod). */
+static uint32_t mq_on_ctrl(struct fe_mq *mq, struct lynx_actrl a) {
+  uint32_t avail;
+  /* rx_cons may only move forward within what we produced; a bad value
+   * is ignored (flow control keeps the last good one) */
+  if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons) {
+    mq->dq.rx_cons = a.rx_cons;
+    if (mq->rx_ln)
+      rx_large_release(mq);
+  } else
+    bad_index(mq, "rx_cons", a.rx_cons);
+  avail = a.tx_prod - mq->tx_cons;
+  if (avail > mq->conn->acc.g.slots) {
+    bad_index(mq, "tx_prod", a.tx_prod);
+    return 0;
+  }
+  return avail;
+}
+
 /* The actrl array arrived: refresh flow control, post reads of new TX
  * slots. */
-static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
-  const struct lynx_geom *g = &c->acc.g;
+static int conn_on_ctrl(struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
   int rc;
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
-    struct lynx_actrl a = c->snap[mq->q];
-    uint32_t avail;
-    /* rx_cons may only move forward within what we produced; a bad value
-     * is ignored (flow control keeps the last good one) */
-    if (a.rx_cons - mq->dq.rx_cons <= mq->dq.rx_prod - mq->dq.rx_cons)
-      mq->dq.rx_cons = a.rx_cons;
-    else
-      bad_index(mq, "rx_cons", a.rx_cons);
-    avail = a.tx_prod - mq->tx_cons;
+    uint32_t avail = mq_on_ctrl(mq, c->snap[mq->q]);
     if (avail == 0)
       continue;
-    if (avail > g->slots) {
-      bad_index(mq, "tx_prod", a.tx_prod);
-      continue;
-    }
     rc = post_slot_reads(c, mq, i,
                          avail < mq->stage_slots ? avail : mq->stage_slots);
     if (rc == -ENOBUFS)
@@ -240,6 +316,94 @@ static int conn_on_ctrl(struct fe_worker *w, struct fe_conn *c) {
   return rc == -ENOBUFS ? 0 : rc;
 }
 
+/* A compound read arrived: the array refreshes flow control as above, and
+ * the slots it names are staged already (the transport checked that each
+ * count is the one the array gives). */
+static void conn_on_txc(struct fe_conn *c) {
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    mq_on_ctrl(mq, c->snap[mq->q]);
+    mq->tx_staged = c->txr[i].got;
+  }
+  c->state = FE_CONN_SLOTS;
+}
+
+/* Posts a cycle's first read: the compound read where the transport has
+ * one, else the control array's (its completion posts the slot reads). */
+static int post_poll(struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  if (!c->two_step) {
+    int rc;
+    for (uint32_t i = 0; i < c->n_mqs; i++)
+      c->txr[i].from = c->mqs[i].tx_cons;
+    rc = tc->ops->read_tx(tc, c->snap, c->txr, (int)c->n_mqs, WR_TXC);
+    if (rc != -ENOTSUP && rc != -EMSGSIZE)
+      return rc;
+    c->two_step = 1; /* for as long as this connection lives */
+  }
+  return tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                       8u * c->acc.g.n_mqueues, WR_CTRL);
+}
+
+#define LARGE_READ_MAX (1u << 20) /* one read of a large message, bytes */
+
+/* The staged slots are in: posts the reads of the large messages they
+ * name into each mqueue's lbuf, and says where each one's bytes will be
+ * (ldata). Slots from one that does not fit lbuf on are left for the next
+ * cycle. Returns reads posted (>= 0) or -errno. */
+static int post_large_reads(struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc.g;
+  uint32_t z = g->slot_size, L = g->large_bytes;
+  int posted = 0;
+  if (!L)
+    return 0;
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    uint64_t area = lynx_tx_large_off(g, mq->q);
+    uint32_t used = 0;
+    memset(mq->ldata, 0, mq->tx_staged * sizeof(*mq->ldata));
+    for (uint32_t k = 0; k < mq->tx_staged; k++) {
+      const uint8_t *slot = mq->stage + (size_t)k * z;
+      struct lynx_slot_meta m;
+      struct lynx_large_ref ref;
+      uint32_t done = 0;
+      memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
+      if (m.seq != lynx_seq_for(mq->tx_cons + k))
+        break; /* not published: the forwarder stops here */
+      if (!(m.status & LYNX_ST_LARGE) || lynx_meta_check(&m, z) != 0)
+        continue;
+      memcpy(&ref, slot + (uint32_t)m.off16 * 16u, sizeof(ref));
+      if (lynx_large_check(&m, &ref, L) != 0)
+        continue; /* the forwarder drops it as malformed */
+      if (ref.len > L - used) {
+        mq->tx_staged = k; /* the rest next cycle, lbuf empty again */
+        break;
+      }
+      while (done < ref.len) {
+        uint32_t n = ref.len - done < LARGE_READ_MAX ? ref.len - done
+                                                     : LARGE_READ_MAX;
+        int rc = c->tc->ops->read(c->tc, area + ref.off + done,
+                                  mq->lbuf + used + done, n, WR_SLOT | i);
+        if (rc == -ENOBUFS && done == 0)
+          break; /* the transport is full: this one next cycle */
+        if (rc)
+          return rc;
+        c->reads_pending++;
+        posted++;
+        done += n;
+      }
+      if (done < ref.len) {
+        mq->tx_staged = k;
+        break;
+      }
+      mq->ldata[k] = mq->lbuf + used;
+      mq->llen[k] = ref.len;
+      used += ref.len;
+    }
+  }
+  return posted;
+}
+
 /* All slot reads are in: forward, then write TX consumer indices back. */
 static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
   const struct lynx_geom *g = &c->acc.g;
@@ -248,8 +412,10 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
+      const uint8_t *large = g->large_bytes ? mq->ldata[k] : NULL;
       if (w->rmq.hooks->slot(w, mq, mq->stage + (size_t)k * g->slot_size,
-                       mq->tx_cons) != 0)
+                             mq->tx_cons, large,
+                             large ? mq->llen[k] : 0) != 0)
         break;
       mq->tx_cons++;
       mq->tx_cons_dirty = 1;
@@ -300,8 +466,7 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
      * rx_cons is read again with the next request's first cycle. */
     if (fe_conn_outstanding(c) == 0 && !c->n_client_mqs)
       return 0;
-    rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
-                       8u * c->acc.g.n_mqueues, WR_CTRL);
+    rc = post_poll(c);
     if (rc == -ENOBUFS) {
       rc = 0; /* no room: polled again next cycle */
     } else if (!rc) {
@@ -327,7 +492,7 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
     for (int i = 0; i < n; i++) {
       switch (WR_KIND(ids[i])) {
       case 1: /* WR_CTRL */
-        rc = conn_on_ctrl(w, c);
+        rc = conn_on_ctrl(c);
         if (rc)
           goto fail;
         break;
@@ -335,11 +500,27 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
         if (c->reads_pending)
           c->reads_pending--;
         break;
+      case 4: /* WR_TXC */
+        conn_on_txc(c);
+        break;
       default: /* fence reads carry no data we use */
         break;
       }
     }
     if (c->state == FE_CONN_SLOTS && c->reads_pending == 0) {
+      /* then the large messages the slots name, if any */
+      rc = post_large_reads(c);
+      if (rc < 0)
+        goto fail;
+      c->state = FE_CONN_LARGE;
+      if (rc > 0) {
+        rc = tc->ops->flush(tc);
+        c->flush_again = rc == -ENOBUFS;
+        if (rc && rc != -ENOBUFS)
+          goto fail;
+      }
+    }
+    if (c->state == FE_CONN_LARGE && c->reads_pending == 0) {
       rc = conn_on_slots(w, c);
       if (rc < 0)
         goto fail;
@@ -379,11 +560,17 @@ static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
     c->tc->ops->close(c->tc);
   for (uint32_t i = 0; c->mqs && i < c->n_mqs; i++) {
     free(c->mqs[i].stage);
+    free(c->mqs[i].rx_lpos);
+    free(c->mqs[i].rx_lend);
+    free(c->mqs[i].lbuf);
+    free(c->mqs[i].ldata);
+    free(c->mqs[i].llen);
     if (c->mqs[i].be)
       r->hooks->be_close(c->mqs[i].be);
   }
   free(c->mqs);
   free(c->snap);
+  free(c->txr);
   free(c);
 }
 
@@ -413,6 +600,10 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
     struct fe_mq *mq = &c->mqs[i];
     struct iovec iov = {&mq->tx_cons, 4};
     mq->dq.rx_prod = mq->dq.rx_cons = c->snap[mq->q].rx_cons;
+    /* what an earlier connection wrote is in the accelerator's hands;
+     * new large requests go after it */
+    mq->rx_la.tail = mq->rx_la.head;
+    mq->rx_ln = 0;
     mq->tx_cons = c->snap[mq->q].tx_prod;
     mq->tx_staged = 0;
     mq->tx_cons_dirty = 0;
@@ -427,6 +618,7 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   c->state = FE_CONN_IDLE;
   c->reads_pending = 0;
   c->dirty = 0;
+  c->two_step = 0; /* the transport may offer a compound read again */
   for (uint32_t i = 0; i < c->n_mqs; i++)
     c->mqs[i].dq.up = 1;
   return 0;
@@ -434,6 +626,16 @@ fail:
   c->tc->ops->close(c->tc);
   c->tc = NULL;
   return rc;
+}
+
+/* The slots a compound read asks of each of n mqueues: its stage, within
+ * TXC_BYTES over all of them, and at least one. */
+static uint32_t txc_slots(const struct fe_accel *acc, uint32_t n,
+                          uint32_t stage_slots) {
+  uint32_t k = TXC_BYTES / n / acc->g.slot_size;
+  if (k == 0)
+    k = 1;
+  return k < stage_slots ? k : stage_slots;
 }
 
 int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
@@ -455,7 +657,8 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
   c->acc = *acc;
   c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
   c->mqs = calloc(n, sizeof(*c->mqs));
-  if (!c->snap || !c->mqs) {
+  c->txr = calloc(n, sizeof(*c->txr));
+  if (!c->snap || !c->mqs || !c->txr) {
     rc = -ENOMEM;
     goto fail;
   }
@@ -471,9 +674,22 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
     if (mq->stage_slots > acc->g.slots)
       mq->stage_slots = acc->g.slots;
     mq->stage = malloc((size_t)mq->stage_slots * acc->g.slot_size);
-    if (!mq->stage) {
+    mq->ldata = calloc(mq->stage_slots, sizeof(*mq->ldata));
+    mq->llen = calloc(mq->stage_slots, sizeof(*mq->llen));
+    if (!mq->stage || !mq->ldata || !mq->llen) {
       rc = -ENOMEM;
       goto fail;
+    }
+    c->txr[c->n_mqs - 1] = (struct lynx_tx_read){
+        .q = q, .max = txc_slots(acc, n, mq->stage_slots), .dst = mq->stage};
+    if (acc->g.large_bytes) {
+      mq->rx_lpos = calloc(acc->g.slots, sizeof(*mq->rx_lpos));
+      mq->rx_lend = calloc(acc->g.slots, sizeof(*mq->rx_lend));
+      mq->lbuf = malloc(acc->g.large_bytes);
+      if (!mq->rx_lpos || !mq->rx_lend || !mq->lbuf) {
+        rc = -ENOMEM;
+        goto fail;
+      }
     }
     /* client mqueue n_server + j * B + k is back end k's j-th (one per
      * block of a GPU kernel; j is 0 only, on a CPU) */

@@ -90,14 +90,27 @@ struct fe_mq {
   struct fe_backend *be; /* a client mqueue: its back-end connection */
   uint8_t *stage; /* staging for TX slot reads */
   uint32_t stage_slots;
+  /* Large messages (docs/mqueue.md): the RX large area this worker
+   * allocates, with the ring positions and ends of the large requests the
+   * accelerator has not released yet (a FIFO of up to slots entries); the
+   * TX large messages of the staged slots, read into lbuf (the area's
+   * size), each staged slot's (ldata NULL: not large or malformed). */
+  struct lynx_large_alloc rx_la;
+  uint32_t *rx_lpos, *rx_lend;
+  uint32_t rx_lfirst, rx_ln;
+  uint8_t *lbuf;
+  const uint8_t **ldata;
+  uint32_t *llen;
   lynx_counter dispatched, responded;
   lynx_counter drops[FE_QDROP_MAX];
 };
 
 enum fe_conn_state {
   FE_CONN_IDLE,  /* nothing posted */
-  FE_CONN_CTRL,  /* read of the actrl array posted */
+  FE_CONN_CTRL,  /* read of the actrl array posted, or a compound read
+                    of it and the new TX slots (transports with read_tx) */
   FE_CONN_SLOTS, /* reads of TX slots posted */
+  FE_CONN_LARGE, /* reads of the staged slots' large messages posted */
   FE_CONN_DEAD,  /* accelerator left or transport failed */
 };
 
@@ -108,6 +121,10 @@ struct fe_conn {
   struct lynx_actrl *snap; /* target of the actrl read */
   struct fe_mq *mqs;       /* this worker's mqueues on this accelerator */
   uint32_t n_mqs;
+  /* the compound read's entries, one per mqueue of mqs (its stage); the
+   * transport lacks one or cannot carry it (two_step): array, then slots */
+  struct lynx_tx_read *txr;
+  int two_step;
   enum fe_conn_state state;
   uint32_t reads_pending;
   int dirty;    /* requests written since the last flush */
@@ -128,10 +145,12 @@ struct fe_rmq_hooks {
    * or -errno and nothing changed: the manager undoes its change. */
   int (*changed)(struct fe_worker *w);
   /* One staged TX slot of mq at ring position pos (the Message
-   * Forwarder). 0 when consumed, -EAGAIN when it is not published yet (the
-   * next cycle reads it again, and those after it). */
+   * Forwarder); a large message's bytes are at large (large_len of them),
+   * NULL when the slot is not large or its reference is malformed. 0 when
+   * consumed, -EAGAIN when it is not published yet (the next cycle reads
+   * it again, and those after it). */
   int (*slot)(struct fe_worker *w, struct fe_mq *mq, const uint8_t *slot,
-              uint32_t pos);
+              uint32_t pos, const uint8_t *large, uint32_t large_len);
   /* A request outstanding on a connection that went down ended without an
    * answer (arg: the worker). */
   void (*lost)(void *arg, const struct lynx_tag_entry *e);
@@ -166,8 +185,10 @@ uint32_t fe_conn_outstanding(const struct fe_conn *c);
 
 /* Writes one message into mq's RX ring (a request, or a back end's reply
  * into a client mqueue); published, not yet rung (see fe_rmq_doorbells).
- * The caller checked there is room and moves rx_prod. 0 or -errno
- * (-ENOBUFS: the transport's queues are full for now). */
+ * The caller checked there is a slot and moves rx_prod. A message longer
+ * than a slot's payload goes into the ring's large area. 0 or -errno
+ * (-ENOBUFS: the transport's queues are full for now; -ENOSPC: the large
+ * area has no room for now; -EMSGSIZE: longer than the region takes). */
 int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
                 uint32_t len, uint32_t tag, uint16_t status);
 
@@ -176,7 +197,8 @@ int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
 void fe_rmq_doorbells(struct fe_worker *w);
 
 /* Advances one connection's state machine: reads its control array, then
- * its new TX slots, hands each to hooks->slot and writes the consumer
+ * its new TX slots (both in one compound read where the transport has
+ * one), hands each to hooks->slot and writes the consumer
  * indices back. Returns slots handled (>= 0); a transport error takes the
  * connection down. */
 int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c);

@@ -17,9 +17,10 @@
  * nothing and keeps its order, and TCP's own flow control slows the client.
  *
  * Bounds: a connection holds at most one frame of input (the largest
- * payload a slot takes, plus the length word) and FE_TCP_OUT_MAX bytes of
+ * message the accelerators take, msg_max, plus the length word; the
+ * buffer grows only as a frame needs it) and FE_TCP_OUT_MAX bytes of
  * answers the kernel has not taken; past that it is a slow reader and is
- * closed. A frame longer than a slot's payload closes the connection. A
+ * closed. A frame longer than msg_max closes the connection. A
  * client that closes with requests in flight loses their answers, which
  * are counted (dropped_total{reason="client_gone"}). A request that
  * expires or is lost (its accelerator left) closes its connection: the
@@ -161,17 +162,30 @@ static void on_connection(uv_stream_t *l, int status) {
 
 /* ---- input ------------------------------------------------------------------ */
 
-/* Largest frame this service accepts now: what every accelerator's slots
- * take (w->ingress.cap), plus the length word. */
+/* Largest frame this service accepts now: the largest message every
+ * accelerator takes (w->ingress.cap), plus the length word. */
 static uint32_t frame_max(const struct fe_worker *w) {
   uint32_t cap = w->ingress.cap ? w->ingress.cap : LYNX_SLOT_MAX;
   return (w->fe->fixed_len ? w->fe->fixed_len : cap) + 4u;
 }
 
+/* Room for what is read next: 64 KiB more, or the rest of a longer frame
+ * whose length word is in (a connection grows its buffer only for the
+ * frames it sends). */
 static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   struct fe_client *c = h->data;
-  uint32_t want = frame_max(c->w) + 4096u;
+  uint32_t max = frame_max(c->w) + 4096u, want = c->in_len + 65536u;
   (void)hint;
+  if (!c->w->fe->fixed_len && c->in_len >= 4) {
+    uint32_t be;
+    memcpy(&be, c->in, 4);
+    if (ntohl(be) < max && 4u + ntohl(be) > want)
+      want = 4u + ntohl(be);
+  } else if (c->w->fe->fixed_len && c->w->fe->fixed_len + 4096u > want) {
+    want = c->w->fe->fixed_len + 4096u;
+  }
+  if (want > max)
+    want = max;
   if (c->in_cap < want) {
     uint8_t *p = realloc(c->in, want);
     if (!p) {
@@ -213,8 +227,9 @@ static int client_parse(struct fe_client *c) {
     if ((w->ingress.cap && len > w->ingress.cap) ||
         (uint64_t)len + hdr > frame_max(w)) {
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
-                  "frame is larger than a slot's %u-byte payload: closing "
-                  "the connection", w->fe->service, w->id, len, w->ingress.cap);
+                  "frame is larger than the %u bytes the accelerators take "
+                  "(msg_max): closing the connection", w->fe->service, w->id,
+                  len, w->ingress.cap);
       client_close(c, FE_TCP_OVERSIZE);
       return work;
     }

@@ -330,18 +330,24 @@ static void worker_loop(struct fe_worker *w) {
         pfd[nfd++] = (struct pollfd){rfd, POLLIN, 0};
       top = nfd + FE_WAIT_FDS - 1;
       if (outstanding(w) || w->rmq.n_client_mqs) {
-        /* responses over a remote transport wake us through its fd */
-        for (uint32_t i = 0; i < w->rmq.n_conns && nfd <= top; i++) {
+        /* responses over a remote transport wake us through its fd; when
+         * every connection waited for has a read in flight there (tcp's
+         * polls are), a timer would only wake us for nothing */
+        int all_fd = 1;
+        for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
           struct fe_conn *c = w->rmq.conns[i];
           int fd;
-          if (c->state == FE_CONN_DEAD || c->state == FE_CONN_IDLE)
+          if (c->state == FE_CONN_DEAD)
             continue;
-          fd = c->tc->ops->wait_fd(c->tc);
+          fd = c->state == FE_CONN_IDLE || nfd > top
+                   ? -1 : c->tc->ops->wait_fd(c->tc);
           if (fd >= 0)
             pfd[nfd++] = (struct pollfd){fd, POLLIN, 0};
+          else if (fe_conn_outstanding(c) || c->n_client_mqs)
+            all_fd = 0;
         }
         backoff = backoff ? backoff * 2 : MIN_SLEEP_NS;
-        if (backoff > MAX_BACKOFF_NS)
+        if (backoff > MAX_BACKOFF_NS || all_fd)
           backoff = MAX_BACKOFF_NS;
         ns = backoff;
       } else {

@@ -32,6 +32,7 @@ void lynx_desc_to_pb(const struct lynx_region_desc *d, Lynx__RegionDesc *pb) {
   pb->n_mqueues = d->n_mqueues;
   pb->slot_size = d->slot_size;
   pb->slots = d->slots;
+  pb->large_bytes = d->large_bytes;
   pb->ordering = d->ordering == LYNX_ORDER_FENCED ? LYNX__ORDERING__ORDERING_FENCED
                                                   : LYNX__ORDERING__ORDERING_COALESCED;
   pb->key = d->key;
@@ -52,11 +53,13 @@ int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
              pb->accel_id);
     return -EINVAL;
   }
-  if (lynx_geom_init(&g, pb->n_mqueues, pb->slots, pb->slot_size) ||
+  if (lynx_geom_init(&g, pb->n_mqueues, pb->slots, pb->slot_size,
+                     pb->large_bytes) ||
       g.region_size != pb->region_size) {
-    snprintf(err, errlen, "accel %u: geometry %u x %u x %u B / %llu B is invalid",
+    snprintf(err, errlen,
+             "accel %u: geometry %u x %u x %u B + %u B / %llu B is invalid",
              pb->accel_id, pb->n_mqueues, pb->slots, pb->slot_size,
-             (unsigned long long)pb->region_size);
+             pb->large_bytes, (unsigned long long)pb->region_size);
     return -EINVAL;
   }
   if (pb->ordering != LYNX__ORDERING__ORDERING_COALESCED &&
@@ -73,6 +76,7 @@ int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
   d->n_mqueues = pb->n_mqueues;
   d->slot_size = pb->slot_size;
   d->slots = pb->slots;
+  d->large_bytes = pb->large_bytes;
   d->ordering = pb->ordering == LYNX__ORDERING__ORDERING_FENCED ? LYNX_ORDER_FENCED
                                                               : LYNX_ORDER_COALESCED;
   if (lynx_transport_id(pb->transport) == LYNX_TRANSPORT_RDMA &&

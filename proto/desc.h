@@ -49,6 +49,7 @@ struct lynx_region_desc {
   uint64_t region_size;
   uint64_t epoch;
   uint32_t n_mqueues, slot_size, slots;
+  uint32_t large_bytes; /* each ring's large-message area (0: none) */
   uint32_t ordering; /* enum lynx_ordering */
   uint64_t key;         /* tcp, rdma: the region's access key */
   uint64_t remote_addr; /* rdma: region base in the agent */

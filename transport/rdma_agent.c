@@ -622,7 +622,7 @@ int lynx__rdma_region_export(struct lynx_region *r) {
   int rc;
   if ((!r->base && !r->mem) || r->priv ||
       lynx_region_read(r, 0, &h, sizeof(h)) || h.magic != LYNX_REGION_MAGIC ||
-      lynx_geom_init(&g, h.n_mqueues, h.slots, h.slot_size) ||
+      lynx_geom_init(&g, h.n_mqueues, h.slots, h.slot_size, h.large_bytes) ||
       g.region_size > r->size)
     return -EINVAL;
   if (!ag)

@@ -404,7 +404,7 @@ int lynx__rdma_conn_new(const struct lynx_region_desc *d,
                         struct lynx__rdma_conn **out) {
   struct lynx__rdma_conn *c;
   struct lynx_geom g;
-  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) ||
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes) ||
       g.region_size != d->region_size)
     return -EINVAL;
   c = calloc(1, sizeof(*c));

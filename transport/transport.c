@@ -101,6 +101,16 @@ void lynx_locator_set_host(char *locator, size_t len, const char *host) {
     snprintf(locator, len, "%s:%s", host, port);
 }
 
+int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
+                       struct lynx_tx_read *tx, int n, uint64_t wr_id) {
+  (void)c;
+  (void)actrl;
+  (void)tx;
+  (void)n;
+  (void)wr_id;
+  return -ENOTSUP;
+}
+
 int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len) {
   uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
   uint64_t end;
@@ -136,12 +146,13 @@ int lynx_writev_check(const struct lynx_geom *g, uint64_t off,
 }
 
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
-                       uint32_t slot_size, uint32_t ordering, uint64_t epoch,
-                       uint32_t accel_id) {
+                       uint32_t slot_size, uint32_t large_bytes,
+                       uint32_t ordering, uint64_t epoch, uint32_t accel_id) {
   struct lynx_geom g;
   struct lynx_region_hdr hv, *h = r->mem ? &hv : (struct lynx_region_hdr *)r->base;
   int rc;
-  if (lynx_geom_init(&g, q, slots, slot_size) || g.region_size > r->size)
+  if (lynx_geom_init(&g, q, slots, slot_size, large_bytes) ||
+      g.region_size > r->size)
     return -EINVAL;
   memset(h, 0, sizeof(*h));
   h->layout_version = LYNX_LAYOUT_VERSION;
@@ -155,6 +166,7 @@ int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
   h->actrl_off = g.actrl_off;
   h->fctrl_off = g.fctrl_off;
   h->rings_off = g.rings_off;
+  h->large_bytes = large_bytes;
   if (!r->mem) {
     /* magic last: a reader that sees it sees a complete header */
     lynx_store_release32(&h->magic, LYNX_REGION_MAGIC);
@@ -211,9 +223,11 @@ int lynx_region_validate(const void *base, uint64_t mapped,
              d->ordering);
     return -EPROTO;
   }
-  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) == 0 &&
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size,
+                     d->large_bytes) == 0 &&
       h->n_mqueues == d->n_mqueues && h->slots == d->slots &&
-      h->slot_size == d->slot_size && d->region_size == g.region_size &&
+      h->slot_size == d->slot_size && h->large_bytes == d->large_bytes &&
+      d->region_size == g.region_size &&
       mapped >= g.region_size && h->region_size == g.region_size &&
       (h->actrl_off != g.actrl_off || h->fctrl_off != g.fctrl_off ||
        h->rings_off != g.rings_off)) {
@@ -223,16 +237,18 @@ int lynx_region_validate(const void *base, uint64_t mapped,
              (unsigned long long)g.rings_off);
     return -EPROTO;
   }
-  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) ||
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size,
+                     d->large_bytes) ||
       h->n_mqueues != d->n_mqueues || h->slots != d->slots ||
-      h->slot_size != d->slot_size || h->region_size != g.region_size ||
+      h->slot_size != d->slot_size || h->large_bytes != d->large_bytes ||
+      h->region_size != g.region_size ||
       d->region_size != g.region_size || mapped < g.region_size) {
     snprintf(err, errlen,
-             "geometry mismatch: header %u mqueues x %u slots x %u B (%llu B), "
-             "descriptor %u x %u x %u (%llu B)",
-             h->n_mqueues, h->slots, h->slot_size,
+             "geometry mismatch: header %u mqueues x %u slots x %u B + %u B "
+             "(%llu B), descriptor %u x %u x %u + %u (%llu B)",
+             h->n_mqueues, h->slots, h->slot_size, h->large_bytes,
              (unsigned long long)h->region_size, d->n_mqueues, d->slots,
-             d->slot_size, (unsigned long long)d->region_size);
+             d->slot_size, d->large_bytes, (unsigned long long)d->region_size);
     return -EPROTO;
   }
   return 0;

@@ -137,6 +137,18 @@ struct lynx_tconn {
                                 only after every byte before them */
 #define LYNX_WR_FENCE 0x2u   /* do not start before earlier reads complete */
 
+/* One mqueue's part of a compound TX read (read_tx): its TX slots from
+ * free-running position from on, as many as the control array read in the
+ * same operation says are published (tx_prod - from), at most max; none
+ * when that count is out of range (tx_prod beyond from + slots). */
+struct lynx_tx_read {
+  uint32_t q;    /* the mqueue */
+  uint32_t from; /* first position to read: the caller's tx_cons */
+  uint32_t max;  /* slots at most: dst holds max * slot_size bytes */
+  uint32_t got;  /* set when the read is reported: slots now in dst */
+  void *dst;
+};
+
 struct lynx_transport_ops {
   const char *name;
 
@@ -182,6 +194,16 @@ struct lynx_transport_ops {
   /* Post a read of [off, off + len) into dst (valid until reported). */
   int (*read)(struct lynx_tconn *c, uint64_t off, void *dst, size_t len,
               uint64_t wr_id);
+  /* Post a compound read, reported as one wr_id: the whole control array
+   * (actrl, 8 bytes per mqueue) into actrl and, from that same snapshot,
+   * each tx[i]'s published TX slots into tx[i].dst (tx[i].got of them),
+   * so that one round trip brings what the two-step path (a read of the
+   * array, then reads of the slots it names) needs two for. tx (n
+   * entries) and every buffer stay the caller's and valid until reported.
+   * -ENOTSUP where the two steps cost no more (shm, rdma); -EMSGSIZE when
+   * the largest possible answer is beyond what one operation carries. */
+  int (*read_tx)(struct lynx_tconn *c, void *actrl, struct lynx_tx_read *tx,
+                 int n, uint64_t wr_id);
   /* Doorbell: start everything posted since the last flush. */
   int (*flush)(struct lynx_tconn *c);
   /* Reap up to max completed reads into ids. Count, or -errno when the
@@ -210,6 +232,7 @@ struct lynx_transport_ops {
     .region_export = prefix##_region_export,                                   \
     .region_free = prefix##_region_free, .connect = prefix##_connect,          \
     .writev = prefix##_writev, .read = prefix##_read,                          \
+    .read_tx = prefix##_read_tx,                                               \
     .flush = prefix##_flush, .poll = prefix##_poll,                            \
     .wait_fd = prefix##_wait_fd, .notify = prefix##_notify,                    \
     .close = prefix##_close                                                    \
@@ -239,6 +262,10 @@ int lynx_region_attach_served(struct lynx_region *r,
 /* Agent side of tcp/rdma: fills an empty or wildcard host in a "host:port"
  * locator with host. */
 void lynx_locator_set_host(char *locator, size_t len, const char *host);
+
+/* read_tx of a backend without a compound read (shm, rdma): -ENOTSUP. */
+int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
+                       struct lynx_tx_read *tx, int n, uint64_t wr_id);
 
 /* The backend called name (a descriptor's transport), or NULL. */
 const struct lynx_transport_ops *lynx_transport_find(const char *name);
@@ -277,7 +304,7 @@ int lynx_region_read(const struct lynx_region *r, uint64_t off, void *dst,
 
 /* Writes the header of a freshly allocated region. */
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
-                       uint32_t slot_size, uint32_t ordering, uint64_t epoch,
-                       uint32_t accel_id);
+                       uint32_t slot_size, uint32_t large_bytes,
+                       uint32_t ordering, uint64_t epoch, uint32_t accel_id);
 
 #endif

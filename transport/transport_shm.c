@@ -160,7 +160,7 @@ static int shm_connect(const struct lynx_region_desc *d,
   }
   c->base.ops = &lynx_transport_shm;
   c->base.desc = *d;
-  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size); /* validated */
+  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes); /* validated */
   c->mem = p;
   c->size = d->region_size;
   *out = &c->base;
@@ -230,6 +230,10 @@ static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
     ids[n++] = c->cq[c->cq_head++ % SHM_CQ_DEPTH];
   return n;
 }
+
+/* Reads complete at once: the two-step path costs nothing a compound read
+ * would save. */
+#define shm_read_tx lynx__read_tx_none
 
 static int shm_wait_fd(struct lynx_tconn *tc) {
   (void)tc;

@@ -4,10 +4,17 @@
  *
  * Wire format (docs/design.md, "tcp transport"): every operation is a
  * 24-byte little-endian header {u8 op, u8 flags, u16 zero, u32 len, u64 off,
- * u64 wr_id} followed by len bytes for HELLO, WRITE and READ_RESP. The
- * frontend sends HELLO {magic, version, key, epoch, region size}, then
- * WRITE and READ operations; the agent answers HELLO_REPLY (off = 0 or an
- * errno, payload = reason) and one READ_RESP per READ, in order.
+ * u64 wr_id} followed by len bytes for HELLO, WRITE, READ_TX and the
+ * replies. The frontend sends HELLO {magic, version, key, epoch, region
+ * size}, then WRITE, READ and READ_TX operations; the agent answers
+ * HELLO_REPLY (off = 0 or an errno, payload = reason) and one READ_RESP
+ * per READ and READ_TX_RESP per READ_TX, in order.
+ *
+ * READ_TX (version 2) is the frontend's poll in one round trip: the agent
+ * reads the control array and, from that snapshot, the published TX slots
+ * of the mqueues named, from the positions named, and answers with both;
+ * the two-step path (array, then slots) took two, each a wake-up of the
+ * agent's thread and of the frontend's.
  *
  * Semantics match shm: the agent applies operations in stream order, so a
  * read sees every earlier write (the fenced ordering mode's barrier comes
@@ -63,7 +70,9 @@
 #include "util.h"
 
 #define TCP_MAGIC 0x3154584Cu /* "LXT1" */
-#define TCP_VERSION 1u
+/* 2: READ_TX (a compound read). A peer of another version is refused at
+ * HELLO with a reason naming both versions. */
+#define TCP_VERSION 2u
 #define TCP_HDR 24u
 #define TCP_OP_MAX (4u << 20)        /* largest write or read, bytes */
 #define TCP_OUT_MAX (32u << 20)      /* frontend: unsent bytes before -ENOBUFS */
@@ -78,7 +87,15 @@ enum tcp_op {
   OP_WRITE = 3,
   OP_READ = 4,
   OP_READ_RESP = 5,
+  OP_READ_TX = 6,
+  OP_READ_TX_RESP = 7,
 };
+
+/* READ_TX's payload: {u32 count, u32 0}, then count entries {u32 q, u32
+ * from, u32 max, u32 0}. Its answer: the control array (8 bytes per
+ * mqueue, as in the region), then per entry {u32 n} and n slots. */
+#define TXR_HDR 8u
+#define TXR_ENT 16u
 
 #define F_PUBLISH 0x1u
 
@@ -121,6 +138,32 @@ static void hdr_get(const uint8_t *p, struct tcp_hdr *h) {
   h->len = le32toh(l);
   h->off = le64toh(o);
   h->wr_id = le64toh(w);
+}
+
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return le32toh(v);
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+  v = htole32(v);
+  memcpy(p, &v, 4);
+}
+
+/* The slots a compound read takes of mqueue q from position from: those
+ * the control array actrl (the region's bytes) says are published, at most
+ * max; none when tx_prod is more than a ring ahead (a bad index, which the
+ * frontend counts). The one rule both sides apply to the same bytes. */
+static uint32_t txr_count(const struct lynx_geom *g, const uint8_t *actrl,
+                          uint32_t q, uint32_t from, uint32_t max) {
+  struct lynx_actrl a;
+  uint32_t avail;
+  memcpy(&a, actrl + 8u * q, sizeof(a));
+  avail = a.tx_prod - from;
+  if (avail > g->slots)
+    return 0;
+  return avail < max ? avail : max;
 }
 
 /* A growable byte buffer: [head, len) holds unconsumed bytes. */
@@ -347,29 +390,6 @@ static void srv_flush(struct srv_conn *c) {
   }
 }
 
-/* Queues a reply; data NULL with len: the region's bytes at off. */
-static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
-                     uint64_t wr_id, const void *data, uint32_t len) {
-  uint8_t *dst;
-  if (buf_reserve(&c->out, TCP_HDR + len, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64))
-    return -ENOBUFS;
-  hdr_put(c->out.p + c->out.len, op, 0, len, off, wr_id);
-  dst = c->out.p + c->out.len + TCP_HDR;
-  if (len && data) {
-    memcpy(dst, data, len);
-  } else if (len && c->ex->mem) {
-    /* device memory: the copy is ordered after every earlier write */
-    int rc = c->ex->mem->read(c->ex->mem->ctx, off, dst, len);
-    if (rc)
-      return rc;
-  } else if (len) {
-    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* as a shm read */
-    memcpy(dst, c->ex->base + off, len);
-  }
-  c->out.len += TCP_HDR + len;
-  return 0;
-}
-
 /* Ends the batch of device memory with batch ops: one flush waits for
  * every read started since the last, then their replies are filled in the
  * space reserved for them (in operation order). 0 or the memory's -errno. */
@@ -387,15 +407,29 @@ static int srv_batch_end(struct srv_conn *c) {
   return rc;
 }
 
-/* A READ of device memory with batch ops: started now, its reply filled
- * at the batch's end. A read the memory cannot stage in this batch ends it
- * first; one it cannot stage at all is copied on its own (mem->read, which
- * is ordered after the batch's writes as well). */
-static int srv_read_batched(struct srv_conn *c, const struct tcp_hdr *h) {
+/* Copies [off, off + len) of the region into reply space already reserved
+ * at `at` bytes from out.head: at once from host memory (acquire, as a shm
+ * read) or memory without batch ops, which is ordered after every earlier
+ * write; device memory with batch ops has it started now and filled at the
+ * batch's end. A read the memory cannot stage in this batch ends it first;
+ * one it cannot stage at all is copied on its own (mem->read, ordered after
+ * the batch's writes as well). 0 or -errno. */
+static int srv_fill(struct srv_conn *c, uint64_t off, uint32_t len,
+                    size_t at) {
   const struct lynx_region_mem *m = c->ex->mem;
+  uint8_t *dst = c->out.p + c->out.head + at;
   const void *bytes = NULL;
   struct srv_pending *pp;
   int rc;
+  if (!len)
+    return 0;
+  if (!m) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    memcpy(dst, c->ex->base + off, len);
+    return 0;
+  }
+  if (!m->read_start)
+    return m->read(m->ctx, off, dst, len);
   if (c->npend == c->pend_cap) {
     size_t cap = c->pend_cap ? 2 * c->pend_cap : 64;
     pp = realloc(c->pend, cap * sizeof(*pp));
@@ -404,29 +438,125 @@ static int srv_read_batched(struct srv_conn *c, const struct tcp_hdr *h) {
     c->pend = pp;
     c->pend_cap = cap;
   }
-  if (buf_reserve(&c->out, TCP_HDR + h->len, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64))
-    return -ENOBUFS;
   c->batched = 1;
-  rc = m->read_start(m->ctx, h->off, h->len, &bytes);
+  rc = m->read_start(m->ctx, off, len, &bytes);
   if (rc == -ENOBUFS) { /* the staging is full of this batch's reads */
     rc = srv_batch_end(c);
     if (rc)
       return rc;
     c->batched = 1;
-    rc = m->read_start(m->ctx, h->off, h->len, &bytes);
+    rc = m->read_start(m->ctx, off, len, &bytes);
   }
   if (rc == -ENOBUFS || rc == -E2BIG)
-    return srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
+    return m->read(m->ctx, off, dst, len);
   if (rc)
     return rc;
-  /* the space reserved above is still there: a batch end fills replies
-   * in place */
-  hdr_put(c->out.p + c->out.len, OP_READ_RESP, 0, h->len, h->off, h->wr_id);
   pp = &c->pend[c->npend++];
-  pp->at = c->out.len - c->out.head + TCP_HDR;
+  pp->at = at;
   pp->bytes = bytes;
-  pp->len = h->len;
-  c->out.len += TCP_HDR + h->len;
+  pp->len = len;
+  return 0;
+}
+
+/* Queues a reply; data NULL with len: the region's bytes at off. */
+static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
+                     uint64_t wr_id, const void *data, uint32_t len) {
+  size_t at;
+  int rc;
+  if (buf_reserve(&c->out, TCP_HDR + len, TCP_SRV_OUT_MAX + TCP_OP_MAX + 64))
+    return -ENOBUFS;
+  hdr_put(c->out.p + c->out.len, op, 0, len, off, wr_id);
+  at = c->out.len - c->out.head + TCP_HDR;
+  if (data) {
+    if (len)
+      memcpy(c->out.p + c->out.len + TCP_HDR, data, len);
+  } else {
+    rc = srv_fill(c, off, len, at);
+    if (rc)
+      return rc;
+  }
+  c->out.len += TCP_HDR + len;
+  return 0;
+}
+
+/* A compound read (READ_TX): the control array, then from what it says,
+ * each named mqueue's published TX slots, in one reply. The request names
+ * mqueues and positions only: what is read is derived from the region's
+ * geometry, inside the control class and the TX rings, so it can reach
+ * nothing a frontend may not read anyway. 0, or -errno with why. */
+static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
+                       const uint8_t *p, char *why, size_t wl) {
+  struct tcp_export *ex = c->ex;
+  const struct lynx_geom *g = &ex->g;
+  uint32_t count = 0, alen = 8u * g->n_mqueues;
+  uint64_t worst = alen;
+  size_t base, at;
+  uint8_t *reply;
+  int rc;
+  if (h->len >= TXR_HDR)
+    count = get32(p);
+  if (h->len < TXR_HDR || count > g->n_mqueues || get32(p + 4) ||
+      h->len != TXR_HDR + (uint64_t)count * TXR_ENT) {
+    snprintf(why, wl, "malformed compound read (%u bytes)", h->len);
+    return -EPROTO;
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    const uint8_t *e = p + TXR_HDR + (size_t)i * TXR_ENT;
+    if (get32(e) >= g->n_mqueues || get32(e + 8) > g->slots || get32(e + 12)) {
+      snprintf(why, wl, "compound read of %u slots of mqueue %u: outside "
+               "the region's TX rings", get32(e + 8), get32(e));
+      return -EFAULT;
+    }
+    worst += 4 + (uint64_t)get32(e + 8) * g->slot_size;
+  }
+  if (worst > TCP_OP_MAX) {
+    snprintf(why, wl, "compound read of up to %llu bytes, over %u",
+             (unsigned long long)worst, TCP_OP_MAX);
+    return -EMSGSIZE;
+  }
+  if (buf_reserve(&c->out, TCP_HDR + worst,
+                  TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)) {
+    snprintf(why, wl, "reply buffer full");
+    return -ENOBUFS;
+  }
+  base = c->out.len - c->out.head;
+  reply = c->out.p + c->out.len;
+  /* the array first, complete: every slot before a tx_prod it holds was
+   * published before it, and the slot reads below come after */
+  if (ex->mem) {
+    rc = ex->mem->read(ex->mem->ctx, g->actrl_off, reply + TCP_HDR, alen);
+  } else {
+    const uint32_t *w = (const uint32_t *)(ex->base + g->actrl_off);
+    for (uint32_t i = 0; i < alen / 4; i++) {
+      uint32_t v = __atomic_load_n(&w[i], __ATOMIC_RELAXED);
+      memcpy(reply + TCP_HDR + 4 * i, &v, 4);
+    }
+    rc = 0; /* srv_fill's acquire fence orders the slot reads after */
+  }
+  at = TCP_HDR + alen;
+  for (uint32_t i = 0; !rc && i < count; i++) {
+    const uint8_t *e = p + TXR_HDR + (size_t)i * TXR_ENT;
+    uint32_t q = get32(e), from = get32(e + 4);
+    uint32_t n = txr_count(g, reply + TCP_HDR, q, from, get32(e + 8));
+    uint64_t ring = lynx_tx_ring_off(g, q);
+    put32(reply + at, n);
+    at += 4;
+    for (uint32_t done = 0; !rc && done < n;) {
+      uint32_t pos = (from + done) & (g->slots - 1);
+      uint32_t k = g->slots - pos < n - done ? g->slots - pos : n - done;
+      rc = srv_fill(c, ring + (uint64_t)pos * g->slot_size,
+                    k * g->slot_size, base + at);
+      at += (size_t)k * g->slot_size;
+      done += k;
+    }
+  }
+  if (rc) {
+    snprintf(why, wl, "%s memory read failed: %s",
+             ex->mem ? ex->mem->kind : "region", strerror(-rc));
+    return rc;
+  }
+  hdr_put(reply, OP_READ_TX_RESP, 0, (uint32_t)(at - TCP_HDR), 0, h->wr_id);
+  c->out.len += at;
   return 0;
 }
 
@@ -568,9 +698,7 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
                (unsigned long long)ex->size);
       return -EFAULT;
     }
-    int rc = ex->mem && ex->mem->read_start
-                 ? srv_read_batched(c, h)
-                 : srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
+    int rc = srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
     if (rc) {
       snprintf(why, wl, rc == -ENOBUFS ? "reply buffer full"
                                        : "%s memory read failed: %s",
@@ -579,6 +707,8 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
     }
     return 0;
   }
+  if (h->op == OP_READ_TX)
+    return srv_read_tx(c, h, p, why, wl);
   snprintf(why, wl, "unknown operation %u", h->op);
   return -EPROTO;
 }
@@ -614,7 +744,8 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     uint64_t need;
     hdr_get(p, &h);
     if (h.zero || h.len > TCP_OP_MAX ||
-        (h.op != OP_HELLO && h.op != OP_WRITE && h.op != OP_READ)) {
+        (h.op != OP_HELLO && h.op != OP_WRITE && h.op != OP_READ &&
+         h.op != OP_READ_TX)) {
       snprintf(why, sizeof(why), "malformed frame (op %u, length %u)", h.op,
                h.len);
       break;
@@ -886,7 +1017,7 @@ static int tcp_region_export(struct lynx_region *r) {
   if (!ex)
     return -ENOMEM;
   if (h.magic != LYNX_REGION_MAGIC ||
-      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size) ||
+      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size, h.large_bytes) ||
       ex->g.region_size > r->size) {
     free(ex);
     return -EINVAL;
@@ -942,8 +1073,11 @@ static void tcp_region_free(struct lynx_region *r) {
 
 struct pending_read {
   uint64_t wr_id;
-  void *dst;
+  void *dst; /* READ_TX: of the control array */
   uint32_t len;
+  int compound;            /* a READ_TX */
+  int ntx;                 /* READ_TX: entries of tx */
+  struct lynx_tx_read *tx; /* READ_TX: the caller's */
 };
 
 struct tcp_conn {
@@ -1110,7 +1244,7 @@ static int tcp_connect(const struct lynx_region_desc *d,
   c->fd = -1;
   c->reads = calloc(TCP_READS_MAX, sizeof(*c->reads));
   if (!c->reads ||
-      lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size)) {
+      lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes)) {
     rc = c->reads ? -EINVAL : -ENOMEM;
     goto fail;
   }
@@ -1195,6 +1329,83 @@ static int tcp_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
   r->wr_id = wr_id;
   r->dst = dst;
   r->len = (uint32_t)len;
+  r->compound = 0;
+  return 0;
+}
+
+static int tcp_read_tx(struct lynx_tconn *tc, void *actrl,
+                       struct lynx_tx_read *tx, int n, uint64_t wr_id) {
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  const struct lynx_geom *g = &c->g;
+  uint64_t worst = 8ull * g->n_mqueues;
+  uint32_t len = TXR_HDR + (uint32_t)n * TXR_ENT;
+  struct pending_read *r;
+  uint8_t *p;
+  int rc;
+  if (n < 0 || (uint32_t)n > g->n_mqueues || (n && !tx))
+    return -EINVAL;
+  for (int i = 0; i < n; i++) {
+    if (tx[i].q >= g->n_mqueues || tx[i].max > g->slots)
+      return -EFAULT;
+    worst += 4 + (uint64_t)tx[i].max * g->slot_size;
+  }
+  if (worst > TCP_OP_MAX)
+    return -EMSGSIZE;
+  if (c->r_tail - c->r_head >= TCP_READS_MAX)
+    return -ENOBUFS;
+  rc = buf_reserve(&c->out, TCP_HDR + len, TCP_OUT_MAX);
+  if (rc)
+    return rc;
+  p = c->out.p + c->out.len;
+  hdr_put(p, OP_READ_TX, 0, len, 0, wr_id);
+  p += TCP_HDR;
+  put32(p, (uint32_t)n);
+  put32(p + 4, 0);
+  for (int i = 0; i < n; i++) {
+    uint8_t *e = p + TXR_HDR + (size_t)i * TXR_ENT;
+    put32(e, tx[i].q);
+    put32(e + 4, tx[i].from);
+    put32(e + 8, tx[i].max);
+    put32(e + 12, 0);
+    tx[i].got = 0;
+  }
+  c->out.len += TCP_HDR + len;
+  r = &c->reads[c->r_tail++ % TCP_READS_MAX];
+  r->wr_id = wr_id;
+  r->dst = actrl;
+  r->len = 8u * g->n_mqueues;
+  r->compound = 1;
+  r->ntx = n;
+  r->tx = tx;
+  return 0;
+}
+
+/* Unpacks a READ_TX answer of len bytes at p into r's buffers. Every count
+ * must be the one the control array in the same answer gives (txr_count),
+ * so a confused or hostile agent can neither overrun a buffer nor make up
+ * slots. 0 or -EPROTO. */
+static int tc_take_tx(struct tcp_conn *c, struct pending_read *r,
+                      const uint8_t *p, uint32_t len) {
+  uint32_t z = c->g.slot_size, at = r->len;
+  if (len < r->len)
+    return -EPROTO;
+  for (int i = 0; i < r->ntx; i++) {
+    struct lynx_tx_read *t = &r->tx[i];
+    uint32_t n;
+    if (len - at < 4)
+      return -EPROTO;
+    n = get32(p + at);
+    at += 4;
+    if (n != txr_count(&c->g, p, t->q, t->from, t->max) ||
+        (uint64_t)n * z > len - at)
+      return -EPROTO;
+    memcpy(t->dst, p + at, (size_t)n * z);
+    t->got = n;
+    at += n * z;
+  }
+  if (at != len)
+    return -EPROTO;
+  memcpy(r->dst, p, r->len);
   return 0;
 }
 
@@ -1219,7 +1430,9 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
       struct pending_read *r = &c->reads[c->r_head % TCP_READS_MAX];
       struct tcp_hdr h;
       hdr_get(c->in.p + c->in.head, &h);
-      if (h.op != OP_READ_RESP || h.wr_id != r->wr_id || h.len != r->len) {
+      if (h.wr_id != r->wr_id ||
+          (r->compound ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
+                 : h.op != OP_READ_RESP || h.len != r->len)) {
         LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: reply out of step (op %u, "
                     "%u bytes, expected a %u-byte read)",
                     c->base.desc.locator, h.op, h.len, r->len);
@@ -1232,7 +1445,14 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
           return rc;
         break;
       }
-      memcpy(r->dst, c->in.p + c->in.head + TCP_HDR, h.len);
+      if (!r->compound) {
+        memcpy(r->dst, c->in.p + c->in.head + TCP_HDR, h.len);
+      } else if (tc_take_tx(c, r, c->in.p + c->in.head + TCP_HDR, h.len)) {
+        LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: compound reply of %u bytes "
+                    "does not match its request", c->base.desc.locator,
+                    h.len);
+        return -EPROTO;
+      }
       c->in.head += TCP_HDR + h.len;
       ids[n++] = r->wr_id;
       c->r_head++;

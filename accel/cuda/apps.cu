@@ -583,7 +583,7 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     struct lynx_geom g;
     n = 0;
     /* checked by lynx_cuda_start; a failure here serves nothing */
-    if (lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size) == 0)
+    if (lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) == 0)
       for (uint32_t q = blockIdx.x;
            q < l.n_server && n < LYNX_CUDA_MQS_PER_BLOCK; q += l.blocks) {
         lynx_mq_bind(&kmqs[n].mq, (uint8_t *)l.region, &g, q);
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     n_kmqs = n;
     /* the block's own client mqueue of the back end its app calls */
     if (lynx_cuda_app_calls(l.app) && l.n_backends &&
-        lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size) == 0) {
+        lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) == 0) {
       lynx_mq_bind(&block_client()->mq, (uint8_t *)l.region, &g,
                    lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend));
       block_client()->next_tag = 0;
@@ -722,7 +722,7 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
   cudaError_t e;
   if (!l || !l->region || !l->kctl)
     return einval(err, errlen, "launch: no region or no control block");
-  if (lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size))
+  if (lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size, l->large_bytes))
     return einval(err, errlen, "launch: region geometry out of bounds");
   if (l->n_server < 1 || l->n_server > l->n_mqueues)
     return einval(err, errlen,

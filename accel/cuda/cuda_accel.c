@@ -1311,7 +1311,8 @@ int gpu_instance_start(const struct lynx_accel_launch *l,
   cudaError_t e;
   int rc;
   *out = NULL;
-  if (lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size) ||
+  if (lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size,
+                     l->large_bytes) ||
       !l->n_server || l->n_server > l->n_mqueues) {
     snprintf(err, errlen, "invalid geometry");
     return -EINVAL;
@@ -1369,7 +1370,7 @@ int gpu_instance_start(const struct lynx_accel_launch *l,
     return rc;
   }
   rc = lynx_region_format(r, l->n_mqueues, l->slots, l->slot_size,
-                          l->ordering, l->epoch, l->accel_id);
+                          l->large_bytes, l->ordering, l->epoch, l->accel_id);
   if (rc) {
     snprintf(err, errlen, "cannot format the region in GPU memory: %s",
              strerror(-rc));
@@ -1425,6 +1426,7 @@ launch:
       .n_mqueues = l->n_mqueues,
       .slots = l->slots,
       .slot_size = l->slot_size,
+      .large_bytes = l->large_bytes,
       .n_server = l->n_server,
       .app = l->app->cuda_app,
       .work_us = l->work_us,

@@ -69,6 +69,7 @@ struct lynx_cuda_kctl {
 struct lynx_cuda_launch {
   void *region;                         /* device pointer, formatted */
   uint32_t n_mqueues, slots, slot_size; /* its geometry (as formatted) */
+  uint32_t large_bytes;                 /* each ring's large area */
   uint32_t n_server;  /* server mqueues served: [0, n_server) */
   uint32_t app;       /* enum lynx_cuda_app */
   uint32_t work_us;   /* emulated work per request (%globaltimer) */

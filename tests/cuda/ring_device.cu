@@ -65,5 +65,5 @@ __global__ void lynx_block_echo_kernel(uint8_t *region, struct lynx_geom g,
 // host side of the same header under nvcc
 int lynx_host_geom_check(void) {
   struct lynx_geom g;
-  return lynx_geom_init(&g, 4, 256, 2048);
+  return lynx_geom_init(&g, 4, 256, 2048, 0);
 }

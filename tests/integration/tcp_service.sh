@@ -7,13 +7,16 @@
 #     right; afterwards no connection is left open.
 #  2. clients that close with requests in flight: the frontend stays up and
 #     accounts for every request (answered, or dropped as client_gone).
+#     Frames up to the 1 MiB cap (msg_max) through the rings' large-message
+#     areas: every size from empty to 1 MiB, in order, byte for byte.
 #  3. bad clients: a length word of 0xFFFFFFFF and a frame larger than the
-#     slots each get their connection closed, counted as oversize; a client
+#     cap each get their connection closed, counted as oversize; a client
 #     that never reads its answers is closed as a slow reader once 4 MiB of
 #     them wait; well-behaved clients are served right after.
 #  4. fixed framing (fixed:64): 64-byte messages without length words.
-#  5. coordinator mode: `lynxctl service create --proto tcp` is served; a
-#     framing on a udp service is refused with a clear 400.
+#  5. coordinator mode: `lynxctl service create --proto tcp` is served, with
+#     1 MiB frames by default; a framing on a udp service and fixed frames
+#     longer than msg_max are refused with a clear 400.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init tcp_service
@@ -58,6 +61,9 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 assert_eq "$open" 0 "connections still open after the clients left"
+# large frames: 2 KiB slots, the agent's default cap of 1 MiB
+load large --conns 4 --messages 40 --window 4 --size-max 1048576 --seed 9 \
+  --timeout-ms 50000
 
 # ---- 2. clients leaving with requests in flight ----------------------------------
 load disconnect --conns 50 --mode disconnect --window 16 --size-max 1000 --seed 4
@@ -73,7 +79,7 @@ is_alive "$FRONTEND_PID" || fail "frontend died"
 # ---- 3. bad clients ----------------------------------------------------------------
 over0=$(tcp_metric oversize)
 load garbage --conns 10 --mode garbage
-load oversize --conns 10 --mode oversize --size-max 100000
+load oversize --conns 10 --mode oversize --size-max 1048577
 over=$(tcp_metric oversize)
 assert_eq "$((over - over0))" 20 "connections closed for oversize frames"
 # a client that never reads: 16 MB of answers against a 4 MiB bound
@@ -109,12 +115,15 @@ for _ in $(seq 100); do
   sleep 0.05
 done
 LOAD_PORT=$SVC_PORT load coord --conns 20 --messages 100 --window 4 --size-max 2000 --seed 7
+LOAD_PORT=$SVC_PORT load coord-large --conns 2 --messages 20 --window 4 \
+  --size-max 1048576 --seed 10 --timeout-ms 50000
 api POST /v1/services -H 'Content-Type: application/json' \
   -d '{"name":"bad","port":1,"app":"echo","framing":"len32"}' || fail "API down"
 assert_eq "$API_STATUS" 400 "framing on a udp service"
 grep -q 'framing' "$API_BODY" || it_check_failed "the 400 does not name the field: $(cat "$API_BODY")"
 api POST /v1/services -H 'Content-Type: application/json' \
-  -d '{"name":"bad","port":1,"app":"echo","proto":"tcp","framing":{"fixed":100000}}' ||
+  -d '{"name":"bad","port":1,"app":"echo","proto":"tcp","framing":{"fixed":100000},"msg_max":50000}' ||
   fail "API down"
-assert_eq "$API_STATUS" 400 "fixed framing larger than the slots"
+assert_eq "$API_STATUS" 400 "fixed framing longer than msg_max"
+grep -q 'msg_max' "$API_BODY" || it_check_failed "the 400 does not name msg_max: $(cat "$API_BODY")"
 it_done

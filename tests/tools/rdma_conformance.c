@@ -427,12 +427,12 @@ static int setup_region(const char *bound) {
   int rc;
   if (getrandom(&epoch, sizeof(epoch), 0) != sizeof(epoch))
     epoch = (uint64_t)time(NULL);
-  if (lynx_geom_init(&geom, Q, S, Z))
+  if (lynx_geom_init(&geom, Q, S, Z, 0))
     FAIL("geometry");
   rc = ops->region_alloc(agent, &region, "conformance", geom.region_size);
   if (rc)
     FAIL("region_alloc: %s", strerror(-rc));
-  rc = lynx_region_format(&region, Q, S, Z, LYNX_ORDER_COALESCED, epoch, 0);
+  rc = lynx_region_format(&region, Q, S, Z, 0, LYNX_ORDER_COALESCED, epoch, 0);
   if (!rc)
     rc = ops->region_export(&region);
   if (rc)

@@ -4,9 +4,11 @@
  * reply it gets.
  *
  * Datagram i (fixed seed, so every run sends the same bytes):
- *   - size: about half at most --cap bytes (what fits an mqueue slot), a few
- *     below the 14-byte sockperf header, boundary sizes (13, 14, cap, cap+1,
- *     65507), the rest up to 65507;
+ *   - size: about half at most --slot bytes (what fits an mqueue slot), a
+ *     few below the 14-byte sockperf header, boundary sizes (13, 14, slot,
+ *     slot+1, cap, cap+1, 65507), the rest up to 65507: large messages
+ *     (longer than --slot, at most --cap) where the cap is above the slot,
+ *     oversize ones (longer than --cap) where it is below 65507;
  *   - content: random, and for most datagrams a sockperf-like header (u64
  *     seq, u16 flags at byte 8, u32 len at byte 10, network order) whose seq
  *     is unique to the datagram; part of those carry the pong-request flag
@@ -28,7 +30,8 @@
  * Output: one line
  *   udp_fuzz: sent=N oversize=O expected_replies=E received_replies=R
  *             empty=Z mismatched=M unexpected=U duplicates=D send_errors=S ...
- * (oversize: longer than --cap; empty: 0-byte datagrams, part of sent)
+ * (oversize: longer than --cap; large: longer than --slot, at most --cap;
+ * empty: 0-byte datagrams, part of sent)
  * Exit status: 0 when mismatched, unexpected, duplicates and send_errors are
  * all 0 (missing replies are for the caller to judge: it compares
  * received_replies with expected_replies), 1 otherwise, 2 on usage errors.
@@ -67,9 +70,12 @@ struct dgram {
 /* The command line (opts below). */
 struct cfg {
   char *host;
-  uint32_t port, count, seed, cap, max_size, burst, burst_wait_ms, gap_us,
+  uint32_t port, count, seed, cap, slot, max_size, burst, burst_wait_ms, gap_us,
       drain_ms;
-  int verbose;
+  int verbose, ordered;
+  char *sizes;        /* --sizes: "a,b,..." as given */
+  uint32_t size[16];  /* parsed: datagram i has size[i % n_sizes] */
+  uint32_t n_sizes;
 };
 
 static uint64_t rng_state;
@@ -118,19 +124,26 @@ static void ht_put(uint64_t k, uint32_t idx) {
 
 /* ---- generation ------------------------------------------------------ */
 
-static uint32_t pick_size(const struct cfg *c) {
-  uint32_t r = rnd_below(100), cap = c->cap < c->max_size ? c->cap : c->max_size;
+static uint32_t pick_size(const struct cfg *c, uint32_t i) {
+  uint32_t r, cap = c->cap < c->max_size ? c->cap : c->max_size;
+  uint32_t slot = c->slot < cap ? c->slot : cap;
+  if (c->n_sizes)
+    return c->size[i % c->n_sizes];
+  r = rnd_below(100);
   if (r < 8) /* shorter than the sockperf header, 0 included */
     return rnd_range(0, HDR - 1 < c->max_size ? HDR - 1 : c->max_size);
   if (r < 13) { /* boundaries */
-    const uint32_t b[] = {0, HDR - 1, HDR, cap - 1, cap, cap + 1, c->max_size};
+    const uint32_t b[] = {0,        HDR - 1, HDR,     slot - 1,   slot,
+                          slot + 1, cap - 1, cap,     cap + 1,    c->max_size};
     uint32_t s = b[rnd_below(sizeof(b) / sizeof(b[0]))];
     return s > c->max_size ? c->max_size : s;
   }
   if (r < 35) /* small, typical request sizes */
-    return rnd_range(HDR < cap ? HDR : cap, cap < 256 ? cap : 256);
+    return rnd_range(HDR < slot ? HDR : slot, slot < 256 ? slot : 256);
   if (r < 55) /* anything that fits a slot */
-    return rnd_range(HDR < cap ? HDR : cap, cap);
+    return rnd_range(HDR < slot ? HDR : slot, slot);
+  if (cap > slot && (r < 78 || cap >= c->max_size)) /* large */
+    return rnd_range(slot + 1, cap);
   if (cap >= c->max_size) /* everything fits */
     return rnd_range(0, c->max_size);
   return rnd_range(cap + 1, c->max_size); /* oversize */
@@ -139,7 +152,7 @@ static uint32_t pick_size(const struct cfg *c) {
 /* Fills datagram i; returns its bytes in buf and whether it expects a reply. */
 static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
                            int *expect) {
-  uint32_t len = pick_size(c), r = rnd_below(100);
+  uint32_t len = pick_size(c, i), r = c->n_sizes ? 0 : rnd_below(100);
   uint64_t seq = SEQ_TAG | i;
   for (uint32_t k = 0; k < len; k += 8) {
     uint64_t v = rnd();
@@ -149,12 +162,12 @@ static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
     /* sockperf-like header: unique seq, flags, length */
     uint8_t hdr[HDR];
     uint16_t flags = (uint16_t)(rnd() & 0xfff0u); /* unknown high bits */
-    uint32_t rr = rnd_below(100);
+    uint32_t rr = c->n_sizes ? 0 : rnd_below(100);
     if (rr < 70)
       flags |= F_PONG;
     if (rr < 50 || rr >= 85)
       flags |= F_CLIENT;
-    if (rnd_below(4) == 0)
+    if (!c->n_sizes && rnd_below(4) == 0)
       flags |= 0x4u; /* sockperf's warm-up bit, sometimes */
     tool_sockperf_hdr(hdr, seq, flags, len);
     /* a datagram shorter than the header carries its first bytes only */
@@ -173,8 +186,9 @@ static uint32_t make_dgram(const struct cfg *c, uint32_t i, uint8_t *buf,
 /* ---- replies --------------------------------------------------------- */
 
 struct stats {
-  uint32_t sent, empty, oversize, expected, received, mismatched, unexpected,
-      duplicates, send_errors;
+  uint32_t sent, empty, oversize, large, expected, received, mismatched,
+      unexpected, duplicates, send_errors, out_of_order;
+  long last; /* --ordered: the datagram of the latest reply */
   uint64_t bytes_sent, bytes_received;
 };
 
@@ -195,6 +209,8 @@ static void report(struct stats *st, const char *fmt, ...) {
   fputc('\n', stderr);
   va_end(ap);
 }
+
+static int ordered; /* --ordered: replies out of send order are errors */
 
 static void check_reply(struct dgram *d, const uint8_t *buf, ssize_t n,
                         struct stats *st) {
@@ -222,6 +238,13 @@ static void check_reply(struct dgram *d, const uint8_t *buf, ssize_t n,
     return;
   }
   st->received++;
+  if (st->last >= 0 && idx < st->last) {
+    st->out_of_order++;
+    if (ordered)
+      report(st, "reply to datagram %ld after the reply to datagram %ld",
+             idx, st->last);
+  }
+  st->last = idx;
   if ((uint32_t)n != q->len) {
     st->mismatched++;
     report(st, "reply to datagram %ld has %zd bytes, request had %u", idx, n,
@@ -271,12 +294,16 @@ static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
   "  --count N            datagrams to send [10000]\n"                         \
   "  --seed N             random seed [1]\n"                                   \
   "  --cap N              largest payload the service takes [2032]\n"          \
+  "  --slot N             largest payload one mqueue slot holds [2032]\n"     \
   "  --max-size N         largest datagram [65507]\n"                          \
   "  --burst N            datagrams per burst [32]\n"                          \
   "  --burst-wait-ms N    wait at most this for a burst's replies [200]\n"     \
   "  --gap-us N           pause after each burst [300]\n"                      \
   "  --drain-ms N         wait this long for the last replies [2000]\n"        \
-  "  --verbose            progress on stderr\n"
+  "  --verbose            progress on stderr\n"                                \
+  "  --ordered            a reply out of send order is an error (one flow)\n"\
+  "  --sizes A,B,...      every datagram a pong request of these sizes in "   \
+  "turn\n"
 
 #define O(f) offsetof(struct cfg, f)
 static const struct lynx_opt opts[] = {
@@ -285,6 +312,7 @@ static const struct lynx_opt opts[] = {
     {"count", LYNX_OPT_U32, O(count), "10000", 0, 10000000, NULL, ""},
     {"seed", LYNX_OPT_U32, O(seed), "1", 0, UINT32_MAX, NULL, ""},
     {"cap", LYNX_OPT_U32, O(cap), "2032", HDR, UDP_MAX, NULL, ""},
+    {"slot", LYNX_OPT_U32, O(slot), "2032", HDR, UDP_MAX, NULL, ""},
     {"max-size", LYNX_OPT_U32, O(max_size), "65507", HDR, UDP_MAX, NULL, ""},
     {"burst", LYNX_OPT_U32, O(burst), "32", 1, 4096, NULL, ""},
     {"burst-wait-ms", LYNX_OPT_U32, O(burst_wait_ms), "200", 0, 60000, NULL,
@@ -292,6 +320,8 @@ static const struct lynx_opt opts[] = {
     {"gap-us", LYNX_OPT_U32, O(gap_us), "300", 0, 10000000, NULL, ""},
     {"drain-ms", LYNX_OPT_U32, O(drain_ms), "2000", 0, 600000, NULL, ""},
     {"verbose", LYNX_OPT_FLAG, O(verbose), NULL, 0, 0, NULL, ""},
+    {"ordered", LYNX_OPT_FLAG, O(ordered), NULL, 0, 0, NULL, ""},
+    {"sizes", LYNX_OPT_STR, O(sizes), NULL, 0, 0, NULL, ""},
     LYNX_OPT_END,
 };
 #undef O
@@ -308,6 +338,19 @@ int main(int argc, char **argv) {
       (rc = tool_udp_open("lynx-udp-fuzz", USAGE, c.host, c.port, SOCK_CLOEXEC,
                           "--host %s is not an IPv4 address\n", 1, &fd)) >= 0)
     return rc;
+  for (char *p = c.sizes; p && *p;) {
+    char *end;
+    unsigned long v = strtoul(p, &end, 10);
+    if (end == p || v < HDR || v > UDP_MAX || c.n_sizes == 16 ||
+        (*end && *end != ',')) {
+      fprintf(stderr, "--sizes: up to 16 comma-separated sizes of %u to %u "
+              "bytes\n%s", HDR, UDP_MAX, USAGE);
+      return 2;
+    }
+    c.size[c.n_sizes++] = (uint32_t)v;
+    p = *end ? end + 1 : end;
+  }
+  ordered = c.ordered;
   /* deep buffers (FORCE works as root, the plain one up to rmem_max) */
   if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) != 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
@@ -322,6 +365,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   memset(&st, 0, sizeof(st));
+  st.last = -1;
   rng_state = c.seed;
   t0 = tool_now_ms();
 
@@ -358,6 +402,8 @@ int main(int argc, char **argv) {
           st.empty++;
         if (len > c.cap)
           st.oversize++;
+        else if (len > c.slot)
+          st.large++;
         if (expect) {
           st.expected++;
           want++;
@@ -387,11 +433,12 @@ int main(int argc, char **argv) {
       shown++;
     }
   printf(
-      "udp_fuzz: sent=%u oversize=%u expected_replies=%u "
+      "udp_fuzz: sent=%u oversize=%u large=%u out_of_order=%u "
+      "expected_replies=%u "
       "received_replies=%u empty=%u mismatched=%u unexpected=%u duplicates=%u "
       "send_errors=%u bytes_sent=%llu bytes_received=%llu seed=%llu "
       "cap=%u elapsed_ms=%llu\n",
-      st.sent, st.oversize, st.expected, st.received, st.empty, st.mismatched,
+      st.sent, st.oversize, st.large, st.out_of_order, st.expected, st.received, st.empty, st.mismatched,
       st.unexpected, st.duplicates, st.send_errors,
       (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
       (unsigned long long)c.seed, c.cap,
@@ -405,6 +452,8 @@ int main(int argc, char **argv) {
   free(ht_key);
   free(ht_val);
   close(fd);
-  return st.mismatched || st.unexpected || st.duplicates || st.send_errors ? 1
+  return st.mismatched || st.unexpected || st.duplicates || st.send_errors ||
+                 (ordered && st.out_of_order)
+             ? 1
                                                                            : 0;
 }

@@ -94,7 +94,7 @@ static int make(struct tc_region *t, uint32_t ordering, uint64_t epoch,
     return -ENOMEM;
   }
   reg->mem = r.base;
-  if (lynx_region_format(&r, TC_Q, TC_S, TC_Z, ordering, epoch, TC_ACCEL)) {
+  if (lynx_region_format(&r, TC_Q, TC_S, TC_Z, 0, ordering, epoch, TC_ACCEL)) {
     reg->gone = 1;
     return -EINVAL;
   }
@@ -108,7 +108,7 @@ static int rd_region_new(struct tc_region *t, uint32_t ordering,
                          uint64_t epoch) {
   sweep(0);
   memset(t, 0, sizeof(*t));
-  if (lynx_geom_init(&t->g, TC_Q, TC_S, TC_Z))
+  if (lynx_geom_init(&t->g, TC_Q, TC_S, TC_Z, 0))
     return -EINVAL;
   return make(t, ordering, epoch, KEY + g_keys++);
 }
@@ -168,7 +168,7 @@ static int rd_connect(const struct lynx_region_desc *d,
   int rc;
   if (lynx_parse_hostport(d->locator, &ss))
     return -EINVAL;
-  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size) ||
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes) ||
       g.region_size != d->region_size)
     return -EINVAL; /* what the data path's set-up refuses */
   reg = admit(d);

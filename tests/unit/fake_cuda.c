@@ -255,7 +255,7 @@ static void *kernel_main(void *arg) {
   int calls = lynx_cuda_app_calls(l->app) && l->n_backends, stopped = 0;
   struct fake_client *cl = calloc(l->blocks, sizeof(*cl));
   if (!mq || !seen || !req || !resp || !cl ||
-      lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size))
+      lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size, l->large_bytes))
     abort();
   for (uint32_t q = 0; q < l->n_server; q++)
     lynx_mq_bind(&mq[q], l->region, &g, q);

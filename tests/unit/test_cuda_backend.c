@@ -186,12 +186,12 @@ static int inst_start(struct inst *in, int dev,
   snprintf(in->dev.model, sizeof(in->dev.model), "%s", in->gpu.name);
   in->epoch = epoch;
   in->r.fd = -1;
-  if (lynx_geom_init(&in->g, q, S, Z))
+  if (lynx_geom_init(&in->g, q, S, Z, 0))
     in->g.region_size = 0;
   if (start_host) {
     rc = ops->region_alloc(start_ta, &in->r, "ut-gpu-host", in->g.region_size);
     if (!rc)
-      rc = lynx_region_format(&in->r, q, S, Z, LYNX_ORDER_FENCED, epoch,
+      rc = lynx_region_format(&in->r, q, S, Z, 0, LYNX_ORDER_FENCED, epoch,
                               ACCEL);
     if (!rc)
       rc = ops->region_export(&in->r);
@@ -1833,14 +1833,14 @@ static int cinst_start(struct cinst *c, const char *app, uint32_t n_server,
   if (rc)
     return rc;
   n = n_server + n_backends * c->per;
-  assert_int_equal(lynx_geom_init(&c->ur.g, n, CS, CZ), 0);
+  assert_int_equal(lynx_geom_init(&c->ur.g, n, CS, CZ, 0), 0);
   /* the process's own name: a run that failed half-way leaves no file
    * that a later one trips over */
   snprintf(c->name, sizeof(c->name), "ut-gpu-client-%d", (int)getpid());
   c->l.name = c->name;
   assert_int_equal(c_shm->region_alloc(c_ta, &c->r, c->name,
                                        c->ur.g.region_size), 0);
-  assert_int_equal(lynx_region_format(&c->r, n, CS, CZ, LYNX_ORDER_COALESCED,
+  assert_int_equal(lynx_region_format(&c->r, n, CS, CZ, 0, LYNX_ORDER_COALESCED,
                                       EPOCH, ACCEL), 0);
   assert_int_equal(c_shm->region_export(&c->r), 0);
   c->l.n_mqueues = n;

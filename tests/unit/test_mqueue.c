@@ -26,11 +26,15 @@ struct fx {
   struct lynx_mq mq;
 };
 
-static struct fx *fx_new(uint32_t q, uint32_t s, uint32_t z) {
+static struct fx *fx_new_l(uint32_t q, uint32_t s, uint32_t z, uint32_t l) {
   struct fx *f = calloc(1, sizeof(*f));
   assert_non_null(f);
-  assert_int_equal(ut_region_init(&f->r, q, s, z), 0);
+  assert_int_equal(ut_region_init_l(&f->r, q, s, z, l), 0);
   return f;
+}
+
+static struct fx *fx_new(uint32_t q, uint32_t s, uint32_t z) {
+  return fx_new_l(q, s, z, 0);
 }
 
 static int fx_teardown(void **state) {
@@ -48,7 +52,7 @@ static int fx_teardown(void **state) {
 static void test_geom_valid_layout(void **state) {
   struct lynx_geom g;
   (void)state;
-  assert_int_equal(lynx_geom_init(&g, 1, 2, 64), 0);
+  assert_int_equal(lynx_geom_init(&g, 1, 2, 64, 0), 0);
   assert_int_equal(g.n_mqueues, 1);
   assert_int_equal(g.slots, 2);
   assert_int_equal(g.slot_size, 64);
@@ -58,7 +62,7 @@ static void test_geom_valid_layout(void **state) {
   assert_int_equal(g.ring_bytes, 128);
   assert_int_equal(g.region_size, 8192); /* 4096 + 256, rounded to 4096 */
 
-  assert_int_equal(lynx_geom_init(&g, 3, 8, 2048), 0);
+  assert_int_equal(lynx_geom_init(&g, 3, 8, 2048, 0), 0);
   assert_int_equal(g.fctrl_off, 192 + 64);
   assert_int_equal(g.rings_off, 4096);
   assert_int_equal(g.ring_bytes, 8 * 2048);
@@ -74,7 +78,7 @@ static void test_geom_valid_layout(void **state) {
 
   /* the upper limits are accepted; control arrays grow with Q */
   assert_int_equal(lynx_geom_init(&g, LYNX_MQUEUES_MAX, LYNX_SLOTS_MAX,
-                                  LYNX_SLOT_MAX),
+                                  LYNX_SLOT_MAX, 0),
                    0);
   assert_int_equal(g.fctrl_off, 192 + 8 * 1024);
   assert_int_equal(g.rings_off, 20480); /* align4096(192 + 2 * 8192) */
@@ -83,7 +87,7 @@ static void test_geom_valid_layout(void **state) {
   assert_int_equal(g.rings_off % LYNX_RINGS_ALIGN, 0);
   assert_int_equal(g.region_size % LYNX_RINGS_ALIGN, 0);
   /* Q = 9: control arrays of align64(72) = 128 bytes each */
-  assert_int_equal(lynx_geom_init(&g, 9, 4, 128), 0);
+  assert_int_equal(lynx_geom_init(&g, 9, 4, 128, 0), 0);
   assert_int_equal(g.fctrl_off, 192 + 128);
 }
 
@@ -91,30 +95,30 @@ static void test_geom_rejects_out_of_bounds(void **state) {
   struct lynx_geom g;
   (void)state;
   /* mqueues 1..1024 */
-  assert_int_equal(lynx_geom_init(&g, 0, 8, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1025, 8, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 0xFFFFFFFFu, 8, 256), -22);
+  assert_int_equal(lynx_geom_init(&g, 0, 8, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1025, 8, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 0xFFFFFFFFu, 8, 256, 0), -22);
   /* slots: power of two, 2..65536 */
-  assert_int_equal(lynx_geom_init(&g, 1, 0, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 1, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 3, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 6, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 1000, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 65535, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 131072, 256), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 0x80000000u, 256), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 0, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 1, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 3, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 6, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 1000, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 65535, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 131072, 256, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 0x80000000u, 256, 0), -22);
   /* slot size: power of two, 64 B .. 1 MiB */
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 0), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 32), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 63), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 96), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 1000), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 2049), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 2u << 20), -22);
-  assert_int_equal(lynx_geom_init(&g, 1, 8, 0x80000000u), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 0, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 32, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 63, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 96, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 1000, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2049, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2u << 20, 0), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 0x80000000u, 0), -22);
   /* the lower limits are accepted */
-  assert_int_equal(lynx_geom_init(&g, 1, 2, 64), 0);
-  assert_int_equal(lynx_geom_init(&g, 1024, 2, 64), 0);
+  assert_int_equal(lynx_geom_init(&g, 1, 2, 64, 0), 0);
+  assert_int_equal(lynx_geom_init(&g, 1024, 2, 64, 0), 0);
 
   assert_false(lynx_is_pow2(0));
   assert_true(lynx_is_pow2(1));
@@ -741,6 +745,180 @@ static void test_malformed_whole_ring(void **state) {
   assert_int_equal(f->mq.bad, 12);
 }
 
+/* ---- large messages (docs/mqueue.md, "Large messages") ---------------- */
+
+static void test_large_geometry(void **state) {
+  struct lynx_geom g;
+  (void)state;
+  /* the area follows each ring's slots; access classes stay contiguous */
+  assert_int_equal(lynx_geom_init(&g, 3, 8, 2048, 65536), 0);
+  assert_int_equal(g.large_bytes, 65536);
+  assert_int_equal(g.slots_bytes, 8 * 2048);
+  assert_int_equal(g.ring_bytes, 8 * 2048 + 65536);
+  assert_int_equal(lynx_rx_large_off(&g, 1), lynx_rx_ring_off(&g, 1) + 16384);
+  assert_int_equal(lynx_rx_ring_off(&g, 2), lynx_rx_large_off(&g, 1) + 65536);
+  assert_int_equal(lynx_tx_ring_off(&g, 0), lynx_rx_large_off(&g, 2) + 65536);
+  assert_int_equal(lynx_tx_large_off(&g, 2) + 65536,
+                   g.rings_off + 6ull * g.ring_bytes);
+  assert_true(g.region_size >= lynx_tx_large_off(&g, 2) + 65536);
+  /* a power of two in [4 KiB, 64 MiB], or 0 */
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, 4096), 0);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, LYNX_LARGE_MAX), 0);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, 2048), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, 100000), -22);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, LYNX_LARGE_MAX * 2), -22);
+  /* the area a cap needs: none while a slot holds it, else >= 2x */
+  assert_int_equal(lynx_large_for(2032, 2048), 0);
+  assert_int_equal(lynx_large_for(2033, 2048), 4096);
+  assert_int_equal(lynx_large_for(2049, 2048), 8192);
+  assert_int_equal(lynx_large_for(65507, 2048), 131072);
+  assert_int_equal(lynx_large_for(1u << 20, 2048), 2u << 20);
+  assert_int_equal(lynx_large_for(LYNX_LARGE_MAX / 2 + 1, 2048), 0);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, 131072), 0);
+  assert_int_equal(lynx_msg_cap(&g), 65536);
+  assert_int_equal(lynx_geom_init(&g, 1, 8, 2048, 0), 0);
+  assert_int_equal(lynx_msg_cap(&g), 2032);
+}
+
+static void fill(uint8_t *p, uint32_t len, uint32_t seed) {
+  for (uint32_t i = 0; i < len; i++)
+    p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8));
+}
+
+/* Requests and answers of every size class through one mqueue, many laps
+ * of both large areas: each seen whole and exact, in order, and the areas
+ * freed as the other side consumes. */
+static void test_large_roundtrip(void **state) {
+  struct fx *f = *state = fx_new_l(1, 8, 256, 16384);
+  struct lynx_large_alloc fa = {0, 0}; /* the frontend's RX allocator */
+  static const uint32_t sizes[] = {240, 241, 1000, 4096, 7000, 8192, 100, 5};
+  uint8_t *want = malloc(8192), *rev = malloc(8192);
+  uint32_t tx = 0;
+  unsigned seed = 7;
+  assert_non_null(want);
+  assert_non_null(rev);
+  lynx_mq_bind(&f->mq, f->r.mem, &f->r.g, 0);
+  for (uint32_t round = 0; round < 400; round++) {
+    uint32_t len =
+        round < 8 ? sizes[round] : 1 + (uint32_t)(rand_r(&seed) % 8192);
+    struct lynx_msg m = {0};
+    struct lynx_slot_meta tm = {0};
+    const uint8_t *data = NULL;
+    uint32_t got = 0;
+    uint8_t *out;
+    fill(want, len, round);
+    if (len > lynx_slot_cap(256))
+      assert_int_equal(ut_put_large(&f->r, 0, round, round, want, len, &fa),
+                       0);
+    else
+      ut_put(&f->r, 0, round, round, want, len);
+    assert_int_equal(lynx_mq_recv(&f->mq, &m), 0);
+    assert_int_equal(m.tag, round);
+    assert_int_equal(m.len, len);
+    assert_int_equal(m.status, LYNX_ST_OK); /* the flag is not the app's */
+    assert_memory_equal(m.data, want, len);
+    /* the answer: the request reversed, as long */
+    for (uint32_t i = 0; i < len; i++)
+      rev[i] = m.data[len - 1 - i];
+    assert_int_equal(lynx_reserve(&f->mq, len, &out), 0);
+    memcpy(out, rev, len);
+    lynx_commit(&f->mq, round, len, len);
+    lynx_mq_release(&f->mq);
+    /* the accelerator released it: the frontend frees its large area */
+    fa.tail = fa.head;
+    assert_int_equal(ut_get_tx_msg(&f->r, 0, tx, &tm, &data, &got), 0);
+    assert_int_equal(tm.tag, round);
+    assert_int_equal(got, len);
+    assert_int_equal(!!(tm.status & LYNX_ST_LARGE), len > lynx_slot_cap(256));
+    assert_memory_equal(data, rev, len);
+    tx++;
+    ut_fctrl(&f->r, 0)->tx_cons = tx;
+  }
+  assert_int_equal(f->mq.bad, 0);
+  free(want);
+  free(rev);
+}
+
+/* The TX large area fills while the frontend consumes nothing (-EAGAIN),
+ * and frees only up to what it consumed; a message longer than the area
+ * is -EMSGSIZE, and without an area anything over a slot is. */
+static void test_large_tx_full_and_reclaim(void **state) {
+  struct fx *f = *state = fx_new_l(1, 16, 256, 16384);
+  struct ut_region r0;
+  struct lynx_mq mq0;
+  uint8_t *out;
+  lynx_mq_bind(&f->mq, f->r.mem, &f->r.g, 0);
+  assert_int_equal(lynx_reserve(&f->mq, 16385, &out), -EMSGSIZE);
+  /* three of 5000 (5056 with alignment) fit 16 KiB; the fourth waits */
+  for (uint32_t i = 0; i < 3; i++) {
+    assert_int_equal(lynx_reserve(&f->mq, 5000, &out), 0);
+    memset(out, (int)i, 5000);
+    lynx_commit(&f->mq, i, 5000, 5000);
+  }
+  assert_int_equal(lynx_reserve(&f->mq, 5000, &out), -EAGAIN);
+  /* small answers still go: they need a slot only */
+  assert_int_equal(lynx_send(&f->mq, 9, "x", 1), 0);
+  /* the frontend consumes the first: room for one more, at the area's
+   * start (no message wraps: the 1,216 bytes at the end are skipped) */
+  ut_fctrl(&f->r, 0)->tx_cons = 1;
+  assert_int_equal(lynx_reserve(&f->mq, 5000, &out), 0);
+  assert_ptr_equal(out, f->r.mem + lynx_tx_large_off(&f->r.g, 0));
+  lynx_commit(&f->mq, 3, 5000, 5000);
+  assert_int_equal(lynx_reserve(&f->mq, 5000, &out), -EAGAIN);
+  /* a bad tx_cons (beyond what was sent) frees nothing */
+  ut_fctrl(&f->r, 0)->tx_cons = 1000;
+  assert_int_equal(lynx_reserve(&f->mq, 5000, &out), -EAGAIN);
+  /* all consumed: the whole area again */
+  ut_fctrl(&f->r, 0)->tx_cons = f->mq.tx_prod;
+  assert_int_equal(lynx_reserve(&f->mq, 16384, &out), 0);
+  lynx_commit(&f->mq, 4, 16384, 16384);
+
+  assert_int_equal(ut_region_init(&r0, 1, 16, 256), 0);
+  lynx_mq_bind(&mq0, r0.mem, &r0.g, 0);
+  assert_int_equal(lynx_reserve(&mq0, 241, &out), -EMSGSIZE);
+  ut_region_free(&r0);
+}
+
+/* A large slot whose reference lies outside the area, or whose length is
+ * not a reference's, is malformed: skipped and released like any other,
+ * also behind a held request. */
+static void test_large_malformed(void **state) {
+  struct fx *f = *state = fx_new_l(1, 8, 256, 8192);
+  struct lynx_large_alloc fa = {0, 0};
+  struct lynx_large_ref bad[] = {
+      {8192, 1, 0, 0}, {4096, 4097, 0, 0}, {0, 8193, 0, 0}};
+  struct lynx_msg m = {0};
+  uint8_t req[3000];
+  uint32_t pos = 0;
+  fill(req, sizeof(req), 1);
+  lynx_mq_bind(&f->mq, f->r.mem, &f->r.g, 0);
+  assert_int_equal(
+      ut_put_large(&f->r, 0, pos++, 100, req, sizeof(req), &fa), 0);
+  for (uint32_t i = 0; i < 3; i++, pos++)
+    ut_put_raw(&f->r, 0, pos, 200 + i, &bad[i], sizeof(bad[i]),
+               (uint16_t)(lynx_payload_off(256, 16) / 16u),
+               LYNX_ST_OK | LYNX_ST_LARGE, lynx_seq_for(pos));
+  /* a large flag on a slot whose length is not a reference's */
+  ut_put_raw(&f->r, 0, pos, 300, req, 8,
+             (uint16_t)(lynx_payload_off(256, 8) / 16u),
+             LYNX_ST_OK | LYNX_ST_LARGE, lynx_seq_for(pos));
+  pos++;
+  ut_put(&f->r, 0, pos++, 400, "ok", 2);
+  assert_int_equal(lynx_mq_recv(&f->mq, &m), 0);
+  assert_int_equal(m.tag, 100);
+  assert_memory_equal(m.data, req, sizeof(req));
+  assert_int_equal(lynx_mq_recv(&f->mq, &m), 0);
+  assert_int_equal(m.tag, 400);
+  assert_int_equal(f->mq.bad, 4);
+  /* releasing the first frees the four skipped behind it, not the held
+   * last one */
+  lynx_mq_release(&f->mq);
+  assert_int_equal(ut_actrl(&f->r, 0)->rx_cons, 5);
+  lynx_mq_release(&f->mq);
+  assert_int_equal(ut_actrl(&f->r, 0)->rx_cons, 6);
+}
+
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_geom_valid_layout),
@@ -765,6 +943,10 @@ int main(int argc, char **argv) {
                                 fx_teardown),
       cmocka_unit_test_teardown(test_malformed_trailing_and_runs, fx_teardown),
       cmocka_unit_test_teardown(test_malformed_whole_ring, fx_teardown),
+      cmocka_unit_test(test_large_geometry),
+      cmocka_unit_test_teardown(test_large_roundtrip, fx_teardown),
+      cmocka_unit_test_teardown(test_large_tx_full_and_reclaim, fx_teardown),
+      cmocka_unit_test_teardown(test_large_malformed, fx_teardown),
   };
   return LYNX_UT_MAIN(argc, argv, "mqueue", tests, NULL, NULL);
 }

@@ -1845,7 +1845,7 @@ static void test_service_limits(void **state) {
 
   /* the region is the ring layout's, back ends' client mqueues included */
   s = spec("r", 7000, 0, NULL);
-  assert_int_equal(lynx_geom_init(&g, 2, 256, 2048), 0);
+  assert_int_equal(lynx_geom_init(&g, 2, 256, 2048, 0), 0);
   assert_int_equal(lynx_service_region_bytes(&s), g.region_size);
   two_mq = g.region_size;
   s.n_backends = 1;
@@ -1853,7 +1853,7 @@ static void test_service_limits(void **state) {
   snprintf(s.backends[0].address, sizeof(s.backends[0].address),
            "127.0.0.1:11211");
   snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "len32");
-  assert_int_equal(lynx_geom_init(&g, 3, 256, 2048), 0);
+  assert_int_equal(lynx_geom_init(&g, 3, 256, 2048, 0), 0);
   assert_int_equal(lynx_service_region_bytes(&s), g.region_size);
   s.slots = 3;
   assert_int_equal(lynx_service_region_bytes(&s), 0);

@@ -124,6 +124,30 @@ static void test_decode_defaults(void **state) {
   assert_int_equal(s.work_us, 0);
   assert_int_equal(s.placement, LYNX_PLACE_ALL);
   assert_int_equal(s.n_selector, 0);
+  /* msg_max: any datagram by default; a tcp service's len32 frame up to
+   * 1 MiB, a fixed frame's size; or what the operator says, up to 32 MiB */
+  assert_int_equal(s.msg_max, 65507);
+  assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
+                          "\"echo\", \"proto\": \"tcp\"}", &s, &err), 0);
+  assert_int_equal(s.msg_max, 1048576);
+  assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
+                          "\"echo\", \"proto\": \"tcp\", \"framing\": "
+                          "{\"fixed\": 100}}", &s, &err), 0);
+  assert_int_equal(s.msg_max, 100);
+  assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
+                          "\"echo\", \"msg_max\": 200000}", &s, &err), 0);
+  assert_int_equal(s.msg_max, 200000);
+  assert_int_not_equal(decode("{\"name\": \"t\", \"port\": 7000, "
+                              "\"app\": \"echo\", \"msg_max\": "
+                              "33554433}", &s, &err), 0);
+  assert_non_null(strstr(err.message, "msg_max"));
+  assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
+                          "\"echo\", \"msg_max\": 0}", &s, &err), 0);
+  assert_int_equal(s.msg_max, 65507); /* 0: the protocol's */
+  assert_int_equal(
+      decode("{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\"}",
+             &s, &err),
+      0);
 
   assert_int_equal(
       decode("{\"name\": \"e-1.x_y\", \"proto\": \"udp\", \"port\": 65535, "
@@ -448,7 +472,7 @@ static void test_encode_shapes(void **state) {
   items = get(o, "items");
   assert_int_equal(json_object_array_length(items), 2);
   a = json_object_array_get_idx(items, 0);
-  assert_int_equal(n_keys(a), 12);
+  assert_int_equal(n_keys(a), 13);
   assert_string_equal(get_str(a, "name"), "echo");
   assert_string_equal(get_str(a, "proto"), "udp");
   assert_int_equal(get_u64(a, "port"), 7000);

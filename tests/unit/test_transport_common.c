@@ -36,11 +36,11 @@ static int fx_setup(void **state) {
   if (!f)
     return -1;
   *state = f;
-  if (lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z) ||
+  if (lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z, 0) ||
       ut_region_mem(&f->r, f->g.region_size))
     return -1;
   snprintf(f->r.locator, sizeof(f->r.locator), "/lynx-ut-common");
-  if (lynx_region_format(&f->r, UT_Q, UT_S, UT_Z, LYNX_ORDER_COALESCED,
+  if (lynx_region_format(&f->r, UT_Q, UT_S, UT_Z, 0, LYNX_ORDER_COALESCED,
                          UT_EPOCH, UT_ACCEL))
     return -1;
   ut_desc_fill(&f->d, "shm", f->r.locator, &f->g, UT_ACCEL, UT_EPOCH,
@@ -82,13 +82,13 @@ static void test_format_rejects(void **state) {
   char err[256];
   /* a region too small for the geometry */
   assert_int_equal(ut_region_mem(&r2, 4096), 0);
-  assert_int_equal(lynx_region_format(&r2, 1, 2, 64, 0, 1, 0), -EINVAL);
+  assert_int_equal(lynx_region_format(&r2, 1, 2, 64, 0, 0, 1, 0), -EINVAL);
   assert_int_equal(((struct lynx_region_hdr *)r2.base)->magic, 0);
   free(r2.base);
   /* a geometry out of bounds */
-  assert_int_equal(lynx_region_format(&f->r, 1, 3, 64, 0, 1, 0), -EINVAL);
-  assert_int_equal(lynx_region_format(&f->r, 0, 2, 64, 0, 1, 0), -EINVAL);
-  assert_int_equal(lynx_region_format(&f->r, 1, 2, 32, 0, 1, 0), -EINVAL);
+  assert_int_equal(lynx_region_format(&f->r, 1, 3, 64, 0, 0, 1, 0), -EINVAL);
+  assert_int_equal(lynx_region_format(&f->r, 0, 2, 64, 0, 0, 1, 0), -EINVAL);
+  assert_int_equal(lynx_region_format(&f->r, 1, 2, 32, 0, 0, 1, 0), -EINVAL);
   /* the valid header was not touched: a frontend still accepts it */
   assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == UT_EPOCH);
   assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &f->d, err,

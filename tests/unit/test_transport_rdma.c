@@ -90,11 +90,11 @@ static int fx_setup(void **state) {
     return -1;
   *state = x;
   x->f = calloc(1, sizeof(*x->f));
-  if (!x->f || lynx_geom_init(&x->g, Q, S, Z) ||
+  if (!x->f || lynx_geom_init(&x->g, Q, S, Z, 0) ||
       ut_region_mem(&r, x->g.region_size))
     return -1;
   x->region = r.base;
-  if (lynx_region_format(&r, Q, S, Z, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
+  if (lynx_region_format(&r, Q, S, Z, 0, LYNX_ORDER_COALESCED, EPOCH, ACCEL))
     return -1;
   fake_desc(&x->d, &x->g, ACCEL, EPOCH, LYNX_ORDER_COALESCED, KEY);
   lynx__rdma_buf_sizes(&x->g, &stage, &bounce);
@@ -945,7 +945,7 @@ static void test_buf_sizes(void **state) {
   for (size_t i = 0; i < sizeof(geo) / sizeof(geo[0]); i++) {
     struct lynx_geom g;
     size_t st, bo;
-    assert_int_equal(lynx_geom_init(&g, geo[i][0], geo[i][1], geo[i][2]), 0);
+    assert_int_equal(lynx_geom_init(&g, geo[i][0], geo[i][1], geo[i][2], 0), 0);
     lynx__rdma_buf_sizes(&g, &st, &bo);
     assert_int_equal(st % 4096, 0);
     assert_int_equal(bo % 4096, 0);

@@ -60,7 +60,7 @@ static int fx_setup(void **state) {
   ut_region_empty(&f->r2);
   if (ut_agent_create("shm", &(struct lynx_transport_opts){0}, &f->ops,
                       &f->ta) ||
-      lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z))
+      lynx_geom_init(&f->g, UT_Q, UT_S, UT_Z, 0))
     return -1;
   /* nonzero fails the setup, as -1 does */
   return ut_region_serve(f->ops, f->ta, &f->r,
@@ -154,7 +154,7 @@ static void test_connect_unformatted(void **state) {
   ut_desc_fill(&d, "shm", f->r2.locator, &f->g, UT_ACCEL, UT_EPOCH,
                LYNX_ORDER_COALESCED);
   expect_refused(f, &d, -EPROTO); /* magic 0: not (yet) a region */
-  assert_int_equal(lynx_region_format(&f->r2, UT_Q, UT_S, UT_Z,
+  assert_int_equal(lynx_region_format(&f->r2, UT_Q, UT_S, UT_Z, 0,
                                       LYNX_ORDER_FENCED, UT_EPOCH + 5, 9),
                    0);
   d.epoch = UT_EPOCH + 5;

@@ -75,7 +75,7 @@ static int group_teardown(void **state) {
 
 static int fx_setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
-  if (!f || lynx_geom_init(&f->g, Q, S, Z))
+  if (!f || lynx_geom_init(&f->g, Q, S, Z, 0))
     return -1;
   *state = f;
   f->r.fd = -1;
@@ -196,12 +196,13 @@ static int raw_closed(int fd) {
   return 0;
 }
 
-static void raw_hello(int fd, const struct fx *f) {
-  uint8_t m[24 + 32], r[24];
+/* Sends a HELLO of protocol version ver for f's region. */
+static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
+  uint8_t m[24 + 32];
   uint32_t magic = htole32(0x3154584Cu);
-  uint16_t ver = htole16(1);
   uint64_t key = htole64(f->r.key), ep = htole64(EPOCH),
            sz = htole64(f->g.region_size);
+  ver = htole16(ver);
   put_hdr(m, 1, 0, 32, 0, 0);
   memset(m + 24, 0, 32);
   memcpy(m + 24, &magic, 4);
@@ -210,6 +211,11 @@ static void raw_hello(int fd, const struct fx *f) {
   memcpy(m + 40, &ep, 8);
   memcpy(m + 48, &sz, 8);
   raw_send(fd, m, sizeof(m));
+}
+
+static void raw_hello(int fd, const struct fx *f) {
+  uint8_t r[24];
+  raw_hello_send(fd, f, 2);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
   assert_int_equal(r[0], 2);   /* HELLO_REPLY */
   assert_int_equal(r[8], 0);   /* status 0 */
@@ -354,6 +360,307 @@ static void test_bad_peer_does_not_hurt_others(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->g, 0), "after!!", 8, 0);
 }
 
+
+/* ---- the compound read (READ_TX) -------------------------------------- */
+
+/* Fills slot pos of mqueue q's TX ring with bytes of its own and publishes
+ * it (seq), as an accelerator would. */
+static void tx_fill(uint8_t *base, const struct lynx_geom *g, uint32_t q,
+                    uint32_t pos) {
+  uint8_t *slot = base + lynx_slot_off(g, lynx_tx_ring_off(g, q), pos);
+  struct lynx_slot_meta m = {8, pos * 3 + q, 0, 0, lynx_seq_for(pos)};
+  for (uint32_t i = 0; i < g->slot_size - LYNX_META_SIZE; i++)
+    slot[i] = (uint8_t)(pos * 31 + q * 7 + i);
+  memcpy(slot + g->slot_size - LYNX_META_SIZE, &m, sizeof(m));
+}
+
+static void actrl_set(uint8_t *base, const struct lynx_geom *g, uint32_t q,
+                      uint32_t tx_prod, uint32_t rx_cons) {
+  struct lynx_actrl a = {tx_prod, rx_cons};
+  memcpy(base + lynx_actrl_off(g, q), &a, sizeof(a));
+}
+
+/* Posts a compound read of tx (n entries) into actrl, flushes and waits for
+ * it; the poll's result (1, or -errno). */
+static int read_tx_wait(struct lynx_tconn *c, void *actrl,
+                        struct lynx_tx_read *tx, int n) {
+  uint64_t id = 0;
+  int rc = c->ops->read_tx(c, actrl, tx, n, 99);
+  if (!rc)
+    rc = c->ops->flush(c);
+  if (!rc)
+    rc = ut_poll_n(c, &id, 1);
+  if (rc == 1)
+    assert_int_equal(id, 99);
+  return rc;
+}
+
+/* Slot k of a compound read's dst equals the region's slot at from + k. */
+static void assert_slots(const uint8_t *base, const struct lynx_geom *g,
+                         const struct lynx_tx_read *t) {
+  for (uint32_t k = 0; k < t->got; k++)
+    assert_memory_equal(
+        (const uint8_t *)t->dst + (size_t)k * g->slot_size,
+        base + lynx_slot_off(g, lynx_tx_ring_off(g, t->q), t->from + k),
+        g->slot_size);
+}
+
+/* One compound read brings the control array and, from it, each mqueue's
+ * published slots byte for byte: all of them, part of them (max), across
+ * the ring's end, none; a tx_prod out of range (ahead by more than a ring,
+ * or behind) brings none, and the array still says what it is. */
+static void test_read_tx_exact(void **state) {
+  struct fx *f = *state;
+  const struct lynx_geom *g = &f->g;
+  uint8_t actrl[8 * Q], d0[S * Z], d1[S * Z];
+  struct lynx_tx_read tx[2] = {{.q = 0, .from = 6, .max = S, .dst = d0},
+                               {.q = 1, .from = 3, .max = 2, .dst = d1}};
+  connect_ok(f);
+  for (uint32_t pos = 0; pos < 2 * S; pos++) {
+    tx_fill(f->r.base, g, 0, pos);
+    tx_fill(f->r.base, g, 1, pos);
+  }
+  /* q0: 6..10, wrapping after 7; q1: 3..7, only 2 asked */
+  actrl_set(f->r.base, g, 0, 11, 1);
+  actrl_set(f->r.base, g, 1, 8, 2);
+  assert_int_equal(read_tx_wait(f->c, actrl, tx, 2), 1);
+  assert_memory_equal(actrl, f->r.base + g->actrl_off, sizeof(actrl));
+  assert_int_equal(tx[0].got, 5);
+  assert_int_equal(tx[1].got, 2);
+  assert_slots(f->r.base, g, &tx[0]);
+  assert_slots(f->r.base, g, &tx[1]);
+  /* max caps a wrapping range; nothing new; the positions free-run past
+   * 2^32 */
+  tx[0] = (struct lynx_tx_read){.q = 0, .from = UINT32_MAX - 1, .max = 3,
+                                .dst = d0};
+  tx[1].from = 8;
+  actrl_set(f->r.base, g, 0, 3, 1); /* 2^32 - 2 .. 2 */
+  assert_int_equal(read_tx_wait(f->c, actrl, tx, 2), 1);
+  assert_int_equal(tx[0].got, 3);
+  assert_int_equal(tx[1].got, 0);
+  assert_slots(f->r.base, g, &tx[0]);
+  /* a misbehaving accelerator: tx_prod a ring and one ahead, then behind */
+  tx[0] = (struct lynx_tx_read){.q = 0, .from = 4, .max = S, .dst = d0};
+  actrl_set(f->r.base, g, 0, 4 + S + 1, 1);
+  assert_int_equal(read_tx_wait(f->c, actrl, tx, 2), 1);
+  assert_int_equal(tx[0].got, 0);
+  assert_memory_equal(actrl, f->r.base + g->actrl_off, sizeof(actrl));
+  actrl_set(f->r.base, g, 0, 3, 1);
+  assert_int_equal(read_tx_wait(f->c, actrl, tx, 2), 1);
+  assert_int_equal(tx[0].got, 0);
+  /* exactly a ring ahead: every slot */
+  actrl_set(f->r.base, g, 0, 4 + S, 1);
+  assert_int_equal(read_tx_wait(f->c, actrl, tx, 1), 1);
+  assert_int_equal(tx[0].got, S);
+  assert_slots(f->r.base, g, &tx[0]);
+  /* no mqueue at all: the array alone */
+  actrl_set(f->r.base, g, 1, 77, 5);
+  assert_int_equal(read_tx_wait(f->c, actrl, NULL, 0), 1);
+  assert_memory_equal(actrl, f->r.base + g->actrl_off, sizeof(actrl));
+  /* pipelined behind a write and a read on the same connection, in
+   * order */
+  roundtrip(f, lynx_rx_ring_off(g, 0), "before", 7, 0);
+}
+
+/* What a compound read may name is checked before it is sent (an mqueue
+ * the region lacks, more slots than a ring, more entries than mqueues, an
+ * answer larger than one operation), and again by the agent, which closes
+ * a connection that asks, without answering a byte of the region. */
+static void test_read_tx_refused(void **state) {
+  struct fx *f = *state;
+  uint8_t actrl[8 * Q], d0[(S + 1) * Z], frame[24 + 8 + 16 * 3];
+  struct lynx_tx_read tx[3] = {{.q = Q, .max = 1, .dst = d0},
+                               {.q = 0, .max = S + 1, .dst = d0},
+                               {.q = 1, .max = 1, .dst = d0}};
+  int fd;
+  connect_ok(f);
+  assert_int_equal(f->c->ops->read_tx(f->c, actrl, &tx[0], 1, 1), -EFAULT);
+  assert_int_equal(f->c->ops->read_tx(f->c, actrl, &tx[1], 1, 1), -EFAULT);
+  assert_int_equal(f->c->ops->read_tx(f->c, actrl, tx, 3, 1), -EINVAL);
+  assert_int_equal(f->c->ops->read_tx(f->c, actrl, tx, -1, 1), -EINVAL);
+  /* nothing was posted: the connection still answers */
+  roundtrip(f, lynx_rx_ring_off(&f->g, 0), "ok", 3, 0);
+
+  /* the agent, from a raw socket: each of these closes the connection */
+  {
+    struct {
+      uint32_t count, q, max, zero, len;
+    } bad[] = {
+        {1, Q, 1, 0, 8 + 16},      /* no such mqueue */
+        {1, 0, S + 1, 0, 8 + 16},  /* more than a ring */
+        {3, 0, 1, 0, 8 + 16 * 3},  /* more entries than mqueues */
+        {1, 0, 1, 0, 8 + 16 + 4},  /* length not what count says */
+        {1, 0, 1, 9, 8 + 16},      /* a reserved word set */
+        {0, 0, 0, 0, 4},           /* shorter than its header */
+    };
+    for (size_t i = 0; i < LYNX_ARRAY_SIZE(bad); i++) {
+      uint32_t w[2 + 4 * 3] = {0};
+      w[0] = htole32(bad[i].count);
+      for (uint32_t k = 0; k < 3; k++) {
+        w[2 + 4 * k] = htole32(bad[i].q);
+        w[2 + 4 * k + 2] = htole32(bad[i].max);
+        w[2 + 4 * k + 3] = htole32(bad[i].zero);
+      }
+      fd = raw_connect(f);
+      raw_hello(fd, f);
+      put_hdr(frame, 6, 0, bad[i].len, 0, 0);
+      memcpy(frame + 24, w, sizeof(w));
+      raw_send(fd, frame, 24 + bad[i].len);
+      assert_true(raw_closed(fd)); /* and no READ_TX_RESP before it */
+      close(fd);
+    }
+  }
+  /* a read the agent serves, from a raw socket, answers exactly the array
+   * and the slots */
+  {
+    uint32_t w[2 + 4] = {htole32(1), 0, htole32(1), htole32(0), htole32(2),
+                         0};
+    uint8_t r[24 + 8 * Q + 4 + 2 * Z];
+    uint32_t n;
+    for (uint32_t pos = 0; pos < S; pos++)
+      tx_fill(f->r.base, &f->g, 1, pos);
+    actrl_set(f->r.base, &f->g, 1, 5, 0);
+    fd = raw_connect(f);
+    raw_hello(fd, f);
+    put_hdr(frame, 6, 0, sizeof(w), 0, 1234);
+    memcpy(frame + 24, w, sizeof(w));
+    raw_send(fd, frame, 24 + sizeof(w));
+    assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), (ssize_t)sizeof(r));
+    assert_int_equal(r[0], 7); /* READ_TX_RESP */
+    assert_int_equal(r[4] | r[5] << 8, sizeof(r) - 24);
+    assert_int_equal(r[16], 1234 & 0xff);
+    assert_memory_equal(r + 24, f->r.base + f->g.actrl_off, 8 * Q);
+    memcpy(&n, r + 24 + 8 * Q, 4);
+    assert_int_equal(le32toh(n), 2);
+    assert_memory_equal(r + 24 + 8 * Q + 4,
+                        f->r.base + lynx_tx_ring_off(&f->g, 1), 2 * Z);
+    close(fd);
+  }
+}
+
+/* A large answer's slot comes with the compound read; its bytes are read
+ * from the TX large area in a second step, as rmq.c does. */
+static void test_read_tx_large(void **state) {
+  struct lynx_region r = {.fd = -1};
+  struct lynx_region_desc d;
+  struct lynx_tconn *c;
+  struct lynx_geom g;
+  uint8_t actrl[8 * Q], st[S * Z], big[3000];
+  struct lynx_tx_read tx = {.q = 1, .from = 0, .max = S, .dst = st};
+  struct lynx_large_ref ref = {128, sizeof(big), 128 + 3008, 0}, got;
+  struct lynx_slot_meta m = {sizeof(ref), 5, LYNX_ST_LARGE, 0, 1}, mg;
+  uint64_t id;
+  (void)state;
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z, 4096), 0);
+  assert_int_equal(ut_region_serve(T, g_ta, &r, "ut-large", &g,
+                                   LYNX_ORDER_COALESCED, EPOCH, 4, &d), 0);
+  for (size_t i = 0; i < sizeof(big); i++)
+    r.base[lynx_tx_large_off(&g, 1) + 128 + i] = (uint8_t)(i * 5 + 1);
+  memcpy(r.base + lynx_tx_ring_off(&g, 1), &ref, sizeof(ref));
+  memcpy(r.base + lynx_tx_ring_off(&g, 1) + Z - LYNX_META_SIZE, &m,
+         sizeof(m));
+  actrl_set(r.base, &g, 1, 1, 0);
+  ut_connect_ok(T->connect, &d, &c);
+  assert_int_equal(read_tx_wait(c, actrl, &tx, 1), 1);
+  assert_int_equal(tx.got, 1);
+  memcpy(&mg, st + Z - LYNX_META_SIZE, sizeof(mg));
+  assert_true(mg.status & LYNX_ST_LARGE);
+  memcpy(&got, st, sizeof(got));
+  assert_int_equal(lynx_large_check(&mg, &got, g.large_bytes), 0);
+  assert_int_equal(c->ops->read(c, lynx_tx_large_off(&g, 1) + got.off, big,
+                                got.len, 7), 0);
+  assert_int_equal(c->ops->flush(c), 0);
+  assert_int_equal(ut_poll_n(c, &id, 1), 1);
+  assert_memory_equal(big, r.base + lynx_tx_large_off(&g, 1) + 128,
+                      sizeof(big));
+  c->ops->close(c);
+  T->region_free(&r);
+}
+
+/* ---- protocol versions ------------------------------------------------- */
+
+/* A frontend of protocol version 1 (no READ_TX) is refused at its HELLO
+ * with a reason that names both versions, before any operation. */
+static void test_old_frontend_refused(void **state) {
+  struct fx *f = *state;
+  uint8_t r[24];
+  char why[200] = "";
+  uint32_t len;
+  uint64_t st;
+  int fd = raw_connect(f);
+  raw_hello_send(fd, f, 1);
+  assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
+  assert_int_equal(r[0], 2); /* HELLO_REPLY */
+  memcpy(&st, r + 8, 8);
+  assert_int_equal(le64toh(st), EPROTO);
+  memcpy(&len, r + 4, 4);
+  len = le32toh(len);
+  assert_true(len > 0 && len < sizeof(why));
+  assert_int_equal(recv(fd, why, len, MSG_WAITALL), (ssize_t)len);
+  assert_non_null(strstr(why, "version 1"));
+  assert_non_null(strstr(why, "speaks 2"));
+  assert_true(raw_closed(fd));
+  close(fd);
+}
+
+/* An agent of version 1 refuses this frontend's HELLO the way it refuses
+ * any version but its own (HELLO_REPLY, EPROTO, a reason): connect fails
+ * with -EPROTO, no operation sent. A stand-in agent on a thread answers
+ * so. */
+struct old_agent {
+  int lfd;
+  uint16_t seen_version;
+  uint8_t seen_after; /* bytes after the HELLO before the close */
+};
+
+static void *old_agent_main(void *arg) {
+  struct old_agent *o = arg;
+  uint8_t in[24 + 32], out[24 + 64];
+  const char *why = "bad magic 0x3154584c or version 2 (this agent speaks 1)";
+  uint32_t l = (uint32_t)strlen(why);
+  int fd = accept(o->lfd, NULL, NULL);
+  if (fd < 0)
+    return NULL;
+  if (recv(fd, in, sizeof(in), MSG_WAITALL) == (ssize_t)sizeof(in)) {
+    uint16_t v;
+    memcpy(&v, in + 28, 2);
+    o->seen_version = le16toh(v);
+    put_hdr(out, 2, 0, l, EPROTO, 0);
+    memcpy(out + 24, why, l);
+    send(fd, out, 24 + l, MSG_NOSIGNAL);
+    {
+      struct pollfd p = {fd, POLLIN, 0};
+      uint8_t b[64];
+      if (poll(&p, 1, 500) > 0 && recv(fd, b, sizeof(b), 0) > 0)
+        o->seen_after = 1;
+    }
+  }
+  close(fd);
+  return NULL;
+}
+
+static void test_old_agent_refuses(void **state) {
+  struct fx *f = *state;
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof(a);
+  struct old_agent o = {0};
+  struct lynx_region_desc d = f->d;
+  pthread_t t;
+  o.lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(o.lfd >= 0);
+  assert_int_equal(bind(o.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+  assert_int_equal(listen(o.lfd, 1), 0);
+  assert_int_equal(getsockname(o.lfd, (struct sockaddr *)&a, &al), 0);
+  snprintf(d.locator, sizeof(d.locator), "127.0.0.1:%u", ntohs(a.sin_port));
+  assert_int_equal(pthread_create(&t, NULL, old_agent_main, &o), 0);
+  expect_refused(&d, -EPROTO);
+  pthread_join(t, NULL);
+  close(o.lfd);
+  assert_int_equal(o.seen_version, 2);
+  assert_int_equal(o.seen_after, 0);
+}
+
 /* ---- device memory (a GPU's region, reached only through copies) ---- */
 
 struct fake_dev {
@@ -424,7 +731,7 @@ static void test_device_memory_region(void **state) {
   uint64_t ids[1];
   struct iovec iov = {pay, sizeof(pay)};
   (void)state;
-  assert_int_equal(lynx_geom_init(&g, Q, S, Z), 0);
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z, 0), 0);
   dev.size = g.region_size;
   dev.mem = calloc(1, g.region_size);
   assert_non_null(dev.mem);
@@ -432,7 +739,7 @@ static void test_device_memory_region(void **state) {
                    0);
   assert_null(r.base);
   assert_int_equal(
-      lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
+      lynx_region_format(&r, Q, S, Z, 0, LYNX_ORDER_FENCED, EPOCH, 7), 0);
   /* the magic is the last word written */
   assert_int_equal(dev.last_off, 0);
   assert_int_equal(dev.last_len, 4);
@@ -620,7 +927,7 @@ static void test_device_memory_batches(void **state) {
   int reads0, flushes0;
   (void)state;
   assert_non_null(b);
-  assert_int_equal(lynx_geom_init(&g, Q, S, Z), 0);
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z, 0), 0);
   assert_true(g.region_size > sizeof(big) + 64);
   b->d.size = g.region_size;
   b->d.mem = calloc(1, g.region_size);
@@ -631,7 +938,7 @@ static void test_device_memory_batches(void **state) {
   assert_int_equal(T->region_attach(g_ta, &r, "ut-bdev", g.region_size, &mem),
                    0);
   assert_int_equal(
-      lynx_region_format(&r, Q, S, Z, LYNX_ORDER_FENCED, EPOCH, 7), 0);
+      lynx_region_format(&r, Q, S, Z, 0, LYNX_ORDER_FENCED, EPOCH, 7), 0);
   assert_int_equal(T->region_export(&r), 0);
   ut_desc_fill(&d, "tcp", r.locator, &g, 7, EPOCH, LYNX_ORDER_FENCED);
   d.key = r.key;
@@ -702,6 +1009,11 @@ int main(int argc, char **argv) {
       T_(test_agent_closes_on_bad_frames),
       T_(test_bad_peer_does_not_hurt_others),
       T_(test_hello_length_checked_first),
+      T_(test_read_tx_exact),
+      T_(test_read_tx_refused),
+      cmocka_unit_test(test_read_tx_large),
+      T_(test_old_frontend_refused),
+      T_(test_old_agent_refuses),
       cmocka_unit_test(test_device_memory_region),
       cmocka_unit_test(test_device_memory_batches),
   };

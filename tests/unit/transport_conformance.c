@@ -279,7 +279,7 @@ static void expect_refused_geometry(struct fx *f, uint32_t q, uint32_t sl,
                                     uint32_t z) {
   struct lynx_geom g2;
   struct lynx_region_desc d = f->r.d;
-  assert_int_equal(lynx_geom_init(&g2, q, sl, z), 0);
+  assert_int_equal(lynx_geom_init(&g2, q, sl, z, 0), 0);
   assert_int_equal(g2.region_size, f->r.g.region_size);
   d.n_mqueues = q;
   d.slots = sl;
@@ -557,7 +557,7 @@ static void tc_request_response(void **state) {
   struct fx *f = *state;
   const struct lynx_geom *g = &f->r.g;
   struct lynx_mq mq;
-  struct lynx_msg m;
+  struct lynx_msg m = {0};
   const char req[] = "what is the answer";
   uint32_t len = sizeof(req);
   uint32_t poff = lynx_payload_off(Z, len);
@@ -950,7 +950,7 @@ int tc_agent_region_new(struct tc_region *t, const char *name,
     return -ENOMEM;
   t->priv = a;
   ut_region_empty(&a->r);
-  if (lynx_geom_init(&t->g, Q, S, Z))
+  if (lynx_geom_init(&t->g, Q, S, Z, 0))
     return -EINVAL;
   snprintf(a->name, sizeof(a->name), "%s", name);
   return agent_region_make(t, a, ordering, epoch);

@@ -66,6 +66,7 @@ static inline void ut_desc_fill(struct lynx_region_desc *d,
   d->n_mqueues = g->n_mqueues;
   d->slots = g->slots;
   d->slot_size = g->slot_size;
+  d->large_bytes = g->large_bytes;
   d->ordering = ordering;
 }
 
@@ -81,7 +82,8 @@ static inline int ut_region_serve(const struct lynx_transport_ops *ops,
                                   struct lynx_region_desc *d) {
   int rc = ops->region_alloc(ta, r, name, g->region_size);
   if (!rc)
-    rc = lynx_region_format(r, g->n_mqueues, g->slots, g->slot_size, ordering,
+    rc = lynx_region_format(r, g->n_mqueues, g->slots, g->slot_size,
+                            g->large_bytes, ordering,
                             epoch, accel);
   if (!rc)
     rc = ops->region_export(r);

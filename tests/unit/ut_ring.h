@@ -18,14 +18,15 @@ struct ut_region {
   struct lynx_geom g;
 };
 
-/* A zeroed, 4096-aligned region of Q x S x Z with its header written. 0 or
- * the lynx_geom_init error; -12 when out of memory. */
-static inline int ut_region_init(struct ut_region *r, uint32_t q, uint32_t s,
-                                 uint32_t z) {
+/* A zeroed, 4096-aligned region of Q x S x Z, each ring with an L-byte
+ * large area, with its header written. 0 or the lynx_geom_init error; -12
+ * when out of memory. */
+static inline int ut_region_init_l(struct ut_region *r, uint32_t q,
+                                   uint32_t s, uint32_t z, uint32_t l) {
   struct lynx_region_hdr *h;
   int rc;
   memset(r, 0, sizeof(*r));
-  rc = lynx_geom_init(&r->g, q, s, z);
+  rc = lynx_geom_init(&r->g, q, s, z, l);
   if (rc)
     return rc;
   r->mem = aligned_alloc(LYNX_RINGS_ALIGN, (size_t)r->g.region_size);
@@ -41,8 +42,14 @@ static inline int ut_region_init(struct ut_region *r, uint32_t q, uint32_t s,
   h->actrl_off = r->g.actrl_off;
   h->fctrl_off = r->g.fctrl_off;
   h->rings_off = r->g.rings_off;
+  h->large_bytes = l;
   h->magic = LYNX_REGION_MAGIC;
   return 0;
+}
+
+static inline int ut_region_init(struct ut_region *r, uint32_t q, uint32_t s,
+                                 uint32_t z) {
+  return ut_region_init_l(r, q, s, z, 0);
 }
 
 static inline void ut_region_free(struct ut_region *r) {
@@ -118,6 +125,49 @@ static inline int ut_get_tx(struct ut_region *r, uint32_t q, uint32_t pos,
   if (lynx_meta_check(m, r->g.slot_size) != 0)
     return -90;
   *data = slot + (uint32_t)m->off16 * 16u;
+  return 0;
+}
+
+/* Frontend producer of a large request at RX position pos: the bytes into
+ * the RX large area where a (the frontend's allocator) puts them, the
+ * reference into the slot. 0, or -11 when the area has no room. */
+static inline int ut_put_large(struct ut_region *r, uint32_t q, uint32_t pos,
+                               uint32_t tag, const void *data, uint32_t len,
+                               struct lynx_large_alloc *a) {
+  uint32_t start, l = r->g.large_bytes;
+  struct lynx_large_ref ref;
+  if (lynx_large_place(a, l, len, &start))
+    return -11;
+  ref.off = start & (l - 1);
+  ref.len = len;
+  ref.end = lynx_large_end(start, len);
+  ref.reserved = 0;
+  memcpy(r->mem + lynx_rx_large_off(&r->g, q) + ref.off, data, len);
+  a->head = ref.end;
+  ut_put_raw(r, q, pos, tag, &ref, sizeof(ref),
+             (uint16_t)(lynx_payload_off(r->g.slot_size, sizeof(ref)) / 16u),
+             LYNX_ST_OK | LYNX_ST_LARGE, lynx_seq_for(pos));
+  return 0;
+}
+
+/* Frontend forwarder of a TX slot that may be large: as ut_get_tx, with
+ * *data and *len the message (in the TX large area when large). -90 also
+ * for a reference outside the area. */
+static inline int ut_get_tx_msg(struct ut_region *r, uint32_t q, uint32_t pos,
+                                struct lynx_slot_meta *m, const uint8_t **data,
+                                uint32_t *len) {
+  struct lynx_large_ref ref;
+  int rc = ut_get_tx(r, q, pos, m, data);
+  if (rc)
+    return rc;
+  *len = m->len;
+  if (!(m->status & LYNX_ST_LARGE))
+    return 0;
+  memcpy(&ref, *data, sizeof(ref));
+  if (lynx_large_check(m, &ref, r->g.large_bytes))
+    return -90;
+  *data = r->mem + lynx_tx_large_off(&r->g, q) + ref.off;
+  *len = ref.len;
   return 0;
 }
 
