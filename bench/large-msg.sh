@@ -27,19 +27,12 @@ FE_PORT=${FE_PORT:-17030}
 AG_ADDR=${AG_ADDR:-127.0.0.1:17731}
 TMP=$(mktemp -d /tmp/lynx-largemsg.XXXXXX)
 command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
-source bench/lib.sh # pids, cleanup, cpu_ticks, wait_log
+source bench/lib.sh # pids, cleanup, cpu_ticks, wait_log, sockperf_*
 TCK=$(getconf CLK_TCK)
 
 declare -A LAYOUT=(
   [inline]="--slot-size 65536 --slots 64 --msg-max 65520"
   [area]="--slot-size 2048 --slots 256 --msg-max 65536")
-
-# p50 and p99 (usec) of a sockperf ping-pong output
-latency() {
-  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '
-    /percentile 50.000 =/ { p50 = $NF } /percentile 99.000 =/ { p99 = $NF }
-    END { printf "%s %s", p50, p99 }'
-}
 
 printf '%-4s %-7s %6s %9s %9s %12s\n' transport layout bytes p50_us p99_us \
   fe_us/reply
@@ -63,7 +56,7 @@ for tr in $TRANSPORTS; do
       sockperf ping-pong -i 127.0.0.1 -p "$FE_PORT" -m "$sz" -t "$DUR" \
         --full-log /dev/null >"$out" 2>&1 || true
       c1=$(cpu_ticks "$fe")
-      read -r p50 p99 <<<"$(latency "$out")"
+      read -r p50 p99 <<<"$(sockperf_pct "$out")"
       n=$(sockperf_stat "$out" replies_per_s)
       awk -v tr="$tr" -v lay="$lay" -v sz="$sz" -v p50="$p50" -v p99="$p99" \
         -v c=$((c1 - c0)) -v hz="$TCK" -v n="$n" -v d="$DUR" 'BEGIN {

@@ -26,6 +26,14 @@ wait_log() { # file pattern: up to 10 s
   echo "timed out waiting for '$2' in $1:"; cat "$1"; return 1
 }
 
+# sockperf_pct OUT: "p50 p99" (usec) of a sockperf ping-pong or under-load
+# output, 0 for a missing one
+sockperf_pct() {
+  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '
+    /percentile 50.000 =/ { p50 = $NF } /percentile 99.000 =/ { p99 = $NF }
+    END { printf "%s %s\n", (p50 == "" ? 0 : p50), (p99 == "" ? 0 : p99) }'
+}
+
 # sockperf_stat OUT FIELD: dropped | replies_per_s
 sockperf_stat() {
   sed 's/\x1b\[[0-9;]*m//g' "$1" | awk -v f="$2" '

@@ -33,10 +33,9 @@ FE_PORT=${FE_PORT:-17010}
 AG_ADDR=${AG_ADDR:-127.0.0.1:17711}
 TMP=$(mktemp -d /tmp/lynx-pollcpu.XXXXXX)
 command -v sockperf >/dev/null || { echo "sockperf is not installed (deploy/install-deps.sh)"; exit 1; }
-source bench/lib.sh # pids, cleanup
+source bench/lib.sh # pids, cleanup, cpu_ticks, sockperf_pct
 
 TCK=$(getconf CLK_TCK)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 now_ns() { date +%s%N; }
 # cpu_frac PID CMD...: runs CMD, prints the frontend's CPU over its wall time
 cpu_frac() {
@@ -72,7 +71,7 @@ for r in $(seq "$RUNS"); do
     low=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$LOW" --reply-every 1)
     high=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$HIGH" --reply-every 1)
     sp ping-pong -t "$DUR" >"$TMP/pp.txt" 2>&1 || true
-    read -r p50 p99 < <(awk '/percentile 50.000/ {p50=$NF} /percentile 99.000/ {p99=$NF} END {print p50+0, p99+0}' "$TMP/pp.txt")
+    read -r p50 p99 < <(sockperf_pct "$TMP/pp.txt")
     printf "run %s%s: cpu(cores) idle %s  %s/s %s  %s/s %s   ping-pong p50 %s us p99 %s us\n" \
       "$r" "$([[ $rx == - ]] || echo " rx $rx")" "$idle" "$LOW" "$low" "$HIGH" "$high" "$p50" "$p99"
   done

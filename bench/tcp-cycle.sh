@@ -53,9 +53,7 @@ for round in $(seq "$ROUNDS"); do
         start "$b" "$t" "$poll"
         sp ping-pong -t 1 >/dev/null 2>&1 || true # warm-up
         sp ping-pong -t "$DUR" >"$TMP/pp.txt" 2>&1 || true
-        read -r p50 p99 < <(sed 's/\x1b\[[0-9;]*m//g' "$TMP/pp.txt" | awk '
-          /percentile 50.000/ {p50=$NF} /percentile 99.000/ {p99=$NF}
-          END {print p50+0, p99+0}')
+        read -r p50 p99 < <(sockperf_pct "$TMP/pp.txt")
         printf "round %s %s %s %s pingpong p50 %s us p99 %s us\n" \
           "$round" "$b" "$t" "$poll" "$p50" "$p99"
         if [ "$t" = tcp ]; then

@@ -27,7 +27,7 @@ source bench/lib.sh # pids, cleanup
 # prints "p50 p99" from a ping-pong run
 pingpong() {
   sockperf ping-pong -i 127.0.0.1 -p "$1" -m "$SIZE" -t "$DUR" >"$TMP/pp.txt" 2>&1 || true
-  awk '/percentile 50.000/ {p50=$NF} /percentile 99.000/ {p99=$NF} END {print p50+0, p99+0}' "$TMP/pp.txt"
+  sockperf_pct "$TMP/pp.txt"
 }
 # prints replies/s in the valid duration of a saturating under-load run
 served() {
