@@ -286,6 +286,18 @@ LYNX_HD uint32_t lynx_large_end(uint32_t start, uint32_t len) {
   return start + ((len + LYNX_LARGE_ALIGN - 1) & ~(LYNX_LARGE_ALIGN - 1));
 }
 
+/* The reference to a message of len bytes placed at free-running start in
+ * an area of size bytes. */
+LYNX_HD struct lynx_large_ref lynx_large_ref_at(uint32_t start, uint32_t len,
+                                                uint32_t size) {
+  struct lynx_large_ref r;
+  r.off = start & (size - 1);
+  r.len = len;
+  r.end = lynx_large_end(start, len);
+  r.reserved = 0;
+  return r;
+}
+
 /* Where a message of len bytes (0 < len <= size) goes: its free-running
  * start in *start (the area offset is start & (size - 1)). 0, or -11
  * (EAGAIN) while the area has no room. An empty area skips to its start
@@ -576,15 +588,12 @@ LYNX_HD void lynx_mq_commit(struct lynx_mq *mq, uint32_t tag, uint32_t len,
   if (max_len > lynx_slot_cap(mq->slot_size)) {
     uint32_t poff =
         lynx_payload_off(mq->slot_size, (uint32_t)sizeof(struct lynx_large_ref));
-    struct lynx_large_ref *ref =
-        (struct lynx_large_ref *)lynx_meta_payload(meta, mq->slot_size,
-                                                   (uint16_t)(poff / 16u));
-    ref->off = mq->tx_lopen & (mq->large_bytes - 1);
-    ref->len = len;
-    ref->end = lynx_large_end(mq->tx_lopen, len);
-    ref->reserved = 0;
-    mq->tx_la.head = ref->end;
-    len = (uint32_t)sizeof(*ref);
+    struct lynx_large_ref r =
+        lynx_large_ref_at(mq->tx_lopen, len, mq->large_bytes);
+    *(struct lynx_large_ref *)lynx_meta_payload(meta, mq->slot_size,
+                                                (uint16_t)(poff / 16u)) = r;
+    mq->tx_la.head = r.end;
+    len = (uint32_t)sizeof(r);
     max_len = len;
     status = (uint16_t)(status | LYNX_ST_LARGE);
   }

@@ -134,10 +134,7 @@ static int write_large(struct fe_conn *c, struct fe_mq *mq, const void *data,
     return -EMSGSIZE;
   if (lynx_large_place(&mq->rx_la, g->large_bytes, len, &start))
     return -ENOSPC;
-  ref->off = start & (g->large_bytes - 1);
-  ref->len = len;
-  ref->end = lynx_large_end(start, len);
-  ref->reserved = 0;
+  *ref = lynx_large_ref_at(start, len, g->large_bytes);
   /* ordered before the slot that names it (coalesced: placed in order;
    * fenced: the slot's barrier read follows it too) */
   return c->tc->ops->writev(c->tc, lynx_rx_large_off(g, mq->q) + ref->off,

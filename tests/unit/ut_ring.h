@@ -138,10 +138,7 @@ static inline int ut_put_large(struct ut_region *r, uint32_t q, uint32_t pos,
   struct lynx_large_ref ref;
   if (lynx_large_place(a, l, len, &start))
     return -11;
-  ref.off = start & (l - 1);
-  ref.len = len;
-  ref.end = lynx_large_end(start, len);
-  ref.reserved = 0;
+  ref = lynx_large_ref_at(start, len, l);
   memcpy(r->mem + lynx_rx_large_off(&r->g, q) + ref.off, data, len);
   a->head = ref.end;
   ut_put_raw(r, q, pos, tag, &ref, sizeof(ref),
