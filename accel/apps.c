@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bell.h"
 #include "face.h"
 #include "lenet_model.h"
 #include "log.h"
@@ -45,6 +46,8 @@ int lynx_call(struct lynx_client *c, const void *req, uint32_t len,
   }
   if (rc)
     goto out;
+  /* the frontend worker may sleep waiting on this client mqueue */
+  lynx_bell_after_publish(&c->mq, "client mqueue");
   /* the reply with our tag; late replies to calls that timed out are
    * skipped (app_logic.h, the GPU's calls take replies the same way) */
   while ((rc = lynx_call_poll(&c->mq, tag, cap, &m)) == -11) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "accel.h"
+#include "bell.h"
 #include "log.h"
 
 struct mq_state {
@@ -50,8 +51,11 @@ static void emulate_work(uint32_t us, int sleep) {
 static int serve_one(struct lynx_cpu_thread *t, struct mq_state *s,
                      const struct lynx_msg *m) {
   int replied = 0;
+  uint32_t prod = s->mq.tx_prod;
   int rc = t->acc->app->handle(&s->mq, m, &replied, &t->acc->ctx);
   uint64_t now;
+  if (s->mq.tx_prod != prod)
+    lynx_bell_after_publish(&s->mq, "CPU accelerator");
   if (rc == -EAGAIN)
     return 0;
   now = lynx_now_ns();
@@ -176,6 +180,9 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
     a->n_threads = a->n_threads ? a->n_server : 1;
   if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size, h->large_bytes))
     return -EINVAL;
+  /* the threads ring response doorbells (before the region is advertised:
+   * a frontend that connects sees the flag) */
+  ((struct lynx_region_hdr *)a->region)->flags |= LYNX_HDR_RESP_BELL;
   a->ctx.stop = &a->stop;
   a->ctx.n_clients = h->n_mqueues - a->n_server;
   a->ctx.clients = NULL;

@@ -16,7 +16,11 @@
 # usage: bench/poll-cpu.sh [BUILD_DIR] [FRONTEND_BINARY] [frontend options]
 #   env: DURATION (5), IDLE (3), LOW_MPS (2000), HIGH_MPS (20000), RUNS (1),
 #        RX (e.g. "socket uring": each run measures a frontend per receive
-#        path, --rx; default: one frontend with the options given)
+#        path, --rx; default: one frontend with the options given),
+#        AGENT_OPTS (more agent options, e.g. "--work-us 300 --work-mode
+#        sleep": requests that take an accelerator time),
+#        FE_ALT (a second frontend binary, e.g. an older build: each run
+#        measures it too, right after FRONTEND_BINARY, "alt" in its line)
 # FRONTEND_BINARY (default BUILD_DIR/bin/lynx-frontend) lets an older build
 # of the frontend be measured against the same agent.
 set -euo pipefail
@@ -48,13 +52,15 @@ cpu_frac() {
     'BEGIN { printf "%.3f", (c / hz) / (t / 1e9) }'
 }
 
-"$BUILD/bin/lynx-agent" --cpu-accels 2 --app sockperf-echo --mqueues 4 --listen "$AG_ADDR" >"$TMP/agent.log" 2>&1 &
+# shellcheck disable=SC2086 # AGENT_OPTS is a list of options
+"$BUILD/bin/lynx-agent" --cpu-accels 2 --app sockperf-echo --mqueues 4 --listen "$AG_ADDR" ${AGENT_OPTS:-} >"$TMP/agent.log" 2>&1 &
 pids+=($!)
 sleep 0.3
 fe=''
-fe_up() { # fe_up [frontend option...]: (re)starts the frontend, warmed up
+bin=$FE_BIN
+fe_up() { # fe_up [frontend option...]: (re)starts the frontend ($bin), warmed up
   if [[ -n $fe ]]; then kill -TERM "$fe"; wait "$fe" || true; fi
-  "$FE_BIN" --agent "$AG_ADDR" --udp "$FE_PORT" "$@" >"$TMP/frontend.log" 2>&1 &
+  "$bin" --agent "$AG_ADDR" --udp "$FE_PORT" "$@" >"$TMP/frontend.log" 2>&1 &
   fe=$!
   pids+=("$fe")
   for _ in $(seq 50); do grep -q "serving UDP" "$TMP/frontend.log" && break; sleep 0.1; done
@@ -63,16 +69,20 @@ fe_up() { # fe_up [frontend option...]: (re)starts the frontend, warmed up
 }
 
 sp() { sockperf "$@" -i 127.0.0.1 -p "$FE_PORT" -m 64; }
-[[ -n ${RX:-} ]] || fe_up "$@"
+[[ -n ${RX:-}${FE_ALT:-} ]] || fe_up "$@"
 for r in $(seq "$RUNS"); do
-  for rx in ${RX:--}; do
-    [[ $rx == - ]] || fe_up "$@" --rx "$rx"
+  for run in ${RX:--}${FE_ALT:+ alt}; do
+    rx=$run bin=$FE_BIN
+    if [[ $run == alt ]]; then rx=- bin=$FE_ALT; fi
+    if [[ $run != - || -n ${FE_ALT:-} ]]; then
+      if [[ $rx == - ]]; then fe_up "$@"; else fe_up "$@" --rx "$rx"; fi
+    fi
     idle=$(cpu_frac "$fe" sleep "$IDLE")
     low=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$LOW" --reply-every 1)
     high=$(cpu_frac "$fe" sp under-load -t "$DUR" --mps "$HIGH" --reply-every 1)
     sp ping-pong -t "$DUR" >"$TMP/pp.txt" 2>&1 || true
     read -r p50 p99 < <(sockperf_pct "$TMP/pp.txt")
     printf "run %s%s: cpu(cores) idle %s  %s/s %s  %s/s %s   ping-pong p50 %s us p99 %s us\n" \
-      "$r" "$([[ $rx == - ]] || echo " rx $rx")" "$idle" "$LOW" "$low" "$HIGH" "$high" "$p50" "$p99"
+      "$r" "$(case $run in -) ;; alt) echo " alt" ;; *) echo " rx $run" ;; esac)" "$idle" "$LOW" "$low" "$HIGH" "$high" "$p50" "$p99"
   done
 done

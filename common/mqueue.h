@@ -88,8 +88,13 @@ struct lynx_region_hdr {
   uint32_t fctrl_off;
   uint64_t rings_off;
   uint32_t large_bytes; /* each ring's large-message area (0: none) */
-  uint32_t reserved;
+  uint32_t flags;       /* LYNX_HDR_*, set before the region is advertised */
 };
+
+/* Header flag: the accelerator rings the bell a frontend worker names in
+ * fctrl.waiter when it publishes on that mqueue (docs/mqueue.md "Response
+ * doorbells"): a CPU accelerator sets it, a GPU does not. */
+#define LYNX_HDR_RESP_BELL 1u
 
 #define LYNX_OFF_SLEEPING 64u  /* u32, accelerator-written */
 #define LYNX_OFF_DOORBELL 128u /* u32, frontend-written futex word */
@@ -102,7 +107,8 @@ struct lynx_actrl { /* accelerator-written, one per mqueue */
 
 struct lynx_fctrl { /* frontend-written, one per mqueue */
   uint32_t tx_cons;
-  uint32_t reserved;
+  uint32_t waiter; /* 0, or the bell of the frontend worker that sleeps
+                      until this mqueue's TX ring gets a message */
 };
 
 struct lynx_slot_meta { /* the last 16 bytes of every slot */

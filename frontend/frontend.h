@@ -55,6 +55,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "bell.h"
 #include "dispatcher.h"
 #include "forwarder.h"
 #include "rmq.h"
@@ -80,6 +81,10 @@ struct fe_cmd {
 };
 
 struct frontend;
+
+/* What ended a sleep of the adaptive poller (lynx_frontend_sleeps_total) */
+enum fe_wake { FE_WAKE_BELL, FE_WAKE_FD, FE_WAKE_TIMER, FE_WAKE_MAX };
+extern const char *const fe_wake_names[FE_WAKE_MAX];
 
 /* One worker: a thread, its loop, and the components' state. Each
  * component's part is its own sub-struct; what several of them share is
@@ -126,6 +131,14 @@ struct fe_worker {
   lynx_counter retired_dispatched, retired_responded;
   lynx_counter retired_drops[FE_QDROP_MAX];
   lynx_counter tcp[FE_TCPEV_MAX];
+  /* Sleeps of the adaptive poller, by what ended them (worker.c): its
+   * response doorbell (common/bell.h), a descriptor (a datagram, libuv, a
+   * remote transport), or the timeout. */
+  lynx_counter sleeps[FE_WAKE_MAX];
+  struct lynx_bell bell; /* fd -1, id 0: none (responses wake no sleep) */
+  /* a sleep just before was armed on every connection waited for: the
+   * wait for a response may be slept through (worker.c) */
+  int bell_covers;
 };
 
 /* --rx, in its option's order */

@@ -32,7 +32,7 @@ struct metrics_ctx {
 enum {
   F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
   F_TCP_CLIENTS, F_FLOW_MOVES, F_RX_PATH, F_RX_CALLS, F_RX_NOBUFS,
-  F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
+  F_SLEEPS, F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
 };
 #define F_MQ_FIRST F_MQ_DISPATCHED
 #define F_MQ_MAX (F_MAX - F_MQ_FIRST)
@@ -60,6 +60,11 @@ static const struct {
      "io_uring_enter calls to arm or cancel the receive (uring)."},
     {"lynx_frontend_rx_nobufs_total", "counter",
      "io_uring receives ended for want of a free buffer (armed again)."},
+    {"lynx_frontend_sleeps_total", "counter",
+     "Sleeps of the workers' adaptive poller, by what ended them: the "
+     "response doorbell a CPU accelerator rings over shm (bell), a "
+     "descriptor (fd: a datagram, a TCP client, a remote transport), or "
+     "the timeout (timer)."},
     {"lynx_mqueue_dispatched_total", "counter",
      "Requests written to this mqueue."},
     {"lynx_mqueue_responded_total", "counter",
@@ -119,6 +124,7 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
   struct mq_pass p;
   uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
   uint64_t paths[FE_RX_MAX] = {0}, rx_calls = 0, rx_nobufs = 0;
+  uint64_t sleeps[FE_WAKE_MAX] = {0};
   struct lynx_prom_label l[] = {{"service", fe->service},
                                 {NULL, NULL}, /* event or reason */
                                 {NULL, NULL}};
@@ -135,6 +141,8 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
       paths[__atomic_load_n(&w->ingress.rx_path, __ATOMIC_RELAXED)]++;
     for (int r = 0; r < FE_TCPEV_MAX; r++)
       tev[r] += lynx_cnt_get(&w->tcp[r]);
+    for (int r = 0; r < FE_WAKE_MAX; r++)
+      sleeps[r] += lynx_cnt_get(&w->sleeps[r]);
     for (int r = 0; r < FE_WDROP_MAX; r++)
       wd[r] += lynx_cnt_get(&w->drops[r]);
     p.dispatched += lynx_cnt_get(&w->retired_dispatched);
@@ -145,6 +153,9 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
   fe_foreach_mq(fe, mq_line, &p);
   lynx_prom_u64(f, fams[F_RECEIVED].name, l, rcv);
   lynx_prom_u64(f, fams[F_FLOW_MOVES].name, l, moves);
+  per_reason(f, F_SLEEPS, l, &l[1], "woken_by", fe_wake_names, sleeps,
+             FE_WAKE_MAX);
+  l[1].name = NULL;
   if (fe->proto == FE_PROTO_UDP) {
     per_reason(f, F_RX_PATH, l, &l[1], "path", fe_rx_path_names, paths,
                FE_RX_MAX);

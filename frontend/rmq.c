@@ -59,6 +59,22 @@ uint32_t fe_conn_outstanding(const struct fe_conn *c) {
   return n;
 }
 
+int fe_rmq_arm(struct fe_conn *c, uint32_t bell) {
+  int rc;
+  if (c->no_bell || (!bell && !c->armed))
+    return c->no_bell ? -ENOTSUP : 0;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    c->arm[i] = (struct lynx_arm){c->mqs[i].q, c->mqs[i].tx_cons};
+  rc = c->tc->ops->arm(c->tc, bell, c->arm, (int)c->n_mqs);
+  if (rc < 0) {
+    c->no_bell = 1;
+    c->armed = 0;
+    return rc;
+  }
+  c->armed = bell != 0;
+  return rc;
+}
+
 /* The connection set changed: the layers above rebuild what depends on it
  * (w->rmq.lock held). 0, or -errno and they changed nothing. */
 static int set_changed(struct fe_worker *w) {
@@ -568,6 +584,7 @@ static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
   free(c->mqs);
   free(c->snap);
   free(c->txr);
+  free(c->arm);
   free(c);
 }
 
@@ -616,6 +633,11 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   c->reads_pending = 0;
   c->dirty = 0;
   c->two_step = 0; /* the transport may offer a compound read again */
+  /* a frontend that died asleep left its bell in waiter: withdrawn (also
+   * tells whether this accelerator rings at all) */
+  c->no_bell = 0;
+  c->armed = 1;
+  fe_rmq_arm(c, 0);
   for (uint32_t i = 0; i < c->n_mqs; i++)
     c->mqs[i].dq.up = 1;
   return 0;
@@ -655,7 +677,8 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
   c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
   c->mqs = calloc(n, sizeof(*c->mqs));
   c->txr = calloc(n, sizeof(*c->txr));
-  if (!c->snap || !c->mqs || !c->txr) {
+  c->arm = calloc(n, sizeof(*c->arm));
+  if (!c->snap || !c->mqs || !c->txr || !c->arm) {
     rc = -ENOMEM;
     goto fail;
   }

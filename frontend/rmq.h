@@ -125,6 +125,11 @@ struct fe_conn {
    * transport lacks one or cannot carry it (two_step): array, then slots */
   struct lynx_tx_read *txr;
   int two_step;
+  /* response doorbell (fe_rmq_arm): the entries, one per mqueue of mqs;
+   * armed while the worker sleeps on its bell; no_bell once the transport
+   * said its accelerator does not ring */
+  struct lynx_arm *arm;
+  int armed, no_bell;
   enum fe_conn_state state;
   uint32_t reads_pending;
   int dirty;    /* requests written since the last flush */
@@ -182,6 +187,12 @@ static inline void fe_mq_outstanding_set(struct fe_mq *mq, uint32_t v) {
 
 /* Requests in flight on a connection's mqueues. */
 uint32_t fe_conn_outstanding(const struct fe_conn *c);
+/* Response doorbell (common/bell.h): before the worker sleeps, asks c's
+ * accelerator to ring bell when it publishes on any of the worker's
+ * mqueues there; bell 0 withdraws it (after the sleep). 1: something is
+ * published already (do not sleep), 0: done, -errno: c's accelerator
+ * cannot ring (-ENOTSUP: tcp, rdma, a GPU; remembered, not asked again). */
+int fe_rmq_arm(struct fe_conn *c, uint32_t bell);
 
 /* Writes one message into mq's RX ring (a request, or a back end's reply
  * into a client mqueue); published, not yet rung (see fe_rmq_doorbells).

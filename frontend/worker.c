@@ -17,10 +17,13 @@
  * the worker keeps an estimate of how long it waits for its next datagram,
  * spins (yielding) only where that is shorter than a sleep and wake-up
  * would cost, and otherwise sleeps in ppoll on libuv's backend fd (and the
- * io_uring receive ring's, rxring.h) until a datagram or timer; with
- * requests outstanding it spins for spin_us, then
- * sleeps for a short, growing timeout (responses arrive without any fd
- * event). --poll busy never sleeps.
+ * io_uring receive ring's, rxring.h) until a datagram or timer. With
+ * requests outstanding it waits for responses the same way where each
+ * connection waited on can wake it: a remote transport's fd, or over shm
+ * the worker's response doorbell (common/bell.h), which a CPU accelerator
+ * rings when it publishes while the worker sleeps; otherwise (a GPU over
+ * shm) it spins for spin_us, then sleeps for a short, growing timeout.
+ * --poll busy never sleeps.
  */
 #include <errno.h>
 #include <sched.h>
@@ -98,6 +101,54 @@ static void on_expire(void *arg, const struct lynx_tag_entry *e) {
 
 static uint32_t outstanding(const struct fe_worker *w) {
   return w->tags.in_use;
+}
+
+const char *const fe_wake_names[FE_WAKE_MAX] = {"bell", "fd", "timer"};
+
+/* Before a sleep with responses awaited: each connection waited on adds
+ * its transport's fd to pfd (room for up to *nfd + FE_WAIT_FDS) or asks
+ * its accelerator to ring the worker's bell. *covered: every one of them
+ * can wake the sleep; *armed: some rings the bell; returns 1 when one has
+ * published already (arm said so: no sleep). */
+static int sleep_prepare(struct fe_worker *w, struct pollfd *pfd, nfds_t *nfd,
+                         int *covered, int *armed) {
+  nfds_t top = *nfd + FE_WAIT_FDS - 1;
+  int ready = 0;
+  *covered = 1;
+  *armed = 0;
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
+    struct fe_conn *c = w->rmq.conns[i];
+    int fd, a;
+    if (c->state == FE_CONN_DEAD)
+      continue;
+    /* tcp's polls are reads in flight: its socket wakes us */
+    fd = c->state == FE_CONN_IDLE || *nfd > top ? -1
+                                                : c->tc->ops->wait_fd(c->tc);
+    if (fd >= 0) {
+      pfd[(*nfd)++] = (struct pollfd){fd, POLLIN, 0};
+      continue;
+    }
+    if (!fe_conn_outstanding(c) && !c->n_client_mqs)
+      continue;
+    a = w->bell.id ? fe_rmq_arm(c, w->bell.id) : -ENOTSUP;
+    if (a == 0) {
+      *armed = 1;
+      continue;
+    }
+    *covered = 0;
+    ready |= a > 0;
+  }
+  return ready;
+}
+
+/* After the sleep (or instead of it): the bells asked for are withdrawn,
+ * the rings that came drained. */
+static void sleep_done(struct fe_worker *w, int rang) {
+  for (uint32_t i = 0; i < w->rmq.n_conns; i++)
+    if (w->rmq.conns[i]->armed)
+      fe_rmq_arm(w->rmq.conns[i], 0);
+  if (rang)
+    lynx_bell_drain(&w->bell);
 }
 
 static void on_wake(uv_async_t *a) { (void)a; }
@@ -248,9 +299,15 @@ static void worker_loop(struct fe_worker *w) {
   /* expected wait for a datagram with nothing outstanding; a new worker
    * starts asleep */
   uint64_t est = WAIT_SAMPLE_MAX_NS >> WAIT_SHIFT;
+  /* expected wait for work with responses outstanding; a new worker
+   * starts spinning for them */
+  uint64_t est_resp = SPIN_PAYS_NS;
   /* how much later than asked a timed sleep ends: the price of a wake-up */
   uint64_t late = 0;
-  int waiting = 0, resp = 0;
+  /* a long wait for a response is slept until a wake-up before its
+   * expected end, then spun out (0: no such sleep pending) */
+  uint64_t prewake = 0;
+  int waiting = 0, resp = 0, ready_streak = 0;
   uint64_t spin_ns = (uint64_t)fe->cfg->spin_us * 1000u;
   uint64_t timeout_ns = (uint64_t)fe->cfg->timeout_ms * 1000000u;
   int busy = fe->cfg->poll == 1, stopping = 0;
@@ -305,15 +362,17 @@ static void worker_loop(struct fe_worker *w) {
         (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
       break;
     if (work) {
-      if (waiting && !resp) {
+      if (waiting) {
         /* only waits count: back-to-back work says nothing of the gaps
          * a sleep could fill (and under saturation there are none) */
         uint64_t g = w->now_ns - last_work;
+        uint64_t *e = resp ? &est_resp : &est;
         if (g > WAIT_SAMPLE_MAX_NS)
           g = WAIT_SAMPLE_MAX_NS;
-        est = est - (est >> WAIT_SHIFT) + (g >> WAIT_SHIFT);
+        *e = *e - (*e >> WAIT_SHIFT) + (g >> WAIT_SHIFT);
       }
       waiting = 0;
+      ready_streak = 0;
       last_work = w->now_ns;
       backoff = 0;
       continue;
@@ -325,48 +384,66 @@ static void worker_loop(struct fe_worker *w) {
     if (!waiting) {
       waiting = 1;
       resp = outstanding(w) || w->rmq.n_client_mqs;
-      /* A response has no fd event to wake a sleeper: the wait for one
-       * keeps the whole --spin-us, then short sleeps (below). Sleeping
-       * at once, for a time from the estimate, cost ping-pong 1.4x its
-       * p50 on the 2-core VM (docs/design.md). */
-      spin_until =
-          last_work + (resp ? spin_ns : spin_budget(est, late, spin_ns));
+      /* Where a response can wake a sleep (the last one found every
+       * connection waited on armed or with an fd), its wait spins only as
+       * long as a datagram's would at that expected wait. Where none can,
+       * the wait keeps the whole --spin-us, then short sleeps (below):
+       * sleeping at once, for a time from the estimate, cost ping-pong
+       * 1.4x its p50 on the 2-core VM (docs/design.md). */
+      spin_until = last_work + (resp && !w->bell_covers
+                                    ? spin_ns
+                                    : spin_budget(resp ? est_resp : est, late,
+                                                  spin_ns));
+      /* A response expected later than two wake-ups from now is slept
+       * for (the bell ends the sleep if it comes early) until that much
+       * before it is due, then spun for: ping-pong keeps the latency of a
+       * spinning wait, the CPU spins only the last stretch. */
+      prewake = resp && w->bell_covers && spin_until == last_work &&
+                        est_resp > 2 * late + SPIN_PAYS_NS
+                    ? last_work + est_resp - 2 * late
+                    : 0;
     }
     if (w->now_ns < spin_until) {
       sched_yield();
       continue;
     }
     {
-      struct pollfd pfd[2 + FE_WAIT_FDS];
-      nfds_t nfd = 1, top;
+      struct pollfd pfd[3 + FE_WAIT_FDS];
+      nfds_t nfd = 1;
       struct timespec ts;
       uint64_t ns;
-      int rfd = fe_dispatcher_wait_fd(w);
+      int rfd = fe_dispatcher_wait_fd(w), armed = 0, bidx = -1;
       pfd[0] = (struct pollfd){bfd, POLLIN, 0};
       if (rfd >= 0) /* datagrams on the uring path */
         pfd[nfd++] = (struct pollfd){rfd, POLLIN, 0};
-      top = nfd + FE_WAIT_FDS - 1;
       if (outstanding(w) || w->rmq.n_client_mqs) {
-        /* responses over a remote transport wake us through its fd; when
-         * every connection waited for has a read in flight there (tcp's
-         * polls are), a timer would only wake us for nothing */
-        int all_fd = 1;
-        for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
-          struct fe_conn *c = w->rmq.conns[i];
-          int fd;
-          if (c->state == FE_CONN_DEAD)
-            continue;
-          fd = c->state == FE_CONN_IDLE || nfd > top
-                   ? -1 : c->tc->ops->wait_fd(c->tc);
-          if (fd >= 0)
-            pfd[nfd++] = (struct pollfd){fd, POLLIN, 0};
-          else if (fe_conn_outstanding(c) || c->n_client_mqs)
-            all_fd = 0;
+        /* responses wake us through a remote transport's fd or our bell;
+         * where every connection waited on can, a timer would only wake
+         * us for nothing */
+        int covered;
+        if (sleep_prepare(w, pfd, &nfd, &covered, &armed) &&
+            ready_streak++ < 2) {
+          /* published between the last pass and the bell's arming: take
+           * it (twice in a row without work: a slot published out of
+           * order, waited for on the timer below) */
+          sleep_done(w, 0);
+          continue;
+        }
+        w->bell_covers = covered && armed;
+        if (armed) {
+          bidx = (int)nfd;
+          pfd[nfd++] = (struct pollfd){w->bell.fd, POLLIN, 0};
         }
         backoff = backoff ? backoff * 2 : MIN_SLEEP_NS;
-        if (backoff > MAX_BACKOFF_NS || all_fd)
+        if (backoff > MAX_BACKOFF_NS || covered)
           backoff = MAX_BACKOFF_NS;
         ns = backoff;
+        /* with a bell, until the next expiry scan, or the pre-wake */
+        if (covered && armed && next_expire > w->now_ns + ns)
+          ns = next_expire - w->now_ns;
+        if (covered && armed && prewake > w->now_ns &&
+            prewake - w->now_ns < ns)
+          ns = prewake - w->now_ns;
       } else {
         int ms = uv_backend_timeout(&w->loop);
         ns = (ms < 0 || ms > 100) ? 100000000ull : (uint64_t)ms * 1000000u;
@@ -376,7 +453,19 @@ static void worker_loop(struct fe_worker *w) {
       {
         uint64_t t0 = lynx_now_ns(), t1;
         int n = ppoll(pfd, nfd, &ts, NULL);
+        int rang = n > 0 && bidx >= 0 && pfd[bidx].revents;
         t1 = lynx_now_ns();
+        if (armed)
+          sleep_done(w, rang);
+        if (prewake && t1 >= prewake) {
+          /* woken before the response is due: spin for it, a few
+           * wake-ups' worth at most, then sleep on the bell */
+          uint64_t b = 4 * late + SPIN_PAYS_NS;
+          prewake = 0;
+          spin_until = t1 + (b < spin_ns ? b : spin_ns);
+        }
+        lynx_cnt_add(&w->sleeps[n <= 0 ? FE_WAKE_TIMER
+                                : rang ? FE_WAKE_BELL : FE_WAKE_FD], 1);
         if (n > 0 && pfd[0].revents)
           uv_next = 0; /* libuv has something: run it next pass */
         /* only sleeps that ran out tell how late a wake-up comes */
@@ -429,6 +518,7 @@ static void *worker_main(void *arg) {
 
 static void worker_free(struct fe_worker *w) {
   fe_rmq_free(&w->rmq);
+  lynx_bell_close(&w->bell);
   while (w->cmds) {
     struct fe_cmd *c = w->cmds;
     w->cmds = c->next;
@@ -466,6 +556,11 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   if (rc)
     return rc;
   w->wake.data = w;
+  rc = lynx_bell_open(&w->bell);
+  if (rc)
+    LYNX_INFO("frontend", "worker %u: no response doorbell (%s): it waits "
+              "for CPU accelerators' answers over shm spinning and on "
+              "timers", w->id, strerror(-rc));
   return listen_try(w);
 }
 

@@ -149,6 +149,13 @@ struct lynx_tx_read {
   void *dst;
 };
 
+/* One mqueue a sleeping frontend worker waits on (arm): its index and how
+ * far the worker has consumed its TX ring. */
+struct lynx_arm {
+  uint32_t q;
+  uint32_t cons;
+};
+
 struct lynx_transport_ops {
   const char *name;
 
@@ -216,6 +223,16 @@ struct lynx_transport_ops {
   /* Wake the accelerator if it sleeps on its doorbell; -ENOTSUP where an
    * accelerator cannot sleep (it busy-polls). */
   int (*notify)(struct lynx_tconn *c);
+  /* Response doorbell (common/bell.h), before a frontend worker sleeps:
+   * ask the accelerator to ring bell (nonzero) when it publishes on any of
+   * the n mqueues a[i].q, whose TX rings the worker has consumed up to
+   * a[i].cons; bell 0 withdraws the request. 1: a message is already
+   * published past some cons (do not sleep; the request stands until
+   * withdrawn), 0: done, -ENOTSUP where the accelerator does not ring (a
+   * GPU's region) or cannot reach the worker's bell (tcp, rdma: their
+   * wait_fd serves instead). */
+  int (*arm)(struct lynx_tconn *c, uint32_t bell, const struct lynx_arm *a,
+             int n);
   /* Release the connection; the region stays with its agent. */
   void (*close)(struct lynx_tconn *c);
 };
@@ -235,7 +252,7 @@ struct lynx_transport_ops {
     .read_tx = prefix##_read_tx,                                               \
     .flush = prefix##_flush, .poll = prefix##_poll,                            \
     .wait_fd = prefix##_wait_fd, .notify = prefix##_notify,                    \
-    .close = prefix##_close                                                    \
+    .arm = prefix##_arm, .close = prefix##_close                               \
   }
 
 extern const struct lynx_transport_ops lynx_transport_shm;
@@ -266,6 +283,11 @@ void lynx_locator_set_host(char *locator, size_t len, const char *host);
 /* read_tx of a backend without a compound read (shm, rdma): -ENOTSUP. */
 int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
                        struct lynx_tx_read *tx, int n, uint64_t wr_id);
+
+/* arm of a backend whose accelerators cannot reach a frontend's bell
+ * (tcp, rdma): -ENOTSUP. */
+int lynx__arm_none(struct lynx_tconn *c, uint32_t bell,
+                   const struct lynx_arm *a, int n);
 
 /* The backend called name (a descriptor's transport), or NULL. */
 const struct lynx_transport_ops *lynx_transport_find(const char *name);

@@ -386,6 +386,8 @@ static int lynx__rdma_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
 /* One-sided reads are served by the NIC, not a thread: the two-step path
  * costs no wake-up a compound read would save. */
 #define lynx__rdma_read_tx lynx__read_tx_none
+/* completions wake a sleeping worker through the CQ's channel (wait_fd) */
+#define lynx__rdma_arm lynx__arm_none
 
 /* Called by a worker about to sleep: acks what the completion channel
  * raised, re-arms the CQ, and reaps once, because a completion that came

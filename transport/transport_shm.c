@@ -8,7 +8,9 @@
  * x86. Reads are copies followed by an acquire fence and complete at once;
  * their ids are handed back by the next poll, as a remote backend would.
  * notify is a futex wake on the region's doorbell word, issued only when the
- * accelerator has said it sleeps.
+ * accelerator has said it sleeps. arm is the other direction (common/bell.h):
+ * it writes the frontend worker's bell into fctrl.waiter of its mqueues when
+ * the region's header says its accelerator rings (a CPU accelerator).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +33,7 @@ struct shm_conn {
   uint8_t *mem;
   uint64_t size;
   struct lynx_geom g;
+  int bell; /* the accelerator rings response doorbells (LYNX_HDR_RESP_BELL) */
   uint64_t cq[SHM_CQ_DEPTH];
   unsigned cq_head, cq_tail;
 };
@@ -163,6 +166,7 @@ static int shm_connect(const struct lynx_region_desc *d,
   lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes); /* validated */
   c->mem = p;
   c->size = d->region_size;
+  c->bell = !!(((const struct lynx_region_hdr *)p)->flags & LYNX_HDR_RESP_BELL);
   *out = &c->base;
   return 0;
 }
@@ -243,6 +247,32 @@ static int shm_wait_fd(struct lynx_tconn *tc) {
 static int shm_notify(struct lynx_tconn *tc) {
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
   return lynx_region_wake(c->mem);
+}
+
+/* The Dekker half of common/bell.h: waiter stores, a full fence, then the
+ * TX indices; the accelerator stores its index, fences, loads waiter. */
+static int shm_arm(struct lynx_tconn *tc, uint32_t bell,
+                   const struct lynx_arm *a, int n) {
+  struct shm_conn *c = container_of(tc, struct shm_conn, base);
+  int ready = 0;
+  if (!c->bell)
+    return -ENOTSUP;
+  for (int i = 0; i < n; i++) {
+    struct lynx_fctrl *f;
+    if (a[i].q >= c->g.n_mqueues)
+      return -EINVAL;
+    f = (struct lynx_fctrl *)(c->mem + lynx_fctrl_off(&c->g, a[i].q));
+    __atomic_store_n(&f->waiter, bell, __ATOMIC_RELAXED);
+  }
+  if (!bell)
+    return 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  for (int i = 0; i < n && !ready; i++) {
+    const struct lynx_actrl *ac =
+        (const struct lynx_actrl *)(c->mem + lynx_actrl_off(&c->g, a[i].q));
+    ready = __atomic_load_n(&ac->tx_prod, __ATOMIC_RELAXED) != a[i].cons;
+  }
+  return ready;
 }
 
 static void shm_close(struct lynx_tconn *tc) {

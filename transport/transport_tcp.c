@@ -1491,5 +1491,9 @@ static int tcp_notify(struct lynx_tconn *tc) {
   return 0;
 }
 
+/* The agent's accelerators cannot reach this frontend's bell: the
+ * socket (wait_fd) wakes a sleeping worker. */
+#define tcp_arm lynx__arm_none
+
 const struct lynx_transport_ops lynx_transport_tcp =
     LYNX_TRANSPORT_OPS("tcp", tcp);

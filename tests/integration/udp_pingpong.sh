@@ -23,6 +23,14 @@
 #     than 5% of a core over 3 idle seconds (utime+stime from
 #     /proc/<pid>/stat). A frontend that kept spinning after its work
 #     would use most of a core; one that sleeps measures about 0.
+#  6. response doorbell (issue 15): one accelerator whose requests take
+#     300 us (sleeping), 500 requests/s for 2 s: every one answered. Over
+#     shm the CPU accelerator rings the worker's bell, which ends some of
+#     its sleeps (lynx_frontend_sleeps_total{woken_by="bell"} > 0), and the
+#     worker sleeps through the wait instead of polling on growing timers
+#     (about 8 timer wake-ups per request without a bell; at most one, the
+#     pre-wake, plus the expiry scans with it: fewer than 3 per request
+#     plus 150 a second asserted). Over tcp nothing rings.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init udp_pingpong
@@ -120,4 +128,27 @@ t1=$(now_ms)
 idle_pm=$(((c1 - c0) * 1000 * 1000 / hz / (t1 - t0)))
 log "frontend CPU over $((t1 - t0)) ms idle: $((c1 - c0)) ticks ($idle_pm per mille of a core)"
 assert_lt "$idle_pm" 50 "frontend idle CPU (per mille of a core)"
+
+# ---- 6. response doorbell ----------------------------------------------------
+stop_daemons
+start_agent --cpu-accels 1 --mqueues 2 --work-us 300 --work-mode sleep
+start_frontend
+out=$IT_DIR/underload-bell.out
+sockperf_base
+t0=$(now_ms)
+run_sockperf "$out" under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 \
+  --mps 500 --reply-every 1 --buffer-size 4194304
+check_sockperf_served "$out"
+t1=$(now_ms)
+resp=$(metric lynx_frontend_responded_total) || fail "no responded_total"
+bell=$(metric lynx_frontend_sleeps_total 'woken_by="bell"') || fail "no sleeps_total{woken_by=bell}"
+timer=$(metric lynx_frontend_sleeps_total 'woken_by="timer"') || fail "no sleeps_total{woken_by=timer}"
+log "with 300 us requests: $resp answered, sleeps ended by the bell $bell, by a timer $timer"
+if [[ $IT_TRANSPORT == shm ]]; then
+  assert_gt "$bell" 0 "sleeps ended by the response doorbell"
+  assert_lt "$timer" $((3 * resp + 150 * (t1 - t0 + 1000) / 1000)) \
+    "sleeps ended by a timer (requests answered: $resp)"
+else
+  assert_eq "$bell" 0 "sleeps ended by a bell over $IT_TRANSPORT"
+fi
 exit 0

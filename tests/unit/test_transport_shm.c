@@ -4,7 +4,10 @@
  * removed by region_free, a name never taken twice), connect maps the file
  * a locator names (refused when the name is malformed, missing, or the
  * file was truncated), and notify wakes a thread sleeping on the doorbell
- * through the frontend's own mapping (futex). What every backend promises
+ * through the frontend's own mapping (futex); arm asks a CPU accelerator
+ * for the frontend worker's response doorbell (common/bell.h: the bell's
+ * own behaviour is tested here too, as shm is what it serves). What every
+ * backend promises
  * is the conformance suite's (transport_conformance.c, run for shm as
  * unit_transport_conformance_shm); transport/transport.c's helpers are
  * test_transport_common.c's.
@@ -31,7 +34,11 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
+#include "bell.h"
 #include "mqueue.h"
 #include "transport.h"
 #include "ut_main.h"
@@ -277,6 +284,173 @@ static void test_notify_not_sleeping(void **state) {
   assert_int_equal(__atomic_load_n(bell, __ATOMIC_SEQ_CST), 7);
 }
 
+/* ---- response doorbells ------------------------------------------------ */
+
+static char *bell_path(char *buf, size_t len, uint32_t id) {
+  snprintf(buf, len, "/dev/shm/lynx-bell-%08x", id);
+  return buf;
+}
+
+/* whether b's socket turns readable within ms */
+static int bell_rings_within(const struct lynx_bell *b, int ms) {
+  struct pollfd p = {b->fd, POLLIN, 0};
+  return poll(&p, 1, ms) == 1;
+}
+
+/* A bell is a socket file in /dev/shm named by its id; rings queue up as
+ * datagrams until its queue is full (net.unix.max_dgram_qlen: -EAGAIN,
+ * the worker has rings to drain already), a drain takes up to 16 at a
+ * time; a closed bell is gone, and ringing it says so. */
+static void test_bell_open_ring_drain_close(void **state) {
+  struct lynx_bell a, b;
+  char path[64];
+  struct stat st;
+  int queued = 0, drained = 0, n;
+  (void)state;
+  assert_int_equal(lynx_bell_open(&a), 0);
+  assert_int_equal(lynx_bell_open(&b), 0);
+  assert_true(a.fd >= 0 && a.id != 0 && b.id != 0 && a.id != b.id);
+  assert_int_equal(stat(bell_path(path, sizeof(path), a.id), &st), 0);
+  assert_true(S_ISSOCK(st.st_mode));
+  assert_int_equal(lynx_bell_drain(&a), 0); /* nothing rang */
+  for (int i = 0; i < 40; i++) {
+    int rc = lynx_bell_ring(a.id);
+    if (rc == -EAGAIN)
+      break;
+    assert_int_equal(rc, 0);
+    queued++;
+  }
+  assert_true(queued >= 1);
+  assert_true(bell_rings_within(&a, 1000));
+  assert_false(bell_rings_within(&b, 0)); /* only the bell rung */
+  while ((n = lynx_bell_drain(&a)) > 0) {
+    assert_true(n <= 16);
+    drained += n;
+  }
+  assert_int_equal(drained, queued);
+  assert_false(bell_rings_within(&a, 0));
+  assert_int_equal(lynx_bell_ring(a.id), 0); /* room again */
+  assert_int_equal(lynx_bell_drain(&a), 1);
+  lynx_bell_close(&a);
+  assert_int_equal(a.fd, -1);
+  assert_int_equal(a.id, 0);
+  assert_int_equal(stat(path, &st), -1);
+  assert_int_equal(lynx_bell_ring(b.id), 0);
+  lynx_bell_close(&b);
+  assert_int_equal(lynx_bell_ring(b.id ? b.id : 1), -ENOENT);
+  /* closing twice, or a bell never opened, is harmless */
+  lynx_bell_close(&a);
+  memset(&b, 0, sizeof(b));
+  lynx_bell_close(&b);
+}
+
+/* A bell path left behind by a worker that died (bound, never unlinked)
+ * refuses a ring: the accelerator is told, and nothing blocks; the next
+ * bell opened removes it, and leaves live bells alone. */
+static void test_bell_dead_worker(void **state) {
+  struct lynx_bell a;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd;
+  (void)state;
+  assert_int_equal(lynx_bell_open(&a), 0);
+  bell_path(sa.sun_path, sizeof(sa.sun_path), a.id);
+  /* what a killed worker leaves: the file without a socket behind it */
+  close(a.fd);
+  a.fd = -1;
+  fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), -1);
+  assert_int_equal(errno, ECONNREFUSED);
+  close(fd);
+  assert_int_equal(lynx_bell_ring(a.id), -ECONNREFUSED);
+  {
+    struct lynx_bell live, next;
+    struct stat st;
+    char path[64];
+    assert_int_equal(lynx_bell_open(&live), 0);
+    assert_int_equal(stat(sa.sun_path, &st), -1); /* swept */
+    assert_int_equal(errno, ENOENT);
+    assert_int_equal(lynx_bell_open(&next), 0);
+    assert_int_equal(stat(bell_path(path, sizeof(path), live.id), &st), 0);
+    assert_int_equal(lynx_bell_ring(live.id), 0);
+    lynx_bell_close(&live);
+    lynx_bell_close(&next);
+  }
+  unlink(sa.sun_path);
+}
+
+static void set_resp_bell(struct fx *f) {
+  ((struct lynx_region_hdr *)f->r.base)->flags |= LYNX_HDR_RESP_BELL;
+}
+
+/* A region whose accelerator does not ring (a GPU's: no header flag) and
+ * a bad mqueue index are refused; nothing is written. */
+static void test_arm_refused(void **state) {
+  struct fx *f = *state;
+  struct lynx_arm a = {0, 0};
+  const struct lynx_fctrl *fc =
+      (const struct lynx_fctrl *)(f->r.base + lynx_fctrl_off(&f->g, 0));
+  connect_ok(f);
+  assert_int_equal(f->c->ops->arm(f->c, 0x1234, &a, 1), -ENOTSUP);
+  assert_int_equal(fc->waiter, 0);
+  ut_tconn_close(&f->c);
+  set_resp_bell(f);
+  connect_ok(f);
+  a.q = UT_Q;
+  assert_int_equal(f->c->ops->arm(f->c, 0x1234, &a, 1), -EINVAL);
+}
+
+/* The whole doorbell: a worker arms mqueue 1 only; a publish on mqueue 0
+ * rings nothing, one on mqueue 1 rings the bell; arming with a consumed
+ * position behind the TX ring reports a message waiting; withdrawing
+ * clears waiter, after which publishing rings nothing. */
+static void test_arm_bell_round_trip(void **state) {
+  struct fx *f = *state;
+  struct lynx_bell b;
+  struct lynx_mq m0, m1;
+  struct lynx_arm a = {1, 0};
+  const struct lynx_fctrl *fc1 =
+      (const struct lynx_fctrl *)(f->r.base + lynx_fctrl_off(&f->g, 1));
+  const struct lynx_fctrl *fc0 =
+      (const struct lynx_fctrl *)(f->r.base + lynx_fctrl_off(&f->g, 0));
+  uint8_t *buf;
+  set_resp_bell(f);
+  connect_ok(f);
+  assert_int_equal(lynx_bell_open(&b), 0);
+  lynx_mq_bind(&m0, f->r.base, &f->g, 0);
+  lynx_mq_bind(&m1, f->r.base, &f->g, 1);
+
+  assert_int_equal(f->c->ops->arm(f->c, b.id, &a, 1), 0);
+  assert_int_equal(fc1->waiter, b.id);
+  assert_int_equal(fc0->waiter, 0);
+  /* a publish on an mqueue nobody waits on rings nothing */
+  assert_int_equal(lynx_mq_reserve(&m0, 8, &buf), 0);
+  lynx_mq_commit(&m0, 7, 8, 8, LYNX_ST_OK);
+  assert_int_equal(lynx_bell_after_publish(&m0, "test"), 0);
+  assert_false(bell_rings_within(&b, 50));
+  /* one on the armed mqueue rings the worker's bell */
+  assert_int_equal(lynx_mq_reserve(&m1, 8, &buf), 0);
+  lynx_mq_commit(&m1, 9, 8, 8, LYNX_ST_OK);
+  assert_int_equal(lynx_bell_after_publish(&m1, "test"), 1);
+  assert_true(bell_rings_within(&b, 1000));
+  assert_int_equal(lynx_bell_drain(&b), 1);
+  /* withdrawn: waiter cleared, nothing rings */
+  assert_int_equal(f->c->ops->arm(f->c, 0, &a, 1), 0);
+  assert_int_equal(fc1->waiter, 0);
+  assert_int_equal(lynx_bell_after_publish(&m1, "test"), 0);
+  assert_false(bell_rings_within(&b, 50));
+  /* the message the worker has not consumed: arm says so, and stands */
+  assert_int_equal(f->c->ops->arm(f->c, b.id, &a, 1), 1);
+  assert_int_equal(fc1->waiter, b.id);
+  a.cons = 1; /* consumed: nothing more to wait for */
+  assert_int_equal(f->c->ops->arm(f->c, b.id, &a, 1), 0);
+  assert_int_equal(f->c->ops->arm(f->c, 0, &a, 1), 0);
+  lynx_bell_close(&b);
+  /* a waiter whose worker is gone: the accelerator is told, not stuck */
+  assert_int_equal(f->c->ops->arm(f->c, b.id ? b.id : 0x5eed, &a, 1), 0);
+  assert_true(lynx_bell_after_publish(&m1, "test") < 0);
+}
+
 /* ---- free ---------------------------------------------------------------- */
 
 static void test_region_free_removes_file(void **state) {
@@ -320,6 +494,10 @@ static int run_all(void) {
       T(test_connect_unformatted),
       T(test_notify_wakes_sleeper),
       T(test_notify_not_sleeping),
+      T(test_bell_open_ring_drain_close),
+      T(test_bell_dead_worker),
+      T(test_arm_refused),
+      T(test_arm_bell_round_trip),
       T(test_region_free_removes_file),
   };
 #undef T

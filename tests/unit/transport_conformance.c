@@ -189,6 +189,7 @@ static void tc_find_and_ops(void **state) {
   assert_non_null(o->poll);
   assert_non_null(o->wait_fd);
   assert_non_null(o->notify);
+  assert_non_null(o->arm);
   assert_non_null(o->close);
 }
 
@@ -215,7 +216,7 @@ static void tc_format_connect(void **state) {
   assert_int_equal(h->actrl_off, g->actrl_off);
   assert_int_equal(h->fctrl_off, g->fctrl_off);
   assert_int_equal(h->rings_off, g->rings_off);
-  assert_int_equal(h->reserved, 0);
+  assert_int_equal(h->flags, 0); /* the accelerator sets its own flags */
   /* the rest of the region starts zeroed */
   for (uint64_t i = sizeof(*h); i < g->region_size; i++)
     if (f->r.mem[i])
@@ -844,6 +845,21 @@ static void tc_notify_quiet_when_awake(void **state) {
   assert_int_equal(__atomic_load_n(bell, __ATOMIC_SEQ_CST), 7);
 }
 
+/* A region whose header does not say its accelerator rings response
+ * doorbells (as formatted: the CPU accelerator sets the flag itself) is
+ * never armed, under any backend, and its waiter words stay untouched. */
+static void tc_arm_needs_ringing_accel(void **state) {
+  struct fx *f = *state;
+  struct lynx_arm a = {0, 0};
+  const struct lynx_fctrl *fc =
+      (const struct lynx_fctrl *)(f->r.mem + lynx_fctrl_off(&f->r.g, 0));
+  connect_ok(f);
+  assert_int_equal(f->c->ops->arm(f->c, 0xb311, &a, 1), -ENOTSUP);
+  assert_int_equal(f->c->ops->arm(f->c, 0, &a, 1), -ENOTSUP);
+  settle(f->c);
+  assert_int_equal(__atomic_load_n(&fc->waiter, __ATOMIC_SEQ_CST), 0);
+}
+
 /* ---- the region goes away ------------------------------------------------ */
 
 /* Freeing the region (instance stopped): a live frontend sees an error,
@@ -901,6 +917,7 @@ static int run(void) {
       T(tc_wait_fd),
       T(tc_notify_wakes_sleeping),
       T(tc_notify_quiet_when_awake),
+      T(tc_arm_needs_ringing_accel),
       T(tc_region_free),
       T(tc_epoch_renew),
   };
