@@ -196,3 +196,13 @@ size_t lynx_appendf(char *buf, size_t len, size_t l, const char *sep,
   l += w > 0 ? (size_t)w : 0;
   return l < len ? l : len - 1;
 }
+
+int lynx_fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  va_list ap;
+  if (err && errlen) {
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}

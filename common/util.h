@@ -75,4 +75,9 @@ int lynx_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
  * who can read it can join the cluster. */
 int lynx_read_token(const char *path, char **out, char *err, size_t errlen);
 
+/* Writes the sentence fmt makes into err (errlen bytes; nothing when err
+ * is NULL) and returns rc: `return lynx_fail(err, errlen, -EINVAL, ...)`. */
+int lynx_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 #endif

@@ -23,6 +23,15 @@ struct lynx_coord {
   pthread_cond_t changed;
   struct lynx_registry reg;
   const char *state_dir;
+  /* Where operator intent persists instead of state_dir (main.c: etcd,
+   * --etcd), NULL: state_dir. Called with lock held after a mutation; 0
+   * or -errno with err (-EAGAIN, -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH:
+   * the store is unreachable or cannot serve: 503). save_where names it in
+   * messages. */
+  int (*save)(void *arg, const struct lynx_registry *r, char *err,
+              size_t errlen);
+  void *save_arg;
+  const char *save_where;
   const char *token; /* NULL: no token; mutating API calls then need loopback */
   size_t body_max;   /* largest accepted request body (413 above) */
   /* API connection limits (http.c, docs/api.md "Connections"); 0 takes

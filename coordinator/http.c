@@ -261,23 +261,31 @@ static void reply_encoded(struct http_out *out, unsigned status,
 }
 
 /* Persists operator intent after a mutation (lock held). 0, or -errno with
- * a 500 in out and a log line. The change itself stays applied in memory;
- * the next successful save writes it. */
+ * an error in out (503 when the store cannot be reached or cannot serve,
+ * 500 otherwise) and a log line. The change itself stays applied in
+ * memory; the next successful save writes it. */
 static int persist(struct http_req *rq, struct http_out *out,
                    const char *what) {
+  struct lynx_coord *c = rq->c;
+  const char *where = c->save ? c->save_where : "the state directory";
   char err[256] = "";
-  int rc;
-  if (!rq->c->state_dir)
+  int rc, down;
+  if (c->save)
+    rc = c->save(c->save_arg, &c->reg, err, sizeof(err));
+  else if (c->state_dir)
+    rc = lynx_store_save(c->state_dir, &c->reg, err, sizeof(err));
+  else
     return 0;
-  rc = lynx_store_save(rq->c->state_dir, &rq->c->reg, err, sizeof(err));
   if (rc == 0)
     return 0;
-  LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what, rq->c->state_dir,
-           err[0] ? err : strerror(-rc));
-  reply_err(out, 500, "internal",
-            "%s: applied but not saved in the state directory (%s); it is "
-            "lost if the coordinator restarts before a later save succeeds",
-            what, err[0] ? err : strerror(-rc));
+  down = rc == -EAGAIN || rc == -ETIMEDOUT || rc == -ECONNREFUSED ||
+         rc == -EHOSTUNREACH;
+  LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
+           c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
+  reply_err(out, down ? 503 : 500, down ? "store_unavailable" : "internal",
+            "%s: applied but not saved in %s (%s); it is lost if the "
+            "coordinator restarts before a later save succeeds",
+            what, where, err[0] ? err : strerror(-rc));
   return rc;
 }
 

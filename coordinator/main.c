@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
 #include <json-c/json.h>
 
 #include "coord.h"
@@ -30,11 +31,14 @@
 #include "log.h"
 #include "options.h"
 #include "store.h"
+#include "store_etcd.h"
 #include "util.h"
 
 struct coord_cfg {
   uint32_t ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *listen, *http, *state_dir, *token_file, *log_level;
+  char *etcd, *etcd_prefix;
+  uint32_t etcd_timeout_ms;
   uint32_t lease_ms, drain_ms, frame_max, body_max;
   uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
   uint32_t services_max, region_max_mb;
@@ -47,7 +51,15 @@ static const struct lynx_opt coord_opts[] = {
     {"http", LYNX_OPT_ADDR, O(http), "127.0.0.1:7780", 1, 65535, NULL,
      "JSON API address"},
     {"state-dir", LYNX_OPT_STR, O(state_dir), "./lynx-state", 0, 0, NULL,
-     "where services and drain intents are kept"},
+     "where services and drain intents are kept (without --etcd)"},
+    {"etcd", LYNX_OPT_STR, O(etcd), NULL, 0, 0, NULL,
+     "etcd endpoints (http://host:port,...): services and drain intents "
+     "are kept there instead of --state-dir (docs/etcd.md)"},
+    {"etcd-prefix", LYNX_OPT_STR, O(etcd_prefix), LYNX_ETCD_PREFIX_DEFAULT, 0,
+     0, NULL, "the keys' prefix in etcd"},
+    {"etcd-timeout-ms", LYNX_OPT_U32, O(etcd_timeout_ms), "1000", 100, 60000,
+     NULL, "an etcd call that takes longer fails (an API change then gets "
+     "503)"},
     {"lease-ms", LYNX_OPT_U32, O(lease_ms), "3000", 100, 600000, NULL,
      "an agent without heartbeat for this long is down"},
     {"drain-timeout-ms", LYNX_OPT_U32, O(drain_ms), "10000", 0, 3600000, NULL,
@@ -116,6 +128,7 @@ struct cpeer {
 struct coordinator {
   struct coord_cfg cfg;
   struct lynx_coord c;
+  struct lynx_store_etcd store; /* --etcd: its client and prefix */
   uv_loop_t loop;
   uv_tcp_t server;
   uv_timer_t tick;
@@ -993,11 +1006,24 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", err);
     goto out_opts;
   }
-  if (mkdir(co.cfg.state_dir, 0700) != 0 && errno != EEXIST) {
+  if (co.cfg.etcd) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (lynx_etcd_open(&co.store.etcd, co.cfg.etcd, co.cfg.etcd_timeout_ms,
+                       err, sizeof(err)) ||
+        lynx_store_etcd_init(&co.store, co.store.etcd, co.cfg.etcd_prefix,
+                             err, sizeof(err))) {
+      fprintf(stderr, "--etcd: %s\n", err);
+      exit_code = LYNX_EXIT_USAGE;
+      goto out_opts;
+    }
+    co.c.save = lynx_store_etcd_save;
+    co.c.save_arg = &co.store;
+    co.c.save_where = "etcd";
+  } else if (mkdir(co.cfg.state_dir, 0700) != 0 && errno != EEXIST) {
     fprintf(stderr, "--state-dir %s: %s\n", co.cfg.state_dir, strerror(errno));
     goto out_opts;
   }
-  {
+  if (!co.cfg.etcd) {
     struct stat st;
     if (stat(co.cfg.state_dir, &st) != 0) {
       fprintf(stderr, "--state-dir %s: %s\n", co.cfg.state_dir,
@@ -1018,7 +1044,7 @@ int main(int argc, char **argv) {
   }
   pthread_mutex_init(&co.c.lock, NULL);
   pthread_cond_init(&co.c.changed, NULL);
-  co.c.state_dir = co.cfg.state_dir;
+  co.c.state_dir = co.cfg.etcd ? NULL : co.cfg.state_dir;
   co.c.token = token;
   co.c.body_max = co.cfg.body_max;
   co.c.http_conn_max = co.cfg.http_conn_max;
@@ -1038,11 +1064,14 @@ int main(int argc, char **argv) {
   uv_loop_init(&co.loop);
   uv_async_init(&co.loop, &co.wake, on_wake);
   co.wake.data = &co;
-  rc = lynx_store_load(co.cfg.state_dir, &co.c.reg, lynx_coord_now_ms(), err,
-                       sizeof(err));
+  rc = co.cfg.etcd ? lynx_store_etcd_load(&co.store, &co.c.reg,
+                                           lynx_coord_now_ms(), err,
+                                           sizeof(err))
+                    : lynx_store_load(co.cfg.state_dir, &co.c.reg,
+                                      lynx_coord_now_ms(), err, sizeof(err));
   if (rc) {
-    LYNX_ERR("coordinator", "cannot load state from %s: %s", co.cfg.state_dir,
-             err);
+    LYNX_ERR("coordinator", "cannot load state from %s: %s",
+             co.cfg.etcd ? co.cfg.etcd : co.cfg.state_dir, err);
     uv_close((uv_handle_t *)&co.wake, NULL);
     uv_run(&co.loop, UV_RUN_DEFAULT);
     uv_loop_close(&co.loop);
@@ -1117,6 +1146,7 @@ out_reg:
   pthread_cond_destroy(&co.c.changed);
   pthread_mutex_destroy(&co.c.lock);
 out_opts:
+  lynx_etcd_close(co.store.etcd);
   free(token);
   lynx_opts_free(coord_opts, &co.cfg);
   return exit_code;

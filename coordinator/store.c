@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,30 +25,19 @@
 #include <json-c/json.h>
 
 #include "regjson.h"
+#include "util.h"
 
 #define STORE_FILE "state.json"
 #define STORE_TMP "state.json.tmp"
 #define STORE_VERSION 1
 #define STORE_MAX (64u << 20) /* far above any real intent; refuses junk */
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  if (err && errlen) {
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return rc;
-}
-
 static int join(char *out, size_t size, const char *dir, const char *name) {
   int n = snprintf(out, size, "%s/%s", dir, name);
   return (n < 0 || (size_t)n >= size) ? -ENAMETOOLONG : 0;
 }
 
-static struct json_object *state_obj(const struct lynx_registry *r) {
+struct json_object *lynx_store_state_obj(const struct lynx_registry *r) {
   struct json_object *root = json_object_new_object();
   struct json_object *svcs = json_object_new_array();
   struct json_object *drained = json_object_new_array();
@@ -93,58 +81,58 @@ int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
   int fd, rc, dfd;
 
   if (!dir || !r)
-    return fail(err, errlen, -EINVAL, "no state directory");
+    return lynx_fail(err, errlen, -EINVAL, "no state directory");
   if (join(path, sizeof(path), dir, STORE_FILE) ||
       join(tmp, sizeof(tmp), dir, STORE_TMP))
-    return fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+    return lynx_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
 
-  root = state_obj(r);
+  root = lynx_store_state_obj(r);
   text = json_object_to_json_string_ext(
       root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
   if (!text) {
     json_object_put(root);
-    return fail(err, errlen, -ENOMEM, "%s: cannot encode the state", path);
+    return lynx_fail(err, errlen, -ENOMEM, "%s: cannot encode the state", path);
   }
 
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     rc = -errno;
     json_object_put(root);
-    return fail(err, errlen, rc, "%s: open: %s", tmp, strerror(-rc));
+    return lynx_fail(err, errlen, rc, "%s: open: %s", tmp, strerror(-rc));
   }
   rc = write_all(fd, text, strlen(text));
   if (!rc)
     rc = write_all(fd, "\n", 1);
   json_object_put(root);
   if (rc) {
-    fail(err, errlen, rc, "%s: write: %s", tmp, strerror(-rc));
+    lynx_fail(err, errlen, rc, "%s: write: %s", tmp, strerror(-rc));
     goto err_close;
   }
   if (fsync(fd) < 0) {
     rc = -errno;
-    fail(err, errlen, rc, "%s: fsync: %s", tmp, strerror(-rc));
+    lynx_fail(err, errlen, rc, "%s: fsync: %s", tmp, strerror(-rc));
     goto err_close;
   }
   if (close(fd) < 0) {
     rc = -errno;
-    fail(err, errlen, rc, "%s: close: %s", tmp, strerror(-rc));
+    lynx_fail(err, errlen, rc, "%s: close: %s", tmp, strerror(-rc));
     goto err_unlink;
   }
   if (rename(tmp, path) < 0) {
     rc = -errno;
-    fail(err, errlen, rc, "%s: rename to %s: %s", tmp, path, strerror(-rc));
+    lynx_fail(err, errlen, rc, "%s: rename to %s: %s", tmp, path, strerror(-rc));
     goto err_unlink;
   }
   /* the rename itself must reach the disk */
   dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
     rc = -errno;
-    return fail(err, errlen, rc, "%s: open: %s", dir, strerror(-rc));
+    return lynx_fail(err, errlen, rc, "%s: open: %s", dir, strerror(-rc));
   }
   if (fsync(dfd) < 0) {
     rc = -errno;
     close(dfd);
-    return fail(err, errlen, rc, "%s: fsync: %s", dir, strerror(-rc));
+    return lynx_fail(err, errlen, rc, "%s: fsync: %s", dir, strerror(-rc));
   }
   close(dfd);
   return 0;
@@ -168,16 +156,16 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
     rc = -errno;
     if (rc == -ENOENT)
       return rc;
-    return fail(err, errlen, rc, "%s: open: %s", path, strerror(-rc));
+    return lynx_fail(err, errlen, rc, "%s: open: %s", path, strerror(-rc));
   }
   if (fstat(fd, &st) < 0) {
     rc = -errno;
     close(fd);
-    return fail(err, errlen, rc, "%s: stat: %s", path, strerror(-rc));
+    return lynx_fail(err, errlen, rc, "%s: stat: %s", path, strerror(-rc));
   }
   if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > STORE_MAX) {
     close(fd);
-    return fail(err, errlen, -EINVAL,
+    return lynx_fail(err, errlen, -EINVAL,
                 "%s: not a regular file of at most %u "
                 "bytes",
                 path, STORE_MAX);
@@ -185,7 +173,7 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
   b = malloc((size_t)st.st_size + 1);
   if (!b) {
     close(fd);
-    return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    return lynx_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
   }
   while (got < (size_t)st.st_size) {
     ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
@@ -195,7 +183,7 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
       rc = -errno;
       free(b);
       close(fd);
-      return fail(err, errlen, rc, "%s: read: %s", path, strerror(-rc));
+      return lynx_fail(err, errlen, rc, "%s: read: %s", path, strerror(-rc));
     }
     if (n == 0)
       break; /* shrank under us: parse what is there */
@@ -215,14 +203,14 @@ static int parse_state(const char *path, const char *buf, size_t len,
   enum json_tokener_error je;
   size_t end;
   if (!tok)
-    return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    return lynx_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
   root = json_tokener_parse_ex(tok, buf, (int)len);
   je = json_tokener_get_error(tok);
   end = json_tokener_get_parse_end(tok);
   json_tokener_free(tok);
   if (!root || je != json_tokener_success) {
     json_object_put(root);
-    return fail(err, errlen, -EINVAL, "%s: not valid JSON: %s", path,
+    return lynx_fail(err, errlen, -EINVAL, "%s: not valid JSON: %s", path,
                 je == json_tokener_continue ? "empty or truncated"
                                             : json_tokener_error_desc(je));
   }
@@ -230,7 +218,7 @@ static int parse_state(const char *path, const char *buf, size_t len,
     if (buf[end] != ' ' && buf[end] != '\n' && buf[end] != '\t' &&
         buf[end] != '\r') {
       json_object_put(root);
-      return fail(err, errlen, -EINVAL, "%s: not valid JSON: trailing data",
+      return lynx_fail(err, errlen, -EINVAL, "%s: not valid JSON: trailing data",
                   path);
     }
   *out = root;
@@ -241,16 +229,14 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
                     char *err, size_t errlen) {
   char path[PATH_MAX];
   char *buf = NULL;
-  size_t len = 0, k, n_svcs = 0, n_drained = 0;
-  struct json_object *root = NULL, *svcs = NULL, *drained = NULL;
-  struct lynx_service_spec *specs = NULL;
-  struct lynx_reg_err e;
-  int rc, have_version = 0;
+  size_t len = 0;
+  struct json_object *root = NULL;
+  int rc;
 
   if (!dir || !r)
-    return fail(err, errlen, -EINVAL, "no state directory");
+    return lynx_fail(err, errlen, -EINVAL, "no state directory");
   if (join(path, sizeof(path), dir, STORE_FILE))
-    return fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+    return lynx_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
   rc = read_file(path, &buf, &len, err, errlen);
   if (rc == -ENOENT)
     return 0; /* first start: nothing decided yet */
@@ -260,10 +246,22 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
   free(buf);
   if (rc)
     return rc;
+  rc = lynx_store_apply(root, path, r, now_ms, err, errlen);
+  json_object_put(root);
+  return rc;
+}
 
-  rc = -EINVAL;
+int lynx_store_apply(struct json_object *root, const char *path,
+                     struct lynx_registry *r, uint64_t now_ms, char *err,
+                     size_t errlen) {
+  size_t k, n_svcs = 0, n_drained = 0;
+  struct json_object *svcs = NULL, *drained = NULL;
+  struct lynx_service_spec *specs = NULL;
+  struct lynx_reg_err e;
+  int rc = -EINVAL, have_version = 0;
+
   if (!json_object_is_type(root, json_type_object)) {
-    fail(err, errlen, rc, "%s: must be a JSON object", path);
+    lynx_fail(err, errlen, rc, "%s: must be a JSON object", path);
     goto out;
   }
   {
@@ -271,7 +269,7 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
       if (!strcmp(key, "version")) {
         if (!json_object_is_type(val, json_type_int) ||
             json_object_get_int64(val) != STORE_VERSION) {
-          fail(err, errlen, rc,
+          lynx_fail(err, errlen, rc,
                "%s: version: must be %d (written by a "
                "different release?)",
                path, STORE_VERSION);
@@ -280,24 +278,24 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
         have_version = 1;
       } else if (!strcmp(key, "services")) {
         if (!json_object_is_type(val, json_type_array)) {
-          fail(err, errlen, rc, "%s: services: must be an array", path);
+          lynx_fail(err, errlen, rc, "%s: services: must be an array", path);
           goto out;
         }
         svcs = val;
       } else if (!strcmp(key, "drained")) {
         if (!json_object_is_type(val, json_type_array)) {
-          fail(err, errlen, rc, "%s: drained: must be an array", path);
+          lynx_fail(err, errlen, rc, "%s: drained: must be an array", path);
           goto out;
         }
         drained = val;
       } else {
-        fail(err, errlen, rc, "%s: %s: unknown field", path, key);
+        lynx_fail(err, errlen, rc, "%s: %s: unknown field", path, key);
         goto out;
       }
     }
   }
   if (!have_version) {
-    fail(err, errlen, rc, "%s: version: required", path);
+    lynx_fail(err, errlen, rc, "%s: version: required", path);
     goto out;
   }
 
@@ -308,7 +306,7 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
   if (n_svcs) {
     specs = calloc(n_svcs, sizeof(*specs));
     if (!specs) {
-      rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+      rc = lynx_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
       goto out;
     }
   }
@@ -316,7 +314,7 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
     memset(&e, 0, sizeof(e));
     if (lynx_json_service_spec(json_object_array_get_idx(svcs, k), &specs[k],
                                &e)) {
-      fail(err, errlen, rc, "%s: services[%zu]: %s", path, k, e.message);
+      lynx_fail(err, errlen, rc, "%s: services[%zu]: %s", path, k, e.message);
       goto out;
     }
   }
@@ -325,7 +323,7 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
     if (!json_object_is_type(v, json_type_string) ||
         json_object_get_string_len(v) == 0 ||
         json_object_get_string_len(v) >= LYNX_ID_MAX) {
-      fail(err, errlen, rc, "%s: drained[%zu]: must be a node id", path, k);
+      lynx_fail(err, errlen, rc, "%s: drained[%zu]: must be a node id", path, k);
       goto out;
     }
   }
@@ -334,7 +332,7 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
     memset(&e, 0, sizeof(e));
     rc = lynx_reg_service_create(r, &specs[k], now_ms, &e);
     if (rc) {
-      fail(err, errlen, rc, "%s: services[%zu]: %s", path, k, e.message);
+      lynx_fail(err, errlen, rc, "%s: services[%zu]: %s", path, k, e.message);
       goto out;
     }
   }
@@ -343,7 +341,7 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
         json_object_get_string(json_object_array_get_idx(drained, k));
     rc = lynx_reg_drain_intent_add(r, id);
     if (rc) {
-      fail(err, errlen, rc, "%s: drained[%zu]: %s", path, k,
+      lynx_fail(err, errlen, rc, "%s: drained[%zu]: %s", path, k,
            rc == -EINVAL ? "not a valid node id" : strerror(-rc));
       goto out;
     }
@@ -351,6 +349,5 @@ int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
   rc = 0;
 out:
   free(specs);
-  json_object_put(root);
   return rc;
 }

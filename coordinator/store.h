@@ -13,6 +13,8 @@
 
 #include <stddef.h>
 
+#include <json-c/json.h>
+
 #include "registry.h"
 
 /* 0 or -errno; err gets a sentence on failure. */
@@ -24,5 +26,16 @@ int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
  * registers). 0, or -errno / -EINVAL with err. */
 int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
                     char *err, size_t errlen);
+
+/* The state's JSON shape ({"version", "services", "drained"}), which
+ * state.json holds and the etcd store splits into keys (store_etcd.c). A
+ * new reference, or NULL when out of memory. */
+struct json_object *lynx_store_state_obj(const struct lynx_registry *r);
+
+/* Decodes root (that shape; where names it in errors) and creates its
+ * services and drain intents in r, as lynx_store_load does. */
+int lynx_store_apply(struct json_object *root, const char *where,
+                     struct lynx_registry *r, uint64_t now_ms, char *err,
+                     size_t errlen);
 
 #endif

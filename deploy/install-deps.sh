@@ -28,9 +28,12 @@ PKGS=(
   build-essential cmake pkg-config
   libuv1-dev liburing-dev libjson-c-dev libprotobuf-c-dev protobuf-c-compiler
   libibverbs-dev librdmacm-dev
-  libmicrohttpd-dev libjansson-dev libcmocka-dev libcurl4-openssl-dev
+  libmicrohttpd-dev libjansson-dev libcmocka-dev libcurl4-openssl-dev libssl-dev
   libmemcached-dev
   sockperf memcached iproute2 procps jq
+  # the coordinator's store for several coordinators (--etcd, issue 16):
+  # the server for tests and make run-ha, etcdctl for operators and tests
+  etcd-server etcd-client
   # the lenet app (docs/lenet.md): its test images, its training script, and
   # zlib for the tools and tests that read the gzipped images
   dataset-fashion-mnist python3-numpy zlib1g-dev

@@ -84,6 +84,11 @@ assert_eq() {
   (($1 == $2)) || { it_check_failed "$3: got $1, want $2"; return 1; }
   log "ok: $3 = $1"
 }
+# assert_str ACTUAL EXPECTED WHAT: the same text
+assert_str() {
+  [[ $1 == "$2" ]] || { it_check_failed "$3: got '$1', want '$2'"; return 1; }
+  log "ok: $3 = '$1'"
+}
 # assert_gt ACTUAL BOUND WHAT
 assert_gt() {
   if ! is_uint "$1" || ! is_uint "$2"; then
@@ -582,6 +587,39 @@ it_require_coord() {
     [[ -x $LYNX_BIN_DIR/$b ]] || fail "$LYNX_BIN_DIR/$b is missing: build first (make)"
   done
   it_require jq curl
+}
+
+# start_etcd [NAME]: a single-member etcd (Debian's etcd-server) on free
+# loopback ports, its data in $IT_DIR/etcd-NAME (NAME: e1), tracked for
+# cleanup. Waits until it answers. Sets ETCD_URL and ETCD_PID. Callers
+# it_require etcd first.
+ETCD_URL='' ETCD_PID=''
+start_etcd() {
+  local name=${1:-e1} cport pport end
+  pick_ports cport pport
+  ETCD_URL=http://127.0.0.1:$cport
+  etcd --name "$name" --data-dir "$IT_DIR/etcd-$name" \
+    --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+    --listen-peer-urls "http://127.0.0.1:$pport" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "$name=http://127.0.0.1:$pport" \
+    >"$IT_DIR/etcd-$name.log" 2>&1 </dev/null &
+  ETCD_PID=$!
+  track "$ETCD_PID" "etcd($name)"
+  log "started etcd($name) pid $ETCD_PID on $ETCD_URL"
+  end=$(($(now_ms) + 10000))
+  until ETCDCTL_API=3 etcdctl --endpoints "$ETCD_URL" --command-timeout=1s \
+    endpoint health >/dev/null 2>&1; do
+    (($(now_ms) < end)) || fail "etcd($name) did not serve within 10 s: $(tail -3 "$IT_DIR/etcd-$name.log")"
+    is_alive "$ETCD_PID" || fail "etcd($name) exited: $(tail -3 "$IT_DIR/etcd-$name.log")"
+    sleep 0.1
+  done
+}
+
+# etcd_get KEY: the value etcd holds under KEY ("" when none).
+etcd_get() {
+  ETCDCTL_API=3 etcdctl --endpoints "$ETCD_URL" --command-timeout=2s get \
+    --print-value-only "$1"
 }
 
 # start_coordinator [OPTION...]: lynx-coordinator with control on

@@ -1,0 +1,46 @@
+/*
+ * store_etcd.h - operator intent in etcd (--etcd), one key per item under
+ * a prefix P (--etcd-prefix, default "/lynx/"):
+ *
+ *   P version            "1": the layout below
+ *   P services/<name>    a service spec, as POST /v1/services takes it
+ *   P drained/<node-id>  "": the operator drained that node
+ *
+ * Saving compares the registry with what etcd holds and writes only the
+ * differences (a put per changed service, a delete per one that went),
+ * in transactions of up to 64 operations; loading reads both prefixes and
+ * applies them as store.c applies state.json. docs/etcd.md.
+ */
+#ifndef LYNX_STORE_ETCD_H
+#define LYNX_STORE_ETCD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "etcd.h"
+#include "registry.h"
+
+#define LYNX_ETCD_PREFIX_DEFAULT "/lynx/"
+#define LYNX_ETCD_PREFIX_MAX 128
+
+struct lynx_store_etcd {
+  struct lynx_etcd *etcd;
+  char prefix[LYNX_ETCD_PREFIX_MAX];
+};
+
+/* prefix: non-empty, printable, no space, at most LYNX_ETCD_PREFIX_MAX - 1
+ * bytes (a trailing '/' is added when missing). 0 or -EINVAL with err. */
+int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
+                         const char *prefix, char *err, size_t errlen);
+
+/* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd. */
+int lynx_store_etcd_save(void *arg, const struct lynx_registry *r, char *err,
+                         size_t errlen);
+
+/* As lynx_store_load, from etcd: nothing stored is an empty state; a
+ * layout version other than 1, or an item that does not decode, is an
+ * error (the coordinator refuses to start rather than forget services). */
+int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
+                         uint64_t now_ms, char *err, size_t errlen);
+
+#endif
