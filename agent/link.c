@@ -464,26 +464,25 @@ static void link_closed(struct lynx_ctl *c) {
               "until the lease runs out otherwise; reconnecting",
               l->ag->node_id);
   /* Nothing listens: no coordinator runs there to declare us down, and a
-   * restarted one knows nothing of this node until it registers. */
-  if (l->d.connect_status == UV_ECONNREFUSED)
+   * restarted one knows nothing of this node until it registers. With
+   * several coordinators another may lead and declare us down: no. */
+  if (l->d.connect_status == UV_ECONNREFUSED && l->d.n_addr == 1)
     lease_renew(l, lynx_now_ns());
   lynx_dialer_retry(&l->d);
 }
 
 int agent_link_start(struct agent *ag) {
   struct coord_link *l = calloc(1, sizeof(*l));
-  struct sockaddr_storage addr;
   if (!l)
     return -ENOMEM;
-  if (lynx_parse_hostport(ag->cfg.coordinator, &addr)) {
-    free(l);
-    return -EINVAL;
-  }
   l->ag = ag;
   snprintf(l->target, sizeof(l->target), "coordinator %s",
            ag->cfg.coordinator);
-  lynx_dialer_init(&l->d, &ag->loop, &addr, "agent", l->target,
-                   ag->cfg.frame_max);
+  if (lynx_dialer_init(&l->d, &ag->loop, ag->cfg.coordinator, "agent",
+                       l->target, ag->cfg.frame_max)) {
+    free(l);
+    return -EINVAL;
+  }
   l->d.role = "agent";
   l->d.id = ag->node_id;
   l->d.token = ag->token;

@@ -77,8 +77,9 @@ static const struct lynx_opt agent_opts[] = {
      0, NULL, "weights file of the lenet application (docs/lenet.md), "
      "loaded on its first instance; one that is missing or invalid stops "
      "lenet instances from starting, with the reason"},
-    {"coordinator", LYNX_OPT_ADDR, O(coordinator), NULL, 1, 65535, NULL,
-     "host:port of the coordinator: register and run what it places"},
+    {"coordinator", LYNX_OPT_ADDRS, O(coordinator), NULL, 1, 65535, NULL,
+     "host:port[,host:port...] of the coordinators: register with the one "
+     "that leads and run what it places"},
     {"labels", LYNX_OPT_STR, O(labels), NULL, 0, 0, NULL,
      "k=v,... labels for placement selectors"},
     {"mqueues", LYNX_OPT_U32, O(mqueues), "4", 1, LYNX_MQUEUES_MAX, NULL,

@@ -248,11 +248,15 @@ int lynx_ctl_refuse(struct lynx_ctl *c, const Lynx__Envelope *env,
 
 /* ---- dialer ------------------------------------------------------------ */
 
-void lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
-                      const struct sockaddr_storage *addr, const char *comp,
-                      const char *target, size_t frame_max) {
+int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
+                     const char *addrs, const char *comp, const char *target,
+                     size_t frame_max) {
+  if (lynx_parse_hostports(addrs, d->addrs, d->addr_str, LYNX_ADDRS_MAX,
+                           &d->n_addr))
+    return -EINVAL;
+  d->cur = 0;
+  d->accepted = 0;
   d->loop = loop;
-  d->addr = *addr;
   d->comp = comp;
   d->target = target;
   d->frame_max = frame_max;
@@ -262,11 +266,19 @@ void lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
   d->ctl = NULL;
   uv_timer_init(loop, &d->retry);
   d->retry.data = d;
+  return 0;
+}
+
+const char *lynx_dialer_addr(const struct lynx_dialer *d) {
+  return d->addr_str[d->cur];
 }
 
 static void dialer_closed(struct lynx_ctl *c) {
   struct lynx_dialer *d = c->dialer;
   d->ctl = NULL;
+  /* not accepted there: the next address gets the next attempt */
+  if (!d->accepted && d->n_addr > 1)
+    d->cur = (d->cur + 1) % d->n_addr;
   if (d->on_close)
     d->on_close(c);
   free(c);
@@ -280,8 +292,9 @@ static void dialer_on_connected(uv_connect_t *req, int status) {
   free(req);
   d->connect_status = status < 0 ? status : 0;
   if (status < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, d->comp, "cannot reach %s: %s", d->target,
-                uv_strerror(status));
+    LYNX_LOG_RL(LYNX_LOG_WARN, d->comp, "cannot reach %s%s%s: %s", d->target,
+                d->n_addr > 1 ? " at " : "",
+                d->n_addr > 1 ? d->addr_str[d->cur] : "", uv_strerror(status));
     lynx_ctl_close(c, NULL);
     return;
   }
@@ -318,8 +331,10 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
   c->dialer = d;
   c->data = d->data;
   d->ctl = c;
+  d->accepted = 0;
   req->data = c;
-  d->connect_status = uv_tcp_connect(req, &c->tcp, (struct sockaddr *)&d->addr,
+  d->connect_status = uv_tcp_connect(req, &c->tcp,
+                                     (struct sockaddr *)&d->addrs[d->cur],
                                      dialer_on_connected);
   if (d->connect_status) {
     free(req);
@@ -331,7 +346,13 @@ static void dialer_fire(uv_timer_t *t) { lynx_dialer_connect(t->data); }
 
 void lynx_dialer_retry(struct lynx_dialer *d) {
   uint64_t max = d->backoff_max_ms ? d->backoff_max_ms : 2000;
-  d->backoff_ms = d->backoff_ms ? d->backoff_ms * 2 : 100;
+  /* with several addresses the wait grows once per round of them, to at
+   * most 500 ms: a leader that just took over is found within a round,
+   * and a follower's refusal costs it little */
+  if (d->n_addr > 1 && max > 500)
+    max = 500;
+  if (!d->backoff_ms || d->n_addr == 1 || d->cur == 0)
+    d->backoff_ms = d->backoff_ms ? d->backoff_ms * 2 : 100;
   if (d->backoff_ms > max)
     d->backoff_ms = max;
   uv_timer_start(&d->retry, dialer_fire,
@@ -339,7 +360,10 @@ void lynx_dialer_retry(struct lynx_dialer *d) {
                  0);
 }
 
-void lynx_dialer_connected(struct lynx_dialer *d) { d->backoff_ms = 0; }
+void lynx_dialer_connected(struct lynx_dialer *d) {
+  d->backoff_ms = 0;
+  d->accepted = 1;
+}
 
 void lynx_dialer_close(struct lynx_dialer *d, uv_close_cb cb) {
   uv_timer_stop(&d->retry);

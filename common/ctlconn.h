@@ -73,10 +73,23 @@ void lynx_ctl_close(struct lynx_ctl *c, const char *reason);
  * that a successful exchange resets with lynx_dialer_connected. on_close
  * may read connect_status to tell a refused connection (UV_ECONNREFUSED:
  * nothing listens there) from one that broke or timed out.
+ *
+ * A dialer may know several addresses (coordinators of which one leads:
+ * docs/etcd.md): it starts with the first, and moves to the next after
+ * every attempt that did not get as far as lynx_dialer_connected (no
+ * connection, or a Hello refused: a follower says it does not lead), so
+ * that the one that accepts is found within one round; a connection that
+ * was accepted and then broke is tried again at the same address first.
+ * The backoff then grows once per round of addresses, to at most 500 ms.
  */
+#include "util.h"
+
 struct lynx_dialer {
   uv_loop_t *loop;
-  struct sockaddr_storage addr;
+  struct sockaddr_storage addrs[LYNX_ADDRS_MAX];
+  char addr_str[LYNX_ADDRS_MAX][LYNX_ADDR_STR_MAX]; /* for logs */
+  unsigned n_addr, cur;
+  int accepted; /* the current connection got to lynx_dialer_connected */
   uv_timer_t retry;
   uint64_t backoff_ms;
   uint64_t backoff_max_ms; /* longest wait between attempts (0: 2 s) */
@@ -92,10 +105,14 @@ struct lynx_dialer {
 };
 
 /* Fills d and initialises its timer on loop (close it with
- * lynx_dialer_close). The strings must outlive the dialer. */
-void lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
-                      const struct sockaddr_storage *addr, const char *comp,
-                      const char *target, size_t frame_max);
+ * lynx_dialer_close). addrs: "HOST:PORT[,HOST:PORT...]", already checked
+ * (an option of type LYNX_OPT_ADDRS or LYNX_OPT_ADDR). The strings must
+ * outlive the dialer. 0 or -EINVAL. */
+int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
+                     const char *addrs, const char *comp, const char *target,
+                     size_t frame_max);
+/* The address the current (or last) attempt is for. */
+const char *lynx_dialer_addr(const struct lynx_dialer *d);
 /* Connects now, unless a connection exists or is being made. */
 void lynx_dialer_connect(struct lynx_dialer *d);
 /* Connects after the backoff. */

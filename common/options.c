@@ -18,7 +18,8 @@ static const char *dashes(const struct lynx_opt *o) {
 static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
   char *p = (char *)cfg + o->off;
   uint64_t v;
-  if (!val && o->type != LYNX_OPT_STR && o->type != LYNX_OPT_ADDR)
+  if (!val && o->type != LYNX_OPT_STR && o->type != LYNX_OPT_ADDR &&
+      o->type != LYNX_OPT_ADDRS)
     return 0; /* no default: the caller's value stays */
   switch (o->type) {
   case LYNX_OPT_U32:
@@ -46,6 +47,24 @@ static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
       return -EINVAL;
     }
   }
+    __attribute__((fallthrough)); /* stored as a string */
+  case LYNX_OPT_ADDRS:
+    if (o->type == LYNX_OPT_ADDRS && val) {
+      struct sockaddr_storage ss[LYNX_ADDRS_MAX];
+      unsigned n = 0, i;
+      int bad = lynx_parse_hostports(val, ss, NULL, LYNX_ADDRS_MAX, &n);
+      for (i = 0; !bad && i < n; i++)
+        bad = lynx_sockaddr_port(&ss[i]) < o->min ||
+              lynx_sockaddr_port(&ss[i]) > o->max;
+      if (bad) {
+        fprintf(stderr, "%s%s: '%s' is not HOST:PORT[,HOST:PORT...] (at most "
+                "%d, each a numeric IPv4 address, [IPv6] or localhost, and a "
+                "port in %llu..%llu)\n", dashes(o), o->name, val,
+                LYNX_ADDRS_MAX, (unsigned long long)o->min,
+                (unsigned long long)o->max);
+        return -EINVAL;
+      }
+    }
     __attribute__((fallthrough)); /* stored as a string */
   case LYNX_OPT_STR: {
     char *dup = val ? strdup(val) : NULL;
@@ -185,7 +204,8 @@ int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
 
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg) {
   for (const struct lynx_opt *o = tab; o->name; o++)
-    if (o->type == LYNX_OPT_STR || o->type == LYNX_OPT_ADDR) {
+    if (o->type == LYNX_OPT_STR || o->type == LYNX_OPT_ADDR ||
+        o->type == LYNX_OPT_ADDRS) {
       char **p = (char **)((char *)cfg + o->off);
       free(*p);
       *p = NULL;
@@ -207,6 +227,7 @@ struct json_object *lynx_opts_json(const struct lynx_opt *tab,
       break;
     case LYNX_OPT_STR:
     case LYNX_OPT_ADDR:
+    case LYNX_OPT_ADDRS:
       v = *(char *const *)p ? json_object_new_string(*(char *const *)p) : NULL;
       break;
     case LYNX_OPT_ENUM:

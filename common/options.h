@@ -27,6 +27,8 @@ enum lynx_opt_type {
   LYNX_OPT_FLAG, /* int, 1 when given, takes no value */
   LYNX_OPT_ADDR, /* char *, HOST:PORT (lynx_parse_hostport) whose port is in
                     [min, max]; NULL default allowed */
+  LYNX_OPT_ADDRS, /* char *, HOST:PORT[,HOST:PORT...] (lynx_parse_hostports,
+                     at most LYNX_ADDRS_MAX), each port in [min, max] */
 };
 
 struct lynx_opt {

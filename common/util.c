@@ -68,6 +68,35 @@ int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss) {
   return -EINVAL;
 }
 
+int lynx_parse_hostports(const char *s, struct sockaddr_storage *out,
+                         char (*strs)[LYNX_ADDR_STR_MAX], unsigned max,
+                         unsigned *n) {
+  *n = 0;
+  if (!s)
+    return -EINVAL;
+  for (;;) {
+    const char *c = strchr(s, ',');
+    size_t len = c ? (size_t)(c - s) : strlen(s);
+    char one[LYNX_ADDR_STR_MAX];
+    while (len && *s == ' ')
+      s++, len--;
+    while (len && s[len - 1] == ' ')
+      len--;
+    if (!len || len >= sizeof(one) || *n == max)
+      return -EINVAL;
+    memcpy(one, s, len);
+    one[len] = '\0';
+    if (lynx_parse_hostport(one, &out[*n]))
+      return -EINVAL;
+    if (strs)
+      memcpy(strs[*n], one, len + 1);
+    (*n)++;
+    if (!c)
+      return 0;
+    s = c + 1;
+  }
+}
+
 int lynx_addr_key(const struct sockaddr *sa, uint8_t key[16]) {
   if (sa && sa->sa_family == AF_INET6) {
     memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);

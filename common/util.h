@@ -43,6 +43,15 @@ uint64_t lynx_backoff_next(uint64_t *cur, uint64_t min, uint64_t max,
 /* Parses "host:port", "[v6]:port" or ":port" into *ss (numeric hosts only, no
  * DNS on the data path's set-up). 0 or -EINVAL. */
 int lynx_parse_hostport(const char *s, struct sockaddr_storage *ss);
+/* A comma-separated list of HOST:PORT, each as lynx_parse_hostport takes
+ * it (spaces around them allowed), at most max: out[0..*n), and each as
+ * written into strs[i] when strs is not NULL. 0 or -EINVAL (a bad one,
+ * none, or more than max). */
+#define LYNX_ADDRS_MAX 8
+#define LYNX_ADDR_STR_MAX 64
+int lynx_parse_hostports(const char *s, struct sockaddr_storage *out,
+                         char (*strs)[LYNX_ADDR_STR_MAX], unsigned max,
+                         unsigned *n);
 
 /* A peer's address as 16 bytes, IPv4 mapped into IPv6 (so an IPv4 peer
  * and its IPv4-mapped IPv6 form are one key): what per-address caps and

@@ -45,6 +45,12 @@ struct lynx_coord {
    * thread, read by /metrics with relaxed loads. */
   struct lynx_guard ctl_guard;
   int ready;         /* /readyz: state loaded and control port listening */
+  /* Several coordinators on etcd (--etcd, elect.c): ha is set, and only
+   * the leader (leader: 1, atomic) takes agents, frontends and API
+   * changes; a follower redirects changes to leader_api (the leader's API
+   * host:port as it advertises it, "" while none leads; under lock). */
+  int ha, leader;
+  char leader_api[128];
   void *http;        /* http.c's private state (the MHD daemon): opaque */
 };
 

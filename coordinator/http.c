@@ -178,7 +178,7 @@ struct http_out {
   size_t text_len;
   const char *ctype;
   char allow[64];     /* Allow header (405) */
-  char location[128]; /* Location header (201) */
+  char location[384]; /* Location header (201; 307 to the leader) */
   int www_auth;       /* WWW-Authenticate header (401) */
 };
 
@@ -279,7 +279,7 @@ static int persist(struct http_req *rq, struct http_out *out,
   if (rc == 0)
     return 0;
   down = rc == -EAGAIN || rc == -ETIMEDOUT || rc == -ECONNREFUSED ||
-         rc == -EHOSTUNREACH;
+         rc == -EHOSTUNREACH || rc == -ECANCELED; /* lead lost: retry */
   LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
            c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
   reply_err(out, down ? 503 : 500, down ? "store_unavailable" : "internal",
@@ -307,8 +307,18 @@ static void h_readyz(struct http_req *rq, struct http_out *out) {
     return;
   }
   j = json_object_new_object();
-  if (j)
+  if (j) {
     json_object_object_add(j, "status", json_object_new_string("ready"));
+    if (rq->c->ha) { /* which coordinator leads (docs/etcd.md) */
+      int lead = __atomic_load_n(&rq->c->leader, __ATOMIC_ACQUIRE);
+      json_object_object_add(j, "role", json_object_new_string(
+                                            lead ? "leader" : "follower"));
+      pthread_mutex_lock(&rq->c->lock);
+      json_object_object_add(j, "leader_api",
+                             json_object_new_string(rq->c->leader_api));
+      pthread_mutex_unlock(&rq->c->lock);
+    }
+  }
   reply_encoded(out, 200, j);
 }
 
@@ -1375,6 +1385,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     }
     if (is_mutating(method) && authorise(rq, &out))
       return answer_early(rq, &out);
+    if (is_mutating(method) && h->c->ha &&
+        !__atomic_load_n(&h->c->leader, __ATOMIC_ACQUIRE)) {
+      char api[sizeof(h->c->leader_api)];
+      pthread_mutex_lock(&h->c->lock);
+      snprintf(api, sizeof(api), "%s", h->c->leader_api);
+      pthread_mutex_unlock(&h->c->lock);
+      if (api[0]) {
+        snprintf(out.location, sizeof(out.location), "http://%s%s", api, url);
+        reply_err(&out, 307, "not_leader",
+                  "this coordinator does not lead: changes go to the "
+                  "leader, http://%s (docs/etcd.md)", api);
+      } else {
+        reply_err(&out, 503, "no_leader",
+                  "no coordinator leads yet (etcd election under way or "
+                  "etcd unreachable): retry");
+      }
+      return answer_early(rq, &out);
+    }
     cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {

@@ -136,6 +136,13 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   curl_easy_setopt(t->curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(t->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
   curl_easy_setopt(t->curl, CURLOPT_USERAGENT, "lynxctl");
+  /* a coordinator that does not lead redirects changes to the leader (307,
+   * method and body kept; docs/etcd.md), which is a coordinator of the
+   * same cluster: the token goes along */
+  curl_easy_setopt(t->curl, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(t->curl, CURLOPT_MAXREDIRS, 2L);
+  curl_easy_setopt(t->curl, CURLOPT_UNRESTRICTED_AUTH, 1L);
+  curl_easy_setopt(t->curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   if (body) {
     curl_easy_setopt(t->curl, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(t->curl, CURLOPT_POSTFIELDSIZE_LARGE,

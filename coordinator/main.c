@@ -31,6 +31,7 @@
 #include "log.h"
 #include "options.h"
 #include "store.h"
+#include "elect.h"
 #include "store_etcd.h"
 #include "util.h"
 
@@ -38,7 +39,7 @@ struct coord_cfg {
   uint32_t ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *listen, *http, *state_dir, *token_file, *log_level;
   char *etcd, *etcd_prefix;
-  uint32_t etcd_timeout_ms;
+  uint32_t etcd_timeout_ms, etcd_lease_s;
   uint32_t lease_ms, drain_ms, frame_max, body_max;
   uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
   uint32_t services_max, region_max_mb;
@@ -60,6 +61,9 @@ static const struct lynx_opt coord_opts[] = {
     {"etcd-timeout-ms", LYNX_OPT_U32, O(etcd_timeout_ms), "1000", 100, 60000,
      NULL, "an etcd call that takes longer fails (an API change then gets "
      "503)"},
+    {"etcd-lease-s", LYNX_OPT_U32, O(etcd_lease_s), "3", 2, 60, NULL,
+     "with --etcd: the leader's lease; a follower leads within about this "
+     "long after the leader dies"},
     {"lease-ms", LYNX_OPT_U32, O(lease_ms), "3000", 100, 600000, NULL,
      "an agent without heartbeat for this long is down"},
     {"drain-timeout-ms", LYNX_OPT_U32, O(drain_ms), "10000", 0, 3600000, NULL,
@@ -129,6 +133,9 @@ struct coordinator {
   struct coord_cfg cfg;
   struct lynx_coord c;
   struct lynx_store_etcd store; /* --etcd: its client and prefix */
+  struct lynx_elect elect;      /* --etcd: which coordinator leads */
+  uv_async_t role;              /* the election changed our role */
+  int role_ready, elect_failed;
   uv_loop_t loop;
   uv_tcp_t server;
   uv_timer_t tick;
@@ -480,12 +487,13 @@ static void peer_closed(struct lynx_ctl *ctl) {
 /* Accepts a Hello, or refuses it and closes once the refusal is written;
  * hold_ms holds a refusal back (a source that keeps presenting a wrong
  * token: connguard.h). */
-static void send_hello_reply(struct cpeer *p, int ok, const char *error,
-                             uint64_t hold_ms) {
+static void send_hello_reply_ex(struct cpeer *p, int ok, const char *error,
+                                uint64_t hold_ms, int retryable) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
   r.proto_version = LYNX_PROTO_VERSION;
   r.ok = ok;
+  r.retryable = retryable;
   r.error = (char *)(error ? error : "");
   r.id = "coordinator";
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
@@ -494,6 +502,11 @@ static void send_hello_reply(struct cpeer *p, int ok, const char *error,
     send_env(p, &env);
   else if (lynx_ctl_refuse(&p->ctl, &env, hold_ms))
     lynx_ctl_close(&p->ctl, "cannot queue a refusal");
+}
+
+static void send_hello_reply(struct cpeer *p, int ok, const char *error,
+                             uint64_t hold_ms) {
+  send_hello_reply_ex(p, ok, error, hold_ms, 0);
 }
 
 static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
@@ -517,6 +530,18 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     return;
   }
   snprintf(p->id, sizeof(p->id), "%s", h->id);
+  if (co->c.ha && !__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
+    /* agents and frontends find the leader among their --coordinator
+     * addresses: this refusal sends them to the next */
+    char api[sizeof(co->c.leader_api)];
+    pthread_mutex_lock(&co->c.lock);
+    snprintf(api, sizeof(api), "%s", co->c.leader_api);
+    pthread_mutex_unlock(&co->c.lock);
+    snprintf(err, sizeof(err), "this coordinator does not lead (the "
+             "leader's API: %s)", api[0] ? api : "none elected yet");
+    send_hello_reply_ex(p, 0, err, 0, 1);
+    return;
+  }
   if (strcmp(role, "agent") == 0 || strcmp(role, "frontend") == 0) {
     lynx_guard_auth_ok(&co->c.ctl_guard, p->src);
     lynx_ctl_trust(&p->ctl);
@@ -963,12 +988,43 @@ static void on_wake(uv_async_t *a) {
   pthread_mutex_unlock(&co->c.lock);
 }
 
+/* The election thread says our role changed (elect.h). */
+static void elect_changed(void *arg) {
+  struct coordinator *co = arg;
+  uv_async_send(&co->role);
+}
+
+static void on_role(uv_async_t *a) {
+  struct coordinator *co = a->data;
+  if (co->stopping)
+    return;
+  if (__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
+    /* as after a restart: the agents are finding us (the reloaded
+     * services' instances are adopted as they register) */
+    pthread_mutex_lock(&co->c.lock);
+    co->settle_until_ms = lynx_coord_now_ms() +
+                          (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms : 3000) +
+                          1000;
+    after_change(co);
+    pthread_mutex_unlock(&co->c.lock);
+    return;
+  }
+  /* not leading: agents and frontends go and find the leader */
+  for (struct cpeer *p = co->peers; p; p = p->next)
+    lynx_ctl_close(&p->ctl, "this coordinator no longer leads");
+}
+
 static void on_signal(uv_signal_t *s, int signum) {
   struct coordinator *co = s->data;
   if (co->stopping)
     return;
   co->stopping = 1;
   LYNX_INFO("coordinator", "%s, shutting down", strsignal(signum));
+  /* a leader hands over now (its lease revoked) rather than at its TTL;
+   * the thread is gone before the handle it wakes */
+  lynx_elect_stop(&co->elect);
+  if (co->role_ready)
+    uv_close((uv_handle_t *)&co->role, NULL);
   for (struct cpeer *p = co->peers; p; p = p->next)
     lynx_ctl_close(&p->ctl, NULL);
   uv_close((uv_handle_t *)&co->server, NULL);
@@ -1120,6 +1176,36 @@ int main(int argc, char **argv) {
   co.sigint.data = co.sigterm.data = &co;
   uv_signal_start(&co.sigint, on_signal, SIGINT);
   uv_signal_start(&co.sigterm, on_signal, SIGTERM);
+  if (co.cfg.etcd) {
+    char id[LYNX_ID_MAX], host[64] = "host";
+    /* a failover takes up to the etcd lease and half a second, then the
+     * agents' round of reconnecting; heartbeats every lease/3 */
+    uint32_t failover_ms = co.cfg.etcd_lease_s * 1000u + 1500u;
+    if (co.cfg.lease_ms < failover_ms + co.cfg.lease_ms / 3)
+      LYNX_WARN("coordinator", "--lease-ms %u is short for --etcd-lease-s "
+                "%u: a leader failover (up to about %u ms) can outlast the "
+                "agents' lease, and they then stop taking requests until the "
+                "new leader answers; give --lease-ms %u or more "
+                "(docs/etcd.md)", co.cfg.lease_ms, co.cfg.etcd_lease_s,
+                failover_ms, (failover_ms * 3 + 1) / 2);
+    gethostname(host, sizeof(host) - 1);
+    snprintf(id, sizeof(id), "%.40s-%d", host, (int)getpid());
+    uv_async_init(&co.loop, &co.role, on_role);
+    co.role.data = &co;
+    co.role_ready = 1;
+    co.elect.c = &co.c;
+    co.elect.store = &co.store;
+    co.elect.changed = elect_changed;
+    co.elect.arg = &co;
+    if (lynx_elect_start(&co.elect, co.cfg.etcd, co.cfg.etcd_timeout_ms,
+                         co.cfg.etcd_lease_s, id, co.cfg.http, co.cfg.listen,
+                         err, sizeof(err))) {
+      LYNX_ERR("coordinator", "cannot take part in the leader election: %s",
+               err);
+      co.elect_failed = 1;
+      raise(SIGTERM);
+    }
+  }
   pthread_mutex_lock(&co.c.lock);
   co.c.ready = 1;
   pthread_mutex_unlock(&co.c.lock);
@@ -1135,7 +1221,7 @@ int main(int argc, char **argv) {
   lynx_http_stop(&co.c);
   if (uv_loop_close(&co.loop))
     LYNX_WARN("coordinator", "loop closed with handles open");
-  exit_code = 0;
+  exit_code = co.elect_failed;
 out_reg:
   while (co.actions) {
     struct action *a = co.actions;

@@ -790,6 +790,18 @@ static int take_drain_intent(struct lynx_registry *r, const char *id) {
   return 0;
 }
 
+void lynx_reg_intent_clear(struct lynx_registry *r, uint64_t now_ms) {
+  struct lynx_reg_err err;
+  while (r->services)
+    lynx_reg_service_delete(r, r->services->spec.name, now_ms, &err);
+  while (r->drain_intents) {
+    struct lynx_reg_drain_intent *d = r->drain_intents;
+    r->drain_intents = d->next;
+    free(d);
+    r->version++;
+  }
+}
+
 int lynx_reg_drain_intent_add(struct lynx_registry *r, const char *id) {
   struct lynx_reg_node *n;
   struct lynx_reg_drain_intent *d, **pp;

@@ -396,6 +396,9 @@ int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
  * just gets drain_intent (it applies at its next registration). 0, -EINVAL
  * (bad id), -ENOMEM. */
 int lynx_reg_drain_intent_add(struct lynx_registry *r, const char *id);
+/* Forgets every service and every drain intent of a node not registered
+ * (a coordinator that does not lead reloading what etcd holds: elect.c). */
+void lynx_reg_intent_clear(struct lynx_registry *r, uint64_t now_ms);
 /* Forget a DOWN node. -ENOENT, -EBUSY (409: not down). */
 int lynx_reg_forget(struct lynx_registry *r, const char *id,
                     struct lynx_reg_err *err);

@@ -220,14 +220,43 @@ int lynx_store_etcd_save(void *arg, const struct lynx_registry *r, char *err,
     lynx_fail(err, errlen, rc, "out of memory");
     goto out;
   }
-  for (size_t i = 0; i < p.n && !rc; i += TXN_OPS)
-    rc = lynx_etcd_txn(s->etcd, NULL, 0, &p.ops[i],
-                       p.n - i < TXN_OPS ? p.n - i : TXN_OPS, NULL, 0, NULL,
+  for (size_t i = 0; i < p.n && !rc; i += TXN_OPS) {
+    struct lynx_etcd_cmp fence = {s->fence_key, LYNX_ETCD_CREATE, 0,
+                                  s->fence_rev, NULL};
+    int held = 1;
+    rc = lynx_etcd_txn(s->etcd, &fence, s->fence_rev ? 1 : 0, &p.ops[i],
+                       p.n - i < TXN_OPS ? p.n - i : TXN_OPS, NULL, 0, &held,
                        NULL, err, errlen);
+    if (!rc && !held)
+      rc = lynx_fail(err, errlen, -ECANCELED,
+                     "this coordinator no longer leads (%s is not the key "
+                     "it created): nothing written",
+                     s->fence_key);
+  }
 out:
   plan_free(&p);
   stored_free(&st);
   json_object_put(state);
+  return rc;
+}
+
+int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
+                        size_t errlen) {
+  struct stored st;
+  int rc = stored_read(s, &st, err, errlen);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over keys and revisions */
+  if (!rc) {
+    struct lynx_etcd_kvs *sets[2] = {&st.svcs, &st.drained};
+    for (int k = 0; k < 2; k++)
+      for (size_t i = 0; i < sets[k]->n; i++) {
+        const struct lynx_etcd_kv *kv = &sets[k]->kv[i];
+        for (const char *c = kv->key; *c; c++)
+          h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        h = (h ^ (uint64_t)kv->mod_rev) * 1099511628211ull;
+      }
+    *sig = h;
+  }
+  stored_free(&st);
   return rc;
 }
 

@@ -26,6 +26,11 @@
 struct lynx_store_etcd {
   struct lynx_etcd *etcd;
   char prefix[LYNX_ETCD_PREFIX_MAX];
+  /* Fencing (elect.c): with fence_rev set, a save holds only while the
+   * key fence_key was created at that revision (this coordinator's
+   * leadership); otherwise it writes nothing and fails -ECANCELED. */
+  const char *fence_key;
+  int64_t fence_rev;
 };
 
 /* prefix: non-empty, printable, no space, at most LYNX_ETCD_PREFIX_MAX - 1
@@ -36,6 +41,11 @@ int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
 /* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd. */
 int lynx_store_etcd_save(void *arg, const struct lynx_registry *r, char *err,
                          size_t errlen);
+
+/* A number that changes whenever the services or drain intents etcd holds
+ * change (a follower reloads when it does). 0 or -errno with err. */
+int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
+                        size_t errlen);
 
 /* As lynx_store_load, from etcd: nothing stored is an empty state; a
  * layout version other than 1, or an item that does not decode, is an

@@ -44,8 +44,9 @@ static const char *const rx_names[] = {"auto", "uring", "socket", NULL};
 static const struct lynx_opt fe_opts[] = {
     {"agent", LYNX_OPT_ADDR, O(agent), NULL, 1, 65535, NULL,
      "static mode: agent control address [default 127.0.0.1:7701]"},
-    {"coordinator", LYNX_OPT_ADDR, O(coordinator), NULL, 1, 65535, NULL,
-     "coordinator control address: serve what it says"},
+    {"coordinator", LYNX_OPT_ADDRS, O(coordinator), NULL, 1, 65535, NULL,
+     "coordinator control address(es), host:port[,host:port...]: serve what "
+     "the one that leads says"},
     {"udp", LYNX_OPT_STR, O(udp), "7000", 0, 0, NULL,
      "static mode: UDP port, or host:port, to serve"},
     {"tcp", LYNX_OPT_STR, O(tcp), NULL, 0, 0, NULL,
@@ -683,7 +684,7 @@ int main(int argc, char **argv) {
   struct fe_cfg *cfg = &m.cfg;
   int rc, lvl;
   char udp[80];
-  struct sockaddr_storage ss, peer_addr, bind_ss;
+  struct sockaddr_storage ss, bind_ss;
   const char *peer;
 
   rc = lynx_opts_parse(fe_opts, cfg, argc, argv,
@@ -719,10 +720,16 @@ int main(int argc, char **argv) {
                             : (cfg->agent ? cfg->agent : "127.0.0.1:7701");
   if (!cfg->agent && !m.coordinator_mode)
     cfg->agent = strdup(peer);
-  if (lynx_parse_hostport(peer, &peer_addr)) {
-    fprintf(stderr, "--%s: '%s' is not host:port\n",
-            m.coordinator_mode ? "coordinator" : "agent", peer);
-    goto out;
+  {
+    unsigned n;
+    struct sockaddr_storage all[LYNX_ADDRS_MAX];
+    if (lynx_parse_hostports(peer, all, NULL, LYNX_ADDRS_MAX, &n) ||
+        (!m.coordinator_mode && n > 1)) {
+      fprintf(stderr, "--%s: '%s' is not host:port%s\n",
+              m.coordinator_mode ? "coordinator" : "agent", peer,
+              m.coordinator_mode ? "[,host:port...]" : "");
+      goto out;
+    }
   }
   {
     const char *port = cfg->tcp ? cfg->tcp : cfg->udp;
@@ -787,8 +794,7 @@ int main(int argc, char **argv) {
   uv_loop_init(&m.loop);
   snprintf(m.target, sizeof(m.target), "%s %s",
            m.coordinator_mode ? "coordinator" : "agent", peer);
-  lynx_dialer_init(&m.d, &m.loop, &peer_addr, "frontend", m.target,
-                   cfg->frame_max);
+  lynx_dialer_init(&m.d, &m.loop, peer, "frontend", m.target, cfg->frame_max);
   m.d.role = "frontend";
   m.d.id = m.id;
   m.d.token = m.token;

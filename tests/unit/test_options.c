@@ -2,7 +2,8 @@
  * test_options.c - the one option parser (common/options.c): typed values
  * and their bounds, --opt=value, short options, positional arguments, the
  * pass-through lynxctl uses for its global options, which options were
- * given, and defaults.
+ * given, and defaults; lists of addresses (LYNX_OPT_ADDRS,
+ * lynx_parse_hostports).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -16,10 +17,11 @@
 #include <cmocka.h>
 
 #include "options.h"
+#include "util.h"
 #include "ut_main.h"
 
 struct cfg {
-  char *name, *file;
+  char *name, *file, *peers;
   uint32_t n;
   uint64_t big;
   int flag, mode;
@@ -27,7 +29,7 @@ struct cfg {
 
 static const char *const modes[] = {"a", "b", NULL};
 #define O(f) offsetof(struct cfg, f)
-enum { T_NAME, T_FILE, T_F, T_N, T_BIG, T_FLAG, T_MODE };
+enum { T_NAME, T_FILE, T_F, T_N, T_BIG, T_FLAG, T_MODE, T_PEERS };
 static const struct lynx_opt tab[] = {
     [T_NAME] = {"name", LYNX_OPT_STR, O(name), "dflt", 0, 0, NULL, "a name"},
     [T_FILE] = {"file", LYNX_OPT_STR, O(file), NULL, 0, 0, NULL, "a file"},
@@ -36,6 +38,8 @@ static const struct lynx_opt tab[] = {
     [T_BIG] = {"big", LYNX_OPT_U64, O(big), "5", 0, UINT64_MAX, NULL, "u64"},
     [T_FLAG] = {"flag", LYNX_OPT_FLAG, O(flag), NULL, 0, 0, NULL, "a flag"},
     [T_MODE] = {"mode", LYNX_OPT_ENUM, O(mode), "b", 0, 0, modes, "a mode"},
+    [T_PEERS] = {"peers", LYNX_OPT_ADDRS, O(peers), NULL, 1, 65535, NULL,
+                 "host:port[,host:port...]"},
     LYNX_OPT_END,
 };
 #undef O
@@ -101,6 +105,48 @@ static void test_usage_errors(void **state) {
   lynx_opts_free(tab, &c);
 }
 
+/* Address lists: up to LYNX_ADDRS_MAX HOST:PORT separated by commas
+ * (spaces around them allowed), each checked as one address is; the
+ * option keeps the text, lynx_parse_hostports gives each address and its
+ * text. */
+static void test_addr_lists(void **state) {
+  struct cfg c;
+  struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
+  struct sockaddr_storage ss[LYNX_ADDRS_MAX];
+  char strs[LYNX_ADDRS_MAX][LYNX_ADDR_STR_MAX];
+  unsigned n = 99;
+  char nine[160] = "";
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  assert_int_equal(scan(&c, &s, NULL, "--peers",
+                        "127.0.0.1:7700, [::1]:7701 ,localhost:7702", NULL),
+                   0);
+  assert_string_equal(c.peers, "127.0.0.1:7700, [::1]:7701 ,localhost:7702");
+  assert_int_equal(lynx_parse_hostports(c.peers, ss, strs, LYNX_ADDRS_MAX, &n),
+                   0);
+  assert_int_equal(n, 3);
+  assert_string_equal(strs[0], "127.0.0.1:7700");
+  assert_string_equal(strs[1], "[::1]:7701");
+  assert_string_equal(strs[2], "localhost:7702");
+  assert_int_equal(lynx_sockaddr_port(&ss[1]), 7701);
+  assert_int_equal(ss[1].ss_family, AF_INET6);
+  assert_int_equal(lynx_parse_hostports("127.0.0.1:1", ss, NULL, 1, &n), 0);
+  assert_int_equal(n, 1);
+  for (int i = 0; i < LYNX_ADDRS_MAX + 1; i++)
+    snprintf(nine + strlen(nine), sizeof(nine) - strlen(nine), "%s10.0.0.%d:1",
+             i ? "," : "", i);
+  {
+    const char *bad[] = {"", ",", "127.0.0.1:1,", ",127.0.0.1:1",
+                         "127.0.0.1:1,,127.0.0.1:2", "127.0.0.1",
+                         "127.0.0.1:1,host:2", "127.0.0.1:0", nine};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+      assert_int_equal(scan(&c, &s, NULL, "--peers", bad[i], NULL), -EINVAL);
+  }
+  assert_int_equal(lynx_parse_hostports(nine, ss, NULL, LYNX_ADDRS_MAX, &n),
+                   -EINVAL);
+  lynx_opts_free(tab, &c);
+}
+
 static void test_positional(void **state) {
   struct cfg c;
   struct lynx_opts_scan s = {LYNX_OPTS_POSITIONAL, NULL, 0, 0, 0};
@@ -160,6 +206,7 @@ static void test_help(void **state) {
 
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_addr_lists),
       cmocka_unit_test(test_typed_values),
       cmocka_unit_test(test_usage_errors),
       cmocka_unit_test(test_positional),

@@ -1,0 +1,265 @@
+/* elect.c - leader election among coordinators on etcd (see elect.h). */
+#include "elect.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <json-c/json.h>
+
+#include "log.h"
+#include "util.h"
+
+#define COMP "coordinator"
+#define FOLLOW_MS 250u /* a follower looks at the leader key this often */
+
+/* Waits ms, or less when stopping; 1 when stopping. */
+static int nap(struct lynx_elect *e, uint32_t ms) {
+  struct timespec ts;
+  int stop;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000u;
+  ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&e->mu);
+  if (!e->stop)
+    pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+  stop = e->stop;
+  pthread_mutex_unlock(&e->mu);
+  return stop;
+}
+
+/* The leader key's "api", or "" (lock held by the caller: it writes
+ * c->leader_api). */
+static void leader_api_from(struct lynx_elect *e, const char *value) {
+  struct json_object *j = json_tokener_parse(value), *api;
+  const char *s = "";
+  if (json_object_is_type(j, json_type_object) &&
+      json_object_object_get_ex(j, "api", &api) &&
+      json_object_is_type(api, json_type_string))
+    s = json_object_get_string(api);
+  snprintf(e->c->leader_api, sizeof(e->c->leader_api), "%s", s);
+  json_object_put(j);
+}
+
+/* The registry takes what etcd holds (c->lock held). */
+static int reload(struct lynx_elect *e, char *err, size_t errlen) {
+  struct lynx_coord *c = e->c;
+  uint64_t now = lynx_coord_now_ms();
+  int rc;
+  lynx_reg_intent_clear(&c->reg, now);
+  rc = lynx_store_etcd_load(e->store, &c->reg, now, err, errlen);
+  c->reg.version++;
+  lynx_coord_changed(c);
+  return rc;
+}
+
+static void set_role(struct lynx_elect *e, int leader) {
+  __atomic_store_n(&e->c->leader, leader, __ATOMIC_RELEASE);
+  if (e->changed)
+    e->changed(e->arg);
+}
+
+static void step_down(struct lynx_elect *e, const char *why) {
+  struct lynx_coord *c = e->c;
+  char err[256];
+  pthread_mutex_lock(&c->lock);
+  e->store->fence_rev = 0;
+  c->leader_api[0] = '\0';
+  pthread_mutex_unlock(&c->lock);
+  set_role(e, 0);
+  LYNX_WARN(COMP, "no longer the leader: %s", why);
+  /* revoked: the key goes now, not at the TTL (a failure is the lease
+   * expiring on its own) */
+  if (e->lease)
+    lynx_etcd_lease_revoke(e->etcd, e->lease, err, sizeof(err));
+  e->lease = 0;
+  e->sig = 0; /* a follower reloads at once */
+}
+
+/* Who holds the key now: c->leader_api from its value (none: ""). *held
+ * says whether anyone does, *rev its create revision. */
+static int look(struct lynx_elect *e, int *held, int64_t *rev, char *err,
+                size_t errlen) {
+  struct lynx_etcd_kvs k;
+  int rc = lynx_etcd_get(e->etcd, e->key, 0, &k, err, errlen);
+  if (rc)
+    return rc;
+  *held = k.n > 0;
+  *rev = k.n ? k.kv[0].create_rev : 0;
+  pthread_mutex_lock(&e->c->lock);
+  if (k.n)
+    leader_api_from(e, k.kv[0].value);
+  else
+    e->c->leader_api[0] = '\0';
+  pthread_mutex_unlock(&e->c->lock);
+  lynx_etcd_kvs_free(&k);
+  return 0;
+}
+
+/* One campaign: when nobody holds the key, create it on a new lease (a
+ * transaction that holds only while it is still absent). 1 when we lead
+ * now, 0 when another does, -errno when etcd could not say. */
+static int campaign(struct lynx_elect *e, char *err, size_t errlen) {
+  struct lynx_coord *c = e->c;
+  struct lynx_etcd_cmp free_key = {e->key, LYNX_ETCD_CREATE, 0, 0, NULL};
+  struct lynx_etcd_op put = {LYNX_ETCD_PUT, e->key, e->me, strlen(e->me), 0};
+  int won = 0, held, rc;
+  int64_t rev = 0;
+  rc = look(e, &held, &rev, err, errlen);
+  if (rc || held)
+    return rc;
+  rc = lynx_etcd_lease_grant(e->etcd, e->ttl_s, &e->lease, err, errlen);
+  if (rc)
+    return rc;
+  put.lease = e->lease;
+  rc = lynx_etcd_txn(e->etcd, &free_key, 1, &put, 1, NULL, 0, &won, &rev, err,
+                     errlen);
+  if (rc || !won) {
+    /* another was quicker (or etcd failed): our lease is of no use */
+    char why[64];
+    lynx_etcd_lease_revoke(e->etcd, e->lease, why, sizeof(why));
+    e->lease = 0;
+    return rc ? rc : look(e, &held, &rev, err, errlen);
+  }
+  e->rev = rev; /* the put's revision: the key's create_revision */
+  e->renewed_ns = lynx_now_ns();
+  pthread_mutex_lock(&c->lock);
+  rc = reload(e, err, errlen);
+  if (!rc) {
+    e->store->fence_key = e->key;
+    e->store->fence_rev = e->rev;
+    snprintf(c->leader_api, sizeof(c->leader_api), "%s", e->my_api);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (rc) {
+    /* what etcd holds does not load: do not lead on a partial state */
+    LYNX_ERR(COMP, "won the election but cannot load the state: %s", err);
+    step_down(e, "state not loadable");
+    return rc;
+  }
+  set_role(e, 1);
+  LYNX_INFO(COMP, "leading (etcd %s, lease %lld, %u s)", e->key,
+            (long long)e->lease, e->ttl_s);
+  return 1;
+}
+
+/* A follower's registry follows what etcd holds (reads answer it). */
+static void follow(struct lynx_elect *e) {
+  struct lynx_store_etcd probe = *e->store;
+  char err[256];
+  uint64_t sig;
+  probe.etcd = e->etcd; /* the election's client: not the API's */
+  if (lynx_store_etcd_sig(&probe, &sig, err, sizeof(err)) || sig == e->sig)
+    return;
+  pthread_mutex_lock(&e->c->lock);
+  if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE) &&
+      reload(e, err, sizeof(err)) == 0)
+    e->sig = sig;
+  pthread_mutex_unlock(&e->c->lock);
+}
+
+static void *elect_main(void *arg) {
+  struct lynx_elect *e = arg;
+  char err[256];
+  uint64_t ttl_ns = (uint64_t)e->ttl_s * 1000000000u;
+  uint32_t renew_ms = e->ttl_s * 1000u / 3;
+  for (;;) {
+    int rc;
+    if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE)) {
+      rc = campaign(e, err, sizeof(err));
+      if (rc < 0)
+        LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "leader election: %s", err);
+      if (rc == 0)
+        follow(e);
+      if (nap(e, rc == 1 ? renew_ms : FOLLOW_MS))
+        break;
+      continue;
+    }
+    {
+      int64_t left = 0;
+      rc = lynx_etcd_lease_keepalive(e->etcd, e->lease, &left, err,
+                                     sizeof(err));
+      if (!rc && left > 0) {
+        int held;
+        int64_t rev;
+        e->renewed_ns = lynx_now_ns();
+        /* the key itself (an operator may have deleted it) */
+        if (look(e, &held, &rev, err, sizeof(err)) == 0 &&
+            (!held || rev != e->rev))
+          step_down(e, "the leader key is not ours any more");
+      } else if (!rc) {
+        step_down(e, "etcd let the lease expire");
+      } else if (lynx_now_ns() - e->renewed_ns > ttl_ns * 2 / 3) {
+        /* before etcd can let the key go and another win */
+        step_down(e, err);
+      } else {
+        LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "cannot renew the leader lease "
+                    "(%s); stepping down if it lasts %u ms", err,
+                    e->ttl_s * 2000u / 3);
+      }
+    }
+    if (nap(e, __atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE) ? renew_ms
+                                                                : FOLLOW_MS))
+      break;
+  }
+  if (__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE))
+    step_down(e, "stopping (lease revoked: a follower takes over now)");
+  return NULL;
+}
+
+int lynx_elect_start(struct lynx_elect *e, const char *endpoints,
+                     uint32_t timeout_ms, uint32_t ttl_s, const char *id,
+                     const char *api, const char *control, char *err,
+                     size_t errlen) {
+  struct json_object *me = json_object_new_object();
+  int rc;
+  if (!me)
+    return lynx_fail(err, errlen, -ENOMEM, "out of memory");
+  json_object_object_add(me, "id", json_object_new_string(id));
+  json_object_object_add(me, "api", json_object_new_string(api));
+  json_object_object_add(me, "control", json_object_new_string(control));
+  snprintf(e->me, sizeof(e->me), "%s",
+           json_object_to_json_string_ext(me, JSON_C_TO_STRING_PLAIN));
+  json_object_put(me);
+  snprintf(e->my_api, sizeof(e->my_api), "%s", api);
+  snprintf(e->key, sizeof(e->key), "%sleader", e->store->prefix);
+  e->ttl_s = ttl_s;
+  e->stop = 0;
+  e->lease = e->rev = 0;
+  e->sig = 0;
+  rc = lynx_etcd_open(&e->etcd, endpoints, timeout_ms, err, errlen);
+  if (rc)
+    return rc;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  e->c->ha = 1; /* before anyone can ask: followers refuse changes */
+  rc = pthread_create(&e->tid, NULL, elect_main, e);
+  if (rc) {
+    lynx_etcd_close(e->etcd);
+    e->etcd = NULL;
+    return lynx_fail(err, errlen, -rc, "cannot start the election thread");
+  }
+  e->started = 1;
+  return 0;
+}
+
+void lynx_elect_stop(struct lynx_elect *e) {
+  if (!e->started)
+    return;
+  pthread_mutex_lock(&e->mu);
+  e->stop = 1;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  pthread_join(e->tid, NULL);
+  e->started = 0;
+  lynx_etcd_close(e->etcd);
+  e->etcd = NULL;
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+}

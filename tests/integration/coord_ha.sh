@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# coord_ha: two coordinators on one etcd, one of them the leader
+# (docs/etcd.md, "Leader election"); an agent and a frontend given both
+# addresses (--coordinator A,B).
+#
+#  1. One leads (/readyz says leader, the other follower and where the
+#     leader's API is); the follower answers reads, redirects changes to
+#     the leader (307 with Location) and refuses agents and frontends
+#     (they go to the leader); a service created through the follower with
+#     curl -L exists on both (the follower reloads what etcd holds), and
+#     lynxctl pointed at the follower creates one too.
+#  2. sockperf under-load through the frontend; the leader killed (-9)
+#     during it: the follower leads within the etcd lease (2 s) + 1 s, the
+#     API takes changes again on it, the agent registers with it and the
+#     frontend gets its tables from it (agents' lease 8 s: longer than a
+#     failover can take, docs/etcd.md). Traffic never stops: the frontend
+#     answers every request it receives, none dropped (it keeps its last
+#     table while the leaders change, and the agent keeps its instances).
+#  3. The leader stopped cleanly (SIGTERM) revokes its lease: the other
+#     (restarted) leads within a second, not after the lease.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init coord_ha
+it_require_coord
+it_require etcd etcdctl sockperf
+pick_ports CA CA_API CB CB_API METRICS_PORT UDP_PORT UDP_PORT2 UDP_PORT3
+PFX=/it-$IT_NODE/
+TTL=2
+
+start_etcd
+# start_coord X CTL API: coordinator X on etcd; sets PID_X and LOG_X
+start_coord() {
+  spawn_daemon lynx-coordinator "coord-$1" "($1)" --listen "127.0.0.1:$2" \
+    --http "127.0.0.1:$3" --state-dir "$IT_DIR/state-$1" --lease-ms 8000 \
+    --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-lease-s "$TTL" \
+    --etcd-timeout-ms 800
+  printf -v "PID_$1" '%s' "$SPAWN_PID"
+  printf -v "LOG_$1" '%s' "$SPAWN_LOG"
+  wait_log "$SPAWN_LOG" "serving control on" 10 1 "$SPAWN_PID"
+}
+# role API_PORT: "leader", "follower" or "" (not answering)
+role() { curl -sf --max-time 1 "http://127.0.0.1:$1/readyz" | jq -r '.role // ""' 2>/dev/null; }
+# wait_leader API_PORT TIMEOUT_MS: until that coordinator leads; sets WAITED_MS
+wait_leader() {
+  local t0 end
+  t0=$(now_ms) end=$(($(now_ms) + $2))
+  until [[ $(role "$1") == leader ]]; do
+    (($(now_ms) < end)) || return 1
+    sleep 0.05
+  done
+  WAITED_MS=$(($(now_ms) - t0))
+}
+
+start_coord A "$CA" "$CA_API"
+wait_leader "$CA_API" 5000 || fail "coordinator A does not lead alone"
+start_coord B "$CB" "$CB_API"
+sleep 0.5
+assert_str "$(role "$CB_API")" follower "B's role while A leads"
+assert_str "$(curl -sf "http://127.0.0.1:$CB_API/readyz" | jq -r .leader_api)" \
+  "127.0.0.1:$CA_API" "where B says the leader's API is"
+
+node_ids N1
+COORD_PORT=$CA
+# B first: it refuses, the agent moves on to A (the later --coordinator wins)
+start_node_agent "$N1" --cpu-accels 2 --coordinator "127.0.0.1:$CB,127.0.0.1:$CA"
+assert_log "$AGENT_LOG" "does not lead" "the agent was refused by the follower first"
+API_PORT=$CA_API
+start_coord_frontend --coordinator "127.0.0.1:$CB,127.0.0.1:$CA"
+
+# ---- 1. the follower ------------------------------------------------------------------
+log "== 1. the follower redirects changes, answers reads"
+API_PORT=$CB_API
+api POST /v1/services -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\"}"
+assert_eq "$API_STATUS" 307 "POST /v1/services on the follower: HTTP status"
+loc=$(tr -d '\r' <"$API_HEADERS" | awk 'tolower($1) == "location:" {print $2}')
+assert_str "$loc" "http://127.0.0.1:$CA_API/v1/services" "the redirect's Location"
+st=$(curl -sL --max-time 5 -o /dev/null -w '%{http_code}' -X POST \
+  "http://127.0.0.1:$CB_API/v1/services" \
+  -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\"}")
+assert_eq "$st" 201 "POST through the follower with curl -L: HTTP status"
+end=$(($(now_ms) + 3000))
+until [[ $(curl -sf "http://127.0.0.1:$CB_API/v1/services/echo" | jq -r .port 2>/dev/null) == "$UDP_PORT" ]]; do
+  (($(now_ms) < end)) || { it_check_failed "the follower does not show service echo"; break; }
+  sleep 0.05
+done
+log "ok: the follower shows service echo"
+# lynxctl follows the redirect too
+"$LYNX_BIN_DIR/lynxctl" --api "http://127.0.0.1:$CB_API" service create \
+  --name viactl --port "$UDP_PORT3" --app sockperf-echo >"$IT_DIR/lynxctl.out" 2>&1 ||
+  it_check_failed "lynxctl service create through the follower: $(cat "$IT_DIR/lynxctl.out")"
+API_PORT=$CA_API
+api GET /v1/services/viactl
+assert_eq "$API_STATUS" 200 "the service lynxctl created through the follower, on the leader"
+wait_log "$FRONTEND_LOG" "service echo" 10 1 "$FRONTEND_PID"
+API_PORT=$CA_API
+
+# ---- 2. the leader killed under load ---------------------------------------------------
+log "== 2. the leader killed (-9) under sockperf under-load"
+out=$IT_DIR/underload.out
+sockperf_base
+sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 8 --mps 2000 \
+  --reply-every 1 --buffer-size 4194304 >"$out" 2>&1 &
+sp=$!
+sleep 2
+t_kill=$(now_ms)
+kill -KILL "$PID_A"
+wait "$PID_A" 2>/dev/null
+untrack "$PID_A"
+wait_leader "$CB_API" $(((TTL + 3) * 1000)) || fail "B does not lead after A died"
+lead_ms=$(($(now_ms) - t_kill))
+log "B leads $lead_ms ms after A was killed"
+assert_le "$lead_ms" $((TTL * 1000 + 1000)) "ms from the kill to B leading (lease ${TTL} s + 1 s)"
+API_PORT=$CB_API
+end=$(($(now_ms) + 5000))
+until api POST /v1/services -d "{\"name\":\"echo2\",\"port\":$UDP_PORT2,\"app\":\"sockperf-echo\"}" &&
+  [[ $API_STATUS == 201 ]]; do
+  (($(now_ms) < end)) || { it_check_failed "B takes no change: HTTP $API_STATUS $(cat "$API_BODY")"; break; }
+  sleep 0.05
+done
+log "B took a change $(($(now_ms) - t_kill)) ms after the kill"
+wait_log "$AGENT_LOG" "registered with coordinator" 10 2 "$AGENT_PID"
+wait "$sp"
+wait_node_state "$N1" ready 5000 || it_check_failed "$N1 not ready on B: $NODE_STATE"
+check_sockperf_served "$out"
+
+# ---- 3. a clean stop hands over at once ---------------------------------------------------
+log "== 3. the leader stopped cleanly: the other leads within a second"
+start_coord A "$CA" "$CA_API"
+sleep 0.5
+assert_str "$(role "$CA_API")" follower "A's role after its restart"
+t0=$(now_ms)
+stop "$PID_B"
+wait_leader "$CA_API" 5000 || fail "A does not lead after B stopped"
+assert_lt $(($(now_ms) - t0)) 1500 "ms from B's SIGTERM to A leading (its lease revoked)"
+exit 0
