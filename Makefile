@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy run bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test test-busy run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -28,6 +28,10 @@ test-busy: build
 
 run: build
 	@bash deploy/run-local.sh $(BUILD)
+
+# run with 3 etcd members and 3 coordinators (docs/etcd.md)
+run-ha: build
+	@bash deploy/run-ha.sh $(BUILD)
 
 bench: build
 	@bash bench/udp-echo.sh $(BUILD)

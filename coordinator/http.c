@@ -1348,6 +1348,50 @@ static enum MHD_Result answer_early(struct http_req *rq, struct http_out *out) {
   return MHD_YES;
 }
 
+/* What only the leader answers when several coordinators run on etcd
+ * (docs/etcd.md): changes, and the runtime state (nodes, accelerators,
+ * mqueues, frontends, watch), which agents and frontends report to the
+ * leader alone. Services (operator intent, in etcd) answer anywhere. */
+static int leader_only(const struct route *r, const char *method) {
+  return is_mutating(method) || (!strncmp(r->pattern, "/v1/", 4) &&
+                                 strncmp(r->pattern, "/v1/services", 12));
+}
+
+struct query_buf {
+  char *p;
+  size_t len, cap;
+};
+
+static enum MHD_Result add_arg(void *cls, enum MHD_ValueKind kind,
+                               const char *key, const char *value) {
+  struct query_buf *q = cls;
+  const char *parts[2] = {key, value ? value : ""};
+  (void)kind;
+  for (int k = 0; k < 2; k++) {
+    if (q->len + 2 < q->cap) {
+      char sep = k ? '=' : (q->len ? '&' : '?');
+      q->p[q->len++] = sep;
+    }
+    for (const char *c = parts[k]; *c && q->len + 4 < q->cap; c++) {
+      if (isalnum((unsigned char)*c) || strchr("-._~", *c))
+        q->p[q->len++] = *c;
+      else
+        q->len += (size_t)snprintf(q->p + q->len, q->cap - q->len, "%%%02X",
+                                   (unsigned char)*c);
+    }
+  }
+  q->p[q->len] = '\0';
+  return MHD_YES;
+}
+
+/* The request's query string, re-encoded ("" when none): a redirect keeps
+ * it (libmicrohttpd hands the path and the decoded arguments apart). */
+static void query_string(struct MHD_Connection *conn, char *out, size_t cap) {
+  struct query_buf q = {out, 0, cap};
+  out[0] = '\0';
+  MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
@@ -1385,17 +1429,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     }
     if (is_mutating(method) && authorise(rq, &out))
       return answer_early(rq, &out);
-    if (is_mutating(method) && h->c->ha &&
+    if (h->c->ha && leader_only(rq->route, method) &&
         !__atomic_load_n(&h->c->leader, __ATOMIC_ACQUIRE)) {
-      char api[sizeof(h->c->leader_api)];
+      char api[sizeof(h->c->leader_api)], query[256];
       pthread_mutex_lock(&h->c->lock);
       snprintf(api, sizeof(api), "%s", h->c->leader_api);
       pthread_mutex_unlock(&h->c->lock);
       if (api[0]) {
-        snprintf(out.location, sizeof(out.location), "http://%s%s", api, url);
+        query_string(conn, query, sizeof(query));
+        snprintf(out.location, sizeof(out.location), "http://%s%s%s", api,
+                 url, query);
         reply_err(&out, 307, "not_leader",
-                  "this coordinator does not lead: changes go to the "
-                  "leader, http://%s (docs/etcd.md)", api);
+                  "this coordinator does not lead: %s the leader, "
+                  "http://%s (docs/etcd.md)",
+                  is_mutating(method) ? "changes go to"
+                                      : "the cluster's runtime state is "
+                                        "known to",
+                  api);
       } else {
         reply_err(&out, 503, "no_leader",
                   "no coordinator leads yet (etcd election under way or "

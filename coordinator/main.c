@@ -1002,9 +1002,11 @@ static void on_role(uv_async_t *a) {
     /* as after a restart: the agents are finding us (the reloaded
      * services' instances are adopted as they register) */
     pthread_mutex_lock(&co->c.lock);
-    co->settle_until_ms = lynx_coord_now_ms() +
-                          (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms : 3000) +
-                          1000;
+    if (co->c.reg.services)
+      co->settle_until_ms = lynx_coord_now_ms() +
+                            (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms
+                                                     : 3000) +
+                            1000;
     after_change(co);
     pthread_mutex_unlock(&co->c.lock);
     return;

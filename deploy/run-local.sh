@@ -22,45 +22,7 @@ APP=${LYNX_APP:-sockperf-echo}
 NODE=${LYNX_NODE_ID:-local}
 LOGDIR=$(mktemp -d /tmp/lynx-run.XXXXXX)
 
-pids=()
-stop() {
-  trap - INT TERM EXIT
-  echo
-  echo "stopping..."
-  # frontend first (drains), then agent (leaves), then coordinator
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
-  done
-  echo "stopped; logs in $LOGDIR"
-}
-trap 'stop; exit 0' INT TERM
-trap stop EXIT
-
-fail() {
-  echo "lynx failed to start: $*" >&2
-  tail -n 20 "$LOGDIR"/*.log >&2
-  exit 1
-}
-
-wait_for() { # FILE PATTERN WHAT
-  for _ in $(seq 100); do
-    grep -q "$2" "$1" 2>/dev/null && return 0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "$3 exited"; done
-    sleep 0.1
-  done
-  fail "$3 did not come up in 10 s"
-}
-
-declare -A names=()
-# start NAME PROG ARGS...: PROG in its own session, its log in NAME.log
-start() {
-  local name=$1
-  shift
-  setsid "$@" >"$LOGDIR/$name.log" 2>&1 </dev/null &
-  pids+=($!)
-  names[$!]=$name
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib-run.sh" # start, wait_for, fail, stop, watch
 
 start coordinator "$BIN/lynx-coordinator" --listen "$COORD" --http "$API" \
   --state-dir "$LOGDIR/state"
@@ -91,9 +53,4 @@ Try it from another terminal:
 
 Press Ctrl-C to stop.
 MSG
-# Returns when a daemon exits by itself (Ctrl-C runs the trap instead).
-rc=0
-wait -n -p gone "${pids[@]}" || rc=$?
-echo "lynx-${names[$gone]:-?} (pid ${gone:-?}) exited with status $rc; its log: $LOGDIR/${names[$gone]:-}.log" >&2
-tail -n 5 "$LOGDIR/${names[$gone]:-}.log" >&2 || true
-exit 1
+watch

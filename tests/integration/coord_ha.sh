@@ -4,8 +4,9 @@
 # addresses (--coordinator A,B).
 #
 #  1. One leads (/readyz says leader, the other follower and where the
-#     leader's API is); the follower answers reads, redirects changes to
-#     the leader (307 with Location) and refuses agents and frontends
+#     leader's API is); the follower answers reads of services, redirects
+#     changes and reads of runtime state (nodes, watch, ...) to the leader
+#     (307 with Location, the query kept) and refuses agents and frontends
 #     (they go to the leader); a service created through the follower with
 #     curl -L exists on both (the follower reloads what etcd holds), and
 #     lynxctl pointed at the follower creates one too.
@@ -74,6 +75,15 @@ api POST /v1/services -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockpe
 assert_eq "$API_STATUS" 307 "POST /v1/services on the follower: HTTP status"
 loc=$(tr -d '\r' <"$API_HEADERS" | awk 'tolower($1) == "location:" {print $2}')
 assert_str "$loc" "http://127.0.0.1:$CA_API/v1/services" "the redirect's Location"
+api GET "/v1/watch?since=1&timeout_ms=10"
+assert_eq "$API_STATUS" 307 "GET /v1/watch on the follower (runtime state: the leader's)"
+loc=$(tr -d '\r' <"$API_HEADERS" | awk 'tolower($1) == "location:" {print $2}')
+assert_str "$loc" "http://127.0.0.1:$CA_API/v1/watch?since=1&timeout_ms=10" \
+  "the redirect keeps the query"
+st=$(curl -sL --max-time 5 -o "$IT_DIR/nodes.json" -w '%{http_code}' \
+  "http://127.0.0.1:$CB_API/v1/nodes")
+assert_eq "$st" 200 "GET /v1/nodes through the follower with curl -L"
+assert_str "$(jq -r '.items[0].id' "$IT_DIR/nodes.json")" "$N1" "the node, as the leader knows it"
 st=$(curl -sL --max-time 5 -o /dev/null -w '%{http_code}' -X POST \
   "http://127.0.0.1:$CB_API/v1/services" \
   -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\"}")

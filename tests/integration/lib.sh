@@ -589,6 +589,23 @@ it_require_coord() {
   it_require jq curl
 }
 
+# run_in_session OUT SCRIPT ARG...: bash SCRIPT ARG... in a session of its
+# own (its pid is its process group, for a terminal's Ctrl-C: kill -INT
+# -- -PID), with SIGINT at its default (a background job of a script would
+# inherit it ignored), its output in OUT; tracked for cleanup. Sets
+# RUN_PID. The environment passes through.
+run_in_session() {
+  local out=$1
+  shift
+  python3 -c '
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.setsid()
+os.execvp("bash", ["bash"] + sys.argv[1:])' "$@" >"$out" 2>&1 </dev/null &
+  RUN_PID=$!
+  track "$RUN_PID" "$(basename "$1")"
+}
+
 # start_etcd [NAME]: a single-member etcd (Debian's etcd-server) on free
 # loopback ports, its data in $IT_DIR/etcd-NAME (NAME: e1), tracked for
 # cleanup. Waits until it answers. Sets ETCD_URL and ETCD_PID. Callers

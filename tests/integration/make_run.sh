@@ -21,20 +21,12 @@ BUILD_DIR=$(dirname "$LYNX_BIN_DIR")
 node_ids NODE
 IT_SOFT=1 # report every broken promise of one run
 
-# launch OUT: run-local.sh in a session of its own, SIGINT at its default
-# (a background job of a script would inherit it ignored): sets RUN_PID,
-# which is also its process group.
+# launch OUT: run-local.sh in a session of its own (run_in_session: RUN_PID,
+# also its process group), until its banner is out.
 launch() {
   LYNX_UDP_PORT=$UDP_PORT LYNX_COORD_ADDR=127.0.0.1:$COORD_PORT \
   LYNX_API_ADDR=127.0.0.1:$API_PORT LYNX_METRICS_ADDR=127.0.0.1:$METRICS_PORT \
-  LYNX_NODE_ID=$NODE python3 -c '
-import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_DFL)
-os.setsid()
-os.execvp("bash", ["bash", sys.argv[1], sys.argv[2]])' "$RUN_LOCAL" "$BUILD_DIR" \
-    >"$1" 2>&1 </dev/null &
-  RUN_PID=$!
-  track "$RUN_PID" run-local
+  LYNX_NODE_ID=$NODE run_in_session "$1" "$RUN_LOCAL" "$BUILD_DIR"
   wait_log "$1" "Press Ctrl-C to stop" 30 1 "$RUN_PID"
   RUN_LOGDIRS+=("$(sed -n 's|^ *logs *\(/tmp/lynx-run\.[A-Za-z0-9]*\)/.*|\1|p' "$1")")
 }
