@@ -18,6 +18,8 @@ int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
                          const char *prefix, char *err, size_t errlen) {
   size_t n = prefix ? strlen(prefix) : 0;
   s->etcd = e;
+  s->fence_key = NULL; /* no fence until elect.c wins */
+  s->fence_rev = 0;
   if (n == 0 || n + 2 > sizeof(s->prefix))
     return lynx_fail(err, errlen, -EINVAL,
                 "--etcd-prefix: want 1 to %zu characters",

@@ -443,6 +443,43 @@ static void test_store_etcd_down(void **state) {
   lynx_reg_free(&r);
 }
 
+/* A fenced save (elect.c's leader) writes only while the fence key is the
+ * one it names (its create revision); once another holds it, the save
+ * fails -ECANCELED and writes nothing. */
+static void test_store_fenced(void **state) {
+  struct fx *f = *state;
+  struct lynx_store_etcd s;
+  struct lynx_registry r;
+  struct lynx_etcd_kvs k;
+  int64_t rev;
+  assert_int_equal(lynx_store_etcd_init(&s, f->e, "/lynx/", f->err,
+                                        sizeof(f->err)),
+                   0);
+  put_ok(f, "/lynx/leader", "me");
+  assert_int_equal(lynx_etcd_get(f->e, "/lynx/leader", 0, &k, f->err,
+                                 sizeof(f->err)),
+                   0);
+  rev = k.kv[0].create_rev;
+  lynx_etcd_kvs_free(&k);
+  s.fence_key = "/lynx/leader";
+  s.fence_rev = rev;
+  reg_new(&r);
+  add_svc(&r, "alpha", 9001);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)), 0);
+  assert_true(mod_rev(f, "/lynx/services/alpha") > 0);
+  /* another leader: the key deleted and created again */
+  assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
+                                 sizeof(f->err)),
+                   0);
+  put_ok(f, "/lynx/leader", "other");
+  add_svc(&r, "beta", 9002);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)),
+                   -ECANCELED);
+  assert_non_null(strstr(f->err, "no longer leads"));
+  assert_true(mod_rev(f, "/lynx/services/beta") == 0);
+  lynx_reg_free(&r);
+}
+
 static int g_argc;
 static char **g_argv;
 
@@ -452,7 +489,7 @@ int main(int argc, char **argv) {
       T(test_put_get_delete), T(test_txn),
       T(test_leases),         T(test_endpoints),
       T(test_store_round_trip), T(test_store_refuses),
-      T(test_store_etcd_down),
+      T(test_store_etcd_down), T(test_store_fenced),
   };
 #undef T
   int rc;
