@@ -28,6 +28,7 @@
 #include "registry.h"
 #include "store_etcd.h"
 #include "ut_main.h"
+#include "ut_spec.h"
 #include "util.h"
 
 struct fx {
@@ -293,27 +294,13 @@ static void test_endpoints(void **state) {
 
 /* ---- operator intent in etcd ------------------------------------------------ */
 
-static struct lynx_service_spec spec(const char *name, uint32_t port) {
-  struct lynx_service_spec s;
-  memset(&s, 0, sizeof(s));
-  snprintf(s.name, sizeof(s.name), "%s", name);
-  snprintf(s.proto, sizeof(s.proto), "udp");
-  s.port = port;
-  snprintf(s.app, sizeof(s.app), "sockperf-echo");
-  s.slot_size = 2048;
-  s.slots = 256;
-  s.mqueues_per_accel = 2;
-  s.placement = LYNX_PLACE_ALL;
-  return s;
-}
-
 static void reg_new(struct lynx_registry *r) {
   struct lynx_reg_ops ops = {NULL, NULL, NULL, NULL};
   lynx_reg_init(r, 3000, 10000, &ops);
 }
 
 static void add_svc(struct lynx_registry *r, const char *name, uint32_t port) {
-  struct lynx_service_spec s = spec(name, port);
+  struct lynx_service_spec s = ut_spec(name, port, 0, NULL);
   struct lynx_reg_err e;
   assert_int_equal(lynx_reg_service_create(r, &s, 0, &e), 0);
 }

@@ -15,6 +15,7 @@
 #include "mqueue.h"
 #include "registry.h"
 #include "ut_main.h"
+#include "ut_spec.h"
 
 #define LEASE 3000
 #define DRAIN_TIMEOUT 10000
@@ -124,29 +125,9 @@ static int reg_node(struct lynx_registry *r, const char *id, uint64_t epoch,
                            (void *)0x1, now, &err);
 }
 
-static struct lynx_service_spec spec(const char *name, uint32_t port,
-                                     uint32_t replicas, const char *selector) {
-  struct lynx_service_spec s;
-  memset(&s, 0, sizeof(s));
-  snprintf(s.name, sizeof(s.name), "%s", name);
-  snprintf(s.proto, sizeof(s.proto), "udp");
-  s.port = port;
-  snprintf(s.app, sizeof(s.app), "sockperf-echo");
-  s.slot_size = 2048;
-  s.slots = 256;
-  s.mqueues_per_accel = 2;
-  s.placement = replicas ? LYNX_PLACE_REPLICAS : LYNX_PLACE_ALL;
-  s.replicas = replicas;
-  if (selector)
-    assert_int_equal(
-        lynx_labels_parse(selector, s.selector, LYNX_LABELS_MAX, &s.n_selector),
-        0);
-  return s;
-}
-
 static void add_service(struct lynx_registry *r, const char *name,
                         uint32_t port, uint32_t replicas, const char *sel) {
-  struct lynx_service_spec s = spec(name, port, replicas, sel);
+  struct lynx_service_spec s = ut_spec(name, port, replicas, sel);
   struct lynx_reg_err err;
   assert_int_equal(lynx_reg_service_create(r, &s, 0, &err), 0);
 }
@@ -644,7 +625,7 @@ static const char *svc_state(struct lynx_registry *r, const char *name,
  * and then the service is pending with the reason. */
 static void test_apps_and_state(void **state) {
   struct fx *f = *state;
-  struct lynx_service_spec s = spec("x", 7000, 0, NULL);
+  struct lynx_service_spec s = ut_spec("x", 7000, 0, NULL);
   struct lynx_reg_err err;
   char why[512];
   uint64_t ready, wanted;
@@ -1156,24 +1137,24 @@ static void test_service_validation(void **state) {
   struct lynx_service_spec s;
   struct lynx_reg_err err;
 
-  s = spec("", 7000, 0, NULL);
+  s = ut_spec("", 7000, 0, NULL);
   expect_invalid(&f->r, &s, "name");
-  s = spec("a b", 7000, 0, NULL);
+  s = ut_spec("a b", 7000, 0, NULL);
   expect_invalid(&f->r, &s, "name");
-  s = spec("a/b", 7000, 0, NULL);
+  s = ut_spec("a/b", 7000, 0, NULL);
   expect_invalid(&f->r, &s, "name");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   snprintf(s.proto, sizeof(s.proto), "sctp");
   expect_invalid(&f->r, &s, "proto");
   /* framing belongs to tcp; a fixed size must fit a slot */
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.fixed_len = 64;
   expect_invalid(&f->r, &s, "framing");
   snprintf(s.proto, sizeof(s.proto), "tcp");
   s.fixed_len = s.slot_size; /* the slot's payload is 16 bytes less */
   expect_invalid(&f->r, &s, "framing");
   /* back ends: names, addresses, protocols, duplicates */
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.n_backends = 1;
   snprintf(s.backends[0].name, sizeof(s.backends[0].name), "db");
   snprintf(s.backends[0].address, sizeof(s.backends[0].address),
@@ -1188,14 +1169,14 @@ static void test_service_validation(void **state) {
   s.backends[1] = s.backends[0];
   s.n_backends = 2;
   expect_invalid(&f->r, &s, "backends[1].name");
-  s = spec("ok", 0, 0, NULL);
+  s = ut_spec("ok", 0, 0, NULL);
   expect_invalid(&f->r, &s, "port");
-  s = spec("ok", 65536, 0, NULL);
+  s = ut_spec("ok", 65536, 0, NULL);
   expect_invalid(&f->r, &s, "port");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.app[0] = '\0';
   expect_invalid(&f->r, &s, "app");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.slot_size = 100;
   expect_invalid(&f->r, &s, "slot_size");
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EINVAL);
@@ -1206,37 +1187,37 @@ static void test_service_validation(void **state) {
   expect_invalid(&f->r, &s, "slot_size");
   s.slot_size = 1u << 21;
   expect_invalid(&f->r, &s, "slot_size");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.slots = 3;
   expect_invalid(&f->r, &s, "slots");
   s.slots = 1;
   expect_invalid(&f->r, &s, "slots");
   s.slots = 1u << 17;
   expect_invalid(&f->r, &s, "slots");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.mqueues_per_accel = 0;
   expect_invalid(&f->r, &s, "mqueues_per_accel");
   s.mqueues_per_accel = 1025;
   expect_invalid(&f->r, &s, "mqueues_per_accel");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.placement = LYNX_PLACE_REPLICAS;
   s.replicas = 0;
   expect_invalid(&f->r, &s, "placement.replicas");
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   s.placement = (enum lynx_placement_kind)5;
   expect_invalid(&f->r, &s, "placement");
-  s = spec("ok", 7000, 2, "a=1");
+  s = ut_spec("ok", 7000, 2, "a=1");
   s.selector[0].key[0] = '\0';
   expect_invalid(&f->r, &s, "placement.selector");
   assert_null(f->r.services);
 
   /* the bounds themselves are fine */
-  s = spec("edge.ok_1-x", 65535, 0, NULL);
+  s = ut_spec("edge.ok_1-x", 65535, 0, NULL);
   s.slot_size = 64;
   s.slots = 65536;
   s.mqueues_per_accel = 1;
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
-  s = spec("edge2", 1, 0, NULL);
+  s = ut_spec("edge2", 1, 0, NULL);
   s.slot_size = 1u << 20;
   s.slots = 2;
   s.mqueues_per_accel = 1024;
@@ -1251,11 +1232,11 @@ static void test_service_conflicts_and_delete(void **state) {
 
   assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
   add_service(&f->r, "echo", 7000, 0, NULL);
-  s = spec("echo", 7001, 0, NULL);
+  s = ut_spec("echo", 7001, 0, NULL);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EEXIST);
   assert_int_equal(err.status, 409);
   assert_string_equal(err.code, "conflict");
-  s = spec("other", 7000, 0, NULL);
+  s = ut_spec("other", 7000, 0, NULL);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EADDRINUSE);
   assert_int_equal(err.status, 409);
   assert_string_equal(err.code, "conflict");
@@ -1274,7 +1255,7 @@ static void test_service_conflicts_and_delete(void **state) {
   assert_null(f->r.services);
   assert_int_equal(f->r.table_version, tv + 1);
   /* the port is free again */
-  s = spec("other", 7000, 0, NULL);
+  s = ut_spec("other", 7000, 0, NULL);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
 }
 
@@ -1817,19 +1798,19 @@ static void test_health_last_error_cleaned(void **state) {
 static void test_service_text(void **state) {
   struct fx *f = *state;
   struct lynx_service_spec s;
-  s = spec("ok", 7000, 0, NULL);
+  s = ut_spec("ok", 7000, 0, NULL);
   snprintf(s.app, sizeof(s.app), "ec\x01ho");
   expect_invalid(&f->r, &s, "app");
   snprintf(s.app, sizeof(s.app), "ech\xff");
   expect_invalid(&f->r, &s, "app");
-  s = spec("ok", 7000, 0, "zone=a");
+  s = ut_spec("ok", 7000, 0, "zone=a");
   snprintf(s.selector[0].value, sizeof(s.selector[0].value), "a\x1b");
   expect_invalid(&f->r, &s, "placement.selector");
-  s = spec("ok", 7000, 0, "zone=a");
+  s = ut_spec("ok", 7000, 0, "zone=a");
   snprintf(s.selector[0].key, sizeof(s.selector[0].key), "\xc0\xaf");
   expect_invalid(&f->r, &s, "placement.selector");
   assert_null(f->r.services);
-  s = spec("ok", 7000, 0, "zone=caf\xc3\xa9");
+  s = ut_spec("ok", 7000, 0, "zone=caf\xc3\xa9");
   snprintf(s.app, sizeof(s.app), "\xc3\xa9" "cho");
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, NULL), 0);
 }
@@ -1844,7 +1825,7 @@ static void test_service_limits(void **state) {
   uint64_t two_mq;
 
   /* the region is the ring layout's, back ends' client mqueues included */
-  s = spec("r", 7000, 0, NULL);
+  s = ut_spec("r", 7000, 0, NULL);
   assert_int_equal(lynx_geom_init(&g, 2, 256, 2048, 0), 0);
   assert_int_equal(lynx_service_region_bytes(&s), g.region_size);
   two_mq = g.region_size;
@@ -1860,7 +1841,7 @@ static void test_service_limits(void **state) {
 
   /* a region up to the limit is fine; a back end more is over it */
   f->r.region_max_bytes = two_mq;
-  s = spec("r", 7000, 0, NULL);
+  s = ut_spec("r", 7000, 0, NULL);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
   assert_int_equal(lynx_reg_service_delete(&f->r, "r", 0, &err), 0);
   s.n_backends = 1;
@@ -1878,7 +1859,7 @@ static void test_service_limits(void **state) {
   assert_non_null(strstr(err.message, "--region-max-mb"));
   /* every field at its own bound: 128 TiB, refused under 1 GiB */
   f->r.region_max_bytes = 1024ull << 20;
-  s = spec("huge", 7000, 0, NULL);
+  s = ut_spec("huge", 7000, 0, NULL);
   s.slot_size = LYNX_SLOT_MAX;
   s.slots = LYNX_SLOTS_MAX;
   s.mqueues_per_accel = LYNX_MQUEUES_MAX;
@@ -1890,7 +1871,7 @@ static void test_service_limits(void **state) {
   f->r.services_max = 2;
   add_service(&f->r, "a", 7001, 0, NULL);
   add_service(&f->r, "b", 7002, 0, NULL);
-  s = spec("c", 7003, 0, NULL);
+  s = ut_spec("c", 7003, 0, NULL);
   memset(&err, 0, sizeof(err));
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -ENOSPC);
   assert_int_equal(err.status, 409);
@@ -1899,10 +1880,10 @@ static void test_service_limits(void **state) {
   assert_non_null(strstr(err.message, "--services-max"));
   assert_null(lynx_reg_service_find(&f->r, "c"));
   /* a duplicate is still told as a duplicate */
-  s = spec("a", 7009, 0, NULL);
+  s = ut_spec("a", 7009, 0, NULL);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), -EEXIST);
   assert_int_equal(lynx_reg_service_delete(&f->r, "b", 0, &err), 0);
-  s = spec("c", 7003, 0, NULL);
+  s = ut_spec("c", 7003, 0, NULL);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
 }
 
