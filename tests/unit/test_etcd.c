@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -78,6 +79,8 @@ static int fx_setup(void **state) {
     return -1;
   if (f->pid == 0) {
     int devnull = open("/dev/null", 1);
+    /* a case that crashes (an assertion, a sanitizer) takes etcd along */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(devnull, 1);
     dup2(devnull, 2);
     execlp("etcd", "etcd", "--name", "ut", "--data-dir", f->dir,
