@@ -54,6 +54,10 @@ struct lynx_region_desc {
   uint64_t key;         /* tcp, rdma: the region's access key */
   uint64_t remote_addr; /* rdma: region base in the agent */
   uint32_t rkeys[LYNX_MR_COUNT]; /* rdma: indexed by enum lynx_mr */
+  /* Frontend side only, not on the wire: the frontend epoch a connection
+   * presents (DispatchTable.frontend_epoch; 0: none). The agent refuses it
+   * when the region has admitted a newer one (docs/etcd.md "Fencing"). */
+  uint64_t producer;
 };
 
 /* Descriptor <-> protobuf. to_pb points into d (no copies: keep d alive
