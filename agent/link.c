@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "agent.h"
 #include "frame.h"
@@ -106,21 +105,18 @@ static void lease_renew(struct coord_link *l, uint64_t sent_ns) {
 
 /* The coordinator declared this epoch down: every instance goes, with the
  * requests queued in its mqueues (frontends counted them lost), and the
- * agent registers again as a new incarnation. */
+ * agent registers again as a new incarnation, with epoch 0: the
+ * coordinator issues the next one from its store. */
 static void new_incarnation(struct coord_link *l, const char *why) {
   struct agent *ag = l->ag;
-  uint64_t old = ag->epoch, now;
+  uint64_t old = ag->epoch;
   uint32_t n = 0;
-  struct timeval tv;
   for (struct instance *in = ag->instances; in; in = in->next)
     n++;
-  gettimeofday(&tv, NULL);
-  now = (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
-  __atomic_store_n(&ag->epoch, now > old ? now : old + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&ag->epoch, 0, __ATOMIC_RELAXED);
   LYNX_WARN("agent", "%s: %s; discarding %u instances of epoch %llu with "
-            "their queued requests, registering again as epoch %llu",
-            ag->node_id, why, n, (unsigned long long)old,
-            (unsigned long long)ag->epoch);
+            "their queued requests, registering again as a new incarnation",
+            ag->node_id, why, n, (unsigned long long)old);
   agent_instances_stop_all(ag);
 }
 
@@ -386,6 +382,16 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       if (env->register_reply->new_incarnation)
         new_incarnation(l, why);
       lynx_ctl_close(c, env->register_reply->new_incarnation ? NULL : why);
+      return;
+    }
+    /* a new incarnation (epoch 0) takes the epoch the store issued; one
+     * registering again keeps its own (the reply repeats it) */
+    if (!ag->epoch && env->register_reply->epoch)
+      __atomic_store_n(&ag->epoch, env->register_reply->epoch,
+                       __ATOMIC_RELAXED);
+    if (!ag->epoch) {
+      lynx_ctl_close(c, "registration answered without an epoch (a "
+                        "coordinator older than this agent?)");
       return;
     }
     l->state = LINK_REGISTERED;

@@ -391,9 +391,11 @@ int main(int argc, char **argv) {
       if (*c == '-' || *c == '/' || *c == ' ')
         *c = '_';
   }
-  /* The epoch grows on every start: microseconds of wall-clock time. */
+  /* Under a coordinator the epoch is 0 until it issues one from its store
+   * (RegisterReply.epoch: strictly increasing whatever this host's clock
+   * does). Static mode has no store: microseconds of wall-clock time. */
   gettimeofday(&tv, NULL);
-  ag.epoch = (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
+  ag.epoch = app ? (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec : 0;
   {
     int cpu_given = 0;
     for (int i = 1; i < argc; i++)

@@ -306,6 +306,7 @@ static void dialer_on_connected(uv_connect_t *req, int status) {
   h.role = (char *)d->role;
   h.id = (char *)d->id;
   h.token = (char *)(d->token ? d->token : "");
+  h.epoch = d->epoch ? *d->epoch : 0;
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
   env.hello = &h;
   if (lynx_ctl_send(c, &env))

@@ -98,6 +98,7 @@ struct lynx_dialer {
   const char *target; /* "coordinator 127.0.0.1:7700": for logs */
   size_t frame_max;
   const char *role, *id, *token; /* our Hello */
+  const uint64_t *epoch; /* our Hello's epoch (a frontend's), or NULL: 0 */
   lynx_ctl_msg_cb on_msg;
   lynx_ctl_close_cb on_close; /* c is freed right after it returns */
   struct lynx_ctl *ctl;       /* the connection, or NULL */

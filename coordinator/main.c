@@ -40,7 +40,7 @@ struct coord_cfg {
   char *listen, *http, *state_dir, *token_file, *log_level;
   char *etcd, *etcd_prefix;
   uint32_t etcd_timeout_ms, etcd_lease_s;
-  uint32_t lease_ms, drain_ms, frame_max, body_max;
+  uint32_t lease_ms, drain_ms, frontend_timeout_ms, frame_max, body_max;
   uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
   uint32_t services_max, region_max_mb;
 };
@@ -66,6 +66,9 @@ static const struct lynx_opt coord_opts[] = {
      "long after the leader dies"},
     {"lease-ms", LYNX_OPT_U32, O(lease_ms), "3000", 100, 600000, NULL,
      "an agent without heartbeat for this long is down"},
+    {"frontend-timeout-ms", LYNX_OPT_U32, O(frontend_timeout_ms), "3000", 500,
+     600000, NULL, "a frontend silent for this long (it reports every "
+     "200 ms) is cut off, and a standby is promoted in its place"},
     {"drain-timeout-ms", LYNX_OPT_U32, O(drain_ms), "10000", 0, 3600000, NULL,
      "a drain stops the node's instances at the latest after this"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
@@ -125,6 +128,10 @@ struct cpeer {
   uint64_t connected_seq; /* frontends: the earliest connected is active */
   uint64_t table_sent;    /* last table version sent (+1; 0 = none) */
   uint64_t accepted_ms;
+  uint64_t heard_ms; /* frontends: the last message (silence cuts them off) */
+  /* frontends: the epoch its Hello presented, and the one it produces with
+   * while active (0: none issued yet) */
+  uint64_t hello_epoch, epoch;
   int standby_sent;
   struct cpeer *next, **pprev;
 };
@@ -258,6 +265,47 @@ static struct cpeer *active_frontend(struct coordinator *co) {
   return best;
 }
 
+/* A new epoch from the store (etcd's revisions, or the state directory's
+ * counter): strictly increasing across restarts of anything. Lock held. */
+static int issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
+                       char *err, size_t errlen) {
+  if (co->cfg.etcd)
+    return lynx_store_etcd_issue_epoch(&co->store, &co->c.reg, frontend,
+                                       epoch, err, errlen);
+  return lynx_store_issue_epoch(co->cfg.state_dir, &co->c.reg, frontend,
+                                epoch, err, errlen);
+}
+
+/* The active frontend's epoch: kept when its Hello presented the newest
+ * frontend epoch issued (nobody was promoted since: a reconnect, or a new
+ * leader), otherwise a new one, so that the agents fence every frontend
+ * active before it. 0, or -errno: p serves nothing yet (a tick retries). */
+static int active_epoch(struct coordinator *co, struct cpeer *p) {
+  char err[256];
+  uint64_t prev = co->c.reg.frontend_epoch;
+  int rc;
+  if (p->epoch)
+    return 0;
+  if (p->hello_epoch && p->hello_epoch == prev) {
+    p->epoch = p->hello_epoch;
+    LYNX_INFO("coordinator", "frontend %s is active, keeping its epoch %llu",
+              p->id, (unsigned long long)p->epoch);
+    return 0;
+  }
+  rc = issue_epoch(co, 1, &p->epoch, err, sizeof(err));
+  if (rc) {
+    p->epoch = 0;
+    LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator", "frontend %s cannot be made "
+                "active: no epoch could be issued (%s); retrying", p->id,
+                err[0] ? err : strerror(-rc));
+    return rc;
+  }
+  LYNX_INFO("coordinator", "frontend %s is active with epoch %llu (the "
+            "newest before: %llu): agents refuse older frontends", p->id,
+            (unsigned long long)p->epoch, (unsigned long long)prev);
+  return 0;
+}
+
 struct table_build {
   Lynx__ServiceTable *svcs;
   Lynx__ServiceTable **svc_ptrs;
@@ -311,6 +359,8 @@ static void push_tables(struct coordinator *co) {
   struct table_build tb;
   if (lynx_coord_now_ms() < co->settle_until_ms)
     return; /* the tick pushes once the agents had their chance */
+  if (active && active_epoch(co, active))
+    return; /* tables wait for its epoch: the tick tries again */
   memset(&tb, 0, sizeof(tb));
   lynx_reg_table_foreach(r, count_entry, &tb);
   /* every service is in the table, also one with no instance ready: the
@@ -365,10 +415,13 @@ static void push_tables(struct coordinator *co) {
     int standby = p != active;
     if (p->role != ROLE_FRONTEND || p->ctl.closing)
       continue;
+    if (standby)
+      p->epoch = 0; /* promoted again later: a new epoch */
     if (p->table_sent == r->table_version + 1 && p->standby_sent == standby)
       continue;
     t.version = r->table_version;
     t.standby = standby;
+    t.frontend_epoch = standby ? 0 : p->epoch;
     if (!standby) {
       t.n_services = tb.n_svcs;
       t.services = tb.svc_ptrs;
@@ -552,6 +605,8 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   } else if (strcmp(role, "frontend") == 0) {
     p->role = ROLE_FRONTEND;
     p->connected_seq = ++co->fe_seq;
+    p->hello_epoch = h->epoch;
+    p->heard_ms = lynx_coord_now_ms();
     send_hello_reply(p, 1, NULL, 0);
     pthread_mutex_lock(&co->c.lock);
     lynx_reg_frontend_connect(&co->c.reg, p->id, p->ctl.peer, p,
@@ -579,6 +634,7 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
   uint64_t now = lynx_coord_now_ms();
   struct lynx_reg_adopt *adopt = NULL;
   uint32_t n_adopt = 0;
+  uint64_t epoch = 0;
   int rc;
   memset(labels, 0, sizeof(labels));
   memset(accels, 0, sizeof(accels));
@@ -659,8 +715,15 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
     n_adopt++;
   }
   pthread_mutex_lock(&co->c.lock);
+  epoch = m->epoch;
+  /* a new incarnation: its epoch comes from the store, not its clock */
+  if (!epoch &&
+      (rc = issue_epoch(co, 0, &epoch, err.message, sizeof(err.message)))) {
+    pthread_mutex_unlock(&co->c.lock);
+    goto reply;
+  }
   rc = lynx_reg_register_adopt(&co->c.reg, m->node_id,
-                               m->address ? m->address : "", m->epoch, labels,
+                               m->address ? m->address : "", epoch, labels,
                                (uint32_t)m->n_labels, accels,
                                (uint32_t)m->n_accels, adopt, n_adopt, p, now,
                                &err);
@@ -671,6 +734,7 @@ reply:
   rr.lease_ms = co->cfg.lease_ms;
   rr.new_incarnation = err.new_incarnation != 0;
   rr.acks_heartbeats = 1;
+  rr.epoch = rc ? 0 : epoch;
   env.msg_case = LYNX__ENVELOPE__MSG_REGISTER_REPLY;
   env.register_reply = &rr;
   send_env(p, &env);
@@ -682,9 +746,10 @@ reply:
     return;
   }
   p->registered = 1;
-  LYNX_INFO("coordinator", "node %s registered from %s: epoch %llu, %zu "
+  LYNX_INFO("coordinator", "node %s registered from %s: epoch %llu%s, %zu "
             "accelerators, %zu running instances", p->id, p->ctl.peer,
-            (unsigned long long)m->epoch, m->n_accels, m->n_instances);
+            (unsigned long long)epoch, m->epoch ? "" : " (issued)",
+            m->n_accels, m->n_instances);
   pthread_mutex_lock(&co->c.lock);
   after_change(co);
   pthread_mutex_unlock(&co->c.lock);
@@ -793,6 +858,7 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
   const Lynx__FrontendStatus *st;
   struct lynx_fe_mq_report *mq;
   char why[160];
+  p->heard_ms = lynx_coord_now_ms();
   if (env->msg_case != LYNX__ENVELOPE__MSG_FRONTEND_STATUS) {
     snprintf(why, sizeof(why), "unexpected message (case %d) from a frontend",
              (int)env->msg_case);
@@ -958,6 +1024,9 @@ static void on_tick(uv_timer_t *t) {
   expiries = co->c.reg.lease_expiries;
   lynx_reg_tick(&co->c.reg, now);
   if (co->c.reg.last_pause_ms)
+    for (struct cpeer *p = co->peers; p; p = p->next)
+      p->heard_ms = now; /* as leases: we could not hear them meanwhile */
+  if (co->c.reg.last_pause_ms)
     LYNX_WARN("coordinator", "did not run for %llu ms (stopped or starved of "
               "CPU): every lease is extended by that much, as no heartbeat "
               "could be heard meanwhile",
@@ -971,6 +1040,20 @@ static void on_tick(uv_timer_t *t) {
     if ((p->role == ROLE_NONE || (p->role == ROLE_AGENT && !p->registered)) &&
         now - p->accepted_ms > HELLO_TIMEOUT_MS)
       lynx_ctl_close(&p->ctl, "no Hello/Register within 10 s");
+    else if (p->role == ROLE_FRONTEND && !p->ctl.closing &&
+             now - p->heard_ms > co->cfg.frontend_timeout_ms) {
+      /* cut off (its host, or the network between): a standby takes over
+       * with a newer epoch, which fences this one at the agents */
+      char why[96];
+      snprintf(why, sizeof(why), "silent for %llu ms (--frontend-timeout-ms)",
+               (unsigned long long)(now - p->heard_ms));
+      lynx_ctl_close(&p->ctl, why);
+    }
+  {
+    struct cpeer *a = active_frontend(co);
+    if (a && !a->epoch && !co->settle_until_ms)
+      push_tables(co); /* its epoch could not be issued yet */
+  }
   if (co->settle_until_ms &&
       (now >= co->settle_until_ms || frontends_settled(co))) {
     LYNX_INFO("coordinator", "settled after the restart: pushing tables");

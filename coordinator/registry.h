@@ -268,6 +268,10 @@ struct lynx_registry {
    * ask of each accelerator (lynx_service_region_bytes; 422 above) */
   uint32_t services_max;
   uint64_t region_max_bytes;
+  /* Epochs the coordinator issues from its store (store.h, store_etcd.h):
+   * the last one issued, and the newest frontend epoch (the active
+   * frontend's, unless a promotion is under way). */
+  uint64_t epoch_last, frontend_epoch;
 };
 
 void lynx_reg_init(struct lynx_registry *r, uint64_t lease_ms,

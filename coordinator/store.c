@@ -56,7 +56,32 @@ struct json_object *lynx_store_state_obj(const struct lynx_registry *r) {
   for (d = r->drain_intents; d; d = d->next)
     json_object_array_add(drained, json_object_new_string(d->id));
   json_object_object_add(root, "drained", drained);
+  if (r->epoch_last)
+    json_object_object_add(root, "epoch",
+                           json_object_new_int64((int64_t)r->epoch_last));
+  if (r->frontend_epoch)
+    json_object_object_add(root, "frontend_epoch",
+                           json_object_new_int64((int64_t)r->frontend_epoch));
   return root;
+}
+
+int lynx_store_issue_epoch(const char *dir, struct lynx_registry *r,
+                           int frontend, uint64_t *epoch, char *err,
+                           size_t errlen) {
+  uint64_t last = r->epoch_last, fe = r->frontend_epoch;
+  int rc;
+  r->epoch_last++;
+  if (frontend)
+    r->frontend_epoch = r->epoch_last;
+  rc = lynx_store_save(dir, r, err, errlen);
+  if (rc) {
+    /* not handed out: issuing it again later is harmless */
+    r->epoch_last = last;
+    r->frontend_epoch = fe;
+    return rc;
+  }
+  *epoch = r->epoch_last;
+  return 0;
 }
 
 static int write_all(int fd, const char *buf, size_t len) {
@@ -259,6 +284,7 @@ int lynx_store_apply(struct json_object *root, const char *path,
   struct lynx_service_spec *specs = NULL;
   struct lynx_reg_err e;
   int rc = -EINVAL, have_version = 0;
+  uint64_t epochs[2] = {0, 0}; /* "epoch", "frontend_epoch" */
 
   if (!json_object_is_type(root, json_type_object)) {
     lynx_fail(err, errlen, rc, "%s: must be a JSON object", path);
@@ -288,6 +314,14 @@ int lynx_store_apply(struct json_object *root, const char *path,
           goto out;
         }
         drained = val;
+      } else if (!strcmp(key, "epoch") || !strcmp(key, "frontend_epoch")) {
+        if (!json_object_is_type(val, json_type_int) ||
+            json_object_get_int64(val) < 0) {
+          lynx_fail(err, errlen, rc, "%s: %s: must be a non-negative integer",
+                    path, key);
+          goto out;
+        }
+        epochs[key[0] == 'f'] = (uint64_t)json_object_get_int64(val);
       } else {
         lynx_fail(err, errlen, rc, "%s: %s: unknown field", path, key);
         goto out;
@@ -346,6 +380,16 @@ int lynx_store_apply(struct json_object *root, const char *path,
       goto out;
     }
   }
+  if (epochs[1] > epochs[0]) {
+    lynx_fail(err, errlen, rc = -EINVAL, "%s: frontend_epoch %llu is beyond "
+              "epoch %llu, the last one issued", path,
+              (unsigned long long)epochs[1], (unsigned long long)epochs[0]);
+    goto out;
+  }
+  if (epochs[0] > r->epoch_last)
+    r->epoch_last = epochs[0];
+  if (epochs[1] > r->frontend_epoch)
+    r->frontend_epoch = epochs[1];
   rc = 0;
 out:
   free(specs);

@@ -1,6 +1,6 @@
 /*
- * store.h - operator intent on disk: the services, and which nodes the
- * operator drained, in DIR/state.json.
+ * store.h - operator intent on disk: the services, which nodes the
+ * operator drained, and the epoch counter, in DIR/state.json.
  *
  * Saving writes DIR/state.json.tmp, fsyncs it, renames it over state.json
  * and fsyncs DIR, so a crash leaves either the old or the new file, never a
@@ -27,7 +27,16 @@ int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
 int lynx_store_load(const char *dir, struct lynx_registry *r, uint64_t now_ms,
                     char *err, size_t errlen);
 
-/* The state's JSON shape ({"version", "services", "drained"}), which
+/* Issues the next epoch (a frontend's when frontend is set) from the
+ * state directory's counter: r->epoch_last + 1, in state.json (fsynced)
+ * before it is handed out, so epochs grow strictly across restarts of
+ * anything, whatever the clocks do. 0 or -errno with err (nothing issued). */
+int lynx_store_issue_epoch(const char *dir, struct lynx_registry *r,
+                           int frontend, uint64_t *epoch, char *err,
+                           size_t errlen);
+
+/* The state's JSON shape ({"version", "services", "drained", and "epoch"
+ * and "frontend_epoch" once issued}), which
  * state.json holds and the etcd store splits into keys (store_etcd.c). A
  * new reference, or NULL when out of memory. */
 struct json_object *lynx_store_state_obj(const struct lynx_registry *r);

@@ -242,6 +242,59 @@ out:
   return rc;
 }
 
+/* ---- epochs --------------------------------------------------------------- */
+
+int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
+                                struct lynx_registry *r, int frontend,
+                                uint64_t *epoch, char *err, size_t errlen) {
+  struct lynx_etcd_cmp fence = {s->fence_key, LYNX_ETCD_CREATE, 0,
+                                s->fence_rev, NULL};
+  char *key = join2(s->prefix, frontend ? "epochs/frontend" : "epochs/node");
+  struct lynx_etcd_op put = {LYNX_ETCD_PUT, key, "", 0, 0};
+  int64_t rev = 0;
+  int held = 1, rc;
+  if (!key)
+    return lynx_fail(err, errlen, -ENOMEM, "out of memory");
+  /* the put's revision is the epoch: etcd's revisions only grow, for
+   * every coordinator, across restarts of anything */
+  rc = lynx_etcd_txn(s->etcd, &fence, s->fence_rev ? 1 : 0, &put, 1, NULL, 0,
+                     &held, &rev, err, errlen);
+  if (!rc && !held)
+    rc = lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
+                   "leads (%s is not the key it created): no epoch issued",
+                   s->fence_key);
+  if (!rc && rev <= 0)
+    rc = lynx_fail(err, errlen, -EPROTO, "etcd answered the put of %s "
+                   "without a revision", key);
+  free(key);
+  if (rc)
+    return rc;
+  *epoch = (uint64_t)rev;
+  r->epoch_last = *epoch;
+  if (frontend)
+    r->frontend_epoch = *epoch;
+  return 0;
+}
+
+/* r->frontend_epoch: the revision of the last put of P epochs/frontend. */
+static int frontend_epoch_read(struct lynx_store_etcd *s,
+                               struct lynx_registry *r, char *err,
+                               size_t errlen) {
+  struct lynx_etcd_kvs k;
+  char *key = join2(s->prefix, "epochs/frontend");
+  int rc;
+  if (!key)
+    return lynx_fail(err, errlen, -ENOMEM, "out of memory");
+  rc = lynx_etcd_get(s->etcd, key, 0, &k, err, errlen);
+  free(key);
+  if (rc)
+    return rc;
+  if (k.n && k.kv[0].mod_rev > 0)
+    r->frontend_epoch = (uint64_t)k.kv[0].mod_rev;
+  lynx_etcd_kvs_free(&k);
+  return 0;
+}
+
 int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
                         size_t errlen) {
   struct stored st;
@@ -302,6 +355,8 @@ int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
                                          st.drained.kv[i].key + strlen(st.ddr)));
   snprintf(where, sizeof(where), "etcd %s", s->prefix);
   rc = lynx_store_apply(root, where, r, now_ms, err, errlen);
+  if (!rc)
+    rc = frontend_epoch_read(s, r, err, errlen);
 out:
   stored_free(&st);
   json_object_put(root);

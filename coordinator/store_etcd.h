@@ -5,6 +5,9 @@
  *   P version            "1": the layout below
  *   P services/<name>    a service spec, as POST /v1/services takes it
  *   P drained/<node-id>  "": the operator drained that node
+ *   P epochs/node        "": its puts' revisions are the node epochs issued
+ *   P epochs/frontend    "": same for frontend epochs (its mod revision:
+ *                        the newest frontend epoch)
  *
  * Saving compares the registry with what etcd holds and writes only the
  * differences (a put per changed service, a delete per one that went),
@@ -42,14 +45,22 @@ int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
 int lynx_store_etcd_save(void *arg, const struct lynx_registry *r, char *err,
                          size_t errlen);
 
+/* Issues an epoch (a frontend's when frontend is set): the revision of a
+ * put of P epochs/node or P epochs/frontend, fenced like saves; sets
+ * r->epoch_last (and r->frontend_epoch). 0 or -errno with err. */
+int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
+                                struct lynx_registry *r, int frontend,
+                                uint64_t *epoch, char *err, size_t errlen);
+
 /* A number that changes whenever the services or drain intents etcd holds
  * change (a follower reloads when it does). 0 or -errno with err. */
 int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
                         size_t errlen);
 
-/* As lynx_store_load, from etcd: nothing stored is an empty state; a
- * layout version other than 1, or an item that does not decode, is an
- * error (the coordinator refuses to start rather than forget services). */
+/* As lynx_store_load, from etcd (r->frontend_epoch included): nothing
+ * stored is an empty state; a layout version other than 1, or an item that
+ * does not decode, is an error (the coordinator refuses to start rather
+ * than forget services). */
 int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
                          uint64_t now_ms, char *err, size_t errlen);
 

@@ -110,6 +110,10 @@ struct fe_main {
    * which it is fully applied */
   uint64_t table_version, table_seq_done;
   int have_table;
+  /* the frontend epoch the active table gave us (0: none, or a standby):
+   * every connection presents it (desc.producer), and so does our Hello,
+   * so that a coordinator keeps it for us when nobody was promoted since */
+  uint64_t epoch;
   /* the back ends of the service service_start is about to start */
   const struct fe_backend_cfg *pending_backends;
   uint32_t n_pending_backends;
@@ -504,7 +508,29 @@ static enum fe_proto spec_proto(const Lynx__ServiceSpec *sp) {
   return sp->proto && !strcmp(sp->proto, "tcp") ? FE_PROTO_TCP : FE_PROTO_UDP;
 }
 
+/* A table with a frontend epoch other than the one our connections
+ * present: a newer frontend may have fenced them, and the agents admit
+ * only the newer epoch, so every connection is made again with it. */
+static void take_epoch(struct fe_main *m, const Lynx__DispatchTable *t) {
+  uint64_t old = m->epoch;
+  if (t->standby) {
+    m->epoch = 0; /* a standby produces nothing */
+    return;
+  }
+  if (t->frontend_epoch == old)
+    return;
+  m->epoch = t->frontend_epoch;
+  LYNX_INFO("frontend", "%s: producing with frontend epoch %llu%s", m->id,
+            (unsigned long long)m->epoch,
+            old && m->services ? "; every accelerator is connected again "
+                                 "with it" : "");
+  if (old)
+    for (struct frontend *fe = m->services; fe; fe = fe->next)
+      service_set_instances(fe, NULL, 0, NULL, 0, FE_CMD_ABANDON);
+}
+
 static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
+  take_epoch(m, t);
   /* services that are gone (or moved port) are stopped first */
   for (struct frontend *fe = m->services, *next; fe; fe = next) {
     int keep = 0;
@@ -563,6 +589,7 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       const Lynx__TableEntry *e = st->entries[k];
       if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
         continue;
+      accels[n].desc.producer = m->epoch;
       if (sp->n_backends) {
         /* server mqueues, then client mqueues, as many for each back end
          * (one on a CPU, one per block of a GPU kernel that calls them:
@@ -796,6 +823,7 @@ int main(int argc, char **argv) {
            m.coordinator_mode ? "coordinator" : "agent", peer);
   lynx_dialer_init(&m.d, &m.loop, peer, "frontend", m.target, cfg->frame_max);
   m.d.role = "frontend";
+  m.d.epoch = &m.epoch;
   m.d.id = m.id;
   m.d.token = m.token;
   m.d.on_msg = on_ctl_msg;

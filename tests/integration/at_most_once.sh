@@ -102,7 +102,7 @@ sleep_until=$(($(now_ms) + LEASE_MS))
 while (($(now_ms) < sleep_until)); do sleep 0.1; done
 wait_accel_reqs "$d0" 5
 log "ok: after SIGCONT the accelerator's requests are still $d0: none of the $lost lost ran"
-assert_log "$A_LOG" "registering again as epoch" "the agent became a new incarnation"
+assert_log "$A_LOG" "registering again as a new incarnation" "the agent became a new incarnation"
 assert_log "$COORD_LOG" "register as a new incarnation" "the coordinator refused the old epoch"
 epoch1=$(api_json "/v1/nodes/$N1" .epoch)
 assert_gt "$epoch1" "$epoch0" "epoch of the new incarnation"

@@ -470,6 +470,57 @@ static void test_store_fenced(void **state) {
   lynx_reg_free(&r);
 }
 
+/* Epochs from etcd: revisions, so strictly increasing whoever issues
+ * them (two coordinators' stores here) and across restarts; a load gives
+ * the newest frontend epoch; a fenced issue fails once another leads. */
+static void test_store_epochs(void **state) {
+  struct fx *f = *state;
+  struct lynx_store_etcd s1, s2;
+  struct lynx_registry r1, r2, back;
+  uint64_t a, b, fe, c;
+  assert_int_equal(lynx_store_etcd_init(&s1, f->e, "/lynx/", f->err,
+                                        sizeof(f->err)),
+                   0);
+  s2 = s1;
+  reg_new(&r1);
+  reg_new(&r2);
+  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 0, &a, f->err,
+                                               sizeof(f->err)),
+                   0);
+  assert_int_equal(lynx_store_etcd_issue_epoch(&s2, &r2, 0, &b, f->err,
+                                               sizeof(f->err)),
+                   0);
+  assert_true(b > a && a > 0);
+  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 1, &fe, f->err,
+                                               sizeof(f->err)),
+                   0);
+  assert_true(fe > b && r1.frontend_epoch == fe);
+  reg_new(&back);
+  assert_int_equal(lynx_store_etcd_load(&s2, &back, 0, f->err,
+                                        sizeof(f->err)),
+                   0);
+  assert_true(back.frontend_epoch == fe);
+  lynx_reg_free(&back);
+  /* fenced by a leader key another coordinator now holds */
+  put_ok(f, "/lynx/leader", "me");
+  s1.fence_key = "/lynx/leader";
+  s1.fence_rev = mod_rev(f, "/lynx/leader");
+  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 0, &c, f->err,
+                                               sizeof(f->err)),
+                   0);
+  assert_true(c > fe);
+  assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
+                                 sizeof(f->err)),
+                   0);
+  put_ok(f, "/lynx/leader", "other");
+  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 1, &c, f->err,
+                                               sizeof(f->err)),
+                   -ECANCELED);
+  assert_true(r1.frontend_epoch == fe);
+  lynx_reg_free(&r1);
+  lynx_reg_free(&r2);
+}
+
 static int g_argc;
 static char **g_argv;
 
@@ -480,6 +531,7 @@ int main(int argc, char **argv) {
       T(test_leases),         T(test_endpoints),
       T(test_store_round_trip), T(test_store_refuses),
       T(test_store_etcd_down), T(test_store_fenced),
+      T(test_store_epochs),
   };
 #undef T
   int rc;

@@ -934,6 +934,9 @@ static void test_store_corrupt(void **state) {
       {"{\"version\": 1, \"drained\": [1]}", "drained[0]"},
       {"{\"version\": 1, \"drained\": [\"bad/id\"]}", "drained[0]"},
       {"{\"version\": 1, \"extra\": 1}", "extra: unknown field"},
+      {"{\"version\": 1, \"epoch\": -1}", "epoch: must be a non-negative"},
+      {"{\"version\": 1, \"frontend_epoch\": \"7\"}",
+       "frontend_epoch: must be a non-negative"},
       {"{\"version\": 1, \"services\": [{\"name\": \"a\", \"port\": 1, "
        "\"app\": \"x\"}, {\"name\": \"b\", \"port\": -1, \"app\": \"x\"}]}",
        "services[1]: port: must not be negative"},
@@ -986,6 +989,62 @@ static void test_store_errors(void **state) {
   lynx_reg_free(&r);
 }
 
+/* Epochs from the state directory: each one issued is beyond every one
+ * before it, also across a restart (a registry loaded again), whatever the
+ * clock; the newest frontend epoch survives too. A save that fails issues
+ * nothing, and the next one still grows. */
+static void test_store_epochs(void **state) {
+  struct tmpdir *t = *state;
+  struct lynx_registry r;
+  uint64_t e1, e2, f1, e3, e4;
+  char msg[256], p[128];
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 0, &e1, msg,
+                                          sizeof(msg)),
+                   0);
+  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 0, &e2, msg,
+                                          sizeof(msg)),
+                   0);
+  assert_true(e2 > e1 && e1 > 0);
+  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 1, &f1, msg,
+                                          sizeof(msg)),
+                   0);
+  assert_true(f1 > e2);
+  assert_true(r.frontend_epoch == f1);
+  lynx_reg_free(&r);
+
+  /* a restart: the counter comes back from state.json */
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  assert_int_equal(lynx_store_load(t->path, &r, 0, msg, sizeof(msg)), 0);
+  assert_true(r.frontend_epoch == f1);
+  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 0, &e3, msg,
+                                          sizeof(msg)),
+                   0);
+  assert_true(e3 > f1);
+  assert_true(r.frontend_epoch == f1); /* a node's epoch is not a frontend's */
+
+  /* the directory cannot take the file: no epoch, nothing changes */
+  snprintf(p, sizeof(p), "%s/state.json.tmp", t->path);
+  assert_int_equal(mkdir(p, 0700), 0);
+  assert_true(lynx_store_issue_epoch(t->path, &r, 1, &e4, msg,
+                                     sizeof(msg)) < 0);
+  assert_true(r.epoch_last == e3 && r.frontend_epoch == f1);
+  rmdir(p);
+  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 1, &e4, msg,
+                                          sizeof(msg)),
+                   0);
+  assert_true(e4 > e3 && r.frontend_epoch == e4);
+  lynx_reg_free(&r);
+
+  /* a hand-edited file whose frontend epoch is beyond the counter */
+  write_state(t->path, "{\"version\": 1, \"epoch\": 3, "
+                       "\"frontend_epoch\": 9}");
+  lynx_reg_init(&r, 3000, 10000, NULL);
+  assert_true(lynx_store_load(t->path, &r, 0, msg, sizeof(msg)) < 0);
+  assert_non_null(strstr(msg, "frontend_epoch 9 is beyond epoch 3"));
+  lynx_reg_free(&r);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_defaults),
@@ -1000,6 +1059,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_store_corrupt, dir_setup,
                                       dir_teardown),
       cmocka_unit_test_setup_teardown(test_store_errors, dir_setup,
+                                      dir_teardown),
+      cmocka_unit_test_setup_teardown(test_store_epochs, dir_setup,
                                       dir_teardown),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
