@@ -34,6 +34,8 @@ PKGS=(
   # the coordinator's store for several coordinators (--etcd, issue 16):
   # the server for tests and make run-ha, etcdctl for operators and tests
   etcd-server etcd-client
+  # tests: an agent whose wall clock was stepped back (libfaketime)
+  faketime
   # the lenet app (docs/lenet.md): its test images, its training script, and
   # zlib for the tools and tests that read the gzipped images
   dataset-fashion-mnist python3-numpy zlib1g-dev

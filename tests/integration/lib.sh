@@ -299,13 +299,16 @@ start_frontend() {
 
 # spawn_daemon PROG STEM SUFFIX ARGS...: starts build/bin/PROG in the
 # background with its log in $IT_DIR/STEM.<seq>.log, tracked for cleanup.
-# Sets SPAWN_PID and SPAWN_LOG.
+# Sets SPAWN_PID and SPAWN_LOG. With the array SPAWN_WRAP set, PROG runs
+# under it (e.g. SPAWN_WRAP=(faketime -f -1d)); it must exec PROG, so that
+# SPAWN_PID is PROG's.
+SPAWN_WRAP=()
 spawn_daemon() {
   local prog=$1 stem=$2 suffix=$3
   shift 3
   IT_SEQ=$((IT_SEQ + 1))
   SPAWN_LOG=$IT_DIR/$stem.$IT_SEQ.log
-  "$LYNX_BIN_DIR/$prog" "$@" >"$SPAWN_LOG" 2>&1 </dev/null &
+  ${SPAWN_WRAP[@]+"${SPAWN_WRAP[@]}"} "$LYNX_BIN_DIR/$prog" "$@" >"$SPAWN_LOG" 2>&1 </dev/null &
   SPAWN_PID=$!
   track "$SPAWN_PID" "$prog#$IT_SEQ$suffix"
   log "started $prog#$IT_SEQ$suffix pid $SPAWN_PID: $*"
