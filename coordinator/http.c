@@ -442,7 +442,7 @@ struct metrics_snap {
   uint64_t services, frontends;
   uint64_t version, table_version;
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
-  uint64_t new_incarnations, pauses, paused_ms;
+  uint64_t new_incarnations, pauses, paused_ms, moves_started, moves_done;
   struct metrics_accel *acc; /* m.accels entries, or NULL (out of memory) */
 };
 
@@ -525,6 +525,8 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   m.registrations = r->registrations;
   m.refused_epochs = r->refused_epochs;
   m.new_incarnations = r->new_incarnations;
+  m.moves_started = r->moves_started;
+  m.moves_done = r->moves_done;
   m.pauses = r->pauses;
   m.paused_ms = r->paused_ms;
   pthread_mutex_unlock(&rq->c->lock);
@@ -576,6 +578,14 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
           "Re-registrations of a declared-down epoch sent back to register "
           "as a new incarnation.",
           m.new_incarnations);
+  COUNTER("lynx_coordinator_replica_moves_started_total",
+          "Replicas given a replacement on a node the placement prefers "
+          "(replicas follow capacity).",
+          m.moves_started);
+  COUNTER("lynx_coordinator_replica_moves_done_total",
+          "Moved-away replicas stopped once quiet (or at the drain "
+          "timeout).",
+          m.moves_done);
   COUNTER("lynx_coordinator_pauses_total",
           "Times the coordinator found it had not run for more than two "
           "ticks (stopped, starved) and extended every lease by the gap.",

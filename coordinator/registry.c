@@ -14,6 +14,13 @@
  * - Instances on DRAINING nodes are left alone by placement (in-flight
  *   requests still come back through them); the drain stops them. Instances
  *   on DOWN nodes are forgotten without a stop (their agent is gone).
+ * - Replicas follow capacity: when a node joins or returns and the
+ *   placement policy would put a replica there rather than where one runs
+ *   (fewer of the service's instances on that node, or a less loaded
+ *   accelerator), one instance of the service moves at a time: its
+ *   replacement starts while it serves; once the replacement is ready it
+ *   RETIRES (out of the tables) and is stopped when the frontends report
+ *   nothing outstanding on it, as a drain does: nothing is lost.
  * - A failed instance is forgotten and placement retries on the next tick,
  *   not at once, so an application that cannot start does not spin.
  * - Accelerator health (heartbeats) is part of dispatchability, not of
@@ -540,12 +547,73 @@ static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
   return found;
 }
 
+/* Replicas follow capacity: when the policy would rather place one of s's
+ * replicas elsewhere than where the most crowded one runs, that one gets
+ * a replacement there (it serves until the replacement is ready, then
+ * retires). Called when s has its replicas and nothing of it is starting,
+ * retiring or replaced, so one instance moves at a time. A move must leave
+ * the placement strictly better, so it never moves back: fewer of s's
+ * instances on the target node than the source will have after (2 nodes
+ * apart), or as few and an accelerator with less load (2 apart). */
+static int rc_move(struct lynx_registry *r, struct rc_ctx *c,
+                   struct lynx_reg_service *s,
+                   struct lynx_reg_instance ***tailp) {
+  struct lynx_reg_instance *i, *w = NULL;
+  struct rc_node *wrn = NULL, *brn;
+  int wpos = 0, better, rc;
+  uint32_t nk, pos;
+  if (s->spec.placement != LYNX_PLACE_REPLICAS)
+    return 0;
+  for (i = r->instances; i; i = i->next) {
+    struct rc_node *rn;
+    int p;
+    /* one on an unhealthy accelerator stays put: it may recover */
+    if (i->svc != s || i->state != LYNX_INST_READY || !inst_accel_ok(i))
+      continue;
+    rn = rc_lookup(c, i->node);
+    p = accel_pos(i->node, i->accel_idx);
+    if (!rn || !rn->eligible || p < 0)
+      continue;
+    if (!w || rn->svc_cnt > wrn->svc_cnt ||
+        (rn->svc_cnt == wrn->svc_cnt && rn->load[p] > wrn->load[wpos])) {
+      w = i;
+      wrn = rn;
+      wpos = p;
+    }
+  }
+  if (!w || !rc_pick(r, c, s, &nk, &pos))
+    return 0;
+  brn = &c->nodes[nk];
+  if (brn == wrn)
+    better = brn->load[pos] + 1 < wrn->load[wpos];
+  else
+    better = brn->svc_cnt + 1 < wrn->svc_cnt ||
+             (brn->svc_cnt + 1 <= wrn->svc_cnt &&
+              brn->load[pos] + 1 < wrn->load[wpos]);
+  if (!better)
+    return 0;
+  rc = inst_start(r, s, brn->n, pos, tailp);
+  if (rc)
+    return rc;
+  w->replaced_by = r->next_instance_id - 1; /* the one just started */
+  brn->have |= 1ull << pos;
+  brn->svc_cnt++;
+  brn->load[pos]++;
+  r->moves_started++;
+  LYNX_INFO("registry", "service %s: instance %" PRIu64 " moves from %s/%u "
+            "to %s/%u (placement prefers it there); it serves until its "
+            "replacement %" PRIu64 " is ready", s->spec.name, w->id,
+            w->node->id, w->accel_idx, brn->n->id,
+            brn->n->accels[pos].info.idx, w->replaced_by);
+  return 0;
+}
+
 static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
                              struct lynx_reg_service *s) {
   const struct lynx_service_spec *sp = &s->spec;
   struct lynx_reg_instance **pp, **tail;
   uint32_t k, a, kept = 0;
-  int rc;
+  int rc, moving = 0;
 
   for (k = 0; k < c->n_nodes; k++) {
     struct rc_node *rn = &c->nodes[k];
@@ -555,12 +623,14 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
                    lynx_reg_labels_match(rn->n, sp);
   }
 
-  /* Existing instances: keep what is still wanted, stop the rest. */
+  /* Existing instances: keep what is still wanted, stop the rest. One
+   * that retires, or is being replaced, still runs where it is but no
+   * longer counts. */
   pp = &r->instances;
   while (*pp) {
     struct lynx_reg_instance *i = *pp;
     struct rc_node *rn;
-    int pos;
+    int pos, leaving;
     if (i->svc != s) {
       pp = &i->next;
       continue;
@@ -573,6 +643,10 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       pp = &i->next; /* the drain stops it */
       continue;
     }
+    if (i->replaced_by && !inst_find(r, i->replaced_by, NULL))
+      i->replaced_by = 0; /* its replacement failed: it stays */
+    leaving = i->state == LYNX_INST_RETIRING || i->replaced_by;
+    moving |= leaving || i->state == LYNX_INST_STARTING;
     rn = rc_lookup(c, i->node);
     pos = accel_pos(i->node, i->accel_idx);
     if (!rn || pos < 0 || !rn->eligible || (rn->have & (1ull << pos))) {
@@ -582,8 +656,10 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       continue;
     }
     rn->have |= 1ull << pos;
-    rn->svc_cnt++;
-    kept++;
+    if (!leaving) {
+      rn->svc_cnt++;
+      kept++;
+    }
     pp = &i->next;
   }
   tail = pp; /* the end of the list: new instances go here */
@@ -617,7 +693,8 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
     for (q = &r->instances; *q; q = &(*q)->next) {
       struct lynx_reg_instance *i = *q;
       struct rc_node *rn;
-      if (i->svc != s || i->node->state != LYNX_NODE_READY)
+      if (i->svc != s || i->node->state != LYNX_NODE_READY ||
+          i->state == LYNX_INST_RETIRING || i->replaced_by)
         continue;
       rn = rc_lookup(c, i->node);
       if (!rn || !rn->eligible)
@@ -660,8 +737,9 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
     rn->svc_cnt++;
     rn->load[pos]++;
     kept++;
+    moving = 1;
   }
-  return 0;
+  return moving ? 0 : rc_move(r, c, s, &tail);
 }
 
 /* Instances of deleted services never remain; instances whose service is
@@ -704,18 +782,33 @@ static int u64_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Whether every connected frontend runs table table_version or later and
+ * reports nothing outstanding on the instances ids[0..cnt) (sorted). */
+static int frontends_quiet(const struct lynx_registry *r,
+                           uint64_t table_version, const uint64_t *ids,
+                           size_t cnt) {
+  const struct lynx_reg_frontend *f;
+  for (f = r->frontends; f; f = f->next) {
+    if (!f->connected)
+      continue;
+    if (f->table_version_applied < table_version)
+      return 0;
+    for (size_t m = 0; cnt && m < f->n_mqs; m++)
+      if (f->mqs[m].outstanding &&
+          bsearch(&f->mqs[m].instance_id, ids, cnt, sizeof(*ids), u64_cmp))
+        return 0;
+  }
+  return 1;
+}
+
 /* Whether every connected frontend runs a table without n and reports
  * nothing outstanding on n's instances. */
 static int drain_quiet(struct lynx_registry *r, struct lynx_reg_node *n) {
-  struct lynx_reg_frontend *f;
   struct lynx_reg_instance *i;
   uint64_t *ids = NULL;
-  size_t cnt = 0, cap = 0, m;
-  int quiet = 1;
+  size_t cnt = 0, cap = 0;
+  int quiet;
 
-  for (f = r->frontends; f; f = f->next)
-    if (f->connected && f->table_version_applied < n->drain_table_version)
-      return 0;
   for (i = r->instances; i; i = i->next) {
     if (i->node != n)
       continue;
@@ -731,21 +824,47 @@ static int drain_quiet(struct lynx_registry *r, struct lynx_reg_node *n) {
     }
     ids[cnt++] = i->id;
   }
-  if (cnt) {
+  if (cnt)
     qsort(ids, cnt, sizeof(*ids), u64_cmp);
-    for (f = r->frontends; f && quiet; f = f->next) {
-      if (!f->connected)
-        continue;
-      for (m = 0; m < f->n_mqs; m++)
-        if (f->mqs[m].outstanding &&
-            bsearch(&f->mqs[m].instance_id, ids, cnt, sizeof(*ids), u64_cmp)) {
-          quiet = 0;
-          break;
-        }
-    }
-  }
+  quiet = frontends_quiet(r, n->drain_table_version, ids, cnt);
   free(ids);
   return quiet;
+}
+
+/* A moved-away instance retires: out of the tables now, stopped once the
+ * frontends run a table without it and have nothing outstanding on it. */
+static void inst_retire(struct lynx_registry *r, struct lynx_reg_instance *i,
+                        uint64_t now_ms) {
+  if (inst_dispatchable(i))
+    r->table_dirty = 1;
+  i->state = LYNX_INST_RETIRING;
+  /* the commit ending this call bumps the version once if the table
+   * changed: that table is the first without i */
+  i->retire_table_version = r->table_version + (r->table_dirty ? 1 : 0);
+  i->retire_deadline_ms = now_ms + r->drain_timeout_ms;
+  r->version++;
+}
+
+/* Stops retiring instances that are quiet or past their deadline. */
+static void retire_check_all(struct lynx_registry *r, uint64_t now_ms) {
+  struct lynx_reg_instance **pp = &r->instances;
+  while (*pp) {
+    struct lynx_reg_instance *i = *pp;
+    if (i->state == LYNX_INST_RETIRING &&
+        (now_ms >= i->retire_deadline_ms ||
+         frontends_quiet(r, i->retire_table_version, &i->id, 1))) {
+      LYNX_INFO("registry", "service %s: instance %" PRIu64 " on %s/%u "
+                "moved away and is %s: stopped", i->svc->spec.name, i->id,
+                i->node->id, i->accel_idx,
+                now_ms >= i->retire_deadline_ms
+                    ? "past the drain timeout"
+                    : "quiet (nothing outstanding on it)");
+      r->moves_done++;
+      inst_stop_at(r, pp);
+      continue;
+    }
+    pp = &i->next;
+  }
 }
 
 /* Finishes the drain of n if it is complete or its deadline passed. */
@@ -763,6 +882,7 @@ static void drain_check_all(struct lynx_registry *r, uint64_t now_ms) {
   struct lynx_reg_node *n;
   for (n = r->nodes; n; n = n->next)
     drain_check(r, n, now_ms);
+  retire_check_all(r, now_ms);
 }
 
 /* ---- agents --------------------------------------------------------- */
@@ -1253,7 +1373,6 @@ int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
   struct lynx_reg_instance **pp, *i;
   struct lynx_region_desc d;
   int rc;
-  (void)now_ms;
   if (!desc)
     return -EINVAL;
   rc = inst_of_node(r, node_id, epoch, instance_id, &pp);
@@ -1281,6 +1400,10 @@ int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
   if (inst_dispatchable(i))
     r->table_dirty = 1;
   r->version++;
+  for (struct lynx_reg_instance *j = r->instances; j; j = j->next)
+    if (j->replaced_by == i->id && j->state == LYNX_INST_READY)
+      inst_retire(r, j, now_ms);
+  retire_check_all(r, now_ms); /* no frontend: at once */
   table_commit(r);
   return 0;
 }

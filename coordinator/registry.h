@@ -36,7 +36,11 @@ enum lynx_node_state {
 enum lynx_inst_state {
   LYNX_INST_STARTING = 0, /* asked the agent to start it */
   LYNX_INST_READY = 1,    /* agent reported its region: dispatchable */
-  /* an instance the registry stops is forgotten at once: no third state */
+  /* moved away (its replacement is ready): out of the tables, still
+   * running until the frontends report nothing outstanding on it or the
+   * drain timeout passes; then stopped. Any other instance the registry
+   * stops is forgotten at once. */
+  LYNX_INST_RETIRING = 2,
 };
 
 enum lynx_placement_kind { LYNX_PLACE_ALL = 0, LYNX_PLACE_REPLICAS = 1 };
@@ -159,6 +163,12 @@ struct lynx_reg_instance {
   uint32_t accel_idx;
   enum lynx_inst_state state;
   struct lynx_region_desc desc; /* valid when READY */
+  /* A move (replicas follow capacity): the instance that takes this one's
+   * place (0: none). This one serves until that one is ready, then
+   * retires: the first table without it, and when it must be stopped at
+   * the latest. */
+  uint64_t replaced_by;
+  uint64_t retire_table_version, retire_deadline_ms;
   struct lynx_reg_instance *next;
 };
 
@@ -246,6 +256,9 @@ struct lynx_registry {
   uint64_t next_retry_ms; /* earliest failed-start backoff to end (0: none) */
   /* counters for /metrics */
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+  /* replicas moved onto a node the placement prefers (started, and the
+   * moved-away instances stopped once quiet) */
+  uint64_t moves_started, moves_done;
   /* registrations of a declared-down epoch sent back as new incarnations */
   uint64_t new_incarnations;
   /* Ticks: lynx_reg_tick is expected every tick_ms (0: no pause detection).

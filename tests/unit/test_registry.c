@@ -1026,12 +1026,28 @@ static void test_replicas_spread_and_replace(void **state) {
   ready_all(&f->r, LEASE);
   assert_int_equal(table_len(&f->r), 6);
 
-  /* n1 comes back: replicas already satisfied, nothing moves */
+  /* n1 comes back: each service has two replicas on one node and none on
+   * n1, so one of each moves there (started; the moved ones serve until
+   * their replacements are ready, then stop: no frontend to wait for) */
   f->n_start = 0;
   f->n_stop = 0;
   assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", LEASE + 10), 0);
-  assert_int_equal(f->n_start, 0);
+  assert_int_equal(f->n_start, 2);
+  assert_string_equal(f->start[0].node, "n1");
+  assert_string_equal(f->start[1].node, "n1");
   assert_int_equal(f->n_stop, 0);
+  assert_int_equal(table_len(&f->r), 6);
+  ready_all(&f->r, LEASE + 20);
+  assert_int_equal(f->n_stop, 2);
+  assert_int_equal(table_len(&f->r), 6);
+  for (k = 0; k < 3; k++) {
+    snprintf(node, sizeof(node), "n%d", k);
+    assert_int_equal(count_inst(&f->r, node, "rep", -1), 1);
+    assert_int_equal(count_inst(&f->r, node, "two", -1), 1);
+  }
+  /* balanced: nothing moves any more */
+  lynx_reg_tick(&f->r, LEASE + 30);
+  assert_int_equal(f->n_start, 2);
 
   /* with too little capacity, as many as fit; the rest when nodes join */
   add_service(&f->r, "wide", 7002, 8, NULL);
@@ -1039,6 +1055,116 @@ static void test_replicas_spread_and_replace(void **state) {
   assert_int_equal(reg_node(&f->r, "n4", 1, 4, "", LEASE + 20), 0);
   assert_int_equal(count_inst(&f->r, NULL, "wide", -1), 8);
   assert_int_equal(count_inst(&f->r, "n4", "wide", -1), 2);
+}
+
+/* Two replicas on n0's two accelerators, a frontend that has applied the
+ * table; n1 (one accelerator) joins and a replica moves there. Sets *old
+ * and *repl to the moving replica and its replacement. */
+static void move_setup(struct fx *f, uint64_t *old, uint64_t *repl) {
+  struct lynx_reg_instance *i;
+  assert_int_equal(reg_node(&f->r, "n0", 1, 2, "", 0), 0);
+  add_service(&f->r, "rep", 7000, 2, NULL);
+  ready_all(&f->r, 0);
+  assert_int_equal(count_inst(&f->r, "n0", "rep", LYNX_INST_READY), 2);
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 0));
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 0);
+  f->n_start = f->n_stop = 0;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 100), 0);
+  assert_int_equal(f->n_start, 1);
+  assert_string_equal(f->start[0].node, "n1");
+  *repl = f->start[0].id;
+  *old = 0;
+  for (i = f->r.instances; i; i = i->next)
+    if (i->replaced_by == *repl)
+      *old = i->id;
+  assert_true(*old != 0);
+}
+
+/* Replicas follow capacity with drain semantics: a node joins that the
+ * placement prefers; the replica moving there serves until its
+ * replacement is ready, then leaves the table and is stopped only once
+ * the frontend runs a table without it and has nothing outstanding on it.
+ * A replacement that fails to start leaves the replica where it was. */
+static void test_replicas_follow_capacity(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_instance *i;
+  struct lynx_fe_mq_report mq[1];
+  uint64_t old_id, repl_id;
+  move_setup(f, &old_id, &repl_id);
+  assert_int_equal(f->r.moves_started, 1);
+  assert_int_equal(table_len(&f->r), 2);
+  /* one move at a time, and none while it runs */
+  lynx_reg_tick(&f->r, 200);
+  assert_int_equal(f->n_start, 1);
+
+  /* the replacement fails: the replica stays, and the move is tried again
+   * after the accelerator's backoff */
+  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, repl_id, "boom",
+                                            300),
+                   0);
+  lynx_reg_tick(&f->r, 310);
+  assert_int_equal(count_inst(&f->r, "n0", "rep", LYNX_INST_READY), 2);
+  assert_int_equal(f->n_stop, 0);
+  assert_int_equal(table_len(&f->r), 2);
+  lynx_reg_tick(&f->r, 2000);
+  assert_int_equal(f->n_start, 2);
+  assert_string_equal(f->start[1].node, "n1");
+  repl_id = f->start[1].id;
+  for (i = f->r.instances; i; i = i->next)
+    if (i->replaced_by == repl_id)
+      old_id = i->id;
+
+  /* ready: the moved replica leaves the table, but runs on while the
+   * frontend has not applied that table or has requests on it */
+  ready_all(&f->r, 2100);
+  assert_true(table_has(&f->r, repl_id));
+  assert_false(table_has(&f->r, old_id));
+  assert_int_equal(table_len(&f->r), 2);
+  assert_int_equal(count_inst(&f->r, "n0", "rep", LYNX_INST_RETIRING), 1);
+  assert_int_equal(f->n_stop, 0);
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version - 1, NULL, 0,
+                           2200);
+  assert_int_equal(f->n_stop, 0);
+  memset(mq, 0, sizeof(mq));
+  mq[0].instance_id = old_id;
+  mq[0].outstanding = 4;
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, mq, 1, 2300);
+  lynx_reg_tick(&f->r, 2400);
+  assert_int_equal(f->n_stop, 0);
+  mq[0].outstanding = 0;
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, mq, 1, 2500);
+  assert_int_equal(f->n_stop, 1);
+  assert_true(f->stop[0].id == old_id);
+  assert_int_equal(f->r.moves_done, 1);
+  assert_int_equal(count_inst(&f->r, "n0", "rep", -1), 1);
+  assert_int_equal(count_inst(&f->r, "n1", "rep", LYNX_INST_READY), 1);
+  /* balanced (one each): no more moves */
+  lynx_reg_tick(&f->r, 2600);
+  assert_int_equal(f->n_start, 2);
+}
+
+/* A moved replica whose frontend never reports it quiet is stopped at the
+ * drain timeout. */
+static void test_replica_move_deadline(void **state) {
+  struct fx *f = *state;
+  struct lynx_fe_mq_report mq[1];
+  uint64_t old_id, repl_id;
+  move_setup(f, &old_id, &repl_id);
+  ready_all(&f->r, 1000);
+  memset(mq, 0, sizeof(mq));
+  mq[0].instance_id = old_id;
+  mq[0].outstanding = 1;
+  for (uint64_t t = 1100; t < 1000 + DRAIN_TIMEOUT; t += 1000) {
+    heartbeat(&f->r, "n0", t);
+    heartbeat(&f->r, "n1", t);
+    lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, mq, 1, t);
+    lynx_reg_tick(&f->r, t);
+  }
+  lynx_reg_tick(&f->r, 1000 + DRAIN_TIMEOUT - 1);
+  assert_int_equal(f->n_stop, 0);
+  lynx_reg_tick(&f->r, 1000 + DRAIN_TIMEOUT);
+  assert_int_equal(f->n_stop, 1);
+  assert_true(f->stop[0].id == old_id);
 }
 
 static void test_replicas_during_drain(void **state) {
@@ -1909,6 +2035,7 @@ int main(int argc, char **argv) {
       T(test_place_all),
       T(test_place_selector),
       T(test_replicas_spread_and_replace),
+      T(test_replicas_follow_capacity), T(test_replica_move_deadline),
       T(test_replicas_during_drain),
       T(test_instance_failed_retries_after_backoff),
       T(test_service_validation),
