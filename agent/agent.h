@@ -119,6 +119,14 @@ struct agent {
   uv_timer_t health;
   int health_open;
   pthread_mutex_t lat_lock; /* every acc[].pub and cpub (stats.c) */
+  /* stats.c: each instance's region fencing (lynx_region_fence_stats) as
+   * the last health sample saw it, for --metrics (under lat_lock: the
+   * metrics thread cannot walk instances) */
+  struct agent_fence_pub {
+    uint64_t instance;
+    struct lynx_fence_stats s;
+  } *fpub;
+  uint32_t n_fpub, fpub_cap;
   /* what applications load (the lenet weights), once, on the first
    * instance that needs it (apps.h) */
   struct lynx_app_res app_res;
@@ -163,6 +171,7 @@ void agent_accel_counters(struct agent *ag, uint32_t accel, uint64_t *req,
 void agent_stats_sample(struct agent *ag, uint64_t now_ns);
 void agent_stats_keep(struct agent *ag, struct instance *in);
 void agent_stats_metrics(struct agent *ag, FILE *f);
+void agent_stats_free(struct agent *ag);
 
 /* health.c: data-path liveness and device health, sampled on a timer */
 void agent_health_start(struct agent *ag);

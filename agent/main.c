@@ -488,6 +488,7 @@ int main(int argc, char **argv) {
   agent_instances_stop_all(&ag);
   lynx_app_res_free(&ag.app_res); /* no instance uses it any more */
   lynx_prom_stop(ag.metrics); /* it reads the handle's guard */
+  agent_stats_free(&ag);
   ag.tops->agent_destroy(ag.tagent); /* every region's memory released */
   ag.tagent = NULL;
   for (int b = 0; b < N_BACKENDS; b++)

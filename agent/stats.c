@@ -16,8 +16,14 @@
  *     long enough for a p99 at modest rates.
  * docs/metrics.md, "Accelerator latency". Copies (tcp into GPU memory):
  * lynx_agent_accel_copies_total and friends, docs/gpu.md.
+ *
+ * Fencing (docs/mqueue.md "Fencing"): each instance's region's fence, live
+ * producers and fenced connections (lynx_region_fence_stats), sampled with
+ * the health timer as well: lynx_agent_region_fence, _producers and
+ * lynx_agent_fenced_connections_total.
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "agent.h"
@@ -69,6 +75,86 @@ void agent_stats_keep(struct agent *ag, struct instance *in) {
   copies_add(&a->cdone, &cc);
 }
 
+/* Publishes every instance's fencing for --metrics (loop thread: it owns
+ * the instances). Kept as it was when there is no memory for more. */
+static void fence_sample(struct agent *ag) {
+  struct agent_fence_pub *p;
+  uint32_t n = 0, k = 0;
+  for (struct instance *in = ag->instances; in; in = in->next)
+    n++;
+  pthread_mutex_lock(&ag->lat_lock);
+  if (n > ag->fpub_cap) {
+    p = realloc(ag->fpub, n * sizeof(*p));
+    if (!p) {
+      pthread_mutex_unlock(&ag->lat_lock);
+      return;
+    }
+    ag->fpub = p;
+    ag->fpub_cap = n;
+  }
+  for (struct instance *in = ag->instances; in; in = in->next, k++) {
+    ag->fpub[k].instance = in->id;
+    lynx_region_fence_stats(&in->region, &ag->fpub[k].s);
+  }
+  ag->n_fpub = k;
+  pthread_mutex_unlock(&ag->lat_lock);
+}
+
+void agent_stats_free(struct agent *ag) {
+  free(ag->fpub);
+  ag->fpub = NULL;
+  ag->n_fpub = ag->fpub_cap = 0;
+}
+
+/* One gauge of every instance's fencing, labelled by instance. */
+static void fence_family(struct agent *ag, FILE *f, const char *name,
+                         const char *type, const char *help, size_t off) {
+  lynx_prom_family(f, name, type, help);
+  pthread_mutex_lock(&ag->lat_lock);
+  for (uint32_t i = 0; i < ag->n_fpub; i++) {
+    char id[24];
+    uint64_t v;
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)ag->fpub[i].instance);
+    memcpy(&v, (const uint8_t *)&ag->fpub[i].s + off, sizeof(v));
+    lynx_prom_u64(f, name,
+                  (const struct lynx_prom_label[]){
+                      {"instance", id}, {NULL, NULL}},
+                  v);
+  }
+  pthread_mutex_unlock(&ag->lat_lock);
+}
+
+static void fence_metrics(struct agent *ag, FILE *f) {
+  static const char fenced[] = "lynx_agent_fenced_connections_total";
+  fence_family(ag, f, "lynx_agent_region_fence", "gauge",
+               "The newest frontend epoch the instance's region admitted as "
+               "its producer (0: none; docs/mqueue.md \"Fencing\").",
+               offsetof(struct lynx_fence_stats, fence));
+  fence_family(ag, f, "lynx_agent_region_producers", "gauge",
+               "Live data connections of the instance's region admitted at "
+               "its fence (shm: 0, frontends map the region themselves).",
+               offsetof(struct lynx_fence_stats, producers));
+  /* one family, two series per instance */
+  lynx_prom_family(f, fenced, "counter",
+                   "Data connections fenced: refused for presenting an older "
+                   "frontend epoch, or cut when a newer one took the region "
+                   "over (shm: not seen by the agent).");
+  pthread_mutex_lock(&ag->lat_lock);
+  for (uint32_t i = 0; i < ag->n_fpub; i++) {
+    char id[24];
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)ag->fpub[i].instance);
+    lynx_prom_u64(f, fenced,
+                  (const struct lynx_prom_label[]){
+                      {"instance", id}, {"why", "refused"}, {NULL, NULL}},
+                  ag->fpub[i].s.refused);
+    lynx_prom_u64(f, fenced,
+                  (const struct lynx_prom_label[]){
+                      {"instance", id}, {"why", "cut"}, {NULL, NULL}},
+                  ag->fpub[i].s.cut);
+  }
+  pthread_mutex_unlock(&ag->lat_lock);
+}
+
 void agent_stats_sample(struct agent *ag, uint64_t now_ns) {
   struct lynx_lat t;
   struct lynx_accel_copies ct;
@@ -92,6 +178,7 @@ void agent_stats_sample(struct agent *ag, uint64_t now_ns) {
     a->cpub = ct;
     pthread_mutex_unlock(&ag->lat_lock);
   }
+  fence_sample(ag);
 }
 
 /* The copy counters, one family each, by accelerator. */
@@ -176,4 +263,5 @@ void agent_stats_metrics(struct agent *ag, FILE *f) {
     }
   }
   copies_metrics(ag, f);
+  fence_metrics(ag, f);
 }

@@ -97,6 +97,10 @@ struct lynx_region_hdr {
 #define LYNX_HDR_RESP_BELL 1u
 
 #define LYNX_OFF_SLEEPING 64u  /* u32, accelerator-written */
+/* u64, the region's fence: the newest frontend epoch it admitted as its
+ * producer (docs/mqueue.md "Fencing"). shm: CAS-maxed by each frontend's
+ * connect; tcp/rdma: written by the agent. */
+#define LYNX_OFF_FENCE 72u
 #define LYNX_OFF_DOORBELL 128u /* u32, frontend-written futex word */
 #define LYNX_OFF_ACTRL 192u
 

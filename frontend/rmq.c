@@ -20,7 +20,10 @@
  *
  * A connection that fails goes out of dispatch, its outstanding requests
  * end (in doubt, or lost when its node was declared down), and it is
- * reopened with jittered backoff while it stays in the table.
+ * reopened with jittered backoff while it stays in the table. One that is
+ * fenced (-ESTALE: a newer frontend took its region over) ends the same
+ * way, its requests counted as fenced; it is reopened with the same
+ * backoff, and stays refused until a later table renews desc.producer.
  *
  * Calls no other frontend file: upward events go through the worker's
  * struct fe_rmq_hooks.
@@ -48,7 +51,7 @@
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
     "expired",   "lost",        "write_error", "send_error", "client_gone",
-    "backend_down", "in_doubt"};
+    "backend_down", "in_doubt", "fenced"};
 
 static const uint8_t zeros[16];
 
@@ -131,6 +134,14 @@ void fe_rmq_down(struct fe_worker *w, struct fe_conn *c, const char *why,
 
 void fe_rmq_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
   char why[96];
+  if (rc == -ESTALE) { /* only fencing makes a data-path op say so */
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: accelerator %s/%u: "
+                "fenced: a newer frontend (than our epoch %llu) took this "
+                "region over", w->id, c->acc.node, c->acc.desc.accel_id,
+                (unsigned long long)c->acc.desc.producer);
+    fe_rmq_down(w, c, "fenced by a newer frontend", FE_QDROP_FENCED);
+    return;
+  }
   snprintf(why, sizeof(why), "transport error: %s", strerror(-rc));
   fe_rmq_down(w, c, why, FE_QDROP_IN_DOUBT);
 }
@@ -597,10 +608,15 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   int rc = acc->ops->connect(&acc->desc, &c->tc);
   if (rc) {
     c->tc = NULL;
+    /* -ESTALE: fenced (a newer frontend epoch holds the region) or a
+     * descriptor of an older incarnation; the transport logged which.
+     * Either way only a newer table helps: the backoff paces retries. */
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot connect to "
-                "accelerator %s/%u (%s %s): %s", w->id, acc->node,
-                acc->desc.accel_id, acc->desc.transport, acc->desc.locator,
-                strerror(-rc));
+                "accelerator %s/%u (%s %s, frontend epoch %llu): %s%s",
+                w->id, acc->node, acc->desc.accel_id, acc->desc.transport,
+                acc->desc.locator, (unsigned long long)acc->desc.producer,
+                strerror(-rc), rc == -ESTALE ? " (fenced by a newer "
+                "frontend, or a stale descriptor)" : "");
     return rc;
   }
   rc = conn_resume(c);

@@ -48,6 +48,8 @@ enum fe_qdrop {
   FE_QDROP_BACKEND_DOWN, /* client mqueue: request answered "back end down" */
   FE_QDROP_IN_DOUBT,    /* given up while its accelerator may still run it
                            (connection broke, frontend stopped) */
+  FE_QDROP_FENCED,      /* its connection was cut: a newer frontend (epoch)
+                           took the region over (docs/mqueue.md "Fencing") */
   FE_QDROP_MAX
 };
 

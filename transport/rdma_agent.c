@@ -5,6 +5,12 @@
  * frontend's RC QP to a region when its connect private data carries that
  * region's key and epoch.
  *
+ * Fencing (docs/mqueue.md "Fencing"): the private data also carries the
+ * frontend's epoch. An older one than the region admitted is rejected
+ * (LYNX_RDMA_REJ_FENCED); a newer one takes the region over: every QP of
+ * an older epoch is moved to ERR at once (the NIC fails its one-sided
+ * writes from then on), then disconnected and destroyed.
+ *
  * The agent is out of the data path: once a QP is up, the frontend's RDMA
  * WRITEs and READs are served by the NIC. The agent only receives the
  * frontend's notify SENDs (0 bytes) and turns them into a futex wake of a
@@ -49,6 +55,7 @@ struct ag_region {
   uint8_t *base; /* host memory, or NULL: mem (a GPU's) */
   const struct lynx_region_mem *mem;
   uint64_t key, epoch;
+  struct lynx_fence fence; /* under ag->lock; metrics read it */
   struct ibv_mr *mr[LYNX_MR_COUNT]; /* NULL once the device is gone */
   struct ag_region *next;
 };
@@ -56,6 +63,7 @@ struct ag_region {
 struct ag_conn {
   struct rdma_cm_id *id;
   struct ag_region *reg;
+  uint64_t producer; /* its frontend epoch, admitted by reg->fence */
   struct ibv_cq *cq; /* its notify receives, on its agent's cc */
   int established;
   char peer[64];
@@ -114,6 +122,7 @@ static struct rdma_cm_id *conn_drop(struct rdma_agent *ag,
     pp = &(*pp)->next;
   if (*pp)
     *pp = cn->next;
+  lynx_fence_release(&cn->reg->fence, cn->producer);
   if (cn->established)
     rdma_disconnect(id); /* the frontend sees DISCONNECTED at once */
   if (id->qp)
@@ -128,16 +137,19 @@ static struct rdma_cm_id *conn_drop(struct rdma_agent *ag,
 /* Creates the QP of an admitted request on the region's PD and accepts.
  * 0 or -errno (the caller rejects). */
 static int conn_accept(struct rdma_agent *ag, struct rdma_cm_id *id,
-                       struct ag_region *reg,
+                       struct ag_region *reg, uint64_t producer,
                        const struct rdma_conn_param *req, const char *peer) {
   struct ibv_qp_init_attr qa;
   struct rdma_conn_param p;
   struct ag_conn *cn = calloc(1, sizeof(*cn));
   int rc;
-  if (!cn)
+  if (!cn) {
+    lynx_fence_release(&reg->fence, producer);
     return -ENOMEM;
+  }
   cn->id = id;
   cn->reg = reg;
+  cn->producer = producer;
   snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
   cn->cq = ibv_create_cq(ag->ctx, AG_RQ_DEPTH + 2, cn, ag->cc, 0);
   if (!cn->cq || ibv_req_notify_cq(cn->cq, 0)) {
@@ -181,12 +193,57 @@ static int conn_accept(struct rdma_agent *ag, struct rdma_cm_id *id,
   }
   return 0;
 fail:
+  lynx_fence_release(&reg->fence, producer);
   if (id->qp)
     rdma_destroy_qp(id);
   if (cn->cq)
     ibv_destroy_cq(cn->cq);
   free(cn);
   return rc;
+}
+
+/* A takeover of reg by producer: every connection of an older epoch has
+ * its QP moved to ERR first (its frontend's writes fail at once), then is
+ * disconnected and destroyed. Under ag->lock. The number cut. */
+static unsigned cut_older(struct rdma_agent *ag, struct ag_region *reg,
+                          uint64_t producer) {
+  unsigned n = 0;
+  for (struct ag_conn *cn = ag->conns, *nx; cn; cn = nx) {
+    int rc;
+    nx = cn->next;
+    if (cn->reg != reg || cn->producer >= producer)
+      continue;
+    rc = cn->id->qp ? lynx__rdma_qp_err(cn->id->qp) : 0;
+    if (rc)
+      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: frontend %s: cannot move "
+                  "its QP to the error state: %s (disconnecting it)",
+                  cn->peer, strerror(-rc));
+    rdma_destroy_id(conn_drop(ag, cn));
+    n++;
+  }
+  return n;
+}
+
+/* Fencing of a request for reg presenting producer: 0 admitted (older
+ * connections cut on a takeover), or -ESTALE (reason logged). */
+static int fence_request(struct rdma_agent *ag, struct ag_region *reg,
+                         uint64_t producer, const char *peer) {
+  char why[160];
+  uint64_t was = 0;
+  int rc = lynx_fence_admit(&reg->fence, producer, &was, why, sizeof(why));
+  if (rc < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: refused a connection from "
+                "%s: %s", peer, why);
+    return rc;
+  }
+  if (rc == LYNX_FENCE_TAKEOVER) {
+    if (lynx_fence_store(reg->base, reg->mem, producer))
+      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: region %s: cannot write "
+                  "its fence word", reg->fence.name);
+    lynx_fence_took_over(&reg->fence, was, producer,
+                         cut_older(ag, reg, producer));
+  }
+  return 0;
 }
 
 /* CONNECT_REQUEST: admit to a region or reject with a reason. Returns the
@@ -196,13 +253,13 @@ static struct rdma_cm_id *on_request(struct rdma_agent *ag,
   const struct rdma_conn_param *req = &e->param.conn;
   enum lynx__rdma_reject why = LYNX_RDMA_REJ_KEY;
   struct ag_region *reg = NULL;
-  uint64_t key, epoch;
+  uint64_t key, epoch, producer = 0;
   uint8_t rej[LYNX_RDMA_REJ_LEN];
   char peer[64];
   int rc = 0;
   lynx_fmt_addr(rdma_get_peer_addr(e->id), peer, sizeof(peer));
   if (lynx__rdma_pd_decode(req->private_data, req->private_data_len, &key,
-                           &epoch)) {
+                           &epoch, &producer)) {
     why = LYNX_RDMA_REJ_FORMAT;
   } else {
     for (struct ag_region *r = ag->regions; r && !reg; r = r->next) {
@@ -218,8 +275,13 @@ static struct rdma_cm_id *on_request(struct rdma_agent *ag,
     reg = NULL;
     why = LYNX_RDMA_REJ_DEVICE;
   }
+  if (reg && fence_request(ag, reg, producer, peer)) {
+    lynx__rdma_rej_encode(rej, LYNX_RDMA_REJ_FENCED);
+    rdma_reject(e->id, rej, sizeof(rej));
+    return e->id; /* logged */
+  }
   if (reg) {
-    rc = conn_accept(ag, e->id, reg, req, peer);
+    rc = conn_accept(ag, e->id, reg, producer, req, peer);
     if (rc == 0) {
       LYNX_INFO("rdma", "agent: frontend %s admitted to region 0x%llx",
                 peer, (unsigned long long)(uintptr_t)reg->base);
@@ -563,15 +625,17 @@ void lynx__rdma_agent_destroy(struct lynx_transport_agent *a) {
 int lynx__rdma_region_alloc(struct lynx_transport_agent *a,
                             struct lynx_region *r, const char *name,
                             uint64_t size) {
-  (void)name;
-  return lynx_region_map_anon(r, a, size);
+  int rc = lynx_region_map_anon(r, a, size);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
+  return rc;
 }
 
 int lynx__rdma_region_attach(struct lynx_transport_agent *a,
                              struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
-  (void)name;
-  return lynx_region_attach_served(r, a, size, mem);
+  int rc = lynx_region_attach_served(r, a, size, mem);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
+  return rc;
 }
 
 static int region_reg(struct rdma_agent *ag, struct ag_region *reg,
@@ -633,6 +697,8 @@ int lynx__rdma_region_export(struct lynx_region *r) {
   reg->base = r->base;
   reg->mem = r->mem;
   reg->epoch = h.epoch;
+  snprintf(reg->fence.name, sizeof(reg->fence.name), "%s",
+           r->name[0] ? r->name : r->locator);
   do { /* 0 is no key */
     if (getrandom(&reg->key, sizeof(reg->key), 0) != sizeof(reg->key)) {
       free(reg);
@@ -659,6 +725,7 @@ int lynx__rdma_region_export(struct lynx_region *r) {
   for (int i = 0; i < LYNX_MR_COUNT; i++)
     r->rkeys[i] = reg->mr[i]->rkey;
   r->priv = reg;
+  r->fence = &reg->fence;
   return 0;
 }
 
@@ -689,4 +756,5 @@ void lynx__rdma_region_free(struct lynx_region *r) {
   r->base = NULL;
   r->mem = NULL;
   r->priv = NULL;
+  r->fence = NULL;
 }

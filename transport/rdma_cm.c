@@ -46,29 +46,32 @@ static uint64_t get64(const uint8_t *p) {
 
 /* ---- private data ----------------------------------------------------- */
 
-void lynx__rdma_pd_encode(uint8_t *out, uint64_t key, uint64_t epoch) {
+void lynx__rdma_pd_encode(uint8_t *out, uint64_t key, uint64_t epoch,
+                          uint64_t producer) {
   put32(out, LYNX_RDMA_PD_MAGIC);
   put16(out + 4, LYNX_RDMA_PD_VERSION);
   put16(out + 6, 0);
   put64(out + 8, key);
   put64(out + 16, epoch);
+  put64(out + 24, producer);
 }
 
 int lynx__rdma_pd_decode(const void *buf, size_t len, uint64_t *key,
-                         uint64_t *epoch) {
+                         uint64_t *epoch, uint64_t *producer) {
   const uint8_t *p = buf;
   if (!p || len < LYNX_RDMA_PD_LEN || get32(p) != LYNX_RDMA_PD_MAGIC ||
       get16(p + 4) != LYNX_RDMA_PD_VERSION)
     return -EPROTO;
   *key = get64(p + 8);
   *epoch = get64(p + 16);
+  *producer = get64(p + 24);
   return 0;
 }
 
 int lynx__rdma_pd_admit(const void *buf, size_t len, uint64_t key,
                         uint64_t epoch) {
-  uint64_t k, e;
-  if (lynx__rdma_pd_decode(buf, len, &k, &e))
+  uint64_t k, e, producer;
+  if (lynx__rdma_pd_decode(buf, len, &k, &e, &producer))
     return -EPROTO;
   /* one 64-bit comparison, not memcmp: a frontend cannot learn the key
    * byte by byte from timing */
@@ -102,8 +105,26 @@ const char *lynx__rdma_rej_str(enum lynx__rdma_reject why) {
       [LYNX_RDMA_REJ_DEVICE] = "request arrived on another RDMA device than "
                                "the region's",
       [LYNX_RDMA_REJ_RESOURCE] = "agent out of QP resources",
+      [LYNX_RDMA_REJ_FENCED] = "fenced: a newer frontend epoch took this "
+                               "region over",
   };
   return (unsigned)why < LYNX_RDMA_REJ_COUNT ? s[why] : s[0];
+}
+
+int lynx__rdma_rej_errno(enum lynx__rdma_reject why, int dflt) {
+  return why == LYNX_RDMA_REJ_FENCED ? -ESTALE : dflt;
+}
+
+/* ---- fencing ---------------------------------------------------------- */
+
+int (*lynx__rdma_modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+                            int attr_mask) = ibv_modify_qp;
+
+int lynx__rdma_qp_err(struct ibv_qp *qp) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_ERR;
+  return -lynx__rdma_modify_qp(qp, &a, IBV_QP_STATE); /* it returns errno */
 }
 
 /* ---- state machine ---------------------------------------------------- */

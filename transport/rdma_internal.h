@@ -6,8 +6,8 @@
  * Three pieces are pure so the test can drive them without a device:
  *  - the connection manager's state machine (lynx__rdma_cm_next), which the
  *    real frontend connect loop feeds with rdma_cm events;
- *  - the connect private data {magic "LXR1", version, key, epoch} and the
- *    agent's reject reasons;
+ *  - the connect private data {magic "LXR1", version, key, epoch,
+ *    producer} and the agent's reject reasons;
  *  - the data path (writev/read/flush/poll/notify), which only ever calls
  *    ibv_post_send and ibv_poll_cq (static inlines that go through
  *    qp->context->ops), so a fake ibv_context can stand in for the NIC.
@@ -29,15 +29,18 @@
 /* ---- connect private data ------------------------------------------- */
 
 #define LYNX_RDMA_PD_MAGIC 0x3152584Cu /* "LXR1" in memory */
-#define LYNX_RDMA_PD_VERSION 1u
-#define LYNX_RDMA_PD_LEN 24u /* u32 magic, u16 version, u16 0, u64 key, u64 epoch */
+/* 2: the producer (frontend) epoch, for fencing */
+#define LYNX_RDMA_PD_VERSION 2u
+/* u32 magic, u16 version, u16 0, u64 key, u64 epoch, u64 producer */
+#define LYNX_RDMA_PD_LEN 32u
 
 /* Fills out[LYNX_RDMA_PD_LEN], little-endian. */
-void lynx__rdma_pd_encode(uint8_t *out, uint64_t key, uint64_t epoch);
+void lynx__rdma_pd_encode(uint8_t *out, uint64_t key, uint64_t epoch,
+                          uint64_t producer);
 /* Parses what a CONNECT_REQUEST carried (len may exceed LYNX_RDMA_PD_LEN:
  * the CM pads it). 0, or -EPROTO when short, wrong magic or version. */
 int lynx__rdma_pd_decode(const void *buf, size_t len, uint64_t *key,
-                         uint64_t *epoch);
+                         uint64_t *epoch, uint64_t *producer);
 
 /* Why an agent refused a connection; sent back as reject private data
  * {u32 magic, u32 reason} so the frontend can log it. */
@@ -48,7 +51,8 @@ enum lynx__rdma_reject {
   LYNX_RDMA_REJ_EPOCH = 3,    /* key known, epoch differs: stale descriptor */
   LYNX_RDMA_REJ_DEVICE = 4,   /* arrived on a device the region is not on */
   LYNX_RDMA_REJ_RESOURCE = 5, /* the agent could not create the QP */
-  LYNX_RDMA_REJ_COUNT = 6,
+  LYNX_RDMA_REJ_FENCED = 6,   /* a newer frontend epoch holds the region */
+  LYNX_RDMA_REJ_COUNT = 7,
 };
 #define LYNX_RDMA_REJ_LEN 8u
 void lynx__rdma_rej_encode(uint8_t *out, enum lynx__rdma_reject why);
@@ -56,6 +60,19 @@ void lynx__rdma_rej_encode(uint8_t *out, enum lynx__rdma_reject why);
  * none of ours (a reject by the CM itself, e.g. nobody listening). */
 enum lynx__rdma_reject lynx__rdma_rej_decode(const void *buf, size_t len);
 const char *lynx__rdma_rej_str(enum lynx__rdma_reject why);
+/* What connect returns for a reject of reason why: -ESTALE when fenced
+ * (the frontend counts it apart), else dflt (the CM's error). */
+int lynx__rdma_rej_errno(enum lynx__rdma_reject why, int dflt);
+
+/* ---- agent: fencing ---------------------------------------------------- */
+
+/* Moves qp to IBV_QPS_ERR: every work request of its peer on it fails from
+ * now on (a fenced frontend's one-sided writes stop at once, before the
+ * disconnect is through). 0 or -errno. Goes through lynx__rdma_modify_qp,
+ * ibv_modify_qp unless a test put a fake there. */
+int lynx__rdma_qp_err(struct ibv_qp *qp);
+extern int (*lynx__rdma_modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+                                   int attr_mask);
 
 /* Admission of one exported region {key, epoch} against a request's
  * private data: 0, -EPROTO (malformed), -EACCES (other key), -ESTALE (this

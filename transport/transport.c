@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "mqueue.h"
 
 /* Indexed by enum lynx_transport_id (desc.h): a backend's name is the
@@ -48,6 +49,7 @@ int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
   r->mem = NULL;
   r->priv = NULL;
   r->agent = NULL;
+  r->fence = NULL;
   if (!a)
     return -ENOTCONN; /* agent_create first */
   if (size == 0)
@@ -72,6 +74,7 @@ int lynx_region_attach_served(struct lynx_region *r,
   r->priv = NULL;
   r->mem = NULL;
   r->agent = NULL;
+  r->fence = NULL;
   if (!a || size == 0) {
     mem->release(mem->ctx);
     return !a ? -ENOTCONN : -EINVAL; /* agent_create first */
@@ -261,4 +264,99 @@ int lynx_region_validate(const void *base, uint64_t mapped,
     return -EPROTO;
   }
   return 0;
+}
+
+/* ---- fencing by frontend epoch --------------------------------------- */
+
+enum lynx_fence_verdict lynx_fence_decide(uint64_t fence, uint64_t producer) {
+  if (producer < fence)
+    return LYNX_FENCE_REFUSE;
+  return producer > fence ? LYNX_FENCE_TAKEOVER : LYNX_FENCE_ADMIT;
+}
+
+void lynx_fence_why(char *buf, size_t len, uint64_t producer,
+                    uint64_t fence) {
+  snprintf(buf, len, "fenced: frontend epoch %llu is older than %llu, the "
+           "newest this region admitted", (unsigned long long)producer,
+           (unsigned long long)fence);
+}
+
+int lynx_fence_cas(uint64_t *word, uint64_t producer, uint64_t *fence) {
+  uint64_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+  for (;;) {
+    if (lynx_fence_decide(cur, producer) == LYNX_FENCE_REFUSE) {
+      *fence = cur;
+      return -ESTALE;
+    }
+    if (cur == producer)
+      return 0;
+    /* seq_cst: a takeover is ordered before anything its frontend writes,
+     * and an older frontend's next load of the word sees it */
+    if (__atomic_compare_exchange_n(word, &cur, producer, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_ACQUIRE))
+      return 0;
+  }
+}
+
+int lynx_fence_admit(struct lynx_fence *f, uint64_t producer, uint64_t *was,
+                     char *why, size_t wl) {
+  uint64_t cur = __atomic_load_n(&f->epoch, __ATOMIC_RELAXED);
+  switch (lynx_fence_decide(cur, producer)) {
+  case LYNX_FENCE_REFUSE:
+    __atomic_fetch_add(&f->refused, 1, __ATOMIC_RELAXED);
+    lynx_fence_why(why, wl, producer, cur);
+    return -ESTALE;
+  case LYNX_FENCE_ADMIT:
+    __atomic_fetch_add(&f->producers, 1, __ATOMIC_RELAXED);
+    return 0;
+  case LYNX_FENCE_TAKEOVER:
+  default:
+    *was = cur;
+    /* the older producers are being cut: this one is the only one left */
+    __atomic_store_n(&f->epoch, producer, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->producers, 1, __ATOMIC_RELAXED);
+    return LYNX_FENCE_TAKEOVER;
+  }
+}
+
+void lynx_fence_took_over(struct lynx_fence *f, uint64_t was, uint64_t now,
+                          unsigned n) {
+  __atomic_fetch_add(&f->cut, n, __ATOMIC_RELAXED);
+  LYNX_WARN("transport", "region %s: frontend epoch %llu takes over from "
+            "%llu (%u connections cut)", f->name, (unsigned long long)now,
+            (unsigned long long)was, n);
+}
+
+void lynx_fence_release(struct lynx_fence *f, uint64_t producer) {
+  /* one of an older epoch was taken out of producers at the takeover */
+  if (producer == __atomic_load_n(&f->epoch, __ATOMIC_RELAXED) &&
+      __atomic_load_n(&f->producers, __ATOMIC_RELAXED) > 0)
+    __atomic_fetch_sub(&f->producers, 1, __ATOMIC_RELAXED);
+}
+
+int lynx_fence_store(uint8_t *base, const struct lynx_region_mem *mem,
+                     uint64_t epoch) {
+  if (mem)
+    return mem->write(mem->ctx, LYNX_OFF_FENCE, &epoch, sizeof(epoch));
+  if (!base)
+    return -EINVAL;
+  __atomic_store_n((uint64_t *)(base + LYNX_OFF_FENCE), epoch,
+                   __ATOMIC_SEQ_CST);
+  return 0;
+}
+
+void lynx_region_fence_stats(const struct lynx_region *r,
+                             struct lynx_fence_stats *out) {
+  const struct lynx_fence *f = r->fence;
+  memset(out, 0, sizeof(*out));
+  if (f) {
+    out->fence = __atomic_load_n(&f->epoch, __ATOMIC_RELAXED);
+    out->producers = __atomic_load_n(&f->producers, __ATOMIC_RELAXED);
+    out->refused = __atomic_load_n(&f->refused, __ATOMIC_RELAXED);
+    out->cut = __atomic_load_n(&f->cut, __ATOMIC_RELAXED);
+  } else if (r->base && r->size >= LYNX_OFF_FENCE + 8) {
+    /* shm: frontends keep the word themselves */
+    out->fence = __atomic_load_n((const uint64_t *)(r->base + LYNX_OFF_FENCE),
+                                 __ATOMIC_ACQUIRE);
+  }
 }

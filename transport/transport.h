@@ -18,7 +18,15 @@
  * bounds-checked against the region size here, before it is issued.
  *
  * Errors are 0 / -errno. A connection that returned -ECONNRESET, -EIO or
- * -EPROTO is dead: close it.
+ * -EPROTO is dead: close it. -ESTALE from connect or any op: the region
+ * belongs to a newer frontend (fencing, below) or a newer incarnation of
+ * itself; the connection is dead too.
+ *
+ * Fencing (docs/mqueue.md "Fencing"): a connect presents desc.producer, the
+ * frontend epoch of its frontend. A region admits only its newest: an
+ * older one is refused (-ESTALE), a newer one takes the region over and
+ * every connection of an older one is cut (its ops fail, -ESTALE where the
+ * backend can tell it apart), so each mqueue has one producer.
  */
 #ifndef LYNX_TRANSPORT_H
 #define LYNX_TRANSPORT_H
@@ -109,6 +117,24 @@ struct lynx_region_mem {
   void *ctx;
 };
 
+/* A region's fencing, as the agent's metrics see it. */
+struct lynx_fence_stats {
+  uint64_t fence;     /* the newest producer epoch admitted (0: none yet) */
+  uint64_t producers; /* live data connections admitted at fence (shm: 0,
+                         the agent does not see them) */
+  uint64_t refused;   /* connects refused for an older epoch (shm: 0) */
+  uint64_t cut;       /* connections cut by a newer epoch (shm: 0) */
+};
+
+/* Agent side of tcp and rdma: one exported region's fence. Changed only by
+ * the transport's serving thread (or under its lock), so the decisions
+ * need no atomics; every field is still stored atomically because the
+ * agent's metrics thread reads them without a lock. */
+struct lynx_fence {
+  uint64_t epoch, producers, refused, cut;
+  char name[LYNX_LOCATOR_MAX]; /* the region, for log lines */
+};
+
 /* Agent side: memory the transport provides and exports. */
 struct lynx_region {
   const struct lynx_transport_ops *ops;
@@ -122,6 +148,11 @@ struct lynx_region {
   uint64_t remote_addr; /* rdma */
   uint32_t rkeys[LYNX_MR_COUNT]; /* rdma */
   void *priv;           /* backend state */
+  char name[LYNX_LOCATOR_MAX]; /* what region_alloc/attach named it */
+  /* tcp, rdma: the fence of the export (set by region_export, NULL before
+   * and after region_free: it may outlive r); shm: NULL, the fence is the
+   * header word LYNX_OFF_FENCE */
+  const struct lynx_fence *fence;
 };
 
 /* Frontend side: backends embed this first and recover themselves with
@@ -328,5 +359,48 @@ int lynx_region_read(const struct lynx_region *r, uint64_t off, void *dst,
 int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
                        uint32_t slot_size, uint32_t large_bytes,
                        uint32_t ordering, uint64_t epoch, uint32_t accel_id);
+
+/* ---- fencing by frontend epoch (docs/mqueue.md "Fencing") ---- */
+
+enum lynx_fence_verdict {
+  LYNX_FENCE_REFUSE = -1,  /* producer < fence: an older frontend */
+  LYNX_FENCE_ADMIT = 0,    /* producer == fence: another connection of it */
+  LYNX_FENCE_TAKEOVER = 1, /* producer > fence: a newer frontend */
+};
+
+/* The one rule every backend applies. Epoch 0 ("no epoch") is therefore
+ * admitted only while the region has admitted no epoch. */
+enum lynx_fence_verdict lynx_fence_decide(uint64_t fence, uint64_t producer);
+
+/* The reason of a refusal, for logs and the tcp HELLO reply. */
+void lynx_fence_why(char *buf, size_t len, uint64_t producer,
+                    uint64_t fence);
+
+/* shm: the connect's CAS-max of the header word (at LYNX_OFF_FENCE of a
+ * mapped region). 0: admitted (the word now holds producer), or -ESTALE
+ * with the newer fence in *fence. */
+int lynx_fence_cas(uint64_t *word, uint64_t producer, uint64_t *fence);
+
+/* tcp, rdma agent: admits a connection presenting producer to f. 0 (same
+ * epoch, counted as a producer), LYNX_FENCE_TAKEOVER (f->epoch is now
+ * producer, its previous value in *was: the caller cuts every connection
+ * of an older epoch, then calls lynx_fence_took_over), or -ESTALE
+ * (refused, counted, the reason in why). */
+int lynx_fence_admit(struct lynx_fence *f, uint64_t producer, uint64_t *was,
+                     char *why, size_t wl);
+/* After a takeover: counts the n connections cut and logs it once. */
+void lynx_fence_took_over(struct lynx_fence *f, uint64_t was, uint64_t now,
+                          unsigned n);
+/* A connection admitted at producer is gone (closed, failed or cut). */
+void lynx_fence_release(struct lynx_fence *f, uint64_t producer);
+/* Writes epoch into the region's header word, host memory (base) or
+ * device memory (mem), so that readers of the region see it. 0 or
+ * -errno. */
+int lynx_fence_store(uint8_t *base, const struct lynx_region_mem *mem,
+                     uint64_t epoch);
+
+/* The agent's view of r's fencing, without locks (the metrics thread). */
+void lynx_region_fence_stats(const struct lynx_region *r,
+                             struct lynx_fence_stats *out);
 
 #endif

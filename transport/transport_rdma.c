@@ -195,7 +195,8 @@ static int fe_setup(struct lynx__rdma_conn *c, uint8_t *init_depth) {
 static int fe_connect(struct lynx__rdma_conn *c, uint8_t init_depth) {
   uint8_t pd[LYNX_RDMA_PD_LEN];
   struct rdma_conn_param p;
-  lynx__rdma_pd_encode(pd, c->base.desc.key, c->base.desc.epoch);
+  lynx__rdma_pd_encode(pd, c->base.desc.key, c->base.desc.epoch,
+                       c->base.desc.producer);
   memset(&p, 0, sizeof(p));
   p.private_data = pd;
   p.private_data_len = sizeof(pd);
@@ -235,7 +236,7 @@ static int fe_drive(struct lynx__rdma_conn *c, uint64_t deadline) {
                 ev.type == RDMA_CM_EVENT_REJECTED ? ": agent says " : "",
                 ev.type == RDMA_CM_EVENT_REJECTED ? lynx__rdma_rej_str(ev.why)
                                                   : "");
-      return st.err;
+      return lynx__rdma_rej_errno(ev.why, st.err);
     case LYNX_RCM_ACT_RESOLVE_ROUTE:
       rc = rdma_resolve_route(c->id, RESOLVE_MS) ? -errno : 0;
       break;

@@ -11,6 +11,14 @@
  * accelerator has said it sleeps. arm is the other direction (common/bell.h):
  * it writes the frontend worker's bell into fctrl.waiter of its mqueues when
  * the region's header says its accelerator rings (a CPU accelerator).
+ *
+ * Fencing: no agent sits between a frontend and the file, so the fence is
+ * the header word LYNX_OFF_FENCE. connect CAS-maxes its producer epoch into
+ * it (refused, -ESTALE, when the word holds a newer one); every producing
+ * call (writev, flush, arm, poll) loads it once and returns -ESTALE when it
+ * is no longer this connection's epoch. The window that leaves is
+ * docs/mqueue.md's: a writev that loaded the word just before a takeover
+ * still lands, one batch at most.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +42,8 @@ struct shm_conn {
   uint64_t size;
   struct lynx_geom g;
   int bell; /* the accelerator rings response doorbells (LYNX_HDR_RESP_BELL) */
+  const uint64_t *fence; /* the header word LYNX_OFF_FENCE */
+  int fenced;            /* a newer frontend took the region over */
   uint64_t cq[SHM_CQ_DEPTH];
   unsigned cq_head, cq_tail;
 };
@@ -70,8 +80,10 @@ static int shm_region_alloc(struct lynx_transport_agent *a,
   r->base = NULL;
   r->mem = NULL;
   r->agent = NULL;
+  r->fence = NULL; /* the header word is the fence */
   if (!a)
     return -ENOTCONN; /* agent_create first */
+  snprintf(r->name, sizeof(r->name), "%s", name);
   snprintf(r->locator, sizeof(r->locator), "/%s", name);
   fd = shm_open(r->locator, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
@@ -107,6 +119,7 @@ static int shm_region_attach(struct lynx_transport_agent *a,
   r->base = NULL;
   r->mem = NULL;
   r->agent = NULL;
+  r->fence = NULL;
   mem->release(mem->ctx);
   return -ENOTSUP; /* a frontend maps a file of host memory: use tcp or rdma */
 }
@@ -120,6 +133,32 @@ static void shm_region_free(struct lynx_region *r) {
   }
   r->base = NULL;
   r->fd = -1;
+}
+
+/* connect's half of fencing: the CAS-max of the header word. */
+static int shm_fence_admit(uint8_t *p, const struct lynx_region_desc *d,
+                           char *err, size_t errlen) {
+  uint64_t fence;
+  int rc = lynx_fence_cas((uint64_t *)(p + LYNX_OFF_FENCE), d->producer,
+                          &fence);
+  if (rc)
+    lynx_fence_why(err, errlen, d->producer, fence);
+  return rc;
+}
+
+/* The producing calls' half: one acquire load per call. 0 or -ESTALE
+ * (for good: a fenced connection is dead). */
+static int shm_fence_check(struct shm_conn *c) {
+  if (!c->fenced &&
+      __atomic_load_n(c->fence, __ATOMIC_ACQUIRE) != c->base.desc.producer) {
+    c->fenced = 1;
+    LYNX_LOG_RL(LYNX_LOG_WARN, "shm", "%s: fenced: a newer frontend (epoch "
+                "%llu) took this region over from epoch %llu",
+                c->base.desc.locator,
+                (unsigned long long)__atomic_load_n(c->fence, __ATOMIC_RELAXED),
+                (unsigned long long)c->base.desc.producer);
+  }
+  return c->fenced ? -ESTALE : 0;
 }
 
 static int shm_connect(const struct lynx_region_desc *d,
@@ -151,6 +190,8 @@ static int shm_connect(const struct lynx_region_desc *d,
   if (p == MAP_FAILED)
     return -errno;
   rc = lynx_region_validate(p, d->region_size, d, err, sizeof(err));
+  if (!rc)
+    rc = shm_fence_admit(p, d, err, sizeof(err));
   if (rc) {
     LYNX_WARN("shm", "%s: refused: %s", d->locator, err);
     munmap(p, d->region_size);
@@ -167,6 +208,7 @@ static int shm_connect(const struct lynx_region_desc *d,
   c->mem = p;
   c->size = d->region_size;
   c->bell = !!(((const struct lynx_region_hdr *)p)->flags & LYNX_HDR_RESP_BELL);
+  c->fence = (const uint64_t *)((const uint8_t *)p + LYNX_OFF_FENCE);
   *out = &c->base;
   return 0;
 }
@@ -178,6 +220,8 @@ static int shm_writev(struct lynx_tconn *tc, uint64_t off,
   uint8_t *dst;
   /* the frontend writes fctrl and the RX rings only, as under tcp/rdma */
   int rc = lynx_writev_check(&c->g, off, iov, iovcnt, flags, &total);
+  if (!rc)
+    rc = shm_fence_check(c);
   if (rc)
     return rc;
   dst = c->mem + off;
@@ -223,13 +267,14 @@ static int shm_read(struct lynx_tconn *tc, uint64_t off, void *dst,
 }
 
 static int shm_flush(struct lynx_tconn *tc) {
-  (void)tc;
-  return 0;
+  return shm_fence_check(container_of(tc, struct shm_conn, base));
 }
 
 static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
   int n = 0;
+  if (shm_fence_check(c))
+    return -ESTALE;
   while (n < max && c->cq_head != c->cq_tail)
     ids[n++] = c->cq[c->cq_head++ % SHM_CQ_DEPTH];
   return n;
@@ -257,6 +302,8 @@ static int shm_arm(struct lynx_tconn *tc, uint32_t bell,
   int ready = 0;
   if (!c->bell)
     return -ENOTSUP;
+  if (shm_fence_check(c))
+    return -ESTALE;
   for (int i = 0; i < n; i++) {
     struct lynx_fctrl *f;
     if (a[i].q >= c->g.n_mqueues)

@@ -6,9 +6,17 @@
  * 24-byte little-endian header {u8 op, u8 flags, u16 zero, u32 len, u64 off,
  * u64 wr_id} followed by len bytes for HELLO, WRITE, READ_TX and the
  * replies. The frontend sends HELLO {magic, version, key, epoch, region
- * size}, then WRITE, READ and READ_TX operations; the agent answers
- * HELLO_REPLY (off = 0 or an errno, payload = reason) and one READ_RESP
- * per READ and READ_TX_RESP per READ_TX, in order.
+ * size, producer}, then WRITE, READ and READ_TX operations; the agent
+ * answers HELLO_REPLY (off = 0 or an errno, payload = reason) and one
+ * READ_RESP per READ and READ_TX_RESP per READ_TX, in order.
+ *
+ * Fencing (version 3): producer is the frontend epoch (desc.producer). The
+ * agent refuses an older one than the region admitted (HELLO_REPLY
+ * ESTALE, "fenced: ..."); a newer one takes the region over: every
+ * connection of an older epoch gets FENCED (off = ESTALE, payload =
+ * reason) after its last reply and is closed, so that frontend's next op
+ * returns -ESTALE. No operation of a cut connection is applied after the
+ * HELLO that cut it: one thread serves both.
  *
  * READ_TX (version 2) is the frontend's poll in one round trip: the agent
  * reads the control array and, from that snapshot, the published TX slots
@@ -70,9 +78,11 @@
 #include "util.h"
 
 #define TCP_MAGIC 0x3154584Cu /* "LXT1" */
-/* 2: READ_TX (a compound read). A peer of another version is refused at
- * HELLO with a reason naming both versions. */
-#define TCP_VERSION 2u
+/* 2: READ_TX (a compound read). 3: HELLO carries the producer epoch,
+ * FENCED. A peer of another version is refused at HELLO with a reason
+ * naming both versions (a HELLO as short as version 2's is read that far). */
+#define TCP_VERSION 3u
+#define TCP_HELLO_MIN 32u /* version 2's HELLO: magic and version in it */
 #define TCP_HDR 24u
 #define TCP_OP_MAX (4u << 20)        /* largest write or read, bytes */
 #define TCP_OUT_MAX (32u << 20)      /* frontend: unsent bytes before -ENOBUFS */
@@ -89,6 +99,7 @@ enum tcp_op {
   OP_READ_RESP = 5,
   OP_READ_TX = 6,
   OP_READ_TX_RESP = 7,
+  OP_FENCED = 8, /* agent: a newer frontend took the region over */
 };
 
 /* READ_TX's payload: {u32 count, u32 0}, then count entries {u32 q, u32
@@ -110,6 +121,7 @@ struct tcp_hello {
   uint32_t magic;
   uint16_t version, zero;
   uint64_t key, epoch, region_size;
+  uint64_t producer; /* the frontend epoch (desc.producer) */
 };
 
 static void hdr_put(uint8_t *p, uint8_t op, uint8_t flags, uint32_t len,
@@ -222,6 +234,7 @@ struct tcp_export {
   uint64_t size;
   uint64_t key, epoch;
   struct lynx_geom g;
+  struct lynx_fence fence; /* serving thread only; metrics read it */
   struct tcp_export *next;
 };
 
@@ -229,6 +242,7 @@ struct srv_conn {
   uv_tcp_t tcp;
   struct tcp_agent *srv;
   struct tcp_export *ex; /* NULL until HELLO */
+  uint64_t producer;     /* its frontend epoch, admitted by ex->fence */
   struct buf in;
   struct buf out;        /* replies not yet handed to the kernel */
   uv_write_t wreq;
@@ -303,8 +317,10 @@ static void srv_on_closed(uv_handle_t *h) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = c->next;
-  if (c->ex)
+  if (c->ex) {
+    lynx_fence_release(&c->ex->fence, c->producer);
     export_put(c->ex);
+  }
   if (c->admitted)
     lynx_guard_closed(&srv->guard, c->src, c->ex != NULL);
   buf_free(&c->in);
@@ -560,6 +576,43 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
   return 0;
 }
 
+/* Cuts a connection of an older frontend: FENCED after its last reply,
+ * then closed (reading stops with it, so nothing more of it is applied). */
+static void srv_cut(struct srv_conn *c, const char *why) {
+  srv_reply(c, OP_FENCED, ESTALE, 0, why, (uint32_t)strlen(why));
+  srv_flush(c);
+  srv_close(c, NULL); /* the takeover is logged once, not per connection */
+}
+
+/* Fencing of a HELLO that presents producer for ex (docs/mqueue.md
+ * "Fencing"). 0: admitted (c->producer set; on a takeover every
+ * connection of ex with an older epoch is cut and the header word
+ * written), or -ESTALE with the reason in why. */
+static int srv_fence(struct srv_conn *c, struct tcp_export *ex,
+                     uint64_t producer, char *why, size_t wl) {
+  char note[160];
+  uint64_t was = 0;
+  unsigned n = 0;
+  int rc = lynx_fence_admit(&ex->fence, producer, &was, why, wl);
+  if (rc < 0)
+    return rc;
+  c->producer = producer;
+  if (rc != LYNX_FENCE_TAKEOVER)
+    return 0;
+  if (lynx_fence_store(ex->base, ex->mem, producer))
+    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "region %s: cannot write its fence "
+                "word", ex->fence.name);
+  snprintf(note, sizeof(note), "fenced: frontend epoch %llu took this region "
+           "over", (unsigned long long)producer);
+  for (struct srv_conn *o = c->srv->conns; o; o = o->next)
+    if (o != c && o->ex == ex && !o->closing && o->producer < producer) {
+      srv_cut(o, note);
+      n++;
+    }
+  lynx_fence_took_over(&ex->fence, was, producer, n);
+  return 0;
+}
+
 /* Answers a HELLO; 0 when the connection is now bound to a region. A
  * refusal from a source backed off for wrong credentials is held back
  * (-EAGAIN: the answer waits in c->out, reading stops, the sweep sends it
@@ -569,17 +622,20 @@ static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
   struct tcp_hello m;
   struct tcp_export *ex = NULL;
   char why[160] = "";
-  int err = 0;
-  if (h->len != sizeof(m)) {
-    snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h->len,
-             sizeof(m));
+  int err = 0, fenced = 0;
+  memset(&m, 0, sizeof(m));
+  memcpy(&m, p, h->len < sizeof(m) ? h->len : sizeof(m));
+  /* the version first: a peer of another one hears that, not a length */
+  if (le32toh(m.magic) != TCP_MAGIC || le16toh(m.version) != TCP_VERSION) {
+    snprintf(why, sizeof(why), "bad magic 0x%08x or version %u (this agent "
+             "speaks %u: the versions differ)", le32toh(m.magic),
+             le16toh(m.version), TCP_VERSION);
     err = EPROTO;
     goto out;
   }
-  memcpy(&m, p, sizeof(m));
-  if (le32toh(m.magic) != TCP_MAGIC || le16toh(m.version) != TCP_VERSION) {
-    snprintf(why, sizeof(why), "bad magic 0x%08x or version %u (this agent "
-             "speaks %u)", le32toh(m.magic), le16toh(m.version), TCP_VERSION);
+  if (h->len != sizeof(m)) {
+    snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h->len,
+             sizeof(m));
     err = EPROTO;
     goto out;
   }
@@ -600,6 +656,9 @@ static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
              (unsigned long long)le64toh(m.region_size),
              (unsigned long long)ex->size);
     err = EPROTO;
+  } else {
+    err = -srv_fence(c, ex, le64toh(m.producer), why, sizeof(why));
+    fenced = err != 0;
   }
 out:
   if (err && ex) {
@@ -608,9 +667,12 @@ out:
   }
   c->ex = ex;
   srv_reply(c, OP_HELLO_REPLY, (uint64_t)err, 0, why, (uint32_t)strlen(why));
-  if (!err) {
+  if (!err || fenced) { /* fenced: the right key, an old frontend */
     lynx_guard_auth_ok(&c->srv->guard, c->src);
-    return 0;
+    if (fenced)
+      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: "
+                  "%s", c->peer, why);
+    return -err;
   }
   {
     uint64_t now = lynx_now_ns();
@@ -754,7 +816,7 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       snprintf(why, sizeof(why), "operation %u before hello", h.op);
       break;
     }
-    if (!c->ex && h.len != sizeof(struct tcp_hello)) {
+    if (!c->ex && (h.len < TCP_HELLO_MIN || h.len > sizeof(struct tcp_hello))) {
       /* refused on its header: a stranger's length is never buffered */
       snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h.len,
                sizeof(struct tcp_hello));
@@ -994,15 +1056,17 @@ static void tcp_agent_destroy(struct lynx_transport_agent *a) {
 static int tcp_region_alloc(struct lynx_transport_agent *a,
                             struct lynx_region *r, const char *name,
                             uint64_t size) {
-  (void)name;
-  return lynx_region_map_anon(r, a, size);
+  int rc = lynx_region_map_anon(r, a, size);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
+  return rc;
 }
 
 static int tcp_region_attach(struct lynx_transport_agent *a,
                              struct lynx_region *r, const char *name,
                              uint64_t size, const struct lynx_region_mem *mem) {
-  (void)name;
-  return lynx_region_attach_served(r, a, size, mem);
+  int rc = lynx_region_attach_served(r, a, size, mem);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
+  return rc;
 }
 
 static int tcp_region_export(struct lynx_region *r) {
@@ -1033,12 +1097,15 @@ static int tcp_region_export(struct lynx_region *r) {
   ex->mem = r->mem;
   ex->size = r->size;
   ex->epoch = h.epoch;
+  snprintf(ex->fence.name, sizeof(ex->fence.name), "%s",
+           r->name[0] ? r->name : r->locator);
   pthread_mutex_lock(&srv->lock);
   ex->next = srv->exports;
   srv->exports = ex;
   pthread_mutex_unlock(&srv->lock);
   r->key = ex->key;
   r->priv = ex;
+  r->fence = &ex->fence;
   return 0;
 }
 
@@ -1065,6 +1132,7 @@ static void tcp_region_free(struct lynx_region *r) {
   r->base = NULL;
   r->mem = NULL;
   r->priv = NULL;
+  r->fence = NULL;
 }
 
 /* ====================================================================
@@ -1088,6 +1156,7 @@ struct tcp_conn {
   struct buf in;  /* received, not yet parsed */
   struct pending_read *reads;
   uint32_t r_head, r_tail; /* FIFO of reads in flight, TCP_READS_MAX */
+  int dead; /* 0, or the -errno every call returns from now on */
 };
 
 static int errno_dead(int e) {
@@ -1095,6 +1164,45 @@ static int errno_dead(int e) {
           e == EHOSTUNREACH || e == ENETUNREACH)
              ? -ECONNRESET
              : -e;
+}
+
+/* The connection failed with err: if the agent said FENCED before it
+ * closed (a newer frontend took the region over), that is the error,
+ * -ESTALE. Whatever the kernel still holds is read to find out; the
+ * frames before it are replies nobody waits for any more. Sticky. */
+static int tc_dead(struct tcp_conn *c, int err) {
+  size_t at;
+  if (c->dead)
+    return c->dead;
+  while (!buf_reserve(&c->in, 4096, TCP_OP_MAX + TCP_HDR + 65536)) {
+    ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len,
+                     MSG_DONTWAIT);
+    if (k <= 0 && !(k < 0 && errno == EINTR))
+      break;
+    if (k > 0)
+      c->in.len += (size_t)k;
+  }
+  for (at = c->in.head; c->in.len - at >= TCP_HDR;) {
+    struct tcp_hdr h;
+    hdr_get(c->in.p + at, &h);
+    if (h.op == OP_FENCED) {
+      char why[160];
+      size_t n = c->in.len - at - TCP_HDR;
+      n = n < h.len ? n : h.len;
+      n = n < sizeof(why) - 1 ? n : sizeof(why) - 1;
+      memcpy(why, c->in.p + at + TCP_HDR, n);
+      why[n] = 0;
+      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: agent cut this connection: %s",
+                  c->base.desc.locator, why);
+      err = -ESTALE;
+      break;
+    }
+    if (h.len > TCP_OP_MAX)
+      break;
+    at += TCP_HDR + (size_t)h.len;
+  }
+  c->dead = err;
+  return err;
 }
 
 /* Sends what is buffered, without blocking. */
@@ -1107,7 +1215,7 @@ static int tc_send(struct tcp_conn *c) {
         return 0;
       if (errno == EINTR)
         continue;
-      return errno_dead(errno);
+      return tc_dead(c, errno_dead(errno));
     }
     c->out.head += (size_t)n;
   }
@@ -1176,7 +1284,7 @@ static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
   char why[257], err[256];
   struct tcp_hello m = {htole32(TCP_MAGIC), htole16(TCP_VERSION), 0,
                         htole64(d->key), htole64(d->epoch),
-                        htole64(d->region_size)};
+                        htole64(d->region_size), htole64(d->producer)};
   struct tcp_hdr h;
   int rc;
   hdr_put(frame, OP_HELLO, 0, sizeof(m), 0, 0);
@@ -1292,6 +1400,8 @@ static int tcp_writev(struct lynx_tconn *tc, uint64_t off,
   int rc = lynx_writev_check(&c->g, off, iov, iovcnt, flags, &total);
   if (rc)
     return rc;
+  if (c->dead)
+    return c->dead;
   if (total > TCP_OP_MAX)
     return -EMSGSIZE;
   rc = buf_reserve(&c->out, TCP_HDR + total, TCP_OUT_MAX);
@@ -1318,6 +1428,8 @@ static int tcp_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
     return -EFAULT;
   if (len > TCP_OP_MAX)
     return -EMSGSIZE;
+  if (c->dead)
+    return c->dead;
   if (c->r_tail - c->r_head >= TCP_READS_MAX)
     return -ENOBUFS;
   rc = buf_reserve(&c->out, TCP_HDR, TCP_OUT_MAX);
@@ -1351,6 +1463,8 @@ static int tcp_read_tx(struct lynx_tconn *tc, void *actrl,
   }
   if (worst > TCP_OP_MAX)
     return -EMSGSIZE;
+  if (c->dead)
+    return c->dead;
   if (c->r_tail - c->r_head >= TCP_READS_MAX)
     return -ENOBUFS;
   rc = buf_reserve(&c->out, TCP_HDR + len, TCP_OUT_MAX);
@@ -1410,12 +1524,15 @@ static int tc_take_tx(struct tcp_conn *c, struct pending_read *r,
 }
 
 static int tcp_flush(struct lynx_tconn *tc) {
-  return tc_send(container_of(tc, struct tcp_conn, base));
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  return c->dead ? c->dead : tc_send(c);
 }
 
 static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
   struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
   int n = 0, rc;
+  if (c->dead)
+    return c->dead;
   if (c->out.len > c->out.head) { /* finish what the kernel did not take */
     rc = tc_send(c);
     if (rc)
@@ -1430,6 +1547,8 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
       struct pending_read *r = &c->reads[c->r_head % TCP_READS_MAX];
       struct tcp_hdr h;
       hdr_get(c->in.p + c->in.head, &h);
+      if (h.op == OP_FENCED)
+        return tc_dead(c, -ECONNRESET);
       if (h.wr_id != r->wr_id ||
           (r->compound ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
                  : h.op != OP_READ_RESP || h.len != r->len)) {
@@ -1466,13 +1585,13 @@ static int tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
     ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len,
                      MSG_DONTWAIT);
     if (k == 0)
-      return -ECONNRESET;
+      return tc_dead(c, -ECONNRESET);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         break;
       if (errno == EINTR)
         continue;
-      return errno_dead(errno);
+      return tc_dead(c, errno_dead(errno));
     }
     c->in.len += (size_t)k;
   }

@@ -9,7 +9,10 @@
  * attached to a fresh fake QP, the header read over it and validated), and
  * freeing a region makes every work request of its connections flush, as
  * a destroyed QP does. The frontend's data path (writev, read, flush,
- * poll, notify, close) is the real one.
+ * poll, notify, close) is the real one. Fencing: the agent's shared rule
+ * (lynx_fence_admit), its reject reason and its move of an older
+ * connection's QP to ERR (lynx__rdma_qp_err, through fake_modify_qp);
+ * the pretend agent does not see closes, so producers are not counted.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -33,6 +36,7 @@ struct rd_region {
   uint8_t *mem;
   struct lynx_geom g;
   uint64_t key, epoch;
+  struct lynx_fence fence;
   int gone; /* read by the fakes of its connections */
   struct rd_region *next;
 };
@@ -42,6 +46,7 @@ struct rd_conn {
   struct fake f;
   uint8_t *buf;
   struct rd_region *reg;
+  uint64_t producer;
   struct rd_conn *next;
 };
 
@@ -77,6 +82,11 @@ static void sweep(int all) {
 }
 
 static void rd_stop(void) { sweep(1); }
+
+static int rd_start(void) {
+  lynx__rdma_modify_qp = fake_modify_qp;
+  return 0;
+}
 
 static int make(struct tc_region *t, uint32_t ordering, uint64_t epoch,
                 uint64_t key) {
@@ -130,15 +140,36 @@ static int rd_region_renew(struct tc_region *t, uint64_t epoch) {
 }
 
 /* The agent's side of a CONNECT_REQUEST (rdma_agent.c on_request): the
- * region whose key and epoch the private data names, or a reject. */
+ * region whose key and epoch the private data names, or NULL (rejected). */
 static struct rd_region *admit(const struct lynx_region_desc *d) {
   uint8_t pd[LYNX_RDMA_PD_LEN];
-  lynx__rdma_pd_encode(pd, d->key, d->epoch);
+  lynx__rdma_pd_encode(pd, d->key, d->epoch, d->producer);
   for (struct rd_region *r = g_regions; r; r = r->next)
     if (!r->gone &&
         lynx__rdma_pd_admit(pd, sizeof(pd), r->key, r->epoch) == 0)
       return r;
   return NULL;
+}
+
+/* rdma_agent.c's fence_request: 0, or the frontend's error for a reject
+ * with LYNX_RDMA_REJ_FENCED. A takeover moves the QP of every older
+ * connection to ERR. */
+static int fence(struct rd_region *reg, uint64_t producer) {
+  uint64_t was = 0;
+  unsigned n = 0;
+  char why[160];
+  int rc = lynx_fence_admit(&reg->fence, producer, &was, why, sizeof(why));
+  if (rc < 0)
+    return lynx__rdma_rej_errno(LYNX_RDMA_REJ_FENCED, -ECONNREFUSED);
+  if (rc != LYNX_FENCE_TAKEOVER)
+    return 0;
+  lynx_fence_store(reg->mem, NULL, producer);
+  for (struct rd_conn *c = g_conns; c; c = c->next)
+    if (c->reg == reg && c->producer < producer && !c->f.qp_err &&
+        lynx__rdma_qp_err(&c->f.qp) == 0)
+      n++;
+  lynx_fence_took_over(&reg->fence, was, producer, n);
+  return 0;
 }
 
 /* What transport_rdma.c's fe_check_region does over the new QP. */
@@ -175,6 +206,9 @@ static int rd_connect(const struct lynx_region_desc *d,
   if (!reg) /* rejected: what the frontend's CM state machine makes of it */
     return lynx__rdma_cm_next(LYNX_RCM_CONNECTING, RDMA_CM_EVENT_REJECTED,
                               28).err;
+  rc = fence(reg, d->producer);
+  if (rc)
+    return rc;
   c = calloc(1, sizeof(*c));
   if (!c)
     return -ENOMEM;
@@ -186,6 +220,7 @@ static int rd_connect(const struct lynx_region_desc *d,
   }
   memset(c->buf, 0, stage + bounce);
   c->reg = reg;
+  c->producer = d->producer;
   c->next = g_conns;
   g_conns = c;
   fake_init(&c->f, reg->mem, &reg->g, c->buf, stage + bounce,
@@ -205,13 +240,27 @@ static int rd_connect(const struct lynx_region_desc *d,
   return 0;
 }
 
+static void rd_fence_stats(struct tc_region *t,
+                           struct lynx_fence_stats *out) {
+  struct rd_region *reg = t->priv;
+  struct lynx_region r;
+  memset(&r, 0, sizeof(r));
+  r.fence = reg ? &reg->fence : NULL;
+  lynx_region_fence_stats(&r, out);
+}
+
 const struct tc_backend tc_backend = {
     .name = "rdma", .ops = &lynx_transport_rdma,
-    .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS | TC_CAP_READ_CLASS,
+    .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS | TC_CAP_READ_CLASS |
+            TC_CAP_FENCE_COUNTS,
+    /* a cut connection's QP is in error: its ops fail as any dead one's
+     * (the NIC cannot say why); its reconnect hears "fenced" */
     .err = {.wrong_key = -ECONNREFUSED, .stale_epoch = -ECONNREFUSED,
-            .bad_desc = -EINVAL, .gone = -ECONNREFUSED},
+            .bad_desc = -EINVAL, .gone = -ECONNREFUSED, .fenced = -ESTALE,
+            .cut = -ECONNRESET},
     .reads_max = 1000,
-    .stop = rd_stop,
+    .start = rd_start, .stop = rd_stop,
     .region_new = rd_region_new, .region_renew = rd_region_renew,
     .region_free = rd_region_free, .connect = rd_connect,
+    .fence_stats = rd_fence_stats,
 };

@@ -75,6 +75,8 @@ struct fake {
   uint32_t notifies;
   /* playing the agent (conformance_rdma.c): */
   const int *gone;  /* nonzero: the region was freed, every WR flushes */
+  uint32_t qp_err;  /* ibv_modify_qp to ERR (fake_modify_qp): the agent
+                       fenced this connection, every WR flushes */
   int wake_on_send; /* a SEND wakes a sleeping accelerator */
   /* completion queue */
   struct ibv_wc cqe[FAKE_LOG];
@@ -162,6 +164,18 @@ static void fake_exec(struct fake *f, uint32_t ord) {
                                                         : IBV_WC_SEND;
     f->cqe_ord[i] = ord;
   }
+}
+
+/* The agent's ibv_modify_qp, installed as lynx__rdma_modify_qp: a QP
+ * moved to ERR flushes everything from then on, as a real one does. */
+static inline int fake_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+                                 int mask) {
+  struct fake *f = (struct fake *)qp->context;
+  if (!(mask & IBV_QP_STATE) || attr->qp_state != IBV_QPS_ERR)
+    return EINVAL; /* the agent asks for nothing else */
+  f->qp_err++;
+  f->broken = 1;
+  return 0;
 }
 
 /* Deferred mode: executes up to n held WRs, in order. */

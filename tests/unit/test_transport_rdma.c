@@ -847,25 +847,28 @@ static void test_cm_exhaustive(void **state) {
 
 static void test_private_data(void **state) {
   uint8_t pd[56], bad[56];
-  uint64_t k = 0, e = 0;
+  uint64_t k = 0, e = 0, p = 0;
   (void)state;
   memset(pd, 0, sizeof(pd)); /* the CM pads to 56 bytes on IB/RoCE */
-  lynx__rdma_pd_encode(pd, KEY, EPOCH);
+  lynx__rdma_pd_encode(pd, KEY, EPOCH, 0x700000000000007ull);
   assert_memory_equal(pd, "LXR1", 4);
   assert_int_equal(pd[4], LYNX_RDMA_PD_VERSION);
   assert_int_equal(pd[8], KEY & 0xff); /* little-endian */
-  assert_int_equal(lynx__rdma_pd_decode(pd, sizeof(pd), &k, &e), 0);
-  assert_true(k == KEY && e == EPOCH);
-  assert_int_equal(lynx__rdma_pd_decode(pd, LYNX_RDMA_PD_LEN, &k, &e), 0);
-  assert_int_equal(lynx__rdma_pd_decode(pd, LYNX_RDMA_PD_LEN - 1, &k, &e),
+  assert_int_equal(pd[24], 7);
+  assert_int_equal(lynx__rdma_pd_decode(pd, sizeof(pd), &k, &e, &p), 0);
+  assert_true(k == KEY && e == EPOCH && p == 0x700000000000007ull);
+  assert_int_equal(lynx__rdma_pd_decode(pd, LYNX_RDMA_PD_LEN, &k, &e, &p), 0);
+  assert_int_equal(lynx__rdma_pd_decode(pd, LYNX_RDMA_PD_LEN - 1, &k, &e, &p),
                    -EPROTO);
-  assert_int_equal(lynx__rdma_pd_decode(NULL, 0, &k, &e), -EPROTO);
+  assert_int_equal(lynx__rdma_pd_decode(NULL, 0, &k, &e, &p), -EPROTO);
   memcpy(bad, pd, sizeof(bad));
   bad[0] = 'X';
-  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e), -EPROTO);
+  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e, &p),
+                   -EPROTO);
   memcpy(bad, pd, sizeof(bad));
-  bad[4] = 2; /* version */
-  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e), -EPROTO);
+  bad[4] = 1; /* version 1: no producer epoch, cannot be fenced */
+  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e, &p),
+                   -EPROTO);
   /* admission against a region {key, epoch} */
   assert_int_equal(lynx__rdma_pd_admit(pd, sizeof(pd), KEY, EPOCH), 0);
   assert_int_equal(lynx__rdma_pd_admit(pd, sizeof(pd), KEY ^ 1, EPOCH),
@@ -898,6 +901,63 @@ static void test_reject_reasons(void **state) {
   r[0] = 0;
   r[7] = 0;
   assert_int_equal(lynx__rdma_rej_decode(r, sizeof(r)), LYNX_RDMA_REJ_NONE);
+  /* fenced: connect says -ESTALE (the frontend counts it apart), every
+   * other reject keeps the CM's error */
+  assert_int_equal(lynx__rdma_rej_errno(LYNX_RDMA_REJ_FENCED, -ECONNREFUSED),
+                   -ESTALE);
+  assert_int_equal(lynx__rdma_rej_errno(LYNX_RDMA_REJ_EPOCH, -ECONNREFUSED),
+                   -ECONNREFUSED);
+  assert_non_null(strstr(lynx__rdma_rej_str(LYNX_RDMA_REJ_FENCED), "fenced"));
+}
+
+/* ---- fencing: the agent's cut of an older frontend's QP --------------------- */
+
+/* lynx__rdma_qp_err moves the QP to ERR through the verbs call; from then
+ * on the frontend's writes and reads fail (what the agent does to every
+ * connection of an older epoch on a takeover, before disconnecting it). */
+static void test_fence_qp_err(void **state) {
+  struct fx *x = *state;
+  int (*real)(struct ibv_qp *, struct ibv_qp_attr *, int) =
+      lynx__rdma_modify_qp;
+  uint32_t v = 1;
+  uint8_t b[8];
+  lynx__rdma_modify_qp = fake_modify_qp;
+  assert_int_equal(lynx__rdma_qp_err(&x->f->qp), 0);
+  lynx__rdma_modify_qp = real;
+  assert_int_equal(x->f->qp_err, 1);
+  assert_int_equal(write_fctrl(x, 0, &v), 0);
+  assert_int_equal(x->tc->ops->read(x->tc, 0, b, 8, 1), 0);
+  assert_int_equal(x->tc->ops->flush(x->tc), 0);
+  expect_dead(x, -ECONNRESET);
+  /* nothing of it landed */
+  assert_int_equal(((const struct lynx_fctrl *)(x->region +
+                        lynx_fctrl_off(&x->g, 0)))->tx_cons, 0);
+}
+
+/* The rule the agent applies (lynx_fence_admit, shared by tcp and rdma):
+ * older refused and counted, newer takes over, equal admitted; 0 only
+ * while nothing newer was admitted. */
+static void test_fence_rule(void **state) {
+  struct lynx_fence f;
+  uint64_t was = 99;
+  char why[160];
+  (void)state;
+  memset(&f, 0, sizeof(f));
+  assert_int_equal(lynx_fence_admit(&f, 0, &was, why, sizeof(why)), 0);
+  assert_int_equal(lynx_fence_admit(&f, 5, &was, why, sizeof(why)),
+                   LYNX_FENCE_TAKEOVER);
+  assert_true(was == 0 && f.epoch == 5 && f.producers == 1);
+  lynx_fence_took_over(&f, was, 5, 1);
+  assert_int_equal(lynx_fence_admit(&f, 5, &was, why, sizeof(why)), 0);
+  assert_true(f.producers == 2);
+  assert_int_equal(lynx_fence_admit(&f, 4, &was, why, sizeof(why)), -ESTALE);
+  assert_string_equal(why, "fenced: frontend epoch 4 is older than 5, the "
+                           "newest this region admitted");
+  assert_int_equal(lynx_fence_admit(&f, 0, &was, why, sizeof(why)), -ESTALE);
+  assert_true(f.refused == 2 && f.cut == 1);
+  lynx_fence_release(&f, 5);
+  lynx_fence_release(&f, 0); /* a cut one: not a producer any more */
+  assert_true(f.producers == 1);
 }
 
 /* ---- descriptor ------------------------------------------------------------- */
@@ -1042,6 +1102,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_cm_exhaustive),
       cmocka_unit_test(test_private_data),
       cmocka_unit_test(test_reject_reasons),
+      T(test_fence_qp_err),
+      cmocka_unit_test(test_fence_rule),
       T(test_desc_rkeys_roundtrip),
       cmocka_unit_test(test_buf_sizes),
       T(test_attach_refuses_bad_input),

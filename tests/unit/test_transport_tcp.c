@@ -196,26 +196,28 @@ static int raw_closed(int fd) {
   return 0;
 }
 
-/* Sends a HELLO of protocol version ver for f's region. */
+/* Sends a HELLO of protocol version ver for f's region, as long as that
+ * version's (32 bytes up to 2; 3 adds the producer epoch, 0 here). */
 static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
-  uint8_t m[24 + 32];
+  uint8_t m[24 + 40];
   uint32_t magic = htole32(0x3154584Cu);
+  uint32_t len = ver >= 3 ? 40 : 32;
   uint64_t key = htole64(f->r.key), ep = htole64(EPOCH),
            sz = htole64(f->g.region_size);
   ver = htole16(ver);
-  put_hdr(m, 1, 0, 32, 0, 0);
-  memset(m + 24, 0, 32);
+  put_hdr(m, 1, 0, len, 0, 0);
+  memset(m + 24, 0, 40);
   memcpy(m + 24, &magic, 4);
   memcpy(m + 28, &ver, 2);
   memcpy(m + 32, &key, 8);
   memcpy(m + 40, &ep, 8);
   memcpy(m + 48, &sz, 8);
-  raw_send(fd, m, sizeof(m));
+  raw_send(fd, m, 24 + len);
 }
 
 static void raw_hello(int fd, const struct fx *f) {
   uint8_t r[24];
-  raw_hello_send(fd, f, 2);
+  raw_hello_send(fd, f, 3);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
   assert_int_equal(r[0], 2);   /* HELLO_REPLY */
   assert_int_equal(r[8], 0);   /* status 0 */
@@ -577,10 +579,65 @@ static void test_read_tx_large(void **state) {
   T->region_free(&r);
 }
 
+/* ---- fencing ----------------------------------------------------------- */
+
+/* Reads one agent frame's header and its payload (a reason) into why. */
+static void raw_frame(int fd, uint8_t *op, uint64_t *off, char *why,
+                      size_t wl) {
+  uint8_t r[24];
+  uint32_t len;
+  assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
+  *op = r[0];
+  memcpy(off, r + 8, 8);
+  *off = le64toh(*off);
+  memcpy(&len, r + 4, 4);
+  len = le32toh(len);
+  assert_true(len < wl);
+  assert_int_equal(recv(fd, why, len, MSG_WAITALL), (ssize_t)len);
+  why[len] = 0;
+}
+
+/* On the wire: a connection of an older epoch (a raw one, epoch 0) gets
+ * FENCED {ESTALE, reason} when a newer one (9) takes the region over, and
+ * is closed; a HELLO of the older epoch is then refused with ESTALE and
+ * the reason; the agent counts both and writes the header word. */
+static void test_fence_on_the_wire(void **state) {
+  struct fx *f = *state;
+  struct lynx_region_desc d = f->d;
+  struct lynx_fence_stats s;
+  char why[200];
+  uint64_t off;
+  uint8_t op;
+  int fd = raw_connect(f);
+  raw_hello(fd, f);
+  d.producer = 9;
+  assert_int_equal(T->connect(&d, &f->c), 0);
+  raw_frame(fd, &op, &off, why, sizeof(why));
+  assert_int_equal(op, 8); /* FENCED */
+  assert_int_equal(off, ESTALE);
+  assert_non_null(strstr(why, "epoch 9 took this region over"));
+  assert_true(raw_closed(fd));
+  close(fd);
+  fd = raw_connect(f);
+  raw_hello_send(fd, f, 3);
+  raw_frame(fd, &op, &off, why, sizeof(why));
+  assert_int_equal(op, 2); /* HELLO_REPLY */
+  assert_int_equal(off, ESTALE);
+  assert_string_equal(why, "fenced: frontend epoch 0 is older than 9, the "
+                           "newest this region admitted");
+  assert_true(raw_closed(fd));
+  close(fd);
+  lynx_region_fence_stats(&f->r, &s);
+  assert_true(s.fence == 9 && s.refused == 1 && s.cut == 1 &&
+              s.producers == 1);
+  assert_true(*(const uint64_t *)(f->r.base + LYNX_OFF_FENCE) == 9);
+}
+
 /* ---- protocol versions ------------------------------------------------- */
 
-/* A frontend of protocol version 1 (no READ_TX) is refused at its HELLO
- * with a reason that names both versions, before any operation. */
+/* A frontend of protocol version 2 (no producer epoch: it cannot be
+ * fenced) is refused at its shorter HELLO with a reason that names both
+ * versions, before any operation. */
 static void test_old_frontend_refused(void **state) {
   struct fx *f = *state;
   uint8_t r[24];
@@ -588,7 +645,7 @@ static void test_old_frontend_refused(void **state) {
   uint32_t len;
   uint64_t st;
   int fd = raw_connect(f);
-  raw_hello_send(fd, f, 1);
+  raw_hello_send(fd, f, 2);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
   assert_int_equal(r[0], 2); /* HELLO_REPLY */
   memcpy(&st, r + 8, 8);
@@ -597,16 +654,18 @@ static void test_old_frontend_refused(void **state) {
   len = le32toh(len);
   assert_true(len > 0 && len < sizeof(why));
   assert_int_equal(recv(fd, why, len, MSG_WAITALL), (ssize_t)len);
-  assert_non_null(strstr(why, "version 1"));
-  assert_non_null(strstr(why, "speaks 2"));
+  assert_non_null(strstr(why, "version 2"));
+  assert_non_null(strstr(why, "speaks 3"));
   assert_true(raw_closed(fd));
   close(fd);
 }
 
-/* An agent of version 1 refuses this frontend's HELLO the way it refuses
- * any version but its own (HELLO_REPLY, EPROTO, a reason): connect fails
- * with -EPROTO, no operation sent. A stand-in agent on a thread answers
- * so. */
+/* An agent of another version that refuses this frontend's HELLO the way
+ * this one refuses any version but its own (HELLO_REPLY, EPROTO, a
+ * reason): connect fails with -EPROTO, no operation sent. A stand-in agent
+ * on a thread answers so. (A real version-2 agent checks the HELLO's
+ * length first and closes without a reply: connect then fails with
+ * -ECONNRESET.) */
 struct old_agent {
   int lfd;
   uint16_t seen_version;
@@ -615,8 +674,8 @@ struct old_agent {
 
 static void *old_agent_main(void *arg) {
   struct old_agent *o = arg;
-  uint8_t in[24 + 32], out[24 + 64];
-  const char *why = "bad magic 0x3154584c or version 2 (this agent speaks 1)";
+  uint8_t in[24 + 40], out[24 + 64];
+  const char *why = "bad magic 0x3154584c or version 3 (this agent speaks 1)";
   uint32_t l = (uint32_t)strlen(why);
   int fd = accept(o->lfd, NULL, NULL);
   if (fd < 0)
@@ -657,7 +716,7 @@ static void test_old_agent_refuses(void **state) {
   expect_refused(&d, -EPROTO);
   pthread_join(t, NULL);
   close(o.lfd);
-  assert_int_equal(o.seen_version, 2);
+  assert_int_equal(o.seen_version, 3);
   assert_int_equal(o.seen_after, 0);
 }
 
@@ -1013,6 +1072,7 @@ int main(int argc, char **argv) {
       T_(test_read_tx_refused),
       cmocka_unit_test(test_read_tx_large),
       T_(test_old_frontend_refused),
+      T_(test_fence_on_the_wire),
       T_(test_old_agent_refuses),
       cmocka_unit_test(test_device_memory_region),
       cmocka_unit_test(test_device_memory_batches),

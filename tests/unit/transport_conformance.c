@@ -13,7 +13,9 @@
  * refused before anything is posted; write ordering and PUBLISH (the
  * accelerator sees a whole request); read completions (each id once, in
  * posting order, at most max per poll, a bound on reads in flight);
- * flush; wait_fd and notify; a region freed or restarted with a new epoch.
+ * flush; wait_fd and notify; a region freed or restarted with a new epoch;
+ * fencing by frontend epoch (older refused, newer cuts the older, equal
+ * admitted, the header word and the agent's counters).
  *
  * Cases never assume a backend completes early: they flush and wait for
  * completions (ut_poll_n), and see the agent's memory only after a read
@@ -896,6 +898,109 @@ static void tc_epoch_renew(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->r.g, 0), "new epoch", 10, 0);
 }
 
+/* ---- fencing by frontend epoch ------------------------------------------ */
+
+/* The agent's counters reach what a case expects (a close reaches tcp's
+ * serving thread a little later); what a backend does not count is not
+ * checked. The header word holds the fence on every backend. */
+static void fence_expect(struct fx *f, uint64_t fence, uint64_t producers,
+                         uint64_t refused, uint64_t cut) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  struct lynx_fence_stats s;
+  for (;;) {
+    B->fence_stats(&f->r, &s);
+    if (!(B->caps & TC_CAP_FENCE_PRODUCERS) || s.producers == producers ||
+        lynx_now_ns() > end)
+      break;
+    usleep(1000);
+  }
+  assert_true(s.fence == fence);
+  assert_true(__atomic_load_n((uint64_t *)(f->r.mem + LYNX_OFF_FENCE),
+                              __ATOMIC_ACQUIRE) == fence);
+  if (B->caps & TC_CAP_FENCE_PRODUCERS)
+    assert_true(s.producers == producers);
+  if (B->caps & TC_CAP_FENCE_COUNTS) {
+    assert_true(s.refused == refused);
+    assert_true(s.cut == cut);
+  }
+}
+
+/* What a connection's next producing ops return: a publishing write to
+ * fctrl, a read behind it, flush and poll; the first error, or 0. */
+static int produce_error(struct fx *f, struct lynx_tconn *c) {
+  uint32_t v = 0xFE;
+  struct iovec iov = {&v, sizeof(v)};
+  uint64_t end = lynx_now_ns() + 2000000000ull, id;
+  uint8_t b[8];
+  int rc = c->ops->writev(c, lynx_fctrl_off(&f->r.g, 0), &iov, 1,
+                          LYNX_WR_PUBLISH);
+  if (!rc)
+    rc = c->ops->read(c, 0, b, sizeof(b), 1);
+  if (!rc)
+    rc = c->ops->flush(c);
+  while (!rc && lynx_now_ns() < end) {
+    int k = c->ops->poll(c, &id, 1);
+    if (k < 0)
+      return k;
+    usleep(1000);
+  }
+  return rc;
+}
+
+static void connect_as(const struct fx *f, uint64_t producer,
+                       struct lynx_tconn **c) {
+  struct lynx_region_desc d = f->r.d;
+  d.producer = producer;
+  ut_connect_ok(B->connect, &d, c);
+}
+
+static void refused_as(const struct fx *f, uint64_t producer) {
+  struct lynx_region_desc d = f->r.d;
+  d.producer = producer;
+  expect_refused(&d, B->err.fenced);
+}
+
+/* Epoch 5, then 7 takes over: 5's connection is cut (and what it writes
+ * after lands nowhere), 5 is refused from then on, a second 7 (another
+ * worker) is admitted and the new frontend works. */
+static void tc_fence_takeover(void **state) {
+  struct fx *f = *state;
+  const struct lynx_fctrl *fc =
+      (const struct lynx_fctrl *)(f->r.mem + lynx_fctrl_off(&f->r.g, 0));
+  struct lynx_tconn *old, *second;
+  connect_as(f, 5, &old);
+  fence_expect(f, 5, 1, 0, 0);
+  connect_as(f, 7, &f->c);
+  fence_expect(f, 7, 1, 0, 1);
+  assert_int_equal(produce_error(f, old), B->err.cut);
+  assert_int_equal(__atomic_load_n(&fc->tx_cons, __ATOMIC_ACQUIRE), 0);
+  old->ops->close(old);
+  refused_as(f, 5);
+  fence_expect(f, 7, 1, 1, 1);
+  connect_as(f, 7, &second);
+  fence_expect(f, 7, 2, 1, 1);
+  roundtrip(f, lynx_rx_ring_off(&f->r.g, 0), "epoch 7", 8, 0);
+  second->ops->close(second);
+  fence_expect(f, 7, 1, 1, 1);
+  refused_as(f, 6);
+  fence_expect(f, 7, 1, 2, 1);
+}
+
+/* Epoch 0 ("no epoch") is admitted only while no epoch was. */
+static void tc_fence_epoch0(void **state) {
+  struct fx *f = *state;
+  struct lynx_tconn *none;
+  connect_as(f, 0, &none);
+  fence_expect(f, 0, 1, 0, 0);
+  connect_as(f, 3, &f->c);
+  fence_expect(f, 3, 1, 0, 1);
+  assert_int_equal(produce_error(f, none), B->err.cut);
+  none->ops->close(none);
+  refused_as(f, 0);
+  fence_expect(f, 3, 1, 1, 1);
+  roundtrip(f, lynx_rx_ring_off(&f->r.g, 1), "epoch 3", 8, 0);
+}
+
 static int g_argc;
 static char **g_argv;
 
@@ -920,6 +1025,8 @@ static int run(void) {
       T(tc_arm_needs_ringing_accel),
       T(tc_region_free),
       T(tc_epoch_renew),
+      T(tc_fence_takeover),
+      T(tc_fence_epoch0),
   };
 #undef T
   char group[64];
@@ -992,6 +1099,11 @@ void tc_agent_region_free(struct tc_region *t) {
 int tc_agent_connect(const struct lynx_region_desc *d,
                      struct lynx_tconn **out) {
   return B->ops->connect(d, out);
+}
+
+void tc_agent_fence_stats(struct tc_region *t, struct lynx_fence_stats *out) {
+  struct tc_agent_region *a = t->priv;
+  lynx_region_fence_stats(&a->r, out);
 }
 
 int main(int argc, char **argv) {

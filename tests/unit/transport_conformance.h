@@ -39,6 +39,8 @@ struct tc_region {
 #define TC_CAP_WAIT_FD 0x2u     /* wait_fd gives an fd (else -ENOTSUP) */
 #define TC_CAP_FREE_DROPS 0x4u  /* region_free ends live connections */
 #define TC_CAP_READ_CLASS 0x8u  /* reads outside header/actrl/TX refused */
+#define TC_CAP_FENCE_COUNTS 0x10u /* the agent counts fenced refusals, cuts */
+#define TC_CAP_FENCE_PRODUCERS 0x20u /* ... and live producers */
 
 struct tc_backend {
   const char *name;
@@ -50,6 +52,8 @@ struct tc_backend {
     int stale_epoch; /* the region's epoch moved on */
     int bad_desc;    /* region_size disagrees with the geometry */
     int gone;        /* the region was freed */
+    int fenced;      /* a newer frontend epoch holds the region */
+    int cut;         /* any op of a connection a newer epoch cut */
   } err;
   int reads_max; /* a bound above the reads in flight it takes unpolled */
 
@@ -71,6 +75,8 @@ struct tc_backend {
   /* A frontend connects to the region d names (the frontend's connect,
    * with whatever the backend's agent does in between). */
   int (*connect)(const struct lynx_region_desc *d, struct lynx_tconn **out);
+  /* The agent's fencing of r (lynx_region_fence_stats). */
+  void (*fence_stats)(struct tc_region *r, struct lynx_fence_stats *out);
 };
 
 /* Defined by the harness linked in. */
@@ -90,5 +96,7 @@ int tc_agent_region_renew(struct tc_region *t, uint64_t epoch);
 void tc_agent_region_free(struct tc_region *t);
 /* connect: the backend's own. */
 int tc_agent_connect(const struct lynx_region_desc *d, struct lynx_tconn **out);
+/* fence_stats: lynx_region_fence_stats of the agent's region. */
+void tc_agent_fence_stats(struct tc_region *t, struct lynx_fence_stats *out);
 
 #endif
