@@ -25,6 +25,20 @@
 #      apart, each missing the coordinator's list cache (1 s at most).
 #   D. coordinator memory per accelerator: VmRSS before the first simulated
 #      node and after the 10,000th, divided by 10,000.
+#   With etcd installed (Debian: etcd-server), on a single etcd member:
+#   E. join to serving as in A, the coordinator on etcd (--etcd) instead of
+#      a state directory. Target: as A.
+#   F. leader failover: three coordinators on etcd (--etcd-lease-s
+#      ETCD_TTL_S, 2); the leader is killed with SIGKILL; time until one of
+#      the others answers a service creation with 201 (a POST to each
+#      follower in turn, every 20 ms). RUNS_FAILOVER runs; the killed one
+#      comes back as a follower between runs. Target: TTL + 500 ms.
+#   G. API latency on etcd at 10,000 accelerators (simulated nodes
+#      registered with the leader): the four endpoints of C on the leader,
+#      and on a follower (/v1/services answered from what it loaded from
+#      etcd; the runtime endpoints answered by a redirect to the leader,
+#      which lynx-apibench follows on the same connections). Target: p99 <=
+#      5 ms on both.
 #
 # Times taken from daemon logs have millisecond resolution (the log
 # timestamps); everything runs on 127.0.0.1. The coordinator of part C needs
@@ -34,7 +48,8 @@
 #
 # usage: bench/control-plane.sh [BUILD_DIR]
 #   env: RUNS_JOIN (5), RUNS_KILL (3), API_COUNT (300), COLD_COUNT (8),
-#        ACCELS_PER_NODE (4),
+#        ACCELS_PER_NODE (4), RUNS_FAILOVER (3), ETCD_TTL_S (2),
+#        NO_ETCD=1 skips E-G,
 #        KEEP=1 keeps the daemons' logs (the temp dir is printed at the end)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +57,11 @@ BUILD=${1:-build}
 BIN="$BUILD/bin"
 RUNS_JOIN=${RUNS_JOIN:-5}
 RUNS_KILL=${RUNS_KILL:-3}
+RUNS_FAILOVER=${RUNS_FAILOVER:-3}
+ETCD_TTL_S=${ETCD_TTL_S:-2}
+WITH_ETCD=1
+[[ ${NO_ETCD:-0} == 1 ]] && WITH_ETCD=0
+command -v etcd >/dev/null || WITH_ETCD=0
 API_COUNT=${API_COUNT:-300}
 COLD_COUNT=${COLD_COUNT:-8}
 COLD_INTERVAL_MS=1100
@@ -194,6 +214,9 @@ start_coordinator() { # TAG [--lease-ms N]: fresh state dir and ports
   COORD_PID=$LAST_PID
   wait_until 10 "the coordinator's /readyz" api_ready
 }
+role_of() { # HOST:PORT of an API: "leader", "follower" or ""
+  curl -sf --max-time 1 "http://$1/readyz" | jq -r '.role // ""' 2>/dev/null || true
+}
 start_frontend() { # TAG
   FE_LOG=$TMP/frontend-$1.log
   FE_ID=${NP}fe
@@ -252,8 +275,8 @@ SVC_JSON="{\"name\": \"$SERVICE\", \"port\": $UDP_PORT, \"app\": \"sockperf-echo
 # ---- A + B (lease 1000 ms) and B (default lease) -------------------------
 
 # A: join to serving
-measure_join() {
-  local i t0 probe_pid out ms reg_ms disp_ms line jnode=${NP}j
+measure_join() { # [TAG]: the runs' figures go to $TMP/join$TAG.txt
+  local tag=${1:-} i t0 probe_pid out ms reg_ms disp_ms line jnode=${NP}j
   for ((i = 1; i <= RUNS_JOIN; i++)); do
     start probe "$TMP/probe.out" "$BIN/lynx-udp-probe" --port "$UDP_PORT" \
       --interval-ms 5 --timeout-ms 15000
@@ -271,8 +294,8 @@ measure_join() {
     reg_ms=$([[ -n $line ]] && log_ms_after "$t0" "$line" || echo "?")
     line=$(grep "accelerator $jnode/" "$FE_LOG" | grep " in dispatch" | tail -n 1 || true)
     disp_ms=$([[ -n $line ]] && log_ms_after "$t0" "$line" || echo "?")
-    raw "join run=$i ms=$ms registered_ms=$reg_ms last_in_dispatch_ms=$disp_ms"
-    echo "$ms" >>"$TMP/join.txt"
+    raw "join${tag:+ store=$tag} run=$i ms=$ms registered_ms=$reg_ms last_in_dispatch_ms=$disp_ms"
+    echo "$ms" >>"$TMP/join$tag.txt"
     say "join run $i: first answer ${ms} ms after the agent's start (registered at ${reg_ms} ms, in dispatch at ${disp_ms} ms)"
     stop_pid "$AGENT_PID" TERM
     wait_until 10 "node $jnode down after its agent left" node_state_is "$jnode" down
@@ -426,6 +449,117 @@ raw "sim1 $(grep '^simnodes: stopped' "$TMP/sim1.out" || echo 'no summary')"
 raw "sim2 $(grep '^simnodes: stopped' "$TMP/sim2.out" || echo 'no summary')"
 stop_pid "$COORD_PID" TERM
 
+# ---- E, F, G: on etcd ----------------------------------------------------------
+
+ETCD_EP=''
+start_etcd_member() {
+  local c p
+  pick_port ETCD_CPORT
+  pick_port ETCD_PPORT
+  c=http://127.0.0.1:$ETCD_CPORT p=http://127.0.0.1:$ETCD_PPORT
+  start etcd "$TMP/etcd.log" etcd --name cpb --data-dir "$TMP/etcd-data" \
+    --listen-client-urls "$c" --advertise-client-urls "$c" \
+    --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" \
+    --initial-cluster "cpb=$p" --initial-cluster-state new
+  ETCD_EP=$c
+  wait_until 20 "etcd to serve" grep -q "ready to serve client requests" "$TMP/etcd.log"
+}
+# HA_API[i], HA_CTL[i], HA_PID[i]: three coordinators on etcd
+declare -a HA_API=() HA_CTL=() HA_PID=()
+start_ha() { # I: coordinator I (0..2) on etcd
+  local i=$1 cp hp
+  if [[ -z ${HA_API[i]:-} ]]; then
+    pick_port cp
+    pick_port hp
+    HA_CTL[i]=127.0.0.1:$cp
+    HA_API[i]=127.0.0.1:$hp
+  fi
+  start "coordinator ha$i" "$TMP/coordinator-ha$i-$(now_us).log" "$BIN/lynx-coordinator" \
+    --listen "${HA_CTL[i]}" --http "${HA_API[i]}" --etcd "$ETCD_EP" \
+    --etcd-prefix "/$NP/" --etcd-lease-s "$ETCD_TTL_S"
+  HA_PID[i]=$LAST_PID
+}
+ha_leader() { # sets LEADER (index) when one leads
+  local i
+  for i in 0 1 2; do
+    [[ $(role_of "${HA_API[i]}") == leader ]] && { LEADER=$i; return 0; }
+  done
+  return 1
+}
+# F: the leader killed; ms until another takes a change
+measure_failover() {
+  local run i t0 code ms name
+  for ((run = 1; run <= RUNS_FAILOVER; run++)); do
+    wait_until 20 "a leader among the three" ha_leader
+    for i in 0 1 2; do
+      ((i == LEADER)) || wait_until 20 "coordinator $i to follow" eval "[[ \$(role_of ${HA_API[i]}) == follower ]]"
+    done
+    t0=$(now_us)
+    kill -KILL "${HA_PID[LEADER]}"
+    wait "${HA_PID[LEADER]}" 2>/dev/null || true
+    unset "PIDS[${HA_PID[LEADER]}]"
+    code=000
+    for (( ; ; )); do
+      for i in 0 1 2; do
+        ((i == LEADER)) && continue
+        name=fo$run$((RANDOM))
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
+          -H 'Content-Type: application/json' \
+          -d "{\"name\": \"$name\", \"port\": $((20000 + run)), \"app\": \"sockperf-echo\"}" \
+          "http://${HA_API[i]}/v1/services" || true)
+        [[ $code == 201 ]] && break 2
+      done
+      (($(now_us) - t0 < 30000000)) || die "failover run $run: no coordinator took a change within 30 s (last HTTP $code)"
+      sleep 0.02
+    done
+    ms=$(awk -v a="$(now_us)" -v b="$t0" 'BEGIN { printf "%.0f\n", (a - b) / 1000 }')
+    echo "$ms" >>"$TMP/failover.txt"
+    raw "failover run=$run ttl_s=$ETCD_TTL_S first_write_ms=$ms by=coordinator$i"
+    say "failover run $run: coordinator $i took a change ${ms} ms after the leader's kill (TTL ${ETCD_TTL_S} s)"
+    curl -s -o /dev/null --max-time 5 -X DELETE "http://${HA_API[i]}/v1/services/$name" || true
+    start_ha "$LEADER"
+  done
+}
+
+if ((WITH_ETCD)); then
+  say "part E: join to serving with the coordinator on etcd"
+  start_etcd_member
+  start_coordinator etcd --lease-ms "$FAST_LEASE" --etcd "$ETCD_EP" --etcd-prefix "/${NP}e/"
+  start_frontend etcd
+  create_service "$SVC_JSON"
+  wait_until 10 "the frontend to run the latest table" fe_current
+  measure_join etcd
+  stop_pid "$FE_PID" TERM
+  stop_pid "$COORD_PID" TERM
+
+  say "part G: three coordinators on etcd, $LARGE_ACCELS simulated accelerators on the leader"
+  for i in 0 1 2; do start_ha "$i"; done
+  wait_until 20 "a leader among the three" ha_leader
+  API=${HA_API[LEADER]}
+  CTL=${HA_CTL[LEADER]}
+  create_service "{\"name\": \"$SERVICE\", \"port\": $UDP_PORT, \"app\": \"sockperf-echo\", \"placement\": {\"selector\": {\"pool\": \"real\"}}}"
+  start simnodes "$TMP/sim3.out" "$BIN/lynx-simnodes" --coordinator "$CTL" \
+    --nodes "$NODES_LARGE" --accels "$APN" --prefix "${NP}x"
+  SIM3=$LAST_PID
+  wait_until 180 "$NODES_LARGE simulated nodes to register with the leader" sims_registered "$TMP/sim3.out"
+  wait_until 20 "$NODES_LARGE nodes ready" all_ready "$NODES_LARGE"
+  raw "sim3 $(grep '^simnodes: registered' "$TMP/sim3.out")"
+  sleep 2
+  FOLLOWER=$(((LEADER + 1) % 3))
+  wait_until 10 "the follower to load the service" eval "curl -sf 'http://${HA_API[FOLLOWER]}/v1/services' | grep -q '$SERVICE'"
+  say "API on the etcd leader at $LARGE_ACCELS accelerators"
+  api_bench etcd-leader
+  say "API on an etcd follower at $LARGE_ACCELS accelerators"
+  API=${HA_API[FOLLOWER]}
+  api_bench etcd-follower
+  API=${HA_API[LEADER]}
+  stop_pid "$SIM3" TERM
+
+  say "part F: leader failover, $RUNS_FAILOVER runs, etcd lease $ETCD_TTL_S s"
+  measure_failover
+  for i in 0 1 2; do stop_pid "${HA_PID[i]}" TERM; done
+fi
+
 # ---- report ------------------------------------------------------------------
 
 verdict() { # VALUE TARGET -> PASS/MISS (value <= target)
@@ -442,6 +576,13 @@ KF_MED=$(median <"$TMP/kill-fast.txt")
 KF_MAX=$(maxof <"$TMP/kill-fast.txt")
 KD_MED=$(median <"$TMP/kill-default.txt")
 KD_MAX=$(maxof <"$TMP/kill-default.txt")
+FO_TARGET=$((ETCD_TTL_S * 1000 + 500))
+if ((WITH_ETCD)); then
+  JOINE_MED=$(median <"$TMP/joinetcd.txt")
+  JOINE_MAX=$(maxof <"$TMP/joinetcd.txt")
+  FO_MED=$(median <"$TMP/failover.txt")
+  FO_MAX=$(maxof <"$TMP/failover.txt")
+fi
 MEM_B=$(awk -v a="$RSS0" -v b="$RSS1" -v n="$LARGE_ACCELS" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
 
 OUT="bench/results/control-plane-$(date -u +%Y%m%dT%H%M%SZ).txt"
@@ -471,12 +612,33 @@ mkdir -p bench/results
     row "API GET $ep @ $LARGE_ACCELS, 1 req/1.1 s, p50 / max (ms)" "$p50 / $mx" "p99 <= $API_TARGET" \
       "$(verdict "$mx" "$API_TARGET") (cache miss, $COLD_COUNT requests)"
   done
+  if ((WITH_ETCD)); then
+    row "join to serving on etcd, median (ms)" "$JOINE_MED" "<= $JOIN_TARGET" "$(verdict "$JOINE_MED" "$JOIN_TARGET")"
+    row "join to serving on etcd, max (ms)" "$JOINE_MAX" "<= $JOIN_TARGET" "$(verdict "$JOINE_MAX" "$JOIN_TARGET")"
+    row "leader kill -9 -> first write, TTL $ETCD_TTL_S s, median (ms)" "$FO_MED" "<= $FO_TARGET" "$(verdict "$FO_MED" "$FO_TARGET")"
+    row "leader kill -9 -> first write, TTL $ETCD_TTL_S s, max (ms)" "$FO_MAX" "<= $FO_TARGET" "$(verdict "$FO_MAX" "$FO_TARGET")"
+    for who in leader follower; do
+      for ep in "/v1/nodes/{id}" /v1/services /v1/nodes /v1/accelerators; do
+        path=${ep//\{id\}/${NP}x00000}
+        p50=$(api_field "etcd-$who" "$path" p50_ms)
+        p99=$(api_field "etcd-$who" "$path" p99_ms)
+        row "API GET $ep @ $LARGE_ACCELS, etcd $who, p50 / p99" "$p50 / $p99" "p99 <= $API_TARGET" "$(verdict "$p99" "$API_TARGET")"
+      done
+    done
+  else
+    echo "# parts E-G (etcd) skipped: $( ((${NO_ETCD:-0})) && echo NO_ETCD=1 || echo 'etcd is not installed')"
+  fi
   row "coordinator memory per accelerator (bytes)" "$MEM_B" "-" "info"
   echo "# memory: VmRSS ${RSS0} kB before the simulated nodes, ${RSS1} kB with $LARGE_ACCELS accelerators ($NODES_LARGE nodes), ${RSS2} kB after the API runs"
   echo "# API details (ttfb: until the answer's first byte, i.e. the coordinator's work; bytes: body size):"
   for n in "$SMALL_ACCELS" "$LARGE_ACCELS" cold; do
-    sed -e 's/^apibench: /#   /' -e "s|url=http://$API|accels=${n/cold/$LARGE_ACCELS every ${COLD_INTERVAL_MS} ms} |" "$TMP/api-$n.out"
+    sed -e 's/^apibench: /#   /' -e "s|url=http://[^/]*|accels=${n/cold/$LARGE_ACCELS every ${COLD_INTERVAL_MS} ms} |" "$TMP/api-$n.out"
   done
+  if ((WITH_ETCD)); then
+    for n in etcd-leader etcd-follower; do
+      sed -e 's/^apibench: /#   /' -e "s|url=http://[^/]*|accels=$LARGE_ACCELS $n |" "$TMP/api-$n.out"
+    done
+  fi
   echo "# raw:"
   sed 's/^/#   /' "$RAW"
 } | tee "$OUT"

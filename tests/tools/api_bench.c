@@ -9,7 +9,9 @@
  * request/response on the same connection (no new TCP handshake), back to
  * back or I ms apart (a slow poller: it misses whatever the server caches
  * for less than I ms; keep I below the server's idle timeout). Every
- * answer must be 200, or the tool fails. Per URL, one line on stdout:
+ * answer must be 200 (after following redirects: a follower coordinator
+ * sends runtime reads to the leader), or the tool fails. Per URL, one line
+ * on stdout:
  *   apibench: url=U n=N p50_ms=.. p90_ms=.. p99_ms=.. max_ms=..
  *             ttfb_p50_ms=.. ttfb_p99_ms=.. bytes=B connects=C
  * total: request sent to last byte received (curl's total time);
@@ -137,6 +139,9 @@ int main(int argc, char **argv) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  /* a follower coordinator redirects runtime reads to the leader: an
+   * operator's client follows, and so do we (the time includes the hop) */
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
 
   for (int u = 0; u < scan.n_rest && status == 0; u++) {
     const char *url = urls[u];
