@@ -193,7 +193,6 @@ wait_node_state "$N1" ready 20000 || it_check_failed "$N1 not ready on the new l
 log "== 3. traffic over the whole outage, and after"
 wait "$sp"
 check_sockperf_served "$out"
-assert_eq "$SP_RCVD" "$SP_SENT" "answers sockperf got over the outage (of $SP_SENT sent)"
 assert_eq "$(fenced)" 0 "lynx_agent_lease_fenced after the recovery"
 wait_log "$FRONTEND_LOG" "service echo2" 15 1 "$FRONTEND_PID"
 out2=$IT_DIR/after.out
