@@ -14,12 +14,14 @@
 
 #define COMP "coordinator"
 #define FOLLOW_MS 250u /* a follower looks at the leader key this often */
-/* etcd unanswered for this long: what a follower last read of the leader
- * key may be stale (the leader it names may have stepped down meanwhile,
- * quorum lost), so it knows of no leader. A poll and a bit: one failed
- * request may be a member restarting, and each already took up to the
- * client's timeout. */
-#define CUT_OFF_MS (FOLLOW_MS * 4u)
+/* etcd unanswered for this long since its last answer: what a follower
+ * last read of the leader key may be stale (the leader it names may have
+ * stepped down meanwhile: quorum lost), so it knows of no leader. A few
+ * polls: a quick failure (a member restarting, its port refused) is
+ * retried first; a request that timed out (--etcd-timeout-ms, 1 s by
+ * default) is enough on its own. Agents must hear it well within their
+ * lease after the leader stopped answering them (docs/etcd.md). */
+#define CUT_OFF_MS (FOLLOW_MS * 3u)
 
 /* Waits ms, or less when stopping; 1 when stopping. */
 static int nap(struct lynx_elect *e, uint32_t ms) {
@@ -61,15 +63,13 @@ static void reached(struct lynx_elect *e, const char *err) {
   uint64_t now = lynx_now_ns();
   int lead = __atomic_load_n(&c->leader, __ATOMIC_ACQUIRE), was;
   if (!err)
-    e->fail_since_ns = 0;
-  else if (!e->fail_since_ns)
-    e->fail_since_ns = now;
+    e->ok_ns = now;
   pthread_mutex_lock(&c->lock);
   was = c->no_leader;
   if (lead) {
     c->no_leader = 0;
   } else if (err) {
-    if (now - e->fail_since_ns > (uint64_t)CUT_OFF_MS * 1000000u) {
+    if (now - e->ok_ns > (uint64_t)CUT_OFF_MS * 1000000u) {
       /* a stale leader_api would send API calls (and agents' hopes) to a
        * coordinator that may have stepped down: followers could even
        * redirect to each other */
@@ -77,9 +77,9 @@ static void reached(struct lynx_elect *e, const char *err) {
       c->no_leader = 1;
       snprintf(c->no_leader_why, sizeof(c->no_leader_why),
                "no coordinator leads: etcd cannot be reached from here "
-               "(%.200s, for %llu ms): an election waits for its quorum",
-               err, (unsigned long long)((now - e->fail_since_ns) /
-                                         1000000u));
+               "(%.160s; no answer for %llu ms): an election waits for "
+               "its quorum", err,
+               (unsigned long long)((now - e->ok_ns) / 1000000u));
     } /* else a blip: keep what the last read said */
   } else if (!c->leader_api[0]) {
     c->no_leader = 1;
@@ -269,11 +269,11 @@ static void *elect_main(void *arg) {
       int64_t left = 0;
       rc = lynx_etcd_lease_keepalive(e->etcd, e->lease, &left, err,
                                      sizeof(err));
-      /* since when etcd fails, for when this leader steps down */
+      /* when etcd last answered, for after this leader steps down */
       if (rc)
         reached(e, err);
       else
-        e->fail_since_ns = 0;
+        e->ok_ns = lynx_now_ns();
       if (!rc && left > 0) {
         int held;
         int64_t rev;
@@ -322,14 +322,13 @@ int lynx_elect_start(struct lynx_elect *e, const char *endpoints,
   e->stop = 0;
   e->lease = e->rev = 0;
   e->sig = 0;
-  e->fail_since_ns = 0;
+  e->ok_ns = lynx_now_ns(); /* as if it had: a start is no outage */
   e->stale_lease = 0;
   e->key_mine = 0;
+  /* not known yet: until etcd says otherwise another may lead, and an
+   * agent told "no leader" would keep its lease on our word */
   pthread_mutex_lock(&e->c->lock);
-  e->c->no_leader = 1; /* until the first look at the key */
-  snprintf(e->c->no_leader_why, sizeof(e->c->no_leader_why),
-           "no coordinator leads yet: this one has not read etcd's leader "
-           "key yet");
+  e->c->no_leader = 0;
   pthread_mutex_unlock(&e->c->lock);
   rc = lynx_etcd_open(&e->etcd, endpoints, timeout_ms, err, errlen);
   if (rc)
