@@ -20,7 +20,9 @@
  * this process was stopped, starved or cut off. While no coordinator
  * listens at all (its connection refused: it is being restarted), nobody
  * can declare the node down, and each refused attempt renews the fence, so
- * instances keep serving. A registration the coordinator refuses because
+ * instances keep serving. So does a Hello refused with no_leader: with
+ * several coordinators on etcd, the one asked knows of no leader (etcd
+ * without quorum: docs/etcd.md, "etcd without a quorum"). A registration the coordinator refuses because
  * the epoch was declared down makes this agent a new incarnation: it
  * discards its instances, with their queued requests, and registers with a
  * new epoch.
@@ -52,6 +54,8 @@ struct coord_link {
   uint64_t lease_ms;
   int acks;      /* the coordinator answers heartbeats (RegisterReply) */
   int fenced;    /* the fence stopped the accelerators (logged) */
+  int no_leader; /* refused by a coordinator that knows of no leader:
+                  * logged once until a registration succeeds */
   uint64_t register_sent_ns;
   /* send times of heartbeats, by sequence number; replies come in order */
   uint64_t hb_sent_ns[HB_RING];
@@ -362,6 +366,23 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
   case LYNX__ENVELOPE__MSG_HELLO_REPLY:
     if (l->state != LINK_HELLO)
       break;
+    if (!env->hello_reply->ok && env->hello_reply->no_leader) {
+      /* No coordinator leads (etcd without quorum, or an election under
+       * way): nobody can declare this node down meanwhile, and a leader
+       * elected later takes only the nodes that register with it, so
+       * the instances keep serving, as while a single coordinator is
+       * being restarted. The caveat (a follower cut from etcd answering
+       * us while we are cut from a live leader): docs/etcd.md. */
+      if (!l->no_leader)
+        LYNX_WARN("agent", "%s: no coordinator leads (etcd without "
+                  "quorum?): instances keep serving on the last tables; "
+                  "%s says: %s", ag->node_id, c->peer,
+                  env->hello_reply->error);
+      l->no_leader = 1;
+      lease_renew(l, lynx_now_ns());
+      lynx_ctl_close(c, NULL);
+      return;
+    }
     if (!env->hello_reply->ok) {
       LYNX_ERR("agent", "%s: coordinator %s refused us: %s", ag->node_id,
                c->peer, env->hello_reply->error);
@@ -395,6 +416,9 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     l->state = LINK_REGISTERED;
+    if (l->no_leader)
+      LYNX_INFO("agent", "%s: a coordinator leads again", ag->node_id);
+    l->no_leader = 0; /* the episode is over: the next one is logged */
     l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
                                                 : 3000;
     l->acks = env->register_reply->acks_heartbeats;

@@ -51,6 +51,15 @@ struct lynx_coord {
    * host:port as it advertises it, "" while none leads; under lock). */
   int ha, leader;
   char leader_api[128];
+  /* A follower that knows of no leader (elect.c; under lock): no leader
+   * key is held (an election under way), or etcd has not answered this
+   * coordinator for longer than a poll (quorum lost, or cut off from it),
+   * so what it last read of the key may be stale. leader_api is "" then;
+   * Hellos are refused with HelloReply.no_leader (agents keep their
+   * lease: docs/etcd.md) and the API answers 503 no_leader with
+   * no_leader_why instead of redirecting. */
+  int no_leader;
+  char no_leader_why[320];
   void *http;        /* http.c's private state (the MHD daemon): opaque */
 };
 

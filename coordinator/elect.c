@@ -14,6 +14,14 @@
 
 #define COMP "coordinator"
 #define FOLLOW_MS 250u /* a follower looks at the leader key this often */
+/* etcd unanswered for this long since its last answer: what a follower
+ * last read of the leader key may be stale (the leader it names may have
+ * stepped down meanwhile: quorum lost), so it knows of no leader. A few
+ * polls: a quick failure (a member restarting, its port refused) is
+ * retried first; a request that timed out (--etcd-timeout-ms, 1 s by
+ * default) is enough on its own. Agents must hear it well within their
+ * lease after the leader stopped answering them (docs/etcd.md). */
+#define CUT_OFF_MS (FOLLOW_MS * 3u)
 
 /* Waits ms, or less when stopping; 1 when stopping. */
 static int nap(struct lynx_elect *e, uint32_t ms) {
@@ -47,6 +55,60 @@ static void leader_api_from(struct lynx_elect *e, const char *value) {
   json_object_put(j);
 }
 
+/* The outcome of this round's etcd requests (err: NULL when they
+ * succeeded), and from it whether this coordinator knows of a leader
+ * (c->no_leader, coord.h). */
+static void reached(struct lynx_elect *e, const char *err) {
+  struct lynx_coord *c = e->c;
+  uint64_t now = lynx_now_ns();
+  int lead = __atomic_load_n(&c->leader, __ATOMIC_ACQUIRE), was;
+  if (!err)
+    e->ok_ns = now;
+  pthread_mutex_lock(&c->lock);
+  was = c->no_leader;
+  if (lead) {
+    c->no_leader = 0;
+  } else if (err) {
+    if (now - e->ok_ns > (uint64_t)CUT_OFF_MS * 1000000u) {
+      /* a stale leader_api would send API calls (and agents' hopes) to a
+       * coordinator that may have stepped down: followers could even
+       * redirect to each other */
+      c->leader_api[0] = '\0';
+      c->no_leader = 1;
+      snprintf(c->no_leader_why, sizeof(c->no_leader_why),
+               "no coordinator leads: etcd cannot be reached from here "
+               "(%.160s; no answer for %llu ms): an election waits for "
+               "its quorum", err,
+               (unsigned long long)((now - e->ok_ns) / 1000000u));
+    } /* else a blip: keep what the last read said */
+  } else if (!c->leader_api[0]) {
+    c->no_leader = 1;
+    snprintf(c->no_leader_why, sizeof(c->no_leader_why),
+             "no coordinator leads yet: etcd holds no leader key (an "
+             "election is under way)");
+  } else if (e->key_mine) {
+    /* other coordinators send agents and API calls here: they must hear
+     * that nobody leads, not be sent back to a leader_api naming us */
+    c->leader_api[0] = '\0';
+    c->no_leader = 1;
+    snprintf(c->no_leader_why, sizeof(c->no_leader_why),
+             "no coordinator leads yet: the leader key is still this "
+             "coordinator's from before it stepped down (revoked, or "
+             "expiring, now: an election follows)");
+  } else {
+    c->no_leader = 0;
+  }
+  if (c->no_leader != was) {
+    if (c->no_leader)
+      LYNX_WARN(COMP, "%s; agents keep their leases meanwhile, API changes "
+                "get 503", c->no_leader_why);
+    else
+      LYNX_INFO(COMP, "a leader is known again (%s)",
+                lead ? "this coordinator" : c->leader_api);
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* The registry takes what etcd holds (c->lock held). */
 static int reload(struct lynx_elect *e, char *err, size_t errlen) {
   struct lynx_coord *c = e->c;
@@ -72,12 +134,17 @@ static void step_down(struct lynx_elect *e, const char *why) {
   e->store->fence_rev = 0;
   c->leader_api[0] = '\0';
   pthread_mutex_unlock(&c->lock);
+  /* the loop then closes the agents' and frontends' connections and
+   * releases the nodes (main.c on_role, registry.h) */
   set_role(e, 0);
   LYNX_WARN(COMP, "no longer the leader: %s", why);
-  /* revoked: the key goes now, not at the TTL (a failure is the lease
-   * expiring on its own) */
-  if (e->lease)
-    lynx_etcd_lease_revoke(e->etcd, e->lease, err, sizeof(err));
+  /* revoked: the key goes now, not at the TTL. When etcd cannot take it
+   * (no quorum), the key outlives the quorum's return by up to a TTL
+   * (etcd's new raft leader extends every lease): it is revoked again as
+   * soon as etcd answers (elect_main), so an election need not wait. */
+  if (e->lease &&
+      lynx_etcd_lease_revoke(e->etcd, e->lease, err, sizeof(err)) != 0)
+    e->stale_lease = e->lease;
   e->lease = 0;
   e->sig = 0; /* a follower reloads at once */
 }
@@ -92,6 +159,9 @@ static int look(struct lynx_elect *e, int *held, int64_t *rev, char *err,
     return rc;
   *held = k.n > 0;
   *rev = k.n ? k.kv[0].create_rev : 0;
+  /* ours, but we do not lead: a key we could not revoke on stepping down */
+  e->key_mine = k.n > 0 && strcmp(k.kv[0].value, e->me) == 0 &&
+                !__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE);
   pthread_mutex_lock(&e->c->lock);
   if (k.n)
     leader_api_from(e, k.kv[0].value);
@@ -150,18 +220,21 @@ static int campaign(struct lynx_elect *e, char *err, size_t errlen) {
 }
 
 /* A follower's registry follows what etcd holds (reads answer it). */
-static void follow(struct lynx_elect *e) {
+static int follow(struct lynx_elect *e, char *err, size_t errlen) {
   struct lynx_store_etcd probe = *e->store;
-  char err[256];
   uint64_t sig;
+  int rc;
   probe.etcd = e->etcd; /* the election's client: not the API's */
-  if (lynx_store_etcd_sig(&probe, &sig, err, sizeof(err)) || sig == e->sig)
-    return;
+  rc = lynx_store_etcd_sig(&probe, &sig, err, errlen);
+  if (rc || sig == e->sig)
+    return rc;
   pthread_mutex_lock(&e->c->lock);
-  if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE) &&
-      reload(e, err, sizeof(err)) == 0)
+  if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE))
+    rc = reload(e, err, errlen);
+  if (!rc)
     e->sig = sig;
   pthread_mutex_unlock(&e->c->lock);
+  return rc;
 }
 
 static void *elect_main(void *arg) {
@@ -172,11 +245,22 @@ static void *elect_main(void *arg) {
   for (;;) {
     int rc;
     if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE)) {
+      if (e->stale_lease) { /* see step_down */
+        rc = lynx_etcd_lease_revoke(e->etcd, e->stale_lease, err,
+                                    sizeof(err));
+        if (rc == 0 || rc == -ENOENT) {
+          LYNX_INFO(COMP, "revoked the lease of the leader key this "
+                    "coordinator held before it stepped down");
+          e->stale_lease = 0;
+        }
+      }
       rc = campaign(e, err, sizeof(err));
       if (rc < 0)
         LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "leader election: %s", err);
-      if (rc == 0)
-        follow(e);
+      if (rc == 0 && follow(e, err, sizeof(err)) < 0)
+        reached(e, err);
+      else
+        reached(e, rc < 0 ? err : NULL);
       if (nap(e, rc == 1 ? renew_ms : FOLLOW_MS))
         break;
       continue;
@@ -185,6 +269,11 @@ static void *elect_main(void *arg) {
       int64_t left = 0;
       rc = lynx_etcd_lease_keepalive(e->etcd, e->lease, &left, err,
                                      sizeof(err));
+      /* when etcd last answered, for after this leader steps down */
+      if (rc)
+        reached(e, err);
+      else
+        e->ok_ns = lynx_now_ns();
       if (!rc && left > 0) {
         int held;
         int64_t rev;
@@ -233,6 +322,14 @@ int lynx_elect_start(struct lynx_elect *e, const char *endpoints,
   e->stop = 0;
   e->lease = e->rev = 0;
   e->sig = 0;
+  e->ok_ns = lynx_now_ns(); /* as if it had: a start is no outage */
+  e->stale_lease = 0;
+  e->key_mine = 0;
+  /* not known yet: until etcd says otherwise another may lead, and an
+   * agent told "no leader" would keep its lease on our word */
+  pthread_mutex_lock(&e->c->lock);
+  e->c->no_leader = 0;
+  pthread_mutex_unlock(&e->c->lock);
   rc = lynx_etcd_open(&e->etcd, endpoints, timeout_ms, err, errlen);
   if (rc)
     return rc;

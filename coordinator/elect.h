@@ -50,6 +50,9 @@ struct lynx_elect {
   int64_t lease, rev;
   uint64_t renewed_ns; /* last successful keepalive */
   uint64_t sig;        /* what the follower's registry was loaded from */
+  uint64_t ok_ns;      /* when etcd last answered a request */
+  int64_t stale_lease; /* not revoked on stepping down (etcd failed): later */
+  int key_mine;        /* the last look found our own key, not leading */
 };
 
 /* e->c, store, changed, arg set by the caller; endpoints and timeout as

@@ -316,6 +316,12 @@ static void h_readyz(struct http_req *rq, struct http_out *out) {
       pthread_mutex_lock(&rq->c->lock);
       json_object_object_add(j, "leader_api",
                              json_object_new_string(rq->c->leader_api));
+      /* a follower that knows of no leader says why (changes get 503) */
+      if (!lead && rq->c->no_leader) {
+        json_object_object_add(j, "no_leader", json_object_new_boolean(1));
+        json_object_object_add(j, "why", json_object_new_string(
+                                             rq->c->no_leader_why));
+      }
       pthread_mutex_unlock(&rq->c->lock);
     }
   }
@@ -1442,10 +1448,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     if (h->c->ha && leader_only(rq->route, method) &&
         !__atomic_load_n(&h->c->leader, __ATOMIC_ACQUIRE)) {
       char api[sizeof(h->c->leader_api)], query[256];
+      char why[sizeof(h->c->no_leader_why)];
+      int none;
       pthread_mutex_lock(&h->c->lock);
       snprintf(api, sizeof(api), "%s", h->c->leader_api);
+      none = h->c->no_leader;
+      snprintf(why, sizeof(why), "%s", h->c->no_leader_why);
       pthread_mutex_unlock(&h->c->lock);
-      if (api[0]) {
+      if (none) {
+        /* knowing of no leader, this coordinator redirects nowhere: a
+         * leader_api read before etcd went away may name one that stepped
+         * down (or a follower that redirects back) */
+        reply_err(&out, 503, "no_leader", "%s; retry", why);
+      } else if (api[0]) {
         query_string(conn, query, sizeof(query));
         snprintf(out.location, sizeof(out.location), "http://%s%s%s", api,
                  url, query);

@@ -359,6 +359,11 @@ static void push_tables(struct coordinator *co) {
   struct table_build tb;
   if (lynx_coord_now_ms() < co->settle_until_ms)
     return; /* the tick pushes once the agents had their chance */
+  /* a follower's tables are no one's: one that just stepped down (its
+   * frontends not closed yet) would hand them what it no longer knows,
+   * e.g. no node at all once it released them (registry.h) */
+  if (co->c.ha && !__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE))
+    return;
   if (active && active_epoch(co, active))
     return; /* tables wait for its epoch: the tick tries again */
   memset(&tb, 0, sizeof(tb));
@@ -541,12 +546,14 @@ static void peer_closed(struct lynx_ctl *ctl) {
  * hold_ms holds a refusal back (a source that keeps presenting a wrong
  * token: connguard.h). */
 static void send_hello_reply_ex(struct cpeer *p, int ok, const char *error,
-                                uint64_t hold_ms, int retryable) {
+                                uint64_t hold_ms, int retryable,
+                                int no_leader) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
   r.proto_version = LYNX_PROTO_VERSION;
   r.ok = ok;
   r.retryable = retryable;
+  r.no_leader = no_leader;
   r.error = (char *)(error ? error : "");
   r.id = "coordinator";
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
@@ -559,12 +566,12 @@ static void send_hello_reply_ex(struct cpeer *p, int ok, const char *error,
 
 static void send_hello_reply(struct cpeer *p, int ok, const char *error,
                              uint64_t hold_ms) {
-  send_hello_reply_ex(p, ok, error, hold_ms, 0);
+  send_hello_reply_ex(p, ok, error, hold_ms, 0, 0);
 }
 
 static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   struct coordinator *co = p->co;
-  char err[200];
+  char err[400];
   const char *role = h->role ? h->role : "";
   if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
     uint64_t hold = lynx_guard_auth_failed(&co->c.ctl_guard, p->src,
@@ -587,12 +594,19 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     /* agents and frontends find the leader among their --coordinator
      * addresses: this refusal sends them to the next */
     char api[sizeof(co->c.leader_api)];
+    char why[sizeof(co->c.no_leader_why)];
+    int none;
     pthread_mutex_lock(&co->c.lock);
     snprintf(api, sizeof(api), "%s", co->c.leader_api);
+    none = co->c.no_leader;
+    snprintf(why, sizeof(why), "%s", co->c.no_leader_why);
     pthread_mutex_unlock(&co->c.lock);
-    snprintf(err, sizeof(err), "this coordinator does not lead (the "
-             "leader's API: %s)", api[0] ? api : "none elected yet");
-    send_hello_reply_ex(p, 0, err, 0, 1);
+    if (none) /* agents keep their lease on this (docs/etcd.md) */
+      snprintf(err, sizeof(err), "this coordinator does not lead: %s", why);
+    else
+      snprintf(err, sizeof(err), "this coordinator does not lead (the "
+               "leader's API: %s)", api[0] ? api : "none elected yet");
+    send_hello_reply_ex(p, 0, err, 0, 1, none);
     return;
   }
   if (strcmp(role, "agent") == 0 || strcmp(role, "frontend") == 0) {
@@ -1097,6 +1111,14 @@ static void on_role(uv_async_t *a) {
   /* not leading: agents and frontends go and find the leader */
   for (struct cpeer *p = co->peers; p; p = p->next)
     lynx_ctl_close(&p->ctl, "this coordinator no longer leads");
+  /* a follower follows no node's lease (registry.h): were it to keep
+   * them, it would declare them down on its own and, leading again,
+   * refuse their epochs and make them discard their instances */
+  pthread_mutex_lock(&co->c.lock);
+  if (!__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE) &&
+      lynx_reg_nodes_release(&co->c.reg))
+    after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
 }
 
 static void on_signal(uv_signal_t *s, int signum) {

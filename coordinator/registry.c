@@ -1830,6 +1830,27 @@ int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
   return 0;
 }
 
+uint32_t lynx_reg_nodes_release(struct lynx_registry *r) {
+  struct lynx_reg_node **pp = &r->nodes, *n;
+  uint32_t gone = 0;
+  while (*pp) {
+    n = *pp;
+    if (n->state == LYNX_NODE_DOWN) {
+      pp = &n->next;
+      continue;
+    }
+    node_drop_instances(r, n, 0); /* forgotten, not stopped: they serve */
+    *pp = n->next;
+    free(n);
+    gone++;
+  }
+  if (gone) {
+    r->version++;
+    table_commit(r);
+  }
+  return gone;
+}
+
 int lynx_reg_forget(struct lynx_registry *r, const char *id,
                     struct lynx_reg_err *err) {
   struct lynx_reg_node **pp, *n;

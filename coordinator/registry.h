@@ -416,6 +416,13 @@ int lynx_reg_drain_intent_add(struct lynx_registry *r, const char *id);
 /* Forgets every service and every drain intent of a node not registered
  * (a coordinator that does not lead reloading what etcd holds: elect.c). */
 void lynx_reg_intent_clear(struct lynx_registry *r, uint64_t now_ms);
+/* Forgets every node that is not DOWN, with its instances: a coordinator
+ * that stops leading (elect.c) cannot follow their leases (it would
+ * declare them down on its own, and refuse their epochs as a new
+ * incarnation should it lead again), and a leader takes only the nodes
+ * that register with it, their instances adopted. DOWN nodes stay: their
+ * epochs were declared down to frontends. Returns how many went. */
+uint32_t lynx_reg_nodes_release(struct lynx_registry *r);
 /* Forget a DOWN node. -ENOENT, -EBUSY (409: not down). */
 int lynx_reg_forget(struct lynx_registry *r, const char *id,
                     struct lynx_reg_err *err);

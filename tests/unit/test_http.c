@@ -365,6 +365,53 @@ static void test_health_ready(void **state) {
   resp_free(&r);
 }
 
+/* A follower (several coordinators on etcd: elect.c) sends changes to the
+ * leader it knows of (307), and when it knows of none (etcd without a
+ * quorum) answers 503 no_leader with the reason instead: its leader_api
+ * may be stale, and redirecting on it could bounce between followers. */
+static void test_follower_no_leader(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  struct json_object *v;
+  f->c.ha = 1;
+  __atomic_store_n(&f->c.leader, 0, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&f->c.lock);
+  snprintf(f->c.leader_api, sizeof(f->c.leader_api), "127.0.0.1:9");
+  f->c.no_leader = 0;
+  pthread_mutex_unlock(&f->c.lock);
+  assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 307);
+  assert_string_equal(r.location, "http://127.0.0.1:9/v1/services");
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/readyz", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "role", NULL), "follower");
+  assert_false(json_object_object_get_ex(r.json, "no_leader", &v));
+  resp_free(&r);
+
+  pthread_mutex_lock(&f->c.lock);
+  f->c.no_leader = 1; /* leader_api left stale on purpose */
+  snprintf(f->c.no_leader_why, sizeof(f->c.no_leader_why),
+           "no coordinator leads: etcd cannot be reached from here (ut): "
+           "an election waits for its quorum");
+  pthread_mutex_unlock(&f->c.lock);
+  req(f, "POST", "/v1/services", svc_body, &r);
+  expect_error(&r, 503, "no_leader", "etcd cannot be reached", "quorum");
+  resp_free(&r);
+  req(f, "DELETE", "/v1/services/echo-ut", NULL, &r);
+  expect_error(&r, 503, "no_leader", "etcd cannot be reached", NULL);
+  resp_free(&r);
+  req(f, "GET", "/v1/nodes", NULL, &r); /* runtime state: the leader's */
+  expect_error(&r, 503, "no_leader", "etcd cannot be reached", NULL);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/readyz", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "role", NULL), "follower");
+  assert_string_equal(jstr(r.json, "no_leader", NULL), "true");
+  assert_non_null(strstr(jstr(r.json, "why", NULL), "quorum"));
+  resp_free(&r);
+  f->c.ha = 0;
+}
+
 static void test_lists_shape(void **state) {
   struct fx *f = *state;
   static const char *const paths[] = {"/v1/nodes",     "/v1/accelerators",
@@ -1364,6 +1411,7 @@ static void test_lynxctl(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_health_ready, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_follower_no_leader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lists_shape, setup, teardown),
       cmocka_unit_test_setup_teardown(test_service_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_json, setup, teardown),

@@ -813,6 +813,35 @@ static void test_leave_and_forget(void **state) {
   assert_int_equal(lynx_reg_forget(&f->r, "n1", &err), -ENOENT);
 }
 
+/* A coordinator that stops leading (elect.c) forgets its live nodes, not
+ * the ones it declared down: leading again, it takes the live ones back at
+ * their epoch (no new incarnation), the down ones only as new ones. */
+static void test_nodes_release(void **state) {
+  struct fx *f = *state;
+  assert_int_equal(reg_node(&f->r, "n1", 5, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 5, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 0);
+  assert_int_equal(table_len(&f->r), 4);
+  assert_int_equal(lynx_reg_leave(&f->r, "n2", 5, 10), 0);
+  assert_int_equal(lynx_reg_nodes_release(&f->r), 1);
+  assert_null(lynx_reg_node_find(&f->r, "n1"));
+  assert_int_equal(node_state(&f->r, "n2"), LYNX_NODE_DOWN);
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 0);
+  assert_int_equal(table_len(&f->r), 0);
+  assert_int_equal(f->n_stop, 0); /* forgotten, not stopped: they serve */
+  assert_int_equal(lynx_reg_nodes_release(&f->r), 0);
+  /* nothing left to expire */
+  lynx_reg_tick(&f->r, 1000000);
+  assert_null(lynx_reg_node_find(&f->r, "n1"));
+  /* back: n1 at its epoch, n2's declared-down epoch refused */
+  assert_int_equal(reg_node(&f->r, "n1", 5, 2, "", 1000001), 0);
+  assert_int_equal(node_state(&f->r, "n1"), LYNX_NODE_READY);
+  assert_int_equal(f->r.new_incarnations, 0);
+  assert_int_equal(reg_node(&f->r, "n2", 5, 2, "", 1000001), -ESTALE);
+  assert_int_equal(f->r.new_incarnations, 1);
+}
+
 static void test_epochs(void **state) {
   struct fx *f = *state;
   struct lynx_reg_instance *i;
@@ -2030,6 +2059,7 @@ int main(int argc, char **argv) {
       T(test_apps_and_state),
       T(test_heartbeat_counters),
       T(test_leave_and_forget),
+      T(test_nodes_release),
       T(test_epochs),
       T(test_reconnect_drops_missing_accel),
       T(test_place_all),
