@@ -154,6 +154,9 @@ struct coordinator {
   /* After a start, frontends keep their last table for one lease while the
    * agents re-register, rather than losing nodes that are a moment late. */
   uint64_t settle_until_ms;
+  /* no frontend epoch could be issued: not asked again before this (an
+   * unreachable store holds the loop for its timeout on every try) */
+  uint64_t epoch_retry_ms;
   int stopping;
 };
 
@@ -292,11 +295,14 @@ static int active_epoch(struct coordinator *co, struct cpeer *p) {
               p->id, (unsigned long long)p->epoch);
     return 0;
   }
+  if (lynx_coord_now_ms() < co->epoch_retry_ms)
+    return -EAGAIN;
   rc = issue_epoch(co, 1, &p->epoch, err, sizeof(err));
   if (rc) {
     p->epoch = 0;
+    co->epoch_retry_ms = lynx_coord_now_ms() + 1000;
     LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator", "frontend %s cannot be made "
-                "active: no epoch could be issued (%s); retrying", p->id,
+                "active: no epoch could be issued (%s); retrying in 1 s", p->id,
                 err[0] ? err : strerror(-rc));
     return rc;
   }

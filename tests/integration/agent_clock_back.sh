@@ -63,9 +63,7 @@ node_ids N1
 start_node_agent "$N1" --cpu-accels 1
 start_coord_frontend
 FE=$FRONTEND_PID FE_LOG=$FRONTEND_LOG
-api POST /v1/services -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\"}"
-[[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
-wait_log "$FE_LOG" "serving service echo" 5 1 "$FE"
+serve_service echo "\"port\":$UDP_PORT,\"app\":\"sockperf-echo\""
 
 log "== 1. registered and serving"
 pingpong before

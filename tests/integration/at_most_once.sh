@@ -63,9 +63,7 @@ start_node_agent "$N1" --cpu-accels 1
 A=$AGENT_PID A_LOG=$AGENT_LOG
 start_coord_frontend --request-timeout-ms 20000
 FE=$FRONTEND_PID FE_LOG=$FRONTEND_LOG
-api POST /v1/services -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\",\"mqueues_per_accel\":2}"
-[[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
-wait_log "$FE_LOG" "serving service echo" 5 1 "$FE"
+serve_service echo "\"port\":$UDP_PORT,\"app\":\"sockperf-echo\",\"mqueues_per_accel\":2"
 
 # ---- 1. served ----------------------------------------------------------------
 log "== 1. served: the accelerator took what the frontend dispatched"

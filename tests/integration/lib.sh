@@ -715,6 +715,15 @@ api_json() {
   jq -r "$2" "$API_BODY"
 }
 
+# serve_service NAME JSON_FIELDS: creates service NAME through the API
+# ({"name": NAME, JSON_FIELDS}; must answer 201) and waits until the
+# frontend started last serves it.
+serve_service() {
+  api POST /v1/services -d "{\"name\":\"$1\",$2}"
+  [[ $API_STATUS == 201 ]] || fail "POST /v1/services ($1): HTTP $API_STATUS: $(cat "$API_BODY")"
+  wait_log "$FRONTEND_LOG" "serving service $1" 5 1 "$FRONTEND_PID"
+}
+
 # ctl [ARG...]: lynxctl against the coordinator on $API_PORT.
 ctl() { "$LYNX_BIN_DIR/lynxctl" --api "http://127.0.0.1:$API_PORT" "$@"; }
 

@@ -28,9 +28,7 @@ node_ids N1 N2
 start_node_agent "$N1" --cpu-accels 2
 start_coord_frontend
 FE=$FRONTEND_PID FE_LOG=$FRONTEND_LOG
-api POST /v1/services -d "{\"name\":\"rep\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\",\"placement\":{\"replicas\":2}}"
-[[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
-wait_log "$FE_LOG" "serving service rep" 5 1 "$FE"
+serve_service rep "\"port\":$UDP_PORT,\"app\":\"sockperf-echo\",\"placement\":{\"replicas\":2}"
 end=$(($(now_ms) + 10000))
 until [[ $(replicas_on "$N1") == 2 ]]; do
   (($(now_ms) < end)) || fail "the two replicas are not both on $N1: $(replicas_on "$N1")"

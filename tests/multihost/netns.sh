@@ -3,6 +3,7 @@
 # joined by veth pairs to one bridge. Source it, then:
 #
 #   source tests/multihost/netns.sh
+#   mh_begin my_test DEADLINE_S    # daemons built, tools there, then mh_init
 #   mh_init my_test [DEADLINE_S]   # exit 77 when namespaces cannot be made;
 #                                  # temp dir $MH_DIR, traps, watchdog, bridge
 #   mh_host coord                  # namespace + veth + 10.77.0.1/24, lo up
@@ -199,6 +200,23 @@ mh_init() {
     mh_skip "cannot create a bridge and veth pairs in a namespace: $err"
   fi
   mh_log "run $MH_ID: temp dir $MH_DIR, bridge namespace $MH_BR, subnet $MH_SUBNET.0/24, deadline ${deadline}s"
+}
+
+# mh_begin NAME DEADLINE_S: the start of a test of the daemons in
+# $LYNX_BIN_DIR: they must be built (fails otherwise), sockperf, curl, jq
+# and timeout installed (skips otherwise); then mh_init NAME with
+# $MH_DEADLINE_S or DEADLINE_S. Sets BIN (the daemons' directory) and T0.
+mh_begin() {
+  local b t
+  BIN=$LYNX_BIN_DIR
+  for b in lynx-coordinator lynx-agent lynx-frontend lynxctl; do
+    [[ -x $BIN/$b ]] || mh_fail "$BIN/$b is missing: build first (make)"
+  done
+  for t in sockperf curl jq timeout; do
+    command -v "$t" >/dev/null 2>&1 || mh_skip "$t is not installed"
+  done
+  mh_init "$1" "${MH_DEADLINE_S:-$2}"
+  T0=$(mh_now_ms)
 }
 
 # mh_watchdog DEADLINE_S: a background watcher. At the deadline it sends

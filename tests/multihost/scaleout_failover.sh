@@ -36,13 +36,7 @@ set -e
 source "$HERE/netns.sh"
 
 IT_NAME=multihost_scaleout_failover
-BIN=$LYNX_BIN_DIR
-for b in lynx-coordinator lynx-agent lynx-frontend lynxctl; do
-  [[ -x $BIN/$b ]] || fail "$BIN/$b is missing: build first (make)"
-done
-it_require sockperf curl jq timeout
-mh_init "$IT_NAME" "${MH_DEADLINE_S:-160}"
-T0=$(mh_now_ms)
+mh_begin "$IT_NAME" 160
 
 COORD_PORT=7700
 API_PORT=7780

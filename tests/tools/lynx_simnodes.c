@@ -297,6 +297,12 @@ static void on_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     return;
   case LYNX__ENVELOPE__MSG_STOP_INSTANCE:
     return; /* nothing runs here */
+  case LYNX__ENVELOPE__MSG_HEARTBEAT_REPLY:
+    /* the coordinator answers every heartbeat (a real agent renews its
+     * lease fence on them); nothing here is fenced */
+    if (n->state == N_REGISTERED)
+      return;
+    break;
   default:
     break;
   }
