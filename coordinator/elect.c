@@ -14,6 +14,8 @@
 
 #define COMP "coordinator"
 #define FOLLOW_MS 250u /* a follower looks at the leader key this often */
+/* ... and reads the services this often even when its watch saw nothing */
+#define FOLLOW_FULL_MS 5000u
 /* etcd unanswered for this long since its last answer: what a follower
  * last read of the leader key may be stale (the leader it names may have
  * stepped down meanwhile: quorum lost), so it knows of no leader. A few
@@ -147,6 +149,7 @@ static void step_down(struct lynx_elect *e, const char *why) {
     e->stale_lease = e->lease;
   e->lease = 0;
   e->sig = 0; /* a follower reloads at once */
+  e->follow_due = 1;
 }
 
 /* Who holds the key now: c->leader_api from its value (none: ""). *held
@@ -159,6 +162,7 @@ static int look(struct lynx_elect *e, int *held, int64_t *rev, char *err,
     return rc;
   *held = k.n > 0;
   *rev = k.n ? k.kv[0].create_rev : 0;
+  e->seen_rev = k.revision; /* a follower watches for what comes after */
   /* ours, but we do not lead: a key we could not revoke on stepping down */
   e->key_mine = k.n > 0 && strcmp(k.kv[0].value, e->me) == 0 &&
                 !__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE);
@@ -170,6 +174,28 @@ static int look(struct lynx_elect *e, int *held, int64_t *rev, char *err,
   pthread_mutex_unlock(&e->c->lock);
   lynx_etcd_kvs_free(&k);
   return 0;
+}
+
+/* A follower's wait between two looks at the key: at most FOLLOW_MS, but
+ * over at once when anything under the prefix changes (the leader key
+ * deleted or expired: campaign now, not at the next poll; a service
+ * saved: reload). 1 when stopping. */
+static int follower_wait(struct lynx_elect *e) {
+  char err[256];
+  uint64_t t0 = lynx_now_ns(), spent_ms;
+  int rc = lynx_etcd_watch(e->etcd, e->store->prefix, 1,
+                           e->seen_rev ? e->seen_rev + 1 : 0, FOLLOW_MS,
+                           &e->stop, err, sizeof(err));
+  if (__atomic_load_n(&e->stop, __ATOMIC_ACQUIRE))
+    return 1;
+  if (rc != 0)
+    e->follow_due = 1; /* a change, or no watch: read the services again */
+  if (rc >= 0)
+    return 0;
+  /* etcd did not take the watch: the rest of the poll as a nap */
+  LYNX_LOG_RL(LYNX_LOG_DEBUG, COMP, "%s", err);
+  spent_ms = (lynx_now_ns() - t0) / 1000000u;
+  return nap(e, spent_ms < FOLLOW_MS ? FOLLOW_MS - (uint32_t)spent_ms : 1);
 }
 
 /* One campaign: when nobody holds the key, create it on a new lease (a
@@ -222,10 +248,18 @@ static int campaign(struct lynx_elect *e, char *err, size_t errlen) {
 /* A follower's registry follows what etcd holds (reads answer it). */
 static int follow(struct lynx_elect *e, char *err, size_t errlen) {
   struct lynx_store_etcd probe = *e->store;
-  uint64_t sig;
+  uint64_t sig, now = lynx_now_ns();
   int rc;
+  /* read everything only when the watch saw a change (or could not say),
+   * and every FOLLOW_FULL_MS whatever it says */
+  if (!e->follow_due && now - e->followed_ns < FOLLOW_FULL_MS * 1000000ull)
+    return 0;
   probe.etcd = e->etcd; /* the election's client: not the API's */
   rc = lynx_store_etcd_sig(&probe, &sig, err, errlen);
+  if (!rc) {
+    e->follow_due = 0;
+    e->followed_ns = now;
+  }
   if (rc || sig == e->sig)
     return rc;
   pthread_mutex_lock(&e->c->lock);
@@ -261,7 +295,7 @@ static void *elect_main(void *arg) {
         reached(e, err);
       else
         reached(e, rc < 0 ? err : NULL);
-      if (nap(e, rc == 1 ? renew_ms : FOLLOW_MS))
+      if (rc == 1 ? nap(e, renew_ms) : follower_wait(e))
         break;
       continue;
     }
@@ -322,6 +356,7 @@ int lynx_elect_start(struct lynx_elect *e, const char *endpoints,
   e->stop = 0;
   e->lease = e->rev = 0;
   e->sig = 0;
+  e->follow_due = 1; /* the first follow reads everything */
   e->ok_ns = lynx_now_ns(); /* as if it had: a start is no outage */
   e->stale_lease = 0;
   e->key_mine = 0;
@@ -350,7 +385,7 @@ void lynx_elect_stop(struct lynx_elect *e) {
   if (!e->started)
     return;
   pthread_mutex_lock(&e->mu);
-  e->stop = 1;
+  __atomic_store_n(&e->stop, 1, __ATOMIC_RELEASE); /* follower_wait */
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
   pthread_join(e->tid, NULL);

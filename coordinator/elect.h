@@ -8,9 +8,9 @@
  * ttl_s/3. The winner is the leader until its lease cannot be renewed:
  * it steps down when a renewal fails for 2/3 of the TTL (before etcd can
  * let the key expire and another win), or at once when etcd says the
- * lease is gone. Followers read the key every FOLLOW_MS, campaign when it
- * is gone, and keep their registry's services in step with etcd, so they
- * answer reads.
+ * lease is gone. Followers read the key every FOLLOW_MS, and at once when
+ * a watch on the prefix reports a change, campaign when it is gone, and
+ * keep their registry's services in step with etcd, so they answer reads.
  *
  * On winning, the registry's services are reloaded from etcd (what the
  * last leader saved) and every later save is fenced: its transaction
@@ -53,6 +53,9 @@ struct lynx_elect {
   uint64_t ok_ns;      /* when etcd last answered a request */
   int64_t stale_lease; /* not revoked on stepping down (etcd failed): later */
   int key_mine;        /* the last look found our own key, not leading */
+  int64_t seen_rev;    /* etcd's revision at the last look */
+  int follow_due;       /* the services must be read again (a change) */
+  uint64_t followed_ns; /* when they last were */
 };
 
 /* e->c, store, changed, arg set by the caller; endpoints and timeout as

@@ -303,6 +303,124 @@ static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
   return lynx_fail(err, errlen, rc, "etcd: %s", why);
 }
 
+/* ---- watch ------------------------------------------------------------------- */
+
+/* The gateway streams a watch as JSON objects one after the other:
+ * {"result": {"header", "created"}} first, then {"result": {"events": [...]}}
+ * per change (or "canceled"/"compact_revision" when the watch cannot go
+ * on). */
+struct watch_state {
+  struct json_tokener *tok;
+  const int *stop;
+  int changed, ended, bad;
+};
+
+static void watch_message(struct watch_state *w, struct json_object *j) {
+  struct json_object *r = NULL, *ev = NULL, *x = NULL;
+  if (!json_object_object_get_ex(j, "result", &r) ||
+      !json_object_is_type(r, json_type_object)) {
+    w->bad = 1; /* e.g. {"error": ...}: not a watch response */
+    return;
+  }
+  if (json_object_object_get_ex(r, "events", &ev) &&
+      json_object_is_type(ev, json_type_array) &&
+      json_object_array_length(ev) > 0)
+    w->changed = 1;
+  /* history compacted past our revision, or the watch cancelled: what we
+   * read may be stale, so the caller reads again */
+  if ((json_object_object_get_ex(r, "compact_revision", &x) &&
+       json_object_get_int64(x) > 0) ||
+      (json_object_object_get_ex(r, "canceled", &x) &&
+       json_object_get_boolean(x)))
+    w->ended = 1;
+}
+
+static size_t on_watch(char *p, size_t sz, size_t n, void *arg) {
+  struct watch_state *w = arg;
+  size_t len = sz * n, off = 0;
+  while (off < len && !w->changed && !w->ended && !w->bad) {
+    struct json_object *j =
+        json_tokener_parse_ex(w->tok, p + off, (int)(len - off));
+    if (!j) {
+      if (json_tokener_get_error(w->tok) == json_tokener_continue)
+        return len; /* the rest of the object comes with the next chunk */
+      w->bad = 1;
+      break;
+    }
+    off += json_tokener_get_parse_end(w->tok);
+    json_tokener_reset(w->tok);
+    watch_message(w, j);
+    json_object_put(j);
+  }
+  /* 0 ends the transfer: we know what we waited for */
+  return (w->changed || w->ended || w->bad) ? 0 : len;
+}
+
+static int on_watch_progress(void *arg, curl_off_t dt, curl_off_t dn,
+                             curl_off_t ut, curl_off_t un) {
+  const struct watch_state *w = arg;
+  (void)dt, (void)dn, (void)ut, (void)un;
+  return w->stop && __atomic_load_n(w->stop, __ATOMIC_ACQUIRE);
+}
+
+int lynx_etcd_watch(struct lynx_etcd *e, const char *key, int prefix,
+                    int64_t from_rev, uint32_t timeout_ms, const int *stop,
+                    char *err, size_t errlen) {
+  struct json_object *req = json_object_new_object(),
+                     *cr = json_object_new_object();
+  struct watch_state w = {json_tokener_new(), stop, 0, 0, 0};
+  char url[ENDPOINT_MAX + 64];
+  const char *body;
+  CURLcode cc;
+  long status = 0;
+  int rc;
+  if (!req || !cr || !w.tok || add_key(cr, key, prefix)) {
+    rc = lynx_fail(err, errlen, -ENOMEM, "out of memory");
+    goto out;
+  }
+  if (from_rev > 0)
+    json_object_object_add(cr, "start_revision", json_object_new_int64(from_rev));
+  json_object_object_add(req, "create_request", cr);
+  cr = NULL;
+  body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+  /* the endpoint that answered last: a watch is a wait, not worth a
+   * tour of the others (the caller reads again after it anyway) */
+  snprintf(url, sizeof(url), "%s/v3/watch", e->ep[e->cur]);
+  curl_easy_reset(e->curl);
+  curl_easy_setopt(e->curl, CURLOPT_URL, url);
+  curl_easy_setopt(e->curl, CURLOPT_HTTPHEADER, e->hdrs);
+  curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, on_watch);
+  curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &w);
+  curl_easy_setopt(e->curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(e->curl, CURLOPT_XFERINFOFUNCTION, on_watch_progress);
+  curl_easy_setopt(e->curl, CURLOPT_XFERINFODATA, &w);
+  curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+  curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
+  curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http");
+  cc = curl_easy_perform(e->curl);
+  curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (w.changed || w.ended)
+    rc = 1;
+  else if (w.bad || (status && status != 200))
+    rc = lynx_fail(err, errlen, -EPROTO, "etcd %s: a watch answered HTTP "
+                   "%ld, not a watch response", e->ep[e->cur], status);
+  else if (cc == CURLE_OK || cc == CURLE_OPERATION_TIMEDOUT ||
+           cc == CURLE_ABORTED_BY_CALLBACK)
+    rc = 0; /* nothing changed within timeout_ms, or stopping */
+  else
+    rc = lynx_fail(err, errlen,
+                   cc == CURLE_COULDNT_CONNECT ? -ECONNREFUSED : -EHOSTUNREACH,
+                   "etcd %s: watch: %s", e->ep[e->cur], curl_easy_strerror(cc));
+out:
+  json_object_put(cr);
+  json_object_put(req);
+  if (w.tok)
+    json_tokener_free(w.tok);
+  return rc;
+}
+
 static int64_t jint(struct json_object *o, const char *k) {
   struct json_object *v;
   return json_object_object_get_ex(o, k, &v) ? json_object_get_int64(v) : 0;

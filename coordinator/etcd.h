@@ -91,6 +91,16 @@ int lynx_etcd_put(struct lynx_etcd *e, const char *key, const char *value,
 int lynx_etcd_del(struct lynx_etcd *e, const char *key, int prefix,
                   char *err, size_t errlen);
 
+/* Waits until key (with prefix: any key under it) changes at a revision
+ * from from_rev on (0: from now), for at most timeout_ms, or until *stop
+ * (NULL: never) turns nonzero. 1: a change (or etcd can no longer say:
+ * its history was compacted past from_rev; read again), 0: none within
+ * the time, or stopping; -errno with err when etcd could not be asked
+ * (only the endpoint that answered last is tried). */
+int lynx_etcd_watch(struct lynx_etcd *e, const char *key, int prefix,
+                    int64_t from_rev, uint32_t timeout_ms, const int *stop,
+                    char *err, size_t errlen);
+
 /* Leases: granted for ttl_s seconds (*id); kept alive (*ttl_left: the
  * seconds it has now; 0 when it has expired or was revoked: its keys are
  * gone); revoked (its keys deleted at once). */

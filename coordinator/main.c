@@ -258,13 +258,22 @@ static struct cpeer *agent_peer(struct coordinator *co, const char *node) {
   return NULL;
 }
 
-/* The active frontend: the earliest connected one still connected. */
+/* The active frontend: the one that holds the newest frontend epoch (it
+ * was active, and reconnected: to a restarted or newly elected
+ * coordinator), else the earliest connected one still connected. So a
+ * control-plane failover does not move the data plane to another
+ * frontend. */
 static struct cpeer *active_frontend(struct coordinator *co) {
   struct cpeer *best = NULL;
-  for (struct cpeer *p = co->peers; p; p = p->next)
-    if (p->role == ROLE_FRONTEND && !p->ctl.closing &&
-        (!best || p->connected_seq < best->connected_seq))
+  uint64_t newest = co->c.reg.frontend_epoch;
+  for (struct cpeer *p = co->peers; p; p = p->next) {
+    if (p->role != ROLE_FRONTEND || p->ctl.closing)
+      continue;
+    if (newest && (p->epoch == newest || p->hello_epoch == newest))
+      return p;
+    if (!best || p->connected_seq < best->connected_seq)
       best = p;
+  }
   return best;
 }
 

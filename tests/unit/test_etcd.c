@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -521,6 +522,90 @@ static void test_store_epochs(void **state) {
   lynx_reg_free(&r2);
 }
 
+/* A second client puts a key after a while (the watch's peer). */
+struct later_put {
+  const char *url, *key;
+  unsigned delay_ms;
+};
+
+static void *put_later(void *arg) {
+  const struct later_put *lp = arg;
+  struct lynx_etcd *e;
+  char err[256];
+  usleep(lp->delay_ms * 1000u);
+  if (lynx_etcd_open(&e, lp->url, 1000, err, sizeof(err)) == 0) {
+    lynx_etcd_put(e, lp->key, "x", 1, 0, err, sizeof(err));
+    lynx_etcd_close(e);
+  }
+  return NULL;
+}
+
+/* A watch (a follower's wait, elect.c) ends as soon as a key under its
+ * prefix changes, not at its timeout; with nothing changing it waits the
+ * timeout and says 0; a change since the given revision (made before the
+ * watch began) is reported at once; a change outside the prefix is not;
+ * the stop flag ends it early; a dead endpoint is an error, fast. */
+static void test_watch(void **state) {
+  struct fx *f = *state;
+  struct lynx_etcd_kvs k;
+  struct later_put lp = {f->url, "/w/leader", 300};
+  pthread_t t;
+  uint64_t t0, ms;
+  int64_t rev;
+  int stop = 0;
+  struct lynx_etcd *dead;
+  char url[64];
+  put_ok(f, "/w/leader", "a");
+  assert_int_equal(lynx_etcd_get(f->e, "/w/", 1, &k, f->err, sizeof(f->err)),
+                   0);
+  rev = k.revision;
+  lynx_etcd_kvs_free(&k);
+
+  t0 = lynx_now_ns();
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 400, &stop,
+                                   f->err, sizeof(f->err)),
+                   0);
+  ms = (lynx_now_ns() - t0) / 1000000u;
+  assert_true(ms >= 350 && ms < 2000);
+
+  put_ok(f, "/x/outside", "b");
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 300, NULL, f->err,
+                                   sizeof(f->err)),
+                   0);
+
+  assert_int_equal(pthread_create(&t, NULL, put_later, &lp), 0);
+  t0 = lynx_now_ns();
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 5000, &stop,
+                                   f->err, sizeof(f->err)),
+                   1);
+  ms = (lynx_now_ns() - t0) / 1000000u;
+  pthread_join(t, NULL);
+  assert_true(ms >= 250 && ms < 3000);
+
+  /* the put is in the past now: reported at once */
+  t0 = lynx_now_ns();
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 5000, NULL,
+                                   f->err, sizeof(f->err)),
+                   1);
+  assert_true((lynx_now_ns() - t0) / 1000000u < 1000);
+
+  /* stopping */
+  stop = 1;
+  t0 = lynx_now_ns();
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, 0, 10000, &stop, f->err,
+                                   sizeof(f->err)),
+                   0);
+  assert_true((lynx_now_ns() - t0) / 1000000u < 3000);
+
+  snprintf(url, sizeof(url), "http://127.0.0.1:%u", free_port());
+  assert_int_equal(lynx_etcd_open(&dead, url, 1000, f->err, sizeof(f->err)),
+                   0);
+  assert_true(lynx_etcd_watch(dead, "/w/", 1, 0, 1000, NULL, f->err,
+                              sizeof(f->err)) < 0);
+  assert_non_null(strstr(f->err, "watch"));
+  lynx_etcd_close(dead);
+}
+
 static int g_argc;
 static char **g_argv;
 
@@ -531,7 +616,7 @@ int main(int argc, char **argv) {
       T(test_leases),         T(test_endpoints),
       T(test_store_round_trip), T(test_store_refuses),
       T(test_store_etcd_down), T(test_store_fenced),
-      T(test_store_epochs),
+      T(test_store_epochs),   T(test_watch),
   };
 #undef T
   int rc;
