@@ -20,7 +20,9 @@
 #      2,250 more (10,000); p50/p99 of GET /v1/nodes/{id}, /v1/services,
 #      /v1/nodes and /v1/accelerators over one keep-alive connection
 #      (lynx-apibench, API_COUNT requests each) while the simulated nodes
-#      heartbeat. Target: p99 <= 5 ms at 10,000 accelerators. Then the two
+#      heartbeat, and a page from the middle of each big list (100 nodes,
+#      400 accelerators: docs/api.md "Pages of the big lists").
+#      Target: p99 <= 5 ms at 10,000 accelerators. Then the two
 #      big lists again as a slow poller sees them: COLD_COUNT requests 1.1 s
 #      apart, each missing the coordinator's list cache (1 s at most).
 #   D. coordinator memory per accelerator: VmRSS before the first simulated
@@ -385,11 +387,14 @@ stop_pid "$COORD_PID" TERM
 
 # ---- C + D: API latency and memory with simulated accelerators -------------
 
-api_bench() { # TAG: runs lynx-apibench on the four endpoints
+# a page from the middle of the big lists (docs/api.md "Pages")
+PAGE_NODES="/v1/nodes?limit=100&after=${NP}x00100"
+PAGE_ACCELS="/v1/accelerators?limit=400&after=${NP}x00100"
+api_bench() { # TAG: runs lynx-apibench on the four endpoints and two pages
   local tag=$1 base="http://$API"
   "$BIN/lynx-apibench" --count "$API_COUNT" --warmup 20 \
     "$base/v1/nodes/${NP}x00000" "$base/v1/services" "$base/v1/nodes" \
-    "$base/v1/accelerators" >"$TMP/api-$tag.out" 2>&1 ||
+    "$base/v1/accelerators" "$base$PAGE_NODES" "$base$PAGE_ACCELS" >"$TMP/api-$tag.out" 2>&1 ||
     die "lynx-apibench ($tag) failed: $(cat "$TMP/api-$tag.out")"
   sed "s/^/api accels=$tag /" "$TMP/api-$tag.out" >>"$RAW"
 }
@@ -598,7 +603,7 @@ mkdir -p bench/results
   row "kill -9 -> out of dispatch, lease $DEFAULT_LEASE, median (ms)" "$KD_MED" "<= $((DEFAULT_LEASE + 100))" "$(verdict "$KD_MED" $((DEFAULT_LEASE + 100)))"
   row "kill -9 -> out of dispatch, lease $DEFAULT_LEASE, max (ms)" "$KD_MAX" "<= $((DEFAULT_LEASE + 100))" "$(verdict "$KD_MAX" $((DEFAULT_LEASE + 100)))"
   for n in "$SMALL_ACCELS" "$LARGE_ACCELS"; do
-    for ep in "/v1/nodes/{id}" /v1/services /v1/nodes /v1/accelerators; do
+    for ep in "/v1/nodes/{id}" /v1/services /v1/nodes /v1/accelerators "$PAGE_NODES" "$PAGE_ACCELS"; do
       path=${ep//\{id\}/${NP}x00000}
       p50=$(api_field "$n" "$path" p50_ms)
       p99=$(api_field "$n" "$path" p99_ms)
@@ -618,7 +623,7 @@ mkdir -p bench/results
     row "leader kill -9 -> first write, TTL $ETCD_TTL_S s, median (ms)" "$FO_MED" "<= $FO_TARGET" "$(verdict "$FO_MED" "$FO_TARGET")"
     row "leader kill -9 -> first write, TTL $ETCD_TTL_S s, max (ms)" "$FO_MAX" "<= $FO_TARGET" "$(verdict "$FO_MAX" "$FO_TARGET")"
     for who in leader follower; do
-      for ep in "/v1/nodes/{id}" /v1/services /v1/nodes /v1/accelerators; do
+      for ep in "/v1/nodes/{id}" /v1/services /v1/nodes /v1/accelerators "$PAGE_NODES" "$PAGE_ACCELS"; do
         path=${ep//\{id\}/${NP}x00000}
         p50=$(api_field "etcd-$who" "$path" p50_ms)
         p99=$(api_field "etcd-$who" "$path" p99_ms)

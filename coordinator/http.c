@@ -374,8 +374,51 @@ static void reply_list(struct http_req *rq, struct http_out *out, int which) {
   out->ctype = "application/json";
 }
 
+#define PAGE_MAX 10000u /* the largest ?limit= */
+
+/* ?limit=N[&after=ID]: one page of a big list (regjson.h), encoded for
+ * this request (a page is small: no cache). 1 when answered, 0 when the
+ * request asks for the whole list. */
+static int reply_page(struct http_req *rq, struct http_out *out, int which) {
+  const char *s_limit =
+      MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "limit");
+  const char *after =
+      MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "after");
+  uint64_t limit;
+  struct json_object *j;
+  if (!s_limit) {
+    if (after)
+      reply_err(out, 400, "invalid_argument",
+                "after: only with limit (a page of the list)");
+    return after != NULL;
+  }
+  if (lynx_parse_u64(s_limit, 1, PAGE_MAX, &limit)) {
+    reply_err(out, 400, "invalid_argument",
+              "limit: expected 1 to %u items, got '%.64s'", PAGE_MAX, s_limit);
+    return 1;
+  }
+  if (after && strlen(after) >= 2 * LYNX_ID_MAX) {
+    reply_err(out, 400, "invalid_argument",
+              "after: an id of at most %d bytes", 2 * LYNX_ID_MAX - 1);
+    return 1;
+  }
+  pthread_mutex_lock(&rq->c->lock);
+  j = which == CACHE_NODES
+          ? lynx_json_nodes_page(&rq->c->reg, lynx_coord_now_ms(), after,
+                                 (uint32_t)limit)
+          : lynx_json_accels_page(&rq->c->reg, lynx_coord_now_ms(), after,
+                                  (uint32_t)limit);
+  pthread_mutex_unlock(&rq->c->lock);
+  if (!j)
+    reply_oom(out);
+  else
+    reply_encoded(out, 200, j);
+  return 1;
+}
+
 static void h_nodes(struct http_req *rq, struct http_out *out) {
-  reply_list(rq, out, CACHE_NODES);
+  if (!reply_page(rq, out, CACHE_NODES))
+    reply_list(rq, out, CACHE_NODES);
 }
 
 static void h_node(struct http_req *rq, struct http_out *out) {
@@ -393,7 +436,8 @@ static void h_node(struct http_req *rq, struct http_out *out) {
 }
 
 static void h_accels(struct http_req *rq, struct http_out *out) {
-  reply_list(rq, out, CACHE_ACCELS);
+  if (!reply_page(rq, out, CACHE_ACCELS))
+    reply_list(rq, out, CACHE_ACCELS);
 }
 
 static void h_mqueues(struct http_req *rq, struct http_out *out) {

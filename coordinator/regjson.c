@@ -235,6 +235,126 @@ struct json_object *lynx_json_accels(const struct lynx_registry *r,
   return list_obj(r, items);
 }
 
+/* ---- pages of the big lists ----------------------------------------------- */
+
+static int node_ptr_cmp(const void *a, const void *b) {
+  const struct lynx_reg_node *x = *(const struct lynx_reg_node *const *)a,
+                             *y = *(const struct lynx_reg_node *const *)b;
+  return strcmp(x->id, y->id);
+}
+
+/* The nodes sorted by id ((*n) of them; NULL when there are none or out of
+ * memory: *n says which). */
+static const struct lynx_reg_node **nodes_by_id(const struct lynx_registry *r,
+                                                size_t *n) {
+  const struct lynx_reg_node **v, *nd;
+  size_t k = 0;
+  *n = 0;
+  for (nd = r->nodes; nd; nd = nd->next)
+    k++;
+  if (!k)
+    return NULL;
+  v = malloc(k * sizeof(*v));
+  if (!v) {
+    *n = SIZE_MAX;
+    return NULL;
+  }
+  k = 0;
+  for (nd = r->nodes; nd; nd = nd->next)
+    v[k++] = nd;
+  qsort(v, k, sizeof(*v), node_ptr_cmp);
+  *n = k;
+  return v;
+}
+
+static struct json_object *page_obj(const struct lynx_registry *r,
+                                    struct json_object *items,
+                                    const char *next) {
+  struct json_object *o = list_obj(r, items);
+  if (o && next)
+    add_str(o, "next", next);
+  return o;
+}
+
+struct json_object *lynx_json_nodes_page(const struct lynx_registry *r,
+                                         uint64_t now_ms, const char *after,
+                                         uint32_t limit) {
+  struct json_object *items = json_object_new_array();
+  size_t n, k = 0;
+  const struct lynx_reg_node **v = nodes_by_id(r, &n);
+  const char *next = NULL;
+  if (n == SIZE_MAX || !items) {
+    json_object_put(items);
+    return NULL;
+  }
+  while (k < n && after && strcmp(v[k]->id, after) <= 0)
+    k++;
+  for (; k < n; k++) {
+    if (json_object_array_length(items) == limit) {
+      next = v[k - 1]->id; /* more follow: the next page starts after it */
+      break;
+    }
+    json_object_array_add(items, lynx_json_node(r, v[k], now_ms));
+  }
+  {
+    struct json_object *o = page_obj(r, items, next);
+    free(v);
+    return o;
+  }
+}
+
+struct json_object *lynx_json_accels_page(const struct lynx_registry *r,
+                                          uint64_t now_ms, const char *after,
+                                          uint32_t limit) {
+  struct json_object *items = json_object_new_array();
+  size_t n, k = 0;
+  const struct lynx_reg_node **v = nodes_by_id(r, &n);
+  char after_node[LYNX_ID_MAX] = "", next[LYNX_ID_MAX + 16] = "";
+  uint32_t after_idx = 0;
+  int have_after = 0;
+  if (n == SIZE_MAX || !items) {
+    json_object_put(items);
+    return NULL;
+  }
+  /* "node/idx": the accelerators of that node after idx, then the nodes
+   * after it; a bare node id: the nodes after it */
+  if (after && *after) {
+    const char *slash = strrchr(after, '/');
+    size_t len = slash ? (size_t)(slash - after) : strlen(after);
+    unsigned long idx = 0;
+    char *end = NULL;
+    if (len >= sizeof(after_node))
+      len = sizeof(after_node) - 1;
+    memcpy(after_node, after, len);
+    after_node[len] = 0;
+    if (slash) {
+      idx = strtoul(slash + 1, &end, 10);
+      have_after = end && !*end && end != slash + 1 ? 1 : 0;
+    }
+    after_idx = (uint32_t)(idx > UINT32_MAX ? UINT32_MAX : idx);
+    while (k < n && strcmp(v[k]->id, after_node) < 0)
+      k++;
+  }
+  for (; k < n && !next[0]; k++) {
+    int same = after_node[0] && !strcmp(v[k]->id, after_node);
+    for (uint32_t a = 0; a < v[k]->n_accels; a++) {
+      const struct lynx_reg_accel *acc = &v[k]->accels[a];
+      if (same && (!have_after || acc->info.idx <= after_idx))
+        continue;
+      if (json_object_array_length(items) == limit) {
+        struct json_object *last =
+            json_object_array_get_idx(items, (size_t)limit - 1), *id;
+        if (json_object_object_get_ex(last, "id", &id))
+          snprintf(next, sizeof(next), "%s", json_object_get_string(id));
+        break;
+      }
+      json_object_array_add(items, lynx_json_accel(v[k], acc, now_ms));
+    }
+  }
+  free(v);
+  return page_obj(r, items, next[0] ? next : NULL);
+}
+
 /* Frontends' per-mqueue reports merged by (instance, q): sorted, one entry
  * per key, so each mqueue finds its sums with one binary search. */
 struct mq_sum {

@@ -50,6 +50,20 @@ struct json_object *lynx_json_nodes(const struct lynx_registry *r,
                                     uint64_t now_ms);
 struct json_object *lynx_json_accels(const struct lynx_registry *r,
                                      uint64_t now_ms);
+
+/* A page of the list: at most limit items (limit >= 1) in id order, those
+ * whose id sorts after `after` (NULL or "": from the first; for
+ * accelerators "node/idx", or a node id: its accelerators too are
+ * skipped), and "next" (the last item's id) when more follow: ask again
+ * with after=next. Ids that sort between pages are never skipped or
+ * repeated, whatever registers or leaves meanwhile. NULL when out of
+ * memory. */
+struct json_object *lynx_json_nodes_page(const struct lynx_registry *r,
+                                         uint64_t now_ms, const char *after,
+                                         uint32_t limit);
+struct json_object *lynx_json_accels_page(const struct lynx_registry *r,
+                                          uint64_t now_ms, const char *after,
+                                          uint32_t limit);
 struct json_object *lynx_json_mqueues(const struct lynx_registry *r);
 struct json_object *lynx_json_services(const struct lynx_registry *r);
 struct json_object *lynx_json_frontends(const struct lynx_registry *r,

@@ -806,6 +806,83 @@ static void add_node(struct fx *f, const char *id) {
     fail_msg("register %s: %d %s", id, rc, err.message);
 }
 
+/* ids of a list answer's items, joined by ' ' (into buf) */
+static const char *item_ids(struct json_object *j, char *buf, size_t len) {
+  struct json_object *items, *id;
+  size_t n, off = 0;
+  buf[0] = 0;
+  if (!json_object_object_get_ex(j, "items", &items))
+    return buf;
+  n = json_object_array_length(items);
+  for (size_t i = 0; i < n && off < len; i++)
+    if (json_object_object_get_ex(json_object_array_get_idx(items, i), "id",
+                                  &id))
+      off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? " " : "",
+                              json_object_get_string(id));
+  return buf;
+}
+
+/* Pages of the big lists: in id order whatever the registration order,
+ * "next" only while more follow, after=next continues exactly there (for
+ * accelerators also from a node id); bad arguments are 400. */
+static void test_list_pages(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  char ids[256];
+  static const char *const bad[] = {
+      "/v1/nodes?limit=0", "/v1/nodes?limit=x", "/v1/nodes?limit=10001",
+      "/v1/nodes?after=n-a", "/v1/accelerators?limit=-1"};
+  add_node(f, "n-c");
+  add_node(f, "n-a");
+  add_node(f, "n-d");
+  add_node(f, "n-b");
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=3", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-a n-b n-c");
+  assert_string_equal(jstr(r.json, "next", NULL), "n-c");
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=3&after=n-c", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d");
+  assert_null(jstr(r.json, "next", NULL));
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=4", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-a n-b n-c n-d");
+  assert_null(jstr(r.json, "next", NULL));
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=2&after=zz", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "");
+  resp_free(&r);
+
+  assert_int_equal(req(f, "GET", "/v1/accelerators?limit=3", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-a/0 n-a/1 n-b/0");
+  assert_string_equal(jstr(r.json, "next", NULL), "n-b/0");
+  resp_free(&r);
+  assert_int_equal(
+      req(f, "GET", "/v1/accelerators?limit=3&after=n-b%2F0", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-b/1 n-c/0 n-c/1");
+  assert_string_equal(jstr(r.json, "next", NULL), "n-c/1");
+  resp_free(&r);
+  assert_int_equal(
+      req(f, "GET", "/v1/accelerators?limit=9&after=n-c/1", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d/0 n-d/1");
+  assert_null(jstr(r.json, "next", NULL));
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/accelerators?limit=1&after=n-c", NULL,
+                       &r),
+                   200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d/0");
+  resp_free(&r);
+  /* without limit: the whole list, as before */
+  assert_int_equal(req(f, "GET", "/v1/accelerators", NULL, &r), 200);
+  assert_null(jstr(r.json, "next", NULL));
+  assert_int_equal(strlen(item_ids(r.json, ids, sizeof(ids))) > 40, 1);
+  resp_free(&r);
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    req(f, "GET", bad[i], NULL, &r);
+    expect_error(&r, 400, "invalid_argument", NULL, NULL);
+    resp_free(&r);
+  }
+}
+
 static void test_node_ops(void **state) {
   struct fx *f = *state;
   struct resp r;
@@ -1425,6 +1502,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_token, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_unknown, setup, teardown),
       cmocka_unit_test_setup_teardown(test_node_ops, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_list_pages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_watch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stop_wakes_watchers, setup,
                                       teardown),
