@@ -99,6 +99,24 @@ struct list_cache {
   uint64_t version, at_ms;
 };
 
+/* The same lists in id order, for pages (?limit=, docs/api.md): encoded
+ * item by item, each followed by ',', item k at body[off[k] .. off[k+1] -
+ * 1), so that a page is a slice of it; key[k] says whose item k is. Kept
+ * like the lists (same version, same age). */
+enum { PAGES_NODES, PAGES_ACCELS, PAGES_N };
+struct page_key {
+  char node[LYNX_ID_MAX];
+  uint32_t idx;
+};
+struct page_cache {
+  char *body;
+  size_t len, cap, n, n_cap;
+  size_t *off;          /* n + 1 entries */
+  struct page_key *key; /* n entries */
+  uint64_t version, at_ms;
+  int oom;
+};
+
 /* Where a connection stands, for its deadline. */
 enum conn_phase {
   PHASE_HEADERS, /* waiting for a request's headers (deadline) */
@@ -130,6 +148,7 @@ struct http {
   struct MHD_Daemon *d;
   int stopping; /* under c->lock: watchers return at once */
   struct list_cache cache[CACHE_N]; /* under c->lock */
+  struct page_cache pages[PAGES_N];  /* under c->lock */
   /* effective connection limits (coord.h's, defaults applied) */
   unsigned conn_max, conn_per_client;
   uint64_t header_timeout_ms, body_timeout_ms;
@@ -376,16 +395,78 @@ static void reply_list(struct http_req *rq, struct http_out *out, int which) {
 
 #define PAGE_MAX 10000u /* the largest ?limit= */
 
-/* ?limit=N[&after=ID]: one page of a big list (regjson.h), encoded for
- * this request (a page is small: no cache). 1 when answered, 0 when the
+/* lynx_json_each_by_id's callback: appends one item to a page cache. */
+static void page_add(void *arg, const char *node, uint32_t idx,
+                     struct json_object *o) {
+  struct page_cache *pc = arg;
+  const char *t = o ? json_object_to_json_string_ext(
+                          o, JSON_C_TO_STRING_PLAIN |
+                                 JSON_C_TO_STRING_NOSLASHESCAPE)
+                    : NULL;
+  size_t tl = t ? strlen(t) : 0;
+  if (!t || pc->oom)
+    goto out;
+  if (pc->n + 2 > pc->n_cap) {
+    size_t nc = pc->n_cap ? 2 * pc->n_cap : 256;
+    size_t *off = realloc(pc->off, nc * sizeof(*off));
+    struct page_key *key = off ? realloc(pc->key, nc * sizeof(*key)) : NULL;
+    if (off)
+      pc->off = off;
+    if (!key)
+      goto oom;
+    pc->key = key;
+    pc->n_cap = nc;
+  }
+  if (pc->len + tl + 2 > pc->cap) {
+    size_t nc = pc->cap ? pc->cap : 65536;
+    char *b;
+    while (nc < pc->len + tl + 2)
+      nc *= 2;
+    b = realloc(pc->body, nc);
+    if (!b)
+      goto oom;
+    pc->body = b;
+    pc->cap = nc;
+  }
+  pc->off[pc->n] = pc->len;
+  snprintf(pc->key[pc->n].node, sizeof(pc->key[pc->n].node), "%s", node);
+  pc->key[pc->n].idx = idx;
+  memcpy(pc->body + pc->len, t, tl);
+  pc->len += tl;
+  pc->body[pc->len++] = ',';
+  pc->n++;
+  pc->off[pc->n] = pc->len;
+  goto out;
+oom:
+  pc->oom = 1;
+out:
+  json_object_put(o);
+}
+
+/* Whether item key k comes after `after` (node id, and with has_idx an
+ * accelerator index on it; without, every accelerator of that node is
+ * before). */
+static int page_after(const struct page_key *k, const char *node,
+                      int has_idx, uint32_t idx) {
+  int c = strcmp(k->node, node);
+  return c > 0 || (c == 0 && has_idx && k->idx > idx);
+}
+
+/* ?limit=N[&after=ID]: one page of a big list, cut from the id-ordered
+ * encoding (rebuilt like the list's cache). 1 when answered, 0 when the
  * request asks for the whole list. */
 static int reply_page(struct http_req *rq, struct http_out *out, int which) {
   const char *s_limit =
       MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "limit");
   const char *after =
       MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "after");
-  uint64_t limit;
-  struct json_object *j;
+  struct page_cache *pc = &rq->h->pages[which == CACHE_NODES ? PAGES_NODES
+                                                             : PAGES_ACCELS];
+  struct lynx_registry *r = &rq->c->reg;
+  char node[LYNX_ID_MAX] = "", head[64], *text = NULL, *next = NULL;
+  uint64_t limit, now = lynx_coord_now_ms(), idx = 0;
+  size_t lo, hi, end, hl, nl = 0, len = 0;
+  int has_idx = 0;
   if (!s_limit) {
     if (after)
       reply_err(out, 400, "invalid_argument",
@@ -397,22 +478,96 @@ static int reply_page(struct http_req *rq, struct http_out *out, int which) {
               "limit: expected 1 to %u items, got '%.64s'", PAGE_MAX, s_limit);
     return 1;
   }
-  if (after && strlen(after) >= 2 * LYNX_ID_MAX) {
-    reply_err(out, 400, "invalid_argument",
-              "after: an id of at most %d bytes", 2 * LYNX_ID_MAX - 1);
-    return 1;
+  if (after && *after) {
+    /* accelerators: "node/idx", or a node id (all of its are before) */
+    const char *slash = which == CACHE_NODES ? NULL : strrchr(after, '/');
+    size_t n = slash ? (size_t)(slash - after) : strlen(after);
+    if (n >= sizeof(node) ||
+        (slash && lynx_parse_u64(slash + 1, 0, UINT32_MAX, &idx))) {
+      reply_err(out, 400, "invalid_argument",
+                "after: expected an id as a page's \"next\" gives it, got "
+                "'%.64s'", after);
+      return 1;
+    }
+    memcpy(node, after, n);
+    node[n] = 0;
+    has_idx = slash != NULL;
   }
   pthread_mutex_lock(&rq->c->lock);
-  j = which == CACHE_NODES
-          ? lynx_json_nodes_page(&rq->c->reg, lynx_coord_now_ms(), after,
-                                 (uint32_t)limit)
-          : lynx_json_accels_page(&rq->c->reg, lynx_coord_now_ms(), after,
-                                  (uint32_t)limit);
+  if (!pc->body || pc->oom || pc->version != r->version ||
+      now - pc->at_ms >= LIST_CACHE_MS) {
+    pc->len = pc->n = 0;
+    pc->oom = 0;
+    if (lynx_json_each_by_id(r, now, which != CACHE_NODES, page_add, pc))
+      pc->oom = 1;
+    pc->version = r->version;
+    pc->at_ms = now;
+  }
+  if (!pc->oom) {
+    /* the first item after `after`: items are in key order */
+    lo = 0;
+    hi = pc->n;
+    while (node[0] && lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (page_after(&pc->key[mid], node, has_idx, (uint32_t)idx))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    end = pc->n - lo > limit ? lo + (size_t)limit : pc->n;
+    if (end < pc->n) {
+      /* more follow: "next" is the last item's id, JSON-escaped */
+      char id[LYNX_ID_MAX + 16];
+      struct json_object *js;
+      if (which == CACHE_NODES)
+        snprintf(id, sizeof(id), "%s", pc->key[end - 1].node);
+      else
+        snprintf(id, sizeof(id), "%s/%" PRIu32, pc->key[end - 1].node,
+                 pc->key[end - 1].idx);
+      js = json_object_new_string(id);
+      next = js ? strdup(json_object_to_json_string_ext(
+                      js, JSON_C_TO_STRING_PLAIN |
+                              JSON_C_TO_STRING_NOSLASHESCAPE))
+                : NULL;
+      json_object_put(js);
+      nl = next ? strlen(next) : 0;
+    }
+    hl = (size_t)snprintf(head, sizeof(head), "{\"version\":%" PRIu64
+                          ",\"items\":[", pc->version);
+    /* the slice, less the comma after its last item */
+    len = lo < end ? pc->off[end] - 1 - pc->off[lo] : 0;
+    if (end == pc->n || next)
+      text = malloc(hl + len + nl + 16);
+    if (text) {
+      size_t o = 0;
+      memcpy(text, head, hl);
+      o += hl;
+      if (len) /* (no body at all while the list is empty) */
+        memcpy(text + o, pc->body + pc->off[lo], len);
+      o += len;
+      text[o++] = ']';
+      if (next) {
+        memcpy(text + o, ",\"next\":", 8);
+        o += 8;
+        memcpy(text + o, next, nl);
+        o += nl;
+      }
+      text[o++] = '}';
+      text[o++] = '\n';
+      text[o] = 0;
+      len = o;
+    }
+  }
   pthread_mutex_unlock(&rq->c->lock);
-  if (!j)
+  free(next);
+  if (!text) {
     reply_oom(out);
-  else
-    reply_encoded(out, 200, j);
+    return 1;
+  }
+  out->status = 200;
+  out->text = text;
+  out->text_len = len;
+  out->ctype = "application/json";
   return 1;
 }
 
@@ -1779,6 +1934,11 @@ void lynx_http_stop(struct lynx_coord *c) {
   c->http = NULL;
   for (int i = 0; i < CACHE_N; i++)
     free(h->cache[i].body);
+  for (int i = 0; i < PAGES_N; i++) {
+    free(h->pages[i].body);
+    free(h->pages[i].off);
+    free(h->pages[i].key);
+  }
   pthread_cond_destroy(&h->reaper_wake);
   pthread_mutex_destroy(&h->conns_lock);
   free(h);

@@ -267,92 +267,40 @@ static const struct lynx_reg_node **nodes_by_id(const struct lynx_registry *r,
   return v;
 }
 
-static struct json_object *page_obj(const struct lynx_registry *r,
-                                    struct json_object *items,
-                                    const char *next) {
-  struct json_object *o = list_obj(r, items);
-  if (o && next)
-    add_str(o, "next", next);
-  return o;
-}
-
-struct json_object *lynx_json_nodes_page(const struct lynx_registry *r,
-                                         uint64_t now_ms, const char *after,
-                                         uint32_t limit) {
-  struct json_object *items = json_object_new_array();
-  size_t n, k = 0;
+int lynx_json_each_by_id(const struct lynx_registry *r, uint64_t now_ms,
+                         int accels,
+                         void (*fn)(void *arg, const char *node, uint32_t idx,
+                                    struct json_object *o),
+                         void *arg) {
+  size_t n;
   const struct lynx_reg_node **v = nodes_by_id(r, &n);
-  const char *next = NULL;
-  if (n == SIZE_MAX || !items) {
-    json_object_put(items);
-    return NULL;
-  }
-  while (k < n && after && strcmp(v[k]->id, after) <= 0)
-    k++;
-  for (; k < n; k++) {
-    if (json_object_array_length(items) == limit) {
-      next = v[k - 1]->id; /* more follow: the next page starts after it */
-      break;
+  if (n == SIZE_MAX)
+    return -ENOMEM;
+  for (size_t k = 0; k < n; k++) {
+    if (!accels) {
+      fn(arg, v[k]->id, 0, lynx_json_node(r, v[k], now_ms));
+      continue;
     }
-    json_object_array_add(items, lynx_json_node(r, v[k], now_ms));
-  }
-  {
-    struct json_object *o = page_obj(r, items, next);
-    free(v);
-    return o;
-  }
-}
-
-struct json_object *lynx_json_accels_page(const struct lynx_registry *r,
-                                          uint64_t now_ms, const char *after,
-                                          uint32_t limit) {
-  struct json_object *items = json_object_new_array();
-  size_t n, k = 0;
-  const struct lynx_reg_node **v = nodes_by_id(r, &n);
-  char after_node[LYNX_ID_MAX] = "", next[LYNX_ID_MAX + 16] = "";
-  uint32_t after_idx = 0;
-  int have_after = 0;
-  if (n == SIZE_MAX || !items) {
-    json_object_put(items);
-    return NULL;
-  }
-  /* "node/idx": the accelerators of that node after idx, then the nodes
-   * after it; a bare node id: the nodes after it */
-  if (after && *after) {
-    const char *slash = strrchr(after, '/');
-    size_t len = slash ? (size_t)(slash - after) : strlen(after);
-    unsigned long idx = 0;
-    char *end = NULL;
-    if (len >= sizeof(after_node))
-      len = sizeof(after_node) - 1;
-    memcpy(after_node, after, len);
-    after_node[len] = 0;
-    if (slash) {
-      idx = strtoul(slash + 1, &end, 10);
-      have_after = end && !*end && end != slash + 1 ? 1 : 0;
-    }
-    after_idx = (uint32_t)(idx > UINT32_MAX ? UINT32_MAX : idx);
-    while (k < n && strcmp(v[k]->id, after_node) < 0)
-      k++;
-  }
-  for (; k < n && !next[0]; k++) {
-    int same = after_node[0] && !strcmp(v[k]->id, after_node);
-    for (uint32_t a = 0; a < v[k]->n_accels; a++) {
-      const struct lynx_reg_accel *acc = &v[k]->accels[a];
-      if (same && (!have_after || acc->info.idx <= after_idx))
-        continue;
-      if (json_object_array_length(items) == limit) {
-        struct json_object *last =
-            json_object_array_get_idx(items, (size_t)limit - 1), *id;
-        if (json_object_object_get_ex(last, "id", &id))
-          snprintf(next, sizeof(next), "%s", json_object_get_string(id));
-        break;
+    /* by index (an agent may list them in any order): positions sorted
+     * by insertion, a node has at most LYNX_ACCELS_MAX */
+    {
+      uint32_t pos[LYNX_ACCELS_MAX], m = 0;
+      for (uint32_t a = 0; a < v[k]->n_accels && m < LYNX_ACCELS_MAX; a++) {
+        uint32_t j = m++;
+        while (j && v[k]->accels[pos[j - 1]].info.idx >
+                        v[k]->accels[a].info.idx) {
+          pos[j] = pos[j - 1];
+          j--;
+        }
+        pos[j] = a;
       }
-      json_object_array_add(items, lynx_json_accel(v[k], acc, now_ms));
+      for (uint32_t j = 0; j < m; j++)
+        fn(arg, v[k]->id, v[k]->accels[pos[j]].info.idx,
+           lynx_json_accel(v[k], &v[k]->accels[pos[j]], now_ms));
     }
   }
   free(v);
-  return page_obj(r, items, next[0] ? next : NULL);
+  return 0;
 }
 
 /* Frontends' per-mqueue reports merged by (instance, q): sorted, one entry

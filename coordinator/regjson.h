@@ -51,19 +51,16 @@ struct json_object *lynx_json_nodes(const struct lynx_registry *r,
 struct json_object *lynx_json_accels(const struct lynx_registry *r,
                                      uint64_t now_ms);
 
-/* A page of the list: at most limit items (limit >= 1) in id order, those
- * whose id sorts after `after` (NULL or "": from the first; for
- * accelerators "node/idx", or a node id: its accelerators too are
- * skipped), and "next" (the last item's id) when more follow: ask again
- * with after=next. Ids that sort between pages are never skipped or
- * repeated, whatever registers or leaves meanwhile. NULL when out of
- * memory. */
-struct json_object *lynx_json_nodes_page(const struct lynx_registry *r,
-                                         uint64_t now_ms, const char *after,
-                                         uint32_t limit);
-struct json_object *lynx_json_accels_page(const struct lynx_registry *r,
-                                          uint64_t now_ms, const char *after,
-                                          uint32_t limit);
+/* Calls fn for every node (accels 0) or accelerator (accels 1) in id
+ * order (accelerators: by node id, then index) with its JSON object, which
+ * fn takes (NULL when out of memory); node and idx say whose it is. What
+ * pages of the big lists are cut from (http.c). 0, or -ENOMEM (fn not
+ * called). */
+int lynx_json_each_by_id(const struct lynx_registry *r, uint64_t now_ms,
+                         int accels,
+                         void (*fn)(void *arg, const char *node, uint32_t idx,
+                                    struct json_object *o),
+                         void *arg);
 struct json_object *lynx_json_mqueues(const struct lynx_registry *r);
 struct json_object *lynx_json_services(const struct lynx_registry *r);
 struct json_object *lynx_json_frontends(const struct lynx_registry *r,

@@ -844,8 +844,20 @@ static void test_list_pages(void **state) {
   assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d");
   assert_null(jstr(r.json, "next", NULL));
   resp_free(&r);
-  assert_int_equal(req(f, "GET", "/v1/nodes?limit=4", NULL, &r), 200);
-  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-a n-b n-c n-d");
+  /* nodes that register between two pages: those after the page go on
+   * the next one, those before it do not come back */
+  add_node(f, "n-e");
+  add_node(f, "n-bb");
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=3&after=n-c", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d n-e");
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=2&after=n-b", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-bb n-c");
+  assert_string_equal(jstr(r.json, "next", NULL), "n-c");
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/nodes?limit=6", NULL, &r), 200);
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)),
+                      "n-a n-b n-bb n-c n-d n-e");
   assert_null(jstr(r.json, "next", NULL));
   resp_free(&r);
   assert_int_equal(req(f, "GET", "/v1/nodes?limit=2&after=zz", NULL, &r), 200);
@@ -858,12 +870,14 @@ static void test_list_pages(void **state) {
   resp_free(&r);
   assert_int_equal(
       req(f, "GET", "/v1/accelerators?limit=3&after=n-b%2F0", NULL, &r), 200);
-  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-b/1 n-c/0 n-c/1");
-  assert_string_equal(jstr(r.json, "next", NULL), "n-c/1");
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)),
+                      "n-b/1 n-bb/0 n-bb/1");
+  assert_string_equal(jstr(r.json, "next", NULL), "n-bb/1");
   resp_free(&r);
   assert_int_equal(
       req(f, "GET", "/v1/accelerators?limit=9&after=n-c/1", NULL, &r), 200);
-  assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d/0 n-d/1");
+  assert_string_equal(item_ids(r.json, ids, sizeof(ids)),
+                      "n-d/0 n-d/1 n-e/0 n-e/1");
   assert_null(jstr(r.json, "next", NULL));
   resp_free(&r);
   assert_int_equal(req(f, "GET", "/v1/accelerators?limit=1&after=n-c", NULL,
