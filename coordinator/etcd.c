@@ -213,6 +213,20 @@ static int grpc_errno(int64_t code) {
   }
 }
 
+/* Readies e->curl for one POST of body to url, the answer to write(data):
+ * the options every etcd request shares (plain http only). */
+static void post_setup(struct lynx_etcd *e, const char *url, const char *body,
+                       curl_write_callback write, void *data) {
+  curl_easy_reset(e->curl);
+  curl_easy_setopt(e->curl, CURLOPT_URL, url);
+  curl_easy_setopt(e->curl, CURLOPT_HTTPHEADER, e->hdrs);
+  curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, data);
+  curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http");
+}
+
 /* POSTs req to path on the endpoints, from the last one that answered; the
  * answer's JSON object in *resp. */
 static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
@@ -238,18 +252,11 @@ static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
       break;
     }
     snprintf(url, sizeof(url), "%s%s", e->ep[i], path);
-    curl_easy_reset(e->curl);
-    curl_easy_setopt(e->curl, CURLOPT_URL, url);
-    curl_easy_setopt(e->curl, CURLOPT_HTTPHEADER, e->hdrs);
-    curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
+    post_setup(e, url, body, on_data, &b);
     curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, left_ms);
     curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS,
                      left_ms < (long)e->timeout_ms / 3 ? left_ms
                                                        : (long)e->timeout_ms / 3);
-    curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http");
     cc = curl_easy_perform(e->curl);
     curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &status);
     if (cc != CURLE_OK) {
@@ -386,19 +393,12 @@ int lynx_etcd_watch(struct lynx_etcd *e, const char *key, int prefix,
   /* the endpoint that answered last: a watch is a wait, not worth a
    * tour of the others (the caller reads again after it anyway) */
   snprintf(url, sizeof(url), "%s/v3/watch", e->ep[e->cur]);
-  curl_easy_reset(e->curl);
-  curl_easy_setopt(e->curl, CURLOPT_URL, url);
-  curl_easy_setopt(e->curl, CURLOPT_HTTPHEADER, e->hdrs);
-  curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, body);
-  curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, on_watch);
-  curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &w);
+  post_setup(e, url, body, on_watch, &w);
   curl_easy_setopt(e->curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(e->curl, CURLOPT_XFERINFOFUNCTION, on_watch_progress);
   curl_easy_setopt(e->curl, CURLOPT_XFERINFODATA, &w);
-  curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
   curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
-  curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http");
   cc = curl_easy_perform(e->curl);
   curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &status);
   if (w.changed || w.ended)

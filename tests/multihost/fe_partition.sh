@@ -73,14 +73,7 @@ fe_metric() {
 fe_epoch() { sed -n 's/.*producing with frontend epoch \([0-9][0-9]*\).*/\1/p' "$1" | tail -n 1; }
 
 # pingpong NAME FE_IP SECONDS: every message answered, none duplicated.
-pingpong() {
-  local out=$MH_DIR/sockperf-$1.out rc=0
-  log "sockperf ping-pong -i $2 -p $UDP_PORT -m 64 -t $3 (from client)"
-  mh_exec client timeout -k 3 40 sockperf ping-pong -i "$2" -p "$UDP_PORT" \
-    -m 64 -t "$3" >"$out" 2>&1 </dev/null || rc=$?
-  ((rc == 0)) || { cat "$out"; fail "sockperf ping-pong exited $rc"; }
-  check_sockperf "$out"
-}
+pingpong() { mh_pingpong "$1" client "$2" "$UDP_PORT" "$3"; }
 
 # wait_until TIMEOUT_S WHAT CMD...: until CMD succeeds.
 wait_until() {

@@ -219,6 +219,18 @@ mh_begin() {
   T0=$(mh_now_ms)
 }
 
+# mh_pingpong NAME HOST ADDRESS PORT SECONDS: sockperf ping-pong from HOST
+# to ADDRESS:PORT, its output in $MH_DIR/sockperf-NAME.out; every message
+# answered, none duplicated or out of order (lib.sh's check_sockperf).
+mh_pingpong() {
+  local out=$MH_DIR/sockperf-$1.out rc=0
+  mh_log "sockperf ping-pong -i $3 -p $4 -m 64 -t $5 (from $2)"
+  mh_exec "$2" timeout -k 3 40 sockperf ping-pong -i "$3" -p "$4" \
+    -m 64 -t "$5" >"$out" 2>&1 </dev/null || rc=$?
+  ((rc == 0)) || { cat "$out"; mh_fail "sockperf ping-pong exited $rc"; }
+  check_sockperf "$out"
+}
+
 # mh_watchdog DEADLINE_S: a background watcher. At the deadline it sends
 # SIGTERM to the script (whose trap cleans up); if the script disappears
 # without cleaning up (SIGKILL), it tears the run down itself.

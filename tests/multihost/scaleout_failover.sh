@@ -122,14 +122,7 @@ accel_requests() {
 
 # pingpong NAME SECONDS: sockperf ping-pong from client to the frontend;
 # every message answered, none duplicated or out of order.
-pingpong() {
-  local out=$MH_DIR/sockperf-$1.out rc=0
-  log "sockperf ping-pong -i $FE_IP -p $UDP_PORT -m 64 -t $2 (from client)"
-  mh_exec client timeout -k 3 40 sockperf ping-pong -i "$FE_IP" -p "$UDP_PORT" \
-    -m 64 -t "$2" >"$out" 2>&1 </dev/null || rc=$?
-  ((rc == 0)) || { cat "$out"; fail "sockperf ping-pong exited $rc"; }
-  check_sockperf "$out"
-}
+pingpong() { mh_pingpong "$1" client "$FE_IP" "$UDP_PORT" "$2"; }
 
 # flows NAME SECONDS N: N sockperf ping-pong clients at once (N flows, each
 # with one request in flight, so the dispatcher spreads every flow over the
