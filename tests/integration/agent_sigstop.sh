@@ -81,8 +81,11 @@ sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 6 --mps 1000 \
   --reply-every 1 --buffer-size 4194304 >"$out1" 2>&1 &
 sp=$!
 track "$sp" sockperf-run1
-end=$(($(now_ms) + 5000))
-until r1=$(node_requests "$N1") && (($(now_ms) > end - 3000 && r1 > 0)); do
+# traffic on agent 1 (its heartbeats report it) for 2 s at least; a loaded
+# machine may take seconds before sockperf's first request
+t_run=$(now_ms)
+end=$((t_run + 15000))
+until r1=$(node_requests "$N1") && ((r1 > 0 && $(now_ms) - t_run >= 2000)); do
   (($(now_ms) < end)) || break
   sleep 0.1
 done
