@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -15,6 +16,25 @@
 #endif
 
 #define LYNX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A growing buffer's realloc: buf (NULL at first) of *cap bytes made at
+ * least need bytes, its size doubled from first (or *cap) and, with max
+ * nonzero, at most max (the caller keeps need <= max). The new buffer,
+ * *cap updated; NULL when out of memory (buf and *cap unchanged). Inline:
+ * libraries that link nothing of lynx_common use it too (proto/). */
+static inline void *lynx_grow(void *buf, size_t *cap, size_t need,
+                              size_t first, size_t max) {
+  size_t c = *cap ? *cap : first;
+  void *p;
+  while (c < need)
+    c = c > SIZE_MAX / 2 ? need : c * 2;
+  if (max && c > max)
+    c = max;
+  p = realloc(buf, c);
+  if (p)
+    *cap = c;
+  return p;
+}
 
 static inline uint64_t lynx_now_ns(void) {
   struct timespec ts;

@@ -172,15 +172,10 @@ static size_t on_data(char *p, size_t sz, size_t n, void *arg) {
     return 0; /* curl reports a write error */
   }
   if (b->len + len + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    char *q;
-    while (cap < b->len + len + 1)
-      cap *= 2;
-    q = realloc(b->p, cap);
+    char *q = lynx_grow(b->p, &b->cap, b->len + len + 1, 4096, 0);
     if (!q)
       return 0;
     b->p = q;
-    b->cap = cap;
   }
   memcpy(b->p + b->len, p, len);
   b->len += len;

@@ -347,6 +347,13 @@ static void h_readyz(struct http_req *rq, struct http_out *out) {
   reply_encoded(out, 200, j);
 }
 
+/* Whether an encoding made at at_ms of registry version `version` must be
+ * made again: the registry changed, or it is LIST_CACHE_MS old. */
+static int cache_stale(const struct lynx_registry *r, uint64_t version,
+                       uint64_t at_ms, uint64_t now) {
+  return version != r->version || now - at_ms >= LIST_CACHE_MS;
+}
+
 /* Answers a big list from the cache, encoding it first when the registry
  * changed or the cached body is older than LIST_CACHE_MS. */
 static void reply_list(struct http_req *rq, struct http_out *out, int which) {
@@ -356,7 +363,7 @@ static void reply_list(struct http_req *rq, struct http_out *out, int which) {
   char *copy = NULL;
   size_t len = 0;
   pthread_mutex_lock(&rq->c->lock);
-  if (!lc->body || lc->version != r->version || now - lc->at_ms >= LIST_CACHE_MS) {
+  if (!lc->body || cache_stale(r, lc->version, lc->at_ms, now)) {
     struct json_object *j = which == CACHE_NODES    ? lynx_json_nodes(r, now)
                             : which == CACHE_ACCELS ? lynx_json_accels(r, now)
                                                     : lynx_json_mqueues(r);
@@ -418,15 +425,10 @@ static void page_add(void *arg, const char *node, uint32_t idx,
     pc->n_cap = nc;
   }
   if (pc->len + tl + 2 > pc->cap) {
-    size_t nc = pc->cap ? pc->cap : 65536;
-    char *b;
-    while (nc < pc->len + tl + 2)
-      nc *= 2;
-    b = realloc(pc->body, nc);
+    char *b = lynx_grow(pc->body, &pc->cap, pc->len + tl + 2, 65536, 0);
     if (!b)
       goto oom;
     pc->body = b;
-    pc->cap = nc;
   }
   pc->off[pc->n] = pc->len;
   snprintf(pc->key[pc->n].node, sizeof(pc->key[pc->n].node), "%s", node);
@@ -494,8 +496,7 @@ static int reply_page(struct http_req *rq, struct http_out *out, int which) {
     has_idx = slash != NULL;
   }
   pthread_mutex_lock(&rq->c->lock);
-  if (!pc->body || pc->oom || pc->version != r->version ||
-      now - pc->at_ms >= LIST_CACHE_MS) {
+  if (!pc->body || pc->oom || cache_stale(r, pc->version, pc->at_ms, now)) {
     pc->len = pc->n = 0;
     pc->oom = 0;
     if (lynx_json_each_by_id(r, now, which != CACHE_NODES, page_add, pc))
@@ -1723,17 +1724,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
       return MHD_YES;
     }
     if (rq->len + n + 1 > rq->cap) {
-      size_t cap = rq->cap ? rq->cap : 1024;
-      char *nb;
-      while (cap < rq->len + n + 1)
-        cap *= 2;
-      if (cap > h->c->body_max + 1)
-        cap = h->c->body_max + 1;
-      nb = realloc(rq->body, cap);
+      char *nb = lynx_grow(rq->body, &rq->cap, rq->len + n + 1, 1024,
+                           h->c->body_max + 1);
       if (!nb)
         return MHD_NO;
       rq->body = nb;
-      rq->cap = cap;
     }
     memcpy(rq->body + rq->len, upload, n);
     rq->len += n;

@@ -4,19 +4,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 uint8_t *fe_outq_reserve(struct fe_outq *q, size_t n, size_t max) {
   if (q->len + n > max)
     return NULL;
   if (q->len + n > q->cap) {
-    size_t cap = q->cap ? q->cap : 4096;
-    uint8_t *p;
-    while (cap < q->len + n)
-      cap *= 2;
-    p = realloc(q->buf, cap);
+    uint8_t *p = lynx_grow(q->buf, &q->cap, q->len + n, 4096, 0);
     if (!p)
       return NULL;
     q->buf = p;
-    q->cap = cap;
   }
   return q->buf + q->len;
 }

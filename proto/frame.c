@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h" /* lynx_grow (inline: nothing of lynx_common is linked) */
+
 int lynx_frame_encode(const Lynx__Envelope *env, size_t max, uint8_t **out,
                       size_t *len) {
   size_t n = lynx__envelope__get_packed_size(env);
@@ -39,15 +41,10 @@ int lynx_frame_feed(struct lynx_frame_reader *r, const void *data, size_t n) {
   if (n == 0) /* nothing to add; r->buf may still be NULL */
     return 0;
   if (r->len + n > r->cap) {
-    size_t cap = r->cap ? r->cap : 4096;
-    uint8_t *b;
-    while (cap < r->len + n)
-      cap *= 2;
-    b = realloc(r->buf, cap);
+    uint8_t *b = lynx_grow(r->buf, &r->cap, r->len + n, 4096, 0);
     if (!b)
       return -ENOMEM;
     r->buf = b;
-    r->cap = cap;
   }
   memcpy(r->buf + r->len, data, n);
   r->len += n;

@@ -185,7 +185,7 @@ struct buf {
 };
 
 static int buf_reserve(struct buf *b, size_t more, size_t max) {
-  size_t need, cap;
+  size_t need;
   uint8_t *np;
   if (b->head && b->head == b->len)
     b->head = b->len = 0;
@@ -201,16 +201,10 @@ static int buf_reserve(struct buf *b, size_t more, size_t max) {
   need = b->len + more;
   if (need > max)
     return -ENOBUFS;
-  cap = b->cap ? b->cap : 65536;
-  while (cap < need)
-    cap *= 2;
-  if (cap > max)
-    cap = max;
-  np = realloc(b->p, cap);
+  np = lynx_grow(b->p, &b->cap, need, 65536, max);
   if (!np)
     return -ENOMEM;
   b->p = np;
-  b->cap = cap;
   return 0;
 }
 
