@@ -307,6 +307,10 @@ static void dialer_on_connected(uv_connect_t *req, int status) {
   h.id = (char *)d->id;
   h.token = (char *)(d->token ? d->token : "");
   h.epoch = d->epoch ? *d->epoch : 0;
+  if (d->produces && d->n_produces) {
+    h.produces = *d->produces;
+    h.n_produces = *d->produces ? *d->n_produces : 0;
+  }
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO;
   env.hello = &h;
   if (lynx_ctl_send(c, &env))

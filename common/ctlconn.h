@@ -99,6 +99,9 @@ struct lynx_dialer {
   size_t frame_max;
   const char *role, *id, *token; /* our Hello */
   const uint64_t *epoch; /* our Hello's epoch (a frontend's), or NULL: 0 */
+  /* our Hello's produces (a frontend's), read at each connect; NULL: none */
+  Lynx__InstanceEpoch ***produces;
+  const size_t *n_produces;
   lynx_ctl_msg_cb on_msg;
   lynx_ctl_close_cb on_close; /* c is freed right after it returns */
   struct lynx_ctl *ctl;       /* the connection, or NULL */

@@ -41,6 +41,7 @@ struct coord_cfg {
   char *etcd, *etcd_prefix;
   uint32_t etcd_timeout_ms, etcd_lease_s;
   uint32_t lease_ms, drain_ms, frontend_timeout_ms, frame_max, body_max;
+  uint32_t active_frontends;
   uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
   uint32_t services_max, region_max_mb;
 };
@@ -68,7 +69,11 @@ static const struct lynx_opt coord_opts[] = {
      "an agent without heartbeat for this long is down"},
     {"frontend-timeout-ms", LYNX_OPT_U32, O(frontend_timeout_ms), "3000", 500,
      600000, NULL, "a frontend silent for this long (it reports every "
-     "200 ms) is cut off, and a standby is promoted in its place"},
+     "200 ms) is cut off, and its instances go to the other frontends"},
+    {"active-frontends", LYNX_OPT_U32, O(active_frontends), "1", 0, 1024, NULL,
+     "how many frontends are active (0: every one): each service's "
+     "instances are partitioned among them, one producer per mqueue; any "
+     "other frontend is a standby (docs/frontends.md)"},
     {"drain-timeout-ms", LYNX_OPT_U32, O(drain_ms), "10000", 0, 3600000, NULL,
      "a drain stops the node's instances at the latest after this"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
@@ -125,13 +130,10 @@ struct cpeer {
   int admitted; /* counted by c.ctl_guard */
   struct lynx_guard_src *src;
   char id[LYNX_ID_MAX];
-  uint64_t connected_seq; /* frontends: the earliest connected is active */
+  uint64_t connected_seq; /* frontends: the earliest connected are active */
   uint64_t table_sent;    /* last table version sent (+1; 0 = none) */
   uint64_t accepted_ms;
   uint64_t heard_ms; /* frontends: the last message (silence cuts them off) */
-  /* frontends: the epoch its Hello presented, and the one it produces with
-   * while active (0: none issued yet) */
-  uint64_t hello_epoch, epoch;
   int standby_sent;
   struct cpeer *next, **pprev;
 };
@@ -258,25 +260,6 @@ static struct cpeer *agent_peer(struct coordinator *co, const char *node) {
   return NULL;
 }
 
-/* The active frontend: the one that holds the newest frontend epoch (it
- * was active, and reconnected: to a restarted or newly elected
- * coordinator), else the earliest connected one still connected. So a
- * control-plane failover does not move the data plane to another
- * frontend. */
-static struct cpeer *active_frontend(struct coordinator *co) {
-  struct cpeer *best = NULL;
-  uint64_t newest = co->c.reg.frontend_epoch;
-  for (struct cpeer *p = co->peers; p; p = p->next) {
-    if (p->role != ROLE_FRONTEND || p->ctl.closing)
-      continue;
-    if (newest && (p->epoch == newest || p->hello_epoch == newest))
-      return p;
-    if (!best || p->connected_seq < best->connected_seq)
-      best = p;
-  }
-  return best;
-}
-
 /* A new epoch from the store (etcd's revisions, or the state directory's
  * counter): strictly increasing across restarts of anything. Lock held. */
 static int issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
@@ -288,90 +271,164 @@ static int issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
                                 epoch, err, errlen);
 }
 
-/* The active frontend's epoch: kept when its Hello presented the newest
- * frontend epoch issued (nobody was promoted since: a reconnect, or a new
- * leader), otherwise a new one, so that the agents fence every frontend
- * active before it. 0, or -errno: p serves nothing yet (a tick retries). */
-static int active_epoch(struct coordinator *co, struct cpeer *p) {
-  char err[256];
-  uint64_t prev = co->c.reg.frontend_epoch;
-  int rc;
-  if (p->epoch)
-    return 0;
-  if (p->hello_epoch && p->hello_epoch == prev) {
-    p->epoch = p->hello_epoch;
-    LYNX_INFO("coordinator", "frontend %s is active, keeping its epoch %llu",
-              p->id, (unsigned long long)p->epoch);
-    return 0;
+/* The registry gives instances to frontends (partition.c): a frontend
+ * epoch for the round. Loop thread, lock held. */
+static int act_issue_epoch(void *data, uint64_t *epoch) {
+  struct coordinator *co = data;
+  char err[256] = "";
+  int rc = issue_epoch(co, 1, epoch, err, sizeof(err));
+  if (rc)
+    LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator", "no frontend epoch could be "
+                "issued: %s", err[0] ? err : strerror(-rc));
+  return rc;
+}
+
+/* The newest epoch f produces with (an instance the registry gives it, or
+ * one it claimed when it connected); 0: none. */
+static uint64_t fe_newest_epoch(const struct lynx_registry *r,
+                                const struct lynx_reg_frontend *f) {
+  uint64_t e = 0;
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next)
+    if (i->fe_epoch > e && !strcmp(i->fe_owner, f->id))
+      e = i->fe_epoch;
+  for (uint32_t k = 0; k < f->n_claims; k++)
+    if (f->claims[k].epoch > e)
+      e = f->claims[k].epoch;
+  return e;
+}
+
+/* Chooses the active frontends (--active-frontends; 0: every one), which
+ * the registry partitions the instances among; any other is a standby.
+ * Those that produce already come first, the newest epoch first (a
+ * frontend reconnecting to a restarted or newly elected coordinator keeps
+ * producing, so a control-plane failover does not move the data plane),
+ * then the earliest connected. Lock held. */
+static void choose_active(struct coordinator *co) {
+  struct lynx_registry *r = &co->c.reg;
+  struct cand {
+    struct cpeer *p;
+    uint64_t epoch;
+  } *c;
+  size_t n = 0, want = co->cfg.active_frontends;
+  for (struct cpeer *p = co->peers; p; p = p->next)
+    n += p->role == ROLE_FRONTEND;
+  c = calloc(n + 1, sizeof(*c));
+  if (!c)
+    return; /* as before: tried again at the next push */
+  n = 0;
+  for (struct cpeer *p = co->peers; p; p = p->next) {
+    struct lynx_reg_frontend *f;
+    if (p->role != ROLE_FRONTEND)
+      continue;
+    f = lynx_reg_frontend_find(r, p->id);
+    if (!f || f->conn != p)
+      continue;
+    if (p->ctl.closing) { /* cut off or going: its instances move now */
+      lynx_reg_frontend_set_active(r, p->id, 0);
+      continue;
+    }
+    c[n].p = p;
+    c[n].epoch = fe_newest_epoch(r, f);
+    n++;
   }
-  if (lynx_coord_now_ms() < co->epoch_retry_ms)
-    return -EAGAIN;
-  rc = issue_epoch(co, 1, &p->epoch, err, sizeof(err));
-  if (rc) {
-    p->epoch = 0;
-    co->epoch_retry_ms = lynx_coord_now_ms() + 1000;
-    LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator", "frontend %s cannot be made "
-                "active: no epoch could be issued (%s); retrying in 1 s", p->id,
-                err[0] ? err : strerror(-rc));
-    return rc;
+  for (size_t a = 0; a < n; a++) { /* few frontends: a selection sort */
+    size_t best = a;
+    for (size_t b = a + 1; b < n; b++)
+      if (c[b].epoch > c[best].epoch ||
+          (c[b].epoch == c[best].epoch &&
+           c[b].p->connected_seq < c[best].p->connected_seq))
+        best = b;
+    struct cand t = c[a];
+    c[a] = c[best];
+    c[best] = t;
+    lynx_reg_frontend_set_active(r, c[a].p->id, !want || a < want);
   }
-  LYNX_INFO("coordinator", "frontend %s is active with epoch %llu (the "
-            "newest before: %llu): agents refuse older frontends", p->id,
-            (unsigned long long)p->epoch, (unsigned long long)prev);
-  return 0;
+  free(c);
 }
 
 struct table_build {
   Lynx__ServiceTable *svcs;
   Lynx__ServiceTable **svc_ptrs;
   Lynx__ServiceSpec *specs;
-  Lynx__Backend (*bk)[LYNX_BACKENDS_MAX];   /* per service */
+  Lynx__Backend (*bk)[LYNX_BACKENDS_MAX]; /* per service */
   Lynx__Backend *(*bkp)[LYNX_BACKENDS_MAX];
-  size_t n_svcs, cap_svcs;
-  Lynx__TableEntry *entries;
+  Lynx__TableEntry *entries, **entry_ptrs;
   Lynx__RegionDesc *regions;
-  size_t n_entries, cap_entries;
-  const struct lynx_reg_service **svc_of;
-  char **down;
-  size_t n_down;
-  int oom;
+  size_t n_svcs, n_entries;
+  uint64_t newest; /* the newest entry epoch */
 };
 
-static void count_entry(void *arg, const struct lynx_reg_service *svc,
-                        const struct lynx_reg_instance *inst) {
-  struct table_build *tb = arg;
-  (void)svc;
-  (void)inst;
-  tb->cap_entries++;
+static void table_build_free(struct table_build *tb) {
+  free(tb->svcs);
+  free(tb->svc_ptrs);
+  free(tb->specs);
+  free(tb->bk);
+  free(tb->bkp);
+  free(tb->entries);
+  free(tb->entry_ptrs);
+  free(tb->regions);
+  memset(tb, 0, sizeof(*tb));
 }
 
-static void add_entry(void *arg, const struct lynx_reg_service *svc,
-                      const struct lynx_reg_instance *inst) {
-  struct table_build *tb = arg;
-  Lynx__ServiceTable *st = NULL;
-  Lynx__TableEntry *e;
-  for (size_t i = 0; i < tb->n_svcs && !st; i++)
-    if (tb->svc_of[i] == svc)
-      st = &tb->svcs[i];
-  if (!st)
-    return;
-  e = &tb->entries[tb->n_entries];
-  lynx__table_entry__init(e);
-  e->instance_id = inst->id;
-  e->node_id = inst->node->id;
-  lynx_desc_to_pb(&inst->desc, &tb->regions[tb->n_entries]);
-  e->region = &tb->regions[tb->n_entries];
-  if (st->entries)
-    st->entries[st->n_entries++] = e;
-  tb->n_entries++;
+/* The services active frontend f serves, with the instances it produces
+ * into (lynx_reg_fe_produces), each with its epoch. -ENOMEM. */
+static int table_build(struct lynx_registry *r, const struct lynx_reg_frontend *f,
+                       struct table_build *tb) {
+  size_t cap_s = 0, cap_e = 0;
+  memset(tb, 0, sizeof(*tb));
+  for (const struct lynx_reg_service *s = r->services; s; s = s->next)
+    cap_s++;
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next)
+    cap_e += lynx_reg_fe_produces(f, i);
+  tb->svcs = calloc(cap_s + 1, sizeof(*tb->svcs));
+  tb->svc_ptrs = calloc(cap_s + 1, sizeof(*tb->svc_ptrs));
+  tb->specs = calloc(cap_s + 1, sizeof(*tb->specs));
+  tb->bk = calloc(cap_s + 1, sizeof(*tb->bk));
+  tb->bkp = calloc(cap_s + 1, sizeof(*tb->bkp));
+  tb->entries = calloc(cap_e + 1, sizeof(*tb->entries));
+  tb->entry_ptrs = calloc(cap_e + 1, sizeof(*tb->entry_ptrs));
+  tb->regions = calloc(cap_e + 1, sizeof(*tb->regions));
+  if (!tb->svcs || !tb->svc_ptrs || !tb->specs || !tb->bk || !tb->bkp ||
+      !tb->entries || !tb->entry_ptrs || !tb->regions) {
+    table_build_free(tb);
+    return -ENOMEM;
+  }
+  for (const struct lynx_reg_service *s = r->services; s; s = s->next) {
+    Lynx__ServiceTable *st = &tb->svcs[tb->n_svcs];
+    if (!lynx_reg_fe_serves(r, f, s))
+      continue;
+    lynx__service_table__init(st);
+    spec_to_pb(&s->spec, &tb->specs[tb->n_svcs], tb->bk[tb->n_svcs],
+               tb->bkp[tb->n_svcs]);
+    st->service = &tb->specs[tb->n_svcs];
+    st->entries = &tb->entry_ptrs[tb->n_entries];
+    for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+      Lynx__TableEntry *e = &tb->entries[tb->n_entries];
+      if (i->svc != s || !lynx_reg_fe_produces(f, i))
+        continue;
+      lynx__table_entry__init(e);
+      e->instance_id = i->id;
+      e->node_id = i->node->id;
+      e->epoch = i->fe_epoch;
+      lynx_desc_to_pb(&i->desc, &tb->regions[tb->n_entries]);
+      e->region = &tb->regions[tb->n_entries];
+      tb->entry_ptrs[tb->n_entries++] = e;
+      st->n_entries++;
+      if (i->fe_epoch > tb->newest)
+        tb->newest = i->fe_epoch;
+    }
+    tb->svc_ptrs[tb->n_svcs++] = st;
+  }
+  return 0;
 }
 
-/* Sends every frontend the table it should run, if it has not got it yet.
- * Called on the loop thread with the lock held. */
+/* Sends every frontend the table it should run, if it has not got it yet:
+ * an active one the services it serves and the instances it produces into
+ * (partition.c), a standby an empty one. Loop thread, lock held. */
 static void push_tables(struct coordinator *co) {
   struct lynx_registry *r = &co->c.reg;
-  struct cpeer *active = active_frontend(co);
-  struct table_build tb;
+  char **down = NULL;
+  size_t n_down = 0;
   if (lynx_coord_now_ms() < co->settle_until_ms)
     return; /* the tick pushes once the agents had their chance */
   /* a follower's tables are no one's: one that just stepped down (its
@@ -379,97 +436,57 @@ static void push_tables(struct coordinator *co) {
    * e.g. no node at all once it released them (registry.h) */
   if (co->c.ha && !__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE))
     return;
-  if (active && active_epoch(co, active))
-    return; /* tables wait for its epoch: the tick tries again */
-  memset(&tb, 0, sizeof(tb));
-  lynx_reg_table_foreach(r, count_entry, &tb);
-  /* every service is in the table, also one with no instance ready: the
-   * frontend keeps its port open (clients get no answer, not a refusal) */
-  for (const struct lynx_reg_service *sv = r->services; sv; sv = sv->next)
-    tb.cap_svcs++;
-  tb.svcs = calloc(tb.cap_svcs + 1, sizeof(*tb.svcs));
-  tb.svc_ptrs = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_ptrs));
-  tb.svc_of = calloc(tb.cap_svcs + 1, sizeof(*tb.svc_of));
-  tb.specs = calloc(tb.cap_svcs + 1, sizeof(*tb.specs));
-  tb.bk = calloc(tb.cap_svcs + 1, sizeof(*tb.bk));
-  tb.bkp = calloc(tb.cap_svcs + 1, sizeof(*tb.bkp));
-  tb.entries = calloc(tb.cap_entries + 1, sizeof(*tb.entries));
-  tb.regions = calloc(tb.cap_entries + 1, sizeof(*tb.regions));
-  if (!tb.svcs || !tb.svc_ptrs || !tb.svc_of || !tb.specs || !tb.entries ||
-      !tb.regions || !tb.bk || !tb.bkp)
-    tb.oom = 1;
-  for (const struct lynx_reg_service *sv = r->services; sv && !tb.oom;
-       sv = sv->next) {
-    Lynx__ServiceTable *st = &tb.svcs[tb.n_svcs];
-    lynx__service_table__init(st);
-    spec_to_pb(&sv->spec, &tb.specs[tb.n_svcs], tb.bk[tb.n_svcs],
-               tb.bkp[tb.n_svcs]);
-    st->service = &tb.specs[tb.n_svcs];
-    st->entries = calloc(tb.cap_entries + 1, sizeof(*st->entries));
-    if (!st->entries)
-      tb.oom = 1;
-    tb.svc_of[tb.n_svcs] = sv;
-    tb.svc_ptrs[tb.n_svcs++] = st;
-  }
-  if (!tb.oom)
-    lynx_reg_table_foreach(r, add_entry, &tb);
-  if (tb.oom) {
+  choose_active(co);
+  lynx_reg_partition(r, lynx_coord_now_ms());
+  for (struct lynx_reg_node *n = r->nodes; n; n = n->next)
+    n_down += n->state == LYNX_NODE_DOWN;
+  down = calloc(n_down + 1, sizeof(*down));
+  if (!down) {
     LYNX_ERR("coordinator", "out of memory building dispatch tables");
-    goto out;
+    return;
   }
+  n_down = 0;
   for (struct lynx_reg_node *n = r->nodes; n; n = n->next)
     if (n->state == LYNX_NODE_DOWN)
-      tb.n_down++;
-  tb.down = calloc(tb.n_down + 1, sizeof(*tb.down));
-  if (!tb.down) {
-    LYNX_ERR("coordinator", "out of memory building dispatch tables");
-    goto out;
-  }
-  tb.n_down = 0;
-  for (struct lynx_reg_node *n = r->nodes; n; n = n->next)
-    if (n->state == LYNX_NODE_DOWN)
-      tb.down[tb.n_down++] = n->id;
+      down[n_down++] = n->id;
   for (struct cpeer *p = co->peers; p; p = p->next) {
     Lynx__Envelope env = LYNX__ENVELOPE__INIT;
     Lynx__DispatchTable t = LYNX__DISPATCH_TABLE__INIT;
-    int standby = p != active;
+    struct table_build tb;
+    struct lynx_reg_frontend *f;
+    int standby;
     if (p->role != ROLE_FRONTEND || p->ctl.closing)
       continue;
-    if (standby)
-      p->epoch = 0; /* promoted again later: a new epoch */
+    f = lynx_reg_frontend_find(r, p->id);
+    standby = !f || f->conn != p || !f->active;
     if (p->table_sent == r->table_version + 1 && p->standby_sent == standby)
       continue;
+    memset(&tb, 0, sizeof(tb));
+    if (!standby && table_build(r, f, &tb)) {
+      LYNX_ERR("coordinator", "out of memory building frontend %s's dispatch "
+               "table; tried again at the next change", p->id);
+      continue;
+    }
     t.version = r->table_version;
     t.standby = standby;
-    t.frontend_epoch = standby ? 0 : p->epoch;
-    if (!standby) {
-      t.n_services = tb.n_svcs;
-      t.services = tb.svc_ptrs;
-    }
-    t.n_down_nodes = tb.n_down;
-    t.down_nodes = tb.down;
+    t.frontend_epoch = tb.newest;
+    t.n_services = tb.n_svcs;
+    t.services = tb.svc_ptrs;
+    t.n_down_nodes = n_down;
+    t.down_nodes = down;
     env.msg_case = LYNX__ENVELOPE__MSG_DISPATCH_TABLE;
     env.dispatch_table = &t;
     send_env(p, &env);
     p->table_sent = r->table_version + 1;
     p->standby_sent = standby;
+    if (!standby)
+      lynx_reg_frontend_claims_done(r, p->id);
     LYNX_INFO("coordinator", "table %llu -> frontend %s%s (%zu services, "
               "%zu instances)", (unsigned long long)t.version, p->id,
-              standby ? " (standby)" : "", standby ? 0 : tb.n_svcs,
-              standby ? 0 : tb.n_entries);
+              standby ? " (standby)" : "", tb.n_svcs, tb.n_entries);
+    table_build_free(&tb);
   }
-out:
-  for (size_t i = 0; i < tb.n_svcs; i++)
-    free(tb.svcs[i].entries);
-  free(tb.svcs);
-  free(tb.svc_ptrs);
-  free(tb.svc_of);
-  free(tb.specs);
-  free(tb.bk);
-  free(tb.bkp);
-  free(tb.entries);
-  free(tb.regions);
-  free(tb.down);
+  free(down);
 }
 
 /* Runs queued actions; loop thread, lock held. */
@@ -586,6 +603,7 @@ static void send_hello_reply(struct cpeer *p, int ok, const char *error,
 
 static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   struct coordinator *co = p->co;
+  struct lynx_fe_claim *claims;
   char err[400];
   const char *role = h->role ? h->role : "";
   if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
@@ -634,12 +652,23 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   } else if (strcmp(role, "frontend") == 0) {
     p->role = ROLE_FRONTEND;
     p->connected_seq = ++co->fe_seq;
-    p->hello_epoch = h->epoch;
     p->heard_ms = lynx_coord_now_ms();
+    claims = calloc(h->n_produces + 1, sizeof(*claims));
+    for (size_t k = 0; claims && k < h->n_produces; k++) {
+      claims[k].instance_id = h->produces[k]->instance_id;
+      claims[k].epoch = h->produces[k]->epoch;
+    }
     send_hello_reply(p, 1, NULL, 0);
     pthread_mutex_lock(&co->c.lock);
     lynx_reg_frontend_connect(&co->c.reg, p->id, p->ctl.peer, p,
                               lynx_coord_now_ms());
+    /* without its claims it is given what it produced into with a new
+     * epoch: its connections are made again (in-flight answers in doubt) */
+    if (!claims || lynx_reg_frontend_claims(&co->c.reg, p->id, claims,
+                                            (uint32_t)h->n_produces))
+      LYNX_WARN("coordinator", "frontend %s: out of memory keeping the "
+                "%zu instances it produces into", p->id, h->n_produces);
+    free(claims);
     co->c.reg.version++;
     push_tables(co);
     after_change(co);
@@ -1049,6 +1078,7 @@ static void on_tick(uv_timer_t *t) {
   struct coordinator *co = t->data;
   uint64_t now = lynx_coord_now_ms();
   uint64_t expiries;
+  int cut = 0;
   pthread_mutex_lock(&co->c.lock);
   expiries = co->c.reg.lease_expiries;
   lynx_reg_tick(&co->c.reg, now);
@@ -1077,12 +1107,10 @@ static void on_tick(uv_timer_t *t) {
       snprintf(why, sizeof(why), "silent for %llu ms (--frontend-timeout-ms)",
                (unsigned long long)(now - p->heard_ms));
       lynx_ctl_close(&p->ctl, why);
+      cut = 1;
     }
-  {
-    struct cpeer *a = active_frontend(co);
-    if (a && !a->epoch && !co->settle_until_ms)
-      push_tables(co); /* its epoch could not be issued yet */
-  }
+  if (cut && !co->settle_until_ms)
+    push_tables(co); /* its instances go to the other frontends now */
   if (co->settle_until_ms &&
       (now >= co->settle_until_ms || frontends_settled(co))) {
     LYNX_INFO("coordinator", "settled after the restart: pushing tables");
@@ -1159,7 +1187,8 @@ static void on_signal(uv_signal_t *s, int signum) {
 int main(int argc, char **argv) {
   int help = 0; /* --help was printed */
   static struct coordinator co;
-  struct lynx_reg_ops ops = {act_start, act_stop, act_tables, &co};
+  struct lynx_reg_ops ops = {act_start, act_stop, act_tables, act_issue_epoch,
+                             &co};
   struct sockaddr_storage ss;
   char err[256], *token = NULL;
   int rc, lvl, exit_code = 1;

@@ -229,6 +229,7 @@ void lynx_reg_free(struct lynx_registry *r) {
     fnext = f->next;
     free(f->mqs);
     free(f->listen);
+    free(f->claims);
     free(f);
   }
   for (d = r->drain_intents; d; d = dnext) {
@@ -298,7 +299,7 @@ int lynx_reg_inst_dispatchable(const struct lynx_reg_instance *inst) {
 }
 
 /* Ends every public call that may have changed the table. */
-static void table_commit(struct lynx_registry *r) {
+void lynx_reg_table_commit(struct lynx_registry *r) {
   if (!r->table_dirty)
     return;
   r->table_dirty = 0;
@@ -1195,7 +1196,7 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
   r->registrations++;
   r->version++;
   reconcile(r);
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1300,7 +1301,7 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
     node->accels[pos].responses = reports[k].responses;
     accel_health_update(r, node, (uint32_t)pos, &reports[k], now_ms);
   }
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1324,7 +1325,7 @@ int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
     return 0;
   node_down(r, n);
   reconcile(r);
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1404,7 +1405,7 @@ int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
     if (j->replaced_by == i->id && j->state == LYNX_INST_READY)
       inst_retire(r, j, now_ms);
   retire_check_all(r, now_ms); /* no frontend: at once */
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1443,7 +1444,7 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
   /* Forgotten now; placement starts it again once the accelerator's
    * backoff has passed (so an app that cannot start is not hammered). */
   inst_forget_at(r, pp);
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1740,7 +1741,7 @@ int lynx_reg_service_create(struct lynx_registry *r,
   *tail = s;
   r->version++;
   reconcile(r);
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1772,7 +1773,7 @@ int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
   free(s);
   r->version++;
   reconcile(r);
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1796,13 +1797,13 @@ int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
   if (n->state != LYNX_NODE_READY)
     return 0; /* already draining or drained */
   node_set_state(r, n, LYNX_NODE_DRAINING);
-  table_commit(r); /* the table without n: frontends must run it */
+  lynx_reg_table_commit(r); /* the table without n: frontends must run it */
   n->drain_table_version = r->table_version;
   n->drain_deadline_ms = now_ms + r->drain_timeout_ms;
   /* replicas get their replacements while n drains */
   reconcile(r);
   drain_check(r, n, now_ms); /* no frontend: done at once */
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1826,7 +1827,7 @@ int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
   n->drain_table_version = 0;
   node_set_state(r, n, LYNX_NODE_READY);
   reconcile(r);
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
@@ -1846,7 +1847,7 @@ uint32_t lynx_reg_nodes_release(struct lynx_registry *r) {
   }
   if (gone) {
     r->version++;
-    table_commit(r);
+    lynx_reg_table_commit(r);
   }
   return gone;
 }
@@ -1871,14 +1872,14 @@ int lynx_reg_forget(struct lynx_registry *r, const char *id,
   *pp = n->next;
   free(n);
   r->version++;
-  table_commit(r);
+  lynx_reg_table_commit(r);
   return 0;
 }
 
 /* ---- frontends ------------------------------------------------------ */
 
-static struct lynx_reg_frontend *fe_find(struct lynx_registry *r,
-                                         const char *id) {
+struct lynx_reg_frontend *lynx_reg_frontend_find(struct lynx_registry *r,
+                                                 const char *id) {
   struct lynx_reg_frontend *f;
   if (!id)
     return NULL;
@@ -1894,7 +1895,7 @@ lynx_reg_frontend_connect(struct lynx_registry *r, const char *id,
   struct lynx_reg_frontend *f, **tail;
   if (!id || !*id || slen(id, LYNX_ID_MAX) >= LYNX_ID_MAX)
     return NULL;
-  f = fe_find(r, id);
+  f = lynx_reg_frontend_find(r, id);
   if (!f) {
     f = calloc(1, sizeof(*f));
     if (!f)
@@ -1907,6 +1908,10 @@ lynx_reg_frontend_connect(struct lynx_registry *r, const char *id,
   copy_str(f->address, sizeof(f->address), address);
   f->conn = conn;
   f->connected = 1;
+  f->active = 0; /* the daemon decides (lynx_reg_frontend_set_active) */
+  free(f->claims);
+  f->claims = NULL;
+  f->n_claims = 0;
   f->last_seen_ms = now_ms;
   /* Until it reports, assume it runs no table and knows nothing: a drain
    * waits for its first report (it may be a new process). */
@@ -1929,15 +1934,52 @@ void lynx_reg_frontend_disconnected(struct lynx_registry *r, void *conn) {
     if (f->conn == conn) {
       f->conn = NULL;
       f->connected = 0;
+      f->active = 0;
       r->version++;
     }
+}
+
+int lynx_reg_frontend_claims(struct lynx_registry *r, const char *id,
+                             const struct lynx_fe_claim *c, uint32_t n) {
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
+  struct lynx_fe_claim *copy = NULL;
+  if (!f)
+    return -ENOENT;
+  if (n) {
+    copy = malloc((size_t)n * sizeof(*copy));
+    if (!copy)
+      return -ENOMEM;
+    memcpy(copy, c, (size_t)n * sizeof(*copy));
+  }
+  free(f->claims);
+  f->claims = copy;
+  f->n_claims = n;
+  return 0;
+}
+
+void lynx_reg_frontend_claims_done(struct lynx_registry *r, const char *id) {
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
+  if (!f || !f->n_claims)
+    return;
+  free(f->claims);
+  f->claims = NULL;
+  f->n_claims = 0;
+}
+
+void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
+                                  int active) {
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
+  if (!f || f->active == (active && f->connected))
+    return;
+  f->active = active && f->connected;
+  r->version++;
 }
 
 void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
                               uint64_t table_version,
                               const struct lynx_fe_mq_report *mqs, uint32_t n,
                               uint64_t now_ms) {
-  struct lynx_reg_frontend *f = fe_find(r, id);
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
   struct lynx_fe_mq_report *copy = NULL;
   if (!f)
     return;
@@ -1958,12 +2000,12 @@ void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
     r->version++;
   }
   drain_check_all(r, now_ms);
-  table_commit(r);
+  lynx_reg_table_commit(r);
 }
 
 void lynx_reg_frontend_listen(struct lynx_registry *r, const char *id,
                               const struct lynx_fe_listen *l, uint32_t n) {
-  struct lynx_reg_frontend *f = fe_find(r, id);
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
   struct lynx_fe_listen *copy = NULL;
   if (!f)
     return;
@@ -2079,7 +2121,7 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
   drain_check_all(r, now_ms);
   if (r->version != r->placed_version)
     reconcile(r);
-  table_commit(r);
+  lynx_reg_partition(r, now_ms); /* commits the table */
 }
 
 /* ---- dispatch table ------------------------------------------------- */

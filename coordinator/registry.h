@@ -169,6 +169,17 @@ struct lynx_reg_instance {
    * the latest. */
   uint64_t replaced_by;
   uint64_t retire_table_version, retire_deadline_ms;
+  /* The frontend that produces into this instance's region (partition.c;
+   * "" none) and the epoch it produces with: issued by the store when the
+   * instance was given to it, so newer than every earlier producer's, which
+   * the agent then refuses. Releasing (fe_release_version != 0): moving to
+   * another frontend; its owner runs tables without it from that version
+   * on and answers what it holds, and the instance goes to the next owner
+   * once the owner reports nothing outstanding on it, or at
+   * fe_release_deadline_ms. */
+  char fe_owner[LYNX_ID_MAX];
+  uint64_t fe_epoch;
+  uint64_t fe_release_version, fe_release_deadline_ms;
   struct lynx_reg_instance *next;
 };
 
@@ -196,10 +207,23 @@ struct lynx_fe_listen {
   char error[160]; /* why not, e.g. "cannot bind UDP 0.0.0.0:7000: ..." */
 };
 
+/* An instance a frontend says it produces into, and with which epoch
+ * (Hello.produces). */
+struct lynx_fe_claim {
+  uint64_t instance_id, epoch;
+};
+
 struct lynx_reg_frontend {
   char id[LYNX_ID_MAX];
   char address[LYNX_ID_MAX];
   int connected;
+  /* one of the active frontends, which the instances are partitioned
+   * among (the daemon chooses them: lynx_reg_frontend_set_active) */
+  int active;
+  /* what it produced into when it connected (owned; dropped once it got
+   * a table: lynx_reg_frontend_claims_done) */
+  struct lynx_fe_claim *claims;
+  uint32_t n_claims;
   uint64_t table_version_applied; /* last table the frontend reported */
   uint64_t last_seen_ms;
   void *conn;
@@ -221,6 +245,10 @@ struct lynx_reg_ops {
                         uint64_t instance_id);
   /* The dispatch table changed: push it to every frontend. */
   void (*tables_changed)(void *data);
+  /* A new frontend epoch from the store (strictly increasing across
+   * restarts): 0, or -errno (nothing is given to a frontend then; a later
+   * tick tries again). NULL: the registry counts them itself. */
+  int (*issue_epoch)(void *data, uint64_t *epoch);
   void *data;
 };
 
@@ -285,6 +313,10 @@ struct lynx_registry {
    * the last one issued, and the newest frontend epoch (the active
    * frontend's, unless a promotion is under way). */
   uint64_t epoch_last, frontend_epoch;
+  /* partition.c: instances given to a frontend, and moved between two
+   * active frontends (released by one, then given to another) */
+  uint64_t fe_assigned, fe_moves;
+  uint64_t fe_epoch_retry_ms; /* no epoch could be issued: not before */
 };
 
 void lynx_reg_init(struct lynx_registry *r, uint64_t lease_ms,
@@ -445,6 +477,51 @@ void lynx_reg_frontend_status(struct lynx_registry *r, const char *id,
                               uint64_t table_version,
                               const struct lynx_fe_mq_report *mqs, uint32_t n,
                               uint64_t now_ms);
+/* A frontend says which instances it produced into (Hello.produces;
+ * copied): the registry gives each such instance that has no producer back
+ * to the frontend presenting the newest epoch for it. 0 or -ENOMEM. */
+int lynx_reg_frontend_claims(struct lynx_registry *r, const char *id,
+                             const struct lynx_fe_claim *c, uint32_t n);
+/* It got a table: its claims have served their purpose. */
+void lynx_reg_frontend_claims_done(struct lynx_registry *r, const char *id);
+/* Makes it one of the active frontends (or not). Call lynx_reg_partition
+ * after changing them. */
+void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
+                                  int active);
+
+/* ---- several active frontends (partition.c) -------------------------- */
+
+/*
+ * Partitions the dispatchable instances of every service among the active
+ * frontends, so that each instance's region (every mqueue in it) has
+ * exactly one producer:
+ *  - an instance whose frontend is no longer active or connected is given
+ *    to another at once, with a new epoch that fences the old one;
+ *  - claims (Hello.produces) give unowned instances back to the frontend
+ *    with the newest epoch for them;
+ *  - each service is balanced (counts differ by one at most): a frontend
+ *    with too many releases some, which move once it answered what it
+ *    holds on them (no loss on a move between live frontends);
+ *  - unowned instances go to the active frontend with the fewest of that
+ *    service, all with one epoch issued for the round (ops.issue_epoch).
+ * Commits the table when anything changed (every frontend gets it).
+ */
+void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms);
+/* Whether f gets inst in its table: it owns it and is not releasing it. */
+int lynx_reg_fe_produces(const struct lynx_reg_frontend *f,
+                         const struct lynx_reg_instance *inst);
+/* Whether active frontend f serves svc: it owns one of its instances
+ * (releasing too: it still answers on them), or no frontend owns any (the
+ * port stays open: clients get no answer rather than a refusal). */
+int lynx_reg_fe_serves(const struct lynx_registry *r,
+                       const struct lynx_reg_frontend *f,
+                       const struct lynx_reg_service *svc);
+struct lynx_reg_frontend *lynx_reg_frontend_find(struct lynx_registry *r,
+                                                 const char *id);
+/* internal (registry.c, partition.c): bumps the table version and asks
+ * for a push if the table changed during the current call */
+void lynx_reg_table_commit(struct lynx_registry *r);
+
 /* A frontend reports whether it listens on each service's port (copied;
  * a change bumps r->version, so watchers see services become ready or
  * not). */

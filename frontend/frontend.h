@@ -173,6 +173,7 @@ struct frontend {
   struct fe_inst {
     uint64_t id;
     char node[LYNX_ID_MAX];
+    uint64_t epoch; /* the epoch we produce into it with (desc.producer) */
   } *instances; /* main thread: the instances in dispatch */
   uint32_t n_instances;
   struct frontend *next;

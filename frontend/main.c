@@ -110,10 +110,13 @@ struct fe_main {
    * which it is fully applied */
   uint64_t table_version, table_seq_done;
   int have_table;
-  /* the frontend epoch the active table gave us (0: none, or a standby):
-   * every connection presents it (desc.producer), and so does our Hello,
-   * so that a coordinator keeps it for us when nobody was promoted since */
+  /* the newest epoch the active table gave us (0: none, or a standby);
+   * each connection presents its instance's (TableEntry.epoch) */
   uint64_t epoch;
+  /* our Hello's produces: the instances we produce into, with the epoch
+   * (claims_update; the dialer reads them) */
+  Lynx__InstanceEpoch *claims, **claim_ptrs;
+  size_t n_claims;
   /* the back ends of the service service_start is about to start */
   const struct fe_backend_cfg *pending_backends;
   uint32_t n_pending_backends;
@@ -222,9 +225,11 @@ static void services_stop_all(struct fe_main *m) {
     service_stop(m, m->services);
 }
 
-static int instance_listed(const struct frontend *fe, uint64_t id) {
+/* Whether fe dispatches to instance id, producing into it with epoch. */
+static int instance_listed(const struct frontend *fe, uint64_t id,
+                           uint64_t epoch) {
   for (uint32_t i = 0; i < fe->n_instances; i++)
-    if (fe->instances[i].id == id)
+    if (fe->instances[i].id == id && fe->instances[i].epoch == epoch)
       return 1;
   return 0;
 }
@@ -262,7 +267,10 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
 /* Makes fe dispatch to exactly accels[0..n): adds the new, takes the others
  * out of dispatch as gone says: FE_CMD_LOST or FE_CMD_ABANDON for all, or
  * FE_CMD_REMOVE: as lost when their node is listed in down, otherwise
- * gracefully (their answers still come back). Returns the last command's
+ * gracefully (their answers still come back). An instance given again
+ * with another epoch (desc.producer) was another frontend's meanwhile, or
+ * the coordinator lost track of ours: its connection is made again with
+ * the new epoch, what was in flight in doubt. Returns the last command's
  * sequence number (0 if none). */
 static uint64_t service_set_instances(struct frontend *fe,
                                       const struct fe_accel *accels, uint32_t n,
@@ -273,21 +281,26 @@ static uint64_t service_set_instances(struct frontend *fe,
   if (!keep)
     return 0;
   for (uint32_t i = 0; i < fe->n_instances; i++) {
-    int still = 0;
-    for (uint32_t k = 0; k < n && !still; k++)
-      still = accels[k].instance_id == fe->instances[i].id;
+    int still = 0, moved = 0;
+    for (uint32_t k = 0; k < n && !still && !moved; k++) {
+      still = accels[k].instance_id == fe->instances[i].id &&
+              accels[k].desc.producer == fe->instances[i].epoch;
+      moved = accels[k].instance_id == fe->instances[i].id && !still;
+    }
     if (!still)
       seq = fe_post(fe,
-                    gone == FE_CMD_REMOVE &&
+                    moved ? FE_CMD_ABANDON
+                    : gone == FE_CMD_REMOVE &&
                             node_listed(down, n_down, fe->instances[i].node)
                         ? FE_CMD_LOST
                         : gone,
                     NULL, fe->instances[i].id);
   }
   for (uint32_t k = 0; k < n; k++) {
-    if (!instance_listed(fe, accels[k].instance_id))
+    if (!instance_listed(fe, accels[k].instance_id, accels[k].desc.producer))
       seq = fe_post(fe, FE_CMD_ADD, &accels[k], accels[k].instance_id);
     keep[k].id = accels[k].instance_id;
+    keep[k].epoch = accels[k].desc.producer;
     snprintf(keep[k].node, sizeof(keep[k].node), "%s", accels[k].node);
   }
   free(fe->instances);
@@ -508,25 +521,47 @@ static enum fe_proto spec_proto(const Lynx__ServiceSpec *sp) {
   return sp->proto && !strcmp(sp->proto, "tcp") ? FE_PROTO_TCP : FE_PROTO_UDP;
 }
 
-/* A table with a frontend epoch other than the one our connections
- * present: a newer frontend may have fenced them, and the agents admit
- * only the newer epoch, so every connection is made again with it. */
+/* The newest epoch the table gives us (each entry carries the one we
+ * produce into its instance with: a connection whose epoch changes is made
+ * again, service_set_instances). */
 static void take_epoch(struct fe_main *m, const Lynx__DispatchTable *t) {
   uint64_t old = m->epoch;
-  if (t->standby) {
-    m->epoch = 0; /* a standby produces nothing */
-    return;
+  m->epoch = t->standby ? 0 : t->frontend_epoch; /* a standby produces nothing */
+  if (m->epoch && m->epoch != old)
+    LYNX_INFO("frontend", "%s: producing with frontend epoch %llu (the "
+              "newest of the instances it is given)", m->id,
+              (unsigned long long)m->epoch);
+}
+
+/* What our Hello tells a coordinator: the instances we produce into and
+ * with which epoch (Hello.produces), so that one that lost track of them
+ * (restarted, newly elected) gives them back to us as they are. */
+static void claims_update(struct fe_main *m) {
+  size_t n = 0;
+  for (struct frontend *fe = m->services; fe; fe = fe->next)
+    n += fe->n_instances;
+  free(m->claims);
+  free(m->claim_ptrs);
+  m->claims = calloc(n + 1, sizeof(*m->claims));
+  m->claim_ptrs = calloc(n + 1, sizeof(*m->claim_ptrs));
+  m->n_claims = 0;
+  if (!m->claims || !m->claim_ptrs) {
+    free(m->claims);
+    free(m->claim_ptrs);
+    m->claims = NULL;
+    m->claim_ptrs = NULL;
+    return; /* a coordinator then gives them with new epochs */
   }
-  if (t->frontend_epoch == old)
-    return;
-  m->epoch = t->frontend_epoch;
-  LYNX_INFO("frontend", "%s: producing with frontend epoch %llu%s", m->id,
-            (unsigned long long)m->epoch,
-            old && m->services ? "; every accelerator is connected again "
-                                 "with it" : "");
-  if (old)
-    for (struct frontend *fe = m->services; fe; fe = fe->next)
-      service_set_instances(fe, NULL, 0, NULL, 0, FE_CMD_ABANDON);
+  for (struct frontend *fe = m->services; fe; fe = fe->next)
+    for (uint32_t i = 0; i < fe->n_instances; i++) {
+      Lynx__InstanceEpoch *c = &m->claims[m->n_claims];
+      if (!fe->instances[i].epoch)
+        continue;
+      lynx__instance_epoch__init(c);
+      c->instance_id = fe->instances[i].id;
+      c->epoch = fe->instances[i].epoch;
+      m->claim_ptrs[m->n_claims++] = c;
+    }
 }
 
 static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
@@ -589,7 +624,7 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       const Lynx__TableEntry *e = st->entries[k];
       if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
         continue;
-      accels[n].desc.producer = m->epoch;
+      accels[n].desc.producer = e->epoch ? e->epoch : t->frontend_epoch;
       if (sp->n_backends) {
         /* server mqueues, then client mqueues, as many for each back end
          * (one on a CPU, one per block of a GPU kernel that calls them:
@@ -610,6 +645,7 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
                           FE_CMD_REMOVE);
     free(accels);
   }
+  claims_update(m);
   m->table_version = t->version;
   m->have_table = 1;
   LYNX_INFO("frontend", "%s: table %llu applied%s", m->id,
@@ -824,6 +860,8 @@ int main(int argc, char **argv) {
   lynx_dialer_init(&m.d, &m.loop, peer, "frontend", m.target, cfg->frame_max);
   m.d.role = "frontend";
   m.d.epoch = &m.epoch;
+  m.d.produces = &m.claim_ptrs;
+  m.d.n_produces = &m.n_claims;
   m.d.id = m.id;
   m.d.token = m.token;
   m.d.on_msg = on_ctl_msg;
@@ -855,6 +893,8 @@ int main(int argc, char **argv) {
   LYNX_INFO("frontend", "%s: stopped", m.id);
 out:
   free(m.token);
+  free(m.claims);
+  free(m.claim_ptrs);
   lynx_opts_free(fe_opts, cfg);
   pthread_mutex_destroy(&m.list_lock);
   return m.exit_code;

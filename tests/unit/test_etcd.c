@@ -299,7 +299,7 @@ static void test_endpoints(void **state) {
 /* ---- operator intent in etcd ------------------------------------------------ */
 
 static void reg_new(struct lynx_registry *r) {
-  struct lynx_reg_ops ops = {NULL, NULL, NULL, NULL};
+  struct lynx_reg_ops ops = {NULL, NULL, NULL, NULL, NULL};
   lynx_reg_init(r, 3000, 10000, &ops);
 }
 

@@ -86,7 +86,7 @@ static void on_tables(void *data) {
 
 static int fx_setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
-  struct lynx_reg_ops ops = {on_start, on_stop, on_tables, NULL};
+  struct lynx_reg_ops ops = {on_start, on_stop, on_tables, NULL, NULL};
   if (!f)
     return -1;
   ops.data = f;

@@ -1,0 +1,319 @@
+/*
+ * partition.c - several active frontends: which one produces into each
+ * instance's region (registry.h, docs/frontends.md).
+ *
+ * The unit given to a frontend is the instance: one accelerator's region
+ * with every mqueue in it. That is the unit each transport fences (one
+ * tcp connection, one rdma QP, one shm mapping per region, each presenting
+ * one epoch), so one producer per region is one producer per mqueue.
+ *
+ * Epochs: every instance given to a frontend comes with an epoch issued by
+ * the store for that round, newer than anything issued before, so the
+ * region's agent admits the new producer and refuses every earlier one (a
+ * frontend cut off from us that still writes). An instance moving between
+ * two live frontends is first released (the owner answers what it holds,
+ * nothing new is sent to it), then given: no loss on a planned move.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "registry.h"
+
+#define COMP "registry"
+#define EPOCH_RETRY_MS 1000 /* the store could not issue an epoch */
+
+static int fe_usable(const struct lynx_reg_frontend *f) {
+  return f && f->connected && f->active;
+}
+
+static int owned_by(const struct lynx_reg_instance *i,
+                    const struct lynx_reg_frontend *f) {
+  return i->fe_owner[0] && !strncmp(i->fe_owner, f->id, sizeof(f->id));
+}
+
+int lynx_reg_fe_produces(const struct lynx_reg_frontend *f,
+                         const struct lynx_reg_instance *i) {
+  return f && i && lynx_reg_inst_dispatchable(i) && !i->fe_release_version &&
+         owned_by(i, f);
+}
+
+int lynx_reg_fe_serves(const struct lynx_registry *r,
+                       const struct lynx_reg_frontend *f,
+                       const struct lynx_reg_service *svc) {
+  int any = 0;
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    if (i->svc != svc || !i->fe_owner[0] || !lynx_reg_inst_dispatchable(i))
+      continue;
+    if (owned_by(i, f))
+      return 1;
+    any = 1;
+  }
+  return !any;
+}
+
+static void owner_clear(struct lynx_reg_instance *i) {
+  i->fe_owner[0] = '\0';
+  i->fe_epoch = 0;
+  i->fe_release_version = 0;
+  i->fe_release_deadline_ms = 0;
+}
+
+/* f runs a table without i and reports nothing outstanding on it. */
+static int released(const struct lynx_reg_frontend *f,
+                    const struct lynx_reg_instance *i) {
+  if (f->table_version_applied < i->fe_release_version)
+    return 0;
+  for (uint32_t m = 0; m < f->n_mqs; m++)
+    if (f->mqs[m].instance_id == i->id && f->mqs[m].outstanding)
+      return 0;
+  return 1;
+}
+
+static int claim_cmp(const void *a, const void *b) {
+  uint64_t x = ((const struct lynx_fe_claim *)a)->instance_id;
+  uint64_t y = ((const struct lynx_fe_claim *)b)->instance_id;
+  return x < y ? -1 : x > y;
+}
+
+/* Producers that are gone (not active or not connected: the instance goes
+ * to another at once, whose newer epoch fences the old one) and moves whose
+ * owner answered what it held. Returns whether the table changed. */
+static int drop_owners(struct lynx_registry *r, uint64_t now_ms) {
+  int changed = 0;
+  for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    struct lynx_reg_frontend *f;
+    if (!i->fe_owner[0])
+      continue;
+    f = lynx_reg_frontend_find(r, i->fe_owner);
+    if (!fe_usable(f)) {
+      changed |= lynx_reg_inst_dispatchable(i) && !i->fe_release_version;
+      owner_clear(i);
+      continue;
+    }
+    if (!i->fe_release_version)
+      continue;
+    if (released(f, i) || now_ms >= i->fe_release_deadline_ms) {
+      LYNX_INFO(COMP, "service %s: instance %" PRIu64 ": frontend %s %s; "
+                "it goes to another frontend", i->svc->spec.name, i->id, f->id,
+                released(f, i) ? "answered what it held on it"
+                               : "did not answer all it held on it within the "
+                                 "drain timeout (the rest is fenced)");
+      owner_clear(i);
+      r->fe_moves++;
+      changed = 1;
+    }
+  }
+  return changed;
+}
+
+/* Claims (Hello.produces) give an instance back to the frontend with the
+ * newest epoch for it: after a restart or an election nobody owns it, and
+ * the agents admit that frontend already. An epoch beyond the newest the
+ * store issued is not ours (a store wiped since): ignored. */
+static int adopt_claims(struct lynx_registry *r) {
+  int changed = 0;
+  for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next) {
+    if (!fe_usable(f) || !f->n_claims)
+      continue;
+    qsort(f->claims, f->n_claims, sizeof(*f->claims), claim_cmp);
+    for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+      struct lynx_fe_claim key = {.instance_id = i->id};
+      const struct lynx_fe_claim *c =
+          bsearch(&key, f->claims, f->n_claims, sizeof(*f->claims), claim_cmp);
+      if (!c || !c->epoch || c->epoch > r->frontend_epoch ||
+          c->epoch <= i->fe_epoch || owned_by(i, f))
+        continue;
+      if (i->fe_owner[0])
+        LYNX_INFO(COMP, "instance %" PRIu64 ": frontend %s presents epoch "
+                  "%" PRIu64 ", newer than %s's %" PRIu64 ": it is the "
+                  "producer", i->id, f->id, c->epoch, i->fe_owner, i->fe_epoch);
+      owner_clear(i);
+      snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", f->id);
+      i->fe_epoch = c->epoch;
+      changed = 1;
+    }
+  }
+  return changed;
+}
+
+struct fe_load {
+  struct lynx_reg_frontend *f;
+  uint64_t svc;   /* non-releasing dispatchable instances of the service */
+  uint64_t total; /* the same over every service */
+};
+
+static size_t fe_index(const struct fe_load *ld, size_t n,
+                       const struct lynx_reg_instance *i) {
+  for (size_t k = 0; k < n; k++)
+    if (owned_by(i, ld[k].f))
+      return k;
+  return n;
+}
+
+/* The frontend to give the next instance of a service: the fewest of it,
+ * then the fewest overall (services of one instance each spread too). */
+static size_t least(const struct fe_load *ld, const uint64_t *v, size_t n) {
+  size_t best = 0;
+  for (size_t k = 1; k < n; k++)
+    if (v[k] < v[best] || (v[k] == v[best] && ld[k].total < ld[best].total))
+      best = k;
+  return best;
+}
+
+static size_t most(const uint64_t *v, size_t n) {
+  size_t best = 0;
+  for (size_t k = 1; k < n; k++)
+    if (v[k] > v[best])
+      best = k;
+  return best;
+}
+
+/* Counts each active frontend's instances of s (and overall when s is
+ * NULL); returns how many of s have no producer. */
+static uint64_t count_loads(struct lynx_registry *r, struct fe_load *ld,
+                            size_t n, const struct lynx_reg_service *s) {
+  uint64_t unowned = 0;
+  for (size_t k = 0; k < n; k++)
+    ld[k].svc = 0;
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    size_t k;
+    if ((s && i->svc != s) || !lynx_reg_inst_dispatchable(i))
+      continue;
+    if (!i->fe_owner[0]) {
+      unowned++;
+      continue;
+    }
+    k = fe_index(ld, n, i);
+    if (k < n && !i->fe_release_version) {
+      if (s)
+        ld[k].svc++;
+      else
+        ld[k].total++;
+    }
+  }
+  return unowned;
+}
+
+/* A frontend with more of s than the others (by more than one, counting
+ * the unowned as going to the fewest) releases some: they move once it
+ * answered what it holds on them. Returns whether the table changed. */
+static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
+                   size_t n, struct lynx_reg_service *s, uint64_t now_ms) {
+  uint64_t unowned = count_loads(r, ld, n, s);
+  int changed = 0;
+  for (size_t k = 0; k < n; k++)
+    v[k] = ld[k].svc;
+  while (unowned--)
+    v[least(ld, v, n)]++;
+  for (;;) {
+    size_t hi = most(v, n), lo = least(ld, v, n);
+    struct lynx_reg_instance *pick = NULL;
+    if (v[hi] <= v[lo] + 1)
+      break;
+    for (struct lynx_reg_instance *i = r->instances; i; i = i->next)
+      if (i->svc == s && lynx_reg_inst_dispatchable(i) &&
+          !i->fe_release_version && owned_by(i, ld[hi].f) &&
+          (!pick || i->id > pick->id))
+        pick = i;
+    if (!pick)
+      break; /* its count was of instances not yet owned */
+    /* the table committed at the end of this call is the first without it */
+    r->table_dirty = 1;
+    pick->fe_release_version = r->table_version + 1;
+    pick->fe_release_deadline_ms = now_ms + r->drain_timeout_ms;
+    LYNX_INFO(COMP, "service %s: instance %" PRIu64 " moves from frontend %s "
+              "(%" PRIu64 " of the service's instances) to balance %zu active "
+              "frontends; %s answers what it holds on it first",
+              s->spec.name, pick->id, ld[hi].f->id, v[hi], n, ld[hi].f->id);
+    v[hi]--;
+    v[lo]++;
+    changed = 1;
+  }
+  return changed;
+}
+
+/* Gives every unowned dispatchable instance to an active frontend, all with
+ * one epoch issued for the round. Returns how many were given. */
+static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
+                       uint64_t *v, size_t n, uint64_t now_ms) {
+  uint64_t epoch = 0, given = 0;
+  int rc;
+  for (size_t k = 0; k < n; k++)
+    ld[k].total = 0;
+  if (!count_loads(r, ld, n, NULL) || now_ms < r->fe_epoch_retry_ms)
+    return 0;
+  if (r->ops.issue_epoch) {
+    rc = r->ops.issue_epoch(r->ops.data, &epoch);
+  } else {
+    epoch = ++r->epoch_last;
+    r->frontend_epoch = epoch;
+    rc = 0;
+  }
+  if (rc || !epoch) {
+    r->fe_epoch_retry_ms = now_ms + EPOCH_RETRY_MS;
+    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "instances wait for a frontend: no "
+                "frontend epoch could be issued (%s); retrying in %d ms",
+                rc ? strerror(-rc) : "the store issued 0", EPOCH_RETRY_MS);
+    return 0;
+  }
+  for (struct lynx_reg_service *s = r->services; s; s = s->next) {
+    if (!count_loads(r, ld, n, s))
+      continue;
+    for (size_t k = 0; k < n; k++)
+      v[k] = ld[k].svc;
+    for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+      size_t k;
+      if (i->svc != s || i->fe_owner[0] || !lynx_reg_inst_dispatchable(i))
+        continue;
+      k = least(ld, v, n);
+      snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", ld[k].f->id);
+      i->fe_epoch = epoch;
+      v[k]++;
+      ld[k].total++;
+      given++;
+    }
+  }
+  r->fe_assigned += given;
+  LYNX_INFO(COMP, "%" PRIu64 " instances given to %zu active frontends with "
+            "epoch %" PRIu64 ": agents refuse every earlier producer of them",
+            given, n, epoch);
+  return given;
+}
+
+void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms) {
+  struct fe_load *ld = NULL;
+  uint64_t *v = NULL;
+  size_t n = 0, k = 0;
+  int changed = drop_owners(r, now_ms);
+  for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
+    n += fe_usable(f);
+  if (!n)
+    goto out;
+  changed |= adopt_claims(r);
+  ld = calloc(n, sizeof(*ld));
+  v = calloc(n, sizeof(*v));
+  if (!ld || !v) {
+    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "out of memory partitioning instances "
+                "among frontends; retrying at the next tick");
+    goto out;
+  }
+  for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
+    if (fe_usable(f))
+      ld[k++].f = f;
+  count_loads(r, ld, n, NULL);
+  for (struct lynx_reg_service *s = r->services; s; s = s->next)
+    changed |= balance(r, ld, v, n, s, now_ms);
+  changed |= assign(r, ld, v, n, now_ms) != 0;
+out:
+  free(ld);
+  free(v);
+  if (changed) {
+    r->table_dirty = 1;
+    r->version++;
+  }
+  lynx_reg_table_commit(r);
+}
