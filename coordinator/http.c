@@ -645,7 +645,8 @@ struct metrics_snap {
   uint64_t api_conns, api_refused, api_timeouts[2]; /* header, body */
   uint64_t nodes[4];
   uint64_t accels, requests, responses;
-  uint64_t services, frontends;
+  uint64_t services, frontends, frontends_active;
+  uint64_t fe_assigned, fe_moves;
   uint64_t version, table_version;
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
   uint64_t new_incarnations, pauses, paused_ms, moves_started, moves_done;
@@ -722,8 +723,12 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   }
   for (const struct lynx_reg_service *s = r->services; s; s = s->next)
     m.services++;
-  for (const struct lynx_reg_frontend *fe = r->frontends; fe; fe = fe->next)
+  for (const struct lynx_reg_frontend *fe = r->frontends; fe; fe = fe->next) {
     m.frontends += fe->connected ? 1 : 0;
+    m.frontends_active += fe->connected && fe->active;
+  }
+  m.fe_assigned = r->fe_assigned;
+  m.fe_moves = r->fe_moves;
   m.version = r->version;
   m.table_version = r->table_version;
   m.lease_expiries = r->lease_expiries;
@@ -806,6 +811,18 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
         m.table_version);
   GAUGE("lynx_coordinator_services", "Services defined.", m.services);
   GAUGE("lynx_coordinator_frontends", "Frontends connected.", m.frontends);
+  GAUGE("lynx_coordinator_frontends_active",
+        "Frontends the instances are partitioned among (the others are "
+        "standbys).",
+        m.frontends_active);
+  COUNTER("lynx_coordinator_frontend_assignments_total",
+          "Instances given to an active frontend, each with a new epoch "
+          "that fences its earlier producers.",
+          m.fe_assigned);
+  COUNTER("lynx_coordinator_frontend_moves_total",
+          "Instances released by a live frontend (it answered what it held "
+          "on them, or the drain timeout passed) to go to another.",
+          m.fe_moves);
   GAUGE("lynx_coordinator_api_connections",
         "Open connections to the JSON API (this scrape's included).",
         m.api_conns);

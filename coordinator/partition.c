@@ -173,9 +173,11 @@ static size_t most(const uint64_t *v, size_t n) {
 }
 
 /* Counts each active frontend's instances of s (and overall when s is
- * NULL); returns how many of s have no producer. */
+ * NULL); returns how many of s have no producer, and adds those on their
+ * way to another (released) to *moving when not NULL. */
 static uint64_t count_loads(struct lynx_registry *r, struct fe_load *ld,
-                            size_t n, const struct lynx_reg_service *s) {
+                            size_t n, const struct lynx_reg_service *s,
+                            uint64_t *moving) {
   uint64_t unowned = 0;
   for (size_t k = 0; k < n; k++)
     ld[k].svc = 0;
@@ -187,6 +189,8 @@ static uint64_t count_loads(struct lynx_registry *r, struct fe_load *ld,
       unowned++;
       continue;
     }
+    if (i->fe_release_version && moving)
+      (*moving)++;
     k = fe_index(ld, n, i);
     if (k < n && !i->fe_release_version) {
       if (s)
@@ -203,7 +207,9 @@ static uint64_t count_loads(struct lynx_registry *r, struct fe_load *ld,
  * answered what it holds on them. Returns whether the table changed. */
 static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
                    size_t n, struct lynx_reg_service *s, uint64_t now_ms) {
-  uint64_t unowned = count_loads(r, ld, n, s);
+  uint64_t moving = 0;
+  /* those without a producer and those on their way go to the fewest */
+  uint64_t unowned = count_loads(r, ld, n, s, &moving) + moving;
   int changed = 0;
   for (size_t k = 0; k < n; k++)
     v[k] = ld[k].svc;
@@ -244,7 +250,7 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
   int rc;
   for (size_t k = 0; k < n; k++)
     ld[k].total = 0;
-  if (!count_loads(r, ld, n, NULL) || now_ms < r->fe_epoch_retry_ms)
+  if (!count_loads(r, ld, n, NULL, NULL) || now_ms < r->fe_epoch_retry_ms)
     return 0;
   if (r->ops.issue_epoch) {
     rc = r->ops.issue_epoch(r->ops.data, &epoch);
@@ -261,7 +267,7 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
     return 0;
   }
   for (struct lynx_reg_service *s = r->services; s; s = s->next) {
-    if (!count_loads(r, ld, n, s))
+    if (!count_loads(r, ld, n, s, NULL))
       continue;
     for (size_t k = 0; k < n; k++)
       v[k] = ld[k].svc;
@@ -304,7 +310,7 @@ void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms) {
   for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
     if (fe_usable(f))
       ld[k++].f = f;
-  count_loads(r, ld, n, NULL);
+  count_loads(r, ld, n, NULL, NULL);
   for (struct lynx_reg_service *s = r->services; s; s = s->next)
     changed |= balance(r, ld, v, n, s, now_ms);
   changed |= assign(r, ld, v, n, now_ms) != 0;

@@ -204,12 +204,29 @@ struct json_object *lynx_json_service(const struct lynx_registry *r,
   return o;
 }
 
-struct json_object *lynx_json_frontend(const struct lynx_reg_frontend *f,
+struct json_object *lynx_json_frontend(const struct lynx_registry *r,
+                                       const struct lynx_reg_frontend *f,
                                        uint64_t now_ms) {
   struct json_object *o = json_object_new_object();
+  uint64_t produces = 0, releasing = 0, epoch = 0;
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    if (strcmp(i->fe_owner, f->id) || !lynx_reg_inst_dispatchable(i))
+      continue;
+    produces += !i->fe_release_version;
+    releasing += i->fe_release_version != 0;
+    if (i->fe_epoch > epoch)
+      epoch = i->fe_epoch;
+  }
   add_str(o, "id", f->id);
   add_str(o, "address", f->address);
   json_object_object_add(o, "connected", json_object_new_boolean(f->connected));
+  /* one of the frontends the instances are partitioned among (else a
+   * standby), the instances it produces into, those it is letting go of
+   * (answering what it holds on them), and the newest epoch it has */
+  json_object_object_add(o, "active", json_object_new_boolean(f->active));
+  add_u64(o, "instances", produces);
+  add_u64(o, "releasing", releasing);
+  add_u64(o, "epoch", epoch);
   add_u64(o, "table_version", f->table_version_applied);
   add_u64(o, "last_seen_ms", since(now_ms, f->last_seen_ms));
   return o;
@@ -382,6 +399,8 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         add_u64(o, "slot_size", i->desc.slot_size);
         add_str(o, "transport", i->desc.transport);
         add_str(o, "locator", i->desc.locator);
+        /* its one producer ("" none: no active frontend, or moving) */
+        add_str(o, "frontend", i->fe_release_version ? "" : i->fe_owner);
         add_u64(o, "dispatched", hit ? hit->dispatched : 0);
         add_u64(o, "responded", hit ? hit->responded : 0);
         add_u64(o, "outstanding", hit ? hit->outstanding : 0);
@@ -409,7 +428,7 @@ struct json_object *lynx_json_frontends(const struct lynx_registry *r,
   struct json_object *items = json_object_new_array();
   const struct lynx_reg_frontend *f;
   for (f = r->frontends; f; f = f->next)
-    json_object_array_add(items, lynx_json_frontend(f, now_ms));
+    json_object_array_add(items, lynx_json_frontend(r, f, now_ms));
   return list_obj(r, items);
 }
 

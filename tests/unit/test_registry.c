@@ -2042,6 +2042,266 @@ static void test_service_limits(void **state) {
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, &err), 0);
 }
 
+/* ---- several active frontends (partition.c) -------------------------- */
+
+/* Instances fe produces into (in its table), and the epochs they carry. */
+static int fe_count(struct lynx_registry *r, const char *fe, uint64_t *lo,
+                    uint64_t *hi) {
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, fe);
+  int n = 0;
+  if (lo)
+    *lo = UINT64_MAX;
+  if (hi)
+    *hi = 0;
+  assert_non_null(f);
+  for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    if (!lynx_reg_fe_produces(f, i))
+      continue;
+    n++;
+    if (lo && i->fe_epoch < *lo)
+      *lo = i->fe_epoch;
+    if (hi && i->fe_epoch > *hi)
+      *hi = i->fe_epoch;
+  }
+  return n;
+}
+
+/* Every dispatchable instance has exactly one producer, or none at all. */
+static void one_producer_each(struct lynx_registry *r, int all_owned) {
+  for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    int producers = 0;
+    if (!lynx_reg_inst_dispatchable(i))
+      continue;
+    for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
+      producers += lynx_reg_fe_produces(f, i);
+    assert_true(producers <= 1);
+    if (all_owned)
+      assert_int_equal(producers, 1);
+  }
+}
+
+static void fe_up(struct lynx_registry *r, const char *id, uintptr_t conn,
+                  uint64_t now) {
+  assert_non_null(lynx_reg_frontend_connect(r, id, "x", (void *)conn, now));
+  lynx_reg_frontend_set_active(r, id, 1);
+}
+
+/* 2 nodes of 2 accelerators, service "echo" on all four. */
+static void four_instances(struct fx *f) {
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(ready_all(&f->r, 0), 4);
+}
+
+static void test_partition_balance(void **state) {
+  struct fx *f = *state;
+  uint64_t lo1, hi1, lo2, hi2;
+  four_instances(f);
+  /* no active frontend: nobody produces, nothing is given */
+  lynx_reg_partition(&f->r, 10);
+  one_producer_each(&f->r, 0);
+  assert_int_equal(f->r.fe_assigned, 0);
+
+  fe_up(&f->r, "fe1", 2, 20);
+  fe_up(&f->r, "fe2", 3, 20);
+  /* a standby gets nothing */
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe3", "x", (void *)4, 20));
+  lynx_reg_partition(&f->r, 20);
+  one_producer_each(&f->r, 1);
+  assert_int_equal(fe_count(&f->r, "fe1", &lo1, &hi1), 2);
+  assert_int_equal(fe_count(&f->r, "fe2", &lo2, &hi2), 2);
+  assert_int_equal(fe_count(&f->r, "fe3", NULL, NULL), 0);
+  /* one epoch for the round, issued from the registry's counter */
+  assert_true(lo1 > 0);
+  assert_true(lo1 == hi1 && lo1 == lo2 && lo2 == hi2);
+  assert_int_equal(f->r.frontend_epoch, lo1);
+  assert_int_equal(f->r.fe_assigned, 4);
+  /* stable: nothing moves on the next round */
+  lynx_reg_partition(&f->r, 30);
+  assert_int_equal(f->r.fe_assigned, 4);
+  assert_int_equal(f->r.fe_moves, 0);
+}
+
+/* A frontend joins: instances move to it only once their owner answered
+ * what it held on them; the owner's other instances keep their epoch. */
+static void test_partition_join_waits_for_owner(void **state) {
+  struct fx *f = *state;
+  struct lynx_fe_mq_report mq[4];
+  uint64_t e1, lo, hi;
+  uint32_t nmq = 0;
+  four_instances(f);
+  fe_up(&f->r, "fe1", 2, 10);
+  lynx_reg_partition(&f->r, 10);
+  assert_int_equal(fe_count(&f->r, "fe1", &e1, &hi), 4);
+  assert_int_equal(e1, hi);
+
+  fe_up(&f->r, "fe2", 3, 100);
+  lynx_reg_partition(&f->r, 100);
+  /* two released by fe1, none given yet: no mqueue has two producers */
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 2);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 0);
+  one_producer_each(&f->r, 0);
+  assert_true(lynx_reg_fe_serves(&f->r, lynx_reg_frontend_find(&f->r, "fe1"),
+                                 f->r.services));
+  /* fe1 still runs the older table, then has requests on a released one */
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version - 1, NULL, 0, 200);
+  lynx_reg_tick(&f->r, 200);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 0);
+  memset(mq, 0, sizeof(mq));
+  for (struct lynx_reg_instance *i = f->r.instances; i; i = i->next) {
+    mq[nmq].instance_id = i->id;
+    mq[nmq++].outstanding = i->fe_release_version ? 5 : 9;
+  }
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, mq, nmq, 300);
+  lynx_reg_tick(&f->r, 300);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 0);
+  assert_int_equal(f->r.fe_moves, 0);
+  /* answered: they go to fe2 with a newer epoch; fe1 keeps its two as they
+   * were (its connections to them stay) */
+  for (uint32_t k = 0; k < nmq; k++)
+    for (struct lynx_reg_instance *i = f->r.instances; i; i = i->next)
+      if (i->id == mq[k].instance_id && i->fe_release_version)
+        mq[k].outstanding = 0;
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, mq, nmq, 400);
+  lynx_reg_tick(&f->r, 400);
+  assert_int_equal(f->r.fe_moves, 2);
+  assert_int_equal(fe_count(&f->r, "fe1", &lo, &hi), 2);
+  assert_int_equal(lo, e1);
+  assert_int_equal(hi, e1);
+  assert_int_equal(fe_count(&f->r, "fe2", &lo, &hi), 2);
+  assert_true(lo > e1 && lo == hi);
+  one_producer_each(&f->r, 1);
+}
+
+/* A releasing owner that never reports quiet loses the instance at the
+ * drain timeout (the next owner's epoch fences what is left). */
+static void test_partition_release_deadline(void **state) {
+  struct fx *f = *state;
+  f->r.drain_timeout_ms = 2000; /* within the nodes' lease */
+  four_instances(f);
+  fe_up(&f->r, "fe1", 2, 10);
+  lynx_reg_partition(&f->r, 10);
+  fe_up(&f->r, "fe2", 3, 20);
+  lynx_reg_partition(&f->r, 20);
+  lynx_reg_tick(&f->r, 20 + 2000 - 1);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 0);
+  lynx_reg_tick(&f->r, 20 + 2000);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 2);
+  one_producer_each(&f->r, 1);
+}
+
+/* A frontend fails: its instances go to the others at once with a newer
+ * epoch; a survivor's own instances keep theirs. */
+static void test_partition_failover(void **state) {
+  struct fx *f = *state;
+  uint64_t e0, lo, hi;
+  four_instances(f);
+  fe_up(&f->r, "fe1", 2, 10);
+  fe_up(&f->r, "fe2", 3, 10);
+  lynx_reg_partition(&f->r, 10);
+  assert_int_equal(fe_count(&f->r, "fe1", &e0, NULL), 2);
+  lynx_reg_frontend_disconnected(&f->r, (void *)3);
+  lynx_reg_tick(&f->r, 20);
+  assert_int_equal(fe_count(&f->r, "fe1", &lo, &hi), 4);
+  assert_int_equal(lo, e0);
+  assert_true(hi > e0);
+  one_producer_each(&f->r, 1);
+  /* fe2 returns as a new process: it gets half back, once fe1 let go */
+  fe_up(&f->r, "fe2", 5, 30);
+  lynx_reg_partition(&f->r, 30);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 2);
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 40);
+  lynx_reg_tick(&f->r, 40);
+  assert_int_equal(fe_count(&f->r, "fe2", &lo, NULL), 2);
+  assert_true(lo > hi);
+  one_producer_each(&f->r, 1);
+}
+
+/* After a restart (or an election) nobody produces: the frontends' claims
+ * give each instance back to the one with the newest epoch for it; an
+ * epoch the store never issued is not taken. */
+static void test_partition_claims(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_instance *a, *b, *c;
+  struct lynx_fe_claim c1[2], c2[2];
+  four_instances(f);
+  f->r.frontend_epoch = f->r.epoch_last = 10; /* as the store says */
+  a = f->r.instances;
+  b = a->next;
+  c = b->next;
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)2, 0));
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe2", "y", (void *)3, 0));
+  c1[0] = (struct lynx_fe_claim){a->id, 7};
+  c1[1] = (struct lynx_fe_claim){b->id, 7};
+  c2[0] = (struct lynx_fe_claim){b->id, 9};
+  c2[1] = (struct lynx_fe_claim){c->id, 11};
+  assert_int_equal(lynx_reg_frontend_claims(&f->r, "fe1", c1, 2), 0);
+  assert_int_equal(lynx_reg_frontend_claims(&f->r, "fe2", c2, 2), 0);
+  lynx_reg_frontend_set_active(&f->r, "fe1", 1);
+  lynx_reg_frontend_set_active(&f->r, "fe2", 1);
+  lynx_reg_partition(&f->r, 10);
+  assert_string_equal(a->fe_owner, "fe1");
+  assert_int_equal(a->fe_epoch, 7);
+  assert_string_equal(b->fe_owner, "fe2");
+  assert_int_equal(b->fe_epoch, 9);
+  /* c's claimed 11 is beyond what was issued: given anew, with 11 or more */
+  assert_true(c->fe_owner[0]);
+  assert_true(c->fe_epoch > 10);
+  one_producer_each(&f->r, 1);
+  /* claims serve once: after its table, fe1's old claim adopts nothing */
+  lynx_reg_frontend_claims_done(&f->r, "fe1");
+  assert_int_equal(lynx_reg_frontend_find(&f->r, "fe1")->n_claims, 0);
+}
+
+static int failing_epoch(void *data, uint64_t *epoch) {
+  (void)data;
+  *epoch = 0;
+  return -EIO;
+}
+
+/* The store cannot issue an epoch: nothing is given (a frontend without
+ * a fencing epoch must not produce); tried again a second later. */
+static void test_partition_no_epoch(void **state) {
+  struct fx *f = *state;
+  four_instances(f);
+  f->r.ops.issue_epoch = failing_epoch;
+  fe_up(&f->r, "fe1", 2, 100);
+  lynx_reg_partition(&f->r, 100);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 0);
+  f->r.ops.issue_epoch = NULL;
+  lynx_reg_partition(&f->r, 600);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 0);
+  lynx_reg_partition(&f->r, 1100);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 4);
+}
+
+/* A service with fewer instances than active frontends is served by its
+ * instances' owners only; one with none keeps every port open. */
+static void test_partition_serves(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_frontend *f1, *f2;
+  struct lynx_reg_service *one, *none;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
+  add_service(&f->r, "one", 7000, 0, NULL);
+  add_service(&f->r, "none", 7001, 0, "gpu=h100");
+  ready_all(&f->r, 0);
+  fe_up(&f->r, "fe1", 2, 10);
+  fe_up(&f->r, "fe2", 3, 10);
+  lynx_reg_partition(&f->r, 10);
+  f1 = lynx_reg_frontend_find(&f->r, "fe1");
+  f2 = lynx_reg_frontend_find(&f->r, "fe2");
+  one = lynx_reg_service_find(&f->r, "one");
+  none = lynx_reg_service_find(&f->r, "none");
+  assert_non_null(one);
+  assert_non_null(none);
+  assert_int_equal(lynx_reg_fe_serves(&f->r, f1, one) +
+                       lynx_reg_fe_serves(&f->r, f2, one),
+                   1);
+  assert_true(lynx_reg_fe_serves(&f->r, f1, none));
+  assert_true(lynx_reg_fe_serves(&f->r, f2, none));
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(int argc, char **argv) {
@@ -2084,6 +2344,13 @@ int main(int argc, char **argv) {
       T(test_health_last_error_cleaned),
       T(test_service_text),
       T(test_service_limits),
+      T(test_partition_balance),
+      T(test_partition_join_waits_for_owner),
+      T(test_partition_release_deadline),
+      T(test_partition_failover),
+      T(test_partition_claims),
+      T(test_partition_no_epoch),
+      T(test_partition_serves),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }
