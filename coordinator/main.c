@@ -9,9 +9,11 @@
  * the lock on either thread and only queue work; the loop thread sends it
  * (flush_actions), woken by a uv_async when the API caused it.
  *
- * Frontends: one is active and gets the dispatch table; any other is a
- * standby with an empty table, promoted when the active one disconnects.
- * Each mqueue has exactly one producer that way (docs/design.md).
+ * Frontends: up to --active-frontends are active (choose_active) and the
+ * registry partitions the instances among them (partition.c); each gets a
+ * table of the instances it produces into, with their epochs. Any other is
+ * a standby with an empty table, made active when an active one goes. Each
+ * mqueue has exactly one producer that way (docs/frontends.md).
  */
 #include <errno.h>
 #include <signal.h>
