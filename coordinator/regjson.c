@@ -401,6 +401,7 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         add_str(o, "locator", i->desc.locator);
         /* its one producer ("" none: no active frontend, or moving) */
         add_str(o, "frontend", i->fe_release_version ? "" : i->fe_owner);
+        add_u64(o, "epoch", i->fe_release_version ? 0 : i->fe_epoch);
         add_u64(o, "dispatched", hit ? hit->dispatched : 0);
         add_u64(o, "responded", hit ? hit->responded : 0);
         add_u64(o, "outstanding", hit ? hit->outstanding : 0);

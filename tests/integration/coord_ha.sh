@@ -17,6 +17,8 @@
 #     failover can take, docs/etcd.md). Traffic never stops: the frontend
 #     answers every request it receives, none dropped (it keeps its last
 #     table while the leaders change, and the agent keeps its instances).
+#     The new leader gives the frontend back the instances it produces into
+#     with the epochs it has (Hello.produces): the data plane does not move.
 #  3. The leader stopped cleanly (SIGTERM) revokes its lease: the other
 #     (restarted) leads within a second, not after the lease.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
@@ -111,6 +113,12 @@ sockperf_base
 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 8 --mps 2000 \
   --reply-every 1 --buffer-size 4194304 >"$out" 2>&1 &
 sp=$!
+# each mqueue of echo: its producer and the epoch it produces with
+producers() {
+  api_json /v1/mqueues '[.items[] | select(.service == "echo") | "\(.id)=\(.frontend)@\(.epoch)"] | sort | join(" ")'
+}
+before=$(producers)
+[[ $before == *@[1-9]* && $before != *@0* ]] || fail "echo's mqueues under A have no producer epoch: $before"
 sleep 2
 t_kill=$(now_ms)
 kill -KILL "$PID_A"
@@ -132,6 +140,12 @@ wait_log "$AGENT_LOG" "registered with coordinator" 10 2 "$AGENT_PID"
 wait "$sp"
 wait_node_state "$N1" ready 5000 || it_check_failed "$N1 not ready on B: $NODE_STATE"
 check_sockperf_served "$out"
+end=$(($(now_ms) + 10000))
+until [[ $(api_json /v1/frontends '.items[0].instances') -gt 0 ]]; do
+  (($(now_ms) < end)) || fail "B gave the frontend no instance: $(cat "$API_BODY")"
+  sleep 0.1
+done
+assert_str "$(producers)" "$before" "echo's mqueues' producers and epochs under B (as under A)"
 
 # ---- 3. a clean stop hands over at once ---------------------------------------------------
 log "== 3. the leader stopped cleanly: the other leads within a second"
