@@ -1141,6 +1141,41 @@ static void h_node_undrain(struct http_req *rq, struct http_out *out) {
   node_op(rq, out, 0);
 }
 
+/* A frontend drained or undrained: 200 with the frontend. The intent is
+ * runtime state (like the frontend itself): not saved. */
+static void frontend_op(struct http_req *rq, struct http_out *out, int drain) {
+  struct lynx_reg_err err;
+  struct lynx_reg_frontend *f;
+  struct json_object *j = NULL;
+  int rc;
+
+  memset(&err, 0, sizeof(err));
+  pthread_mutex_lock(&rq->c->lock);
+  rc = lynx_reg_frontend_drain(&rq->c->reg, rq->params[0], drain, &err);
+  if (rc == 0 &&
+      (f = lynx_reg_frontend_find(&rq->c->reg, rq->params[0])) != NULL)
+    j = lynx_json_frontend(&rq->c->reg, f, lynx_coord_now_ms());
+  if (rc == 0)
+    lynx_coord_changed(rq->c);
+  pthread_mutex_unlock(&rq->c->lock);
+  if (rc) {
+    json_object_put(j);
+    reply_reg_err(out, rc, &err);
+    return;
+  }
+  LYNX_INFO(COMP, "frontend %s %s", drain ? "drain" : "undrain",
+            rq->params[0]);
+  reply_encoded(out, 200, j);
+}
+
+static void h_frontend_drain(struct http_req *rq, struct http_out *out) {
+  frontend_op(rq, out, 1);
+}
+
+static void h_frontend_undrain(struct http_req *rq, struct http_out *out) {
+  frontend_op(rq, out, 0);
+}
+
 /* Forget a down node: 200 with the node as it was. Its drain intent, if
  * any, leaves the state file with it. */
 static void h_node_forget(struct http_req *rq, struct http_out *out) {
@@ -1180,6 +1215,8 @@ static const struct route routes[] = {
     {"GET", "/v1/services/{name}", h_service},
     {"DELETE", "/v1/services/{name}", h_service_delete},
     {"GET", "/v1/frontends", h_frontends},
+    {"POST", "/v1/frontends/{id}/drain", h_frontend_drain},
+    {"POST", "/v1/frontends/{id}/undrain", h_frontend_undrain},
     {"GET", "/v1/watch", h_watch},
 };
 

@@ -46,6 +46,7 @@ static const char usage_text[] =
     "  service create -f FILE.json      (-f - reads standard input)\n"
     "  service delete NAME\n"
     "  node drain ID | node undrain ID | node forget ID\n"
+    "  frontend drain ID | frontend undrain ID\n"
     "  watch                            a line and the node table per change\n"
     "\n"
     "options:\n"
@@ -561,6 +562,7 @@ static const struct col fe_cols[] = {
     {"ADDRESS", "address", f_str},
     {"CONNECTED", "connected", f_bool},
     {"ACTIVE", "active", f_bool},
+    {"DRAINING", "draining", f_bool},
     {"INSTANCES", "instances", f_str},
     {"RELEASING", "releasing", f_str},
     {"EPOCH", "epoch", f_str},
@@ -1119,6 +1121,16 @@ static int run(struct ctl *t, int argc, char **argv) {
   }
   if (strcmp(cmd, "node") == 0)
     return usage_err("node: expected 'drain ID', 'undrain ID' or 'forget ID'");
+  if (strcmp(cmd, "frontend") == 0 && sub && argc == 3) {
+    if (strcmp(sub, "drain") == 0)
+      return cmd_object(t, "POST", "/v1/frontends/", argv[2], "/drain",
+                        "frontend", "drain requested");
+    if (strcmp(sub, "undrain") == 0)
+      return cmd_object(t, "POST", "/v1/frontends/", argv[2], "/undrain",
+                        "frontend", "undrained");
+  }
+  if (strcmp(cmd, "frontend") == 0)
+    return usage_err("frontend: expected 'drain ID' or 'undrain ID'");
   return usage_err("unknown command or wrong arguments: '%s'", cmd);
 }
 

@@ -286,13 +286,18 @@ static int act_issue_epoch(void *data, uint64_t *epoch) {
 }
 
 /* The newest epoch f produces with (an instance the registry gives it, or
- * one it claimed when it connected); 0: none. */
+ * one it claimed when it connected); 0: none. *owns: whether the registry
+ * gives it any instance (releasing ones too). */
 static uint64_t fe_newest_epoch(const struct lynx_registry *r,
-                                const struct lynx_reg_frontend *f) {
+                                const struct lynx_reg_frontend *f, int *owns) {
   uint64_t e = 0;
+  *owns = 0;
   for (const struct lynx_reg_instance *i = r->instances; i; i = i->next)
-    if (i->fe_epoch > e && !strcmp(i->fe_owner, f->id))
-      e = i->fe_epoch;
+    if (!strcmp(i->fe_owner, f->id)) {
+      *owns = 1;
+      if (i->fe_epoch > e)
+        e = i->fe_epoch;
+    }
   for (uint32_t k = 0; k < f->n_claims; k++)
     if (f->claims[k].epoch > e)
       e = f->claims[k].epoch;
@@ -304,14 +309,17 @@ static uint64_t fe_newest_epoch(const struct lynx_registry *r,
  * Those that produce already come first, the newest epoch first (a
  * frontend reconnecting to a restarted or newly elected coordinator keeps
  * producing, so a control-plane failover does not move the data plane),
- * then the earliest connected. Lock held. */
+ * then the earliest connected. A draining frontend does not count: it
+ * stays active only while it still has instances to let go of. Lock
+ * held. */
 static void choose_active(struct coordinator *co) {
   struct lynx_registry *r = &co->c.reg;
   struct cand {
     struct cpeer *p;
     uint64_t epoch;
+    int draining, owns;
   } *c;
-  size_t n = 0, want = co->cfg.active_frontends;
+  size_t n = 0, taken = 0, want = co->cfg.active_frontends;
   for (struct cpeer *p = co->peers; p; p = p->next)
     n += p->role == ROLE_FRONTEND;
   c = calloc(n + 1, sizeof(*c));
@@ -330,20 +338,28 @@ static void choose_active(struct coordinator *co) {
       continue;
     }
     c[n].p = p;
-    c[n].epoch = fe_newest_epoch(r, f);
+    c[n].epoch = fe_newest_epoch(r, f, &c[n].owns);
+    c[n].draining = f->drain_intent;
     n++;
   }
   for (size_t a = 0; a < n; a++) { /* few frontends: a selection sort */
     size_t best = a;
     for (size_t b = a + 1; b < n; b++)
-      if (c[b].epoch > c[best].epoch ||
-          (c[b].epoch == c[best].epoch &&
-           c[b].p->connected_seq < c[best].p->connected_seq))
+      if (c[b].draining < c[best].draining ||
+          (c[b].draining == c[best].draining &&
+           (c[b].epoch > c[best].epoch ||
+            (c[b].epoch == c[best].epoch &&
+             c[b].p->connected_seq < c[best].p->connected_seq))))
         best = b;
     struct cand t = c[a];
     c[a] = c[best];
     c[best] = t;
-    lynx_reg_frontend_set_active(r, c[a].p->id, !want || a < want);
+    if (c[a].draining) {
+      lynx_reg_frontend_set_active(r, c[a].p->id, c[a].owns);
+      continue;
+    }
+    lynx_reg_frontend_set_active(r, c[a].p->id, !want || taken < want);
+    taken++;
   }
   free(c);
 }

@@ -142,6 +142,7 @@ static int adopt_claims(struct lynx_registry *r) {
 
 struct fe_load {
   struct lynx_reg_frontend *f;
+  int draining;   /* takes nothing, lets go of what it has */
   uint64_t svc;   /* non-releasing dispatchable instances of the service */
   uint64_t total; /* the same over every service */
 };
@@ -155,21 +156,41 @@ static size_t fe_index(const struct fe_load *ld, size_t n,
 }
 
 /* The frontend to give the next instance of a service: the fewest of it,
- * then the fewest overall (services of one instance each spread too). */
+ * then the fewest overall (services of one instance each spread too); n
+ * when every one drains. */
 static size_t least(const struct fe_load *ld, const uint64_t *v, size_t n) {
-  size_t best = 0;
-  for (size_t k = 1; k < n; k++)
-    if (v[k] < v[best] || (v[k] == v[best] && ld[k].total < ld[best].total))
+  size_t best = n;
+  for (size_t k = 0; k < n; k++)
+    if (!ld[k].draining &&
+        (best == n || v[k] < v[best] ||
+         (v[k] == v[best] && ld[k].total < ld[best].total)))
       best = k;
   return best;
 }
 
-static size_t most(const uint64_t *v, size_t n) {
-  size_t best = 0;
-  for (size_t k = 1; k < n; k++)
-    if (v[k] > v[best])
+/* The frontend with the most of a service (not draining: n if all are). */
+static size_t most(const struct fe_load *ld, const uint64_t *v, size_t n) {
+  size_t best = n;
+  for (size_t k = 0; k < n; k++)
+    if (!ld[k].draining && (best == n || v[k] > v[best]))
       best = k;
   return best;
+}
+
+/* pick leaves ld[k]'s table from the next version on; it moves once ld[k]
+ * answered what it holds on it. */
+static void release(struct lynx_registry *r, const struct fe_load *ld,
+                    struct lynx_reg_instance *pick, uint64_t count,
+                    uint64_t now_ms) {
+  /* the table committed at the end of this call is the first without it */
+  r->table_dirty = 1;
+  pick->fe_release_version = r->table_version + 1;
+  pick->fe_release_deadline_ms = now_ms + r->drain_timeout_ms;
+  LYNX_INFO(COMP, "service %s: instance %" PRIu64 " moves from frontend %s "
+            "(%" PRIu64 " of the service's instances) %s; %s answers what it "
+            "holds on it first", pick->svc->spec.name, pick->id, ld->f->id,
+            count, ld->draining ? "as it drains" : "to balance the active "
+            "frontends", ld->f->id);
 }
 
 /* Counts each active frontend's instances of s (and overall when s is
@@ -211,12 +232,25 @@ static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
   /* those without a producer and those on their way go to the fewest */
   uint64_t unowned = count_loads(r, ld, n, s, &moving) + moving;
   int changed = 0;
+  if (least(ld, v, n) == n)
+    return 0; /* every one drains: none can take what another lets go of */
   for (size_t k = 0; k < n; k++)
     v[k] = ld[k].svc;
   while (unowned--)
     v[least(ld, v, n)]++;
+  for (size_t k = 0; k < n; k++) {
+    if (!ld[k].draining)
+      continue;
+    for (struct lynx_reg_instance *i = r->instances; i; i = i->next)
+      if (i->svc == s && lynx_reg_inst_dispatchable(i) &&
+          !i->fe_release_version && owned_by(i, ld[k].f)) {
+        release(r, &ld[k], i, v[k]--, now_ms);
+        v[least(ld, v, n)]++;
+        changed = 1;
+      }
+  }
   for (;;) {
-    size_t hi = most(v, n), lo = least(ld, v, n);
+    size_t hi = most(ld, v, n), lo = least(ld, v, n);
     struct lynx_reg_instance *pick = NULL;
     if (v[hi] <= v[lo] + 1)
       break;
@@ -227,14 +261,7 @@ static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
         pick = i;
     if (!pick)
       break; /* its count was of instances not yet owned */
-    /* the table committed at the end of this call is the first without it */
-    r->table_dirty = 1;
-    pick->fe_release_version = r->table_version + 1;
-    pick->fe_release_deadline_ms = now_ms + r->drain_timeout_ms;
-    LYNX_INFO(COMP, "service %s: instance %" PRIu64 " moves from frontend %s "
-              "(%" PRIu64 " of the service's instances) to balance %zu active "
-              "frontends; %s answers what it holds on it first",
-              s->spec.name, pick->id, ld[hi].f->id, v[hi], n, ld[hi].f->id);
+    release(r, &ld[hi], pick, v[hi], now_ms);
     v[hi]--;
     v[lo]++;
     changed = 1;
@@ -250,7 +277,8 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
   int rc;
   for (size_t k = 0; k < n; k++)
     ld[k].total = 0;
-  if (!count_loads(r, ld, n, NULL, NULL) || now_ms < r->fe_epoch_retry_ms)
+  if (!count_loads(r, ld, n, NULL, NULL) || now_ms < r->fe_epoch_retry_ms ||
+      least(ld, v, n) == n) /* every one drains: nobody to give them */
     return 0;
   if (r->ops.issue_epoch) {
     rc = r->ops.issue_epoch(r->ops.data, &epoch);
@@ -276,6 +304,8 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
       if (i->svc != s || i->fe_owner[0] || !lynx_reg_inst_dispatchable(i))
         continue;
       k = least(ld, v, n);
+      if (k == n)
+        break; /* every one drains: it waits for one that does not */
       snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", ld[k].f->id);
       i->fe_epoch = epoch;
       v[k]++;
@@ -308,8 +338,10 @@ void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms) {
     goto out;
   }
   for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
-    if (fe_usable(f))
+    if (fe_usable(f)) {
+      ld[k].draining = f->drain_intent;
       ld[k++].f = f;
+    }
   count_loads(r, ld, n, NULL, NULL);
   for (struct lynx_reg_service *s = r->services; s; s = s->next)
     changed |= balance(r, ld, v, n, s, now_ms);

@@ -1966,6 +1966,26 @@ void lynx_reg_frontend_claims_done(struct lynx_registry *r, const char *id) {
   f->n_claims = 0;
 }
 
+int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id,
+                            int drain, struct lynx_reg_err *err) {
+  struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
+  if (!f) {
+    ERR_NOTFOUND(err, "frontend '%s' not found", id ? id : "");
+    return -ENOENT;
+  }
+  if (f->drain_intent == (drain != 0))
+    return 0;
+  f->drain_intent = drain != 0;
+  LYNX_INFO(COMP, "frontend %s %s", f->id,
+            drain ? "drains: its instances move to the other active frontends "
+                    "once it answered what it holds on them"
+                  : "is undrained");
+  r->version++;
+  r->table_dirty = 1; /* the daemon chooses the active frontends again */
+  lynx_reg_table_commit(r);
+  return 0;
+}
+
 void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
                                   int active) {
   struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);

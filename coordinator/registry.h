@@ -220,6 +220,10 @@ struct lynx_reg_frontend {
   /* one of the active frontends, which the instances are partitioned
    * among (the daemon chooses them: lynx_reg_frontend_set_active) */
   int active;
+  /* the operator drains it (lynx_reg_frontend_drain): it lets go of every
+   * instance (each moves once it answered what it held on it) and is a
+   * standby once it has none; kept while this coordinator runs */
+  int drain_intent;
   /* what it produced into when it connected (owned; dropped once it got
    * a table: lynx_reg_frontend_claims_done) */
   struct lynx_fe_claim *claims;
@@ -484,6 +488,11 @@ int lynx_reg_frontend_claims(struct lynx_registry *r, const char *id,
                              const struct lynx_fe_claim *c, uint32_t n);
 /* It got a table: its claims have served their purpose. */
 void lynx_reg_frontend_claims_done(struct lynx_registry *r, const char *id);
+/* The operator drains a frontend (drain != 0) or undrains it: -ENOENT
+ * (unknown id, err filled). Its instances move to the other active
+ * frontends without loss (partition.c). */
+int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id,
+                            int drain, struct lynx_reg_err *err);
 /* Makes it one of the active frontends (or not). Call lynx_reg_partition
  * after changing them. */
 void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
@@ -501,7 +510,9 @@ void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
  *    with the newest epoch for them;
  *  - each service is balanced (counts differ by one at most): a frontend
  *    with too many releases some, which move once it answered what it
- *    holds on them (no loss on a move between live frontends);
+ *    holds on them (no loss on a move between live frontends); a draining
+ *    frontend releases all of them, if another active frontend can take
+ *    them;
  *  - unowned instances go to the active frontend with the fewest of that
  *    service, all with one epoch issued for the round (ops.issue_epoch).
  * Commits the table when anything changed (every frontend gets it).

@@ -224,6 +224,8 @@ struct json_object *lynx_json_frontend(const struct lynx_registry *r,
    * standby), the instances it produces into, those it is letting go of
    * (answering what it holds on them), and the newest epoch it has */
   json_object_object_add(o, "active", json_object_new_boolean(f->active));
+  json_object_object_add(o, "draining",
+                         json_object_new_boolean(f->drain_intent));
   add_u64(o, "instances", produces);
   add_u64(o, "releasing", releasing);
   add_u64(o, "epoch", epoch);

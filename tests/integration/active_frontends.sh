@@ -19,6 +19,9 @@
 #     fe1 with a newer epoch; fe1's own connections are untouched (it
 #     drops nothing), and a ping-pong through fe1 reaches all four.
 #  5. fe2 returns: it gets two instances back, again after fe1 let go.
+#  6. fe2 is drained (lynxctl frontend drain) under load through fe1: it
+#     lets go of its two, fe1 takes them and drops nothing, fe2 is a
+#     standby; undrained, it takes two again.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init active_frontends
@@ -142,4 +145,29 @@ wait_fe fe1 2 5
 assert_eq "$(coord_metric lynx_coordinator_frontend_moves_total)" $((moves + 2)) "instances moved to the returning fe2"
 run_sockperf "$IT_DIR/pp-back.out" ping-pong -i 127.0.0.2 -p "$UDP_PORT" -m 64 -t 2
 check_sockperf "$IT_DIR/pp-back.out"
+
+log "== 6. fe2 drained under load through fe1, then undrained"
+moves=$(coord_metric lynx_coordinator_frontend_moves_total)
+out=$IT_DIR/drain.out
+sockperf_base
+sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 6 --mps 2000 \
+  --reply-every 1 --buffer-size 4194304 >"$out" 2>&1 </dev/null &
+sp=$!
+sleep 1.5
+ctl frontend drain fe2 >"$IT_DIR/drain-ctl.out" 2>&1 || fail "lynxctl frontend drain fe2: $(cat "$IT_DIR/drain-ctl.out")"
+assert_str "$(cat "$IT_DIR/drain-ctl.out")" "frontend fe2 drain requested" "lynxctl's answer"
+wait_fe fe1 4 15
+wait_fe fe2 0 5
+assert_str "$(fe_field fe2 active)" false "fe2 active after its drain"
+assert_str "$(fe_field fe2 draining)" true "fe2 draining"
+assert_eq "$(coord_metric lynx_coordinator_frontend_moves_total)" $((moves + 2)) "instances moved off the drained fe2"
+wait "$sp" || true
+check_sockperf_served "$out"
+for r in lost expired in_doubt fenced; do
+  v=$(metric lynx_frontend_dropped_total "reason=\"$r\"") || v=0
+  assert_eq "$v" 0 "requests fe1 dropped as $r"
+done
+ctl frontend undrain fe2 >/dev/null || fail "lynxctl frontend undrain fe2"
+wait_fe fe2 2 15
+wait_fe fe1 2 5
 it_done

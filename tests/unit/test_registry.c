@@ -2302,6 +2302,45 @@ static void test_partition_serves(void **state) {
   assert_true(lynx_reg_fe_serves(&f->r, f2, none));
 }
 
+/* A drained frontend lets go of everything (each instance once answered);
+ * alone, it keeps what it has. */
+static void test_partition_frontend_drain(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  four_instances(f);
+  fe_up(&f->r, "fe1", 2, 10);
+  assert_int_equal(lynx_reg_frontend_drain(&f->r, "fe9", 1, &err), -ENOENT);
+  assert_int_equal(err.status, 404);
+  assert_int_equal(lynx_reg_frontend_drain(&f->r, "fe1", 1, &err), 0);
+  lynx_reg_partition(&f->r, 10);
+  /* nobody else: it keeps serving (and nothing is given to it meanwhile) */
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 0);
+  assert_int_equal(lynx_reg_frontend_drain(&f->r, "fe1", 0, &err), 0);
+  lynx_reg_partition(&f->r, 20);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 4);
+  assert_int_equal(lynx_reg_frontend_drain(&f->r, "fe1", 1, &err), 0);
+  lynx_reg_partition(&f->r, 30);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 4);
+
+  fe_up(&f->r, "fe2", 3, 40);
+  lynx_reg_partition(&f->r, 40);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 0); /* all released */
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 0);
+  one_producer_each(&f->r, 0);
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 50);
+  lynx_reg_tick(&f->r, 50);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 4);
+  assert_int_equal(f->r.fe_moves, 4);
+  one_producer_each(&f->r, 1);
+  /* undrained: it takes its share again */
+  assert_int_equal(lynx_reg_frontend_drain(&f->r, "fe1", 0, &err), 0);
+  lynx_reg_partition(&f->r, 60);
+  lynx_reg_frontend_status(&f->r, "fe2", f->r.table_version, NULL, 0, 70);
+  lynx_reg_tick(&f->r, 70);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 2);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 2);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(int argc, char **argv) {
@@ -2351,6 +2390,7 @@ int main(int argc, char **argv) {
       T(test_partition_claims),
       T(test_partition_no_epoch),
       T(test_partition_serves),
+      T(test_partition_frontend_drain),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, NULL, NULL);
 }

@@ -504,6 +504,9 @@ static void test_encode_shapes(void **state) {
    * outstanding is stale and not counted */
   assert_non_null(lynx_reg_frontend_connect(&r, "fe1", "a:1", (void *)1, 0));
   assert_non_null(lynx_reg_frontend_connect(&r, "fe2", "b:2", (void *)2, 0));
+  /* fe1 active: it produces into every instance (fe2 is a standby) */
+  lynx_reg_frontend_set_active(&r, "fe1", 1);
+  lynx_reg_partition(&r, 5);
   memset(mq1, 0, sizeof(mq1));
   memset(mq2, 0, sizeof(mq2));
   mq1[0].instance_id = r.instances->id; /* echo on n1/0 */
@@ -527,8 +530,11 @@ static void test_encode_shapes(void **state) {
   /* echo: 2 accels x 2 mqueues; rep: 2 replicas x 1 */
   assert_int_equal(json_object_array_length(items), 6);
   a = json_object_array_get_idx(items, 1);
-  assert_int_equal(n_keys(a), 14);
+  assert_int_equal(n_keys(a), 16);
   assert_true(json_object_get_boolean(get(a, "dispatchable")));
+  assert_string_equal(get_str(a, "frontend"), "fe1");
+  assert_int_equal(get_u64(a, "epoch"), r.frontend_epoch);
+  assert_true(r.frontend_epoch > 0);
   snprintf(id, sizeof(id), "echo/n1/0/1");
   assert_string_equal(get_str(a, "id"), id);
   assert_string_equal(get_str(a, "service"), "echo");
@@ -560,14 +566,21 @@ static void test_encode_shapes(void **state) {
   items = get(o, "items");
   assert_int_equal(json_object_array_length(items), 2);
   a = json_object_array_get_idx(items, 0);
-  assert_int_equal(n_keys(a), 5);
+  assert_int_equal(n_keys(a), 10);
   assert_string_equal(get_str(a, "id"), "fe1");
   assert_string_equal(get_str(a, "address"), "a:1");
   assert_true(json_object_get_boolean(get(a, "connected")));
+  assert_true(json_object_get_boolean(get(a, "active")));
+  assert_false(json_object_get_boolean(get(a, "draining")));
+  assert_int_equal(get_u64(a, "instances"), 4);
+  assert_int_equal(get_u64(a, "releasing"), 0);
+  assert_int_equal(get_u64(a, "epoch"), r.frontend_epoch);
   assert_int_equal(get_u64(a, "table_version"), r.table_version);
   assert_int_equal(get_u64(a, "last_seen_ms"), 100);
   a = json_object_array_get_idx(items, 1);
   assert_false(json_object_get_boolean(get(a, "connected")));
+  assert_false(json_object_get_boolean(get(a, "active")));
+  assert_int_equal(get_u64(a, "instances"), 0);
   json_object_put(o);
 
   /* the other lists */
