@@ -109,10 +109,8 @@ API_PORT=$CA_API
 # ---- 2. the leader killed under load ---------------------------------------------------
 log "== 2. the leader killed (-9) under sockperf under-load"
 out=$IT_DIR/underload.out
-sockperf_base
-sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 8 --mps 2000 \
-  --reply-every 1 --buffer-size 4194304 >"$out" 2>&1 &
-sp=$!
+underload_start "$out" 8
+sp=$UNDERLOAD_PID
 # each mqueue of echo: its producer and the epoch it produces with
 producers() {
   api_json /v1/mqueues '[.items[] | select(.service == "echo") | "\(.id)=\(.frontend)@\(.epoch)"] | sort | join(" ")'

@@ -523,6 +523,26 @@ sockperf_base() {
   SPB_DROP=$(metric lynx_frontend_dropped_total) || fail "cannot read dropped_total"
 }
 
+# underload_start OUT SECONDS [HOST]: sockperf_base, then sockperf
+# under-load at 2000 msg/s (every message answered) to HOST (127.0.0.1)
+# in the background, for check_sockperf_served OUT; sets UNDERLOAD_PID.
+underload_start() {
+  sockperf_base
+  sockperf under-load -i "${3:-127.0.0.1}" -p "$UDP_PORT" -m 64 -t "$2" --mps 2000 \
+    --reply-every 1 --buffer-size 4194304 >"$1" 2>&1 </dev/null &
+  UNDERLOAD_PID=$!
+}
+
+# check_no_drops WHO: the frontend on $METRICS_PORT dropped nothing as
+# lost, expired, in doubt or fenced.
+check_no_drops() {
+  local r v
+  for r in lost expired in_doubt fenced; do
+    v=$(metric lynx_frontend_dropped_total "reason=\"$r\"") || v=0
+    assert_eq "$v" 0 "requests $1 dropped as $r"
+  done
+}
+
 # check_sockperf_served OUT: an under-load run judged by what the frontend
 # did since sockperf_base: it answered every request it received, dropped
 # none, and sockperf got answers, none duplicated or out of order. Replies

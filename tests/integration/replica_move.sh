@@ -38,10 +38,8 @@ assert_eq "$(coord_metric lynx_coordinator_replica_moves_started_total)" 0 "move
 
 log "== $N2 joins under sockperf under-load"
 out=$IT_DIR/underload.out
-sockperf_base
-sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 8 --mps 2000 \
-  --reply-every 1 --buffer-size 4194304 >"$out" 2>&1 </dev/null &
-sp=$!
+underload_start "$out" 8
+sp=$UNDERLOAD_PID
 sleep 2
 start_node_agent "$N2" --cpu-accels 1
 moved() { [[ $(coord_metric lynx_coordinator_replica_moves_done_total) == 1 ]]; }
@@ -54,10 +52,7 @@ log "ok: one replica moved to $N2"
 assert_log "$COORD_LOG" "moves from $N1/" "the coordinator logged the move"
 wait "$sp" || true
 check_sockperf_served "$out"
-for r in lost expired in_doubt; do
-  v=$(metric lynx_frontend_dropped_total "reason=\"$r\"") || v=0
-  assert_eq "$v" 0 "requests the frontend dropped as $r"
-done
+check_no_drops "the frontend"
 assert_eq "$(replicas_on "$N1")" 1 "replicas on $N1 after the move"
 assert_eq "$(replicas_on "$N2")" 1 "replicas on $N2 after the move"
 assert_eq "$(coord_metric lynx_coordinator_replica_moves_started_total)" 1 "moves started"
