@@ -62,7 +62,9 @@ start_node_agent "$N1" --transport tcp --metrics "127.0.0.1:$AG1_METRICS"
 start_node_agent "$N2" --transport tcp --metrics "127.0.0.1:$AG2_METRICS"
 start_coord_frontend --frontend-id fe1
 FE1_LOG=$FRONTEND_LOG
-serve_service echo "\"port\":$UDP_PORT,\"app\":\"sockperf-echo\""
+# 1024 slots: half a second of an accelerator descheduled at 2000 msg/s
+# (ASan on 2 loaded cores) before a flow's ring is full
+serve_service echo "\"port\":$UDP_PORT,\"app\":\"sockperf-echo\",\"slots\":1024"
 
 log "== 1. fe1 alone produces into every instance"
 wait_fe fe1 4 10
