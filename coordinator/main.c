@@ -33,6 +33,7 @@
 #include "log.h"
 #include "options.h"
 #include "store.h"
+#include "tls.h"
 #include "elect.h"
 #include "store_etcd.h"
 #include "util.h"
@@ -40,6 +41,7 @@
 struct coord_cfg {
   uint32_t ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *listen, *http, *state_dir, *token_file, *log_level;
+  char *tls_ca, *tls_cert, *tls_key;
   char *etcd, *etcd_prefix;
   uint32_t etcd_timeout_ms, etcd_lease_s;
   uint32_t lease_ms, drain_ms, frontend_timeout_ms, frame_max, body_max;
@@ -80,6 +82,10 @@ static const struct lynx_opt coord_opts[] = {
      "a drain stops the node's instances at the latest after this"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "cluster token; without one only loopback peers are accepted"},
+    LYNX_OPT_TLS(O(tls_ca), O(tls_cert), O(tls_key),
+                 "the cluster CA (PEM): control connections then need TLS "
+                 "and a client certificate it signed (with --tls-cert and "
+                 "--tls-key, which alone serve the API over HTTPS)"),
     LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "4096", 1, 1u << 20,
      NULL, "control connections (agents, frontends) open at once; more are "
@@ -162,6 +168,11 @@ struct coordinator {
    * unreachable store holds the loop for its timeout on every try) */
   uint64_t epoch_retry_ms;
   int stopping;
+  /* --tls-*: the API is served over HTTPS (tls_on), and with --tls-ca
+   * every control connection is TLS with a client certificate the CA
+   * signed (tls.has_ca) */
+  struct lynx_tls tls;
+  int tls_on;
 };
 
 #define HELLO_TIMEOUT_MS 10000 /* a peer that says nothing is closed */
@@ -1208,7 +1219,7 @@ int main(int argc, char **argv) {
   struct lynx_reg_ops ops = {act_start, act_stop, act_tables, act_issue_epoch,
                              &co};
   struct sockaddr_storage ss;
-  char err[256], *token = NULL;
+  char err[512], *token = NULL;
   int rc, lvl, exit_code = 1;
 
   rc = lynx_opts_parse(coord_opts, &co.cfg, argc, argv,
@@ -1230,6 +1241,17 @@ int main(int argc, char **argv) {
       lynx_read_token(co.cfg.token_file, &token, err, sizeof(err))) {
     fprintf(stderr, "%s\n", err);
     goto out_opts;
+  }
+  {
+    struct lynx_tls_files tf = {co.cfg.tls_ca, co.cfg.tls_cert,
+                                co.cfg.tls_key};
+    rc = lynx_tls_load(&co.tls, 1, &tf, err, sizeof(err));
+    if (rc < 0) { /* refused at start only: a running one keeps its keys */
+      fprintf(stderr, "%s\n", err);
+      exit_code = LYNX_EXIT_USAGE;
+      goto out_opts;
+    }
+    co.tls_on = rc == 0;
   }
   if (co.cfg.etcd) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1271,6 +1293,10 @@ int main(int argc, char **argv) {
   pthread_cond_init(&co.c.changed, NULL);
   co.c.state_dir = co.cfg.etcd ? NULL : co.cfg.state_dir;
   co.c.token = token;
+  if (co.tls_on) {
+    co.c.tls_cert_pem = co.tls.cert_pem;
+    co.c.tls_key_pem = co.tls.key_pem;
+  }
   co.c.body_max = co.cfg.body_max;
   co.c.http_conn_max = co.cfg.http_conn_max;
   co.c.http_conn_per_client = co.cfg.http_conn_per_client;
@@ -1402,6 +1428,8 @@ out_reg:
   pthread_mutex_destroy(&co.c.lock);
 out_opts:
   lynx_etcd_close(co.store.etcd);
+  if (co.tls_on)
+    lynx_tls_free(&co.tls);
   free(token);
   lynx_opts_free(coord_opts, &co.cfg);
   return exit_code;
