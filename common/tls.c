@@ -111,6 +111,16 @@ fail:
   return rc;
 }
 
+int lynx_tls_load_client(struct lynx_tls *t, const struct lynx_tls_files *f,
+                         int to_coordinator, char *err, size_t errlen) {
+  if (!to_coordinator && (f->ca || f->cert || f->key))
+    return lynx_fail(err, errlen, -EINVAL, "--tls-ca, --tls-cert, --tls-key: "
+                     "TLS is for the control connection to a coordinator "
+                     "(--coordinator); static mode speaks plain text "
+                     "(docs/tls.md)");
+  return lynx_tls_load(t, 0, f, err, errlen);
+}
+
 void lynx_tls_free(struct lynx_tls *t) {
   if (t->cred)
     gnutls_certificate_free_credentials(t->cred);
@@ -174,10 +184,12 @@ int lynx_tls_conn_init(struct lynx_tls_conn *tc, const struct lynx_tls *t,
     /* asked, not required: a peer without one completes the handshake
      * and is refused in its Hello's answer, which says why */
     gnutls_certificate_server_set_request(tc->s, GNUTLS_CERT_REQUEST);
-  else
+  else {
     /* the handshake fails unless the CA signed the server's certificate
      * and it names host (an IP address is matched against its IP SANs) */
-    gnutls_session_set_verify_cert(tc->s, host, 0);
+    snprintf(tc->host, sizeof(tc->host), "%s", host ? host : "");
+    gnutls_session_set_verify_cert(tc->s, tc->host, 0);
+  }
   gnutls_handshake_set_max_packet_length(tc->s, HANDSHAKE_MAX);
   gnutls_transport_set_ptr(tc->s, tc);
   gnutls_transport_set_push_function(tc->s, push);
@@ -197,6 +209,8 @@ void lynx_tls_conn_free(struct lynx_tls_conn *tc) {
 
 int lynx_tls_feed(struct lynx_tls_conn *tc, const void *buf, size_t n) {
   size_t have = tc->in_len - tc->in_off;
+  if (!n)
+    return 0;
   if (tc->in_off) { /* what GnuTLS pulled is gone: keep the rest in front */
     memmove(tc->in, tc->in + tc->in_off, have);
     tc->in_off = 0;
@@ -225,8 +239,12 @@ static void verify_reason(unsigned status, const char *what, char *err,
   if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509,
                                                    &out, 0) >= 0 &&
       out.data) {
+    size_t n;
     snprintf(err, errlen, "%s: %s", what, (const char *)out.data);
     gnutls_free(out.data);
+    n = strlen(err);
+    while (n && err[n - 1] == ' ') /* GnuTLS ends its sentences so */
+      err[--n] = '\0';
   } else {
     snprintf(err, errlen, "%s: not trusted (status 0x%x)", what, status);
   }

@@ -47,6 +47,11 @@ struct lynx_tls_files {
  * TLS), or -errno. */
 int lynx_tls_load(struct lynx_tls *t, int server,
                   const struct lynx_tls_files *f, char *err, size_t errlen);
+/* An agent's or a frontend's: lynx_tls_load as a client, where only the
+ * connection to a coordinator (to_coordinator) speaks TLS; --tls-* in
+ * static mode are refused. Same returns. */
+int lynx_tls_load_client(struct lynx_tls *t, const struct lynx_tls_files *f,
+                         int to_coordinator, char *err, size_t errlen);
 void lynx_tls_free(struct lynx_tls *t);
 
 /* Sends n bytes of ciphertext to the peer; 0 or -errno. */
@@ -58,6 +63,7 @@ struct lynx_tls_conn {
   uint8_t *in; /* ciphertext fed in, not yet pulled by GnuTLS */
   size_t in_off, in_len, in_cap;
   int ready; /* the handshake completed */
+  char host[256]; /* a client's: what the server's certificate must name */
   lynx_tls_push_fn push;
   void *push_arg;
 };

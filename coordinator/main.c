@@ -136,6 +136,7 @@ struct cpeer {
   enum peer_role role;
   int registered;
   int admitted; /* counted by c.ctl_guard */
+  int refused;  /* its certificate was refused: its messages are ignored */
   struct lynx_guard_src *src;
   char id[LYNX_ID_MAX];
   uint64_t connected_seq; /* frontends: the earliest connected are active */
@@ -172,7 +173,7 @@ struct coordinator {
    * every control connection is TLS with a client certificate the CA
    * signed (tls.has_ca) */
   struct lynx_tls tls;
-  int tls_on;
+  int tls_on, tls_ctl;
 };
 
 #define HELLO_TIMEOUT_MS 10000 /* a peer that says nothing is closed */
@@ -585,6 +586,10 @@ static void peer_closed(struct lynx_ctl *ctl) {
   *p->pprev = p->next;
   if (p->next)
     p->next->pprev = p->pprev;
+  /* a failed handshake (no TLS, or our certificate not trusted there)
+   * counts as a wrong credential does */
+  if (p->admitted && p->ctl.tls_failed)
+    lynx_guard_auth_failed(&co->c.ctl_guard, p->src, lynx_now_ns());
   if (p->admitted)
     lynx_guard_closed(&co->c.ctl_guard, p->src, p->role != ROLE_NONE);
   pthread_mutex_lock(&co->c.lock);
@@ -635,13 +640,15 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   struct lynx_fe_claim *claims;
   char err[400];
   const char *role = h->role ? h->role : "";
+  /* with TLS the certificate was checked (peer_tls_ready); the token is
+   * required too when one is configured (it travels encrypted then) */
   if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
     uint64_t hold = lynx_guard_auth_failed(&co->c.ctl_guard, p->src,
                                            lynx_now_ns());
     LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s (%s %s): %s%s",
                 p->ctl.peer, role, h->id ? h->id : "?", err,
                 hold ? " (answer held back: this address keeps presenting "
-                       "a wrong token)" : "");
+                       "wrong credentials)" : "");
     send_hello_reply(p, 0, err, hold / 1000000u);
     return;
   }
@@ -709,6 +716,26 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     LYNX_WARN("coordinator", "refusing %s (%s): %s", p->ctl.peer, p->id, err);
     send_hello_reply(p, 0, err, 0);
   }
+}
+
+/* The handshake is done: a client without a certificate the cluster CA
+ * signed is refused now, before its Hello, counted and held back as a
+ * wrong token is, with an answer that says why (it reads it: it trusted
+ * our certificate). */
+static void peer_tls_ready(struct lynx_ctl *ctl) {
+  struct cpeer *p = container_of(ctl, struct cpeer, ctl);
+  char err[320];
+  uint64_t hold;
+  if (!lynx_tls_peer_check(ctl->tls, err, sizeof(err)))
+    return;
+  hold = p->admitted ? lynx_guard_auth_failed(&p->co->c.ctl_guard, p->src,
+                                              lynx_now_ns())
+                     : 0;
+  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: %s%s", ctl->peer,
+              err, hold ? " (answer held back: this address keeps "
+                          "presenting wrong credentials)" : "");
+  p->refused = 1;
+  send_hello_reply(p, 0, err, hold / 1000000u);
 }
 
 static void on_register(struct cpeer *p, const Lynx__Register *m) {
@@ -990,6 +1017,8 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
 static void peer_msg(struct lynx_ctl *ctl, Lynx__Envelope *env) {
   struct cpeer *p = container_of(ctl, struct cpeer, ctl);
   char why[160];
+  if (p->refused)
+    return; /* its refusal is on its way */
   if (p->role == ROLE_NONE) {
     if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO) {
       lynx_ctl_close(ctl, "first message is not a Hello");
@@ -1048,8 +1077,19 @@ static void on_connection(uv_stream_t *server, int status) {
     p->next->pprev = &p->next;
   p->pprev = &co->peers;
   co->peers = p;
-  if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp) ||
-      lynx_ctl_start(&p->ctl)) {
+  if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp)) {
+    lynx_ctl_close(&p->ctl, "accept failed");
+    return;
+  }
+  if (co->tls_ctl) {
+    char err[256];
+    if (lynx_ctl_tls(&p->ctl, &co->tls, NULL, peer_tls_ready, err,
+                     sizeof(err))) {
+      lynx_ctl_close(&p->ctl, err);
+      return;
+    }
+  }
+  if (lynx_ctl_start(&p->ctl)) {
     lynx_ctl_close(&p->ctl, "accept failed");
     return;
   }
@@ -1070,7 +1110,7 @@ static void on_connection(uv_stream_t *server, int status) {
     p->admitted = 1;
   }
   len = sizeof(ss);
-  if (!co->c.token &&
+  if (!co->c.token && !co->tls_ctl &&
       (uv_tcp_getpeername(&p->ctl.tcp, (struct sockaddr *)&ss, &len) ||
        !is_loopback(&ss)))
     lynx_ctl_close(&p->ctl, "no cluster token is configured, so only "
@@ -1252,6 +1292,7 @@ int main(int argc, char **argv) {
       goto out_opts;
     }
     co.tls_on = rc == 0;
+    co.tls_ctl = co.tls_on && co.tls.has_ca;
   }
   if (co.cfg.etcd) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1406,9 +1447,12 @@ int main(int argc, char **argv) {
   pthread_mutex_unlock(&co.c.lock);
   {
     struct json_object *j = lynx_opts_json(coord_opts, &co.cfg);
-    LYNX_INFO("coordinator", "serving control on %s and the API on %s%s; "
-              "config %s", co.cfg.listen, co.cfg.http,
-              token ? "" : " (no token: loopback peers only)",
+    LYNX_INFO("coordinator", "serving control on %s%s and the API on "
+              "%s://%s%s; config %s", co.cfg.listen,
+              co.tls_ctl ? " over TLS (peers need a certificate the CA "
+                           "signed)" : "",
+              co.tls_on ? "https" : "http", co.cfg.http,
+              co.tls_ctl || token ? "" : " (no token: loopback peers only)",
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
     json_object_put(j);
   }
