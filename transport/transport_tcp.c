@@ -1359,6 +1359,18 @@ static int recv_all(int fd, uint8_t *p, size_t n, uint64_t deadline) {
   return xfer_all(fd, p, n, 0, deadline);
 }
 
+/* Sends n bytes of frame and reads the header of the answer into h. */
+static int tc_ask(int fd, const uint8_t *frame, size_t n, struct tcp_hdr *h,
+                  uint64_t deadline) {
+  uint8_t hdr[TCP_HDR];
+  int rc = send_all(fd, frame, n, deadline);
+  if (!rc)
+    rc = recv_all(fd, hdr, TCP_HDR, deadline);
+  if (!rc)
+    hdr_get(hdr, h);
+  return rc;
+}
+
 /* HELLO, the agent's CHALLENGE and our PROOF of the key (which itself
  * never crosses the wire), its reply, then a read of the region header
  * checked against the descriptor. */
@@ -1376,12 +1388,9 @@ static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
   int rc;
   hdr_put(frame, OP_HELLO, 0, sizeof(m), 0, 0);
   memcpy(frame + TCP_HDR, &m, sizeof(m));
-  rc = send_all(c->fd, frame, sizeof(frame), deadline);
-  if (!rc)
-    rc = recv_all(c->fd, hdr, TCP_HDR, deadline);
+  rc = tc_ask(c->fd, frame, sizeof(frame), &h, deadline);
   if (rc)
     return rc;
-  hdr_get(hdr, &h);
   if (h.op == OP_CHALLENGE && h.len == LYNX_TCP_NONCE) {
     uint8_t nonce[LYNX_TCP_NONCE], proof[TCP_HDR + LYNX_TCP_PROOF];
     rc = recv_all(c->fd, nonce, sizeof(nonce), deadline);
@@ -1390,12 +1399,9 @@ static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
     hdr_put(proof, OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
     if (lynx__tcp_proof(d->key, nonce, &m, sizeof(m), proof + TCP_HDR))
       return -EIO;
-    rc = send_all(c->fd, proof, sizeof(proof), deadline);
-    if (!rc)
-      rc = recv_all(c->fd, hdr, TCP_HDR, deadline);
+    rc = tc_ask(c->fd, proof, sizeof(proof), &h, deadline);
     if (rc)
       return rc;
-    hdr_get(hdr, &h);
   }
   if (h.op != OP_HELLO_REPLY || h.len >= sizeof(why)) {
     LYNX_WARN("tcp", "%s: not a lynx tcp agent (reply op %u)", d->locator,

@@ -188,31 +188,37 @@ static void test_mutual_ok(void **state) {
   lynx_tls_free(&ct);
 }
 
+/* The client on ct completes its handshake with the server on st (it
+ * trusts the server), and the server's check refuses it with reason;
+ * frees both. */
+static void expect_client_refused(struct lynx_tls *st, struct lynx_tls *ct,
+                                  const char *reason) {
+  struct pair p;
+  char err[512];
+  handshake(&p, st, ct, "127.0.0.1");
+  assert_int_equal(p.rs, 0);
+  assert_int_equal(lynx_tls_peer_check(&p.s, err, sizeof(err)), -EACCES);
+  assert_non_null(strstr(err, reason));
+  pair_free(&p);
+  lynx_tls_free(st);
+  lynx_tls_free(ct);
+}
+
 /* A client certificate from another CA: the handshake completes (the
  * client trusts us) but the server's check refuses it, saying why. */
 static void test_client_cert_other_ca(void **state) {
   static struct lynx_tls st, ct;
-  struct pair p;
-  char err[512];
   (void)state;
   NEED_CA();
   server_creds(&st, "ca1");
   client_creds(&ct, "ca1", "ca2", "agent2");
-  handshake(&p, &st, &ct, "127.0.0.1");
-  assert_int_equal(p.rs, 0);
-  assert_int_equal(lynx_tls_peer_check(&p.s, err, sizeof(err)), -EACCES);
-  assert_non_null(strstr(err, "NOT trusted"));
-  pair_free(&p);
-  lynx_tls_free(&st);
-  lynx_tls_free(&ct);
+  expect_client_refused(&st, &ct, "NOT trusted");
 }
 
 /* A client with no certificate (built by hand: lynx_tls_load refuses
  * one): refused by the server's check. */
 static void test_no_client_cert(void **state) {
   static struct lynx_tls st, ct;
-  struct pair p;
-  char err[512];
   (void)state;
   NEED_CA();
   server_creds(&st, "ca1");
@@ -221,13 +227,7 @@ static void test_no_client_cert(void **state) {
   assert_int_equal(gnutls_certificate_set_x509_trust_file(
                        ct.cred, path("ca1", "ca.pem"), GNUTLS_X509_FMT_PEM),
                    1);
-  handshake(&p, &st, &ct, "127.0.0.1");
-  assert_int_equal(p.rs, 0);
-  assert_int_equal(lynx_tls_peer_check(&p.s, err, sizeof(err)), -EACCES);
-  assert_non_null(strstr(err, "no client certificate"));
-  pair_free(&p);
-  lynx_tls_free(&st);
-  lynx_tls_free(&ct);
+  expect_client_refused(&st, &ct, "no client certificate");
 }
 
 /* The client checks the coordinator: a certificate from a CA it does not

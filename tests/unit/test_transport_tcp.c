@@ -620,6 +620,21 @@ static void raw_frame(int fd, uint8_t *op, uint64_t *off, char *why,
   why[len] = 0;
 }
 
+/* The agent's next frame is op with status err and a reason holding
+ * text, and it then closes the connection (which this closes too). */
+static void raw_refused(int fd, uint8_t want_op, uint64_t err,
+                        const char *text) {
+  char why[200];
+  uint64_t off;
+  uint8_t op;
+  raw_frame(fd, &op, &off, why, sizeof(why));
+  assert_int_equal(op, want_op);
+  assert_int_equal(off, err);
+  assert_non_null(strstr(why, text));
+  assert_true(raw_closed(fd));
+  close(fd);
+}
+
 /* On the wire: a connection of an older epoch (a raw one, epoch 0) gets
  * FENCED {ESTALE, reason} when a newer one (9) takes the region over, and
  * is closed; a HELLO of the older epoch is then refused with ESTALE and
@@ -628,28 +643,16 @@ static void test_fence_on_the_wire(void **state) {
   struct fx *f = *state;
   struct lynx_region_desc d = f->d;
   struct lynx_fence_stats s;
-  char why[200];
-  uint64_t off;
-  uint8_t op;
   int fd = raw_connect(f);
   raw_hello(fd, f);
   d.producer = 9;
   assert_int_equal(T->connect(&d, &f->c), 0);
-  raw_frame(fd, &op, &off, why, sizeof(why));
-  assert_int_equal(op, 8); /* FENCED */
-  assert_int_equal(off, ESTALE);
-  assert_non_null(strstr(why, "epoch 9 took this region over"));
-  assert_true(raw_closed(fd));
-  close(fd);
+  raw_refused(fd, 8 /* FENCED */, ESTALE, "epoch 9 took this region over");
   fd = raw_connect(f);
   raw_hello_prove(fd, f, f->r.key);
-  raw_frame(fd, &op, &off, why, sizeof(why));
-  assert_int_equal(op, 2); /* HELLO_REPLY */
-  assert_int_equal(off, ESTALE);
-  assert_string_equal(why, "fenced: frontend epoch 0 is older than 9, the "
-                           "newest this region admitted");
-  assert_true(raw_closed(fd));
-  close(fd);
+  raw_refused(fd, 2 /* HELLO_REPLY */, ESTALE,
+              "fenced: frontend epoch 0 is older than 9, the newest this "
+              "region admitted");
   lynx_region_fence_stats(&f->r, &s);
   assert_true(s.fence == 9 && s.refused == 1 && s.cut == 1 &&
               s.producers == 1);
@@ -665,10 +668,8 @@ static void test_fence_on_the_wire(void **state) {
 static void test_key_proof(void **state) {
   struct fx *f = *state;
   uint8_t hello[40], frame[24 + LYNX_TCP_PROOF];
-  uint64_t key = htole64(f->r.key), off;
+  uint64_t key = htole64(f->r.key);
   uint64_t fails0 = lynx_guard_get(&g_ta->guard->auth_failed);
-  char why[200];
-  uint8_t op;
   int fd = raw_connect(f);
   raw_hello_send_copy(fd, f, 4, hello);
   assert_null(memmem(hello, sizeof(hello), &key, sizeof(key)));
@@ -676,12 +677,7 @@ static void test_key_proof(void **state) {
 
   fd = raw_connect(f);
   raw_hello_prove(fd, f, f->r.key ^ 1);
-  raw_frame(fd, &op, &off, why, sizeof(why));
-  assert_int_equal(op, 2); /* HELLO_REPLY */
-  assert_int_equal(off, EACCES);
-  assert_non_null(strstr(why, "wrong region key"));
-  assert_true(raw_closed(fd));
-  close(fd);
+  raw_refused(fd, 2 /* HELLO_REPLY */, EACCES, "wrong region key");
   assert_int_equal(lynx_guard_get(&g_ta->guard->auth_failed), fails0 + 1);
 
   fd = raw_connect(f);
