@@ -40,6 +40,7 @@ void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
   c->dialer = NULL;
   c->tls = NULL;
   c->on_tls_ready = NULL;
+  c->on_not_tls = NULL;
   c->tls_failed = 0;
   c->tcp.data = c;
 }
@@ -145,6 +146,16 @@ static void tls_input(struct lynx_ctl *c, const void *p, size_t n) {
   static __thread uint8_t plain[16384 + 256]; /* a record's worth */
   char err[320], why[400];
   int rc;
+  /* a TLS connection opens with a handshake record (content type 22); a
+   * lynx frame opens with its length's high byte, 0 */
+  if (!c->tls->fed && n && c->on_not_tls &&
+      *(const uint8_t *)p != 22) {
+    lynx_tls_conn_free(c->tls);
+    free(c->tls);
+    c->tls = NULL;
+    c->on_not_tls(c);
+    return;
+  }
   if (lynx_tls_feed(c->tls, p, n)) {
     lynx_ctl_close(c, "out of memory buffering TLS records");
     return;

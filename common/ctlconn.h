@@ -45,6 +45,12 @@ struct lynx_ctl {
    * text. */
   struct lynx_tls_conn *tls;
   void (*on_tls_ready)(struct lynx_ctl *c);
+  /* A server's: the peer's first byte cannot start a TLS record (a peer
+   * without TLS configured, whose Hello came instead). c is plain text
+   * from here on, only so that this may send a refusal the peer can read
+   * (lynx_ctl_refuse); what the peer sent is dropped. NULL: the handshake
+   * fails (tls_failed). */
+  void (*on_not_tls)(struct lynx_ctl *c);
   int tls_failed; /* closed because the handshake failed */
   void *data;
 };

@@ -229,6 +229,7 @@ int lynx_tls_feed(struct lynx_tls_conn *tc, const void *buf, size_t n) {
   }
   memcpy(tc->in + tc->in_len, buf, n);
   tc->in_len += n;
+  tc->fed += n;
   return 0;
 }
 

@@ -62,6 +62,7 @@ struct lynx_tls_conn {
   gnutls_session_t s;
   uint8_t *in; /* ciphertext fed in, not yet pulled by GnuTLS */
   size_t in_off, in_len, in_cap;
+  uint64_t fed; /* bytes fed in all */
   int ready; /* the handshake completed */
   char host[256]; /* a client's: what the server's certificate must name */
   lynx_tls_push_fn push;

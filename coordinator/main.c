@@ -738,6 +738,23 @@ static void peer_tls_ready(struct lynx_ctl *ctl) {
   send_hello_reply(p, 0, err, hold / 1000000u);
 }
 
+/* A peer that speaks plain text to our TLS port (its Hello where a TLS
+ * handshake belongs): told so in plain text, which it can read, and
+ * counted as a wrong credential. */
+static void peer_not_tls(struct lynx_ctl *ctl) {
+  struct cpeer *p = container_of(ctl, struct cpeer, ctl);
+  static const char why[] = "this coordinator speaks TLS only: give the "
+                            "agent or frontend --tls-ca, --tls-cert and "
+                            "--tls-key (docs/tls.md)";
+  uint64_t hold = p->admitted ? lynx_guard_auth_failed(&p->co->c.ctl_guard,
+                                                       p->src, lynx_now_ns())
+                              : 0;
+  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: plain text, not "
+              "TLS", ctl->peer);
+  p->refused = 1;
+  send_hello_reply(p, 0, why, hold / 1000000u);
+}
+
 static void on_register(struct cpeer *p, const Lynx__Register *m) {
   struct coordinator *co = p->co;
   struct lynx_label labels[LYNX_LABELS_MAX];
@@ -1088,6 +1105,7 @@ static void on_connection(uv_stream_t *server, int status) {
       lynx_ctl_close(&p->ctl, err);
       return;
     }
+    p->ctl.on_not_tls = peer_not_tls;
   }
   if (lynx_ctl_start(&p->ctl)) {
     lynx_ctl_close(&p->ctl, "accept failed");
