@@ -29,6 +29,7 @@ struct agent_cfg {
       accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks;
   uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
       ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
+  char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
       *labels, *data_listen, *advertise, *cuda_accels, *metrics,
       *lenet_model;
@@ -91,6 +92,8 @@ struct agent {
   char data_bound[LYNX_LOCATOR_MAX]; /* tcp/rdma: where data connections land */
   char node_id[LYNX_ID_MAX];
   char *token;
+  struct lynx_tls tls; /* --tls-*: loaded when tls_on */
+  int tls_on;
   uint64_t epoch;
   struct lynx_label labels[LYNX_LABELS_MAX];
   uint32_t n_labels;

@@ -516,6 +516,7 @@ int agent_link_start(struct agent *ag) {
   l->d.role = "agent";
   l->d.id = ag->node_id;
   l->d.token = ag->token;
+  l->d.tls = ag->tls_on ? &ag->tls : NULL;
   l->d.on_msg = link_msg;
   l->d.on_close = link_closed;
   l->d.data = l;

@@ -139,6 +139,10 @@ static const struct lynx_opt agent_opts[] = {
      "host:port for Prometheus /metrics and /healthz [default: off]"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token peers must present"},
+    LYNX_OPT_TLS(O(tls_ca), O(tls_cert), O(tls_key),
+                 "the cluster CA (PEM): the connection to the coordinator is "
+                 "TLS, its certificate checked against the address dialed; "
+                 "needs --tls-cert and --tls-key (docs/tls.md)"),
     LYNX_OPT_LOG_LEVEL(O(log_level), "info"),
     LYNX_OPT_END,
 };
@@ -377,6 +381,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", tok_err);
     goto out_opts;
   }
+  {
+    struct lynx_tls_files tf = {ag.cfg.tls_ca, ag.cfg.tls_cert,
+                                ag.cfg.tls_key};
+    char tls_err[512];
+    rc = lynx_tls_load_client(&ag.tls, &tf, ag.cfg.coordinator != NULL,
+                              tls_err, sizeof(tls_err));
+    if (rc < 0) {
+      fprintf(stderr, "%s\n", tls_err);
+      goto usage;
+    }
+    ag.tls_on = rc == 0;
+  }
   if (ag.cfg.node_id) {
     if (strlen(ag.cfg.node_id) >= 32 || strpbrk(ag.cfg.node_id, "-/ ")) {
       fprintf(stderr, "--node-id: '%s' is not a node id (at most 31 "
@@ -499,6 +515,8 @@ out_acc:
 usage:
   exit_code = LYNX_EXIT_USAGE;
 out_opts:
+  if (ag.tls_on)
+    lynx_tls_free(&ag.tls);
   free(ag.token);
   lynx_opts_free(agent_opts, &ag.cfg);
   return exit_code;

@@ -38,12 +38,21 @@ void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
   c->close_after_write = 0;
   c->pending_writes = 0;
   c->dialer = NULL;
+  c->tls = NULL;
+  c->on_tls_ready = NULL;
+  c->on_not_tls = NULL;
+  c->tls_failed = 0;
   c->tcp.data = c;
 }
 
 static void on_closed(uv_handle_t *h) {
   struct lynx_ctl *c = h->data;
   lynx_frame_reader_free(&c->rd);
+  if (c->tls) {
+    lynx_tls_conn_free(c->tls);
+    free(c->tls);
+    c->tls = NULL;
+  }
   if (c->on_close)
     c->on_close(c);
 }
@@ -101,28 +110,10 @@ static void on_alloc(uv_handle_t *h, size_t sz, uv_buf_t *buf) {
   *buf = uv_buf_init(chunk, sizeof(chunk));
 }
 
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-  struct lynx_ctl *c = s->data;
+/* Frames from n bytes of plain text, each to on_msg, until c closes. */
+static void deliver(struct lynx_ctl *c, const void *p, size_t n) {
   char why[128];
-  if (n == UV_EOF) {
-    if (c->rd.len) {
-      snprintf(why, sizeof(why),
-               "peer closed the connection in the middle of a frame (%zu "
-               "bytes buffered)", c->rd.len);
-      lynx_ctl_close(c, why);
-    } else {
-      ctl_close_level(c, LYNX_LOG_INFO, "peer closed the connection");
-    }
-    return;
-  }
-  if (n < 0) {
-    snprintf(why, sizeof(why), "read error: %s", uv_strerror((int)n));
-    lynx_ctl_close(c, why);
-    return;
-  }
-  if (c->closing || n == 0)
-    return;
-  if (lynx_frame_feed(&c->rd, buf->base, (size_t)n)) {
+  if (lynx_frame_feed(&c->rd, p, n)) {
     lynx_ctl_close(c, "out of memory buffering a frame");
     return;
   }
@@ -148,13 +139,99 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
 }
 
+/* n bytes of ciphertext: the handshake advanced, then every complete
+ * record decrypted and delivered. Bounded per wakeup by what one read
+ * brought (64 KiB) and what GnuTLS holds of a partial record. */
+static void tls_input(struct lynx_ctl *c, const void *p, size_t n) {
+  static __thread uint8_t plain[16384 + 256]; /* a record's worth */
+  char err[320], why[400];
+  int rc;
+  /* a TLS connection opens with a handshake record (content type 22); a
+   * lynx frame opens with its length's high byte, 0 */
+  if (!c->tls->fed && n && c->on_not_tls &&
+      *(const uint8_t *)p != 22) {
+    lynx_tls_conn_free(c->tls);
+    free(c->tls);
+    c->tls = NULL;
+    c->on_not_tls(c);
+    return;
+  }
+  if (lynx_tls_feed(c->tls, p, n)) {
+    lynx_ctl_close(c, "out of memory buffering TLS records");
+    return;
+  }
+  if (!c->tls->ready) {
+    rc = lynx_tls_handshake(c->tls, err, sizeof(err));
+    if (rc == -EAGAIN)
+      return;
+    if (rc) {
+      snprintf(why, sizeof(why), "TLS handshake failed: %s", err);
+      c->tls_failed = 1;
+      lynx_ctl_close(c, why);
+      return;
+    }
+    if (c->on_tls_ready)
+      c->on_tls_ready(c);
+    if (c->closing)
+      return;
+  }
+  for (;;) {
+    ssize_t r = lynx_tls_recv(c->tls, plain, sizeof(plain), err, sizeof(err));
+    if (r == -EAGAIN)
+      return;
+    if (r == 0) {
+      ctl_close_level(c, LYNX_LOG_INFO, "peer closed the TLS session");
+      return;
+    }
+    if (r < 0) {
+      snprintf(why, sizeof(why), "TLS: %s", err);
+      lynx_ctl_close(c, why);
+      return;
+    }
+    deliver(c, plain, (size_t)r);
+    if (c->closing)
+      return;
+  }
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  struct lynx_ctl *c = s->data;
+  char why[128];
+  if (n == UV_EOF) {
+    if (c->rd.len) {
+      snprintf(why, sizeof(why),
+               "peer closed the connection in the middle of a frame (%zu "
+               "bytes buffered)", c->rd.len);
+      lynx_ctl_close(c, why);
+    } else {
+      ctl_close_level(c, LYNX_LOG_INFO, "peer closed the connection");
+    }
+    return;
+  }
+  if (n < 0) {
+    snprintf(why, sizeof(why), "read error: %s", uv_strerror((int)n));
+    lynx_ctl_close(c, why);
+    return;
+  }
+  if (c->closing || n == 0)
+    return;
+  if (c->tls)
+    tls_input(c, buf->base, (size_t)n);
+  else
+    deliver(c, buf->base, (size_t)n);
+}
+
 int lynx_ctl_start(struct lynx_ctl *c) {
   struct sockaddr_storage ss;
   int len = sizeof(ss);
+  int rc;
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
     lynx_fmt_addr((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
   uv_tcp_nodelay(&c->tcp, 1);
-  return uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  if (!rc && c->tls)
+    tls_input(c, NULL, 0); /* a client's first flight; a server waits */
+  return c->closing ? -EPROTO : rc;
 }
 
 static void on_written(uv_write_t *req, int status) {
@@ -172,7 +249,8 @@ static void on_written(uv_write_t *req, int status) {
   }
 }
 
-static int write_buf(struct lynx_ctl *c, uint8_t *buf, size_t len) {
+/* Writes len bytes of buf, which it owns (frees) from here on. */
+static int stream_write(struct lynx_ctl *c, uint8_t *buf, size_t len) {
   struct ctl_write *w = calloc(1, sizeof(*w));
   uv_buf_t b;
   int rc;
@@ -190,6 +268,42 @@ static int write_buf(struct lynx_ctl *c, uint8_t *buf, size_t len) {
     return rc;
   }
   c->pending_writes++;
+  return 0;
+}
+
+/* GnuTLS's ciphertext, copied: its buffer is gone when we return. */
+static int tls_push(void *arg, const void *p, size_t n) {
+  uint8_t *copy = malloc(n ? n : 1);
+  if (!copy)
+    return -ENOMEM;
+  memcpy(copy, p, n);
+  return stream_write(arg, copy, n);
+}
+
+/* A frame to the peer: encrypted when TLS is on. Owns buf. */
+static int write_buf(struct lynx_ctl *c, uint8_t *buf, size_t len) {
+  int rc;
+  if (!c->tls)
+    return stream_write(c, buf, len);
+  rc = c->tls->ready ? lynx_tls_send(c->tls, buf, len) : -ENOTCONN;
+  free(buf);
+  return rc;
+}
+
+int lynx_ctl_tls(struct lynx_ctl *c, const struct lynx_tls *t,
+                 const char *host, void (*on_ready)(struct lynx_ctl *c),
+                 char *err, size_t errlen) {
+  int rc;
+  c->tls = calloc(1, sizeof(*c->tls));
+  if (!c->tls)
+    return lynx_fail(err, errlen, -ENOMEM, "TLS: out of memory");
+  rc = lynx_tls_conn_init(c->tls, t, host, tls_push, c, err, errlen);
+  if (rc) {
+    free(c->tls);
+    c->tls = NULL;
+    return rc;
+  }
+  c->on_tls_ready = on_ready;
   return 0;
 }
 
@@ -264,6 +378,7 @@ int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
   d->backoff_max_ms = 0;
   d->connect_status = 0;
   d->ctl = NULL;
+  d->tls = NULL;
   uv_timer_init(loop, &d->retry);
   d->retry.data = d;
   return 0;
@@ -284,24 +399,12 @@ static void dialer_closed(struct lynx_ctl *c) {
   free(c);
 }
 
-static void dialer_on_connected(uv_connect_t *req, int status) {
-  struct lynx_ctl *c = req->data;
+/* Our Hello: once connected, or with TLS once the handshake is done (the
+ * token goes only to a peer whose certificate the CA signed). */
+static void dialer_say_hello(struct lynx_ctl *c) {
   struct lynx_dialer *d = c->dialer;
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Hello h = LYNX__HELLO__INIT;
-  free(req);
-  d->connect_status = status < 0 ? status : 0;
-  if (status < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, d->comp, "cannot reach %s%s%s: %s", d->target,
-                d->n_addr > 1 ? " at " : "",
-                d->n_addr > 1 ? d->addr_str[d->cur] : "", uv_strerror(status));
-    lynx_ctl_close(c, NULL);
-    return;
-  }
-  if (lynx_ctl_start(c)) {
-    lynx_ctl_close(c, "cannot start reading");
-    return;
-  }
   h.proto_version = LYNX_PROTO_VERSION;
   h.role = (char *)d->role;
   h.id = (char *)d->id;
@@ -315,6 +418,38 @@ static void dialer_on_connected(uv_connect_t *req, int status) {
   env.hello = &h;
   if (lynx_ctl_send(c, &env))
     lynx_ctl_close(c, "cannot send hello");
+}
+
+static void dialer_on_connected(uv_connect_t *req, int status) {
+  struct lynx_ctl *c = req->data;
+  struct lynx_dialer *d = c->dialer;
+  free(req);
+  d->connect_status = status < 0 ? status : 0;
+  if (status < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, d->comp, "cannot reach %s%s%s: %s", d->target,
+                d->n_addr > 1 ? " at " : "",
+                d->n_addr > 1 ? d->addr_str[d->cur] : "", uv_strerror(status));
+    lynx_ctl_close(c, NULL);
+    return;
+  }
+  if (lynx_ctl_start(c)) {
+    lynx_ctl_close(c, "cannot start reading");
+    return;
+  }
+  if (!c->tls)
+    dialer_say_hello(c);
+}
+
+/* The host of "HOST:PORT" or "[V6]:PORT" into buf. */
+static const char *dial_host(const char *addr, char *buf, size_t len) {
+  const char *end = strrchr(addr, ':');
+  size_t n = end ? (size_t)(end - addr) : strlen(addr);
+  if (n >= 2 && addr[0] == '[' && addr[n - 1] == ']') {
+    addr++;
+    n -= 2;
+  }
+  snprintf(buf, len, "%.*s", (int)n, addr);
+  return buf;
 }
 
 void lynx_dialer_connect(struct lynx_dialer *d) {
@@ -337,6 +472,16 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
   c->data = d->data;
   d->ctl = c;
   d->accepted = 0;
+  if (d->tls) {
+    char host[LYNX_ADDR_STR_MAX], err[256];
+    if (lynx_ctl_tls(c, d->tls, dial_host(d->addr_str[d->cur], host,
+                                          sizeof(host)),
+                     dialer_say_hello, err, sizeof(err))) {
+      free(req);
+      lynx_ctl_close(c, err);
+      return;
+    }
+  }
   req->data = c;
   d->connect_status = uv_tcp_connect(req, &c->tcp,
                                      (struct sockaddr *)&d->addrs[d->cur],

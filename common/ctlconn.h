@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "frame.h"
+#include "tls.h"
 
 struct lynx_ctl;
 typedef void (*lynx_ctl_msg_cb)(struct lynx_ctl *c, Lynx__Envelope *env);
@@ -39,6 +40,18 @@ struct lynx_ctl {
    * logged rate-limited, so strangers cannot fill memory or the log. */
   int trusted;
   struct lynx_ctl_held *held; /* a refusal waiting to be sent */
+  /* TLS (lynx_ctl_tls): every byte on the stream goes through tls; frames
+   * flow only once the handshake is done (on_tls_ready then). NULL: plain
+   * text. */
+  struct lynx_tls_conn *tls;
+  void (*on_tls_ready)(struct lynx_ctl *c);
+  /* A server's: the peer's first byte cannot start a TLS record (a peer
+   * without TLS configured, whose Hello came instead). c is plain text
+   * from here on, only so that this may send a refusal the peer can read
+   * (lynx_ctl_refuse); what the peer sent is dropped. NULL: the handshake
+   * fails (tls_failed). */
+  void (*on_not_tls)(struct lynx_ctl *c);
+  int tls_failed; /* closed because the handshake failed */
   void *data;
 };
 
@@ -48,6 +61,17 @@ struct lynx_ctl {
  * already be uv_tcp_init'ed). */
 void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
                    lynx_ctl_msg_cb on_msg, lynx_ctl_close_cb on_close);
+/* Makes c a TLS connection on t (call before lynx_ctl_start): a server
+ * waits for the peer's handshake, a client starts it in lynx_ctl_start;
+ * host: a client's, what the server's certificate must name. on_ready, if
+ * not NULL, is called once the handshake is done (a client says its Hello
+ * then). A failed handshake closes c with its reason, tls_failed set.
+ * Before it is done, what a peer can make c buffer is bounded by GnuTLS's
+ * handshake limit (64 KiB) and the frame cap after it. 0 or -errno (err
+ * says why). */
+int lynx_ctl_tls(struct lynx_ctl *c, const struct lynx_tls *t,
+                 const char *host, void (*on_ready)(struct lynx_ctl *c),
+                 char *err, size_t errlen);
 /* Starts reading; fills c->peer. 0 or -errno. */
 int lynx_ctl_start(struct lynx_ctl *c);
 /* The peer authenticated: see struct lynx_ctl.trusted. */
@@ -98,6 +122,9 @@ struct lynx_dialer {
   const char *target; /* "coordinator 127.0.0.1:7700": for logs */
   size_t frame_max;
   const char *role, *id, *token; /* our Hello */
+  /* TLS to the peer (the cluster CA, our certificate), or NULL: plain
+   * text; its certificate must name the host of the address dialed */
+  const struct lynx_tls *tls;
   const uint64_t *epoch; /* our Hello's epoch (a frontend's), or NULL: 0 */
   /* our Hello's produces (a frontend's), read at each connect; NULL: none */
   Lynx__InstanceEpoch ***produces;

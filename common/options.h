@@ -50,6 +50,14 @@ struct lynx_opt {
 #define LYNX_OPT_FRAME_MAX(off)                                                \
   {"frame-max", LYNX_OPT_U32, off, "1048576", 64, 1u << 26, NULL,              \
    "largest accepted control frame, bytes"}
+/* TLS (common/tls.h, docs/tls.md): the cluster CA, and this daemon's own
+ * certificate and key; ca_help says what the CA does for this daemon. */
+#define LYNX_OPT_TLS(ca_off, cert_off, key_off, ca_help)                       \
+  {"tls-ca", LYNX_OPT_STR, ca_off, NULL, 0, 0, NULL, ca_help},                 \
+      {"tls-cert", LYNX_OPT_STR, cert_off, NULL, 0, 0, NULL,                   \
+       "this daemon's certificate (PEM), signed by the cluster CA"},           \
+      {"tls-key", LYNX_OPT_STR, key_off, NULL, 0, 0, NULL,                     \
+       "the private key of --tls-cert (PEM; keep it chmod 600)"}
 #define LYNX_OPT_LOG_LEVEL(off, dflt)                                          \
   {"log-level", LYNX_OPT_STR, off, dflt, 0, 0, NULL,                           \
    "error, warn, info or debug"}

@@ -33,6 +33,9 @@ struct lynx_coord {
   void *save_arg;
   const char *save_where;
   const char *token; /* NULL: no token; mutating API calls then need loopback */
+  /* The API's key and certificate (PEM text, --tls-key/--tls-cert): it is
+   * served over HTTPS, and redirects to the leader say https. NULL: HTTP. */
+  const char *tls_cert_pem, *tls_key_pem;
   size_t body_max;   /* largest accepted request body (413 above) */
   /* API connection limits (http.c, docs/api.md "Connections"); 0 takes
    * http.c's default: open connections in all (one thread each), open

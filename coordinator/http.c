@@ -1716,15 +1716,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         reply_err(&out, 503, "no_leader", "%s; retry", why);
       } else if (api[0]) {
         query_string(conn, query, sizeof(query));
-        snprintf(out.location, sizeof(out.location), "http://%s%s%s", api,
-                 url, query);
+        /* coordinators of one cluster serve their API alike: with TLS
+         * here, the leader's is https too */
+        const char *scheme = h->c->tls_cert_pem ? "https" : "http";
+        snprintf(out.location, sizeof(out.location), "%s://%s%s%s", scheme,
+                 api, url, query);
         reply_err(&out, 307, "not_leader",
                   "this coordinator does not lead: %s the leader, "
-                  "http://%s (docs/etcd.md)",
+                  "%s://%s (docs/etcd.md)",
                   is_mutating(method) ? "changes go to"
                                       : "the cluster's runtime state is "
                                         "known to",
-                  api);
+                  scheme, api);
       } else {
         reply_err(&out, 503, "no_leader",
                   "no coordinator leads yet (etcd election under way or "
@@ -1883,6 +1886,15 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
       LYNX_DBG(COMP, "libmicrohttpd: %s", msg);
       return;
     }
+  /* a failed TLS handshake is the client's (plain HTTP to an https API,
+   * or our certificate not trusted there), and anyone can cause one:
+   * rate-limited */
+  if (strstr(msg, "handshake") || strstr(msg, "TLS")) {
+    LYNX_LOG_RL(LYNX_LOG_INFO, COMP, "libmicrohttpd: %s (a client that "
+                "speaks plain HTTP, or does not trust our certificate?)",
+                msg);
+    return;
+  }
   LYNX_WARN(COMP, "libmicrohttpd: %s", msg);
 }
 
@@ -1891,6 +1903,10 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   struct http *h;
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION |
                    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  /* the key and certificate with TLS; none (the end) without */
+  struct MHD_OptionItem tls_opts[3] = {{MHD_OPTION_END, 0, NULL},
+                                       {MHD_OPTION_END, 0, NULL},
+                                       {MHD_OPTION_END, 0, NULL}};
   int rc;
 
   if (!c || c->http)
@@ -1916,6 +1932,19 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   h->body_timeout_ms = c->http_body_timeout_ms ? c->http_body_timeout_ms
                                                : BODY_TIMEOUT_MS_DEFAULT;
   h->reap_at_ns = UINT64_MAX;
+  if (c->tls_cert_pem) {
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+      LYNX_ERR(COMP, "cannot serve the API over HTTPS: this libmicrohttpd "
+               "was built without TLS");
+      free(h);
+      return -ENOTSUP;
+    }
+    flags |= MHD_USE_TLS;
+    tls_opts[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0,
+                                          (void *)c->tls_key_pem};
+    tls_opts[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0,
+                                          (void *)c->tls_cert_pem};
+  }
   pthread_mutex_init(&h->conns_lock, NULL);
   pthread_cond_init(&h->reaper_wake, NULL);
   h->d = MHD_start_daemon(
@@ -1927,7 +1956,8 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
       MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-      MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h, MHD_OPTION_END);
+      MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h,
+      MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
   if (!h->d) {
     LYNX_ERR(COMP,
              "cannot serve the API on %s (address in use or not "
@@ -1945,9 +1975,9 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   h->reaper_running = 1;
   c->http = h;
   LYNX_INFO(COMP,
-            "API on http://%s (at most %u connections, %u per client; "
+            "API on %s://%s (at most %u connections, %u per client; "
             "headers within %llu ms, bodies within %llu ms)",
-            addr, h->conn_max, h->conn_per_client,
+            c->tls_cert_pem ? "https" : "http", addr, h->conn_max, h->conn_per_client,
             (unsigned long long)h->header_timeout_ms,
             (unsigned long long)h->body_timeout_ms);
   return 0;

@@ -35,7 +35,8 @@
 #define FILE_MAX (16u << 20)
 
 static const char usage_text[] =
-    "usage: lynxctl [--api URL] [--token-file F] [--json] COMMAND\n"
+    "usage: lynxctl [--api URL] [--token-file F] [--cacert F] [--json] "
+    "COMMAND\n"
     "\n"
     "commands:\n"
     "  nodes | accelerators | mqueues | services | frontends\n"
@@ -53,6 +54,9 @@ static const char usage_text[] =
     "  --api URL         coordinator API (default $LYNX_API or " DEFAULT_API
     ")\n"
     "  --token-file F    send the token in F (default $LYNX_TOKEN_FILE)\n"
+    "  --cacert F        trust the API's certificate when this CA signed it\n"
+    "                    (https:// URLs; default $LYNX_CACERT, else the\n"
+    "                    system's CAs)\n"
     "  --json            print the API's JSON instead of tables\n"
     "\n"
     "exit codes: 0 ok, 1 API error or other runtime failure, 2 usage error, "
@@ -61,8 +65,10 @@ static const char usage_text[] =
 struct ctl {
   char api[512];
   char *token;
+  const char *cacert; /* CA file for an https API, or NULL: the system's */
   int json;
   int quiet; /* do not report an unreachable coordinator (watch retries) */
+  int tls_failed; /* the last call failed in TLS (a certificate, mostly) */
   CURL *curl;
 };
 
@@ -137,6 +143,8 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   curl_easy_setopt(t->curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(t->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
   curl_easy_setopt(t->curl, CURLOPT_USERAGENT, "lynxctl");
+  if (t->cacert)
+    curl_easy_setopt(t->curl, CURLOPT_CAINFO, t->cacert);
   /* a coordinator that does not lead redirects changes to the leader (307,
    * method and body kept; docs/etcd.md), which is a coordinator of the
    * same cluster: the token goes along */
@@ -170,6 +178,9 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   if (rc != CURLE_OK) {
     if (!err[0])
       snprintf(err, CURL_ERROR_SIZE, "%s", curl_easy_strerror(rc));
+    t->tls_failed = rc == CURLE_PEER_FAILED_VERIFICATION ||
+                    rc == CURLE_SSL_CONNECT_ERROR ||
+                    rc == CURLE_SSL_CACERT_BADFILE;
     free(resp->p);
     resp->p = NULL;
     return -EHOSTUNREACH;
@@ -180,10 +191,14 @@ static int http_call(struct ctl *t, const char *method, const char *path,
 
 static void say_unreachable(const struct ctl *t, const char *err) {
   fprintf(stderr,
-          "lynxctl: cannot reach the coordinator at %s: %s\n"
-          "  (is lynx-coordinator running with --http on that address? "
-          "set --api URL or $LYNX_API)\n",
-          t->api, err);
+          "lynxctl: cannot reach the coordinator at %s: %s\n%s",
+          t->api, err,
+          t->tls_failed
+              ? "  (TLS: is its certificate signed by the CA given with "
+                "--cacert or $LYNX_CACERT, and does it name the API's "
+                "host?)\n"
+              : "  (is lynx-coordinator running with --http on that "
+                "address? set --api URL or $LYNX_API)\n");
 }
 
 /*
@@ -1057,17 +1072,19 @@ static int cmd_watch(struct ctl *t) {
 /* The global options, taken wherever they stand (before "--"); the
  * command and its own options are left in order for run(). */
 struct global_opts {
-  char *api, *token_file;
+  char *api, *token_file, *cacert;
   int json;
 };
 
 #define GO(f) offsetof(struct global_opts, f)
-enum { G_API, G_TOKEN_FILE, G_JSON };
+enum { G_API, G_TOKEN_FILE, G_CACERT, G_JSON };
 static const struct lynx_opt global_tab[] = {
     [G_API] = {"api", LYNX_OPT_STR, GO(api), NULL, 0, 0, NULL,
                "coordinator API"},
     [G_TOKEN_FILE] = {"token-file", LYNX_OPT_STR, GO(token_file), NULL, 0, 0,
                       NULL, "send the token in this file"},
+    [G_CACERT] = {"cacert", LYNX_OPT_STR, GO(cacert), NULL, 0, 0, NULL,
+                  "the CA that signed the API's certificate (https)"},
     [G_JSON] = {"json", LYNX_OPT_FLAG, GO(json), NULL, 0, 0, NULL,
                 "print the API's JSON instead of tables"},
     LYNX_OPT_END,
@@ -1141,6 +1158,7 @@ int main(int argc, char **argv) {
       LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN | LYNX_OPTS_USAGE_ONLY,
       NULL, 0, 0, 0};
   const char *token_file = getenv("LYNX_TOKEN_FILE"), *env_api;
+  const char *cacert = getenv("LYNX_CACERT");
   char **args;
   int n, rc;
 
@@ -1172,6 +1190,19 @@ int main(int argc, char **argv) {
   /* --token-file, even an empty one, overrides $LYNX_TOKEN_FILE */
   if (scan.given & (1ull << G_TOKEN_FILE))
     token_file = g.token_file;
+  if (scan.given & (1ull << G_CACERT))
+    cacert = g.cacert;
+  if (cacert && cacert[0]) {
+    FILE *f = fopen(cacert, "r");
+    if (!f) {
+      fprintf(stderr, "lynxctl: --cacert %s: %s\n", cacert, strerror(errno));
+      lynx_opts_free(global_tab, &g);
+      free(args);
+      return EX_API; /* a file it cannot read: a runtime failure */
+    }
+    fclose(f);
+    t.cacert = cacert;
+  }
   if (n == 0) {
     fputs(usage_text, stderr);
     lynx_opts_free(global_tab, &g);

@@ -33,6 +33,7 @@
 #include "log.h"
 #include "options.h"
 #include "store.h"
+#include "tls.h"
 #include "elect.h"
 #include "store_etcd.h"
 #include "util.h"
@@ -40,6 +41,7 @@
 struct coord_cfg {
   uint32_t ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
   char *listen, *http, *state_dir, *token_file, *log_level;
+  char *tls_ca, *tls_cert, *tls_key;
   char *etcd, *etcd_prefix;
   uint32_t etcd_timeout_ms, etcd_lease_s;
   uint32_t lease_ms, drain_ms, frontend_timeout_ms, frame_max, body_max;
@@ -80,6 +82,10 @@ static const struct lynx_opt coord_opts[] = {
      "a drain stops the node's instances at the latest after this"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "cluster token; without one only loopback peers are accepted"},
+    LYNX_OPT_TLS(O(tls_ca), O(tls_cert), O(tls_key),
+                 "the cluster CA (PEM): control connections then need TLS "
+                 "and a client certificate it signed (with --tls-cert and "
+                 "--tls-key, which alone serve the API over HTTPS)"),
     LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "4096", 1, 1u << 20,
      NULL, "control connections (agents, frontends) open at once; more are "
@@ -130,6 +136,7 @@ struct cpeer {
   enum peer_role role;
   int registered;
   int admitted; /* counted by c.ctl_guard */
+  int refused;  /* its certificate was refused: its messages are ignored */
   struct lynx_guard_src *src;
   char id[LYNX_ID_MAX];
   uint64_t connected_seq; /* frontends: the earliest connected are active */
@@ -162,6 +169,11 @@ struct coordinator {
    * unreachable store holds the loop for its timeout on every try) */
   uint64_t epoch_retry_ms;
   int stopping;
+  /* --tls-*: the API is served over HTTPS (tls_on), and with --tls-ca
+   * every control connection is TLS with a client certificate the CA
+   * signed (tls.has_ca) */
+  struct lynx_tls tls;
+  int tls_on, tls_ctl;
 };
 
 #define HELLO_TIMEOUT_MS 10000 /* a peer that says nothing is closed */
@@ -574,6 +586,10 @@ static void peer_closed(struct lynx_ctl *ctl) {
   *p->pprev = p->next;
   if (p->next)
     p->next->pprev = p->pprev;
+  /* a failed handshake (no TLS, or our certificate not trusted there)
+   * counts as a wrong credential does */
+  if (p->admitted && p->ctl.tls_failed)
+    lynx_guard_auth_failed(&co->c.ctl_guard, p->src, lynx_now_ns());
   if (p->admitted)
     lynx_guard_closed(&co->c.ctl_guard, p->src, p->role != ROLE_NONE);
   pthread_mutex_lock(&co->c.lock);
@@ -624,13 +640,15 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   struct lynx_fe_claim *claims;
   char err[400];
   const char *role = h->role ? h->role : "";
+  /* with TLS the certificate was checked (peer_tls_ready); the token is
+   * required too when one is configured (it travels encrypted then) */
   if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
     uint64_t hold = lynx_guard_auth_failed(&co->c.ctl_guard, p->src,
                                            lynx_now_ns());
     LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s (%s %s): %s%s",
                 p->ctl.peer, role, h->id ? h->id : "?", err,
                 hold ? " (answer held back: this address keeps presenting "
-                       "a wrong token)" : "");
+                       "wrong credentials)" : "");
     send_hello_reply(p, 0, err, hold / 1000000u);
     return;
   }
@@ -698,6 +716,43 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     LYNX_WARN("coordinator", "refusing %s (%s): %s", p->ctl.peer, p->id, err);
     send_hello_reply(p, 0, err, 0);
   }
+}
+
+/* The handshake is done: a client without a certificate the cluster CA
+ * signed is refused now, before its Hello, counted and held back as a
+ * wrong token is, with an answer that says why (it reads it: it trusted
+ * our certificate). */
+static void peer_tls_ready(struct lynx_ctl *ctl) {
+  struct cpeer *p = container_of(ctl, struct cpeer, ctl);
+  char err[320];
+  uint64_t hold;
+  if (!lynx_tls_peer_check(ctl->tls, err, sizeof(err)))
+    return;
+  hold = p->admitted ? lynx_guard_auth_failed(&p->co->c.ctl_guard, p->src,
+                                              lynx_now_ns())
+                     : 0;
+  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: %s%s", ctl->peer,
+              err, hold ? " (answer held back: this address keeps "
+                          "presenting wrong credentials)" : "");
+  p->refused = 1;
+  send_hello_reply(p, 0, err, hold / 1000000u);
+}
+
+/* A peer that speaks plain text to our TLS port (its Hello where a TLS
+ * handshake belongs): told so in plain text, which it can read, and
+ * counted as a wrong credential. */
+static void peer_not_tls(struct lynx_ctl *ctl) {
+  struct cpeer *p = container_of(ctl, struct cpeer, ctl);
+  static const char why[] = "this coordinator speaks TLS only: give the "
+                            "agent or frontend --tls-ca, --tls-cert and "
+                            "--tls-key (docs/tls.md)";
+  uint64_t hold = p->admitted ? lynx_guard_auth_failed(&p->co->c.ctl_guard,
+                                                       p->src, lynx_now_ns())
+                              : 0;
+  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: plain text, not "
+              "TLS", ctl->peer);
+  p->refused = 1;
+  send_hello_reply(p, 0, why, hold / 1000000u);
 }
 
 static void on_register(struct cpeer *p, const Lynx__Register *m) {
@@ -979,6 +1034,8 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
 static void peer_msg(struct lynx_ctl *ctl, Lynx__Envelope *env) {
   struct cpeer *p = container_of(ctl, struct cpeer, ctl);
   char why[160];
+  if (p->refused)
+    return; /* its refusal is on its way */
   if (p->role == ROLE_NONE) {
     if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO) {
       lynx_ctl_close(ctl, "first message is not a Hello");
@@ -1037,8 +1094,20 @@ static void on_connection(uv_stream_t *server, int status) {
     p->next->pprev = &p->next;
   p->pprev = &co->peers;
   co->peers = p;
-  if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp) ||
-      lynx_ctl_start(&p->ctl)) {
+  if (uv_accept(server, (uv_stream_t *)&p->ctl.tcp)) {
+    lynx_ctl_close(&p->ctl, "accept failed");
+    return;
+  }
+  if (co->tls_ctl) {
+    char err[256];
+    if (lynx_ctl_tls(&p->ctl, &co->tls, NULL, peer_tls_ready, err,
+                     sizeof(err))) {
+      lynx_ctl_close(&p->ctl, err);
+      return;
+    }
+    p->ctl.on_not_tls = peer_not_tls;
+  }
+  if (lynx_ctl_start(&p->ctl)) {
     lynx_ctl_close(&p->ctl, "accept failed");
     return;
   }
@@ -1059,7 +1128,7 @@ static void on_connection(uv_stream_t *server, int status) {
     p->admitted = 1;
   }
   len = sizeof(ss);
-  if (!co->c.token &&
+  if (!co->c.token && !co->tls_ctl &&
       (uv_tcp_getpeername(&p->ctl.tcp, (struct sockaddr *)&ss, &len) ||
        !is_loopback(&ss)))
     lynx_ctl_close(&p->ctl, "no cluster token is configured, so only "
@@ -1208,7 +1277,7 @@ int main(int argc, char **argv) {
   struct lynx_reg_ops ops = {act_start, act_stop, act_tables, act_issue_epoch,
                              &co};
   struct sockaddr_storage ss;
-  char err[256], *token = NULL;
+  char err[512], *token = NULL;
   int rc, lvl, exit_code = 1;
 
   rc = lynx_opts_parse(coord_opts, &co.cfg, argc, argv,
@@ -1230,6 +1299,18 @@ int main(int argc, char **argv) {
       lynx_read_token(co.cfg.token_file, &token, err, sizeof(err))) {
     fprintf(stderr, "%s\n", err);
     goto out_opts;
+  }
+  {
+    struct lynx_tls_files tf = {co.cfg.tls_ca, co.cfg.tls_cert,
+                                co.cfg.tls_key};
+    rc = lynx_tls_load(&co.tls, 1, &tf, err, sizeof(err));
+    if (rc < 0) { /* refused at start only: a running one keeps its keys */
+      fprintf(stderr, "%s\n", err);
+      exit_code = LYNX_EXIT_USAGE;
+      goto out_opts;
+    }
+    co.tls_on = rc == 0;
+    co.tls_ctl = co.tls_on && co.tls.has_ca;
   }
   if (co.cfg.etcd) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1271,6 +1352,10 @@ int main(int argc, char **argv) {
   pthread_cond_init(&co.c.changed, NULL);
   co.c.state_dir = co.cfg.etcd ? NULL : co.cfg.state_dir;
   co.c.token = token;
+  if (co.tls_on) {
+    co.c.tls_cert_pem = co.tls.cert_pem;
+    co.c.tls_key_pem = co.tls.key_pem;
+  }
   co.c.body_max = co.cfg.body_max;
   co.c.http_conn_max = co.cfg.http_conn_max;
   co.c.http_conn_per_client = co.cfg.http_conn_per_client;
@@ -1380,9 +1465,12 @@ int main(int argc, char **argv) {
   pthread_mutex_unlock(&co.c.lock);
   {
     struct json_object *j = lynx_opts_json(coord_opts, &co.cfg);
-    LYNX_INFO("coordinator", "serving control on %s and the API on %s%s; "
-              "config %s", co.cfg.listen, co.cfg.http,
-              token ? "" : " (no token: loopback peers only)",
+    LYNX_INFO("coordinator", "serving control on %s%s and the API on "
+              "%s://%s%s; config %s", co.cfg.listen,
+              co.tls_ctl ? " over TLS (peers need a certificate the CA "
+                           "signed)" : "",
+              co.tls_on ? "https" : "http", co.cfg.http,
+              co.tls_ctl || token ? "" : " (no token: loopback peers only)",
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
     json_object_put(j);
   }
@@ -1402,6 +1490,8 @@ out_reg:
   pthread_mutex_destroy(&co.c.lock);
 out_opts:
   lynx_etcd_close(co.store.etcd);
+  if (co.tls_on)
+    lynx_tls_free(&co.tls);
   free(token);
   lynx_opts_free(coord_opts, &co.cfg);
   return exit_code;

@@ -39,6 +39,9 @@ PKGS=(
   # the lenet app (docs/lenet.md): its test images, its training script, and
   # zlib for the tools and tests that read the gzipped images
   dataset-fashion-mnist python3-numpy zlib1g-dev
+  # TLS on the API and the control connections (docs/tls.md): GnuTLS, and
+  # certtool for deploy/make-test-ca.sh; gnutls-cli for the tls test
+  libgnutls28-dev gnutls-bin
 )
 
 missing=()

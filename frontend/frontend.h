@@ -147,6 +147,7 @@ enum fe_rx_opt { FE_RXOPT_AUTO, FE_RXOPT_URING, FE_RXOPT_SOCKET };
 struct fe_cfg {
   char *agent, *coordinator, *udp, *tcp, *framing, *bind, *metrics,
       *frontend_id, *log_level, *token_file;
+  char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */
   uint32_t fixed_len; /* --framing fixed:N, parsed */
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
   int dispatch, poll, order, rx;

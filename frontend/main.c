@@ -86,6 +86,10 @@ static const struct lynx_opt fe_opts[] = {
     LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token"},
+    LYNX_OPT_TLS(O(tls_ca), O(tls_cert), O(tls_key),
+                 "the cluster CA (PEM): the connection to the coordinator is "
+                 "TLS, its certificate checked against the address dialed; "
+                 "needs --tls-cert and --tls-key (docs/tls.md)"),
     LYNX_OPT_LOG_LEVEL(O(log_level), "info"),
     LYNX_OPT_END,
 };
@@ -94,6 +98,8 @@ static const struct lynx_opt fe_opts[] = {
 struct fe_main {
   struct fe_cfg cfg;
   char *token;
+  struct lynx_tls tls; /* --tls-*: loaded when tls_on */
+  int tls_on;
   char id[LYNX_ID_MAX];
   int coordinator_mode;
   uv_loop_t loop;
@@ -831,6 +837,18 @@ int main(int argc, char **argv) {
       goto out;
     }
   }
+  {
+    struct lynx_tls_files tf = {cfg->tls_ca, cfg->tls_cert, cfg->tls_key};
+    char err[512];
+    rc = lynx_tls_load_client(&m.tls, &tf, m.coordinator_mode, err,
+                              sizeof(err));
+    if (rc < 0) {
+      fprintf(stderr, "%s\n", err);
+      m.exit_code = LYNX_EXIT_USAGE;
+      goto out;
+    }
+    m.tls_on = rc == 0;
+  }
   if (!m.coordinator_mode) {
     /* static mode serves one port, known now: one that is taken is this
      * command's failure, said at once (a coordinator's services, which
@@ -864,6 +882,7 @@ int main(int argc, char **argv) {
   m.d.n_produces = &m.n_claims;
   m.d.id = m.id;
   m.d.token = m.token;
+  m.d.tls = m.tls_on ? &m.tls : NULL;
   m.d.on_msg = on_ctl_msg;
   m.d.on_close = on_ctl_closed;
   m.d.data = &m;
@@ -892,6 +911,8 @@ int main(int argc, char **argv) {
   services_stop_all(&m);
   LYNX_INFO("frontend", "%s: stopped", m.id);
 out:
+  if (m.tls_on)
+    lynx_tls_free(&m.tls);
   free(m.token);
   free(m.claims);
   free(m.claim_ptrs);

@@ -5,9 +5,12 @@
  * Wire format (docs/design.md, "tcp transport"): every operation is a
  * 24-byte little-endian header {u8 op, u8 flags, u16 zero, u32 len, u64 off,
  * u64 wr_id} followed by len bytes for HELLO, WRITE, READ_TX and the
- * replies. The frontend sends HELLO {magic, version, key, epoch, region
- * size, producer}, then WRITE, READ and READ_TX operations; the agent
- * answers HELLO_REPLY (off = 0 or an errno, payload = reason) and one
+ * replies. The frontend sends HELLO {magic, version, region id, epoch,
+ * region size, producer}; the agent answers CHALLENGE {nonce}, the
+ * frontend PROOF {HMAC-SHA256(key, nonce || HELLO)} (version 4: the key
+ * never crosses the wire, tcp_auth.h), and the agent HELLO_REPLY (off = 0
+ * or an errno, payload = reason; an unknown region id is refused at once).
+ * Then WRITE, READ and READ_TX operations; the agent answers one
  * READ_RESP per READ and READ_TX_RESP per READ_TX, in order.
  *
  * Fencing (version 3): producer is the frontend epoch (desc.producer). The
@@ -71,17 +74,22 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include <gnutls/crypto.h>
+
 #include "connguard.h"
 #include "log.h"
 #include "mqueue.h"
+#include "tcp_auth.h"
 #include "transport.h"
 #include "util.h"
 
 #define TCP_MAGIC 0x3154584Cu /* "LXT1" */
 /* 2: READ_TX (a compound read). 3: HELLO carries the producer epoch,
- * FENCED. A peer of another version is refused at HELLO with a reason
- * naming both versions (a HELLO as short as version 2's is read that far). */
-#define TCP_VERSION 3u
+ * FENCED. 4: HELLO names the region by its id and the key is proven by
+ * CHALLENGE/PROOF instead of sent. A peer of another version is refused at
+ * HELLO with a reason naming both versions (a HELLO as short as version
+ * 2's is read that far). */
+#define TCP_VERSION 4u
 #define TCP_HELLO_MIN 32u /* version 2's HELLO: magic and version in it */
 #define TCP_HDR 24u
 #define TCP_OP_MAX (4u << 20)        /* largest write or read, bytes */
@@ -100,6 +108,8 @@ enum tcp_op {
   OP_READ_TX = 6,
   OP_READ_TX_RESP = 7,
   OP_FENCED = 8, /* agent: a newer frontend took the region over */
+  OP_CHALLENGE = 9, /* agent: {nonce}, the answer to a HELLO it can serve */
+  OP_PROOF = 10,    /* frontend: {HMAC-SHA256(key, nonce || HELLO)} */
 };
 
 /* READ_TX's payload: {u32 count, u32 0}, then count entries {u32 q, u32
@@ -120,9 +130,44 @@ struct tcp_hdr {
 struct tcp_hello {
   uint32_t magic;
   uint16_t version, zero;
-  uint64_t key, epoch, region_size;
+  uint64_t id; /* the region's (lynx__tcp_region_id of its key) */
+  uint64_t epoch, region_size;
   uint64_t producer; /* the frontend epoch (desc.producer) */
 };
+
+/* ---- the proof of the key (tcp_auth.h) ----------------------------------- */
+
+uint64_t lynx__tcp_region_id(uint64_t key) {
+  static const char label[] = "lynx tcp region id";
+  uint64_t k = htole64(key), id = 0;
+  uint8_t mac[32];
+  if (gnutls_hmac_fast(GNUTLS_MAC_SHA256, &k, sizeof(k), label,
+                       sizeof(label) - 1, mac) == 0)
+    memcpy(&id, mac, sizeof(id));
+  return le64toh(id);
+}
+
+int lynx__tcp_proof(uint64_t key, const uint8_t nonce[LYNX_TCP_NONCE],
+                    const void *hello, size_t hello_len,
+                    uint8_t out[LYNX_TCP_PROOF]) {
+  uint8_t msg[LYNX_TCP_NONCE + 64];
+  uint64_t k = htole64(key);
+  if (hello_len > sizeof(msg) - LYNX_TCP_NONCE)
+    return -EINVAL;
+  memcpy(msg, nonce, LYNX_TCP_NONCE);
+  memcpy(msg + LYNX_TCP_NONCE, hello, hello_len);
+  return gnutls_hmac_fast(GNUTLS_MAC_SHA256, &k, sizeof(k), msg,
+                          LYNX_TCP_NONCE + hello_len, out)
+             ? -EIO
+             : 0;
+}
+
+int lynx__ct_equal(const uint8_t *a, const uint8_t *b, size_t n) {
+  volatile uint8_t d = 0; /* no early exit the compiler could add */
+  for (size_t i = 0; i < n; i++)
+    d |= a[i] ^ b[i];
+  return d == 0;
+}
 
 static void hdr_put(uint8_t *p, uint8_t op, uint8_t flags, uint32_t len,
                     uint64_t off, uint64_t wr_id) {
@@ -226,7 +271,7 @@ struct tcp_export {
   uint8_t *base;      /* host memory, or NULL: mem */
   const struct lynx_region_mem *mem;
   uint64_t size;
-  uint64_t key, epoch;
+  uint64_t key, id, epoch; /* id: lynx__tcp_region_id(key), on the wire */
   struct lynx_geom g;
   struct lynx_fence fence; /* serving thread only; metrics read it */
   struct tcp_export *next;
@@ -235,7 +280,12 @@ struct tcp_export {
 struct srv_conn {
   uv_tcp_t tcp;
   struct tcp_agent *srv;
-  struct tcp_export *ex; /* NULL until HELLO */
+  struct tcp_export *ex; /* NULL until the PROOF passes */
+  /* after a HELLO that named a region: the region (referenced), the
+   * HELLO and the nonce its PROOF must answer */
+  struct tcp_export *cand;
+  struct tcp_hello hello;
+  uint8_t nonce[LYNX_TCP_NONCE];
   uint64_t producer;     /* its frontend epoch, admitted by ex->fence */
   struct buf in;
   struct buf out;        /* replies not yet handed to the kernel */
@@ -292,11 +342,11 @@ static void export_put(struct tcp_export *ex) {
   }
 }
 
-/* Under srv->lock: the listed export with this key, referenced. */
-static struct tcp_export *export_get(struct tcp_agent *srv, uint64_t key) {
+/* Under srv->lock: the listed export with this id, referenced. */
+static struct tcp_export *export_get(struct tcp_agent *srv, uint64_t id) {
   struct tcp_export *ex;
   for (ex = srv->exports; ex; ex = ex->next)
-    if (ex->listed && ex->key == key) {
+    if (ex->listed && ex->id == id) {
       ex->refs++;
       return ex;
     }
@@ -315,6 +365,8 @@ static void srv_on_closed(uv_handle_t *h) {
     lynx_fence_release(&c->ex->fence, c->producer);
     export_put(c->ex);
   }
+  if (c->cand)
+    export_put(c->cand);
   if (c->admitted)
     lynx_guard_closed(&srv->guard, c->src, c->ex != NULL);
   buf_free(&c->in);
@@ -607,54 +659,14 @@ static int srv_fence(struct srv_conn *c, struct tcp_export *ex,
   return 0;
 }
 
-/* Answers a HELLO; 0 when the connection is now bound to a region. A
- * refusal from a source backed off for wrong credentials is held back
- * (-EAGAIN: the answer waits in c->out, reading stops, the sweep sends it
- * at refuse_at_ns). */
-static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
-                     const uint8_t *p) {
-  struct tcp_hello m;
-  struct tcp_export *ex = NULL;
-  char why[160] = "";
-  int err = 0, fenced = 0;
-  memset(&m, 0, sizeof(m));
-  memcpy(&m, p, h->len < sizeof(m) ? h->len : sizeof(m));
-  /* the version first: a peer of another one hears that, not a length */
-  if (le32toh(m.magic) != TCP_MAGIC || le16toh(m.version) != TCP_VERSION) {
-    snprintf(why, sizeof(why), "bad magic 0x%08x or version %u (this agent "
-             "speaks %u: the versions differ)", le32toh(m.magic),
-             le16toh(m.version), TCP_VERSION);
-    err = EPROTO;
-    goto out;
-  }
-  if (h->len != sizeof(m)) {
-    snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h->len,
-             sizeof(m));
-    err = EPROTO;
-    goto out;
-  }
-  pthread_mutex_lock(&c->srv->lock);
-  ex = export_get(c->srv, le64toh(m.key));
-  pthread_mutex_unlock(&c->srv->lock);
-  if (!ex) {
-    snprintf(why, sizeof(why), "no region with this key (the agent "
-             "restarted or the instance stopped: stale descriptor)");
-    err = ENOENT;
-  } else if (ex->epoch != le64toh(m.epoch)) {
-    snprintf(why, sizeof(why), "epoch %llu, the region's is %llu",
-             (unsigned long long)le64toh(m.epoch),
-             (unsigned long long)ex->epoch);
-    err = ESTALE;
-  } else if (ex->size != le64toh(m.region_size)) {
-    snprintf(why, sizeof(why), "region size %llu, the region's is %llu",
-             (unsigned long long)le64toh(m.region_size),
-             (unsigned long long)ex->size);
-    err = EPROTO;
-  } else {
-    err = -srv_fence(c, ex, le64toh(m.producer), why, sizeof(why));
-    fenced = err != 0;
-  }
-out:
+/* Ends the HELLO exchange with HELLO_REPLY {err, why}: on err 0 the
+ * connection is bound to ex (whose reference it takes over; else it is
+ * dropped). 0 when bound. A refusal other than a fence counts as a wrong
+ * credential; from a source backed off for those it is held back (-EAGAIN:
+ * the answer waits in c->out, reading stops, the sweep sends it at
+ * refuse_at_ns). */
+static int srv_answer(struct srv_conn *c, struct tcp_export *ex, int err,
+                      int fenced, const char *why) {
   if (err && ex) {
     export_put(ex);
     ex = NULL;
@@ -680,6 +692,73 @@ out:
     }
   }
   return -err;
+}
+
+/* A HELLO: a region this agent serves is challenged (CHALLENGE {nonce};
+ * 0, the PROOF comes next); anything else is refused (srv_answer). */
+static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
+                     const uint8_t *p) {
+  struct tcp_hello m;
+  struct tcp_export *ex;
+  char why[160] = "";
+  memset(&m, 0, sizeof(m));
+  memcpy(&m, p, h->len < sizeof(m) ? h->len : sizeof(m));
+  /* the version first: a peer of another one hears that, not a length */
+  if (le32toh(m.magic) != TCP_MAGIC || le16toh(m.version) != TCP_VERSION) {
+    snprintf(why, sizeof(why), "bad magic 0x%08x or version %u (this agent "
+             "speaks %u: the versions differ)", le32toh(m.magic),
+             le16toh(m.version), TCP_VERSION);
+    return srv_answer(c, NULL, EPROTO, 0, why);
+  }
+  if (h->len != sizeof(m)) {
+    snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h->len,
+             sizeof(m));
+    return srv_answer(c, NULL, EPROTO, 0, why);
+  }
+  pthread_mutex_lock(&c->srv->lock);
+  ex = export_get(c->srv, le64toh(m.id));
+  pthread_mutex_unlock(&c->srv->lock);
+  if (!ex)
+    return srv_answer(c, NULL, ENOENT, 0, "no region with this id (the "
+                      "agent restarted or the instance stopped: stale "
+                      "descriptor)");
+  if (getrandom(c->nonce, sizeof(c->nonce), 0) != (ssize_t)sizeof(c->nonce))
+    return srv_answer(c, ex, EIO, 0, "no random bytes for a challenge");
+  c->cand = ex;
+  c->hello = m;
+  srv_reply(c, OP_CHALLENGE, 0, 0, c->nonce, sizeof(c->nonce));
+  return 0;
+}
+
+/* The PROOF of the key for the region the HELLO named: checked in constant
+ * time, then the HELLO's epoch, size and producer; answered (srv_answer). */
+static int srv_proof(struct srv_conn *c, const uint8_t *p) {
+  struct tcp_export *ex = c->cand;
+  const struct tcp_hello *m = &c->hello;
+  uint8_t want[LYNX_TCP_PROOF];
+  char why[160] = "";
+  int err = 0, fenced = 0;
+  c->cand = NULL;
+  if (lynx__tcp_proof(ex->key, c->nonce, m, sizeof(*m), want) ||
+      !lynx__ct_equal(want, p, sizeof(want))) {
+    snprintf(why, sizeof(why), "wrong region key (its proof of the key "
+             "does not verify)");
+    err = EACCES;
+  } else if (ex->epoch != le64toh(m->epoch)) {
+    snprintf(why, sizeof(why), "epoch %llu, the region's is %llu",
+             (unsigned long long)le64toh(m->epoch),
+             (unsigned long long)ex->epoch);
+    err = ESTALE;
+  } else if (ex->size != le64toh(m->region_size)) {
+    snprintf(why, sizeof(why), "region size %llu, the region's is %llu",
+             (unsigned long long)le64toh(m->region_size),
+             (unsigned long long)ex->size);
+    err = EPROTO;
+  } else {
+    err = -srv_fence(c, ex, le64toh(m->producer), why, sizeof(why));
+    fenced = err != 0;
+  }
+  return srv_answer(c, ex, err, fenced, why);
 }
 
 /* Applies one operation; a reason in why when the connection must close. */
@@ -801,22 +880,32 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     hdr_get(p, &h);
     if (h.zero || h.len > TCP_OP_MAX ||
         (h.op != OP_HELLO && h.op != OP_WRITE && h.op != OP_READ &&
-         h.op != OP_READ_TX)) {
+         h.op != OP_READ_TX && h.op != OP_PROOF)) {
       snprintf(why, sizeof(why), "malformed frame (op %u, length %u)", h.op,
                h.len);
       break;
     }
-    if (!c->ex && h.op != OP_HELLO) {
+    if (!c->ex && h.op != OP_HELLO && !(c->cand && h.op == OP_PROOF)) {
       snprintf(why, sizeof(why), "operation %u before hello", h.op);
       break;
     }
-    if (!c->ex && (h.len < TCP_HELLO_MIN || h.len > sizeof(struct tcp_hello))) {
+    if (h.op == OP_PROOF && c->ex) {
+      snprintf(why, sizeof(why), "proof after the hello exchange");
+      break;
+    }
+    if (h.op == OP_PROOF && h.len != LYNX_TCP_PROOF) {
+      snprintf(why, sizeof(why), "proof of %u bytes, expected %u", h.len,
+               LYNX_TCP_PROOF);
+      break;
+    }
+    if (!c->ex && h.op == OP_HELLO &&
+        (h.len < TCP_HELLO_MIN || h.len > sizeof(struct tcp_hello))) {
       /* refused on its header: a stranger's length is never buffered */
       snprintf(why, sizeof(why), "hello of %u bytes, expected %zu", h.len,
                sizeof(struct tcp_hello));
       break;
     }
-    if (c->ex && h.op == OP_HELLO) {
+    if ((c->ex || c->cand) && h.op == OP_HELLO) {
       snprintf(why, sizeof(why), "second hello");
       break;
     }
@@ -828,8 +917,9 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
         snprintf(why, sizeof(why), "no memory for a %u-byte frame", h.len);
       break;
     }
-    if (h.op == OP_HELLO) {
-      int rc = srv_hello(c, &h, p + TCP_HDR);
+    if (h.op == OP_HELLO || h.op == OP_PROOF) {
+      int rc = h.op == OP_HELLO ? srv_hello(c, &h, p + TCP_HDR)
+                                : srv_proof(c, p + TCP_HDR);
       if (rc == -EAGAIN) { /* the refusal waits; read nothing more */
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
@@ -1084,6 +1174,7 @@ static int tcp_region_export(struct lynx_region *r) {
     free(ex);
     return -EIO;
   }
+  ex->id = lynx__tcp_region_id(ex->key);
   ex->srv = srv;
   ex->refs = 1;
   ex->listed = 1;
@@ -1268,8 +1359,21 @@ static int recv_all(int fd, uint8_t *p, size_t n, uint64_t deadline) {
   return xfer_all(fd, p, n, 0, deadline);
 }
 
-/* HELLO, its reply, then a read of the region header checked against the
- * descriptor. */
+/* Sends n bytes of frame and reads the header of the answer into h. */
+static int tc_ask(int fd, const uint8_t *frame, size_t n, struct tcp_hdr *h,
+                  uint64_t deadline) {
+  uint8_t hdr[TCP_HDR];
+  int rc = send_all(fd, frame, n, deadline);
+  if (!rc)
+    rc = recv_all(fd, hdr, TCP_HDR, deadline);
+  if (!rc)
+    hdr_get(hdr, h);
+  return rc;
+}
+
+/* HELLO, the agent's CHALLENGE and our PROOF of the key (which itself
+ * never crosses the wire), its reply, then a read of the region header
+ * checked against the descriptor. */
 static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
                         uint64_t deadline) {
   uint8_t frame[TCP_HDR + sizeof(struct tcp_hello)];
@@ -1277,18 +1381,28 @@ static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
   uint8_t regionhdr[sizeof(struct lynx_region_hdr)];
   char why[257], err[256];
   struct tcp_hello m = {htole32(TCP_MAGIC), htole16(TCP_VERSION), 0,
-                        htole64(d->key), htole64(d->epoch),
-                        htole64(d->region_size), htole64(d->producer)};
+                        htole64(lynx__tcp_region_id(d->key)),
+                        htole64(d->epoch), htole64(d->region_size),
+                        htole64(d->producer)};
   struct tcp_hdr h;
   int rc;
   hdr_put(frame, OP_HELLO, 0, sizeof(m), 0, 0);
   memcpy(frame + TCP_HDR, &m, sizeof(m));
-  rc = send_all(c->fd, frame, sizeof(frame), deadline);
-  if (!rc)
-    rc = recv_all(c->fd, hdr, TCP_HDR, deadline);
+  rc = tc_ask(c->fd, frame, sizeof(frame), &h, deadline);
   if (rc)
     return rc;
-  hdr_get(hdr, &h);
+  if (h.op == OP_CHALLENGE && h.len == LYNX_TCP_NONCE) {
+    uint8_t nonce[LYNX_TCP_NONCE], proof[TCP_HDR + LYNX_TCP_PROOF];
+    rc = recv_all(c->fd, nonce, sizeof(nonce), deadline);
+    if (rc)
+      return rc;
+    hdr_put(proof, OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
+    if (lynx__tcp_proof(d->key, nonce, &m, sizeof(m), proof + TCP_HDR))
+      return -EIO;
+    rc = tc_ask(c->fd, proof, sizeof(proof), &h, deadline);
+    if (rc)
+      return rc;
+  }
   if (h.op != OP_HELLO_REPLY || h.len >= sizeof(why)) {
     LYNX_WARN("tcp", "%s: not a lynx tcp agent (reply op %u)", d->locator,
               h.op);

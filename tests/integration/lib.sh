@@ -662,6 +662,13 @@ etcd_get() {
     --print-value-only "$1"
 }
 
+# The API's scheme, and the CA to trust it with: a test of the API over
+# HTTPS (tls.sh) sets API_SCHEME=https and API_CACERT=FILE before
+# start_coordinator; api, ctl and the /readyz wait follow them.
+API_SCHEME=http API_CACERT=''
+# api_url: where the coordinator's API is.
+api_url() { echo "$API_SCHEME://127.0.0.1:$API_PORT"; }
+
 # start_coordinator [OPTION...]: lynx-coordinator with control on
 # 127.0.0.1:$COORD_PORT, the API on 127.0.0.1:$API_PORT and its state in
 # $COORD_STATE (default $IT_DIR/state; kept across restarts). Waits for the
@@ -677,7 +684,8 @@ start_coordinator() {
   [[ ${NOWAIT:-0} == 1 ]] && return 0
   wait_log "$COORD_LOG" "serving control on" 10 1 "$COORD_PID"
   end=$(($(now_ms) + 5000))
-  until curl -sf --max-time 2 "http://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; do
+  until curl -sf --max-time 2 ${API_CACERT:+--cacert "$API_CACERT"} \
+    "$(api_url)/readyz" >/dev/null 2>&1; do
     is_alive "$COORD_PID" || fail "lynx-coordinator#$IT_SEQ exited before it was ready"
     (($(now_ms) < end)) || fail "lynx-coordinator#$IT_SEQ: /readyz not 200 within 5 s"
     sleep 0.05
@@ -724,7 +732,8 @@ api() {
   shift 2
   API_BODY=$IT_DIR/api-body.out API_HEADERS=$IT_DIR/api-headers.out
   API_STATUS=$(curl -s --max-time 10 -X "$method" -o "$API_BODY" -D "$API_HEADERS" \
-    -w '%{http_code}' "$@" "http://127.0.0.1:$API_PORT$path" 2>/dev/null)
+    -w '%{http_code}' ${API_CACERT:+--cacert "$API_CACERT"} "$@" \
+    "$(api_url)$path" 2>/dev/null)
   [[ -n $API_STATUS && $API_STATUS != 000 ]]
 }
 
@@ -745,7 +754,9 @@ serve_service() {
 }
 
 # ctl [ARG...]: lynxctl against the coordinator on $API_PORT.
-ctl() { "$LYNX_BIN_DIR/lynxctl" --api "http://127.0.0.1:$API_PORT" "$@"; }
+ctl() {
+  "$LYNX_BIN_DIR/lynxctl" --api "$(api_url)" ${API_CACERT:+--cacert "$API_CACERT"} "$@"
+}
 
 # node_state NODE: the node's state from lynxctl nodes --json ("" when the
 # node is not listed or the coordinator does not answer).

@@ -39,6 +39,7 @@
 
 #include "connguard.h"
 #include "mqueue.h"
+#include "tcp_auth.h"
 #include "transport.h"
 #include "ut_main.h"
 #include "ut_region.h"
@@ -197,13 +198,16 @@ static int raw_closed(int fd) {
 }
 
 /* Sends a HELLO of protocol version ver for f's region, as long as that
- * version's (32 bytes up to 2; 3 adds the producer epoch, 0 here). */
-static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
+ * version's (32 bytes up to 2; 3 adds the producer epoch, 0 here; 4 names
+ * the region by its id, not its key); its 40 bytes into hello if not
+ * NULL. */
+static void raw_hello_send_copy(int fd, const struct fx *f, uint16_t ver,
+                                uint8_t hello[40]) {
   uint8_t m[24 + 40];
   uint32_t magic = htole32(0x3154584Cu);
   uint32_t len = ver >= 3 ? 40 : 32;
-  uint64_t key = htole64(f->r.key), ep = htole64(EPOCH),
-           sz = htole64(f->g.region_size);
+  uint64_t key = htole64(ver >= 4 ? lynx__tcp_region_id(f->r.key) : f->r.key),
+           ep = htole64(EPOCH), sz = htole64(f->g.region_size);
   ver = htole16(ver);
   put_hdr(m, 1, 0, len, 0, 0);
   memset(m + 24, 0, 40);
@@ -212,12 +216,31 @@ static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
   memcpy(m + 32, &key, 8);
   memcpy(m + 40, &ep, 8);
   memcpy(m + 48, &sz, 8);
+  if (hello)
+    memcpy(hello, m + 24, 40);
   raw_send(fd, m, 24 + len);
+}
+
+static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
+  raw_hello_send_copy(fd, f, ver, NULL);
+}
+
+/* The version-4 exchange up to the agent's answer: HELLO, its CHALLENGE,
+ * and a PROOF made with key (f's, or another to see it refused). */
+static void raw_hello_prove(int fd, const struct fx *f, uint64_t key) {
+  uint8_t hello[40], r[24 + LYNX_TCP_NONCE], proof[24 + LYNX_TCP_PROOF];
+  raw_hello_send_copy(fd, f, 4, hello);
+  assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), (ssize_t)sizeof(r));
+  assert_int_equal(r[0], 9); /* CHALLENGE */
+  put_hdr(proof, 10, 0, LYNX_TCP_PROOF, 0, 0);
+  assert_int_equal(lynx__tcp_proof(key, r + 24, hello, sizeof(hello),
+                                   proof + 24), 0);
+  raw_send(fd, proof, sizeof(proof));
 }
 
 static void raw_hello(int fd, const struct fx *f) {
   uint8_t r[24];
-  raw_hello_send(fd, f, 3);
+  raw_hello_prove(fd, f, f->r.key);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
   assert_int_equal(r[0], 2);   /* HELLO_REPLY */
   assert_int_equal(r[8], 0);   /* status 0 */
@@ -597,6 +620,21 @@ static void raw_frame(int fd, uint8_t *op, uint64_t *off, char *why,
   why[len] = 0;
 }
 
+/* The agent's next frame is op with status err and a reason holding
+ * text, and it then closes the connection (which this closes too). */
+static void raw_refused(int fd, uint8_t want_op, uint64_t err,
+                        const char *text) {
+  char why[200];
+  uint64_t off;
+  uint8_t op;
+  raw_frame(fd, &op, &off, why, sizeof(why));
+  assert_int_equal(op, want_op);
+  assert_int_equal(off, err);
+  assert_non_null(strstr(why, text));
+  assert_true(raw_closed(fd));
+  close(fd);
+}
+
 /* On the wire: a connection of an older epoch (a raw one, epoch 0) gets
  * FENCED {ESTALE, reason} when a newer one (9) takes the region over, and
  * is closed; a HELLO of the older epoch is then refused with ESTALE and
@@ -605,32 +643,62 @@ static void test_fence_on_the_wire(void **state) {
   struct fx *f = *state;
   struct lynx_region_desc d = f->d;
   struct lynx_fence_stats s;
-  char why[200];
-  uint64_t off;
-  uint8_t op;
   int fd = raw_connect(f);
   raw_hello(fd, f);
   d.producer = 9;
   assert_int_equal(T->connect(&d, &f->c), 0);
-  raw_frame(fd, &op, &off, why, sizeof(why));
-  assert_int_equal(op, 8); /* FENCED */
-  assert_int_equal(off, ESTALE);
-  assert_non_null(strstr(why, "epoch 9 took this region over"));
-  assert_true(raw_closed(fd));
-  close(fd);
+  raw_refused(fd, 8 /* FENCED */, ESTALE, "epoch 9 took this region over");
   fd = raw_connect(f);
-  raw_hello_send(fd, f, 3);
-  raw_frame(fd, &op, &off, why, sizeof(why));
-  assert_int_equal(op, 2); /* HELLO_REPLY */
-  assert_int_equal(off, ESTALE);
-  assert_string_equal(why, "fenced: frontend epoch 0 is older than 9, the "
-                           "newest this region admitted");
-  assert_true(raw_closed(fd));
-  close(fd);
+  raw_hello_prove(fd, f, f->r.key);
+  raw_refused(fd, 2 /* HELLO_REPLY */, ESTALE,
+              "fenced: frontend epoch 0 is older than 9, the newest this "
+              "region admitted");
   lynx_region_fence_stats(&f->r, &s);
   assert_true(s.fence == 9 && s.refused == 1 && s.cut == 1 &&
               s.producers == 1);
   assert_true(*(const uint64_t *)(f->r.base + LYNX_OFF_FENCE) == 9);
+}
+
+/* ---- the proof of the key (version 4) ---------------------------------- */
+
+/* The key never crosses the wire: the HELLO names the region by an id the
+ * key does not show in; a PROOF made with another key is refused (EACCES,
+ * counted as a wrong credential); a PROOF before any HELLO, or of another
+ * length, closes the connection; the right one is served. */
+static void test_key_proof(void **state) {
+  struct fx *f = *state;
+  uint8_t hello[40], frame[24 + LYNX_TCP_PROOF];
+  uint64_t key = htole64(f->r.key);
+  uint64_t fails0 = lynx_guard_get(&g_ta->guard->auth_failed);
+  int fd = raw_connect(f);
+  raw_hello_send_copy(fd, f, 4, hello);
+  assert_null(memmem(hello, sizeof(hello), &key, sizeof(key)));
+  close(fd);
+
+  fd = raw_connect(f);
+  raw_hello_prove(fd, f, f->r.key ^ 1);
+  raw_refused(fd, 2 /* HELLO_REPLY */, EACCES, "wrong region key");
+  assert_int_equal(lynx_guard_get(&g_ta->guard->auth_failed), fails0 + 1);
+
+  fd = raw_connect(f);
+  put_hdr(frame, 10, 0, LYNX_TCP_PROOF, 0, 0);
+  memset(frame + 24, 0, LYNX_TCP_PROOF);
+  raw_send(fd, frame, sizeof(frame));
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  fd = raw_connect(f);
+  raw_hello_send(fd, f, 4);
+  assert_int_equal(recv(fd, frame, 24, MSG_WAITALL), 24);
+  assert_int_equal(frame[0], 9); /* CHALLENGE */
+  put_hdr(frame, 10, 0, 8, 0, 0);
+  raw_send(fd, frame, 24 + 8);
+  assert_true(raw_closed(fd));
+  close(fd);
+
+  fd = raw_connect(f);
+  raw_hello(fd, f);
+  close(fd);
 }
 
 /* ---- protocol versions ------------------------------------------------- */
@@ -655,7 +723,7 @@ static void test_old_frontend_refused(void **state) {
   assert_true(len > 0 && len < sizeof(why));
   assert_int_equal(recv(fd, why, len, MSG_WAITALL), (ssize_t)len);
   assert_non_null(strstr(why, "version 2"));
-  assert_non_null(strstr(why, "speaks 3"));
+  assert_non_null(strstr(why, "speaks 4"));
   assert_true(raw_closed(fd));
   close(fd);
 }
@@ -675,7 +743,7 @@ struct old_agent {
 static void *old_agent_main(void *arg) {
   struct old_agent *o = arg;
   uint8_t in[24 + 40], out[24 + 64];
-  const char *why = "bad magic 0x3154584c or version 3 (this agent speaks 1)";
+  const char *why = "bad magic 0x3154584c or version 4 (this agent speaks 1)";
   uint32_t l = (uint32_t)strlen(why);
   int fd = accept(o->lfd, NULL, NULL);
   if (fd < 0)
@@ -716,7 +784,7 @@ static void test_old_agent_refuses(void **state) {
   expect_refused(&d, -EPROTO);
   pthread_join(t, NULL);
   close(o.lfd);
-  assert_int_equal(o.seen_version, 3);
+  assert_int_equal(o.seen_version, 4);
   assert_int_equal(o.seen_after, 0);
 }
 
@@ -1068,6 +1136,7 @@ int main(int argc, char **argv) {
       T_(test_agent_closes_on_bad_frames),
       T_(test_bad_peer_does_not_hurt_others),
       T_(test_hello_length_checked_first),
+      T_(test_key_proof),
       T_(test_read_tx_exact),
       T_(test_read_tx_refused),
       cmocka_unit_test(test_read_tx_large),
