@@ -39,6 +39,10 @@ PKGS=(
   # the lenet app (docs/lenet.md): its test images, its training script, and
   # zlib for the tools and tests that read the gzipped images
   dataset-fashion-mnist python3-numpy zlib1g-dev
+  # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
+  # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
+  # clang, and recommends are not installed here)
+  clang libclang-rt-dev
 )
 
 missing=()
