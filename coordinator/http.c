@@ -973,6 +973,14 @@ struct json_object *lynx_http_body_parse(const char *body, size_t len,
     char key[96];
     int dl = 0, dc = 0, dup;
     dup = lynx_json_dup_key(body, len, key, sizeof(key), &dl, &dc);
+    if (dup == -EILSEQ) {
+      json_object_put(j);
+      snprintf(msg, msglen,
+               "a key holds a NUL character (\\u0000) at line %d, column "
+               "%d: keys are cut there, and two could be one",
+               dl, dc);
+      return NULL;
+    }
     if (dup) {
       json_object_put(j);
       if (dup != -EEXIST)

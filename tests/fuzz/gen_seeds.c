@@ -589,6 +589,8 @@ static const char *const specs[][2] = {
     {"duplicate-key", "{\"name\":\"a\",\"port\":1,\"app\":\"echo\","
                       "\"port\":2}"},
     {"bad-types", "{\"name\":7,\"port\":-1,\"app\":[\"echo\"]}\n"},
+    {"nul-in-key", "{\"name\":\"a\",\"port\":1,\"app\":\"echo\","
+                   "\"name\\u0000\":\"b\"}"},
 };
 
 static void api(void) {

@@ -538,7 +538,9 @@ static void test_bad_fields(void **state) {
 }
 
 /* json-c keeps the last of two equal keys: the API refuses them, naming
- * the key, at any depth. */
+ * the key, at any depth; and a key holding a NUL, which json-c would cut
+ * into another (found looking at the API's body parser for its fuzz
+ * harness, tests/fuzz/fuzz_http_body.c). */
 static void test_duplicate_keys(void **state) {
   struct fx *f = *state;
   struct resp r;
@@ -563,6 +565,21 @@ static void test_duplicate_keys(void **state) {
       &r);
   expect_error(&r, 400, "invalid_argument", "duplicate key \"address\"",
                NULL);
+  resp_free(&r);
+  assert_null(f->c.reg.services);
+  /* a NUL in a key: json-c cuts the key there, which makes "name\u0000"
+   * a second "name" (and renames any key silently); refused too */
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", "
+      "\"name\\u0000\": \"b\"}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "NUL character", "line 1");
+  resp_free(&r);
+  req(f, "POST", "/v1/services",
+      "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\",\n"
+      " \"placement\": {\"selector\": {\"zone\\u0000x\": \"a\"}}}",
+      &r);
+  expect_error(&r, 400, "invalid_argument", "NUL character", "line 2");
   resp_free(&r);
   assert_null(f->c.reg.services);
   /* equal keys in different objects are fine */
