@@ -73,12 +73,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   snprintf(path, sizeof(path), "%s/state.json", dir);
   f = fopen(path, "wb");
-  if (!f || fwrite(data, 1, size, f) != size || fclose(f)) {
-    if (f)
-      fclose(f);
+  if (!f)
+    goto out;
+  if (fwrite(data, 1, size, f) != size) {
+    fclose(f);
     goto out;
   }
-  f = NULL;
+  if (fclose(f))
+    goto out;
   lynx_reg_init(&r, 3000, 10000, NULL);
   rc = lynx_store_load(dir, &r, 1000, err, sizeof(err));
   if (rc == 0)
