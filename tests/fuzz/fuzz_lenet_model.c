@@ -21,51 +21,53 @@
 #include "fuzz.h"
 #include "lenet_model.h"
 
+/* A file of the full size and the model parsed from it: static, written
+ * whole for every input (fresh pages for every input made page faults
+ * most of a run's time). */
+static uint8_t whole[LENET_FILE_SIZE];
+static struct lenet_model model;
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct fz f = {data, size};
-  uint8_t flags = fz_u8(&f), *file = NULL, img[LENET_PIXELS];
-  struct lenet_model *m = malloc(sizeof(*m));
+  uint8_t flags = fz_u8(&f), *raw = NULL, img[LENET_PIXELS];
+  const uint8_t *file = whole;
   float logits[LENET_CLASSES];
   char why[256] = "";
-  size_t n, len;
+  size_t n, len = LENET_FILE_SIZE;
   const uint8_t *rest = fz_rest(&f, &n);
   int rc;
   fz_quiet();
-  if (!m)
-    return 0;
   if (flags & 1) {
     len = n;
-    file = malloc(len ? len : 1); /* a heap copy of its exact size */
-    if (file)
-      memcpy(file, rest, len);
+    raw = malloc(len ? len : 1); /* a heap copy of its exact size */
+    if (!raw)
+      return 0;
+    memcpy(raw, rest, len);
+    file = raw;
   } else {
     size_t hdr = n < LENET_FILE_HDR ? n : LENET_FILE_HDR;
-    len = LENET_FILE_SIZE;
-    file = calloc(1, len);
-    if (file) {
-      memcpy(file, rest, hdr);
-      for (size_t i = LENET_FILE_HDR; n > hdr && i < len; i++)
-        file[i] = rest[hdr + (i - LENET_FILE_HDR) % (n - hdr)];
-      if (flags & 2) {
-        uint32_t crc = htole32(lenet_crc32(file + LENET_FILE_HDR,
-                                           4u * LENET_PARAMS));
-        memcpy(file + 24, &crc, 4);
-      }
+    memset(whole, 0, sizeof(whole));
+    memcpy(whole, rest, hdr);
+    for (size_t i = LENET_FILE_HDR, k; n > hdr && i < len; i += k) {
+      k = n - hdr < len - i ? n - hdr : len - i;
+      memcpy(whole + i, rest + hdr, k); /* the rest, repeated */
+    }
+    if (flags & 2) {
+      uint32_t crc = htole32(lenet_crc32(whole + LENET_FILE_HDR,
+                                         4u * LENET_PARAMS));
+      memcpy(whole + 24, &crc, 4);
     }
   }
-  if (!file)
-    goto out;
-  rc = lenet_model_parse(file, len, m, why, sizeof(why));
+  memset(&model, 0, sizeof(model));
+  rc = lenet_model_parse(file, len, &model, why, sizeof(why));
   if (rc) {
     FZ_CHECK(rc == -EINVAL && why[0]);
-    goto out;
+  } else {
+    for (size_t i = 0; i < LENET_PIXELS; i++)
+      img[i] = size ? data[i % size] : 0;
+    rc = lenet_infer(&model, img, logits);
+    FZ_CHECK(rc >= 0 && rc < LENET_CLASSES);
   }
-  for (size_t i = 0; i < LENET_PIXELS; i++)
-    img[i] = size ? data[i % size] : 0;
-  rc = lenet_infer(m, img, logits);
-  FZ_CHECK(rc >= 0 && rc < LENET_CLASSES);
-out:
-  free(file);
-  free(m);
+  free(raw);
   return 0;
 }

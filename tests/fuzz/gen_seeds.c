@@ -673,27 +673,33 @@ static void apps(void) {
   app_seed("relay", 5, 0, "question", 8, "answer");
   memset(img, 0x33, sizeof(img));
   app_seed("lenet", 6, 0, img, sizeof(img), "");
-  /* two raw slots: a request, and a large reference past the area */
+  /* three raw slots (1 KiB, fuzz_apps.c): a request, a large one in the
+   * area's first 100 bytes, a large reference past the 16 KiB area */
   b.n = 0;
   put_u8(&b, 0);
   put_u8(&b, 1);
-  put_u8(&b, 1);
+  put_u8(&b, 2);
   {
-    uint8_t slot[2048] = {0};
+    static const struct lynx_large_ref refs[2] = {{0, 100, 128, 0},
+                                                  {16384 - 64, 128, 16448, 0}};
+    uint8_t slot[1024] = {0};
     struct lynx_slot_meta m = {5, 9, LYNX_ST_OK, 0, 0};
     memcpy(slot, "hello", 5);
     memcpy(slot + sizeof(slot) - LYNX_META_SIZE, &m, sizeof(m));
     put(&b, slot, sizeof(slot));
-    m = (struct lynx_slot_meta){sizeof(struct lynx_large_ref), 10,
-                                LYNX_ST_OK | LYNX_ST_LARGE, 0, 0};
-    memset(slot, 0, sizeof(slot));
-    memcpy(slot, &(struct lynx_large_ref){65536 - 64, 128, 65536 + 64, 0},
-           sizeof(struct lynx_large_ref));
-    memcpy(slot + sizeof(slot) - LYNX_META_SIZE, &m, sizeof(m));
-    put(&b, slot, sizeof(slot));
+    for (int i = 0; i < 2; i++) {
+      m = (struct lynx_slot_meta){sizeof(refs[i]), 10u + (uint32_t)i,
+                                  LYNX_ST_OK | LYNX_ST_LARGE, 0, 0};
+      memset(slot, 0, sizeof(slot));
+      memcpy(slot, &refs[i], sizeof(refs[i]));
+      memcpy(slot + sizeof(slot) - LYNX_META_SIZE, &m, sizeof(m));
+      put(&b, slot, sizeof(slot));
+    }
   }
-  put_be32(&b, 0);
-  put_be16(&b, 0);
+  put_be32(&b, 0);   /* tx_cons */
+  put_be16(&b, 100); /* the large area's first bytes */
+  for (int i = 0; i < 100; i++)
+    put_u8(&b, (uint8_t)i);
   emit(&b, "apps", "raw-slots");
   free(b.p);
 }
