@@ -120,7 +120,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct lynx_msg m;
   volatile int stop = 1; /* sockperf-fault holds for no "LYNX-HANG" */
   uint8_t sel = fz_u8(&f), flags = fz_u8(&f);
-  uint32_t pos = 0;
   size_t n, n_apps = 0;
   const uint8_t *rep;
   fz_quiet();
@@ -146,13 +145,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ctx.stop = &stop;
   lynx_mq_bind(&mq, r.mem, &r.g, 0);
   while (lynx_mq_recv(&mq, &m) == 0) {
+    /* an answer, or a drop that frees the tag, takes the next TX slot */
+    uint32_t pos = mq.tx_prod;
     int replied = 0, rc = app->handle(&mq, &m, &replied, &ctx);
     if (ut_fctrl(&r, 0)->tx_cons == 0) /* the TX ring has room */
       FZ_CHECK(rc == 0);
     if (rc)
       break;
     check_answer(&r, app, &m, pos, replied);
-    pos += replied != 0;
     lynx_release(&mq);
   }
   pthread_mutex_destroy(&cl.lock);

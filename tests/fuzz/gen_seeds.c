@@ -701,6 +701,22 @@ static void apps(void) {
   for (int i = 0; i < 100; i++)
     put_u8(&b, (uint8_t)i);
   emit(&b, "apps", "raw-slots");
+  /* sockperf-echo, raw: a request it drops (its TX slot frees the tag),
+   * then a ping it answers in the next TX slot */
+  put_u8(&b, 1);
+  put_u8(&b, 1);
+  put_u8(&b, 1);
+  for (uint32_t k = 0; k < 2; k++) {
+    uint8_t slot[1024] = {0};
+    struct lynx_slot_meta m = {sizeof(sp), 20u + k, LYNX_ST_OK, 0, 0};
+    memcpy(slot, sp, sizeof(sp));
+    slot[9] = (uint8_t)(LYNX_SOCKPERF_CLIENT | (k ? LYNX_SOCKPERF_PONG_REQ : 0));
+    memcpy(slot + sizeof(slot) - LYNX_META_SIZE, &m, sizeof(m));
+    put(&b, slot, sizeof(slot));
+  }
+  put_be32(&b, 0);
+  put_be16(&b, 0);
+  emit(&b, "apps", "sockperf-drop-then-answer");
   free(b.p);
 }
 
