@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test test-busy fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -25,6 +25,18 @@ test: build
 # the suite with a CPU hog per core spinning beside it (tests/run-busy.sh)
 test-busy: build
 	@bash tests/run-busy.sh $(BUILD) $(CTEST_ARGS)
+
+# every libFuzzer harness of tests/fuzz/ for FUZZ_SECONDS each, from a
+# scratch copy of its corpus, in a clang build (FUZZ_BUILD); fails when one
+# crashed, keeping the input in FUZZ_BUILD/fuzz-artifacts/ (docs/fuzzing.md).
+# FUZZ_HARNESSES="a b" runs only those.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_HARNESSES ?=
+fuzz: deps
+	@LYNX_FUZZ_JOBS=$(JOBS) bash tests/fuzz/build-libfuzzer.sh . $(FUZZ_BUILD) || \
+	  { echo "make fuzz: no libFuzzer build (see above)" >&2; exit 1; }
+	@bash tests/fuzz/fuzz-run.sh $(FUZZ_BUILD)/bin $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
 
 run: build
 	@bash deploy/run-local.sh $(BUILD)

@@ -76,4 +76,15 @@ void lynx_coord_changed(struct lynx_coord *c);
 int lynx_http_start(struct lynx_coord *c, const char *addr);
 void lynx_http_stop(struct lynx_coord *c);
 
+/* http.c: an API request's body (len bytes from the network; NULL or 0:
+ * none) as one JSON object, refusing what json-c would take without a
+ * word: a key twice in one object, data after the value. The object (the
+ * caller puts it), or NULL with the HTTP status to answer (400, 413, 500)
+ * in *status and the reason in msg (msglen bytes, terminated). Also what
+ * tests/fuzz/fuzz_http_body.c runs. */
+struct json_object;
+struct json_object *lynx_http_body_parse(const char *body, size_t len,
+                                         unsigned *status, char *msg,
+                                         size_t msglen);
+
 #endif

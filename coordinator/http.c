@@ -925,37 +925,36 @@ static void h_watch(struct http_req *rq, struct http_out *out) {
 
 /* ---- mutating endpoints ------------------------------------------------- */
 
-/* Parses the request body as one JSON value. NULL with a 400 in out. */
-static struct json_object *parse_body(struct http_req *rq,
-                                      struct http_out *out) {
+struct json_object *lynx_http_body_parse(const char *body, size_t len,
+                                         unsigned *status, char *msg,
+                                         size_t msglen) {
   struct json_tokener *tok;
   struct json_object *j;
   enum json_tokener_error jerr;
   size_t end, line = 1, col = 1;
 
-  if (!rq->body || rq->len == 0) {
-    reply_err(out, 400, "invalid_argument",
-              "empty body: expected a JSON object");
+  *status = 400;
+  if (!body || len == 0) {
+    snprintf(msg, msglen, "empty body: expected a JSON object");
     return NULL;
   }
-  if (rq->len > (size_t)INT32_MAX) { /* json-c takes an int length */
-    reply_err(out, 413, "payload_too_large", "body too large");
+  if (len > (size_t)INT32_MAX) { /* json-c takes an int length */
+    *status = 413;
+    snprintf(msg, msglen, "body too large");
     return NULL;
   }
   tok = json_tokener_new();
-  if (!tok) {
-    reply_oom(out);
-    return NULL;
-  }
+  if (!tok)
+    goto oom;
   json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
-  j = json_tokener_parse_ex(tok, rq->body, (int)rq->len);
+  j = json_tokener_parse_ex(tok, body, (int)len);
   jerr = json_tokener_get_error(tok);
   end = json_tokener_get_parse_end(tok);
   json_tokener_free(tok);
-  if (end > rq->len)
-    end = rq->len;
+  if (end > len)
+    end = len;
   for (size_t i = 0; i < end; i++) {
-    if (rq->body[i] == '\n') {
+    if (body[i] == '\n') {
       line++;
       col = 1;
     } else {
@@ -963,26 +962,26 @@ static struct json_object *parse_body(struct http_req *rq,
     }
   }
   if (jerr == json_tokener_continue || (!j && jerr == json_tokener_success)) {
-    reply_err(out, 400, "invalid_argument",
-              "malformed JSON: unexpected end of input at line %zu, column "
-              "%zu (offset %zu)",
-              line, col, end);
+    snprintf(msg, msglen,
+             "malformed JSON: unexpected end of input at line %zu, column "
+             "%zu (offset %zu)",
+             line, col, end);
     return NULL;
   }
   if (jerr != json_tokener_success) {
     json_object_put(j);
-    reply_err(out, 400, "invalid_argument",
-              "malformed JSON at line %zu, column %zu (offset %zu): %s", line,
-              col, end, json_tokener_error_desc(jerr));
+    snprintf(msg, msglen,
+             "malformed JSON at line %zu, column %zu (offset %zu): %s", line,
+             col, end, json_tokener_error_desc(jerr));
     return NULL;
   }
-  for (size_t i = end; i < rq->len; i++) {
-    if (!isspace((unsigned char)rq->body[i])) {
+  for (size_t i = end; i < len; i++) {
+    if (!isspace((unsigned char)body[i])) {
       json_object_put(j);
-      reply_err(out, 400, "invalid_argument",
-                "malformed JSON: unexpected data after the JSON value at "
-                "line %zu, column %zu (offset %zu)",
-                line, col, i);
+      snprintf(msg, msglen,
+               "malformed JSON: unexpected data after the JSON value at "
+               "line %zu, column %zu (offset %zu)",
+               line, col, i);
       return NULL;
     }
   }
@@ -990,26 +989,53 @@ static struct json_object *parse_body(struct http_req *rq,
     /* json-c kept the last of two equal keys: refuse them instead */
     char key[96];
     int dl = 0, dc = 0, dup;
-    dup = lynx_json_dup_key(rq->body, rq->len, key, sizeof(key), &dl, &dc);
+    dup = lynx_json_dup_key(body, len, key, sizeof(key), &dl, &dc);
+    if (dup == -EILSEQ) {
+      json_object_put(j);
+      snprintf(msg, msglen,
+               "a key holds a NUL character (\\u0000) at line %d, column "
+               "%d: keys are cut there, and two could be one",
+               dl, dc);
+      return NULL;
+    }
     if (dup) {
       json_object_put(j);
       if (dup != -EEXIST)
-        reply_oom(out);
-      else
-        reply_err(out, 400, "invalid_argument",
-                  "duplicate key \"%s\" at line %d, column %d: a key may "
-                  "appear only once in an object",
-                  key, dl, dc);
+        goto oom;
+      snprintf(msg, msglen,
+               "duplicate key \"%s\" at line %d, column %d: a key may "
+               "appear only once in an object",
+               key, dl, dc);
       return NULL;
     }
   }
   if (!json_object_is_type(j, json_type_object)) {
-    reply_err(out, 400, "invalid_argument",
-              "body: expected a JSON object, got %s",
-              json_type_to_name(json_object_get_type(j)));
+    snprintf(msg, msglen, "body: expected a JSON object, got %s",
+             json_type_to_name(json_object_get_type(j)));
     json_object_put(j);
     return NULL;
   }
+  return j;
+oom:
+  *status = 500;
+  snprintf(msg, msglen, "out of memory");
+  return NULL;
+}
+
+/* Parses the request body as one JSON object (lynx_http_body_parse). NULL
+ * with the refusal in out. */
+static struct json_object *parse_body(struct http_req *rq,
+                                      struct http_out *out) {
+  char msg[512];
+  unsigned status;
+  struct json_object *j =
+      lynx_http_body_parse(rq->body, rq->len, &status, msg, sizeof(msg));
+  if (!j)
+    reply_err(out, status,
+              status == 413   ? "payload_too_large"
+              : status == 500 ? "internal"
+                              : "invalid_argument",
+              "%s", msg);
   return j;
 }
 

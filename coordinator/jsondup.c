@@ -28,6 +28,11 @@ int lynx_json_dup_key(const char *buf, size_t len, char *key, size_t key_len,
   }
   if (json_error_code(&e) == json_error_out_of_memory)
     return -ENOMEM;
+  if (json_error_code(&e) == json_error_null_byte_in_key) {
+    *line = e.line;
+    *column = e.column;
+    return -EILSEQ;
+  }
   if (json_error_code(&e) != json_error_duplicate_key)
     return 0;
   *line = e.line;

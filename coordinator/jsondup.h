@@ -18,7 +18,10 @@
  * Looks for an object with the same key twice in the len bytes at buf.
  * -EEXIST when there is one: key gets its name as written between the quotes
  * (escapes left as they are; cut to key_len - 1 bytes), *line and *column
- * where jansson stopped (1-based). 0 when there is none, and also when
+ * where jansson stopped (1-based). -EILSEQ when a key holds a NUL
+ * character ("\u0000"), *line and *column where: json-c cuts a key there,
+ * so {"name": "a", "name\u0000": "b"} would be a key twice it cannot see.
+ * 0 when there is none, and also when
  * jansson cannot read buf for another reason (invalid UTF-8, a control
  * character in a string): the caller's parser and decoder judge those,
  * naming what is wrong. -ENOMEM. (0 / -errno like every function here:

@@ -29,6 +29,7 @@
 
 #include "coord.h"
 #include "ctlconn.h"
+#include "ctlmsg.h"
 #include "frame.h"
 #include "log.h"
 #include "options.h"
@@ -689,11 +690,7 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     p->role = ROLE_FRONTEND;
     p->connected_seq = ++co->fe_seq;
     p->heard_ms = lynx_coord_now_ms();
-    claims = calloc(h->n_produces + 1, sizeof(*claims));
-    for (size_t k = 0; claims && k < h->n_produces; k++) {
-      claims[k].instance_id = h->produces[k]->instance_id;
-      claims[k].epoch = h->produces[k]->epoch;
-    }
+    claims = lynx_ctl_claims(h);
     send_hello_reply(p, 1, NULL, 0);
     pthread_mutex_lock(&co->c.lock);
     lynx_reg_frontend_connect(&co->c.reg, p->id, p->ctl.peer, p,
@@ -767,8 +764,6 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
   uint32_t n_adopt = 0;
   uint64_t epoch = 0;
   int rc;
-  memset(labels, 0, sizeof(labels));
-  memset(accels, 0, sizeof(accels));
   if (!m->node_id || strcmp(m->node_id, p->id) != 0) {
     snprintf(err.message, sizeof(err.message),
              "registers node '%s' but said hello as '%s'",
@@ -776,75 +771,10 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
     rc = -EINVAL;
     goto reply;
   }
-  if (m->n_labels > LYNX_LABELS_MAX || m->n_accels > LYNX_ACCELS_MAX) {
-    snprintf(err.message, sizeof(err.message),
-             "too many labels (%zu, max %d) or accelerators (%zu, max %d)",
-             m->n_labels, LYNX_LABELS_MAX, m->n_accels, LYNX_ACCELS_MAX);
-    rc = -EINVAL;
+  rc = lynx_ctl_register(m, labels, accels, &adopt, &n_adopt, err.message,
+                         sizeof(err.message));
+  if (rc)
     goto reply;
-  }
-  for (size_t i = 0; i < m->n_labels; i++) {
-    /* a label is matched by selectors: cut, it would silently be another */
-    if ((m->labels[i]->key &&
-         strlen(m->labels[i]->key) >= sizeof(labels[i].key)) ||
-        (m->labels[i]->value &&
-         strlen(m->labels[i]->value) >= sizeof(labels[i].value))) {
-      snprintf(err.message, sizeof(err.message),
-               "labels[%zu]: key or value longer than %zu bytes", i,
-               sizeof(labels[i].key) - 1);
-      rc = -EINVAL;
-      goto reply;
-    }
-    snprintf(labels[i].key, sizeof(labels[i].key), "%s",
-             m->labels[i]->key ? m->labels[i]->key : "");
-    snprintf(labels[i].value, sizeof(labels[i].value), "%s",
-             m->labels[i]->value ? m->labels[i]->value : "");
-  }
-  for (size_t i = 0; i < m->n_accels; i++) {
-    const Lynx__AccelInfo *a = m->accels[i];
-    accels[i].idx = a->idx;
-    snprintf(accels[i].kind, sizeof(accels[i].kind), "%s",
-             a->kind ? a->kind : "");
-    snprintf(accels[i].model, sizeof(accels[i].model), "%s",
-             a->model ? a->model : "");
-    accels[i].memory_bytes = a->memory_bytes;
-    accels[i].ordering =
-        a->ordering == LYNX__ORDERING__ORDERING_FENCED ? 1u : 0u;
-    /* a bus id too long for any real one is cut, not refused: it is only
-     * shown to operators */
-    snprintf(accels[i].pci_bus_id, sizeof(accels[i].pci_bus_id), "%s",
-             a->pci_bus_id ? a->pci_bus_id : "");
-    accels[i].gpudirect_rdma = a->gpudirect_rdma ? 1 : 0;
-    accels[i].rdma_writes_ordering = a->rdma_writes_ordering;
-    /* an app name no agent could run is dropped, not refused: placement
-     * only ever compares names the API took */
-    for (size_t k = 0; k < a->n_apps && accels[i].n_apps < LYNX_APPS_MAX; k++)
-      if (a->apps[k] && strlen(a->apps[k]) < LYNX_APP_NAME_MAX &&
-          lynx_text_ok(a->apps[k], strlen(a->apps[k])))
-        snprintf(accels[i].apps[accels[i].n_apps++], LYNX_APP_NAME_MAX, "%s",
-                 a->apps[k]);
-  }
-  adopt = calloc(m->n_instances + 1, sizeof(*adopt));
-  if (!adopt) {
-    snprintf(err.message, sizeof(err.message), "out of memory");
-    rc = -ENOMEM;
-    goto reply;
-  }
-  for (size_t i = 0; i < m->n_instances; i++) {
-    const Lynx__InstanceInfo *ii = m->instances[i];
-    char why[200];
-    /* an instance we cannot understand is adopted under no service, which
-     * makes the registry ask the agent to stop it */
-    adopt[n_adopt].instance_id = ii->instance_id;
-    adopt[n_adopt].accel_idx = ii->accel_idx;
-    snprintf(adopt[n_adopt].service, sizeof(adopt[n_adopt].service), "%s",
-             ii->service && ii->region &&
-                     lynx_desc_from_pb(ii->region, &adopt[n_adopt].desc, why,
-                                       sizeof(why)) == 0
-                 ? ii->service
-                 : "");
-    n_adopt++;
-  }
   pthread_mutex_lock(&co->c.lock);
   epoch = m->epoch;
   /* a new incarnation: its epoch comes from the store, not its clock */
@@ -906,28 +836,8 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
   switch (env->msg_case) {
   case LYNX__ENVELOPE__MSG_HEARTBEAT: {
     const Lynx__Heartbeat *hb = env->heartbeat;
-    uint32_t n = hb->n_counters > LYNX_ACCELS_MAX ? LYNX_ACCELS_MAX
-                                                  : (uint32_t)hb->n_counters;
     struct lynx_accel_report rep[LYNX_ACCELS_MAX];
-    for (uint32_t i = 0; i < n; i++) {
-      const Lynx__AccelCounters *ac = hb->counters[i];
-      memset(&rep[i], 0, sizeof(rep[i]));
-      rep[i].idx = ac->idx;
-      rep[i].requests = ac->requests;
-      rep[i].responses = ac->responses;
-      rep[i].device_lost = ac->device_lost ? 1 : 0;
-      rep[i].failed = ac->failed ? 1 : 0;
-      rep[i].stalled_mqueues = ac->stalled_mqueues;
-      rep[i].stall_ms = ac->stall_ms;
-      rep[i].lat.window_requests = ac->window_requests;
-      rep[i].lat.queue_p50_ns = ac->queue_p50_ns;
-      rep[i].lat.queue_p99_ns = ac->queue_p99_ns;
-      rep[i].lat.service_p50_ns = ac->service_p50_ns;
-      rep[i].lat.service_p99_ns = ac->service_p99_ns;
-      /* an agent's error text of any length ends up cut to the field */
-      snprintf(rep[i].last_error, sizeof(rep[i].last_error), "%s",
-               ac->last_error ? ac->last_error : "");
-    }
+    uint32_t n = lynx_ctl_heartbeat(hb, rep);
     rc = lynx_reg_heartbeat(&co->c.reg, p->id, hb->epoch, rep, n, now);
     ack_epoch = rc == 0 ? hb->epoch : 0;
     break;
@@ -988,6 +898,8 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
   struct coordinator *co = p->co;
   const Lynx__FrontendStatus *st;
   struct lynx_fe_mq_report *mq;
+  struct lynx_fe_listen *fl;
+  uint32_t nl;
   char why[160];
   p->heard_ms = lynx_coord_now_ms();
   if (env->msg_case != LYNX__ENVELOPE__MSG_FRONTEND_STATUS) {
@@ -997,37 +909,18 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
     return;
   }
   st = env->frontend_status;
-  mq = calloc(st->n_mqueues + 1, sizeof(*mq));
+  mq = lynx_ctl_fe_mqueues(st);
   if (!mq)
     return;
-  for (size_t i = 0; i < st->n_mqueues; i++) {
-    mq[i].instance_id = st->mqueues[i]->instance_id;
-    mq[i].q = st->mqueues[i]->q;
-    mq[i].outstanding = st->mqueues[i]->outstanding;
-    mq[i].dispatched = st->mqueues[i]->dispatched;
-    mq[i].responded = st->mqueues[i]->responded;
-  }
-  {
-    uint32_t nl = st->n_services < 1024 ? (uint32_t)st->n_services : 1024;
-    struct lynx_fe_listen *fl = calloc(nl + 1, sizeof(*fl));
-    pthread_mutex_lock(&co->c.lock);
-    lynx_reg_frontend_status(&co->c.reg, p->id, st->table_version, mq,
-                             (uint32_t)st->n_mqueues, lynx_coord_now_ms());
-    if (fl) {
-      for (uint32_t k = 0; k < nl; k++) {
-        const Lynx__ServiceListen *sl = st->services[k];
-        snprintf(fl[k].service, sizeof(fl[k].service), "%s",
-                 sl->service ? sl->service : "");
-        fl[k].listening = sl->listening;
-        lynx_text_clean(fl[k].error, sizeof(fl[k].error),
-                        sl->error ? sl->error : "");
-      }
-      lynx_reg_frontend_listen(&co->c.reg, p->id, fl, nl);
-    }
-    after_change(co);
-    pthread_mutex_unlock(&co->c.lock);
-    free(fl);
-  }
+  fl = lynx_ctl_fe_listens(st, &nl);
+  pthread_mutex_lock(&co->c.lock);
+  lynx_reg_frontend_status(&co->c.reg, p->id, st->table_version, mq,
+                           (uint32_t)st->n_mqueues, lynx_coord_now_ms());
+  if (fl)
+    lynx_reg_frontend_listen(&co->c.reg, p->id, fl, nl);
+  after_change(co);
+  pthread_mutex_unlock(&co->c.lock);
+  free(fl);
   free(mq);
 }
 

@@ -42,6 +42,10 @@ PKGS=(
   # TLS on the API and the control connections (docs/tls.md): GnuTLS, and
   # certtool for deploy/make-test-ca.sh; gnutls-cli for the tls test
   libgnutls28-dev gnutls-bin
+  # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
+  # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
+  # clang, and recommends are not installed here)
+  clang libclang-rt-dev
 )
 
 missing=()

@@ -24,8 +24,8 @@
  *   tcpsvc.c      TCP services' client connections    struct fe_tcpsvc
  *   backend.c     client mqueues' back ends
  *   metrics.c     Prometheus text and the totals log line
- *   (libraries: dispatch.c policy, tagtab.c tags, outq.c, beframe.c,
- *    rxring.c the dispatcher's io_uring receive ring)
+ *   (libraries: dispatch.c policy, tagtab.c tags, outq.c, beframe.c and
+ *    tcpframe.c framing, rxring.c the dispatcher's io_uring receive ring)
  *
  * Calls between these files go one way only (a DAG; an arrow reads "may
  * call"):

@@ -35,6 +35,7 @@
 
 #include "frontend.h"
 #include "log.h"
+#include "tcpframe.h"
 #include "tcpsvc.h"
 
 #define FE_TCP_OUT_MAX (4u << 20) /* unsent answer bytes per connection */
@@ -162,30 +163,12 @@ static void on_connection(uv_stream_t *l, int status) {
 
 /* ---- input ------------------------------------------------------------------ */
 
-/* Largest frame this service accepts now: the largest message every
- * accelerator takes (w->ingress.cap), plus the length word. */
-static uint32_t frame_max(const struct fe_worker *w) {
-  uint32_t cap = w->ingress.cap ? w->ingress.cap : LYNX_SLOT_MAX;
-  return (w->fe->fixed_len ? w->fe->fixed_len : cap) + 4u;
-}
-
-/* Room for what is read next: 64 KiB more, or the rest of a longer frame
- * whose length word is in (a connection grows its buffer only for the
- * frames it sends). */
+/* Room for what is read next (fe_tcp_frame_want). */
 static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   struct fe_client *c = h->data;
-  uint32_t max = frame_max(c->w) + 4096u, want = c->in_len + 65536u;
+  uint32_t want = fe_tcp_frame_want(c->w->fe->fixed_len, c->w->ingress.cap,
+                                    c->in, c->in_len);
   (void)hint;
-  if (!c->w->fe->fixed_len && c->in_len >= 4) {
-    uint32_t be;
-    memcpy(&be, c->in, 4);
-    if (ntohl(be) < max && 4u + ntohl(be) > want)
-      want = 4u + ntohl(be);
-  } else if (c->w->fe->fixed_len && c->w->fe->fixed_len + 4096u > want) {
-    want = c->w->fe->fixed_len + 4096u;
-  }
-  if (want > max)
-    want = max;
   if (c->in_cap < want) {
     uint8_t *p = realloc(c->in, want);
     if (!p) {
@@ -211,21 +194,12 @@ static int client_parse(struct fe_client *c) {
   uint32_t off = 0, fixed = w->fe->fixed_len;
   int work = 0;
   while (!c->closing) {
-    uint32_t len, hdr = fixed ? 0 : 4;
+    uint32_t len = 0, hdr = fixed ? 0 : 4;
     enum fe_wdrop drop;
     int rc;
-    if (c->in_len - off < (fixed ? fixed : 4u))
-      break;
-    if (fixed) {
-      len = fixed;
-    } else {
-      uint32_t be;
-      memcpy(&be, c->in + off, 4);
-      len = ntohl(be);
-    }
-    /* (64-bit: a length word near 4 GiB must not wrap past the bound) */
-    if ((w->ingress.cap && len > w->ingress.cap) ||
-        (uint64_t)len + hdr > frame_max(w)) {
+    long n = fe_tcp_frame_len(fixed, w->ingress.cap, c->in + off,
+                              c->in_len - off, &len);
+    if (n < 0) {
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
                   "frame is larger than the %u bytes the accelerators take "
                   "(msg_max): closing the connection", w->fe->service, w->id,
@@ -233,7 +207,7 @@ static int client_parse(struct fe_client *c) {
       client_close(c, FE_TCP_OVERSIZE);
       return work;
     }
-    if (c->in_len - off < (uint64_t)hdr + len)
+    if (n == 0)
       break;
     if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
       lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);

@@ -1282,7 +1282,8 @@ static int tc_dead(struct tcp_conn *c, int err) {
       err = -ESTALE;
       break;
     }
-    if (h.len > TCP_OP_MAX)
+    /* a frame cut short is the last received: nothing follows it */
+    if (h.len > TCP_OP_MAX || h.len > c->in.len - at - TCP_HDR)
       break;
     at += TCP_HDR + (size_t)h.len;
   }

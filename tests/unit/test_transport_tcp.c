@@ -766,26 +766,107 @@ static void *old_agent_main(void *arg) {
   return NULL;
 }
 
-static void test_old_agent_refuses(void **state) {
-  struct fx *f = *state;
+/* A listening socket on 127.0.0.1 for a stand-in agent; d's locator
+ * names it. */
+static int stand_in_listen(struct lynx_region_desc *d) {
   struct sockaddr_in a = {.sin_family = AF_INET,
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t al = sizeof(a);
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(lfd >= 0);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+  assert_int_equal(listen(lfd, 1), 0);
+  assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+  snprintf(d->locator, sizeof(d->locator), "127.0.0.1:%u", ntohs(a.sin_port));
+  return lfd;
+}
+
+static void test_old_agent_refuses(void **state) {
+  struct fx *f = *state;
   struct old_agent o = {0};
   struct lynx_region_desc d = f->d;
   pthread_t t;
-  o.lfd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(o.lfd >= 0);
-  assert_int_equal(bind(o.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-  assert_int_equal(listen(o.lfd, 1), 0);
-  assert_int_equal(getsockname(o.lfd, (struct sockaddr *)&a, &al), 0);
-  snprintf(d.locator, sizeof(d.locator), "127.0.0.1:%u", ntohs(a.sin_port));
+  o.lfd = stand_in_listen(&d);
   assert_int_equal(pthread_create(&t, NULL, old_agent_main, &o), 0);
   expect_refused(&d, -EPROTO);
   pthread_join(t, NULL);
   close(o.lfd);
   assert_int_equal(o.seen_version, 4);
   assert_int_equal(o.seen_after, 0);
+}
+
+/* ---- a reply cut short ------------------------------------------------ */
+
+/* A stand-in agent that passes the handshake for f's region, answers a
+ * first READ of 256 bytes whole, with the bytes of a FENCED frame 64 bytes
+ * into its payload, and a second READ of 64 bytes with its header and 10
+ * bytes only, then closes. */
+struct cut_agent {
+  int lfd;
+  const uint8_t *region;
+};
+
+static void *cut_agent_main(void *arg) {
+  struct cut_agent *a = arg;
+  uint8_t in[24 + 40], out[24 + 256];
+  const size_t hl = sizeof(struct lynx_region_hdr);
+  int fd = accept(a->lfd, NULL, NULL);
+  if (fd < 0)
+    return NULL;
+  memset(out, 0, sizeof(out));
+  if (recv(fd, in, sizeof(in), MSG_WAITALL) != (ssize_t)sizeof(in))
+    goto out;
+  put_hdr(out, 2, 0, 0, 0, 0); /* HELLO_REPLY: welcome */
+  send(fd, out, 24, MSG_NOSIGNAL);
+  if (recv(fd, in, 24, MSG_WAITALL) != 24) /* the header's READ */
+    goto out;
+  put_hdr(out, 5, 0, (uint32_t)hl, 0, 0);
+  memcpy(out + 24, a->region, hl);
+  send(fd, out, 24 + hl, MSG_NOSIGNAL);
+  if (recv(fd, in, 24, MSG_WAITALL) != 24) /* read 1 */
+    goto out;
+  put_hdr(out, 5, 0, 256, 0, 1);
+  memset(out + 24, 0, 256);
+  put_hdr(out + 24 + 64, 8, 0, 6, ESTALE, 0);
+  memcpy(out + 24 + 64 + 24, "phony!", 6);
+  send(fd, out, 24 + 256, MSG_NOSIGNAL);
+  if (recv(fd, in, 24, MSG_WAITALL) != 24) /* read 2 */
+    goto out;
+  put_hdr(out, 5, 0, 64, 0, 2);
+  send(fd, out, 24 + 10, MSG_NOSIGNAL);
+out:
+  close(fd);
+  return NULL;
+}
+
+/* An agent that closes in the middle of a reply: the frontend's read fails
+ * with -ECONNRESET, judged on the bytes it received. A reproducer of the
+ * fuzzer (tests/fuzz/corpus/tcp_frontend/crash-tc-dead-reads-past-a-cut-
+ * reply): looking for a FENCED frame among them, tc_dead stepped over the
+ * cut reply's announced length, past what it received, and read on in its
+ * buffer, here into the previous reply's bytes, which held a FENCED
+ * frame: the read failed with -ESTALE, the log quoted bytes no agent sent
+ * as its reason, and past the buffer's end it read out of bounds. */
+static void test_cut_reply_not_read_past(void **state) {
+  struct fx *f = *state;
+  struct cut_agent a = {.region = f->r.base};
+  struct lynx_region_desc d = f->d;
+  uint8_t b1[256], b2[64];
+  uint64_t id = 0;
+  pthread_t t;
+  a.lfd = stand_in_listen(&d);
+  assert_int_equal(pthread_create(&t, NULL, cut_agent_main, &a), 0);
+  assert_int_equal(T->connect(&d, &f->c), 0);
+  assert_int_equal(f->c->ops->read(f->c, 0, b1, sizeof(b1), 1), 0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(ut_poll_n(f->c, &id, 1), 1);
+  assert_int_equal(id, 1);
+  assert_int_equal(f->c->ops->read(f->c, 0, b2, sizeof(b2), 2), 0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(ut_poll_n(f->c, &id, 1), -ECONNRESET);
+  ut_tconn_close(&f->c);
+  pthread_join(t, NULL);
+  close(a.lfd);
 }
 
 /* ---- device memory (a GPU's region, reached only through copies) ---- */
@@ -1143,6 +1224,7 @@ int main(int argc, char **argv) {
       T_(test_old_frontend_refused),
       T_(test_fence_on_the_wire),
       T_(test_old_agent_refuses),
+      T_(test_cut_reply_not_read_past),
       cmocka_unit_test(test_device_memory_region),
       cmocka_unit_test(test_device_memory_batches),
   };

@@ -18,20 +18,21 @@ struct ut_region {
   struct lynx_geom g;
 };
 
-/* A zeroed, 4096-aligned region of Q x S x Z, each ring with an L-byte
- * large area, with its header written. 0 or the lynx_geom_init error; -12
- * when out of memory. */
-static inline int ut_region_init_l(struct ut_region *r, uint32_t q,
-                                   uint32_t s, uint32_t z, uint32_t l) {
+/* The region of Q x S x Z, each ring with an L-byte large area, in mem
+ * (4096-aligned, at least size bytes; the caller's): zeroed, its header
+ * written. 0, the lynx_geom_init error, or -12 when it does not fit. */
+static inline int ut_region_at(struct ut_region *r, uint8_t *mem,
+                               uint64_t size, uint32_t q, uint32_t s,
+                               uint32_t z, uint32_t l) {
   struct lynx_region_hdr *h;
   int rc;
   memset(r, 0, sizeof(*r));
   rc = lynx_geom_init(&r->g, q, s, z, l);
   if (rc)
     return rc;
-  r->mem = aligned_alloc(LYNX_RINGS_ALIGN, (size_t)r->g.region_size);
-  if (!r->mem)
+  if (r->g.region_size > size)
     return -12;
+  r->mem = mem;
   memset(r->mem, 0, (size_t)r->g.region_size);
   h = (struct lynx_region_hdr *)r->mem;
   h->layout_version = LYNX_LAYOUT_VERSION;
@@ -45,6 +46,23 @@ static inline int ut_region_init_l(struct ut_region *r, uint32_t q,
   h->large_bytes = l;
   h->magic = LYNX_REGION_MAGIC;
   return 0;
+}
+
+/* The same in a zeroed, 4096-aligned allocation (ut_region_free). 0 or
+ * the lynx_geom_init error; -12 when out of memory. */
+static inline int ut_region_init_l(struct ut_region *r, uint32_t q,
+                                   uint32_t s, uint32_t z, uint32_t l) {
+  struct lynx_geom g;
+  uint8_t *mem;
+  int rc;
+  memset(r, 0, sizeof(*r));
+  rc = lynx_geom_init(&g, q, s, z, l);
+  if (rc)
+    return rc;
+  mem = aligned_alloc(LYNX_RINGS_ALIGN, (size_t)g.region_size);
+  if (!mem)
+    return -12;
+  return ut_region_at(r, mem, g.region_size, q, s, z, l);
 }
 
 static inline int ut_region_init(struct ut_region *r, uint32_t q, uint32_t s,

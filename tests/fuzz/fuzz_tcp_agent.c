@@ -1,0 +1,177 @@
+/*
+ * fuzz_tcp_agent.c - the agent side of the tcp transport
+ * (transport/transport_tcp.c: srv_on_read, srv_hello, srv_op,
+ * srv_read_tx), through its public API: an agent handle on 127.0.0.1
+ * exports one region, and the input is what a frontend sends on a data
+ * connection to it. The session ends when the agent closes the
+ * connection, after the stream ended (or earlier, refusing a frame).
+ *
+ * Input: a byte choosing the region (tcp_fuzz.h); a byte of flags: bit 0
+ * prepends a HELLO with the region's (random) key, which no input could
+ * guess, bit 1 takes its frontend epoch from the next 8 bytes (else 0),
+ * bits 2-5 the size of the pieces the stream is sent in (0: as it goes);
+ * then the stream.
+ *
+ * Checked besides memory errors: the agent closes every connection once
+ * its stream ended; its replies are well-formed frames (a reply
+ * operation, a length within the region); and nothing outside fctrl and
+ * the RX rings changed (the header's fence word aside, which a HELLO with
+ * a newer frontend epoch sets), whatever was written.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fuzz.h"
+#include "tcp_fuzz.h"
+#include "transport.h"
+#include "util.h"
+
+#define SESSION_NS (20ull * 1000000000ull) /* an agent that never closes */
+
+/* The agent's replies, checked frame by frame as they come. */
+struct replies {
+  uint8_t hdr[FZ_TCP_HDR];
+  size_t have;   /* bytes of hdr */
+  uint64_t skip; /* payload bytes of the current frame still to come */
+  uint64_t region_size;
+  unsigned frames;
+};
+
+static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
+  while (n) {
+    size_t k;
+    if (r->skip) {
+      k = r->skip < n ? (size_t)r->skip : n;
+      r->skip -= k;
+      p += k;
+      n -= k;
+      continue;
+    }
+    k = FZ_TCP_HDR - r->have < n ? FZ_TCP_HDR - r->have : n;
+    memcpy(r->hdr + r->have, p, k);
+    r->have += k;
+    p += k;
+    n -= k;
+    if (r->have == FZ_TCP_HDR) {
+      uint8_t op = r->hdr[0];
+      uint32_t len = (uint32_t)r->hdr[4] | (uint32_t)r->hdr[5] << 8 |
+                     (uint32_t)r->hdr[6] << 16 | (uint32_t)r->hdr[7] << 24;
+      FZ_CHECK(r->hdr[2] == 0 && r->hdr[3] == 0);
+      /* the first reply answers the HELLO, and only the first */
+      FZ_CHECK((op == FZ_OP_HELLO_REPLY) == (r->frames == 0));
+      FZ_CHECK(op == FZ_OP_HELLO_REPLY || op == FZ_OP_READ_RESP ||
+               op == FZ_OP_READ_TX_RESP || op == FZ_OP_FENCED);
+      FZ_CHECK(op != FZ_OP_READ_RESP || len <= r->region_size);
+      FZ_CHECK(len <= (4u << 20));
+      r->skip = len;
+      r->have = 0;
+      r->frames++;
+    }
+  }
+}
+
+/* Sends out[0, n) in pieces of piece bytes while reading the replies,
+ * then half-closes and reads until the agent closes. 1 when it did. */
+static int converse(int fd, const uint8_t *out, size_t n, size_t piece,
+                    struct replies *rp) {
+  uint64_t end = lynx_now_ns() + SESSION_NS;
+  size_t sent = 0;
+  int shut = 0;
+  while (lynx_now_ns() < end) {
+    struct pollfd pf = {fd, POLLIN | (sent < n ? POLLOUT : 0), 0};
+    uint8_t buf[65536];
+    ssize_t k;
+    if (sent == n && !shut) {
+      shutdown(fd, SHUT_WR);
+      shut = 1;
+    }
+    if (poll(&pf, 1, 100) <= 0)
+      continue;
+    if (pf.revents & POLLOUT) {
+      size_t want = n - sent < piece ? n - sent : piece;
+      k = send(fd, out + sent, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k > 0)
+        sent += (size_t)k;
+      else if (k < 0 && errno != EAGAIN && errno != EINTR)
+        sent = n; /* the agent closed: nothing more goes */
+    }
+    if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
+      k = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+        return 1;
+      if (k > 0)
+        replies_take(rp, buf, (size_t)k);
+    }
+  }
+  return 0;
+}
+
+/* Whether the bytes a frontend may not write are as they were. */
+static int untouched(const uint8_t *before, const uint8_t *now,
+                     const struct lynx_geom *g) {
+  uint64_t tx = lynx_tx_ring_off(g, 0);
+  return !memcmp(before, now, LYNX_OFF_FENCE) &&
+         !memcmp(before + LYNX_OFF_FENCE + 8, now + LYNX_OFF_FENCE + 8,
+                 g->fctrl_off - LYNX_OFF_FENCE - 8) &&
+         !memcmp(before + tx, now + tx, g->region_size - tx);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const struct lynx_transport_ops *t = &lynx_transport_tcp;
+  struct lynx_transport_agent *ta = NULL;
+  struct lynx_region r;
+  struct lynx_geom g;
+  struct replies rp;
+  struct sockaddr_storage ss;
+  struct fz f = {data, size};
+  uint8_t sel = fz_u8(&f), flags = fz_u8(&f), *out = NULL, *before = NULL;
+  uint32_t ordering;
+  uint64_t producer = flags & 2 ? fz_u64(&f) : 0;
+  size_t n, hello = flags & 1 ? FZ_TCP_HDR + FZ_TCP_HELLO : 0;
+  size_t piece = flags & 0x3c ? (size_t)1 << (((flags >> 2) & 15) - 1)
+                              : SIZE_MAX;
+  const uint8_t *stream = fz_rest(&f, &n);
+  char err[256];
+  struct linger lg = {1, 0}; /* closed with a reset: no TIME_WAIT left */
+  int fd = -1;
+  fz_quiet();
+  fz_tcp_geom(sel, &g, &ordering);
+  memset(&r, 0, sizeof(r));
+  r.fd = -1;
+  memset(&rp, 0, sizeof(rp));
+  rp.region_size = g.region_size;
+  if (t->agent_create(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                      &ta, err, sizeof(err)))
+    return 0; /* no port, no thread: nothing was tried */
+  if (t->region_alloc(ta, &r, "fuzz", g.region_size) ||
+      lynx_region_format(&r, g.n_mqueues, g.slots, g.slot_size, g.large_bytes,
+                         ordering, FZ_TCP_EPOCH, FZ_TCP_ACCEL) ||
+      t->region_export(&r))
+    goto out;
+  before = malloc(g.region_size);
+  out = malloc(hello + n + 1);
+  if (!before || !out || lynx_parse_hostport(r.locator, &ss))
+    goto out;
+  memcpy(before, r.base, g.region_size);
+  if (hello)
+    fz_tcp_hello(out, r.key, g.region_size, producer);
+  memcpy(out + hello, stream, n);
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 ||
+      connect(fd, (struct sockaddr *)&ss, sizeof(struct sockaddr_in)) != 0)
+    goto out;
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  FZ_CHECK(converse(fd, out, hello + n, piece, &rp));
+  FZ_CHECK(untouched(before, r.base, &g));
+out:
+  if (fd >= 0)
+    close(fd);
+  free(out);
+  free(before);
+  t->region_free(&r);
+  t->agent_destroy(ta);
+  return 0;
+}

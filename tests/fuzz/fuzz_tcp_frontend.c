@@ -1,0 +1,216 @@
+/*
+ * fuzz_tcp_frontend.c - the frontend side of the tcp transport
+ * (transport/transport_tcp.c: tc_handshake, tcp_poll, tc_take_tx,
+ * tc_dead), through its public API: the harness listens on 127.0.0.1 as
+ * a fake agent whose answers are the input, connects to it with
+ * lynx_transport_tcp.connect, posts reads and compound reads (READ_TX),
+ * and polls until every one is reported or the connection fails.
+ *
+ * Input: a byte choosing the region the descriptor describes
+ * (tcp_fuzz.h); a byte whose low 3 bits say how many operations are
+ * posted; per operation a byte (bit 0: a compound read of every mqueue
+ * from position u8, else a read at u16 offset of u16 bytes, both taken
+ * modulo the region); then what the agent sends: its HELLO_REPLY, the
+ * READ_RESP of the region header the handshake reads, then the answers
+ * (wr_id i + 1 for the operation i).
+ *
+ * Checked besides memory errors (every buffer the reads fill is its exact
+ * size on the heap): reads are reported once each, in the order posted;
+ * a compound read never reports more slots than were asked for.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fuzz.h"
+#include "tcp_fuzz.h"
+#include "transport.h"
+#include "util.h"
+
+#define SESSION_NS (20ull * 1000000000ull)
+#define OPS_MAX 7
+
+/* The fake agent: takes one connection, sends the input's answers, then
+ * reads (and drops) what the frontend sends until it closes. */
+struct agent {
+  int lfd;
+  const uint8_t *out;
+  size_t n;
+};
+
+static void *agent_main(void *arg) {
+  struct agent *a = arg;
+  uint64_t end = lynx_now_ns() + SESSION_NS;
+  size_t sent = 0;
+  struct linger lg = {1, 0};
+  int fd = -1, shut = 0;
+  struct pollfd lp = {a->lfd, POLLIN, 0};
+  if (poll(&lp, 1, (int)(SESSION_NS / 1000000u)) <= 0 ||
+      (fd = accept(a->lfd, NULL, NULL)) < 0)
+    return NULL; /* the harness gave up on connecting */
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  while (lynx_now_ns() < end) {
+    struct pollfd p = {fd, POLLIN | (sent < a->n ? POLLOUT : 0), 0};
+    uint8_t buf[65536];
+    ssize_t k;
+    if (sent == a->n && !shut) {
+      shutdown(fd, SHUT_WR);
+      shut = 1;
+    }
+    if (poll(&p, 1, 100) <= 0)
+      continue;
+    if (p.revents & POLLOUT) {
+      k = send(fd, a->out + sent, a->n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k > 0)
+        sent += (size_t)k;
+      else if (k < 0 && errno != EAGAIN && errno != EINTR)
+        sent = a->n;
+    }
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+      k = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+        break;
+    }
+  }
+  close(fd);
+  return NULL;
+}
+
+struct op {
+  int compound;
+  uint64_t off;
+  size_t len;
+  uint8_t *dst;              /* a read's bytes, or a compound's array */
+  struct lynx_tx_read *tx;   /* a compound's entries, one per mqueue */
+  int done;
+};
+
+static void ops_free(struct op *ops, int n, const struct lynx_geom *g) {
+  for (int i = 0; i < n; i++) {
+    free(ops[i].dst);
+    for (uint32_t q = 0; ops[i].tx && q < g->n_mqueues; q++)
+      free(ops[i].tx[q].dst);
+    free(ops[i].tx);
+  }
+}
+
+/* Posts operation i (wr_id i + 1): 0, or -1 when it could not be. */
+static int post(struct lynx_tconn *c, struct op *o, int i, struct fz *f,
+                const struct lynx_geom *g) {
+  uint8_t kind = fz_u8(f);
+  if (kind & 1) {
+    uint32_t from = fz_u8(f);
+    o->compound = 1;
+    o->dst = malloc(8u * g->n_mqueues);
+    o->tx = calloc(g->n_mqueues, sizeof(*o->tx));
+    if (!o->dst || !o->tx)
+      return -1;
+    for (uint32_t q = 0; q < g->n_mqueues; q++) {
+      o->tx[q] = (struct lynx_tx_read){q, from, g->slots, 0, NULL};
+      o->tx[q].dst = malloc((size_t)g->slots * g->slot_size);
+      if (!o->tx[q].dst)
+        return -1;
+    }
+    return c->ops->read_tx(c, o->dst, o->tx, (int)g->n_mqueues,
+                           (uint64_t)i + 1) ? -1 : 0;
+  }
+  o->off = fz_u16(f) % g->region_size;
+  o->len = 1 + fz_u16(f) % (g->region_size - o->off);
+  o->dst = malloc(o->len);
+  if (!o->dst)
+    return -1;
+  return c->ops->read(c, o->off, o->dst, o->len, (uint64_t)i + 1) ? -1 : 0;
+}
+
+/* Polls until every posted read is reported or the connection fails. */
+static void reap(struct lynx_tconn *c, struct op *ops, int n,
+                 const struct lynx_geom *g) {
+  uint64_t end = lynx_now_ns() + SESSION_NS;
+  int next = 0;
+  while (next < n && lynx_now_ns() < end) {
+    uint64_t ids[OPS_MAX];
+    struct pollfd p = {c->ops->wait_fd(c), POLLIN, 0};
+    int k = c->ops->poll(c, ids, OPS_MAX);
+    if (k < 0)
+      return;
+    FZ_CHECK(k <= n - next);
+    for (int i = 0; i < k; i++, next++) {
+      FZ_CHECK(ids[i] == (uint64_t)next + 1); /* once each, in order */
+      ops[next].done = 1;
+      for (uint32_t q = 0; ops[next].tx && q < g->n_mqueues; q++)
+        FZ_CHECK(ops[next].tx[q].got <= ops[next].tx[q].max);
+    }
+    if (!k)
+      poll(&p, 1, 100);
+  }
+  FZ_CHECK(next == n || lynx_now_ns() < end); /* it ended, one way or another */
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  struct fz f = {data, size};
+  struct lynx_geom g;
+  struct lynx_region_desc d;
+  struct sockaddr_in sin = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sin);
+  struct agent a = {.lfd = -1};
+  struct op ops[OPS_MAX];
+  struct lynx_tconn *c = NULL;
+  pthread_t th;
+  uint8_t sel = fz_u8(&f);
+  int n = fz_u8(&f) & OPS_MAX, posted = 0;
+  uint32_t ordering;
+  fz_quiet();
+  memset(ops, 0, sizeof(ops));
+  fz_tcp_geom(sel, &g, &ordering);
+  a.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (a.lfd < 0 || bind(a.lfd, (struct sockaddr *)&sin, sizeof(sin)) ||
+      listen(a.lfd, 1) ||
+      getsockname(a.lfd, (struct sockaddr *)&sin, &sl)) {
+    if (a.lfd >= 0)
+      close(a.lfd);
+    return 0;
+  }
+  memset(&d, 0, sizeof(d));
+  d.accel_id = FZ_TCP_ACCEL;
+  snprintf(d.transport, sizeof(d.transport), "tcp");
+  snprintf(d.locator, sizeof(d.locator), "127.0.0.1:%u", ntohs(sin.sin_port));
+  d.region_size = g.region_size;
+  d.epoch = FZ_TCP_EPOCH;
+  d.n_mqueues = g.n_mqueues;
+  d.slots = g.slots;
+  d.slot_size = g.slot_size;
+  d.large_bytes = g.large_bytes;
+  d.ordering = ordering;
+  d.key = 0x6b6579;
+  /* the operations come first in the input, the agent's bytes after */
+  {
+    struct fz plan = f;
+    for (int i = 0; i < n; i++)
+      if (fz_u8(&plan) & 1)
+        fz_u8(&plan);
+      else
+        fz_u32(&plan);
+    a.out = fz_rest(&plan, &a.n);
+  }
+  if (pthread_create(&th, NULL, agent_main, &a)) {
+    close(a.lfd);
+    return 0;
+  }
+  if (lynx_transport_tcp.connect(&d, &c) == 0) {
+    while (posted < n && post(c, &ops[posted], posted, &f, &g) == 0)
+      posted++;
+    if (c->ops->flush(c) == 0)
+      reap(c, ops, posted, &g);
+    c->ops->close(c);
+  }
+  shutdown(a.lfd, SHUT_RDWR); /* an agent still waiting to accept */
+  pthread_join(th, NULL);
+  close(a.lfd);
+  ops_free(ops, n, &g);
+  return 0;
+}
