@@ -1,20 +1,26 @@
 /*
  * fuzz_tcp_agent.c - the agent side of the tcp transport
- * (transport/transport_tcp.c: srv_on_read, srv_hello, srv_op,
+ * (transport/transport_tcp.c: srv_on_read, srv_hello, srv_proof, srv_op,
  * srv_read_tx), through its public API: an agent handle on 127.0.0.1
  * exports one region, and the input is what a frontend sends on a data
  * connection to it. The session ends when the agent closes the
  * connection, after the stream ended (or earlier, refusing a frame).
  *
  * Input: a byte choosing the region (tcp_fuzz.h); a byte of flags: bit 0
- * prepends a HELLO with the region's (random) key, which no input could
- * guess, bit 1 takes its frontend epoch from the next 8 bytes (else 0),
- * bits 2-5 the size of the pieces the stream is sent in (0: as it goes);
- * then the stream.
+ * has the harness make the protocol's handshake first, as a frontend
+ * that knows the region's (random) key does (HELLO naming the region's
+ * id, the agent's CHALLENGE, the PROOF of the key, HELLO_REPLY), which no
+ * input could; without it bit 6 prepends that HELLO alone, so that the
+ * stream answers the CHALLENGE (a wrong PROOF: the nonce is random); bit
+ * 1 takes the HELLO's frontend epoch from the next 8 bytes (else 0), bits
+ * 2-5 the size of the pieces the stream is sent in (0: as it goes); then
+ * the stream.
  *
- * Checked besides memory errors: the agent closes every connection once
- * its stream ended; its replies are well-formed frames (a reply
- * operation, a length within the region); and nothing outside fctrl and
+ * Checked besides memory errors: the agent admits the handshake; it
+ * closes every connection once its stream ended; its replies are
+ * well-formed frames (the HELLO answered first, by a CHALLENGE and then a
+ * HELLO_REPLY or by a HELLO_REPLY alone; a reply operation, a length
+ * within the region); and nothing outside fctrl and
  * the RX rings changed (the header's fence word aside, which a HELLO with
  * a newer frontend epoch sets), whatever was written.
  */
@@ -38,6 +44,7 @@ struct replies {
   uint64_t skip; /* payload bytes of the current frame still to come */
   uint64_t region_size;
   unsigned frames;
+  int challenged; /* the first reply was a CHALLENGE */
 };
 
 static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
@@ -57,13 +64,19 @@ static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
     n -= k;
     if (r->have == FZ_TCP_HDR) {
       uint8_t op = r->hdr[0];
-      uint32_t len = (uint32_t)r->hdr[4] | (uint32_t)r->hdr[5] << 8 |
-                     (uint32_t)r->hdr[6] << 16 | (uint32_t)r->hdr[7] << 24;
+      uint32_t len = (uint32_t)fz_le_get(r->hdr + 4, 4);
+      int first = r->frames == 0;
       FZ_CHECK(r->hdr[2] == 0 && r->hdr[3] == 0);
-      /* the first reply answers the HELLO, and only the first */
-      FZ_CHECK((op == FZ_OP_HELLO_REPLY) == (r->frames == 0));
-      FZ_CHECK(op == FZ_OP_HELLO_REPLY || op == FZ_OP_READ_RESP ||
-               op == FZ_OP_READ_TX_RESP || op == FZ_OP_FENCED);
+      /* the HELLO is answered first, by a CHALLENGE and then (after the
+       * PROOF) a HELLO_REPLY, or by a HELLO_REPLY alone; and only then */
+      FZ_CHECK(op != FZ_OP_CHALLENGE || (first && len == LYNX_TCP_NONCE));
+      FZ_CHECK((op == FZ_OP_HELLO_REPLY) ==
+               ((first && op != FZ_OP_CHALLENGE) ||
+                (r->frames == 1 && r->challenged)));
+      r->challenged |= op == FZ_OP_CHALLENGE;
+      FZ_CHECK(op == FZ_OP_HELLO_REPLY || op == FZ_OP_CHALLENGE ||
+               op == FZ_OP_READ_RESP || op == FZ_OP_READ_TX_RESP ||
+               op == FZ_OP_FENCED);
       FZ_CHECK(op != FZ_OP_READ_RESP || len <= r->region_size);
       FZ_CHECK(len <= (4u << 20));
       r->skip = len;
@@ -71,6 +84,35 @@ static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
       r->frames++;
     }
   }
+}
+
+/* The handshake of a frontend that knows key (flag bit 0), its replies
+ * checked as the stream's are: 1 when the agent admitted the connection.
+ * hello: the HELLO frame it sends. */
+static int handshake(int fd, uint64_t key, const uint8_t *hello,
+                     struct replies *rp) {
+  uint64_t end = lynx_now_ns() + SESSION_NS;
+  uint8_t in[FZ_TCP_HDR + 256], proof[FZ_TCP_HDR + LYNX_TCP_PROOF];
+  uint64_t len;
+  if (fz_tcp_send(fd, hello, FZ_TCP_HDR + FZ_TCP_HELLO) ||
+      fz_tcp_recv(fd, in, FZ_TCP_HDR, end))
+    return 0;
+  replies_take(rp, in, FZ_TCP_HDR);
+  if (in[0] != FZ_OP_CHALLENGE ||
+      fz_tcp_recv(fd, in + FZ_TCP_HDR, LYNX_TCP_NONCE, end))
+    return 0;
+  replies_take(rp, in + FZ_TCP_HDR, LYNX_TCP_NONCE);
+  if (fz_tcp_proof(proof, key, in + FZ_TCP_HDR, hello) ||
+      fz_tcp_send(fd, proof, sizeof(proof)) ||
+      fz_tcp_recv(fd, in, FZ_TCP_HDR, end))
+    return 0;
+  replies_take(rp, in, FZ_TCP_HDR);
+  len = fz_le_get(in + 4, 4);
+  if (in[0] != FZ_OP_HELLO_REPLY || len > sizeof(in) - FZ_TCP_HDR ||
+      fz_tcp_recv(fd, in + FZ_TCP_HDR, (size_t)len, end))
+    return 0;
+  replies_take(rp, in + FZ_TCP_HDR, (size_t)len);
+  return fz_le_get(in + 8, 8) == 0; /* off: 0 admitted, else an errno */
 }
 
 /* Sends out[0, n) in pieces of piece bytes while reading the replies,
@@ -130,7 +172,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint8_t sel = fz_u8(&f), flags = fz_u8(&f), *out = NULL, *before = NULL;
   uint32_t ordering;
   uint64_t producer = flags & 2 ? fz_u64(&f) : 0;
-  size_t n, hello = flags & 1 ? FZ_TCP_HDR + FZ_TCP_HELLO : 0;
+  /* the HELLO goes first in out: sent alone (bit 0) or with the stream */
+  size_t n, hello = flags & 0x41 ? FZ_TCP_HDR + FZ_TCP_HELLO : 0;
+  size_t skip = flags & 1 ? hello : 0; /* bytes of out the handshake sent */
   size_t piece = flags & 0x3c ? (size_t)1 << (((flags >> 2) & 15) - 1)
                               : SIZE_MAX;
   const uint8_t *stream = fz_rest(&f, &n);
@@ -164,7 +208,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       connect(fd, (struct sockaddr *)&ss, sizeof(struct sockaddr_in)) != 0)
     goto out;
   setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-  FZ_CHECK(converse(fd, out, hello + n, piece, &rp));
+  if (skip)
+    FZ_CHECK(handshake(fd, r.key, out, &rp));
+  FZ_CHECK(converse(fd, out + skip, hello + n - skip, piece, &rp));
   FZ_CHECK(untouched(before, r.base, &g));
 out:
   if (fd >= 0)

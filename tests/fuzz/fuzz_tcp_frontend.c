@@ -8,15 +8,20 @@
  *
  * Input: a byte choosing the region the descriptor describes
  * (tcp_fuzz.h); a byte whose low 3 bits say how many operations are
- * posted; per operation a byte (bit 0: a compound read of every mqueue
- * from position u8, else a read at u16 offset of u16 bytes, both taken
- * modulo the region); then what the agent sends: its HELLO_REPLY, the
- * READ_RESP of the region header the handshake reads, then the answers
- * (wr_id i + 1 for the operation i).
+ * posted and whose bit 3 has the agent answer the HELLO with the input at
+ * once (else it first challenges the frontend as a version 4 agent does:
+ * CHALLENGE, the PROOF checked, which no input could make); per operation
+ * a byte (bit 0: a compound read of every mqueue from position u8, else a
+ * read at u16 offset of u16 bytes, both taken modulo the region); then
+ * what the agent sends: its HELLO_REPLY, the READ_RESP of the region
+ * header the handshake reads, then the answers (wr_id i + 1 for the
+ * operation i).
  *
  * Checked besides memory errors (every buffer the reads fill is its exact
- * size on the heap): reads are reported once each, in the order posted;
- * a compound read never reports more slots than were asked for.
+ * size on the heap): the frontend's HELLO names the region by its id and
+ * its PROOF answers the challenge with the key; reads are reported once
+ * each, in the order posted; a compound read never reports more slots
+ * than were asked for.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -34,13 +39,37 @@
 #define SESSION_NS (20ull * 1000000000ull)
 #define OPS_MAX 7
 
-/* The fake agent: takes one connection, sends the input's answers, then
- * reads (and drops) what the frontend sends until it closes. */
+/* The fake agent: takes one connection, challenges it (unless told not
+ * to), sends the input's answers, then reads (and drops) what the
+ * frontend sends until it closes. */
 struct agent {
   int lfd;
+  int challenge;
+  const struct lynx_region_desc *d; /* what the frontend connects with */
   const uint8_t *out;
   size_t n;
 };
+
+/* A version 4 agent's side of the handshake: the frontend's HELLO must be
+ * the one for a->d, its PROOF the one for this CHALLENGE. A frontend that
+ * gave up (closed, or went quiet) ends it without a check. */
+static void challenge(int fd, const struct agent *a, uint64_t end) {
+  static const uint8_t nonce[LYNX_TCP_NONCE] = "a fixed nonce: any will do";
+  uint8_t hello[FZ_TCP_HDR + FZ_TCP_HELLO], want[FZ_TCP_HDR + FZ_TCP_HELLO];
+  uint8_t proof[FZ_TCP_HDR + LYNX_TCP_PROOF], right[sizeof(proof)];
+  uint8_t ask[FZ_TCP_HDR + LYNX_TCP_NONCE];
+  if (fz_tcp_recv(fd, hello, sizeof(hello), end))
+    return;
+  fz_tcp_hello(want, a->d->key, a->d->region_size, a->d->producer);
+  FZ_CHECK(!memcmp(hello, want, sizeof(want)));
+  fz_tcp_hdr(ask, FZ_OP_CHALLENGE, 0, LYNX_TCP_NONCE, 0, 0);
+  memcpy(ask + FZ_TCP_HDR, nonce, LYNX_TCP_NONCE);
+  if (fz_tcp_send(fd, ask, sizeof(ask)) ||
+      fz_tcp_recv(fd, proof, sizeof(proof), end))
+    return;
+  FZ_CHECK(fz_tcp_proof(right, a->d->key, nonce, want) == 0);
+  FZ_CHECK(!memcmp(proof, right, sizeof(right)));
+}
 
 static void *agent_main(void *arg) {
   struct agent *a = arg;
@@ -53,6 +82,8 @@ static void *agent_main(void *arg) {
       (fd = accept(a->lfd, NULL, NULL)) < 0)
     return NULL; /* the harness gave up on connecting */
   setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  if (a->challenge)
+    challenge(fd, a, end);
   while (lynx_now_ns() < end) {
     struct pollfd p = {fd, POLLIN | (sent < a->n ? POLLOUT : 0), 0};
     uint8_t buf[65536];
@@ -161,8 +192,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct op ops[OPS_MAX];
   struct lynx_tconn *c = NULL;
   pthread_t th;
-  uint8_t sel = fz_u8(&f);
-  int n = fz_u8(&f) & OPS_MAX, posted = 0;
+  uint8_t sel = fz_u8(&f), plan_byte = fz_u8(&f);
+  int n = plan_byte & OPS_MAX, posted = 0;
   uint32_t ordering;
   fz_quiet();
   memset(ops, 0, sizeof(ops));
@@ -187,6 +218,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   d.large_bytes = g.large_bytes;
   d.ordering = ordering;
   d.key = 0x6b6579;
+  a.d = &d;
+  a.challenge = !(plan_byte & 8);
   /* the operations come first in the input, the agent's bytes after */
   {
     struct fz plan = f;

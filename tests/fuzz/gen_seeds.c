@@ -484,7 +484,7 @@ static void tcp_agent(void) {
   tcp_put_hdr(&b, FZ_OP_WRITE, 0, 8, 0, 0); /* the header: refused */
   put(&b, slot, 8);
   emit(&b, "tcp_agent", "fenced-bytewise");
-  /* a stranger: its own HELLO, wrong key */
+  /* a stranger: its own HELLO, naming no region this agent has */
   put_u8(&b, 0x40);
   put_u8(&b, 0);
   {
@@ -493,10 +493,19 @@ static void tcp_agent(void) {
     put(&b, h, sizeof(h));
   }
   emit(&b, "tcp_agent", "wrong-key");
+  /* the region's HELLO (flag bit 6), then a PROOF made without the nonce:
+   * refused, and the read after it never served */
+  put_u8(&b, sel);
+  put_u8(&b, 0x40);
+  tcp_put_hdr(&b, FZ_OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
+  put(&b, slot, LYNX_TCP_PROOF);
+  tcp_put_hdr(&b, FZ_OP_READ, 0, 64, 0, 1);
+  emit(&b, "tcp_agent", "wrong-proof");
   free(b.p);
 }
 
-/* A frontend session against the fake agent: HELLO_REPLY, the header the
+/* A frontend session against the fake agent (which challenges it first):
+ * HELLO_REPLY, the header the
  * handshake reads, then answers to op 1 (a read of len bytes at 0) and op
  * 2 (a compound read of every mqueue from 0, with txp slots published on
  * mqueue 0). */
@@ -560,12 +569,18 @@ static void tcp_frontend(void) {
   tcp_frontend_seed("fenced", 0x81, 64, 0, 1);
   /* more than the 4 KiB AddressSanitizer fills a new buffer with */
   tcp_frontend_seed("long-read", 0x3f, 6000, 0, 0);
-  /* a refused HELLO */
+  /* refused after the PROOF */
   put_u8(&b, 0x05);
   put_u8(&b, 0);
   tcp_put_hdr(&b, FZ_OP_HELLO_REPLY, 0, 26, ESTALE, 0);
   put_str(&b, "epoch 1, the region's is 2");
   emit(&b, "tcp_frontend", "refused");
+  /* refused at the HELLO, unchallenged (bit 3): a region the agent lost */
+  put_u8(&b, 0x05);
+  put_u8(&b, 8);
+  tcp_put_hdr(&b, FZ_OP_HELLO_REPLY, 0, 22, ENOENT, 0);
+  put_str(&b, "no region with this id");
+  emit(&b, "tcp_frontend", "refused-unchallenged");
   free(b.p);
 }
 
