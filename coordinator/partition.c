@@ -143,6 +143,7 @@ static int adopt_claims(struct lynx_registry *r) {
 struct fe_load {
   struct lynx_reg_frontend *f;
   int draining;   /* takes nothing, lets go of what it has */
+  uint64_t epoch; /* the newest it produces with (assign) */
   uint64_t svc;   /* non-releasing dispatchable instances of the service */
   uint64_t total; /* the same over every service */
 };
@@ -269,31 +270,52 @@ static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
   return changed;
 }
 
-/* Gives every unowned dispatchable instance to an active frontend, all with
- * one epoch issued for the round. Returns how many were given. */
+/* One new epoch from the store for this round (*round: 0 until issued);
+ * 0, or -errno (logged; the next try waits EPOCH_RETRY_MS). */
+static int round_epoch(struct lynx_registry *r, uint64_t *round,
+                       uint64_t now_ms) {
+  int rc = 0;
+  if (*round)
+    return 0;
+  if (now_ms < r->fe_epoch_retry_ms)
+    return -EAGAIN;
+  if (r->ops.issue_epoch) {
+    rc = r->ops.issue_epoch(r->ops.data, round);
+  } else {
+    *round = ++r->epoch_last;
+    r->frontend_epoch = *round;
+  }
+  if (!rc && *round)
+    return 0;
+  *round = 0;
+  r->fe_epoch_retry_ms = now_ms + EPOCH_RETRY_MS;
+  LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "instances wait for a frontend: no "
+              "frontend epoch could be issued (%s); retrying in %d ms",
+              rc ? strerror(-rc) : "the store issued 0", EPOCH_RETRY_MS);
+  return rc ? rc : -EIO;
+}
+
+/* Gives every unowned dispatchable instance to an active frontend. A fresh
+ * one (started by this registry, never given: its region admitted no
+ * producer) takes the epoch its frontend has already, if any; every other
+ * needs the round's epoch, issued once (a store round trip) for all of
+ * them. Returns how many were given. */
 static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
                        uint64_t *v, size_t n, uint64_t now_ms) {
-  uint64_t epoch = 0, given = 0;
-  int rc;
-  for (size_t k = 0; k < n; k++)
+  uint64_t round = 0, given = 0, reused = 0;
+  int no_epoch = 0;
+  for (size_t k = 0; k < n; k++) {
     ld[k].total = 0;
-  if (!count_loads(r, ld, n, NULL, NULL) || now_ms < r->fe_epoch_retry_ms ||
+    ld[k].epoch = 0;
+  }
+  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    size_t k = i->fe_owner[0] ? fe_index(ld, n, i) : n;
+    if (k < n && i->fe_epoch > ld[k].epoch)
+      ld[k].epoch = i->fe_epoch;
+  }
+  if (!count_loads(r, ld, n, NULL, NULL) ||
       least(ld, v, n) == n) /* every one drains: nobody to give them */
     return 0;
-  if (r->ops.issue_epoch) {
-    rc = r->ops.issue_epoch(r->ops.data, &epoch);
-  } else {
-    epoch = ++r->epoch_last;
-    r->frontend_epoch = epoch;
-    rc = 0;
-  }
-  if (rc || !epoch) {
-    r->fe_epoch_retry_ms = now_ms + EPOCH_RETRY_MS;
-    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "instances wait for a frontend: no "
-                "frontend epoch could be issued (%s); retrying in %d ms",
-                rc ? strerror(-rc) : "the store issued 0", EPOCH_RETRY_MS);
-    return 0;
-  }
   for (struct lynx_reg_service *s = r->services; s; s = s->next) {
     if (!count_loads(r, ld, n, s, NULL))
       continue;
@@ -301,22 +323,38 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
       v[k] = ld[k].svc;
     for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
       size_t k;
+      uint64_t e;
       if (i->svc != s || i->fe_owner[0] || !lynx_reg_inst_dispatchable(i))
         continue;
       k = least(ld, v, n);
       if (k == n)
         break; /* every one drains: it waits for one that does not */
+      e = i->fe_fresh ? ld[k].epoch : 0;
+      reused += e != 0;
+      if (!e) {
+        if (no_epoch || round_epoch(r, &round, now_ms)) {
+          no_epoch = 1;
+          continue; /* waits for an epoch */
+        }
+        e = round;
+      }
       snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", ld[k].f->id);
-      i->fe_epoch = epoch;
+      i->fe_epoch = e;
+      i->fe_fresh = 0;
+      if (e > ld[k].epoch)
+        ld[k].epoch = e;
       v[k]++;
       ld[k].total++;
       given++;
     }
   }
   r->fe_assigned += given;
-  LYNX_INFO(COMP, "%" PRIu64 " instances given to %zu active frontends with "
-            "epoch %" PRIu64 ": agents refuse every earlier producer of them",
-            given, n, epoch);
+  if (given)
+    LYNX_INFO(COMP, "%" PRIu64 " instances given to %zu active frontends: "
+              "%" PRIu64 " with the new epoch %" PRIu64 " (agents refuse "
+              "every earlier producer of them), %" PRIu64 " new regions with "
+              "the epoch their frontend has", given, n, given - reused, round,
+              reused);
   return given;
 }
 

@@ -482,6 +482,7 @@ static int inst_start(struct lynx_registry *r, struct lynx_reg_service *s,
   i->node = n;
   i->accel_idx = n->accels[pos].info.idx;
   i->state = LYNX_INST_STARTING;
+  i->fe_fresh = 1; /* a new region: no producer yet (partition.c) */
   **tailp = i;
   *tailp = &i->next;
   r->version++;

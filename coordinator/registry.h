@@ -180,6 +180,11 @@ struct lynx_reg_instance {
   char fe_owner[LYNX_ID_MAX];
   uint64_t fe_epoch;
   uint64_t fe_release_version, fe_release_deadline_ms;
+  /* started by this registry and never given to a frontend: its region
+   * admitted no producer, so the epoch its first frontend has already
+   * will do (no store round trip for a new instance). An instance adopted
+   * from an agent may have had producers: never fresh. */
+  int fe_fresh;
   struct lynx_reg_instance *next;
 };
 
@@ -514,7 +519,9 @@ void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
  *    frontend releases all of them, if another active frontend can take
  *    them;
  *  - unowned instances go to the active frontend with the fewest of that
- *    service, all with one epoch issued for the round (ops.issue_epoch).
+ *    service: a new instance with the epoch that frontend has (its region
+ *    admitted nobody yet), any other with one epoch issued for the round
+ *    (ops.issue_epoch), newer than every earlier producer's.
  * Commits the table when anything changed (every frontend gets it).
  */
 void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms);

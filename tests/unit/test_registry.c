@@ -2227,6 +2227,10 @@ static void test_partition_claims(void **state) {
   struct lynx_fe_claim c1[2], c2[2];
   four_instances(f);
   f->r.frontend_epoch = f->r.epoch_last = 10; /* as the store says */
+  /* as adopted from the agents after a restart: they may have had
+   * producers, so none is fresh */
+  for (struct lynx_reg_instance *i = f->r.instances; i; i = i->next)
+    i->fe_fresh = 0;
   a = f->r.instances;
   b = a->next;
   c = b->next;
@@ -2264,6 +2268,7 @@ static int failing_epoch(void *data, uint64_t *epoch) {
  * a fencing epoch must not produce); tried again a second later. */
 static void test_partition_no_epoch(void **state) {
   struct fx *f = *state;
+  uint64_t e, lo, hi;
   four_instances(f);
   f->r.ops.issue_epoch = failing_epoch;
   fe_up(&f->r, "fe1", 2, 100);
@@ -2273,7 +2278,26 @@ static void test_partition_no_epoch(void **state) {
   lynx_reg_partition(&f->r, 600);
   assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 0);
   lynx_reg_partition(&f->r, 1100);
-  assert_int_equal(fe_count(&f->r, "fe1", NULL, NULL), 4);
+  assert_int_equal(fe_count(&f->r, "fe1", &e, NULL), 4);
+  /* the store fails again: a new node's new instances (regions nobody
+   * produced into) still go to fe1, with the epoch it has */
+  f->r.ops.issue_epoch = failing_epoch;
+  assert_int_equal(reg_node(&f->r, "n3", 1, 2, "", 1200), 0);
+  assert_int_equal(ready_all(&f->r, 1200), 2);
+  lynx_reg_partition(&f->r, 1200);
+  assert_int_equal(fe_count(&f->r, "fe1", &lo, &hi), 6);
+  assert_int_equal(lo, e);
+  assert_int_equal(hi, e);
+  /* but a moved one (not fresh) waits for an epoch */
+  fe_up(&f->r, "fe2", 3, 1300);
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version + 1, NULL, 0, 1300);
+  lynx_reg_partition(&f->r, 1300);
+  lynx_reg_tick(&f->r, 1400);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 0);
+  f->r.ops.issue_epoch = NULL;
+  lynx_reg_tick(&f->r, 2500);
+  assert_int_equal(fe_count(&f->r, "fe2", &lo, NULL), 3);
+  assert_true(lo > e);
 }
 
 /* A service with fewer instances than active frontends is served by its
