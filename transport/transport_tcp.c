@@ -80,37 +80,17 @@
 #include "log.h"
 #include "mqueue.h"
 #include "tcp_auth.h"
+#include "tcp_wire.h"
 #include "transport.h"
 #include "util.h"
 
-#define TCP_MAGIC 0x3154584Cu /* "LXT1" */
-/* 2: READ_TX (a compound read). 3: HELLO carries the producer epoch,
- * FENCED. 4: HELLO names the region by its id and the key is proven by
- * CHALLENGE/PROOF instead of sent. A peer of another version is refused at
- * HELLO with a reason naming both versions (a HELLO as short as version
- * 2's is read that far). */
-#define TCP_VERSION 4u
 #define TCP_HELLO_MIN 32u /* version 2's HELLO: magic and version in it */
-#define TCP_HDR 24u
 #define TCP_OP_MAX (4u << 20)        /* largest write or read, bytes */
 #define TCP_OUT_MAX (32u << 20)      /* frontend: unsent bytes before -ENOBUFS */
 #define TCP_READS_MAX 4096u          /* frontend: reads in flight */
 #define TCP_SRV_OUT_MAX (16u << 20)  /* agent: queued replies before it stops reading */
 #define TCP_CONNECT_MS 1500
 #define TCP_HELLO_MS 5000            /* agent: a connection must say hello */
-
-enum tcp_op {
-  OP_HELLO = 1,
-  OP_HELLO_REPLY = 2,
-  OP_WRITE = 3,
-  OP_READ = 4,
-  OP_READ_RESP = 5,
-  OP_READ_TX = 6,
-  OP_READ_TX_RESP = 7,
-  OP_FENCED = 8, /* agent: a newer frontend took the region over */
-  OP_CHALLENGE = 9, /* agent: {nonce}, the answer to a HELLO it can serve */
-  OP_PROOF = 10,    /* frontend: {HMAC-SHA256(key, nonce || HELLO)} */
-};
 
 /* READ_TX's payload: {u32 count, u32 0}, then count entries {u32 q, u32
  * from, u32 max, u32 0}. Its answer: the control array (8 bytes per

@@ -39,7 +39,7 @@
 
 /* The agent's replies, checked frame by frame as they come. */
 struct replies {
-  uint8_t hdr[FZ_TCP_HDR];
+  uint8_t hdr[TCP_HDR];
   size_t have;   /* bytes of hdr */
   uint64_t skip; /* payload bytes of the current frame still to come */
   uint64_t region_size;
@@ -57,27 +57,27 @@ static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
       n -= k;
       continue;
     }
-    k = FZ_TCP_HDR - r->have < n ? FZ_TCP_HDR - r->have : n;
+    k = TCP_HDR - r->have < n ? TCP_HDR - r->have : n;
     memcpy(r->hdr + r->have, p, k);
     r->have += k;
     p += k;
     n -= k;
-    if (r->have == FZ_TCP_HDR) {
+    if (r->have == TCP_HDR) {
       uint8_t op = r->hdr[0];
       uint32_t len = (uint32_t)fz_le_get(r->hdr + 4, 4);
       int first = r->frames == 0;
       FZ_CHECK(r->hdr[2] == 0 && r->hdr[3] == 0);
       /* the HELLO is answered first, by a CHALLENGE and then (after the
        * PROOF) a HELLO_REPLY, or by a HELLO_REPLY alone; and only then */
-      FZ_CHECK(op != FZ_OP_CHALLENGE || (first && len == LYNX_TCP_NONCE));
-      FZ_CHECK((op == FZ_OP_HELLO_REPLY) ==
-               ((first && op != FZ_OP_CHALLENGE) ||
+      FZ_CHECK(op != OP_CHALLENGE || (first && len == LYNX_TCP_NONCE));
+      FZ_CHECK((op == OP_HELLO_REPLY) ==
+               ((first && op != OP_CHALLENGE) ||
                 (r->frames == 1 && r->challenged)));
-      r->challenged |= op == FZ_OP_CHALLENGE;
-      FZ_CHECK(op == FZ_OP_HELLO_REPLY || op == FZ_OP_CHALLENGE ||
-               op == FZ_OP_READ_RESP || op == FZ_OP_READ_TX_RESP ||
-               op == FZ_OP_FENCED);
-      FZ_CHECK(op != FZ_OP_READ_RESP || len <= r->region_size);
+      r->challenged |= op == OP_CHALLENGE;
+      FZ_CHECK(op == OP_HELLO_REPLY || op == OP_CHALLENGE ||
+               op == OP_READ_RESP || op == OP_READ_TX_RESP ||
+               op == OP_FENCED);
+      FZ_CHECK(op != OP_READ_RESP || len <= r->region_size);
       FZ_CHECK(len <= (4u << 20));
       r->skip = len;
       r->have = 0;
@@ -92,26 +92,26 @@ static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
 static int handshake(int fd, uint64_t key, const uint8_t *hello,
                      struct replies *rp) {
   uint64_t end = lynx_now_ns() + SESSION_NS;
-  uint8_t in[FZ_TCP_HDR + 256], proof[FZ_TCP_HDR + LYNX_TCP_PROOF];
+  uint8_t in[TCP_HDR + 256], proof[TCP_HDR + LYNX_TCP_PROOF];
   uint64_t len;
-  if (fz_tcp_send(fd, hello, FZ_TCP_HDR + FZ_TCP_HELLO) ||
-      fz_tcp_recv(fd, in, FZ_TCP_HDR, end))
+  if (fz_tcp_send(fd, hello, TCP_HDR + FZ_TCP_HELLO) ||
+      fz_tcp_recv(fd, in, TCP_HDR, end))
     return 0;
-  replies_take(rp, in, FZ_TCP_HDR);
-  if (in[0] != FZ_OP_CHALLENGE ||
-      fz_tcp_recv(fd, in + FZ_TCP_HDR, LYNX_TCP_NONCE, end))
+  replies_take(rp, in, TCP_HDR);
+  if (in[0] != OP_CHALLENGE ||
+      fz_tcp_recv(fd, in + TCP_HDR, LYNX_TCP_NONCE, end))
     return 0;
-  replies_take(rp, in + FZ_TCP_HDR, LYNX_TCP_NONCE);
-  if (fz_tcp_proof(proof, key, in + FZ_TCP_HDR, hello) ||
+  replies_take(rp, in + TCP_HDR, LYNX_TCP_NONCE);
+  if (fz_tcp_proof(proof, key, in + TCP_HDR, hello) ||
       fz_tcp_send(fd, proof, sizeof(proof)) ||
-      fz_tcp_recv(fd, in, FZ_TCP_HDR, end))
+      fz_tcp_recv(fd, in, TCP_HDR, end))
     return 0;
-  replies_take(rp, in, FZ_TCP_HDR);
+  replies_take(rp, in, TCP_HDR);
   len = fz_le_get(in + 4, 4);
-  if (in[0] != FZ_OP_HELLO_REPLY || len > sizeof(in) - FZ_TCP_HDR ||
-      fz_tcp_recv(fd, in + FZ_TCP_HDR, (size_t)len, end))
+  if (in[0] != OP_HELLO_REPLY || len > sizeof(in) - TCP_HDR ||
+      fz_tcp_recv(fd, in + TCP_HDR, (size_t)len, end))
     return 0;
-  replies_take(rp, in + FZ_TCP_HDR, (size_t)len);
+  replies_take(rp, in + TCP_HDR, (size_t)len);
   return fz_le_get(in + 8, 8) == 0; /* off: 0 admitted, else an errno */
 }
 
@@ -173,7 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint32_t ordering;
   uint64_t producer = flags & 2 ? fz_u64(&f) : 0;
   /* the HELLO goes first in out: sent alone (bit 0) or with the stream */
-  size_t n, hello = flags & 0x41 ? FZ_TCP_HDR + FZ_TCP_HELLO : 0;
+  size_t n, hello = flags & 0x41 ? TCP_HDR + FZ_TCP_HELLO : 0;
   size_t skip = flags & 1 ? hello : 0; /* bytes of out the handshake sent */
   size_t piece = flags & 0x3c ? (size_t)1 << (((flags >> 2) & 15) - 1)
                               : SIZE_MAX;

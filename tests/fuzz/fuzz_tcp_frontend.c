@@ -55,15 +55,15 @@ struct agent {
  * gave up (closed, or went quiet) ends it without a check. */
 static void challenge(int fd, const struct agent *a, uint64_t end) {
   static const uint8_t nonce[LYNX_TCP_NONCE] = "a fixed nonce: any will do";
-  uint8_t hello[FZ_TCP_HDR + FZ_TCP_HELLO], want[FZ_TCP_HDR + FZ_TCP_HELLO];
-  uint8_t proof[FZ_TCP_HDR + LYNX_TCP_PROOF], right[sizeof(proof)];
-  uint8_t ask[FZ_TCP_HDR + LYNX_TCP_NONCE];
+  uint8_t hello[TCP_HDR + FZ_TCP_HELLO], want[TCP_HDR + FZ_TCP_HELLO];
+  uint8_t proof[TCP_HDR + LYNX_TCP_PROOF], right[sizeof(proof)];
+  uint8_t ask[TCP_HDR + LYNX_TCP_NONCE];
   if (fz_tcp_recv(fd, hello, sizeof(hello), end))
     return;
   fz_tcp_hello(want, a->d->key, a->d->region_size, a->d->producer);
   FZ_CHECK(!memcmp(hello, want, sizeof(want)));
-  fz_tcp_hdr(ask, FZ_OP_CHALLENGE, 0, LYNX_TCP_NONCE, 0, 0);
-  memcpy(ask + FZ_TCP_HDR, nonce, LYNX_TCP_NONCE);
+  fz_tcp_hdr(ask, OP_CHALLENGE, 0, LYNX_TCP_NONCE, 0, 0);
+  memcpy(ask + TCP_HDR, nonce, LYNX_TCP_NONCE);
   if (fz_tcp_send(fd, ask, sizeof(ask)) ||
       fz_tcp_recv(fd, proof, sizeof(proof), end))
     return;

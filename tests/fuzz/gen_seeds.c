@@ -437,7 +437,7 @@ static void ctl(void) {
 
 static void tcp_put_hdr(struct bs *b, uint8_t op, uint8_t flags, uint32_t len,
                         uint64_t off, uint64_t wr_id) {
-  uint8_t h[FZ_TCP_HDR];
+  uint8_t h[TCP_HDR];
   fz_tcp_hdr(h, op, flags, len, off, wr_id);
   put(b, h, sizeof(h));
 }
@@ -459,13 +459,13 @@ static void tcp_agent(void) {
   /* a frontend's first moves: fctrl, a request published, reads */
   put_u8(&b, sel);
   put_u8(&b, 1);
-  tcp_put_hdr(&b, FZ_OP_WRITE, 0, 8, g.fctrl_off, 0);
+  tcp_put_hdr(&b, OP_WRITE, 0, 8, g.fctrl_off, 0);
   put(&b, slot, 8);
-  tcp_put_hdr(&b, FZ_OP_WRITE, 1, g.slot_size, lynx_rx_ring_off(&g, 0), 0);
+  tcp_put_hdr(&b, OP_WRITE, 1, g.slot_size, lynx_rx_ring_off(&g, 0), 0);
   for (uint32_t i = 0; i < g.slot_size; i += sizeof(slot))
     put(&b, slot, sizeof(slot));
-  tcp_put_hdr(&b, FZ_OP_READ, 0, 64, 0, 1);
-  tcp_put_hdr(&b, FZ_OP_READ_TX, 0, 8 + 2 * 16, 0, 2);
+  tcp_put_hdr(&b, OP_READ, 0, 64, 0, 1);
+  tcp_put_hdr(&b, OP_READ_TX, 0, 8 + 2 * 16, 0, 2);
   put_le32(&b, 2);
   put_le32(&b, 0);
   for (uint32_t q = 0; q < 2; q++) {
@@ -474,21 +474,21 @@ static void tcp_agent(void) {
     put_le32(&b, g.slots);
     put_le32(&b, 0);
   }
-  tcp_put_hdr(&b, FZ_OP_READ, 0, 16, g.region_size - 8, 3); /* past the end */
+  tcp_put_hdr(&b, OP_READ, 0, 16, g.region_size - 8, 3); /* past the end */
   emit(&b, "tcp_agent", "session");
   /* a newer frontend epoch, sent a byte at a time */
   put_u8(&b, sel | 0x80);
   put_u8(&b, 3 | (1 << 2));
   put(&b, "\0\0\0\0\0\0\0\5", 8);
-  tcp_put_hdr(&b, FZ_OP_READ, 0, 8, g.actrl_off, 1);
-  tcp_put_hdr(&b, FZ_OP_WRITE, 0, 8, 0, 0); /* the header: refused */
+  tcp_put_hdr(&b, OP_READ, 0, 8, g.actrl_off, 1);
+  tcp_put_hdr(&b, OP_WRITE, 0, 8, 0, 0); /* the header: refused */
   put(&b, slot, 8);
   emit(&b, "tcp_agent", "fenced-bytewise");
   /* a stranger: its own HELLO, naming no region this agent has */
   put_u8(&b, 0x40);
   put_u8(&b, 0);
   {
-    uint8_t h[FZ_TCP_HDR + FZ_TCP_HELLO];
+    uint8_t h[TCP_HDR + FZ_TCP_HELLO];
     fz_tcp_hello(h, 42, 0, 0);
     put(&b, h, sizeof(h));
   }
@@ -497,9 +497,9 @@ static void tcp_agent(void) {
    * refused, and the read after it never served */
   put_u8(&b, sel);
   put_u8(&b, 0x40);
-  tcp_put_hdr(&b, FZ_OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
+  tcp_put_hdr(&b, OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
   put(&b, slot, LYNX_TCP_PROOF);
-  tcp_put_hdr(&b, FZ_OP_READ, 0, 64, 0, 1);
+  tcp_put_hdr(&b, OP_READ, 0, 64, 0, 1);
   emit(&b, "tcp_agent", "wrong-proof");
   free(b.p);
 }
@@ -534,18 +534,18 @@ static void tcp_frontend_seed(const char *name, uint8_t sel, uint16_t len,
   put_be16(&b, len - 1);
   put_u8(&b, 1); /* a compound read from 0 */
   put_u8(&b, 0);
-  tcp_put_hdr(&b, FZ_OP_HELLO_REPLY, 0, 0, 0, 0);
-  tcp_put_hdr(&b, FZ_OP_READ_RESP, 0, sizeof(struct lynx_region_hdr), 0, 0);
+  tcp_put_hdr(&b, OP_HELLO_REPLY, 0, 0, 0, 0);
+  tcp_put_hdr(&b, OP_READ_RESP, 0, sizeof(struct lynx_region_hdr), 0, 0);
   put(&b, r.base, sizeof(struct lynx_region_hdr));
-  tcp_put_hdr(&b, FZ_OP_READ_RESP, 0, len, 0, 1);
+  tcp_put_hdr(&b, OP_READ_RESP, 0, len, 0, 1);
   put(&b, r.base, len);
   if (fenced) {
     static const char why[] = "fenced: frontend epoch 9 took this region over";
-    tcp_put_hdr(&b, FZ_OP_FENCED, 0, sizeof(why) - 1, ESTALE, 0);
+    tcp_put_hdr(&b, OP_FENCED, 0, sizeof(why) - 1, ESTALE, 0);
     put_str(&b, why);
   } else {
     uint32_t tl = 8 * g.n_mqueues + 4 * g.n_mqueues + txp * g.slot_size;
-    tcp_put_hdr(&b, FZ_OP_READ_TX_RESP, 0, tl, 0, 2);
+    tcp_put_hdr(&b, OP_READ_TX_RESP, 0, tl, 0, 2);
     for (uint32_t q = 0; q < g.n_mqueues; q++) {
       put_le32(&b, q ? 0 : txp); /* tx_prod */
       put_le32(&b, 0);
@@ -572,13 +572,13 @@ static void tcp_frontend(void) {
   /* refused after the PROOF */
   put_u8(&b, 0x05);
   put_u8(&b, 0);
-  tcp_put_hdr(&b, FZ_OP_HELLO_REPLY, 0, 26, ESTALE, 0);
+  tcp_put_hdr(&b, OP_HELLO_REPLY, 0, 26, ESTALE, 0);
   put_str(&b, "epoch 1, the region's is 2");
   emit(&b, "tcp_frontend", "refused");
   /* refused at the HELLO, unchallenged (bit 3): a region the agent lost */
   put_u8(&b, 0x05);
   put_u8(&b, 8);
-  tcp_put_hdr(&b, FZ_OP_HELLO_REPLY, 0, 22, ENOENT, 0);
+  tcp_put_hdr(&b, OP_HELLO_REPLY, 0, 22, ENOENT, 0);
   put_str(&b, "no region with this id");
   emit(&b, "tcp_frontend", "refused-unchallenged");
   free(b.p);

@@ -18,27 +18,12 @@
 
 #include "mqueue.h"
 #include "tcp_auth.h"
+#include "tcp_wire.h"
 #include "util.h"
 
 #define FZ_TCP_EPOCH 0x5EED0000F022ull
 #define FZ_TCP_ACCEL 7u
-#define FZ_TCP_HDR 24u
 #define FZ_TCP_HELLO 40u /* version 4's */
-#define FZ_TCP_MAGIC 0x3154584Cu
-#define FZ_TCP_VERSION 4u
-
-enum {
-  FZ_OP_HELLO = 1,
-  FZ_OP_HELLO_REPLY = 2,
-  FZ_OP_WRITE = 3,
-  FZ_OP_READ = 4,
-  FZ_OP_READ_RESP = 5,
-  FZ_OP_READ_TX = 6,
-  FZ_OP_READ_TX_RESP = 7,
-  FZ_OP_FENCED = 8,
-  FZ_OP_CHALLENGE = 9, /* agent: {LYNX_TCP_NONCE bytes of nonce} */
-  FZ_OP_PROOF = 10,    /* frontend: {LYNX_TCP_PROOF bytes of HMAC} */
-};
 
 /* The region sel chooses: 1-4 mqueues of 2-16 slots of 64-512 bytes,
  * bit 6 a 4 KiB large-message area, bit 7 the fenced ordering. */
@@ -67,7 +52,7 @@ static inline uint64_t fz_le_get(const uint8_t *p, unsigned n) {
 /* A frame header: {u8 op, u8 flags, u16 0, u32 len, u64 off, u64 wr_id}. */
 static inline void fz_tcp_hdr(uint8_t *p, uint8_t op, uint8_t flags,
                               uint32_t len, uint64_t off, uint64_t wr_id) {
-  memset(p, 0, FZ_TCP_HDR);
+  memset(p, 0, TCP_HDR);
   p[0] = op;
   p[1] = flags;
   fz_le(p + 4, len, 4);
@@ -75,31 +60,31 @@ static inline void fz_tcp_hdr(uint8_t *p, uint8_t op, uint8_t flags,
   fz_le(p + 16, wr_id, 8);
 }
 
-/* A HELLO frame (FZ_TCP_HDR + FZ_TCP_HELLO bytes): {u32 magic, u16
+/* A HELLO frame (TCP_HDR + FZ_TCP_HELLO bytes): {u32 magic, u16
  * version, u16 0, u64 region id, epoch, region size, producer} naming the
  * region of key, presenting its epoch and size and the frontend epoch
  * producer. */
 static inline void fz_tcp_hello(uint8_t *p, uint64_t key, uint64_t size,
                                 uint64_t producer) {
-  fz_tcp_hdr(p, FZ_OP_HELLO, 0, FZ_TCP_HELLO, 0, 0);
-  p += FZ_TCP_HDR;
+  fz_tcp_hdr(p, OP_HELLO, 0, FZ_TCP_HELLO, 0, 0);
+  p += TCP_HDR;
   memset(p, 0, FZ_TCP_HELLO);
-  fz_le(p, FZ_TCP_MAGIC, 4);
-  fz_le(p + 4, FZ_TCP_VERSION, 2);
+  fz_le(p, TCP_MAGIC, 4);
+  fz_le(p + 4, TCP_VERSION, 2);
   fz_le(p + 8, lynx__tcp_region_id(key), 8);
   fz_le(p + 16, FZ_TCP_EPOCH, 8);
   fz_le(p + 24, size, 8);
   fz_le(p + 32, producer, 8);
 }
 
-/* The PROOF frame (FZ_TCP_HDR + LYNX_TCP_PROOF bytes) answering nonce
+/* The PROOF frame (TCP_HDR + LYNX_TCP_PROOF bytes) answering nonce
  * for the HELLO frame hello with key. 0, or -EIO. */
 static inline int fz_tcp_proof(uint8_t *p, uint64_t key,
                                const uint8_t nonce[LYNX_TCP_NONCE],
                                const uint8_t *hello) {
-  fz_tcp_hdr(p, FZ_OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
-  return lynx__tcp_proof(key, nonce, hello + FZ_TCP_HDR, FZ_TCP_HELLO,
-                         p + FZ_TCP_HDR);
+  fz_tcp_hdr(p, OP_PROOF, 0, LYNX_TCP_PROOF, 0, 0);
+  return lynx__tcp_proof(key, nonce, hello + TCP_HDR, FZ_TCP_HELLO,
+                         p + TCP_HDR);
 }
 
 /* Exactly n bytes from fd by end_ns (a harness's side of the handshake,
