@@ -47,6 +47,12 @@
 /* slots one compound read may bring, over all of a connection's mqueues:
  * an answer stays well within what one transport operation carries */
 #define TXC_BYTES (1024u * 1024u)
+/* opening a connection: its synchronous reads' deadline; the takeover
+ * scan's slots per mqueue per round trip, and the bytes it reads of each:
+ * a large slot's reference and the metadata (docs/mqueue.md) */
+#define OPEN_WAIT_NS 2000000000ull
+#define SCAN_SLOTS 16u
+#define SCAN_TAIL 32u
 
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
@@ -223,9 +229,8 @@ int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
     /* fenced: payload, a read as write barrier, then the metadata */
     rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
     if (!rc)
-      /* any read of the region flushes the posted payload ahead of it; the
-       * mqueue's actrl word is readable under every transport's access
-       * rules (rdma registers the RX rings write-only) */
+      /* any read of the region flushes the posted payload ahead of it;
+       * the mqueue's actrl word, small and never written by a frontend */
       rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), w->rmq.fence_scratch,
                          4, WR_FENCE);
     if (!rc)
@@ -559,23 +564,140 @@ fail:
 
 /* ---- connections come and go (worker thread) ------------------------ */
 
+/* Waits for n reads posted and flushed on tc (synchronous use when a
+ * connection opens: shm answers at once, a remote transport within the
+ * deadline). 0 or -errno. */
+static int wait_reads(struct lynx_tconn *tc, uint32_t n, uint64_t deadline) {
+  uint64_t ids[16];
+  while (n) {
+    int rc = tc->ops->poll(tc, ids, n < 16 ? (int)n : 16);
+    if (rc < 0)
+      return rc;
+    if (rc == 0 && lynx_now_ns() > deadline)
+      return -ETIMEDOUT;
+    n -= (uint32_t)rc;
+  }
+  return 0;
+}
+
 /* Reads the accelerator's indices synchronously (when a connection is
- * added; shm answers at once, a remote transport within the deadline). */
+ * added). */
 static int conn_resume(struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
-  uint64_t id;
-  uint64_t deadline = lynx_now_ns() + 2000000000ull;
   int rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
                          8u * c->acc.g.n_mqueues, WR_CTRL);
   if (!rc)
     rc = tc->ops->flush(tc);
-  while (!rc) {
-    rc = tc->ops->poll(tc, &id, 1);
-    if (rc == 1)
-      return 0;
-    if (rc == 0 && lynx_now_ns() > deadline)
-      rc = -ETIMEDOUT;
+  return rc ? rc : wait_reads(tc, 1, lynx_now_ns() + OPEN_WAIT_NS);
+}
+
+/* One published slot the scan found at ring position pos (tail: its last
+ * SCAN_TAIL bytes): a large one keeps its area taken until the
+ * accelerator releases pos, so new large requests go after it. A
+ * reference this area could not hold (not the frontend's writing) is
+ * left out, counted as a bad index: that request may read bytes a later
+ * one overwrites. */
+static void scan_take(struct fe_mq *mq, uint32_t pos, const uint8_t *tail,
+                      const struct lynx_slot_meta *m) {
+  uint32_t size = mq->conn->acc.g.large_bytes, start;
+  struct lynx_large_ref ref;
+  if (!(m->status & LYNX_ST_LARGE))
+    return;
+  /* the frontend writes a reference right before the metadata */
+  memcpy(&ref, tail, sizeof(ref));
+  start = ref.end - lynx_large_end(0, ref.len);
+  if (!size || m->len != sizeof(ref) ||
+      m->off16 * 16u != mq->conn->acc.g.slot_size - SCAN_TAIL || ref.len == 0 || ref.len > size ||
+      ref.off != (start & (size - 1)) || ref.off + ref.len > size ||
+      (mq->rx_ln && (start - mq->rx_la.head > size ||
+                     ref.end - mq->rx_la.tail > size))) {
+    bad_index(mq, "large reference end", ref.end);
+    return;
   }
+  if (!mq->rx_ln)
+    mq->rx_la.head = mq->rx_la.tail = start;
+  rx_large_taken(mq, pos, ref.end);
+}
+
+/*
+ * Finds where c's RX rings resume. The region may hold requests an earlier
+ * producer published and the accelerator has not consumed yet: a fenced
+ * frontend's, or this worker's before its connection broke. They are the
+ * accelerator's to run (their answers come back as stale tags); writing
+ * over them would race the accelerator reading them, and the accelerator,
+ * consuming them too, would move rx_cons past what this producer wrote.
+ * So each ring resumes after the run of slots published in their lap from
+ * rx_cons on (seq = position + 1; the next slot holds an older lap's),
+ * read SCAN_SLOTS slot tails per mqueue per round trip. Transports cut
+ * the old producer before admitting this one (tcp: on the agent's
+ * thread; rdma: its QP in error first), so the run no longer grows; shm
+ * has the residual window of docs/mqueue.md. rx_prod = rx_cons = the
+ * snapshot's rx_cons on entry.
+ */
+static int conn_scan_rx(struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc.g;
+  struct lynx_tconn *tc = c->tc;
+  uint64_t deadline = lynx_now_ns() + OPEN_WAIT_NS;
+  uint32_t *posted = calloc(c->n_mqs, sizeof(*posted));
+  uint8_t *buf = malloc((size_t)c->n_mqs * SCAN_SLOTS * SCAN_TAIL);
+  uint8_t *open = calloc(c->n_mqs, 1);
+  uint32_t n_open = c->n_mqs;
+  int rc = 0;
+  if (!posted || !buf || !open) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  memset(open, 1, c->n_mqs);
+  while (n_open && !rc) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_mqs && !rc; i++) {
+      struct fe_mq *mq = &c->mqs[i];
+      uint64_t ring = lynx_rx_ring_off(g, mq->q);
+      posted[i] = 0;
+      for (uint32_t k = 0; open[i] && k < SCAN_SLOTS &&
+                           mq->dq.rx_prod + k - mq->dq.rx_cons < g->slots;
+           k++) {
+        rc = tc->ops->read(
+            tc, lynx_slot_off(g, ring, mq->dq.rx_prod + k) + g->slot_size -
+                    SCAN_TAIL,
+            buf + ((size_t)i * SCAN_SLOTS + k) * SCAN_TAIL, SCAN_TAIL,
+            WR_CTRL);
+        if (rc)
+          break;
+        posted[i]++;
+        n++;
+      }
+    }
+    if (rc == -ENOBUFS && n) /* the rest next round */
+      rc = 0;
+    if (!rc)
+      rc = tc->ops->flush(tc);
+    if (!rc)
+      rc = wait_reads(tc, n, deadline);
+    for (uint32_t i = 0; i < c->n_mqs && !rc; i++) {
+      struct fe_mq *mq = &c->mqs[i];
+      int more = open[i];
+      for (uint32_t k = 0; more && k < posted[i]; k++) {
+        const uint8_t *tail = buf + ((size_t)i * SCAN_SLOTS + k) * SCAN_TAIL;
+        struct lynx_slot_meta m;
+        memcpy(&m, tail + SCAN_TAIL - LYNX_META_SIZE, sizeof(m));
+        more = m.seq == lynx_seq_for(mq->dq.rx_prod);
+        if (more) {
+          scan_take(mq, mq->dq.rx_prod, tail, &m);
+          mq->dq.rx_prod++;
+        }
+      }
+      /* ended, or full: every slot is the accelerator's */
+      if (open[i] && (!more || mq->dq.rx_prod - mq->dq.rx_cons == g->slots)) {
+        open[i] = 0;
+        n_open--;
+      }
+    }
+  }
+out:
+  free(posted);
+  free(buf);
+  free(open);
   return rc;
 }
 
@@ -601,10 +723,12 @@ static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
 
 /* Connects (or reconnects) c's transport and takes its rings over where
  * they are: the region may have served an earlier frontend or this one
- * before the connection broke; responses to those requests show up as
- * stale tags. On success c is in dispatch. */
+ * before the connection broke; the RX rings resume after the requests
+ * still published there (conn_scan_rx), and responses to those show up
+ * as stale tags. On success c is in dispatch. */
 static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   const struct fe_accel *acc = &c->acc;
+  uint64_t earlier = 0;
   int rc = acc->ops->connect(&acc->desc, &c->tc);
   if (rc) {
     c->tc = NULL;
@@ -628,12 +752,24 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   }
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
-    struct iovec iov = {&mq->tx_cons, 4};
     mq->dq.rx_prod = mq->dq.rx_cons = c->snap[mq->q].rx_cons;
-    /* what an earlier connection wrote is in the accelerator's hands;
-     * new large requests go after it */
+    /* what an earlier connection wrote is in the accelerator's hands:
+     * the scan finds it; new requests, large ones too, go after it */
     mq->rx_la.tail = mq->rx_la.head;
     mq->rx_ln = 0;
+    mq->rx_lfirst = 0;
+  }
+  rc = conn_scan_rx(c);
+  if (rc) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
+                "accelerator %s/%u's RX rings: %s", w->id, acc->node,
+                acc->desc.accel_id, strerror(-rc));
+    goto fail;
+  }
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct fe_mq *mq = &c->mqs[i];
+    struct iovec iov = {&mq->tx_cons, 4};
+    earlier += mq->dq.rx_prod - mq->dq.rx_cons;
     mq->tx_cons = c->snap[mq->q].tx_prod;
     mq->tx_staged = 0;
     mq->tx_cons_dirty = 0;
@@ -645,6 +781,11 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   rc = c->tc->ops->flush(c->tc);
   if (rc)
     goto fail;
+  if (earlier)
+    LYNX_INFO("frontend", "worker %u: accelerator %s/%u: resuming after %llu "
+              "requests an earlier producer published (the accelerator "
+              "still runs them)", w->id, acc->node, acc->desc.accel_id,
+              (unsigned long long)earlier);
   c->state = FE_CONN_IDLE;
   c->reads_pending = 0;
   c->dirty = 0;

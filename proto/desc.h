@@ -32,11 +32,12 @@ extern const char *const lynx_transport_names[LYNX_TRANSPORT_COUNT];
 int lynx_transport_id(const char *name);
 
 /* The three access classes of a region (layout version 2): what a frontend
- * reads (header + actrl, TX rings) and what it writes (fctrl + RX rings).
- * An rdma descriptor carries one rkey per class. */
+ * only reads (header + actrl, TX rings) and what it writes (fctrl + RX
+ * rings; read too, when a takeover resumes the RX rings). An rdma
+ * descriptor carries one rkey per class. */
 enum lynx_mr {
   LYNX_MR_CTL = 0,   /* [0, fctrl_off): remote read */
-  LYNX_MR_WRITE = 1, /* [fctrl_off, rings_off + Q*S*Z): remote write */
+  LYNX_MR_WRITE = 1, /* [fctrl_off, rings_off + Q*S*Z): remote write, read */
   LYNX_MR_TX = 2,    /* [rings_off + Q*S*Z, region_size): remote read */
   LYNX_MR_COUNT = 3,
 };

@@ -644,10 +644,12 @@ static int region_reg(struct rdma_agent *ag, struct ag_region *reg,
   const uint64_t from[LYNX_MR_COUNT] = {0, g->fctrl_off, tx};
   const uint64_t to[LYNX_MR_COUNT] = {g->fctrl_off, tx, g->region_size};
   /* only the remote access each class needs: a frontend can never write
-   * the header, actrl or a TX ring, nor read an RX ring */
+   * the header, actrl or a TX ring; it reads what it writes (a takeover
+   * resumes the RX rings after the requests still published there) */
   const int access[LYNX_MR_COUNT] = {
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
-      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+          IBV_ACCESS_REMOTE_READ,
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
   };
   for (int i = 0; i < LYNX_MR_COUNT; i++) {

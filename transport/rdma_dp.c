@@ -48,7 +48,8 @@ static uint64_t clamp64(uint64_t v, uint64_t lo, uint64_t hi) {
 
 void lynx__rdma_buf_sizes(const struct lynx_geom *g, size_t *stage,
                           size_t *bounce) {
-  /* readable: header + actrl, and every TX ring (all reads fall there) */
+  /* what the data path reads: header + actrl, and every TX ring (the RX
+   * rings only in small reads of a takeover's scan) */
   uint64_t readable = g->fctrl_off + (uint64_t)g->n_mqueues * g->ring_bytes;
   uint64_t s = clamp64(4ull * g->slot_size, STAGE_MIN, STAGE_MAX);
   uint64_t b = clamp64(lynx_align_up(readable, 4096), BOUNCE_MIN, BOUNCE_MAX);
@@ -328,8 +329,8 @@ int lynx__rdma_read(struct lynx_tconn *tc, uint64_t off, void *dst,
   int cls, rc;
   if (c->dead)
     return c->dead;
-  cls = lynx_region_class(&c->g, off, len);
-  if (cls != LYNX_MR_CTL && cls != LYNX_MR_TX)
+  cls = lynx_region_class(&c->g, off, len); /* every class is readable */
+  if (cls < 0)
     return -EFAULT;
   if (len && !dst)
     return -EINVAL;

@@ -251,7 +251,7 @@ static void rd_fence_stats(struct tc_region *t,
 
 const struct tc_backend tc_backend = {
     .name = "rdma", .ops = &lynx_transport_rdma,
-    .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS | TC_CAP_READ_CLASS |
+    .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS |
             TC_CAP_FENCE_COUNTS,
     /* a cut connection's QP is in error: its ops fail as any dead one's
      * (the NIC cannot say why); its reconnect hears "fenced" */

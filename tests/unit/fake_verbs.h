@@ -132,9 +132,7 @@ static enum ibv_wc_status fake_apply(struct fake *f, const struct posted *p) {
     }
     return IBV_WC_SUCCESS;
   }
-  if (p->opcode == IBV_WR_RDMA_READ) {
-    if (cls == LYNX_MR_WRITE)
-      return IBV_WC_REM_ACCESS_ERR;
+  if (p->opcode == IBV_WR_RDMA_READ) { /* every class is readable */
     if (p->flags & IBV_SEND_INLINE)
       return IBV_WC_LOC_QP_OP_ERR;
     memcpy(local, f->region + off, p->len);

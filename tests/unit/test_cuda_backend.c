@@ -1019,7 +1019,7 @@ static void test_rdma_registration(void **state) {
   char err[512];
   const int acc[LYNX_MR_COUNT] = {
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
-      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ};
   int fd, releases0;
   (void)state;

@@ -150,13 +150,11 @@ static void roundtrip(struct fx *f, uint64_t off, const void *data, size_t len,
   uint64_t id;
   assert_non_null(back);
   assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, flags), 0);
-  if (!(B->caps & TC_CAP_READ_CLASS)) {
-    assert_int_equal(f->c->ops->read(f->c, off, back, len, 77), 0);
-    assert_int_equal(f->c->ops->flush(f->c), 0);
-    assert_int_equal(ut_poll_n(f->c, &id, 1), 1);
-    assert_int_equal(id, 77);
-    assert_memory_equal(back, data, len);
-  }
+  assert_int_equal(f->c->ops->read(f->c, off, back, len, 77), 0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(ut_poll_n(f->c, &id, 1), 1);
+  assert_int_equal(id, 77);
+  assert_memory_equal(back, data, len);
   settle(f->c);
   assert_memory_equal(f->r.mem + off, data, len);
   free(back);
@@ -455,12 +453,6 @@ static void tc_access_classes(void **state) {
   assert_int_equal(o->read(f->c, end - 4, b, 8, 1), -EFAULT);
   assert_int_equal(o->read(f->c, UINT64_MAX - 3, b, 8, 1), -EFAULT);
   assert_int_equal(o->read(f->c, 4, b, UINT64_MAX - 2, 1), -EFAULT);
-  if (B->caps & TC_CAP_READ_CLASS) {
-    /* reads: header, actrl and TX rings only */
-    assert_int_equal(o->read(f->c, rx, b, 8, 1), -EFAULT);
-    assert_int_equal(o->read(f->c, g->fctrl_off, b, 8, 1), -EFAULT);
-    assert_int_equal(o->read(f->c, tx - 4, b, 8, 1), -EFAULT);
-  }
   assert_int_equal(o->flush(f->c), 0);
   assert_int_equal(o->poll(f->c, ids, 4), 0);
   settle(f->c);
@@ -475,10 +467,15 @@ static void tc_access_classes(void **state) {
   assert_int_equal(o->writev(f->c, tx - 8, &iov, 1, LYNX_WR_PUBLISH), 0);
   assert_int_equal(o->read(f->c, end - 8, b, 8, 2), 0);
   assert_int_equal(o->read(f->c, g->fctrl_off - 8, b, 8, 3), 0);
+  /* every class is readable: a frontend reads what it writes too (the
+   * RX rings, fctrl; a takeover resumes after published requests) */
+  assert_int_equal(o->read(f->c, tx - 8, b, 8, 4), 0);
+  assert_int_equal(o->read(f->c, rx_end - 64, b + 8, 8, 5), 0);
   assert_int_equal(o->flush(f->c), 0);
-  assert_int_equal(ut_poll_n(f->c, ids, 2), 2);
-  assert_true(ids[0] == 2 && ids[1] == 3);
+  assert_int_equal(ut_poll_n(f->c, ids, 4), 4);
+  assert_true(ids[0] == 2 && ids[1] == 3 && ids[2] == 4 && ids[3] == 5);
   assert_memory_equal(f->r.mem + tx - 8, b, 8);
+  assert_memory_equal(f->r.mem + rx_end - 64, b + 8, 8);
   /* an empty gather write inside fctrl is fine */
   assert_int_equal(o->writev(f->c, g->fctrl_off + 8, &big[0], 0, 0), 0);
   settle(f->c);
@@ -730,7 +727,6 @@ static void tc_pipelined_batches(void **state) {
   uint64_t ids[N + 1];
   uint8_t *big = malloc(g->ring_bytes * Q);
   uint64_t off = lynx_fctrl_off(g, 0);
-  int readback = !(B->caps & TC_CAP_READ_CLASS);
   assert_non_null(big);
   connect_ok(f);
   memset(f->r.mem + lynx_tx_ring_off(g, 0), 0x3C, g->ring_bytes * Q);
@@ -739,7 +735,7 @@ static void tc_pipelined_batches(void **state) {
     vals[i] = 1000u + (uint32_t)i;
     assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, LYNX_WR_PUBLISH),
                      0);
-    assert_int_equal(f->c->ops->read(f->c, readback ? off : g->actrl_off,
+    assert_int_equal(f->c->ops->read(f->c, off,
                                      &seen[i], 4, (uint64_t)i),
                      0);
   }
@@ -751,8 +747,7 @@ static void tc_pipelined_batches(void **state) {
   assert_int_equal(ut_poll_n(f->c, ids, N + 1), N + 1);
   for (int i = 0; i < N; i++) {
     assert_int_equal(ids[i], (uint64_t)i);
-    if (readback)
-      assert_int_equal(seen[i], 1000u + (uint32_t)i);
+    assert_int_equal(seen[i], 1000u + (uint32_t)i);
   }
   assert_int_equal(ids[N], 999);
   for (size_t i = 0; i < g->ring_bytes * Q; i++)
@@ -986,6 +981,59 @@ static void tc_fence_takeover(void **state) {
   fence_expect(f, 7, 1, 2, 1);
 }
 
+/* Publishes a request the way the frontend does at RX ring position pos
+ * of mqueue q (one posted write, payload to published word): writev's
+ * return. */
+static int publish_at(struct fx *f, struct lynx_tconn *c, uint32_t q,
+                       uint32_t pos, uint32_t tag) {
+  const struct lynx_geom *g = &f->r.g;
+  uint8_t slot[Z] = {0};
+  struct lynx_slot_meta m = {8, tag, 0, (uint16_t)(lynx_payload_off(Z, 8) / 16),
+                             lynx_seq_for(pos)};
+  struct iovec iov = {slot, Z};
+  memcpy(slot + lynx_payload_off(Z, 8), &tag, 4);
+  memcpy(slot + Z - LYNX_META_SIZE, &m, sizeof(m));
+  return c->ops->writev(c, lynx_slot_off(g, lynx_rx_ring_off(g, q), pos),
+                        &iov, 1, LYNX_WR_PUBLISH);
+}
+
+/* What a takeover resumes from: the requests the old producer published
+ * (and the accelerator has not consumed) are there for the new producer
+ * to read, slot metadata included, and nothing the old one writes after
+ * the takeover lands (frontend/rmq.c resumes its rings after them). */
+static void tc_fence_takeover_resume(void **state) {
+  struct fx *f = *state;
+  const struct lynx_geom *g = &f->r.g;
+  uint64_t ring = lynx_rx_ring_off(g, 1), ids[S];
+  struct lynx_slot_meta m[S];
+  struct lynx_tconn *old;
+  connect_as(f, 5, &old);
+  for (uint32_t pos = 0; pos < 3; pos++)
+    assert_int_equal(publish_at(f, old, 1, pos, 0x01D00 + pos), 0);
+  assert_int_equal(old->ops->flush(old), 0);
+  settle(old);
+  connect_as(f, 7, &f->c);
+  fence_expect(f, 7, 1, 0, 1);
+  /* cut: refused at once (shm) or lands nowhere */
+  if (publish_at(f, old, 1, 3, 0x01D03) == 0)
+    old->ops->flush(old);
+  assert_int_equal(produce_error(f, old), B->err.cut);
+  old->ops->close(old);
+  for (uint32_t pos = 0; pos < S; pos++)
+    assert_int_equal(f->c->ops->read(f->c, lynx_slot_off(g, ring, pos) + Z -
+                                               LYNX_META_SIZE,
+                                     &m[pos], sizeof(m[pos]), pos),
+                     0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(ut_poll_n(f->c, ids, S), S);
+  for (uint32_t pos = 0; pos < 3; pos++) {
+    assert_int_equal(m[pos].seq, lynx_seq_for(pos));
+    assert_int_equal(m[pos].tag, 0x01D00 + pos);
+  }
+  for (uint32_t pos = 3; pos < S; pos++)
+    assert_int_equal(m[pos].seq, 0);
+}
+
 /* Epoch 0 ("no epoch") is admitted only while no epoch was. */
 static void tc_fence_epoch0(void **state) {
   struct fx *f = *state;
@@ -1026,6 +1074,7 @@ static int run(void) {
       T(tc_region_free),
       T(tc_epoch_renew),
       T(tc_fence_takeover),
+      T(tc_fence_takeover_resume),
       T(tc_fence_epoch0),
   };
 #undef T

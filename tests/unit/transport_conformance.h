@@ -38,7 +38,6 @@ struct tc_region {
 #define TC_CAP_KEY 0x1u         /* descriptors carry an access key */
 #define TC_CAP_WAIT_FD 0x2u     /* wait_fd gives an fd (else -ENOTSUP) */
 #define TC_CAP_FREE_DROPS 0x4u  /* region_free ends live connections */
-#define TC_CAP_READ_CLASS 0x8u  /* reads outside header/actrl/TX refused */
 #define TC_CAP_FENCE_COUNTS 0x10u /* the agent counts fenced refusals, cuts */
 #define TC_CAP_FENCE_PRODUCERS 0x20u /* ... and live producers */
 

@@ -1,0 +1,313 @@
+/*
+ * test_rmq.c - unit tests of frontend/rmq.c (the Remote Message Queue
+ * Manager) over the tcp transport, its agent in this process: how a
+ * connection takes an accelerator's rings over.
+ *
+ * Two frontend workers stand in for two frontends: the old one (epoch 5)
+ * publishes requests through fe_write_rx, the new one (epoch 7) takes the
+ * region over while the accelerator has not consumed them. The
+ * accelerator side is the region's memory read through the ring code
+ * (lynx_mq_recv), as a CPU accelerator reads it.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "frontend.h"
+#include "mqueue.h"
+#include "transport.h"
+#include "ut_main.h"
+#include "ut_region.h"
+#include "util.h"
+
+#define S 8u
+#define Z 256u
+#define L 4096u
+#define NAME "rmq-takeover"
+
+static const struct lynx_transport_ops *T;
+static struct lynx_transport_agent *g_ta;
+static char g_bound[LYNX_LOCATOR_MAX];
+
+/* The hooks: the layers above the manager, which these cases do not
+ * need (no back ends, no forwarder). */
+static int hk_changed(struct fe_worker *w) {
+  (void)w;
+  return 0;
+}
+static int hk_slot(struct fe_worker *w, struct fe_mq *mq, const uint8_t *slot,
+                   uint32_t pos, const uint8_t *large, uint32_t large_len) {
+  (void)w, (void)mq, (void)slot, (void)pos, (void)large, (void)large_len;
+  return 0;
+}
+static void hk_lost(void *arg, const struct lynx_tag_entry *e) {
+  (void)arg, (void)e;
+}
+static int hk_be_open(struct fe_worker *w, struct fe_mq *mq,
+                      const struct fe_backend_cfg *cfg) {
+  (void)w, (void)mq, (void)cfg;
+  return -ENOTSUP;
+}
+static void hk_be_close(struct fe_backend *be) { (void)be; }
+static const struct fe_rmq_hooks hooks = {hk_changed, hk_slot, hk_lost,
+                                          hk_be_open, hk_be_close};
+
+struct fx {
+  struct lynx_region r;
+  struct lynx_region_desc d;
+  struct lynx_geom g;
+  struct frontend fe;
+  struct fe_worker w[2]; /* [0] the old frontend's, [1] the new one's */
+  struct lynx_mq amq;    /* the accelerator's view of mqueue 0 */
+};
+
+static void worker_init(struct fx *f, struct fe_worker *w, uint32_t seed) {
+  w->fe = &f->fe;
+  w->retry_seed = seed;
+  assert_int_equal(lynx_tagtab_init(&w->tags, 64, seed), 0);
+  fe_rmq_init(&w->rmq, &hooks);
+}
+
+static int fx_setup(void **state) {
+  struct fx *f = calloc(1, sizeof(*f));
+  if (!f)
+    return -1;
+  ut_region_empty(&f->r);
+  if (lynx_geom_init(&f->g, 1, S, Z, L) ||
+      ut_region_serve(T, g_ta, &f->r, NAME, &f->g, LYNX_ORDER_COALESCED,
+                      UT_EPOCH, UT_ACCEL, &f->d))
+    return -1;
+  f->fe.n_w = 1;
+  worker_init(f, &f->w[0], 11);
+  worker_init(f, &f->w[1], 22);
+  lynx_mq_bind(&f->amq, f->r.base, &f->g, 0);
+  *state = f;
+  return 0;
+}
+
+static int fx_teardown(void **state) {
+  struct fx *f = *state;
+  for (int i = 0; i < 2; i++) {
+    fe_rmq_free(&f->w[i].rmq);
+    lynx_tagtab_free(&f->w[i].tags);
+  }
+  T->region_free(&f->r);
+  free(f);
+  return 0;
+}
+
+/* Worker w's connection to the region, as frontend epoch producer. */
+static struct fe_conn *add_as(struct fx *f, struct fe_worker *w,
+                              uint64_t producer) {
+  struct fe_accel acc;
+  memset(&acc, 0, sizeof(acc));
+  acc.desc = f->d;
+  acc.desc.producer = producer;
+  acc.ops = T;
+  acc.g = f->g;
+  acc.n_server = 1;
+  acc.instance_id = 1;
+  snprintf(acc.node, sizeof(acc.node), "n1");
+  assert_int_equal(fe_rmq_add(w, &acc), 0);
+  assert_int_equal(w->rmq.n_conns, 1);
+  return w->rmq.conns[0];
+}
+
+/* Free RX slots of c's mqueue as the frontend counts them. */
+static uint32_t room(const struct fe_conn *c) {
+  return S - (c->mqs[0].dq.rx_prod - c->mqs[0].dq.rx_cons);
+}
+
+/* A request of len bytes (len > a slot's payload: large), every byte
+ * fill, written as the dispatcher writes it; rung at once. */
+static void send_req(struct fe_worker *w, struct fe_conn *c, uint32_t len,
+                     uint8_t fill, uint32_t tag) {
+  struct fe_mq *mq = &c->mqs[0];
+  uint8_t *buf = malloc(len);
+  assert_non_null(buf);
+  memset(buf, fill, len);
+  assert_true(room(c) > 0);
+  assert_int_equal(fe_write_rx(w, mq, buf, len, tag, 0), 0);
+  mq->dq.rx_prod++;
+  c->dirty = 1;
+  fe_rmq_doorbells(w);
+  free(buf);
+}
+
+/* The tcp agent applies writes on its own thread: waits until the
+ * accelerator sees n requests published from its rx_head on. */
+static void await_published(struct fx *f, uint32_t n) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  for (;;) {
+    uint32_t pos = f->amq.rx_head + n - 1;
+    struct lynx_slot_meta *m =
+        lynx_mq_meta(f->amq.rx, f->amq.slot_size, f->amq.slots, pos);
+    if (lynx_load_acquire32(&m->seq) == lynx_seq_for(pos))
+      return;
+    assert_true(lynx_now_ns() < end);
+    usleep(1000);
+  }
+}
+
+/* The accelerator receives the next request: len bytes of fill, tag. */
+static void expect_req(struct fx *f, uint32_t len, uint8_t fill,
+                       uint32_t tag) {
+  struct lynx_msg m = {0};
+  assert_int_equal(lynx_mq_recv(&f->amq, &m), 0);
+  assert_int_equal(m.tag, tag);
+  assert_int_equal(m.len, len);
+  for (uint32_t i = 0; i < len; i++)
+    if (((const uint8_t *)m.data)[i] != fill)
+      fail_msg("request %#x byte %u: %#x, not %#x", tag, i,
+               ((const uint8_t *)m.data)[i], fill);
+  lynx_mq_release(&f->amq);
+}
+
+/* Runs c's cycle until it read the accelerator's rx_cons at want. */
+static void await_rx_cons(struct fe_worker *w, struct fe_conn *c,
+                          uint32_t want) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  fe_mq_outstanding_set(&c->mqs[0], 1); /* polled only with some */
+  while (c->mqs[0].dq.rx_cons != want) {
+    assert_true(fe_rmq_progress(w, c) >= 0);
+    assert_true(lynx_now_ns() < end);
+    usleep(1000);
+  }
+  fe_mq_outstanding_set(&c->mqs[0], 0);
+}
+
+/* The old frontend published three requests (one large) the accelerator
+ * has not consumed; the new one takes over. It resumes after them: the
+ * accelerator runs all five in order, nothing overwritten (the large area
+ * the old request uses included), its rx_cons stays within what the new
+ * frontend counts as written (no bad index), and the old frontend is cut
+ * off. */
+static void test_takeover_resumes_after_published(void **state) {
+  struct fx *f = *state;
+  struct fe_conn *old = add_as(f, &f->w[0], 5), *nw;
+  struct fe_mq *mq;
+  struct lynx_msg m;
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  /* one consumed before: the ring does not start at 0 */
+  send_req(&f->w[0], old, 10, 0xA0, 0x100);
+  await_published(f, 1);
+  expect_req(f, 10, 0xA0, 0x100);
+  send_req(&f->w[0], old, 20, 0xA1, 0x101);
+  send_req(&f->w[0], old, 1000, 0xA2, 0x102); /* large */
+  send_req(&f->w[0], old, 30, 0xA3, 0x103);
+  await_published(f, 3);
+
+  nw = add_as(f, &f->w[1], 7);
+  mq = &nw->mqs[0];
+  assert_int_equal(nw->state, FE_CONN_IDLE);
+  assert_int_equal(mq->dq.rx_cons, 1);
+  assert_int_equal(mq->dq.rx_prod, 4);
+  assert_int_equal(mq->rx_ln, 1); /* the old large request's area */
+  send_req(&f->w[1], nw, 2000, 0xB0, 0x200); /* large, after it */
+  send_req(&f->w[1], nw, 40, 0xB1, 0x201);
+  await_published(f, 5);
+  expect_req(f, 20, 0xA1, 0x101);
+  expect_req(f, 1000, 0xA2, 0x102);
+  expect_req(f, 30, 0xA3, 0x103);
+  expect_req(f, 2000, 0xB0, 0x200);
+  expect_req(f, 40, 0xB1, 0x201);
+  assert_int_equal(lynx_mq_recv(&f->amq, &m), -EAGAIN);
+  assert_int_equal(f->amq.bad, 0);
+
+  await_rx_cons(&f->w[1], nw, 6);
+  assert_int_equal(lynx_cnt_get(&mq->drops[FE_QDROP_BAD_INDEX]), 0);
+  assert_int_equal(mq->rx_ln, 0); /* every large area released */
+  assert_int_equal(room(nw), S);
+
+  /* the old frontend's next cycle finds its connection cut */
+  fe_mq_outstanding_set(&old->mqs[0], 1);
+  while (old->state != FE_CONN_DEAD) {
+    fe_rmq_progress(&f->w[0], old);
+    assert_true(lynx_now_ns() < end);
+    usleep(1000);
+  }
+}
+
+/* Every slot published and unconsumed: the new frontend has no room until
+ * the accelerator consumes, then its request follows the old ones. */
+static void test_takeover_of_full_ring(void **state) {
+  struct fx *f = *state;
+  struct fe_conn *old = add_as(f, &f->w[0], 5), *nw;
+  for (uint32_t i = 0; i < S; i++)
+    send_req(&f->w[0], old, 16, (uint8_t)(0xC0 + i), 0x300 + i);
+  await_published(f, S);
+  nw = add_as(f, &f->w[1], 7);
+  assert_int_equal(room(nw), 0);
+  expect_req(f, 16, 0xC0, 0x300);
+  expect_req(f, 16, 0xC1, 0x301);
+  await_rx_cons(&f->w[1], nw, 2);
+  assert_int_equal(room(nw), 2);
+  send_req(&f->w[1], nw, 16, 0xD0, 0x400);
+  await_published(f, S - 1);
+  for (uint32_t i = 2; i < S; i++)
+    expect_req(f, 16, (uint8_t)(0xC0 + i), 0x300 + i);
+  expect_req(f, 16, 0xD0, 0x400);
+  assert_int_equal(lynx_cnt_get(&nw->mqs[0].drops[FE_QDROP_BAD_INDEX]), 0);
+}
+
+/* The same frontend reconnects after its connection broke: what it
+ * published before is in the accelerator's hands (its requests ended in
+ * doubt); the new connection resumes after it. */
+static void test_reconnect_resumes_after_own(void **state) {
+  struct fx *f = *state;
+  struct fe_worker *w = &f->w[0];
+  struct fe_conn *c = add_as(f, w, 5);
+  send_req(w, c, 16, 0xE0, 0x500);
+  send_req(w, c, 3000, 0xE1, 0x501); /* large */
+  await_published(f, 2);
+  fe_rmq_down(w, c, "test: connection broke", FE_QDROP_IN_DOUBT);
+  assert_int_equal(c->state, FE_CONN_DEAD);
+  w->now_ns = UINT64_MAX; /* the backoff is over */
+  fe_rmq_retry(w);
+  assert_int_equal(c->state, FE_CONN_IDLE);
+  assert_int_equal(c->mqs[0].dq.rx_prod, 2);
+  /* the large area holds the earlier large request until it is consumed */
+  {
+    uint8_t big[1500] = {0};
+    assert_int_equal(fe_write_rx(w, &c->mqs[0], big, sizeof(big), 0x5FF, 0),
+                     -ENOSPC);
+  }
+  send_req(w, c, 16, 0xE2, 0x502);
+  await_published(f, 3);
+  expect_req(f, 16, 0xE0, 0x500);
+  expect_req(f, 3000, 0xE1, 0x501);
+  expect_req(f, 16, 0xE2, 0x502);
+  await_rx_cons(w, c, 3);
+  send_req(w, c, 1500, 0xE3, 0x503);
+  await_published(f, 1);
+  expect_req(f, 1500, 0xE3, 0x503);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  T->agent_destroy(g_ta);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+#define TF(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+  const struct CMUnitTest tests[] = {
+      TF(test_takeover_resumes_after_published),
+      TF(test_takeover_of_full_ring),
+      TF(test_reconnect_resumes_after_own),
+  };
+#undef TF
+  return LYNX_UT_MAIN(argc, argv, "rmq", tests, group_setup, group_teardown);
+}
