@@ -1745,15 +1745,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         /* coordinators of one cluster serve their API alike: with TLS
          * here, the leader's is https too */
         const char *scheme = h->c->tls_cert_pem ? "https" : "http";
-        snprintf(out.location, sizeof(out.location), "%s://%s%s%s", scheme,
-                 api, url, query);
-        reply_err(&out, 307, "not_leader",
-                  "this coordinator does not lead: %s the leader, "
-                  "%s://%s (docs/etcd.md)",
-                  is_mutating(method) ? "changes go to"
-                                      : "the cluster's runtime state is "
-                                        "known to",
-                  scheme, api);
+        int n = snprintf(out.location, sizeof(out.location), "%s://%s%s%s",
+                         scheme, api, url, query);
+        if (n < 0 || (size_t)n >= sizeof(out.location)) {
+          out.location[0] = '\0'; /* no cut-off Location */
+          reply_err(&out, 414, "uri_too_long",
+                    "this coordinator does not lead, and the leader's URL "
+                    "for this request is longer than %zu bytes: ask the "
+                    "leader, %s://%s, directly", sizeof(out.location) - 1,
+                    scheme, api);
+        } else {
+          reply_err(&out, 307, "not_leader",
+                    "this coordinator does not lead: %s the leader, "
+                    "%s://%s (docs/etcd.md)",
+                    is_mutating(method) ? "changes go to"
+                                        : "the cluster's runtime state is "
+                                          "known to",
+                    scheme, api);
+        }
       } else {
         reply_err(&out, 503, "no_leader",
                   "no coordinator leads yet (etcd election under way or "
