@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test test-busy test-faults fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -21,6 +21,10 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1 $(CTEST_ARGS)
+
+# the fault suite alone (tests/faults/, docs/faults.md; also in `test`)
+test-faults: build
+	cd $(BUILD) && ctest --output-on-failure -j 1 -L faults $(CTEST_ARGS)
 
 # the suite with a CPU hog per core spinning beside it (tests/run-busy.sh)
 test-busy: build
