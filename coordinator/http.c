@@ -288,7 +288,7 @@ static int persist(struct http_req *rq, struct http_out *out,
   struct lynx_coord *c = rq->c;
   const char *where = c->save ? c->save_where : "the state directory";
   char err[256] = "";
-  int rc, down;
+  int rc, down, full;
   if (c->save)
     rc = c->save(c->save_arg, &c->reg, err, sizeof(err));
   else if (c->state_dir)
@@ -299,12 +299,42 @@ static int persist(struct http_req *rq, struct http_out *out,
     return 0;
   down = rc == -EAGAIN || rc == -ETIMEDOUT || rc == -ECONNREFUSED ||
          rc == -EHOSTUNREACH || rc == -ECANCELED; /* lead lost: retry */
+  full = rc == -ENOSPC || rc == -EDQUOT;
   LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
            c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
-  reply_err(out, down ? 503 : 500, down ? "store_unavailable" : "internal",
+  reply_err(out, down ? 503 : full ? 507 : 500,
+            down   ? "store_unavailable"
+            : full ? "insufficient_storage"
+                   : "internal",
             "%s: applied but not saved in %s (%s); it is lost if the "
             "coordinator restarts before a later save succeeds",
             what, where, err[0] ? err : strerror(-rc));
+  return rc;
+}
+
+/* Before a change of operator intent (lock held): with the state directory
+ * as the store, the state as it is is written first, so that a directory
+ * that cannot take a write (a full disk, a read-only mount) refuses the
+ * change before it is applied: 507 insufficient_storage (ENOSPC, EDQUOT),
+ * else 500; nothing changed. (A disk filling between this and the save
+ * gets persist's "applied but not saved".) 0, or -errno with out set. */
+static int preflight(struct http_req *rq, struct http_out *out,
+                     const char *what) {
+  struct lynx_coord *c = rq->c;
+  char err[256] = "";
+  int rc, full;
+  if (c->save || !c->state_dir)
+    return 0;
+  rc = lynx_store_save(c->state_dir, &c->reg, err, sizeof(err));
+  if (rc == 0)
+    return 0;
+  full = rc == -ENOSPC || rc == -EDQUOT;
+  LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "%s refused: the state directory %s "
+              "cannot be written: %s", what, c->state_dir,
+              err[0] ? err : strerror(-rc));
+  reply_err(out, full ? 507 : 500, full ? "insufficient_storage" : "internal",
+            "%s: not applied: the state directory %s cannot be written (%s)",
+            what, c->state_dir, err[0] ? err : strerror(-rc));
   return rc;
 }
 
@@ -1065,6 +1095,10 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
     return;
   }
   pthread_mutex_lock(&rq->c->lock);
+  if (preflight(rq, out, "service create")) {
+    pthread_mutex_unlock(&rq->c->lock);
+    return;
+  }
   rc = lynx_reg_service_create(&rq->c->reg, &spec, lynx_coord_now_ms(), &err);
   if (rc == 0) {
     lynx_coord_changed(rq->c);
@@ -1130,6 +1164,10 @@ static void h_service_delete(struct http_req *rq, struct http_out *out) {
     reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
     return;
   }
+  if (preflight(rq, out, "service delete")) {
+    pthread_mutex_unlock(&rq->c->lock);
+    return;
+  }
   j = lynx_json_service(&rq->c->reg, s);
   rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0], lynx_coord_now_ms(),
                                &err);
@@ -1149,6 +1187,10 @@ static void node_op(struct http_req *rq, struct http_out *out, int drain) {
   if (!lynx_reg_node_find(&rq->c->reg, rq->params[0])) {
     pthread_mutex_unlock(&rq->c->lock);
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
+    return;
+  }
+  if (preflight(rq, out, drain ? "node drain" : "node undrain")) {
+    pthread_mutex_unlock(&rq->c->lock);
     return;
   }
   rc = drain ? lynx_reg_drain(&rq->c->reg, rq->params[0], now, &err)
@@ -1216,6 +1258,10 @@ static void h_node_forget(struct http_req *rq, struct http_out *out) {
   if (!n) {
     pthread_mutex_unlock(&rq->c->lock);
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
+    return;
+  }
+  if (preflight(rq, out, "node forget")) {
+    pthread_mutex_unlock(&rq->c->lock);
     return;
   }
   j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());

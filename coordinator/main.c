@@ -510,8 +510,10 @@ static void push_tables(struct coordinator *co) {
     send_env(p, &env);
     p->table_sent = r->table_version + 1;
     p->standby_sent = standby;
-    if (!standby)
-      lynx_reg_frontend_claims_done(r, p->id);
+    /* what it claimed at Hello is settled by this table: given back, or
+     * (a standby, or given to another) to be fenced out; a claim kept
+     * would be stale by the next failure */
+    lynx_reg_frontend_claims_done(r, p->id);
     LYNX_INFO("coordinator", "table %llu -> frontend %s%s (%zu services, "
               "%zu instances)", (unsigned long long)t.version, p->id,
               standby ? " (standby)" : "", tb.n_svcs, tb.n_entries);

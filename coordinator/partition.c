@@ -125,7 +125,8 @@ static int adopt_claims(struct lynx_registry *r) {
       const struct lynx_fe_claim *c =
           bsearch(&key, f->claims, f->n_claims, sizeof(*f->claims), claim_cmp);
       if (!c || !c->epoch || c->epoch > r->frontend_epoch ||
-          c->epoch <= i->fe_epoch || owned_by(i, f))
+          c->epoch <= i->fe_epoch || c->epoch < i->fe_fence ||
+          owned_by(i, f))
         continue;
       if (i->fe_owner[0])
         LYNX_INFO(COMP, "instance %" PRIu64 ": frontend %s presents epoch "
@@ -133,7 +134,7 @@ static int adopt_claims(struct lynx_registry *r) {
                   "producer", i->id, f->id, c->epoch, i->fe_owner, i->fe_epoch);
       owner_clear(i);
       snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", f->id);
-      i->fe_epoch = c->epoch;
+      i->fe_epoch = i->fe_fence = c->epoch;
       changed = 1;
     }
   }
@@ -340,6 +341,8 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
       }
       snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", ld[k].f->id);
       i->fe_epoch = e;
+      if (e > i->fe_fence)
+        i->fe_fence = e;
       i->fe_fresh = 0;
       if (e > ld[k].epoch)
         ld[k].epoch = e;

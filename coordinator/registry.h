@@ -180,6 +180,10 @@ struct lynx_reg_instance {
   char fe_owner[LYNX_ID_MAX];
   uint64_t fe_epoch;
   uint64_t fe_release_version, fe_release_deadline_ms;
+  /* the newest epoch this registry gave or adopted for the instance (kept
+   * when its owner goes): what its region fences at, at least. A claim
+   * older than it is stale (the claimant was fenced out since) */
+  uint64_t fe_fence;
   /* started by this registry and never given to a frontend: its region
    * admitted no producer, so the epoch its first frontend has already
    * will do (no store round trip for a new instance). An instance adopted

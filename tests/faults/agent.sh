@@ -62,13 +62,13 @@ step "set-up: coordinator, agents h1 and h2, frontend fe1, client"
 fl_cluster 2 1
 
 # window NAME SECONDS FAULT_FN: sockperf for SECONDS through fe1 with
-# FAULT_FN run 2 s in; then fe1's counts are judged.
+# FAULT_FN run 1 s into the load; then fe1's counts are judged.
 window() {
   local name=$1 secs=$2 fn=$3
   shift 3
   fl_window_begin fe1
   fl_load_start "$name" fe1 "$secs"
-  sleep 2
+  sleep 1
   "$fn"
   fl_load_wait
   fl_check_window fe1 "$name" "$@"

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # FLB_* and FLE_* are set by fl_counts (printf -v)
 # shellcheck disable=SC2034 # FL_DROPPED, FL_WHY, SP_*: for the scripts
+# shellcheck disable=SC2317 # helpers called through wait_until
 # lib.sh - the fault suite's harness (tests/faults/, docs/faults.md): a
 # cluster on network namespaces (tests/multihost/netns.sh), sockperf load
 # through it, and the counts every fault is judged by. Source it after
@@ -90,9 +91,11 @@ fl_frontend() {
 }
 
 # fl_coordinator [ARG...]: starts the coordinator (state in $MH_DIR/state
-# unless ARGs say otherwise) and waits until it serves.
+# unless ARGs say otherwise; FL_COORD_WRAP: a command it runs under) and
+# waits until it serves.
+FL_COORD_WRAP=()
 fl_coordinator() {
-  mh_spawn coord coordinator "$BIN/lynx-coordinator" --listen "$FL_COORD_IP:$FL_COORD_PORT" \
+  mh_spawn coord coordinator "${FL_COORD_WRAP[@]}" "$BIN/lynx-coordinator" --listen "$FL_COORD_IP:$FL_COORD_PORT" \
     --http "127.0.0.1:$FL_API_PORT" --lease-ms "$FL_LEASE_MS" \
     --frontend-timeout-ms "$FL_FE_TIMEOUT_MS" --token-file "$FL_TOKEN" "$@"
   FL_PID[coord]=$MH_PID FL_LOG[coord]=$MH_LOG
@@ -160,15 +163,26 @@ fl_node_down() {
 
 # ---- load ---------------------------------------------------------------------
 
-# fl_load_start NAME FE SECONDS: sockperf under-load at FL_RATE msg/s, every
-# message answered by design (--reply-every 1), from client to FE.
+# fl_load_start NAME FE SECONDS [nowait]: sockperf under-load at FL_RATE
+# msg/s, every message answered by design (--reply-every 1), from client
+# to FE; returns once FE receives it (sockperf warms up for a second or
+# two first), unless nowait (FE cannot say: stopped, fenced).
 fl_load_start() {
+  local before end
   FL_LOAD_OUT=$MH_DIR/sockperf-$1.out
+  [[ ${4:-} == nowait ]] || before=$(fl_metric "$2" lynx_frontend_received_total)
   log "sockperf under-load -i $(mh_ip "$2") --mps $FL_RATE -t $3 ($1)"
   mh_exec client timeout -k 3 $(($3 + 30)) sockperf under-load -i "$(mh_ip "$2")" \
     -p "$FL_UDP_PORT" -m 64 -t "$3" --mps "$FL_RATE" --reply-every 1 \
     --buffer-size 4194304 >"$FL_LOAD_OUT" 2>&1 </dev/null &
   FL_LOAD_PID=$!
+  [[ ${4:-} == nowait ]] && return 0
+  end=$(($(mh_now_ms) + 10000))
+  # (sockperf's warm-up messages count: at least 100 more is the test)
+  while (($(fl_metric "$2" lynx_frontend_received_total) < before + 100)); do
+    (($(mh_now_ms) < end)) || fail "$2 received no load from sockperf within 10 s"
+    sleep 0.05
+  done
 }
 fl_load_wait() {
   wait "$FL_LOAD_PID" || { cat "$FL_LOAD_OUT"; fail "sockperf exited with an error"; }
@@ -212,7 +226,7 @@ fl_quiesce() {
   local end=$(($(mh_now_ms) + 15000))
   for (( ; ; )); do
     fl_counts "$1" FLE
-    ((FLE_resp + FLE_drop >= FLE_rcv)) && return 0
+    ((FLE_resp + FLE_drop - FLE_stale_tag - FLE_tx_bad_seq - FLE_bad_index >= FLE_rcv)) && return 0
     (($(mh_now_ms) < end)) || return 0
     sleep 0.1
   done
@@ -229,7 +243,12 @@ fl_check_window() {
   local fe=$1 what=$2 r allowed v other=0 rcv resp drop
   shift 2
   fl_quiesce "$fe"
-  rcv=$((FLE_rcv - FLB_rcv)) resp=$((FLE_resp - FLB_resp)) drop=$((FLE_drop - FLB_drop))
+  # stale tags, unpublished TX slots and bad indices are counted among the
+  # drops but end no request of this frontend (an answer to an earlier
+  # producer's request; an accelerator's slip)
+  rcv=$((FLE_rcv - FLB_rcv)) resp=$((FLE_resp - FLB_resp))
+  drop=$((FLE_drop - FLB_drop - (FLE_stale_tag - FLB_stale_tag) -
+    (FLE_tx_bad_seq - FLB_tx_bad_seq) - (FLE_bad_index - FLB_bad_index)))
   assert_gt "$rcv" 0 "$what: requests $fe received"
   assert_eq $((resp + drop)) "$rcv" "$what: requests $fe answered ($resp) or dropped ($drop), of those it received"
   FL_WHY=''
@@ -275,30 +294,36 @@ fl_check_once() {
   log "ok: $h ran each of the $di requests it was given exactly once"
 }
 
-# fl_ledger FE HOST...: FE's dispatched, lost and in-doubt totals and the
-# requests HOST...'s accelerators ran, into FLL_disp, FLL_lost, FLL_doubt,
-# FLL_exec (for fl_check_ledger, around a fault whose agents keep their
-# processes: their counts run on).
+# fl_ledger "FE..." HOST...: the frontends' dispatched, lost and in-doubt
+# totals (fenced counts as in doubt: a fenced frontend's request may have
+# run before, or after its successor resumed the ring) and the requests
+# HOST...'s accelerators ran, into FLL_disp, FLL_lost, FLL_doubt, FLL_exec
+# (for fl_check_ledger, around faults that keep the counting processes:
+# the frontends' and agents' counts run on).
 fl_ledger() {
-  local fe=$1 h
+  local fe h
+  FLL_disp=0 FLL_lost=0 FLL_doubt=0 FLL_exec=0
+  for fe in $1; do
+    FLL_disp=$((FLL_disp + $(fl_metric "$fe" lynx_frontend_dispatched_total)))
+    FLL_lost=$((FLL_lost + $(fl_metric "$fe" lynx_frontend_dropped_total 'reason="lost"')))
+    FLL_doubt=$((FLL_doubt + $(fl_metric "$fe" lynx_frontend_dropped_total 'reason="in_doubt"') +
+      $(fl_metric "$fe" lynx_frontend_dropped_total 'reason="fenced"')))
+  done
   shift
-  FLL_disp=$(fl_metric "$fe" lynx_frontend_dispatched_total)
-  FLL_lost=$(fl_metric "$fe" lynx_frontend_dropped_total 'reason="lost"')
-  FLL_doubt=$(fl_metric "$fe" lynx_frontend_dropped_total 'reason="in_doubt"')
-  FLL_exec=0
   for h in "$@"; do FLL_exec=$((FLL_exec + $(fl_executed "$h"))); done
 }
 
-# fl_check_ledger WHAT FE HOST...: since the last fl_ledger (FLL_* saved as
-# FL0_* by the caller), with FE quiesced: the accelerators ran every request
-# FE dispatched except those it counted lost (which never run: the lease
-# fence) and at most those in doubt (which may or may not have run). More
-# runs than that: a request ran twice, or a fenced incarnation ran one.
+# fl_check_ledger WHAT "FE..." HOST...: since fl_ledger_save, with the
+# frontends quiesced: the accelerators ran every request the frontends
+# dispatched except those counted lost (which never run: the lease fence)
+# and at most those in doubt or fenced (which may or may not have run).
+# More runs than that: a request ran twice, or a fenced incarnation ran
+# one.
 fl_check_ledger() {
-  local what=$1 fe=$2 end=$(($(mh_now_ms) + 10000)) hi lo
+  local what=$1 fes=$2 end=$(($(mh_now_ms) + 10000)) hi lo ex
   shift 2
   for (( ; ; )); do
-    fl_ledger "$fe" "$@"
+    fl_ledger "$fes" "$@"
     hi=$((FLL_disp - FL0_disp - (FLL_lost - FL0_lost)))
     lo=$((hi - (FLL_doubt - FL0_doubt)))
     ex=$((FLL_exec - FL0_exec))
@@ -308,7 +333,7 @@ fl_check_ledger() {
     sleep 0.2 # the agents sample their accelerators every health period
   done
   ((ex >= lo)) || fail "$what: the accelerators ran $ex requests, fewer than the $lo dispatched and neither lost nor in doubt"
-  log "ok: $what: the accelerators ran $ex requests: $((FLL_disp - FL0_disp)) dispatched, $((FLL_lost - FL0_lost)) lost (none ran), $((FLL_doubt - FL0_doubt)) in doubt"
+  log "ok: $what: the accelerators ran $ex requests: $((FLL_disp - FL0_disp)) dispatched, $((FLL_lost - FL0_lost)) lost (none ran), $((FLL_doubt - FL0_doubt)) in doubt or fenced"
 }
 fl_ledger_save() {
   fl_ledger "$@"

@@ -2258,6 +2258,41 @@ static void test_partition_claims(void **state) {
   assert_int_equal(lynx_reg_frontend_find(&f->r, "fe1")->n_claims, 0);
 }
 
+/* A claim older than what an instance was given since is stale: fe1,
+ * fenced out by fe2 and back with its old claims, gets the instances again
+ * when fe2 goes, with an epoch newer than fe2's, not the one it claims
+ * (which the regions refuse). */
+static void test_partition_stale_claim(void **state) {
+  struct fx *f = *state;
+  struct lynx_fe_claim c1[4];
+  uint64_t e1, e2, lo;
+  int n = 0;
+  four_instances(f);
+  fe_up(&f->r, "fe1", 2, 10);
+  lynx_reg_partition(&f->r, 10);
+  assert_int_equal(fe_count(&f->r, "fe1", NULL, &e1), 4);
+  for (struct lynx_reg_instance *i = f->r.instances; i; i = i->next)
+    c1[n++] = (struct lynx_fe_claim){i->id, i->fe_epoch};
+  /* fe1 goes silent; fe2 takes everything over */
+  lynx_reg_frontend_disconnected(&f->r, (void *)2);
+  fe_up(&f->r, "fe2", 3, 20);
+  lynx_reg_partition(&f->r, 20);
+  assert_int_equal(fe_count(&f->r, "fe2", &lo, &e2), 4);
+  assert_true(lo > e1);
+  /* fe1 returns, a standby, claiming what it produced into before */
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)4, 30));
+  assert_int_equal(lynx_reg_frontend_claims(&f->r, "fe1", c1, 4), 0);
+  lynx_reg_partition(&f->r, 30);
+  assert_int_equal(fe_count(&f->r, "fe2", NULL, NULL), 4);
+  /* fe2 dies, fe1 is made active: it gets them with a newer epoch */
+  lynx_reg_frontend_disconnected(&f->r, (void *)3);
+  lynx_reg_frontend_set_active(&f->r, "fe1", 1);
+  lynx_reg_partition(&f->r, 40);
+  assert_int_equal(fe_count(&f->r, "fe1", &lo, NULL), 4);
+  assert_true(lo > e2);
+  one_producer_each(&f->r, 1);
+}
+
 static int failing_epoch(void *data, uint64_t *epoch) {
   (void)data;
   *epoch = 0;
@@ -2411,6 +2446,7 @@ int main(int argc, char **argv) {
       T(test_partition_join_waits_for_owner),
       T(test_partition_release_deadline),
       T(test_partition_failover),
+      T(test_partition_stale_claim),
       T(test_partition_claims),
       T(test_partition_no_epoch),
       T(test_partition_serves),

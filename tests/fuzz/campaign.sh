@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# campaign.sh BIN EXECUTIONS [HARNESS...]: a fuzzing campaign that can span
+# sessions: each libFuzzer harness BIN/fuzz_<name> (default: every one with
+# a corpus in tests/fuzz/corpus/) runs until its ledger holds EXECUTIONS
+# executions, in runs of at most FUZZ_CHUNK seconds (default 600), each
+# resuming from the corpus the earlier runs grew. Stops at the first crash,
+# keeping the input (FUZZ_CAMPAIGN/<name>/crash-*) and the end of its
+# output; a crash becomes a corpus file and a fix (docs/fuzzing.md).
+#
+# State, outside the tree: FUZZ_CAMPAIGN (default BIN/../fuzz-campaign)
+# holds per harness its grown corpus (seeded from the tree's), and its
+# ledger <name>.ledger, a line per run: "<UTC start> <git rev> <executions>
+# <seconds> <ok|CRASH>". FUZZ_DEADLINE=UNIX_TIME stops starting runs after
+# that time (a run ends by it too), so a session can give it what it has.
+#
+# At the end a line per harness: "<name>: <total> executions in <runs>
+# runs, <seconds> s: ok" (or "... so far" when short of EXECUTIONS, or
+# CRASH); FUZZ_SUMMARY=FILE appends them to FILE. Exit 0 unless a harness
+# crashed (1).
+set -uo pipefail
+if (($# < 2)) || ! [[ $2 =~ ^[0-9]+$ ]]; then
+  echo "usage: $0 BIN EXECUTIONS [HARNESS...]" >&2
+  exit 2
+fi
+bin=$(cd "$1" && pwd) || exit 2
+target=$2
+shift 2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+state=${FUZZ_CAMPAIGN:-$bin/../fuzz-campaign}
+chunk=${FUZZ_CHUNK:-600}
+deadline=${FUZZ_DEADLINE:-0}
+rev=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
+names=("$@")
+if ((${#names[@]} == 0)); then
+  for d in "$here"/corpus/*/; do names+=("$(basename "$d")"); done
+fi
+mkdir -p "$state"
+
+total_of() { awk '{ s += $3 } END { print s + 0 }' "$1" 2>/dev/null || echo 0; }
+
+crashed=0
+for h in "${names[@]}"; do
+  exe=$bin/fuzz_$h
+  [[ -x $exe ]] || { echo "campaign: $exe is not built" >&2; exit 1; }
+  dir=$state/$h ledger=$state/$h.ledger
+  mkdir -p "$dir/corpus" "$dir/out"
+  touch "$ledger"
+  [[ -n $(ls -A "$dir/corpus") ]] || cp -R "$here/corpus/$h/." "$dir/corpus/"
+  opts=()
+  if [[ -f $here/$h.options ]]; then
+    while read -r o; do
+      [[ -z $o || $o == \#* ]] && continue
+      opts+=("${o//@HERE@/$here}")
+    done <"$here/$h.options"
+  fi
+  while (($(total_of "$ledger") < target)); do
+    secs=$chunk now=$(date +%s)
+    if ((deadline)); then
+      ((now + 30 < deadline)) || break
+      ((deadline - now < secs)) && secs=$((deadline - now))
+    fi
+    left=$((target - $(total_of "$ledger")))
+    start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    t0=$(date +%s)
+    (cd "$dir/out" &&
+      "$exe" -runs="$left" -max_total_time="$secs" -print_final_stats=1 \
+        -timeout=25 -rss_limit_mb=4096 -artifact_prefix="$dir/" "${opts[@]}" \
+        "$dir/corpus" >"$dir/log" 2>&1)
+    rc=$?
+    execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$dir/log" | tail -n 1)
+    result=ok
+    ((rc == 0)) || result=CRASH
+    echo "$start $rev ${execs:-0} $(($(date +%s) - t0)) $result" >>"$ledger"
+    if ((rc != 0)); then
+      echo "---- $h: the end of libFuzzer's output (input kept in $dir/) ----"
+      tail -n 60 "$dir/log"
+      crashed=1
+      break
+    fi
+  done
+  runs=$(grep -c . "$ledger")
+  secs=$(awk '{ s += $4 } END { print s + 0 }' "$ledger")
+  tot=$(total_of "$ledger")
+  if grep -q CRASH "$ledger"; then
+    line="$h: $tot executions in $runs runs, $secs s: CRASH"
+  elif ((tot >= target)); then
+    line="$h: $tot executions in $runs runs, $secs s: ok"
+  else
+    line="$h: $tot executions in $runs runs, $secs s: ok so far ($target wanted)"
+  fi
+  echo "$line"
+  [[ -n ${FUZZ_SUMMARY:-} ]] && echo "$line" >>"$FUZZ_SUMMARY"
+  ((crashed)) && exit 1
+done
+exit 0
