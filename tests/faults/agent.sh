@@ -38,25 +38,11 @@
 #
 # usage: agent.sh [BIN_DIR]   (ctest passes build/bin; root)
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source-path=SCRIPTDIR source=../integration/lib.sh
-source "$HERE/../integration/lib.sh" "$@"
-set -e
-# shellcheck source-path=SCRIPTDIR source=../multihost/netns.sh
-source "$HERE/../multihost/netns.sh"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
-source "$HERE/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 IT_NAME=faults_agent
 mh_begin "$IT_NAME" 240
-# shellcheck disable=SC2317 # called by netns.sh's cleanup
-on_fail() {
-  for h in fe1 h1 h2; do
-    scrape_in "$h" 2>/dev/null | grep -v -e '^#' -e ' 0$' >"$MH_DIR/metrics-$h-at-failure.txt"
-  done
-}
-# shellcheck disable=SC2034 # read by netns.sh's cleanup
-MH_ON_FAIL=on_fail
 
 step "set-up: coordinator, agents h1 and h2, frontend fe1, client"
 fl_cluster 2 1
@@ -79,7 +65,7 @@ window() {
 FL_OUT_MS=0
 
 back_in_dispatch() { # h1 ready again and in fe1's dispatch
-  wait_until 20 "h1 ready again" fl_node_ready h1
+  mh_wait_until 20 "h1 ready again" fl_node_ready h1
   fl_wait_dispatch fe1 4
 }
 
@@ -93,7 +79,7 @@ fault_kill() {
   local t
   t=$(mh_now_ms)
   mh_stop "${FL_PID[h1]}" 5 KILL
-  wait_until 10 "h1 declared down" fl_node_down h1
+  mh_wait_until 10 "h1 declared down" fl_node_down h1
   FL_OUT_MS=$(($(mh_now_ms) - t))
   log "h1 down $FL_OUT_MS ms after the kill (lease $FL_LEASE_MS ms)"
   fl_agent h1
@@ -110,7 +96,7 @@ fault_stop() {
   t=$(mh_now_ms)
   n=$(grep -c "registered with coordinator" "${FL_LOG[h1]}")
   kill -STOP "${FL_PID[h1]}"
-  wait_until 10 "h1 declared down" fl_node_down h1
+  mh_wait_until 10 "h1 declared down" fl_node_down h1
   FL_OUT_MS=$(($(mh_now_ms) - t))
   sleep 1
   kill -CONT "${FL_PID[h1]}"
@@ -142,7 +128,7 @@ fault_link() {
   t=$(mh_now_ms)
   n=$(grep -c "registered with coordinator" "${FL_LOG[h1]}")
   mh_exec h1 ip link set eth0 down
-  wait_until 10 "h1 declared down" fl_node_down h1
+  mh_wait_until 10 "h1 declared down" fl_node_down h1
   FL_OUT_MS=$(($(mh_now_ms) - t))
   sleep 2
   mh_exec h1 ip link set eth0 up

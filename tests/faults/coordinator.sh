@@ -32,28 +32,14 @@
 #
 # usage: coordinator.sh [BIN_DIR]   (ctest passes build/bin; root)
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source-path=SCRIPTDIR source=../integration/lib.sh
-source "$HERE/../integration/lib.sh" "$@"
-set -e
-# shellcheck source-path=SCRIPTDIR source=../multihost/netns.sh
-source "$HERE/../multihost/netns.sh"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
-source "$HERE/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 IT_NAME=faults_coordinator
 mh_begin "$IT_NAME" 240
 if ! command -v unshare >/dev/null || ! command -v nsenter >/dev/null; then
   mh_skip "unshare and nsenter (util-linux) are needed for the full disk"
 fi
-# shellcheck disable=SC2317 # called by netns.sh's cleanup
-on_fail() {
-  for h in fe1 h1 h2; do
-    scrape_in "$h" 2>/dev/null | grep -v -e '^#' -e ' 0$' >"$MH_DIR/metrics-$h-at-failure.txt"
-  done
-}
-# shellcheck disable=SC2034 # read by netns.sh's cleanup
-MH_ON_FAIL=on_fail
 
 STATE=$MH_DIR/state
 step "set-up: coordinator, agents h1 and h2, frontend fe1, client"
@@ -81,8 +67,8 @@ window() {
   fl_load_wait
   fl_check_window fe1 "$name" "${@:5}"
   assert_le "$FL_DROPPED" "$max" "$name: requests dropped"
-  wait_until 15 "$name: both nodes ready again" fl_node_ready h2
-  wait_until 15 "$name: both nodes ready again" fl_node_ready h1
+  mh_wait_until 15 "$name: both nodes ready again" fl_node_ready h2
+  mh_wait_until 15 "$name: both nodes ready again" fl_node_ready h1
   assert_eq "$(coord_metric lynx_coordinator_lease_expiries_total)" "$exp0" "$name: leases expired"
   assert_eq "$(epochs)" "$ep0" "$name: times fe1 changed its producing epoch"
   assert_str "$(node_epochs)" "$nodes0" "$name: the nodes' incarnations (id, epoch, state)"
@@ -137,7 +123,7 @@ fl_coordinator --state-dir "$FULL"
 in_coord_ns() { nsenter -t "${FL_PID[coord]}" -m "$@"; }
 services_on_disk() { in_coord_ns jq -r '[.services[].name] | sort | join(",")' "$FULL/state.json"; }
 services_in_api() { api_get /v1/services | jq -r '[.items[].name] | sort | join(",")'; }
-wait_until 15 "both nodes ready" fl_node_ready h1
+mh_wait_until 15 "both nodes ready" fl_node_ready h1
 assert_str "$(services_on_disk)" echo "services in the tmpfs state directory"
 in_coord_ns dd if=/dev/zero of="$FULL/filler" bs=4k >/dev/null 2>&1 || true
 log "state directory: $(in_coord_ns df -k "$FULL" | tail -n 1)"

@@ -35,26 +35,11 @@
 #
 # usage: frontend.sh [BIN_DIR]   (ctest passes build/bin; root)
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source-path=SCRIPTDIR source=../integration/lib.sh
-source "$HERE/../integration/lib.sh" "$@"
-set -e
-# shellcheck source-path=SCRIPTDIR source=../multihost/netns.sh
-source "$HERE/../multihost/netns.sh"
 # shellcheck source-path=SCRIPTDIR source=lib.sh
-source "$HERE/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 IT_NAME=faults_frontend
 mh_begin "$IT_NAME" 240
-# shellcheck disable=SC2317 # called by netns.sh's cleanup
-on_fail() {
-  for h in fe1 fe2 h1 h2; do
-    scrape_in "$h" 2>/dev/null | grep -v -e '^#' -e ' 0$' >"$MH_DIR/metrics-$h-at-failure.txt"
-  done
-  api_get /v1/frontends >"$MH_DIR/api-frontends-at-failure.json" 2>/dev/null
-}
-# shellcheck disable=SC2034 # read by netns.sh's cleanup
-MH_ON_FAIL=on_fail
 
 step "set-up: coordinator, agents h1 and h2, frontends fe1 (active) and fe2 (standby), client"
 fl_cluster 2 2

@@ -15,8 +15,11 @@
 #   fl_load_wait                    # its end: SP_* (lib.sh sockperf_stats)
 #   fl_window_begin FE / fl_window_end FE   # FE's counters around a fault
 #   fl_check_window FE WHAT NODE REASONS... # judged (below)
-#   fl_check_once HOST              # HOST's accelerators ran exactly what
+#   fl_check_once HOST FE...        # HOST's accelerators ran exactly what
 #                                   # the frontends gave them
+#
+# A script starts with `source .../lib.sh "$@"` (which sources
+# integration/lib.sh and multihost/netns.sh) and mh_begin.
 #
 # What a fault is judged by (the issue's three counts):
 #  - nothing lost but what was in flight on the failed part: the frontend
@@ -29,6 +32,14 @@
 #  - nothing answered by a fenced incarnation: sockperf saw no duplicate,
 #    and a fenced frontend or agent answers nothing after it resumes (the
 #    scripts check that where a fault fences).
+
+# (sourced with the script's arguments: BIN_DIR)
+FL_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../integration/lib.sh
+source "$FL_HERE/../integration/lib.sh" "$@"
+set -e
+# shellcheck source-path=SCRIPTDIR source=../multihost/netns.sh
+source "$FL_HERE/../multihost/netns.sh"
 
 FL_COORD_PORT=7700
 FL_API_PORT=7780
@@ -62,15 +73,17 @@ fl_metric() {
     END { printf "%.0f\n", s }' <<<"$text"
 }
 
-# wait_until TIMEOUT_S WHAT CMD...: until CMD succeeds.
-wait_until() {
-  local end=$(($(mh_now_ms) + $1 * 1000)) what=$2
-  shift 2
-  until "$@"; do
-    (($(mh_now_ms) < end)) || fail "$what: not within the time allowed"
-    sleep 0.1
+# On failure (netns.sh's cleanup): every daemon host's metrics and the
+# API's frontends, next to the logs.
+fl_on_fail() {
+  local h
+  for h in "${MH_HOSTS[@]}"; do
+    [[ $h == client || $h == coord ]] && continue
+    scrape_in "$h" 2>/dev/null | grep -v -e '^#' -e ' 0$' >"$MH_DIR/metrics-$h-at-failure.txt"
   done
+  api_get /v1/frontends >"$MH_DIR/api-frontends-at-failure.json" 2>/dev/null
 }
+MH_ON_FAIL=fl_on_fail
 
 # ---- the cluster --------------------------------------------------------------
 
@@ -100,7 +113,7 @@ fl_coordinator() {
     --frontend-timeout-ms "$FL_FE_TIMEOUT_MS" --token-file "$FL_TOKEN" "$@"
   FL_PID[coord]=$MH_PID FL_LOG[coord]=$MH_LOG
   mh_wait_log "$MH_LOG" "serving control on" 10 1 "$MH_PID"
-  wait_until 10 "the coordinator's /readyz" api_get /readyz
+  mh_wait_until 10 "the coordinator's /readyz" api_get /readyz
 }
 
 # fl_cluster NAGENTS NFRONTENDS [COORDINATOR ARG...]: the hosts, the
@@ -148,7 +161,7 @@ fl_instances() {
 fl_wait_dispatch() { # FE N: until FE dispatches to N instances
   local fe=$1 n=$2
   _fl_has() { (($(fl_instances "$fe") == n)); }
-  wait_until 20 "$fe dispatching to $n instances" _fl_has
+  mh_wait_until 20 "$fe dispatching to $n instances" _fl_has
 }
 
 # fl_node_ready HOST: the coordinator counts HOST's node ready.

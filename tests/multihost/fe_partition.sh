@@ -77,16 +77,6 @@ fe_epoch() { sed -n 's/.*producing with frontend epoch \([0-9][0-9]*\).*/\1/p' "
 # pingpong NAME FE_IP SECONDS: every message answered, none duplicated.
 pingpong() { mh_pingpong "$1" client "$2" "$UDP_PORT" "$3"; }
 
-# wait_until TIMEOUT_S WHAT CMD...: until CMD succeeds.
-wait_until() {
-  local end=$(($(mh_now_ms) + $1 * 1000)) what=$2
-  shift 2
-  until "$@"; do
-    (($(mh_now_ms) < end)) || fail "$what: not within the time allowed"
-    sleep 0.1
-  done
-}
-
 # shellcheck disable=SC2317 # called by netns.sh's cleanup
 on_fail() {
   for h in fe1 fe2 h1; do
@@ -123,7 +113,7 @@ mh_spawn coord coordinator "$BIN/lynx-coordinator" --listen "$COORD_IP:$COORD_PO
   --frontend-timeout-ms "$FE_TIMEOUT_MS" --token-file "$TOKEN"
 COORD_PID=$MH_PID COORD_LOG=$MH_LOG
 mh_wait_log "$COORD_LOG" "serving control on" 10 1 "$COORD_PID"
-wait_until 5 "the coordinator's /readyz" api_get /readyz
+mh_wait_until 5 "the coordinator's /readyz" api_get /readyz
 
 mh_spawn h1 agent "$BIN/lynx-agent" --coordinator "$COORD_IP:$COORD_PORT" \
   --node-id "$(mh_node_id h1)" --cpu-accels 2 --transport tcp --token-file "$TOKEN" \
@@ -186,12 +176,12 @@ E2=$(fe_epoch "$FE2_LOG")
 is_uint "$E2" || fail "fe2 logged no frontend epoch"
 assert_gt "$E2" "$E1" "fe2's frontend epoch, beyond fe1's"
 regions_fenced() { [[ $(agent_metric lynx_agent_region_fence '' min) == "$E2" ]]; }
-wait_until 10 "every region of h1 admitting fe2's epoch $E2" regions_fenced
+mh_wait_until 10 "every region of h1 admitting fe2's epoch $E2" regions_fenced
 log "ok: h1's regions admit epoch $E2, $(($(mh_now_ms) - t_cut)) ms after the blackhole"
 cut_counted() { (($(agent_metric lynx_agent_fenced_connections_total 'why="cut"') >= 1)); }
-wait_until 5 "h1 counting fe1's connections cut" cut_counted
+mh_wait_until 5 "h1 counting fe1's connections cut" cut_counted
 refused_counted() { (($(agent_metric lynx_agent_fenced_connections_total 'why="refused"') >= 1)); }
-wait_until 10 "h1 refusing fe1's reconnects with epoch $E1" refused_counted
+mh_wait_until 10 "h1 refusing fe1's reconnects with epoch $E1" refused_counted
 log "ok: h1 cut $(agent_metric lynx_agent_fenced_connections_total 'why="cut"') and refused $(agent_metric lynx_agent_fenced_connections_total 'why="refused"') connections of fe1"
 grep -q "fenced" "$FE1_LOG" || fail "fe1 logged nothing about being fenced"
 # fe1 keeps taking requests from its client but answers none of them

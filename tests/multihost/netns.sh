@@ -15,6 +15,7 @@
 #                                  # and MH_LOG
 #   mh_kill_host h2                # kill -9 every process of h2
 #   mh_stop PID [TIMEOUT_S]        # SIGTERM, wait; sets MH_RC
+#   mh_wait_until TIMEOUT_S WHAT CMD...  # until CMD succeeds
 #   mh_wait_log FILE PATTERN [TIMEOUT_S] [COUNT] [PID]
 #   mh_node_id h1                  # -> mh<id>nh1, a node id unique to the run
 #
@@ -389,6 +390,17 @@ mh_kill_host() {
     done
   } 2>/dev/null
   [[ -z $(ip netns pids "$ns") ]] || mh_fail "processes of $host survived SIGKILL: $(ip netns pids "$ns" | tr '\n' ' ')"
+}
+
+# mh_wait_until TIMEOUT_S WHAT CMD...: until CMD succeeds; fails with
+# "WHAT: not within the time allowed" after TIMEOUT_S.
+mh_wait_until() {
+  local end=$(($(mh_now_ms) + $1 * 1000)) what=$2
+  shift 2
+  until "$@"; do
+    (($(mh_now_ms) < end)) || mh_fail "$what: not within the time allowed"
+    sleep 0.1
+  done
 }
 
 # mh_wait_log FILE PATTERN [TIMEOUT_S] [COUNT] [PID]: until FILE holds COUNT
