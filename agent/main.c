@@ -329,12 +329,12 @@ int main(int argc, char **argv) {
   char tok_err[320];
 
   pthread_mutex_init(&ag.lat_lock, NULL);
-  rc = lynx_opts_parse(agent_opts, &ag.cfg, argc, argv,
+  rc = lynx_opts_parse_conf(agent_opts, &ag.cfg, argc, argv,
                        "usage: lynx-agent [options]\n"
                        "Runs accelerator instances: static (--app) or as the "
                        "coordinator places them (--coordinator).", &help);
   if (rc || help)
-    return rc ? LYNX_EXIT_USAGE : 0;
+    return rc ? lynx_opts_exit_code(rc) : 0;
   signal(SIGPIPE, SIG_IGN);
   srand((unsigned)lynx_now_ns());
   lvl = lynx_log_parse_level(ag.cfg.log_level);

@@ -91,6 +91,9 @@ enum {
   LYNX_OPTS_PASS_UNKNOWN = 1u << 1,
   /* --help prints the usage text as given, without the option table */
   LYNX_OPTS_USAGE_ONLY = 1u << 2,
+  /* --config FILE: the options of FILE, after the defaults and before
+   * the command line, which overrides them (lynx_opts_parse_conf) */
+  LYNX_OPTS_CONFIG = 1u << 3,
 };
 
 struct lynx_opts_scan {
@@ -107,6 +110,22 @@ struct lynx_opts_scan {
  * argv[0] is the program (or command) name and is not parsed. */
 int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
                    char **argv, const char *usage, struct lynx_opts_scan *s);
+
+/*
+ * lynx_opts_parse with --config FILE (the daemons): FILE holds one option a
+ * line, "key = value", the key an option's long name (as --help lists it,
+ * without the dashes), the value as on the command line (taken as it is
+ * after the '=', blanks around it trimmed; a flag takes true, false, yes,
+ * no, on, off, 1 or 0). Blank lines and lines starting with '#' are
+ * skipped. An unknown key, a key given twice, a line without '=' or a bad
+ * value is an error naming the file and the line (-EINVAL: exit 2). The
+ * command line overrides the file. A file that cannot be read: -errno
+ * (exit 1, LYNX_EXIT_RUNTIME), with a message. docs/configuration.md.
+ */
+int lynx_opts_parse_conf(const struct lynx_opt *tab, void *cfg, int argc,
+                         char **argv, const char *usage, int *help);
+/* The exit status for a non-zero return of lynx_opts_parse_conf. */
+int lynx_opts_exit_code(int rc);
 
 /* The effective configuration as a new JSON object (caller puts it). */
 struct json_object *lynx_opts_json(const struct lynx_opt *tab, const void *cfg);

@@ -1175,12 +1175,12 @@ int main(int argc, char **argv) {
   char err[512], *token = NULL;
   int rc, lvl, exit_code = 1;
 
-  rc = lynx_opts_parse(coord_opts, &co.cfg, argc, argv,
+  rc = lynx_opts_parse_conf(coord_opts, &co.cfg, argc, argv,
                        "usage: lynx-coordinator [options]\n"
                        "Registry, placement, leases and dispatch tables of a "
                        "Lynx cluster, with a JSON API.", &help);
   if (rc || help)
-    return rc ? LYNX_EXIT_USAGE : 0;
+    return rc ? lynx_opts_exit_code(rc) : 0;
   signal(SIGPIPE, SIG_IGN);
   lvl = lynx_log_parse_level(co.cfg.log_level);
   if (lvl < 0) {

@@ -756,13 +756,13 @@ int main(int argc, char **argv) {
   struct sockaddr_storage ss, bind_ss;
   const char *peer;
 
-  rc = lynx_opts_parse(fe_opts, cfg, argc, argv,
+  rc = lynx_opts_parse_conf(fe_opts, cfg, argc, argv,
                        "usage: lynx-frontend [options]\n"
                        "Serves UDP clients from mqueues in accelerator "
                        "memory: static (--agent) or as the coordinator says "
                        "(--coordinator).", &help);
   if (rc || help)
-    return rc ? LYNX_EXIT_USAGE : 0;
+    return rc ? lynx_opts_exit_code(rc) : 0;
   m.exit_code = LYNX_EXIT_USAGE; /* until the command line is checked */
   signal(SIGPIPE, SIG_IGN);
   { /* a TCP service holds a descriptor per client: lift the soft limit */

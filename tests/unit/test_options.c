@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -204,6 +205,109 @@ static void test_help(void **state) {
   lynx_opts_free(tab, &c);
 }
 
+/* ---- configuration files (--config) ---------------------------------- */
+
+/* A file of the test's with text; its path in path (the caller unlinks). */
+static void conf_file(char *path, size_t n, const char *text) {
+  FILE *f;
+  snprintf(path, n, "/tmp/lynx-ut-conf-%d-%u.conf", (int)getpid(),
+           (unsigned)rand());
+  f = fopen(path, "w");
+  assert_non_null(f);
+  assert_true(fputs(text, f) >= 0);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* lynx_opts_parse_conf on the NULL-terminated arguments. */
+static int conf_parse(struct cfg *c, int *help, ...) {
+  char *argv[16] = {"prog"};
+  int argc = 1;
+  va_list ap;
+  va_start(ap, help);
+  for (char *a; (a = va_arg(ap, char *)) != NULL;)
+    argv[argc++] = a;
+  va_end(ap);
+  return lynx_opts_parse_conf(tab, c, argc, argv, "usage: prog", help);
+}
+
+/* The file's options apply after the defaults; the command line
+ * overrides them; comments, blank lines and blanks around keys and values
+ * are skipped; a flag takes true/false and the like. */
+static void test_config_file(void **state) {
+  struct cfg c;
+  char path[128], arg[160];
+  int help;
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  conf_file(path, sizeof(path),
+            "# a comment\n"
+            "\n"
+            "  name =  from the file  \n"
+            "n=4\r\n"
+            "flag = yes\n"
+            "peers = 127.0.0.1:1, [::1]:2\n"
+            "\tmode\t=\ta\n");
+  assert_int_equal(conf_parse(&c, &help, "--config", path, NULL), 0);
+  assert_int_equal(help, 0);
+  assert_string_equal(c.name, "from the file");
+  assert_int_equal(c.n, 4);
+  assert_int_equal(c.flag, 1);
+  assert_int_equal(c.mode, 0);
+  assert_string_equal(c.peers, "127.0.0.1:1, [::1]:2");
+  assert_true(c.big == 5); /* not in the file: its default */
+  snprintf(arg, sizeof(arg), "--config=%s", path);
+  assert_int_equal(conf_parse(&c, &help, "--name", "cli", arg, "-n", "9",
+                              NULL),
+                   0);
+  assert_string_equal(c.name, "cli");
+  assert_int_equal(c.n, 9);
+  assert_int_equal(c.flag, 1);
+  lynx_opts_free(tab, &c);
+  unlink(path);
+}
+
+/* Errors name the file and line: exit 2; a file that cannot be read:
+ * exit 1; --help wins over a bad file. */
+static void test_config_errors(void **state) {
+  static const char *const bad[] = {
+      "bogus = 1\n",           /* unknown key */
+      "name = a\nname = b\n",  /* twice */
+      "just words\n",          /* no '=' */
+      "n = 11\n",              /* out of range */
+      "flag = maybe\n",        /* not a boolean */
+      "mode = c\n",            /* not a choice */
+      "config = other.conf\n", /* no nesting */
+      "--name = x\n",          /* the key without dashes */
+  };
+  struct cfg c;
+  char path[128];
+  int help;
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    conf_file(path, sizeof(path), bad[i]);
+    assert_int_equal(conf_parse(&c, &help, "--config", path, NULL), -EINVAL);
+    assert_int_equal(lynx_opts_exit_code(-EINVAL), LYNX_EXIT_USAGE);
+    unlink(path);
+  }
+  assert_int_equal(conf_parse(&c, &help, "--config",
+                              "/nonexistent/lynx.conf", NULL),
+                   -ENOENT);
+  assert_int_equal(lynx_opts_exit_code(-ENOENT), LYNX_EXIT_RUNTIME);
+  assert_int_equal(conf_parse(&c, &help, "--config", NULL), -EINVAL);
+  conf_file(path, sizeof(path), "bogus = 1\n");
+  assert_int_equal(conf_parse(&c, &help, "--config", path, "--help", NULL),
+                   0);
+  assert_int_equal(help, 1);
+  unlink(path);
+  /* without LYNX_OPTS_CONFIG, --config is an unknown option */
+  {
+    struct lynx_opts_scan s = {0, NULL, 0, 0, 0};
+    assert_int_equal(scan(&c, &s, NULL, "--config", "x", NULL), -EINVAL);
+  }
+  lynx_opts_free(tab, &c);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_addr_lists),
@@ -212,6 +316,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_positional),
       cmocka_unit_test(test_pass_unknown),
       cmocka_unit_test(test_help),
+      cmocka_unit_test(test_config_file),
+      cmocka_unit_test(test_config_errors),
   };
   return LYNX_UT_MAIN(argc, argv, "options", tests, NULL, NULL);
 }
