@@ -6,12 +6,12 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy test-faults fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test test-busy test-faults test-arm64 fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
 deps:
-	@bash deploy/install-deps.sh
+	@bash deploy/install-deps.sh $(if $(filter arm64,$(LYNX_ARCH)),--arm64)
 
 configure: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_VARS) >/dev/null
@@ -25,6 +25,19 @@ test: build
 # the fault suite alone (tests/faults/, docs/faults.md; also in `test`)
 test-faults: build
 	cd $(BUILD) && ctest --output-on-failure -j 1 -L faults $(CTEST_ARGS)
+
+# arm64 (BlueField, docs/bluefield.md): cross-compiled into ARM64_BUILD,
+# then the unit tests (the ring's two-thread test with a million requests)
+# and the UDP ping-pong, TCP service and coordinator integration tests run
+# the arm64 programs under qemu-user
+ARM64_BUILD ?= build-arm64
+ARM64_TESTS ?= ^(emu_wrappers|integration\.(udp_pingpong|tcp_service|cluster))$$
+test-arm64:
+	@bash deploy/install-deps.sh --arm64
+	@cmake -S . -B $(ARM64_BUILD) -DLYNX_ARCH=arm64 >/dev/null
+	@cmake --build $(ARM64_BUILD) -j $(JOBS)
+	cd $(ARM64_BUILD) && LYNX_UT_RING_ITERS=1000000 ctest --output-on-failure -j 1 -L unit $(CTEST_ARGS)
+	cd $(ARM64_BUILD) && ctest --output-on-failure -j 1 -R '$(ARM64_TESTS)' $(CTEST_ARGS)
 
 # the suite with a CPU hog per core spinning beside it (tests/run-busy.sh)
 test-busy: build

@@ -7,6 +7,12 @@
 #   deploy/install-deps.sh --all    hand apt the whole list (installed
 #                                   packages are left at their version:
 #                                   repairs half-installed ones)
+#   deploy/install-deps.sh --arm64  also what cross-compiling for arm64 and
+#                                   testing under emulation take (make
+#                                   LYNX_ARCH=arm64, make test-arm64): the
+#                                   arm64 architecture for dpkg, Debian's
+#                                   cross toolchain, the arm64 development
+#                                   packages (multiarch) and qemu-user
 #
 # Another package manager at work (unattended-upgrades, an apt in another
 # terminal) holds the dpkg lock: apt-get waits for it up to
@@ -14,12 +20,14 @@
 # failing at once.
 set -euo pipefail
 
-ALL=0
-case ${1:-} in
---all) ALL=1 ;;
-"") ;;
-*) echo "usage: $0 [--all]" >&2; exit 2 ;;
-esac
+ALL=0 ARM64=0
+for a in "$@"; do
+  case $a in
+  --all) ALL=1 ;;
+  --arm64) ARM64=1 ;;
+  *) echo "usage: $0 [--all] [--arm64]" >&2; exit 2 ;;
+  esac
+done
 LOCK_WAIT=${LYNX_APT_LOCK_WAIT:-600}
 [[ $LOCK_WAIT =~ ^[0-9]+$ ]] ||
   { echo "install-deps: LYNX_APT_LOCK_WAIT='$LOCK_WAIT' is not a number of seconds" >&2; exit 2; }
@@ -48,6 +56,27 @@ PKGS=(
   clang libclang-rt-dev
 )
 
+# --arm64: the cross toolchain, qemu-user, and every library the build
+# links, for arm64 (docs/bluefield.md)
+ARM64_PKGS=(
+  crossbuild-essential-arm64 qemu-user-static
+  libuv1-dev:arm64 liburing-dev:arm64 libjson-c-dev:arm64
+  libprotobuf-c-dev:arm64 libibverbs-dev:arm64 librdmacm-dev:arm64
+  libmicrohttpd-dev:arm64 libjansson-dev:arm64 libcmocka-dev:arm64
+  libcurl4-openssl-dev:arm64 libssl-dev:arm64 libmemcached-dev:arm64
+  zlib1g-dev:arm64 libgnutls28-dev:arm64
+)
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+if ((ARM64)); then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    echo "install-deps: adding the arm64 architecture to dpkg (multiarch)" >&2
+    $SUDO dpkg --add-architecture arm64
+    ARM64_NEW=1
+  fi
+  PKGS+=("${ARM64_PKGS[@]}")
+fi
+
 missing=()
 for p in "${PKGS[@]}"; do
   st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
@@ -58,8 +87,6 @@ if ((${#missing[@]} == 0 && !ALL)); then
   exit 0
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 # apt-get waiting for the dpkg lock (and saying who holds it)
 apt_get() {
@@ -72,7 +99,11 @@ else
   echo "install-deps: installing ${missing[*]}" >&2
   set -- "${missing[@]}"
 fi
-# Update the package index only when the first attempt cannot find a package.
+# Update the package index only when the first attempt cannot find a
+# package (or the arm64 architecture was just added: its index is needed).
+if ((${ARM64_NEW:-0})); then
+  apt_get update
+fi
 if ! apt_get install -y --no-install-recommends "$@"; then
   apt_get update
   apt_get install -y --no-install-recommends "$@"

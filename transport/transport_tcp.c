@@ -273,6 +273,8 @@ struct srv_conn {
   uint8_t *wbuf;         /* bytes of the write in flight */
   int writing, reading, closing;
   int admitted;          /* counted by srv->guard */
+  int authed;            /* proved the key (admitted, or fenced): the guard
+                            counts it authenticated, also when it closes */
   struct lynx_guard_src *src; /* its source's record there, or NULL */
   /* a refused HELLO whose answer is held back (a source backed off for
    * wrong keys): sent and closed at refuse_at_ns */
@@ -348,7 +350,7 @@ static void srv_on_closed(uv_handle_t *h) {
   if (c->cand)
     export_put(c->cand);
   if (c->admitted)
-    lynx_guard_closed(&srv->guard, c->src, c->ex != NULL);
+    lynx_guard_closed(&srv->guard, c->src, c->authed);
   buf_free(&c->in);
   buf_free(&c->out);
   free(c->wbuf);
@@ -654,7 +656,11 @@ static int srv_answer(struct srv_conn *c, struct tcp_export *ex, int err,
   c->ex = ex;
   srv_reply(c, OP_HELLO_REPLY, (uint64_t)err, 0, why, (uint32_t)strlen(why));
   if (!err || fenced) { /* fenced: the right key, an old frontend */
+    /* (a fenced one keeps no export: counted authenticated by authed,
+     * not by c->ex, or its close would count it unauthenticated again
+     * and the guard's count would wrap, refusing every connection) */
     lynx_guard_auth_ok(&c->srv->guard, c->src);
+    c->authed = 1;
     if (fenced)
       LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: "
                   "%s", c->peer, why);

@@ -4,6 +4,8 @@
  * the test acting as the frontend (ut_ring.h).
  */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -919,6 +921,105 @@ static void test_large_malformed(void **state) {
 }
 
 
+/* ---- two threads: frontend and accelerator at once ------------------- */
+
+/*
+ * The ring protocol between two threads, as a frontend and an accelerator
+ * run it: the frontend thread writes requests (payload, then the seq word
+ * with a store-release) as long as rx_cons (loaded with acquire) leaves
+ * room, and reads answers (seq with acquire, then the payload), moving
+ * tx_cons (release); the accelerator thread receives, checks every byte,
+ * answers with the bytes reversed and releases. Lengths change from one
+ * request to the next, so a reader that saw a seq before the payload
+ * behind it would see the previous lap's bytes. LYNX_UT_RING_ITERS sets
+ * the number of requests (default 100,000): make test-arm64 raises it,
+ * where the ring code runs on an emulated arm64 (docs/bluefield.md).
+ */
+struct duo {
+  struct ut_region r;
+  struct lynx_mq mq;
+  uint32_t n;
+  int bad; /* the accelerator saw a wrong byte */
+};
+
+static uint32_t duo_len(uint32_t i) { return 1 + (i * 37u) % 200u; }
+static uint8_t duo_byte(uint32_t i, uint32_t k) {
+  return (uint8_t)(i * 131u + k * 7u + 1u);
+}
+
+static void *duo_accel(void *arg) {
+  struct duo *d = arg;
+  uint8_t out[256];
+  for (uint32_t i = 0; i < d->n;) {
+    struct lynx_msg m = {0};
+    const uint8_t *p;
+    if (lynx_mq_recv(&d->mq, &m) != 0) {
+      sched_yield();
+      continue;
+    }
+    p = m.data;
+    if (m.tag != i || m.len != duo_len(i))
+      d->bad = 1;
+    for (uint32_t k = 0; !d->bad && k < m.len; k++) {
+      if (p[k] != duo_byte(i, k))
+        d->bad = 1;
+      out[m.len - 1 - k] = p[k];
+    }
+    while (lynx_send(&d->mq, m.tag, out, m.len) == -EAGAIN)
+      sched_yield();
+    lynx_mq_release(&d->mq);
+    if (d->bad)
+      break;
+    i++;
+  }
+  return NULL;
+}
+
+static void test_two_threads(void **state) {
+  struct duo *d = calloc(1, sizeof(*d));
+  const char *env = getenv("LYNX_UT_RING_ITERS");
+  uint8_t req[256];
+  uint32_t sent = 0, got = 0, s;
+  pthread_t t;
+  (void)state;
+  assert_non_null(d);
+  d->n = env ? (uint32_t)strtoul(env, NULL, 10) : 100000u;
+  assert_int_equal(ut_region_init(&d->r, 1, 8, 256), 0);
+  lynx_mq_bind(&d->mq, d->r.mem, &d->r.g, 0);
+  s = d->r.g.slots;
+  assert_int_equal(pthread_create(&t, NULL, duo_accel, d), 0);
+  while (got < d->n && !__atomic_load_n(&d->bad, __ATOMIC_RELAXED)) {
+    struct lynx_slot_meta tm;
+    const uint8_t *data;
+    int moved = 0;
+    if (sent < d->n &&
+        sent - lynx_load_acquire32(&ut_actrl(&d->r, 0)->rx_cons) < s) {
+      for (uint32_t k = 0; k < duo_len(sent); k++)
+        req[k] = duo_byte(sent, k);
+      ut_put(&d->r, 0, sent, sent, req, duo_len(sent));
+      sent++;
+      moved = 1;
+    }
+    if (ut_get_tx(&d->r, 0, got, &tm, &data) == 0) {
+      assert_int_equal(tm.tag, got);
+      assert_int_equal(tm.len, duo_len(got));
+      for (uint32_t k = 0; k < tm.len; k++)
+        if (data[k] != duo_byte(got, tm.len - 1 - k))
+          fail_msg("answer %u byte %u: %#x", got, k, data[k]);
+      got++;
+      lynx_store_release32(&ut_fctrl(&d->r, 0)->tx_cons, got);
+      moved = 1;
+    }
+    if (!moved)
+      sched_yield();
+  }
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(d->bad, 0);
+  assert_int_equal(got, d->n);
+  ut_region_free(&d->r);
+  free(d);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_geom_valid_layout),
@@ -947,6 +1048,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_large_roundtrip, fx_teardown),
       cmocka_unit_test_teardown(test_large_tx_full_and_reclaim, fx_teardown),
       cmocka_unit_test_teardown(test_large_malformed, fx_teardown),
+      cmocka_unit_test(test_two_threads),
   };
   return LYNX_UT_MAIN(argc, argv, "mqueue", tests, NULL, NULL);
 }

@@ -657,6 +657,20 @@ static void test_fence_on_the_wire(void **state) {
   assert_true(s.fence == 9 && s.refused == 1 && s.cut == 1 &&
               s.producers == 1);
   assert_true(*(const uint64_t *)(f->r.base + LYNX_OFF_FENCE) == 9);
+  /* a fenced frontend proved the key: the guard counts its connection
+   * authenticated, once, also when it closes (counted unauthenticated
+   * again, the count wrapped and the data port refused everyone: a
+   * promoted standby could never connect) */
+  {
+    uint64_t end = lynx_now_ns() + 2000000000ull;
+    struct lynx_tconn *second = NULL;
+    while (lynx_guard_get(&g_ta->guard->unauth) != 0) {
+      assert_true(lynx_now_ns() < end);
+      usleep(1000);
+    }
+    assert_int_equal(T->connect(&d, &second), 0);
+    ut_tconn_close(&second);
+  }
 }
 
 /* ---- the proof of the key (version 4) ---------------------------------- */
