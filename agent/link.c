@@ -35,6 +35,7 @@
 #include "agent.h"
 #include "frame.h"
 #include "log.h"
+#include "notify.h"
 #include "util.h"
 
 enum link_state {
@@ -431,6 +432,8 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     LYNX_INFO("agent", "%s: registered with coordinator %s (epoch %llu, "
               "lease %llu ms)", ag->node_id, c->peer,
               (unsigned long long)ag->epoch, (unsigned long long)l->lease_ms);
+    lynx_notify_ready("registered with coordinator %s (epoch %llu)",
+                      c->peer, (unsigned long long)ag->epoch);
     {
       uint64_t every = l->lease_ms / 3 < 100 ? 100 : l->lease_ms / 3;
       uv_timer_start(&l->beat, on_beat, every, every);

@@ -31,6 +31,7 @@
 
 #include "agent.h"
 #include "log.h"
+#include "notify.h"
 #include "mqueue.h"
 #include "options.h"
 #include "prom.h"
@@ -208,6 +209,7 @@ static void write_metrics(FILE *f, void *arg) {
 static void on_signal(uv_signal_t *s, int signum) {
   struct agent *ag = s->data;
   LYNX_INFO("agent", "%s: %s, shutting down", ag->node_id, strsignal(signum));
+  lynx_notify_stopping("%s, shutting down", strsignal(signum));
   agent_shutdown(ag, 0);
 }
 
@@ -497,6 +499,9 @@ int main(int argc, char **argv) {
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
     json_object_put(j);
   }
+  if (app) /* static: serving now (coordinator mode: once registered) */
+    lynx_notify_ready("static mode: serving descriptors on %s",
+                      ag.cfg.listen);
   uv_run(&ag.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&ag.loop))
     LYNX_WARN("agent", "loop closed with handles open");

@@ -32,6 +32,7 @@
 #include "ctlmsg.h"
 #include "frame.h"
 #include "log.h"
+#include "notify.h"
 #include "options.h"
 #include "store.h"
 #include "tls.h"
@@ -1152,6 +1153,7 @@ static void on_signal(uv_signal_t *s, int signum) {
     return;
   co->stopping = 1;
   LYNX_INFO("coordinator", "%s, shutting down", strsignal(signum));
+  lynx_notify_stopping("%s, shutting down", strsignal(signum));
   /* a leader hands over now (its lease revoked) rather than at its TTL;
    * the thread is gone before the handle it wakes */
   lynx_elect_stop(&co->elect);
@@ -1358,6 +1360,8 @@ int main(int argc, char **argv) {
   pthread_mutex_lock(&co.c.lock);
   co.c.ready = 1;
   pthread_mutex_unlock(&co.c.lock);
+  lynx_notify_ready("serving control on %s and the API on %s",
+                    co.cfg.listen, co.cfg.http);
   {
     struct json_object *j = lynx_opts_json(coord_opts, &co.cfg);
     LYNX_INFO("coordinator", "serving control on %s%s and the API on "

@@ -50,6 +50,8 @@ PKGS=(
   # TLS on the API and the control connections (docs/tls.md): GnuTLS, and
   # certtool for deploy/make-test-ca.sh; gnutls-cli for the tls test
   libgnutls28-dev gnutls-bin
+  # systemd readiness (sd_notify, Type=notify units: deploy/systemd/)
+  libsystemd-dev
   # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
   # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
   # clang, and recommends are not installed here)
@@ -63,9 +65,12 @@ ARM64_PKGS=(
   libuv1-dev:arm64 liburing-dev:arm64 libjson-c-dev:arm64
   libprotobuf-c-dev:arm64 libibverbs-dev:arm64 librdmacm-dev:arm64
   libmicrohttpd-dev:arm64 libjansson-dev:arm64 libcmocka-dev:arm64
-  libcurl4-openssl-dev:arm64 libssl-dev:arm64 libmemcached-dev:arm64
-  zlib1g-dev:arm64 libgnutls28-dev:arm64
+  libcurl4-openssl-dev:arm64 libssl-dev:arm64
+  zlib1g-dev:arm64 libgnutls28-dev:arm64 libsystemd-dev:arm64
 )
+# (not libmemcached-dev:arm64: Debian's is not co-installable with the
+# host's, which the native build needs; the arm64 build goes without the
+# benchmark tools that use it)
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
 if ((ARM64)); then

@@ -33,6 +33,7 @@
 #include "ctlconn.h"
 #include "frontend.h"
 #include "log.h"
+#include "notify.h"
 #include "options.h"
 
 static const char *const dispatch_names[] = {"rr", "lo", NULL};
@@ -359,6 +360,8 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
   /* a new epoch: the old agent process is gone, with its queues */
   service_set_instances(fe, accels, (uint32_t)d->n_regions, NULL, 0,
                         FE_CMD_LOST);
+  lynx_notify_ready("serving %s %s for service %s", m->cfg.tcp ? "TCP" : "UDP",
+                    m->cfg.tcp ? m->cfg.tcp : m->cfg.udp, fe->service);
   LYNX_INFO("frontend", "%s: serving %s %s for service %s: %zu accelerators "
             "of %s (epoch %llu), %u workers, dispatch %s, poll %s, rx %s",
             m->id, m->cfg.tcp ? "TCP" : "UDP",
@@ -656,6 +659,8 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
   m->have_table = 1;
   LYNX_INFO("frontend", "%s: table %llu applied%s", m->id,
             (unsigned long long)t->version, t->standby ? " (standby)" : "");
+  lynx_notify_ready("table %llu applied%s", (unsigned long long)t->version,
+                    t->standby ? " (standby)" : "");
   send_status(m);
 }
 
@@ -744,6 +749,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   struct fe_main *m = s->data;
   LYNX_INFO("frontend", "%s: %s, draining and shutting down", m->id,
             strsignal(signum));
+  lynx_notify_stopping("%s, draining and shutting down", strsignal(signum));
   begin_shutdown(m, 0);
 }
 
