@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages Lynx-C builds and tests with.
 # Idempotent: it asks dpkg first and calls apt-get only for what is missing,
-# so a second run on a ready machine takes well under a second.
+# so a second run on a ready machine makes no apt call (a second or two).
 #
 #   deploy/install-deps.sh          install what is missing
 #   deploy/install-deps.sh --all    hand apt the whole list (installed
@@ -82,10 +82,20 @@ if ((ARM64)); then
   PKGS+=("${ARM64_PKGS[@]}")
 fi
 
+# installed: for a name without an architecture, the host's (or "all")
+# instance, not another architecture's (multiarch: --arm64)
+NATIVE=$(dpkg --print-architecture)
+installed() {
+  local want=$1 arch=$NATIVE
+  if [[ $want == *:* ]]; then
+    arch=${want#*:} want=${want%%:*}
+  fi
+  dpkg-query -W -f='${Status} ${Architecture}\n' "$want" 2>/dev/null |
+    grep -qE "^install ok installed ($arch|all)\$"
+}
 missing=()
 for p in "${PKGS[@]}"; do
-  st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-  [[ "$st" == "install ok installed" ]] || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 
 if ((${#missing[@]} == 0 && !ALL)); then
