@@ -1390,6 +1390,11 @@ static int ctl(struct fx *f, char **out, char **err, ...) {
   va_list ap;
   int n = 0, st;
   pid_t pid;
+#ifdef LYNXCTL_EMULATOR
+  /* a cross build: this test runs under the emulator, and so must the
+   * lynxctl it starts (no binfmt_misc to do it) */
+  argv[n++] = (char *)LYNXCTL_EMULATOR;
+#endif
   argv[n++] = (char *)LYNXCTL;
   va_start(ap, err);
   for (char *a; (a = va_arg(ap, char *)) != NULL && n < 31;)
