@@ -50,8 +50,9 @@ PKGS=(
   # TLS on the API and the control connections (docs/tls.md): GnuTLS, and
   # certtool for deploy/make-test-ca.sh; gnutls-cli for the tls test
   libgnutls28-dev gnutls-bin
-  # systemd readiness (sd_notify, Type=notify units: deploy/systemd/)
-  libsystemd-dev
+  # systemd readiness (sd_notify, Type=notify units: deploy/systemd/), and
+  # systemd-analyze, which checks the units (integration.systemd_units)
+  libsystemd-dev systemd
   # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
   # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
   # clang, and recommends are not installed here)
