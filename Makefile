@@ -6,7 +6,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy test-faults test-arm64 fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -38,6 +38,13 @@ test-arm64:
 	@cmake --build $(ARM64_BUILD) -j $(JOBS)
 	cd $(ARM64_BUILD) && LYNX_UT_RING_ITERS=1000000 ctest --output-on-failure -j 1 -L unit $(CTEST_ARGS)
 	cd $(ARM64_BUILD) && ctest --output-on-failure -j 1 -R '$(ARM64_TESTS)' $(CTEST_ARGS)
+
+# Debian packages of the build (deploy/packaging.cmake): lynx-coordinator,
+# lynx-agent, lynx-frontend, lynxctl in $(BUILD)/packages/; for arm64:
+# make deb BUILD=build-arm64 LYNX_ARCH=arm64
+deb: build
+	cd $(BUILD) && cpack -G DEB
+	@ls -l $(BUILD)/packages/*.deb
 
 # the suite with a CPU hog per core spinning beside it (tests/run-busy.sh)
 test-busy: build

@@ -53,6 +53,9 @@ PKGS=(
   # systemd readiness (sd_notify, Type=notify units: deploy/systemd/), and
   # systemd-analyze, which checks the units (integration.systemd_units)
   libsystemd-dev systemd
+  # packages (make deb: dpkg-shlibdeps) and their install test in a clean
+  # bookworm root (integration.deb_install)
+  dpkg-dev debootstrap
   # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
   # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
   # clang, and recommends are not installed here)
