@@ -56,6 +56,8 @@ PKGS=(
   # packages (make deb: dpkg-shlibdeps) and their install test in a clean
   # bookworm root (integration.deb_install)
   dpkg-dev debootstrap
+  # the Kubernetes manifests' check (deploy/k8s/check.py)
+  python3-yaml
   # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
   # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
   # clang, and recommends are not installed here)
