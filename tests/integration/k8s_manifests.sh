@@ -10,8 +10,9 @@ it_init k8s_manifests
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 K8S=$SRC/deploy/k8s
 PY=/usr/bin/python3
-[[ -x $PY ]] && $PY -c 'import yaml' 2>/dev/null ||
+if [[ ! -x $PY ]] || ! $PY -c 'import yaml' 2>/dev/null; then
   skip "Debian's python3 with python3-yaml is needed (deploy/install-deps.sh)"
+fi
 
 out=$($PY "$K8S/check.py" "$K8S"/*.yaml 2>&1) || { echo "$out"; fail "deploy/k8s/check.py refused the manifests"; }
 log "ok: $out"
