@@ -24,6 +24,8 @@ IT_DEADLINE_S=560
 it_init deb_install
 it_require debootstrap sockperf unshare chroot
 ((EUID == 0)) || skip "a root file system needs root (running as uid $EUID)"
+[[ ${LYNX_SANITIZED:-0} == 1 ]] &&
+  skip "a sanitizer build: packages are made of the release build (make deb)"
 pick_ports COORD_PORT API_PORT UDP_PORT
 DEBS=${LYNX_DEB_DIR:-$LYNX_BIN_DIR/../packages}
 if ! compgen -G "$DEBS/lynx-agent_*.deb" >/dev/null; then
