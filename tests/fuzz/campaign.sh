@@ -26,6 +26,8 @@ bin=$(cd "$1" && pwd) || exit 2
 target=$2
 shift 2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=fuzz-options.sh
+source "$here/fuzz-options.sh"
 state=${FUZZ_CAMPAIGN:-$bin/../fuzz-campaign}
 chunk=${FUZZ_CHUNK:-600}
 deadline=${FUZZ_DEADLINE:-0}
@@ -46,13 +48,9 @@ for h in "${names[@]}"; do
   mkdir -p "$dir/corpus" "$dir/out"
   touch "$ledger"
   [[ -n $(ls -A "$dir/corpus") ]] || cp -R "$here/corpus/$h/." "$dir/corpus/"
-  opts=()
-  if [[ -f $here/$h.options ]]; then
-    while read -r o; do
-      [[ -z $o || $o == \#* ]] && continue
-      opts+=("${o//@HERE@/$here}")
-    done <"$here/$h.options"
-  fi
+  # per-harness libFuzzer options (-max_len=..., -dict=...)
+  fuzz_options "$here" "$h"
+  opts=(${FUZZ_OPTS[@]+"${FUZZ_OPTS[@]}"})
   while (($(total_of "$ledger") < target)); do
     secs=$chunk now=$(date +%s)
     if ((deadline)); then

@@ -27,6 +27,8 @@ shift 2
 # absolute: each harness runs in a scratch directory of its own
 [[ -d $bin ]] && bin=$(cd "$bin" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=fuzz-options.sh
+source "$here/fuzz-options.sh"
 names=("$@")
 if ((${#names[@]} == 0)); then
   for d in "$here"/corpus/*/; do names+=("$(basename "$d")"); done
@@ -48,14 +50,9 @@ for h in "${names[@]}"; do
   work=$scratch/$h
   mkdir -p "$work/corpus" "$work/out"
   cp -R "$here/corpus/$h/." "$work/corpus/"
-  opts=()
-  # per-harness libFuzzer options (-max_len=..., -dict=...), one a line
-  if [[ -f $here/$h.options ]]; then
-    while read -r o; do
-      [[ -z $o || $o == \#* ]] && continue
-      opts+=("${o//@HERE@/$here}")
-    done <"$here/$h.options"
-  fi
+  # per-harness libFuzzer options (-max_len=..., -dict=...)
+  fuzz_options "$here" "$h"
+  opts=(${FUZZ_OPTS[@]+"${FUZZ_OPTS[@]}"})
   (cd "$work/out" &&
     "$exe" -max_total_time="$secs" -print_final_stats=1 -timeout=25 \
       -rss_limit_mb=4096 -artifact_prefix="$work/out/" "${opts[@]}" \
