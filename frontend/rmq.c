@@ -607,8 +607,9 @@ static void scan_take(struct fe_mq *mq, uint32_t pos, const uint8_t *tail,
   memcpy(&ref, tail, sizeof(ref));
   start = ref.end - lynx_large_end(0, ref.len);
   if (!size || m->len != sizeof(ref) ||
-      m->off16 * 16u != mq->conn->acc.g.slot_size - SCAN_TAIL || ref.len == 0 || ref.len > size ||
-      ref.off != (start & (size - 1)) || ref.off + ref.len > size ||
+      m->off16 * 16u != mq->conn->acc.g.slot_size - SCAN_TAIL ||
+      ref.len == 0 || ref.len > size || ref.off != (start & (size - 1)) ||
+      ref.off + ref.len > size ||
       (mq->rx_ln && (start - mq->rx_la.head > size ||
                      ref.end - mq->rx_la.tail > size))) {
     bad_index(mq, "large reference end", ref.end);
@@ -650,10 +651,11 @@ static int conn_scan_rx(struct fe_conn *c) {
   memset(open, 1, c->n_mqs);
   while (n_open && !rc) {
     uint32_t n = 0;
+    /* (a round the transport cut short leaves the rest at 0) */
+    memset(posted, 0, c->n_mqs * sizeof(*posted));
     for (uint32_t i = 0; i < c->n_mqs && !rc; i++) {
       struct fe_mq *mq = &c->mqs[i];
       uint64_t ring = lynx_rx_ring_off(g, mq->q);
-      posted[i] = 0;
       for (uint32_t k = 0; open[i] && k < SCAN_SLOTS &&
                            mq->dq.rx_prod + k - mq->dq.rx_cons < g->slots;
            k++) {
