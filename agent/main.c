@@ -332,9 +332,11 @@ int main(int argc, char **argv) {
 
   pthread_mutex_init(&ag.lat_lock, NULL);
   rc = lynx_opts_parse_conf(agent_opts, &ag.cfg, argc, argv,
-                       "usage: lynx-agent [options]\n"
-                       "Runs accelerator instances: static (--app) or as the "
-                       "coordinator places them (--coordinator).", &help);
+                            "usage: lynx-agent [options]\n"
+                            "Runs accelerator instances: static (--app) "
+                            "or as the coordinator places them "
+                            "(--coordinator).",
+                            &help);
   if (rc || help)
     return rc ? lynx_opts_exit_code(rc) : 0;
   signal(SIGPIPE, SIG_IGN);

@@ -1178,9 +1178,10 @@ int main(int argc, char **argv) {
   int rc, lvl, exit_code = 1;
 
   rc = lynx_opts_parse_conf(coord_opts, &co.cfg, argc, argv,
-                       "usage: lynx-coordinator [options]\n"
-                       "Registry, placement, leases and dispatch tables of a "
-                       "Lynx cluster, with a JSON API.", &help);
+                            "usage: lynx-coordinator [options]\n"
+                            "Registry, placement, leases and dispatch "
+                            "tables of a Lynx cluster, with a JSON API.",
+                            &help);
   if (rc || help)
     return rc ? lynx_opts_exit_code(rc) : 0;
   signal(SIGPIPE, SIG_IGN);

@@ -763,10 +763,11 @@ int main(int argc, char **argv) {
   const char *peer;
 
   rc = lynx_opts_parse_conf(fe_opts, cfg, argc, argv,
-                       "usage: lynx-frontend [options]\n"
-                       "Serves UDP clients from mqueues in accelerator "
-                       "memory: static (--agent) or as the coordinator says "
-                       "(--coordinator).", &help);
+                            "usage: lynx-frontend [options]\n"
+                            "Serves UDP clients from mqueues in "
+                            "accelerator memory: static (--agent) or as "
+                            "the coordinator says (--coordinator).",
+                            &help);
   if (rc || help)
     return rc ? lynx_opts_exit_code(rc) : 0;
   m.exit_code = LYNX_EXIT_USAGE; /* until the command line is checked */
