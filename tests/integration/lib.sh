@@ -174,13 +174,15 @@ it_require() {
 
 # Ports in use on this machine (TCP and UDP, any state, v4 and v6).
 used_ports() {
-  local f line hex
+  local f hex
+  # (TCP sockets in TIME_WAIT, state 06, hold no port a listener with
+  # SO_REUSEADDR cannot take: left out, as a machine churning
+  # connections has tens of thousands of them)
   for f in /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6; do
     [[ -r $f ]] || continue
-    while read -r _ line _; do
-      hex=${line##*:}
-      [[ $hex =~ ^[0-9A-Fa-f]{4}$ ]] && echo $((16#$hex))
-    done <"$f"
+    awk 'FNR > 1 && $4 != "06" { n = split($2, a, ":"); print a[n] }' "$f"
+  done | sort -u | while read -r hex; do
+    [[ $hex =~ ^[0-9A-Fa-f]{4}$ ]] && echo $((16#$hex))
   done | sort -un
 }
 
