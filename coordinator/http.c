@@ -279,6 +279,23 @@ static void reply_encoded(struct http_out *out, unsigned status,
     reply_json(out, status, j);
 }
 
+/* The answer for a store that could not save (rc < 0): 503 when it cannot
+ * be reached or cannot serve now (lost its lead: retry), 507 when it has
+ * no room, else 500. */
+static unsigned save_err_status(int rc, const char **code) {
+  if (rc == -EAGAIN || rc == -ETIMEDOUT || rc == -ECONNREFUSED ||
+      rc == -EHOSTUNREACH || rc == -ECANCELED) {
+    *code = "store_unavailable";
+    return 503;
+  }
+  if (rc == -ENOSPC || rc == -EDQUOT) {
+    *code = "insufficient_storage";
+    return 507;
+  }
+  *code = "internal";
+  return 500;
+}
+
 /* Persists operator intent after a mutation (lock held). 0, or -errno with
  * an error in out (503 when the store cannot be reached or cannot serve,
  * 500 otherwise) and a log line. The change itself stays applied in
@@ -288,7 +305,9 @@ static int persist(struct http_req *rq, struct http_out *out,
   struct lynx_coord *c = rq->c;
   const char *where = c->save ? c->save_where : "the state directory";
   char err[256] = "";
-  int rc, down, full;
+  const char *code;
+  unsigned status;
+  int rc;
   if (c->save)
     rc = c->save(c->save_arg, &c->reg, err, sizeof(err));
   else if (c->state_dir)
@@ -297,15 +316,10 @@ static int persist(struct http_req *rq, struct http_out *out,
     return 0;
   if (rc == 0)
     return 0;
-  down = rc == -EAGAIN || rc == -ETIMEDOUT || rc == -ECONNREFUSED ||
-         rc == -EHOSTUNREACH || rc == -ECANCELED; /* lead lost: retry */
-  full = rc == -ENOSPC || rc == -EDQUOT;
   LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
            c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
-  reply_err(out, down ? 503 : full ? 507 : 500,
-            down   ? "store_unavailable"
-            : full ? "insufficient_storage"
-                   : "internal",
+  status = save_err_status(rc, &code);
+  reply_err(out, status, code,
             "%s: applied but not saved in %s (%s); it is lost if the "
             "coordinator restarts before a later save succeeds",
             what, where, err[0] ? err : strerror(-rc));
@@ -322,17 +336,19 @@ static int preflight(struct http_req *rq, struct http_out *out,
                      const char *what) {
   struct lynx_coord *c = rq->c;
   char err[256] = "";
-  int rc, full;
+  const char *code;
+  unsigned status;
+  int rc;
   if (c->save || !c->state_dir)
     return 0;
   rc = lynx_store_save(c->state_dir, &c->reg, err, sizeof(err));
   if (rc == 0)
     return 0;
-  full = rc == -ENOSPC || rc == -EDQUOT;
   LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "%s refused: the state directory %s "
               "cannot be written: %s", what, c->state_dir,
               err[0] ? err : strerror(-rc));
-  reply_err(out, full ? 507 : 500, full ? "insufficient_storage" : "internal",
+  status = save_err_status(rc, &code);
+  reply_err(out, status, code,
             "%s: not applied: the state directory %s cannot be written (%s)",
             what, c->state_dir, err[0] ? err : strerror(-rc));
   return rc;

@@ -50,14 +50,8 @@ fl_cluster 2 1
 # window NAME SECONDS FAULT_FN: sockperf for SECONDS through fe1 with
 # FAULT_FN run 1 s into the load; then fe1's counts are judged.
 window() {
-  local name=$1 secs=$2 fn=$3
-  shift 3
-  fl_window_begin fe1
-  fl_load_start "$name" fe1 "$secs"
-  sleep 1
-  "$fn"
-  fl_load_wait
-  fl_check_window fe1 "$name" "$@"
+  local name=$1
+  fl_fault_window "$1" fe1 "$2" "$3" "${@:4}"
   assert_eq "$(fl_node_drops fe1 h2)" 0 "$name: requests fe1 dropped on h2 (which stayed up)"
   # what reached h1 while it was failed but not yet declared down, at most
   assert_le "$FL_DROPPED" $((FL_RATE * (FL_OUT_MS + 500) / 1000)) "$name: requests dropped (at $FL_RATE/s, h1 failed for $FL_OUT_MS ms before it was declared down)"

@@ -45,10 +45,7 @@ STATE=$MH_DIR/state
 step "set-up: coordinator, agents h1 and h2, frontend fe1, client"
 fl_cluster 2 1
 
-coord_metric() {
-  mh_exec coord curl -sf --max-time 5 "http://127.0.0.1:$FL_API_PORT/metrics" |
-    awk -v n="$1" '$1 == n { print $2 + 0; found = 1 } END { if (!found) print 0 }'
-}
+coord_metric() { api_get /metrics | fl_sum "$1"; }
 epochs() { grep -c "producing with frontend epoch" "${FL_LOG[fe1]}" || true; }
 node_epochs() { api_get /v1/nodes | jq -c '[.items[] | {id, epoch, state}] | sort_by(.id)'; }
 
@@ -60,12 +57,7 @@ window() {
   local name=$1 secs=$2 fn=$3 max=${4:-0} exp0 ep0 nodes0
   exp0=$(coord_metric lynx_coordinator_lease_expiries_total)
   ep0=$(epochs) nodes0=$(node_epochs)
-  fl_window_begin fe1
-  fl_load_start "$name" fe1 "$secs"
-  sleep 1
-  "$fn"
-  fl_load_wait
-  fl_check_window fe1 "$name" "${@:5}"
+  fl_fault_window "$name" fe1 "$secs" "$fn" "${@:5}"
   assert_le "$FL_DROPPED" "$max" "$name: requests dropped"
   mh_wait_until 15 "$name: both nodes ready again" fl_node_ready h2
   mh_wait_until 15 "$name: both nodes ready again" fl_node_ready h1

@@ -66,11 +66,15 @@ scrape_in() { mh_exec "$1" curl -sf --max-time 5 "http://127.0.0.1:$FL_METRICS_P
 fl_metric() {
   local text
   text=$(scrape_in "$1") || fail "cannot scrape the metrics of $1"
-  awk -v n="$2" -v l="${3:-}" '
+  fl_sum "$2" "${3:-}" <<<"$text"
+}
+# fl_sum NAME [LABEL_PART]: the same over Prometheus text on stdin.
+fl_sum() {
+  awk -v n="$1" -v l="${2:-}" '
     $1 ~ /^#/ { next }
     { name = $1; sub(/\{.*/, "", name) }
     name == n && index($1, l) { s += $2 }
-    END { printf "%.0f\n", s }' <<<"$text"
+    END { printf "%.0f\n", s }'
 }
 
 # On failure (netns.sh's cleanup): every daemon host's metrics and the
@@ -204,6 +208,20 @@ fl_load_wait() {
   assert_eq "$SP_DUP" 0 "sockperf: duplicated answers"
 }
 
+# fl_fault_window NAME FE SECONDS FAULT_FN [REASON...]: FE's counts around
+# sockperf for SECONDS through FE with FAULT_FN run 1 s into the load,
+# then judged by fl_check_window (REASONs: the drops the fault explains).
+fl_fault_window() {
+  local name=$1 fe=$2 secs=$3 fn=$4
+  shift 4
+  fl_window_begin "$fe"
+  fl_load_start "$name" "$fe" "$secs"
+  sleep 1
+  "$fn"
+  fl_load_wait
+  fl_check_window "$fe" "$name" "$@"
+}
+
 # ---- counts -------------------------------------------------------------------
 
 # every reason of lynx_frontend_dropped_total: the worker's (before an
@@ -217,18 +235,12 @@ FL_REASONS=(oversize ring_full flow_full no_mqueue tag_full shutdown
 fl_counts() {
   local text r
   text=$(scrape_in "$1") || fail "cannot scrape $1"
-  _fl_sum() {
-    awk -v n="$1" -v l="${2:-}" '
-      $1 ~ /^#/ { next }
-      { name = $1; sub(/\{.*/, "", name) }
-      name == n && index($1, l) { s += $2 }
-      END { printf "%.0f\n", s }' <<<"$text"
-  }
-  printf -v "${2}_rcv" '%s' "$(_fl_sum lynx_frontend_received_total)"
-  printf -v "${2}_resp" '%s' "$(_fl_sum lynx_frontend_responded_total)"
-  printf -v "${2}_drop" '%s' "$(_fl_sum lynx_frontend_dropped_total)"
+  printf -v "${2}_rcv" '%s' "$(fl_sum lynx_frontend_received_total <<<"$text")"
+  printf -v "${2}_resp" '%s' "$(fl_sum lynx_frontend_responded_total <<<"$text")"
+  printf -v "${2}_drop" '%s' "$(fl_sum lynx_frontend_dropped_total <<<"$text")"
   for r in "${FL_REASONS[@]}"; do
-    printf -v "${2}_$r" '%s' "$(_fl_sum lynx_frontend_dropped_total "reason=\"$r\"")"
+    printf -v "${2}_$r" '%s' \
+      "$(fl_sum lynx_frontend_dropped_total "reason=\"$r\"" <<<"$text")"
   done
 }
 
@@ -253,7 +265,7 @@ fl_node_drops() { fl_metric "$1" lynx_mqueue_dropped_total "node=\"${FL_NODE[$2]
 # dropped every request it received; its drops have only the REASONs;
 # sockperf (fl_load_wait) duplicated nothing. Sets FL_DROPPED.
 fl_check_window() {
-  local fe=$1 what=$2 r allowed v other=0 rcv resp drop
+  local fe=$1 what=$2 r allowed v other=0 rcv resp drop b e
   shift 2
   fl_quiesce "$fe"
   # stale tags, unpublished TX slots and bad indices are counted among the
@@ -266,7 +278,8 @@ fl_check_window() {
   assert_eq $((resp + drop)) "$rcv" "$what: requests $fe answered ($resp) or dropped ($drop), of those it received"
   FL_WHY=''
   for r in "${FL_REASONS[@]}"; do
-    v=$(($(eval echo "\$FLE_$r") - $(eval echo "\$FLB_$r")))
+    b=FLB_$r e=FLE_$r
+    v=$((${!e} - ${!b}))
     ((v)) && FL_WHY+=" $r $v"
     allowed=0
     for a in "$@"; do [[ $a == "$r" ]] && allowed=1; done
