@@ -7,12 +7,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 /* The layers' shapes as the file states them: (out, in, kh, kw). */
 static const uint32_t file_shapes[LENET_FILE_LAYERS][4] = {
@@ -48,14 +50,16 @@ static uint32_t rd32(const uint8_t *p) {
 }
 
 uint32_t lenet_crc32(const uint8_t *p, size_t n) {
-  /* bitwise (no table): runs once per load over 247 kB */
-  uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < n; i++) {
-    c ^= p[i];
-    for (int k = 0; k < 8; k++)
-      c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  /* zlib's CRC-32 (the same polynomial as Python's zlib.crc32, which the
+   * training script writes): uInt at a time, since n may exceed it */
+  uLong c = crc32(0L, Z_NULL, 0);
+  while (n) {
+    uInt k = n > UINT_MAX ? UINT_MAX : (uInt)n;
+    c = crc32(c, p, k);
+    p += k;
+    n -= k;
   }
-  return ~c;
+  return (uint32_t)c;
 }
 
 #define WHY(...) (snprintf(why, whylen, __VA_ARGS__), -EINVAL)
