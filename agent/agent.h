@@ -118,6 +118,12 @@ struct agent {
    * monotonic clock (lynx_now_ns) is below this; UINT64_MAX in static mode
    * (no lease). Written by the loop thread, read by accelerator threads. */
   uint64_t serve_until_ns;
+  /* What instances left behind when they stopped (instance.c,
+   * leftovers): request slots still published (never taken, but for one
+   * taken and not yet released per accelerator thread) and requests taken
+   * whose answers no frontend read (they ran). Loop thread writes, the
+   * metrics thread reads (relaxed atomics). */
+  uint64_t left_queued, left_unread;
   /* health.c */
   uv_timer_t health;
   int health_open;

@@ -259,9 +259,48 @@ struct instance *agent_instance_find(struct agent *ag, uint64_t id) {
   return NULL;
 }
 
+/* What a stopped instance leaves in its server mqueues, read through the
+ * transport's view of the region (copies out of GPU memory) once its
+ * accelerator no longer moves the indices: *queued, request slots still
+ * published from the consumer index on (their requests never ran, but for
+ * a request taken and not yet released), and *unread, answers written
+ * and not consumed by a frontend (their requests ran). Zeros where a read
+ * fails. */
+static void leftovers(const struct instance *in, uint64_t *queued,
+                      uint64_t *unread) {
+  struct lynx_actrl a[LYNX_MQUEUES_MAX];
+  struct lynx_fctrl f[LYNX_MQUEUES_MAX];
+  struct lynx_geom g;
+  *queued = *unread = 0;
+  if (!in->n_server ||
+      lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots,
+                     in->desc.slot_size, in->desc.large_bytes) ||
+      lynx_region_read(&in->region, lynx_actrl_off(&g, 0), a,
+                       in->n_server * sizeof(a[0])) ||
+      lynx_region_read(&in->region, lynx_fctrl_off(&g, 0), f,
+                       in->n_server * sizeof(f[0])))
+    return;
+  for (uint32_t q = 0; q < in->n_server; q++) {
+    uint32_t pos = a[q].rx_cons, n = 0;
+    for (; n < g.slots; n++, pos++) {
+      struct lynx_slot_meta m;
+      if (lynx_region_read(&in->region,
+                           lynx_slot_off(&g, lynx_rx_ring_off(&g, q), pos) +
+                               g.slot_size - LYNX_META_SIZE,
+                           &m, sizeof(m)) ||
+          m.seq != lynx_seq_for(pos))
+        break;
+    }
+    *queued += n;
+    /* a frontend's index past the answers is a bad one: nothing counted */
+    if (a[q].tx_prod - f[q].tx_cons <= g.slots)
+      *unread += a[q].tx_prod - f[q].tx_cons;
+  }
+}
+
 void agent_instance_stop(struct agent *ag, struct instance *in) {
   struct instance **pp = &ag->instances;
-  uint64_t rq = 0, rs = 0, dr = 0, bad = 0;
+  uint64_t rq = 0, rs = 0, dr = 0, bad = 0, queued = 0, unread = 0;
   while (*pp && *pp != in)
     pp = &(*pp)->next;
   if (*pp)
@@ -271,15 +310,26 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
     in->run->ops->stop(in->run);
     in->run->ops->counters(in->run, &rq, &rs, &dr, &bad);
     agent_stats_keep(ag, in);
+    leftovers(in, &queued, &unread);
+    /* taken and neither answered nor dropped: it ran, or began to, and
+     * no answer went */
+    if (rq > rs + dr)
+      unread += rq - rs - dr;
   }
   ag->acc[in->accel].requests += rq;
   ag->acc[in->accel].responses += rs;
+  __atomic_store_n(&ag->left_queued, ag->left_queued + queued,
+                   __ATOMIC_RELAXED);
+  __atomic_store_n(&ag->left_unread, ag->left_unread + unread,
+                   __ATOMIC_RELAXED);
   LYNX_INFO("agent",
             "%s: instance %llu (%s) on accel %u stopped: %llu requests, %llu "
-            "responses, %llu dropped by the app, %llu malformed",
+            "responses, %llu dropped by the app, %llu malformed; left %llu "
+            "requests queued (never run) and %llu answers no frontend read",
             ag->node_id, (unsigned long long)in->id, in->service, in->accel,
             (unsigned long long)rq, (unsigned long long)rs,
-            (unsigned long long)dr, (unsigned long long)bad);
+            (unsigned long long)dr, (unsigned long long)bad,
+            (unsigned long long)queued, (unsigned long long)unread);
   ag->tops->region_free(&in->region);
   in->run->ops->put(in->run); /* memory in the transport's hands goes later */
   free(in->backends);

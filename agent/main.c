@@ -199,6 +199,20 @@ static void write_metrics(FILE *f, void *arg) {
                    "lease was not renewed (docs/design.md, \"Delivery "
                    "guarantees\").");
   lynx_prom_u64(f, "lynx_agent_lease_fenced", NULL, lynx_now_ns() >= until);
+  lynx_prom_family(f, "lynx_agent_left_requests_total", "counter",
+                   "What instances left in their server mqueues when they "
+                   "stopped: state=\"queued\", requests never taken (never "
+                   "run); state=\"unread\", requests taken whose answers no "
+                   "frontend read (they ran; a frontend may have counted "
+                   "them lost).");
+  lynx_prom_u64(f, "lynx_agent_left_requests_total",
+                (const struct lynx_prom_label[]){{"state", "queued"},
+                                                 {NULL, NULL}},
+                __atomic_load_n(&ag->left_queued, __ATOMIC_RELAXED));
+  lynx_prom_u64(f, "lynx_agent_left_requests_total",
+                (const struct lynx_prom_label[]){{"state", "unread"},
+                                                 {NULL, NULL}},
+                __atomic_load_n(&ag->left_unread, __ATOMIC_RELAXED));
   lynx_prom_family(f, "lynx_agent_epoch", "gauge",
                    "This agent's incarnation.");
   lynx_prom_u64(f, "lynx_agent_epoch", NULL,

@@ -98,7 +98,6 @@ fault_stop() {
   mh_wait_log "${FL_LOG[h1]}" "registered with coordinator" 15 $((n + 1)) "${FL_PID[h1]}"
   back_in_dispatch
 }
-FL_TAKEN=2 # h1's two accelerator threads: one request each, taken before the stop
 fl_ledger_save fe1 h1 h2
 window sigstop 8 fault_stop lost in_doubt flow_full ring_full
 fl_check_ledger sigstop fe1 h1 h2
