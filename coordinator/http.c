@@ -687,7 +687,18 @@ struct metrics_accel {
   uint64_t outages;
 };
 
+/* lynx_node_*: one series per registered node. */
+struct metrics_node {
+  char id[LYNX_ID_MAX];
+  enum lynx_node_state state;
+  int64_t lease_left_ms; /* until its lease runs out (not for down nodes) */
+};
+
 struct metrics_snap {
+  int leader, no_leader;
+  uint64_t lease_ms;
+  uint64_t n_nodes;
+  struct metrics_node *nodes_v; /* n_nodes entries, or NULL (no memory) */
   uint64_t api_conns, api_refused, api_timeouts[2]; /* header, body */
   uint64_t nodes[4];
   uint64_t accels, requests, responses;
@@ -733,17 +744,62 @@ static void metrics_accels(FILE *f, const struct metrics_snap *m) {
   }
 }
 
+static const char *const node_states[4] = {"ready", "draining", "drained",
+                                           "down"};
+
+/* lynx_node_state (1 for the node's state, 0 for the others) and
+ * lynx_node_lease_remaining_seconds (nodes not down): what alerts on a
+ * node going down or missing heartbeats name the node by. */
+static void metrics_nodes(FILE *f, const struct metrics_snap *m) {
+  if (!m->nodes_v)
+    return;
+  lynx_prom_family(f, "lynx_node_state", "gauge",
+                   "1 for the node's state (ready, draining, drained, down), "
+                   "0 for the others.");
+  for (uint64_t i = 0; i < m->n_nodes; i++)
+    for (int k = 0; k < 4; k++)
+      lynx_prom_u64(f, "lynx_node_state",
+                    (const struct lynx_prom_label[]){
+                        {"node", m->nodes_v[i].id},
+                        {"state", node_states[k]},
+                        {NULL, NULL}},
+                    (unsigned)m->nodes_v[i].state == (unsigned)k);
+  lynx_prom_family(f, "lynx_node_lease_remaining_seconds", "gauge",
+                   "Time until the node's lease runs out unless a heartbeat "
+                   "renews it (heartbeats come every third of a lease); "
+                   "nodes that are down have none.");
+  for (uint64_t i = 0; i < m->n_nodes; i++)
+    if (m->nodes_v[i].state != LYNX_NODE_DOWN)
+      lynx_prom_double(f, "lynx_node_lease_remaining_seconds",
+                       (const struct lynx_prom_label[]){
+                           {"node", m->nodes_v[i].id}, {NULL, NULL}},
+                       (double)m->nodes_v[i].lease_left_ms / 1000.0, 3);
+}
+
 static void h_metrics(struct http_req *rq, struct http_out *out) {
   struct metrics_snap m;
   const struct lynx_registry *r = &rq->c->reg;
   char *buf = NULL;
   size_t len = 0;
   FILE *f;
-  static const char *const states[4] = {"ready", "draining", "drained", "down"};
+  uint64_t now_ms = lynx_coord_now_ms(), k;
 
   memset(&m, 0, sizeof(m));
   pthread_mutex_lock(&rq->c->lock);
-  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
+  m.leader = !rq->c->ha || __atomic_load_n(&rq->c->leader, __ATOMIC_ACQUIRE);
+  m.no_leader = rq->c->ha && !m.leader && rq->c->no_leader;
+  m.lease_ms = r->lease_ms;
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next)
+    m.n_nodes++;
+  m.nodes_v = m.n_nodes ? calloc(m.n_nodes, sizeof(*m.nodes_v)) : NULL;
+  k = 0;
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next, k++) {
+    if (m.nodes_v) {
+      struct metrics_node *v = &m.nodes_v[k];
+      snprintf(v->id, sizeof(v->id), "%s", n->id);
+      v->state = n->state;
+      v->lease_left_ms = (int64_t)n->lease_deadline_ms - (int64_t)now_ms;
+    }
     if ((unsigned)n->state < 4)
       m.nodes[n->state]++;
     m.accels += n->n_accels;
@@ -756,7 +812,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
    * without memory for the copy they are left out, the rest still answers */
   m.acc = m.accels ? calloc(m.accels, sizeof(*m.acc)) : NULL;
   if (m.acc) {
-    uint64_t k = 0;
+    k = 0;
     for (const struct lynx_reg_node *n = r->nodes; n; n = n->next)
       for (uint32_t i = 0; i < n->n_accels && i < LYNX_ACCELS_MAX; i++, k++) {
         const struct lynx_reg_accel *a = &n->accels[i];
@@ -796,6 +852,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
 
   f = open_memstream(&buf, &len);
   if (!f) {
+    free(m.nodes_v);
     free(m.acc);
     reply_oom(out);
     return;
@@ -804,7 +861,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
                    "Registered nodes by state.");
   for (int i = 0; i < 4; i++)
     lynx_prom_u64(f, "lynx_coordinator_nodes",
-                  (const struct lynx_prom_label[]){{"state", states[i]},
+                  (const struct lynx_prom_label[]){{"state", node_states[i]},
                                                    {NULL, NULL}},
                   m.nodes[i]);
 #define ONE(type, name, help, v)                                               \
@@ -851,6 +908,18 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
                    "Time credited to leases for such pauses.");
   lynx_prom_double(f, "lynx_coordinator_paused_seconds_total", NULL,
                    (double)m.paused_ms / 1000.0, 3);
+  GAUGE("lynx_coordinator_leader",
+        "1 while this coordinator leads (always, without --etcd), 0 for a "
+        "follower.",
+        (uint64_t)m.leader);
+  GAUGE("lynx_coordinator_no_leader",
+        "1 while this follower knows of no leader (an election under way, "
+        "or etcd without a quorum: the API answers 503 no_leader).",
+        (uint64_t)m.no_leader);
+  lynx_prom_family(f, "lynx_coordinator_lease_seconds", "gauge",
+                   "The agents' lease (--lease-ms).");
+  lynx_prom_double(f, "lynx_coordinator_lease_seconds", NULL,
+                   (double)m.lease_ms / 1000.0, 3);
   GAUGE("lynx_coordinator_registry_version",
         "Registry version (grows on every observable change).", m.version);
   GAUGE("lynx_coordinator_table_version", "Dispatch table version.",
@@ -899,7 +968,9 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
 #undef ONE
   lynx_guard_metrics(f, "lynx_coordinator_control", "control port",
                      &rq->c->ctl_guard);
+  metrics_nodes(f, &m);
   metrics_accels(f, &m);
+  free(m.nodes_v);
   free(m.acc);
   if (fclose(f) != 0 || !buf) {
     free(buf);

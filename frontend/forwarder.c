@@ -66,8 +66,9 @@ static void flush_sends(struct fe_worker *w) {
     while (done < n) {
       int k = sendmmsg(fd, eg->out + done, n - done, MSG_DONTWAIT);
       if (k > 0) {
+        uint64_t now = lynx_now_ns();
         for (uint32_t i = done; i < done + (uint32_t)k; i++)
-          lynx_cnt_add(&eg->resp[base + i].mq->responded, 1);
+          fe_resp_sent(w, &eg->resp[base + i], now);
         done += (uint32_t)k;
         continue;
       }
@@ -96,6 +97,13 @@ static void queue_send(struct fe_worker *w, struct fe_mq *mq,
   r->data = data;
   r->len = len;
   r->mq = mq;
+  r->t_ns = e->t_ns;
+}
+
+void fe_resp_sent(struct fe_worker *w, const struct fe_resp *r,
+                  uint64_t now_ns) {
+  lynx_cnt_add(&r->mq->responded, 1);
+  lynx_lat_add(&w->e2e, now_ns > r->t_ns ? now_ns - r->t_ns : 0);
 }
 
 int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,

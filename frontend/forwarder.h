@@ -25,6 +25,7 @@ struct fe_resp {
   const uint8_t *data;
   uint32_t len;
   struct fe_mq *mq;
+  uint64_t t_ns; /* its request's dispatch (the worker loop's time) */
 };
 
 /* The forwarder's state in a worker. */
@@ -52,6 +53,11 @@ int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
 /* Room for every response one pass can gather from the connection set
  * (called with the set's lock held). 0 or -ENOMEM (nothing changed). */
 int fe_forwarder_reserve(struct fe_worker *w);
+
+/* r went out (handed to the kernel at now_ns): counted responded on its
+ * mqueue, its end-to-end time into the worker's histogram. */
+void fe_resp_sent(struct fe_worker *w, const struct fe_resp *r,
+                  uint64_t now_ns);
 void fe_forwarder_free(struct fe_worker *w);
 
 #endif

@@ -58,6 +58,7 @@
 #include "bell.h"
 #include "dispatcher.h"
 #include "forwarder.h"
+#include "lathist.h"
 #include "rmq.h"
 #include "tagtab.h"
 #include "tcpsvc.h"
@@ -135,6 +136,10 @@ struct fe_worker {
    * response doorbell (common/bell.h), a descriptor (a datagram, libuv, a
    * remote transport), or the timeout. */
   lynx_counter sleeps[FE_WAKE_MAX];
+  /* End-to-end time of the requests answered (forwarder.c fe_resp_sent:
+   * from the dispatch, in the loop pass that received it, to the answer
+   * handed to the kernel); one writer, read like the counters. */
+  struct lynx_lat_hist e2e;
   struct lynx_bell bell; /* fd -1, id 0: none (responses wake no sleep) */
   /* a sleep just before was armed on every connection waited for: the
    * wait for a response may be slept through (worker.c) */
@@ -198,9 +203,11 @@ uint64_t fe_post(struct frontend *fe, enum fe_cmd_kind kind,
 int fe_applied(struct frontend *fe, uint64_t seq);
 
 /* metrics.c: Prometheus text for every service in the list; the list is
- * read under *list_lock. */
+ * read under *list_lock. *table_version (atomic): the dispatch table the
+ * workers run (coordinator mode; 0 in static mode). */
 int fe_metrics_start(const char *addr, struct frontend **list,
-                     pthread_mutex_t *list_lock, void **daemon);
+                     pthread_mutex_t *list_lock, const uint64_t *table_version,
+                     void **daemon);
 void fe_metrics_stop(void *daemon);
 /* One log line with the service's totals. */
 void fe_log_totals(struct frontend *fe);

@@ -117,6 +117,9 @@ struct fe_main {
    * which it is fully applied */
   uint64_t table_version, table_seq_done;
   int have_table;
+  /* the version every worker has carried out, as the last status report
+   * said it (atomic: the metrics thread reads it) */
+  uint64_t table_applied;
   /* the newest epoch the active table gave us (0: none, or a standby);
    * each connection presents its instance's (TableEntry.epoch) */
   uint64_t epoch;
@@ -451,6 +454,7 @@ static void send_status(struct fe_main *m) {
   }
   st.frontend_id = m->id;
   st.table_version = applied;
+  __atomic_store_n(&m->table_applied, applied, __ATOMIC_RELAXED);
   st.n_mqueues = x.n;
   st.mqueues = x.p;
   st.n_services = n_sl;
@@ -876,7 +880,8 @@ int main(int argc, char **argv) {
     snprintf(m.id, sizeof(m.id), "fe-%d", (int)getpid());
   srand((unsigned)lynx_now_ns());
   if (cfg->metrics &&
-      fe_metrics_start(cfg->metrics, &m.services, &m.list_lock, &m.metrics))
+      fe_metrics_start(cfg->metrics, &m.services, &m.list_lock,
+                       &m.table_applied, &m.metrics))
     goto out; /* the reason, with the address, is on stderr */
 
   uv_loop_init(&m.loop);

@@ -23,6 +23,7 @@
 struct metrics_ctx {
   struct frontend **list;
   pthread_mutex_t *lock;
+  const uint64_t *table_version;
 };
 
 /* The families (fams[] in the enum's order), in the order their headers are
@@ -32,7 +33,7 @@ struct metrics_ctx {
 enum {
   F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
   F_TCP_CLIENTS, F_FLOW_MOVES, F_RX_PATH, F_RX_CALLS, F_RX_NOBUFS,
-  F_SLEEPS, F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
+  F_SLEEPS, F_DURATION, F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
 };
 #define F_MQ_FIRST F_MQ_DISPATCHED
 #define F_MQ_MAX (F_MAX - F_MQ_FIRST)
@@ -65,6 +66,10 @@ static const struct {
      "response doorbell a CPU accelerator rings over shm (bell), a "
      "descriptor (fd: a datagram, a TCP client, a remote transport), or "
      "the timeout (timer)."},
+    {"lynx_frontend_request_duration_seconds", "histogram",
+     "End-to-end time of the requests answered: from their dispatch, in the "
+     "worker's pass that received them, to the answer handed to the "
+     "kernel. _count equals the responses sent to clients."},
     {"lynx_mqueue_dispatched_total", "counter",
      "Requests written to this mqueue."},
     {"lynx_mqueue_responded_total", "counter",
@@ -125,10 +130,12 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
   uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
   uint64_t paths[FE_RX_MAX] = {0}, rx_calls = 0, rx_nobufs = 0;
   uint64_t sleeps[FE_WAKE_MAX] = {0};
+  struct lynx_lat_hist e2e;
   struct lynx_prom_label l[] = {{"service", fe->service},
                                 {NULL, NULL}, /* event or reason */
                                 {NULL, NULL}};
   memset(&p, 0, sizeof(p));
+  memset(&e2e, 0, sizeof(e2e));
   p.fe = fe;
   p.out = out;
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
@@ -145,6 +152,7 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
       sleeps[r] += lynx_cnt_get(&w->sleeps[r]);
     for (int r = 0; r < FE_WDROP_MAX; r++)
       wd[r] += lynx_cnt_get(&w->drops[r]);
+    lynx_lat_merge(&e2e, &w->e2e);
     p.dispatched += lynx_cnt_get(&w->retired_dispatched);
     p.responded += lynx_cnt_get(&w->retired_responded);
     for (int r = 0; r < FE_QDROP_MAX; r++)
@@ -152,6 +160,7 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
   }
   fe_foreach_mq(fe, mq_line, &p);
   lynx_prom_u64(f, fams[F_RECEIVED].name, l, rcv);
+  lynx_prom_histogram(f, fams[F_DURATION].name, l, &e2e);
   lynx_prom_u64(f, fams[F_FLOW_MOVES].name, l, moves);
   per_reason(f, F_SLEEPS, l, &l[1], "woken_by", fe_wake_names, sleeps,
              FE_WAKE_MAX);
@@ -197,6 +206,12 @@ static void write_metrics(FILE *f, struct metrics_ctx *m) {
   for (struct frontend *fe = *m->list; fe; fe = fe->next)
     service_lines(f, out, fe);
   pthread_mutex_unlock(m->lock);
+  lynx_prom_family(f, "lynx_frontend_table_version", "gauge",
+                   "The dispatch table every worker runs (coordinator mode; "
+                   "0 in static mode): behind lynx_coordinator_table_version "
+                   "while a table is being applied.");
+  lynx_prom_u64(f, "lynx_frontend_table_version", NULL,
+                __atomic_load_n(m->table_version, __ATOMIC_RELAXED));
 out:
   for (int k = 0; k < F_MQ_MAX; k++) {
     if (out[k])
@@ -210,10 +225,12 @@ out:
 static void write_cb(FILE *f, void *arg) { write_metrics(f, arg); }
 
 int fe_metrics_start(const char *addr, struct frontend **list,
-                     pthread_mutex_t *list_lock, void **daemon) {
+                     pthread_mutex_t *list_lock, const uint64_t *table_version,
+                     void **daemon) {
   static struct metrics_ctx ctx;
   ctx.list = list;
   ctx.lock = list_lock;
+  ctx.table_version = table_version;
   return lynx_prom_start(addr, write_cb, &ctx, daemon);
 }
 

@@ -322,7 +322,7 @@ void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r) {
   if (r->len < body)
     memset(p + r->len, 0, body - r->len);
   c->out.len += need;
-  lynx_cnt_add(&r->mq->responded, 1);
+  fe_resp_sent(w, r, lynx_now_ns());
   /* the worker sends every gathered answer first, then flushes: several
    * answers to one connection leave in one write */
   client_flush(c);
