@@ -231,6 +231,9 @@ static int campaign(struct lynx_elect *e, char *err, size_t errlen) {
     e->store->fence_key = e->key;
     e->store->fence_rev = e->rev;
     snprintf(c->leader_api, sizeof(c->leader_api), "%s", e->my_api);
+    lynx_ev_add(&c->reg.ev, LYNX_EV_LEADER, e->my_api,
+                "this coordinator (API %s) leads: nodes and frontends "
+                "register with it", e->my_api);
   }
   pthread_mutex_unlock(&c->lock);
   if (rc) {

@@ -70,6 +70,7 @@
 #include "registry.h"
 #include "regjson.h"
 #include "store.h"
+#include "ui.h"
 #include "util.h"
 
 #define COMP "http"
@@ -197,6 +198,7 @@ struct http_out {
   size_t text_len;
   const char *ctype;
   char allow[64];     /* Allow header (405) */
+  int page;           /* the console's files: their security headers */
   char location[384]; /* Location header (201; 307 to the leader) */
   int www_auth;       /* WWW-Authenticate header (401) */
 };
@@ -1040,6 +1042,92 @@ static void h_watch(struct http_req *rq, struct http_out *out) {
   reply_encoded(out, 200, j);
 }
 
+/* GET /v1/events?since=S&limit=N: the kept events with seq >= S, oldest
+ * first, at most N (default 100, at most 1000), and next, the seq to ask
+ * for next time. A since beyond what this coordinator has issued comes
+ * from a client of an earlier coordinator (restarted, or another leader):
+ * answered from the oldest kept, so that it resynchronises. */
+#define EVENTS_LIMIT_DEFAULT 100u
+#define EVENTS_LIMIT_MAX 1000u
+static void h_events(struct http_req *rq, struct http_out *out) {
+  struct lynx_coord *c = rq->c;
+  const char *s_since =
+      MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "since");
+  const char *s_limit =
+      MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "limit");
+  uint64_t since = 0, limit = EVENTS_LIMIT_DEFAULT, seq, oldest, n = 0;
+  struct json_object *j, *items;
+
+  if (s_since && lynx_parse_u64(s_since, 0, UINT64_MAX, &since)) {
+    reply_err(out, 400, "invalid_argument",
+              "since: expected an event seq (unsigned integer), got '%.64s'",
+              s_since);
+    return;
+  }
+  if (s_limit && lynx_parse_u64(s_limit, 1, EVENTS_LIMIT_MAX, &limit)) {
+    reply_err(out, 400, "invalid_argument",
+              "limit: expected 1 to %u, got '%.64s'", EVENTS_LIMIT_MAX,
+              s_limit);
+    return;
+  }
+  j = json_object_new_object();
+  items = json_object_new_array();
+  if (!j || !items) {
+    json_object_put(j);
+    json_object_put(items);
+    reply_oom(out);
+    return;
+  }
+  pthread_mutex_lock(&c->lock);
+  oldest = lynx_ev_oldest(&c->reg.ev);
+  seq = since > (c->reg.ev.next_seq ? c->reg.ev.next_seq : 1) || since < oldest
+            ? oldest
+            : since;
+  for (; seq < c->reg.ev.next_seq && n < limit; seq++) {
+    const struct lynx_event *ev = lynx_ev_get(&c->reg.ev, seq);
+    struct json_object *e;
+    if (!ev)
+      continue; /* lost for want of memory */
+    e = json_object_new_object();
+    if (!e)
+      break; /* next says where to resume */
+    json_object_object_add(e, "seq", json_object_new_uint64(ev->seq));
+    json_object_object_add(e, "time_ms", json_object_new_uint64(ev->time_ms));
+    json_object_object_add(e, "kind",
+                           json_object_new_string(lynx_ev_kind_name(ev->kind)));
+    json_object_object_add(e, "subject", json_object_new_string(ev->subject));
+    json_object_object_add(e, "message", json_object_new_string(ev->message));
+    json_object_array_add(items, e);
+    n++;
+  }
+  json_object_object_add(j, "version", json_object_new_uint64(c->reg.version));
+  pthread_mutex_unlock(&c->lock);
+  json_object_object_add(j, "next", json_object_new_uint64(seq));
+  json_object_object_add(j, "items", items);
+  reply_encoded(out, 200, j);
+}
+
+/* GET /ui/ and /ui/{file}: the web console (ui.h, docs/console.md). */
+static void h_ui(struct http_req *rq, struct http_out *out) {
+  const char *name = rq->params[0][0] ? rq->params[0] : "index.html";
+  for (const struct lynx_ui_file *f = lynx_ui_files; f->name; f++) {
+    if (strcmp(f->name, name) != 0)
+      continue;
+    out->text = malloc(f->len ? f->len : 1);
+    if (!out->text) {
+      reply_oom(out);
+      return;
+    }
+    memcpy(out->text, f->data, f->len);
+    out->text_len = f->len;
+    out->status = 200;
+    out->ctype = f->type;
+    out->page = 1;
+    return;
+  }
+  reply_err(out, 404, "not_found", "the console has no file '%.64s'", name);
+}
+
 /* ---- mutating endpoints ------------------------------------------------- */
 
 struct json_object *lynx_http_body_parse(const char *body, size_t len,
@@ -1188,6 +1276,9 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
   }
   rc = lynx_reg_service_create(&rq->c->reg, &spec, lynx_coord_now_ms(), &err);
   if (rc == 0) {
+    lynx_ev_add(&rq->c->reg.ev, LYNX_EV_SERVICE_CREATED, spec.name,
+                "service %s created (%s on port %u)", spec.name, spec.app,
+                (unsigned)spec.port);
     lynx_coord_changed(rq->c);
     s = lynx_reg_service_find(&rq->c->reg, spec.name);
     if (s)
@@ -1258,6 +1349,9 @@ static void h_service_delete(struct http_req *rq, struct http_out *out) {
   j = lynx_json_service(&rq->c->reg, s);
   rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0], lynx_coord_now_ms(),
                                &err);
+  if (rc == 0)
+    lynx_ev_add(&rq->c->reg.ev, LYNX_EV_SERVICE_DELETED, rq->params[0],
+                "service %s deleted: its instances stop", rq->params[0]);
   finish_mutation(rq, out, rc, &err, j, "service delete", 200);
 }
 
@@ -1353,6 +1447,9 @@ static void h_node_forget(struct http_req *rq, struct http_out *out) {
   }
   j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
   rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
+  if (rc == 0)
+    lynx_ev_add(&rq->c->reg.ev, LYNX_EV_NODE_FORGOTTEN, rq->params[0],
+                "node %s forgotten by an operator", rq->params[0]);
   finish_mutation(rq, out, rc, &err, j, "node forget", 200);
 }
 
@@ -1377,6 +1474,9 @@ static const struct route routes[] = {
     {"POST", "/v1/frontends/{id}/drain", h_frontend_drain},
     {"POST", "/v1/frontends/{id}/undrain", h_frontend_undrain},
     {"GET", "/v1/watch", h_watch},
+    {"GET", "/v1/events", h_events},
+    {"GET", "/ui/", h_ui},
+    {"GET", "/ui/{file}", h_ui},
 };
 
 /* Does url match pattern? Captures {..} segments into params (non-empty,
@@ -1387,9 +1487,13 @@ static int path_match(const char *pattern, const char *url,
   int np = 0;
   size_t ulen = strlen(url);
   const char *uend = url + ulen;
+  size_t plen = strlen(pattern);
+  const char *pend = pattern + plen;
   if (ulen > 1 && url[ulen - 1] == '/')
     uend--;
-  while (*p && u < uend) {
+  if (plen > 1 && pattern[plen - 1] == '/') /* "/ui/" matches "/ui" too */
+    pend--;
+  while (p < pend && u < uend) {
     if (*p == '{') {
       const char *seg = u;
       const char *close = strchr(p, '}');
@@ -1410,7 +1514,7 @@ static int path_match(const char *pattern, const char *url,
       u++;
     }
   }
-  return *p == 0 && u == uend;
+  return p == pend && u == uend;
 }
 
 /* Finds the route for (method, url). NULL with *status 404, or 405 and the
@@ -1424,6 +1528,7 @@ static const struct route *route_find(const char *method, const char *url,
   int path_known = 0;
   allow[0] = 0;
   for (size_t i = 0; i < LYNX_ARRAY_SIZE(routes); i++) {
+    memset(tmp, 0, sizeof(tmp)); /* a route with fewer captures sees "" */
     if (!path_match(routes[i].pattern, url, tmp))
       continue;
     if (strcmp(routes[i].method, m) == 0) {
@@ -1738,6 +1843,12 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
   if (out->www_auth)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
                             "Bearer realm=\"lynx\"");
+  if (out->page) {
+    /* the console runs only its own scripts and talks only to this API */
+    MHD_add_response_header(resp, "Content-Security-Policy",
+                            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+  }
   ret = MHD_queue_response(rq->conn, out->status, resp);
   MHD_destroy_response(resp);
   if (ret == MHD_YES) {
@@ -1782,8 +1893,11 @@ static enum MHD_Result answer_early(struct http_req *rq, struct http_out *out) {
  * mqueues, frontends, watch), which agents and frontends report to the
  * leader alone. Services (operator intent, in etcd) answer anywhere. */
 static int leader_only(const struct route *r, const char *method) {
-  return is_mutating(method) || (!strncmp(r->pattern, "/v1/", 4) &&
-                                 strncmp(r->pattern, "/v1/services", 12));
+  /* the console too: it reads what only the leader answers, so a follower
+   * sends the browser to the leader's */
+  return is_mutating(method) || !strncmp(r->pattern, "/ui/", 4) ||
+         (!strncmp(r->pattern, "/v1/", 4) &&
+          strncmp(r->pattern, "/v1/services", 12));
 }
 
 struct query_buf {

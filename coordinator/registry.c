@@ -213,6 +213,7 @@ void lynx_reg_free(struct lynx_registry *r) {
   struct lynx_reg_drain_intent *d, *dnext;
   if (!r)
     return;
+  lynx_ev_free(&r->ev);
   for (i = r->instances; i; i = inext) {
     inext = i->next;
     free(i);
@@ -324,6 +325,17 @@ static void node_set_state(struct lynx_registry *r, struct lynx_reg_node *n,
                            enum lynx_node_state s) {
   if (n->state == s)
     return;
+  /* down and ready after down are recorded where their reason is known */
+  if (s == LYNX_NODE_DRAINING)
+    lynx_ev_add(&r->ev, LYNX_EV_NODE_DRAINING, n->id,
+                "node %s drains: its instances stop once the frontends "
+                "answered what they hold", n->id);
+  else if (s == LYNX_NODE_DRAINED && n->state != LYNX_NODE_DOWN)
+    lynx_ev_add(&r->ev, LYNX_EV_NODE_DRAINED, n->id,
+                "node %s is drained: nothing runs there", n->id);
+  else if (s == LYNX_NODE_READY && n->state != LYNX_NODE_DOWN)
+    lynx_ev_add(&r->ev, LYNX_EV_NODE_UNDRAINED, n->id,
+                "node %s is undrained: placement may use it again", n->id);
   if ((n->state == LYNX_NODE_READY || s == LYNX_NODE_READY) &&
       node_has_ready_inst(r, n))
     r->table_dirty = 1;
@@ -1194,6 +1206,12 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
   n->lease_deadline_ms = now_ms + r->lease_ms;
   for (uint32_t k = 0; k < n_adopt; k++)
     adopt_one(r, n, &adopt[k]);
+  lynx_ev_add(&r->ev, LYNX_EV_NODE_REGISTERED, n->id,
+              "node %s registered from %s: epoch %llu, %u accelerators%s",
+              n->id, n->address, (unsigned long long)n->epoch, n->n_accels,
+              fresh ? ""
+              : n_adopt ? ", its running instances adopted"
+                        : " (a new incarnation)");
   r->registrations++;
   r->version++;
   reconcile(r);
@@ -1230,7 +1248,7 @@ static void accel_health_update(struct lynx_registry *r,
   int was_ok = lynx_reg_accel_dispatchable(a), ok;
   unsigned was_bits = health_bits(a);
   size_t el = strnlen(rep->last_error, sizeof(rep->last_error) - 1);
-  char why[256];
+  char why[256], subj[LYNX_ID_MAX + 16];
 
   a->device_lost = rep->device_lost != 0;
   a->failed = rep->failed != 0;
@@ -1256,12 +1274,20 @@ static void accel_health_update(struct lynx_registry *r,
   if (!ok) {
     a->unhealthy_since_ms = now_ms;
     a->health_outages++;
+    lynx_reg_accel_health_str(a, why, sizeof(why));
     LYNX_WARN(COMP, "node %s accel %" PRIu32 " out of dispatch: %s", n->id,
-              a->info.idx, lynx_reg_accel_health_str(a, why, sizeof(why)));
+              a->info.idx, why);
+    snprintf(subj, sizeof(subj), "%s/%" PRIu32, n->id, a->info.idx);
+    lynx_ev_add(&r->ev, LYNX_EV_ACCEL_OUT, subj,
+                "accelerator %s out of dispatch: %s", subj, why);
   } else {
     uint64_t out = now_ms > a->unhealthy_since_ms
                        ? now_ms - a->unhealthy_since_ms
                        : 0;
+    snprintf(subj, sizeof(subj), "%s/%" PRIu32, n->id, a->info.idx);
+    lynx_ev_add(&r->ev, LYNX_EV_ACCEL_BACK, subj,
+                "accelerator %s healthy again after %" PRIu64 " ms", subj,
+                out);
     if (n->state == LYNX_NODE_READY)
       LYNX_INFO(COMP,
                 "node %s accel %" PRIu32 " back in dispatch after %" PRIu64
@@ -1324,6 +1350,7 @@ int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
   }
   if (n->state == LYNX_NODE_DOWN)
     return 0;
+  lynx_ev_add(&r->ev, LYNX_EV_NODE_LEFT, n->id, "node %s left", n->id);
   node_down(r, n);
   reconcile(r);
   lynx_reg_table_commit(r);
@@ -1909,6 +1936,8 @@ lynx_reg_frontend_connect(struct lynx_registry *r, const char *id,
   copy_str(f->address, sizeof(f->address), address);
   f->conn = conn;
   f->connected = 1;
+  lynx_ev_add(&r->ev, LYNX_EV_FRONTEND_CONNECTED, f->id,
+              "frontend %s connected from %s", f->id, f->address);
   f->active = 0; /* the daemon decides (lynx_reg_frontend_set_active) */
   free(f->claims);
   f->claims = NULL;
@@ -1933,6 +1962,10 @@ void lynx_reg_frontend_disconnected(struct lynx_registry *r, void *conn) {
     return;
   for (f = r->frontends; f; f = f->next)
     if (f->conn == conn) {
+      lynx_ev_add(&r->ev, LYNX_EV_FRONTEND_GONE, f->id,
+                  "frontend %s disconnected%s", f->id,
+                  f->active ? ": its instances go to another active frontend"
+                            : "");
       f->conn = NULL;
       f->connected = 0;
       f->active = 0;
@@ -1977,6 +2010,12 @@ int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id,
   if (f->drain_intent == (drain != 0))
     return 0;
   f->drain_intent = drain != 0;
+  lynx_ev_add(&r->ev,
+              drain ? LYNX_EV_FRONTEND_DRAINING : LYNX_EV_FRONTEND_UNDRAINED,
+              f->id, "frontend %s %s", f->id,
+              drain ? "drains: its instances move to the other active "
+                      "frontends"
+                    : "is undrained");
   LYNX_INFO(COMP, "frontend %s %s", f->id,
             drain ? "drains: its instances move to the other active frontends "
                     "once it answered what it holds on them"
@@ -1993,6 +2032,11 @@ void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
   if (!f || f->active == (active && f->connected))
     return;
   f->active = active && f->connected;
+  lynx_ev_add(&r->ev,
+              f->active ? LYNX_EV_FRONTEND_ACTIVE : LYNX_EV_FRONTEND_STANDBY,
+              f->id, "frontend %s is %s", f->id,
+              f->active ? "active: instances are given to it"
+                        : "a standby: it serves nothing");
   r->version++;
 }
 
@@ -2137,6 +2181,10 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
     if (n->state != LYNX_NODE_DOWN && now_ms >= n->lease_deadline_ms) {
       r->lease_expiries++;
       n->expired_ms = now_ms;
+      lynx_ev_add(&r->ev, LYNX_EV_NODE_DOWN, n->id,
+                  "node %s is down: no heartbeat for its lease (%llu ms); "
+                  "its requests in flight are counted lost", n->id,
+                  (unsigned long long)r->lease_ms);
       node_down(r, n);
     }
   drain_check_all(r, now_ms);

@@ -20,6 +20,7 @@
 #ifndef LYNX_REGISTRY_H
 #define LYNX_REGISTRY_H
 
+#include "events.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -283,6 +284,7 @@ struct lynx_reg_drain_intent {
 };
 
 struct lynx_registry {
+  struct lynx_events ev; /* recent events, for operators (events.h) */
   uint64_t version;
   uint64_t table_version;
   uint64_t lease_ms;

@@ -58,6 +58,9 @@ PKGS=(
   dpkg-dev debootstrap
   # the Kubernetes manifests' check (deploy/k8s/check.py)
   python3-yaml
+  # the web console's test in a real browser (integration.console): headless
+  # Chromium driven through chromedriver by Debian's Selenium
+  chromium chromium-driver python3-selenium
   # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
   # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
   # clang, and recommends are not installed here)
