@@ -820,6 +820,107 @@ static void add_node(struct fx *f, const char *id) {
     fail_msg("register %s: %d %s", id, rc, err.message);
 }
 
+/* The kinds of an events answer's items, joined by ' ' (into buf); the
+ * answer's next in *next. */
+static const char *event_kinds(struct json_object *j, char *buf, size_t len,
+                               uint64_t *next) {
+  struct json_object *items, *v;
+  size_t off = 0;
+  buf[0] = 0;
+  *next = json_object_object_get_ex(j, "next", &v)
+              ? (uint64_t)json_object_get_uint64(v)
+              : 0;
+  if (!json_object_object_get_ex(j, "items", &items))
+    return buf;
+  for (size_t i = 0; i < json_object_array_length(items); i++) {
+    struct json_object *e = json_object_array_get_idx(items, i);
+    if (json_object_object_get_ex(e, "kind", &v))
+      off += (size_t)snprintf(buf + off, off < len ? len - off : 0, "%s%s",
+                              off ? " " : "", json_object_get_string(v));
+  }
+  return buf;
+}
+
+/* GET /v1/events: what operators did and what happened, oldest first, in
+ * pages (since, limit, next); bad arguments are 400. */
+static void test_events(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  char kinds[512], path[96];
+  uint64_t next;
+  add_node(f, "n1");
+  assert_int_equal(req(f, "POST", "/v1/nodes/n1/drain", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(req(f, "POST", "/v1/services",
+                       "{\"name\":\"e\",\"port\":9000,\"app\":\"echo\"}", &r),
+                   201);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/events", NULL, &r), 200);
+  /* n1 has no instance: draining ends at once, drained */
+  assert_string_equal(event_kinds(r.json, kinds, sizeof(kinds), &next),
+                      "node_registered node_draining node_drained "
+                      "service_created");
+  assert_int_equal(next, 5);
+  resp_free(&r);
+  /* a page of one, then the rest from its next */
+  assert_int_equal(req(f, "GET", "/v1/events?since=2&limit=1", NULL, &r), 200);
+  assert_string_equal(event_kinds(r.json, kinds, sizeof(kinds), &next),
+                      "node_draining");
+  assert_int_equal(next, 3);
+  resp_free(&r);
+  snprintf(path, sizeof(path), "/v1/events?since=%llu",
+           (unsigned long long)next);
+  assert_int_equal(req(f, "GET", path, NULL, &r), 200);
+  assert_string_equal(event_kinds(r.json, kinds, sizeof(kinds), &next),
+                      "node_drained service_created");
+  resp_free(&r);
+  /* caught up: nothing, next unchanged */
+  assert_int_equal(req(f, "GET", "/v1/events?since=5", NULL, &r), 200);
+  assert_string_equal(event_kinds(r.json, kinds, sizeof(kinds), &next), "");
+  assert_int_equal(next, 5);
+  resp_free(&r);
+  /* a since from an earlier coordinator's count: from the oldest kept */
+  assert_int_equal(req(f, "GET", "/v1/events?since=900&limit=1", NULL, &r),
+                   200);
+  assert_string_equal(event_kinds(r.json, kinds, sizeof(kinds), &next),
+                      "node_registered");
+  resp_free(&r);
+  static const char *const bad[] = {"/v1/events?since=x",
+                                    "/v1/events?since=-1",
+                                    "/v1/events?limit=0",
+                                    "/v1/events?limit=1001"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    assert_int_equal(req(f, "GET", bad[i], NULL, &r), 400);
+    assert_non_null(strstr(r.body, "invalid_argument"));
+    resp_free(&r);
+  }
+}
+
+/* GET /ui/ serves the console's page, /ui/{file} its files with their
+ * types and the headers that keep the page to its own scripts; an unknown
+ * file is 404. */
+static void test_ui(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  static const struct {
+    const char *path, *type, *has;
+  } files[] = {{"/ui/", "text/html", "<canvas id=\"heatmap\""},
+               {"/ui", "text/html", "console.js"},
+               {"/ui/console.js", "text/javascript", "/v1/watch"},
+               {"/ui/console.css", "text/css", ".node"}};
+  for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+    assert_int_equal(req(f, "GET", files[i].path, NULL, &r), 200);
+    assert_non_null(strstr(r.ctype, files[i].type));
+    assert_non_null(strstr(r.body, files[i].has));
+    resp_free(&r);
+  }
+  assert_int_equal(req(f, "GET", "/ui/nope.js", NULL, &r), 404);
+  assert_non_null(strstr(r.body, "not_found"));
+  resp_free(&r);
+  assert_int_equal(req(f, "POST", "/ui/", NULL, &r), 405);
+  resp_free(&r);
+}
+
 /* ids of a list answer's items, joined by ' ' (into buf) */
 static const char *item_ids(struct json_object *j, char *buf, size_t len) {
   struct json_object *items, *id;
@@ -1533,6 +1634,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_health_ready, setup, teardown),
       cmocka_unit_test_setup_teardown(test_follower_no_leader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lists_shape, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_events, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ui, setup, teardown),
       cmocka_unit_test_setup_teardown(test_service_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_json, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_fields, setup, teardown),

@@ -2402,6 +2402,38 @@ static void test_partition_frontend_drain(void **state) {
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
+/* The events ring (events.h): seqs from 1, the last LYNX_EV_MAX kept,
+ * oldest and get agree once it laps, messages cut to fit. */
+static void test_events_ring(void **state) {
+  struct lynx_events e;
+  char longer[400];
+  (void)state;
+  memset(&e, 0, sizeof(e));
+  assert_int_equal(lynx_ev_oldest(&e), 1);
+  assert_null(lynx_ev_get(&e, 1));
+  for (unsigned i = 0; i < LYNX_EV_MAX + 76; i++)
+    lynx_ev_add(&e, LYNX_EV_NODE_DOWN, "n", "event %u", i + 1);
+  assert_int_equal(e.next_seq, LYNX_EV_MAX + 77);
+  assert_int_equal(lynx_ev_oldest(&e), 77);
+  assert_null(lynx_ev_get(&e, 76));
+  assert_string_equal(lynx_ev_get(&e, 77)->message, "event 77");
+  assert_string_equal(lynx_ev_get(&e, LYNX_EV_MAX + 76)->message,
+                      "event 1100");
+  assert_null(lynx_ev_get(&e, LYNX_EV_MAX + 77));
+  assert_true(lynx_ev_get(&e, 500)->time_ms > 1700000000000ull); /* Unix ms */
+  memset(longer, 'x', sizeof(longer) - 1);
+  longer[sizeof(longer) - 1] = 0;
+  lynx_ev_add(&e, LYNX_EV_ACCEL_OUT, longer, "%s", longer);
+  assert_int_equal(strlen(lynx_ev_get(&e, LYNX_EV_MAX + 77)->message),
+                   sizeof(e.ring[0].message) - 1);
+  assert_int_equal(strlen(lynx_ev_get(&e, LYNX_EV_MAX + 77)->subject),
+                   sizeof(e.ring[0].subject) - 1);
+  assert_string_equal(lynx_ev_kind_name(LYNX_EV_ACCEL_OUT), "accel_out");
+  assert_string_equal(lynx_ev_kind_name(LYNX_EV_KINDS), "unknown");
+  lynx_ev_free(&e);
+  assert_null(e.ring);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_labels_and_names),
@@ -2438,6 +2470,7 @@ int main(int argc, char **argv) {
       T(test_health_epochs),
       T(test_health_and_drain),
       cmocka_unit_test(test_text),
+      cmocka_unit_test(test_events_ring),
       T(test_register_text),
       T(test_health_last_error_cleaned),
       T(test_service_text),
