@@ -56,8 +56,10 @@ PKGS=(
   # packages (make deb: dpkg-shlibdeps) and their install test in a clean
   # bookworm root (integration.deb_install)
   dpkg-dev debootstrap
-  # the Kubernetes manifests' check (deploy/k8s/check.py)
-  python3-yaml
+  # the Kubernetes manifests' check (deploy/k8s/check.py), and the API's
+  # OpenAPI description checked against the code and a live coordinator
+  # (docs/openapi.yaml, integration.openapi)
+  python3-yaml python3-jsonschema
   # the web console's test in a real browser (integration.console): headless
   # Chromium driven through chromedriver by Debian's Selenium
   chromium chromium-driver python3-selenium
