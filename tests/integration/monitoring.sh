@@ -38,13 +38,15 @@ DASH=$MON/grafana/lynx.json
 RULES=$PROM/lynx-alerts.yml
 OPS=$SRC/docs/operations.md
 CHECK=(python3 "$MON/check.py")
+# PROMTOOL=no-such-tool runs the test as on a machine without promtool
+PROMTOOL=${PROMTOOL:-promtool}
 HAVE_PROMTOOL=0 HAVE_YAML=0
-command -v promtool >/dev/null 2>&1 && HAVE_PROMTOOL=1
+command -v "$PROMTOOL" >/dev/null 2>&1 && HAVE_PROMTOOL=1
 python3 -c 'import yaml' 2>/dev/null && HAVE_YAML=1
 ((HAVE_PROMTOOL || HAVE_YAML)) ||
   skip "neither promtool (Debian's prometheus) nor python3-yaml is installed (deploy/install-deps.sh)"
 ((HAVE_PROMTOOL)) ||
-  log "promtool is not installed (Debian's prometheus package, deploy/install-deps.sh): the rules' YAML structure is checked (python3-yaml), not their PromQL, the unit tests or the scrapes' format"
+  log "promtool is not installed (Debian's prometheus package, deploy/install-deps.sh): the rules' YAML structure is checked (python3-yaml), not their PromQL or their unit tests, and the scrapes are not linted"
 ((HAVE_YAML)) ||
   log "python3-yaml is not installed: the rules' structure and metric names are not checked, promtool checks the rest"
 IT_SOFT=1
@@ -87,16 +89,16 @@ sedcopy() {
 # ---- 1. the files ------------------------------------------------------------
 
 if ((HAVE_PROMTOOL)); then
-  ok "promtool check rules lynx-alerts.yml" promtool check rules "$RULES"
-  ok "promtool check config prometheus.yml" promtool check config "$PROM/prometheus.yml"
-  ok "promtool test rules lynx-alerts.test.yml" promtool test rules "$PROM/lynx-alerts.test.yml"
+  ok "promtool check rules lynx-alerts.yml" "$PROMTOOL" check rules "$RULES"
+  ok "promtool check config prometheus.yml" "$PROMTOOL" check config "$PROM/prometheus.yml"
+  ok "promtool test rules lynx-alerts.test.yml" "$PROMTOOL" test rules "$PROM/lynx-alerts.test.yml"
 fi
 if ((HAVE_YAML)); then
   ok "the alerts' structure and runbooks" "${CHECK[@]}" rules "$RULES" "$OPS"
 fi
 ok "the dashboard's structure" "${CHECK[@]}" dashboard "$DASH" "$IT_DIR/dashboard-queries.yml"
 if ((HAVE_PROMTOOL)); then
-  ok "the dashboard's queries parse as PromQL" promtool check rules "$IT_DIR/dashboard-queries.yml"
+  ok "the dashboard's queries parse as PromQL" "$PROMTOOL" check rules "$IT_DIR/dashboard-queries.yml"
 fi
 
 # ---- 3a. broken copies of the files --------------------------------------------
@@ -105,17 +107,17 @@ B=$IT_DIR/broken
 mkdir -p "$B"
 if ((HAVE_PROMTOOL)); then
   sedcopy "$RULES" "$B/syntax.yml" 's/expr: lynx_coordinator_no_leader == 1/expr: lynx_coordinator_no_leader == == 1/'
-  refused "a rule whose PromQL does not parse" 'parse error|unexpected' promtool check rules "$B/syntax.yml"
+  refused "a rule whose PromQL does not parse" 'parse error|unexpected'  "$PROMTOOL" check rules "$B/syntax.yml"
   # a copy of the rules beside their unit tests, with a threshold that
   # lets a stalled accelerator through
   mkdir -p "$B/threshold"
   cp "$PROM/lynx-alerts.test.yml" "$B/threshold/"
   sedcopy "$RULES" "$B/threshold/lynx-alerts.yml" 's/(lynx_accel_stalled_mqueues > 0)/(lynx_accel_stalled_mqueues > 5)/'
   refused "a rule the unit tests catch (stalled threshold 5)" 'alertname: LynxAcceleratorStalled' \
-    promtool test rules "$B/threshold/lynx-alerts.test.yml"
+    "$PROMTOOL" test rules "$B/threshold/lynx-alerts.test.yml"
   sedcopy "$DASH" "$B/dash-syntax.json" 's/"sum by (state) (lynx_node_state/"sum by (state) ((lynx_node_state/'
   ok "check.py dashboard (its copy with a PromQL error)" "${CHECK[@]}" dashboard "$B/dash-syntax.json" "$B/dash-syntax.yml"
-  refused "a dashboard query that does not parse" 'parse error|unclosed|unexpected' promtool check rules "$B/dash-syntax.yml"
+  refused "a dashboard query that does not parse" 'parse error|unclosed|unexpected'  "$PROMTOOL" check rules "$B/dash-syntax.yml"
 fi
 if ((HAVE_YAML)); then
   awk '/^ +runbook_url:/ && !done { done = 1; next } { print }' "$RULES" >"$B/norunbook.yml"
@@ -172,7 +174,7 @@ curl -sf --max-time 5 "$(api_url)/metrics" >"$CO" || fail "cannot scrape the coo
 
 for s in "$CO" "$AG" "$FE"; do
   if ((HAVE_PROMTOOL)); then
-    ok "promtool check metrics $(basename "$s")" promtool check metrics <"$s"
+    ok "promtool check metrics $(basename "$s")" "$PROMTOOL" check metrics <"$s"
   fi
   ok "exposition of $(basename "$s")" "${CHECK[@]}" exposition "$s"
 done
@@ -215,7 +217,7 @@ awk '/^lynx_frontend_received_total\{/ && !moved { moved = $0; next } { print } 
 refused "a family split in two groups" 'after its family.s group ended' "${CHECK[@]}" exposition "$B/split.txt"
 if ((HAVE_PROMTOOL)); then
   { cat "$FE"; echo "# TYPE lynx_frontend_received_total counter"; } >"$B/type2.txt"
-  refused "a second TYPE line (promtool check metrics)" 'second TYPE line' promtool check metrics <"$B/type2.txt"
+  refused "a second TYPE line (promtool check metrics)" 'second TYPE line' "$PROMTOOL" check metrics <"$B/type2.txt"
 fi
 
 stop "$FRONTEND_PID" 10
