@@ -69,6 +69,18 @@ PKGS=(
   clang libclang-rt-dev
 )
 
+# Packages that ship a server Lynx-C does not want running: installed in an
+# apt call of their own with service starts refused (a policy-rc.d for the
+# duration of the call, where the machine has none: invoke-rc.d and
+# deb-systemd-invoke obey it), then their units disabled, so neither the
+# install (in CI, on a developer's machine) nor a reboot starts them.
+QUIET_PKGS=(
+  # promtool only, never the server: integration.monitoring checks the alert
+  # rules, the example configuration, the dashboard's queries and the
+  # daemons' /metrics with it (deploy/monitoring/)
+  prometheus
+)
+
 # --arm64: the cross toolchain, qemu-user, and every library the build
 # links, for arm64 (docs/bluefield.md)
 ARM64_PKGS=(
@@ -104,12 +116,15 @@ installed() {
   dpkg-query -W -f='${Status} ${Architecture}\n' "$want" 2>/dev/null |
     grep -qE "^install ok installed ($arch|all)\$"
 }
-missing=()
+missing=() quiet_missing=()
 for p in "${PKGS[@]}"; do
   installed "$p" || missing+=("$p")
 done
+for p in "${QUIET_PKGS[@]}"; do
+  installed "$p" || quiet_missing+=("$p")
+done
 
-if ((${#missing[@]} == 0 && !ALL)); then
+if ((${#missing[@]} == 0 && ${#quiet_missing[@]} == 0 && !ALL)); then
   exit 0
 fi
 
@@ -118,19 +133,43 @@ export DEBIAN_FRONTEND=noninteractive
 apt_get() {
   $SUDO apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT" "$@"
 }
-if ((ALL)); then
-  echo "install-deps: checking all ${#PKGS[@]} packages with apt" >&2
-  set -- --no-upgrade "${PKGS[@]}"
-else
-  echo "install-deps: installing ${missing[*]}" >&2
-  set -- "${missing[@]}"
-fi
 # Update the package index only when the first attempt cannot find a
 # package (or the arm64 architecture was just added: its index is needed).
 if ((${ARM64_NEW:-0})); then
   apt_get update
 fi
-if ! apt_get install -y --no-install-recommends "$@"; then
-  apt_get update
-  apt_get install -y --no-install-recommends "$@"
+apt_install() {
+  if ! apt_get install -y --no-install-recommends "$@"; then
+    apt_get update
+    apt_get install -y --no-install-recommends "$@"
+  fi
+}
+if ((ALL)); then
+  echo "install-deps: checking all ${#PKGS[@]} packages with apt" >&2
+  apt_install --no-upgrade "${PKGS[@]}"
+elif ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  apt_install "${missing[@]}"
 fi
+
+# The QUIET_PKGS (all of them with --all, at their installed version).
+quiet=("${quiet_missing[@]}") opts=()
+((ALL)) && quiet=("${QUIET_PKGS[@]}") opts=(--no-upgrade)
+((${#quiet[@]})) || exit 0
+POLICY=/usr/sbin/policy-rc.d
+if [[ ! -e $POLICY ]]; then
+  trap '$SUDO rm -f "$POLICY"' EXIT
+  printf '#!/bin/sh\n# deploy/install-deps.sh: no service starts during its apt call\nexit 101\n' |
+    $SUDO tee "$POLICY" >/dev/null
+  $SUDO chmod 755 "$POLICY"
+fi
+echo "install-deps: installing ${quiet[*]} (no service of theirs started)" >&2
+apt_install "${opts[@]}" "${quiet[@]}"
+for p in "${quiet_missing[@]}"; do # newly installed: keep them from boot too
+  if command -v systemctl >/dev/null 2>&1; then
+    $SUDO systemctl disable --quiet "$p.service" 2>/dev/null || true
+  fi
+  if [[ -x /etc/init.d/$p ]] && command -v update-rc.d >/dev/null 2>&1; then
+    $SUDO update-rc.d "$p" disable >/dev/null 2>&1 || true
+  fi
+done

@@ -26,17 +26,18 @@ struct metrics_ctx {
   const uint64_t *table_version;
 };
 
-/* The families (fams[] in the enum's order), in the order their headers are
- * written: the service-level ones, whose samples follow in the scrape
- * itself, then the per-mqueue ones, whose samples are gathered in a buffer
- * each (F_MQ_FIRST on) and appended after all the service-level samples. */
+/* The families (fams[] in the enum's order), in the order they are
+ * written: the service-level ones, then the per-mqueue ones (F_MQ_FIRST
+ * on). The text format wants all of a family's samples in one group after
+ * its HELP and TYPE, and the services are walked once, so each family's
+ * samples are gathered in a buffer of their own and written after its
+ * header. */
 enum {
   F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
   F_TCP_CLIENTS, F_FLOW_MOVES, F_RX_PATH, F_RX_CALLS, F_RX_NOBUFS,
   F_SLEEPS, F_DURATION, F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
 };
 #define F_MQ_FIRST F_MQ_DISPATCHED
-#define F_MQ_MAX (F_MAX - F_MQ_FIRST)
 
 static const struct {
   const char *name, *type, *help;
@@ -92,7 +93,7 @@ static void per_reason(FILE *f, int fam, struct lynx_prom_label *l,
 
 struct mq_pass {
   const struct frontend *fe;
-  FILE **out; /* the per-mqueue families' buffers, F_MQ_FIRST on */
+  FILE **out; /* every family's buffer */
   uint64_t dispatched, responded, qdrops[FE_QDROP_MAX];
 };
 
@@ -112,20 +113,18 @@ static void mq_line(void *arg, const struct fe_worker *w,
   snprintf(wid, sizeof(wid), "%u", w->id);
   p->dispatched += d;
   p->responded += r;
-  lynx_prom_u64(p->out[F_MQ_DISPATCHED - F_MQ_FIRST],
-                fams[F_MQ_DISPATCHED].name, l, d);
-  lynx_prom_u64(p->out[F_MQ_RESPONDED - F_MQ_FIRST], fams[F_MQ_RESPONDED].name,
-                l, r);
+  lynx_prom_u64(p->out[F_MQ_DISPATCHED], fams[F_MQ_DISPATCHED].name, l, d);
+  lynx_prom_u64(p->out[F_MQ_RESPONDED], fams[F_MQ_RESPONDED].name, l, r);
   for (int k = 0; k < FE_QDROP_MAX; k++) {
     v[k] = lynx_cnt_get(&mq->drops[k]);
     p->qdrops[k] += v[k];
   }
-  per_reason(p->out[F_MQ_DROPPED - F_MQ_FIRST], F_MQ_DROPPED, l, &l[6],
-             "reason", fe_qdrop_names, v, FE_QDROP_MAX);
+  per_reason(p->out[F_MQ_DROPPED], F_MQ_DROPPED, l, &l[6], "reason",
+             fe_qdrop_names, v, FE_QDROP_MAX);
 }
 
-/* One service's samples; its per-mqueue ones into out[]. */
-static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
+/* One service's samples, each family's into its buffer out[family]. */
+static void service_lines(FILE **out, struct frontend *fe) {
   struct mq_pass p;
   uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
   uint64_t paths[FE_RX_MAX] = {0}, rx_calls = 0, rx_nobufs = 0;
@@ -159,66 +158,69 @@ static void service_lines(FILE *f, FILE **out, struct frontend *fe) {
       p.qdrops[r] += lynx_cnt_get(&w->retired_drops[r]);
   }
   fe_foreach_mq(fe, mq_line, &p);
-  lynx_prom_u64(f, fams[F_RECEIVED].name, l, rcv);
-  lynx_prom_histogram(f, fams[F_DURATION].name, l, &e2e);
-  lynx_prom_u64(f, fams[F_FLOW_MOVES].name, l, moves);
-  per_reason(f, F_SLEEPS, l, &l[1], "woken_by", fe_wake_names, sleeps,
-             FE_WAKE_MAX);
+  lynx_prom_u64(out[F_RECEIVED], fams[F_RECEIVED].name, l, rcv);
+  lynx_prom_histogram(out[F_DURATION], fams[F_DURATION].name, l, &e2e);
+  lynx_prom_u64(out[F_FLOW_MOVES], fams[F_FLOW_MOVES].name, l, moves);
+  per_reason(out[F_SLEEPS], F_SLEEPS, l, &l[1], "woken_by", fe_wake_names,
+             sleeps, FE_WAKE_MAX);
   l[1].name = NULL;
   if (fe->proto == FE_PROTO_UDP) {
-    per_reason(f, F_RX_PATH, l, &l[1], "path", fe_rx_path_names, paths,
-               FE_RX_MAX);
+    per_reason(out[F_RX_PATH], F_RX_PATH, l, &l[1], "path", fe_rx_path_names,
+               paths, FE_RX_MAX);
     l[1].name = NULL;
-    lynx_prom_u64(f, fams[F_RX_CALLS].name, l, rx_calls);
-    lynx_prom_u64(f, fams[F_RX_NOBUFS].name, l, rx_nobufs);
+    lynx_prom_u64(out[F_RX_CALLS], fams[F_RX_CALLS].name, l, rx_calls);
+    lynx_prom_u64(out[F_RX_NOBUFS], fams[F_RX_NOBUFS].name, l, rx_nobufs);
   }
   if (fe->proto == FE_PROTO_TCP) {
     uint64_t gone = 0;
-    per_reason(f, F_TCP_CONNS, l, &l[1], "event", fe_tcpev_names, tev,
-               FE_TCPEV_MAX);
+    per_reason(out[F_TCP_CONNS], F_TCP_CONNS, l, &l[1], "event",
+               fe_tcpev_names, tev, FE_TCPEV_MAX);
     for (int r = 0; r < FE_TCPEV_MAX; r++)
       if (r != FE_TCP_ACCEPTED)
         gone += tev[r];
     l[1].name = NULL;
-    lynx_prom_u64(f, fams[F_TCP_CLIENTS].name, l, tev[FE_TCP_ACCEPTED] - gone);
+    lynx_prom_u64(out[F_TCP_CLIENTS], fams[F_TCP_CLIENTS].name, l,
+                  tev[FE_TCP_ACCEPTED] - gone);
   }
-  lynx_prom_u64(f, fams[F_DISPATCHED].name, l, p.dispatched);
-  lynx_prom_u64(f, fams[F_RESPONDED].name, l, p.responded);
-  per_reason(f, F_DROPPED, l, &l[1], "reason", fe_wdrop_names, wd,
+  lynx_prom_u64(out[F_DISPATCHED], fams[F_DISPATCHED].name, l, p.dispatched);
+  lynx_prom_u64(out[F_RESPONDED], fams[F_RESPONDED].name, l, p.responded);
+  per_reason(out[F_DROPPED], F_DROPPED, l, &l[1], "reason", fe_wdrop_names, wd,
              FE_WDROP_MAX);
-  per_reason(f, F_DROPPED, l, &l[1], "reason", fe_qdrop_names, p.qdrops,
-             FE_QDROP_MAX);
+  per_reason(out[F_DROPPED], F_DROPPED, l, &l[1], "reason", fe_qdrop_names,
+             p.qdrops, FE_QDROP_MAX);
 }
 
 static void write_metrics(FILE *f, struct metrics_ctx *m) {
-  FILE *out[F_MQ_MAX] = {NULL};
-  char *buf[F_MQ_MAX] = {NULL};
-  size_t len[F_MQ_MAX] = {0};
-  for (int k = 0; k < F_MQ_MAX; k++)
-    if (!(out[k] = open_memstream(&buf[k], &len[k])))
-      goto out;
-  /* every family's header first (the order operators' scrapes have),
-   * then each service's samples */
-  for (int k = 0; k < F_MAX; k++)
-    lynx_prom_family(k < F_MQ_FIRST ? f : out[k - F_MQ_FIRST], fams[k].name,
-                     fams[k].type, fams[k].help);
-  pthread_mutex_lock(m->lock);
-  for (struct frontend *fe = *m->list; fe; fe = fe->next)
-    service_lines(f, out, fe);
-  pthread_mutex_unlock(m->lock);
-  lynx_prom_family(f, "lynx_frontend_table_version", "gauge",
-                   "The dispatch table every worker runs (coordinator mode; "
-                   "0 in static mode): behind lynx_coordinator_table_version "
-                   "while a table is being applied.");
-  lynx_prom_u64(f, "lynx_frontend_table_version", NULL,
-                __atomic_load_n(m->table_version, __ATOMIC_RELAXED));
-out:
-  for (int k = 0; k < F_MQ_MAX; k++) {
+  FILE *out[F_MAX] = {NULL};
+  char *buf[F_MAX] = {NULL};
+  size_t len[F_MAX] = {0};
+  int ok = 1;
+  for (int k = 0; k < F_MAX && ok; k++)
+    ok = (out[k] = open_memstream(&buf[k], &len[k])) != NULL;
+  if (ok) { /* (without memory for the buffers, the scrape is empty) */
+    pthread_mutex_lock(m->lock);
+    for (struct frontend *fe = *m->list; fe; fe = fe->next)
+      service_lines(out, fe);
+    pthread_mutex_unlock(m->lock);
+  }
+  /* each family: its header, then its samples of every service */
+  for (int k = 0; k < F_MAX; k++) {
     if (out[k])
       fclose(out[k]);
-    if (buf[k])
+    if (ok) {
+      lynx_prom_family(f, fams[k].name, fams[k].type, fams[k].help);
       fwrite(buf[k], 1, len[k], f);
+    }
     free(buf[k]);
+    if (ok && k == F_MQ_FIRST - 1) { /* the last service-level family */
+      lynx_prom_family(f, "lynx_frontend_table_version", "gauge",
+                       "The dispatch table every worker runs (coordinator "
+                       "mode; 0 in static mode): behind "
+                       "lynx_coordinator_table_version while a table is "
+                       "being applied.");
+      lynx_prom_u64(f, "lynx_frontend_table_version", NULL,
+                    __atomic_load_n(m->table_version, __ATOMIC_RELAXED));
+    }
   }
 }
 
