@@ -250,8 +250,9 @@ static int run_screen(const struct lynx_top_opts *o,
       if (nl)
         *nl = 0;
       lynx_top_frame_free(&next);
-      snprintf(status, sizeof(status), "%s; trying again every %.1f s", msg,
-               o->delay_s);
+      /* what it does first: a narrow screen cuts the line's end */
+      snprintf(status, sizeof(status), "trying again every %.1f s: %s",
+               o->delay_s, msg);
       is_error = 1;
     } else {
       /* against the last frame read, however long ago (an outage) */
