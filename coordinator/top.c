@@ -114,6 +114,7 @@ static struct lynx_top_row *row_new(struct lynx_top_frame *f) {
  * "node/index" id: skipped) or -ENOMEM. */
 static int add_accel(struct lynx_top_frame *f, const char *node,
                      enum lynx_top_nstate state, uint64_t epoch,
+                     uint64_t age_ms, uint64_t sampled_ns,
                      struct json_object *a) {
   const char *id = get_str(a, "id"), *slash;
   struct json_object *health = NULL, *lat = NULL;
@@ -131,6 +132,8 @@ static int add_accel(struct lynx_top_frame *f, const char *node,
   copy_str(r->kind, sizeof(r->kind), get_str(a, "kind"));
   copy_str(r->model, sizeof(r->model), get_str(a, "model"));
   r->requests = get_u64(a, "requests");
+  r->beat_age_ms = age_ms;
+  r->sampled_ns = sampled_ns;
   r->rate = -1;
   json_object_object_get_ex(a, "health", &health);
   lynx_top_health_parse(health, &r->health);
@@ -159,19 +162,25 @@ int lynx_top_add_nodes(struct lynx_top_frame *f, struct json_object *answer) {
     struct json_object *node = json_object_array_get_idx(items, i), *accels;
     const char *id = get_str(node, "id");
     enum lynx_top_nstate state;
-    uint64_t epoch;
+    uint64_t epoch, age_ms, ago_ns;
+    uint64_t at = f->page_at_ns ? f->page_at_ns : f->at_ns;
     size_t na;
     if (!id)
       continue;
     state = nstate_parse(get_str(node, "state"));
     epoch = get_u64(node, "epoch");
+    /* its counters came with its last heartbeat, that long before the
+     * list was encoded (about when this page was asked for) */
+    age_ms = get_u64(node, "last_heartbeat_ms");
+    ago_ns = age_ms * 1000000u;
     f->nodes[state]++;
     if (!json_object_object_get_ex(node, "accelerators", &accels) ||
         !json_object_is_type(accels, json_type_array))
       continue;
     na = json_object_array_length(accels);
     for (size_t k = 0; k < na; k++)
-      if (add_accel(f, id, state, epoch,
+      if (add_accel(f, id, state, epoch, age_ms,
+                    at > ago_ns ? at - ago_ns : 0,
                     json_object_array_get_idx(accels, k)) == -ENOMEM)
         return -ENOMEM;
   }
@@ -260,34 +269,67 @@ int lynx_top_add_frontends(struct lynx_top_frame *f,
   return 0;
 }
 
+/* Heartbeats closer than this are one: the API says their age in ms. */
+#define SAME_BEAT_NS 1000000u
+
+/* The row of prev for r, or NULL; *j walks prev in id order as r walks
+ * the rows of its frame in id order. */
+static const struct lynx_top_row *prev_row(const struct lynx_top_frame *prev,
+                                           const struct lynx_top_row *r,
+                                           size_t *j) {
+  int c = 1;
+  while (*j < prev->n &&
+         (c = id_cmp(prev->rows[*j].node, prev->rows[*j].idx, r->node,
+                     r->idx)) < 0)
+    (*j)++;
+  return *j < prev->n && c == 0 ? &prev->rows[*j] : NULL;
+}
+
+/* Whether f is the encoding of the list prev was read from, read again
+ * within its second: every heartbeat age and counter as they were. Per
+ * accelerator that says little (an idle one's counter stays, and two ages
+ * agree to the ms one time in a few hundred), over a whole list a lot. */
+static int same_encoding(const struct lynx_top_frame *f,
+                         const struct lynx_top_frame *prev) {
+  size_t j = 0;
+  if (f->n != prev->n || !f->n)
+    return 0;
+  for (size_t i = 0; i < f->n; i++) {
+    const struct lynx_top_row *r = &f->rows[i], *p = prev_row(prev, r, &j);
+    if (!p || p->beat_age_ms != r->beat_age_ms ||
+        p->requests != r->requests)
+      return 0;
+  }
+  return 1;
+}
+
 void lynx_top_rates(struct lynx_top_frame *f,
                     const struct lynx_top_frame *prev) {
-  double dt = prev && f->at_ns > prev->at_ns
-                  ? (double)(f->at_ns - prev->at_ns) / 1e9
-                  : 0;
   size_t j = 0;
+  int again = prev && same_encoding(f, prev);
   f->rate_sum = 0;
   f->rates_known = 0;
   for (size_t i = 0; i < f->n; i++) {
     struct lynx_top_row *r = &f->rows[i];
-    const struct lynx_top_row *p;
-    int c = 1;
+    const struct lynx_top_row *p = prev ? prev_row(prev, r, &j) : NULL;
     r->rate = -1;
-    if (dt <= 0)
-      continue;
-    /* both in id order: one walk */
-    while (j < prev->n &&
-           (c = id_cmp(prev->rows[j].node, prev->rows[j].idx, r->node,
-                       r->idx)) < 0)
-      j++;
-    if (j == prev->n || c != 0)
-      continue;
-    p = &prev->rows[j];
-    if (p->epoch != r->epoch || r->requests < p->requests)
-      continue; /* the agent restarted: its counters did */
-    r->rate = (double)(r->requests - p->requests) / dt;
-    f->rate_sum += r->rate;
-    f->rates_known++;
+    if (!p || p->epoch != r->epoch || r->requests < p->requests)
+      continue; /* new, or the agent restarted: its counters did */
+    if (again || r->sampled_ns < p->sampled_ns + SAME_BEAT_NS) {
+      /* the same heartbeat as last frame's: the same encoding of the list
+       * again, or no heartbeat since (a refresh shorter than the heartbeat
+       * period). Nothing new to divide; a down node's rate is not known
+       * any more. */
+      if (r->state != LYNX_TOP_DOWN)
+        r->rate = p->rate;
+    } else {
+      r->rate = (double)(r->requests - p->requests) /
+                ((double)(r->sampled_ns - p->sampled_ns) / 1e9);
+    }
+    if (r->rate >= 0) {
+      f->rate_sum += r->rate;
+      f->rates_known++;
+    }
   }
 }
 

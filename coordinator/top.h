@@ -77,6 +77,9 @@ struct lynx_top_row {
   uint64_t epoch;             /* its node's: a new one restarts the counters */
   char kind[LYNX_TOP_TEXT_MAX], model[LYNX_TOP_TEXT_MAX];
   uint64_t requests;
+  uint64_t beat_age_ms; /* its node's last_heartbeat_ms */
+  uint64_t sampled_ns;  /* when its counters came: the page's read time less
+                           beat_age_ms */
   double rate;          /* requests/s since the previous frame; < 0 unknown */
   uint64_t outstanding; /* summed over its mqueues */
   uint64_t window_requests, queue_p99_ns, service_p99_ns;
@@ -90,7 +93,8 @@ struct lynx_top_frame {
   struct lynx_top_row *rows; /* n of cap; in id order after lynx_top_index */
   size_t n, cap;
   const struct lynx_top_row **view; /* the n rows in the order shown */
-  uint64_t at_ns;                   /* monotonic time it was read at */
+  uint64_t at_ns;      /* monotonic time its first read began */
+  uint64_t page_at_ns; /* the /v1/nodes page being added arrived (0: at_ns) */
   uint64_t version;                 /* registry version of the first page */
   int have_version;
   uint32_t nodes[LYNX_TOP_NSTATES];
@@ -106,8 +110,8 @@ void lynx_top_frame_init(struct lynx_top_frame *f);
 void lynx_top_frame_free(struct lynx_top_frame *f);
 
 /* Adds the nodes of one /v1/nodes answer (a page or the whole list) and
- * their accelerators. 0; -EINVAL when the answer has no "items" array
- * (items it cannot read are skipped); -ENOMEM. */
+ * their accelerators, read at f->page_at_ns. 0; -EINVAL when the answer
+ * has no "items" array (items it cannot read are skipped); -ENOMEM. */
 int lynx_top_add_nodes(struct lynx_top_frame *f, struct json_object *answer);
 /* Puts the rows in id order (and makes room for the view) once every
  * node is in. 0 or -ENOMEM. */
@@ -121,8 +125,13 @@ int lynx_top_add_frontends(struct lynx_top_frame *f,
                            struct json_object *answer);
 /* Each row's rate: the growth of its requests counter since the same
  * accelerator's in prev (NULL: none yet) over the time between the two
- * frames' at_ns. Unknown (< 0) where prev lacks it, its node's epoch
- * changed or the counter went back. Also the header's sum. */
+ * heartbeats that carried them (sampled_ns): not between the two reads,
+ * which would count one heartbeat period too many or too few whenever a
+ * read falls just before or after a heartbeat (a rate of 0 or twice the
+ * truth for a frame). When its node sent no heartbeat between the two
+ * frames, the previous frame's rate stays (unknown for a down node).
+ * Unknown (< 0) where prev lacks it, its node's epoch changed or the
+ * counter went back. Also the header's sum. */
 void lynx_top_rates(struct lynx_top_frame *f,
                     const struct lynx_top_frame *prev);
 /* Orders f->view by key (after lynx_top_index). */

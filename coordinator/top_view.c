@@ -11,8 +11,9 @@
  *
  * The delay runs from the end of one read to the start of the next: the
  * coordinator re-encodes a list at most once a second (docs/api.md,
- * "Freshness of the big lists"), so reads exactly a second apart could get
- * the same encoding twice and see no requests at all between them.
+ * "Freshness of the big lists"), and a read that starts a little under a
+ * second after the last one would get the same encoding, heartbeat ages
+ * and all, instead of a fresh one.
  */
 #include <curses.h>
 #include <errno.h>
@@ -30,7 +31,10 @@
 
 /* src->get's callbacks: one per list */
 static int each_nodes(void *ctx, struct json_object *answer) {
-  return lynx_top_add_nodes(ctx, answer);
+  struct lynx_top_frame *f = ctx;
+  /* when the page came: its heartbeat ages count back from there */
+  f->page_at_ns = lynx_now_ns();
+  return lynx_top_add_nodes(f, answer);
 }
 
 static int each_mqueues(void *ctx, struct json_object *answer) {
@@ -46,8 +50,6 @@ static int read_frame(const struct lynx_top_src *src,
                       struct lynx_top_frame *f, char *msg, size_t n) {
   int rc;
   lynx_top_frame_init(f);
-  /* the time the first page asks for a fresh encoding of the list: the
-   * pages after it are cut from that same encoding */
   f->at_ns = lynx_now_ns();
   rc = src->get(src->arg, "/v1/nodes", LYNX_TOP_PAGE_NODES, each_nodes, f,
                 msg, n);

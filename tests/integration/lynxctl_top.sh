@@ -5,7 +5,8 @@
 # failed). Text frames (-b -n 3 -d 1): three, each with every accelerator
 # once; rows sorted by RATE descending (ties by id); "-" on the first
 # frame; on the others the top row an accelerator of the highest k % 7 at
-# its rate +-30% and the header's total at the sum +-30%; each
+# its rate +-30% and the header's total at the sum +-30% (on the last,
+# every accelerator at its own rate +-30%); each
 # accelerator's p99s those the simulator sends; the stalled and failed
 # ones' HEALTH; the header's counts. -s id sorts by id; without -b and
 # without a terminal it writes text frames too; bad -s and -d are usage
@@ -25,8 +26,9 @@ IT_SOFT=1
 
 RATE=100 NODES=3 ACCELS=4
 P=${IT_NODE}s # the simulated nodes' ids: P00000 .. P00002
-# heartbeats every 200 ms: a counter is at most that old when read, which
-# keeps a rate over a second within 20% of the truth
+# heartbeats every 200 ms: several between two frames, so that the
+# second frame has rates whatever the heartbeats' phase (one that saw no
+# heartbeat since the first would show the first's rates: none)
 start_coordinator --lease-ms 600
 spawn_daemon lynx-simnodes simnodes "" --coordinator "127.0.0.1:$COORD_PORT" \
   --nodes $NODES --accels $ACCELS --prefix "$P" --labels "" --rate $RATE \
@@ -179,6 +181,16 @@ for ((i = 1; i <= nf; i++)); do
   within "$r" "$(want_rate "$k")" 30 &&
     log "ok: frame $i: top row $id at $rate/s (want $(want_rate "$k") +-30%)" ||
     it_check_failed "frame $i: top row $id at $rate/s, want $(want_rate "$k") +-30%"
+  if ((i == nf)); then # every accelerator at its own rate
+    bad=0
+    while IFS=$'\t' read -r id st rate _; do
+      k=$(k_of "$id")
+      healthy "$k" || continue
+      within "$(num "$rate")" "$(want_rate "$k")" 30 ||
+        { it_check_failed "frame $i: $id at $rate/s, want $(want_rate "$k") +-30%"; bad=1; }
+    done <"$R"
+    ((bad)) || log "ok: frame $i: every healthy accelerator at its rate +-30%"
+  fi
   total=$(num "$(sed -n 's/.*requests\/s: \([^ ]*\).*/\1/p' "$F")")
   within "$total" "$want_total" 30 &&
     log "ok: frame $i: total $total/s (want $want_total +-30%)" ||

@@ -324,11 +324,12 @@ static void test_frame_from_json(void **state) {
   lynx_top_frame_free(&f);
 }
 
-/* A frame of nodes n0..n(nodes-1) with `per` accelerators each, accelerator
- * k's requests req(k); nodes listed last first. */
+/* A frame read at at_ns of nodes n0..n(nodes-1) whose last heartbeat is
+ * age_ms old, with `per` accelerators each, accelerator k's requests
+ * req(k); nodes listed last first. */
 static void make_frame(struct lynx_top_frame *f, uint32_t nodes, uint32_t per,
-                       uint64_t at_ns, uint64_t (*req)(uint32_t k),
-                       uint64_t epoch) {
+                       uint64_t at_ns, uint64_t age_ms,
+                       uint64_t (*req)(uint32_t k), uint64_t epoch) {
   struct json_object *l = list_json(1);
   lynx_top_frame_init(f);
   f->at_ns = at_ns;
@@ -337,6 +338,8 @@ static void make_frame(struct lynx_top_frame *f, uint32_t nodes, uint32_t per,
     struct json_object *n;
     snprintf(id, sizeof(id), "n%u", i);
     n = node_json(id, "ready", epoch);
+    json_object_object_add(n, "last_heartbeat_ms",
+                           json_object_new_int64((int64_t)age_ms));
     for (uint32_t a = 0; a < per; a++)
       node_add(n, accel_json(id, a, req(i * per + a), 0, 0, 0));
     list_add(l, n);
@@ -347,32 +350,80 @@ static void make_frame(struct lynx_top_frame *f, uint32_t nodes, uint32_t per,
 }
 
 static uint64_t req_before(uint32_t k) { return 1000u + k; }
-/* accelerator k took 10 x (1 + k % 7) requests a second for 2 s */
+/* accelerator k took 20 x (1 + k % 7) requests more */
 static uint64_t req_after(uint32_t k) { return 1000u + k + 20u * (1 + k % 7); }
 
+/* k of row i of a frame of make_frame's with 2 accelerators a node */
+static uint32_t k_of(const struct lynx_top_frame *f, size_t i) {
+  return (uint32_t)(f->rows[i].node[1] - '0') * 2 + f->rows[i].idx;
+}
+
+static int near(double x, double want) {
+  return x > want - 1e-6 && x < want + 1e-6;
+}
+
 static void test_rates(void **state) {
-  struct lynx_top_frame prev, cur;
+  struct lynx_top_frame prev, cur, again;
   uint64_t s = 1000000000u;
   (void)state;
-  make_frame(&prev, 3, 2, 5 * s, req_before, 1);
+  make_frame(&prev, 3, 2, 5 * s, 200, req_before, 1);
   lynx_top_rates(&prev, NULL); /* the first frame: none known */
   for (size_t i = 0; i < prev.n; i++)
     assert_true(prev.rows[i].rate < 0);
   assert_int_equal(prev.rates_known, 0);
 
-  make_frame(&cur, 3, 2, 7 * s, req_after, 1);
+  /* read 2 s later, the heartbeats as old: 2 s between them */
+  make_frame(&cur, 3, 2, 7 * s, 200, req_after, 1);
   lynx_top_rates(&cur, &prev);
-  for (size_t i = 0; i < cur.n; i++) {
-    uint32_t k = (uint32_t)(cur.rows[i].node[1] - '0') * 2 + cur.rows[i].idx;
-    assert_true(cur.rows[i].rate > 10.0 * (1 + k % 7) - 1e-9);
-    assert_true(cur.rows[i].rate < 10.0 * (1 + k % 7) + 1e-9);
-  }
+  for (size_t i = 0; i < cur.n; i++)
+    assert_true(near(cur.rows[i].rate, 10.0 * (1 + k_of(&cur, i) % 7)));
   assert_int_equal(cur.rates_known, 6);
   /* 10 x (1+2+3+4+5+6) */
-  assert_true(cur.rate_sum > 210 - 1e-9 && cur.rate_sum < 210 + 1e-9);
+  assert_true(near(cur.rate_sum, 210));
+  lynx_top_frame_free(&cur);
+
+  /* the time between the heartbeats, not between the reads: read 2 s
+   * later, but the last heartbeat 400 ms old instead of 200 */
+  make_frame(&cur, 3, 2, 7 * s, 400, req_after, 1);
+  lynx_top_rates(&cur, &prev);
+  for (size_t i = 0; i < cur.n; i++)
+    assert_true(near(cur.rows[i].rate, 20.0 * (1 + k_of(&cur, i) % 7) / 1.8));
+
+  /* the same heartbeat again, in the same encoding of the list (read again
+   * within its second: the same ages) or in a new one (older by the time
+   * between the reads): the last rates stay */
+  make_frame(&again, 3, 2, 7 * s + s / 2, 400, req_after, 1);
+  lynx_top_rates(&again, &cur);
+  for (size_t i = 0; i < again.n; i++)
+    assert_true(near(again.rows[i].rate, cur.rows[i].rate));
+  assert_int_equal(again.rates_known, 6);
+  lynx_top_frame_free(&again);
+  make_frame(&again, 3, 2, 8 * s, 1400, req_after, 1);
+  again.rows[5].state = LYNX_TOP_DOWN; /* but not on a down node */
+  again.rows[4].sampled_ns += s / 10;  /* n2/0: a heartbeat, no request */
+  again.rows[4].requests = cur.rows[4].requests;
+  lynx_top_rates(&again, &cur);
+  for (size_t i = 0; i < 4; i++)
+    assert_true(near(again.rows[i].rate, cur.rows[i].rate));
+  assert_true(near(again.rows[4].rate, 0));
+  assert_true(again.rows[5].rate < 0);
+  assert_int_equal(again.rates_known, 5);
+  lynx_top_frame_free(&again);
+  lynx_top_frame_free(&cur);
+
+  /* an idle accelerator whose heartbeat age happens to be the same to the
+   * ms in both frames (one time in a few hundred): its rate is 0, known,
+   * as long as the rest of the list moved */
+  make_frame(&cur, 3, 2, 7 * s, 200, req_after, 1);
+  cur.rows[0].requests = prev.rows[0].requests;
+  lynx_top_rates(&cur, &prev);
+  assert_true(near(cur.rows[0].rate, 0));
+  assert_int_equal(cur.rates_known, 6);
+  lynx_top_frame_free(&cur);
 
   /* unknown: an accelerator prev lacks, a counter that went back, a new
    * epoch (the agent restarted) */
+  make_frame(&cur, 3, 2, 7 * s, 200, req_after, 1);
   prev.rows[0].idx = 77;            /* n0/0 is not in prev (n0/77 is) */
   prev.rows[1].requests = 1u << 30; /* n0/1 went back */
   prev.rows[2].epoch = 0;           /* n1/0 restarted */
@@ -383,11 +434,6 @@ static void test_rates(void **state) {
   assert_true(cur.rows[2].rate < 0);
   assert_true(cur.rows[3].rate > 0);
   assert_int_equal(cur.rates_known, 3);
-
-  /* no time between the frames: nothing to divide by */
-  cur.at_ns = prev.at_ns;
-  lynx_top_rates(&cur, &prev);
-  assert_int_equal(cur.rates_known, 0);
   lynx_top_frame_free(&prev);
   lynx_top_frame_free(&cur);
 }
@@ -480,20 +526,21 @@ static uint64_t req_many_after(uint32_t k) {
 static void test_many(void **state) {
   struct lynx_top_frame prev, cur;
   (void)state;
-  make_frame(&prev, 2500, 4, 1000000000u, req_many_before, 1);
-  make_frame(&cur, 2500, 4, 2000000000u, req_many_after, 1);
+  /* heartbeats 1.25 s apart */
+  make_frame(&prev, 2500, 4, 1000000000u, 250, req_many_before, 1);
+  make_frame(&cur, 2500, 4, 2000000000u, 0, req_many_after, 1);
   assert_int_equal(cur.n, 10000);
   lynx_top_rates(&cur, &prev);
   assert_int_equal(cur.rates_known, 10000);
   for (size_t i = 0; i < cur.n; i++) {
     uint32_t k = (uint32_t)strtoul(cur.rows[i].node + 1, NULL, 10) * 4 +
                  cur.rows[i].idx;
-    assert_true(cur.rows[i].rate == (double)(k % 13));
+    assert_true(near(cur.rows[i].rate, (double)(k % 13) / 1.25));
   }
   lynx_top_sort(&cur, LYNX_TOP_BY_RATE);
   for (size_t i = 1; i < cur.n; i++)
     assert_true(cur.view[i - 1]->rate >= cur.view[i]->rate);
-  assert_true(cur.view[0]->rate == 12.0);
+  assert_true(near(cur.view[0]->rate, 12 / 1.25));
   /* the first by id of those at 12 (402 % 13): ids compare as text */
   assert_string_equal(view_id(&cur, 0), "n100/2");
   lynx_top_frame_free(&prev);
