@@ -5,9 +5,8 @@
  *
  * The screen keeps the last frame it read while the coordinator cannot be
  * reached or refuses, says why on its last line, and tries again at every
- * refresh. It formats only the rows that fit; the whole frame is read
- * (the header counts every accelerator), which is what keeps a refresh
- * O(n log n) and not less.
+ * refresh. It formats only the rows that fit, but reads and sorts every
+ * accelerator (the header counts them all): O(n log n) a refresh.
  *
  * The delay runs from the end of one read to the start of the next: the
  * coordinator re-encodes a list at most once a second (docs/api.md,
@@ -22,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "top.h"
 #include "util.h"
@@ -256,6 +254,8 @@ static int run_screen(const struct lynx_top_opts *o,
       snprintf(status, sizeof(status), "trying again every %.1f s: %s",
                o->delay_s, msg);
       is_error = 1;
+      if (!have)
+        clock_now(clock, sizeof(clock)); /* else the last frame's time */
     } else {
       /* against the last frame read, however long ago (an outage) */
       lynx_top_rates(&next, have ? &cur : NULL);
@@ -265,8 +265,8 @@ static int run_screen(const struct lynx_top_opts *o,
       have = 1;
       is_error = 0;
       snprintf(status, sizeof(status), "%s", keys_text);
+      clock_now(clock, sizeof(clock));
     }
-    clock_now(clock, sizeof(clock));
     draw(have ? &cur : NULL, src, key, clock, status, is_error);
     if (o->count && k + 1 >= o->count)
       break;
