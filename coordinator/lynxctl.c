@@ -20,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "options.h"
+#include "top.h"
 #include "util.h"
 
 #define EX_OK 0
@@ -49,6 +51,12 @@ static const char usage_text[] =
     "  node drain ID | node undrain ID | node forget ID\n"
     "  frontend drain ID | frontend undrain ID\n"
     "  watch                            a line and the node table per change\n"
+    "  top [-d SECONDS] [-n COUNT] [-s rate|outstanding|p99|id] [-b]\n"
+    "                                   accelerators by load, every -d s (1);\n"
+    "                                   -n frames, then exit; -b text frames\n"
+    "                                   (also when stdout is no terminal);\n"
+    "                                   keys: q quit, r o p i sort, space\n"
+    "                                   refresh\n"
     "\n"
     "options:\n"
     "  --api URL         coordinator API (default $LYNX_API or " DEFAULT_API
@@ -189,25 +197,30 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   return 0;
 }
 
-static void say_unreachable(const struct ctl *t, const char *err) {
-  fprintf(stderr,
-          "lynxctl: cannot reach the coordinator at %s: %s\n%s",
-          t->api, err,
-          t->tls_failed
-              ? "  (TLS: is its certificate signed by the CA given with "
-                "--cacert or $LYNX_CACERT, and does it name the API's "
-                "host?)\n"
-              : "  (is lynx-coordinator running with --http on that "
-                "address? set --api URL or $LYNX_API)\n");
+/* "cannot reach the coordinator at URL: why" and a hint on a second line */
+static void unreachable_msg(const struct ctl *t, const char *err, char *msg,
+                            size_t n) {
+  snprintf(msg, n, "cannot reach the coordinator at %s: %s\n%s", t->api, err,
+           t->tls_failed
+               ? "  (TLS: is its certificate signed by the CA given with "
+                 "--cacert or $LYNX_CACERT, and does it name the API's "
+                 "host?)"
+               : "  (is lynx-coordinator running with --http on that "
+                 "address? set --api URL or $LYNX_API)");
 }
 
+#define MSG_MAX 1024
+
 /*
- * A call whose answer must be 2xx JSON. EX_OK with *out (a parsed object,
- * or NULL when the body is empty) and, when raw is not NULL, the body as it
- * came; otherwise prints what went wrong and returns the exit code.
+ * A call whose answer must be 2xx JSON, printing nothing. EX_OK with *out
+ * (a parsed object, or NULL when the body is empty or the call was
+ * interrupted) and *raw, the body as it came (malloc'd, or NULL); otherwise
+ * the exit code with msg saying what went wrong (without "lynxctl: "), and
+ * for a refusal (not 2xx) the refusal's body in *raw.
  */
-static int api(struct ctl *t, const char *method, const char *path,
-               const char *body, struct json_object **out, char **raw) {
+static int api_msg(struct ctl *t, const char *method, const char *path,
+                   const char *body, struct json_object **out, char **raw,
+                   char *msg, size_t msglen) {
   char err[CURL_ERROR_SIZE];
   struct buf b;
   long status = 0;
@@ -215,14 +228,13 @@ static int api(struct ctl *t, const char *method, const char *path,
   int rc;
 
   *out = NULL;
-  if (raw)
-    *raw = NULL;
+  *raw = NULL;
+  msg[0] = 0;
   rc = http_call(t, method, path, body, CALL_TIMEOUT_MS, &status, &b, err);
   if (rc == -EINTR)
     return EX_OK;
   if (rc) {
-    if (!t->quiet)
-      say_unreachable(t, err);
+    unreachable_msg(t, err, msg, msglen);
     return EX_UNREACHABLE;
   }
   if (b.p && b.len)
@@ -232,33 +244,51 @@ static int api(struct ctl *t, const char *method, const char *path,
     if (j && json_object_object_get_ex(j, "error", &e) &&
         json_object_object_get_ex(e, "message", &m)) {
       json_object_object_get_ex(e, "code", &code);
-      fprintf(stderr, "lynxctl: %s (HTTP %ld%s%s)\n", json_object_get_string(m),
-              status, code ? ", " : "",
-              code ? json_object_get_string(code) : "");
+      snprintf(msg, msglen, "%s (HTTP %ld%s%s)", json_object_get_string(m),
+               status, code ? ", " : "",
+               code ? json_object_get_string(code) : "");
     } else {
-      fprintf(stderr, "lynxctl: the coordinator answered HTTP %ld: %.300s\n",
-              status, b.p ? b.p : "(no body)");
+      snprintf(msg, msglen, "the coordinator answered HTTP %ld: %.300s",
+               status, b.p ? b.p : "(no body)");
     }
-    if (t->json && b.p)
-      fputs(b.p, stdout);
     json_object_put(j);
-    free(b.p);
+    *raw = b.p;
     return EX_API;
   }
   if (b.p && b.len && !j) {
-    fprintf(stderr,
-            "lynxctl: the coordinator's answer (HTTP %ld) is not "
-            "JSON: %.300s\n",
-            status, b.p);
+    snprintf(msg, msglen,
+             "the coordinator's answer (HTTP %ld) is not JSON: %.300s",
+             status, b.p);
     free(b.p);
     return EX_API;
   }
   *out = j;
-  if (raw)
-    *raw = b.p;
-  else
-    free(b.p);
+  *raw = b.p;
   return EX_OK;
+}
+
+/*
+ * api_msg that prints what went wrong (an unreachable coordinator not
+ * while t->quiet), with --json a refusal's body on stdout too; raw may be
+ * NULL when the body is not wanted.
+ */
+static int api(struct ctl *t, const char *method, const char *path,
+               const char *body, struct json_object **out, char **raw) {
+  char msg[MSG_MAX], *r;
+  int rc = api_msg(t, method, path, body, out, &r, msg, sizeof(msg));
+  if (rc != EX_OK) {
+    if (rc != EX_UNREACHABLE || !t->quiet)
+      fprintf(stderr, "lynxctl: %s\n", msg);
+    if (t->json && r)
+      fputs(r, stdout);
+    free(r);
+    r = NULL;
+  }
+  if (raw)
+    *raw = r;
+  else
+    free(r);
+  return rc;
 }
 
 /* "/v1/nodes/" + escaped id + suffix */
@@ -382,45 +412,16 @@ static int obj_bool(struct json_object *o, const char *key) {
 }
 
 /* An accelerator's "health" object in a few words: "ok", "lost",
- * "failed: <last error>", "stalled 1 mq 2.3s", joined with ", ". */
+ * "failed: <last error>", "stalled 1 mq 2.3s", joined with ", " (top.c,
+ * whose HEALTH column says the same). */
 static void f_health(struct json_object *v, char *out, size_t n) {
-  struct json_object *e;
-  const char *err = "";
-  size_t l = 0;
+  struct lynx_top_health h;
   if (!v || !json_object_is_type(v, json_type_object)) {
     f_str(v, out, n);
     return;
   }
-  if (obj_bool(v, "dispatchable")) {
-    snprintf(out, n, "ok");
-    return;
-  }
-  if (json_object_object_get_ex(v, "last_error", &e) &&
-      json_object_is_type(e, json_type_string))
-    err = json_object_get_string(e);
-  out[0] = 0;
-  if (obj_bool(v, "device_lost"))
-    l = lynx_appendf(out, n, l, ", ", "lost");
-  if (obj_bool(v, "failed"))
-    l = lynx_appendf(out, n, l, ", ", "failed%s%.80s", *err ? ": " : "", err);
-  if (obj_u64(v, "stalled_mqueues"))
-    lynx_appendf(out, n, l, ", ", "stalled %llu mq %.1fs",
-                 (unsigned long long)obj_u64(v, "stalled_mqueues"),
-                 (double)obj_u64(v, "stall_ms") / 1000.0);
-  if (!out[0])
-    snprintf(out, n, "out");
-}
-
-/* A duration in ns as "850ns", "12.3us", "4.56ms", "1.23s". */
-static void f_dur(uint64_t ns, char *out, size_t n) {
-  if (ns < 1000)
-    snprintf(out, n, "%lluns", (unsigned long long)ns);
-  else if (ns < 1000000)
-    snprintf(out, n, "%.1fus", (double)ns / 1e3);
-  else if (ns < 1000000000)
-    snprintf(out, n, "%.2fms", (double)ns / 1e6);
-  else
-    snprintf(out, n, "%.2fs", (double)ns / 1e9);
+  lynx_top_health_parse(v, &h);
+  lynx_top_health_fmt(&h, out, n);
 }
 
 /* "p50/p99" of an accelerator's "latency" object; "-" when no request was
@@ -433,8 +434,8 @@ static void f_lat_pair(struct json_object *v, const char *p50, const char *p99,
     snprintf(out, n, "-");
     return;
   }
-  f_dur(obj_u64(v, p50), a, sizeof(a));
-  f_dur(obj_u64(v, p99), b, sizeof(b));
+  lynx_top_fmt_dur(obj_u64(v, p50), a, sizeof(a));
+  lynx_top_fmt_dur(obj_u64(v, p99), b, sizeof(b));
   snprintf(out, n, "%s/%s", a, b);
 }
 
@@ -1067,6 +1068,144 @@ static int cmd_watch(struct ctl *t) {
   }
 }
 
+/* ---- top ----------------------------------------------------------------- */
+
+/* lynx_top_src's get (top.h): the list at path, a page of `page` items at
+ * a time (docs/api.md, "Pages of the big lists") when page > 0. */
+static int top_get(void *arg, const char *path, unsigned page,
+                   int (*each)(void *ctx, struct json_object *answer),
+                   void *ctx, char *msg, size_t msglen) {
+  struct ctl *t = arg;
+  char url[1024], after[256] = "";
+  for (;;) {
+    struct json_object *j, *next;
+    const char *nx;
+    char *raw;
+    int rc;
+    if (!page) {
+      snprintf(url, sizeof(url), "%s", path);
+    } else if (!after[0]) {
+      snprintf(url, sizeof(url), "%s?limit=%u", path, page);
+    } else {
+      char *e = curl_easy_escape(t->curl, after, 0);
+      if (!e) {
+        snprintf(msg, msglen, "top: out of memory");
+        return EX_API;
+      }
+      snprintf(url, sizeof(url), "%s?limit=%u&after=%s", path, page, e);
+      curl_free(e);
+    }
+    rc = api_msg(t, "GET", url, NULL, &j, &raw, msg, msglen);
+    free(raw);
+    if (rc)
+      return rc;
+    if (!j) {
+      if (g_stop)
+        return EX_OK; /* interrupted: the caller sees g_stop */
+      snprintf(msg, msglen, "the coordinator's answer to GET %s is empty",
+               url);
+      return EX_API;
+    }
+    rc = each(ctx, j);
+    if (rc) {
+      if (rc == -ENOMEM)
+        snprintf(msg, msglen, "top: out of memory reading GET %s", url);
+      else
+        snprintf(msg, msglen,
+                 "the coordinator's answer to GET %s is not a list (no "
+                 "\"items\" array)",
+                 url);
+      json_object_put(j);
+      return EX_API;
+    }
+    if (!page || !json_object_object_get_ex(j, "next", &next) ||
+        !json_object_is_type(next, json_type_string)) {
+      json_object_put(j);
+      return EX_OK;
+    }
+    /* a page must move on: a coordinator that answered the same "next"
+     * again would keep us here for ever */
+    nx = json_object_get_string(next);
+    if (!nx[0] || strlen(nx) >= sizeof(after) || strcmp(nx, after) == 0) {
+      snprintf(msg, msglen,
+               "the coordinator's pages of %s do not move on (\"next\": "
+               "\"%.64s\" after \"%.64s\")",
+               path, nx, after);
+      json_object_put(j);
+      return EX_API;
+    }
+    snprintf(after, sizeof(after), "%s", nx);
+    json_object_put(j);
+  }
+}
+
+/* top's options (common/options.h): one-letter ones, as top(1) has */
+struct top_cli {
+  char *delay, *sort;
+  uint32_t count;
+  int batch;
+};
+
+#define TO(f) offsetof(struct top_cli, f)
+static const struct lynx_opt top_tab[] = {
+    {"d", LYNX_OPT_STR, TO(delay), "1", 0, 0, NULL, "seconds between frames"},
+    {"n", LYNX_OPT_U32, TO(count), "0", 0, UINT32_MAX, NULL,
+     "frames, then exit (0: until q)"},
+    {"s", LYNX_OPT_STR, TO(sort), "rate", 0, 0, NULL,
+     "rate, outstanding, p99 or id"},
+    {"b", LYNX_OPT_FLAG, TO(batch), NULL, 0, 0, NULL, "text frames on stdout"},
+    LYNX_OPT_END,
+};
+#undef TO
+
+/* argv[0] is "top"; the rest its options. */
+static int cmd_top(struct ctl *t, int argc, char **argv) {
+  struct top_cli c;
+  struct lynx_top_opts o;
+  struct lynx_top_src src = {t->api, top_get, t};
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  struct sigaction sa;
+  char *end = NULL;
+  int rc;
+
+  memset(&c, 0, sizeof(c));
+  memset(&o, 0, sizeof(o));
+  rc = lynx_opts_scan(top_tab, &c, argc, argv, usage_text, &scan);
+  if (rc || scan.help) {
+    lynx_opts_free(top_tab, &c);
+    if (rc)
+      fputs("(lynxctl --help for usage)\n", stderr);
+    return rc ? EX_USAGE : EX_OK;
+  }
+  errno = 0;
+  o.delay_s = strtod(c.delay, &end);
+  /* (the negated test also refuses NaN) */
+  if (errno || end == c.delay || *end || !(o.delay_s >= 0.1) ||
+      o.delay_s > 3600)
+    rc = usage_err("top -d: expected seconds from 0.1 to 3600 (1, 0.5), "
+                   "got '%s'",
+                   c.delay);
+  else if (lynx_top_key_parse(c.sort, &o.key))
+    rc = usage_err("top -s: expected rate, outstanding, p99 or id, got '%s'",
+                   c.sort);
+  else if (t->json)
+    rc = usage_err("top: --json is not for top (lynxctl --json "
+                   "accelerators gives the list as JSON)");
+  o.count = c.count;
+  /* a pipe or a file gets text frames: no terminal to draw on */
+  o.batch = c.batch || !isatty(STDOUT_FILENO);
+  lynx_opts_free(top_tab, &c);
+  if (rc)
+    return rc;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  return lynx_top_run(&o, &src, &g_stop);
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 /* The global options, taken wherever they stand (before "--"); the
@@ -1117,6 +1256,8 @@ static int run(struct ctl *t, int argc, char **argv) {
     return cmd_list(t, "/v1/frontends", fe_cols);
   if (strcmp(cmd, "watch") == 0 && argc == 1)
     return cmd_watch(t);
+  if (strcmp(cmd, "top") == 0)
+    return cmd_top(t, argc, argv);
   if (strcmp(cmd, "service") == 0 && sub) {
     if (strcmp(sub, "create") == 0)
       return cmd_service_create(t, argc - 1, argv + 1);

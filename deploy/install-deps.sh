@@ -63,6 +63,8 @@ PKGS=(
   # the web console's test in a real browser (integration.console): headless
   # Chromium driven through chromedriver by Debian's Selenium
   chromium chromium-driver python3-selenium
+  # lynxctl top's screen (ncurses: coordinator/top_view.c)
+  libncurses-dev
   # fuzzing (docs/fuzzing.md): clang and its libFuzzer runtime for make fuzz
   # and the fuzz_*.libfuzzer tests (the runtime is only recommended by
   # clang, and recommends are not installed here)
@@ -90,6 +92,7 @@ ARM64_PKGS=(
   libmicrohttpd-dev:arm64 libjansson-dev:arm64 libcmocka-dev:arm64
   libcurl4-openssl-dev:arm64 libssl-dev:arm64
   zlib1g-dev:arm64 libgnutls28-dev:arm64 libsystemd-dev:arm64
+  libncurses-dev:arm64
 )
 # (not libmemcached-dev:arm64: Debian's is not co-installable with the
 # host's, which the native build needs; the arm64 build goes without the

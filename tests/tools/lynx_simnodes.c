@@ -6,10 +6,27 @@
  * accelerators: its own TCP connection (the protocol has one connection per
  * node), Hello{role "agent", node id, token}, Register{node id, address,
  * epoch, labels, A accelerators of kind "sim"}, then a Heartbeat every
- * lease/3 with zero counters. A StartInstance is answered with
+ * lease/3 (zero counters unless --rate). A StartInstance is answered with
  * InstanceFailed("simulated node"); StopInstance is ignored. A lost
  * connection is re-established with a jittered backoff (100 ms .. 2 s) and
  * the same epoch, as the real agent does (agent/link.c).
+ *
+ * Something to look at (lynxctl top, integration.lynxctl_top): the
+ * accelerators are numbered k = node index x A + accel index.
+ *   --rate R     accelerator k's requests and responses counters grow at
+ *                R x (1 + k % 7) per second (from the tool's start), so the
+ *                accelerators have distinct, known rates; each heartbeat
+ *                carries the window's latency as an agent does: the requests
+ *                of the last 10 s (window_requests), queue p50/p99
+ *                (1 + k % 5) / (5 + k % 11) us and service p50/p99
+ *                (10 + k % 10) / (20 + k % 50) us.
+ *   --stalled K  accelerator 0 of nodes 0 .. K-1 reports 1 stalled mqueue,
+ *                its stall_ms the time since the tool started;
+ *   --failed K   accelerator 0 of nodes K_stalled .. K_stalled+K-1 reports
+ *                failed, last_error "simulated failure".
+ * A stalled or failed accelerator takes nothing, as a real one: its
+ * counters and window stay 0 whatever --rate says. The coordinator takes
+ * them out of dispatch like an agent's (health in /v1/accelerators).
  *
  * Registrations are paced: at most --concurrency nodes are between connect
  * and RegisterReply at any time, so that a few thousand connects do not
@@ -51,6 +68,7 @@
 struct sim_cfg {
   char *coordinator, *prefix, *labels, *token_file, *log_level;
   uint32_t nodes, accels, duration, concurrency, no_leave;
+  uint32_t rate, stalled, failed;
 };
 
 #define O(f) offsetof(struct sim_cfg, f)
@@ -74,6 +92,13 @@ static const struct lynx_opt sim_opts[] = {
      "sending Leave"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
      "file holding the cluster token"},
+    {"rate", LYNX_OPT_U32, O(rate), "0", 0, 10000000, NULL,
+     "accelerator k's counters grow at RATE x (1 + k % 7) requests/s, with "
+     "latency quantiles in each heartbeat (0: counters stay 0)"},
+    {"stalled", LYNX_OPT_U32, O(stalled), "0", 0, 100000, NULL,
+     "accelerator 0 of the first K nodes reports a stalled mqueue"},
+    {"failed", LYNX_OPT_U32, O(failed), "0", 0, 100000, NULL,
+     "accelerator 0 of the K nodes after the stalled ones reports failed"},
     LYNX_OPT_LOG_LEVEL(O(log_level), "warn"),
     LYNX_OPT_END,
 };
@@ -171,17 +196,54 @@ static void send_register(struct simnode *n) {
   send_env(n, &env);
 }
 
+#define WINDOW_NS 10000000000ull /* the latency window --rate reports */
+
+/* Accelerator i of node n as --rate, --stalled and --failed make it (the
+ * fields agent/link.c's on_beat fills), at now_ns. */
+static void sim_counters(const struct simnode *n, uint32_t i, uint64_t now_ns,
+                         Lynx__AccelCounters *c) {
+  const struct sim *s = n->s;
+  uint64_t k = (uint64_t)n->idx * s->cfg.accels + i;
+  uint64_t up_ns = now_ns - s->t0_ns, per_s = s->cfg.rate * (1 + k % 7);
+  int stalled = i == 0 && n->idx < s->cfg.stalled;
+  int failed = i == 0 && !stalled && n->idx < s->cfg.stalled + s->cfg.failed;
+  if (stalled) {
+    c->stalled_mqueues = 1;
+    c->stall_ms = up_ns / 1000000u;
+  }
+  if (failed) {
+    c->failed = 1;
+    c->last_error = "simulated failure";
+  }
+  if (!per_s || stalled || failed)
+    return; /* it takes nothing */
+  /* in two steps: a rate of 10^7 for a day would overflow in one */
+  c->requests = per_s * (up_ns / 1000000000u) +
+                per_s * (up_ns % 1000000000u) / 1000000000u;
+  c->responses = c->requests;
+  c->window_requests = per_s * (up_ns < WINDOW_NS ? up_ns : WINDOW_NS) /
+                       1000000000u;
+  if (!c->window_requests)
+    return; /* quantiles are 0 when none was taken */
+  c->queue_p50_ns = (1 + k % 5) * 1000u;
+  c->queue_p99_ns = (5 + k % 11) * 1000u;
+  c->service_p50_ns = (10 + k % 10) * 1000u;
+  c->service_p99_ns = (20 + k % 50) * 1000u;
+}
+
 static void on_beat(uv_timer_t *t) {
   struct simnode *n = t->data;
   struct sim *s = n->s;
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Heartbeat hb = LYNX__HEARTBEAT__INIT;
   Lynx__AccelCounters c[64], *cp[64];
+  uint64_t now = lynx_now_ns();
   if (n->state != N_REGISTERED)
     return;
   for (uint32_t i = 0; i < s->cfg.accels; i++) {
     lynx__accel_counters__init(&c[i]);
     c[i].idx = i;
+    sim_counters(n, i, now, &c[i]);
     cp[i] = &c[i];
   }
   hb.node_id = n->id;
@@ -549,6 +611,13 @@ int main(int argc, char **argv) {
   }
   if (strlen(s.cfg.prefix) > 30) {
     fprintf(stderr, "--prefix: at most 30 characters\n");
+    return 2;
+  }
+  if ((uint64_t)s.cfg.stalled + s.cfg.failed > s.cfg.nodes) {
+    fprintf(stderr,
+            "--stalled %u --failed %u: more than the %u nodes (accelerator "
+            "0 of one node each)\n",
+            s.cfg.stalled, s.cfg.failed, s.cfg.nodes);
     return 2;
   }
   if (parse_labels(&s, s.cfg.labels)) {
