@@ -113,6 +113,14 @@ static const char *view_id(const struct lynx_top_frame *f, size_t i) {
   return id;
 }
 
+/* The view's first four rows are w0..w3, in that order. */
+static void assert_view4(const struct lynx_top_frame *f, const char *w0,
+                         const char *w1, const char *w2, const char *w3) {
+  const char *want[4] = {w0, w1, w2, w3};
+  for (size_t i = 0; i < 4; i++)
+    assert_string_equal(view_id(f, i), want[i]);
+}
+
 /* ---- text ------------------------------------------------------------------ */
 
 static void test_fmt_rate(void **state) {
@@ -448,30 +456,18 @@ static void test_sort_keys(void **state) {
   f.rows[2].rate = 9;
   f.rows[3].rate = 5; /* a tie with a/0: by id */
   lynx_top_sort(&f, LYNX_TOP_BY_RATE);
-  assert_string_equal(view_id(&f, 0), "b/9");
-  assert_string_equal(view_id(&f, 1), "a/0");
-  assert_string_equal(view_id(&f, 2), "b/10");
-  assert_string_equal(view_id(&f, 3), "a/1");
+  assert_view4(&f, "b/9", "a/0", "b/10", "a/1");
 
   /* outstanding 7, 0, 0, 5 */
   lynx_top_sort(&f, LYNX_TOP_BY_OUTSTANDING);
-  assert_string_equal(view_id(&f, 0), "a/0");
-  assert_string_equal(view_id(&f, 1), "b/10");
-  assert_string_equal(view_id(&f, 2), "a/1");
-  assert_string_equal(view_id(&f, 3), "b/9");
+  assert_view4(&f, "a/0", "b/10", "a/1", "b/9");
 
   /* service p99 30us, none (a/1: empty window, last), 9us, 9us */
   lynx_top_sort(&f, LYNX_TOP_BY_P99);
-  assert_string_equal(view_id(&f, 0), "a/0");
-  assert_string_equal(view_id(&f, 1), "b/9");
-  assert_string_equal(view_id(&f, 2), "b/10");
-  assert_string_equal(view_id(&f, 3), "a/1");
+  assert_view4(&f, "a/0", "b/9", "b/10", "a/1");
 
   lynx_top_sort(&f, LYNX_TOP_BY_ID);
-  assert_string_equal(view_id(&f, 0), "a/0");
-  assert_string_equal(view_id(&f, 1), "a/1");
-  assert_string_equal(view_id(&f, 2), "b/9");
-  assert_string_equal(view_id(&f, 3), "b/10");
+  assert_view4(&f, "a/0", "a/1", "b/9", "b/10");
   lynx_top_frame_free(&f);
 }
 
