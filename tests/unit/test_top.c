@@ -126,40 +126,44 @@ static void assert_view4(const struct lynx_top_frame *f, const char *w0,
 static void test_fmt_rate(void **state) {
   char b[32];
   (void)state;
-  lynx_top_fmt_rate(-1, b, sizeof(b));
-  assert_string_equal(b, "-");
-  lynx_top_fmt_rate(0, b, sizeof(b));
-  assert_string_equal(b, "0.0");
-  lynx_top_fmt_rate(699.84, b, sizeof(b));
-  assert_string_equal(b, "699.8");
-  /* where "%.1f" would round to 1000.0, the unit moves on */
-  lynx_top_fmt_rate(999.96, b, sizeof(b));
-  assert_string_equal(b, "1.0k");
-  lynx_top_fmt_rate(3850, b, sizeof(b));
-  assert_string_equal(b, "3.9k");
-  lynx_top_fmt_rate(999949, b, sizeof(b));
-  assert_string_equal(b, "999.9k");
-  lynx_top_fmt_rate(999950, b, sizeof(b));
-  assert_string_equal(b, "1.00M");
-  lynx_top_fmt_rate(2.5e6, b, sizeof(b));
-  assert_string_equal(b, "2.50M");
+  static const struct {
+    double v;
+    const char *want;
+  } cases[] = {
+      {-1, "-"},
+      {0, "0.0"},
+      {699.84, "699.8"},
+      /* where "%.1f" would round to 1000.0, the unit moves on */
+      {999.96, "1.0k"},
+      {3850, "3.9k"},
+      {999949, "999.9k"},
+      {999950, "1.00M"},
+      {2.5e6, "2.50M"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    lynx_top_fmt_rate(cases[i].v, b, sizeof(b));
+    assert_string_equal(b, cases[i].want);
+  }
 }
 
 static void test_fmt_dur(void **state) {
   char b[32];
   (void)state;
-  lynx_top_fmt_dur(0, b, sizeof(b));
-  assert_string_equal(b, "0ns");
-  lynx_top_fmt_dur(999, b, sizeof(b));
-  assert_string_equal(b, "999ns");
-  lynx_top_fmt_dur(1000, b, sizeof(b));
-  assert_string_equal(b, "1.0us");
-  lynx_top_fmt_dur(12345, b, sizeof(b));
-  assert_string_equal(b, "12.3us");
-  lynx_top_fmt_dur(4560000, b, sizeof(b));
-  assert_string_equal(b, "4.56ms");
-  lynx_top_fmt_dur(1230000000, b, sizeof(b));
-  assert_string_equal(b, "1.23s");
+  static const struct {
+    uint64_t v;
+    const char *want;
+  } cases[] = {
+      {0, "0ns"},
+      {999, "999ns"},
+      {1000, "1.0us"},
+      {12345, "12.3us"},
+      {4560000, "4.56ms"},
+      {1230000000, "1.23s"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    lynx_top_fmt_dur(cases[i].v, b, sizeof(b));
+    assert_string_equal(b, cases[i].want);
+  }
 }
 
 static void test_health_text(void **state) {
