@@ -43,6 +43,7 @@ Lynx is running: coordinator, 1 agent (2 CPU accelerators), 1 frontend,
 service echo ($APP) on UDP port $UDP.
   UDP service   $BIND:$UDP
   API           http://$API   (lynxctl --api http://$API nodes)
+  console       http://$API/ui/   (lynxctl --api http://$API top)
   metrics       http://$METRICS/metrics
   logs          $LOGDIR/{coordinator,agent,frontend}.log
 
