@@ -15,6 +15,10 @@ const WATCH_MS = 25000;
 const PAGE = 200;       // node tiles per page
 const LIST_LIMIT = 1000; // items per API page
 const EVENTS_KEPT = 300;
+// A rate spans at least this much heartbeat time: the heartbeat times are
+// known to within the age of the coordinator's copy of the list (up to a
+// second) and a heartbeat period, so a shorter span would be less exact.
+const RATE_SPAN_MS = 8000;
 // health classes, worst first (a node tile takes its worst accelerator's)
 const SEVERITY = ['h-down', 'h-failed', 'h-stalled', 'h-draining',
   'h-drained', 'h-ready'];
@@ -116,12 +120,15 @@ async function refresh() {
   try {
     do {
       st.again = false;
-      const [nodes, accels, fes, svcs, mqs] = await Promise.all([
-        all('/v1/nodes'), all('/v1/accelerators'), api('/v1/frontends'),
-        api('/v1/services'), api('/v1/mqueues')]);
+      // each node carries its accelerators as /v1/accelerators shows them:
+      // one list, not two, at 10,000 accelerators
+      const [nodes, fes, svcs, mqs] = await Promise.all([
+        all('/v1/nodes'), api('/v1/frontends'), api('/v1/services'),
+        api('/v1/mqueues')]);
       const now = performance.now();
       st.nodes = nodes.items;
-      st.accels = accels.items;
+      st.accels = st.nodes.flatMap((n) => n.accelerators || []);
+      const hbAge = new Map(st.nodes.map((n) => [n.id, n.last_heartbeat_ms]));
       st.frontends = fes.items || [];
       st.services = svcs.items || [];
       st.mqueues = mqs.items || [];
@@ -129,10 +136,22 @@ async function refresh() {
       for (const a of st.accels) {
         if (!st.byNode.has(a.node)) st.byNode.set(a.node, []);
         st.byNode.get(a.node).push(a);
+        // Counters move once per heartbeat: a rate is the growth between
+        // two heartbeats over the time between them (when the node's last
+        // heartbeat came: now less its age), not over the time between
+        // two refreshes, which would read 0 or double. Over RATE_SPAN_MS
+        // at least (see there).
+        const hb = now - (hbAge.get(a.node) || 0);
         const p = st.prev.get(a.id);
-        if (p && now - p.t > 500 && a.requests >= p.requests)
-          st.rates.set(a.id, (a.requests - p.requests) * 1000 / (now - p.t));
-        if (!p || now - p.t > 500) st.prev.set(a.id, { requests: a.requests, t: now });
+        if (p && a.requests < p.requests) {
+          st.rates.delete(a.id); // a new incarnation: counting anew
+          st.prev.set(a.id, { requests: a.requests, hb });
+        } else if (!p) {
+          st.prev.set(a.id, { requests: a.requests, hb });
+        } else if (hb - p.hb >= RATE_SPAN_MS) {
+          st.rates.set(a.id, (a.requests - p.requests) * 1000 / (hb - p.hb));
+          st.prev.set(a.id, { requests: a.requests, hb });
+        }
       }
       await events();
       render();

@@ -4,8 +4,9 @@
 #   n1     a real agent (2 CPU accelerators, sockperf-fault) one of whose
 #          accelerators is hung by a 'LYNX-HANG' request: stalled;
 #   n2     a real agent killed with -9: down after its lease;
-#   sim*   simulated nodes (lynx-simnodes, 4 accelerators each), one of
-#          which is drained and undrained through the page's buttons;
+#   sim*   simulated nodes (lynx-simnodes, 4 accelerators each, taking
+#          requests at known rates), one of which is drained and undrained
+#          through the page's buttons;
 # a frontend producing into n1's mqueues, and an API token (the buttons
 # need it). Then the same page over ~10,000 simulated accelerators.
 # Screenshots: <build>/test-output/console/*.png.
@@ -42,7 +43,8 @@ start_coord_frontend --token-file "$IT_DIR/token"
 api POST /v1/services "${AUTH[@]}" -d "{\"name\":\"sf\",\"port\":$UDP_PORT,\"app\":\"sockperf-fault\",\"placement\":{\"selector\":{\"role\":\"hang\"}}}"
 [[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
 spawn_daemon lynx-simnodes simnodes "" --coordinator "127.0.0.1:$COORD_PORT" \
-  --nodes 6 --accels 4 --prefix "${IT_NODE}sim" --token-file "$IT_DIR/token"
+  --nodes 6 --accels 4 --prefix "${IT_NODE}sim" --token-file "$IT_DIR/token" \
+  --rate 100
 SIM_PID=$SPAWN_PID
 wait_log "$SPAWN_LOG" "simnodes: registered" 20 1 "$SIM_PID"
 
@@ -70,7 +72,7 @@ log "== the page over $(api_json /v1/nodes '.items | length') nodes"
 timeout -k 5 240 "$PY" "$ROOT/tests/integration/console_check.py" \
   --api "$(api_url)" --token "$TOKEN" --service sf --stalled-node "$N1" \
   --down-node "$N2" --drain-node "${IT_NODE}sim00001" --drain-accels 4 \
-  --shots "$SHOTS"
+  --drain-index 1 --rate 100 --shots "$SHOTS"
 rc=$?
 ((rc == 77)) && skip "Chromium cannot run here (console_check.py said why above)"
 ((rc == 0)) || fail "the console does not show the cluster as the API does (FAIL above)"

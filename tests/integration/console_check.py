@@ -12,6 +12,8 @@ checks the rendered DOM against what the API says:
             frontend with the service it produces into; the events list
             shows the registrations, the node declared down and the
             accelerator taken out of dispatch.
+  rates     the node detail's requests/s of a simulated node's
+            accelerators, within 30% of what lynx-simnodes --rate reports.
   drain     the drain button of a node's detail: without the API token
             the coordinator refuses it (401, shown in the status line,
             the node stays ready); with it the node drains (the tile's
@@ -171,6 +173,21 @@ def drain(d, a):
     rows = d.find_elements(By.CSS_SELECTOR, "#detail-accels tr[data-accel]")
     check(len(rows) == a.drain_accels,
           f"detail lists its {a.drain_accels} accelerators ({len(rows)})")
+    # request rates: the simulator's accelerator k (node index x accels +
+    # index) takes rate x (1 + k % 7) requests/s
+    want = {f"{node}/{i}": a.rate * (1 + (a.drain_index * a.drain_accels + i) % 7)
+            for i in range(a.drain_accels)}
+
+    def rates(d):
+        got = d.execute_script(
+            "return [...document.querySelectorAll('#detail-accels tr[data-accel]')]"
+            ".map(r => [r.dataset.accel, r.children[4].textContent])")
+        got = {k: float(v.replace(",", "")) for k, v in got if v != "-"}
+        return got if got.keys() == want.keys() and all(
+            abs(got[k] - w) <= 0.3 * w for k, w in want.items()) else None
+    got = wait(d, f"request rates within 30% of {want}", rates, secs=30)
+    if got:
+        check(True, f"request rates {got} (the simulator's {want})")
     # without the token: refused (401), said, nothing changed
     d.find_element(By.ID, "token").clear()
     btn.click()
@@ -234,6 +251,10 @@ def main():
     p.add_argument("--down-node", required=True)
     p.add_argument("--drain-node", required=True)
     p.add_argument("--drain-accels", type=int, required=True)
+    p.add_argument("--drain-index", type=int, default=1,
+                   help="the drain node's index among the simulated nodes")
+    p.add_argument("--rate", type=float, default=100,
+                   help="lynx-simnodes --rate")
     p.add_argument("--scale-probe", help="run the scale part: a node id to filter")
     p.add_argument("--shots", required=True)
     p.add_argument("--chromedriver", default="/usr/bin/chromedriver")
