@@ -1149,7 +1149,7 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
                             uint32_t n_adopt, void *conn, uint64_t now_ms,
                             struct lynx_reg_err *err) {
   struct lynx_reg_node *n, **tail;
-  int rc, fresh;
+  int rc, fresh, again;
 
   rc = check_registration(id, address, labels, n_labels, accels, n_accels, err);
   if (rc)
@@ -1188,7 +1188,8 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
       err->new_incarnation = 1;
     return -ESTALE;
   }
-  if (!fresh && epoch == n->epoch) {
+  again = !fresh && epoch == n->epoch;
+  if (again) {
     /* The same agent again (its connection or the coordinator restarted):
      * its instances are still running. Placement below stops any on an
      * accelerator it no longer reports. */
@@ -1207,11 +1208,10 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
   for (uint32_t k = 0; k < n_adopt; k++)
     adopt_one(r, n, &adopt[k]);
   lynx_ev_add(&r->ev, LYNX_EV_NODE_REGISTERED, n->id,
-              "node %s registered from %s: epoch %llu, %u accelerators%s",
-              n->id, n->address, (unsigned long long)n->epoch, n->n_accels,
-              fresh ? ""
-              : n_adopt ? ", its running instances adopted"
-                        : " (a new incarnation)");
+              "node %s registered from %s: epoch %llu%s, %u accelerators%s",
+              n->id, n->address, (unsigned long long)n->epoch,
+              again ? " again" : fresh ? "" : " (a new incarnation)",
+              n->n_accels, n_adopt ? ", its running instances adopted" : "");
   r->registrations++;
   r->version++;
   reconcile(r);
