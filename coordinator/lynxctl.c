@@ -397,20 +397,6 @@ static void f_str_dash(struct json_object *v, char *out, size_t n) {
     f_str(v, out, n);
 }
 
-static uint64_t obj_u64(struct json_object *o, const char *key) {
-  struct json_object *v;
-  if (!o || !json_object_object_get_ex(o, key, &v) ||
-      !json_object_is_type(v, json_type_int))
-    return 0;
-  return json_object_get_uint64(v);
-}
-
-static int obj_bool(struct json_object *o, const char *key) {
-  struct json_object *v;
-  return o && json_object_object_get_ex(o, key, &v) &&
-         json_object_get_boolean(v);
-}
-
 /* An accelerator's "health" object in a few words: "ok", "lost",
  * "failed: <last error>", "stalled 1 mq 2.3s", joined with ", " (top.c,
  * whose HEALTH column says the same). */
@@ -430,12 +416,12 @@ static void f_lat_pair(struct json_object *v, const char *p50, const char *p99,
                        char *out, size_t n) {
   char a[24], b[24];
   if (!v || !json_object_is_type(v, json_type_object) ||
-      !obj_u64(v, "window_requests")) {
+      !lynx_top_u64(v, "window_requests")) {
     snprintf(out, n, "-");
     return;
   }
-  lynx_top_fmt_dur(obj_u64(v, p50), a, sizeof(a));
-  lynx_top_fmt_dur(obj_u64(v, p99), b, sizeof(b));
+  lynx_top_fmt_dur(lynx_top_u64(v, p50), a, sizeof(a));
+  lynx_top_fmt_dur(lynx_top_u64(v, p99), b, sizeof(b));
   snprintf(out, n, "%s/%s", a, b);
 }
 
@@ -463,7 +449,7 @@ static void f_node_health(struct json_object *v, char *out, size_t n) {
     const char *slash;
     int w;
     if (!a || !json_object_object_get_ex(a, "health", &hv) ||
-        obj_bool(hv, "dispatchable"))
+        lynx_top_bool(hv, "dispatchable"))
       continue;
     f_health(hv, h, sizeof(h));
     /* "node/idx": the index is enough inside the node's row */

@@ -42,7 +42,7 @@ void lynx_top_frame_free(struct lynx_top_frame *f) {
 
 /* ---- reading the API's answers ----------------------------------------- */
 
-static uint64_t get_u64(struct json_object *o, const char *key) {
+uint64_t lynx_top_u64(struct json_object *o, const char *key) {
   struct json_object *v;
   if (!o || !json_object_object_get_ex(o, key, &v) ||
       !json_object_is_type(v, json_type_int))
@@ -50,7 +50,7 @@ static uint64_t get_u64(struct json_object *o, const char *key) {
   return json_object_get_uint64(v);
 }
 
-static int get_bool(struct json_object *o, const char *key) {
+int lynx_top_bool(struct json_object *o, const char *key) {
   struct json_object *v;
   return o && json_object_object_get_ex(o, key, &v) &&
          json_object_is_type(v, json_type_boolean) &&
@@ -88,11 +88,11 @@ static enum lynx_top_nstate nstate_parse(const char *s) {
 
 void lynx_top_health_parse(struct json_object *o, struct lynx_top_health *h) {
   memset(h, 0, sizeof(*h));
-  h->dispatchable = get_bool(o, "dispatchable");
-  h->lost = get_bool(o, "device_lost");
-  h->failed = get_bool(o, "failed");
-  h->stalled_mqueues = (uint32_t)get_u64(o, "stalled_mqueues");
-  h->stall_ms = get_u64(o, "stall_ms");
+  h->dispatchable = lynx_top_bool(o, "dispatchable");
+  h->lost = lynx_top_bool(o, "device_lost");
+  h->failed = lynx_top_bool(o, "failed");
+  h->stalled_mqueues = (uint32_t)lynx_top_u64(o, "stalled_mqueues");
+  h->stall_ms = lynx_top_u64(o, "stall_ms");
   copy_str(h->last_error, sizeof(h->last_error), get_str(o, "last_error"));
 }
 
@@ -131,16 +131,16 @@ static int add_accel(struct lynx_top_frame *f, const char *node,
   r->epoch = epoch;
   copy_str(r->kind, sizeof(r->kind), get_str(a, "kind"));
   copy_str(r->model, sizeof(r->model), get_str(a, "model"));
-  r->requests = get_u64(a, "requests");
+  r->requests = lynx_top_u64(a, "requests");
   r->beat_age_ms = age_ms;
   r->sampled_ns = sampled_ns;
   r->rate = -1;
   json_object_object_get_ex(a, "health", &health);
   lynx_top_health_parse(health, &r->health);
   if (json_object_object_get_ex(a, "latency", &lat)) {
-    r->window_requests = get_u64(lat, "window_requests");
-    r->queue_p99_ns = get_u64(lat, "queue_p99_ns");
-    r->service_p99_ns = get_u64(lat, "service_p99_ns");
+    r->window_requests = lynx_top_u64(lat, "window_requests");
+    r->queue_p99_ns = lynx_top_u64(lat, "queue_p99_ns");
+    r->service_p99_ns = lynx_top_u64(lat, "service_p99_ns");
   }
   f->dispatchable += r->health.dispatchable && state == LYNX_TOP_READY;
   f->stalled += r->health.stalled_mqueues > 0;
@@ -168,10 +168,10 @@ int lynx_top_add_nodes(struct lynx_top_frame *f, struct json_object *answer) {
     if (!id)
       continue;
     state = nstate_parse(get_str(node, "state"));
-    epoch = get_u64(node, "epoch");
+    epoch = lynx_top_u64(node, "epoch");
     /* its counters came with its last heartbeat, that long before the
      * list was encoded (about when this page was asked for) */
-    age_ms = get_u64(node, "last_heartbeat_ms");
+    age_ms = lynx_top_u64(node, "last_heartbeat_ms");
     ago_ns = age_ms * 1000000u;
     f->nodes[state]++;
     if (!json_object_object_get_ex(node, "accelerators", &accels) ||
@@ -247,7 +247,7 @@ int lynx_top_add_mqueues(struct lynx_top_frame *f,
       continue;
     r = row_find(f, node, (uint32_t)json_object_get_uint64(a));
     if (r)
-      r->outstanding += get_u64(mq, "outstanding");
+      r->outstanding += lynx_top_u64(mq, "outstanding");
   }
   return 0;
 }
@@ -261,10 +261,10 @@ int lynx_top_add_frontends(struct lynx_top_frame *f,
   len = json_object_array_length(items);
   for (size_t i = 0; i < len; i++) {
     struct json_object *fe = json_object_array_get_idx(items, i);
-    if (!get_bool(fe, "connected"))
+    if (!lynx_top_bool(fe, "connected"))
       continue;
     f->frontends++;
-    f->frontends_active += get_bool(fe, "active");
+    f->frontends_active += lynx_top_bool(fe, "active");
   }
   return 0;
 }

@@ -38,6 +38,12 @@ struct json_object;
 #define LYNX_TOP_ERR_MAX 128
 /* lines of the header above the column names */
 #define LYNX_TOP_HEADER_LINES 4
+
+/* Readers of the API's JSON (lynxctl's tables use them too): the unsigned
+ * integer at key, 0 when o is NULL or key is absent or not an integer; 1
+ * when key is the boolean true, else 0. */
+uint64_t lynx_top_u64(struct json_object *o, const char *key);
+int lynx_top_bool(struct json_object *o, const char *key);
 /* ?limit= of a /v1/nodes page: at 4 accelerators a node about 1 MB */
 #define LYNX_TOP_PAGE_NODES 500u
 
