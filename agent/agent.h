@@ -28,7 +28,7 @@ struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, msg_max, work_us, spin_us,
       accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks;
   uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
-      ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client;
+      ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client, stop_timeout_ms;
   char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
       *labels, *data_listen, *advertise, *cuda_accels, *metrics,
@@ -103,6 +103,13 @@ struct agent {
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
   int stopping, exit_code;
+  /* A signal under a coordinator drains before stopping (main.c,
+   * on_signal): leaving is set while the coordinator drains this node;
+   * stop_timer ends the wait after --stop-timeout-ms, or at once (0 ms)
+   * when the link can no longer finish it. */
+  int leaving;
+  uv_timer_t stop_timer;
+  const char *stop_why;
   /* static mode */
   uv_tcp_t server;
   int server_open;
@@ -194,8 +201,17 @@ void agent_serve_stop(struct agent *ag);
 /* link.c (coordinator mode) */
 int agent_link_start(struct agent *ag);
 void agent_link_stop(struct agent *ag); /* sends Leave when connected */
+/* Asks the coordinator to drain this node before it leaves (Leave with
+ * drain): 0, the agent waits until the coordinator has stopped every
+ * instance (then agent_shutdown) or the link is lost (then
+ * agent_stop_soon); -1 when there is nothing to drain, or no coordinator
+ * to drain it (not registered): stop at once. */
+int agent_link_leave_drained(struct agent *ag);
 
 /* main.c: orderly shutdown with this exit code (idempotent) */
 void agent_shutdown(struct agent *ag, int exit_code);
+/* main.c: a drain before stopping ends early for this reason (logged): the
+ * agent shuts down on the next turn of the loop */
+void agent_stop_soon(struct agent *ag, const char *why);
 
 #endif

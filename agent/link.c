@@ -26,6 +26,13 @@
  * the epoch was declared down makes this agent a new incarnation: it
  * discards its instances, with their queued requests, and registers with a
  * new epoch.
+ *
+ * Stopping (main.c, on_signal): a registered agent with instances sends
+ * Leave with drain and keeps heartbeating while the coordinator drains its
+ * node; the StopInstance that stops the last instance ends the wait (a
+ * Leave without drain, then the agent exits). A lost connection ends it
+ * too: a drain lives in the leader's memory only, and a new leader would
+ * never finish it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -62,6 +69,7 @@ struct coord_link {
   uint64_t hb_sent_ns[HB_RING];
   uint64_t hb_sent, hb_answered;
   int stopping;
+  int leaving; /* Leave with drain sent (agent_link_leave_drained) */
   int timers_closed;
   char target[96];
 };
@@ -309,6 +317,11 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
     reply_instance(l, s->instance_id, in, NULL);
     return;
   }
+  if (l->leaving) { /* sent before the coordinator read our Leave */
+    reply_instance(l, s->instance_id, NULL,
+                   "the agent is stopping (its node drains to leave)");
+    return;
+  }
   if (!sp || !sp->name || !sp->app) {
     reply_instance(l, s->instance_id, NULL, "StartInstance without a service");
     return;
@@ -463,6 +476,11 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
           agent_instance_find(ag, env->stop_instance->instance_id);
       if (in)
         agent_instance_stop(ag, in);
+      if (l->leaving && !ag->instances) {
+        LYNX_INFO("agent", "%s: drained: every instance stopped; leaving",
+                  ag->node_id);
+        agent_shutdown(ag, 0);
+      }
     }
     return;
   default:
@@ -489,6 +507,12 @@ static void link_closed(struct lynx_ctl *c) {
   uv_timer_stop(&l->beat);
   if (l->stopping == 2) {
     maybe_free(l); /* the dialer touches only c after this */
+    return;
+  }
+  if (l->leaving) {
+    /* Nobody is left to finish the drain: a new leader would not know of
+     * it. What the frontends still hold ends lost or in doubt. */
+    agent_stop_soon(l->ag, "lost the coordinator while draining");
     return;
   }
   if (was)
@@ -542,6 +566,23 @@ static void retry_closed(uv_handle_t *h) {
   struct coord_link *l = container_of(h, struct coord_link, d.retry);
   l->timers_closed++;
   maybe_free(l);
+}
+
+int agent_link_leave_drained(struct agent *ag) {
+  struct coord_link *l = ag->link;
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Leave lv = LYNX__LEAVE__INIT;
+  if (!l || l->stopping || l->leaving || l->state != LINK_REGISTERED ||
+      !l->d.ctl || !ag->instances)
+    return -1;
+  lv.node_id = ag->node_id;
+  lv.epoch = ag->epoch;
+  lv.drain = 1;
+  env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
+  env.leave = &lv;
+  l->leaving = 1;
+  send_env(l, &env);
+  return 0;
 }
 
 void agent_link_stop(struct agent *ag) {

@@ -136,6 +136,11 @@ static const struct lynx_opt agent_opts[] = {
      NULL, "static mode: of those, connections before a valid Hello"},
     {"control-unauth-per-client", LYNX_OPT_U32, O(ctl_unauth_per_client), "8",
      1, 1u << 20, NULL, "static mode: of those, from one address"},
+    {"stop-timeout-ms", LYNX_OPT_U32, O(stop_timeout_ms), "15000", 0, 3600000,
+     NULL, "under a coordinator, SIGTERM or SIGINT first has the node "
+     "drained (nothing in flight lost), waiting at most this long; keep it "
+     "above the coordinator's --drain-timeout-ms and below the service "
+     "manager's stop timeout; 0: stop at once (a second signal does too)"},
     {"metrics", LYNX_OPT_ADDR, O(metrics), NULL, 1, 65535, NULL,
      "host:port for Prometheus /metrics and /healthz [default: off]"},
     {"token-file", LYNX_OPT_STR, O(token_file), NULL, 0, 0, NULL,
@@ -220,8 +225,51 @@ static void write_metrics(FILE *f, void *arg) {
   agent_stats_metrics(ag, f);
 }
 
+static void stop_timer_fired(uv_timer_t *t) {
+  struct agent *ag = t->data;
+  uint32_t n = 0;
+  for (struct instance *in = ag->instances; in; in = in->next)
+    n++;
+  if (ag->stop_why)
+    LYNX_WARN("agent", "%s: %s: stopping now, with %u instances", ag->node_id,
+              ag->stop_why, n);
+  else
+    LYNX_WARN("agent", "%s: the drain did not finish within %u ms "
+              "(--stop-timeout-ms): stopping now, with %u instances; "
+              "requests in flight there end lost or in doubt", ag->node_id,
+              ag->cfg.stop_timeout_ms, n);
+  agent_shutdown(ag, 0);
+}
+
+void agent_stop_soon(struct agent *ag, const char *why) {
+  if (ag->stopping || !ag->leaving)
+    return;
+  ag->stop_why = why;
+  uv_timer_start(&ag->stop_timer, stop_timer_fired, 0, 0);
+}
+
+/* SIGTERM or SIGINT. Under a coordinator, with instances running, the
+ * first one drains the node before the agent stops (a restart under
+ * systemd or Kubernetes loses nothing in flight): the coordinator takes
+ * it out of the frontends' tables, stops its instances once they answered
+ * what they hold, and the agent then leaves. A second signal, or
+ * --stop-timeout-ms, stops it at once. */
 static void on_signal(uv_signal_t *s, int signum) {
   struct agent *ag = s->data;
+  if (!ag->leaving && !ag->stopping && ag->cfg.stop_timeout_ms &&
+      agent_link_leave_drained(ag) == 0) {
+    ag->leaving = 1;
+    LYNX_INFO("agent", "%s: %s: draining before stopping: the coordinator "
+              "moves new requests away and stops the instances once the "
+              "frontends answered what they hold (at most %u ms; a second "
+              "signal stops at once)", ag->node_id, strsignal(signum),
+              ag->cfg.stop_timeout_ms);
+    lynx_notify_stopping("%s: draining, then shutting down",
+                         strsignal(signum));
+    uv_timer_start(&ag->stop_timer, stop_timer_fired, ag->cfg.stop_timeout_ms,
+                   0);
+    return;
+  }
   LYNX_INFO("agent", "%s: %s, shutting down", ag->node_id, strsignal(signum));
   lynx_notify_stopping("%s, shutting down", strsignal(signum));
   agent_shutdown(ag, 0);
@@ -237,6 +285,7 @@ void agent_shutdown(struct agent *ag, int exit_code) {
   agent_health_stop(ag);
   uv_close((uv_handle_t *)&ag->sigint, NULL);
   uv_close((uv_handle_t *)&ag->sigterm, NULL);
+  uv_close((uv_handle_t *)&ag->stop_timer, NULL);
 }
 
 /* Static mode: one instance per accelerator, ids 0..N-1. */
@@ -480,6 +529,8 @@ int main(int argc, char **argv) {
   uv_signal_init(&ag.loop, &ag.sigint);
   uv_signal_init(&ag.loop, &ag.sigterm);
   ag.sigint.data = ag.sigterm.data = &ag;
+  uv_timer_init(&ag.loop, &ag.stop_timer);
+  ag.stop_timer.data = &ag;
   uv_signal_start(&ag.sigint, on_signal, SIGINT);
   uv_signal_start(&ag.sigterm, on_signal, SIGTERM);
   agent_health_start(&ag);

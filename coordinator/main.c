@@ -871,6 +871,13 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
     break;
   }
   case LYNX__ENVELOPE__MSG_LEAVE:
+    if (env->leave->drain) {
+      rc = lynx_reg_leave_drain(&co->c.reg, p->id, env->leave->epoch, now);
+      if (rc == 0)
+        LYNX_INFO("coordinator", "node %s drains to leave: its agent is "
+                  "stopping", p->id);
+      break;
+    }
     rc = lynx_reg_leave(&co->c.reg, p->id, env->leave->epoch, now);
     if (rc == 0)
       LYNX_INFO("coordinator", "node %s left", p->id);

@@ -328,8 +328,9 @@ static void node_set_state(struct lynx_registry *r, struct lynx_reg_node *n,
   /* down and ready after down are recorded where their reason is known */
   if (s == LYNX_NODE_DRAINING)
     lynx_ev_add(&r->ev, LYNX_EV_NODE_DRAINING, n->id,
-                "node %s drains: its instances stop once the frontends "
-                "answered what they hold", n->id);
+                "node %s drains%s: its instances stop once the frontends "
+                "answered what they hold", n->id,
+                n->leaving ? " to leave (its agent is stopping)" : "");
   else if (s == LYNX_NODE_DRAINED && n->state != LYNX_NODE_DOWN)
     lynx_ev_add(&r->ev, LYNX_EV_NODE_DRAINED, n->id,
                 "node %s is drained: nothing runs there", n->id);
@@ -339,6 +340,8 @@ static void node_set_state(struct lynx_registry *r, struct lynx_reg_node *n,
   if ((n->state == LYNX_NODE_READY || s == LYNX_NODE_READY) &&
       node_has_ready_inst(r, n))
     r->table_dirty = 1;
+  if (s != LYNX_NODE_DRAINING && s != LYNX_NODE_DRAINED)
+    n->leaving = 0; /* it left, or an operator undrained it */
   n->state = s;
   r->version++;
 }
@@ -1807,6 +1810,22 @@ int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
 
 /* ---- operators: nodes ----------------------------------------------- */
 
+/* A READY node drains: out of the table now, its instances stopped by
+ * drain_check. One draining or drained already stays as it is. */
+static void drain_begin(struct lynx_registry *r, struct lynx_reg_node *n,
+                        uint64_t now_ms) {
+  if (n->state != LYNX_NODE_READY)
+    return;
+  node_set_state(r, n, LYNX_NODE_DRAINING);
+  lynx_reg_table_commit(r); /* the table without n: frontends must run it */
+  n->drain_table_version = r->table_version;
+  n->drain_deadline_ms = now_ms + r->drain_timeout_ms;
+  /* replicas get their replacements while n drains */
+  reconcile(r);
+  drain_check(r, n, now_ms); /* no frontend: done at once */
+  lynx_reg_table_commit(r);
+}
+
 int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
                    struct lynx_reg_err *err) {
   struct lynx_reg_node *n = lynx_reg_node_find(r, id);
@@ -1822,16 +1841,24 @@ int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
     n->drain_intent = 1;
     r->version++;
   }
-  if (n->state != LYNX_NODE_READY)
-    return 0; /* already draining or drained */
-  node_set_state(r, n, LYNX_NODE_DRAINING);
-  lynx_reg_table_commit(r); /* the table without n: frontends must run it */
-  n->drain_table_version = r->table_version;
-  n->drain_deadline_ms = now_ms + r->drain_timeout_ms;
-  /* replicas get their replacements while n drains */
-  reconcile(r);
-  drain_check(r, n, now_ms); /* no frontend: done at once */
-  lynx_reg_table_commit(r);
+  drain_begin(r, n, now_ms);
+  return 0;
+}
+
+int lynx_reg_leave_drain(struct lynx_registry *r, const char *id,
+                         uint64_t epoch, uint64_t now_ms) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  if (!n)
+    return -ENOENT;
+  if (epoch != n->epoch) {
+    r->refused_epochs++;
+    return -ESTALE;
+  }
+  if (n->state == LYNX_NODE_DOWN)
+    return -ENOTCONN;
+  if (n->state == LYNX_NODE_READY)
+    n->leaving = 1;
+  drain_begin(r, n, now_ms);
   return 0;
 }
 

@@ -121,6 +121,7 @@ struct lynx_reg_node {
   uint32_t n_accels;
   enum lynx_node_state state;
   int drain_intent;          /* operator asked to drain (survives restarts) */
+  int leaving; /* its agent is stopping: drains to leave (Leave.drain) */
   uint64_t last_heartbeat_ms;
   uint64_t lease_deadline_ms;
   uint64_t expired_ms; /* when its lease last expired (0: never) */
@@ -452,6 +453,13 @@ struct lynx_reg_service *lynx_reg_service_find(struct lynx_registry *r,
  * the drain deadline; then DRAINED. -ENOENT, -EINVAL (node is down). */
 int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
                    struct lynx_reg_err *err);
+/* Its agent is stopping and asks for its node to be drained first (Leave
+ * with drain): a drain as above, kept in memory only (not an operator's
+ * intent: the node's next incarnation is READY); the agent leaves once its
+ * instances are stopped. A node already draining or drained stays so.
+ * -ENOENT, -ESTALE (another epoch), -ENOTCONN (declared down). */
+int lynx_reg_leave_drain(struct lynx_registry *r, const char *id,
+                         uint64_t epoch, uint64_t now_ms);
 /* Back to READY (instances placed again). -ENOENT, -EINVAL (down). */
 int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
                      struct lynx_reg_err *err);

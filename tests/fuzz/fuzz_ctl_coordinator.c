@@ -114,6 +114,8 @@ static int on_agent(struct peer *p, const Lynx__Envelope *env) {
                                     f->error ? f->error : "", p->now);
   }
   case LYNX__ENVELOPE__MSG_LEAVE:
+    if (env->leave->drain)
+      return lynx_reg_leave_drain(&p->reg, p->id, env->leave->epoch, p->now);
     return lynx_reg_leave(&p->reg, p->id, env->leave->epoch, p->now);
   default:
     return -EPROTO;

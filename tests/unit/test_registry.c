@@ -505,6 +505,74 @@ static void test_drain_without_frontend(void **state) {
   assert_int_equal(count_inst(&f->r, NULL, NULL, -1), 0);
 }
 
+/* A stopping agent's node drains to leave (Leave with drain): as an
+ * operator's drain, but nothing kept: its next incarnation is READY. */
+static void test_leave_drain(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+  const struct lynx_event *ev;
+  uint64_t v;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(ready_all(&f->r, 10), 4);
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 10));
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 10);
+  n = lynx_reg_node_find(&f->r, "n1");
+
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "nope", 1, 100), -ENOENT);
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 2, 100), -ESTALE);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 1, 100), 0);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_true(n->leaving);
+  assert_false(n->drain_intent); /* not an operator's: not saved */
+  assert_int_equal(n->drain_deadline_ms, 100 + DRAIN_TIMEOUT);
+  assert_int_equal(table_len(&f->r), 2); /* only n2's */
+  assert_int_equal(f->n_stop, 0);
+  ev = lynx_ev_get(&f->r.ev, f->r.ev.next_seq - 1);
+  assert_non_null(ev);
+  assert_int_equal(ev->kind, LYNX_EV_NODE_DRAINING);
+  assert_non_null(strstr(ev->message, "to leave"));
+  /* asked again (a repeated Leave): nothing moves */
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 1, 150), 0);
+  assert_int_equal(n->drain_deadline_ms, 100 + DRAIN_TIMEOUT);
+
+  /* the frontend runs the table without n1, nothing outstanding: its
+   * instances are stopped, which tells the agent to leave */
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 200);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 2);
+  assert_string_equal(f->stop[0].node, "n1");
+  assert_true(n->leaving);
+  assert_int_equal(lynx_reg_leave(&f->r, "n1", 1, 300), 0);
+  assert_int_equal(n->state, LYNX_NODE_DOWN);
+  assert_false(n->leaving);
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 1, 310), -ENOTCONN);
+
+  /* restarted: a new incarnation, READY, and given instances again */
+  f->n_start = 0;
+  assert_int_equal(reg_node(&f->r, "n1", 2, 2, "", 400), 0);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(ready_all(&f->r, 410), 2);
+  assert_int_equal(table_len(&f->r), 4);
+
+  /* a node an operator drained stays the operator's: still drain_intent,
+   * not leaving, and it restarts DRAINED */
+  assert_int_equal(lynx_reg_drain(&f->r, "n2", 500, &err), 0);
+  v = f->r.version;
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "n2", 1, 510), 0);
+  n = lynx_reg_node_find(&f->r, "n2");
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_true(n->drain_intent);
+  assert_false(n->leaving);
+  assert_int_equal(f->r.version, v);
+}
+
 static void test_drain_errors(void **state) {
   struct fx *f = *state;
   struct lynx_reg_err err;
@@ -2443,6 +2511,7 @@ int main(int argc, char **argv) {
       T(test_drain_waits_for_frontend),
       T(test_drain_deadline),
       T(test_drain_without_frontend),
+      T(test_leave_drain),
       T(test_drain_errors),
       T(test_lease_expiry),
       T(test_pause_credit),

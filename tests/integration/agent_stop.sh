@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# agent_stop: an agent stopped with SIGTERM under a coordinator has its
+# node drained before it exits, and stops anyway when the drain cannot
+# finish (docs/design.md, "An agent stopped with SIGTERM or SIGINT drains
+# first"). Coordinator (drain timeout and frontend timeout 60 s, longer
+# than the test: only the agent's own limits end a drain that cannot
+# finish), one frontend, a sockperf-echo service on the agent's one CPU
+# accelerator. tests/faults/agent.sh checks the same drain under load
+# (every request answered).
+#
+#  1. SIGTERM: the node drains to leave (an event says so), the agent
+#     exits 0 once its instance is stopped, the node goes down (left).
+#  2. A new agent for the node: ready, not drained (the drain was the
+#     agent's, not an operator's intent: the state file has no drain), and
+#     serves.
+#  3. The frontend stopped (SIGSTOP), so the drain cannot finish: the
+#     agent exits after its --stop-timeout-ms (1.5 s), saying so.
+#  4. Again, with a long --stop-timeout-ms: a second SIGTERM stops it at
+#     once.
+#  5. Again: the coordinator killed while the node drains: the agent stops
+#     at once (a new leader would never finish the drain).
+#  6. Nothing to drain (no service, no instance): SIGTERM stops at once.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init agent_stop
+it_require_coord
+it_require sockperf
+pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
+
+pingpong() {
+  local out=$IT_DIR/pingpong-$1.out
+  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
+  check_sockperf "$out"
+}
+
+# serves: until the service answers (the new agent's instance is in the
+# frontend's table), 10 s at most.
+serves() {
+  local end=$(($(now_ms) + 10000))
+  until "$LYNX_BIN_DIR/lynx-udp-probe" --port "$UDP_PORT" --timeout-ms 500 >/dev/null 2>&1; do
+    (($(now_ms) < end)) || fail "the new agent's instance does not answer within 10 s"
+  done
+}
+
+# sigterm_drains AGENT_PID AGENT_LOG: sends SIGTERM and waits for the agent
+# to say it drains.
+sigterm_drains() {
+  kill -TERM "$1"
+  wait_log "$2" "draining before stopping" 5 1 "$1"
+}
+
+# stopped_in PID LOG PATTERN MIN_MS MAX_MS T0: PID exits 0 between MIN_MS
+# and MAX_MS after T0, its log saying PATTERN.
+stopped_in() {
+  local pid=$1 lg=$2 pat=$3 min=$4 max=$5 t0=$6 took
+  wait_exit "$pid" $((max / 1000 + 5)) || fail "the agent did not exit"
+  took=$(($(now_ms) - t0))
+  assert_eq "$WAIT_RC" 0 "agent exit status"
+  assert_ge "$took" "$min" "ms from SIGTERM to the agent's exit"
+  assert_le "$took" "$max" "ms from SIGTERM to the agent's exit"
+  assert_log "$lg" "$pat" "the agent says why it stopped"
+}
+
+start_coordinator --lease-ms 1000 --drain-timeout-ms 60000 --frontend-timeout-ms 60000
+C=$COORD_PID
+node_ids N1
+start_node_agent "$N1" --cpu-accels 1
+A=$AGENT_PID A_LOG=$AGENT_LOG
+start_coord_frontend
+FE=$FRONTEND_PID FE_LOG=$FRONTEND_LOG
+serve_service echo "\"port\":$UDP_PORT,\"app\":\"sockperf-echo\",\"mqueues_per_accel\":2"
+pingpong before
+
+# ---- 1. SIGTERM drains, then the agent leaves ---------------------------------
+log "== 1. SIGTERM: the node drains to leave, then the agent exits"
+t0=$(now_ms)
+kill -TERM "$A"
+stopped_in "$A" "$A_LOG" "drained: every instance stopped; leaving" 0 5000 "$t0"
+log "ok: the agent drained and exited $(($(now_ms) - t0)) ms after SIGTERM"
+assert_log "$A_LOG" "draining before stopping" "the agent said it drains"
+assert_log "$A_LOG" "leaving the cluster" "the agent left"
+assert_log "$COORD_LOG" "node $N1 drains to leave" "the coordinator drained the node for its agent"
+wait_node_state "$N1" down 5000 || fail "$N1 not down after its agent left (state '$NODE_STATE')"
+kinds=$(api_json /v1/events "[.items[] | select(.subject == \"$N1\") | .kind] | join(\" \")")
+[[ $kinds == *"node_draining node_drained node_left"* ]] ||
+  fail "events of $N1: '$kinds', want node_draining node_drained node_left in that order"
+api_json /v1/events '.items[] | select(.kind == "node_draining") | .message' |
+  grep -q "to leave (its agent is stopping)" || fail "the node_draining event does not say why"
+log "ok: events of $N1: $kinds"
+
+# ---- 2. a new agent: ready, not drained ---------------------------------------
+log "== 2. a new agent for $N1: ready and serving, no drain kept"
+start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 1500
+A=$AGENT_PID A_LOG=$AGENT_LOG
+# (an operator's drain would have it registered drained)
+wait_node_state "$N1" ready 5000 || fail "$N1 not ready after a new agent (state '$NODE_STATE')"
+assert_eq "$(jq -r '.drained | length' "$COORD_STATE/state.json")" 0 "nodes kept drained in state.json"
+serves
+pingpong after-restart
+
+# ---- 3. a drain that cannot finish: --stop-timeout-ms -------------------------
+log "== 3. the frontend stopped: the agent stops after --stop-timeout-ms"
+kill -STOP "$FE"
+t0=$(now_ms)
+sigterm_drains "$A" "$A_LOG"
+stopped_in "$A" "$A_LOG" "the drain did not finish within 1500 ms" 1400 6000 "$t0"
+kill -CONT "$FE"
+log "ok: stopped $(($(now_ms) - t0)) ms after SIGTERM, the drain unfinished"
+
+# ---- 4. a second signal --------------------------------------------------------
+log "== 4. a second SIGTERM stops a draining agent at once"
+start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 60000
+A=$AGENT_PID A_LOG=$AGENT_LOG
+serves
+kill -STOP "$FE"
+sigterm_drains "$A" "$A_LOG"
+t0=$(now_ms)
+kill -TERM "$A"
+stopped_in "$A" "$A_LOG" "Terminated, shutting down" 0 3000 "$t0"
+kill -CONT "$FE"
+log "ok: stopped $(($(now_ms) - t0)) ms after the second SIGTERM"
+
+# ---- 5. the coordinator lost while draining ------------------------------------
+log "== 5. the coordinator killed while the node drains"
+start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 60000
+A=$AGENT_PID A_LOG=$AGENT_LOG
+serves
+kill -STOP "$FE"
+sigterm_drains "$A" "$A_LOG"
+wait_log "$COORD_LOG" "node $N1 drains to leave" 5 3 "$C"
+t0=$(now_ms)
+kill9 "$C"
+stopped_in "$A" "$A_LOG" "lost the coordinator while draining: stopping now" 0 3000 "$t0"
+kill -CONT "$FE"
+log "ok: stopped $(($(now_ms) - t0)) ms after the coordinator's kill"
+
+# ---- 6. nothing to drain ----------------------------------------------------------
+log "== 6. an agent with no instance stops at once"
+start_coordinator --lease-ms 1000
+C=$COORD_PID
+api DELETE /v1/services/echo
+[[ $API_STATUS == 200 ]] || fail "DELETE /v1/services/echo: HTTP $API_STATUS"
+start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 60000
+A=$AGENT_PID A_LOG=$AGENT_LOG
+t0=$(now_ms)
+kill -TERM "$A"
+stopped_in "$A" "$A_LOG" "Terminated, shutting down" 0 3000 "$t0"
+grep -q "draining before stopping" "$A_LOG" && fail "an agent with nothing to drain drained"
+log "ok: no instance: stopped $(($(now_ms) - t0)) ms after SIGTERM"
+
+stop "$FE" 10
+assert_eq "$WAIT_RC" 0 "frontend exit status on SIGTERM"
+stop "$C" 10
+assert_eq "$WAIT_RC" 0 "coordinator exit status on SIGTERM"
+it_done
