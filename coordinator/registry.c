@@ -1302,17 +1302,29 @@ static void accel_health_update(struct lynx_registry *r,
   }
 }
 
-int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
-                       const struct lynx_accel_report *reports, uint32_t n,
-                       uint64_t now_ms) {
-  struct lynx_reg_node *node = lynx_reg_node_find(r, id);
-  uint32_t k;
-  if (!node)
+/* What an agent's message names: the node id at this epoch. 0 with *out,
+ * -ENOENT (no such node), -ESTALE (another epoch: counted refused). */
+static int node_at_epoch(struct lynx_registry *r, const char *id,
+                         uint64_t epoch, struct lynx_reg_node **out) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  if (!n)
     return -ENOENT;
-  if (epoch != node->epoch) {
+  if (epoch != n->epoch) {
     r->refused_epochs++;
     return -ESTALE;
   }
+  *out = n;
+  return 0;
+}
+
+int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
+                       const struct lynx_accel_report *reports, uint32_t n,
+                       uint64_t now_ms) {
+  struct lynx_reg_node *node;
+  uint32_t k;
+  int rc = node_at_epoch(r, id, epoch, &node);
+  if (rc)
+    return rc;
   if (node->state == LYNX_NODE_DOWN)
     return -ENOTCONN;
   node->last_heartbeat_ms = now_ms;
@@ -1343,14 +1355,11 @@ static void node_down(struct lynx_registry *r, struct lynx_reg_node *n) {
 
 int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
                    uint64_t now_ms) {
-  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  struct lynx_reg_node *n;
+  int rc = node_at_epoch(r, id, epoch, &n);
   (void)now_ms;
-  if (!n)
-    return -ENOENT;
-  if (epoch != n->epoch) {
-    r->refused_epochs++;
-    return -ESTALE;
-  }
+  if (rc)
+    return rc;
   if (n->state == LYNX_NODE_DOWN)
     return 0;
   lynx_ev_add(&r->ev, LYNX_EV_NODE_LEFT, n->id, "node %s left", n->id);
@@ -1372,14 +1381,11 @@ void lynx_reg_node_disconnected(struct lynx_registry *r, void *conn) {
 static int inst_of_node(struct lynx_registry *r, const char *node_id,
                         uint64_t epoch, uint64_t instance_id,
                         struct lynx_reg_instance ***ppp) {
-  struct lynx_reg_node *n = lynx_reg_node_find(r, node_id);
+  struct lynx_reg_node *n;
   struct lynx_reg_instance *i;
-  if (!n)
-    return -ENOENT;
-  if (epoch != n->epoch) {
-    r->refused_epochs++;
-    return -ESTALE;
-  }
+  int rc = node_at_epoch(r, node_id, epoch, &n);
+  if (rc)
+    return rc;
   i = inst_find(r, instance_id, ppp);
   if (!i || i->node != n)
     return -ENOENT;
@@ -1847,13 +1853,10 @@ int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
 
 int lynx_reg_leave_drain(struct lynx_registry *r, const char *id,
                          uint64_t epoch, uint64_t now_ms) {
-  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
-  if (!n)
-    return -ENOENT;
-  if (epoch != n->epoch) {
-    r->refused_epochs++;
-    return -ESTALE;
-  }
+  struct lynx_reg_node *n;
+  int rc = node_at_epoch(r, id, epoch, &n);
+  if (rc)
+    return rc;
   if (n->state == LYNX_NODE_DOWN)
     return -ENOTCONN;
   if (n->state == LYNX_NODE_READY)

@@ -24,11 +24,6 @@ done
 [[ -n $FAKETIME_LIB ]] || skip "libfaketime is not installed (Debian: faketime; deploy/install-deps.sh)"
 pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
 
-pingpong() {
-  local out=$IT_DIR/pingpong-$1.out
-  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
-  check_sockperf "$out"
-}
 
 # agent_back DAYS NODE: the node's agent with its wall clock DAYS days
 # behind (env execs it: the pid is the agent's). An ASan runtime must come

@@ -27,12 +27,6 @@ it_require_coord
 it_require sockperf
 pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
 
-pingpong() {
-  local out=$IT_DIR/pingpong-$1.out
-  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
-  check_sockperf "$out"
-}
-
 # serves: until the service answers (the new agent's instance is in the
 # frontend's table), 10 s at most.
 serves() {
@@ -42,11 +36,21 @@ serves() {
   done
 }
 
-# sigterm_drains AGENT_PID AGENT_LOG: sends SIGTERM and waits for the agent
-# to say it drains.
-sigterm_drains() {
-  kill -TERM "$1"
-  wait_log "$2" "draining before stopping" 5 1 "$1"
+# new_agent STOP_TIMEOUT_MS: a new agent for N1 (A, A_LOG), serving.
+new_agent() {
+  start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms "$1"
+  A=$AGENT_PID A_LOG=$AGENT_LOG
+  serves
+}
+
+# stuck_drain: the frontend stopped (it reports nothing, so a drain cannot
+# finish), SIGTERM to the agent; waits for the agent to say it drains.
+# Sets T0 (the SIGTERM's time).
+stuck_drain() {
+  kill -STOP "$FE"
+  T0=$(now_ms)
+  kill -TERM "$A"
+  wait_log "$A_LOG" "draining before stopping" 5 1 "$A"
 }
 
 # stopped_in PID LOG PATTERN MIN_MS MAX_MS T0: PID exits 0 between MIN_MS
@@ -90,30 +94,23 @@ log "ok: events of $N1: $kinds"
 
 # ---- 2. a new agent: ready, not drained ---------------------------------------
 log "== 2. a new agent for $N1: ready and serving, no drain kept"
-start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 1500
-A=$AGENT_PID A_LOG=$AGENT_LOG
+new_agent 1500
 # (an operator's drain would have it registered drained)
 wait_node_state "$N1" ready 5000 || fail "$N1 not ready after a new agent (state '$NODE_STATE')"
 assert_eq "$(jq -r '.drained | length' "$COORD_STATE/state.json")" 0 "nodes kept drained in state.json"
-serves
 pingpong after-restart
 
 # ---- 3. a drain that cannot finish: --stop-timeout-ms -------------------------
 log "== 3. the frontend stopped: the agent stops after --stop-timeout-ms"
-kill -STOP "$FE"
-t0=$(now_ms)
-sigterm_drains "$A" "$A_LOG"
-stopped_in "$A" "$A_LOG" "the drain did not finish within 1500 ms" 1400 6000 "$t0"
+stuck_drain
+stopped_in "$A" "$A_LOG" "the drain did not finish within 1500 ms" 1400 6000 "$T0"
 kill -CONT "$FE"
-log "ok: stopped $(($(now_ms) - t0)) ms after SIGTERM, the drain unfinished"
+log "ok: stopped $(($(now_ms) - T0)) ms after SIGTERM, the drain unfinished"
 
 # ---- 4. a second signal --------------------------------------------------------
 log "== 4. a second SIGTERM stops a draining agent at once"
-start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 60000
-A=$AGENT_PID A_LOG=$AGENT_LOG
-serves
-kill -STOP "$FE"
-sigterm_drains "$A" "$A_LOG"
+new_agent 60000
+stuck_drain
 t0=$(now_ms)
 kill -TERM "$A"
 stopped_in "$A" "$A_LOG" "Terminated, shutting down" 0 3000 "$t0"
@@ -122,11 +119,8 @@ log "ok: stopped $(($(now_ms) - t0)) ms after the second SIGTERM"
 
 # ---- 5. the coordinator lost while draining ------------------------------------
 log "== 5. the coordinator killed while the node drains"
-start_node_agent "$N1" --cpu-accels 1 --stop-timeout-ms 60000
-A=$AGENT_PID A_LOG=$AGENT_LOG
-serves
-kill -STOP "$FE"
-sigterm_drains "$A" "$A_LOG"
+new_agent 60000
+stuck_drain
 wait_log "$COORD_LOG" "node $N1 drains to leave" 5 3 "$C"
 t0=$(now_ms)
 kill9 "$C"

@@ -28,11 +28,6 @@ it_require sockperf
 pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
 LEASE_MS=1000
 
-pingpong() {
-  local out=$IT_DIR/pingpong-$1.out
-  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
-  check_sockperf "$out"
-}
 
 # accel_reqs: the accelerator's `requests` (from its heartbeats) in the API.
 accel_reqs() {

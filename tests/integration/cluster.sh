@@ -38,11 +38,6 @@ declare -A APID=() ALOG=()
 # ---- helpers ------------------------------------------------------------------
 
 # pingpong NAME [SECONDS]: sockperf ping-pong that must get every answer.
-pingpong() {
-  local out=$IT_DIR/pingpong-$1.out
-  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t "${2:-1}"
-  check_sockperf "$out"
-}
 
 # underload_start NAME SECONDS: sockperf under-load in the background (every
 # message a ping); sets SP_PID and SP_OUT.

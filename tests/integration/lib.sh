@@ -517,6 +517,15 @@ check_sockperf() {
   assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
 }
 
+# pingpong NAME [SECONDS]: sockperf ping-pong of 64-byte messages for
+# SECONDS (1) to the frontend's UDP service on 127.0.0.1:$UDP_PORT, judged
+# by check_sockperf (output in $IT_DIR/pingpong-NAME.out).
+pingpong() {
+  local out=$IT_DIR/pingpong-$1.out
+  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t "${2:-1}"
+  check_sockperf "$out"
+}
+
 # sockperf_base: the frontend's counters before a sockperf run that
 # check_sockperf_served judges (sets SPB_RCV, SPB_RESP, SPB_DROP).
 sockperf_base() {

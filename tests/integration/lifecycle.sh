@@ -28,11 +28,6 @@ it_require sockperf curl timeout
 pick_ports AGENT_PORT UDP_PORT METRICS_PORT
 
 # pingpong NAME: a short sockperf ping-pong that must get every answer.
-pingpong() {
-  local out=$IT_DIR/pingpong-$1.out
-  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
-  check_sockperf "$out"
-}
 
 # expect_regions PID N: agent PID has N region files (shm only: tcp regions
 # are anonymous memory that goes with the process).

@@ -46,11 +46,6 @@ slow_services() {
       if ($1 ~ "le=\"[+]Inf\"") all = $2 }
     END { print all - below }'
 }
-pingpong() {
-  local out=$IT_DIR/pingpong-$1.out
-  run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t "${2:-1}"
-  check_sockperf "$out"
-}
 
 start_coordinator --lease-ms 1500
 start_node_agent "$N1" --stall-ms 500 --metrics "127.0.0.1:$AMETRICS_PORT"
