@@ -48,7 +48,11 @@ static const char usage_text[] =
     "                 [--placement all | --replicas N [--selector k=v,...]]\n"
     "  service create -f FILE.json      (-f - reads standard input)\n"
     "  service delete NAME\n"
-    "  node drain ID | node undrain ID | node forget ID\n"
+    "  node drain ID [--wait [--timeout S]]\n"
+    "                                   --wait: until its instances are\n"
+    "                                   stopped, S seconds at most (60),\n"
+    "                                   else exit 1\n"
+    "  node undrain ID | node forget ID\n"
     "  frontend drain ID | frontend undrain ID\n"
     "  watch                            a line and the node table per change\n"
     "  top [-d SECONDS] [-n COUNT] [-s rate|outstanding|p99|id] [-b]\n"
@@ -935,21 +939,25 @@ static void on_signal(int sig) {
 }
 
 /* Waits until the registry version differs from version (it grew, or the
- * coordinator restarted with a lower one); rides out coordinator outages.
- * EX_OK (also when interrupted: g_stop is set) or EX_API. */
-static int watch_wait(struct ctl *t, uint64_t version, int *lost) {
+ * coordinator restarted with a lower one), or until the monotonic clock
+ * (lynx_now_ns) reaches until_ns (0: no end); rides out coordinator
+ * outages. EX_OK (also when interrupted: g_stop is set) or EX_API. */
+static int watch_wait(struct ctl *t, uint64_t version, uint64_t until_ns,
+                      int *lost) {
   char err[CURL_ERROR_SIZE], path[128];
   for (;;) {
     struct buf b;
-    long status = 0;
+    long status = 0, poll_ms = WATCH_POLL_MS;
     struct json_object *j, *v;
-    uint64_t nv;
+    uint64_t nv, now = lynx_now_ns();
     int rc;
-    if (g_stop)
+    if (g_stop || (until_ns && now >= until_ns))
       return EX_OK;
+    if (until_ns && (until_ns - now) / 1000000u < (uint64_t)poll_ms)
+      poll_ms = (long)((until_ns - now) / 1000000u) + 1;
     snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=%ld",
-             (unsigned long long)version, WATCH_POLL_MS);
-    rc = http_call(t, "GET", path, NULL, WATCH_POLL_MS + 10000, &status, &b,
+             (unsigned long long)version, poll_ms);
+    rc = http_call(t, "GET", path, NULL, poll_ms + 10000, &status, &b,
                    err);
     if (rc == -EINTR)
       return EX_OK;
@@ -1032,7 +1040,7 @@ static int cmd_watch(struct ctl *t) {
     raw = NULL;
 
     for (;;) { /* the next version, then its node table */
-      rc = watch_wait(t, version, &lost);
+      rc = watch_wait(t, version, 0, &lost);
       if (rc || g_stop)
         return rc;
       rc = api(t, "GET", "/v1/nodes", NULL, &nodes, &raw);
@@ -1192,6 +1200,118 @@ static int cmd_top(struct ctl *t, int argc, char **argv) {
   return lynx_top_run(&o, &src, &g_stop);
 }
 
+/* ---- node drain --wait ------------------------------------------------- */
+
+struct drain_cli {
+  char *timeout;
+  int wait;
+};
+
+#define DO(f) offsetof(struct drain_cli, f)
+static const struct lynx_opt drain_tab[] = {
+    {"wait", LYNX_OPT_FLAG, DO(wait), NULL, 0, 0, NULL,
+     "until the node is drained"},
+    {"timeout", LYNX_OPT_STR, DO(timeout), "60", 0, 0, NULL,
+     "seconds --wait waits at most"},
+    LYNX_OPT_END,
+};
+#undef DO
+
+/* The node's state in the API, into st (sz bytes): EX_OK, or the API's
+ * exit code (a message printed). */
+static int node_state_of(struct ctl *t, const char *path, char *st,
+                         size_t sz) {
+  struct json_object *j = NULL, *v;
+  char *raw = NULL;
+  int rc = api(t, "GET", path, NULL, &j, &raw);
+  st[0] = 0;
+  if (rc == EX_OK && j && json_object_object_get_ex(j, "state", &v))
+    snprintf(st, sz, "%s", json_object_get_string(v));
+  json_object_put(j);
+  free(raw);
+  return rc;
+}
+
+/* The registry's version now (0 when it cannot be read). */
+static uint64_t registry_version(struct ctl *t) {
+  struct json_object *j = NULL;
+  char *raw = NULL;
+  uint64_t v = 0;
+  if (api(t, "GET", "/v1/nodes?limit=1", NULL, &j, &raw) == EX_OK)
+    v = lynx_top_u64(j, "version");
+  json_object_put(j);
+  free(raw);
+  return v;
+}
+
+/* argv: "drain", ID, its options. The drain, then with --wait each change
+ * of the registry (/v1/watch) until the node is drained: EX_OK; EX_API
+ * when it went down or the timeout passed (the drain goes on). */
+static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
+  struct drain_cli c;
+  struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
+  char path[1024], st[32], *end = NULL;
+  const char *id = argv[1];
+  double timeout_s;
+  uint64_t t0, deadline, version;
+  int rc, lost = 0;
+
+  memset(&c, 0, sizeof(c));
+  rc = lynx_opts_scan(drain_tab, &c, argc - 1, argv + 1, usage_text, &scan);
+  if (rc || scan.help) {
+    lynx_opts_free(drain_tab, &c);
+    if (rc)
+      fputs("(lynxctl --help for usage)\n", stderr);
+    return rc ? EX_USAGE : EX_OK;
+  }
+  errno = 0;
+  timeout_s = strtod(c.timeout, &end);
+  if (errno || end == c.timeout || *end || !(timeout_s > 0) ||
+      timeout_s > 86400)
+    rc = usage_err("node drain --timeout: expected seconds above 0, at most "
+                   "86400, got '%s'", c.timeout);
+  else if ((scan.given & 2) && !c.wait)
+    rc = usage_err("node drain: --timeout goes with --wait");
+  lynx_opts_free(drain_tab, &c);
+  if (rc)
+    return rc;
+  rc = cmd_object(t, "POST", "/v1/nodes/", id, "/drain", "node",
+                  "drain requested");
+  if (rc || !c.wait)
+    return rc;
+  if (path_with(t, path, sizeof(path), "/v1/nodes/", id, ""))
+    return EX_API;
+  t0 = lynx_now_ns();
+  deadline = t0 + (uint64_t)(timeout_s * 1e9);
+  for (;;) {
+    /* the version first: a change after it wakes the watch below */
+    version = registry_version(t);
+    rc = node_state_of(t, path, st, sizeof(st));
+    if (rc)
+      return rc;
+    if (!strcmp(st, "drained")) {
+      if (!t->json)
+        printf("node %s drained after %.1f s\n", id,
+               (double)(lynx_now_ns() - t0) / 1e9);
+      return EX_OK;
+    }
+    if (strcmp(st, "draining")) {
+      fprintf(stderr, "lynxctl: node %s is %s, not draining: it will not "
+              "be drained\n", id, st[0] ? st : "gone");
+      return EX_API;
+    }
+    if (lynx_now_ns() >= deadline) {
+      fprintf(stderr, "lynxctl: node %s still draining after %g s (the "
+              "drain goes on; the coordinator's --drain-timeout-ms ends "
+              "it)\n", id, timeout_s);
+      return EX_API;
+    }
+    rc = watch_wait(t, version, deadline, &lost);
+    if (rc)
+      return rc;
+  }
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 /* The global options, taken wherever they stand (before "--"); the
@@ -1252,10 +1372,10 @@ static int run(struct ctl *t, int argc, char **argv) {
                         "deleted");
     return usage_err("service: expected 'create ...' or 'delete NAME'");
   }
+  if (strcmp(cmd, "node") == 0 && sub && argc >= 3 &&
+      strcmp(sub, "drain") == 0)
+    return cmd_node_drain(t, argc - 1, argv + 1);
   if (strcmp(cmd, "node") == 0 && sub && argc == 3) {
-    if (strcmp(sub, "drain") == 0)
-      return cmd_object(t, "POST", "/v1/nodes/", argv[2], "/drain", "node",
-                        "drain requested");
     if (strcmp(sub, "undrain") == 0)
       return cmd_object(t, "POST", "/v1/nodes/", argv[2], "/undrain", "node",
                         "undrained");

@@ -1627,6 +1627,106 @@ static void test_lynxctl(void **state) {
     free(out), free(err);
   }
 }
+
+/* A frontend that reports, 300 ms after it starts, the table without the
+ * draining node: the drain ends then. */
+static void *report_later(void *arg) {
+  struct fx *f = arg;
+  struct timespec d = {0, 300 * 1000000L};
+  nanosleep(&d, NULL);
+  pthread_mutex_lock(&f->c.lock);
+  lynx_reg_frontend_status(&f->c.reg, "fe1", f->c.reg.table_version, NULL, 0,
+                           lynx_coord_now_ms());
+  lynx_coord_changed(&f->c);
+  pthread_mutex_unlock(&f->c.lock);
+  return NULL;
+}
+
+/* lynxctl node drain --wait: until drained (woken by the watch), or exit 1
+ * after --timeout with the drain going on. */
+static void test_lynxctl_drain_wait(void **state) {
+  struct fx *f = *state;
+  char *out, *err;
+  pthread_t th;
+  struct lynx_reg_node *n;
+
+  add_node(f, "n1");
+  add_node(f, "n2");
+  /* instances on n1 (ready: in the table), and a connected frontend that
+   * has not run the table without them: the drain waits for it */
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
+                       "--name", "wait-svc", "--port", "9400", "--app",
+                       "echo", "--placement", "all", NULL),
+                   0);
+  free(out), free(err);
+  pthread_mutex_lock(&f->c.lock);
+  for (struct lynx_reg_instance *i = f->c.reg.instances; i; i = i->next) {
+    struct lynx_region_desc d;
+    memset(&d, 0, sizeof(d));
+    d.accel_id = i->accel_idx;
+    snprintf(d.transport, sizeof(d.transport), "shm");
+    snprintf(d.locator, sizeof(d.locator), "/lynx-%llu",
+             (unsigned long long)i->id);
+    d.region_size = lynx_service_region_bytes(&i->svc->spec);
+    d.epoch = i->node->epoch;
+    d.n_mqueues = i->svc->spec.mqueues_per_accel;
+    d.slot_size = i->svc->spec.slot_size;
+    d.slots = i->svc->spec.slots;
+    assert_int_equal(lynx_reg_instance_ready(&f->c.reg, i->node->id,
+                                             i->node->epoch, i->id, &d,
+                                             lynx_coord_now_ms()),
+                     0);
+  }
+  assert_non_null(lynx_reg_frontend_connect(&f->c.reg, "fe1", "127.0.0.1:1",
+                                            (void *)0x2, lynx_coord_now_ms()));
+  pthread_mutex_unlock(&f->c.lock);
+
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n1",
+                       "--wait", "--timeout", "0.4", NULL),
+                   1);
+  assert_non_null(strstr(out, "drain requested"));
+  assert_non_null(strstr(err, "still draining after 0.4 s"));
+  free(out), free(err);
+
+  assert_int_equal(pthread_create(&th, NULL, report_later, f), 0);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n1",
+                       "--wait", NULL),
+                   0);
+  pthread_join(th, NULL);
+  assert_non_null(strstr(out, "node n1 drained after"));
+  free(out), free(err);
+  pthread_mutex_lock(&f->c.lock);
+  n = lynx_reg_node_find(&f->c.reg, "n1");
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  pthread_mutex_unlock(&f->c.lock);
+
+  /* drained already: at once */
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n1",
+                       "--wait", NULL),
+                   0);
+  assert_non_null(strstr(out, "drained after"));
+  free(out), free(err);
+
+  /* a node that goes down will not be drained: said, exit 1 */
+  pthread_mutex_lock(&f->c.lock);
+  assert_int_equal(lynx_reg_leave(&f->c.reg, "n2", 7, lynx_coord_now_ms()), 0);
+  pthread_mutex_unlock(&f->c.lock);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n2",
+                       "--wait", NULL),
+                   1);
+  free(out), free(err);
+
+  /* usage */
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n1",
+                       "--timeout", "5", NULL),
+                   2);
+  assert_non_null(strstr(err, "--timeout goes with --wait"));
+  free(out), free(err);
+  assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n1",
+                       "--wait", "--timeout", "soon", NULL),
+                   2);
+  free(out), free(err);
+}
 #endif
 
 int main(int argc, char **argv) {
@@ -1658,6 +1758,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_slow_clients, setup, teardown),
 #ifdef LYNXCTL
       cmocka_unit_test_setup_teardown(test_lynxctl, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lynxctl_drain_wait, setup,
+                                      teardown),
 #endif
   };
   int rc;
