@@ -61,6 +61,7 @@ struct coord_link {
   enum link_state state;
   uint64_t lease_ms;
   int acks;      /* the coordinator answers heartbeats (RegisterReply) */
+  int drains;    /* it drains a node on Leave with drain (RegisterReply) */
   int fenced;    /* the fence stopped the accelerators (logged) */
   int no_leader; /* refused by a coordinator that knows of no leader:
                   * logged once until a registration succeeds */
@@ -85,6 +86,13 @@ static void fence_fired(uv_timer_t *t) {
   uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
   if (l->fenced || now < until || !ag->instances)
     return;
+  if (l->leaving) {
+    /* a coordinator that went silent cannot finish the drain, and may
+     * already count what the instances hold lost */
+    agent_stop_soon(ag, "no heartbeat answered within the lease while "
+                        "draining");
+    return;
+  }
   l->fenced = 1;
   LYNX_WARN("agent", "%s: no heartbeat answered within the lease (%llu ms): "
             "accelerators take no new request until the coordinator "
@@ -436,6 +444,7 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
                                                 : 3000;
     l->acks = env->register_reply->acks_heartbeats;
+    l->drains = env->register_reply->drains_on_leave;
     l->hb_sent = l->hb_answered = 0;
     /* a restarted coordinator must hear from us well within a lease */
     l->d.backoff_max_ms = l->lease_ms / 4 < 100 ? 100 : l->lease_ms / 4;
@@ -573,7 +582,7 @@ int agent_link_leave_drained(struct agent *ag) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Leave lv = LYNX__LEAVE__INIT;
   if (!l || l->stopping || l->leaving || l->state != LINK_REGISTERED ||
-      !l->d.ctl || !ag->instances)
+      !l->d.ctl || !l->drains || !ag->instances)
     return -1;
   lv.node_id = ag->node_id;
   lv.epoch = ag->epoch;

@@ -256,19 +256,22 @@ void agent_stop_soon(struct agent *ag, const char *why) {
  * --stop-timeout-ms, stops it at once. */
 static void on_signal(uv_signal_t *s, int signum) {
   struct agent *ag = s->data;
-  if (!ag->leaving && !ag->stopping && ag->cfg.stop_timeout_ms &&
-      agent_link_leave_drained(ag) == 0) {
-    ag->leaving = 1;
-    LYNX_INFO("agent", "%s: %s: draining before stopping: the coordinator "
-              "moves new requests away and stops the instances once the "
-              "frontends answered what they hold (at most %u ms; a second "
-              "signal stops at once)", ag->node_id, strsignal(signum),
-              ag->cfg.stop_timeout_ms);
-    lynx_notify_stopping("%s: draining, then shutting down",
-                         strsignal(signum));
-    uv_timer_start(&ag->stop_timer, stop_timer_fired, ag->cfg.stop_timeout_ms,
-                   0);
-    return;
+  if (!ag->leaving && !ag->stopping && ag->cfg.stop_timeout_ms) {
+    ag->leaving = 1; /* first: the link may end the wait (agent_stop_soon) */
+    if (agent_link_leave_drained(ag) == 0) {
+      LYNX_INFO("agent", "%s: %s: draining before stopping: the "
+                "coordinator moves new requests away and stops the instances "
+                "once the frontends answered what they hold (at most %u ms; "
+                "a second signal stops at once)", ag->node_id,
+                strsignal(signum), ag->cfg.stop_timeout_ms);
+      lynx_notify_stopping("%s: draining, then shutting down",
+                           strsignal(signum));
+      if (!uv_is_active((uv_handle_t *)&ag->stop_timer))
+        uv_timer_start(&ag->stop_timer, stop_timer_fired,
+                       ag->cfg.stop_timeout_ms, 0);
+      return;
+    }
+    ag->leaving = 0;
   }
   LYNX_INFO("agent", "%s: %s, shutting down", ag->node_id, strsignal(signum));
   lynx_notify_stopping("%s, shutting down", strsignal(signum));

@@ -1217,19 +1217,38 @@ static const struct lynx_opt drain_tab[] = {
 };
 #undef DO
 
-/* The node's state in the API, into st (sz bytes): EX_OK, or the API's
- * exit code (a message printed). */
+#define NODE_STATE_LATER (-1) /* node_state_of: ask again */
+
+/* The node's state in the API, into st (sz bytes): EX_OK; NODE_STATE_LATER
+ * when the coordinator cannot say now (unreachable, 503: starting or no
+ * leader, or 404: restarted, the node not registered again yet; why in
+ * why); else EX_API with the API's message printed. */
 static int node_state_of(struct ctl *t, const char *path, char *st,
-                         size_t sz) {
-  struct json_object *j = NULL, *v;
-  char *raw = NULL;
-  int rc = api(t, "GET", path, NULL, &j, &raw);
+                         size_t sz, char *why, size_t whylen) {
+  char err[CURL_ERROR_SIZE];
+  struct buf b;
+  long status = 0;
+  struct json_object *j, *v;
+  int rc = http_call(t, "GET", path, NULL, CALL_TIMEOUT_MS, &status, &b, err);
   st[0] = 0;
-  if (rc == EX_OK && j && json_object_object_get_ex(j, "state", &v))
+  if (rc == -EINTR)
+    return EX_API;
+  if (rc || status == 503 || status == 404) {
+    snprintf(why, whylen, "%s", rc ? err : status == 404
+                                           ? "it does not know the node (now)"
+                                           : "it answers 503");
+    free(b.p);
+    return NODE_STATE_LATER;
+  }
+  j = b.p ? json_tokener_parse(b.p) : NULL;
+  if (status == 200 && j && json_object_object_get_ex(j, "state", &v))
     snprintf(st, sz, "%s", json_object_get_string(v));
+  else
+    fprintf(stderr, "lynxctl: GET %s: HTTP %ld: %.300s\n", path, status,
+            b.p ? b.p : "(no body)");
   json_object_put(j);
-  free(raw);
-  return rc;
+  free(b.p);
+  return st[0] ? EX_OK : EX_API;
 }
 
 /* The registry's version now (0 when it cannot be read). */
@@ -1254,7 +1273,7 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
   const char *id = argv[1];
   double timeout_s;
   uint64_t t0, deadline, version;
-  int rc, lost = 0;
+  int rc, lost = 0, told = 0;
 
   memset(&c, 0, sizeof(c));
   rc = lynx_opts_scan(drain_tab, &c, argc - 1, argv + 1, usage_text, &scan);
@@ -1284,9 +1303,24 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
   t0 = lynx_now_ns();
   deadline = t0 + (uint64_t)(timeout_s * 1e9);
   for (;;) {
+    char why[CURL_ERROR_SIZE + 64];
     /* the version first: a change after it wakes the watch below */
     version = registry_version(t);
-    rc = node_state_of(t, path, st, sizeof(st));
+    rc = node_state_of(t, path, st, sizeof(st), why, sizeof(why));
+    if (rc == NODE_STATE_LATER) {
+      struct timespec one = {1, 0};
+      if (!told)
+        fprintf(stderr, "lynxctl: the coordinator at %s cannot say how node "
+                "%s is (%s): asking every second\n", t->api, id, why);
+      told = 1;
+      if (lynx_now_ns() >= deadline || g_stop) {
+        fprintf(stderr, "lynxctl: node %s not seen drained within %g s\n",
+                id, timeout_s);
+        return EX_API;
+      }
+      nanosleep(&one, NULL);
+      continue;
+    }
     if (rc)
       return rc;
     if (!strcmp(st, "drained")) {

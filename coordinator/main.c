@@ -798,6 +798,7 @@ reply:
   rr.lease_ms = co->cfg.lease_ms;
   rr.new_incarnation = err.new_incarnation != 0;
   rr.acks_heartbeats = 1;
+  rr.drains_on_leave = 1;
   rr.epoch = rc ? 0 : epoch;
   env.msg_case = LYNX__ENVELOPE__MSG_REGISTER_REPLY;
   env.register_reply = &rr;

@@ -341,7 +341,7 @@ static void node_set_state(struct lynx_registry *r, struct lynx_reg_node *n,
       node_has_ready_inst(r, n))
     r->table_dirty = 1;
   if (s != LYNX_NODE_DRAINING && s != LYNX_NODE_DRAINED)
-    n->leaving = 0; /* it left, or an operator undrained it */
+    n->leaving = 0; /* it left (or a new incarnation registered) */
   n->state = s;
   r->version++;
 }
@@ -1875,6 +1875,13 @@ int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
   }
   if (n->state == LYNX_NODE_DOWN) {
     ERR_CONFLICT(err, "node %s is down", n->id);
+    return -EINVAL;
+  }
+  if (n->leaving) {
+    /* undone, its agent would stop anyway at its --stop-timeout-ms, with
+     * requests in flight: the drain is what makes that stop lossless */
+    ERR_CONFLICT(err, "node %s drains to leave: its agent is stopping (a "
+                 "new agent registers it ready)", n->id);
     return -EINVAL;
   }
   if (n->drain_intent) {

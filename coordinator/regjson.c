@@ -130,6 +130,8 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
   (void)r;
   add_str(o, "id", n->id);
   add_str(o, "state", lynx_node_state_name(n->state));
+  /* draining (or drained) because its agent is stopping */
+  json_object_object_add(o, "leaving", json_object_new_boolean(n->leaving));
   add_str(o, "address", n->address);
   add_u64(o, "epoch", n->epoch);
   json_object_object_add(o, "labels", labels_obj(n->labels, n->n_labels));

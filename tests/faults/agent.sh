@@ -109,7 +109,7 @@ step "3. restart of h1's agent (SIGTERM, then a new one)"
 fault_restart() {
   local t
   t=$(mh_now_ms)
-  mh_stop "${FL_PID[h1]}" 10
+  mh_stop "${FL_PID[h1]}" 20 # its --stop-timeout-ms is 15 s
   log "h1's agent drained and exited $(($(mh_now_ms) - t)) ms after SIGTERM"
   assert_log "${FL_LOG[h1]}" "drained: every instance stopped; leaving" "h1's agent waited for its drain"
   assert_log "${FL_LOG[coord]}" "node ${FL_NODE[h1]} drains to leave" "the coordinator drained h1 for its agent"

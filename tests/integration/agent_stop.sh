@@ -15,8 +15,8 @@
 #     serves.
 #  3. The frontend stopped (SIGSTOP), so the drain cannot finish: the
 #     agent exits after its --stop-timeout-ms (1.5 s), saying so.
-#  4. Again, with a long --stop-timeout-ms: a second SIGTERM stops it at
-#     once.
+#  4. Again, with a long --stop-timeout-ms: the API shows the node
+#     leaving and refuses to undrain it; a second SIGTERM stops it at once.
 #  5. Again: the coordinator killed while the node drains: the agent stops
 #     at once (a new leader would never finish the drain).
 #  6. Nothing to drain (no service, no instance): SIGTERM stops at once.
@@ -111,6 +111,12 @@ log "ok: stopped $(($(now_ms) - T0)) ms after SIGTERM, the drain unfinished"
 log "== 4. a second SIGTERM stops a draining agent at once"
 new_agent 60000
 stuck_drain
+# meanwhile the API says why it drains, and an undrain is refused
+assert_str "$(api_json "/v1/nodes/$N1" .leaving)" true "$N1 leaving while its agent drains"
+if ctl node undrain "$N1" >"$IT_DIR/undrain.out" 2>&1; then
+  fail "undrain of a node whose agent is stopping was accepted"
+fi
+grep -q "its agent is stopping" "$IT_DIR/undrain.out" || fail "undrain refused without the reason: $(cat "$IT_DIR/undrain.out")"
 t0=$(now_ms)
 kill -TERM "$A"
 stopped_in "$A" "$A_LOG" "Terminated, shutting down" 0 3000 "$t0"

@@ -1642,6 +1642,19 @@ static void *report_later(void *arg) {
   return NULL;
 }
 
+/* n2's agent leaves 1 s after this starts (lynxctl waits by then, even
+ * under an emulator). */
+static void *leave_later(void *arg) {
+  struct fx *f = arg;
+  struct timespec d = {1, 0};
+  nanosleep(&d, NULL);
+  pthread_mutex_lock(&f->c.lock);
+  assert_int_equal(lynx_reg_leave(&f->c.reg, "n2", 7, lynx_coord_now_ms()), 0);
+  lynx_coord_changed(&f->c);
+  pthread_mutex_unlock(&f->c.lock);
+  return NULL;
+}
+
 /* lynxctl node drain --wait: until drained (woken by the watch), or exit 1
  * after --timeout with the drain going on. */
 static void test_lynxctl_drain_wait(void **state) {
@@ -1707,13 +1720,15 @@ static void test_lynxctl_drain_wait(void **state) {
   assert_non_null(strstr(out, "drained after"));
   free(out), free(err);
 
-  /* a node that goes down will not be drained: said, exit 1 */
-  pthread_mutex_lock(&f->c.lock);
-  assert_int_equal(lynx_reg_leave(&f->c.reg, "n2", 7, lynx_coord_now_ms()), 0);
-  pthread_mutex_unlock(&f->c.lock);
+  /* a node that goes down while lynxctl waits will not be drained: said,
+   * exit 1 */
+  assert_int_equal(pthread_create(&th, NULL, leave_later, f), 0);
   assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n2",
                        "--wait", NULL),
                    1);
+  pthread_join(th, NULL);
+  assert_non_null(strstr(out, "drain requested"));
+  assert_non_null(strstr(err, "node n2 is down, not draining"));
   free(out), free(err);
 
   /* usage */

@@ -540,6 +540,13 @@ static void test_leave_drain(void **state) {
   /* asked again (a repeated Leave): nothing moves */
   assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 1, 150), 0);
   assert_int_equal(n->drain_deadline_ms, 100 + DRAIN_TIMEOUT);
+  /* not undone: the agent stops anyway, and only the drain makes that
+   * lossless */
+  assert_int_equal(lynx_reg_undrain(&f->r, "n1", 160, &err), -EINVAL);
+  assert_int_equal(err.status, 409);
+  assert_non_null(strstr(err.message, "its agent is stopping"));
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_true(n->leaving);
 
   /* the frontend runs the table without n1, nothing outstanding: its
    * instances are stopped, which tells the agent to leave */
