@@ -38,6 +38,7 @@
 #include "log.h"
 #include "registry.h"
 #include "ut_main.h"
+#include "ut_spec.h"
 #include "util.h"
 
 #define BODY_MAX 4096
@@ -1628,31 +1629,34 @@ static void test_lynxctl(void **state) {
   }
 }
 
-/* A frontend that reports, 300 ms after it starts, the table without the
- * draining node: the drain ends then. */
-static void *report_later(void *arg) {
-  struct fx *f = arg;
-  struct timespec d = {0, 300 * 1000000L};
+/* What happens to the registry while lynxctl waits: fn, ms after the
+ * thread starts (under the lock; watchers woken). */
+struct later {
+  struct fx *f;
+  void (*fn)(struct fx *f);
+  long ms;
+};
+
+static void *later_main(void *arg) {
+  struct later *l = arg;
+  struct timespec d = {l->ms / 1000, (l->ms % 1000) * 1000000L};
   nanosleep(&d, NULL);
-  pthread_mutex_lock(&f->c.lock);
-  lynx_reg_frontend_status(&f->c.reg, "fe1", f->c.reg.table_version, NULL, 0,
-                           lynx_coord_now_ms());
-  lynx_coord_changed(&f->c);
-  pthread_mutex_unlock(&f->c.lock);
+  pthread_mutex_lock(&l->f->c.lock);
+  l->fn(l->f);
+  lynx_coord_changed(&l->f->c);
+  pthread_mutex_unlock(&l->f->c.lock);
   return NULL;
 }
 
-/* n2's agent leaves 1 s after this starts (lynxctl waits by then, even
- * under an emulator). */
-static void *leave_later(void *arg) {
-  struct fx *f = arg;
-  struct timespec d = {1, 0};
-  nanosleep(&d, NULL);
-  pthread_mutex_lock(&f->c.lock);
+/* fe1 reports the table without the draining node: the drain ends. */
+static void fe1_reports(struct fx *f) {
+  lynx_reg_frontend_status(&f->c.reg, "fe1", f->c.reg.table_version, NULL, 0,
+                           lynx_coord_now_ms());
+}
+
+/* n2's agent leaves. */
+static void n2_leaves(struct fx *f) {
   assert_int_equal(lynx_reg_leave(&f->c.reg, "n2", 7, lynx_coord_now_ms()), 0);
-  lynx_coord_changed(&f->c);
-  pthread_mutex_unlock(&f->c.lock);
-  return NULL;
 }
 
 /* lynxctl node drain --wait: until drained (woken by the watch), or exit 1
@@ -1662,6 +1666,7 @@ static void test_lynxctl_drain_wait(void **state) {
   char *out, *err;
   pthread_t th;
   struct lynx_reg_node *n;
+  struct later report = {f, fe1_reports, 300}, leave = {f, n2_leaves, 1000};
 
   add_node(f, "n1");
   add_node(f, "n2");
@@ -1674,17 +1679,8 @@ static void test_lynxctl_drain_wait(void **state) {
   free(out), free(err);
   pthread_mutex_lock(&f->c.lock);
   for (struct lynx_reg_instance *i = f->c.reg.instances; i; i = i->next) {
-    struct lynx_region_desc d;
-    memset(&d, 0, sizeof(d));
-    d.accel_id = i->accel_idx;
-    snprintf(d.transport, sizeof(d.transport), "shm");
-    snprintf(d.locator, sizeof(d.locator), "/lynx-%llu",
-             (unsigned long long)i->id);
-    d.region_size = lynx_service_region_bytes(&i->svc->spec);
-    d.epoch = i->node->epoch;
-    d.n_mqueues = i->svc->spec.mqueues_per_accel;
-    d.slot_size = i->svc->spec.slot_size;
-    d.slots = i->svc->spec.slots;
+    struct lynx_region_desc d =
+        ut_desc_for(i, lynx_service_region_bytes(&i->svc->spec));
     assert_int_equal(lynx_reg_instance_ready(&f->c.reg, i->node->id,
                                              i->node->epoch, i->id, &d,
                                              lynx_coord_now_ms()),
@@ -1701,7 +1697,7 @@ static void test_lynxctl_drain_wait(void **state) {
   assert_non_null(strstr(err, "still draining after 0.4 s"));
   free(out), free(err);
 
-  assert_int_equal(pthread_create(&th, NULL, report_later, f), 0);
+  assert_int_equal(pthread_create(&th, NULL, later_main, &report), 0);
   assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n1",
                        "--wait", NULL),
                    0);
@@ -1722,7 +1718,8 @@ static void test_lynxctl_drain_wait(void **state) {
 
   /* a node that goes down while lynxctl waits will not be drained: said,
    * exit 1 */
-  assert_int_equal(pthread_create(&th, NULL, leave_later, f), 0);
+  /* (1 s: lynxctl waits by then, even under an emulator) */
+  assert_int_equal(pthread_create(&th, NULL, later_main, &leave), 0);
   assert_int_equal(ctl(f, &out, &err, "--api", f->base, "node", "drain", "n2",
                        "--wait", NULL),
                    1);

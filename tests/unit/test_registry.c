@@ -133,18 +133,7 @@ static void add_service(struct lynx_registry *r, const char *name,
 }
 
 static struct lynx_region_desc desc_for(const struct lynx_reg_instance *i) {
-  struct lynx_region_desc d;
-  memset(&d, 0, sizeof(d));
-  d.accel_id = i->accel_idx;
-  snprintf(d.transport, sizeof(d.transport), "shm");
-  snprintf(d.locator, sizeof(d.locator), "/lynx-%llu",
-           (unsigned long long)i->id);
-  d.region_size = 1 << 20;
-  d.epoch = i->node->epoch;
-  d.n_mqueues = i->svc->spec.mqueues_per_accel;
-  d.slot_size = i->svc->spec.slot_size;
-  d.slots = i->svc->spec.slots;
-  return d;
+  return ut_desc_for(i, 1 << 20);
 }
 
 /* Every STARTING instance reports ready. */
