@@ -269,12 +269,17 @@ function renderNodes() {
       'data-accel': a.id }));
     if (as.length > 16) cells.push(el('span', { class: 'muted' }, ` +${as.length - 16}`));
     const t = el('div', { class: `node ${nodeClass(n)}`, 'data-node': n.id,
-      title: `${n.id}: ${n.state}` },
-    el('div', { class: 'id' }, n.id), el('div', { class: 'state' }, n.state),
+      title: `${n.id}: ${stateText(n)}` },
+    el('div', { class: 'id' }, n.id), el('div', { class: 'state' }, stateText(n)),
     el('div', {}, ...cells));
     t.addEventListener('click', () => select(n.id));
     return t;
   }));
+}
+
+// A node's state as shown: "draining (leaving)" while its agent stops.
+function stateText(n) {
+  return n.leaving ? `${n.state} (leaving)` : n.state;
 }
 
 function select(id) {
@@ -288,10 +293,11 @@ function renderDetail() {
   $('detail').hidden = !n;
   if (!n) return;
   $('detail-id').textContent = n.id;
-  $('detail-state').textContent = `(${n.state})`;
+  $('detail-state').textContent = `(${stateText(n)})`;
   $('detail-state').className = `muted h-${n.state}`;
   const drain = $('detail-drain');
-  drain.hidden = n.state === 'down';
+  // (a node draining to leave is not undrained: its agent is stopping)
+  drain.hidden = n.state === 'down' || !!n.leaving;
   drain.textContent = n.state === 'ready' ? 'drain' : 'undrain';
   drain.dataset.node = n.id;
   drain.dataset.op = n.state === 'ready' ? 'drain' : 'undrain';

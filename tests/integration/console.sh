@@ -6,7 +6,8 @@
 #   n2     a real agent killed with -9: down after its lease;
 #   sim*   simulated nodes (lynx-simnodes, 4 accelerators each, taking
 #          requests at known rates), one of which is drained and undrained
-#          through the page's buttons;
+#          through the page's buttons, and the last of which asks to be
+#          drained to leave, as a stopping agent does (--leaving 1);
 # a frontend producing into n1's mqueues, and an API token (the buttons
 # need it). Then the same page over ~10,000 simulated accelerators.
 # Screenshots: <build>/test-output/console/*.png.
@@ -44,7 +45,7 @@ api POST /v1/services "${AUTH[@]}" -d "{\"name\":\"sf\",\"port\":$UDP_PORT,\"app
 [[ $API_STATUS == 201 ]] || fail "POST /v1/services: HTTP $API_STATUS: $(cat "$API_BODY")"
 spawn_daemon lynx-simnodes simnodes "" --coordinator "127.0.0.1:$COORD_PORT" \
   --nodes 6 --accels 4 --prefix "${IT_NODE}sim" --token-file "$IT_DIR/token" \
-  --rate 100
+  --rate 100 --leaving 1
 SIM_PID=$SPAWN_PID
 wait_log "$SPAWN_LOG" "simnodes: registered" 20 1 "$SIM_PID"
 
@@ -72,7 +73,7 @@ log "== the page over $(api_json /v1/nodes '.items | length') nodes"
 timeout -k 5 240 "$PY" "$ROOT/tests/integration/console_check.py" \
   --api "$(api_url)" --token "$TOKEN" --service sf --stalled-node "$N1" \
   --down-node "$N2" --drain-node "${IT_NODE}sim00001" --drain-accels 4 \
-  --drain-index 1 --rate 100 --shots "$SHOTS"
+  --drain-index 1 --rate 100 --leaving-node "${IT_NODE}sim00005" --shots "$SHOTS"
 rc=$?
 ((rc == 77)) && skip "Chromium cannot run here (console_check.py said why above)"
 ((rc == 0)) || fail "the console does not show the cluster as the API does (FAIL above)"

@@ -19,6 +19,9 @@ checks the rendered DOM against what the API says:
             the node stays ready); with it the node drains (the tile's
             class and the API agree), a node_draining event appears; the
             undrain button brings it back.
+  leaving   (--leaving-node) a node whose agent is stopping shows
+            "(leaving)" beside its state, on its tile and in its detail,
+            and its detail has no drain or undrain button.
   scale     (--scale-nodes N) with about 10,000 accelerators the page
             shows one page of tiles and the canvas, and the document stays
             small: not one element per accelerator.
@@ -125,7 +128,8 @@ def cluster(d, a):
           f"extra {sorted(set(shown) - set(nodes))})")
     for n in nodes:
         want = ("h-stalled" if n == a.stalled_node else
-                "h-down" if n == a.down_node else "h-ready")
+                "h-down" if n == a.down_node else
+                f"h-{nodes[n]['state']}" if n == a.leaving_node else "h-ready")
         check(want in (shown.get(n) or "").split(),
               f"tile {n}: class {want} (has '{shown.get(n)}')")
     stalled = [x["id"] for x in accels
@@ -154,6 +158,33 @@ def cluster(d, a):
     if ev:
         check(True, f"event kinds shown: {sorted(ev)}")
     d.save_screenshot(f"{a.shots}/console.png")
+
+
+def leaving(d, a):
+    """A node whose agent is stopping: "(leaving)" beside its state, on its
+    tile and in its detail, and no undrain button (the API refuses)."""
+    node = a.leaving_node
+    n = api(a.api, f"/v1/nodes/{node}")
+    check(n["leaving"] is True and n["state"] in ("draining", "drained"),
+          f"the API: {node} drains to leave ({n['state']}, leaving "
+          f"{n['leaving']})")
+    tile = wait(d, f"{node}'s tile says leaving", lambda d: (
+        lambda t: t if t and "(leaving)" in t.text else None)(
+            (d.find_elements(By.CSS_SELECTOR, f'.node[data-node="{node}"]')
+             or [None])[0]))
+    if not tile:
+        return
+    check(f"{n['state']} (leaving)" in tile.text,
+          f"tile {node} shows '{n['state']} (leaving)': '{tile.text}'")
+    tile.click()
+    shown = wait(d, f"{node}'s detail", lambda d: (
+        d.find_element(By.ID, "detail-id").text == node or None))
+    if not shown:
+        return
+    check("(leaving)" in d.find_element(By.ID, "detail-state").text,
+          f"detail of {node} says leaving")
+    check(not d.find_element(By.ID, "detail-drain").is_displayed(),
+          f"detail of {node} has no drain or undrain button")
 
 
 def drain(d, a):
@@ -251,6 +282,7 @@ def main():
     p.add_argument("--down-node", required=True)
     p.add_argument("--drain-node", required=True)
     p.add_argument("--drain-accels", type=int, required=True)
+    p.add_argument("--leaving-node", help="a node draining to leave (lynx-simnodes --leaving)")
     p.add_argument("--drain-index", type=int, default=1,
                    help="the drain node's index among the simulated nodes")
     p.add_argument("--rate", type=float, default=100,
@@ -265,6 +297,8 @@ def main():
             scale(d, a)
         else:
             cluster(d, a)
+            if a.leaving_node:
+                leaving(d, a)
             drain(d, a)
         errs = console_errors(d)
         check(not errs, f"no script error in the page: {errs}")

@@ -24,6 +24,11 @@
  *                its stall_ms the time since the tool started;
  *   --failed K   accelerator 0 of nodes K_stalled .. K_stalled+K-1 reports
  *                failed, last_error "simulated failure".
+ *   --leaving K  the last K nodes, once registered, ask to be drained to
+ *                leave (Leave with drain, as a stopping agent does) and
+ *                go on heartbeating: their nodes stay draining or drained
+ *                with "leaving" (a coordinator that does not say it drains
+ *                on such a Leave is not asked).
  * A stalled or failed accelerator takes nothing, as a real one: its
  * counters and window stay 0 whatever --rate says. The coordinator takes
  * them out of dispatch like an agent's (health in /v1/accelerators).
@@ -68,7 +73,7 @@
 struct sim_cfg {
   char *coordinator, *prefix, *labels, *token_file, *log_level;
   uint32_t nodes, accels, duration, concurrency, no_leave;
-  uint32_t rate, stalled, failed;
+  uint32_t rate, stalled, failed, leaving;
 };
 
 #define O(f) offsetof(struct sim_cfg, f)
@@ -99,6 +104,8 @@ static const struct lynx_opt sim_opts[] = {
      "accelerator 0 of the first K nodes reports a stalled mqueue"},
     {"failed", LYNX_OPT_U32, O(failed), "0", 0, 100000, NULL,
      "accelerator 0 of the K nodes after the stalled ones reports failed"},
+    {"leaving", LYNX_OPT_U32, O(leaving), "0", 0, 100000, NULL,
+     "the last K nodes ask to be drained to leave once registered"},
     LYNX_OPT_LOG_LEVEL(O(log_level), "warn"),
     LYNX_OPT_END,
 };
@@ -352,6 +359,17 @@ static void on_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     on_registered(n, env->register_reply->lease_ms);
+    if (n->idx >= s->cfg.nodes - s->cfg.leaving &&
+        env->register_reply->drains_on_leave) {
+      Lynx__Envelope e = LYNX__ENVELOPE__INIT;
+      Lynx__Leave lv = LYNX__LEAVE__INIT;
+      lv.node_id = n->id;
+      lv.epoch = n->epoch;
+      lv.drain = 1;
+      e.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
+      e.leave = &lv;
+      send_env(n, &e);
+    }
     return;
   case LYNX__ENVELOPE__MSG_START_INSTANCE:
     if (n->state == N_REGISTERED)
@@ -611,6 +629,11 @@ int main(int argc, char **argv) {
   }
   if (strlen(s.cfg.prefix) > 30) {
     fprintf(stderr, "--prefix: at most 30 characters\n");
+    return 2;
+  }
+  if (s.cfg.leaving > s.cfg.nodes) {
+    fprintf(stderr, "--leaving %u: more than the %u nodes\n", s.cfg.leaving,
+            s.cfg.nodes);
     return 2;
   }
   if ((uint64_t)s.cfg.stalled + s.cfg.failed > s.cfg.nodes) {
