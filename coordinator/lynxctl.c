@@ -1300,6 +1300,7 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
     return rc;
   if (path_with(t, path, sizeof(path), "/v1/nodes/", id, ""))
     return EX_API;
+  t->quiet = 1; /* from now on outages are waited out, said once */
   t0 = lynx_now_ns();
   deadline = t0 + (uint64_t)(timeout_s * 1e9);
   for (;;) {
