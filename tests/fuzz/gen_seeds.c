@@ -419,6 +419,19 @@ static void ctl(void) {
   agent_start(&b, &m);
   emit(&b, "ctl_coordinator", "agent-adopts");
   msgs_init(&m);
+  /* an agent that stops: it drains to leave, heartbeats meanwhile, then
+   * leaves */
+  put_u8(&b, 0);
+  put_u8(&b, 10);
+  agent_start(&b, &m);
+  FRAME(&b, instance_ready, INSTANCE_READY, &m.ready);
+  m.leave.drain = 1;
+  FRAME(&b, leave, LEAVE, &m.leave);
+  FRAME(&b, heartbeat, HEARTBEAT, &m.hb);
+  m.leave.drain = 0;
+  FRAME(&b, leave, LEAVE, &m.leave);
+  emit(&b, "ctl_coordinator", "agent-drains-to-leave");
+  msgs_init(&m);
   /* a frontend: what it produced into, then its status twice */
   put_u8(&b, 2);
   put_u8(&b, 1);
