@@ -104,7 +104,8 @@ struct agent {
   uv_signal_t sigint, sigterm;
   int stopping, exit_code;
   /* A signal under a coordinator drains before stopping (main.c,
-   * on_signal): leaving is set while the coordinator drains this node;
+   * on_signal): leaving is set while the coordinator drains this node
+   * (from just before the Leave with drain is sent; link.c reads it);
    * stop_timer ends the wait after --stop-timeout-ms, or at once (0 ms)
    * when the link can no longer finish it. */
   int leaving;
@@ -202,7 +203,7 @@ void agent_serve_stop(struct agent *ag);
 int agent_link_start(struct agent *ag);
 void agent_link_stop(struct agent *ag); /* sends Leave when connected */
 /* Asks the coordinator to drain this node before it leaves (Leave with
- * drain): 0, the agent waits until the coordinator has stopped every
+ * drain; the caller sets ag->leaving first): 0, the agent waits until the coordinator has stopped every
  * instance (then agent_shutdown) or the link is lost (then
  * agent_stop_soon); -1 when there is nothing to drain, or no coordinator
  * to drain it (not registered): stop at once. */

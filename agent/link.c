@@ -70,7 +70,6 @@ struct coord_link {
   uint64_t hb_sent_ns[HB_RING];
   uint64_t hb_sent, hb_answered;
   int stopping;
-  int leaving; /* Leave with drain sent (agent_link_leave_drained) */
   int timers_closed;
   char target[96];
 };
@@ -86,7 +85,7 @@ static void fence_fired(uv_timer_t *t) {
   uint64_t until = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
   if (l->fenced || now < until || !ag->instances)
     return;
-  if (l->leaving) {
+  if (ag->leaving) {
     /* a coordinator that went silent cannot finish the drain, and may
      * already count what the instances hold lost */
     agent_stop_soon(ag, "no heartbeat answered within the lease while "
@@ -325,7 +324,7 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
     reply_instance(l, s->instance_id, in, NULL);
     return;
   }
-  if (l->leaving) { /* sent before the coordinator read our Leave */
+  if (ag->leaving) { /* sent before the coordinator read our Leave */
     reply_instance(l, s->instance_id, NULL,
                    "the agent is stopping (its node drains to leave)");
     return;
@@ -485,7 +484,7 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
           agent_instance_find(ag, env->stop_instance->instance_id);
       if (in)
         agent_instance_stop(ag, in);
-      if (l->leaving && !ag->instances) {
+      if (ag->leaving && !ag->instances) {
         LYNX_INFO("agent", "%s: drained: every instance stopped; leaving",
                   ag->node_id);
         agent_shutdown(ag, 0);
@@ -518,7 +517,7 @@ static void link_closed(struct lynx_ctl *c) {
     maybe_free(l); /* the dialer touches only c after this */
     return;
   }
-  if (l->leaving) {
+  if (l->ag->leaving) {
     /* Nobody is left to finish the drain: a new leader would not know of
      * it. What the frontends still hold ends lost or in doubt. */
     agent_stop_soon(l->ag, "lost the coordinator while draining");
@@ -577,20 +576,24 @@ static void retry_closed(uv_handle_t *h) {
   maybe_free(l);
 }
 
-int agent_link_leave_drained(struct agent *ag) {
-  struct coord_link *l = ag->link;
+/* Leave, asking for a drain first when drain. */
+static void send_leave(struct coord_link *l, int drain) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Leave lv = LYNX__LEAVE__INIT;
-  if (!l || l->stopping || l->leaving || l->state != LINK_REGISTERED ||
-      !l->d.ctl || !l->drains || !ag->instances)
-    return -1;
-  lv.node_id = ag->node_id;
-  lv.epoch = ag->epoch;
-  lv.drain = 1;
+  lv.node_id = l->ag->node_id;
+  lv.epoch = l->ag->epoch;
+  lv.drain = drain != 0;
   env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
   env.leave = &lv;
-  l->leaving = 1;
   send_env(l, &env);
+}
+
+int agent_link_leave_drained(struct agent *ag) {
+  struct coord_link *l = ag->link;
+  if (!l || l->stopping || l->state != LINK_REGISTERED || !l->d.ctl ||
+      !l->drains || !ag->instances)
+    return -1;
+  send_leave(l, 1);
   return 0;
 }
 
@@ -601,13 +604,7 @@ void agent_link_stop(struct agent *ag) {
   l->stopping = 2;
   if (l->d.ctl) {
     if (l->state == LINK_REGISTERED) {
-      Lynx__Envelope env = LYNX__ENVELOPE__INIT;
-      Lynx__Leave lv = LYNX__LEAVE__INIT;
-      lv.node_id = ag->node_id;
-      lv.epoch = ag->epoch;
-      env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
-      env.leave = &lv;
-      send_env(l, &env);
+      send_leave(l, 0);
       l->d.ctl->close_after_write = 1;
       LYNX_INFO("agent", "%s: leaving the cluster", ag->node_id);
     } else {

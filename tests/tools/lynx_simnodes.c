@@ -316,6 +316,18 @@ static void on_registered(struct simnode *n, uint64_t lease_ms) {
   pump(s);
 }
 
+/* Leave, asking for a drain first when drain (--leaving). */
+static void send_leave(struct simnode *n, int drain) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Leave lv = LYNX__LEAVE__INIT;
+  lv.node_id = n->id;
+  lv.epoch = n->epoch;
+  lv.drain = drain != 0;
+  env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
+  env.leave = &lv;
+  send_env(n, &env);
+}
+
 static void answer_start(struct simnode *n, const Lynx__StartInstance *si) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__InstanceFailed f = LYNX__INSTANCE_FAILED__INIT;
@@ -361,14 +373,7 @@ static void on_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     on_registered(n, env->register_reply->lease_ms);
     if (n->idx >= s->cfg.nodes - s->cfg.leaving &&
         env->register_reply->drains_on_leave) {
-      Lynx__Envelope e = LYNX__ENVELOPE__INIT;
-      Lynx__Leave lv = LYNX__LEAVE__INIT;
-      lv.node_id = n->id;
-      lv.epoch = n->epoch;
-      lv.drain = 1;
-      e.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
-      e.leave = &lv;
-      send_env(n, &e);
+      send_leave(n, 1);
     }
     return;
   case LYNX__ENVELOPE__MSG_START_INSTANCE:
@@ -525,13 +530,7 @@ static void sim_stop(struct sim *s, int code) {
     if (!n->ctl)
       continue;
     if (n->state == N_REGISTERED && !s->cfg.no_leave && !n->ctl->closing) {
-      Lynx__Envelope env = LYNX__ENVELOPE__INIT;
-      Lynx__Leave lv = LYNX__LEAVE__INIT;
-      lv.node_id = n->id;
-      lv.epoch = n->epoch;
-      env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
-      env.leave = &lv;
-      send_env(n, &env);
+      send_leave(n, 0);
       if (n->ctl && !n->ctl->closing) {
         n->ctl->close_after_write = 1;
         if (n->ctl->pending_writes == 0)
