@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -161,6 +162,29 @@ static int untouched(const uint8_t *before, const uint8_t *now,
          !memcmp(before + tx, now + tx, g->region_size - tx);
 }
 
+/* An agent handle on 127.0.0.1, on the port the last input's listened on
+ * when it is free again. Each input's agent closes its connections first,
+ * leaving them in TIME_WAIT for a minute, each holding its port: a search
+ * for a free port (bind to port 0) walks past thousands of them and was
+ * half of the harness's time. Naming the last port skips the search (the
+ * listener's SO_REUSEADDR, which libuv sets, passes over TIME_WAIT). Only
+ * the port number is kept from one input to the next. 0, or -errno. */
+static int agent_create(struct lynx_transport_agent **ta, char *err,
+                        size_t errlen) {
+  static char last[LYNX_LOCATOR_MAX] = "127.0.0.1:0";
+  const struct lynx_transport_ops *t = &lynx_transport_tcp;
+  int rc = t->agent_create(&(struct lynx_transport_opts){.listen = last}, ta,
+                           err, errlen);
+  if (rc && strcmp(last, "127.0.0.1:0")) { /* taken since: search again */
+    snprintf(last, sizeof(last), "127.0.0.1:0");
+    rc = t->agent_create(&(struct lynx_transport_opts){.listen = last}, ta,
+                         err, errlen);
+  }
+  if (!rc)
+    snprintf(last, sizeof(last), "%s", (*ta)->bound);
+  return rc;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const struct lynx_transport_ops *t = &lynx_transport_tcp;
   struct lynx_transport_agent *ta = NULL;
@@ -187,8 +211,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   r.fd = -1;
   memset(&rp, 0, sizeof(rp));
   rp.region_size = g.region_size;
-  if (t->agent_create(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
-                      &ta, err, sizeof(err)))
+  if (agent_create(&ta, err, sizeof(err)))
     return 0; /* no port, no thread: nothing was tried */
   if (t->region_alloc(ta, &r, "fuzz", g.region_size) ||
       lynx_region_format(&r, g.n_mqueues, g.slots, g.slot_size, g.large_bytes,

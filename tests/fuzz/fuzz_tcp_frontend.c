@@ -181,13 +181,42 @@ static void reap(struct lynx_tconn *c, struct op *ops, int n,
   FZ_CHECK(next == n || lynx_now_ns() < end); /* it ended, one way or another */
 }
 
+/* The fake agent's listening socket on 127.0.0.1 (*sin: where), on the
+ * port the last input's listened on when it is free again: the frontend
+ * closes its connection first, leaving it in TIME_WAIT for a minute, each
+ * holding a port, and a search for a free one (bind to port 0) walks past
+ * thousands of them. SO_REUSEADDR passes over TIME_WAIT. Only the port
+ * number is kept from one input to the next. The socket, or -1. */
+static int listener(struct sockaddr_in *sin) {
+  static uint16_t last; /* network order; 0: search */
+  socklen_t sl = sizeof(*sin);
+  int one = 1;
+  for (int i = 0; i < 2; i++) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      return -1;
+    sin->sin_port = last;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+        bind(fd, (struct sockaddr *)sin, sizeof(*sin)) == 0 &&
+        listen(fd, 1) == 0 &&
+        getsockname(fd, (struct sockaddr *)sin, &sl) == 0) {
+      last = sin->sin_port;
+      return fd;
+    }
+    close(fd);
+    if (!last)
+      return -1;
+    last = 0; /* taken since: search again */
+  }
+  return -1;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct fz f = {data, size};
   struct lynx_geom g;
   struct lynx_region_desc d;
   struct sockaddr_in sin = {.sin_family = AF_INET,
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t sl = sizeof(sin);
   struct agent a = {.lfd = -1};
   struct op ops[OPS_MAX];
   struct lynx_tconn *c = NULL;
@@ -198,14 +227,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fz_quiet();
   memset(ops, 0, sizeof(ops));
   fz_tcp_geom(sel, &g, &ordering);
-  a.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (a.lfd < 0 || bind(a.lfd, (struct sockaddr *)&sin, sizeof(sin)) ||
-      listen(a.lfd, 1) ||
-      getsockname(a.lfd, (struct sockaddr *)&sin, &sl)) {
-    if (a.lfd >= 0)
-      close(a.lfd);
+  a.lfd = listener(&sin);
+  if (a.lfd < 0)
     return 0;
-  }
   memset(&d, 0, sizeof(d));
   d.accel_id = FZ_TCP_ACCEL;
   snprintf(d.transport, sizeof(d.transport), "tcp");
