@@ -203,10 +203,13 @@ void agent_serve_stop(struct agent *ag);
 int agent_link_start(struct agent *ag);
 void agent_link_stop(struct agent *ag); /* sends Leave when connected */
 /* Asks the coordinator to drain this node before it leaves (Leave with
- * drain; the caller sets ag->leaving first): 0, the agent waits until the coordinator has stopped every
- * instance (then agent_shutdown) or the link is lost (then
- * agent_stop_soon); -1 when there is nothing to drain, or no coordinator
- * to drain it (not registered): stop at once. */
+ * drain; the caller sets ag->leaving first): 0, the agent waits until the
+ * coordinator has stopped every instance (then agent_shutdown); a link
+ * lost meanwhile is dialled again and a coordinator that answers within a
+ * lease is asked again (else agent_stop_soon; the caller's stop timer
+ * bounds it all); -1 when there is
+ * nothing to drain, or no coordinator to drain it (not registered): stop
+ * at once. */
 int agent_link_leave_drained(struct agent *ag);
 
 /* main.c: orderly shutdown with this exit code (idempotent) */

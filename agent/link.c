@@ -30,9 +30,10 @@
  * Stopping (main.c, on_signal): a registered agent with instances sends
  * Leave with drain and keeps heartbeating while the coordinator drains its
  * node; the StopInstance that stops the last instance ends the wait (a
- * Leave without drain, then the agent exits). A lost connection ends it
- * too: a drain lives in the leader's memory only, and a new leader would
- * never finish it.
+ * Leave without drain, then the agent exits). A drain lives in the
+ * leader's memory only: after a lost connection the agent dials again and
+ * asks the coordinator that registers it (restarted, or a new leader) for
+ * the drain again; none within a lease, or a silent one, ends the wait.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -65,6 +66,7 @@ struct coord_link {
   int fenced;    /* the fence stopped the accelerators (logged) */
   int no_leader; /* refused by a coordinator that knows of no leader:
                   * logged once until a registration succeeds */
+  uint64_t lost_ns; /* draining to leave: when the link was lost (0: not) */
   uint64_t register_sent_ns;
   /* send times of heartbeats, by sequence number; replies come in order */
   uint64_t hb_sent_ns[HB_RING];
@@ -379,6 +381,36 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
   reply_instance(l, s->instance_id, in, NULL);
 }
 
+/* Leave, asking for a drain first when drain. */
+static void send_leave(struct coord_link *l, int drain) {
+  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
+  Lynx__Leave lv = LYNX__LEAVE__INIT;
+  lv.node_id = l->ag->node_id;
+  lv.epoch = l->ag->epoch;
+  lv.drain = drain != 0;
+  env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
+  env.leave = &lv;
+  send_env(l, &env);
+}
+
+/* Registered again while draining to leave (the coordinator restarted, or
+ * another one leads): a drain lives in the leader's memory only, so the
+ * new one is asked for it again. */
+static void drain_again(struct coord_link *l) {
+  struct agent *ag = l->ag;
+  if (!ag->instances) { /* a new incarnation: they went with the old one */
+    LYNX_INFO("agent", "%s: no instance left to drain; leaving", ag->node_id);
+    agent_shutdown(ag, 0);
+  } else if (!l->drains) {
+    agent_stop_soon(ag, "the coordinator now answering does not drain a "
+                        "node whose agent stops");
+  } else {
+    LYNX_INFO("agent", "%s: asking coordinator %s again to drain the node "
+              "before stopping", ag->node_id, l->d.ctl->peer);
+    send_leave(l, 1);
+  }
+}
+
 static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
   struct coord_link *l = c->data;
   struct agent *ag = l->ag;
@@ -460,6 +492,9 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       uv_timer_start(&l->beat, on_beat, every, every);
     }
     on_beat(&l->beat);
+    l->lost_ns = 0;
+    if (ag->leaving)
+      drain_again(l);
     return;
   case LYNX__ENVELOPE__MSG_HEARTBEAT_REPLY:
     if (l->state != LINK_REGISTERED || !l->acks)
@@ -518,12 +553,23 @@ static void link_closed(struct lynx_ctl *c) {
     return;
   }
   if (l->ag->leaving) {
-    /* Nobody is left to finish the drain: a new leader would not know of
-     * it. What the frontends still hold ends lost or in doubt. */
-    agent_stop_soon(l->ag, "lost the coordinator while draining");
-    return;
-  }
-  if (was)
+    /* A drain lives in the leader's memory: one restarted, or a new
+     * leader, that answers within a lease is asked for it again (it
+     * settles first); a coordinator gone for longer (the whole cluster
+     * stopping) is not waited for. */
+    uint64_t now = lynx_now_ns();
+    if (was) {
+      l->lost_ns = now;
+      LYNX_WARN("agent", "%s: lost the coordinator while draining; "
+                "reconnecting to ask again for the drain (a coordinator "
+                "must answer within the lease, %llu ms)", l->ag->node_id,
+                (unsigned long long)l->lease_ms);
+    } else if (l->lost_ns && now - l->lost_ns >= l->lease_ms * 1000000u) {
+      agent_stop_soon(l->ag, "no coordinator answered within the lease "
+                             "while draining");
+      return;
+    }
+  } else if (was)
     LYNX_WARN("agent", "%s: lost the coordinator; instances keep serving "
               "while it is restarted (its port refuses connections) and "
               "until the lease runs out otherwise; reconnecting",
@@ -574,18 +620,6 @@ static void retry_closed(uv_handle_t *h) {
   struct coord_link *l = container_of(h, struct coord_link, d.retry);
   l->timers_closed++;
   maybe_free(l);
-}
-
-/* Leave, asking for a drain first when drain. */
-static void send_leave(struct coord_link *l, int drain) {
-  Lynx__Envelope env = LYNX__ENVELOPE__INIT;
-  Lynx__Leave lv = LYNX__LEAVE__INIT;
-  lv.node_id = l->ag->node_id;
-  lv.epoch = l->ag->epoch;
-  lv.drain = drain != 0;
-  env.msg_case = LYNX__ENVELOPE__MSG_LEAVE;
-  env.leave = &lv;
-  send_env(l, &env);
 }
 
 int agent_link_leave_drained(struct agent *ag) {

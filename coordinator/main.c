@@ -1041,6 +1041,18 @@ static void on_connection(uv_stream_t *server, int status) {
 
 /* ---- loop ------------------------------------------------------------ */
 
+/* After a restart, or on becoming the leader, with services to serve: the
+ * agents are finding us (their reconnect backoff is at most 2 s plus
+ * jitter) and their instances are adopted as they register. Tables wait,
+ * and no drain finishes, until every instance the frontends serve is
+ * adopted again (frontends_settled) or a lease and a second have passed. */
+static void settle(struct coordinator *co) {
+  co->settle_until_ms = lynx_coord_now_ms() +
+                        (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms : 3000) +
+                        1000;
+  co->c.reg.settling = 1;
+}
+
 /* 1 when every instance a connected frontend reports serving is known
  * again (its agent re-registered and it was adopted), and at least one
  * frontend has reported. */
@@ -1106,6 +1118,7 @@ static void on_tick(uv_timer_t *t) {
       (now >= co->settle_until_ms || frontends_settled(co))) {
     LYNX_INFO("coordinator", "settled after the restart: pushing tables");
     co->settle_until_ms = 0;
+    co->c.reg.settling = 0;
     push_tables(co);
   }
   after_change(co);
@@ -1134,10 +1147,7 @@ static void on_role(uv_async_t *a) {
      * services' instances are adopted as they register) */
     pthread_mutex_lock(&co->c.lock);
     if (co->c.reg.services)
-      co->settle_until_ms = lynx_coord_now_ms() +
-                            (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms
-                                                     : 3000) +
-                            1000;
+      settle(co);
     after_change(co);
     pthread_mutex_unlock(&co->c.lock);
     return;
@@ -1321,13 +1331,9 @@ int main(int argc, char **argv) {
     uv_loop_close(&co.loop);
     goto out_reg;
   }
-  /* With services on disk this is a restart: agents are re-registering
-   * (their reconnect backoff is at most 2 s plus jitter). Tables wait until
-   * every instance the frontends serve is adopted again, or this deadline. */
+  /* with services on disk this is a restart: agents are re-registering */
   if (co.c.reg.services)
-    co.settle_until_ms = lynx_coord_now_ms() +
-                         (co.cfg.lease_ms > 3000 ? co.cfg.lease_ms : 3000) +
-                         1000;
+    settle(&co);
   uv_timer_init(&co.loop, &co.tick);
   co.tick.data = &co;
   uv_timer_start(&co.tick, on_tick, TICK_MS, TICK_MS);

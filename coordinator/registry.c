@@ -800,11 +800,15 @@ static int u64_cmp(const void *a, const void *b) {
 }
 
 /* Whether every connected frontend runs table table_version or later and
- * reports nothing outstanding on the instances ids[0..cnt) (sorted). */
+ * reports nothing outstanding on the instances ids[0..cnt) (sorted); never
+ * while the coordinator settles (a frontend holding them may be one that
+ * has not reconnected yet). */
 static int frontends_quiet(const struct lynx_registry *r,
                            uint64_t table_version, const uint64_t *ids,
                            size_t cnt) {
   const struct lynx_reg_frontend *f;
+  if (r->settling)
+    return 0;
   for (f = r->frontends; f; f = f->next) {
     if (!f->connected)
       continue;
@@ -1441,7 +1445,7 @@ int lynx_reg_instance_ready(struct lynx_registry *r, const char *node_id,
   for (struct lynx_reg_instance *j = r->instances; j; j = j->next)
     if (j->replaced_by == i->id && j->state == LYNX_INST_READY)
       inst_retire(r, j, now_ms);
-  retire_check_all(r, now_ms); /* no frontend: at once */
+  retire_check_all(r, now_ms); /* no frontend (and settled): at once */
   lynx_reg_table_commit(r);
   return 0;
 }
@@ -1828,7 +1832,7 @@ static void drain_begin(struct lynx_registry *r, struct lynx_reg_node *n,
   n->drain_deadline_ms = now_ms + r->drain_timeout_ms;
   /* replicas get their replacements while n drains */
   reconcile(r);
-  drain_check(r, n, now_ms); /* no frontend: done at once */
+  drain_check(r, n, now_ms); /* no frontend (and settled): done at once */
   lynx_reg_table_commit(r);
 }
 

@@ -17,9 +17,14 @@
 #     agent exits after its --stop-timeout-ms (1.5 s), saying so.
 #  4. Again, with a long --stop-timeout-ms: the API shows the node
 #     leaving and refuses to undrain it; a second SIGTERM stops it at once.
-#  5. Again: the coordinator killed while the node drains: the agent stops
-#     at once (a new leader would never finish the drain).
-#  6. Nothing to drain (no service, no instance): SIGTERM stops at once.
+#  5. Again: the coordinator killed while the node drains, and started
+#     again: the agent registers with it, asks it again for the drain (a
+#     drain lives in the leader's memory only), and leaves drained, though
+#     not before the frontend that holds its instance is back.
+#  6. Again, the coordinator killed and not back: the agent stops once no
+#     coordinator answered for a lease (1 s), well before its
+#     --stop-timeout-ms (60 s).
+#  7. Nothing to drain (no service, no instance): SIGTERM stops at once.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init agent_stop
@@ -123,19 +128,41 @@ stopped_in "$A" "$A_LOG" "Terminated, shutting down" 0 3000 "$t0"
 kill -CONT "$FE"
 log "ok: stopped $(($(now_ms) - t0)) ms after the second SIGTERM"
 
-# ---- 5. the coordinator lost while draining ------------------------------------
-log "== 5. the coordinator killed while the node drains"
+# ---- 5. the coordinator restarted while draining --------------------------------
+log "== 5. the coordinator killed and started again while the node drains"
 new_agent 60000
 stuck_drain
 wait_log "$COORD_LOG" "node $N1 drains to leave" 5 3 "$C"
+kill9 "$C"
+start_coordinator --lease-ms 1000 --drain-timeout-ms 60000 --frontend-timeout-ms 60000
+C=$COORD_PID
+wait_log "$A_LOG" "again to drain the node before stopping" 10 1 "$A"
+wait_log "$COORD_LOG" "node $N1 drains to leave" 5 1 "$C"
+# the frontend that holds the node's instance has not come back: a second
+# later the drain still waits for it (the restarted coordinator settles)
+sleep 1
+is_alive "$A" || fail "the drain finished while the frontend holding the node's instance was away"
+t0=$(now_ms)
+kill -CONT "$FE" # the drain can finish now
+stopped_in "$A" "$A_LOG" "drained: every instance stopped; leaving" 0 10000 "$t0"
+assert_log "$A_LOG" "lost the coordinator while draining; reconnecting" "the agent rode out the restart"
+wait_node_state "$N1" down 5000 || fail "$N1 not down after its agent left (state '$NODE_STATE')"
+log "ok: the restarted coordinator finished the drain; the agent left $(($(now_ms) - t0)) ms after the frontend resumed"
+
+# ---- 6. the coordinator lost while draining ------------------------------------
+log "== 6. the coordinator killed and not back: the agent waits a lease, then stops"
+new_agent 60000
+stuck_drain
+wait_log "$COORD_LOG" "node $N1 drains to leave" 5 2 "$C"
 t0=$(now_ms)
 kill9 "$C"
-stopped_in "$A" "$A_LOG" "lost the coordinator while draining: stopping now" 0 3000 "$t0"
+stopped_in "$A" "$A_LOG" "no coordinator answered within the lease while draining" 900 5000 "$t0"
+assert_log "$A_LOG" "lost the coordinator while draining; reconnecting" "the agent waited for a coordinator"
 kill -CONT "$FE"
-log "ok: stopped $(($(now_ms) - t0)) ms after the coordinator's kill"
+log "ok: stopped $(($(now_ms) - t0)) ms after the coordinator's kill (lease 1000 ms)"
 
-# ---- 6. nothing to drain ----------------------------------------------------------
-log "== 6. an agent with no instance stops at once"
+# ---- 7. nothing to drain ----------------------------------------------------------
+log "== 7. an agent with no instance stops at once"
 start_coordinator --lease-ms 1000
 C=$COORD_PID
 api DELETE /v1/services/echo

@@ -569,6 +569,49 @@ static void test_leave_drain(void **state) {
   assert_int_equal(f->r.version, v);
 }
 
+/* While the coordinator settles after a restart (or on becoming the
+ * leader), a frontend that holds a draining node's instances may not have
+ * reconnected yet: no drain finishes as quiet, and none at once for want
+ * of frontends; the deadline still holds. */
+static void test_drain_waits_for_settle(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  struct lynx_reg_node *n;
+
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 0), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  assert_int_equal(ready_all(&f->r, 10), 2);
+  n = lynx_reg_node_find(&f->r, "n1");
+  f->r.settling = 1;
+  /* no frontend connected: without settling, done at once */
+  assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 1, 100), 0);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  lynx_reg_tick(&f->r, 200);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  /* a frontend back, running the table without n1, nothing outstanding:
+   * still not before the coordinator settled */
+  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 300));
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 300);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  assert_int_equal(f->n_stop, 0);
+  f->r.settling = 0;
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 400);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+  assert_int_equal(f->n_stop, 2);
+
+  /* the deadline ends a drain even while settling */
+  assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 500), 0);
+  assert_int_equal(ready_all(&f->r, 510), 2);
+  f->r.settling = 1;
+  assert_int_equal(lynx_reg_drain(&f->r, "n2", 600, &err), 0);
+  n = lynx_reg_node_find(&f->r, "n2");
+  heartbeat(&f->r, "n2", 600 + DRAIN_TIMEOUT - 100);
+  lynx_reg_tick(&f->r, 600 + DRAIN_TIMEOUT - 1);
+  assert_int_equal(n->state, LYNX_NODE_DRAINING);
+  lynx_reg_tick(&f->r, 600 + DRAIN_TIMEOUT);
+  assert_int_equal(n->state, LYNX_NODE_DRAINED);
+}
+
 static void test_drain_errors(void **state) {
   struct fx *f = *state;
   struct lynx_reg_err err;
@@ -2508,6 +2551,7 @@ int main(int argc, char **argv) {
       T(test_drain_deadline),
       T(test_drain_without_frontend),
       T(test_leave_drain),
+      T(test_drain_waits_for_settle),
       T(test_drain_errors),
       T(test_lease_expiry),
       T(test_pause_credit),
