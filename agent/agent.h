@@ -205,8 +205,8 @@ void agent_link_stop(struct agent *ag); /* sends Leave when connected */
 /* Asks the coordinator to drain this node before it leaves (Leave with
  * drain; the caller sets ag->leaving first): 0, the agent waits until the
  * coordinator has stopped every instance (then agent_shutdown); a link
- * lost meanwhile is dialled again and a coordinator that answers within a
- * lease is asked again (else agent_stop_soon; the caller's stop timer
+ * lost meanwhile is dialled again and a coordinator that answers within
+ * 2 s (or a lease) is asked again (else agent_stop_soon; the caller's stop timer
  * bounds it all); -1 when there is
  * nothing to drain, or no coordinator to drain it (not registered): stop
  * at once. */

@@ -33,7 +33,8 @@
  * Leave without drain, then the agent exits). A drain lives in the
  * leader's memory only: after a lost connection the agent dials again and
  * asks the coordinator that registers it (restarted, or a new leader) for
- * the drain again; none within a lease, or a silent one, ends the wait.
+ * the drain again; none within LEAVE_REDIAL_MS (or a lease), or a silent
+ * one, ends the wait.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -53,6 +54,11 @@ enum link_state {
 };
 
 #define HB_RING 64 /* heartbeats awaiting their reply, remembered */
+/* Draining to leave, a lost coordinator is waited for this long at most
+ * (or a lease, if shorter): long enough for a restart under systemd or a
+ * leader that stepped down to hand over, short enough that stopping the
+ * whole cluster at once does not keep agents waiting. */
+#define LEAVE_REDIAL_MS 2000u
 
 struct coord_link {
   struct agent *ag;
@@ -554,19 +560,21 @@ static void link_closed(struct lynx_ctl *c) {
   }
   if (l->ag->leaving) {
     /* A drain lives in the leader's memory: one restarted, or a new
-     * leader, that answers within a lease is asked for it again (it
-     * settles first); a coordinator gone for longer (the whole cluster
-     * stopping) is not waited for. */
+     * leader, that answers within LEAVE_REDIAL_MS is asked for it again
+     * (it settles first); a coordinator gone for longer (the whole
+     * cluster stopping, a crashed leader's lease still running) is not
+     * waited for. */
     uint64_t now = lynx_now_ns();
+    uint64_t wait_ms = l->lease_ms < LEAVE_REDIAL_MS ? l->lease_ms
+                                                     : LEAVE_REDIAL_MS;
     if (was) {
       l->lost_ns = now;
       LYNX_WARN("agent", "%s: lost the coordinator while draining; "
-                "reconnecting to ask again for the drain (a coordinator "
-                "must answer within the lease, %llu ms)", l->ag->node_id,
-                (unsigned long long)l->lease_ms);
-    } else if (l->lost_ns && now - l->lost_ns >= l->lease_ms * 1000000u) {
-      agent_stop_soon(l->ag, "no coordinator answered within the lease "
-                             "while draining");
+                "reconnecting to ask again for the drain (for %llu ms at "
+                "most)", l->ag->node_id, (unsigned long long)wait_ms);
+    } else if (l->lost_ns && now - l->lost_ns >= wait_ms * 1000000u) {
+      agent_stop_soon(l->ag, "no coordinator answered again while "
+                             "draining");
       return;
     }
   } else if (was)
