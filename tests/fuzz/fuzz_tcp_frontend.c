@@ -78,6 +78,7 @@ static void *agent_main(void *arg) {
   struct linger lg = {1, 0};
   int fd = -1, shut = 0;
   struct pollfd lp = {a->lfd, POLLIN, 0};
+  uint8_t buf[65536]; /* (out of the loop: ASan poisons a scope's locals) */
   if (poll(&lp, 1, (int)(SESSION_NS / 1000000u)) <= 0 ||
       (fd = accept(a->lfd, NULL, NULL)) < 0)
     return NULL; /* the harness gave up on connecting */
@@ -86,7 +87,6 @@ static void *agent_main(void *arg) {
     challenge(fd, a, end);
   while (lynx_now_ns() < end) {
     struct pollfd p = {fd, POLLIN | (sent < a->n ? POLLOUT : 0), 0};
-    uint8_t buf[65536];
     ssize_t k;
     if (sent == a->n && !shut) {
       shutdown(fd, SHUT_WR);
