@@ -104,6 +104,21 @@ static int usage_err(const char *fmt, ...) {
   return EX_USAGE;
 }
 
+/* A command's options into opts (tab's). 1 when the command ends here,
+ * with *exit_code: after an error (said, with a hint: EX_USAGE) or --help
+ * (EX_OK), opts freed; 0 to go on (*exit_code EX_OK). */
+static int scan_cmd(const struct lynx_opt *tab, void *opts, int argc,
+                    char **argv, struct lynx_opts_scan *scan, int *exit_code) {
+  int rc = lynx_opts_scan(tab, opts, argc, argv, usage_text, scan);
+  *exit_code = rc ? EX_USAGE : EX_OK;
+  if (!rc && !scan->help)
+    return 0;
+  lynx_opts_free(tab, opts);
+  if (rc)
+    fputs("(lynxctl --help for usage)\n", stderr);
+  return 1;
+}
+
 /* ---- HTTP --------------------------------------------------------------- */
 
 static size_t on_data(char *p, size_t size, size_t n, void *arg) {
@@ -886,13 +901,8 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
   int rc;
 
   memset(&o, 0, sizeof(o));
-  rc = lynx_opts_scan(create_tab, &o, argc, argv, usage_text, &scan);
-  if (rc || scan.help) {
-    lynx_opts_free(create_tab, &o);
-    if (rc)
-      fputs("(lynxctl --help for usage)\n", stderr);
-    return rc ? EX_USAGE : EX_OK;
-  }
+  if (scan_cmd(create_tab, &o, argc, argv, &scan, &rc))
+    return rc;
   rc = create_body(&o, scan.given, &body);
   lynx_opts_free(create_tab, &o);
   if (rc != EX_OK)
@@ -1164,13 +1174,8 @@ static int cmd_top(struct ctl *t, int argc, char **argv) {
 
   memset(&c, 0, sizeof(c));
   memset(&o, 0, sizeof(o));
-  rc = lynx_opts_scan(top_tab, &c, argc, argv, usage_text, &scan);
-  if (rc || scan.help) {
-    lynx_opts_free(top_tab, &c);
-    if (rc)
-      fputs("(lynxctl --help for usage)\n", stderr);
-    return rc ? EX_USAGE : EX_OK;
-  }
+  if (scan_cmd(top_tab, &c, argc, argv, &scan, &rc))
+    return rc;
   errno = 0;
   o.delay_s = strtod(c.delay, &end);
   /* (the negated test also refuses NaN) */
@@ -1276,13 +1281,8 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
   int rc, lost = 0, told = 0;
 
   memset(&c, 0, sizeof(c));
-  rc = lynx_opts_scan(drain_tab, &c, argc - 1, argv + 1, usage_text, &scan);
-  if (rc || scan.help) {
-    lynx_opts_free(drain_tab, &c);
-    if (rc)
-      fputs("(lynxctl --help for usage)\n", stderr);
-    return rc ? EX_USAGE : EX_OK;
-  }
+  if (scan_cmd(drain_tab, &c, argc - 1, argv + 1, &scan, &rc))
+    return rc;
   errno = 0;
   timeout_s = strtod(c.timeout, &end);
   if (errno || end == c.timeout || *end || !(timeout_s > 0) ||
