@@ -206,10 +206,9 @@ void agent_link_stop(struct agent *ag); /* sends Leave when connected */
  * drain; the caller sets ag->leaving first): 0, the agent waits until the
  * coordinator has stopped every instance (then agent_shutdown); a link
  * lost meanwhile is dialled again and a coordinator that answers within
- * 2 s (or a lease) is asked again (else agent_stop_soon; the caller's stop timer
- * bounds it all); -1 when there is
- * nothing to drain, or no coordinator to drain it (not registered): stop
- * at once. */
+ * 2 s (or a lease) is asked again (else agent_stop_soon; the caller's
+ * stop timer bounds it all); -1 when there is nothing to drain, or no
+ * coordinator to drain it (not registered): stop at once. */
 int agent_link_leave_drained(struct agent *ag);
 
 /* main.c: orderly shutdown with this exit code (idempotent) */

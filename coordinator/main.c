@@ -164,9 +164,6 @@ struct coordinator {
   struct cpeer *peers;
   struct action *actions, **actions_tail; /* under c.lock */
   uint64_t seen_version, fe_seq;
-  /* After a start, frontends keep their last table for one lease while the
-   * agents re-register, rather than losing nodes that are a moment late. */
-  uint64_t settle_until_ms;
   /* no frontend epoch could be issued: not asked again before this (an
    * unreachable store holds the loop for its timeout on every try) */
   uint64_t epoch_retry_ms;
@@ -461,7 +458,7 @@ static void push_tables(struct coordinator *co) {
   struct lynx_registry *r = &co->c.reg;
   char **down = NULL;
   size_t n_down = 0;
-  if (lynx_coord_now_ms() < co->settle_until_ms)
+  if (lynx_coord_now_ms() < co->c.reg.settle_until_ms)
     return; /* the tick pushes once the agents had their chance */
   /* a follower's tables are no one's: one that just stepped down (its
    * frontends not closed yet) would hand them what it no longer knows,
@@ -1047,10 +1044,9 @@ static void on_connection(uv_stream_t *server, int status) {
  * and no drain finishes, until every instance the frontends serve is
  * adopted again (frontends_settled) or a lease and a second have passed. */
 static void settle(struct coordinator *co) {
-  co->settle_until_ms = lynx_coord_now_ms() +
-                        (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms : 3000) +
-                        1000;
-  co->c.reg.settling = 1;
+  co->c.reg.settle_until_ms =
+      lynx_coord_now_ms() +
+      (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms : 3000) + 1000;
 }
 
 /* 1 when every instance a connected frontend reports serving is known
@@ -1112,13 +1108,12 @@ static void on_tick(uv_timer_t *t) {
       lynx_ctl_close(&p->ctl, why);
       cut = 1;
     }
-  if (cut && !co->settle_until_ms)
+  if (cut && !co->c.reg.settle_until_ms)
     push_tables(co); /* its instances go to the other frontends now */
-  if (co->settle_until_ms &&
-      (now >= co->settle_until_ms || frontends_settled(co))) {
+  if (co->c.reg.settle_until_ms &&
+      (now >= co->c.reg.settle_until_ms || frontends_settled(co))) {
     LYNX_INFO("coordinator", "settled after the restart: pushing tables");
-    co->settle_until_ms = 0;
-    co->c.reg.settling = 0;
+    co->c.reg.settle_until_ms = 0;
     push_tables(co);
   }
   after_change(co);

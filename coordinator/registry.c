@@ -807,7 +807,7 @@ static int frontends_quiet(const struct lynx_registry *r,
                            uint64_t table_version, const uint64_t *ids,
                            size_t cnt) {
   const struct lynx_reg_frontend *f;
-  if (r->settling)
+  if (r->settle_until_ms)
     return 0;
   for (f = r->frontends; f; f = f->next) {
     if (!f->connected)

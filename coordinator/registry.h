@@ -320,11 +320,12 @@ struct lynx_registry {
    * placement when nothing changed since) */
   int table_dirty;
   uint64_t placed_version;
-  /* The coordinator settles after a restart, or on becoming the leader
-   * (set by its loop): the frontends that still hold instances may not
-   * have reconnected yet, so no drain or retirement counts as quiet until
-   * it is over (their deadlines still hold). */
-  int settling;
+  /* Until when the coordinator settles after a restart, or on becoming
+   * the leader (0: settled; its loop sets and clears it): tables wait, and
+   * the frontends that still hold instances may not have reconnected yet,
+   * so no drain or retirement counts as quiet meanwhile (their deadlines
+   * still hold). */
+  uint64_t settle_until_ms;
   /* operator limits on lynx_reg_service_create (0: none): how many
    * services may exist (409 above), and the largest region one service may
    * ask of each accelerator (lynx_service_region_bytes; 422 above) */

@@ -582,7 +582,7 @@ static void test_drain_waits_for_settle(void **state) {
   add_service(&f->r, "echo", 7000, 0, NULL);
   assert_int_equal(ready_all(&f->r, 10), 2);
   n = lynx_reg_node_find(&f->r, "n1");
-  f->r.settling = 1;
+  f->r.settle_until_ms = 1000000;
   /* no frontend connected: without settling, done at once */
   assert_int_equal(lynx_reg_leave_drain(&f->r, "n1", 1, 100), 0);
   assert_int_equal(n->state, LYNX_NODE_DRAINING);
@@ -594,7 +594,7 @@ static void test_drain_waits_for_settle(void **state) {
   lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 300);
   assert_int_equal(n->state, LYNX_NODE_DRAINING);
   assert_int_equal(f->n_stop, 0);
-  f->r.settling = 0;
+  f->r.settle_until_ms = 0;
   lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 400);
   assert_int_equal(n->state, LYNX_NODE_DRAINED);
   assert_int_equal(f->n_stop, 2);
@@ -602,7 +602,7 @@ static void test_drain_waits_for_settle(void **state) {
   /* the deadline ends a drain even while settling */
   assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 500), 0);
   assert_int_equal(ready_all(&f->r, 510), 2);
-  f->r.settling = 1;
+  f->r.settle_until_ms = 1000000;
   assert_int_equal(lynx_reg_drain(&f->r, "n2", 600, &err), 0);
   n = lynx_reg_node_find(&f->r, "n2");
   heartbeat(&f->r, "n2", 600 + DRAIN_TIMEOUT - 100);
