@@ -18,18 +18,21 @@
 #include "connguard.h"
 #include "registry.h"
 
+struct lynx_state_edit; /* store.h */
+
 struct lynx_coord {
   pthread_mutex_t lock;
   pthread_cond_t changed;
   struct lynx_registry reg;
   const char *state_dir;
   /* Where operator intent persists instead of state_dir (main.c: etcd,
-   * --etcd), NULL: state_dir. Called with lock held after a mutation; 0
-   * or -errno with err (-EAGAIN, -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH:
+   * --etcd), NULL: state_dir. Called with lock held before a change is
+   * applied, with the state as it is and the change (store.h): 0 or
+   * -errno with err (-EAGAIN, -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH:
    * the store is unreachable or cannot serve: 503). save_where names it in
    * messages. */
-  int (*save)(void *arg, const struct lynx_registry *r, char *err,
-              size_t errlen);
+  int (*save)(void *arg, const struct lynx_registry *r,
+              const struct lynx_state_edit *edit, char *err, size_t errlen);
   void *save_arg;
   const char *save_where;
   const char *token; /* NULL: no token; mutating API calls then need loopback */

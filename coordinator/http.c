@@ -298,61 +298,35 @@ static unsigned save_err_status(int rc, const char **code) {
   return 500;
 }
 
-/* Persists operator intent after a mutation (lock held). 0, or -errno with
- * an error in out (503 when the store cannot be reached or cannot serve,
- * 500 otherwise) and a log line. The change itself stays applied in
- * memory; the next successful save writes it. */
-static int persist(struct http_req *rq, struct http_out *out,
-                   const char *what) {
+/* Saves operator intent as it will be once the change in edit is applied
+ * (lock held), before it is applied: 0, or -errno with the refusal in out
+ * and a log line, the change not to be applied. The store says why: 503
+ * when it cannot be reached or cannot serve (etcd; this coordinator no
+ * longer leads), 507 when it has no room, else 500. With etcd, a save that
+ * timed out may still reach etcd; the next save writes the state as this
+ * coordinator holds it over it. */
+static int save_first(struct http_req *rq, struct http_out *out,
+                      const char *what, const struct lynx_state_edit *edit) {
   struct lynx_coord *c = rq->c;
-  const char *where = c->save ? c->save_where : "the state directory";
+  const char *where = c->save ? c->save_where : c->state_dir;
   char err[256] = "";
   const char *code;
   unsigned status;
   int rc;
   if (c->save)
-    rc = c->save(c->save_arg, &c->reg, err, sizeof(err));
+    rc = c->save(c->save_arg, &c->reg, edit, err, sizeof(err));
   else if (c->state_dir)
-    rc = lynx_store_save(c->state_dir, &c->reg, err, sizeof(err));
+    rc = lynx_store_save(c->state_dir, &c->reg, edit, err, sizeof(err));
   else
     return 0;
   if (rc == 0)
     return 0;
-  LYNX_ERR(COMP, "%s: applied but not saved in %s: %s", what,
-           c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
+  LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "%s refused: it cannot be saved in %s: %s",
+              what, where, err[0] ? err : strerror(-rc));
   status = save_err_status(rc, &code);
   reply_err(out, status, code,
-            "%s: applied but not saved in %s (%s); it is lost if the "
-            "coordinator restarts before a later save succeeds",
-            what, where, err[0] ? err : strerror(-rc));
-  return rc;
-}
-
-/* Before a change of operator intent (lock held): with the state directory
- * as the store, the state as it is is written first, so that a directory
- * that cannot take a write (a full disk, a read-only mount) refuses the
- * change before it is applied: 507 insufficient_storage (ENOSPC, EDQUOT),
- * else 500; nothing changed. (A disk filling between this and the save
- * gets persist's "applied but not saved".) 0, or -errno with out set. */
-static int preflight(struct http_req *rq, struct http_out *out,
-                     const char *what) {
-  struct lynx_coord *c = rq->c;
-  char err[256] = "";
-  const char *code;
-  unsigned status;
-  int rc;
-  if (c->save || !c->state_dir)
-    return 0;
-  rc = lynx_store_save(c->state_dir, &c->reg, err, sizeof(err));
-  if (rc == 0)
-    return 0;
-  LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "%s refused: the state directory %s "
-              "cannot be written: %s", what, c->state_dir,
-              err[0] ? err : strerror(-rc));
-  status = save_err_status(rc, &code);
-  reply_err(out, status, code,
-            "%s: not applied: the state directory %s cannot be written (%s)",
-            what, c->state_dir, err[0] ? err : strerror(-rc));
+            "%s: not applied: it cannot be saved in %s (%s)", what,
+            c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
   return rc;
 }
 
@@ -1270,24 +1244,20 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
     return;
   }
   pthread_mutex_lock(&rq->c->lock);
-  if (preflight(rq, out, "service create")) {
-    pthread_mutex_unlock(&rq->c->lock);
-    return;
-  }
-  rc = lynx_reg_service_create(&rq->c->reg, &spec, lynx_coord_now_ms(), &err);
+  rc = lynx_reg_service_prepare(&rq->c->reg, &spec, &s, &err);
   if (rc == 0) {
+    struct lynx_state_edit edit = {.add_service = &s->spec};
+    if (save_first(rq, out, "service create", &edit)) {
+      pthread_mutex_unlock(&rq->c->lock);
+      free(s);
+      return;
+    }
+    lynx_reg_service_add(&rq->c->reg, s, lynx_coord_now_ms());
     lynx_ev_add(&rq->c->reg.ev, LYNX_EV_SERVICE_CREATED, spec.name,
                 "service %s created (%s on port %u)", spec.name, spec.app,
                 (unsigned)spec.port);
     lynx_coord_changed(rq->c);
-    s = lynx_reg_service_find(&rq->c->reg, spec.name);
-    if (s)
-      j = lynx_json_service(&rq->c->reg, s);
-    if (persist(rq, out, "service create")) {
-      pthread_mutex_unlock(&rq->c->lock);
-      json_object_put(j);
-      return;
-    }
+    j = lynx_json_service(&rq->c->reg, s);
   }
   pthread_mutex_unlock(&rq->c->lock);
   if (rc) {
@@ -1302,21 +1272,16 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
   reply_encoded(out, 201, j);
 }
 
-/* Finishes a mutation made under c->lock, and releases the lock: on
- * success wakes the watchers, saves the state and answers status with j;
- * otherwise answers the registry's error. Takes j (may be NULL on error). */
+/* Finishes a change of operator intent, saved first (save_first) and then
+ * applied under c->lock, and releases the lock: on success (rc 0) wakes
+ * the watchers and answers status with j; otherwise answers the registry's
+ * error. Takes j (may be NULL on error). */
 static void finish_mutation(struct http_req *rq, struct http_out *out, int rc,
                             const struct lynx_reg_err *err,
                             struct json_object *j, const char *what,
                             unsigned status) {
-  if (rc == 0) {
+  if (rc == 0)
     lynx_coord_changed(rq->c);
-    if (persist(rq, out, what)) {
-      pthread_mutex_unlock(&rq->c->lock);
-      json_object_put(j);
-      return;
-    }
-  }
   pthread_mutex_unlock(&rq->c->lock);
   if (rc) {
     json_object_put(j);
@@ -1329,6 +1294,7 @@ static void finish_mutation(struct http_req *rq, struct http_out *out, int rc,
 
 /* 200 with the service as it was just before it was deleted. */
 static void h_service_delete(struct http_req *rq, struct http_out *out) {
+  struct lynx_state_edit edit = {.del_service = rq->params[0]};
   struct lynx_reg_err err;
   struct lynx_reg_service *s;
   struct json_object *j;
@@ -1342,7 +1308,7 @@ static void h_service_delete(struct http_req *rq, struct http_out *out) {
     reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
     return;
   }
-  if (preflight(rq, out, "service delete")) {
+  if (save_first(rq, out, "service delete", &edit)) {
     pthread_mutex_unlock(&rq->c->lock);
     return;
   }
@@ -1357,6 +1323,8 @@ static void h_service_delete(struct http_req *rq, struct http_out *out) {
 
 /* drain / undrain: 200 with the node as it is afterwards. */
 static void node_op(struct http_req *rq, struct http_out *out, int drain) {
+  const char *what = drain ? "node drain" : "node undrain";
+  struct lynx_state_edit edit = {0};
   struct lynx_reg_err err;
   struct lynx_reg_node *n;
   struct json_object *j = NULL;
@@ -1370,16 +1338,23 @@ static void node_op(struct http_req *rq, struct http_out *out, int drain) {
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
     return;
   }
-  if (preflight(rq, out, drain ? "node drain" : "node undrain")) {
-    pthread_mutex_unlock(&rq->c->lock);
-    return;
+  rc = drain ? lynx_reg_drain_check(&rq->c->reg, rq->params[0], &n, &err)
+             : lynx_reg_undrain_check(&rq->c->reg, rq->params[0], &n, &err);
+  if (rc == 0) {
+    if (drain)
+      edit.add_drained = n->id;
+    else
+      edit.del_drained = n->id;
+    if (save_first(rq, out, what, &edit)) {
+      pthread_mutex_unlock(&rq->c->lock);
+      return;
+    }
+    rc = drain ? lynx_reg_drain(&rq->c->reg, rq->params[0], now, &err)
+               : lynx_reg_undrain(&rq->c->reg, rq->params[0], now, &err);
   }
-  rc = drain ? lynx_reg_drain(&rq->c->reg, rq->params[0], now, &err)
-             : lynx_reg_undrain(&rq->c->reg, rq->params[0], now, &err);
   if (rc == 0 && (n = lynx_reg_node_find(&rq->c->reg, rq->params[0])) != NULL)
     j = lynx_json_node(&rq->c->reg, n, now);
-  finish_mutation(rq, out, rc, &err, j, drain ? "node drain" : "node undrain",
-                  200);
+  finish_mutation(rq, out, rc, &err, j, what, 200);
 }
 
 static void h_node_drain(struct http_req *rq, struct http_out *out) {
@@ -1430,7 +1405,7 @@ static void h_frontend_undrain(struct http_req *rq, struct http_out *out) {
 static void h_node_forget(struct http_req *rq, struct http_out *out) {
   struct lynx_reg_err err;
   struct lynx_reg_node *n;
-  struct json_object *j;
+  struct json_object *j = NULL;
   int rc;
 
   memset(&err, 0, sizeof(err));
@@ -1441,12 +1416,16 @@ static void h_node_forget(struct http_req *rq, struct http_out *out) {
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
     return;
   }
-  if (preflight(rq, out, "node forget")) {
-    pthread_mutex_unlock(&rq->c->lock);
-    return;
+  rc = lynx_reg_forget_check(&rq->c->reg, rq->params[0], &n, &err);
+  if (rc == 0) {
+    struct lynx_state_edit edit = {.del_drained = n->id};
+    if (save_first(rq, out, "node forget", &edit)) {
+      pthread_mutex_unlock(&rq->c->lock);
+      return;
+    }
+    j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
+    rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
   }
-  j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
-  rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
   if (rc == 0)
     lynx_ev_add(&rq->c->reg.ev, LYNX_EV_NODE_FORGOTTEN, rq->params[0],
                 "node %s forgotten by an operator", rq->params[0]);

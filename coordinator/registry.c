@@ -1740,11 +1740,14 @@ struct lynx_reg_service *lynx_reg_service_find(struct lynx_registry *r,
   return NULL;
 }
 
-int lynx_reg_service_create(struct lynx_registry *r,
-                            const struct lynx_service_spec *spec,
-                            uint64_t now_ms, struct lynx_reg_err *err) {
-  struct lynx_reg_service *s, **tail;
+int lynx_reg_service_prepare(const struct lynx_registry *r,
+                             const struct lynx_service_spec *spec,
+                             struct lynx_reg_service **out,
+                             struct lynx_reg_err *err) {
+  const struct lynx_reg_service *o;
+  struct lynx_reg_service *s;
   int rc = lynx_service_spec_validate(spec, err);
+  *out = NULL;
   if (rc)
     return rc;
   rc = region_limit(r, spec, err);
@@ -1752,14 +1755,15 @@ int lynx_reg_service_create(struct lynx_registry *r,
     rc = app_check(r, spec, err);
   if (rc)
     return rc;
-  if (lynx_reg_service_find(r, spec->name)) {
-    ERR_CONFLICT(err, "name: service %s already exists", spec->name);
-    return -EEXIST;
-  }
-  for (s = r->services; s; s = s->next)
-    if (s->spec.port == spec->port) {
+  for (o = r->services; o; o = o->next)
+    if (!strncmp(o->spec.name, spec->name, sizeof(o->spec.name))) {
+      ERR_CONFLICT(err, "name: service %s already exists", spec->name);
+      return -EEXIST;
+    }
+  for (o = r->services; o; o = o->next)
+    if (o->spec.port == spec->port) {
       ERR_CONFLICT(err, "port: %u is in use by service %s", spec->port,
-                   s->spec.name);
+                   o->spec.name);
       return -EADDRINUSE;
     }
   rc = count_limit(r, err);
@@ -1776,14 +1780,31 @@ int lynx_reg_service_create(struct lynx_registry *r,
     s->spec.replicas = 0;
   memset(s->spec.selector + s->spec.n_selector, 0,
          (LYNX_LABELS_MAX - s->spec.n_selector) * sizeof(s->spec.selector[0]));
+  *out = s;
+  return 0;
+}
+
+void lynx_reg_service_add(struct lynx_registry *r, struct lynx_reg_service *s,
+                          uint64_t now_ms) {
+  struct lynx_reg_service **tail;
   s->created_ms = now_ms;
+  s->next = NULL;
   for (tail = &r->services; *tail; tail = &(*tail)->next)
     ;
   *tail = s;
   r->version++;
   reconcile(r);
   lynx_reg_table_commit(r);
-  return 0;
+}
+
+int lynx_reg_service_create(struct lynx_registry *r,
+                            const struct lynx_service_spec *spec,
+                            uint64_t now_ms, struct lynx_reg_err *err) {
+  struct lynx_reg_service *s;
+  int rc = lynx_reg_service_prepare(r, spec, &s, err);
+  if (!rc)
+    lynx_reg_service_add(r, s, now_ms);
+  return rc;
 }
 
 int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
@@ -1836,9 +1857,10 @@ static void drain_begin(struct lynx_registry *r, struct lynx_reg_node *n,
   lynx_reg_table_commit(r);
 }
 
-int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
-                   struct lynx_reg_err *err) {
+int lynx_reg_drain_check(struct lynx_registry *r, const char *id,
+                         struct lynx_reg_node **out, struct lynx_reg_err *err) {
   struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  *out = n;
   if (!n) {
     ERR_NOTFOUND(err, "node %s not found", id ? id : "");
     return -ENOENT;
@@ -1847,6 +1869,15 @@ int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
     ERR_CONFLICT(err, "node %s is down", n->id);
     return -EINVAL;
   }
+  return 0;
+}
+
+int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
+                   struct lynx_reg_err *err) {
+  struct lynx_reg_node *n;
+  int rc = lynx_reg_drain_check(r, id, &n, err);
+  if (rc)
+    return rc;
   if (!n->drain_intent) {
     n->drain_intent = 1;
     r->version++;
@@ -1869,18 +1900,14 @@ int lynx_reg_leave_drain(struct lynx_registry *r, const char *id,
   return 0;
 }
 
-int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
-                     struct lynx_reg_err *err) {
-  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
-  (void)now_ms;
-  if (!n) {
-    ERR_NOTFOUND(err, "node %s not found", id ? id : "");
-    return -ENOENT;
-  }
-  if (n->state == LYNX_NODE_DOWN) {
-    ERR_CONFLICT(err, "node %s is down", n->id);
-    return -EINVAL;
-  }
+int lynx_reg_undrain_check(struct lynx_registry *r, const char *id,
+                           struct lynx_reg_node **out,
+                           struct lynx_reg_err *err) {
+  struct lynx_reg_node *n;
+  int rc = lynx_reg_drain_check(r, id, &n, err);
+  *out = n;
+  if (rc)
+    return rc;
   if (n->leaving) {
     /* undone, its agent would stop anyway at its --stop-timeout-ms, with
      * requests in flight: the drain is what makes that stop lossless */
@@ -1888,6 +1915,16 @@ int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
                  "new agent registers it ready)", n->id);
     return -EINVAL;
   }
+  return 0;
+}
+
+int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
+                     struct lynx_reg_err *err) {
+  struct lynx_reg_node *n;
+  int rc = lynx_reg_undrain_check(r, id, &n, err);
+  (void)now_ms;
+  if (rc)
+    return rc;
   if (n->drain_intent) {
     n->drain_intent = 0;
     r->version++;
@@ -1921,22 +1958,31 @@ uint32_t lynx_reg_nodes_release(struct lynx_registry *r) {
   return gone;
 }
 
-int lynx_reg_forget(struct lynx_registry *r, const char *id,
-                    struct lynx_reg_err *err) {
-  struct lynx_reg_node **pp, *n;
-  for (pp = &r->nodes; *pp; pp = &(*pp)->next)
-    if (id && !strncmp((*pp)->id, id, sizeof((*pp)->id)))
-      break;
-  if (!*pp) {
+int lynx_reg_forget_check(struct lynx_registry *r, const char *id,
+                          struct lynx_reg_node **out,
+                          struct lynx_reg_err *err) {
+  struct lynx_reg_node *n = lynx_reg_node_find(r, id);
+  *out = n;
+  if (!n) {
     ERR_NOTFOUND(err, "node %s not found", id ? id : "");
     return -ENOENT;
   }
-  n = *pp;
   if (n->state != LYNX_NODE_DOWN) {
     ERR_CONFLICT(err, "node %s is %s: only a down node can be forgotten", n->id,
                  lynx_node_state_name(n->state));
     return -EBUSY;
   }
+  return 0;
+}
+
+int lynx_reg_forget(struct lynx_registry *r, const char *id,
+                    struct lynx_reg_err *err) {
+  struct lynx_reg_node **pp, *n;
+  int rc = lynx_reg_forget_check(r, id, &n, err);
+  if (rc)
+    return rc;
+  for (pp = &r->nodes; *pp != n; pp = &(*pp)->next)
+    ;
   node_drop_instances(r, n, 0); /* none: a down node has none */
   *pp = n->next;
   free(n);

@@ -430,14 +430,25 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
 
 /* ---- operators ------------------------------------------------------- */
 
-/* Validates and adds a service (persisting is the caller's). -EINVAL (400,
- * field named), -EFBIG (422 "limit_exceeded": its region is larger than
- * r->region_max_bytes; the message gives the computed size), -EEXIST (409
- * duplicate name), -EADDRINUSE (409 port in use), -ENOSPC (409
- * "limit_exceeded": r->services_max services exist). Placement runs. */
+/* Validates and adds a service (persisting is the caller's): the two
+ * steps below. -EINVAL (400, field named), -EFBIG (422 "limit_exceeded":
+ * its region is larger than r->region_max_bytes; the message gives the
+ * computed size), -EEXIST (409 duplicate name), -EADDRINUSE (409 port in
+ * use), -ENOSPC (409 "limit_exceeded": r->services_max services exist),
+ * -ENOMEM. Placement runs. */
 int lynx_reg_service_create(struct lynx_registry *r,
                             const struct lynx_service_spec *spec,
                             uint64_t now_ms, struct lynx_reg_err *err);
+/* Every check of lynx_reg_service_create, r unchanged: *out gets the
+ * service to add, its spec normalised as it will be kept (for the API to
+ * save it first: http.c), which lynx_reg_service_add takes and cannot
+ * fail; the caller frees one it does not add. */
+int lynx_reg_service_prepare(const struct lynx_registry *r,
+                             const struct lynx_service_spec *spec,
+                             struct lynx_reg_service **out,
+                             struct lynx_reg_err *err);
+void lynx_reg_service_add(struct lynx_registry *r, struct lynx_reg_service *s,
+                          uint64_t now_ms);
 /* The checks lynx_reg_service_create makes on a spec alone (no conflicts):
  * 0, or -EINVAL with err (400, "invalid_argument", field named). Shared
  * with the JSON decoder. */
@@ -466,9 +477,21 @@ int lynx_reg_drain(struct lynx_registry *r, const char *id, uint64_t now_ms,
  * -ENOENT, -ESTALE (another epoch), -ENOTCONN (declared down). */
 int lynx_reg_leave_drain(struct lynx_registry *r, const char *id,
                          uint64_t epoch, uint64_t now_ms);
-/* Back to READY (instances placed again). -ENOENT, -EINVAL (down). */
+/* Back to READY (instances placed again). -ENOENT, -EINVAL (down, or
+ * draining to leave). */
 int lynx_reg_undrain(struct lynx_registry *r, const char *id, uint64_t now_ms,
                      struct lynx_reg_err *err);
+/* The checks of lynx_reg_drain, lynx_reg_undrain and lynx_reg_forget, r
+ * unchanged (for the API to save the change before it applies it: once
+ * one passes, its operation succeeds). *out gets the node, when found. */
+int lynx_reg_drain_check(struct lynx_registry *r, const char *id,
+                         struct lynx_reg_node **out, struct lynx_reg_err *err);
+int lynx_reg_undrain_check(struct lynx_registry *r, const char *id,
+                           struct lynx_reg_node **out,
+                           struct lynx_reg_err *err);
+int lynx_reg_forget_check(struct lynx_registry *r, const char *id,
+                          struct lynx_reg_node **out,
+                          struct lynx_reg_err *err);
 /* Remembers that the operator drained node id (lynx_store_load): a node of
  * that id not registered yet starts DRAINED when it registers; a known node
  * just gets drain_intent (it applies at its next registration). 0, -EINVAL

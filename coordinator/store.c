@@ -37,24 +37,43 @@ static int join(char *out, size_t size, const char *dir, const char *name) {
   return (n < 0 || (size_t)n >= size) ? -ENAMETOOLONG : 0;
 }
 
-struct json_object *lynx_store_state_obj(const struct lynx_registry *r) {
+static int same_id(const char *a, const char *b) {
+  return a && b && !strcmp(a, b);
+}
+
+struct json_object *lynx_store_state_obj(const struct lynx_registry *r,
+                                         const struct lynx_state_edit *edit) {
+  static const struct lynx_state_edit none;
   struct json_object *root = json_object_new_object();
   struct json_object *svcs = json_object_new_array();
   struct json_object *drained = json_object_new_array();
   const struct lynx_reg_service *s;
   const struct lynx_reg_node *n;
   const struct lynx_reg_drain_intent *d;
+  int have_add = 0; /* edit->add_drained drained already */
 
+  if (!edit)
+    edit = &none;
   json_object_object_add(root, "version", json_object_new_int(STORE_VERSION));
-  for (s = r->services; s; s = s->next) {
-    json_object_array_add(svcs, lynx_json_service_spec_obj(&s->spec));
-  }
+  for (s = r->services; s; s = s->next)
+    if (!edit->del_service ||
+        strncmp(s->spec.name, edit->del_service, sizeof(s->spec.name)))
+      json_object_array_add(svcs, lynx_json_service_spec_obj(&s->spec));
+  if (edit->add_service)
+    json_object_array_add(svcs, lynx_json_service_spec_obj(edit->add_service));
   json_object_object_add(root, "services", svcs);
   for (n = r->nodes; n; n = n->next)
-    if (n->drain_intent)
+    if (n->drain_intent && !same_id(n->id, edit->del_drained)) {
+      have_add |= same_id(n->id, edit->add_drained);
       json_object_array_add(drained, json_object_new_string(n->id));
+    }
   for (d = r->drain_intents; d; d = d->next)
-    json_object_array_add(drained, json_object_new_string(d->id));
+    if (!same_id(d->id, edit->del_drained)) {
+      have_add |= same_id(d->id, edit->add_drained);
+      json_object_array_add(drained, json_object_new_string(d->id));
+    }
+  if (edit->add_drained && !have_add)
+    json_object_array_add(drained, json_object_new_string(edit->add_drained));
   json_object_object_add(root, "drained", drained);
   if (r->epoch_last)
     json_object_object_add(root, "epoch",
@@ -73,7 +92,7 @@ int lynx_store_issue_epoch(const char *dir, struct lynx_registry *r,
   r->epoch_last++;
   if (frontend)
     r->frontend_epoch = r->epoch_last;
-  rc = lynx_store_save(dir, r, err, errlen);
+  rc = lynx_store_save(dir, r, NULL, err, errlen);
   if (rc) {
     /* not handed out: issuing it again later is harmless */
     r->epoch_last = last;
@@ -98,7 +117,8 @@ static int write_all(int fd, const char *buf, size_t len) {
   return 0;
 }
 
-int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
+int lynx_store_save(const char *dir, const struct lynx_registry *r,
+                    const struct lynx_state_edit *edit, char *err,
                     size_t errlen) {
   char path[PATH_MAX], tmp[PATH_MAX];
   struct json_object *root;
@@ -111,7 +131,7 @@ int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
       join(tmp, sizeof(tmp), dir, STORE_TMP))
     return lynx_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
 
-  root = lynx_store_state_obj(r);
+  root = lynx_store_state_obj(r, edit);
   text = json_object_to_json_string_ext(
       root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
   if (!text) {

@@ -17,8 +17,20 @@
 
 #include "registry.h"
 
-/* 0 or -errno; err gets a sentence on failure. */
-int lynx_store_save(const char *dir, const struct lynx_registry *r, char *err,
+/* A change of operator intent not applied yet: the API saves the state as
+ * it will be after the change, and applies the change only once that
+ * save succeeded (http.c), so a change the store cannot take is refused
+ * with nothing changed. Each field may be NULL. */
+struct lynx_state_edit {
+  const struct lynx_service_spec *add_service; /* a new service's spec */
+  const char *del_service;                     /* a service's name */
+  const char *add_drained, *del_drained;       /* a node's drain intent */
+};
+
+/* Saves r's state with edit applied (edit may be NULL). 0 or -errno; err
+ * gets a sentence on failure. */
+int lynx_store_save(const char *dir, const struct lynx_registry *r,
+                    const struct lynx_state_edit *edit, char *err,
                     size_t errlen);
 
 /* Creates the services and drain intents in r (r freshly initialised, no
@@ -36,10 +48,11 @@ int lynx_store_issue_epoch(const char *dir, struct lynx_registry *r,
                            size_t errlen);
 
 /* The state's JSON shape ({"version", "services", "drained", and "epoch"
- * and "frontend_epoch" once issued}), which
- * state.json holds and the etcd store splits into keys (store_etcd.c). A
+ * and "frontend_epoch" once issued}), which state.json holds and the etcd
+ * store splits into keys (store_etcd.c), with edit applied (may be NULL). A
  * new reference, or NULL when out of memory. */
-struct json_object *lynx_store_state_obj(const struct lynx_registry *r);
+struct json_object *lynx_store_state_obj(const struct lynx_registry *r,
+                                         const struct lynx_state_edit *edit);
 
 /* Decodes root (that shape; where names it in errors) and creates its
  * services and drain intents in r, as lynx_store_load does. */

@@ -190,11 +190,12 @@ static int stored_read(const struct lynx_store_etcd *s, struct stored *st,
   return 0;
 }
 
-int lynx_store_etcd_save(void *arg, const struct lynx_registry *r, char *err,
+int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
+                         const struct lynx_state_edit *edit, char *err,
                          size_t errlen) {
   struct lynx_store_etcd *s = arg;
   struct stored st;
-  struct json_object *state = lynx_store_state_obj(r), *a_svcs = NULL,
+  struct json_object *state = lynx_store_state_obj(r, edit), *a_svcs = NULL,
                      *a_drained = NULL;
   struct plan p = {0};
   int rc = stored_read(s, &st, err, errlen);

@@ -22,6 +22,7 @@
 
 #include "etcd.h"
 #include "registry.h"
+#include "store.h"
 
 #define LYNX_ETCD_PREFIX_DEFAULT "/lynx/"
 #define LYNX_ETCD_PREFIX_MAX 128
@@ -41,8 +42,10 @@ struct lynx_store_etcd {
 int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
                          const char *prefix, char *err, size_t errlen);
 
-/* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd. */
-int lynx_store_etcd_save(void *arg, const struct lynx_registry *r, char *err,
+/* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd;
+ * r's state with edit applied (may be NULL). */
+int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
+                         const struct lynx_state_edit *edit, char *err,
                          size_t errlen);
 
 /* Issues an epoch (a frontend's when frontend is set): the revision of a

@@ -10,9 +10,11 @@
 #     with an empty state directory: the service and the drain intent are
 #     back, and the frontend keeps serving through it.
 #  3. etcd stopped (SIGSTOP: it answers nothing): an API change answers
-#     503 store_unavailable within the etcd timeout, saying etcd; reads
-#     still answer; the change stays applied but is not in etcd; etcd
-#     back: the next change is saved, and with it the one that was not.
+#     503 store_unavailable within the etcd timeout, saying etcd and that
+#     the change was not applied; reads still answer, without it; etcd
+#     back: the next change is saved, and etcd holds what the API shows
+#     (should the timed-out write have reached etcd after all, that save
+#     takes it back out); the refused change made again succeeds.
 #  4. What the coordinator refuses to start on rather than forget
 #     services: a layout version it does not know, an etcd it cannot reach
 #     (each a clear error and a non-zero exit).
@@ -75,16 +77,23 @@ assert_eq "$API_STATUS" 503 "POST /v1/services while etcd is stopped: HTTP statu
 assert_str "$(jq -r .error.code "$API_BODY")" store_unavailable "the error code"
 [[ $(jq -r .error.message "$API_BODY") == *etcd* ]] ||
   it_check_failed "the 503 does not say etcd: $(cat "$API_BODY")"
+[[ $(jq -r .error.message "$API_BODY") == *"not applied"* ]] ||
+  it_check_failed "the 503 does not say the change was not applied: $(cat "$API_BODY")"
 assert_lt $((t1 - t0)) 3000 "ms the 503 took (etcd timeout 800 ms)"
 api GET /v1/services
 assert_eq "$API_STATUS" 200 "GET /v1/services while etcd is stopped"
+assert_str "$(jq -r '[.items[].name] | index("echo2")' "$API_BODY")" null \
+  "echo2 in GET /v1/services after the 503"
 kill -CONT "$ETCD_PID"
-assert_str "$(etcd_get "${PFX}services/echo2")" "" "echo2 in etcd (not saved)"
 api POST /v1/services -d "{\"name\":\"echo3\",\"port\":$UDP_PORT3,\"app\":\"sockperf-echo\"}"
 assert_eq "$API_STATUS" 201 "POST /v1/services echo3 once etcd is back"
 assert_str "$(etcd_get "${PFX}services/echo3" | jq -r .name)" echo3 "echo3 in etcd"
-assert_str "$(etcd_get "${PFX}services/echo2" | jq -r .name)" echo2 \
-  "echo2 in etcd (saved with the next change)"
+assert_str "$(etcd_get "${PFX}services/echo2")" "" "echo2 in etcd (refused, not applied)"
+api GET /v1/services/echo2
+assert_eq "$API_STATUS" 404 "GET /v1/services/echo2 (refused while etcd was stopped)"
+api POST /v1/services -d "{\"name\":\"echo2\",\"port\":$UDP_PORT2,\"app\":\"sockperf-echo\"}"
+assert_eq "$API_STATUS" 201 "POST /v1/services echo2 again, etcd back"
+assert_str "$(etcd_get "${PFX}services/echo2" | jq -r .name)" echo2 "echo2 in etcd"
 api DELETE /v1/services/echo2
 assert_eq "$API_STATUS" 200 "DELETE echo2"
 assert_str "$(etcd_get "${PFX}services/echo2")" "" "echo2 in etcd once deleted"

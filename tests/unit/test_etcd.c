@@ -343,7 +343,7 @@ static void test_store_round_trip(void **state) {
   add_svc(&r, "alpha", 9001);
   add_svc(&r, "beta", 9002);
   assert_int_equal(lynx_reg_drain_intent_add(&r, "node-7"), 0);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)), 0);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
   keep = mod_rev(f, "/lynx/services/alpha");
   assert_true(keep > 0);
   assert_true(mod_rev(f, "/lynx/drained/node-7") > 0);
@@ -351,7 +351,7 @@ static void test_store_round_trip(void **state) {
 
   assert_int_equal(lynx_reg_service_delete(&r, "beta", 0, &e), 0);
   add_svc(&r, "gamma", 9003);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)), 0);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
   assert_true(mod_rev(f, "/lynx/services/alpha") == keep);
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
   assert_true(mod_rev(f, "/lynx/services/gamma") > keep);
@@ -389,7 +389,7 @@ static void test_store_refuses(void **state) {
   assert_int_equal(lynx_store_etcd_load(&s, &r, 0, f->err, sizeof(f->err)),
                    -EINVAL);
   assert_non_null(strstr(f->err, "different release"));
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)),
                    -EINVAL);
   put_ok(f, "/p/version", "1");
   put_ok(f, "/p/services/x", "{not json");
@@ -421,15 +421,15 @@ static void test_store_etcd_down(void **state) {
                    0);
   reg_new(&r);
   add_svc(&r, "alpha", 9001);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)), 0);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
   kill(f->pid, SIGSTOP); /* alive but not answering: a timeout */
   add_svc(&r, "beta", 9002);
   t0 = lynx_now_ns();
-  rc = lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err));
+  rc = lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err));
   assert_int_equal(rc, -ETIMEDOUT);
   assert_true(lynx_now_ns() - t0 < 3000000000ull);
   kill(f->pid, SIGCONT);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)), 0);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
   assert_true(mod_rev(f, "/lynx/services/beta") > 0);
   lynx_reg_free(&r);
 }
@@ -456,7 +456,7 @@ static void test_store_fenced(void **state) {
   s.fence_rev = rev;
   reg_new(&r);
   add_svc(&r, "alpha", 9001);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)), 0);
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
   assert_true(mod_rev(f, "/lynx/services/alpha") > 0);
   /* another leader: the key deleted and created again */
   assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
@@ -464,7 +464,7 @@ static void test_store_fenced(void **state) {
                    0);
   put_ok(f, "/lynx/leader", "other");
   add_svc(&r, "beta", 9002);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, f->err, sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)),
                    -ECANCELED);
   assert_non_null(strstr(f->err, "no longer leads"));
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);

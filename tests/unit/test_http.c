@@ -37,6 +37,7 @@
 #include "coord.h"
 #include "log.h"
 #include "registry.h"
+#include "store.h"
 #include "ut_main.h"
 #include "ut_spec.h"
 #include "util.h"
@@ -1304,6 +1305,141 @@ static void test_save_failure(void **state) {
   resp_free(&r);
 }
 
+/* A store in memory behind coord.h's save hook, as etcd is: the state it
+ * holds (JSON text, as lynx_store_state_obj encodes it), and the error it
+ * answers while it cannot serve. */
+struct memstore {
+  char *held;
+  int fail; /* -errno to answer; 0: it saves */
+  unsigned saves;
+};
+
+static int memstore_save(void *arg, const struct lynx_registry *r,
+                         const struct lynx_state_edit *edit, char *err,
+                         size_t errlen) {
+  struct memstore *m = arg;
+  struct json_object *o;
+  m->saves++;
+  if (m->fail) {
+    snprintf(err, errlen, "the memory store is down");
+    return m->fail;
+  }
+  o = lynx_store_state_obj(r, edit);
+  free(m->held);
+  m->held = o ? strdup(json_object_to_json_string_ext(
+                    o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))
+              : NULL;
+  json_object_put(o);
+  return m->held ? 0 : -ENOMEM;
+}
+
+/* The node's state, as GET /v1/nodes/{id} says it. */
+static void expect_node_state(struct fx *f, const char *id, const char *want) {
+  char path[64];
+  struct resp r;
+  snprintf(path, sizeof(path), "/v1/nodes/%s", id);
+  assert_int_equal(req(f, "GET", path, NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "state", NULL), want);
+  resp_free(&r);
+}
+
+/* A change of operator intent is saved before it is applied: while the
+ * store cannot take it, every change (service create and delete, node
+ * drain, undrain and forget) answers the store's error (503 when it cannot
+ * serve, 507 when it has no room), says it was not applied, and nothing
+ * changed, in the API or in the store; once the store is back the same
+ * request succeeds and the store holds the state as the API shows it. A
+ * change the registry refuses is not saved at all. */
+static void test_store_refuses_change(void **state) {
+  struct fx *f = *state;
+  struct memstore m = {NULL, 0, 0};
+  struct resp r;
+  unsigned saves;
+
+  f->c.save = memstore_save;
+  f->c.save_arg = &m;
+  f->c.save_where = "the memory store";
+  add_node(f, "node-a");
+  lynx_log_level = -1; /* the refusals log errors, as they should */
+
+  m.fail = -ETIMEDOUT;
+  req(f, "POST", "/v1/services", svc_body, &r);
+  expect_error(&r, 503, "store_unavailable", "not applied",
+               "the memory store is down");
+  resp_free(&r);
+  req(f, "GET", "/v1/services/echo-ut", NULL, &r);
+  assert_int_equal(r.status, 404);
+  resp_free(&r);
+  assert_null(m.held);
+  m.fail = 0;
+  assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 201);
+  resp_free(&r);
+  assert_non_null(m.held);
+  assert_non_null(strstr(m.held, "\"name\":\"echo-ut\""));
+
+  /* refused by the registry: nothing saved */
+  saves = m.saves;
+  req(f, "POST", "/v1/services", svc_body, &r);
+  expect_error(&r, 409, "conflict", "already exists", NULL);
+  resp_free(&r);
+  req(f, "POST", "/v1/nodes/node-b/drain", NULL, &r);
+  expect_error(&r, 404, "not_found", NULL, NULL);
+  resp_free(&r);
+  req(f, "DELETE", "/v1/nodes/node-a", NULL, &r);
+  expect_error(&r, 409, "conflict", "only a down node", NULL);
+  resp_free(&r);
+  assert_int_equal(m.saves, saves);
+
+  m.fail = -ECANCELED; /* this coordinator no longer leads */
+  req(f, "DELETE", "/v1/services/echo-ut", NULL, &r);
+  expect_error(&r, 503, "store_unavailable", "service delete: not applied",
+               NULL);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/services/echo-ut", NULL, &r), 200);
+  resp_free(&r);
+  req(f, "POST", "/v1/nodes/node-a/drain", NULL, &r);
+  expect_error(&r, 503, "store_unavailable", "node drain: not applied", NULL);
+  resp_free(&r);
+  expect_node_state(f, "node-a", "ready");
+  assert_null(strstr(m.held, "node-a"));
+
+  m.fail = 0;
+  assert_int_equal(req(f, "POST", "/v1/nodes/node-a/drain", NULL, &r), 200);
+  resp_free(&r);
+  assert_non_null(strstr(m.held, "\"drained\":[\"node-a\"]"));
+  assert_int_equal(req(f, "POST", "/v1/nodes/node-a/drain", NULL, &r), 200);
+  resp_free(&r); /* drained once, listed once */
+  assert_non_null(strstr(m.held, "\"drained\":[\"node-a\"]"));
+  m.fail = -ENOSPC;
+  req(f, "POST", "/v1/nodes/node-a/undrain", NULL, &r);
+  expect_error(&r, 507, "insufficient_storage", "node undrain: not applied",
+               NULL);
+  resp_free(&r);
+  expect_node_state(f, "node-a", "drained");
+  assert_non_null(strstr(m.held, "\"drained\":[\"node-a\"]"));
+
+  /* down with its drain intent: forgetting it takes the intent along */
+  pthread_mutex_lock(&f->c.lock);
+  assert_int_equal(lynx_reg_leave(&f->c.reg, "node-a", 7, lynx_coord_now_ms()),
+                   0);
+  pthread_mutex_unlock(&f->c.lock);
+  m.fail = -ETIMEDOUT;
+  req(f, "DELETE", "/v1/nodes/node-a", NULL, &r);
+  expect_error(&r, 503, "store_unavailable", "node forget: not applied", NULL);
+  resp_free(&r);
+  expect_node_state(f, "node-a", "down");
+  m.fail = 0;
+  assert_int_equal(req(f, "DELETE", "/v1/nodes/node-a", NULL, &r), 200);
+  resp_free(&r);
+  assert_non_null(strstr(m.held, "\"drained\":[]"));
+  assert_int_equal(req(f, "DELETE", "/v1/services/echo-ut", NULL, &r), 200);
+  resp_free(&r);
+  assert_non_null(strstr(m.held, "\"services\":[]"));
+  lynx_log_level = LYNX_LOG_ERROR;
+  f->c.save = NULL;
+  free(m.held);
+}
+
 /* ---- slow and greedy clients ---------------------------------------------- */
 
 /* A raw connection to the API from source address src (any 127.x is
@@ -1767,6 +1903,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
       cmocka_unit_test_setup_teardown(test_loopback_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_save_failure, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_store_refuses_change, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_slow_clients, setup, teardown),
 #ifdef LYNXCTL
       cmocka_unit_test_setup_teardown(test_lynxctl, setup, teardown),

@@ -872,11 +872,11 @@ static void test_store_round_trip(void **state) {
   assert_null(r2.drain_intents);
   lynx_reg_free(&r2);
 
-  assert_int_equal(lynx_store_save(t->path, &r, msg, sizeof(msg)), 0);
+  assert_int_equal(lynx_store_save(t->path, &r, NULL, msg, sizeof(msg)), 0);
   assert_true(exists(t->path, "state.json"));
   assert_false(exists(t->path, "state.json.tmp"));
   /* saving again replaces it */
-  assert_int_equal(lynx_store_save(t->path, &r, msg, sizeof(msg)), 0);
+  assert_int_equal(lynx_store_save(t->path, &r, NULL, msg, sizeof(msg)), 0);
   assert_false(exists(t->path, "state.json.tmp"));
 
   lynx_reg_init(&r2, 3000, 10000, NULL);
@@ -915,7 +915,7 @@ static void test_store_round_trip(void **state) {
   assert_int_equal(lynx_reg_node_find(&r2, "n1")->state, LYNX_NODE_DRAINED);
   assert_int_equal(lynx_reg_node_find(&r2, "n2")->state, LYNX_NODE_READY);
   /* ... and stays in the next save */
-  assert_int_equal(lynx_store_save(t->path, &r2, msg, sizeof(msg)), 0);
+  assert_int_equal(lynx_store_save(t->path, &r2, NULL, msg, sizeof(msg)), 0);
   lynx_reg_free(&r2);
   lynx_reg_init(&r2, 3000, 10000, NULL);
   assert_int_equal(lynx_store_load(t->path, &r2, 0, msg, sizeof(msg)), 0);
@@ -991,14 +991,14 @@ static void test_store_errors(void **state) {
   lynx_reg_init(&r, 3000, 10000, NULL);
   msg[0] = '\0';
   assert_int_equal(
-      lynx_store_save("/nonexistent/lynx-dir", &r, msg, sizeof(msg)), -ENOENT);
+      lynx_store_save("/nonexistent/lynx-dir", &r, NULL, msg, sizeof(msg)), -ENOENT);
   assert_non_null(strstr(msg, "/nonexistent/lynx-dir/state.json.tmp"));
   /* a directory where the file should be */
   snprintf(p, sizeof(p), "%s/state.json", t->path);
   assert_int_equal(mkdir(p, 0700), 0);
   assert_true(lynx_store_load(t->path, &r, 0, msg, sizeof(msg)) < 0);
   assert_non_null(strstr(msg, "state.json"));
-  assert_true(lynx_store_save(t->path, &r, msg, sizeof(msg)) < 0);
+  assert_true(lynx_store_save(t->path, &r, NULL, msg, sizeof(msg)) < 0);
   assert_false(exists(t->path, "state.json.tmp"));
   rmdir(p);
   lynx_reg_free(&r);
