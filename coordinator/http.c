@@ -325,8 +325,8 @@ static int save_first(struct http_req *rq, struct http_out *out,
               what, where, err[0] ? err : strerror(-rc));
   status = save_err_status(rc, &code);
   reply_err(out, status, code,
-            "%s: not applied: it cannot be saved in %s (%s)", what,
-            c->save ? where : c->state_dir, err[0] ? err : strerror(-rc));
+            "%s: not applied: it cannot be saved in %s (%s)", what, where,
+            err[0] ? err : strerror(-rc));
   return rc;
 }
 
