@@ -1282,6 +1282,19 @@ static void test_loopback_only(void **state) {
   }
 }
 
+/* POST /v1/services with svc_body: refused with status and code, the
+ * message saying "not applied" and word, and the service not created. */
+static void create_not_applied(struct fx *f, long status, const char *code,
+                               const char *word) {
+  struct resp r;
+  req(f, "POST", "/v1/services", svc_body, &r);
+  expect_error(&r, status, code, "not applied", word);
+  resp_free(&r);
+  req(f, "GET", "/v1/services/echo-ut", NULL, &r);
+  assert_int_equal(r.status, 404);
+  resp_free(&r);
+}
+
 /* A state directory that cannot be written refuses a change before it is
  * applied: 500 (507 for want of space: tests/faults/coordinator.sh), the
  * reason named, the service not created; with the directory back, the
@@ -1291,14 +1304,8 @@ static void test_save_failure(void **state) {
   struct resp r;
   f->c.state_dir = "/nonexistent/lynx-ut-http";
   lynx_log_level = -1; /* the error line is expected */
-  req(f, "POST", "/v1/services", svc_body, &r);
+  create_not_applied(f, 500, "internal", "No such file or directory");
   lynx_log_level = LYNX_LOG_ERROR;
-  expect_error(&r, 500, "internal", "not applied",
-               "No such file or directory");
-  resp_free(&r);
-  req(f, "GET", "/v1/services/echo-ut", NULL, &r);
-  assert_int_equal(r.status, 404);
-  resp_free(&r);
   f->c.state_dir = f->dir;
   req(f, "POST", "/v1/services", svc_body, &r);
   assert_int_equal(r.status, 201);
@@ -1363,13 +1370,7 @@ static void test_store_refuses_change(void **state) {
   lynx_log_level = -1; /* the refusals log errors, as they should */
 
   m.fail = -ETIMEDOUT;
-  req(f, "POST", "/v1/services", svc_body, &r);
-  expect_error(&r, 503, "store_unavailable", "not applied",
-               "the memory store is down");
-  resp_free(&r);
-  req(f, "GET", "/v1/services/echo-ut", NULL, &r);
-  assert_int_equal(r.status, 404);
-  resp_free(&r);
+  create_not_applied(f, 503, "store_unavailable", "the memory store is down");
   assert_null(m.held);
   m.fail = 0;
   assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 201);
