@@ -1350,6 +1350,17 @@ static void expect_node_state(struct fx *f, const char *id, const char *want) {
   resp_free(&r);
 }
 
+/* method path (body): refused with status and code, the message saying
+ * word (NULL: anything). */
+static void refused(struct fx *f, const char *method, const char *path,
+                    const char *body, long status, const char *code,
+                    const char *word) {
+  struct resp r;
+  req(f, method, path, body, &r);
+  expect_error(&r, status, code, word, NULL);
+  resp_free(&r);
+}
+
 /* A change of operator intent is saved before it is applied: while the
  * store cannot take it, every change (service create and delete, node
  * drain, undrain and forget) answers the store's error (503 when it cannot
@@ -1380,27 +1391,20 @@ static void test_store_refuses_change(void **state) {
 
   /* refused by the registry: nothing saved */
   saves = m.saves;
-  req(f, "POST", "/v1/services", svc_body, &r);
-  expect_error(&r, 409, "conflict", "already exists", NULL);
-  resp_free(&r);
-  req(f, "POST", "/v1/nodes/node-b/drain", NULL, &r);
-  expect_error(&r, 404, "not_found", NULL, NULL);
-  resp_free(&r);
-  req(f, "DELETE", "/v1/nodes/node-a", NULL, &r);
-  expect_error(&r, 409, "conflict", "only a down node", NULL);
-  resp_free(&r);
+  refused(f, "POST", "/v1/services", svc_body, 409, "conflict",
+          "already exists");
+  refused(f, "POST", "/v1/nodes/node-b/drain", NULL, 404, "not_found", NULL);
+  refused(f, "DELETE", "/v1/nodes/node-a", NULL, 409, "conflict",
+          "only a down node");
   assert_int_equal(m.saves, saves);
 
   m.fail = -ECANCELED; /* this coordinator no longer leads */
-  req(f, "DELETE", "/v1/services/echo-ut", NULL, &r);
-  expect_error(&r, 503, "store_unavailable", "service delete: not applied",
-               NULL);
-  resp_free(&r);
+  refused(f, "DELETE", "/v1/services/echo-ut", NULL, 503, "store_unavailable",
+          "service delete: not applied");
   assert_int_equal(req(f, "GET", "/v1/services/echo-ut", NULL, &r), 200);
   resp_free(&r);
-  req(f, "POST", "/v1/nodes/node-a/drain", NULL, &r);
-  expect_error(&r, 503, "store_unavailable", "node drain: not applied", NULL);
-  resp_free(&r);
+  refused(f, "POST", "/v1/nodes/node-a/drain", NULL, 503, "store_unavailable",
+          "node drain: not applied");
   expect_node_state(f, "node-a", "ready");
   assert_null(strstr(m.held, "node-a"));
 
@@ -1412,10 +1416,8 @@ static void test_store_refuses_change(void **state) {
   resp_free(&r); /* drained once, listed once */
   assert_non_null(strstr(m.held, "\"drained\":[\"node-a\"]"));
   m.fail = -ENOSPC;
-  req(f, "POST", "/v1/nodes/node-a/undrain", NULL, &r);
-  expect_error(&r, 507, "insufficient_storage", "node undrain: not applied",
-               NULL);
-  resp_free(&r);
+  refused(f, "POST", "/v1/nodes/node-a/undrain", NULL, 507,
+          "insufficient_storage", "node undrain: not applied");
   expect_node_state(f, "node-a", "drained");
   assert_non_null(strstr(m.held, "\"drained\":[\"node-a\"]"));
 
@@ -1425,9 +1427,8 @@ static void test_store_refuses_change(void **state) {
                    0);
   pthread_mutex_unlock(&f->c.lock);
   m.fail = -ETIMEDOUT;
-  req(f, "DELETE", "/v1/nodes/node-a", NULL, &r);
-  expect_error(&r, 503, "store_unavailable", "node forget: not applied", NULL);
-  resp_free(&r);
+  refused(f, "DELETE", "/v1/nodes/node-a", NULL, 503, "store_unavailable",
+          "node forget: not applied");
   expect_node_state(f, "node-a", "down");
   m.fail = 0;
   assert_int_equal(req(f, "DELETE", "/v1/nodes/node-a", NULL, &r), 200);
@@ -1441,7 +1442,8 @@ static void test_store_refuses_change(void **state) {
   free(m.held);
 }
 
-/* ---- slow and greedy clients ---------------------------------------------- */
+/* ---- slow and greedy clients ----------------------------------------------
+ */
 
 /* A raw connection to the API from source address src (any 127.x is
  * loopback), with text sent at once. -1 on failure. */
