@@ -1740,7 +1740,7 @@ struct lynx_reg_service *lynx_reg_service_find(struct lynx_registry *r,
   return NULL;
 }
 
-int lynx_reg_service_prepare(const struct lynx_registry *r,
+int lynx_reg_service_prepare(struct lynx_registry *r,
                              const struct lynx_service_spec *spec,
                              struct lynx_reg_service **out,
                              struct lynx_reg_err *err) {
@@ -1755,11 +1755,10 @@ int lynx_reg_service_prepare(const struct lynx_registry *r,
     rc = app_check(r, spec, err);
   if (rc)
     return rc;
-  for (o = r->services; o; o = o->next)
-    if (!strncmp(o->spec.name, spec->name, sizeof(o->spec.name))) {
-      ERR_CONFLICT(err, "name: service %s already exists", spec->name);
-      return -EEXIST;
-    }
+  if (lynx_reg_service_find(r, spec->name)) {
+    ERR_CONFLICT(err, "name: service %s already exists", spec->name);
+    return -EEXIST;
+  }
   for (o = r->services; o; o = o->next)
     if (o->spec.port == spec->port) {
       ERR_CONFLICT(err, "port: %u is in use by service %s", spec->port,

@@ -443,7 +443,7 @@ int lynx_reg_service_create(struct lynx_registry *r,
  * service to add, its spec normalised as it will be kept (for the API to
  * save it first: http.c), which lynx_reg_service_add takes and cannot
  * fail; the caller frees one it does not add. */
-int lynx_reg_service_prepare(const struct lynx_registry *r,
+int lynx_reg_service_prepare(struct lynx_registry *r,
                              const struct lynx_service_spec *spec,
                              struct lynx_reg_service **out,
                              struct lynx_reg_err *err);

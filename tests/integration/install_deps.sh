@@ -13,8 +13,8 @@
 # failed on the lock (no "E:" line: the script's fallback, `apt-get update`
 # and a second try, would otherwise hide an apt that gave up at once). apt
 # usually says "Waiting for cache lock: ... held by process N" meanwhile,
-# but not always: once in CI and once in a full suite run here it waited
-# without a word, so that line is logged, not required.
+# but not always: in a full suite run here it waited 60 s without a word
+# (and most likely so in CI), so that line is logged, not required.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init install_deps
