@@ -126,6 +126,10 @@ struct agent {
    * monotonic clock (lynx_now_ns) is below this; UINT64_MAX in static mode
    * (no lease). Written by the loop thread, read by accelerator threads. */
   uint64_t serve_until_ns;
+  /* Answers that renewed the fence, by the --coordinator address that gave
+   * them (heartbeat and registration answers, no_leader refusals, a
+   * refused connection): link.c counts, --metrics reads (relaxed). */
+  uint64_t lease_renewals[LYNX_ADDRS_MAX];
   /* What instances left behind when they stopped (instance.c,
    * leftovers): request slots still published (never taken, but for one
    * taken and not yet released per accelerator thread) and requests taken

@@ -2,7 +2,8 @@
  * link.c - the agent's connection to the coordinator.
  *
  * States: HELLO (connecting, or Hello sent: the dialer does both) ->
- * REGISTERING (Register sent) -> REGISTERED (heartbeats every lease/3).
+ * REGISTERING (Register sent) -> REGISTERED (heartbeats every lease/3;
+ * RegisterReply.lease_ms is the heartbeat lease, fence_ms the fence's).
  * Any failure closes the connection and goes back to HELLO, with a
  * reconnect after the dialer's jittered exponential backoff (100 ms .. 2 s,
  * at most a quarter lease once a lease is known). Re-registering carries
@@ -15,9 +16,18 @@
  * and a lost request must never run later. So the accelerators take new
  * requests only until ag->serve_until_ns: the send time of the latest
  * heartbeat (or Register) the coordinator answered, plus the lease, less a
- * margin. The coordinator expires the lease no earlier than the receipt of
- * that heartbeat plus the lease, so the accelerators stop first, whether
- * this process was stopped, starved or cut off. While no coordinator
+ * margin (RegisterReply.fence_ms, which the coordinator makes long enough
+ * to ride out a leader failover; the heartbeat lease, lease_ms, only takes
+ * a silent node out of dispatch). The coordinator declares the node down
+ * no earlier than the receipt of that heartbeat plus the fence lease, so
+ * the accelerators stop first, whether this process was stopped, starved
+ * or cut off.
+ *
+ * A coordinator that stops answering heartbeats (stopped, wedged, cut off)
+ * is left at the next heartbeat after one went unanswered for a heartbeat
+ * period: the connection is closed and the dialer tries the next address
+ * (another coordinator may lead by now: docs/etcd.md), well within the
+ * fence lease. While no coordinator
  * listens at all (its connection refused: it is being restarted), nobody
  * can declare the node down, and each refused attempt renews the fence, so
  * instances keep serving. So does a Hello refused with no_leader: with
@@ -54,6 +64,10 @@ enum link_state {
 };
 
 #define HB_RING 64 /* heartbeats awaiting their reply, remembered */
+/* A coordinator that accepts the connection but does not answer the Hello
+ * within this (a stopped one: the kernel accepts for it) is passed over
+ * for the next address. A live coordinator answers a Hello at once. */
+#define HELLO_TIMEOUT_MS 1500u
 /* Draining to leave, a lost coordinator is waited for this long at most
  * (or a lease, if shorter): long enough for a restart under systemd or a
  * leader that stepped down to hand over, short enough that stopping the
@@ -66,7 +80,8 @@ struct coord_link {
   uv_timer_t beat;
   uv_timer_t fence; /* fires when serve_until_ns passes: logs the fence */
   enum link_state state;
-  uint64_t lease_ms;
+  uint64_t lease_ms; /* heartbeat lease: heartbeats every third of it */
+  uint64_t fence_ms; /* the fence's lease (RegisterReply.fence_ms) */
   int acks;      /* the coordinator answers heartbeats (RegisterReply) */
   int drains;    /* it drains a node on Leave with drain (RegisterReply) */
   int fenced;    /* the fence stopped the accelerators (logged) */
@@ -77,6 +92,7 @@ struct coord_link {
   /* send times of heartbeats, by sequence number; replies come in order */
   uint64_t hb_sent_ns[HB_RING];
   uint64_t hb_sent, hb_answered;
+  uint64_t beat_ms; /* the heartbeat period */
   int stopping;
   int timers_closed;
   char target[96];
@@ -104,18 +120,27 @@ static void fence_fired(uv_timer_t *t) {
   LYNX_WARN("agent", "%s: no heartbeat answered within the lease (%llu ms): "
             "accelerators take no new request until the coordinator "
             "answers (frontends may already count them lost)", ag->node_id,
-            (unsigned long long)l->lease_ms);
+            (unsigned long long)l->fence_ms);
 }
 
-/* The lease holds until sent_ns + lease - margin (sent_ns: when the
- * message the coordinator answered left): moves the fence forward. */
+/* The lease holds until sent_ns + fence lease - margin (sent_ns: when the
+ * message the coordinator answered left): moves the fence forward. The
+ * margin is a quarter of the lease up to a second: the coordinator counts
+ * from the receipt, later than the send, so it only has to cover a
+ * request taken right at the fence and the clocks' rates. */
 static void lease_renew(struct coord_link *l, uint64_t sent_ns) {
   struct agent *ag = l->ag;
-  uint64_t margin = l->lease_ms / 4 < 20 ? 20 : l->lease_ms / 4;
+  uint64_t margin = l->fence_ms / 4;
   uint64_t until, old, now = lynx_now_ns();
-  if (!l->lease_ms || margin >= l->lease_ms)
+  if (margin > 1000)
+    margin = 1000;
+  if (margin < 20)
+    margin = 20;
+  if (!l->fence_ms || margin >= l->fence_ms)
     return;
-  until = sent_ns + (l->lease_ms - margin) * 1000000u;
+  if (l->d.cur < LYNX_ADDRS_MAX) /* who renewed it (--metrics) */
+    __atomic_add_fetch(&ag->lease_renewals[l->d.cur], 1, __ATOMIC_RELAXED);
+  until = sent_ns + (l->fence_ms - margin) * 1000000u;
   old = __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
   if (until <= old)
     return;
@@ -255,6 +280,23 @@ static void on_beat(uv_timer_t *t) {
   Lynx__AccelCounters *c, **cp;
   if (l->state != LINK_REGISTERED)
     return;
+  if (l->acks && l->hb_sent > l->hb_answered &&
+      l->hb_sent - l->hb_answered <= HB_RING) {
+    /* the oldest heartbeat still unanswered: one period old means the
+     * coordinator let a whole period pass (stopped, wedged, cut off) */
+    uint64_t age = (lynx_now_ns() - l->hb_sent_ns[l->hb_answered % HB_RING]) /
+                   1000000u;
+    if (age >= l->beat_ms - l->beat_ms / 10) {
+      char why[160];
+      snprintf(why, sizeof(why), "no heartbeat answered for %llu ms: the "
+               "coordinator does not run or cannot be reached; trying %s",
+               (unsigned long long)age,
+               l->d.n_addr > 1 ? "the next one" : "again");
+      lynx_dialer_move_on(&l->d);
+      lynx_ctl_close(l->d.ctl, why);
+      return;
+    }
+  }
   c = calloc(ag->n_acc, sizeof(*c));
   cp = calloc(ag->n_acc, sizeof(*cp));
   if (!c || !cp)
@@ -480,6 +522,9 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     l->no_leader = 0; /* the episode is over: the next one is logged */
     l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
                                                 : 3000;
+    l->fence_ms = env->register_reply->fence_ms
+                      ? env->register_reply->fence_ms
+                      : l->lease_ms; /* an older coordinator */
     l->acks = env->register_reply->acks_heartbeats;
     l->drains = env->register_reply->drains_on_leave;
     l->hb_sent = l->hb_answered = 0;
@@ -489,12 +534,15 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       l->d.backoff_max_ms = 2000;
     lease_renew(l, l->register_sent_ns);
     LYNX_INFO("agent", "%s: registered with coordinator %s (epoch %llu, "
-              "lease %llu ms)", ag->node_id, c->peer,
-              (unsigned long long)ag->epoch, (unsigned long long)l->lease_ms);
+              "heartbeat lease %llu ms, fence lease %llu ms)", ag->node_id,
+              c->peer, (unsigned long long)ag->epoch,
+              (unsigned long long)l->lease_ms,
+              (unsigned long long)l->fence_ms);
     lynx_notify_ready("registered with coordinator %s (epoch %llu)",
                       c->peer, (unsigned long long)ag->epoch);
     {
       uint64_t every = l->lease_ms / 3 < 100 ? 100 : l->lease_ms / 3;
+      l->beat_ms = every;
       uv_timer_start(&l->beat, on_beat, every, every);
     }
     on_beat(&l->beat);
@@ -603,6 +651,7 @@ int agent_link_start(struct agent *ag) {
     return -EINVAL;
   }
   l->d.role = "agent";
+  l->d.hello_timeout_ms = HELLO_TIMEOUT_MS;
   l->d.id = ag->node_id;
   l->d.token = ag->token;
   l->d.tls = ag->tls_on ? &ag->tls : NULL;

@@ -204,6 +204,26 @@ static void write_metrics(FILE *f, void *arg) {
                    "lease was not renewed (docs/design.md, \"Delivery "
                    "guarantees\").");
   lynx_prom_u64(f, "lynx_agent_lease_fenced", NULL, lynx_now_ns() >= until);
+  if (ag->cfg.coordinator) {
+    struct sockaddr_storage ss[LYNX_ADDRS_MAX];
+    char addrs[LYNX_ADDRS_MAX][LYNX_ADDR_STR_MAX];
+    unsigned n = 0;
+    lynx_prom_family(f, "lynx_agent_lease_renewals_total", "counter",
+                     "Answers that renewed the lease fence, by the "
+                     "coordinator address (--coordinator) that gave them: "
+                     "heartbeat and registration answers, Hellos refused "
+                     "because no coordinator leads, and connections "
+                     "refused by a lone coordinator being restarted.");
+    if (lynx_parse_hostports(ag->cfg.coordinator, ss, addrs, LYNX_ADDRS_MAX,
+                             &n) == 0)
+      for (unsigned i = 0; i < n; i++)
+        lynx_prom_u64(f, "lynx_agent_lease_renewals_total",
+                      (const struct lynx_prom_label[]){{"coordinator",
+                                                        addrs[i]},
+                                                       {NULL, NULL}},
+                      __atomic_load_n(&ag->lease_renewals[i],
+                                      __ATOMIC_RELAXED));
+  }
   lynx_prom_family(f, "lynx_agent_left_requests_total", "counter",
                    "What instances left in their server mqueues when they "
                    "stopped: state=\"queued\", requests never taken (never "

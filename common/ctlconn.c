@@ -379,8 +379,13 @@ int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
   d->connect_status = 0;
   d->ctl = NULL;
   d->tls = NULL;
+  d->hello_timeout_ms = 0;
+  d->closed_cb = NULL;
   uv_timer_init(loop, &d->retry);
   d->retry.data = d;
+  uv_timer_init(loop, &d->hello);
+  d->hello.data = d;
+  d->timers_open = 2;
   return 0;
 }
 
@@ -391,6 +396,7 @@ const char *lynx_dialer_addr(const struct lynx_dialer *d) {
 static void dialer_closed(struct lynx_ctl *c) {
   struct lynx_dialer *d = c->dialer;
   d->ctl = NULL;
+  uv_timer_stop(&d->hello);
   /* not accepted there: the next address gets the next attempt */
   if (!d->accepted && d->n_addr > 1)
     d->cur = (d->cur + 1) % d->n_addr;
@@ -452,6 +458,19 @@ static const char *dial_host(const char *addr, char *buf, size_t len) {
   return buf;
 }
 
+/* Connected (or not) and said Hello, but no answer within the timeout: a
+ * peer that does not run (stopped, wedged) behind a listening socket. */
+static void dialer_hello_late(uv_timer_t *t) {
+  struct lynx_dialer *d = t->data;
+  char why[160];
+  if (!d->ctl || d->accepted)
+    return;
+  snprintf(why, sizeof(why), "no answer within %llu ms (the peer does not "
+           "run?)%s", (unsigned long long)d->hello_timeout_ms,
+           d->n_addr > 1 ? ": trying the next address" : "");
+  lynx_ctl_close(d->ctl, why);
+}
+
 void lynx_dialer_connect(struct lynx_dialer *d) {
   struct lynx_ctl *c;
   uv_connect_t *req;
@@ -483,6 +502,8 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
     }
   }
   req->data = c;
+  if (d->hello_timeout_ms)
+    uv_timer_start(&d->hello, dialer_hello_late, d->hello_timeout_ms, 0);
   d->connect_status = uv_tcp_connect(req, &c->tcp,
                                      (struct sockaddr *)&d->addrs[d->cur],
                                      dialer_on_connected);
@@ -513,9 +534,21 @@ void lynx_dialer_retry(struct lynx_dialer *d) {
 void lynx_dialer_connected(struct lynx_dialer *d) {
   d->backoff_ms = 0;
   d->accepted = 1;
+  uv_timer_stop(&d->hello);
+}
+
+void lynx_dialer_move_on(struct lynx_dialer *d) { d->accepted = 0; }
+
+static void dialer_timer_closed(uv_handle_t *h) {
+  struct lynx_dialer *d = h->data;
+  if (--d->timers_open == 0 && d->closed_cb)
+    d->closed_cb((uv_handle_t *)&d->retry);
 }
 
 void lynx_dialer_close(struct lynx_dialer *d, uv_close_cb cb) {
   uv_timer_stop(&d->retry);
-  uv_close((uv_handle_t *)&d->retry, cb);
+  uv_timer_stop(&d->hello);
+  d->closed_cb = cb;
+  uv_close((uv_handle_t *)&d->retry, dialer_timer_closed);
+  uv_close((uv_handle_t *)&d->hello, dialer_timer_closed);
 }

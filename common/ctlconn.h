@@ -105,6 +105,13 @@ void lynx_ctl_close(struct lynx_ctl *c, const char *reason);
  * that the one that accepts is found within one round; a connection that
  * was accepted and then broke is tried again at the same address first.
  * The backoff then grows once per round of addresses, to at most 500 ms.
+ *
+ * A peer that accepts the connection but does not answer (a stopped
+ * coordinator: the kernel completes the handshake for it) is given up
+ * after hello_timeout_ms without lynx_dialer_connected, and the next
+ * address is tried; lynx_dialer_move_on makes a connection that was
+ * accepted count as not accepted (its peer stopped answering), so that the
+ * next attempt also goes to the next address.
  */
 #include "util.h"
 
@@ -115,6 +122,10 @@ struct lynx_dialer {
   unsigned n_addr, cur;
   int accepted; /* the current connection got to lynx_dialer_connected */
   uv_timer_t retry;
+  uv_timer_t hello; /* hello_timeout_ms, from the connect to connected */
+  int timers_open;  /* of retry and hello, for lynx_dialer_close */
+  uv_close_cb closed_cb;
+  uint64_t hello_timeout_ms; /* 0: none */
   uint64_t backoff_ms;
   uint64_t backoff_max_ms; /* longest wait between attempts (0: 2 s) */
   int connect_status; /* the last attempt: 0 connected, else a uv error */
@@ -150,8 +161,11 @@ void lynx_dialer_connect(struct lynx_dialer *d);
 void lynx_dialer_retry(struct lynx_dialer *d);
 /* The peer accepted us: the next retry starts from the shortest backoff. */
 void lynx_dialer_connected(struct lynx_dialer *d);
-/* Closes the retry timer (cb when done); the connection is the owner's to
- * close. */
+/* The peer stopped answering: the next attempt goes to the next address
+ * (call before closing the connection). */
+void lynx_dialer_move_on(struct lynx_dialer *d);
+/* Closes the dialer's timers (cb once both are, with the retry timer's
+ * handle); the connection is the owner's to close. */
 void lynx_dialer_close(struct lynx_dialer *d, uv_close_cb cb);
 
 #endif

@@ -17,22 +17,30 @@
 
 #include "connguard.h"
 #include "registry.h"
+#include "util.h"
 
 struct lynx_state_edit; /* store.h */
+struct json_object;
 
 struct lynx_coord {
   pthread_mutex_t lock;
+  /* Changes of operator intent (the API's, and a reload from the store)
+   * one at a time: taken before lock, and held while the store is written
+   * with lock released (http.c), so that heartbeats and the loop never
+   * wait on the store (docs/etcd.md, "When etcd stalls or is slow"). */
+  pthread_mutex_t change_lock;
   pthread_cond_t changed;
   struct lynx_registry reg;
   const char *state_dir;
   /* Where operator intent persists instead of state_dir (main.c: etcd,
-   * --etcd), NULL: state_dir. Called with lock held before a change is
-   * applied, with the state as it is and the change (store.h): 0 or
-   * -errno with err (-EAGAIN, -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH:
-   * the store is unreachable or cannot serve: 503). save_where names it in
-   * messages. */
-  int (*save)(void *arg, const struct lynx_registry *r,
-              const struct lynx_state_edit *edit, char *err, size_t errlen);
+   * --etcd), NULL: state_dir. Called with change_lock held and lock NOT
+   * held (a network call), before a change is applied, with the state as
+   * it will be after the change (store.h, lynx_store_state_obj, built
+   * under lock): 0 or -errno with err (-EAGAIN, -ETIMEDOUT,
+   * -ECONNREFUSED, -EHOSTUNREACH: the store is unreachable or cannot
+   * serve: 503). save_where names it in messages. */
+  int (*save)(void *arg, struct json_object *state, char *err,
+              size_t errlen);
   void *save_arg;
   const char *save_where;
   const char *token; /* NULL: no token; mutating API calls then need loopback */
@@ -56,6 +64,17 @@ struct lynx_coord {
    * changes; a follower redirects changes to leader_api (the leader's API
    * host:port as it advertises it, "" while none leads; under lock). */
   int ha, leader;
+  /* The leader's lease, as far as this coordinator can vouch for it
+   * (elect.c; atomic): until this lynx_now_ns() instant nobody else can
+   * lead (the send time of its last etcd keepalive that etcd took, plus
+   * 2/3 of the lease's TTL). A leader past it (it did not run, or etcd did
+   * not answer) is not sure it still leads: it answers nothing that
+   * renews or decides anything (heartbeats, Hellos, tables, lease
+   * expiries) until etcd says (lynx_coord_leads). */
+  uint64_t lead_until_ns;
+  /* Hellos and messages refused, and connections closed, because this
+   * leader was not sure it still led (main.c; atomic, for /metrics) */
+  uint64_t unsure_refusals;
   char leader_api[128];
   /* A follower that knows of no leader (elect.c; under lock): no leader
    * key is held (an election under way), or etcd has not answered this
@@ -68,6 +87,16 @@ struct lynx_coord {
   char no_leader_why[320];
   void *http;        /* http.c's private state (the MHD daemon): opaque */
 };
+
+/* Whether this coordinator may act as the leader now: always without
+ * etcd; with it, while it leads and its lease is vouched for
+ * (lead_until_ns). Any thread. */
+static inline int lynx_coord_leads(const struct lynx_coord *c) {
+  return !c->ha ||
+         (__atomic_load_n(&c->leader, __ATOMIC_ACQUIRE) &&
+          lynx_now_ns() < __atomic_load_n(&c->lead_until_ns,
+                                          __ATOMIC_ACQUIRE));
+}
 
 /* Monotonic milliseconds (the registry's clock in the daemon). */
 uint64_t lynx_coord_now_ms(void);

@@ -16,32 +16,44 @@
 #define FOLLOW_MS 250u /* a follower looks at the leader key this often */
 /* ... and reads the services this often even when its watch saw nothing */
 #define FOLLOW_FULL_MS 5000u
-/* etcd unanswered for this long since its last answer: what a follower
- * last read of the leader key may be stale (the leader it names may have
- * stepped down meanwhile: quorum lost), so it knows of no leader. A few
- * polls: a quick failure (a member restarting, its port refused) is
- * retried first; a request that timed out (--etcd-timeout-ms, 1 s by
- * default) is enough on its own. Agents must hear it well within their
- * lease after the leader stopped answering them (docs/etcd.md). */
+/* etcd failing this thread for this long (since the first request that
+ * failed began): what a follower last read of the leader key may be stale
+ * (the leader it names may have stepped down meanwhile: quorum lost), so
+ * it knows of no leader. A few polls: a quick failure (a member
+ * restarting, its port refused) is retried first; a request that timed
+ * out (--etcd-timeout-ms, 1 s by default) is enough on its own. Counted
+ * from when the failing request began, not from the last answer, so that
+ * a coordinator that did not run (stopped) does not take its own pause
+ * for etcd's silence. Agents must hear it well within their lease after
+ * the leader stopped answering them (docs/etcd.md). */
 #define CUT_OFF_MS (FOLLOW_MS * 3u)
+/* a leader whose keepalive failed tries again this soon */
+#define RETRY_MS 100u
 
-/* Waits ms, or less when stopping; 1 when stopping. */
-static int nap(struct lynx_elect *e, uint32_t ms) {
+/* Waits until the monotonic instant until_ns (at most), or less when
+ * stopping or woken (lynx_elect_take_epoch); 1 when stopping. */
+static int nap_until(struct lynx_elect *e, uint64_t until_ns) {
   struct timespec ts;
   int stop;
+  uint64_t now = lynx_now_ns();
+  uint64_t ms = until_ns > now ? (until_ns - now + 999999u) / 1000000u : 0;
   clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_sec += ms / 1000u;
+  ts.tv_sec += (time_t)(ms / 1000u);
   ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
   if (ts.tv_nsec >= 1000000000L) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
   pthread_mutex_lock(&e->mu);
-  if (!e->stop)
+  if (!e->stop && ms)
     pthread_cond_timedwait(&e->cv, &e->mu, &ts);
   stop = e->stop;
   pthread_mutex_unlock(&e->mu);
   return stop;
+}
+
+static int leading(const struct lynx_elect *e) {
+  return __atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE);
 }
 
 /* The leader key's "api", or "" (lock held by the caller: it writes
@@ -57,32 +69,54 @@ static void leader_api_from(struct lynx_elect *e, const char *value) {
   json_object_put(j);
 }
 
-/* The outcome of this round's etcd requests (err: NULL when they
- * succeeded), and from it whether this coordinator knows of a leader
- * (c->no_leader, coord.h). */
-static void reached(struct lynx_elect *e, const char *err) {
+/* No coordinator leads as far as this one can tell: etcd has failed it
+ * (err) for long enough. c->lock held. */
+static void no_leader_unreachable(struct lynx_elect *e, const char *err,
+                                  uint64_t failing_ms) {
+  struct lynx_coord *c = e->c;
+  /* a stale leader_api would send API calls (and agents' hopes) to a
+   * coordinator that may have stepped down: followers could even
+   * redirect to each other */
+  c->leader_api[0] = '\0';
+  c->no_leader = 1;
+  snprintf(c->no_leader_why, sizeof(c->no_leader_why),
+           "no coordinator leads: etcd cannot be reached from here "
+           "(%.160s; failing for %llu ms): an election waits for its quorum",
+           err, (unsigned long long)failing_ms);
+}
+
+/* c->no_leader changed from was: said once (c->lock held). */
+static void no_leader_log(struct lynx_coord *c, int was, int lead) {
+  if (c->no_leader == was)
+    return;
+  if (c->no_leader)
+    LYNX_WARN(COMP, "%s; agents keep their leases meanwhile, API changes "
+              "get 503", c->no_leader_why);
+  else
+    LYNX_INFO(COMP, "a leader is known again (%s)",
+              lead ? "this coordinator" : c->leader_api);
+}
+
+/* The outcome of this round's etcd requests, begun at started_ns (err:
+ * NULL when they succeeded), and from it whether this coordinator knows
+ * of a leader (c->no_leader, coord.h). */
+static void reached(struct lynx_elect *e, const char *err,
+                    uint64_t started_ns) {
   struct lynx_coord *c = e->c;
   uint64_t now = lynx_now_ns();
-  int lead = __atomic_load_n(&c->leader, __ATOMIC_ACQUIRE), was;
+  int lead = leading(e), was;
   if (!err)
-    e->ok_ns = now;
+    e->fail_since_ns = 0;
+  else if (!e->fail_since_ns)
+    e->fail_since_ns = started_ns;
   pthread_mutex_lock(&c->lock);
   was = c->no_leader;
   if (lead) {
     c->no_leader = 0;
   } else if (err) {
-    if (now - e->ok_ns > (uint64_t)CUT_OFF_MS * 1000000u) {
-      /* a stale leader_api would send API calls (and agents' hopes) to a
-       * coordinator that may have stepped down: followers could even
-       * redirect to each other */
-      c->leader_api[0] = '\0';
-      c->no_leader = 1;
-      snprintf(c->no_leader_why, sizeof(c->no_leader_why),
-               "no coordinator leads: etcd cannot be reached from here "
-               "(%.160s; no answer for %llu ms): an election waits for "
-               "its quorum", err,
-               (unsigned long long)((now - e->ok_ns) / 1000000u));
-    } /* else a blip: keep what the last read said */
+    if (now - e->fail_since_ns > (uint64_t)CUT_OFF_MS * 1000000u)
+      no_leader_unreachable(e, err, (now - e->fail_since_ns) / 1000000u);
+    /* else a blip: keep what the last read said */
   } else if (!c->leader_api[0]) {
     c->no_leader = 1;
     snprintf(c->no_leader_why, sizeof(c->no_leader_why),
@@ -100,26 +134,43 @@ static void reached(struct lynx_elect *e, const char *err) {
   } else {
     c->no_leader = 0;
   }
-  if (c->no_leader != was) {
-    if (c->no_leader)
-      LYNX_WARN(COMP, "%s; agents keep their leases meanwhile, API changes "
-                "get 503", c->no_leader_why);
-    else
-      LYNX_INFO(COMP, "a leader is known again (%s)",
-                lead ? "this coordinator" : c->leader_api);
-  }
+  no_leader_log(c, was, lead);
   pthread_mutex_unlock(&c->lock);
 }
 
-/* The registry takes what etcd holds (c->lock held). */
-static int reload(struct lynx_elect *e, char *err, size_t errlen) {
+/* The registry takes what etcd holds: a change of operator intent
+ * (c->change_lock, so that no API change is half saved meanwhile), read
+ * with this thread's client outside c->lock (a network call), applied
+ * under it. win: on winning (rev: the key's create revision), which
+ * installs the fence and the leader's API in the same breath; otherwise
+ * a follower's, applied only while it does not lead. 0 or -errno. */
+static int reload(struct lynx_elect *e, int win, char *err, size_t errlen) {
   struct lynx_coord *c = e->c;
-  uint64_t now = lynx_coord_now_ms();
+  struct lynx_store_etcd probe = *e->store;
+  struct lynx_store_etcd_state st;
   int rc;
-  lynx_reg_intent_clear(&c->reg, now);
-  rc = lynx_store_etcd_load(e->store, &c->reg, now, err, errlen);
-  c->reg.version++;
-  lynx_coord_changed(c);
+  probe.etcd = e->etcd; /* the election's client: not the API's */
+  pthread_mutex_lock(&c->change_lock);
+  rc = lynx_store_etcd_read(&probe, &st, err, errlen);
+  pthread_mutex_lock(&c->lock);
+  if (!rc && (win || !leading(e))) {
+    uint64_t now = lynx_coord_now_ms();
+    lynx_reg_intent_clear(&c->reg, now);
+    rc = lynx_store_etcd_apply(e->store, &st, &c->reg, now, err, errlen);
+    c->reg.version++;
+    lynx_coord_changed(c);
+  }
+  if (!rc && win) {
+    e->store->fence_key = e->key;
+    __atomic_store_n(&e->store->fence_rev, e->rev, __ATOMIC_RELEASE);
+    snprintf(c->leader_api, sizeof(c->leader_api), "%s", e->my_api);
+    lynx_ev_add(&c->reg.ev, LYNX_EV_LEADER, e->my_api,
+                "this coordinator (API %s) leads: nodes and frontends "
+                "register with it", e->my_api);
+  }
+  pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&c->change_lock);
+  json_object_put(st.root);
   return rc;
 }
 
@@ -129,17 +180,30 @@ static void set_role(struct lynx_elect *e, int leader) {
     e->changed(e->arg);
 }
 
-static void step_down(struct lynx_elect *e, const char *why) {
+/* etcd_err: the reason is etcd failing this coordinator (it could not
+ * renew): it knows of no leader from now on, not after a poll more. */
+static void step_down(struct lynx_elect *e, const char *why,
+                      const char *etcd_err) {
   struct lynx_coord *c = e->c;
   char err[256];
+  int was;
   pthread_mutex_lock(&c->lock);
-  e->store->fence_rev = 0;
+  __atomic_store_n(&e->store->fence_rev, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->lead_until_ns, 0, __ATOMIC_RELEASE);
   c->leader_api[0] = '\0';
+  e->n_pool[0] = e->n_pool[1] = 0; /* issued for a lead that is over */
+  LYNX_WARN(COMP, "no longer the leader: %s", why);
+  was = c->no_leader;
+  if (etcd_err) /* another may win once our key expires: none known */
+    no_leader_unreachable(e, etcd_err,
+                          e->fail_since_ns
+                              ? (lynx_now_ns() - e->fail_since_ns) / 1000000u
+                              : 0);
+  no_leader_log(c, was, 0);
   pthread_mutex_unlock(&c->lock);
   /* the loop then closes the agents' and frontends' connections and
    * releases the nodes (main.c on_role, registry.h) */
   set_role(e, 0);
-  LYNX_WARN(COMP, "no longer the leader: %s", why);
   /* revoked: the key goes now, not at the TTL. When etcd cannot take it
    * (no quorum), the key outlives the quorum's return by up to a TTL
    * (etcd's new raft leader extends every lease): it is revoked again as
@@ -164,8 +228,7 @@ static int look(struct lynx_elect *e, int *held, int64_t *rev, char *err,
   *rev = k.n ? k.kv[0].create_rev : 0;
   e->seen_rev = k.revision; /* a follower watches for what comes after */
   /* ours, but we do not lead: a key we could not revoke on stepping down */
-  e->key_mine = k.n > 0 && strcmp(k.kv[0].value, e->me) == 0 &&
-                !__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE);
+  e->key_mine = k.n > 0 && strcmp(k.kv[0].value, e->me) == 0 && !leading(e);
   pthread_mutex_lock(&e->c->lock);
   if (k.n)
     leader_api_from(e, k.kv[0].value);
@@ -182,7 +245,7 @@ static int look(struct lynx_elect *e, int *held, int64_t *rev, char *err,
  * saved: reload). 1 when stopping. */
 static int follower_wait(struct lynx_elect *e) {
   char err[256];
-  uint64_t t0 = lynx_now_ns(), spent_ms;
+  uint64_t t0 = lynx_now_ns();
   int rc = lynx_etcd_watch(e->etcd, e->store->prefix, 1,
                            e->seen_rev ? e->seen_rev + 1 : 0, FOLLOW_MS,
                            &e->stop, err, sizeof(err));
@@ -194,22 +257,30 @@ static int follower_wait(struct lynx_elect *e) {
     return 0;
   /* etcd did not take the watch: the rest of the poll as a nap */
   LYNX_LOG_RL(LYNX_LOG_DEBUG, COMP, "%s", err);
-  spent_ms = (lynx_now_ns() - t0) / 1000000u;
-  return nap(e, spent_ms < FOLLOW_MS ? FOLLOW_MS - (uint32_t)spent_ms : 1);
+  return nap_until(e, t0 + (uint64_t)FOLLOW_MS * 1000000u);
+}
+
+/* The leader's lead is vouched for until sent_ns (when the keepalive or
+ * grant etcd took was sent) plus 2/3 of the TTL: etcd keeps the key at
+ * least a TTL after it received that, and nobody can win before. */
+static void vouch(struct lynx_elect *e, uint64_t sent_ns) {
+  uint64_t until = sent_ns + (uint64_t)e->ttl_s * 1000000000u * 2 / 3;
+  __atomic_store_n(&e->c->lead_until_ns, until, __ATOMIC_RELEASE);
 }
 
 /* One campaign: when nobody holds the key, create it on a new lease (a
  * transaction that holds only while it is still absent). 1 when we lead
  * now, 0 when another does, -errno when etcd could not say. */
 static int campaign(struct lynx_elect *e, char *err, size_t errlen) {
-  struct lynx_coord *c = e->c;
   struct lynx_etcd_cmp free_key = {e->key, LYNX_ETCD_CREATE, 0, 0, NULL};
   struct lynx_etcd_op put = {LYNX_ETCD_PUT, e->key, e->me, strlen(e->me), 0};
   int won = 0, held, rc;
   int64_t rev = 0;
+  uint64_t granted_ns;
   rc = look(e, &held, &rev, err, errlen);
   if (rc || held)
     return rc;
+  granted_ns = lynx_now_ns();
   rc = lynx_etcd_lease_grant(e->etcd, e->ttl_s, &e->lease, err, errlen);
   if (rc)
     return rc;
@@ -224,24 +295,16 @@ static int campaign(struct lynx_elect *e, char *err, size_t errlen) {
     return rc ? rc : look(e, &held, &rev, err, errlen);
   }
   e->rev = rev; /* the put's revision: the key's create_revision */
-  e->renewed_ns = lynx_now_ns();
-  pthread_mutex_lock(&c->lock);
-  rc = reload(e, err, errlen);
-  if (!rc) {
-    e->store->fence_key = e->key;
-    e->store->fence_rev = e->rev;
-    snprintf(c->leader_api, sizeof(c->leader_api), "%s", e->my_api);
-    lynx_ev_add(&c->reg.ev, LYNX_EV_LEADER, e->my_api,
-                "this coordinator (API %s) leads: nodes and frontends "
-                "register with it", e->my_api);
-  }
-  pthread_mutex_unlock(&c->lock);
+  rc = reload(e, 1, err, errlen);
   if (rc) {
     /* what etcd holds does not load: do not lead on a partial state */
     LYNX_ERR(COMP, "won the election but cannot load the state: %s", err);
-    step_down(e, "state not loadable");
+    step_down(e, "state not loadable", NULL);
     return rc;
   }
+  vouch(e, granted_ns);
+  e->next_ka_ns = granted_ns + (uint64_t)e->ttl_s * 1000000000u / 3;
+  e->looked_ns = lynx_now_ns();
   set_role(e, 1);
   LYNX_INFO(COMP, "leading (etcd %s, lease %lld, %u s)", e->key,
             (long long)e->lease, e->ttl_s);
@@ -265,23 +328,127 @@ static int follow(struct lynx_elect *e, char *err, size_t errlen) {
   }
   if (rc || sig == e->sig)
     return rc;
-  pthread_mutex_lock(&e->c->lock);
-  if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE))
-    rc = reload(e, err, errlen);
+  rc = reload(e, 0, err, errlen);
   if (!rc)
     e->sig = sig;
-  pthread_mutex_unlock(&e->c->lock);
   return rc;
+}
+
+/* The leader's epochs issued ahead: tops up each kind's pool with fenced
+ * puts, while the next keepalive is not due; stops at the first etcd
+ * failure (tried again next round). */
+static void refill(struct lynx_elect *e) {
+  struct lynx_store_etcd probe = *e->store;
+  char err[256];
+  probe.etcd = e->etcd;
+  for (int kind = 0; kind < 2; kind++)
+    for (;;) {
+      uint64_t epoch;
+      int rc, full;
+      pthread_mutex_lock(&e->c->lock);
+      full = e->n_pool[kind] >= LYNX_EPOCH_POOL;
+      probe.fence_rev = __atomic_load_n(&e->store->fence_rev,
+                                        __ATOMIC_ACQUIRE);
+      pthread_mutex_unlock(&e->c->lock);
+      if (full || !leading(e) || !probe.fence_rev ||
+          lynx_now_ns() >= e->next_ka_ns)
+        break;
+      rc = lynx_store_etcd_put_epoch(&probe, kind, &epoch, err, sizeof(err));
+      if (rc) {
+        LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "cannot issue a %s epoch ahead: %s",
+                    kind ? "frontend" : "node", err);
+        return;
+      }
+      pthread_mutex_lock(&e->c->lock);
+      /* still the lead it was issued under (a step-down empties the pool) */
+      if (leading(e) && __atomic_load_n(&e->store->fence_rev,
+                                        __ATOMIC_ACQUIRE) == probe.fence_rev &&
+          e->n_pool[kind] < LYNX_EPOCH_POOL) {
+        e->pool[kind][e->n_pool[kind]++] = epoch;
+        /* a claim of it is no stranger's (partition.c, adopt_claims) */
+        if (kind && epoch > e->c->reg.frontend_epoch)
+          e->c->reg.frontend_epoch = epoch;
+      }
+      pthread_mutex_unlock(&e->c->lock);
+    }
+}
+
+int lynx_elect_take_epoch(struct lynx_elect *e, struct lynx_registry *r,
+                          int frontend, uint64_t *epoch, char *err,
+                          size_t errlen) {
+  int k = frontend ? 1 : 0;
+  if (!leading(e) || !e->n_pool[k]) {
+    if (e->started) {
+      pthread_mutex_lock(&e->mu);
+      pthread_cond_signal(&e->cv);
+      pthread_mutex_unlock(&e->mu);
+    }
+    return lynx_fail(err, errlen, -EAGAIN, "no %s epoch issued ahead yet "
+                     "(this coordinator just took the lead, or etcd is slow "
+                     "or cannot be reached): try again",
+                     frontend ? "frontend" : "node");
+  }
+  *epoch = e->pool[k][0];
+  memmove(&e->pool[k][0], &e->pool[k][1],
+          (e->n_pool[k] - 1) * sizeof(e->pool[k][0]));
+  e->n_pool[k]--;
+  if (*epoch > r->epoch_last)
+    r->epoch_last = *epoch;
+  if (frontend && *epoch > r->frontend_epoch)
+    r->frontend_epoch = *epoch;
+  pthread_mutex_lock(&e->mu);
+  pthread_cond_signal(&e->cv); /* another is issued */
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
+/* One round of the leader: the keepalive when it is due (vouching for
+ * the lead from its send time), the key looked at once per TTL. */
+static void lead_round(struct lynx_elect *e) {
+  char err[256];
+  uint64_t ttl_ns = (uint64_t)e->ttl_s * 1000000000u;
+  uint64_t sent = lynx_now_ns();
+  int64_t left = 0;
+  int rc;
+  if (sent < e->next_ka_ns)
+    return;
+  rc = lynx_etcd_lease_keepalive(e->etcd, e->lease, &left, err, sizeof(err));
+  /* etcd's state, for after this leader steps down */
+  reached(e, rc ? err : NULL, sent);
+  if (!rc && left > 0) {
+    vouch(e, sent);
+    e->next_ka_ns = sent + ttl_ns / 3;
+    if (lynx_now_ns() - e->looked_ns >= ttl_ns) {
+      /* the key itself (an operator may have deleted it) */
+      int held;
+      int64_t rev;
+      e->looked_ns = lynx_now_ns();
+      if (look(e, &held, &rev, err, sizeof(err)) == 0 &&
+          (!held || rev != e->rev))
+        step_down(e, "the leader key is not ours any more", NULL);
+    }
+  } else if (!rc) {
+    step_down(e, "etcd let the lease expire (this coordinator did not run, "
+                 "or could not reach etcd, for longer than it)", NULL);
+  } else if (lynx_now_ns() >=
+             __atomic_load_n(&e->c->lead_until_ns, __ATOMIC_ACQUIRE)) {
+    /* before etcd can let the key go and another win */
+    step_down(e, err, err);
+  } else {
+    LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "cannot renew the leader lease "
+                "(%s); stepping down if it lasts %u ms", err,
+                e->ttl_s * 2000u / 3);
+    e->next_ka_ns = lynx_now_ns() + (uint64_t)RETRY_MS * 1000000u;
+  }
 }
 
 static void *elect_main(void *arg) {
   struct lynx_elect *e = arg;
   char err[256];
-  uint64_t ttl_ns = (uint64_t)e->ttl_s * 1000000000u;
-  uint32_t renew_ms = e->ttl_s * 1000u / 3;
   for (;;) {
     int rc;
-    if (!__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE)) {
+    if (!leading(e)) {
+      uint64_t t0 = lynx_now_ns();
       if (e->stale_lease) { /* see step_down */
         rc = lynx_etcd_lease_revoke(e->etcd, e->stale_lease, err,
                                     sizeof(err));
@@ -295,47 +462,25 @@ static void *elect_main(void *arg) {
       if (rc < 0)
         LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "leader election: %s", err);
       if (rc == 0 && follow(e, err, sizeof(err)) < 0)
-        reached(e, err);
+        reached(e, err, t0);
       else
-        reached(e, rc < 0 ? err : NULL);
-      if (rc == 1 ? nap(e, renew_ms) : follower_wait(e))
+        reached(e, rc < 0 ? err : NULL, t0);
+      if (rc == 1)
+        continue; /* lead_round and refill next */
+      if (follower_wait(e))
         break;
       continue;
     }
-    {
-      int64_t left = 0;
-      rc = lynx_etcd_lease_keepalive(e->etcd, e->lease, &left, err,
-                                     sizeof(err));
-      /* when etcd last answered, for after this leader steps down */
-      if (rc)
-        reached(e, err);
-      else
-        e->ok_ns = lynx_now_ns();
-      if (!rc && left > 0) {
-        int held;
-        int64_t rev;
-        e->renewed_ns = lynx_now_ns();
-        /* the key itself (an operator may have deleted it) */
-        if (look(e, &held, &rev, err, sizeof(err)) == 0 &&
-            (!held || rev != e->rev))
-          step_down(e, "the leader key is not ours any more");
-      } else if (!rc) {
-        step_down(e, "etcd let the lease expire");
-      } else if (lynx_now_ns() - e->renewed_ns > ttl_ns * 2 / 3) {
-        /* before etcd can let the key go and another win */
-        step_down(e, err);
-      } else {
-        LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "cannot renew the leader lease "
-                    "(%s); stepping down if it lasts %u ms", err,
-                    e->ttl_s * 2000u / 3);
-      }
-    }
-    if (nap(e, __atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE) ? renew_ms
-                                                                : FOLLOW_MS))
+    lead_round(e);
+    if (leading(e))
+      refill(e);
+    if (nap_until(e, leading(e) ? e->next_ka_ns
+                                : lynx_now_ns() +
+                                      (uint64_t)FOLLOW_MS * 1000000u))
       break;
   }
-  if (__atomic_load_n(&e->c->leader, __ATOMIC_ACQUIRE))
-    step_down(e, "stopping (lease revoked: a follower takes over now)");
+  if (leading(e))
+    step_down(e, "stopping (lease revoked: a follower takes over now)", NULL);
   return NULL;
 }
 
@@ -360,9 +505,10 @@ int lynx_elect_start(struct lynx_elect *e, const char *endpoints,
   e->lease = e->rev = 0;
   e->sig = 0;
   e->follow_due = 1; /* the first follow reads everything */
-  e->ok_ns = lynx_now_ns(); /* as if it had: a start is no outage */
+  e->fail_since_ns = 0; /* a start is no outage */
   e->stale_lease = 0;
   e->key_mine = 0;
+  e->n_pool[0] = e->n_pool[1] = 0;
   /* not known yet: until etcd says otherwise another may lead, and an
    * agent told "no leader" would keep its lease on our word */
   pthread_mutex_lock(&e->c->lock);

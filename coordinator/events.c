@@ -12,6 +12,8 @@
 static const char *const kind_names[LYNX_EV_KINDS] = {
     [LYNX_EV_NODE_REGISTERED] = "node_registered",
     [LYNX_EV_NODE_DOWN] = "node_down",
+    [LYNX_EV_NODE_SUSPECT] = "node_suspect",
+    [LYNX_EV_NODE_HEARD] = "node_heard",
     [LYNX_EV_NODE_LEFT] = "node_left",
     [LYNX_EV_NODE_DRAINING] = "node_draining",
     [LYNX_EV_NODE_DRAINED] = "node_drained",

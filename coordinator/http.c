@@ -298,13 +298,65 @@ static unsigned save_err_status(int rc, const char **code) {
   return 500;
 }
 
-/* Saves operator intent as it will be once the change in edit is applied
- * (lock held), before it is applied: 0, or -errno with the refusal in out
- * and a log line, the change not to be applied. The store says why: 503
- * when it cannot be reached or cannot serve (etcd; this coordinator no
- * longer leads), 507 when it has no room, else 500. With etcd, a save that
- * timed out may still reach etcd; the next save writes the state as this
- * coordinator holds it over it. */
+/* A change of operator intent begins: one at a time (c->change_lock),
+ * then the registry (c->lock). change_end releases both. */
+static void change_begin(struct http_req *rq) {
+  pthread_mutex_lock(&rq->c->change_lock);
+  pthread_mutex_lock(&rq->c->lock);
+}
+
+static void change_end(struct http_req *rq) {
+  pthread_mutex_unlock(&rq->c->lock);
+  pthread_mutex_unlock(&rq->c->change_lock);
+}
+
+/* Writes r's state with edit applied (may be NULL) to the store: a state
+ * directory under c->lock (a local file, which also holds the epoch
+ * counter the loop writes), or the save hook (etcd: a network call) with
+ * c->lock released meanwhile, so that heartbeats, registrations and the
+ * loop never wait on the store; change_lock keeps other changes out. Both
+ * locks held on entry and return. 0 or -errno with err. */
+static int store_write(struct lynx_coord *c, const struct lynx_state_edit *edit,
+                       char *err, size_t errlen) {
+  struct json_object *state;
+  int rc;
+  if (!c->save)
+    return c->state_dir ? lynx_store_save(c->state_dir, &c->reg, edit, err,
+                                          errlen)
+                        : 0;
+  state = lynx_store_state_obj(&c->reg, edit);
+  if (!state)
+    return lynx_fail(err, errlen, -ENOMEM, "out of memory");
+  pthread_mutex_unlock(&c->lock);
+  rc = c->save(c->save_arg, state, err, errlen);
+  json_object_put(state);
+  pthread_mutex_lock(&c->lock);
+  return rc;
+}
+
+/* A saved change could not be applied after all: the registry changed
+ * while the store was written (a node went down or came back, this
+ * coordinator stepped down). The store gets the state as it is again, so
+ * that it holds what the API shows; should that fail too, the next save
+ * writes the whole difference (docs/etcd.md). Both locks held. */
+static void store_undo(struct http_req *rq, const char *what) {
+  char err[256] = "";
+  int rc = store_write(rq->c, NULL, err, sizeof(err));
+  if (rc)
+    LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "%s was saved but not applied, and the "
+                "state as it is could not be saved again: %s (the next "
+                "change saves it)", what, err[0] ? err : strerror(-rc));
+}
+
+/* Saves operator intent as it will be once the change in edit is applied,
+ * before it is applied (store_write: both locks held, c->lock released
+ * during a network save, so callers find again what they hold of the
+ * registry): 0, or -errno with the refusal in out and a log line, the
+ * change not to be applied. The store says why: 503 when it cannot be
+ * reached or cannot serve (etcd; this coordinator no longer leads), 507
+ * when it has no room, else 500. With etcd, a save that timed out may
+ * still reach etcd; the next save writes the state as this coordinator
+ * holds it over it. */
 static int save_first(struct http_req *rq, struct http_out *out,
                       const char *what, const struct lynx_state_edit *edit) {
   struct lynx_coord *c = rq->c;
@@ -312,13 +364,7 @@ static int save_first(struct http_req *rq, struct http_out *out,
   char err[256] = "";
   const char *code;
   unsigned status;
-  int rc;
-  if (c->save)
-    rc = c->save(c->save_arg, &c->reg, edit, err, sizeof(err));
-  else if (c->state_dir)
-    rc = lynx_store_save(c->state_dir, &c->reg, edit, err, sizeof(err));
-  else
-    return 0;
+  int rc = store_write(c, edit, err, sizeof(err));
   if (rc == 0)
     return 0;
   LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "%s refused: it cannot be saved in %s: %s",
@@ -683,6 +729,7 @@ struct metrics_snap {
   uint64_t version, table_version;
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
   uint64_t new_incarnations, pauses, paused_ms, moves_started, moves_done;
+  uint64_t suspect, suspicions, unsure_refusals, suspect_ms;
   struct metrics_accel *acc; /* m.accels entries, or NULL (out of memory) */
 };
 
@@ -778,6 +825,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
     }
     if ((unsigned)n->state < 4)
       m.nodes[n->state]++;
+    m.suspect += n->suspect != 0;
     m.accels += n->n_accels;
     for (uint32_t i = 0; i < n->n_accels && i < LYNX_ACCELS_MAX; i++) {
       m.requests += n->accels[i].requests;
@@ -818,6 +866,11 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   m.moves_done = r->moves_done;
   m.pauses = r->pauses;
   m.paused_ms = r->paused_ms;
+  m.suspicions = r->suspicions;
+  m.suspect_ms = r->suspect_ms && r->suspect_ms < r->lease_ms ? r->suspect_ms
+                                                              : r->lease_ms;
+  m.unsure_refusals = __atomic_load_n(&rq->c->unsure_refusals,
+                                      __ATOMIC_RELAXED);
   pthread_mutex_unlock(&rq->c->lock);
   pthread_mutex_lock(&rq->h->conns_lock);
   m.api_conns = rq->h->n_conns;
@@ -857,6 +910,18 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
           m.responses);
   COUNTER("lynx_coordinator_lease_expiries_total",
           "Nodes marked down because their lease expired.", m.lease_expiries);
+  GAUGE("lynx_coordinator_nodes_suspect",
+        "Nodes silent past their heartbeat lease (--suspect-ms): out of the "
+        "dispatch tables until heard again, not down yet.",
+        m.suspect);
+  COUNTER("lynx_coordinator_suspicions_total",
+          "Times a node went suspect (silent past --suspect-ms).",
+          m.suspicions);
+  COUNTER("lynx_coordinator_unsure_refusals_total",
+          "Hellos, messages and connections of agents and frontends refused "
+          "because this leader was not sure it still led (it did not run, "
+          "or etcd did not answer, past what it could vouch for).",
+          m.unsure_refusals);
   COUNTER("lynx_coordinator_table_pushes_total",
           "Dispatch tables pushed to frontends.", m.table_pushes);
   COUNTER("lynx_coordinator_registrations_total",
@@ -896,6 +961,10 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
                    "The agents' lease (--lease-ms).");
   lynx_prom_double(f, "lynx_coordinator_lease_seconds", NULL,
                    (double)m.lease_ms / 1000.0, 3);
+  lynx_prom_family(f, "lynx_coordinator_suspect_seconds", "gauge",
+                   "The agents' heartbeat lease (--suspect-ms).");
+  lynx_prom_double(f, "lynx_coordinator_suspect_seconds", NULL,
+                   (double)m.suspect_ms / 1000.0, 3);
   GAUGE("lynx_coordinator_registry_version",
         "Registry version (grows on every observable change).", m.version);
   GAUGE("lynx_coordinator_table_version", "Dispatch table version.",
@@ -1243,12 +1312,13 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
     reply_reg_err(out, rc, &err);
     return;
   }
-  pthread_mutex_lock(&rq->c->lock);
+  change_begin(rq);
   rc = lynx_reg_service_prepare(&rq->c->reg, &spec, &s, &err);
   if (rc == 0) {
     struct lynx_state_edit edit = {.add_service = &s->spec};
+    /* services change only under change_lock: prepared still holds */
     if (save_first(rq, out, "service create", &edit)) {
-      pthread_mutex_unlock(&rq->c->lock);
+      change_end(rq);
       free(s);
       return;
     }
@@ -1259,7 +1329,7 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
     lynx_coord_changed(rq->c);
     j = lynx_json_service(&rq->c->reg, s);
   }
-  pthread_mutex_unlock(&rq->c->lock);
+  change_end(rq);
   if (rc) {
     reply_reg_err(out, rc, &err);
     return;
@@ -1273,16 +1343,19 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
 }
 
 /* Finishes a change of operator intent, saved first (save_first) and then
- * applied under c->lock, and releases the lock: on success (rc 0) wakes
- * the watchers and answers status with j; otherwise answers the registry's
- * error. Takes j (may be NULL on error). */
+ * applied under c->lock, and releases the locks (change_end): on success
+ * (rc 0) wakes the watchers and answers status with j; otherwise answers
+ * the registry's error, and when the change was saved (saved) puts the
+ * store back to the state as it is. Takes j (may be NULL on error). */
 static void finish_mutation(struct http_req *rq, struct http_out *out, int rc,
                             const struct lynx_reg_err *err,
                             struct json_object *j, const char *what,
-                            unsigned status) {
+                            unsigned status, int saved) {
   if (rc == 0)
     lynx_coord_changed(rq->c);
-  pthread_mutex_unlock(&rq->c->lock);
+  else if (saved)
+    store_undo(rq, what);
+  change_end(rq);
   if (rc) {
     json_object_put(j);
     reply_reg_err(out, rc, err);
@@ -1301,24 +1374,26 @@ static void h_service_delete(struct http_req *rq, struct http_out *out) {
   int rc;
 
   memset(&err, 0, sizeof(err));
-  pthread_mutex_lock(&rq->c->lock);
+  change_begin(rq);
   s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
   if (!s) {
-    pthread_mutex_unlock(&rq->c->lock);
+    change_end(rq);
     reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
     return;
   }
   if (save_first(rq, out, "service delete", &edit)) {
-    pthread_mutex_unlock(&rq->c->lock);
+    change_end(rq);
     return;
   }
-  j = lynx_json_service(&rq->c->reg, s);
+  /* services change only under change_lock: still there */
+  s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
+  j = s ? lynx_json_service(&rq->c->reg, s) : NULL;
   rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0], lynx_coord_now_ms(),
                                &err);
   if (rc == 0)
     lynx_ev_add(&rq->c->reg.ev, LYNX_EV_SERVICE_DELETED, rq->params[0],
                 "service %s deleted: its instances stop", rq->params[0]);
-  finish_mutation(rq, out, rc, &err, j, "service delete", 200);
+  finish_mutation(rq, out, rc, &err, j, "service delete", 200, 1);
 }
 
 /* drain / undrain: 200 with the node as it is afterwards. */
@@ -1329,12 +1404,12 @@ static void node_op(struct http_req *rq, struct http_out *out, int drain) {
   struct lynx_reg_node *n;
   struct json_object *j = NULL;
   uint64_t now = lynx_coord_now_ms();
-  int rc;
+  int rc, saved = 0;
 
   memset(&err, 0, sizeof(err));
-  pthread_mutex_lock(&rq->c->lock);
+  change_begin(rq);
   if (!lynx_reg_node_find(&rq->c->reg, rq->params[0])) {
-    pthread_mutex_unlock(&rq->c->lock);
+    change_end(rq);
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
     return;
   }
@@ -1342,19 +1417,21 @@ static void node_op(struct http_req *rq, struct http_out *out, int drain) {
              : lynx_reg_undrain_check(&rq->c->reg, rq->params[0], &n, &err);
   if (rc == 0) {
     if (drain)
-      edit.add_drained = n->id;
+      edit.add_drained = rq->params[0];
     else
-      edit.del_drained = n->id;
+      edit.del_drained = rq->params[0];
     if (save_first(rq, out, what, &edit)) {
-      pthread_mutex_unlock(&rq->c->lock);
+      change_end(rq);
       return;
     }
+    saved = 1;
+    /* checked again: the node may have gone down or away meanwhile */
     rc = drain ? lynx_reg_drain(&rq->c->reg, rq->params[0], now, &err)
                : lynx_reg_undrain(&rq->c->reg, rq->params[0], now, &err);
   }
   if (rc == 0 && (n = lynx_reg_node_find(&rq->c->reg, rq->params[0])) != NULL)
     j = lynx_json_node(&rq->c->reg, n, now);
-  finish_mutation(rq, out, rc, &err, j, what, 200);
+  finish_mutation(rq, out, rc, &err, j, what, 200, saved);
 }
 
 static void h_node_drain(struct http_req *rq, struct http_out *out) {
@@ -1406,30 +1483,35 @@ static void h_node_forget(struct http_req *rq, struct http_out *out) {
   struct lynx_reg_err err;
   struct lynx_reg_node *n;
   struct json_object *j = NULL;
-  int rc;
+  int rc, saved = 0;
 
   memset(&err, 0, sizeof(err));
-  pthread_mutex_lock(&rq->c->lock);
+  change_begin(rq);
   n = lynx_reg_node_find(&rq->c->reg, rq->params[0]);
   if (!n) {
-    pthread_mutex_unlock(&rq->c->lock);
+    change_end(rq);
     reply_err(out, 404, "not_found", "node '%s' not found", rq->params[0]);
     return;
   }
   rc = lynx_reg_forget_check(&rq->c->reg, rq->params[0], &n, &err);
   if (rc == 0) {
-    struct lynx_state_edit edit = {.del_drained = n->id};
+    struct lynx_state_edit edit = {.del_drained = rq->params[0]};
     if (save_first(rq, out, "node forget", &edit)) {
-      pthread_mutex_unlock(&rq->c->lock);
+      change_end(rq);
       return;
     }
-    j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
-    rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
+    saved = 1;
+    /* checked again: the node may have come back meanwhile */
+    rc = lynx_reg_forget_check(&rq->c->reg, rq->params[0], &n, &err);
+    if (rc == 0) {
+      j = lynx_json_node(&rq->c->reg, n, lynx_coord_now_ms());
+      rc = lynx_reg_forget(&rq->c->reg, rq->params[0], &err);
+    }
   }
   if (rc == 0)
     lynx_ev_add(&rq->c->reg.ev, LYNX_EV_NODE_FORGOTTEN, rq->params[0],
                 "node %s forgotten by an operator", rq->params[0]);
-  finish_mutation(rq, out, rc, &err, j, "node forget", 200);
+  finish_mutation(rq, out, rc, &err, j, "node forget", 200, saved);
 }
 
 /* ---- routing ------------------------------------------------------------ */

@@ -46,7 +46,8 @@ struct coord_cfg {
   char *tls_ca, *tls_cert, *tls_key;
   char *etcd, *etcd_prefix;
   uint32_t etcd_timeout_ms, etcd_lease_s;
-  uint32_t lease_ms, drain_ms, frontend_timeout_ms, frame_max, body_max;
+  uint32_t lease_ms, suspect_ms, drain_ms, frontend_timeout_ms, frame_max,
+      body_max;
   uint32_t active_frontends;
   uint32_t http_conn_max, http_conn_per_client, http_header_ms, http_body_ms;
   uint32_t services_max, region_max_mb;
@@ -71,8 +72,17 @@ static const struct lynx_opt coord_opts[] = {
     {"etcd-lease-s", LYNX_OPT_U32, O(etcd_lease_s), "3", 2, 60, NULL,
      "with --etcd: the leader's lease; a follower leads within about this "
      "long after the leader dies"},
-    {"lease-ms", LYNX_OPT_U32, O(lease_ms), "3000", 100, 600000, NULL,
-     "an agent without heartbeat for this long is down"},
+    {"lease-ms", LYNX_OPT_U32, O(lease_ms), NULL, 100, 600000, NULL,
+     "the agents' lease: a node without heartbeat for this long is down "
+     "(its requests in flight are counted lost), and its agent stops "
+     "taking requests before then (default 3000; with --etcd long enough "
+     "to ride out a leader failover: 2/3 --suspect-ms + --etcd-lease-s + "
+     "3 s, 8000 with the defaults; a shorter one is refused)"},
+    {"suspect-ms", LYNX_OPT_U32, O(suspect_ms), NULL, 100, 600000, NULL,
+     "a node without heartbeat for this long leaves the dispatch tables "
+     "(no new request goes to it) until it is heard again; agents "
+     "heartbeat every third of it (default 3000, or --lease-ms if "
+     "shorter)"},
     {"frontend-timeout-ms", LYNX_OPT_U32, O(frontend_timeout_ms), "3000", 500,
      600000, NULL, "a frontend silent for this long (it reports every "
      "200 ms) is cut off, and its instances go to the other frontends"},
@@ -164,10 +174,8 @@ struct coordinator {
   struct cpeer *peers;
   struct action *actions, **actions_tail; /* under c.lock */
   uint64_t seen_version, fe_seq;
-  /* no frontend epoch could be issued: not asked again before this (an
-   * unreachable store holds the loop for its timeout on every try) */
-  uint64_t epoch_retry_ms;
   int stopping;
+  int unsure; /* a leader past its vouched lease (on_tick): logged once */
   /* --tls-*: the API is served over HTTPS (tls_on), and with --tls-ca
    * every control connection is TLS with a client certificate the CA
    * signed (tls.has_ca) */
@@ -274,12 +282,14 @@ static struct cpeer *agent_peer(struct coordinator *co, const char *node) {
 }
 
 /* A new epoch from the store (etcd's revisions, or the state directory's
- * counter): strictly increasing across restarts of anything. Lock held. */
+ * counter): strictly increasing across restarts of anything. Lock held;
+ * with etcd, one issued ahead (elect.h), so the loop never waits on etcd:
+ * -EAGAIN when none is ready yet. */
 static int issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
                        char *err, size_t errlen) {
-  if (co->cfg.etcd)
-    return lynx_store_etcd_issue_epoch(&co->store, &co->c.reg, frontend,
-                                       epoch, err, errlen);
+  if (co->cfg.etcd) /* issued ahead by the election thread: no waiting */
+    return lynx_elect_take_epoch(&co->elect, &co->c.reg, frontend, epoch,
+                                 err, errlen);
   return lynx_store_issue_epoch(co->cfg.state_dir, &co->c.reg, frontend,
                                 epoch, err, errlen);
 }
@@ -290,7 +300,7 @@ static int act_issue_epoch(void *data, uint64_t *epoch) {
   struct coordinator *co = data;
   char err[256] = "";
   int rc = issue_epoch(co, 1, epoch, err, sizeof(err));
-  if (rc)
+  if (rc && rc != -EAGAIN) /* -EAGAIN: one is on its way (elect.h) */
     LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator", "no frontend epoch could be "
                 "issued: %s", err[0] ? err : strerror(-rc));
   return rc;
@@ -463,7 +473,7 @@ static void push_tables(struct coordinator *co) {
   /* a follower's tables are no one's: one that just stepped down (its
    * frontends not closed yet) would hand them what it no longer knows,
    * e.g. no node at all once it released them (registry.h) */
-  if (co->c.ha && !__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE))
+  if (!lynx_coord_leads(&co->c))
     return;
   choose_active(co);
   lynx_reg_partition(r, lynx_coord_now_ms());
@@ -621,6 +631,7 @@ static void send_hello_reply_ex(struct cpeer *p, int ok, const char *error,
   r.ok = ok;
   r.retryable = retryable;
   r.no_leader = no_leader;
+  r.acks_status = ok && p->role == ROLE_FRONTEND; /* FrontendStatusReply */
   r.error = (char *)(error ? error : "");
   r.id = "coordinator";
   env.msg_case = LYNX__ENVELOPE__MSG_HELLO_REPLY;
@@ -634,6 +645,32 @@ static void send_hello_reply_ex(struct cpeer *p, int ok, const char *error,
 static void send_hello_reply(struct cpeer *p, int ok, const char *error,
                              uint64_t hold_ms) {
   send_hello_reply_ex(p, ok, error, hold_ms, 0, 0);
+}
+
+/* With etcd, whether this coordinator may answer agents and frontends now
+ * (lynx_coord_leads): 1 if so; else 0 with why filled. A leader past its
+ * vouched lease did not run, or etcd did not answer it, for a while:
+ * another may lead by now, and whatever it answered (a heartbeat, a
+ * registration, a table) could renew a lease or move the data plane on a
+ * deposed leader's word (docs/etcd.md, "A paused leader"). */
+static int may_answer(struct coordinator *co, char *why, size_t len) {
+  uint64_t until, now;
+  if (lynx_coord_leads(&co->c))
+    return 1;
+  if (!__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
+    snprintf(why, len, "this coordinator does not lead");
+    return 0;
+  }
+  until = __atomic_load_n(&co->c.lead_until_ns, __ATOMIC_ACQUIRE);
+  now = lynx_now_ns();
+  snprintf(why, len, "this coordinator is not sure it still leads (its "
+           "leader lease ran past what it can vouch for %llu ms ago: it did "
+           "not run, or etcd did not answer): it answers nothing until etcd "
+           "says", (unsigned long long)(until && now > until
+                                            ? (now - until) / 1000000u
+                                            : 0));
+  __atomic_add_fetch(&co->c.unsure_refusals, 1, __ATOMIC_RELAXED);
+  return 0;
 }
 
 static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
@@ -660,6 +697,14 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     return;
   }
   snprintf(p->id, sizeof(p->id), "%s", h->id);
+  if (co->c.ha && __atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE) &&
+      !may_answer(co, err, sizeof(err))) {
+    /* retryable, not no_leader: an agent renews nothing on it */
+    LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s (%s %s): %s",
+                p->ctl.peer, role, p->id, err);
+    send_hello_reply_ex(p, 0, err, 0, 1, 0);
+    return;
+  }
   if (co->c.ha && !__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
     /* agents and frontends find the leader among their --coordinator
      * addresses: this refusal sends them to the next */
@@ -792,7 +837,8 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
 reply:
   rr.ok = rc == 0;
   rr.error = err.message;
-  rr.lease_ms = co->cfg.lease_ms;
+  rr.lease_ms = co->cfg.suspect_ms; /* heartbeats every third of it */
+  rr.fence_ms = co->cfg.lease_ms;
   rr.new_incarnation = err.new_incarnation != 0;
   rr.acks_heartbeats = 1;
   rr.drains_on_leave = 1;
@@ -930,13 +976,28 @@ static void on_frontend_msg(struct cpeer *p, Lynx__Envelope *env) {
   pthread_mutex_unlock(&co->c.lock);
   free(fl);
   free(mq);
+  {
+    /* heard: a frontend that hears nothing turns to another coordinator */
+    Lynx__Envelope e = LYNX__ENVELOPE__INIT;
+    Lynx__FrontendStatusReply r = LYNX__FRONTEND_STATUS_REPLY__INIT;
+    r.table_version = p->table_sent ? p->table_sent - 1 : 0;
+    e.msg_case = LYNX__ENVELOPE__MSG_FRONTEND_STATUS_REPLY;
+    e.frontend_status_reply = &r;
+    send_env(p, &e);
+  }
 }
 
 static void peer_msg(struct lynx_ctl *ctl, Lynx__Envelope *env) {
   struct cpeer *p = container_of(ctl, struct cpeer, ctl);
-  char why[160];
+  char why[320];
   if (p->refused)
     return; /* its refusal is on its way */
+  if (p->role != ROLE_NONE && !may_answer(p->co, why, sizeof(why))) {
+    /* not a word on a lead it cannot vouch for: the peer finds the
+     * leader (or this one again, once etcd has said) */
+    lynx_ctl_close(ctl, why);
+    return;
+  }
   if (p->role == ROLE_NONE) {
     if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO) {
       lynx_ctl_close(ctl, "first message is not a Hello");
@@ -1036,17 +1097,67 @@ static void on_connection(uv_stream_t *server, int status) {
                             "loopback peers are accepted");
 }
 
+/* ---- leases ---------------------------------------------------------- */
+
+/* The shortest agents' lease that rides out a leader failover on etcd
+ * (docs/etcd.md, "Failover without loss"): the last heartbeat answered
+ * before the leader died or stopped may be a heartbeat period old, and
+ * another period passes before an agent gives a silent leader up; the dead
+ * leader's key lives for the election lease; then etcd's 500 ms expiry
+ * tick, the campaign, an agent's round of addresses (a stopped leader
+ * holds a Hello 1.5 s, the backoff up to 0.5 s) and the fence's margin
+ * (up to 1 s) take the last 3 s. */
+static uint32_t failover_lease_ms(uint32_t suspect_ms, uint32_t etcd_lease_s) {
+  return 2 * (suspect_ms / 3) + etcd_lease_s * 1000u + 3000u;
+}
+
+/* --lease-ms and --suspect-ms as given, or derived when not: coherent by
+ * construction, and an incoherent pair given explicitly refused. 0 or -1
+ * with the reason in err. */
+static int leases_derive(struct coord_cfg *cfg, char *err, size_t errlen) {
+  uint32_t need;
+  if (!cfg->suspect_ms)
+    cfg->suspect_ms = cfg->lease_ms && cfg->lease_ms < 3000 ? cfg->lease_ms
+                                                            : 3000;
+  need = cfg->etcd ? failover_lease_ms(cfg->suspect_ms, cfg->etcd_lease_s)
+                   : cfg->suspect_ms;
+  if (!cfg->lease_ms) {
+    cfg->lease_ms = need > 3000 ? need : 3000;
+    return 0;
+  }
+  if (cfg->suspect_ms > cfg->lease_ms) {
+    snprintf(err, errlen, "--suspect-ms %u is longer than --lease-ms %u: a "
+             "silent node would be declared down (its requests counted "
+             "lost) before it left the dispatch tables; give --suspect-ms "
+             "%u or less", cfg->suspect_ms, cfg->lease_ms, cfg->lease_ms);
+    return -1;
+  }
+  if (cfg->lease_ms < need) {
+    snprintf(err, errlen, "--lease-ms %u cannot ride out a leader failover "
+             "with --etcd-lease-s %u and --suspect-ms %u: the agents would "
+             "stop taking requests while another coordinator takes over "
+             "(up to about %u ms: two heartbeat periods, the election lease "
+             "and 3 s; docs/etcd.md, \"Failover without loss\"); give "
+             "--lease-ms %u or more, or leave it out (derived)",
+             cfg->lease_ms, cfg->etcd_lease_s, cfg->suspect_ms, need, need);
+    return -1;
+  }
+  return 0;
+}
+
 /* ---- loop ------------------------------------------------------------ */
 
 /* After a restart, or on becoming the leader, with services to serve: the
  * agents are finding us (their reconnect backoff is at most 2 s plus
  * jitter) and their instances are adopted as they register. Tables wait,
  * and no drain finishes, until every instance the frontends serve is
- * adopted again (frontends_settled) or a lease and a second have passed. */
+ * adopted again (frontends_settled) or a heartbeat lease (--suspect-ms, 3 s
+ * at least) and a second have passed: a node not back by then is
+ * suspect, out of the tables, as one that went silent. */
 static void settle(struct coordinator *co) {
   co->c.reg.settle_until_ms =
       lynx_coord_now_ms() +
-      (co->cfg.lease_ms > 3000 ? co->cfg.lease_ms : 3000) + 1000;
+      (co->cfg.suspect_ms > 3000 ? co->cfg.suspect_ms : 3000) + 1000;
 }
 
 /* 1 when every instance a connected frontend reports serving is known
@@ -1078,6 +1189,23 @@ static void on_tick(uv_timer_t *t) {
   uint64_t now = lynx_coord_now_ms();
   uint64_t expiries;
   int cut = 0;
+  if (__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE) &&
+      !lynx_coord_leads(&co->c)) {
+    /* not sure it still leads: it decides nothing (no lease expires, no
+     * frontend is cut off, no table goes out) until etcd says; the tick
+     * after credits the time to every lease, as a pause */
+    if (!co->unsure) {
+      char why[320];
+      may_answer(co, why, sizeof(why));
+      LYNX_WARN("coordinator", "%s", why);
+    }
+    co->unsure = 1;
+    return;
+  }
+  if (co->unsure && __atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE))
+    LYNX_INFO("coordinator", "etcd vouches for this coordinator's lead "
+              "again: it answers agents and frontends");
+  co->unsure = 0;
   pthread_mutex_lock(&co->c.lock);
   expiries = co->c.reg.lease_expiries;
   lynx_reg_tick(&co->c.reg, now);
@@ -1205,6 +1333,11 @@ int main(int argc, char **argv) {
     goto out_opts;
   }
   lynx_log_level = lvl;
+  if (leases_derive(&co.cfg, err, sizeof(err))) {
+    fprintf(stderr, "%s\n", err);
+    exit_code = LYNX_EXIT_USAGE;
+    goto out_opts;
+  }
   lynx_parse_hostport(co.cfg.listen, &ss); /* checked by the option table */
   if (co.cfg.token_file &&
       lynx_read_token(co.cfg.token_file, &token, err, sizeof(err))) {
@@ -1233,7 +1366,7 @@ int main(int argc, char **argv) {
       exit_code = LYNX_EXIT_USAGE;
       goto out_opts;
     }
-    co.c.save = lynx_store_etcd_save;
+    co.c.save = lynx_store_etcd_save_state;
     co.c.save_arg = &co.store;
     co.c.save_where = "etcd";
   } else if (mkdir(co.cfg.state_dir, 0700) != 0 && errno != EEXIST) {
@@ -1260,6 +1393,7 @@ int main(int argc, char **argv) {
                 (unsigned)(st.st_mode & 07777), co.cfg.state_dir);
   }
   pthread_mutex_init(&co.c.lock, NULL);
+  pthread_mutex_init(&co.c.change_lock, NULL);
   pthread_cond_init(&co.c.changed, NULL);
   co.c.state_dir = co.cfg.etcd ? NULL : co.cfg.state_dir;
   co.c.token = token;
@@ -1276,6 +1410,7 @@ int main(int argc, char **argv) {
   lynx_guard_init(&co.c.ctl_guard, co.cfg.ctl_conn_max, co.cfg.ctl_unauth_max,
                   co.cfg.ctl_unauth_per_client);
   lynx_reg_init(&co.c.reg, co.cfg.lease_ms, co.cfg.drain_ms, &ops);
+  co.c.reg.suspect_ms = co.cfg.suspect_ms;
   co.c.reg.tick_ms = TICK_MS;
   /* instance ids and table versions keep growing across coordinator
    * restarts (frontends and agents outlive us): start from the clock */
@@ -1339,16 +1474,6 @@ int main(int argc, char **argv) {
   uv_signal_start(&co.sigterm, on_signal, SIGTERM);
   if (co.cfg.etcd) {
     char id[LYNX_ID_MAX], host[64] = "host";
-    /* a failover takes up to the etcd lease and half a second, then the
-     * agents' round of reconnecting; heartbeats every lease/3 */
-    uint32_t failover_ms = co.cfg.etcd_lease_s * 1000u + 1500u;
-    if (co.cfg.lease_ms < failover_ms + co.cfg.lease_ms / 3)
-      LYNX_WARN("coordinator", "--lease-ms %u is short for --etcd-lease-s "
-                "%u: a leader failover (up to about %u ms) can outlast the "
-                "agents' lease, and they then stop taking requests until the "
-                "new leader answers; give --lease-ms %u or more "
-                "(docs/etcd.md)", co.cfg.lease_ms, co.cfg.etcd_lease_s,
-                failover_ms, (failover_ms * 3 + 1) / 2);
     gethostname(host, sizeof(host) - 1);
     snprintf(id, sizeof(id), "%.40s-%d", host, (int)getpid());
     uv_async_init(&co.loop, &co.role, on_role);
@@ -1396,6 +1521,7 @@ out_reg:
   }
   lynx_reg_free(&co.c.reg);
   pthread_cond_destroy(&co.c.changed);
+  pthread_mutex_destroy(&co.c.change_lock);
   pthread_mutex_destroy(&co.c.lock);
 out_opts:
   lynx_etcd_close(co.store.etcd);

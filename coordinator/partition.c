@@ -25,6 +25,7 @@
 
 #define COMP "registry"
 #define EPOCH_RETRY_MS 1000 /* the store could not issue an epoch */
+#define EPOCH_WAIT_MS 100   /* ... or had none issued ahead yet (-EAGAIN) */
 
 static int fe_usable(const struct lynx_reg_frontend *f) {
   return f && f->connected && f->active;
@@ -272,7 +273,8 @@ static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
 }
 
 /* One new epoch from the store for this round (*round: 0 until issued);
- * 0, or -errno (logged; the next try waits EPOCH_RETRY_MS). */
+ * 0, or -errno (logged; the next try waits EPOCH_RETRY_MS, or
+ * EPOCH_WAIT_MS for -EAGAIN: none issued ahead yet). */
 static int round_epoch(struct lynx_registry *r, uint64_t *round,
                        uint64_t now_ms) {
   int rc = 0;
@@ -289,6 +291,11 @@ static int round_epoch(struct lynx_registry *r, uint64_t *round,
   if (!rc && *round)
     return 0;
   *round = 0;
+  if (rc == -EAGAIN) {
+    /* none issued ahead yet (elect.h): one is on its way, not a failure */
+    r->fe_epoch_retry_ms = now_ms + EPOCH_WAIT_MS;
+    return rc;
+  }
   r->fe_epoch_retry_ms = now_ms + EPOCH_RETRY_MS;
   LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "instances wait for a frontend: no "
               "frontend epoch could be issued (%s); retrying in %d ms",

@@ -274,6 +274,50 @@ const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
 
 /* ---- dispatch table bookkeeping ------------------------------------- */
 
+static uint64_t suspect_ms(const struct lynx_registry *r) {
+  return r->suspect_ms && r->suspect_ms < r->lease_ms ? r->suspect_ms
+                                                      : r->lease_ms;
+}
+
+/* n was heard (a heartbeat, a registration): its leases run from now, and
+ * a suspect node is back in the tables. */
+static void node_heard(struct lynx_registry *r, struct lynx_reg_node *n,
+                       uint64_t now_ms) {
+  uint64_t silent = now_ms > n->last_heartbeat_ms
+                        ? now_ms - n->last_heartbeat_ms
+                        : 0;
+  n->last_heartbeat_ms = now_ms;
+  n->lease_deadline_ms = now_ms + r->lease_ms;
+  n->suspect_deadline_ms = now_ms + suspect_ms(r);
+  if (!n->suspect)
+    return;
+  n->suspect = 0;
+  r->version++;
+  r->table_dirty = 1;
+  LYNX_INFO(COMP, "node %s heard again after %" PRIu64 " ms: back in the "
+            "dispatch tables", n->id, silent);
+  lynx_ev_add(&r->ev, LYNX_EV_NODE_HEARD, n->id,
+              "node %s heard again after %" PRIu64 " ms: back in dispatch",
+              n->id, silent);
+}
+
+/* n went silent for its heartbeat lease: out of the tables (its
+ * instances stay, what it holds in flight may still be answered) until it
+ * is heard again or its lease expires. */
+static void node_suspect(struct lynx_registry *r, struct lynx_reg_node *n) {
+  n->suspect = 1;
+  r->suspicions++;
+  r->version++;
+  r->table_dirty = 1;
+  LYNX_WARN(COMP, "node %s is suspect: no heartbeat for %" PRIu64 " ms; out "
+            "of the dispatch tables until it is heard again (declared down "
+            "at %" PRIu64 " ms)", n->id, suspect_ms(r), r->lease_ms);
+  lynx_ev_add(&r->ev, LYNX_EV_NODE_SUSPECT, n->id,
+              "node %s is suspect: no heartbeat for %" PRIu64 " ms; out of "
+              "dispatch until heard again, down at %" PRIu64 " ms", n->id,
+              suspect_ms(r), r->lease_ms);
+}
+
 static int accel_pos(const struct lynx_reg_node *n, uint32_t idx) {
   uint32_t a;
   for (a = 0; a < n->n_accels; a++)
@@ -292,7 +336,7 @@ static int inst_accel_ok(const struct lynx_reg_instance *i) {
 
 static int inst_dispatchable(const struct lynx_reg_instance *i) {
   return i->state == LYNX_INST_READY && i->node->state == LYNX_NODE_READY &&
-         inst_accel_ok(i);
+         !i->node->suspect && inst_accel_ok(i);
 }
 
 int lynx_reg_inst_dispatchable(const struct lynx_reg_instance *inst) {
@@ -546,7 +590,9 @@ static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
   uint32_t best_cnt = 0, best_load = 0;
   for (k = 0; k < c->n_nodes; k++) {
     struct rc_node *rn = &c->nodes[k];
-    if (!rn->eligible)
+    /* a suspect node keeps what it runs (counted kept, as on an unhealthy
+     * accelerator) but gets nothing new while it is silent */
+    if (!rn->eligible || rn->n->suspect)
       continue;
     for (a = 0; a < rn->n->n_accels; a++) {
       if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]))
@@ -684,7 +730,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
   if (sp->placement == LYNX_PLACE_ALL) {
     for (k = 0; k < c->n_nodes; k++) {
       struct rc_node *rn = &c->nodes[k];
-      if (!rn->eligible)
+      if (!rn->eligible || rn->n->suspect)
         continue;
       for (a = 0; a < rn->n->n_accels; a++) {
         if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]))
@@ -1210,8 +1256,7 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
     n->drain_table_version = 0;
     node_set_state(r, n, n->drain_intent ? LYNX_NODE_DRAINED : LYNX_NODE_READY);
   }
-  n->last_heartbeat_ms = now_ms;
-  n->lease_deadline_ms = now_ms + r->lease_ms;
+  node_heard(r, n, now_ms);
   for (uint32_t k = 0; k < n_adopt; k++)
     adopt_one(r, n, &adopt[k]);
   lynx_ev_add(&r->ev, LYNX_EV_NODE_REGISTERED, n->id,
@@ -1331,8 +1376,7 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
     return rc;
   if (node->state == LYNX_NODE_DOWN)
     return -ENOTCONN;
-  node->last_heartbeat_ms = now_ms;
-  node->lease_deadline_ms = now_ms + r->lease_ms;
+  node_heard(r, node, now_ms);
   /* Counters (and a stall growing longer) are not "changes" for watchers:
    * they move on every heartbeat and would wake every watcher every second.
    * Health that changes dispatchability is: it changes the table too. An
@@ -1353,6 +1397,7 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
 
 /* A node goes DOWN: instances forgotten, replicas re-placed. */
 static void node_down(struct lynx_registry *r, struct lynx_reg_node *n) {
+  n->suspect = 0; /* down is worse */
   node_drop_instances(r, n, 0);
   node_set_state(r, n, LYNX_NODE_DOWN);
 }
@@ -2252,8 +2297,10 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
      * after this tick. */
     uint64_t gap = now_ms - r->last_tick_ms - r->tick_ms;
     for (n = r->nodes; n; n = n->next)
-      if (n->state != LYNX_NODE_DOWN)
+      if (n->state != LYNX_NODE_DOWN) {
         n->lease_deadline_ms += gap;
+        n->suspect_deadline_ms += gap;
+      }
     r->pauses++;
     r->paused_ms += gap;
     r->last_pause_ms = gap;
@@ -2263,6 +2310,10 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
     r->next_retry_ms = 0;
     r->placed_version = r->version - 1; /* a backoff ended: place again */
   }
+  for (n = r->nodes; n; n = n->next)
+    if (n->state != LYNX_NODE_DOWN && !n->suspect &&
+        now_ms >= n->suspect_deadline_ms && now_ms < n->lease_deadline_ms)
+      node_suspect(r, n);
   for (n = r->nodes; n; n = n->next)
     if (n->state != LYNX_NODE_DOWN && now_ms >= n->lease_deadline_ms) {
       r->lease_expiries++;

@@ -125,6 +125,11 @@ struct lynx_reg_node {
   uint64_t last_heartbeat_ms;
   uint64_t lease_deadline_ms;
   uint64_t expired_ms; /* when its lease last expired (0: never) */
+  /* Silent for suspect_ms (its heartbeat lease): out of the dispatch
+   * tables until heard again, its instances kept and its requests in
+   * flight not counted lost (that waits for lease_deadline_ms) */
+  uint64_t suspect_deadline_ms;
+  int suspect;
   uint64_t drain_deadline_ms;
   uint64_t drain_table_version; /* table without this node */
   void *conn;                   /* the daemon's control connection, or NULL */
@@ -288,7 +293,12 @@ struct lynx_registry {
   struct lynx_events ev; /* recent events, for operators (events.h) */
   uint64_t version;
   uint64_t table_version;
-  uint64_t lease_ms;
+  /* A node silent for lease_ms is down: its requests in flight counted
+   * lost, its next registration a new incarnation (its agent fenced itself
+   * by then: docs/design.md, "Delivery guarantees"). One silent for
+   * suspect_ms (at most lease_ms; 0: lease_ms) is suspect: out of the
+   * dispatch tables until it is heard again. */
+  uint64_t lease_ms, suspect_ms;
   uint64_t drain_timeout_ms;
   uint64_t next_instance_id;
   struct lynx_reg_node *nodes;
@@ -300,6 +310,7 @@ struct lynx_registry {
   uint64_t next_retry_ms; /* earliest failed-start backoff to end (0: none) */
   /* counters for /metrics */
   uint64_t lease_expiries, table_pushes, registrations, refused_epochs;
+  uint64_t suspicions; /* nodes that went suspect (silent) */
   /* replicas moved onto a node the placement prefers (started, and the
    * moved-away instances stopped once quiet) */
   uint64_t moves_started, moves_done;

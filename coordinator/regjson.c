@@ -130,6 +130,8 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
   (void)r;
   add_str(o, "id", n->id);
   add_str(o, "state", lynx_node_state_name(n->state));
+  /* silent past its heartbeat lease: out of dispatch, not down yet */
+  json_object_object_add(o, "suspect", json_object_new_boolean(n->suspect));
   /* draining (or drained) because its agent is stopping */
   json_object_object_add(o, "leaving", json_object_new_boolean(n->leaving));
   add_str(o, "address", n->address);

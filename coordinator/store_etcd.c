@@ -190,21 +190,38 @@ static int stored_read(const struct lynx_store_etcd *s, struct stored *st,
   return 0;
 }
 
+/* The fence a save or an epoch holds by (elect.c sets and clears it under
+ * the coordinator's lock; saves read it without: any value read is safe,
+ * etcd checks it). */
+static struct lynx_etcd_cmp fence_of(const struct lynx_store_etcd *s,
+                                     size_t *n) {
+  int64_t rev = __atomic_load_n(&s->fence_rev, __ATOMIC_ACQUIRE);
+  struct lynx_etcd_cmp c = {s->fence_key, LYNX_ETCD_CREATE, 0, rev, NULL};
+  *n = rev ? 1 : 0;
+  return c;
+}
+
 int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
                          const struct lynx_state_edit *edit, char *err,
                          size_t errlen) {
+  struct json_object *state = lynx_store_state_obj(r, edit);
+  int rc;
+  if (!state)
+    return lynx_fail(err, errlen, -ENOMEM, "out of memory");
+  rc = lynx_store_etcd_save_state(arg, state, err, errlen);
+  json_object_put(state);
+  return rc;
+}
+
+int lynx_store_etcd_save_state(void *arg, struct json_object *state,
+                               char *err, size_t errlen) {
   struct lynx_store_etcd *s = arg;
   struct stored st;
-  struct json_object *state = lynx_store_state_obj(r, edit), *a_svcs = NULL,
-                     *a_drained = NULL;
+  struct json_object *a_svcs = NULL, *a_drained = NULL;
   struct plan p = {0};
   int rc = stored_read(s, &st, err, errlen);
   if (rc)
     goto out;
-  if (!state) {
-    rc = lynx_fail(err, errlen, -ENOMEM, "out of memory");
-    goto out;
-  }
   json_object_object_get_ex(state, "services", &a_svcs);
   json_object_object_get_ex(state, "drained", &a_drained);
   if (!st.ver.n) {
@@ -224,10 +241,10 @@ int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
     goto out;
   }
   for (size_t i = 0; i < p.n && !rc; i += TXN_OPS) {
-    struct lynx_etcd_cmp fence = {s->fence_key, LYNX_ETCD_CREATE, 0,
-                                  s->fence_rev, NULL};
+    size_t nf;
+    struct lynx_etcd_cmp fence = fence_of(s, &nf);
     int held = 1;
-    rc = lynx_etcd_txn(s->etcd, &fence, s->fence_rev ? 1 : 0, &p.ops[i],
+    rc = lynx_etcd_txn(s->etcd, &fence, nf, &p.ops[i],
                        p.n - i < TXN_OPS ? p.n - i : TXN_OPS, NULL, 0, &held,
                        NULL, err, errlen);
     if (!rc && !held)
@@ -239,7 +256,6 @@ int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
 out:
   plan_free(&p);
   stored_free(&st);
-  json_object_put(state);
   return rc;
 }
 
@@ -248,8 +264,19 @@ out:
 int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
                                 struct lynx_registry *r, int frontend,
                                 uint64_t *epoch, char *err, size_t errlen) {
-  struct lynx_etcd_cmp fence = {s->fence_key, LYNX_ETCD_CREATE, 0,
-                                s->fence_rev, NULL};
+  int rc = lynx_store_etcd_put_epoch(s, frontend, epoch, err, errlen);
+  if (rc)
+    return rc;
+  r->epoch_last = *epoch;
+  if (frontend)
+    r->frontend_epoch = *epoch;
+  return 0;
+}
+
+int lynx_store_etcd_put_epoch(struct lynx_store_etcd *s, int frontend,
+                              uint64_t *epoch, char *err, size_t errlen) {
+  size_t nf;
+  struct lynx_etcd_cmp fence = fence_of(s, &nf);
   char *key = join2(s->prefix, frontend ? "epochs/frontend" : "epochs/node");
   struct lynx_etcd_op put = {LYNX_ETCD_PUT, key, "", 0, 0};
   int64_t rev = 0;
@@ -258,8 +285,8 @@ int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
     return lynx_fail(err, errlen, -ENOMEM, "out of memory");
   /* the put's revision is the epoch: etcd's revisions only grow, for
    * every coordinator, across restarts of anything */
-  rc = lynx_etcd_txn(s->etcd, &fence, s->fence_rev ? 1 : 0, &put, 1, NULL, 0,
-                     &held, &rev, err, errlen);
+  rc = lynx_etcd_txn(s->etcd, &fence, nf, &put, 1, NULL, 0, &held, &rev, err,
+                     errlen);
   if (!rc && !held)
     rc = lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
                    "leads (%s is not the key it created): no epoch issued",
@@ -271,16 +298,12 @@ int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
   if (rc)
     return rc;
   *epoch = (uint64_t)rev;
-  r->epoch_last = *epoch;
-  if (frontend)
-    r->frontend_epoch = *epoch;
   return 0;
 }
 
-/* r->frontend_epoch: the revision of the last put of P epochs/frontend. */
-static int frontend_epoch_read(struct lynx_store_etcd *s,
-                               struct lynx_registry *r, char *err,
-                               size_t errlen) {
+/* *fe_epoch: the revision of the last put of P epochs/frontend (0: none). */
+static int frontend_epoch_read(struct lynx_store_etcd *s, uint64_t *fe_epoch,
+                               char *err, size_t errlen) {
   struct lynx_etcd_kvs k;
   char *key = join2(s->prefix, "epochs/frontend");
   int rc;
@@ -290,8 +313,7 @@ static int frontend_epoch_read(struct lynx_store_etcd *s,
   free(key);
   if (rc)
     return rc;
-  if (k.n && k.kv[0].mod_rev > 0)
-    r->frontend_epoch = (uint64_t)k.kv[0].mod_rev;
+  *fe_epoch = k.n && k.kv[0].mod_rev > 0 ? (uint64_t)k.kv[0].mod_rev : 0;
   lynx_etcd_kvs_free(&k);
   return 0;
 }
@@ -320,12 +342,37 @@ int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
 
 int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
                          uint64_t now_ms, char *err, size_t errlen) {
+  struct lynx_store_etcd_state st;
+  int rc = lynx_store_etcd_read(s, &st, err, errlen);
+  if (!rc)
+    rc = lynx_store_etcd_apply(s, &st, r, now_ms, err, errlen);
+  json_object_put(st.root);
+  return rc;
+}
+
+int lynx_store_etcd_apply(const struct lynx_store_etcd *s,
+                          const struct lynx_store_etcd_state *st,
+                          struct lynx_registry *r, uint64_t now_ms,
+                          char *err, size_t errlen) {
+  char where[LYNX_ETCD_PREFIX_MAX + 32];
+  int rc;
+  snprintf(where, sizeof(where), "etcd %s", s->prefix);
+  rc = lynx_store_apply(st->root, where, r, now_ms, err, errlen);
+  if (!rc && st->frontend_epoch > r->frontend_epoch)
+    r->frontend_epoch = st->frontend_epoch;
+  return rc;
+}
+
+int lynx_store_etcd_read(struct lynx_store_etcd *s,
+                         struct lynx_store_etcd_state *out, char *err,
+                         size_t errlen) {
   struct stored st;
   struct json_object *root = json_object_new_object(),
                      *a_svcs = json_object_new_array(),
                      *a_drained = json_object_new_array();
-  char where[LYNX_ETCD_PREFIX_MAX + 32];
   int rc = stored_read(s, &st, err, errlen);
+  out->root = NULL;
+  out->frontend_epoch = 0;
   if (!root || !a_svcs || !a_drained) {
     json_object_put(a_svcs);
     json_object_put(a_drained);
@@ -354,10 +401,11 @@ int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
   for (size_t i = 0; i < st.drained.n; i++)
     json_object_array_add(a_drained, json_object_new_string(
                                          st.drained.kv[i].key + strlen(st.ddr)));
-  snprintf(where, sizeof(where), "etcd %s", s->prefix);
-  rc = lynx_store_apply(root, where, r, now_ms, err, errlen);
-  if (!rc)
-    rc = frontend_epoch_read(s, r, err, errlen);
+  rc = frontend_epoch_read(s, &out->frontend_epoch, err, errlen);
+  if (!rc) {
+    out->root = root;
+    root = NULL;
+  }
 out:
   stored_free(&st);
   json_object_put(root);

@@ -42,8 +42,12 @@ struct lynx_store_etcd {
 int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
                          const char *prefix, char *err, size_t errlen);
 
-/* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd;
- * r's state with edit applied (may be NULL). */
+/* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd,
+ * state the state's JSON shape (lynx_store_state_obj). A network call:
+ * made without the coordinator's lock (fence_rev is read atomically). */
+int lynx_store_etcd_save_state(void *arg, struct json_object *state,
+                               char *err, size_t errlen);
+/* The same from a registry: r's state with edit applied (may be NULL). */
 int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
                          const struct lynx_state_edit *edit, char *err,
                          size_t errlen);
@@ -54,6 +58,9 @@ int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
 int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
                                 struct lynx_registry *r, int frontend,
                                 uint64_t *epoch, char *err, size_t errlen);
+/* The put alone, the registry untouched (elect.c issues epochs ahead). */
+int lynx_store_etcd_put_epoch(struct lynx_store_etcd *s, int frontend,
+                              uint64_t *epoch, char *err, size_t errlen);
 
 /* A number that changes whenever the services or drain intents etcd holds
  * change (a follower reloads when it does). 0 or -errno with err. */
@@ -66,5 +73,20 @@ int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
  * than forget services). */
 int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
                          uint64_t now_ms, char *err, size_t errlen);
+
+/* lynx_store_etcd_load in two halves, so that the network call is made
+ * without the coordinator's lock: read what etcd holds (root: the state's
+ * JSON shape, the caller puts it; NULL on error), then apply it to r. */
+struct lynx_store_etcd_state {
+  struct json_object *root;
+  uint64_t frontend_epoch; /* P epochs/frontend's mod revision (0: none) */
+};
+int lynx_store_etcd_read(struct lynx_store_etcd *s,
+                         struct lynx_store_etcd_state *out, char *err,
+                         size_t errlen);
+int lynx_store_etcd_apply(const struct lynx_store_etcd *s,
+                          const struct lynx_store_etcd_state *st,
+                          struct lynx_registry *r, uint64_t now_ms,
+                          char *err, size_t errlen);
 
 #endif

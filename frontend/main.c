@@ -109,6 +109,10 @@ struct fe_main {
   struct lynx_dialer d; /* d.ctl is the control connection */
   char target[96];
   int shutting_down, greeted, exit_code;
+  /* coordinator mode: the coordinator answers every status report
+   * (HelloReply.acks_status); heard_ns: when it last said anything */
+  int acks;
+  uint64_t heard_ns;
   /* the services, read by the metrics thread under list_lock */
   pthread_mutex_t list_lock;
   struct frontend *services;
@@ -471,7 +475,30 @@ out:
   free(errs);
 }
 
-static void on_status_timer(uv_timer_t *t) { send_status(t->data); }
+/* A coordinator that answers status reports and said nothing for this
+ * long (ten reports) does not run or cannot be reached: the next one is
+ * tried (another may lead by now: docs/etcd.md). The table is kept. Not
+ * shorter: a frontend that leaves an active coordinator may see a standby
+ * made active meanwhile; and an election takes longer anyway. */
+#define COORD_SILENCE_MS 2000u
+/* ... and one that accepts the connection but does not answer the Hello */
+#define COORD_HELLO_TIMEOUT_MS 1500u
+
+static void on_status_timer(uv_timer_t *t) {
+  struct fe_main *m = t->data;
+  uint64_t quiet_ms = (lynx_now_ns() - m->heard_ns) / 1000000u;
+  if (m->d.ctl && m->greeted && m->acks && quiet_ms >= COORD_SILENCE_MS) {
+    char why[160];
+    snprintf(why, sizeof(why), "the coordinator answered nothing for %llu "
+             "ms (it does not run or cannot be reached): trying %s",
+             (unsigned long long)quiet_ms,
+             m->d.n_addr > 1 ? "the next one" : "again");
+    lynx_dialer_move_on(&m->d);
+    lynx_ctl_close(m->d.ctl, why);
+    return;
+  }
+  send_status(m);
+}
 
 /* Whether a socket of type can bind addr as the workers will (with
  * SO_REUSEPORT): 0, or the errno. */
@@ -706,6 +733,7 @@ static void on_ctl_closed(struct lynx_ctl *c) {
 static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
   struct fe_main *m = c->data;
   int rc;
+  m->heard_ns = lynx_now_ns();
   if (!m->greeted) {
     if (env->msg_case != LYNX__ENVELOPE__MSG_HELLO_REPLY) {
       lynx_ctl_close(c, "peer's first message is not a HelloReply");
@@ -728,6 +756,7 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     m->greeted = 1;
+    m->acks = m->coordinator_mode && env->hello_reply->acks_status;
     lynx_dialer_connected(&m->d);
     return;
   }
@@ -746,6 +775,9 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     apply_table(m, env->dispatch_table);
     return;
   }
+  if (m->coordinator_mode &&
+      env->msg_case == LYNX__ENVELOPE__MSG_FRONTEND_STATUS_REPLY)
+    return; /* it hears us: heard_ns */
   LYNX_DBG("frontend", "ignoring message case %d", (int)env->msg_case);
 }
 
@@ -889,6 +921,8 @@ int main(int argc, char **argv) {
            m.coordinator_mode ? "coordinator" : "agent", peer);
   lynx_dialer_init(&m.d, &m.loop, peer, "frontend", m.target, cfg->frame_max);
   m.d.role = "frontend";
+  if (m.coordinator_mode)
+    m.d.hello_timeout_ms = COORD_HELLO_TIMEOUT_MS;
   m.d.epoch = &m.epoch;
   m.d.produces = &m.claim_ptrs;
   m.d.n_produces = &m.n_claims;

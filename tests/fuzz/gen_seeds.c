@@ -191,6 +191,7 @@ struct msgs {
   Lynx__MqueueReport mr, *mrs[1];
   Lynx__ServiceListen sl[2], *sls[2];
   Lynx__FrontendStatus status;
+  Lynx__FrontendStatusReply status_reply;
 };
 
 /* One of each message, as the daemons fill them. */
@@ -254,6 +255,7 @@ static void msgs_init(struct msgs *m) {
   m->register_reply.ok = 1;
   m->register_reply.error = "";
   m->register_reply.lease_ms = 3000;
+  m->register_reply.fence_ms = 8000;
   m->register_reply.acks_heartbeats = 1;
   m->register_reply.epoch = 1;
   lynx__accel_counters__init(&m->ac);
@@ -343,6 +345,8 @@ static void msgs_init(struct msgs *m) {
   m->status.mqueues = m->mrs;
   m->status.n_services = 2;
   m->status.services = m->sls;
+  lynx__frontend_status_reply__init(&m->status_reply);
+  m->status_reply.table_version = 2;
 }
 
 /* Appends to b the frame of an Envelope carrying msg in field. */
@@ -386,6 +390,8 @@ static void ctl(void) {
   ONE("dispatch-table", dispatch_table, DISPATCH_TABLE, &m.table);
   ONE("frontend-status", frontend_status, FRONTEND_STATUS, &m.status);
   ONE("heartbeat-reply", heartbeat_reply, HEARTBEAT_REPLY, &m.hb_reply);
+  ONE("frontend-status-reply", frontend_status_reply, FRONTEND_STATUS_REPLY,
+      &m.status_reply);
 #undef ONE
   /* the agent's side of a link, untrusted until the Hello, read bytewise */
   put_u8(&b, 1);

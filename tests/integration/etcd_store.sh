@@ -28,7 +28,7 @@ PFX=/it-$IT_NODE/
 
 start_etcd
 COORD_STATE=$IT_DIR/state-a
-start_coordinator --lease-ms 3000 --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-timeout-ms 800
+start_coordinator --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-timeout-ms 800
 node_ids N1 N2
 start_node_agent "$N1" --cpu-accels 1
 start_node_agent "$N2" --cpu-accels 1
@@ -57,7 +57,7 @@ kill -KILL "$COORD_PID"
 wait "$COORD_PID" 2>/dev/null
 untrack "$COORD_PID"
 COORD_STATE=$IT_DIR/state-b # empty: everything must come from etcd
-start_coordinator --lease-ms 3000 --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-timeout-ms 800
+start_coordinator --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-timeout-ms 800
 assert_eq "$(api_json /v1/services/echo1 .port)" "$UDP_PORT" "echo1 after the restart"
 [[ -z $(ls -A "$IT_DIR/state-b" 2>/dev/null) ]] ||
   it_check_failed "the coordinator on etcd wrote to its state directory: $(ls "$IT_DIR/state-b")"

@@ -108,6 +108,7 @@ static int setup(void **state) {
   }
   snprintf(f->state, sizeof(f->state), "%s/state.json", f->dir);
   pthread_mutex_init(&f->c.lock, NULL);
+  pthread_mutex_init(&f->c.change_lock, NULL);
   pthread_cond_init(&f->c.changed, NULL);
   lynx_reg_init(&f->c.reg, 3000, 5000, NULL);
   f->c.state_dir = f->dir;
@@ -129,6 +130,7 @@ static int teardown(void **state) {
   lynx_http_stop(&f->c);
   lynx_reg_free(&f->c.reg);
   pthread_cond_destroy(&f->c.changed);
+  pthread_mutex_destroy(&f->c.change_lock);
   pthread_mutex_destroy(&f->c.lock);
   unlink(f->state);
   snprintf(path, sizeof(path), "%s/state.json.tmp", f->dir);
@@ -1314,29 +1316,34 @@ static void test_save_failure(void **state) {
 
 /* A store in memory behind coord.h's save hook, as etcd is: the state it
  * holds (JSON text, as lynx_store_state_obj encodes it), and the error it
- * answers while it cannot serve. */
+ * answers while it cannot serve. Like etcd it is a network call, made
+ * without the registry's lock (heartbeats must not wait on the store):
+ * locked counts saves made while the API's thread held c->lock. */
 struct memstore {
   char *held;
   int fail; /* -errno to answer; 0: it saves */
   unsigned saves;
+  struct lynx_coord *c;
+  unsigned locked;
 };
 
-static int memstore_save(void *arg, const struct lynx_registry *r,
-                         const struct lynx_state_edit *edit, char *err,
+static int memstore_save(void *arg, struct json_object *state, char *err,
                          size_t errlen) {
   struct memstore *m = arg;
-  struct json_object *o;
   m->saves++;
+  /* only the API's thread takes the lock while a request runs: a trylock
+   * that fails means it holds it */
+  if (pthread_mutex_trylock(&m->c->lock) == 0)
+    pthread_mutex_unlock(&m->c->lock);
+  else
+    m->locked++;
   if (m->fail) {
     snprintf(err, errlen, "the memory store is down");
     return m->fail;
   }
-  o = lynx_store_state_obj(r, edit);
   free(m->held);
-  m->held = o ? strdup(json_object_to_json_string_ext(
-                    o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))
-              : NULL;
-  json_object_put(o);
+  m->held = strdup(json_object_to_json_string_ext(
+      state, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
   return m->held ? 0 : -ENOMEM;
 }
 
@@ -1367,10 +1374,12 @@ static void refused(struct fx *f, const char *method, const char *path,
  * serve, 507 when it has no room), says it was not applied, and nothing
  * changed, in the API or in the store; once the store is back the same
  * request succeeds and the store holds the state as the API shows it. A
- * change the registry refuses is not saved at all. */
+ * change the registry refuses is not saved at all. Every save is made
+ * with the registry's lock released (the loop answers heartbeats
+ * meanwhile, however long the store takes). */
 static void test_store_refuses_change(void **state) {
   struct fx *f = *state;
-  struct memstore m = {NULL, 0, 0};
+  struct memstore m = {NULL, 0, 0, &f->c, 0};
   struct resp r;
   unsigned saves;
 
@@ -1437,6 +1446,9 @@ static void test_store_refuses_change(void **state) {
   assert_int_equal(req(f, "DELETE", "/v1/services/echo-ut", NULL, &r), 200);
   resp_free(&r);
   assert_non_null(strstr(m.held, "\"services\":[]"));
+  /* every save ran with the registry free for the loop's heartbeats */
+  assert_int_not_equal(m.saves, 0);
+  assert_int_equal(m.locked, 0);
   lynx_log_level = LYNX_LOG_ERROR;
   f->c.save = NULL;
   free(m.held);

@@ -819,6 +819,92 @@ static void test_apps_and_state(void **state) {
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 6, &err), 0);
 }
 
+/* With a heartbeat lease (suspect_ms) shorter than the lease, a silent
+ * node leaves the dispatch tables at the first, keeping its instances
+ * and without counting what it holds lost, and is back at its next
+ * heartbeat; placement puts nothing new on it meanwhile. Only the lease
+ * declares it down. A coordinator's pause is credited to both. */
+static void test_suspect(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_node *n;
+  uint64_t tv, sus = LEASE / 3, t, t0;
+  f->r.suspect_ms = sus;
+  f->r.tick_ms = 100;
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 1000), 0);
+  assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 1000), 0);
+  add_service(&f->r, "echo", 7000, 0, NULL);
+  ready_all(&f->r, 1000);
+  n = lynx_reg_node_find(&f->r, "n1");
+  assert_int_equal(table_len(&f->r), 4);
+  for (t = 1100; t < 1000 + sus; t += 100) {
+    heartbeat(&f->r, "n2", t);
+    lynx_reg_tick(&f->r, t);
+  }
+  assert_false(n->suspect);
+  tv = f->r.table_version;
+  heartbeat(&f->r, "n2", 1000 + sus);
+  lynx_reg_tick(&f->r, 1000 + sus);
+  assert_true(n->suspect);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_int_equal(f->r.suspicions, 1);
+  assert_int_equal(f->r.table_version, tv + 1);
+  assert_int_equal(table_len(&f->r), 2); /* n2's alone */
+  assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 2); /* kept */
+  assert_int_equal(f->r.lease_expiries, 0);
+  assert_int_equal(f->n_stop, 0);
+  /* a new service goes to n2 only while n1 is silent */
+  add_service(&f->r, "echo2", 7001, 0, NULL);
+  lynx_reg_tick(&f->r, 1000 + sus + 100);
+  assert_int_equal(count_inst(&f->r, "n1", "echo2", -1), 0);
+  assert_int_equal(count_inst(&f->r, "n2", "echo2", -1), 2);
+  /* heard again: back in the tables, nothing restarted */
+  f->n_start = 0;
+  heartbeat(&f->r, "n1", 1000 + sus + 150);
+  assert_false(n->suspect);
+  assert_int_equal(table_len(&f->r), 4); /* echo on both; echo2 starting */
+  assert_int_equal(f->n_start, 0);
+  /* and given the new service at the next placement */
+  heartbeat(&f->r, "n2", 1000 + sus + 200);
+  lynx_reg_tick(&f->r, 1000 + sus + 200);
+  assert_int_equal(f->n_start, 2);
+  ready_all(&f->r, 1000 + sus + 210);
+  assert_int_equal(table_len(&f->r), 8);
+  /* silent again, this time for good: suspect, then down at the lease */
+  for (t = 1000 + sus + 200; t < 1000 + sus + 150 + LEASE; t += 100) {
+    heartbeat(&f->r, "n2", t);
+    lynx_reg_tick(&f->r, t);
+  }
+  assert_true(n->suspect);
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  assert_int_equal(f->r.suspicions, 2);
+  /* a pause of the coordinator is credited to the suspect deadline too */
+  heartbeat(&f->r, "n1", t);
+  lynx_reg_tick(&f->r, t);
+  assert_false(n->suspect);
+  t0 = t;
+  lynx_reg_tick(&f->r, t0 + sus + 100); /* stopped: sus credited */
+  assert_int_equal(f->r.pauses, 1);
+  assert_false(n->suspect);
+  for (t = t0 + sus + 200; t < t0 + 2 * sus; t += 100) {
+    heartbeat(&f->r, "n2", t);
+    lynx_reg_tick(&f->r, t);
+  }
+  assert_false(n->suspect);
+  heartbeat(&f->r, "n2", t0 + 2 * sus);
+  lynx_reg_tick(&f->r, t0 + 2 * sus);
+  assert_true(n->suspect);
+  for (t = t0 + 2 * sus + 100; t < t0 + sus + LEASE; t += 100) {
+    heartbeat(&f->r, "n2", t);
+    lynx_reg_tick(&f->r, t);
+  }
+  assert_int_equal(n->state, LYNX_NODE_READY);
+  lynx_reg_tick(&f->r, t0 + sus + LEASE);
+  assert_int_equal(n->state, LYNX_NODE_DOWN);
+  assert_false(n->suspect);
+  assert_int_equal(f->r.lease_expiries, 1);
+  assert_int_equal(node_state(&f->r, "n2"), LYNX_NODE_READY);
+}
+
 /* A coordinator that did not run for a while (SIGSTOP, a starved host)
  * heard no heartbeat then: the gap beyond one tick is added to every
  * lease, so the first tick after it expires nobody, and the heartbeats
@@ -2554,6 +2640,7 @@ int main(int argc, char **argv) {
       T(test_drain_waits_for_settle),
       T(test_drain_errors),
       T(test_lease_expiry),
+      T(test_suspect),
       T(test_pause_credit),
       T(test_apps_and_state),
       T(test_heartbeat_counters),

@@ -423,9 +423,11 @@ static void test_encode_shapes(void **state) {
 
   /* node */
   o = lynx_json_node(&r, n, 1500);
-  assert_int_equal(n_keys(o), 8);
+  assert_int_equal(n_keys(o), 9);
   assert_string_equal(get_str(o, "id"), "n1");
   assert_string_equal(get_str(o, "state"), "ready");
+  assert_true(json_object_is_type(get(o, "suspect"), json_type_boolean));
+  assert_false(json_object_get_boolean(get(o, "suspect")));
   assert_true(json_object_is_type(get(o, "leaving"), json_type_boolean));
   assert_false(json_object_get_boolean(get(o, "leaving")));
   assert_string_equal(get_str(o, "address"), "127.0.0.1:7701");
