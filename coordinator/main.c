@@ -653,22 +653,25 @@ static void send_hello_reply(struct cpeer *p, int ok, const char *error,
  * another may lead by now, and whatever it answered (a heartbeat, a
  * registration, a table) could renew a lease or move the data plane on a
  * deposed leader's word (docs/etcd.md, "A paused leader"). */
-static int may_answer(struct coordinator *co, char *why, size_t len) {
-  uint64_t until, now;
-  if (lynx_coord_leads(&co->c))
-    return 1;
-  if (!__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
-    snprintf(why, len, "this coordinator does not lead");
-    return 0;
-  }
-  until = __atomic_load_n(&co->c.lead_until_ns, __ATOMIC_ACQUIRE);
-  now = lynx_now_ns();
+static void unsure_why(struct coordinator *co, char *why, size_t len) {
+  uint64_t until = __atomic_load_n(&co->c.lead_until_ns, __ATOMIC_ACQUIRE);
+  uint64_t now = lynx_now_ns();
   snprintf(why, len, "this coordinator is not sure it still leads (its "
            "leader lease ran past what it can vouch for %llu ms ago: it did "
            "not run, or etcd did not answer): it answers nothing until etcd "
            "says", (unsigned long long)(until && now > until
                                             ? (now - until) / 1000000u
                                             : 0));
+}
+
+static int may_answer(struct coordinator *co, char *why, size_t len) {
+  if (lynx_coord_leads(&co->c))
+    return 1;
+  if (!__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
+    snprintf(why, len, "this coordinator does not lead");
+    return 0;
+  }
+  unsure_why(co, why, len);
   __atomic_add_fetch(&co->c.unsure_refusals, 1, __ATOMIC_RELAXED);
   return 0;
 }
@@ -1196,7 +1199,7 @@ static void on_tick(uv_timer_t *t) {
      * after credits the time to every lease, as a pause */
     if (!co->unsure) {
       char why[320];
-      may_answer(co, why, sizeof(why));
+      unsure_why(co, why, sizeof(why));
       LYNX_WARN("coordinator", "%s", why);
     }
     co->unsure = 1;

@@ -244,6 +244,11 @@ int lynx_store_etcd_save_state(void *arg, struct json_object *state,
     size_t nf;
     struct lynx_etcd_cmp fence = fence_of(s, &nf);
     int held = 1;
+    if (!nf && s->fence_key) { /* it led once: a lead that is over */
+      rc = lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
+                     "leads: nothing written");
+      break;
+    }
     rc = lynx_etcd_txn(s->etcd, &fence, nf, &p.ops[i],
                        p.n - i < TXN_OPS ? p.n - i : TXN_OPS, NULL, 0, &held,
                        NULL, err, errlen);

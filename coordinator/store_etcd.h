@@ -32,7 +32,9 @@ struct lynx_store_etcd {
   char prefix[LYNX_ETCD_PREFIX_MAX];
   /* Fencing (elect.c): with fence_rev set, a save holds only while the
    * key fence_key was created at that revision (this coordinator's
-   * leadership); otherwise it writes nothing and fails -ECANCELED. */
+   * leadership); otherwise it writes nothing and fails -ECANCELED. Once
+   * fence_key is set (a lead won), a save without fence_rev (the lead is
+   * over) fails -ECANCELED too. */
   const char *fence_key;
   int64_t fence_rev;
 };

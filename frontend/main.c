@@ -487,7 +487,9 @@ out:
 static void on_status_timer(uv_timer_t *t) {
   struct fe_main *m = t->data;
   uint64_t quiet_ms = (lynx_now_ns() - m->heard_ns) / 1000000u;
-  if (m->d.ctl && m->greeted && m->acks && quiet_ms >= COORD_SILENCE_MS) {
+  /* (without a table it reports nothing, so nothing is answered) */
+  if (m->d.ctl && m->greeted && m->acks && m->have_table &&
+      quiet_ms >= COORD_SILENCE_MS) {
     char why[160];
     snprintf(why, sizeof(why), "the coordinator answered nothing for %llu "
              "ms (it does not run or cannot be reached): trying %s",

@@ -468,6 +468,14 @@ static void test_store_fenced(void **state) {
                    -ECANCELED);
   assert_non_null(strstr(f->err, "no longer leads"));
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
+  /* the lead over (elect.c clears the revision on stepping down): no
+   * save goes through unfenced, whatever the key holds now */
+  s.fence_rev = 0;
+  f->err[0] = '\0';
+  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)),
+                   -ECANCELED);
+  assert_non_null(strstr(f->err, "no longer leads"));
+  assert_true(mod_rev(f, "/lynx/services/beta") == 0);
   lynx_reg_free(&r);
 }
 
