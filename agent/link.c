@@ -287,13 +287,7 @@ static void on_beat(uv_timer_t *t) {
     uint64_t age = (lynx_now_ns() - l->hb_sent_ns[l->hb_answered % HB_RING]) /
                    1000000u;
     if (age >= l->beat_ms - l->beat_ms / 10) {
-      char why[160];
-      snprintf(why, sizeof(why), "no heartbeat answered for %llu ms: the "
-               "coordinator does not run or cannot be reached; trying %s",
-               (unsigned long long)age,
-               l->d.n_addr > 1 ? "the next one" : "again");
-      lynx_dialer_move_on(&l->d);
-      lynx_ctl_close(l->d.ctl, why);
+      lynx_dialer_silent(&l->d, "no heartbeat answered", age);
       return;
     }
   }

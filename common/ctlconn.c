@@ -537,7 +537,17 @@ void lynx_dialer_connected(struct lynx_dialer *d) {
   uv_timer_stop(&d->hello);
 }
 
-void lynx_dialer_move_on(struct lynx_dialer *d) { d->accepted = 0; }
+void lynx_dialer_silent(struct lynx_dialer *d, const char *what,
+                        uint64_t quiet_ms) {
+  char why[200];
+  if (!d->ctl)
+    return;
+  snprintf(why, sizeof(why), "%s for %llu ms: the peer does not run or "
+           "cannot be reached; trying %s", what, (unsigned long long)quiet_ms,
+           d->n_addr > 1 ? "the next address" : "again");
+  d->accepted = 0; /* dialer_closed moves on */
+  lynx_ctl_close(d->ctl, why);
+}
 
 static void dialer_timer_closed(uv_handle_t *h) {
   struct lynx_dialer *d = h->data;

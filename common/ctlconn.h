@@ -109,9 +109,8 @@ void lynx_ctl_close(struct lynx_ctl *c, const char *reason);
  * A peer that accepts the connection but does not answer (a stopped
  * coordinator: the kernel completes the handshake for it) is given up
  * after hello_timeout_ms without lynx_dialer_connected, and the next
- * address is tried; lynx_dialer_move_on makes a connection that was
- * accepted count as not accepted (its peer stopped answering), so that the
- * next attempt also goes to the next address.
+ * address is tried; so is one whose peer stopped answering after it was
+ * accepted (lynx_dialer_silent).
  */
 #include "util.h"
 
@@ -161,9 +160,11 @@ void lynx_dialer_connect(struct lynx_dialer *d);
 void lynx_dialer_retry(struct lynx_dialer *d);
 /* The peer accepted us: the next retry starts from the shortest backoff. */
 void lynx_dialer_connected(struct lynx_dialer *d);
-/* The peer stopped answering: the next attempt goes to the next address
- * (call before closing the connection). */
-void lynx_dialer_move_on(struct lynx_dialer *d);
+/* The peer stopped answering (what: "no heartbeat answered", for quiet_ms):
+ * the connection is closed saying so, and the next attempt goes to the
+ * next address (another coordinator may lead by now). */
+void lynx_dialer_silent(struct lynx_dialer *d, const char *what,
+                        uint64_t quiet_ms);
 /* Closes the dialer's timers (cb once both are, with the retry timer's
  * handle); the connection is the owner's to close. */
 void lynx_dialer_close(struct lynx_dialer *d, uv_close_cb cb);

@@ -490,13 +490,7 @@ static void on_status_timer(uv_timer_t *t) {
   /* (without a table it reports nothing, so nothing is answered) */
   if (m->d.ctl && m->greeted && m->acks && m->have_table &&
       quiet_ms >= COORD_SILENCE_MS) {
-    char why[160];
-    snprintf(why, sizeof(why), "the coordinator answered nothing for %llu "
-             "ms (it does not run or cannot be reached): trying %s",
-             (unsigned long long)quiet_ms,
-             m->d.n_addr > 1 ? "the next one" : "again");
-    lynx_dialer_move_on(&m->d);
-    lynx_ctl_close(m->d.ctl, why);
+    lynx_dialer_silent(&m->d, "no status report answered", quiet_ms);
     return;
   }
   send_status(m);

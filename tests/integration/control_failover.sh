@@ -34,24 +34,7 @@ trap 'rc=$?; ((${#STOPPED[@]})) && kill -CONT "${STOPPED[@]}" 2>/dev/null; (exit
 
 start_etcd
 # start_coord X CTL API: coordinator X on etcd, defaults; sets PID_X, LOG_X
-start_coord() {
-  spawn_daemon lynx-coordinator "coord-$1" "($1)" --listen "127.0.0.1:$2" \
-    --http "127.0.0.1:$3" --etcd "$ETCD_URL" --etcd-prefix "$PFX"
-  printf -v "PID_$1" '%s' "$SPAWN_PID"
-  printf -v "LOG_$1" '%s' "$SPAWN_LOG"
-  wait_log "$SPAWN_LOG" "serving control on" 10 1 "$SPAWN_PID"
-}
-role() { curl -sf --max-time 1 "http://127.0.0.1:$1/readyz" | jq -r '.role // ""' 2>/dev/null; }
-# wait_role API_PORT ROLE TIMEOUT_MS: sets WAITED_MS
-wait_role() {
-  local t0 end
-  t0=$(now_ms) end=$(($(now_ms) + $3))
-  until [[ $(role "$1") == "$2" ]]; do
-    (($(now_ms) < end)) || return 1
-    sleep 0.05
-  done
-  WAITED_MS=$(($(now_ms) - t0))
-}
+start_coord() { start_coord_as "$1" "$2" "$3" --etcd "$ETCD_URL" --etcd-prefix "$PFX"; }
 # change_within API_PORT NAME T0 BOUND_MS: creates service NAME (a port of
 # its own) through API_PORT, retrying until 201; the first 201 must come
 # within BOUND_MS of T0
@@ -97,27 +80,26 @@ if [[ $PHASE == kill ]]; then
   underload_start "$out" 22
   sp=$UNDERLOAD_PID
   sleep 3
-  # A leads: killed, then started again (a follower now)
-  t_kill=$(now_ms)
-  kill -KILL "$PID_A"
-  wait "$PID_A" 2>/dev/null
-  untrack "$PID_A"
-  wait_role "$CB_API" leader $((TTL * 1000 + 3000)) || fail "B does not lead after A died"
-  log "B leads $(($(now_ms) - t_kill)) ms after A was killed"
-  change_within "$CB_API" after_a "$t_kill" $((TTL * 1000 + 1000))
-  start_coord A "$CA" "$CA_API"
+  # kill_leader X Y: X leads, is killed (-9); Y leads and takes a change
+  # within the election lease + 1 s, and the agent registers with it
+  kill_leader() {
+    local pid_var=PID_$1 ctl_var=C$2 api_var=C$2_API t_kill n
+    n=$(grep -cF "registered with coordinator 127.0.0.1:${!ctl_var}" "$AGENT_LOG")
+    t_kill=$(now_ms)
+    kill -KILL "${!pid_var}"
+    wait "${!pid_var}" 2>/dev/null
+    untrack "${!pid_var}"
+    wait_role "${!api_var}" leader $((TTL * 1000 + 3000)) || fail "$2 does not lead after $1 died"
+    log "$2 leads $(($(now_ms) - t_kill)) ms after $1 was killed"
+    change_within "${!api_var}" "after_$1" "$t_kill" $((TTL * 1000 + 1000))
+    wait_log "$AGENT_LOG" "registered with coordinator 127.0.0.1:${!ctl_var}" 10 \
+      $((n + 1)) "$AGENT_PID"
+  }
+  kill_leader A B
+  start_coord A "$CA" "$CA_API" # a follower now
   wait_role "$CA_API" follower 5000 || fail "A restarted is not a follower"
-  wait_log "$AGENT_LOG" "registered with coordinator 127.0.0.1:$CB" 10 1 "$AGENT_PID"
   sleep 2
-  # B leads: killed too
-  t_kill=$(now_ms)
-  kill -KILL "$PID_B"
-  wait "$PID_B" 2>/dev/null
-  untrack "$PID_B"
-  wait_role "$CA_API" leader $((TTL * 1000 + 3000)) || fail "A does not lead after B died"
-  log "A leads $(($(now_ms) - t_kill)) ms after B was killed"
-  change_within "$CA_API" after_b "$t_kill" $((TTL * 1000 + 1000))
-  wait_log "$AGENT_LOG" "registered with coordinator 127.0.0.1:$CA" 10 2 "$AGENT_PID"
+  kill_leader B A
   wait "$sp"
   METRICS_FROM='' check_sockperf_served "$out"
   API_PORT=$CA_API

@@ -33,32 +33,16 @@ TTL=2
 start_etcd
 # start_coord X CTL API: coordinator X on etcd; sets PID_X and LOG_X
 start_coord() {
-  spawn_daemon lynx-coordinator "coord-$1" "($1)" --listen "127.0.0.1:$2" \
-    --http "127.0.0.1:$3" --state-dir "$IT_DIR/state-$1" --lease-ms 8000 \
+  start_coord_as "$1" "$2" "$3" --state-dir "$IT_DIR/state-$1" --lease-ms 8000 \
     --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-lease-s "$TTL" \
     --etcd-timeout-ms 800
-  printf -v "PID_$1" '%s' "$SPAWN_PID"
-  printf -v "LOG_$1" '%s' "$SPAWN_LOG"
-  wait_log "$SPAWN_LOG" "serving control on" 10 1 "$SPAWN_PID"
-}
-# role API_PORT: "leader", "follower" or "" (not answering)
-role() { curl -sf --max-time 1 "http://127.0.0.1:$1/readyz" | jq -r '.role // ""' 2>/dev/null; }
-# wait_leader API_PORT TIMEOUT_MS: until that coordinator leads; sets WAITED_MS
-wait_leader() {
-  local t0 end
-  t0=$(now_ms) end=$(($(now_ms) + $2))
-  until [[ $(role "$1") == leader ]]; do
-    (($(now_ms) < end)) || return 1
-    sleep 0.05
-  done
-  WAITED_MS=$(($(now_ms) - t0))
 }
 
 start_coord A "$CA" "$CA_API"
-wait_leader "$CA_API" 5000 || fail "coordinator A does not lead alone"
+wait_role "$CA_API" leader 5000 || fail "coordinator A does not lead alone"
 start_coord B "$CB" "$CB_API"
 sleep 0.5
-assert_str "$(role "$CB_API")" follower "B's role while A leads"
+assert_str "$(coord_role "$CB_API")" follower "B's role while A leads"
 assert_str "$(curl -sf "http://127.0.0.1:$CB_API/readyz" | jq -r .leader_api)" \
   "127.0.0.1:$CA_API" "where B says the leader's API is"
 
@@ -122,7 +106,7 @@ t_kill=$(now_ms)
 kill -KILL "$PID_A"
 wait "$PID_A" 2>/dev/null
 untrack "$PID_A"
-wait_leader "$CB_API" $(((TTL + 3) * 1000)) || fail "B does not lead after A died"
+wait_role "$CB_API" leader $(((TTL + 3) * 1000)) || fail "B does not lead after A died"
 lead_ms=$(($(now_ms) - t_kill))
 log "B leads $lead_ms ms after A was killed"
 assert_le "$lead_ms" $((TTL * 1000 + 1000)) "ms from the kill to B leading (lease ${TTL} s + 1 s)"
@@ -149,9 +133,9 @@ assert_str "$(producers)" "$before" "echo's mqueues' producers and epochs under 
 log "== 3. the leader stopped cleanly: the other leads within a second"
 start_coord A "$CA" "$CA_API"
 sleep 0.5
-assert_str "$(role "$CA_API")" follower "A's role after its restart"
+assert_str "$(coord_role "$CA_API")" follower "A's role after its restart"
 t0=$(now_ms)
 stop "$PID_B"
-wait_leader "$CA_API" 5000 || fail "A does not lead after B stopped"
+wait_role "$CA_API" leader 5000 || fail "A does not lead after B stopped"
 assert_lt $(($(now_ms) - t0)) 1500 "ms from B's SIGTERM to A leading (its lease revoked)"
 exit 0

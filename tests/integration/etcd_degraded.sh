@@ -34,11 +34,7 @@ if [[ $PHASE == slow ]]; then
   STORE=http://127.0.0.1:$PROXY_PORT
 fi
 start_coordinator --etcd "$STORE" --etcd-prefix "$PFX"
-end=$(($(now_ms) + 10000))
-until [[ $(curl -sf --max-time 2 "$(api_url)/readyz" | jq -r .role 2>/dev/null) == leader ]]; do
-  (($(now_ms) < end)) || fail "the coordinator does not lead"
-  sleep 0.1
-done
+wait_role "$API_PORT" leader 10000 || fail "the coordinator does not lead"
 node_ids N1
 start_node_agent "$N1"
 start_coord_frontend

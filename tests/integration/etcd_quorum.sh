@@ -65,14 +65,9 @@ log "etcd: 3 members healthy"
 # ---- three coordinators, an agent, a frontend --------------------------------------
 # start_coord X CTL API: coordinator X on etcd; sets PID_X and LOG_X
 start_coord() {
-  spawn_daemon lynx-coordinator "coord-$1" "($1)" --listen "127.0.0.1:$2" \
-    --http "127.0.0.1:$3" --state-dir "$IT_DIR/state-$1" --lease-ms "$LEASE_MS" \
-    --suspect-ms "$SUSPECT_MS" \
-    --etcd "$ENDPOINTS" --etcd-prefix "$PFX" --etcd-lease-s "$TTL" \
-    --etcd-timeout-ms 800
-  printf -v "PID_$1" '%s' "$SPAWN_PID"
-  printf -v "LOG_$1" '%s' "$SPAWN_LOG"
-  wait_log "$SPAWN_LOG" "serving control on" 10 1 "$SPAWN_PID"
+  start_coord_as "$1" "$2" "$3" --state-dir "$IT_DIR/state-$1" \
+    --lease-ms "$LEASE_MS" --suspect-ms "$SUSPECT_MS" --etcd "$ENDPOINTS" \
+    --etcd-prefix "$PFX" --etcd-lease-s "$TTL" --etcd-timeout-ms 800
 }
 readyz() { curl -sf --max-time 2 "http://127.0.0.1:$1/readyz" 2>/dev/null; }
 APIS=("$CA_API" "$CB_API" "$CC_API")

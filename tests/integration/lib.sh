@@ -703,6 +703,37 @@ start_coordinator() {
   done
 }
 
+# start_coord_as X CTL API OPTION...: one of several coordinators (on
+# etcd: the options say which), named X, with control on 127.0.0.1:CTL and
+# the API on 127.0.0.1:API; waits until it serves control. Sets PID_X and
+# LOG_X.
+start_coord_as() {
+  local x=$1 ctl=$2 api=$3
+  shift 3
+  spawn_daemon lynx-coordinator "coord-$x" "($x)" --listen "127.0.0.1:$ctl" \
+    --http "127.0.0.1:$api" "$@"
+  printf -v "PID_$x" '%s' "$SPAWN_PID"
+  printf -v "LOG_$x" '%s' "$SPAWN_LOG"
+  wait_log "$SPAWN_LOG" "serving control on" 10 1 "$SPAWN_PID"
+}
+
+# coord_role API_PORT: "leader", "follower" or "" (not answering)
+coord_role() {
+  curl -sf --max-time 1 "http://127.0.0.1:$1/readyz" | jq -r '.role // ""' 2>/dev/null
+}
+
+# wait_role API_PORT ROLE TIMEOUT_MS: until the coordinator on API_PORT has
+# ROLE; sets WAITED_MS. Returns 1 (no failure) on timeout.
+wait_role() {
+  local t0 end
+  t0=$(now_ms) end=$(($(now_ms) + $3))
+  until [[ $(coord_role "$1") == "$2" ]]; do
+    (($(now_ms) < end)) || return 1
+    sleep 0.05
+  done
+  WAITED_MS=$(($(now_ms) - t0))
+}
+
 # start_node_agent NODE [OPTION...]: lynx-agent in coordinator mode for node
 # NODE with 2 CPU accelerators (unless --cpu-accels is given). Waits for
 # "registered with coordinator" unless NOWAIT=1. Sets AGENT_PID, AGENT_LOG.
