@@ -67,7 +67,7 @@ enum link_state {
 /* A coordinator that accepts the connection but does not answer the Hello
  * within this (a stopped one: the kernel accepts for it) is passed over
  * for the next address. A live coordinator answers a Hello at once. */
-#define HELLO_TIMEOUT_MS 1500u
+#define HELLO_TIMEOUT_MS 1000u
 /* Draining to leave, a lost coordinator is waited for this long at most
  * (or a lease, if shorter): long enough for a restart under systemd or a
  * leader that stepped down to hand over, short enough that stopping the

@@ -77,7 +77,7 @@ static const struct lynx_opt coord_opts[] = {
      "(its requests in flight are counted lost), and its agent stops "
      "taking requests before then (default 3000; with --etcd long enough "
      "to ride out a leader failover: 2/3 --suspect-ms + --etcd-lease-s + "
-     "3 s, 8000 with the defaults; a shorter one is refused)"},
+     "3.5 s, 8500 with the defaults; a shorter one is refused)"},
     {"suspect-ms", LYNX_OPT_U32, O(suspect_ms), NULL, 100, 600000, NULL,
      "a node without heartbeat for this long leaves the dispatch tables "
      "(no new request goes to it) until it is heard again; agents "
@@ -1108,10 +1108,10 @@ static void on_connection(uv_stream_t *server, int status) {
  * another period passes before an agent gives a silent leader up; the dead
  * leader's key lives for the election lease; then etcd's 500 ms expiry
  * tick, the campaign, an agent's round of addresses (a stopped leader
- * holds a Hello 1.5 s, the backoff up to 0.5 s) and the fence's margin
- * (up to 1 s) take the last 3 s. */
+ * holds a Hello 1 s, the backoff up to 0.5 s twice) and the fence's margin
+ * (up to 1 s) take 3 s, and half a second to spare makes 3.5 s. */
 static uint32_t failover_lease_ms(uint32_t suspect_ms, uint32_t etcd_lease_s) {
-  return 2 * (suspect_ms / 3) + etcd_lease_s * 1000u + 3000u;
+  return 2 * (suspect_ms / 3) + etcd_lease_s * 1000u + 3500u;
 }
 
 /* --lease-ms and --suspect-ms as given, or derived when not: coherent by
@@ -1140,7 +1140,7 @@ static int leases_derive(struct coord_cfg *cfg, char *err, size_t errlen) {
              "with --etcd-lease-s %u and --suspect-ms %u: the agents would "
              "stop taking requests while another coordinator takes over "
              "(up to about %u ms: two heartbeat periods, the election lease "
-             "and 3 s; docs/etcd.md, \"Failover without loss\"); give "
+             "and 3.5 s; docs/etcd.md, \"Failover without loss\"); give "
              "--lease-ms %u or more, or leave it out (derived)",
              cfg->lease_ms, cfg->etcd_lease_s, cfg->suspect_ms, need, need);
     return -1;

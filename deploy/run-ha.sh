@@ -48,8 +48,8 @@ for i in 0 1 2; do
   apis+=("127.0.0.1:$((P + 80 + i))")
 done
 for i in 0 1 2; do
-  # agents' lease 8 s: a second more than the 7 s derived from the 2 s
-  # election lease, for a coordinator and an etcd member lost together
+  # agents' lease 8 s: half a second more than the 7.5 s derived from the
+  # 2 s election lease, for a coordinator and an etcd member lost together
   # (docs/etcd.md, "Timing")
   start "coordinator-$i" "$BIN/lynx-coordinator" --listen "127.0.0.1:$((P + 10 * i))" \
     --http "${apis[i]}" --etcd "$endpoints" --etcd-lease-s 2 --lease-ms 8000

@@ -482,7 +482,7 @@ out:
  * made active meanwhile; and an election takes longer anyway. */
 #define COORD_SILENCE_MS 2000u
 /* ... and one that accepts the connection but does not answer the Hello */
-#define COORD_HELLO_TIMEOUT_MS 1500u
+#define COORD_HELLO_TIMEOUT_MS 1000u
 
 static void on_status_timer(uv_timer_t *t) {
   struct fe_main *m = t->data;

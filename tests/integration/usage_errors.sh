@@ -71,9 +71,9 @@ expect 2 lynx-coordinator --lease-ms 5 -- --lease-ms "'5'"
 # incoherent leases (docs/configuration.md, "Options derived from others"):
 # refused before anything is reached, with the value that would do
 expect 2 lynx-coordinator --etcd http://127.0.0.1:1 --lease-ms 3000 -- \
-  "--lease-ms 3000 cannot ride out a leader failover" "give --lease-ms 8000 or more"
+  "--lease-ms 3000 cannot ride out a leader failover" "give --lease-ms 8500 or more"
 expect 2 lynx-coordinator --etcd http://127.0.0.1:1 --etcd-lease-s 5 --suspect-ms 1500 \
-  --lease-ms 8999 -- "give --lease-ms 9000 or more"
+  --lease-ms 9499 -- "give --lease-ms 9500 or more"
 expect 2 lynx-coordinator --suspect-ms 4000 --lease-ms 3000 -- \
   "--suspect-ms 4000 is longer than --lease-ms 3000"
 expect 2 lynx-coordinator --http x:1 -- --http x:1
