@@ -304,6 +304,8 @@ struct tcp_agent {
   uv_tcp_t listener;
   uv_async_t wake;
   uv_timer_t sweep;
+  /* set by agent_destroy, read by srv_on_wake: both under lock, which
+   * orders it with the wake (tcp_agent_destroy) */
   int stop;
   struct srv_conn *conns;
   struct lynx_guard guard; /* the data port's caps and counters */
@@ -1009,8 +1011,12 @@ static void srv_sweep_conns(struct tcp_agent *srv) {
 
 static void srv_on_wake(uv_async_t *a) {
   struct tcp_agent *srv = a->data;
+  int stop;
   srv_sweep_conns(srv);
-  if (srv->stop) {
+  pthread_mutex_lock(&srv->lock); /* (see tcp_agent_destroy) */
+  stop = srv->stop;
+  pthread_mutex_unlock(&srv->lock);
+  if (stop) {
     for (struct srv_conn *c = srv->conns; c; c = c->next)
       srv_close(c, NULL);
     uv_close((uv_handle_t *)&srv->listener, NULL);
@@ -1104,7 +1110,20 @@ static void tcp_agent_destroy(struct lynx_transport_agent *a) {
     return;
   srv = container_of(a, struct tcp_agent, base);
   if (srv->running) {
+    /* stop is written under the lock that srv_on_wake reads it under.
+     * A wake sent while another is pending (region_free's, just before)
+     * is coalesced with it: uv_async_send sees the pending flag with a
+     * plain load and returns, and the one callback that follows must see
+     * stop. Unlocked, nothing ordered the store before that load (the CPU
+     * may hold a store back past a later load), so the callback could run
+     * and read stop as 0, the loop never stopped and the join below hung
+     * (fuzz_tcp_agent's timeouts, about one in 100000 inputs). With the
+     * lock, either the callback reads stop after this store, or it read
+     * it before and then its clearing of the flag came before this send's
+     * load, which finds no wake pending and sends one. */
+    pthread_mutex_lock(&srv->lock);
     srv->stop = 1;
+    pthread_mutex_unlock(&srv->lock);
     uv_async_send(&srv->wake);
     pthread_join(srv->thread, NULL);
     uv_run(&srv->loop, UV_RUN_NOWAIT);
