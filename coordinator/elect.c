@@ -181,7 +181,8 @@ static void set_role(struct lynx_elect *e, int leader) {
 }
 
 /* etcd_err: the reason is etcd failing this coordinator (it could not
- * renew): it knows of no leader from now on, not after a poll more. */
+ * renew): it knows of no leader from now on, not after a poll more, when
+ * etcd has failed it for longer than CUT_OFF_MS. */
 static void step_down(struct lynx_elect *e, const char *why,
                       const char *etcd_err) {
   struct lynx_coord *c = e->c;
@@ -194,11 +195,14 @@ static void step_down(struct lynx_elect *e, const char *why,
   e->n_pool[0] = e->n_pool[1] = 0; /* issued for a lead that is over */
   LYNX_WARN(COMP, "no longer the leader: %s", why);
   was = c->no_leader;
-  if (etcd_err) /* another may win once our key expires: none known */
+  /* another may win once our key expires: none known, once etcd has
+   * failed for as long as a follower waits (a quick error right after
+   * this coordinator did not run says nothing of etcd: the follower's
+   * next look decides) */
+  if (etcd_err && e->fail_since_ns &&
+      lynx_now_ns() - e->fail_since_ns > (uint64_t)CUT_OFF_MS * 1000000u)
     no_leader_unreachable(e, etcd_err,
-                          e->fail_since_ns
-                              ? (lynx_now_ns() - e->fail_since_ns) / 1000000u
-                              : 0);
+                          (lynx_now_ns() - e->fail_since_ns) / 1000000u);
   no_leader_log(c, was, 0);
   pthread_mutex_unlock(&c->lock);
   /* the loop then closes the agents' and frontends' connections and
