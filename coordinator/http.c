@@ -867,8 +867,7 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   m.pauses = r->pauses;
   m.paused_ms = r->paused_ms;
   m.suspicions = r->suspicions;
-  m.suspect_ms = r->suspect_ms && r->suspect_ms < r->lease_ms ? r->suspect_ms
-                                                              : r->lease_ms;
+  m.suspect_ms = lynx_reg_suspect_ms(r);
   m.unsure_refusals = __atomic_load_n(&rq->c->unsure_refusals,
                                       __ATOMIC_RELAXED);
   pthread_mutex_unlock(&rq->c->lock);

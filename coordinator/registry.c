@@ -274,7 +274,7 @@ const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
 
 /* ---- dispatch table bookkeeping ------------------------------------- */
 
-static uint64_t suspect_ms(const struct lynx_registry *r) {
+uint64_t lynx_reg_suspect_ms(const struct lynx_registry *r) {
   return r->suspect_ms && r->suspect_ms < r->lease_ms ? r->suspect_ms
                                                       : r->lease_ms;
 }
@@ -288,7 +288,6 @@ static void node_heard(struct lynx_registry *r, struct lynx_reg_node *n,
                         : 0;
   n->last_heartbeat_ms = now_ms;
   n->lease_deadline_ms = now_ms + r->lease_ms;
-  n->suspect_deadline_ms = now_ms + suspect_ms(r);
   if (!n->suspect)
     return;
   n->suspect = 0;
@@ -311,11 +310,12 @@ static void node_suspect(struct lynx_registry *r, struct lynx_reg_node *n) {
   r->table_dirty = 1;
   LYNX_WARN(COMP, "node %s is suspect: no heartbeat for %" PRIu64 " ms; out "
             "of the dispatch tables until it is heard again (declared down "
-            "at %" PRIu64 " ms)", n->id, suspect_ms(r), r->lease_ms);
+            "at %" PRIu64 " ms)", n->id, lynx_reg_suspect_ms(r),
+            r->lease_ms);
   lynx_ev_add(&r->ev, LYNX_EV_NODE_SUSPECT, n->id,
               "node %s is suspect: no heartbeat for %" PRIu64 " ms; out of "
               "dispatch until heard again, down at %" PRIu64 " ms", n->id,
-              suspect_ms(r), r->lease_ms);
+              lynx_reg_suspect_ms(r), r->lease_ms);
 }
 
 static int accel_pos(const struct lynx_reg_node *n, uint32_t idx) {
@@ -2297,10 +2297,8 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
      * after this tick. */
     uint64_t gap = now_ms - r->last_tick_ms - r->tick_ms;
     for (n = r->nodes; n; n = n->next)
-      if (n->state != LYNX_NODE_DOWN) {
+      if (n->state != LYNX_NODE_DOWN)
         n->lease_deadline_ms += gap;
-        n->suspect_deadline_ms += gap;
-      }
     r->pauses++;
     r->paused_ms += gap;
     r->last_pause_ms = gap;
@@ -2310,9 +2308,13 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
     r->next_retry_ms = 0;
     r->placed_version = r->version - 1; /* a backoff ended: place again */
   }
+  /* the heartbeat lease ends where the lease does, less the difference
+   * (the pauses credited to one are credited to the other) */
   for (n = r->nodes; n; n = n->next)
     if (n->state != LYNX_NODE_DOWN && !n->suspect &&
-        now_ms >= n->suspect_deadline_ms && now_ms < n->lease_deadline_ms)
+        now_ms + (r->lease_ms - lynx_reg_suspect_ms(r)) >=
+            n->lease_deadline_ms &&
+        now_ms < n->lease_deadline_ms)
       node_suspect(r, n);
   for (n = r->nodes; n; n = n->next)
     if (n->state != LYNX_NODE_DOWN && now_ms >= n->lease_deadline_ms) {

@@ -125,10 +125,10 @@ struct lynx_reg_node {
   uint64_t last_heartbeat_ms;
   uint64_t lease_deadline_ms;
   uint64_t expired_ms; /* when its lease last expired (0: never) */
-  /* Silent for suspect_ms (its heartbeat lease): out of the dispatch
-   * tables until heard again, its instances kept and its requests in
-   * flight not counted lost (that waits for lease_deadline_ms) */
-  uint64_t suspect_deadline_ms;
+  /* Silent for suspect_ms (its heartbeat lease, which ends that much
+   * before lease_deadline_ms): out of the dispatch tables until heard
+   * again, its instances kept and its requests in flight not counted lost
+   * (that waits for lease_deadline_ms) */
   int suspect;
   uint64_t drain_deadline_ms;
   uint64_t drain_table_version; /* table without this node */
@@ -354,6 +354,8 @@ struct lynx_registry {
 
 void lynx_reg_init(struct lynx_registry *r, uint64_t lease_ms,
                    uint64_t drain_timeout_ms, const struct lynx_reg_ops *ops);
+/* The heartbeat lease in force: suspect_ms, at most lease_ms. */
+uint64_t lynx_reg_suspect_ms(const struct lynx_registry *r);
 void lynx_reg_free(struct lynx_registry *r);
 
 /* ---- agents ---------------------------------------------------------- */
