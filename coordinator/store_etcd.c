@@ -191,26 +191,19 @@ static int stored_read(const struct lynx_store_etcd *s, struct stored *st,
 }
 
 /* The fence a save or an epoch holds by (elect.c sets and clears it under
- * the coordinator's lock; saves read it without: any value read is safe,
- * etcd checks it). */
-static struct lynx_etcd_cmp fence_of(const struct lynx_store_etcd *s,
-                                     size_t *n) {
+ * the coordinator's lock; writers read it without: any value read is
+ * safe, etcd checks it): *n compares in c (0: unfenced, before any lead).
+ * -ECANCELED with err once a lead was won and is over: nothing is written
+ * unfenced after it. */
+static int fence_of(const struct lynx_store_etcd *s, struct lynx_etcd_cmp *c,
+                    size_t *n, char *err, size_t errlen) {
   int64_t rev = __atomic_load_n(&s->fence_rev, __ATOMIC_ACQUIRE);
-  struct lynx_etcd_cmp c = {s->fence_key, LYNX_ETCD_CREATE, 0, rev, NULL};
+  *c = (struct lynx_etcd_cmp){s->fence_key, LYNX_ETCD_CREATE, 0, rev, NULL};
   *n = rev ? 1 : 0;
-  return c;
-}
-
-int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
-                         const struct lynx_state_edit *edit, char *err,
-                         size_t errlen) {
-  struct json_object *state = lynx_store_state_obj(r, edit);
-  int rc;
-  if (!state)
-    return lynx_fail(err, errlen, -ENOMEM, "out of memory");
-  rc = lynx_store_etcd_save_state(arg, state, err, errlen);
-  json_object_put(state);
-  return rc;
+  if (!rev && s->fence_key)
+    return lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
+                     "leads: nothing written");
+  return 0;
 }
 
 int lynx_store_etcd_save_state(void *arg, struct json_object *state,
@@ -242,13 +235,11 @@ int lynx_store_etcd_save_state(void *arg, struct json_object *state,
   }
   for (size_t i = 0; i < p.n && !rc; i += TXN_OPS) {
     size_t nf;
-    struct lynx_etcd_cmp fence = fence_of(s, &nf);
+    struct lynx_etcd_cmp fence;
     int held = 1;
-    if (!nf && s->fence_key) { /* it led once: a lead that is over */
-      rc = lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
-                     "leads: nothing written");
+    rc = fence_of(s, &fence, &nf, err, errlen);
+    if (rc)
       break;
-    }
     rc = lynx_etcd_txn(s->etcd, &fence, nf, &p.ops[i],
                        p.n - i < TXN_OPS ? p.n - i : TXN_OPS, NULL, 0, &held,
                        NULL, err, errlen);
@@ -266,28 +257,20 @@ out:
 
 /* ---- epochs --------------------------------------------------------------- */
 
-int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
-                                struct lynx_registry *r, int frontend,
-                                uint64_t *epoch, char *err, size_t errlen) {
-  int rc = lynx_store_etcd_put_epoch(s, frontend, epoch, err, errlen);
-  if (rc)
-    return rc;
-  r->epoch_last = *epoch;
-  if (frontend)
-    r->frontend_epoch = *epoch;
-  return 0;
-}
-
 int lynx_store_etcd_put_epoch(struct lynx_store_etcd *s, int frontend,
                               uint64_t *epoch, char *err, size_t errlen) {
   size_t nf;
-  struct lynx_etcd_cmp fence = fence_of(s, &nf);
-  char *key = join2(s->prefix, frontend ? "epochs/frontend" : "epochs/node");
-  struct lynx_etcd_op put = {LYNX_ETCD_PUT, key, "", 0, 0};
+  struct lynx_etcd_cmp fence;
+  char *key;
+  struct lynx_etcd_op put = {LYNX_ETCD_PUT, NULL, "", 0, 0};
   int64_t rev = 0;
-  int held = 1, rc;
+  int held = 1, rc = fence_of(s, &fence, &nf, err, errlen);
+  if (rc)
+    return rc;
+  key = join2(s->prefix, frontend ? "epochs/frontend" : "epochs/node");
   if (!key)
     return lynx_fail(err, errlen, -ENOMEM, "out of memory");
+  put.key = key;
   /* the put's revision is the epoch: etcd's revisions only grow, for
    * every coordinator, across restarts of anything */
   rc = lynx_etcd_txn(s->etcd, &fence, nf, &put, 1, NULL, 0, &held, &rev, err,

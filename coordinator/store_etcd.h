@@ -49,18 +49,11 @@ int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
  * made without the coordinator's lock (fence_rev is read atomically). */
 int lynx_store_etcd_save_state(void *arg, struct json_object *state,
                                char *err, size_t errlen);
-/* The same from a registry: r's state with edit applied (may be NULL). */
-int lynx_store_etcd_save(void *arg, const struct lynx_registry *r,
-                         const struct lynx_state_edit *edit, char *err,
-                         size_t errlen);
 
 /* Issues an epoch (a frontend's when frontend is set): the revision of a
- * put of P epochs/node or P epochs/frontend, fenced like saves; sets
- * r->epoch_last (and r->frontend_epoch). 0 or -errno with err. */
-int lynx_store_etcd_issue_epoch(struct lynx_store_etcd *s,
-                                struct lynx_registry *r, int frontend,
-                                uint64_t *epoch, char *err, size_t errlen);
-/* The put alone, the registry untouched (elect.c issues epochs ahead). */
+ * put of P epochs/node or P epochs/frontend, fenced like saves. The
+ * registry is the caller's (elect.c issues epochs ahead and hands them
+ * out: lynx_elect_take_epoch). 0 or -errno with err. */
 int lynx_store_etcd_put_epoch(struct lynx_store_etcd *s, int frontend,
                               uint64_t *epoch, char *err, size_t errlen);
 

@@ -309,6 +309,18 @@ static void add_svc(struct lynx_registry *r, const char *name, uint32_t port) {
   assert_int_equal(lynx_reg_service_create(r, &s, 0, &e), 0);
 }
 
+/* r's state saved to etcd, as the coordinator's API does it (the state
+ * built, then the save hook): 0 or -errno with f->err. */
+static int save(struct fx *f, struct lynx_store_etcd *s,
+                const struct lynx_registry *r) {
+  struct json_object *state = lynx_store_state_obj(r, NULL);
+  int rc;
+  assert_non_null(state);
+  rc = lynx_store_etcd_save_state(s, state, f->err, sizeof(f->err));
+  json_object_put(state);
+  return rc;
+}
+
 static int64_t mod_rev(struct fx *f, const char *key) {
   struct lynx_etcd_kvs k;
   int64_t m;
@@ -343,7 +355,7 @@ static void test_store_round_trip(void **state) {
   add_svc(&r, "alpha", 9001);
   add_svc(&r, "beta", 9002);
   assert_int_equal(lynx_reg_drain_intent_add(&r, "node-7"), 0);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
+  assert_int_equal(save(f, &s, &r), 0);
   keep = mod_rev(f, "/lynx/services/alpha");
   assert_true(keep > 0);
   assert_true(mod_rev(f, "/lynx/drained/node-7") > 0);
@@ -351,7 +363,7 @@ static void test_store_round_trip(void **state) {
 
   assert_int_equal(lynx_reg_service_delete(&r, "beta", 0, &e), 0);
   add_svc(&r, "gamma", 9003);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
+  assert_int_equal(save(f, &s, &r), 0);
   assert_true(mod_rev(f, "/lynx/services/alpha") == keep);
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
   assert_true(mod_rev(f, "/lynx/services/gamma") > keep);
@@ -389,7 +401,7 @@ static void test_store_refuses(void **state) {
   assert_int_equal(lynx_store_etcd_load(&s, &r, 0, f->err, sizeof(f->err)),
                    -EINVAL);
   assert_non_null(strstr(f->err, "different release"));
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)),
+  assert_int_equal(save(f, &s, &r),
                    -EINVAL);
   put_ok(f, "/p/version", "1");
   put_ok(f, "/p/services/x", "{not json");
@@ -421,15 +433,15 @@ static void test_store_etcd_down(void **state) {
                    0);
   reg_new(&r);
   add_svc(&r, "alpha", 9001);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
+  assert_int_equal(save(f, &s, &r), 0);
   kill(f->pid, SIGSTOP); /* alive but not answering: a timeout */
   add_svc(&r, "beta", 9002);
   t0 = lynx_now_ns();
-  rc = lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err));
+  rc = save(f, &s, &r);
   assert_int_equal(rc, -ETIMEDOUT);
   assert_true(lynx_now_ns() - t0 < 3000000000ull);
   kill(f->pid, SIGCONT);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
+  assert_int_equal(save(f, &s, &r), 0);
   assert_true(mod_rev(f, "/lynx/services/beta") > 0);
   lynx_reg_free(&r);
 }
@@ -456,7 +468,7 @@ static void test_store_fenced(void **state) {
   s.fence_rev = rev;
   reg_new(&r);
   add_svc(&r, "alpha", 9001);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)), 0);
+  assert_int_equal(save(f, &s, &r), 0);
   assert_true(mod_rev(f, "/lynx/services/alpha") > 0);
   /* another leader: the key deleted and created again */
   assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
@@ -464,7 +476,7 @@ static void test_store_fenced(void **state) {
                    0);
   put_ok(f, "/lynx/leader", "other");
   add_svc(&r, "beta", 9002);
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)),
+  assert_int_equal(save(f, &s, &r),
                    -ECANCELED);
   assert_non_null(strstr(f->err, "no longer leads"));
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
@@ -472,7 +484,7 @@ static void test_store_fenced(void **state) {
    * save goes through unfenced, whatever the key holds now */
   s.fence_rev = 0;
   f->err[0] = '\0';
-  assert_int_equal(lynx_store_etcd_save(&s, &r, NULL, f->err, sizeof(f->err)),
+  assert_int_equal(save(f, &s, &r),
                    -ECANCELED);
   assert_non_null(strstr(f->err, "no longer leads"));
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
@@ -481,29 +493,28 @@ static void test_store_fenced(void **state) {
 
 /* Epochs from etcd: revisions, so strictly increasing whoever issues
  * them (two coordinators' stores here) and across restarts; a load gives
- * the newest frontend epoch; a fenced issue fails once another leads. */
+ * the newest frontend epoch; a fenced issue fails once another leads, and
+ * an unfenced one once this store's lead is over. */
 static void test_store_epochs(void **state) {
   struct fx *f = *state;
   struct lynx_store_etcd s1, s2;
-  struct lynx_registry r1, r2, back;
+  struct lynx_registry back;
   uint64_t a, b, fe, c;
   assert_int_equal(lynx_store_etcd_init(&s1, f->e, "/lynx/", f->err,
                                         sizeof(f->err)),
                    0);
   s2 = s1;
-  reg_new(&r1);
-  reg_new(&r2);
-  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 0, &a, f->err,
-                                               sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 0, &a, f->err,
+                                             sizeof(f->err)),
                    0);
-  assert_int_equal(lynx_store_etcd_issue_epoch(&s2, &r2, 0, &b, f->err,
-                                               sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_put_epoch(&s2, 0, &b, f->err,
+                                             sizeof(f->err)),
                    0);
   assert_true(b > a && a > 0);
-  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 1, &fe, f->err,
-                                               sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 1, &fe, f->err,
+                                             sizeof(f->err)),
                    0);
-  assert_true(fe > b && r1.frontend_epoch == fe);
+  assert_true(fe > b && (uint64_t)mod_rev(f, "/lynx/epochs/frontend") == fe);
   reg_new(&back);
   assert_int_equal(lynx_store_etcd_load(&s2, &back, 0, f->err,
                                         sizeof(f->err)),
@@ -514,20 +525,24 @@ static void test_store_epochs(void **state) {
   put_ok(f, "/lynx/leader", "me");
   s1.fence_key = "/lynx/leader";
   s1.fence_rev = mod_rev(f, "/lynx/leader");
-  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 0, &c, f->err,
-                                               sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 0, &c, f->err,
+                                             sizeof(f->err)),
                    0);
   assert_true(c > fe);
   assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
                                  sizeof(f->err)),
                    0);
   put_ok(f, "/lynx/leader", "other");
-  assert_int_equal(lynx_store_etcd_issue_epoch(&s1, &r1, 1, &c, f->err,
-                                               sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 1, &c, f->err,
+                                             sizeof(f->err)),
                    -ECANCELED);
-  assert_true(r1.frontend_epoch == fe);
-  lynx_reg_free(&r1);
-  lynx_reg_free(&r2);
+  /* nothing issued: the newest frontend epoch is still fe */
+  assert_true((uint64_t)mod_rev(f, "/lynx/epochs/frontend") == fe);
+  /* the lead over (a step-down clears the revision): nothing unfenced */
+  s1.fence_rev = 0;
+  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 0, &c, f->err,
+                                             sizeof(f->err)),
+                   -ECANCELED);
 }
 
 /* A second client puts a key after a while (the watch's peer). */
