@@ -69,11 +69,16 @@ static void leader_api_from(struct lynx_elect *e, const char *value) {
   json_object_put(j);
 }
 
-/* No coordinator leads as far as this one can tell: etcd has failed it
- * (err) for long enough. c->lock held. */
-static void no_leader_unreachable(struct lynx_elect *e, const char *err,
-                                  uint64_t failing_ms) {
+/* No coordinator leads as far as this one can tell once etcd has failed
+ * it (err) for longer than CUT_OFF_MS, counted from the first failing
+ * request (fail_since_ns); before, nothing changes (a blip). c->lock
+ * held. */
+static void no_leader_if_cut_off(struct lynx_elect *e, const char *err) {
   struct lynx_coord *c = e->c;
+  uint64_t failing_ns = e->fail_since_ns ? lynx_now_ns() - e->fail_since_ns
+                                          : 0;
+  if (failing_ns <= (uint64_t)CUT_OFF_MS * 1000000u)
+    return;
   /* a stale leader_api would send API calls (and agents' hopes) to a
    * coordinator that may have stepped down: followers could even
    * redirect to each other */
@@ -82,7 +87,7 @@ static void no_leader_unreachable(struct lynx_elect *e, const char *err,
   snprintf(c->no_leader_why, sizeof(c->no_leader_why),
            "no coordinator leads: etcd cannot be reached from here "
            "(%.160s; failing for %llu ms): an election waits for its quorum",
-           err, (unsigned long long)failing_ms);
+           err, (unsigned long long)(failing_ns / 1000000u));
 }
 
 /* c->no_leader changed from was: said once (c->lock held). */
@@ -103,7 +108,6 @@ static void no_leader_log(struct lynx_coord *c, int was, int lead) {
 static void reached(struct lynx_elect *e, const char *err,
                     uint64_t started_ns) {
   struct lynx_coord *c = e->c;
-  uint64_t now = lynx_now_ns();
   int lead = leading(e), was;
   if (!err)
     e->fail_since_ns = 0;
@@ -114,9 +118,7 @@ static void reached(struct lynx_elect *e, const char *err,
   if (lead) {
     c->no_leader = 0;
   } else if (err) {
-    if (now - e->fail_since_ns > (uint64_t)CUT_OFF_MS * 1000000u)
-      no_leader_unreachable(e, err, (now - e->fail_since_ns) / 1000000u);
-    /* else a blip: keep what the last read said */
+    no_leader_if_cut_off(e, err); /* a blip keeps what the last read said */
   } else if (!c->leader_api[0]) {
     c->no_leader = 1;
     snprintf(c->no_leader_why, sizeof(c->no_leader_why),
@@ -199,10 +201,8 @@ static void step_down(struct lynx_elect *e, const char *why,
    * failed for as long as a follower waits (a quick error right after
    * this coordinator did not run says nothing of etcd: the follower's
    * next look decides) */
-  if (etcd_err && e->fail_since_ns &&
-      lynx_now_ns() - e->fail_since_ns > (uint64_t)CUT_OFF_MS * 1000000u)
-    no_leader_unreachable(e, etcd_err,
-                          (lynx_now_ns() - e->fail_since_ns) / 1000000u);
+  if (etcd_err)
+    no_leader_if_cut_off(e, etcd_err);
   no_leader_log(c, was, 0);
   pthread_mutex_unlock(&c->lock);
   /* the loop then closes the agents' and frontends' connections and
