@@ -703,6 +703,17 @@ start_coordinator() {
   done
 }
 
+# assert_never_fenced LOG WHEN: the agent logging to LOG never fenced
+# itself (agent/link.c logs when its lease fence passes); WHEN says during
+# what, in the message.
+assert_never_fenced() {
+  if grep -qF "no heartbeat answered within the lease" "$1"; then
+    it_check_failed "the agent fenced itself $2: $(grep -F "no heartbeat answered" "$1" | head -2)"
+    return 1
+  fi
+  log "ok: the agent never fenced itself $2"
+}
+
 # start_coord_as X CTL API OPTION...: one of several coordinators (on
 # etcd: the options say which), named X, with control on 127.0.0.1:CTL and
 # the API on 127.0.0.1:API; waits until it serves control. Sets PID_X and
