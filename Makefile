@@ -1,6 +1,7 @@
-# Top-level driver: installs missing Debian packages, configures CMake into
-# build/ and builds. Any VAR=VALUE on the command line whose name starts with
-# LYNX_ or CMAKE_ is passed to CMake (e.g. `make LYNX_SANITIZE=ON`).
+# Top-level driver: installs the Debian packages the goal needs that are
+# missing (deps, below), configures CMake into build/ and builds. Any
+# VAR=VALUE on the command line whose name starts with LYNX_ or CMAKE_ is
+# passed to CMake (e.g. `make LYNX_SANITIZE=ON`).
 BUILD ?= build
 CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),-D$(v)=$($(v))))
 JOBS ?= $(shell nproc)
@@ -10,8 +11,23 @@ MAKEFLAGS += --no-print-directory
 
 all: build
 
+# deploy/install-deps.sh's targets for the goals on the command line (all
+# of theirs for several): run (the build, and sockperf and curl for make
+# run's demo) for make, build, run and every goal not named here; the test
+# tools for the suites, clang for fuzz, and so on. LYNX_ARCH=arm64 adds
+# arm64. `deploy/install-deps.sh --help` lists each target's packages.
+DEPS_test := test
+DEPS_test-faults := test
+DEPS_test-busy := test
+DEPS_run-ha := run-ha
+DEPS_fuzz := fuzz
+DEPS_deb := deb
+$(foreach g,bench bench-scaleout bench-gpu bench-paper-gpu,$(eval DEPS_$(g) := bench))
+DEPS_TARGETS := $(sort $(foreach g,$(or $(MAKECMDGOALS),all),$(or $(DEPS_$(g)),run)) \
+                $(if $(filter arm64,$(LYNX_ARCH)),arm64))
+
 deps:
-	@bash deploy/install-deps.sh $(if $(filter arm64,$(LYNX_ARCH)),--arm64)
+	@bash deploy/install-deps.sh $(DEPS_TARGETS)
 
 configure: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_VARS) >/dev/null
@@ -33,7 +49,7 @@ test-faults: build
 ARM64_BUILD ?= build-arm64
 ARM64_TESTS ?= ^(emu_wrappers|integration\.(udp_pingpong|tcp_service|cluster))$$
 test-arm64:
-	@bash deploy/install-deps.sh --arm64
+	@bash deploy/install-deps.sh arm64
 	@cmake -S . -B $(ARM64_BUILD) -DLYNX_ARCH=arm64 >/dev/null
 	@cmake --build $(ARM64_BUILD) -j $(JOBS)
 	cd $(ARM64_BUILD) && LYNX_UT_RING_ITERS=1000000 ctest --output-on-failure -j 1 -L unit $(CTEST_ARGS)

@@ -5,9 +5,10 @@
 # held the way apt and dpkg hold it (an fcntl write lock on
 # /var/lib/dpkg/lock-frontend) until the script's `apt-get install` has
 # been running for 3 s (apt tries the lock once a second), so the test does
-# not race apt on a loaded machine; --all makes it hand apt the whole
-# package list, installed packages left at their version, so apt runs (and
-# needs the lock) on a ready machine too, without the network.
+# not race apt on a loaded machine; `--all build` makes it hand apt the
+# build's package list (part of every target's: whichever make goal built
+# this, those are installed), installed packages left at their version, so
+# apt runs (and needs the lock) on a ready machine too, without the network.
 #
 # Passing: the script succeeds, took at least those 3 s, and apt never
 # failed on the lock (no "E:" line: the script's fallback, `apt-get update`
@@ -56,14 +57,14 @@ until [[ -e $IT_DIR/locked ]]; do
   sleep 0.05
 done
 t0=$(now_ms)
-LYNX_APT_LOCK_WAIT=60 timeout -k 5 120 bash "$SCRIPT" --all >"$IT_DIR/out.txt" 2>&1
+LYNX_APT_LOCK_WAIT=60 timeout -k 5 120 bash "$SCRIPT" --all build >"$IT_DIR/out.txt" 2>&1
 rc=$?
 took=$(($(now_ms) - t0))
 cat "$IT_DIR/out.txt" >&2
 if grep -q '^E: ' "$IT_DIR/out.txt"; then
   it_check_failed "apt failed on the held lock instead of waiting for it: $(grep '^E: ' "$IT_DIR/out.txt")"
 fi
-assert_eq "$rc" 0 "install-deps.sh --all exit status with the lock held ${HOLD_S} s into its apt-get install"
+assert_eq "$rc" 0 "install-deps.sh --all build exit status with the lock held ${HOLD_S} s into its apt-get install"
 [[ -e $IT_DIR/apt-seen ]] || it_check_failed "the lock holder never saw apt-get install run"
 assert_ge "$took" $((HOLD_S * 1000)) "ms install-deps.sh took (it waited for the lock)"
 if grep -q 'Could not get lock' "$IT_DIR/out.txt"; then

@@ -14,28 +14,38 @@
 #     (and not before: the coordinator's API answers then, the agent has
 #     registered, the frontend applied a table), a service serves
 #     sockperf, and on SIGTERM each says STOPPING=1 and exits 0.
+#
+# Without systemd-analyze (Debian's systemd package: deploy/install-deps.sh
+# test installs it, never systemd-sysv) 2 and 3 still run and fail the
+# test as ever; passing, it then exits 77 saying that 1 did not run.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init systemd_units
 it_require_coord
-it_require systemd-analyze python3 sockperf
+it_require python3 sockperf
+ANALYZE=1
+command -v systemd-analyze >/dev/null 2>&1 || ANALYZE=0
 pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 UNITS=(lynx-coordinator lynx-agent lynx-frontend)
 
 # ---- 1. systemd-analyze verify ------------------------------------------------
-ROOT=$IT_DIR/root
-mkdir -p "$ROOT/usr/bin" "$ROOT/etc/systemd/system" "$ROOT/lib/systemd"
-cp -a /lib/systemd/system "$ROOT/lib/systemd/"
-for u in "${UNITS[@]}"; do
-  cp "$LYNX_BIN_DIR/$u" "$ROOT/usr/bin/"
-  cp "$SRC/deploy/systemd/$u.service" "$ROOT/etc/systemd/system/"
-done
-rc=0
-out=$(systemd-analyze verify --man=no --root="$ROOT" "${UNITS[@]/%/.service}" 2>&1) || rc=$?
-[[ -z $out ]] || { echo "$out"; fail "systemd-analyze verify printed messages"; }
-assert_eq "$rc" 0 "systemd-analyze verify exit status"
-log "ok: systemd-analyze verify of ${UNITS[*]} is clean"
+if ((ANALYZE)); then
+  ROOT=$IT_DIR/root
+  mkdir -p "$ROOT/usr/bin" "$ROOT/etc/systemd/system" "$ROOT/lib/systemd"
+  cp -a /lib/systemd/system "$ROOT/lib/systemd/"
+  for u in "${UNITS[@]}"; do
+    cp "$LYNX_BIN_DIR/$u" "$ROOT/usr/bin/"
+    cp "$SRC/deploy/systemd/$u.service" "$ROOT/etc/systemd/system/"
+  done
+  rc=0
+  out=$(systemd-analyze verify --man=no --root="$ROOT" "${UNITS[@]/%/.service}" 2>&1) || rc=$?
+  [[ -z $out ]] || { echo "$out"; fail "systemd-analyze verify printed messages"; }
+  assert_eq "$rc" 0 "systemd-analyze verify exit status"
+  log "ok: systemd-analyze verify of ${UNITS[*]} is clean"
+else
+  log "systemd-analyze is not installed (Debian: systemd; deploy/install-deps.sh test): 1 is not run, 2 and 3 are"
+fi
 
 # ---- 2. what the units start ---------------------------------------------------
 for u in "${UNITS[@]}"; do
@@ -100,4 +110,6 @@ for d in coordinator agent frontend; do
   grep -q 'STOPPING=1' "$IT_DIR/notify-$d.txt" || fail "$d: no STOPPING=1 on SIGTERM"
   log "ok: $d said: $(tr '\n' ';' <"$IT_DIR/notify-$d.txt" | cut -c1-200)"
 done
+((ANALYZE)) ||
+  skip "2 and 3 passed, but the units were not verified (1): systemd-analyze is not installed (Debian: systemd; deploy/install-deps.sh test)"
 it_done
