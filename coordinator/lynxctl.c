@@ -2,12 +2,14 @@
  * lynxctl - the operator's command line for the coordinator's JSON API
  * (docs/api.md). libcurl for HTTP, json-c for JSON.
  *
- *   lynxctl [--api URL] [--token-file F] [--json] COMMAND
+ *   lynxctl [--api URL[,URL...]] [--token-file F] [--json] COMMAND
  *
  * Human-readable aligned tables by default; --json prints the API's answer
- * as it came. Exit codes: 0 ok, 1 the API refused (its message is printed)
- * or another runtime failure (a token file that cannot be read), 2 usage
- * error, 3 the coordinator cannot be reached.
+ * as it came. With several --api addresses (several coordinators, one of
+ * them leading) each call tries them in turn, from the one that answered
+ * last, until one answers. Exit codes: 0 ok, 1 the API refused (its message
+ * is printed) or another runtime failure (a token file that cannot be
+ * read), 2 usage error, 3 the coordinator cannot be reached.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -37,16 +39,19 @@
 #define FILE_MAX (16u << 20)
 
 static const char usage_text[] =
-    "usage: lynxctl [--api URL] [--token-file F] [--cacert F] [--json] "
-    "COMMAND\n"
+    "usage: lynxctl [--api URL[,URL...]] [--token-file F] [--cacert F]\n"
+    "               [--json] COMMAND\n"
     "\n"
     "commands:\n"
     "  nodes | accelerators | mqueues | services | frontends\n"
     "  service create --name N --port P --app A [--slot-size Z] [--slots S]\n"
     "                 [--msg-max B] [--mqueues M] [--work-us U]\n"
     "                 [--proto udp|tcp [--framing len32|fixed:N]]\n"
-    "                 [--placement all | --replicas N [--selector k=v,...]]\n"
+    "                 [--backend NAME=HOST:PORT[/memcached|/len32]]...\n"
+    "                 [--placement all | --replicas N] [--selector k=v,...]\n"
     "  service create -f FILE.json      (-f - reads standard input)\n"
+    "  service show NAME                its fields, back ends and where its\n"
+    "                                   instances run\n"
     "  service delete NAME\n"
     "  node drain ID [--wait [--timeout S]]\n"
     "                                   --wait: until its instances are\n"
@@ -63,8 +68,10 @@ static const char usage_text[] =
     "                                   refresh\n"
     "\n"
     "options:\n"
-    "  --api URL         coordinator API (default $LYNX_API or " DEFAULT_API
-    ")\n"
+    "  --api URL[,URL...]\n"
+    "                    coordinator API (default $LYNX_API, else\n"
+    "                    " DEFAULT_API "); several (the coordinators of\n"
+    "                    one cluster): each in turn until one answers\n"
     "  --token-file F    send the token in F (default $LYNX_TOKEN_FILE)\n"
     "  --cacert F        trust the API's certificate when this CA signed it\n"
     "                    (https:// URLs; default $LYNX_CACERT, else the\n"
@@ -74,13 +81,39 @@ static const char usage_text[] =
     "exit codes: 0 ok, 1 API error or other runtime failure, 2 usage error, "
     "3 coordinator unreachable\n";
 
+#define API_MAX 8    /* --api addresses */
+#define API_LEN 512  /* one address */
+#define ERR_MAX 1024 /* what went wrong in one call, on one line */
+
+/* How an address failed, for the hint that goes with it. */
+enum fail_hint {
+  HINT_NONE,      /* nothing answers there (connection refused, timeout) */
+  HINT_TLS_CERT,  /* an https:// handshake failed: the certificate, mostly */
+  HINT_TRY_HTTPS, /* http:// got no answer: the API may serve HTTPS */
+  HINT_TRY_HTTP,  /* https:// got plain text: the API may serve HTTP */
+};
+
+/* One address a call tried and what it said, when it did not do. */
+struct attempt {
+  char api[API_LEN];
+  char what[CURL_ERROR_SIZE + 160];
+  enum fail_hint hint;
+  int answered; /* it answered (503 no_leader), it was not unreachable */
+};
+
 struct ctl {
-  char api[512];
+  char api[API_LEN]; /* the address in use: the one that answered last */
+  char apis[API_MAX][API_LEN]; /* --api, in order */
+  char api_all[API_MAX * (API_LEN + 2)]; /* "A, B": for messages */
+  int n_apis, cur; /* cur: apis[cur] is api */
+  /* the last call's addresses that did not do, in the order tried (all of
+   * them when the call failed) */
+  struct attempt tried[API_MAX];
+  int n_tried;
   char *token;
   const char *cacert; /* CA file for an https API, or NULL: the system's */
   int json;
   int quiet; /* do not report an unreachable coordinator (watch retries) */
-  int tls_failed; /* the last call failed in TLS (a certificate, mostly) */
   CURL *curl;
 };
 
@@ -144,19 +177,94 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
   return g_stop ? 1 : 0; /* Ctrl-C aborts a long poll */
 }
 
-/* One exchange. 0 with *status and the body in *resp; -EHOSTUNREACH when
- * the coordinator cannot be reached (err says why); -EINTR when
- * interrupted. */
-static int http_call(struct ctl *t, const char *method, const char *path,
-                     const char *body, long timeout_ms, long *status,
-                     struct buf *resp, char *err) {
-  char url[1024], auth[600];
+static size_t discard(char *p, size_t size, size_t n, void *arg) {
+  (void)p;
+  (void)arg;
+  return size * n;
+}
+
+/* Whether api (an https:// URL) answers plain HTTP: GET /healthz over
+ * http://, within a second or two. */
+static int answers_plain_http(const char *api) {
+  char url[API_LEN + 32];
+  CURL *c = curl_easy_init();
+  CURLcode rc;
+  if (!c)
+    return 0;
+  snprintf(url, sizeof(url), "http://%s/healthz", api + 8);
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 2000L);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "lynxctl");
+  rc = curl_easy_perform(c);
+  curl_easy_cleanup(c);
+  return rc == CURLE_OK;
+}
+
+/* How a failed exchange with api (curl's rc, its message err) is to be
+ * explained. */
+static enum fail_hint hint_of(const char *api, CURLcode rc, const char *err) {
+  int https = strncmp(api, "https://", 8) == 0;
+  /* plain HTTP to a TLS port: the server fails the handshake on the
+   * request's bytes and closes without an answer */
+  if (!https && (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR))
+    return HINT_TRY_HTTPS;
+  /* TLS to a plain HTTP port: its answer is no TLS record (OpenSSL "wrong
+   * version number", GnuTLS "An unexpected TLS packet was received"), or
+   * it closed the connection on the handshake (SSL_ERROR_SYSCALL): asked
+   * in plain HTTP, does it answer? */
+  if (https && rc == CURLE_SSL_CONNECT_ERROR &&
+      (strstr(err, "wrong version number") || strstr(err, "unexpected TLS") ||
+       strstr(err, "packet length too long") ||
+       strstr(err, "record layer failure") ||
+       answers_plain_http(api)))
+    return HINT_TRY_HTTP;
+  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CONNECT_ERROR ||
+      rc == CURLE_SSL_CACERT_BADFILE)
+    return HINT_TLS_CERT;
+  return HINT_NONE;
+}
+
+/* Whether a change that failed so (rc; request_size: bytes of requests
+ * sent) surely did not reach a coordinator that acts on it, so that it may
+ * go to the next address: nothing was sent, or it was refused before an
+ * answer (a coordinator answers every request it takes; one it drops
+ * unanswered, past its connection limits or at a TLS port, it never
+ * read). */
+static int change_not_taken(CURLcode rc, long request_size) {
+  switch (rc) {
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_PEER_FAILED_VERIFICATION:
+  case CURLE_SSL_CACERT_BADFILE:
+  case CURLE_GOT_NOTHING:
+    return 1;
+  default:
+    return request_size == 0;
+  }
+}
+
+/* One exchange with t->api. 0 with *status and the body in *resp;
+ * -EHOSTUNREACH when the coordinator cannot be reached (err, CURL_ERROR_SIZE
+ * bytes, says why; *hint how to explain it; *retry whether the request may
+ * go to another address); -EINTR when interrupted. */
+static int http_one(struct ctl *t, const char *method, const char *path,
+                    const char *body, long timeout_ms, long *status,
+                    struct buf *resp, char *err, enum fail_hint *hint,
+                    int *retry) {
+  char url[API_LEN + 1024], auth[600];
   struct curl_slist *hdrs = NULL, *h;
+  long sent = 0;
   CURLcode rc;
 
   resp->p = NULL;
   resp->len = 0;
   err[0] = 0;
+  *hint = HINT_NONE;
+  *retry = 0;
   snprintf(url, sizeof(url), "%s%s", t->api, path);
   curl_easy_reset(t->curl);
   curl_easy_setopt(t->curl, CURLOPT_URL, url);
@@ -205,9 +313,10 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   if (rc != CURLE_OK) {
     if (!err[0])
       snprintf(err, CURL_ERROR_SIZE, "%s", curl_easy_strerror(rc));
-    t->tls_failed = rc == CURLE_PEER_FAILED_VERIFICATION ||
-                    rc == CURLE_SSL_CONNECT_ERROR ||
-                    rc == CURLE_SSL_CACERT_BADFILE;
+    *hint = hint_of(t->api, rc, err);
+    curl_easy_getinfo(t->curl, CURLINFO_REQUEST_SIZE, &sent);
+    *retry = !strcmp(method, "GET") || !strcmp(method, "HEAD") ||
+             change_not_taken(rc, sent);
     free(resp->p);
     resp->p = NULL;
     return -EHOSTUNREACH;
@@ -216,19 +325,197 @@ static int http_call(struct ctl *t, const char *method, const char *path,
   return 0;
 }
 
-/* "cannot reach the coordinator at URL: why" and a hint on a second line */
-static void unreachable_msg(const struct ctl *t, const char *err, char *msg,
-                            size_t n) {
-  snprintf(msg, n, "cannot reach the coordinator at %s: %s\n%s", t->api, err,
-           t->tls_failed
-               ? "  (TLS: is its certificate signed by the CA given with "
-                 "--cacert or $LYNX_CACERT, and does it name the API's "
-                 "host?)"
-               : "  (is lynx-coordinator running with --http on that "
-                 "address? set --api URL or $LYNX_API)");
+/* A 503 that another coordinator of the cluster may not give: none leads
+ * as far as this one knows ("no_leader": a follower cut off from etcd, or
+ * no leader elected yet). Its message and code into what. */
+static int is_no_leader(long status, const struct buf *b, char *what,
+                        size_t n) {
+  struct json_object *j, *e, *c, *m;
+  int hit = 0;
+  if (status != 503 || !b->p)
+    return 0;
+  j = json_tokener_parse(b->p);
+  if (j && json_object_object_get_ex(j, "error", &e) &&
+      json_object_object_get_ex(e, "code", &c) &&
+      !strcmp(json_object_get_string(c), "no_leader")) {
+    hit = 1;
+    snprintf(what, n, "%s (HTTP 503, %s)",
+             json_object_object_get_ex(e, "message", &m)
+                 ? json_object_get_string(m)
+                 : "no message",
+             json_object_get_string(c));
+  }
+  json_object_put(j);
+  return hit;
 }
 
-#define MSG_MAX 1024
+/* The addresses for a message about all of them: "A, B", or the one. */
+static const char *api_names(const struct ctl *t) {
+  return t->n_apis > 1 ? t->api_all : t->api;
+}
+
+/* t->api := t->apis[i] */
+static void use_api(struct ctl *t, int i) {
+  t->cur = i;
+  memcpy(t->api, t->apis[i], sizeof(t->api)); /* (the same size) */
+}
+
+/*
+ * One exchange with the coordinator: with several addresses, each in turn
+ * from the one that answered last, until one answers (a GET goes on past
+ * any failure, a change only past one that surely did not reach a
+ * coordinator: change_not_taken), an answer 503 no_leader counting as no
+ * answer but for the last resort. 0 with *status and the body in *resp
+ * (t->api the address that answered); -EHOSTUNREACH when none can be
+ * reached (err, errlen bytes, says why on one line, t->tried for each);
+ * -EINTR when interrupted.
+ */
+static int http_call(struct ctl *t, const char *method, const char *path,
+                     const char *body, long timeout_ms, long *status,
+                     struct buf *resp, char *err, size_t errlen) {
+  struct buf held = {NULL, 0}; /* a 503 no_leader, the last resort */
+  long held_status = 0;
+  int held_at = -1, start = t->cur;
+
+  t->n_tried = 0;
+  err[0] = 0;
+  for (int k = 0; k < t->n_apis; k++) {
+    struct attempt *a = &t->tried[t->n_tried];
+    char e[CURL_ERROR_SIZE];
+    enum fail_hint hint;
+    int retry, rc;
+    use_api(t, (start + k) % t->n_apis);
+    rc = http_one(t, method, path, body, timeout_ms, status, resp, e, &hint,
+                  &retry);
+    if (rc == -EINTR) {
+      free(held.p);
+      return rc;
+    }
+    memcpy(a->api, t->api, sizeof(a->api));
+    a->hint = hint;
+    a->answered = rc == 0;
+    if (rc == 0) {
+      if (t->n_apis == 1 ||
+          !is_no_leader(*status, resp, a->what, sizeof(a->what))) {
+        free(held.p);
+        return 0; /* an answer: this address is the one from now on */
+      }
+      /* a coordinator that knows of no leader: another may */
+      free(held.p);
+      held = *resp;
+      held_status = *status;
+      held_at = t->cur;
+      resp->p = NULL;
+      resp->len = 0;
+      t->n_tried++;
+      continue;
+    }
+    snprintf(a->what, sizeof(a->what), "%s", e);
+    t->n_tried++;
+    if (!retry)
+      break; /* a change that may have arrived is not sent twice */
+  }
+  if (held_at >= 0) {
+    use_api(t, held_at);
+    *status = held_status;
+    *resp = held;
+    return 0;
+  }
+  /* err: one line, for the messages that have room for one */
+  if (t->n_tried == 1) {
+    snprintf(err, errlen, "%s", t->tried[0].what);
+  } else {
+    size_t l = 0;
+    for (int i = 0; i < t->n_tried && l + 1 < errlen; i++) {
+      int w = snprintf(err + l, errlen - l, "%s%s: %s", i ? "; " : "",
+                       t->tried[i].api, t->tried[i].what);
+      if (w < 0)
+        break;
+      l += (size_t)w;
+    }
+  }
+  return -EHOSTUNREACH;
+}
+
+/* The hint for an address that failed so, with its URL. */
+static void hint_msg(enum fail_hint h, const char *api, int several,
+                     char *out, size_t n) {
+  const char *rest = strstr(api, "://");
+  rest = rest ? rest + 3 : api;
+  switch (h) {
+  case HINT_TLS_CERT:
+    snprintf(out, n, "(TLS: is its certificate signed by the CA given with "
+                     "--cacert or $LYNX_CACERT, and does it name the API's "
+                     "host?)");
+    break;
+  case HINT_TRY_HTTPS:
+    snprintf(out, n, "(no answer to plain HTTP: the coordinator may serve "
+                     "HTTPS: try --api https://%s with --cacert F)", rest);
+    break;
+  case HINT_TRY_HTTP:
+    snprintf(out, n, "(no TLS there: the coordinator may serve plain "
+                     "HTTP: try --api http://%s)", rest);
+    break;
+  default:
+    snprintf(out, n, "%s", several
+                               ? "(is lynx-coordinator running with --http "
+                                 "on those addresses? set --api "
+                                 "URL[,URL...] or $LYNX_API)"
+                               : "(is lynx-coordinator running with --http "
+                                 "on that address? set --api URL or "
+                                 "$LYNX_API)");
+  }
+}
+
+/* What each address of the last call said, a line each ("  URL: what",
+ * its hint below when it has its own), appended to msg (n bytes). */
+static void tried_lines(const struct ctl *t, char *msg, size_t n) {
+  size_t l = strlen(msg);
+  for (int i = 0; i < t->n_tried && l + 1 < n; i++) {
+    const struct attempt *a = &t->tried[i];
+    char h[API_LEN + 160] = "";
+    int w;
+    if (!a->answered && a->hint != HINT_NONE)
+      hint_msg(a->hint, a->api, 1, h, sizeof(h));
+    w = snprintf(msg + l, n - l, "\n  %s: %s%s%s", a->api, a->what,
+                 h[0] ? "\n    " : "", h);
+    if (w < 0)
+      break;
+    l += (size_t)w;
+  }
+}
+
+/* "cannot reach the coordinator at URL: why" and a hint on a second line;
+ * with several addresses, a line for each and the hint last. */
+static void unreachable_msg(const struct ctl *t, const char *err, char *msg,
+                            size_t n) {
+  char h[API_LEN + 160];
+  int plain = 0; /* an address with nothing to say but unreachable */
+  if (t->n_tried <= 1 && t->n_apis <= 1) {
+    hint_msg(t->n_tried ? t->tried[0].hint : HINT_NONE, t->api, 0, h,
+             sizeof(h));
+    snprintf(msg, n, "cannot reach the coordinator at %s: %s\n  %s", t->api,
+             err, h);
+    return;
+  }
+  if (t->n_tried < t->n_apis)
+    snprintf(msg, n, "cannot reach the coordinator at %s, and the change "
+             "is not sent to another address (it may have arrived):",
+             t->api);
+  else
+    snprintf(msg, n, "cannot reach the coordinator at any of %s:",
+             t->api_all);
+  tried_lines(t, msg, n);
+  for (int i = 0; i < t->n_tried; i++)
+    plain |= t->tried[i].hint == HINT_NONE;
+  if (plain) {
+    size_t l = strlen(msg);
+    hint_msg(HINT_NONE, t->api, t->n_apis > 1, h, sizeof(h));
+    snprintf(msg + l, n - l, "\n  %s", h);
+  }
+}
+
+#define MSG_MAX 4096
 
 /*
  * A call whose answer must be 2xx JSON, printing nothing. EX_OK with *out
@@ -240,7 +527,7 @@ static void unreachable_msg(const struct ctl *t, const char *err, char *msg,
 static int api_msg(struct ctl *t, const char *method, const char *path,
                    const char *body, struct json_object **out, char **raw,
                    char *msg, size_t msglen) {
-  char err[CURL_ERROR_SIZE];
+  char err[ERR_MAX];
   struct buf b;
   long status = 0;
   struct json_object *j = NULL;
@@ -249,7 +536,8 @@ static int api_msg(struct ctl *t, const char *method, const char *path,
   *out = NULL;
   *raw = NULL;
   msg[0] = 0;
-  rc = http_call(t, method, path, body, CALL_TIMEOUT_MS, &status, &b, err);
+  rc = http_call(t, method, path, body, CALL_TIMEOUT_MS, &status, &b, err,
+                 sizeof(err));
   if (rc == -EINTR)
     return EX_OK;
   if (rc) {
@@ -270,6 +558,10 @@ static int api_msg(struct ctl *t, const char *method, const char *path,
       snprintf(msg, msglen, "the coordinator answered HTTP %ld: %.300s",
                status, b.p ? b.p : "(no body)");
     }
+    /* every address failed, the last resort a 503 no_leader: what each
+     * said */
+    if (status == 503 && t->n_tried > 1)
+      tried_lines(t, msg, msglen);
     json_object_put(j);
     *raw = b.p;
     return EX_API;
@@ -516,6 +808,38 @@ static void f_instances(struct json_object *v, char *out, size_t n) {
     f_str(v, out, n);
 }
 
+/* A service's framing: "len32", "fixed:N"; "-" for udp (none). */
+static void f_framing(struct json_object *v, char *out, size_t n) {
+  struct json_object *fx;
+  if (v && json_object_is_type(v, json_type_object) &&
+      json_object_object_get_ex(v, "fixed", &fx))
+    snprintf(out, n, "fixed:%s", json_object_get_string(fx));
+  else
+    f_str(v, out, n);
+}
+
+/* A service's back ends by name ("db,cache"); "-" when it has none. */
+static void f_backends(struct json_object *v, char *out, size_t n) {
+  size_t l = 0, len;
+  out[0] = 0;
+  if (v && json_object_is_type(v, json_type_array)) {
+    len = json_object_array_length(v);
+    for (size_t i = 0; i < len; i++) {
+      struct json_object *b = json_object_array_get_idx(v, i), *name;
+      int w;
+      if (!b || !json_object_object_get_ex(b, "name", &name))
+        continue;
+      w = snprintf(out + l, n - l, "%s%s", l ? "," : "",
+                   json_object_get_string(name));
+      if (w < 0 || (size_t)w >= n - l)
+        break;
+      l += (size_t)w;
+    }
+  }
+  if (!out[0])
+    snprintf(out, n, "-");
+}
+
 static const struct col node_cols[] = {
     {"ID", "id", f_str},
     {"STATE", "state", f_str},
@@ -565,12 +889,14 @@ static const struct col mq_cols[] = {
 static const struct col svc_cols[] = {
     {"NAME", "name", f_str},
     {"PROTO", "proto", f_str},
+    {"FRAMING", "framing", f_framing},
     {"PORT", "port", f_str},
     {"APP", "app", f_str},
     {"SLOT-SIZE", "slot_size", f_str},
     {"SLOTS", "slots", f_str},
     {"MQUEUES", "mqueues_per_accel", f_str},
     {"WORK-US", "work_us", f_str},
+    {"BACKENDS", "backends", f_backends},
     {"PLACEMENT", "placement", f_placement},
     {"INSTANCES", "instances", f_instances},
     {"STATE", "state", f_str},
@@ -740,7 +1066,8 @@ static int print_service_created(struct ctl *t, struct json_object *j,
 }
 
 /* service create's options (common/options.h); the numbers are sent only
- * when given. */
+ * when given. --backend, which may be repeated, is taken from the command
+ * line before the table sees it (backend_args). */
 struct create_opts {
   char *file, *name, *app, *proto, *framing, *placement, *selector;
   uint32_t port, slot_size, slots, msg_max, mqueues, work_us, replicas;
@@ -775,16 +1102,104 @@ static const struct lynx_opt create_tab[] = {
 #undef CO_STR
 #undef CO
 
+/* Whether arg is an option of tab that takes its value from the next
+ * argument (--name VALUE, -f FILE; not --name=VALUE, not a flag). */
+static int takes_next(const struct lynx_opt *tab, const char *arg) {
+  const char *name;
+  if (arg[0] != '-' || strchr(arg, '='))
+    return 0;
+  name = arg[1] == '-' ? arg + 2 : arg + 1;
+  for (const struct lynx_opt *o = tab; o->name; o++)
+    if (!strcmp(o->name, name))
+      return o->type != LYNX_OPT_FLAG;
+  return 0;
+}
+
+/* argv without its --backend options (into rest, *n_rest of them, argv[0]
+ * first), their values in vals (*n_vals; pointers into argv). 0, or
+ * EX_USAGE (said). */
+static int backend_args(int argc, char **argv, char **rest, int *n_rest,
+                        const char **vals, int *n_vals) {
+  *n_rest = 0;
+  *n_vals = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (i > 0 && (!strcmp(a, "--backend") || !strncmp(a, "--backend=", 10))) {
+      if (a[9] == '=')
+        vals[(*n_vals)++] = a + 10;
+      else if (i + 1 < argc)
+        vals[(*n_vals)++] = argv[++i];
+      else
+        return usage_err("--backend needs a value: NAME=HOST:PORT[/PROTO]");
+      continue;
+    }
+    rest[(*n_rest)++] = argv[i];
+    if (i > 0 && takes_next(create_tab, a) && i + 1 < argc)
+      rest[(*n_rest)++] = argv[++i]; /* a value, whatever it looks like */
+  }
+  return 0;
+}
+
+/* --backend NAME=HOST:PORT[/PROTO][,NAME=...] into the array backends
+ * ({"name", "address"[, "proto"]}: the API's default proto is len32). 0,
+ * EX_USAGE (said) or EX_API (out of memory). */
+static int backends_json(const char *v, struct json_object *backends) {
+  char *dup = strdup(v), *save = NULL, *tok;
+  if (!dup)
+    return EX_API;
+  if (!v[0]) {
+    free(dup);
+    return usage_err("--backend: expected NAME=HOST:PORT[/PROTO], got ''");
+  }
+  for (tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '='), *slash;
+    struct json_object *b;
+    if (!eq || eq == tok || !eq[1] || eq[1] == '/') {
+      int rc = usage_err("--backend: expected NAME=HOST:PORT[/PROTO] (e.g. "
+                         "db=127.0.0.1:11211/memcached), got '%s'",
+                         tok);
+      free(dup);
+      return rc;
+    }
+    *eq = 0;
+    slash = strrchr(eq + 1, '/');
+    if (slash && !slash[1]) {
+      int rc = usage_err("--backend %s: a '/' without a protocol after it "
+                         "(memcached or len32)",
+                         tok);
+      free(dup);
+      return rc;
+    }
+    if (slash)
+      *slash = 0;
+    b = json_object_new_object();
+    if (!b) {
+      free(dup);
+      return EX_API;
+    }
+    json_object_object_add(b, "name", json_object_new_string(tok));
+    json_object_object_add(b, "address", json_object_new_string(eq + 1));
+    if (slash)
+      json_object_object_add(b, "proto", json_object_new_string(slash + 1));
+    json_object_array_add(backends, b);
+  }
+  free(dup);
+  return 0;
+}
+
 /* The request body for the options o (given: which were on the command
- * line) into *out (malloc'd). An exit code: EX_OK, EX_USAGE (printed) or
- * EX_API (out of memory). */
+ * line; backends: the --backend values, n_backends of them) into *out
+ * (malloc'd). An exit code: EX_OK, EX_USAGE (printed) or EX_API (out of
+ * memory). */
 static int create_body(const struct create_opts *o, uint64_t given,
+                       const char *const *backends, int n_backends,
                        char **out) {
   const char *file = o->file, *name = o->name, *app = o->app,
              *placement = o->placement, *selector = o->selector,
              *proto = o->proto, *framing = o->framing;
   uint32_t port = o->port, slot_size = o->slot_size, slots = o->slots,
-           msg_max = o->msg_max, mqueues = o->mqueues, work_us = o->work_us, replicas = o->replicas;
+           msg_max = o->msg_max, mqueues = o->mqueues, work_us = o->work_us,
+           replicas = o->replicas;
   int has_port = !!(given & (1ull << C_PORT)),
       has_slot_size = !!(given & (1ull << C_SLOT_SIZE)),
       has_slots = !!(given & (1ull << C_SLOTS)),
@@ -794,14 +1209,14 @@ static int create_body(const struct create_opts *o, uint64_t given,
       has_replicas = !!(given & (1ull << C_REPLICAS));
   struct json_object *req = NULL;
   char *body = NULL;
+  int rc;
 
   if (file) {
     FILE *f;
     int too_big = 0;
     if (name || app || placement || selector || proto || framing ||
         has_port || has_slot_size || has_slots || has_msg_max || has_mq ||
-        has_work ||
-        has_replicas)
+        has_work || has_replicas || n_backends)
       return usage_err("service create: -f takes the whole spec; give no "
                        "other option with it");
     f = strcmp(file, "-") == 0 ? stdin : fopen(file, "r");
@@ -817,77 +1232,99 @@ static int create_body(const struct create_opts *o, uint64_t given,
               too_big ? "larger than 16 MiB" : "read error");
       return EX_USAGE;
     }
-  } else {
-    if (!name || !has_port || !app)
-      return usage_err("service create needs --name, --port and --app (or "
-                       "-f FILE.json)");
-    if (placement && strcmp(placement, "all") != 0)
-      return usage_err("--placement: only 'all' is a placement name; use "
-                       "--replicas N for a replica count");
-    if (placement && has_replicas)
-      return usage_err("--placement all and --replicas exclude each other");
-    if (selector && !has_replicas)
-      return usage_err("--selector goes with --replicas N");
-    req = json_object_new_object();
-    if (!req)
-      return EX_API;
-    json_object_object_add(req, "name", json_object_new_string(name));
-    json_object_object_add(req, "port", json_object_new_int64(port));
-    json_object_object_add(req, "app", json_object_new_string(app));
-    if (proto)
-      json_object_object_add(req, "proto", json_object_new_string(proto));
-    if (framing && strncmp(framing, "fixed:", 6) == 0) {
-      struct json_object *f = json_object_new_object();
-      uint32_t n = 0;
-      if (!f || parse_u32("--framing fixed:N", framing + 6, &n)) {
-        json_object_put(f);
-        json_object_put(req);
-        return f ? EX_USAGE : EX_API;
-      }
-      json_object_object_add(f, "fixed", json_object_new_int64(n));
-      json_object_object_add(req, "framing", f);
-    } else if (framing) {
-      json_object_object_add(req, "framing", json_object_new_string(framing));
-    }
-    if (has_slot_size)
-      json_object_object_add(req, "slot_size",
-                             json_object_new_int64(slot_size));
-    if (has_slots)
-      json_object_object_add(req, "slots", json_object_new_int64(slots));
-    if (has_msg_max)
-      json_object_object_add(req, "msg_max", json_object_new_int64(msg_max));
-    if (has_mq)
-      json_object_object_add(req, "mqueues_per_accel",
-                             json_object_new_int64(mqueues));
-    if (has_work)
-      json_object_object_add(req, "work_us", json_object_new_int64(work_us));
-    if (placement) {
-      json_object_object_add(req, "placement", json_object_new_string("all"));
-    } else if (has_replicas) {
-      struct json_object *p = json_object_new_object(),
-                         *sel = json_object_new_object();
-      if (!p || !sel) {
-        json_object_put(p);
-        json_object_put(sel);
-        json_object_put(req);
-        return EX_API;
-      }
-      json_object_object_add(p, "replicas", json_object_new_int64(replicas));
-      if (selector && selector_json(selector, sel)) {
-        json_object_put(p);
-        json_object_put(sel);
-        json_object_put(req);
-        return usage_err("--selector: expected k=v[,k=v...], got '%s'",
-                         selector);
-      }
-      json_object_object_add(p, "selector", sel);
-      json_object_object_add(req, "placement", p);
-    }
-    body = strdup(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
-    json_object_put(req);
-    if (!body)
-      return EX_API;
+    *out = body;
+    return EX_OK;
   }
+  if (!name || !has_port || !app)
+    return usage_err("service create needs --name, --port and --app (or "
+                     "-f FILE.json)");
+  if (placement && strcmp(placement, "all") != 0)
+    return usage_err("--placement: only 'all' is a placement name; use "
+                     "--replicas N for a replica count");
+  if (placement && has_replicas)
+    return usage_err("--placement all and --replicas exclude each other");
+  if (proto && strcmp(proto, "udp") && strcmp(proto, "tcp"))
+    return usage_err("--proto: expected udp or tcp, got '%s'", proto);
+  if (framing && strcmp(framing, "len32") && strncmp(framing, "fixed:", 6))
+    return usage_err("--framing: expected len32 or fixed:N, got '%s'",
+                     framing);
+  if (framing && (!proto || strcmp(proto, "tcp")))
+    return usage_err("--framing goes with --proto tcp (a udp service's "
+                     "messages are its datagrams)");
+  req = json_object_new_object();
+  if (!req)
+    return EX_API;
+  json_object_object_add(req, "name", json_object_new_string(name));
+  json_object_object_add(req, "port", json_object_new_int64(port));
+  json_object_object_add(req, "app", json_object_new_string(app));
+  if (proto)
+    json_object_object_add(req, "proto", json_object_new_string(proto));
+  if (framing && strncmp(framing, "fixed:", 6) == 0) {
+    struct json_object *f = json_object_new_object();
+    uint32_t n = 0;
+    if (!f || parse_u32("--framing fixed:N", framing + 6, &n)) {
+      json_object_put(f);
+      json_object_put(req);
+      return f ? EX_USAGE : EX_API;
+    }
+    json_object_object_add(f, "fixed", json_object_new_int64(n));
+    json_object_object_add(req, "framing", f);
+  } else if (framing) {
+    json_object_object_add(req, "framing", json_object_new_string(framing));
+  }
+  if (has_slot_size)
+    json_object_object_add(req, "slot_size", json_object_new_int64(slot_size));
+  if (has_slots)
+    json_object_object_add(req, "slots", json_object_new_int64(slots));
+  if (has_msg_max)
+    json_object_object_add(req, "msg_max", json_object_new_int64(msg_max));
+  if (has_mq)
+    json_object_object_add(req, "mqueues_per_accel",
+                           json_object_new_int64(mqueues));
+  if (has_work)
+    json_object_object_add(req, "work_us", json_object_new_int64(work_us));
+  if (n_backends) {
+    struct json_object *a = json_object_new_array();
+    if (!a) {
+      json_object_put(req);
+      return EX_API;
+    }
+    json_object_object_add(req, "backends", a);
+    for (int i = 0; i < n_backends; i++)
+      if ((rc = backends_json(backends[i], a)) != 0) {
+        json_object_put(req);
+        return rc;
+      }
+  }
+  if (has_replicas || selector) {
+    /* {"replicas": N, "selector": {...}}; a selector alone (with or
+     * without --placement all): every accelerator of the matching nodes */
+    struct json_object *p = json_object_new_object(),
+                       *sel = json_object_new_object();
+    if (!p || !sel) {
+      json_object_put(p);
+      json_object_put(sel);
+      json_object_put(req);
+      return EX_API;
+    }
+    if (has_replicas)
+      json_object_object_add(p, "replicas", json_object_new_int64(replicas));
+    if (selector && selector_json(selector, sel)) {
+      json_object_put(p);
+      json_object_put(sel);
+      json_object_put(req);
+      return usage_err("--selector: expected k=v[,k=v...], got '%s'",
+                       selector);
+    }
+    json_object_object_add(p, "selector", sel);
+    json_object_object_add(req, "placement", p);
+  } else if (placement) {
+    json_object_object_add(req, "placement", json_object_new_string("all"));
+  }
+  body = strdup(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+  json_object_put(req);
+  if (!body)
+    return EX_API;
   *out = body;
   return EX_OK;
 }
@@ -897,16 +1334,27 @@ static int cmd_service_create(struct ctl *t, int argc, char **argv) {
   struct create_opts o;
   struct lynx_opts_scan scan = {LYNX_OPTS_USAGE_ONLY, NULL, 0, 0, 0};
   struct json_object *resp = NULL;
-  char *body = NULL, *raw = NULL;
-  int rc;
+  char *body = NULL, *raw = NULL, **rest;
+  const char **backends;
+  int rc, n_rest, n_backends;
 
   memset(&o, 0, sizeof(o));
-  if (scan_cmd(create_tab, &o, argc, argv, &scan, &rc))
-    return rc;
-  rc = create_body(&o, scan.given, &body);
-  lynx_opts_free(create_tab, &o);
-  if (rc != EX_OK)
-    return rc;
+  rest = calloc((size_t)argc + 1, sizeof(*rest));
+  backends = calloc((size_t)argc + 1, sizeof(*backends));
+  if (!rest || !backends) {
+    free(rest);
+    free(backends);
+    return EX_API;
+  }
+  rc = backend_args(argc, argv, rest, &n_rest, backends, &n_backends);
+  if (rc == EX_OK && !scan_cmd(create_tab, &o, n_rest, rest, &scan, &rc)) {
+    rc = create_body(&o, scan.given, backends, n_backends, &body);
+    lynx_opts_free(create_tab, &o);
+  }
+  free(rest);
+  free(backends);
+  if (rc != EX_OK || !body)
+    return rc; /* (--help: EX_OK, no body) */
   rc = api(t, "POST", "/v1/services", body, &resp, &raw);
   free(body);
   if (rc == EX_OK)
@@ -943,6 +1391,213 @@ static int cmd_object(struct ctl *t, const char *method, const char *prefix,
   return rc;
 }
 
+/* ---- service show ------------------------------------------------------ */
+
+static const struct col backend_cols[] = {
+    {"BACKEND", "name", f_str},
+    {"ADDRESS", "address", f_str},
+    {"PROTO", "proto", f_str},
+    {NULL, NULL, NULL},
+};
+
+/* the rows service show makes of /v1/mqueues: one per instance */
+static const struct col inst_cols[] = {
+    {"INSTANCE", "instance", f_str},
+    {"NODE", "node", f_str},
+    {"ACCEL", "accel", f_str},
+    {"MQUEUES", "mqueues", f_str},
+    {"TRANSPORT", "transport", f_str},
+    {"FRONTEND", "frontend", f_str_dash},
+    {"DISPATCH", "dispatchable", f_bool},
+    {"DISPATCHED", "dispatched", f_str},
+    {"RESPONDED", "responded", f_str},
+    {"OUTSTANDING", "outstanding", f_str},
+    {NULL, NULL, NULL},
+};
+
+/* "label:  value" of service show, the value by fmt from j's key */
+static void show_field(struct json_object *j, const char *label,
+                       const char *key, fmt_fn fmt, const char *suffix) {
+  struct json_object *v = NULL;
+  char cell[512], lab[32];
+  if (!json_object_object_get_ex(j, key, &v))
+    v = NULL;
+  fmt(v, cell, sizeof(cell));
+  snprintf(lab, sizeof(lab), "%s:", label);
+  printf("%-12s %s%s\n", lab, cell, v && suffix ? suffix : "");
+}
+
+static void f_inst_long(struct json_object *v, char *out, size_t n) {
+  struct json_object *r, *w, *fs;
+  if (v && json_object_is_type(v, json_type_object) &&
+      json_object_object_get_ex(v, "ready", &r) &&
+      json_object_object_get_ex(v, "wanted", &w)) {
+    int l = snprintf(out, n, "%s ready of %s wanted",
+                     json_object_get_string(r), json_object_get_string(w));
+    if (l > 0 && (size_t)l < n && json_object_object_get_ex(v, "failed_starts",
+                                                            &fs))
+      snprintf(out + l, n - (size_t)l, ", %s failed start(s)",
+               json_object_get_string(fs));
+  } else {
+    f_str(v, out, n);
+  }
+}
+
+static uint64_t u64_of(struct json_object *o, const char *key) {
+  struct json_object *v;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_uint64(v)
+                                               : 0;
+}
+
+/* The ready instances of service name, from the items of /v1/mqueues: a
+ * row each into rows, in the order they come (an instance's mqueues come
+ * one after another; by_id finds its row when they do not). */
+static int instance_rows(struct json_object *items, const char *name,
+                         struct json_object *rows) {
+  static const char *const keys[] = {"instance", "node", "accel",
+                                     "transport", "frontend"};
+  static const char *const sums[] = {"dispatched", "responded",
+                                     "outstanding"};
+  struct json_object *last = NULL, *by_id = json_object_new_object();
+  size_t n = json_object_array_length(items);
+  if (!by_id)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    struct json_object *mq = json_object_array_get_idx(items, i), *v;
+    char id[24];
+    if (!mq || !json_object_object_get_ex(mq, "service", &v) ||
+        strcmp(json_object_get_string(v), name))
+      continue;
+    snprintf(id, sizeof(id), "%llu",
+             (unsigned long long)u64_of(mq, "instance"));
+    if ((!last || u64_of(last, "instance") != u64_of(mq, "instance")) &&
+        !json_object_object_get_ex(by_id, id, &last)) {
+      last = json_object_new_object();
+      if (!last) {
+        json_object_put(by_id);
+        return -ENOMEM;
+      }
+      json_object_array_add(rows, last);
+      json_object_object_add(by_id, id, json_object_get(last));
+      for (size_t k = 0; k < LYNX_ARRAY_SIZE(keys); k++)
+        if (json_object_object_get_ex(mq, keys[k], &v))
+          json_object_object_add(last, keys[k], json_object_get(v));
+      json_object_object_add(last, "mqueues", json_object_new_int64(0));
+      json_object_object_add(last, "dispatchable",
+                             json_object_new_boolean(0));
+      for (size_t k = 0; k < LYNX_ARRAY_SIZE(sums); k++)
+        json_object_object_add(last, sums[k], json_object_new_int64(0));
+    }
+    json_object_object_add(
+        last, "mqueues",
+        json_object_new_int64((int64_t)u64_of(last, "mqueues") + 1));
+    for (size_t k = 0; k < LYNX_ARRAY_SIZE(sums); k++)
+      json_object_object_add(
+          last, sums[k],
+          json_object_new_int64(
+              (int64_t)(u64_of(last, sums[k]) + u64_of(mq, sums[k]))));
+    if (json_object_object_get_ex(mq, "dispatchable", &v) &&
+        json_object_get_boolean(v))
+      json_object_object_add(last, "dispatchable",
+                             json_object_new_boolean(1));
+  }
+  json_object_put(by_id);
+  return 0;
+}
+
+/* service show NAME: the service's fields, its back ends, and where its
+ * ready instances run (/v1/mqueues); --json: the service as the API has
+ * it. */
+static int cmd_service_show(struct ctl *t, const char *name) {
+  char path[1024], msg[MSG_MAX];
+  struct json_object *j = NULL, *mqs = NULL, *v, *items, *rows;
+  char *raw = NULL, *mraw = NULL;
+  int rc;
+
+  if (path_with(t, path, sizeof(path), "/v1/services/", name, ""))
+    return EX_API;
+  rc = api(t, "GET", path, NULL, &j, &raw);
+  if (rc || g_stop) {
+    json_object_put(j);
+    free(raw);
+    return rc;
+  }
+  if (t->json) {
+    fputs(raw ? raw : "", stdout);
+    json_object_put(j);
+    free(raw);
+    return EX_OK;
+  }
+  free(raw);
+  if (!j || !json_object_is_type(j, json_type_object)) {
+    fprintf(stderr, "lynxctl: the coordinator's answer to GET %s is empty\n",
+            path);
+    json_object_put(j);
+    return EX_API;
+  }
+  show_field(j, "name", "name", f_str, NULL);
+  show_field(j, "state", "state", f_str, NULL);
+  show_field(j, "reason", "reason", f_str_dash, NULL);
+  show_field(j, "proto", "proto", f_str, NULL);
+  show_field(j, "framing", "framing", f_framing, NULL);
+  show_field(j, "port", "port", f_str, NULL);
+  show_field(j, "app", "app", f_str, NULL);
+  show_field(j, "slot-size", "slot_size", f_str, " bytes");
+  show_field(j, "slots", "slots", f_str, " per ring");
+  show_field(j, "msg-max", "msg_max", f_str, " bytes");
+  show_field(j, "mqueues", "mqueues_per_accel", f_str, " per accelerator");
+  show_field(j, "work-us", "work_us", f_str, NULL);
+  show_field(j, "placement", "placement", f_placement, NULL);
+  show_field(j, "instances", "instances", f_inst_long, NULL);
+  if (json_object_object_get_ex(j, "backends", &v) &&
+      json_object_is_type(v, json_type_array) &&
+      json_object_array_length(v) > 0) {
+    printf("%-12s %zu\n\n", "backends:", json_object_array_length(v));
+    print_table(stdout, v, backend_cols);
+  } else {
+    printf("%-12s %s\n", "backends:", "none");
+  }
+  fflush(stdout);
+
+  /* where they run: the API's service has counts only; /v1/mqueues lists
+   * every mqueue of every ready instance */
+  rc = api_msg(t, "GET", "/v1/mqueues", NULL, &mqs, &mraw, msg, sizeof(msg));
+  free(mraw);
+  if (rc == EX_OK && !g_stop &&
+      (!mqs || !json_object_object_get_ex(mqs, "items", &items) ||
+       !json_object_is_type(items, json_type_array))) {
+    snprintf(msg, sizeof(msg), "the coordinator's answer to GET /v1/mqueues "
+             "has no \"items\"");
+    rc = EX_API;
+  }
+  if (rc != EX_OK) {
+    fprintf(stderr, "lynxctl: where service %s's instances run is unknown: "
+            "%s\n", name, msg);
+    json_object_put(mqs);
+    json_object_put(j);
+    return rc;
+  }
+  if (g_stop) {
+    json_object_put(mqs);
+    json_object_put(j);
+    return EX_OK;
+  }
+  rows = json_object_new_array();
+  if (!rows || instance_rows(items, name, rows)) {
+    fprintf(stderr, "lynxctl: out of memory\n");
+    rc = EX_API;
+  } else if (json_object_array_length(rows) == 0) {
+    printf("\nno instance is ready\n");
+  } else {
+    printf("\n");
+    print_table(stdout, rows, inst_cols);
+  }
+  json_object_put(rows);
+  json_object_put(mqs);
+  json_object_put(j);
+  return rc;
+}
+
 static void on_signal(int sig) {
   (void)sig;
   g_stop = 1;
@@ -954,7 +1609,7 @@ static void on_signal(int sig) {
  * outages. EX_OK (also when interrupted: g_stop is set) or EX_API. */
 static int watch_wait(struct ctl *t, uint64_t version, uint64_t until_ns,
                       int *lost) {
-  char err[CURL_ERROR_SIZE], path[128];
+  char err[ERR_MAX], path[128];
   for (;;) {
     struct buf b;
     long status = 0, poll_ms = WATCH_POLL_MS;
@@ -968,7 +1623,7 @@ static int watch_wait(struct ctl *t, uint64_t version, uint64_t until_ns,
     snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=%ld",
              (unsigned long long)version, poll_ms);
     rc = http_call(t, "GET", path, NULL, poll_ms + 10000, &status, &b,
-                   err);
+                   err, sizeof(err));
     if (rc == -EINTR)
       return EX_OK;
     if (rc) {
@@ -977,7 +1632,7 @@ static int watch_wait(struct ctl *t, uint64_t version, uint64_t until_ns,
         fprintf(stderr,
                 "lynxctl: lost the coordinator at %s (%s); "
                 "retrying every second\n",
-                t->api, err);
+                api_names(t), err);
       *lost = 1;
       nanosleep(&one, NULL);
       continue;
@@ -1066,7 +1721,7 @@ static int cmd_watch(struct ctl *t) {
         fprintf(stderr,
                 "lynxctl: lost the coordinator at %s; retrying "
                 "every second\n",
-                t->api);
+                api_names(t));
       lost = 1; /* the watch call says when it is back */
     }
   }
@@ -1230,11 +1885,12 @@ static const struct lynx_opt drain_tab[] = {
  * why); else EX_API with the API's message printed. */
 static int node_state_of(struct ctl *t, const char *path, char *st,
                          size_t sz, char *why, size_t whylen) {
-  char err[CURL_ERROR_SIZE];
+  char err[ERR_MAX];
   struct buf b;
   long status = 0;
   struct json_object *j, *v;
-  int rc = http_call(t, "GET", path, NULL, CALL_TIMEOUT_MS, &status, &b, err);
+  int rc = http_call(t, "GET", path, NULL, CALL_TIMEOUT_MS, &status, &b, err,
+                     sizeof(err));
   st[0] = 0;
   if (rc == -EINTR)
     return EX_API;
@@ -1304,7 +1960,7 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
   t0 = lynx_now_ns();
   deadline = t0 + (uint64_t)(timeout_s * 1e9);
   for (;;) {
-    char why[CURL_ERROR_SIZE + 64];
+    char why[ERR_MAX + 64];
     /* the version first: a change after it wakes the watch below */
     version = registry_version(t);
     rc = node_state_of(t, path, st, sizeof(st), why, sizeof(why));
@@ -1312,7 +1968,7 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
       struct timespec one = {1, 0};
       if (!told)
         fprintf(stderr, "lynxctl: the coordinator at %s cannot say how node "
-                "%s is (%s): asking every second\n", t->api, id, why);
+                "%s is (%s): asking every second\n", api_names(t), id, why);
       told = 1;
       if (lynx_now_ns() >= deadline || g_stop) {
         fprintf(stderr, "lynxctl: node %s not seen drained within %g s\n",
@@ -1360,7 +2016,7 @@ struct global_opts {
 enum { G_API, G_TOKEN_FILE, G_CACERT, G_JSON };
 static const struct lynx_opt global_tab[] = {
     [G_API] = {"api", LYNX_OPT_STR, GO(api), NULL, 0, 0, NULL,
-               "coordinator API"},
+               "coordinator API: URL[,URL...]"},
     [G_TOKEN_FILE] = {"token-file", LYNX_OPT_STR, GO(token_file), NULL, 0, 0,
                       NULL, "send the token in this file"},
     [G_CACERT] = {"cacert", LYNX_OPT_STR, GO(cacert), NULL, 0, 0, NULL,
@@ -1371,14 +2027,48 @@ static const struct lynx_opt global_tab[] = {
 };
 #undef GO
 
-/* --api URL into t->api: http:// when no scheme is given, no trailing /. */
-static void set_api(struct ctl *t, const char *v) {
+/* --api (or $LYNX_API, named by what) into t->apis: URL[,URL...], each
+ * with http:// when no scheme is given and no trailing /; blanks around
+ * an address are dropped. 0, or EX_USAGE (said). */
+static int set_apis(struct ctl *t, const char *v, const char *what) {
+  const char *p = v;
   size_t l;
-  snprintf(t->api, sizeof(t->api), "%s%s", strstr(v, "://") ? "" : "http://",
-           v);
-  l = strlen(t->api);
-  while (l > 0 && t->api[l - 1] == '/')
-    t->api[--l] = 0;
+  t->n_apis = 0;
+  t->api_all[0] = 0;
+  for (;;) {
+    const char *comma = strchr(p, ','), *e = comma ? comma : p + strlen(p);
+    char *a;
+    while (p < e && (*p == ' ' || *p == '\t'))
+      p++;
+    while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+      e--;
+    if (e == p)
+      return usage_err("%s: an empty address in '%s' (expected URL or "
+                       "URL,URL,...)", what, v);
+    if (t->n_apis == API_MAX)
+      return usage_err("%s: at most %d addresses, got '%s'", what, API_MAX,
+                       v);
+    if ((size_t)(e - p) + 8 >= API_LEN)
+      return usage_err("%s: an address longer than %d characters in "
+                       "'%.64s...'",
+                       what, API_LEN - 9, v);
+    a = t->apis[t->n_apis];
+    snprintf(a, API_LEN, "%s%.*s",
+             memmem(p, (size_t)(e - p), "://", 3) ? "" : "http://",
+             (int)(e - p), p);
+    l = strlen(a);
+    while (l > 0 && a[l - 1] == '/')
+      a[--l] = 0;
+    l = strlen(t->api_all);
+    snprintf(t->api_all + l, sizeof(t->api_all) - l, "%s%s", l ? ", " : "",
+             a);
+    t->n_apis++;
+    if (!comma)
+      break;
+    p = comma + 1;
+  }
+  use_api(t, 0);
+  return 0;
 }
 
 static int run(struct ctl *t, int argc, char **argv) {
@@ -1402,10 +2092,13 @@ static int run(struct ctl *t, int argc, char **argv) {
   if (strcmp(cmd, "service") == 0 && sub) {
     if (strcmp(sub, "create") == 0)
       return cmd_service_create(t, argc - 1, argv + 1);
+    if (strcmp(sub, "show") == 0 && argc == 3)
+      return cmd_service_show(t, argv[2]);
     if (strcmp(sub, "delete") == 0 && argc == 3)
       return cmd_object(t, "DELETE", "/v1/services/", argv[2], "", "service",
                         "deleted");
-    return usage_err("service: expected 'create ...' or 'delete NAME'");
+    return usage_err("service: expected 'create ...', 'show NAME' or "
+                     "'delete NAME'");
   }
   if (strcmp(cmd, "node") == 0 && sub && argc >= 3 &&
       strcmp(sub, "drain") == 0)
@@ -1447,8 +2140,6 @@ int main(int argc, char **argv) {
   memset(&t, 0, sizeof(t));
   memset(&g, 0, sizeof(g));
   env_api = getenv("LYNX_API");
-  snprintf(t.api, sizeof(t.api), "%s",
-           env_api && env_api[0] ? env_api : DEFAULT_API);
   args = calloc((size_t)argc + 1, sizeof(*args));
   if (!args)
     return EX_API;
@@ -1468,7 +2159,16 @@ int main(int argc, char **argv) {
   n = scan.n_rest;
   t.json = g.json;
   if (g.api)
-    set_api(&t, g.api);
+    rc = set_apis(&t, g.api, "--api");
+  else if (env_api && env_api[0])
+    rc = set_apis(&t, env_api, "$LYNX_API");
+  else
+    rc = set_apis(&t, DEFAULT_API, "the default API");
+  if (rc) {
+    lynx_opts_free(global_tab, &g);
+    free(args);
+    return EX_USAGE;
+  }
   /* --token-file, even an empty one, overrides $LYNX_TOKEN_FILE */
   if (scan.given & (1ull << G_TOKEN_FILE))
     token_file = g.token_file;
@@ -1490,11 +2190,6 @@ int main(int argc, char **argv) {
     lynx_opts_free(global_tab, &g);
     free(args);
     return EX_USAGE;
-  }
-  if (!strstr(t.api, "://")) {
-    char tmp[sizeof(t.api)];
-    snprintf(tmp, sizeof(tmp), "%s", t.api);
-    snprintf(t.api, sizeof(t.api), "http://%.500s", tmp);
   }
   if (token_file && token_file[0]) {
     char err[320];
