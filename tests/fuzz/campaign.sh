@@ -3,21 +3,32 @@
 # sessions: each libFuzzer harness BIN/fuzz_<name> (default: every one with
 # a corpus in tests/fuzz/corpus/) runs until its ledger holds EXECUTIONS
 # executions, in runs of at most FUZZ_CHUNK seconds (default 600), each
-# resuming from the corpus the earlier runs grew. Stops at the first crash,
-# keeping the input (FUZZ_CAMPAIGN/<name>/crash-*) and the end of its
-# output; a crash becomes a corpus file and a fix (docs/fuzzing.md).
+# resuming from the corpus the earlier runs grew. Stops at the first crash
+# or timeout, keeping the input (FUZZ_CAMPAIGN/<name>/crash-*, timeout-*)
+# and the end of its output; a crash becomes a corpus file and a fix
+# (docs/fuzzing.md).
 #
 # State, outside the tree: FUZZ_CAMPAIGN (default BIN/../fuzz-campaign)
 # holds per harness its grown corpus (seeded from the tree's), and its
 # ledger <name>.ledger, a line per run: "<UTC start> <git rev> <executions>
-# <seconds> <ok|starved|CRASH>" (starved: a timeout whose input, run
-# again alone, took less than 5 s). FUZZ_DEADLINE=UNIX_TIME stops starting runs after
-# that time (a run ends by it too), so a session can give it what it has.
+# <seconds> <ok|starved|TIMEOUT|CRASH>". FUZZ_DEADLINE=UNIX_TIME stops
+# starting runs after that time (a run ends by it too), so a session can
+# give it what it has. FUZZ_TIMEOUT: libFuzzer's -timeout (25 s).
+#
+# Every run is watched (hang-watch.sh): when it ends on a timeout, the
+# stacks of all the hung process's threads, its threads' scheduler times
+# and FZ_RERUNS (100) reruns of the input are kept in
+# FUZZ_CAMPAIGN/<name>/hang-<UTC start>/, and the run is a TIMEOUT, a
+# failure, unless it is shown starved: its threads spent at least half of
+# its last FUZZ_TIMEOUT seconds waiting for a CPU, and the input reran
+# 100 times in time (then "starved", and the campaign goes on). A timeout
+# whose input merely reruns in time is a failure: that is how a race
+# that hangs once in 170,000 inputs (issue 32) looks.
 #
 # At the end a line per harness: "<name>: <total> executions in <runs>
 # runs, <seconds> s: ok" (or "... so far" when short of EXECUTIONS, or
-# CRASH); FUZZ_SUMMARY=FILE appends them to FILE. Exit 0 unless a harness
-# crashed (1).
+# CRASH, or TIMEOUT); FUZZ_SUMMARY=FILE appends them to FILE. Exit 0
+# unless a harness crashed or timed out (1).
 set -uo pipefail
 if (($# < 2)) || ! [[ $2 =~ ^[0-9]+$ ]]; then
   echo "usage: $0 BIN EXECUTIONS [HARNESS...]" >&2
@@ -29,9 +40,12 @@ shift 2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=fuzz-options.sh
 source "$here/fuzz-options.sh"
+# shellcheck source-path=SCRIPTDIR source=hang-watch.sh
+source "$here/hang-watch.sh"
 state=${FUZZ_CAMPAIGN:-$bin/../fuzz-campaign}
 chunk=${FUZZ_CHUNK:-600}
 deadline=${FUZZ_DEADLINE:-0}
+tmo=${FUZZ_TIMEOUT:-25}
 rev=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
 names=("$@")
 if ((${#names[@]} == 0)); then
@@ -61,29 +75,45 @@ for h in "${names[@]}"; do
     left=$((target - $(total_of "$ledger")))
     start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     t0=$(date +%s)
-    (cd "$dir/out" &&
-      "$exe" -runs="$left" -max_total_time="$secs" -print_final_stats=1 \
-        -timeout=25 -rss_limit_mb=4096 -artifact_prefix="$dir/" "${opts[@]}" \
-        "$dir/corpus" >"$dir/log" 2>&1)
+    fz_watched "$dir/out" "$dir/log" "$exe" -runs="$left" \
+      -max_total_time="$secs" -print_final_stats=1 -timeout="$tmo" \
+      -rss_limit_mb=4096 -artifact_prefix="$dir/" "${opts[@]}" "$dir/corpus"
     rc=$?
     execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$dir/log" | tail -n 1)
     result=ok
     ((rc == 0)) || result=CRASH
-    # A timeout whose input, run again alone, ends well within the limit
-    # was the machine's doing (a run starved of CPU beside other work),
-    # not the harness's: "starved", and the campaign goes on.
     if ((rc != 0)) && grep -q 'ERROR: libFuzzer: timeout' "$dir/log"; then
-      art=$(ls -t "$dir"/timeout-* 2>/dev/null | head -n 1)
-      if [[ -n $art ]] && (cd "$dir/out" && timeout 60 "$exe" -timeout=5 \
-        "${opts[@]}" "$art" >"$dir/rerun.log" 2>&1); then
+      # kept whatever the verdict: the run's log, its threads' stacks and
+      # scheduler times, the reruns
+      hang=$dir/hang-$start
+      fz_keep_hang "$dir/log" "$dir" "$hang" "$exe" "$tmo" "${opts[@]}"
+      verdict=$FZ_VERDICT art=$FZ_ART
+      if [[ $verdict == starved:* ]]; then
         result=starved
-        mv "$art" "$dir/out/" # kept, out of the way of the next timeout
+        mv "$art" "$hang/" # kept, out of the way of the next timeout
+      else
+        result=TIMEOUT
       fi
     fi
+    [[ $result == ok ]] && rm -f "$dir/log.stacks" "$dir/log.sched"
     echo "$start $rev ${execs:-0} $(($(date +%s) - t0)) $result" >>"$ledger"
     if [[ $result == starved ]]; then
-      echo "campaign: $h: a timeout, but its input ran in time alone: starved, going on" >&2
+      echo "campaign: $h: a timeout shown starved ($verdict): going on (kept in $hang/)" >&2
       continue
+    fi
+    if [[ $result == TIMEOUT ]]; then
+      echo "---- $h: $verdict"
+      echo "---- input: ${art:-none written}; the run's log, every thread's stacks (log.stacks), scheduler times and reruns: $hang/"
+      if [[ -f $hang/log.stacks ]]; then
+        echo "---- $h: the stacks of every thread of the hung process ($hang/log.stacks) ----"
+        cat "$hang/log.stacks"
+      else
+        echo "---- $h: no stacks were taken (the watcher saw neither the timeout report nor a quiet process)"
+      fi
+      echo "---- $h: the end of libFuzzer's output ----"
+      tail -n 40 "$hang/log"
+      crashed=1
+      break
     fi
     if ((rc != 0)); then
       echo "---- $h: the end of libFuzzer's output (input kept in $dir/) ----"
@@ -97,6 +127,8 @@ for h in "${names[@]}"; do
   tot=$(total_of "$ledger")
   if grep -q CRASH "$ledger"; then
     line="$h: $tot executions in $runs runs, $secs s: CRASH"
+  elif grep -q TIMEOUT "$ledger"; then
+    line="$h: $tot executions in $runs runs, $secs s: TIMEOUT"
   elif ((tot >= target)); then
     line="$h: $tot executions in $runs runs, $secs s: ok"
   else
