@@ -187,6 +187,8 @@ static void send_register(struct coord_link *l) {
   Lynx__AccelInfo **ap = calloc(ag->n_acc, sizeof(*ap));
   /* per accelerator, the apps it runs (pointers to the app table's names) */
   char *(*apps)[LYNX_APPS_MAX] = calloc(ag->n_acc + 1, sizeof(*apps));
+  char *(*app_backends)[LYNX_APPS_MAX] =
+      calloc(ag->n_acc + 1, sizeof(*app_backends));
   size_t n_inst = 0;
   Lynx__InstanceInfo *ii;
   Lynx__InstanceInfo **ip;
@@ -201,7 +203,7 @@ static void send_register(struct coord_link *l) {
   ip = calloc(n_inst + 1, sizeof(*ip));
   rd = calloc(n_inst + 1, sizeof(*rd));
   locs = calloc(n_inst + 1, sizeof(*locs));
-  if (!acc || !ap || !apps || !ii || !ip || !rd || !locs) {
+  if (!acc || !ap || !apps || !app_backends || !ii || !ip || !rd || !locs) {
     lynx_ctl_close(l->d.ctl, "out of memory building Register");
     goto out;
   }
@@ -232,9 +234,15 @@ static void send_register(struct coord_link *l) {
       const struct lynx_app *app = lynx_app_at(k);
       if (!a->info.ops->runs_app(app))
         continue;
+      /* and the back end it calls, so that a service without it is refused
+       * at creation rather than failing here at every start */
+      app_backends[i][acc[i].n_apps] =
+          (char *)(app->needs_backend ? app->needs_backend : "");
       apps[i][acc[i].n_apps++] = (char *)app->name;
     }
     acc[i].apps = apps[i];
+    acc[i].n_app_backends = acc[i].n_apps;
+    acc[i].app_backends = app_backends[i];
     ap[i] = &acc[i];
   }
   n_inst = 0;
@@ -267,6 +275,7 @@ out:
   free(acc);
   free(ap);
   free(apps);
+  free(app_backends);
   free(ii);
   free(ip);
   free(rd);

@@ -527,7 +527,8 @@ int main(int argc, char **argv) {
   lynx_guard_init(&ag.ctl_guard, ag.cfg.ctl_conn_max, ag.cfg.ctl_unauth_max,
                   ag.cfg.ctl_unauth_per_client);
   if (ag.cfg.metrics &&
-      lynx_prom_start(ag.cfg.metrics, write_metrics, &ag, &ag.metrics))
+      lynx_prom_start(ag.cfg.metrics, "lynx_agent_metrics", write_metrics,
+                      &ag, &ag.metrics))
     goto out_acc; /* the reason, with the address, is on stderr */
   {
     const struct lynx_transport_opts topts = {
@@ -580,10 +581,13 @@ int main(int argc, char **argv) {
       snprintf(counts + len, sizeof(counts) - len, "%s%u %s",
                b ? " and " : "", n, backends[b]->noun);
     }
-    LYNX_INFO("agent", "%s: epoch %llu, %s accelerators, %s; "
-              "serving descriptors on %s; transport %s%s%s; config %s",
+    /* static mode serves its descriptors to frontends itself; under a
+     * coordinator they go to it with the registration */
+    LYNX_INFO("agent", "%s: epoch %llu, %s accelerators, %s %s; "
+              "transport %s%s%s; config %s",
               ag.node_id, (unsigned long long)ag.epoch, counts,
-              app ? "static mode" : "coordinator mode",
+              app ? "static mode: serving descriptors on"
+                  : "coordinator mode: registering its descriptors with",
               app ? ag.cfg.listen : ag.cfg.coordinator, ag.tops->name,
               ag.data_bound[0] ? " on " : "", ag.data_bound,
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));

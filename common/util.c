@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -234,4 +235,20 @@ int lynx_fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
     va_end(ap);
   }
   return rc;
+}
+
+unsigned long lynx_raise_nofile(unsigned long need) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl))
+    return 1024; /* cannot happen; the usual soft limit */
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    struct rlimit up = rl;
+    up.rlim_cur = need;
+    if (rl.rlim_max != RLIM_INFINITY && up.rlim_cur > rl.rlim_max)
+      up.rlim_cur = rl.rlim_max;
+    if (up.rlim_cur > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &up) == 0)
+      rl = up;
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? (unsigned long)-1
+                                      : (unsigned long)rl.rlim_cur;
 }

@@ -109,4 +109,8 @@ int lynx_read_token(const char *path, char **out, char *err, size_t errlen);
 int lynx_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Raises RLIMIT_NOFILE's soft limit to need (at most the hard limit; never
+ * lowers it) and returns the soft limit in force afterwards. */
+unsigned long lynx_raise_nofile(unsigned long need);
+
 #endif

@@ -57,12 +57,24 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
     accels[i].rdma_writes_ordering = ai->rdma_writes_ordering;
     /* an app name no agent could run is dropped, not refused: placement
      * only ever compares names the API took */
+    /* (app_backends[k] belongs to apps[k]: both lists, or neither, are
+     * taken; a back-end name no service could give is dropped with its
+     * app, as placement compares only names the API took) */
+    accels[i].has_app_backends = ai->n_app_backends == ai->n_apps;
     for (size_t k = 0; k < ai->n_apps && accels[i].n_apps < LYNX_APPS_MAX;
-         k++)
-      if (ai->apps[k] && strlen(ai->apps[k]) < LYNX_APP_NAME_MAX &&
-          lynx_text_ok(ai->apps[k], strlen(ai->apps[k])))
-        snprintf(accels[i].apps[accels[i].n_apps++], LYNX_APP_NAME_MAX, "%s",
-                 ai->apps[k]);
+         k++) {
+      const char *be = accels[i].has_app_backends && ai->app_backends[k]
+                           ? ai->app_backends[k]
+                           : "";
+      if (!ai->apps[k] || strlen(ai->apps[k]) >= LYNX_APP_NAME_MAX ||
+          !lynx_text_ok(ai->apps[k], strlen(ai->apps[k])) ||
+          strlen(be) >= LYNX_BACKEND_NAME_MAX || !lynx_text_ok(be, strlen(be)))
+        continue;
+      snprintf(accels[i].app_backends[accels[i].n_apps], LYNX_BACKEND_NAME_MAX,
+               "%s", be);
+      snprintf(accels[i].apps[accels[i].n_apps++], LYNX_APP_NAME_MAX, "%s",
+               ai->apps[k]);
+    }
   }
   a = calloc(m->n_instances + 1, sizeof(*a));
   if (!a) {

@@ -2,10 +2,19 @@
  * http.c - the coordinator's operator API: JSON over HTTP (libmicrohttpd,
  * json-c). docs/api.md is the reference; this file is the implementation.
  *
- * Threads: libmicrohttpd runs one thread per connection (so GET /v1/watch
- * can block on c->changed without holding up anyone else). Every handler
- * takes c->lock around registry access, encodes what it needs into json-c
- * objects under the lock, and renders and sends them after releasing it.
+ * Threads: libmicrohttpd polls every connection on one thread (epoll), so
+ * an open connection costs a socket, not a thread. That thread answers
+ * what can never wait (/healthz, /readyz, the console's files, refusals
+ * decided from the headers) itself; every other request, once whole, is
+ * deferred: its connection is suspended and the request queued for a
+ * worker (READ_WORKERS for reads, one for changes, so that a change
+ * waiting on etcd holds up no read), which runs the handler and resumes
+ * the connection; the server's thread then sends the answer. A
+ * GET /v1/watch that has to wait is parked among the watchers instead,
+ * still suspended, and the watch thread answers it when the registry's
+ * version moves, its time is up, or its place is wanted (below). Every
+ * handler takes c->lock around registry access, encodes what it needs
+ * into json-c objects under the lock, and renders it after releasing it.
  *
  * A request goes through on_request() several times:
  *   1. headers received: the route is resolved (404 / 405), mutating calls
@@ -15,7 +24,8 @@
  *      grows past body_max nothing more of it is kept: the 413 goes out at
  *      its end, or the connection is closed if it goes on for more than
  *      DISCARD_MAX bytes (libmicrohttpd 0.9 takes no answer mid-upload);
- *   3. end of request: the route's handler runs and its answer is queued.
+ *   3. end of request: the route's handler runs (here, or deferred) and
+ *      its answer is queued.
  *      A body is parsed by json-c, then checked by jansson for a key that
  *      appears twice in an object (jsondup.h), then decoded.
  * The per-request state (struct http_req) is freed in on_completed(), which
@@ -25,27 +35,19 @@
  * that fits; every response body ends with a newline. Bad input never
  * asserts or exits: it gets a 4xx.
  *
- * Connections (slow or greedy clients): a thread per connection makes every
- * open connection cost a thread, and libmicrohttpd's own timeout only
- * measures idleness, which a client that trickles one byte at a time never
- * shows. So besides the total cap (c->http_conn_max, MHD_OPTION_
- * CONNECTION_LIMIT: above it new connections wait in the listen backlog):
- *   - a per-client cap: the accept policy callback counts the open
- *     connections of the same source address and refuses one more;
- *   - deadlines: each connection is tracked from libmicrohttpd's STARTED
- *     notification to its CLOSED one (struct api_conn). A request's headers
- *     must be whole within http_header_timeout_ms of the connection's start
- *     or of the previous request's end, its body within
- *     http_body_timeout_ms of its headers; a request being handled or
- *     answered (a watch waits up to WATCH_MAX_MS) has no deadline. A reaper
- *     thread shutdown()s the socket of a connection past its deadline; the
- *     connection's thread then sees the end of the stream and libmicrohttpd
- *     closes it as usual. The reaper holds conns_lock while it touches the
- *     fd, and the CLOSED notification takes conns_lock to unlink the
- *     connection; libmicrohttpd closes the fd only after that notification
- *     returns (MHD_cleanup_connections in 0.9.75), so a tracked fd is never
- *     one the kernel has given to someone else.
- * Refusals and timeouts are counted for /metrics.
+ * Connections (slow, stuck or leaking clients, httpconn.h): at most
+ * --http-conn-max open, --http-conn-per-client from one address; past
+ * either, a new connection takes the place of the oldest that has not
+ * completed its request (then of the oldest parked watch, answered with
+ * the current version and closed), and is refused only when every one
+ * is being answered. A request's headers are due within
+ * --http-header-timeout-ms of the connection's start or the previous
+ * answer, its body within --http-body-timeout-ms of its headers; a
+ * request being handled, answered or watched has no deadline. So the
+ * operator's own address, shared by every local client, is always
+ * served: a well-formed request completes within milliseconds and is
+ * never the oldest incomplete one.
+ * Sheds, refusals and timeouts are counted for /metrics.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -61,9 +63,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "coord.h"
 #include "frame.h"
+#include "httpconn.h"
 #include "jsondup.h"
 #include "log.h"
 #include "prom.h"
@@ -78,12 +82,11 @@
 #define WATCH_DEFAULT_MS 30000 /* GET /v1/watch without timeout_ms */
 #define WATCH_MAX_MS 60000     /* longest a watch may block */
 #define CONN_TIMEOUT_S 90      /* idle connection timeout (> WATCH_MAX_MS) */
-/* defaults of the connection limits (coord.h: 0 takes these) */
-#define CONN_MAX_DEFAULT 256        /* open connections (one thread each) */
-#define CONN_PER_CLIENT_DEFAULT 32  /* open connections per source address */
-#define HEADER_TIMEOUT_MS_DEFAULT 10000
-#define BODY_TIMEOUT_MS_DEFAULT 30000
-#define REAPER_IDLE_MS 1000 /* the reaper's longest sleep */
+/* the connection limits' defaults are httpconn.h's (coord.h: 0 takes them) */
+#define READ_WORKERS 2 /* threads that answer deferred reads */
+#define WATCH_IDLE_MS 1000 /* the watch thread's longest sleep */
+#define STOP_WAIT_MS 2000  /* how long a stop waits for resumed answers */
+enum { QUEUE_READ, QUEUE_CHANGE, QUEUE_N };
 #define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413  \
                                 */
 
@@ -118,51 +121,35 @@ struct page_cache {
   int oom;
 };
 
-/* Where a connection stands, for its deadline. */
-enum conn_phase {
-  PHASE_HEADERS, /* waiting for a request's headers (deadline) */
-  PHASE_BODY,    /* reading a request's body (deadline) */
-  PHASE_BUSY,    /* the request is in: handled, then answered (none) */
-};
-
-/* A client's address, as the per-client cap compares it (lynx_addr_key:
- * an IPv4-mapped IPv6 address is its IPv4 address). */
-struct client_key {
-  int valid; /* 0: not an IP peer (never capped) */
-  uint8_t addr[16];
-};
-
-/* One API connection, from libmicrohttpd's STARTED notification to its
- * CLOSED one (its socket context). Fields under http.conns_lock. */
-struct api_conn {
-  int fd;
-  struct client_key key;
-  enum conn_phase phase;
-  uint64_t deadline_ns; /* PHASE_HEADERS / PHASE_BODY (CLOCK_MONOTONIC) */
-  int reaped;           /* its socket was shut down */
-  struct api_conn *next, **pprev;
+/* A queue of requests for the workers (deferred, see the top). */
+struct job_queue {
+  struct http_req *head, **tail;
+  pthread_cond_t wake; /* with http.work_lock */
 };
 
 /* The server's private state; c->http points at it. */
 struct http {
   struct lynx_coord *c;
   struct MHD_Daemon *d;
-  int stopping; /* under c->lock: watchers return at once */
+  struct lynx_hc *hc; /* connection caps, shedding, deadlines */
+  int stopping; /* atomic: nothing more is deferred, watchers answer */
   struct list_cache cache[CACHE_N]; /* under c->lock */
   struct page_cache pages[PAGES_N];  /* under c->lock */
-  /* effective connection limits (coord.h's, defaults applied) */
-  unsigned conn_max, conn_per_client;
-  uint64_t header_timeout_ms, body_timeout_ms;
-  /* the open connections and the reaper (see the top of the file) */
-  pthread_mutex_t conns_lock;
-  pthread_cond_t reaper_wake; /* CLOCK_MONOTONIC waits */
-  pthread_t reaper;
-  int reaper_running, reaper_stop;
-  struct api_conn *conns;
-  unsigned n_conns;
-  uint64_t reap_at_ns; /* when the reaper wakes next (earliest deadline) */
-  /* /metrics, under conns_lock */
-  uint64_t refused_per_client, timeouts_header, timeouts_body;
+  /* the workers and their queues (reads, changes) */
+  pthread_mutex_t work_lock;
+  struct job_queue q[QUEUE_N];
+  pthread_t workers[READ_WORKERS + 1];
+  unsigned n_workers;
+  int workers_stop;      /* under work_lock */
+  unsigned n_suspended;  /* under work_lock: suspended, not yet resumed */
+  pthread_cond_t resumed; /* with work_lock: n_suspended went down */
+  /* the watchers (GET /v1/watch waiting for news), under c->lock, and the
+   * thread that answers them */
+  struct http_req *watchers;
+  unsigned n_watchers;
+  uint64_t watch_at_ns; /* when the watch thread wakes next */
+  pthread_t watch_thread;
+  int watch_running;
 };
 
 struct http_req;
@@ -173,6 +160,7 @@ struct route {
   const char *method;
   const char *pattern; /* "/v1/nodes/{id}/drain": {x} matches one segment */
   handler_fn fn;
+  int now; /* answered on the server's thread: takes no lock that may wait */
 };
 
 struct http_req {
@@ -189,6 +177,17 @@ struct http_req {
   int answered; /* a response was queued */
   int pending;  /* *early waits for the end of a request without body */
   struct http_out *early;
+  /* deferred (see the top): the answer a worker or the watch thread made,
+   * queued by the server's thread when it resumes the connection */
+  struct http_out *result;
+  int done;     /* result is ready */
+  int close;    /* closed after the answer (a watch shed at a cap) */
+  int parked;   /* a watcher: the watch thread answers it */
+  uint64_t since, watch_deadline_ns; /* a watcher's */
+  /* a follower that knows of no leader reads its services: the reason the
+   * runtime fields are unknown ("": a coordinator that knows them) */
+  char unknown[512];
+  struct http_req *next; /* in a job queue, or among the watchers */
 };
 
 struct http_out {
@@ -671,7 +670,7 @@ static void h_mqueues(struct http_req *rq, struct http_out *out) {
 static void h_services(struct http_req *rq, struct http_out *out) {
   struct json_object *j;
   pthread_mutex_lock(&rq->c->lock);
-  j = lynx_json_services(&rq->c->reg);
+  j = lynx_json_services(&rq->c->reg, rq->unknown[0] ? rq->unknown : NULL);
   pthread_mutex_unlock(&rq->c->lock);
   reply_encoded(out, 200, j);
 }
@@ -682,7 +681,7 @@ static void h_service(struct http_req *rq, struct http_out *out) {
   pthread_mutex_lock(&rq->c->lock);
   s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
   if (s)
-    j = lynx_json_service(&rq->c->reg, s);
+    j = lynx_json_service(&rq->c->reg, s, rq->unknown[0] ? rq->unknown : NULL);
   pthread_mutex_unlock(&rq->c->lock);
   if (!s)
     reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
@@ -721,7 +720,8 @@ struct metrics_snap {
   uint64_t lease_ms;
   uint64_t n_nodes;
   struct metrics_node *nodes_v; /* n_nodes entries, or NULL (no memory) */
-  uint64_t api_conns, api_refused, api_timeouts[2]; /* header, body */
+  struct lynx_hc_stats api; /* the API's connections */
+  unsigned api_watches;     /* parked watches */
   uint64_t nodes[4];
   uint64_t accels, requests, responses;
   uint64_t services, frontends, frontends_active;
@@ -870,13 +870,9 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
   m.suspect_ms = lynx_reg_suspect_ms(r);
   m.unsure_refusals = __atomic_load_n(&rq->c->unsure_refusals,
                                       __ATOMIC_RELAXED);
+  m.api_watches = rq->h->n_watchers;
   pthread_mutex_unlock(&rq->c->lock);
-  pthread_mutex_lock(&rq->h->conns_lock);
-  m.api_conns = rq->h->n_conns;
-  m.api_refused = rq->h->refused_per_client;
-  m.api_timeouts[0] = rq->h->timeouts_header;
-  m.api_timeouts[1] = rq->h->timeouts_body;
-  pthread_mutex_unlock(&rq->h->conns_lock);
+  lynx_hc_stats(rq->h->hc, &m.api);
 
   f = open_memstream(&buf, &len);
   if (!f) {
@@ -982,31 +978,11 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
           "Instances released by a live frontend (it answered what it held "
           "on them, or the drain timeout passed) to go to another.",
           m.fe_moves);
-  GAUGE("lynx_coordinator_api_connections",
-        "Open connections to the JSON API (this scrape's included).",
-        m.api_conns);
-  lynx_prom_family(f, "lynx_coordinator_api_connections_refused_total",
-                   "counter",
-                   "API connections closed at once because their client "
-                   "address had --http-conn-per-client open.");
-  lynx_prom_u64(f, "lynx_coordinator_api_connections_refused_total",
-                (const struct lynx_prom_label[]){{"reason", "per_client"},
-                                                 {NULL, NULL}},
-                m.api_refused);
-  lynx_prom_family(f, "lynx_coordinator_api_connections_timed_out_total",
-                   "counter",
-                   "API connections closed because a request's headers (from "
-                   "the connection's start or the previous answer) or body "
-                   "took longer than --http-header-timeout-ms / "
-                   "--http-body-timeout-ms.");
-  lynx_prom_u64(f, "lynx_coordinator_api_connections_timed_out_total",
-                (const struct lynx_prom_label[]){{"phase", "header"},
-                                                 {NULL, NULL}},
-                m.api_timeouts[0]);
-  lynx_prom_u64(f, "lynx_coordinator_api_connections_timed_out_total",
-                (const struct lynx_prom_label[]){{"phase", "body"},
-                                                 {NULL, NULL}},
-                m.api_timeouts[1]);
+  lynx_hc_metrics(f, "lynx_coordinator_api", "--http", &m.api);
+  GAUGE("lynx_coordinator_api_watches",
+        "GET /v1/watch long polls waiting for a change (each holds a "
+        "connection, no thread).",
+        m.api_watches);
 #undef GAUGE
 #undef COUNTER
 #undef ONE
@@ -1029,14 +1005,21 @@ static void h_metrics(struct http_req *rq, struct http_out *out) {
 
 /* ---- /v1/watch ---------------------------------------------------------- */
 
+/* GET /v1/watch[?since=V[&timeout_ms=T]]: the registry version, at once
+ * without since or when it is no longer since (a version below since
+ * comes from a restarted coordinator: answered at once too, so that the
+ * client resynchronises instead of waiting for a number it may never see
+ * again); else when it changes or after T ms (WATCH_DEFAULT_MS, at most
+ * WATCH_MAX_MS). A waiting watch holds no thread: it is parked among the
+ * watchers, its connection suspended, and the watch thread answers it. */
 static void h_watch(struct http_req *rq, struct http_out *out) {
   struct lynx_coord *c = rq->c;
+  struct http *h = rq->h;
   const char *s_since =
       MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "since");
   const char *s_to = MHD_lookup_connection_value(
       rq->conn, MHD_GET_ARGUMENT_KIND, "timeout_ms");
   uint64_t since = 0, timeout = WATCH_DEFAULT_MS, v;
-  struct timespec deadline;
   struct json_object *j;
 
   if (s_since && lynx_parse_u64(s_since, 0, UINT64_MAX, &since)) {
@@ -1055,33 +1038,98 @@ static void h_watch(struct http_req *rq, struct http_out *out) {
   }
   if (timeout > WATCH_MAX_MS)
     timeout = WATCH_MAX_MS;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += (time_t)(timeout / 1000);
-  deadline.tv_nsec += (long)(timeout % 1000) * 1000000L;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
 
   pthread_mutex_lock(&c->lock);
-  /* Without since: answer the current version at once. A version below
-   * since comes from a restarted coordinator: answer at once too, so the
-   * client resynchronises instead of waiting for a number it may never
-   * see again. pthread_cond_clockwait measures on CLOCK_MONOTONIC whatever
-   * clock the condition variable was created with. */
-  while (s_since && c->reg.version == since && !rq->h->stopping) {
-    int rc = pthread_cond_clockwait(&c->changed, &c->lock, CLOCK_MONOTONIC,
-                                    &deadline);
-    if (rc == ETIMEDOUT)
-      break;
+  /* stopping is set under c->lock before the watch thread is told to end,
+   * so no watcher is parked after it ended */
+  if (s_since && c->reg.version == since &&
+      !__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE) && rq->result) {
+    rq->since = since;
+    rq->watch_deadline_ns = lynx_now_ns() + timeout * 1000000u;
+    rq->parked = 1;
+    rq->next = h->watchers;
+    h->watchers = rq;
+    h->n_watchers++;
+    lynx_hc_phase(h->hc, rq->conn, LYNX_HC_WAIT);
+    if (rq->watch_deadline_ns < h->watch_at_ns)
+      pthread_cond_broadcast(&c->changed); /* the watch thread, sooner */
+    pthread_mutex_unlock(&c->lock);
+    return;
   }
   v = c->reg.version;
   pthread_mutex_unlock(&c->lock);
-
   j = json_object_new_object();
   if (j)
     json_object_object_add(j, "version", json_object_new_uint64(v));
   reply_encoded(out, 200, j);
+}
+
+static void resume(struct http *h, struct http_req *rq);
+
+/* The watch thread: answers every parked watcher whose version moved,
+ * whose time is up or whose connection was shed at a cap (closed after
+ * its answer), and all of them once the server stops. It sleeps on
+ * c->changed, which every change of the registry's version broadcasts,
+ * until the earliest deadline (at most WATCH_IDLE_MS). */
+static void *watch_main(void *arg) {
+  struct http *h = arg;
+  struct lynx_coord *c = h->c;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    int stop = __atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE);
+    uint64_t now = lynx_now_ns(), next = now + WATCH_IDLE_MS * 1000000ull;
+    struct http_req *ready = NULL, **pp = &h->watchers;
+    struct timespec ts;
+    while (*pp) {
+      struct http_req *w = *pp;
+      int shed = lynx_hc_was_shed(h->hc, w->conn);
+      if (stop || shed || c->reg.version != w->since ||
+          now >= w->watch_deadline_ns) {
+        struct json_object *j = json_object_new_object();
+        if (j)
+          json_object_object_add(j, "version",
+                                 json_object_new_uint64(c->reg.version));
+        reply_encoded(w->result, 200, j);
+        w->close = shed;
+        h->n_watchers--;
+        *pp = w->next;
+        w->next = ready;
+        ready = w;
+        continue;
+      }
+      if (w->watch_deadline_ns < next)
+        next = w->watch_deadline_ns;
+      pp = &w->next;
+    }
+    h->watch_at_ns = next;
+    if (ready) {
+      /* resumed without c->lock: libmicrohttpd's own lock comes after */
+      pthread_mutex_unlock(&c->lock);
+      while (ready) {
+        struct http_req *w = ready;
+        ready = w->next;
+        resume(h, w);
+      }
+      pthread_mutex_lock(&c->lock);
+      continue; /* watchers parked meanwhile are looked at */
+    }
+    if (stop)
+      break;
+    ts.tv_sec = (time_t)(next / 1000000000u);
+    ts.tv_nsec = (long)(next % 1000000000u);
+    pthread_cond_clockwait(&c->changed, &c->lock, CLOCK_MONOTONIC, &ts);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+/* The connection tracker shed watchers at a cap (httpconn.h: the
+ * server's thread, no lock held): the watch thread answers them now. */
+static void watch_wake(void *arg) {
+  struct http *h = arg;
+  pthread_mutex_lock(&h->c->lock);
+  pthread_cond_broadcast(&h->c->changed);
+  pthread_mutex_unlock(&h->c->lock);
 }
 
 /* GET /v1/events?since=S&limit=N: the kept events with seq >= S, oldest
@@ -1326,7 +1374,7 @@ static void h_service_create(struct http_req *rq, struct http_out *out) {
                 "service %s created (%s on port %u)", spec.name, spec.app,
                 (unsigned)spec.port);
     lynx_coord_changed(rq->c);
-    j = lynx_json_service(&rq->c->reg, s);
+    j = lynx_json_service(&rq->c->reg, s, NULL);
   }
   change_end(rq);
   if (rc) {
@@ -1386,7 +1434,7 @@ static void h_service_delete(struct http_req *rq, struct http_out *out) {
   }
   /* services change only under change_lock: still there */
   s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
-  j = s ? lynx_json_service(&rq->c->reg, s) : NULL;
+  j = s ? lynx_json_service(&rq->c->reg, s, NULL) : NULL;
   rc = lynx_reg_service_delete(&rq->c->reg, rq->params[0], lynx_coord_now_ms(),
                                &err);
   if (rc == 0)
@@ -1516,27 +1564,27 @@ static void h_node_forget(struct http_req *rq, struct http_out *out) {
 /* ---- routing ------------------------------------------------------------ */
 
 static const struct route routes[] = {
-    {"GET", "/healthz", h_healthz},
-    {"GET", "/readyz", h_readyz},
-    {"GET", "/metrics", h_metrics},
-    {"GET", "/v1/nodes", h_nodes},
-    {"GET", "/v1/nodes/{id}", h_node},
-    {"DELETE", "/v1/nodes/{id}", h_node_forget},
-    {"POST", "/v1/nodes/{id}/drain", h_node_drain},
-    {"POST", "/v1/nodes/{id}/undrain", h_node_undrain},
-    {"GET", "/v1/accelerators", h_accels},
-    {"GET", "/v1/mqueues", h_mqueues},
-    {"GET", "/v1/services", h_services},
-    {"POST", "/v1/services", h_service_create},
-    {"GET", "/v1/services/{name}", h_service},
-    {"DELETE", "/v1/services/{name}", h_service_delete},
-    {"GET", "/v1/frontends", h_frontends},
-    {"POST", "/v1/frontends/{id}/drain", h_frontend_drain},
-    {"POST", "/v1/frontends/{id}/undrain", h_frontend_undrain},
-    {"GET", "/v1/watch", h_watch},
-    {"GET", "/v1/events", h_events},
-    {"GET", "/ui/", h_ui},
-    {"GET", "/ui/{file}", h_ui},
+    {"GET", "/healthz", h_healthz, 1},
+    {"GET", "/readyz", h_readyz, 1},
+    {"GET", "/metrics", h_metrics, 0},
+    {"GET", "/v1/nodes", h_nodes, 0},
+    {"GET", "/v1/nodes/{id}", h_node, 0},
+    {"DELETE", "/v1/nodes/{id}", h_node_forget, 0},
+    {"POST", "/v1/nodes/{id}/drain", h_node_drain, 0},
+    {"POST", "/v1/nodes/{id}/undrain", h_node_undrain, 0},
+    {"GET", "/v1/accelerators", h_accels, 0},
+    {"GET", "/v1/mqueues", h_mqueues, 0},
+    {"GET", "/v1/services", h_services, 0},
+    {"POST", "/v1/services", h_service_create, 0},
+    {"GET", "/v1/services/{name}", h_service, 0},
+    {"DELETE", "/v1/services/{name}", h_service_delete, 0},
+    {"GET", "/v1/frontends", h_frontends, 0},
+    {"POST", "/v1/frontends/{id}/drain", h_frontend_drain, 0},
+    {"POST", "/v1/frontends/{id}/undrain", h_frontend_undrain, 0},
+    {"GET", "/v1/watch", h_watch, 0},
+    {"GET", "/v1/events", h_events, 0},
+    {"GET", "/ui/", h_ui, 1},
+    {"GET", "/ui/{file}", h_ui, 1},
 };
 
 /* Does url match pattern? Captures {..} segments into params (non-empty,
@@ -1672,183 +1720,89 @@ static int authorise(struct http_req *rq, struct http_out *out) {
   return 0;
 }
 
-/* ---- connections: per-client cap and deadlines ------------------------- */
+/* ---- deferred requests --------------------------------------------------- */
 
-static void client_key_of(const struct sockaddr *sa, struct client_key *k) {
-  k->valid = lynx_addr_key(sa, k->addr) == 0;
-}
-
-static const char *client_key_str(const struct client_key *k, char *buf,
-                                  socklen_t len) {
-  if (!k->valid) {
-    snprintf(buf, len, "?");
-    return buf;
-  }
-  return lynx_addr_key_str(k->addr, buf, len);
-}
-
-/* Sets a's deadline timeout_ms from now (conns_lock held) and wakes the
- * reaper when it comes before the reaper's next wake-up. Nanoseconds, so
- * that no rounding lets a deadline pass early. */
-static void conn_deadline(struct http *h, struct api_conn *a,
-                          uint64_t timeout_ms) {
-  a->deadline_ns = lynx_now_ns() + timeout_ms * 1000000u;
-  if (a->deadline_ns < h->reap_at_ns) {
-    h->reap_at_ns = a->deadline_ns;
-    pthread_cond_signal(&h->reaper_wake);
-  }
-}
-
-/* Moves conn's connection to phase ph; entering PHASE_HEADERS or
- * PHASE_BODY starts that phase's deadline now. Any thread. */
+/* Moves conn's connection to phase ph (httpconn.h). */
 static void conn_phase(struct http *h, struct MHD_Connection *conn,
-                       enum conn_phase ph) {
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-  struct api_conn *a = ci ? ci->socket_context : NULL;
-  if (!a)
-    return;
-  pthread_mutex_lock(&h->conns_lock);
-  if (a->phase != ph) {
-    a->phase = ph;
-    if (ph != PHASE_BUSY)
-      conn_deadline(h, a,
-                    ph == PHASE_HEADERS ? h->header_timeout_ms
-                                        : h->body_timeout_ms);
-  }
-  pthread_mutex_unlock(&h->conns_lock);
+                       enum lynx_hc_phase ph) {
+  lynx_hc_phase(h->hc, conn, ph);
 }
 
-/* The accept policy (libmicrohttpd's listening thread, before STARTED):
- * refuses a connection from an address that already has conn_per_client
- * open. The count is exact: this thread is also the one that adds
- * connections (STARTED) right after it accepts them. */
-static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
-                                 socklen_t addrlen) {
-  struct http *h = cls;
-  struct client_key k;
-  unsigned n = 0;
-  char ip[INET6_ADDRSTRLEN];
-  if (!addr || addrlen < (socklen_t)sizeof(struct sockaddr_in) ||
-      (addr->sa_family == AF_INET6 &&
-       addrlen < (socklen_t)sizeof(struct sockaddr_in6)))
-    return MHD_YES; /* not an IP peer: nothing to count it by */
-  client_key_of(addr, &k);
-  if (!k.valid)
-    return MHD_YES;
-  pthread_mutex_lock(&h->conns_lock);
-  for (const struct api_conn *a = h->conns; a; a = a->next)
-    if (a->key.valid && !memcmp(a->key.addr, k.addr, 16))
-      n++;
-  if (n < h->conn_per_client) {
-    pthread_mutex_unlock(&h->conns_lock);
-    return MHD_YES;
-  }
-  h->refused_per_client++;
-  pthread_mutex_unlock(&h->conns_lock);
-  LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
-              "refused an API connection from %s: it has %u open, the "
-              "per-client cap (--http-conn-per-client)",
-              client_key_str(&k, ip, sizeof(ip)), n);
-  return MHD_NO;
+/* rq's answer is in rq->result: the server's thread queues it once it
+ * resumes the connection (it calls on_request again). Any thread. */
+static void resume(struct http *h, struct http_req *rq) {
+  (void)h;
+  if (!rq->result->json && !rq->result->text)
+    reply_err(rq->result, 500, "internal", "handler produced no answer");
+  __atomic_store_n(&rq->done, 1, __ATOMIC_RELEASE);
+  MHD_resume_connection(rq->conn);
 }
 
-/* STARTED (listening thread): the connection is tracked, its header
- * deadline runs. CLOSED (listening thread, before libmicrohttpd closes the
- * fd): it is forgotten. */
-static void on_connection(void *cls, struct MHD_Connection *conn,
-                          void **socket_context,
-                          enum MHD_ConnectionNotificationCode code) {
-  struct http *h = cls;
-  struct api_conn *a;
-  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-    const union MHD_ConnectionInfo *fd =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    const union MHD_ConnectionInfo *ad =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (!fd) /* cannot happen in 0.9.75; nothing to enforce a deadline on */
-      return;
-    a = calloc(1, sizeof(*a));
-    if (!a) {
-      /* an untracked connection would escape every deadline: end it (its
-       * fd is valid during this notification) */
-      LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
-                  "out of memory tracking an API connection: closed");
-      shutdown(fd->connect_fd, SHUT_RDWR);
-      return;
-    }
-    a->fd = fd->connect_fd;
-    client_key_of(ad ? ad->client_addr : NULL, &a->key);
-    a->phase = PHASE_HEADERS;
-    pthread_mutex_lock(&h->conns_lock);
-    a->next = h->conns;
-    if (h->conns)
-      h->conns->pprev = &a->next;
-    a->pprev = &h->conns;
-    h->conns = a;
-    h->n_conns++;
-    conn_deadline(h, a, h->header_timeout_ms);
-    pthread_mutex_unlock(&h->conns_lock);
-    *socket_context = a;
-    return;
-  }
-  a = *socket_context;
-  if (!a)
-    return;
-  pthread_mutex_lock(&h->conns_lock);
-  *a->pprev = a->next;
-  if (a->next)
-    a->next->pprev = a->pprev;
-  h->n_conns--;
-  pthread_mutex_unlock(&h->conns_lock);
-  free(a);
-  *socket_context = NULL;
-}
+/* A worker: answers the requests of its queue, one at a time, until the
+ * server stops and the queue is empty. A request queued while the server
+ * stops is answered 503 rather than run. */
+struct worker {
+  struct http *h;
+  int queue;
+};
 
-/* Shuts down every connection past its deadline, then sleeps until the
- * earliest deadline left (at most REAPER_IDLE_MS, or until woken). */
-static void *reaper_main(void *arg) {
-  struct http *h = arg;
-  char ip[INET6_ADDRSTRLEN];
-  pthread_mutex_lock(&h->conns_lock);
-  while (!h->reaper_stop) {
-    uint64_t now = lynx_now_ns(), next = now + REAPER_IDLE_MS * 1000000ull;
-    struct timespec ts;
-    for (struct api_conn *a = h->conns; a; a = a->next) {
-      int header;
-      if (a->phase == PHASE_BUSY || a->reaped)
-        continue;
-      if (a->deadline_ns > now) {
-        if (a->deadline_ns < next)
-          next = a->deadline_ns;
-        continue;
-      }
-      /* a is linked, so its CLOSED notification has not run and its fd is
-       * still its own (see the top of the file) */
-      shutdown(a->fd, SHUT_RDWR);
-      a->reaped = 1;
-      header = a->phase == PHASE_HEADERS;
-      if (header)
-        h->timeouts_header++;
-      else
-        h->timeouts_body++;
-      LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
-                  "closed an API connection from %s: its request's %s took "
-                  "longer than %llu ms (--http-%s-timeout-ms)",
-                  client_key_str(&a->key, ip, sizeof(ip)),
-                  header ? "headers" : "body",
-                  (unsigned long long)(header ? h->header_timeout_ms
-                                              : h->body_timeout_ms),
-                  header ? "header" : "body");
-    }
-    h->reap_at_ns = next;
-    ts.tv_sec = (time_t)(next / 1000000000u);
-    ts.tv_nsec = (long)(next % 1000000000u);
-    pthread_cond_clockwait(&h->reaper_wake, &h->conns_lock, CLOCK_MONOTONIC,
-                           &ts);
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  struct http *h = w->h;
+  struct job_queue *q = &h->q[w->queue];
+  pthread_mutex_lock(&h->work_lock);
+  for (;;) {
+    struct http_req *rq;
+    while (!q->head && !h->workers_stop)
+      pthread_cond_wait(&q->wake, &h->work_lock);
+    if (!q->head)
+      break;
+    rq = q->head;
+    q->head = rq->next;
+    if (!q->head)
+      q->tail = &q->head;
+    rq->next = NULL;
+    pthread_mutex_unlock(&h->work_lock);
+    if (__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE))
+      reply_err(rq->result, 503, "shutting_down",
+                "the coordinator is stopping: retry (another coordinator, "
+                "or this one once it is back)");
+    else
+      rq->route->fn(rq, rq->result);
+    if (!rq->parked)
+      resume(h, rq);
+    pthread_mutex_lock(&h->work_lock);
   }
-  pthread_mutex_unlock(&h->conns_lock);
+  pthread_mutex_unlock(&h->work_lock);
+  free(w);
   return NULL;
+}
+
+/* Hands rq (its request whole) to a worker: changes to the one that makes
+ * them, one at a time, reads to the others, so that a change waiting on
+ * the store holds up no read. The connection is suspended until the
+ * answer is ready (resume). 0, or -1 when the workers are gone or memory
+ * is short: the caller answers on this thread. */
+static int defer(struct http *h, struct http_req *rq) {
+  struct job_queue *q =
+      &h->q[is_mutating(rq->method) ? QUEUE_CHANGE : QUEUE_READ];
+  rq->result = calloc(1, sizeof(*rq->result));
+  if (!rq->result)
+    return -1;
+  pthread_mutex_lock(&h->work_lock);
+  if (h->workers_stop) {
+    pthread_mutex_unlock(&h->work_lock);
+    free(rq->result);
+    rq->result = NULL;
+    return -1;
+  }
+  MHD_suspend_connection(rq->conn);
+  h->n_suspended++;
+  *q->tail = rq;
+  q->tail = &rq->next;
+  pthread_cond_signal(&q->wake);
+  pthread_mutex_unlock(&h->work_lock);
+  return 0;
 }
 
 /* ---- libmicrohttpd glue ------------------------------------------------- */
@@ -1903,6 +1857,9 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
   if (out->www_auth)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
                             "Bearer realm=\"lynx\"");
+  if (rq->close || lynx_hc_was_shed(rq->h->hc, rq->conn))
+    /* shed at a cap: its place is taken */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (out->page) {
     /* the console runs only its own scripts and talks only to this API */
     MHD_add_response_header(resp, "Content-Security-Policy",
@@ -1913,7 +1870,7 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
   MHD_destroy_response(resp);
   if (ret == MHD_YES) {
     rq->answered = 1;
-    conn_phase(rq->h, rq->conn, PHASE_BUSY); /* a body left unread is skipped */
+    conn_phase(rq->h, rq->conn, LYNX_HC_BUSY); /* a body left unread is skipped */
     if (out->status >= 500 || (is_mutating(rq->method) && out->status >= 400))
       LYNX_WARN(COMP, "%s %s: %u", rq->method,
                 rq->route ? rq->route->pattern : "?", out->status);
@@ -1949,15 +1906,22 @@ static enum MHD_Result answer_early(struct http_req *rq, struct http_out *out) {
 }
 
 /* What only the leader answers when several coordinators run on etcd
- * (docs/etcd.md): changes, and the runtime state (nodes, accelerators,
- * mqueues, frontends, watch), which agents and frontends report to the
- * leader alone. Services (operator intent, in etcd) answer anywhere. */
+ * (docs/etcd.md): changes, and everything under /v1/, which holds runtime
+ * state that agents and frontends report to the leader alone (a service's
+ * instances and state too: a follower knows only its intent). */
 static int leader_only(const struct route *r, const char *method) {
   /* the console too: it reads what only the leader answers, so a follower
    * sends the browser to the leader's */
   return is_mutating(method) || !strncmp(r->pattern, "/ui/", 4) ||
-         (!strncmp(r->pattern, "/v1/", 4) &&
-          strncmp(r->pattern, "/v1/services", 12));
+         !strncmp(r->pattern, "/v1/", 4);
+}
+
+/* What a follower that knows of no leader still answers from what it
+ * holds: the services' intent (kept in step with etcd), their runtime
+ * fields marked unknown, so that operators can read what is defined
+ * during an election. */
+static int intent_read(const struct route *r, const char *method) {
+  return !is_mutating(method) && !strncmp(r->pattern, "/v1/services", 12);
 }
 
 struct query_buf {
@@ -2017,7 +1981,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     rq->conn = conn;
     snprintf(rq->method, sizeof(rq->method), "%s", method);
     /* the headers are in: the body's deadline starts, or none applies */
-    conn_phase(h, conn, has_body(conn) ? PHASE_BODY : PHASE_BUSY);
+    conn_phase(h, conn, has_body(conn) ? LYNX_HC_BODY : LYNX_HC_BUSY);
     rq->route = route_find(method, url, rq->params, &status, out.allow,
                            sizeof(out.allow));
     if (!rq->route) {
@@ -2042,6 +2006,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
       none = h->c->no_leader;
       snprintf(why, sizeof(why), "%s", h->c->no_leader_why);
       pthread_mutex_unlock(&h->c->lock);
+      if ((none || !api[0]) && intent_read(rq->route, method)) {
+        snprintf(rq->unknown, sizeof(rq->unknown),
+                 "this coordinator does not lead and knows of no leader "
+                 "(%s): the service's instances and state are the "
+                 "leader's", none ? why : "an election is under way");
+        goto proceed;
+      }
       if (none) {
         /* knowing of no leader, this coordinator redirects nowhere: a
          * leader_api read before etcd went away may name one that stepped
@@ -2077,6 +2048,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
       }
       return answer_early(rq, &out);
     }
+  proceed:
     cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
@@ -2136,7 +2108,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   }
 
   /* the whole request is in */
-  conn_phase(h, conn, PHASE_BUSY);
+  if (__atomic_load_n(&rq->done, __ATOMIC_ACQUIRE)) {
+    /* resumed: a worker or the watch thread made the answer */
+    out = *rq->result;
+    free(rq->result);
+    rq->result = NULL;
+    rq->done = 0;
+    pthread_mutex_lock(&h->work_lock);
+    h->n_suspended--;
+    pthread_cond_broadcast(&h->resumed);
+    pthread_mutex_unlock(&h->work_lock);
+    conn_phase(h, conn, LYNX_HC_BUSY); /* a watch's answer is no wait */
+    return send_out(rq, &out);
+  }
+  conn_phase(h, conn, LYNX_HC_BUSY);
   if (rq->answered)
     return MHD_YES;
   if (rq->pending) {
@@ -2151,6 +2136,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
               "body larger than the limit of %zu bytes", h->c->body_max);
     return send_out(rq, &out);
   }
+  if (!rq->route->now) {
+    /* while the server stops, reads are answered here (a watch at once)
+     * and changes refused */
+    if (__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE) &&
+        is_mutating(rq->method)) {
+      reply_err(&out, 503, "shutting_down",
+                "the coordinator is stopping: retry (another coordinator, "
+                "or this one once it is back)");
+      return send_out(rq, &out);
+    }
+    if (!__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE) &&
+        defer(h, rq) == 0)
+      return MHD_YES;
+  }
   rq->route->fn(rq, &out);
   if (!out.json && !out.text)
     reply_err(&out, 500, "internal", "handler produced no answer");
@@ -2162,13 +2161,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
   struct http_req *rq = *req_cls;
   (void)toe;
   /* the next request's headers are due within the header timeout */
-  conn_phase(cls, conn, PHASE_HEADERS);
+  conn_phase(cls, conn, LYNX_HC_HEADERS);
   if (!rq)
     return;
   if (rq->early) { /* the request ended before its early answer went out */
     json_object_put(rq->early->json);
     free(rq->early->text);
     free(rq->early);
+  }
+  if (rq->result) { /* cannot happen: a suspended request does not end */
+    json_object_put(rq->result->json);
+    free(rq->result->text);
+    free(rq->result);
   }
   free(rq->body);
   free(rq);
@@ -2208,26 +2212,12 @@ static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *s) {
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
-  /* a client that hangs up mid-request, or whose connection the reaper
-   * ended: its business, not a server warning (a flood of slow clients
-   * would otherwise be a flood of lines; the reaper logs its own) */
-  static const char *const routine[] = {
-      "closed by remote side with incomplete request",
-      "disconnected when reading request",
-      "due to the error: detected connection closure",
-  };
   char msg[256];
-  size_t n;
   (void)cls;
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  n = strlen(msg);
-  while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
-    msg[--n] = 0;
-  for (size_t i = 0; i < LYNX_ARRAY_SIZE(routine); i++)
-    if (strstr(msg, routine[i])) {
-      LYNX_DBG(COMP, "libmicrohttpd: %s", msg);
-      return;
-    }
+  if (lynx_hc_mhd_msg(msg, sizeof(msg), fmt, ap)) {
+    LYNX_DBG(COMP, "libmicrohttpd: %s", msg);
+    return;
+  }
   /* a failed TLS handshake is the client's (plain HTTP to an https API,
    * or our certificate not trusted there), and anyone can cause one:
    * rate-limited */
@@ -2240,16 +2230,49 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   LYNX_WARN(COMP, "libmicrohttpd: %s", msg);
 }
 
+/* The API's listening socket on ss (non-blocking, close-on-exec, address
+ * reuse as libmicrohttpd would set it): ours, so that a failure says why
+ * (EADDRINUSE, EADDRNOTAVAIL, EACCES) rather than libmicrohttpd's NULL.
+ * The fd, or -errno. */
+static int api_listen(const struct sockaddr_storage *ss) {
+  int one = 1, fd, e;
+  socklen_t len = ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                            : sizeof(struct sockaddr_in);
+  fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+      (ss->ss_family == AF_INET6 &&
+       setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one))) ||
+      bind(fd, (const struct sockaddr *)ss, len) || listen(fd, 511)) {
+    e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
 int lynx_http_start(struct lynx_coord *c, const char *addr) {
   struct sockaddr_storage ss;
   struct http *h;
-  unsigned flags = MHD_USE_THREAD_PER_CONNECTION |
-                   MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  struct lynx_hc_stats st;
+  /* one thread polls every connection (lynx_hc_mhd_flags); what may wait
+   * runs on the workers, with the connection suspended meanwhile */
+  unsigned flags = MHD_ALLOW_SUSPEND_RESUME;
   /* the key and certificate with TLS; none (the end) without */
   struct MHD_OptionItem tls_opts[3] = {{MHD_OPTION_END, 0, NULL},
                                        {MHD_OPTION_END, 0, NULL},
                                        {MHD_OPTION_END, 0, NULL}};
-  int rc;
+  struct lynx_hc_cfg hcfg = {
+      .conn_max = c ? c->http_conn_max : 0,
+      .per_client = c ? c->http_conn_per_client : 0,
+      .header_timeout_ms = c ? c->http_header_timeout_ms : 0,
+      .body_timeout_ms = c ? c->http_body_timeout_ms : 0,
+      .comp = COMP,
+      .opt = "--http",
+      .wake = watch_wake,
+  };
+  int rc, lfd;
 
   if (!c || c->http)
     return -EINVAL;
@@ -2258,27 +2281,11 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
              addr ? addr : "");
     return -EINVAL;
   }
-  if (ss.ss_family == AF_INET6)
-    flags |= MHD_USE_IPv6;
-  if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
-    flags |= MHD_USE_POLL; /* no FD_SETSIZE limit on a busy coordinator */
-  h = calloc(1, sizeof(*h));
-  if (!h)
-    return -ENOMEM;
-  h->c = c;
-  h->conn_max = c->http_conn_max ? c->http_conn_max : CONN_MAX_DEFAULT;
-  h->conn_per_client =
-      c->http_conn_per_client ? c->http_conn_per_client : CONN_PER_CLIENT_DEFAULT;
-  h->header_timeout_ms = c->http_header_timeout_ms ? c->http_header_timeout_ms
-                                                   : HEADER_TIMEOUT_MS_DEFAULT;
-  h->body_timeout_ms = c->http_body_timeout_ms ? c->http_body_timeout_ms
-                                               : BODY_TIMEOUT_MS_DEFAULT;
-  h->reap_at_ns = UINT64_MAX;
+  flags |= lynx_hc_mhd_flags(ss.ss_family);
   if (c->tls_cert_pem) {
     if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
       LYNX_ERR(COMP, "cannot serve the API over HTTPS: this libmicrohttpd "
                "was built without TLS");
-      free(h);
       return -ENOTSUP;
     }
     flags |= MHD_USE_TLS;
@@ -2287,71 +2294,131 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
     tls_opts[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0,
                                           (void *)c->tls_cert_pem};
   }
-  pthread_mutex_init(&h->conns_lock, NULL);
-  pthread_cond_init(&h->reaper_wake, NULL);
+  h = calloc(1, sizeof(*h));
+  if (!h)
+    return -ENOMEM;
+  h->c = c;
+  h->watch_at_ns = UINT64_MAX;
+  hcfg.arg = h;
+  pthread_mutex_init(&h->work_lock, NULL);
+  pthread_cond_init(&h->resumed, NULL);
+  for (int i = 0; i < QUEUE_N; i++) {
+    h->q[i].head = NULL;
+    h->q[i].tail = &h->q[i].head;
+    pthread_cond_init(&h->q[i].wake, NULL);
+  }
+  rc = lynx_hc_new(&hcfg, &h->hc);
+  if (rc) {
+    LYNX_ERR(COMP, "cannot track the API's connections: %s", strerror(-rc));
+    goto out_sync;
+  }
+  lfd = api_listen(&ss);
+  if (lfd < 0) {
+    rc = lfd;
+    LYNX_ERR(COMP, "cannot serve the API on %s: %s%s", addr, strerror(-rc),
+             rc == -EADDRNOTAVAIL ? " (no interface of this host has that "
+                                    "address)"
+             : rc == -EADDRINUSE ? " (another process serves that port)"
+                                 : "");
+    goto out_hc;
+  }
   h->d = MHD_start_daemon(
-      flags, 0, on_accept, h, on_request, h,
+      flags, 0, lynx_hc_on_accept, h->hc, on_request, h,
       /* first, so every message of the daemon goes through our log */
-      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
-      (struct sockaddr *)&ss, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-      MHD_OPTION_CONNECTION_LIMIT, h->conn_max,
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET,
+      lfd, MHD_OPTION_CONNECTION_LIMIT, lynx_hc_mhd_limit(h->hc),
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
-      MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+      MHD_OPTION_NOTIFY_CONNECTION, lynx_hc_on_connection, h->hc,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
       MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h,
       MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
   if (!h->d) {
-    LYNX_ERR(COMP,
-             "cannot serve the API on %s (address in use or not "
-             "local?)",
-             addr);
-    rc = -EADDRINUSE;
-    goto out_sync;
+    rc = errno ? -errno : -EINVAL;
+    LYNX_ERR(COMP, "cannot serve the API on %s: libmicrohttpd did not "
+             "start (%s)", addr, strerror(-rc));
+    close(lfd);
+    goto out_hc;
   }
-  rc = -pthread_create(&h->reaper, NULL, reaper_main, h);
-  if (rc) {
-    LYNX_ERR(COMP, "cannot start the API's connection reaper: %s",
-             strerror(-rc));
-    goto out_daemon;
+  h->watch_running =
+      pthread_create(&h->watch_thread, NULL, watch_main, h) == 0;
+  for (int i = 0; h->watch_running && i < READ_WORKERS + 1; i++) {
+    struct worker *w = malloc(sizeof(*w));
+    if (!w)
+      break;
+    w->h = h;
+    w->queue = i < READ_WORKERS ? QUEUE_READ : QUEUE_CHANGE;
+    if (pthread_create(&h->workers[i], NULL, worker_main, w)) {
+      free(w);
+      break;
+    }
+    h->n_workers++;
   }
-  h->reaper_running = 1;
+  if (h->n_workers < READ_WORKERS + 1) {
+    rc = -EAGAIN;
+    LYNX_ERR(COMP, "cannot start the API's threads");
+    c->http = h;
+    lynx_http_stop(c);
+    return rc;
+  }
   c->http = h;
+  lynx_hc_stats(h->hc, &st);
   LYNX_INFO(COMP,
-            "API on %s://%s (at most %u connections, %u per client; "
-            "headers within %llu ms, bodies within %llu ms)",
-            c->tls_cert_pem ? "https" : "http", addr, h->conn_max, h->conn_per_client,
-            (unsigned long long)h->header_timeout_ms,
-            (unsigned long long)h->body_timeout_ms);
+            "API on %s://%s (at most %u connections, %u per client, the "
+            "oldest incomplete shed past either; headers within %llu ms, "
+            "bodies within %llu ms)",
+            c->tls_cert_pem ? "https" : "http", addr, st.conn_max,
+            st.per_client, (unsigned long long)st.header_timeout_ms,
+            (unsigned long long)st.body_timeout_ms);
   return 0;
 
-out_daemon:
-  MHD_stop_daemon(h->d);
+out_hc:
+  lynx_hc_free(h->hc);
 out_sync:
-  pthread_cond_destroy(&h->reaper_wake);
-  pthread_mutex_destroy(&h->conns_lock);
+  for (int i = 0; i < QUEUE_N; i++)
+    pthread_cond_destroy(&h->q[i].wake);
+  pthread_cond_destroy(&h->resumed);
+  pthread_mutex_destroy(&h->work_lock);
   free(h);
   return rc;
 }
 
 void lynx_http_stop(struct lynx_coord *c) {
   struct http *h;
+  struct timespec ts;
+  uint64_t until;
   if (!c || !c->http)
     return;
   h = c->http;
-  /* wake the watchers: each returns at once, so stopping the daemon (which
-   * joins every connection thread) does not wait for their timeouts */
+  /* the watchers are answered at once, and nothing more is deferred */
   pthread_mutex_lock(&c->lock);
-  h->stopping = 1;
+  __atomic_store_n(&h->stopping, 1, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&c->changed);
   pthread_mutex_unlock(&c->lock);
-  /* the reaper first: stopping the daemon ends every connection anyway */
-  pthread_mutex_lock(&h->conns_lock);
-  h->reaper_stop = 1;
-  pthread_cond_signal(&h->reaper_wake);
-  pthread_mutex_unlock(&h->conns_lock);
-  if (h->reaper_running)
-    pthread_join(h->reaper, NULL);
-  MHD_stop_daemon(h->d); /* every CLOSED notification runs in here */
+  if (h->watch_running)
+    pthread_join(h->watch_thread, NULL);
+  /* the workers answer what is queued (503) and end */
+  pthread_mutex_lock(&h->work_lock);
+  h->workers_stop = 1;
+  for (int i = 0; i < QUEUE_N; i++)
+    pthread_cond_broadcast(&h->q[i].wake);
+  pthread_mutex_unlock(&h->work_lock);
+  for (unsigned i = 0; i < h->n_workers; i++)
+    pthread_join(h->workers[i], NULL);
+  /* every suspended connection has been resumed: let the server's thread
+   * send their answers before the daemon stops (it would close them) */
+  until = lynx_now_ns() + STOP_WAIT_MS * 1000000ull;
+  ts.tv_sec = (time_t)(until / 1000000000u);
+  ts.tv_nsec = (long)(until % 1000000000u);
+  pthread_mutex_lock(&h->work_lock);
+  while (h->n_suspended &&
+         pthread_cond_clockwait(&h->resumed, &h->work_lock, CLOCK_MONOTONIC,
+                                &ts) != ETIMEDOUT)
+    ;
+  pthread_mutex_unlock(&h->work_lock);
+  /* every CLOSED notification runs in here; it closes the listening
+   * socket too (given or its own) */
+  MHD_stop_daemon(h->d);
+  lynx_hc_free(h->hc);
   c->http = NULL;
   for (int i = 0; i < CACHE_N; i++)
     free(h->cache[i].body);
@@ -2360,7 +2427,9 @@ void lynx_http_stop(struct lynx_coord *c) {
     free(h->pages[i].off);
     free(h->pages[i].key);
   }
-  pthread_cond_destroy(&h->reaper_wake);
-  pthread_mutex_destroy(&h->conns_lock);
+  for (int i = 0; i < QUEUE_N; i++)
+    pthread_cond_destroy(&h->q[i].wake);
+  pthread_cond_destroy(&h->resumed);
+  pthread_mutex_destroy(&h->work_lock);
   free(h);
 }

@@ -108,12 +108,13 @@ static const struct lynx_opt coord_opts[] = {
      1, 1u << 20, NULL, "of those, from one address"},
     {"body-max", LYNX_OPT_U32, O(body_max), "65536", 256, 1u << 24, NULL,
      "largest accepted API request body, bytes"},
-    {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "256", 1, 4096, NULL,
-     "API connections open at once (one thread each); more wait to be "
-     "accepted"},
-    {"http-conn-per-client", LYNX_OPT_U32, O(http_conn_per_client), "32", 1,
-     4096, NULL, "API connections one client address may hold open; more are "
-     "closed at once"},
+    {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "4096", 1, 1u << 20,
+     NULL, "API connections open at once; past it a new one takes the place "
+     "of the oldest that has not completed its request (or of the oldest "
+     "watch, answered early); refused only when all are being answered"},
+    {"http-conn-per-client", LYNX_OPT_U32, O(http_conn_per_client), "1024", 1,
+     1u << 20, NULL, "API connections one client address may hold open; past "
+     "it the same as --http-conn-max, among that address's connections"},
     {"http-header-timeout-ms", LYNX_OPT_U32, O(http_header_ms), "10000", 100,
      600000, NULL, "a request's headers must be in within this of the "
      "connection's start or the previous answer"},
@@ -165,6 +166,10 @@ struct coordinator {
   struct lynx_store_etcd store; /* --etcd: its client and prefix */
   struct lynx_elect elect;      /* --etcd: which coordinator leads */
   uv_async_t role;              /* the election changed our role */
+  /* orders the election's role store before the loop's read of it
+   * (elect_changed, on_role): a wake merged into one still pending must
+   * not leave on_role reading the role from before the change */
+  pthread_mutex_t role_lock;
   int role_ready, elect_failed;
   uv_loop_t loop;
   uv_tcp_t server;
@@ -1261,6 +1266,14 @@ static void on_wake(uv_async_t *a) {
 /* The election thread says our role changed (elect.h). */
 static void elect_changed(void *arg) {
   struct coordinator *co = arg;
+  /* uv_async_send reads its pending flag with a plain load that nothing
+   * orders after the role's store: had it seen the flag of a wake the
+   * loop was clearing, on_role could read the old role and no second
+   * callback would come. Through role_lock, either the loop takes it
+   * after us (and reads the new role) or we take it after the loop
+   * cleared the flag (and our send wakes it again). */
+  pthread_mutex_lock(&co->role_lock);
+  pthread_mutex_unlock(&co->role_lock);
   uv_async_send(&co->role);
 }
 
@@ -1268,6 +1281,8 @@ static void on_role(uv_async_t *a) {
   struct coordinator *co = a->data;
   if (co->stopping)
     return;
+  pthread_mutex_lock(&co->role_lock); /* see elect_changed */
+  pthread_mutex_unlock(&co->role_lock);
   if (__atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE)) {
     /* as after a restart: the agents are finding us (the reloaded
      * services' instances are adopted as they register) */
@@ -1289,6 +1304,39 @@ static void on_role(uv_async_t *a) {
       lynx_reg_nodes_release(&co->c.reg))
     after_change(co);
   pthread_mutex_unlock(&co->c.lock);
+}
+
+/* Every connection the caps admit needs a descriptor: the soft
+ * RLIMIT_NOFILE is raised to what the control and API caps (and the
+ * API's room for shed connections, httpconn.h) take, plus
+ * DESCRIPTORS_SPARE for the store, logs and listeners. Where the hard
+ * limit allows less, the API's cap is lowered to its share of what there
+ * is, with a warning, so that it sheds before accept() runs out. */
+#define DESCRIPTORS_SPARE 256u
+static void fit_descriptors(struct coord_cfg *cfg) {
+  unsigned long api = cfg->http_conn_max + cfg->http_conn_max / 4 + 16;
+  unsigned long need = cfg->ctl_conn_max + api + DESCRIPTORS_SPARE;
+  unsigned long have = lynx_raise_nofile(need), share;
+  if (have >= need)
+    return;
+  share = have > DESCRIPTORS_SPARE * 2
+              ? (have - DESCRIPTORS_SPARE) * cfg->http_conn_max /
+                    (cfg->ctl_conn_max + cfg->http_conn_max)
+              : 64;
+  share = share * 4 / 5; /* its room for shed ones comes on top */
+  if (share < 16)
+    share = 16;
+  if (share >= cfg->http_conn_max)
+    return;
+  LYNX_WARN("coordinator",
+            "RLIMIT_NOFILE allows %lu descriptors, and --control-conn-max "
+            "%u with --http-conn-max %u take %lu: the API holds at most %lu "
+            "connections (raise the limit: LimitNOFILE= in the unit, ulimit "
+            "-n)",
+            have, cfg->ctl_conn_max, cfg->http_conn_max, need, share);
+  cfg->http_conn_max = (uint32_t)share;
+  if (cfg->http_conn_per_client > cfg->http_conn_max)
+    cfg->http_conn_per_client = cfg->http_conn_max;
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
@@ -1341,6 +1389,15 @@ int main(int argc, char **argv) {
     exit_code = LYNX_EXIT_USAGE;
     goto out_opts;
   }
+  if (co.cfg.http_conn_per_client > co.cfg.http_conn_max) {
+    fprintf(stderr,
+            "--http-conn-per-client %u is more than --http-conn-max %u: one "
+            "address could never hold that many\n",
+            co.cfg.http_conn_per_client, co.cfg.http_conn_max);
+    exit_code = LYNX_EXIT_USAGE;
+    goto out_opts;
+  }
+  fit_descriptors(&co.cfg);
   lynx_parse_hostport(co.cfg.listen, &ss); /* checked by the option table */
   if (co.cfg.token_file &&
       lynx_read_token(co.cfg.token_file, &token, err, sizeof(err))) {
@@ -1396,6 +1453,7 @@ int main(int argc, char **argv) {
                 (unsigned)(st.st_mode & 07777), co.cfg.state_dir);
   }
   pthread_mutex_init(&co.c.lock, NULL);
+  pthread_mutex_init(&co.role_lock, NULL);
   pthread_mutex_init(&co.c.change_lock, NULL);
   pthread_cond_init(&co.c.changed, NULL);
   co.c.state_dir = co.cfg.etcd ? NULL : co.cfg.state_dir;
@@ -1525,6 +1583,7 @@ out_reg:
   lynx_reg_free(&co.c.reg);
   pthread_cond_destroy(&co.c.changed);
   pthread_mutex_destroy(&co.c.change_lock);
+  pthread_mutex_destroy(&co.role_lock);
   pthread_mutex_destroy(&co.c.lock);
 out_opts:
   lynx_etcd_close(co.store.etcd);

@@ -1738,19 +1738,57 @@ static int apps_known(const struct lynx_registry *r, const char *app,
   return 0;
 }
 
+/* The back end app calls by name, as a registered accelerator that runs
+ * it says (AccelInfo.app_backends): "" when it calls none, NULL when no
+ * such accelerator says. */
+static const char *app_backend(const struct lynx_registry *r,
+                               const char *app) {
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
+    if (n->state == LYNX_NODE_DOWN)
+      continue;
+    for (uint32_t a = 0; a < n->n_accels; a++) {
+      const struct lynx_accel_info *in = &n->accels[a].info;
+      if (!in->has_app_backends)
+        continue;
+      for (uint32_t k = 0; k < in->n_apps && k < LYNX_APPS_MAX; k++)
+        if (!strcmp(in->apps[k], app))
+          return in->app_backends[k];
+    }
+  }
+  return NULL;
+}
+
 /* An app the registered accelerators cannot run: 422 naming it and what
- * they run. With no agent registered, or one that does not list what it
- * runs, it is taken, and the service's state says pending until one that
- * runs it registers. */
+ * they run. An app that calls a back end the service does not give (mc-get
+ * without "db"): 400, as it could start nowhere. With no agent registered,
+ * or one that does not list what it runs, it is taken, and the service's
+ * state says pending until one that runs it registers. */
 static int app_check(const struct lynx_registry *r,
                      const struct lynx_service_spec *sp,
                      struct lynx_reg_err *err) {
-  char known[512];
-  if (apps_known(r, sp->app, known, sizeof(known)) || !known[0])
+  char known[512], have[LYNX_BACKENDS_MAX * (LYNX_BACKEND_NAME_MAX + 2)];
+  const char *need;
+  size_t l = 0;
+  if (!apps_known(r, sp->app, known, sizeof(known)) && known[0]) {
+    set_err(err, 422, "unknown_app",
+            "app: no registered accelerator runs application '%s' (they "
+            "run: %s)", sp->app, known);
+    return -EINVAL;
+  }
+  need = app_backend(r, sp->app);
+  if (!need || !need[0])
     return 0;
-  set_err(err, 422, "unknown_app",
-          "app: no registered accelerator runs application '%s' (they run: "
-          "%s)", sp->app, known);
+  have[0] = 0;
+  for (uint32_t k = 0; k < sp->n_backends; k++) {
+    if (!strcmp(sp->backends[k].name, need))
+      return 0;
+    l = lynx_appendf(have, sizeof(have), l, ", ", "%s", sp->backends[k].name);
+  }
+  set_err(err, 400, "invalid_argument",
+          "backends: application '%s' calls back end '%s', which this "
+          "service does not give (its back ends: %s); add {\"name\": "
+          "\"%s\", \"address\": \"host:port\"} (docs/client-mqueues.md)",
+          sp->app, need, have[0] ? have : "none", need);
   return -EINVAL;
 }
 

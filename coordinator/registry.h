@@ -62,6 +62,10 @@ struct lynx_accel_info { /* as an agent registers it */
    * that does not say, taken to run any */
   uint32_t n_apps;
   char apps[LYNX_APPS_MAX][LYNX_APP_NAME_MAX];
+  /* the back end apps[k] calls by name ("" none), when the agent says
+   * (AccelInfo.app_backends; has_app_backends 0: it does not) */
+  int has_app_backends;
+  char app_backends[LYNX_APPS_MAX][LYNX_BACKEND_NAME_MAX];
 };
 
 /*

@@ -192,12 +192,19 @@ struct json_object *lynx_json_service_spec_obj(
 }
 
 struct json_object *lynx_json_service(const struct lynx_registry *r,
-                                      const struct lynx_reg_service *s) {
+                                      const struct lynx_reg_service *s,
+                                      const char *unknown) {
   struct json_object *o = lynx_json_service_spec_obj(&s->spec), *inst;
   uint64_t ready = 0, wanted = 0;
   char reason[512];
-  const char *state =
-      lynx_reg_service_state(r, s, &ready, &wanted, reason, sizeof(reason));
+  const char *state;
+  if (unknown) {
+    json_object_object_add(o, "instances", NULL);
+    json_object_object_add(o, "state", json_object_new_string("unknown"));
+    add_str(o, "reason", unknown);
+    return o;
+  }
+  state = lynx_reg_service_state(r, s, &ready, &wanted, reason, sizeof(reason));
   inst = json_object_new_object();
   add_u64(inst, "ready", ready);
   add_u64(inst, "wanted", wanted);
@@ -422,11 +429,12 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
   return list_obj(r, items);
 }
 
-struct json_object *lynx_json_services(const struct lynx_registry *r) {
+struct json_object *lynx_json_services(const struct lynx_registry *r,
+                                       const char *unknown) {
   struct json_object *items = json_object_new_array();
   const struct lynx_reg_service *s;
   for (s = r->services; s; s = s->next)
-    json_object_array_add(items, lynx_json_service(r, s));
+    json_object_array_add(items, lynx_json_service(r, s, unknown));
   return list_obj(r, items);
 }
 

@@ -35,9 +35,12 @@ struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
                                     const struct lynx_reg_accel *a,
                                     uint64_t now_ms);
 /* A service as the API shows it: its spec, its instances and its state
- * (lynx_reg_service_state). */
+ * (lynx_reg_service_state). With unknown set (a follower that knows of no
+ * leader: the runtime state is the leader's), its spec, "instances":
+ * null, "state": "unknown" and unknown as the reason. */
 struct json_object *lynx_json_service(const struct lynx_registry *r,
-                                      const struct lynx_reg_service *s);
+                                      const struct lynx_reg_service *s,
+                                      const char *unknown);
 /* The operator's intent alone, as the state directory keeps it (and as
  * lynx_json_service_spec reads it back). */
 struct json_object *lynx_json_service_spec_obj(
@@ -63,7 +66,8 @@ int lynx_json_each_by_id(const struct lynx_registry *r, uint64_t now_ms,
                                     struct json_object *o),
                          void *arg);
 struct json_object *lynx_json_mqueues(const struct lynx_registry *r);
-struct json_object *lynx_json_services(const struct lynx_registry *r);
+struct json_object *lynx_json_services(const struct lynx_registry *r,
+                                       const char *unknown);
 struct json_object *lynx_json_frontends(const struct lynx_registry *r,
                                         uint64_t now_ms);
 

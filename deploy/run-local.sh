@@ -9,7 +9,9 @@
 # terminal's Ctrl-C reaches only this script, which stops them.
 # Override with LYNX_UDP_PORT, LYNX_BIND (the address services listen on:
 # 0.0.0.0 serves other hosts too), LYNX_COORD_ADDR, LYNX_API_ADDR,
-# LYNX_METRICS_ADDR, LYNX_APP, LYNX_NODE_ID.
+# LYNX_METRICS_ADDR (the frontend's /metrics), LYNX_AGENT_METRICS_ADDR,
+# LYNX_APP, LYNX_NODE_ID. The metrics ports are the packaged configs' and
+# deploy/monitoring/'s: 7790 the agent, 7791 the frontend.
 set -euo pipefail
 BUILD=${1:-build}
 BIN="$BUILD/bin"
@@ -17,7 +19,8 @@ UDP=${LYNX_UDP_PORT:-7000}
 BIND=${LYNX_BIND:-127.0.0.1}
 COORD=${LYNX_COORD_ADDR:-127.0.0.1:7700}
 API=${LYNX_API_ADDR:-127.0.0.1:7780}
-METRICS=${LYNX_METRICS_ADDR:-127.0.0.1:7790}
+METRICS=${LYNX_METRICS_ADDR:-127.0.0.1:7791}
+AGENT_METRICS=${LYNX_AGENT_METRICS_ADDR:-127.0.0.1:7790}
 APP=${LYNX_APP:-sockperf-echo}
 NODE=${LYNX_NODE_ID:-local}
 LOGDIR=$(mktemp -d /tmp/lynx-run.XXXXXX)
@@ -30,7 +33,7 @@ wait_for "$LOGDIR/coordinator.log" "serving control" coordinator
 # frontend and agent share this host: shm is the fastest path (agents on
 # other hosts use the default, tcp, or rdma)
 start agent "$BIN/lynx-agent" --coordinator "$COORD" --cpu-accels 2 \
-  --node-id "$NODE" --transport shm
+  --node-id "$NODE" --transport shm --metrics "$AGENT_METRICS"
 start frontend "$BIN/lynx-frontend" --coordinator "$COORD" --bind "$BIND" \
   --metrics "$METRICS"
 wait_for "$LOGDIR/agent.log" "registered with coordinator" agent
@@ -44,7 +47,7 @@ service echo ($APP) on UDP port $UDP.
   UDP service   $BIND:$UDP
   API           http://$API   (lynxctl --api http://$API nodes)
   console       http://$API/ui/   (lynxctl --api http://$API top)
-  metrics       http://$METRICS/metrics
+  metrics       http://$METRICS/metrics (frontend), http://$AGENT_METRICS/metrics (agent)
   logs          $LOGDIR/{coordinator,agent,frontend}.log
 
 Try it from another terminal:

@@ -48,15 +48,16 @@ static const struct lynx_opt fe_opts[] = {
     {"coordinator", LYNX_OPT_ADDRS, O(coordinator), NULL, 1, 65535, NULL,
      "coordinator control address(es), host:port[,host:port...]: serve what "
      "the one that leads says"},
-    {"udp", LYNX_OPT_STR, O(udp), "7000", 0, 0, NULL,
-     "static mode: UDP port, or host:port, to serve"},
+    {"udp", LYNX_OPT_STR, O(udp), NULL, 0, 0, NULL,
+     "static mode: UDP port, or host:port, to serve [default 7000]"},
     {"tcp", LYNX_OPT_STR, O(tcp), NULL, 0, 0, NULL,
      "static mode: serve a TCP port (or host:port) instead of --udp"},
-    {"framing", LYNX_OPT_STR, O(framing), "len32", 0, 0, NULL,
+    {"framing", LYNX_OPT_STR, O(framing), NULL, 0, 0, NULL,
      "static mode, with --tcp: len32 (4-byte big-endian length, then the "
-     "message) or fixed:N (N-byte messages)"},
-    {"bind", LYNX_OPT_STR, O(bind), "0.0.0.0", 0, 0, NULL,
-     "coordinator mode: address the services' ports are bound on"},
+     "message) or fixed:N (N-byte messages) [default len32]"},
+    {"bind", LYNX_OPT_STR, O(bind), NULL, 0, 0, NULL,
+     "coordinator mode: address the services' ports are bound on [default "
+     "0.0.0.0]"},
     {"workers", LYNX_OPT_U32, O(workers), "1", 1, 64, NULL,
      "worker threads per service (each owns a share of every accelerator's "
      "mqueues)"},
@@ -785,6 +786,46 @@ static void on_signal(uv_signal_t *s, int signum) {
   begin_shutdown(m, 0);
 }
 
+/* The options of one mode given in the other are refused (a coordinator
+ * says what to serve; static mode serves one port, given whole), then
+ * each mode's defaults are set (malloc'd, as the option table's strings
+ * are: lynx_opts_free frees them). 0, or -EINVAL with the reason on
+ * stderr, or -ENOMEM. */
+static int mode_options(struct fe_cfg *cfg, int coordinator_mode) {
+  const char *stat_opt = cfg->udp ? "udp" : cfg->tcp ? "tcp"
+                         : cfg->framing ? "framing" : NULL;
+  if (coordinator_mode && stat_opt) {
+    fprintf(stderr,
+            "--%s is static mode's (with --agent); with --coordinator the "
+            "coordinator's services say what is served (lynxctl service "
+            "create), on --bind\n",
+            stat_opt);
+    return -EINVAL;
+  }
+  if (!coordinator_mode && cfg->bind) {
+    fprintf(stderr, "--bind is for --coordinator mode; in static mode "
+                    "--udp or --tcp take host:port\n");
+    return -EINVAL;
+  }
+  if (cfg->udp && cfg->tcp) {
+    fprintf(stderr, "--udp %s and --tcp %s: static mode serves one port, "
+                    "either UDP or TCP\n", cfg->udp, cfg->tcp);
+    return -EINVAL;
+  }
+  if (cfg->framing && !cfg->tcp) {
+    fprintf(stderr, "--framing %s frames TCP messages: it needs --tcp\n",
+            cfg->framing);
+    return -EINVAL;
+  }
+  if ((!cfg->udp && !cfg->tcp && !(cfg->udp = strdup("7000"))) ||
+      (!cfg->framing && !(cfg->framing = strdup("len32"))) ||
+      (!cfg->bind && !(cfg->bind = strdup("0.0.0.0")))) {
+    fprintf(stderr, "out of memory\n");
+    return -ENOMEM;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int help = 0; /* --help was printed */
   static struct fe_main m;
@@ -824,6 +865,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   m.coordinator_mode = cfg->coordinator != NULL;
+  if (mode_options(cfg, m.coordinator_mode))
+    goto out;
   peer = m.coordinator_mode ? cfg->coordinator
                             : (cfg->agent ? cfg->agent : "127.0.0.1:7701");
   if (!cfg->agent && !m.coordinator_mode)

@@ -233,7 +233,8 @@ int fe_metrics_start(const char *addr, struct frontend **list,
   ctx.list = list;
   ctx.lock = list_lock;
   ctx.table_version = table_version;
-  return lynx_prom_start(addr, write_cb, &ctx, daemon);
+  return lynx_prom_start(addr, "lynx_frontend_metrics", write_cb, &ctx,
+                         daemon);
 }
 
 void fe_metrics_stop(void *daemon) { lynx_prom_stop(daemon); }

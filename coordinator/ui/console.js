@@ -196,8 +196,10 @@ function renderSummary() {
     if (c === 'h-stalled') stalled++;
     if (c === 'h-failed') failed++;
   }
-  let rate = 0;
-  for (const r of st.rates.values()) rate += r;
+  // unknown ('-') until an accelerator has a rate (RATE_SPAN_MS after the
+  // page opened), not 0: the cluster may well be busy
+  let rate;
+  for (const r of st.rates.values()) rate = (rate || 0) + r;
   const active = st.frontends.filter((f) => f.connected && f.active).length;
   $('summary').replaceChildren(
     el('span', { id: 'sum-nodes' }, `${st.nodes.length} nodes: ${byState.ready} ready, ` +

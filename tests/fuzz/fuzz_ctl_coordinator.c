@@ -145,7 +145,7 @@ static int on_frontend(struct peer *p, const Lynx__Envelope *env) {
 static void check_json(struct peer *p) {
   struct json_object *all[] = {
       lynx_json_nodes(&p->reg, p->now), lynx_json_accels(&p->reg, p->now),
-      lynx_json_mqueues(&p->reg), lynx_json_services(&p->reg),
+      lynx_json_mqueues(&p->reg), lynx_json_services(&p->reg, NULL),
       lynx_json_frontends(&p->reg, p->now)};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     const char *s;

@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (lynx_reg_service_create(&reg, &spec, 1000, &err) == 0) {
     struct lynx_reg_service *s = lynx_reg_service_find(&reg, spec.name);
     FZ_CHECK(s);
-    ans = lynx_json_service(&reg, s);
+    ans = lynx_json_service(&reg, s, NULL);
     if (ans) {
       const char *text =
           json_object_to_json_string_ext(ans, JSON_C_TO_STRING_PLAIN);

@@ -80,6 +80,16 @@ start_coordinator --lease-ms 3000
 node_ids N1
 start_node_agent "$N1" --cpu-accels 1
 start_coord_frontend
+# an mc-get without its back end "db" could start nowhere: refused at
+# creation, naming what is missing (the agent says what each app calls)
+api POST /v1/services -d "{\"name\":\"nodb\",\"port\":$KV1,\"app\":\"mc-get\"}" ||
+  fail "API down"
+assert_eq "$API_STATUS" 400 "mc-get service without a db back end: HTTP status"
+assert_str "$(jq -r .error.code "$API_BODY")" invalid_argument "its error code"
+assert_log "$API_BODY" "calls back end 'db', which this service does not give" \
+  "the refusal names the missing back end"
+api GET /v1/services/nodb
+assert_eq "$API_STATUS" 404 "the refused service does not exist"
 service kv "$KV1" "$MC1"
 wait_log "$FRONTEND_LOG" "in dispatch over" 10 1 "$FRONTEND_PID"
 

@@ -120,6 +120,12 @@ def cluster(d, a):
     wait(d, "node tiles rendered",
          lambda d: len(d.find_elements(By.CSS_SELECTOR, ".node[data-node]"))
          >= len(nodes))
+    # no accelerator has a rate yet (that takes RATE_SPAN_MS of heartbeats):
+    # the summary says '-', not 0 requests/s, under load as it is
+    known, text = d.execute_script(
+        "return [st.rates.size, document.getElementById('sum-rate').textContent]")
+    check(known > 0 or text == "- requests/s",
+          f"the summary's rate before any is known: '{text}' ({known} known)")
     shown = {t.get_attribute("data-node"): t.get_attribute("class")
              for t in d.find_elements(By.CSS_SELECTOR, ".node[data-node]")}
     check(set(shown) == set(nodes),
@@ -219,6 +225,11 @@ def drain(d, a):
     got = wait(d, f"request rates within 30% of {want}", rates, secs=30)
     if got:
         check(True, f"request rates {got} (the simulator's {want})")
+        text = d.find_element(By.ID, "sum-rate").text
+        total = text.split(" ")[0].replace(",", "")
+        check(total.replace(".", "", 1).isdigit() and float(total) >=
+              0.7 * sum(want.values()),
+              f"the summary's rate counts them: '{text}'")
     # without the token: refused (401), said, nothing changed
     d.find_element(By.ID, "token").clear()
     btn.click()

@@ -4,11 +4,12 @@
 # addresses (--coordinator A,B).
 #
 #  1. One leads (/readyz says leader, the other follower and where the
-#     leader's API is); the follower answers reads of services, redirects
-#     changes and reads of runtime state (nodes, watch, ...) to the leader
-#     (307 with Location, the query kept) and refuses agents and frontends
-#     (they go to the leader); a service created through the follower with
-#     curl -L exists on both (the follower reloads what etcd holds), and
+#     leader's API is); the follower redirects changes and reads of
+#     runtime state (nodes, watch, services: their state and instances are
+#     the leader's) to the leader (307 with Location, the query kept) and
+#     refuses agents and frontends (they go to the leader); a service
+#     created through the follower with curl -L exists on both (the
+#     follower reloads what etcd holds: its /metrics counts it), and
 #     lynxctl pointed at the follower creates one too.
 #  2. sockperf under-load through the frontend; the leader killed (-9)
 #     during it: the follower leads within the etcd lease (2 s) + 1 s, the
@@ -74,12 +75,20 @@ st=$(curl -sL --max-time 5 -o /dev/null -w '%{http_code}' -X POST \
   "http://127.0.0.1:$CB_API/v1/services" \
   -d "{\"name\":\"echo\",\"port\":$UDP_PORT,\"app\":\"sockperf-echo\"}")
 assert_eq "$st" 201 "POST through the follower with curl -L: HTTP status"
+# the follower holds the intent from etcd (lynx_coordinator_services on
+# its own /metrics), and sends reads of a service, whose state and
+# instances only the leader knows, to the leader
 end=$(($(now_ms) + 3000))
-until [[ $(curl -sf "http://127.0.0.1:$CB_API/v1/services/echo" | jq -r .port 2>/dev/null) == "$UDP_PORT" ]]; do
-  (($(now_ms) < end)) || { it_check_failed "the follower does not show service echo"; break; }
+until [[ $(METRICS_PORT=$CB_API metric lynx_coordinator_services 2>/dev/null) == 1 ]]; do
+  (($(now_ms) < end)) || { it_check_failed "the follower does not hold service echo"; break; }
   sleep 0.05
 done
-log "ok: the follower shows service echo"
+log "ok: the follower holds service echo"
+st=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$CB_API/v1/services/echo")
+assert_eq "$st" 307 "GET /v1/services/echo on the follower (its state: the leader's)"
+st=$(curl -sL --max-time 5 -o "$IT_DIR/svc.json" -w '%{http_code}' "http://127.0.0.1:$CB_API/v1/services/echo")
+assert_eq "$st" 200 "GET /v1/services/echo through the follower with curl -L"
+assert_eq "$(jq -r .port "$IT_DIR/svc.json")" "$UDP_PORT" "service echo's port, as the leader knows it"
 # lynxctl follows the redirect too
 "$LYNX_BIN_DIR/lynxctl" --api "http://127.0.0.1:$CB_API" service create \
   --name viactl --port "$UDP_PORT3" --app sockperf-echo >"$IT_DIR/lynxctl.out" 2>&1 ||

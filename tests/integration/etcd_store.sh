@@ -58,6 +58,10 @@ wait "$COORD_PID" 2>/dev/null
 untrack "$COORD_PID"
 COORD_STATE=$IT_DIR/state-b # empty: everything must come from etcd
 start_coordinator --etcd "$ETCD_URL" --etcd-prefix "$PFX" --etcd-timeout-ms 800
+# it leads once the dead one's election lease has run out; until then it
+# sends reads of services (their state is the leader's) to the dead one
+wait_role "$API_PORT" leader 10000 || fail "the new coordinator does not lead within 10 s"
+log "ok: the new coordinator leads after ${WAITED_MS} ms"
 assert_eq "$(api_json /v1/services/echo1 .port)" "$UDP_PORT" "echo1 after the restart"
 [[ -z $(ls -A "$IT_DIR/state-b" 2>/dev/null) ]] ||
   it_check_failed "the coordinator on etcd wrote to its state directory: $(ls "$IT_DIR/state-b")"

@@ -16,11 +16,14 @@
 #     images get no answer: the application drops them and the frontend
 #     counts each (reason app_dropped), the instances' totals say the
 #     same; nothing else is dropped.
+#  4. lynx-lenet-classify: test image 0 is an ankle boot, as the reference
+#     and its label say; so is the same image given as a PGM file and as
+#     raw bytes; a file of the wrong size is refused (exit 2).
 # Skipped (77) without the dataset-fashion-mnist package.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init lenet
-it_require curl timeout
+it_require curl timeout python3
 DATA=/usr/share/datasets/fashion-mnist
 [[ -r $DATA/t10k-images-idx3-ubyte.gz && -r $DATA/t10k-labels-idx1-ubyte.gz ]] ||
   skip "no Fashion-MNIST test set in $DATA (install dataset-fashion-mnist: deploy/install-deps.sh)"
@@ -82,6 +85,30 @@ assert_eq "$(metric lynx_frontend_dropped_total 'reason="app_dropped"')" "$MALFO
 total=$(metric lynx_frontend_dropped_total) || fail "no dropped_total"
 assert_eq "$total" "$MALFORMED" "drops of any reason"
 unset METRICS_FROM
+
+# ---- 4. one image, as an operator asks ---------------------------------------------------
+CLASSIFY=$LYNX_BIN_DIR/lynx-lenet-classify
+"$CLASSIFY" --target "127.0.0.1:$UDP_PORT" --index 0 >"$IT_DIR/one.out" 2>&1 ||
+  it_check_failed "lynx-lenet-classify --index 0: $(cat "$IT_DIR/one.out")"
+assert_log "$IT_DIR/one.out" "class 9 (ankle boot), label 9 (ankle boot)" \
+  "test image 0 classified as the reference and its label say"
+# the same image as a 28x28 PGM of one's own, and as 784 raw bytes
+python3 - "$DATA/t10k-images-idx3-ubyte.gz" "$IT_DIR/img" <<'PY'
+import gzip, sys
+px = gzip.open(sys.argv[1]).read()[16:16 + 784]
+open(sys.argv[2] + ".pgm", "wb").write(b"P5 28 28 255\n" + px)
+open(sys.argv[2] + ".raw", "wb").write(px)
+PY
+for f in img.pgm img.raw; do
+  "$CLASSIFY" --target "127.0.0.1:$UDP_PORT" --image "$IT_DIR/$f" >"$IT_DIR/one-$f.out" 2>&1 ||
+    it_check_failed "lynx-lenet-classify --image $f: $(cat "$IT_DIR/one-$f.out")"
+  assert_log "$IT_DIR/one-$f.out" "class 9 (ankle boot)," "the image from $f classified"
+done
+head -c 100 "$IT_DIR/img.raw" >"$IT_DIR/short.raw"
+"$CLASSIFY" --target "127.0.0.1:$UDP_PORT" --image "$IT_DIR/short.raw" >"$IT_DIR/short.out" 2>&1
+assert_eq "$?" 2 "lynx-lenet-classify with a 100-byte image: exit status"
+assert_log "$IT_DIR/short.out" "want 784 raw pixels or a 28x28 binary PGM" \
+  "a file of the wrong size is refused with the reason"
 
 stop_daemons
 # the accelerators' own count, from the instances' totals as they stop

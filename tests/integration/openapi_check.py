@@ -290,7 +290,7 @@ def c_routes(http_c):
                   src, re.S)
     if not m:
         return None
-    return re.findall(r'\{\s*"([A-Z]+)"\s*,\s*"([^"]+)"\s*,\s*\w+\s*\}',
+    return re.findall(r'\{\s*"([A-Z]+)"\s*,\s*"([^"]+)"\s*,\s*\w+\s*(?:,\s*\d+\s*)?\}',
                       m.group(1))
 
 

@@ -4,8 +4,9 @@
 #
 #  1. An application no registered accelerator runs is refused with 422,
 #     naming it and what they run (agents list what each accelerator runs).
-#  2. An instance that fails to start on its agent: the service is pending,
-#     with the agent's reason.
+#  2. An instance that fails to start on its agent (lenet, whose weights
+#     the agent cannot load): the service is pending, with the agent's
+#     reason.
 #  3. A service whose UDP port another process holds: the frontend says
 #     which port and why, once (then rate-limited), keeps trying, and the
 #     API shows the service pending with that reason; once the port is free
@@ -31,7 +32,9 @@ wait_reason() {
 
 start_coordinator --lease-ms 3000
 node_ids N1
-start_node_agent "$N1" --cpu-accels 1
+# (its lenet weights are a file that does not exist: read at a lenet
+# instance's start, section 2)
+start_node_agent "$N1" --cpu-accels 1 --lenet-model "$IT_DIR/missing.bin"
 start_coord_frontend
 FE=$FRONTEND_PID FE_LOG=$FRONTEND_LOG
 
@@ -48,15 +51,15 @@ assert_eq "$API_STATUS" 404 "the refused service does not exist"
 
 # ---- 2. an instance that cannot start ---------------------------------------------
 log "== 2. an instance that fails on its agent"
-# mc-get calls back end "db"; without one the agent refuses to start it
-api POST /v1/services -d "{\"name\":\"nodb\",\"port\":$UDP_PORT2,\"app\":\"mc-get\"}"
-assert_eq "$API_STATUS" 201 "POST /v1/services mc-get without its back end: HTTP status"
-wait_reason nodb "failed to start" 10
-assert_eq "$(svc nodb '.state == "pending"' | grep -c true)" 1 "service nodb is pending"
-[[ $(svc nodb .reason) == *"needs a back end named 'db'"* ]] ||
-  it_check_failed "the agent's reason is not in the API: $(svc nodb .reason)"
-log "ok: nodb: $(svc nodb '.state + ": " + .reason')"
-api DELETE /v1/services/nodb
+# lenet loads its weights at an instance's start; this agent's are missing
+api POST /v1/services -d "{\"name\":\"noweights\",\"port\":$UDP_PORT2,\"app\":\"lenet\"}"
+assert_eq "$API_STATUS" 201 "POST /v1/services lenet: HTTP status"
+wait_reason noweights "failed to start" 10
+assert_eq "$(svc noweights '.state == "pending"' | grep -c true)" 1 "service noweights is pending"
+[[ $(svc noweights .reason) == *"cannot load its weights"*"missing.bin"* ]] ||
+  it_check_failed "the agent's reason is not in the API: $(svc noweights .reason)"
+log "ok: noweights: $(svc noweights '.state + ": " + .reason')"
+api DELETE /v1/services/noweights
 
 # ---- 3. a port another process holds ----------------------------------------------
 log "== 3. a UDP port another process holds"

@@ -63,7 +63,18 @@ expect 2 lynx-agent --log-level loud -- --log-level loud
 expect 2 lynx-frontend --udp 99999 -- --udp 99999
 expect 2 lynx-frontend --agent 127.0.0.1:1 --coordinator 127.0.0.1:2 -- \
   --agent 127.0.0.1:1 --coordinator 127.0.0.1:2
-expect 2 lynx-frontend --framing fixed:0 -- --framing fixed:0
+expect 2 lynx-frontend --tcp 7000 --framing fixed:0 -- --framing fixed:0
+# each mode's options, in the other: refused, not ignored
+expect 2 lynx-frontend --coordinator 127.0.0.1:1 --udp 7000 -- \
+  "--udp is static mode's" "--coordinator"
+expect 2 lynx-frontend --coordinator 127.0.0.1:1 --tcp 7000 -- "--tcp is static mode's"
+expect 2 lynx-frontend --coordinator 127.0.0.1:1 --framing fixed:8 -- \
+  "--framing is static mode's"
+expect 2 lynx-frontend --agent 127.0.0.1:1 --bind 127.0.0.1 -- \
+  "--bind is for --coordinator mode"
+expect 2 lynx-frontend --udp 7000 --tcp 7001 -- "--udp 7000 and --tcp 7001" \
+  "either UDP or TCP"
+expect 2 lynx-frontend --framing fixed:16 -- "--framing fixed:16" "needs --tcp"
 expect 2 lynx-frontend --metrics localhost -- --metrics localhost
 expect 2 lynx-frontend --workers 0 -- --workers "'0'"
 expect 2 lynx-frontend --rx iouring -- --rx iouring
@@ -77,6 +88,8 @@ expect 2 lynx-coordinator --etcd http://127.0.0.1:1 --etcd-lease-s 5 --suspect-m
 expect 2 lynx-coordinator --suspect-ms 4000 --lease-ms 3000 -- \
   "--suspect-ms 4000 is longer than --lease-ms 3000"
 expect 2 lynx-coordinator --http x:1 -- --http x:1
+expect 2 lynx-coordinator --http-conn-max 10 --http-conn-per-client 100 -- \
+  "--http-conn-per-client 100 is more than --http-conn-max 10"
 expect 2 lynx-coordinator --log-level loud -- --log-level loud
 expect 2 lynxctl frobnicate -- frobnicate
 
@@ -89,6 +102,15 @@ expect 1 lynx-frontend --metrics "127.0.0.1:$HELD" -- --metrics "127.0.0.1:$HELD
 expect 1 lynx-coordinator --token-file "$IT_DIR/token-dir" --state-dir "$IT_DIR/st1" -- "is a directory" \
   --token-file "$IT_DIR/token-dir"
 expect 1 lynx-coordinator --listen "127.0.0.1:$HELD" --state-dir "$IT_DIR/st2" -- "127.0.0.1:$HELD"
+# the API's address: taken, or none of this host's (TEST-NET-1): each
+# failure says which
+pick_ports P0
+expect 1 lynx-coordinator --listen "127.0.0.1:$P0" --http "127.0.0.1:$HELD" \
+  --state-dir "$IT_DIR/st3" -- "127.0.0.1:$HELD" "Address already in use" \
+  "another process serves that port"
+expect 1 lynx-coordinator --listen "127.0.0.1:$P0" --http 192.0.2.1:7780 \
+  --state-dir "$IT_DIR/st4" -- "192.0.2.1:7780" "Cannot assign requested address" \
+  "no interface of this host has that address"
 expect 1 lynxctl --token-file "$IT_DIR/no-such-token" nodes -- "$IT_DIR/no-such-token"
 : >"$IT_DIR/empty-token"
 expect 1 lynx-frontend --token-file "$IT_DIR/empty-token" -- "$IT_DIR/empty-token" "empty"

@@ -16,14 +16,18 @@
  * so that the body is read rather than refused from the headers).
  * A connection the server closes (end of stream, reset, or a send that
  * fails) is closed here too and its lifetime recorded, from the end of
- * connect() to the moment the close was seen. Nothing is ever reopened.
+ * connect() to the moment the close was seen. With --reopen 1 it is
+ * opened again at the next send (a client that keeps the pressure on, as
+ * a script retrying in a loop does), until --duration-ms; without, nothing
+ * is ever reopened.
  *
  * Output (stdout):
  *   slowloris: ready conns=N connected=C          once every connect ended
  *   slowloris: conns=N connected=C closed=K open=O short=S long=L bytes=B
- *              (one line, at the end)
+ *              reopened=R      (one line, at the end)
  * where short/long count the closed connections that lived less / at least
- * --long-ms. The server's answer, if any, is read and ignored.
+ * --long-ms (connected and closed count the reopened ones too). The
+ * server's answer, if any, is read and ignored.
  *
  * Runs until every connection is closed or --duration-ms has passed.
  * Exit status: 0 (the summary says what happened), 2 usage or socket errors.
@@ -53,11 +57,11 @@ struct slow {
   "usage: lynx-slowloris --port P [--host 127.0.0.1] [--source "               \
   "127.0.0.2] [--conns 300] [--interval-ms 1500] [--duration-ms "              \
   "60000] [--long-ms 1000] [--mode header|body] [--path /healthz] "            \
-  "[--header 'Name: value'] [--content-length 60000]\n"
+  "[--header 'Name: value'] [--content-length 60000] [--reopen 0|1]\n"
 
 struct cfg {
   char *host, *source, *mode, *path, *extra;
-  uint32_t port, conns, interval_ms;
+  uint32_t port, conns, interval_ms, reopen;
   uint64_t duration_ms, long_ms, content_length;
 };
 
@@ -77,6 +81,7 @@ static const struct lynx_opt opts[] = {
     {"header", LYNX_OPT_STR, O(extra), NULL, 0, 0, NULL, ""},
     {"content-length", LYNX_OPT_U64, O(content_length), "60000", 0,
      UINT64_MAX, NULL, ""},
+    {"reopen", LYNX_OPT_U32, O(reopen), "0", 0, 1, NULL, ""},
     LYNX_OPT_END,
 };
 #undef O
@@ -84,6 +89,30 @@ static const struct lynx_opt opts[] = {
 /* The next byte of connection s's endless script. */
 static char script_byte(const char *head, size_t head_len, size_t pos) {
   return pos < head_len ? head[pos] : 'a';
+}
+
+/* Opens s from src to dst: 1 connected, 0 refused at the TCP level
+ * (counted as not connected), -1 on a socket error (said on stderr). */
+static int slow_open(struct slow *s, const struct sockaddr_in *src,
+                     const struct sockaddr_in *dst, const char *src_name) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    fprintf(stderr, "slowloris: socket: %s\n", strerror(errno));
+    return -1;
+  }
+  if (bind(fd, (const struct sockaddr *)src, sizeof(*src))) {
+    fprintf(stderr, "slowloris: bind %s: %s\n", src_name, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  if (connect(fd, (const struct sockaddr *)dst, sizeof(*dst))) {
+    close(fd);
+    return 0;
+  }
+  s->fd = fd;
+  s->open_ms = tool_now_ms();
+  s->sent = 0;
+  return 1;
 }
 
 int main(int argc, char **argv) {
@@ -94,6 +123,7 @@ int main(int argc, char **argv) {
   char head[1024], hx[600] = "";
   size_t head_len;
   unsigned connected = 0, closed = 0, n_short = 0, n_long = 0, open_now;
+  unsigned reopened = 0;
   uint64_t bytes = 0, t_end, next_send;
   int rc;
 
@@ -123,24 +153,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (unsigned i = 0; i < cfg.conns; i++) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     c[i].fd = -1;
-    if (fd < 0) {
-      fprintf(stderr, "slowloris: socket: %s\n", strerror(errno));
+    if ((rc = slow_open(&c[i], &src, &dst, cfg.source)) < 0)
       return 2;
-    }
-    if (bind(fd, (struct sockaddr *)&src, sizeof(src))) {
-      fprintf(stderr, "slowloris: bind %s: %s\n", cfg.source, strerror(errno));
-      return 2;
-    }
-    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst))) {
-      /* a server that refuses at the TCP level: counted as not connected */
-      close(fd);
-      continue;
-    }
-    c[i].fd = fd;
-    c[i].open_ms = tool_now_ms();
-    connected++;
+    connected += (unsigned)rc;
   }
   printf("slowloris: ready conns=%u connected=%u\n", connected, connected);
   fflush(stdout);
@@ -152,11 +168,17 @@ int main(int argc, char **argv) {
     unsigned n = 0;
     int timeout;
     open_now = connected - closed;
-    if (open_now == 0 || now >= t_end)
+    if ((open_now == 0 && !cfg.reopen) || now >= t_end)
       break;
     if (now >= next_send) {
       for (unsigned i = 0; i < cfg.conns; i++) {
         char b;
+        if (c[i].fd < 0 && cfg.reopen) {
+          if ((rc = slow_open(&c[i], &src, &dst, cfg.source)) < 0)
+            return 2;
+          connected += (unsigned)rc;
+          reopened += (unsigned)rc;
+        }
         if (c[i].fd < 0)
           continue;
         b = script_byte(head, head_len, c[i].sent);
@@ -212,9 +234,9 @@ int main(int argc, char **argv) {
   }
   open_now = connected - closed;
   printf("slowloris: conns=%u connected=%u closed=%u open=%u short=%u "
-         "long=%u bytes=%llu\n",
+         "long=%u bytes=%llu reopened=%u\n",
          cfg.conns, connected, closed, open_now, n_short, n_long,
-         (unsigned long long)bytes);
+         (unsigned long long)bytes, reopened);
   for (unsigned i = 0; i < cfg.conns; i++)
     if (c[i].fd >= 0)
       close(c[i].fd);

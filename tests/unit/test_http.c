@@ -37,6 +37,7 @@
 #include "coord.h"
 #include "log.h"
 #include "registry.h"
+#include "regjson.h"
 #include "store.h"
 #include "ut_main.h"
 #include "ut_spec.h"
@@ -107,7 +108,14 @@ static int setup(void **state) {
     return -1;
   }
   snprintf(f->state, sizeof(f->state), "%s/state.json", f->dir);
-  pthread_mutex_init(&f->c.lock, NULL);
+  {
+    /* error-checking: a store can tell whether its caller holds it */
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ERRORCHECK);
+    pthread_mutex_init(&f->c.lock, &ma);
+    pthread_mutexattr_destroy(&ma);
+  }
   pthread_mutex_init(&f->c.change_lock, NULL);
   pthread_cond_init(&f->c.changed, NULL);
   lynx_reg_init(&f->c.reg, 3000, 5000, NULL);
@@ -124,9 +132,16 @@ static int setup(void **state) {
   return 0;
 }
 
+/* test_refused_when_all_busy's store: saves wait while this is set (and
+ * teardown clears it, so that a failed test does not keep a worker in
+ * its save) */
+static int slow_store_hold;
+static unsigned slow_store_saves;
+
 static int teardown(void **state) {
   struct fx *f = *state;
   char path[160];
+  __atomic_store_n(&slow_store_hold, 0, __ATOMIC_SEQ_CST);
   lynx_http_stop(&f->c);
   lynx_reg_free(&f->c.reg);
   pthread_cond_destroy(&f->c.changed);
@@ -379,6 +394,23 @@ static void test_health_ready(void **state) {
   resp_free(&r);
 }
 
+/* Defines svc_body's service in the registry itself, as a follower's
+ * reload from etcd does. */
+static void add_service(struct fx *f, const char *name) {
+  struct lynx_service_spec sp;
+  struct lynx_reg_err err;
+  struct json_object *j = json_tokener_parse(svc_body);
+  memset(&err, 0, sizeof(err));
+  assert_non_null(j);
+  assert_int_equal(lynx_json_service_spec(j, &sp, &err), 0);
+  json_object_put(j);
+  snprintf(sp.name, sizeof(sp.name), "%s", name);
+  pthread_mutex_lock(&f->c.lock);
+  assert_int_equal(
+      lynx_reg_service_create(&f->c.reg, &sp, lynx_coord_now_ms(), &err), 0);
+  pthread_mutex_unlock(&f->c.lock);
+}
+
 /* A follower (several coordinators on etcd: elect.c) sends changes to the
  * leader it knows of (307), and when it knows of none (etcd without a
  * quorum) answers 503 no_leader with the reason instead: its leader_api
@@ -395,6 +427,12 @@ static void test_follower_no_leader(void **state) {
   pthread_mutex_unlock(&f->c.lock);
   assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 307);
   assert_string_equal(r.location, "http://127.0.0.1:9/v1/services");
+  resp_free(&r);
+  /* a service's state and instances are the leader's: reads go there */
+  assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 307);
+  assert_string_equal(r.location, "http://127.0.0.1:9/v1/services");
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/services/echo-ut", NULL, &r), 307);
   resp_free(&r);
   assert_int_equal(req(f, "GET", "/readyz", NULL, &r), 200);
   assert_string_equal(jstr(r.json, "role", NULL), "follower");
@@ -416,7 +454,25 @@ static void test_follower_no_leader(void **state) {
   req(f, "GET", "/v1/nodes", NULL, &r); /* runtime state: the leader's */
   expect_error(&r, 503, "no_leader", "etcd cannot be reached", NULL);
   resp_free(&r);
+  /* knowing of no leader, it still shows what is defined, and says that
+   * it does not know the runtime state (never "0/0 pending") */
+  add_service(f, "echo-ut");
   assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 200);
+  {
+    struct json_object *items, *s0, *inst;
+    assert_true(json_object_object_get_ex(r.json, "items", &items));
+    assert_int_equal(json_object_array_length(items), 1);
+    s0 = json_object_array_get_idx(items, 0);
+    assert_string_equal(jstr(s0, "name", NULL), "echo-ut");
+    assert_string_equal(jstr(s0, "state", NULL), "unknown");
+    assert_non_null(strstr(jstr(s0, "reason", NULL), "knows of no leader"));
+    assert_non_null(strstr(jstr(s0, "reason", NULL), "the leader's"));
+    assert_true(json_object_object_get_ex(s0, "instances", &inst));
+    assert_null(inst);
+  }
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/v1/services/echo-ut", NULL, &r), 200);
+  assert_string_equal(jstr(r.json, "state", NULL), "unknown");
   resp_free(&r);
   assert_int_equal(req(f, "GET", "/readyz", NULL, &r), 200);
   assert_string_equal(jstr(r.json, "role", NULL), "follower");
@@ -1318,7 +1374,7 @@ static void test_save_failure(void **state) {
  * holds (JSON text, as lynx_store_state_obj encodes it), and the error it
  * answers while it cannot serve. Like etcd it is a network call, made
  * without the registry's lock (heartbeats must not wait on the store):
- * locked counts saves made while the API's thread held c->lock. */
+ * locked counts saves made while the saving thread held c->lock. */
 struct memstore {
   char *held;
   int fail; /* -errno to answer; 0: it saves */
@@ -1331,9 +1387,9 @@ static int memstore_save(void *arg, struct json_object *state, char *err,
                          size_t errlen) {
   struct memstore *m = arg;
   m->saves++;
-  /* only the API's thread takes the lock while a request runs: a trylock
-   * that fails means it holds it */
-  if (pthread_mutex_trylock(&m->c->lock) == 0)
+  /* c->lock is error-checking (setup): locking it again from the thread
+   * that holds it says so, however other threads use it meanwhile */
+  if (pthread_mutex_lock(&m->c->lock) == 0)
     pthread_mutex_unlock(&m->c->lock);
   else
     m->locked++;
@@ -1544,65 +1600,132 @@ static long metric_value(struct fx *f, const char *series) {
   char *p;
   long v = -1;
   assert_int_equal(req(f, "GET", "/metrics", NULL, &r), 200);
-  p = strstr(r.body, series);
-  if (p && p[strlen(series)] == ' ')
-    v = strtol(p + strlen(series) + 1, NULL, 10);
+  /* the sample's line (not its family's # HELP / # TYPE lines) */
+  for (p = r.body; p && (p = strstr(p, series)) != NULL; p++)
+    if ((p == r.body || p[-1] == '\n') && p[strlen(series)] == ' ') {
+      v = strtol(p + strlen(series) + 1, NULL, 10);
+      break;
+    }
   resp_free(&r);
   if (v < 0)
     fail_msg("/metrics lacks %s", series);
   return v;
 }
 
-/* Per-client cap, header timeout (however slowly the bytes come, and for an
- * idle keep-alive connection), body timeout; operators, and a watch longer
- * than every timeout, are served meanwhile. */
+/* Restarts the fixture's API with these connection limits. */
+static void serve_limits(struct fx *f, unsigned conn_max, unsigned per_client,
+                         unsigned timeout_ms) {
+  lynx_http_stop(&f->c);
+  f->c.http_conn_max = conn_max;
+  f->c.http_conn_per_client = per_client;
+  f->c.http_header_timeout_ms = timeout_ms;
+  f->c.http_body_timeout_ms = timeout_ms;
+  assert_int_equal(serve(f, "127.0.0.1"), 0);
+}
+
+/* Polls /metrics until series reads want (10 s at most). */
+static void await_metric(struct fx *f, const char *series, long want) {
+  for (int i = 0; i < 1000 && metric_value(f, series) != want; i++)
+    usleep(10000);
+  assert_int_equal(metric_value(f, series), want);
+}
+
+#define SHED(reason, kind)                                                     \
+  "lynx_coordinator_api_connections_shed_total{reason=\"" reason               \
+  "\",kind=\"" kind "\"}"
+#define REFUSED(reason)                                                        \
+  "lynx_coordinator_api_connections_refused_total{reason=\"" reason "\"}"
+
+/* At a cap a new connection takes the place of the oldest that has not
+ * completed its request, of its address at the per-client cap, of anyone
+ * at the total; so the operator's own address is served however many
+ * trickling connections share it. Deadlines hold however slowly the bytes
+ * come (and for an idle keep-alive connection), and a watch longer than
+ * every timeout is answered at its own. */
 static void test_slow_clients(void **state) {
   struct fx *f = *state;
   struct resp r;
-  int fds[3];
-  long life[3];
-  char got[3][1024];
+  int fds[4];
+  long life[4];
+  char got[4][1024];
   uint64_t t0;
 
-  lynx_http_stop(&f->c);
-  f->c.http_conn_per_client = 2;
-  f->c.http_header_timeout_ms = 400;
-  f->c.http_body_timeout_ms = 400;
-  assert_int_equal(serve(f, "127.0.0.1"), 0);
-
-  /* headers that never end, from 127.0.0.7: the third is over the cap */
+  serve_limits(f, 16, 2, 400);
+  /* headers that never end, from 127.0.0.7: the third takes the first's
+   * place */
   t0 = now_ms();
   for (int i = 0; i < 3; i++) {
     fds[i] = raw_open(f, "127.0.0.7", "GET /healthz HTTP/1.1\r\nHost: x\r\n");
     assert_true(fds[i] >= 0);
+    if (i < 2) /* in, before the next (with the scrape's own) */
+      await_metric(f, "lynx_coordinator_api_connections", i + 2);
   }
-  /* meanwhile 127.0.0.1 is served */
   assert_int_equal(req(f, "GET", "/healthz", NULL, &r), 200);
   resp_free(&r);
-  /* one byte every 100 ms keeps none of them alive: the third is closed
-   * first (at once), the other two at the header timeout, not before */
+  /* one byte every 100 ms keeps none of them alive: the first is closed
+   * first (shed), the other two at the header timeout, not before */
   trickle(fds, 3, life, NULL, t0, 100, 10000, 1);
   assert_true(life[0] >= 0 && life[1] >= 0 && life[2] >= 0);
-  assert_true(life[2] < life[0] && life[2] < life[1]);
-  assert_true(life[0] >= 400 && life[1] >= 400);
-  /* a watch longer than every timeout is answered at its own timeout */
-  {
-    char path[96];
-    snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=1000",
-             (unsigned long long)f->c.reg.version);
-    t0 = now_ms();
-    assert_int_equal(req(f, "GET", path, NULL, &r), 200);
-    assert_true(now_ms() - t0 >= 900);
-    resp_free(&r);
-  }
-  assert_int_equal(
-      metric_value(f, "lynx_coordinator_api_connections_refused_total{"
-                      "reason=\"per_client\"}"),
-      1);
+  assert_true(life[0] < life[1] && life[0] < life[2]);
+  assert_true(life[1] >= 400 && life[2] >= 400);
+  assert_int_equal(metric_value(f, SHED("per_client", "incomplete")), 1);
+  assert_int_equal(metric_value(f, REFUSED("per_client")), 0);
   assert_int_equal(
       metric_value(f, "lynx_coordinator_api_connections_timed_out_total{"
                       "phase=\"header\"}"),
       2);
+  assert_int_equal(
+      metric_value(f, "lynx_coordinator_api_connections_per_client_max"), 2);
+  assert_int_equal(metric_value(f, "lynx_coordinator_api_connections_max"),
+                   16);
+
+  /* the operator's own address holds its cap with trickling connections:
+   * its next requests are answered */
+  t0 = now_ms();
+  for (int i = 0; i < 2; i++) {
+    fds[i] = raw_open(f, "127.0.0.1", "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    assert_true(fds[i] >= 0);
+  }
+  assert_int_equal(req(f, "GET", "/readyz", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(req(f, "POST", "/v1/services", svc_body, &r), 201);
+  resp_free(&r);
+  assert_int_equal(req(f, "DELETE", "/v1/services/echo-ut", NULL, &r), 200);
+  resp_free(&r);
+  /* the first request took the older one's place (the later ones the
+   * newer's, or that of a connection of an earlier request that curl has
+   * closed and the server has not yet seen end) */
+  trickle(fds, 2, life, NULL, t0, 100, 10000, 1);
+  assert_true(life[0] >= 0 && life[0] < 400 && life[1] >= life[0]);
+  assert_true(metric_value(f, SHED("per_client", "incomplete")) >= 2);
+
+  /* two watches from 127.0.0.9 hold its cap: a new connection from there
+   * takes the older one's place, which is answered at once with the
+   * version and closed; the other is answered at its timeout */
+  {
+    char text[160];
+    snprintf(text, sizeof(text),
+             "GET /v1/watch?since=%llu&timeout_ms=1500 HTTP/1.1\r\nHost: "
+             "x\r\n\r\n",
+             (unsigned long long)f->c.reg.version);
+    t0 = now_ms();
+    for (int i = 0; i < 2; i++) {
+      fds[i] = raw_open(f, "127.0.0.9", text);
+      assert_true(fds[i] >= 0);
+      await_metric(f, "lynx_coordinator_api_watches", i + 1);
+    }
+    fds[2] = raw_open(f, "127.0.0.9", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_true(fds[2] >= 0);
+    trickle(fds, 3, life, got, t0, 100, 10000, 0);
+    assert_non_null(strstr(got[0], "HTTP/1.1 200"));
+    assert_non_null(strstr(got[0], "\"version\""));
+    assert_non_null(strcasestr(got[0], "Connection: close"));
+    assert_true(life[0] < 1000 && life[0] < life[1]);
+    assert_non_null(strstr(got[1], "HTTP/1.1 200"));
+    assert_true(life[1] >= 1400);
+    assert_non_null(strstr(got[2], "\"ok\""));
+    assert_int_equal(metric_value(f, SHED("per_client", "waiting")), 1);
+  }
 
   /* keep-alive: answered, then closed once idle for the header timeout */
   t0 = now_ms();
@@ -1615,7 +1738,7 @@ static void test_slow_clients(void **state) {
 
   /* a body that trickles: closed after the body timeout */
   t0 = now_ms();
-  fds[0] = raw_open(f, "127.0.0.9",
+  fds[0] = raw_open(f, "127.0.0.10",
                     "POST /v1/services HTTP/1.1\r\nHost: x\r\n"
                     "Content-Length: 100\r\n\r\n{");
   assert_true(fds[0] >= 0);
@@ -1626,11 +1749,87 @@ static void test_slow_clients(void **state) {
       metric_value(f, "lynx_coordinator_api_connections_timed_out_total{"
                       "phase=\"body\"}"),
       1);
-  assert_int_equal(
-      metric_value(f, "lynx_coordinator_api_connections_timed_out_total{"
-                      "phase=\"header\"}"),
-      3);
   assert_null(f->c.reg.services);
+
+  /* the total cap: four trickling connections from four addresses fill
+   * it; one more takes the oldest's place (the fourth, or the /healthz
+   * after it, whichever comes last: the backlog is accepted in order) */
+  serve_limits(f, 4, 4, 2000);
+  t0 = now_ms();
+  for (int i = 0; i < 4; i++) {
+    char src[16];
+    snprintf(src, sizeof(src), "127.0.1.%d", i + 1);
+    fds[i] = raw_open(f, src, "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    assert_true(fds[i] >= 0);
+  }
+  assert_int_equal(req(f, "GET", "/healthz", NULL, &r), 200);
+  resp_free(&r);
+  trickle(fds, 4, life, NULL, t0, 100, 1000, 1);
+  assert_true(life[0] >= 0 && life[0] < 1000);
+  assert_int_equal(metric_value(f, SHED("total", "incomplete")), 1);
+  for (int i = 1; i < 4; i++)
+    close(fds[i]);
+}
+
+/* A connection is refused only when every one of its address's is being
+ * answered: here one whose change waits on the store (slow_save, held
+ * while slow_store_hold is set). */
+static int slow_save(void *arg, struct json_object *state, char *err,
+                     size_t errlen) {
+  (void)arg;
+  (void)state;
+  (void)err;
+  (void)errlen;
+  __atomic_add_fetch(&slow_store_saves, 1, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n(&slow_store_hold, __ATOMIC_SEQ_CST))
+    usleep(1000);
+  return 0;
+}
+
+static void test_refused_when_all_busy(void **state) {
+  struct fx *f = *state;
+  struct resp r;
+  char text[512];
+  int fds[2];
+  long life[2];
+  char got[2][1024];
+  uint64_t t0;
+
+  serve_limits(f, 16, 1, 5000);
+  f->c.save = slow_save;
+  f->c.save_where = "a slow store";
+  __atomic_store_n(&slow_store_hold, 1, __ATOMIC_SEQ_CST);
+  snprintf(text, sizeof(text),
+           "POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Type: "
+           "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+           strlen(svc_body), svc_body);
+  t0 = now_ms();
+  fds[0] = raw_open(f, "127.0.0.11", text);
+  assert_true(fds[0] >= 0);
+  for (int i = 0; i < 1000 &&
+                  !__atomic_load_n(&slow_store_saves, __ATOMIC_SEQ_CST);
+       i++)
+    usleep(10000);
+  assert_int_equal(__atomic_load_n(&slow_store_saves, __ATOMIC_SEQ_CST), 1);
+  /* its change is being saved: nothing of 127.0.0.11's to shed */
+  fds[1] = raw_open(f, "127.0.0.11", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  assert_true(fds[1] >= 0);
+  /* meanwhile reads are answered (they do not wait behind the change) */
+  assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 200);
+  resp_free(&r);
+  assert_int_equal(req(f, "GET", "/healthz", NULL, &r), 200);
+  resp_free(&r);
+  /* (127.0.0.1's requests, one after the other, may meet the cap too: a
+   * connection whose answer curl has read may not have ended here yet) */
+  assert_true(metric_value(f, REFUSED("per_client")) >= 1);
+  __atomic_store_n(&slow_store_hold, 0, __ATOMIC_SEQ_CST);
+  trickle(fds, 2, life, got, t0, 100, 10000, 0);
+  assert_non_null(strstr(got[0], "HTTP/1.1 201"));
+  assert_null(strstr(got[1], "HTTP/1.1")); /* refused: never answered */
+  assert_true(life[1] >= 0 && life[1] < life[0]);
+  f->c.save = NULL;
+  assert_int_equal(req(f, "DELETE", "/v1/services/echo-ut", NULL, &r), 200);
+  resp_free(&r);
 }
 
 /* ---- lynxctl ------------------------------------------------------------ */
@@ -1921,6 +2120,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_store_refuses_change, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_slow_clients, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_refused_when_all_busy, setup,
+                                      teardown),
 #ifdef LYNXCTL
       cmocka_unit_test_setup_teardown(test_lynxctl, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lynxctl_drain_wait, setup,

@@ -719,6 +719,62 @@ static int reg_apps_node(struct lynx_registry *r, const char *id,
                            (void *)0x1, now, &err);
 }
 
+/* An app that calls a back end (mc-get calls "db", as the agent says in
+ * AccelInfo.app_backends): a service without it is refused with 400
+ * naming the back end, before anything is placed; with it, it is taken.
+ * An agent that does not say what its apps call refuses nothing. */
+static void test_app_backend_needed(void **state) {
+  struct fx *f = *state;
+  struct lynx_service_spec s = ut_spec("kv", 7000, 0, NULL);
+  struct lynx_accel_info acc[1];
+  struct lynx_reg_err err;
+  memset(acc, 0, sizeof(acc));
+  snprintf(acc[0].kind, sizeof(acc[0].kind), "cpu");
+  snprintf(acc[0].apps[0], LYNX_APP_NAME_MAX, "mc-get");
+  snprintf(acc[0].apps[1], LYNX_APP_NAME_MAX, "echo");
+  acc[0].n_apps = 2;
+  snprintf(s.app, sizeof(s.app), "mc-get");
+
+  /* an older agent: it does not say, the service is taken */
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_register(&f->r, "old", "127.0.0.1:7701", 1, NULL,
+                                     0, acc, 1, (void *)0x1, 1, &err),
+                   0);
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 1, &err), 0);
+  assert_int_equal(lynx_reg_service_delete(&f->r, "kv", 2, &err), 0);
+
+  /* one that says mc-get calls "db" */
+  acc[0].has_app_backends = 1;
+  snprintf(acc[0].app_backends[0], LYNX_BACKEND_NAME_MAX, "db");
+  assert_int_equal(lynx_reg_register(&f->r, "new", "127.0.0.1:7702", 2, NULL,
+                                     0, acc, 1, (void *)0x2, 3, &err),
+                   0);
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 4, &err), -EINVAL);
+  assert_int_equal(err.status, 400);
+  assert_string_equal(err.code, "invalid_argument");
+  assert_non_null(strstr(err.message, "application 'mc-get' calls back end "
+                                      "'db'"));
+  assert_non_null(strstr(err.message, "its back ends: none"));
+  assert_null(lynx_reg_service_find(&f->r, "kv"));
+  /* another back end is not it */
+  s.n_backends = 1;
+  snprintf(s.backends[0].name, LYNX_BACKEND_NAME_MAX, "cache");
+  snprintf(s.backends[0].address, LYNX_ADDR_MAX, "127.0.0.1:11211");
+  snprintf(s.backends[0].proto, sizeof(s.backends[0].proto), "memcached");
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 5, &err), -EINVAL);
+  assert_non_null(strstr(err.message, "its back ends: cache"));
+  /* with "db": taken */
+  snprintf(s.backends[0].name, LYNX_BACKEND_NAME_MAX, "db");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 6, &err), 0);
+  assert_non_null(lynx_reg_service_find(&f->r, "kv"));
+  /* an app that calls none needs none */
+  s = ut_spec("e", 7001, 0, NULL);
+  snprintf(s.app, sizeof(s.app), "echo");
+  assert_int_equal(lynx_reg_service_create(&f->r, &s, 7, &err), 0);
+}
+
 static const char *svc_state(struct lynx_registry *r, const char *name,
                              char *reason, size_t len, uint64_t *ready,
                              uint64_t *wanted) {
@@ -2643,6 +2699,7 @@ int main(int argc, char **argv) {
       T(test_suspect),
       T(test_pause_credit),
       T(test_apps_and_state),
+      T(test_app_backend_needed),
       T(test_heartbeat_counters),
       T(test_leave_and_forget),
       T(test_nodes_release),

@@ -471,7 +471,7 @@ static void test_encode_shapes(void **state) {
   json_object_put(o);
 
   /* services: placement shapes and instance counts */
-  o = lynx_json_services(&r);
+  o = lynx_json_services(&r, NULL);
   assert_int_equal(get_u64(o, "version"), r.version);
   items = get(o, "items");
   assert_int_equal(json_object_array_length(items), 2);
@@ -614,7 +614,7 @@ static void test_encode_shapes(void **state) {
         "drained");
     assert_int_equal(get_u64(o, "last_heartbeat_ms"), 0); /* clock behind */
     json_object_put(o);
-    o = lynx_json_service(&r, r.services);
+    o = lynx_json_service(&r, r.services, NULL);
     assert_int_equal(get_u64(get(o, "instances"), "wanted"), 0);
     json_object_put(o);
   }
@@ -718,7 +718,7 @@ static void test_encode_health(void **state) {
                      get_u64(a, "accel") == 0);
   }
   json_object_put(o);
-  o = lynx_json_service(&r, r.services);
+  o = lynx_json_service(&r, r.services, NULL);
   assert_int_equal(get_u64(get(o, "instances"), "ready"), 1);
   assert_int_equal(get_u64(get(o, "instances"), "wanted"), 2);
   json_object_put(o);
@@ -745,9 +745,23 @@ static void test_encode_health(void **state) {
   assert_int_equal(get_u64(h, "unhealthy_for_ms"), 0);
   assert_int_equal(get_u64(h, "outages"), 1);
   json_object_put(o);
-  o = lynx_json_service(&r, r.services);
+  o = lynx_json_service(&r, r.services, NULL);
   assert_int_equal(get_u64(get(o, "instances"), "ready"), 2);
   json_object_put(o);
+  /* as a follower that knows of no leader shows it: the intent, and the
+   * runtime fields unknown (never a count it does not have) */
+  {
+    struct json_object *v;
+    o = lynx_json_service(&r, r.services, "no leader (ut)");
+    assert_true(json_object_object_get_ex(o, "instances", &v));
+    assert_null(v);
+    assert_string_equal(json_object_get_string(get(o, "state")), "unknown");
+    assert_string_equal(json_object_get_string(get(o, "reason")),
+                        "no leader (ut)");
+    assert_string_equal(json_object_get_string(get(o, "name")),
+                        r.services->spec.name);
+    json_object_put(o);
+  }
 
   lynx_reg_free(&r);
 }
