@@ -218,13 +218,17 @@ void lynx_hc_free(struct lynx_hc *hc) {
   free(hc);
 }
 
-unsigned lynx_hc_mhd_limit(const struct lynx_hc *hc) {
+unsigned lynx_hc_limit_for(unsigned conn_max) {
   /* each admission over a cap leaves one shed connection for
    * libmicrohttpd to close; it closes them on its next pass, so a quarter
    * more (at least 16) is room enough: past it new connections wait in
    * the listen backlog for a pass */
-  unsigned room = hc->cfg.conn_max / 4;
-  return hc->cfg.conn_max + (room < 16 ? 16 : room);
+  unsigned room = conn_max / 4;
+  return conn_max + (room < 16 ? 16 : room);
+}
+
+unsigned lynx_hc_mhd_limit(const struct lynx_hc *hc) {
+  return lynx_hc_limit_for(hc->cfg.conn_max);
 }
 
 unsigned lynx_hc_mhd_flags(int family) {

@@ -98,8 +98,11 @@ int lynx_hc_new(const struct lynx_hc_cfg *cfg, struct lynx_hc **out);
 void lynx_hc_free(struct lynx_hc *hc);
 
 /* MHD_OPTION_CONNECTION_LIMIT for the server: conn_max and room for shed
- * connections that libmicrohttpd has not closed yet. */
+ * connections that libmicrohttpd has not closed yet (lynx_hc_limit_for
+ * says it of a conn_max before a tracker exists: the descriptors a cap
+ * takes). */
 unsigned lynx_hc_mhd_limit(const struct lynx_hc *hc);
+unsigned lynx_hc_limit_for(unsigned conn_max);
 /* The daemon flags of such a server on address family: one internal
  * thread polling every connection (epoll, else poll: no FD_SETSIZE
  * limit), its errors logged, IPv6 for AF_INET6. */

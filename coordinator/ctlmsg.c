@@ -55,11 +55,10 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
              ai->pci_bus_id ? ai->pci_bus_id : "");
     accels[i].gpudirect_rdma = ai->gpudirect_rdma ? 1 : 0;
     accels[i].rdma_writes_ordering = ai->rdma_writes_ordering;
-    /* an app name no agent could run is dropped, not refused: placement
-     * only ever compares names the API took */
-    /* (app_backends[k] belongs to apps[k]: both lists, or neither, are
-     * taken; a back-end name no service could give is dropped with its
-     * app, as placement compares only names the API took) */
+    /* an app name no agent could run is dropped, not refused, and so is
+     * one whose back-end name no service could give: placement only ever
+     * compares names the API took. app_backends[k] belongs to apps[k]:
+     * both lists are taken, or only apps. */
     accels[i].has_app_backends = ai->n_app_backends == ai->n_apps;
     for (size_t k = 0; k < ai->n_apps && accels[i].n_apps < LYNX_APPS_MAX;
          k++) {

@@ -138,7 +138,11 @@ struct http {
   /* the workers and their queues (reads, changes) */
   pthread_mutex_t work_lock;
   struct job_queue q[QUEUE_N];
-  pthread_t workers[READ_WORKERS + 1];
+  struct worker {
+    struct http *h;
+    int queue;
+    pthread_t thread;
+  } workers[READ_WORKERS + 1];
   unsigned n_workers;
   int workers_stop;      /* under work_lock */
   unsigned n_suspended;  /* under work_lock: suspended, not yet resumed */
@@ -181,7 +185,6 @@ struct http_req {
    * queued by the server's thread when it resumes the connection */
   struct http_out *result;
   int done;     /* result is ready */
-  int close;    /* closed after the answer (a watch shed at a cap) */
   int parked;   /* a watcher: the watch thread answers it */
   uint64_t since, watch_deadline_ns; /* a watcher's */
   /* a follower that knows of no leader reads its services: the reason the
@@ -1064,7 +1067,7 @@ static void h_watch(struct http_req *rq, struct http_out *out) {
   reply_encoded(out, 200, j);
 }
 
-static void resume(struct http *h, struct http_req *rq);
+static void resume(struct http_req *rq);
 
 /* The watch thread: answers every parked watcher whose version moved,
  * whose time is up or whose connection was shed at a cap (closed after
@@ -1089,8 +1092,7 @@ static void *watch_main(void *arg) {
         if (j)
           json_object_object_add(j, "version",
                                  json_object_new_uint64(c->reg.version));
-        reply_encoded(w->result, 200, j);
-        w->close = shed;
+        reply_encoded(w->result, 200, j); /* a shed one closes after */
         h->n_watchers--;
         *pp = w->next;
         w->next = ready;
@@ -1108,7 +1110,7 @@ static void *watch_main(void *arg) {
       while (ready) {
         struct http_req *w = ready;
         ready = w->next;
-        resume(h, w);
+        resume(w);
       }
       pthread_mutex_lock(&c->lock);
       continue; /* watchers parked meanwhile are looked at */
@@ -1722,16 +1724,9 @@ static int authorise(struct http_req *rq, struct http_out *out) {
 
 /* ---- deferred requests --------------------------------------------------- */
 
-/* Moves conn's connection to phase ph (httpconn.h). */
-static void conn_phase(struct http *h, struct MHD_Connection *conn,
-                       enum lynx_hc_phase ph) {
-  lynx_hc_phase(h->hc, conn, ph);
-}
-
 /* rq's answer is in rq->result: the server's thread queues it once it
  * resumes the connection (it calls on_request again). Any thread. */
-static void resume(struct http *h, struct http_req *rq) {
-  (void)h;
+static void resume(struct http_req *rq) {
   if (!rq->result->json && !rq->result->text)
     reply_err(rq->result, 500, "internal", "handler produced no answer");
   __atomic_store_n(&rq->done, 1, __ATOMIC_RELEASE);
@@ -1741,11 +1736,6 @@ static void resume(struct http *h, struct http_req *rq) {
 /* A worker: answers the requests of its queue, one at a time, until the
  * server stops and the queue is empty. A request queued while the server
  * stops is answered 503 rather than run. */
-struct worker {
-  struct http *h;
-  int queue;
-};
-
 static void *worker_main(void *arg) {
   struct worker *w = arg;
   struct http *h = w->h;
@@ -1770,11 +1760,10 @@ static void *worker_main(void *arg) {
     else
       rq->route->fn(rq, rq->result);
     if (!rq->parked)
-      resume(h, rq);
+      resume(rq);
     pthread_mutex_lock(&h->work_lock);
   }
   pthread_mutex_unlock(&h->work_lock);
-  free(w);
   return NULL;
 }
 
@@ -1857,7 +1846,7 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
   if (out->www_auth)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
                             "Bearer realm=\"lynx\"");
-  if (rq->close || lynx_hc_was_shed(rq->h->hc, rq->conn))
+  if (lynx_hc_was_shed(rq->h->hc, rq->conn))
     /* shed at a cap: its place is taken */
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (out->page) {
@@ -1870,7 +1859,7 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
   MHD_destroy_response(resp);
   if (ret == MHD_YES) {
     rq->answered = 1;
-    conn_phase(rq->h, rq->conn, LYNX_HC_BUSY); /* a body left unread is skipped */
+    lynx_hc_phase(rq->h->hc, rq->conn, LYNX_HC_BUSY); /* a body left unread is skipped */
     if (out->status >= 500 || (is_mutating(rq->method) && out->status >= 400))
       LYNX_WARN(COMP, "%s %s: %u", rq->method,
                 rq->route ? rq->route->pattern : "?", out->status);
@@ -1981,7 +1970,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     rq->conn = conn;
     snprintf(rq->method, sizeof(rq->method), "%s", method);
     /* the headers are in: the body's deadline starts, or none applies */
-    conn_phase(h, conn, has_body(conn) ? LYNX_HC_BODY : LYNX_HC_BUSY);
+    lynx_hc_phase(h->hc, conn, has_body(conn) ? LYNX_HC_BODY : LYNX_HC_BUSY);
     rq->route = route_find(method, url, rq->params, &status, out.allow,
                            sizeof(out.allow));
     if (!rq->route) {
@@ -2118,10 +2107,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     h->n_suspended--;
     pthread_cond_broadcast(&h->resumed);
     pthread_mutex_unlock(&h->work_lock);
-    conn_phase(h, conn, LYNX_HC_BUSY); /* a watch's answer is no wait */
+    lynx_hc_phase(h->hc, conn, LYNX_HC_BUSY); /* a watch's answer is no wait */
     return send_out(rq, &out);
   }
-  conn_phase(h, conn, LYNX_HC_BUSY);
+  lynx_hc_phase(h->hc, conn, LYNX_HC_BUSY);
   if (rq->answered)
     return MHD_YES;
   if (rq->pending) {
@@ -2139,16 +2128,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   if (!rq->route->now) {
     /* while the server stops, reads are answered here (a watch at once)
      * and changes refused */
-    if (__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE) &&
-        is_mutating(rq->method)) {
+    if (!__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE)) {
+      if (defer(h, rq) == 0)
+        return MHD_YES;
+    } else if (is_mutating(rq->method)) {
       reply_err(&out, 503, "shutting_down",
                 "the coordinator is stopping: retry (another coordinator, "
                 "or this one once it is back)");
       return send_out(rq, &out);
     }
-    if (!__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE) &&
-        defer(h, rq) == 0)
-      return MHD_YES;
   }
   rq->route->fn(rq, &out);
   if (!out.json && !out.text)
@@ -2161,7 +2149,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
   struct http_req *rq = *req_cls;
   (void)toe;
   /* the next request's headers are due within the header timeout */
-  conn_phase(cls, conn, LYNX_HC_HEADERS);
+  lynx_hc_phase(((struct http *)cls)->hc, conn, LYNX_HC_HEADERS);
   if (!rq)
     return;
   if (rq->early) { /* the request ended before its early answer went out */
@@ -2322,6 +2310,7 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
                                  : "");
     goto out_hc;
   }
+  errno = 0; /* libmicrohttpd sets it on some failures only */
   h->d = MHD_start_daemon(
       flags, 0, lynx_hc_on_accept, h->hc, on_request, h,
       /* first, so every message of the daemon goes through our log */
@@ -2342,15 +2331,11 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   h->watch_running =
       pthread_create(&h->watch_thread, NULL, watch_main, h) == 0;
   for (int i = 0; h->watch_running && i < READ_WORKERS + 1; i++) {
-    struct worker *w = malloc(sizeof(*w));
-    if (!w)
-      break;
+    struct worker *w = &h->workers[i];
     w->h = h;
     w->queue = i < READ_WORKERS ? QUEUE_READ : QUEUE_CHANGE;
-    if (pthread_create(&h->workers[i], NULL, worker_main, w)) {
-      free(w);
+    if (pthread_create(&w->thread, NULL, worker_main, w))
       break;
-    }
     h->n_workers++;
   }
   if (h->n_workers < READ_WORKERS + 1) {
@@ -2403,7 +2388,7 @@ void lynx_http_stop(struct lynx_coord *c) {
     pthread_cond_broadcast(&h->q[i].wake);
   pthread_mutex_unlock(&h->work_lock);
   for (unsigned i = 0; i < h->n_workers; i++)
-    pthread_join(h->workers[i], NULL);
+    pthread_join(h->workers[i].thread, NULL);
   /* every suspended connection has been resumed: let the server's thread
    * send their answers before the daemon stops (it would close them) */
   until = lynx_now_ns() + STOP_WAIT_MS * 1000000ull;

@@ -31,6 +31,7 @@
 #include "ctlconn.h"
 #include "ctlmsg.h"
 #include "frame.h"
+#include "httpconn.h"
 #include "log.h"
 #include "notify.h"
 #include "options.h"
@@ -1314,7 +1315,7 @@ static void on_role(uv_async_t *a) {
  * is, with a warning, so that it sheds before accept() runs out. */
 #define DESCRIPTORS_SPARE 256u
 static void fit_descriptors(struct coord_cfg *cfg) {
-  unsigned long api = cfg->http_conn_max + cfg->http_conn_max / 4 + 16;
+  unsigned long api = lynx_hc_limit_for(cfg->http_conn_max);
   unsigned long need = cfg->ctl_conn_max + api + DESCRIPTORS_SPARE;
   unsigned long have = lynx_raise_nofile(need), share;
   if (have >= need)

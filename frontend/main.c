@@ -28,7 +28,6 @@
 #include <unistd.h>
 
 #include <json-c/json.h>
-#include <sys/resource.h>
 
 #include "ctlconn.h"
 #include "frontend.h"
@@ -845,13 +844,8 @@ int main(int argc, char **argv) {
     return rc ? lynx_opts_exit_code(rc) : 0;
   m.exit_code = LYNX_EXIT_USAGE; /* until the command line is checked */
   signal(SIGPIPE, SIG_IGN);
-  { /* a TCP service holds a descriptor per client: lift the soft limit */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rl.rlim_cur = rl.rlim_max;
-      setrlimit(RLIMIT_NOFILE, &rl);
-    }
-  }
+  /* a TCP service holds a descriptor per client: lift the soft limit */
+  lynx_raise_nofile((unsigned long)-1);
   pthread_mutex_init(&m.list_lock, NULL);
   lvl = lynx_log_parse_level(cfg->log_level);
   if (lvl < 0) {

@@ -35,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -153,7 +152,6 @@ int main(int argc, char **argv) {
            connected = 0;
   uint8_t *buf;
   int ep, ok, rc;
-  struct rlimit rl;
 
   if ((rc = tool_opts(opts, &cfg, argc, argv, USAGE, NULL)) >= 0)
     return rc;
@@ -173,10 +171,7 @@ int main(int argc, char **argv) {
   if (!n_conns || !window || size_max > (64u << 20))
     return tool_usage(USAGE);
   /* thousands of connections: lift the soft descriptor limit */
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
+  lynx_raise_nofile((unsigned long)-1);
   cs = calloc(n_conns, sizeof(*cs));
   buf = malloc(size_max + 8u + 65536u);
   ep = epoll_create1(0);
