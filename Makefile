@@ -7,7 +7,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test test-all test-sanitize test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -16,9 +16,7 @@ all: build
 # run's demo) for make, build, run and every goal not named here; the test
 # tools for the suites, clang for fuzz, and so on. LYNX_ARCH=arm64 adds
 # arm64. `deploy/install-deps.sh --help` lists each target's packages.
-DEPS_test := test
-DEPS_test-faults := test
-DEPS_test-busy := test
+$(foreach g,test test-all test-sanitize test-faults test-busy,$(eval DEPS_$(g) := test))
 DEPS_run-ha := run-ha
 DEPS_fuzz := fuzz
 DEPS_deb := deb
@@ -29,31 +27,62 @@ DEPS_TARGETS := $(sort $(foreach g,$(or $(MAKECMDGOALS),all),$(or $(DEPS_$(g)),r
 deps:
 	@bash deploy/install-deps.sh $(DEPS_TARGETS)
 
+# The tests' time scale (docs/testing.md): auto (1; 2 in a sanitizer
+# build, 5 in a cross build), or a whole number; make test-busy uses 3.
+LYNX_TEST_TIME_SCALE ?= auto
 configure: deps
-	@cmake -S . -B $(BUILD) $(CMAKE_VARS) >/dev/null
+	@cmake -S . -B $(BUILD) $(CMAKE_VARS) -DLYNX_TEST_TIME_SCALE=$(LYNX_TEST_TIME_SCALE) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j 1 $(CTEST_ARGS)
+# The tests (docs/testing.md). $(call ctest_stage,BUILD,NAME,CTEST ARGS)
+# runs ctest in BUILD, TEST_JOBS tests at a time (the integration tests
+# run alone: RUN_SERIAL), its JUnit report in BUILD/junit-NAME.xml; then
+# tests/check-skips.py lists every skip with its reason, and with
+# LYNX_STRICT_SKIPS=1 (CI) fails on one tests/skips.allow does not hold.
+# LYNX_TEST_EXTRA=host also runs the tests that change the machine
+# (install_deps takes the dpkg lock, deb_install fetches a Debian root).
+TEST_JOBS ?= $(JOBS)
+export LYNX_TEST_EXTRA LYNX_STRICT_SKIPS LYNX_GPU_HOST
+ctest_stage = cd $(1) && ctest --output-on-failure -j $(TEST_JOBS) \
+  --output-junit $(abspath $(1))/junit-$(2).xml $(3) $(CTEST_ARGS); rc=$$?; \
+  cd $(CURDIR) && python3 tests/check-skips.py $(1) $(abspath $(1))/junit-$(2).xml || rc=1; \
+  exit $$rc
 
-# the fault suite alone (tests/faults/, docs/faults.md; also in `test`)
+# the quick tier: every unit test (in parallel), every fuzz corpus, and
+# the integration tests that cross each main path once (label quick)
+test: build
+	@$(call ctest_stage,$(BUILD),quick,-L '^quick$$')
+
+# every test
+test-all: build
+	@$(call ctest_stage,$(BUILD),all,)
+
+# the fault suite alone (tests/faults/, docs/faults.md; also in test-all)
 test-faults: build
-	cd $(BUILD) && ctest --output-on-failure -j 1 -L faults $(CTEST_ARGS)
+	@$(call ctest_stage,$(BUILD),faults,-L '^faults$$')
+
+# AddressSanitizer and UBSan (SANITIZE_BUILD, LYNX_SANITIZE=ON): the unit
+# tests, the fuzz corpora and the sanitize tier (the fault suite, the tests
+# where the sanitizers found bugs before, those that feed daemons bad
+# input); nothing that does not depend on the build (docs/testing.md)
+SANITIZE_BUILD ?= build-asan
+test-sanitize: deps
+	@cmake -S . -B $(SANITIZE_BUILD) -DLYNX_SANITIZE=ON -DLYNX_TEST_TIME_SCALE=$(LYNX_TEST_TIME_SCALE) >/dev/null
+	@cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+	@$(call ctest_stage,$(SANITIZE_BUILD),sanitize,-L '^sanitize$$')
 
 # arm64 (BlueField, docs/bluefield.md): cross-compiled into ARM64_BUILD,
-# then the unit tests (the ring's two-thread test with a million requests)
-# and the UDP ping-pong, TCP service and coordinator integration tests run
-# the arm64 programs under qemu-user
+# then under qemu-user the unit tests but what emulation cannot test
+# (label native), and the UDP ping-pong, TCP service and coordinator
+# integration tests (label emu), at time scale 5
 ARM64_BUILD ?= build-arm64
-ARM64_TESTS ?= ^(emu_wrappers|integration\.(udp_pingpong|tcp_service|cluster))$$
 test-arm64:
 	@bash deploy/install-deps.sh arm64
-	@cmake -S . -B $(ARM64_BUILD) -DLYNX_ARCH=arm64 >/dev/null
+	@cmake -S . -B $(ARM64_BUILD) -DLYNX_ARCH=arm64 -DLYNX_TEST_TIME_SCALE=$(LYNX_TEST_TIME_SCALE) >/dev/null
 	@cmake --build $(ARM64_BUILD) -j $(JOBS)
-	cd $(ARM64_BUILD) && LYNX_UT_RING_ITERS=1000000 ctest --output-on-failure -j 1 -L unit $(CTEST_ARGS)
-	cd $(ARM64_BUILD) && ctest --output-on-failure -j 1 -R '$(ARM64_TESTS)' $(CTEST_ARGS)
+	@$(call ctest_stage,$(ARM64_BUILD),arm64,-L '^emu$$')
 
 # Debian packages of the build (deploy/packaging.cmake): lynx-coordinator,
 # lynx-agent, lynx-frontend, lynxctl in $(BUILD)/packages/; for arm64:
@@ -62,9 +91,12 @@ deb: build
 	cd $(BUILD) && cpack -G DEB
 	@ls -l $(BUILD)/packages/*.deb
 
-# the suite with a CPU hog per core spinning beside it (tests/run-busy.sh)
+# the quick tier with a CPU hog per core spinning beside it, at time
+# scale 3 (tests/run-busy.sh; BUSY_TIER=all for every test)
+BUSY_TIER ?= quick
+test-busy: LYNX_TEST_TIME_SCALE = 3
 test-busy: build
-	@bash tests/run-busy.sh $(BUILD) $(CTEST_ARGS)
+	@TEST_JOBS=$(TEST_JOBS) bash tests/run-busy.sh $(BUILD) $(BUSY_TIER) $(CTEST_ARGS)
 
 # every libFuzzer harness of tests/fuzz/ for FUZZ_SECONDS each, from a
 # scratch copy of its corpus, in a clang build (FUZZ_BUILD); fails when one

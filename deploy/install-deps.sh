@@ -21,7 +21,7 @@
 #           memcached, etcd, libfaketime, gnutls-bin, systemd-analyze,
 #           debootstrap, Python's yaml and jsonschema, Chromium with
 #           chromedriver and Selenium, clang's libFuzzer, the Fashion-MNIST
-#           images, promtool (make test, make test-faults, make test-busy)
+#           images, promtool (make test, test-all, test-sanitize, test-faults, test-busy)
 #   fuzz    build + clang and its libFuzzer runtime (make fuzz)
 #   deb     build + dpkg-dev, and debootstrap and sockperf for the
 #           packages' install test in a clean root (make deb)
@@ -188,7 +188,7 @@ targets (the make goals that install them) and their packages:
 EOF
   local t
   declare -A GOAL=([build]="in every target" [run]="make, make build, run" [run-ha]="run-ha"
-    [test]="test, test-faults, test-busy" [fuzz]="fuzz" [deb]="deb" [bench]="bench*"
+    [test]="test, test-all, test-sanitize, test-faults, test-busy" [fuzz]="fuzz" [deb]="deb" [bench]="bench*"
     [lenet]="no goal: docs/lenet.md" [arm64]="test-arm64, LYNX_ARCH=arm64")
   for t in "${TARGETS[@]}"; do
     own "$t"

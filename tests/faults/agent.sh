@@ -56,7 +56,7 @@ window() {
   fl_fault_window "$1" fe1 "$2" "$3" "${@:4}"
   assert_eq "$(fl_node_drops fe1 h2)" 0 "$name: requests fe1 dropped on h2 (which stayed up)"
   # what reached h1 while it was failed but not yet declared down, at most
-  assert_le "$FL_DROPPED" $((FL_RATE * (FL_OUT_MS + 500) / 1000)) "$name: requests dropped (at $FL_RATE/s, h1 failed for $FL_OUT_MS ms before it was declared down)"
+  assert_le "$FL_DROPPED" $((FL_RATE * (FL_OUT_MS + $(ts_ms 500)) / 1000)) "$name: requests dropped (at $FL_RATE/s, h1 failed for $FL_OUT_MS ms before it was declared down)"
 }
 FL_OUT_MS=0
 

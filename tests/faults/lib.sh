@@ -189,12 +189,12 @@ fl_load_start() {
   FL_LOAD_OUT=$MH_DIR/sockperf-$1.out
   [[ ${4:-} == nowait ]] || before=$(fl_metric "$2" lynx_frontend_received_total)
   log "sockperf under-load -i $(mh_ip "$2") --mps $FL_RATE -t $3 ($1)"
-  mh_exec client timeout -k 3 $(($3 + 30)) sockperf under-load -i "$(mh_ip "$2")" \
+  mh_exec client timeout -k 3 $(($3 + 30 * TS)) sockperf under-load -i "$(mh_ip "$2")" \
     -p "$FL_UDP_PORT" -m 64 -t "$3" --mps "$FL_RATE" --reply-every 1 \
     --buffer-size 4194304 >"$FL_LOAD_OUT" 2>&1 </dev/null &
   FL_LOAD_PID=$!
   [[ ${4:-} == nowait ]] && return 0
-  end=$(($(mh_now_ms) + 10000))
+  end=$(($(mh_now_ms) + 10000 * TS))
   # (sockperf's warm-up messages count: at least 100 more is the test)
   while (($(fl_metric "$2" lynx_frontend_received_total) < before + 100)); do
     (($(mh_now_ms) < end)) || fail "$2 received no load from sockperf within 10 s"
@@ -248,7 +248,7 @@ fl_window_begin() { fl_counts "$1" FLB; }
 
 # fl_quiesce FE: until FE answered or dropped every request it received.
 fl_quiesce() {
-  local end=$(($(mh_now_ms) + 15000))
+  local end=$(($(mh_now_ms) + 15000 * TS))
   for (( ; ; )); do
     fl_counts "$1" FLE
     ((FLE_resp + FLE_drop - FLE_stale_tag - FLE_tx_bad_seq - FLE_bad_index >= FLE_rcv)) && return 0
@@ -307,7 +307,7 @@ fl_dispatched() {
 # frontends FE... dispatched to them (the agent samples its accelerators
 # every health period: waited for). More would be a request executed twice.
 fl_check_once() {
-  local h=$1 end=$(($(mh_now_ms) + 10000)) ex di
+  local h=$1 end=$(($(mh_now_ms) + 10000 * TS)) ex di
   shift
   for (( ; ; )); do
     ex=$(fl_executed "$h") di=$(fl_dispatched "$h" "$@")
@@ -355,7 +355,7 @@ fl_ledger() {
 # the ledger allows exactly that many. More runs than that: a lost
 # request ran after the fence, or one ran twice.
 fl_check_ledger() {
-  local what=$1 fes=$2 end=$(($(mh_now_ms) + 10000)) hi lo ex ran
+  local what=$1 fes=$2 end=$(($(mh_now_ms) + 10000 * TS)) hi lo ex ran
   shift 2
   for (( ; ; )); do
     fl_ledger "$fes" "$@"

@@ -105,7 +105,7 @@ service kv2 "$KV2" "$MC2"
 wait_log "$FRONTEND_LOG" "back end db (127.0.0.1:$MC2) down" 10 1 "$FRONTEND_PID"
 sleep 0.5
 expect_reply "$KV2" k2 ERROR "back end not running: ERROR"
-assert_lt "$(ms_of)" 200 "ms until ERROR while the back end is down"
+assert_lt "$(ms_of)" "$(ts_ms 200)" "ms until ERROR while the back end is down"
 start_memcached "$MC2"
 MC2_PID=$MCD_PID
 mc_set "$MC2" k2 world
@@ -115,7 +115,7 @@ wait_reply "$KV2" k2 world 10 "served once the back end came up"
 kill -9 "$MC1_PID"
 wait_exit "$MC1_PID" 5 || fail "memcached did not die"
 expect_reply "$KV1" k1 ERROR "back end killed: ERROR"
-assert_lt "$(ms_of)" 200 "ms until ERROR after the back end died"
+assert_lt "$(ms_of)" "$(ts_ms 200)" "ms until ERROR after the back end died"
 down=$(metric lynx_frontend_dropped_total 'reason="backend_down"') || fail "no backend_down counter"
 assert_gt "$down" 0 "requests answered 'back end down'"
 start_memcached "$MC1"

@@ -12,7 +12,8 @@
 # need it). Then the same page over ~10,000 simulated accelerators.
 # Screenshots: <build>/test-output/console/*.png.
 # Skipped (77) without chromium, chromedriver or python3-selenium (Debian
-# packages: deploy/install-deps.sh), or where Chromium cannot start.
+# packages: deploy/install-deps.sh test); an installed Chromium that does
+# not start is a failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init console
@@ -70,12 +71,12 @@ until [[ $(api_json /v1/accelerators "[.items[] | select(.node == \"$N1\" and .h
 done
 
 log "== the page over $(api_json /v1/nodes '.items | length') nodes"
-timeout -k 5 240 "$PY" "$ROOT/tests/integration/console_check.py" \
+timeout -k 5 "$(ts_s 240)" "$PY" "$ROOT/tests/integration/console_check.py" \
   --api "$(api_url)" --token "$TOKEN" --service sf --stalled-node "$N1" \
   --down-node "$N2" --drain-node "${IT_NODE}sim00001" --drain-accels 4 \
   --drain-index 1 --rate 100 --leaving-node "${IT_NODE}sim00005" --shots "$SHOTS"
 rc=$?
-((rc == 77)) && skip "Chromium cannot run here (console_check.py said why above)"
+((rc == 77)) && skip "console_check.py: a module it needs is missing (said above)"
 ((rc == 0)) || fail "the console does not show the cluster as the API does (FAIL above)"
 
 log "== the page over 10,000 simulated accelerators"
@@ -85,7 +86,7 @@ spawn_daemon lynx-simnodes simnodes "" --coordinator "127.0.0.1:$COORD_PORT" \
   --concurrency 128
 SIM_PID=$SPAWN_PID
 wait_log "$SPAWN_LOG" "simnodes: registered" 60 1 "$SIM_PID"
-timeout -k 5 240 "$PY" "$ROOT/tests/integration/console_check.py" \
+timeout -k 5 "$(ts_s 240)" "$PY" "$ROOT/tests/integration/console_check.py" \
   --api "$(api_url)" --token "$TOKEN" --service sf --stalled-node "$N1" \
   --down-node "$N2" --drain-node - --drain-accels 0 \
   --scale-probe "${IT_NODE}big00999" --shots "$SHOTS"

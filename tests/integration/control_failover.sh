@@ -41,7 +41,7 @@ start_coord() { start_coord_as "$1" "$2" "$3" --etcd "$ETCD_URL" --etcd-prefix "
 change_within() {
   local api=$1 name=$2 t0=$3 bound=$4 port end
   pick_ports port
-  end=$((t0 + bound + 5000))
+  end=$((t0 + bound + $(ts_ms 5000)))
   API_PORT=$api
   until api POST /v1/services -d "{\"name\":\"$name\",\"port\":$port,\"app\":\"echo\"}" &&
     [[ $API_STATUS == 201 ]]; do
@@ -91,7 +91,7 @@ if [[ $PHASE == kill ]]; then
     untrack "${!pid_var}"
     wait_role "${!api_var}" leader $((TTL * 1000 + 3000)) || fail "$2 does not lead after $1 died"
     log "$2 leads $(($(now_ms) - t_kill)) ms after $1 was killed"
-    change_within "${!api_var}" "after_$1" "$t_kill" $((TTL * 1000 + 1000))
+    change_within "${!api_var}" "after_$1" "$t_kill" $((TTL * 1000 + $(ts_ms 1000)))
     wait_log "$AGENT_LOG" "registered with coordinator 127.0.0.1:${!ctl_var}" 10 \
       $((n + 1)) "$AGENT_PID"
   }
@@ -109,13 +109,13 @@ if [[ $PHASE == kill ]]; then
   # whatever lease the failover needs (8.5 s): suspect, then down
   t_kill=$(now_ms)
   kill9 "$AGENT_PID"
-  end=$((t_kill + 5000))
+  end=$((t_kill + $(ts_ms 5000)))
   until [[ $(api_json /v1/nodes "[.items[] | select(.id == \"$N1\") | .suspect] | .[0]") == true ]]; do
     (($(now_ms) < end)) || { it_check_failed "$N1 is not suspect 5 s after its agent was killed"; break; }
     sleep 0.05
   done
   suspect_ms=$(($(now_ms) - t_kill))
-  assert_le "$suspect_ms" 3500 "ms from the agent's kill to its node out of dispatch (suspect)"
+  assert_le "$suspect_ms" "$(ts_ms 3500)" "ms from the agent's kill to its node out of dispatch (suspect)"
   assert_str "$(node_state "$N1")" ready "its state while suspect (down only at the lease)"
   wait_node_state "$N1" down 8500 || it_check_failed "$N1 is not down at its lease: $NODE_STATE"
   assert_ge $(($(now_ms) - t_kill)) 7500 "ms from the agent's kill to its node down (the 8.5 s lease, its heartbeat up to 1 s old)"
@@ -137,15 +137,15 @@ kill -STOP "$PID_A"
 STOPPED+=("$PID_A")
 wait_role "$CB_API" leader $((TTL * 1000 + 3000)) || fail "B does not lead while A is stopped"
 log "B leads $(($(now_ms) - t_stop)) ms after A was stopped"
-change_within "$CB_API" while_a_stopped "$t_stop" $((TTL * 1000 + 1000))
+change_within "$CB_API" while_a_stopped "$t_stop" $((TTL * 1000 + $(ts_ms 1000)))
 # the agent and the frontend found B while A is stopped
 # (by the election lease and ~3 s: docs/etcd.md, "Failover without
 # loss"; the fence, a second less than the 8.5 s lease, holds 6.5 s at
 # least)
 wait_log "$AGENT_LOG" "registered with coordinator 127.0.0.1:$CB" $((TTL + 4)) 1 "$AGENT_PID"
-assert_le $(($(now_ms) - t_stop)) $((TTL * 1000 + 3000)) "ms from the stop to the agent registered with B"
+assert_le $(($(now_ms) - t_stop)) $((TTL * 1000 + $(ts_ms 3000))) "ms from the stop to the agent registered with B"
 wait_log "$LOG_B" "connected from" 3 1 "$PID_B"
-assert_le $(($(now_ms) - t_stop)) $((TTL * 1000 + 3000)) "ms from the stop to the frontend connected to B"
+assert_le $(($(now_ms) - t_stop)) $((TTL * 1000 + $(ts_ms 3000))) "ms from the stop to the frontend connected to B"
 end=$((t_stop + 3 * TTL * 1000))
 while (($(now_ms) < end)); do sleep 0.1; done
 r_mid=$(renewals_by_a) || fail "cannot read $N2's renewals by A"

@@ -14,7 +14,7 @@ pick_ports AGENT_PORT
 for spec in all 0; do
   out=$IT_DIR/agent-$spec.out
   t0=$(now_ms)
-  timeout -k 2 10 "$LYNX_BIN_DIR/lynx-agent" --cuda-accels "$spec" --app sockperf-echo \
+  timeout -k 2 "$(ts_s 10)" "$LYNX_BIN_DIR/lynx-agent" --cuda-accels "$spec" --app sockperf-echo \
     --listen "127.0.0.1:$AGENT_PORT" --node-id "$IT_NODE" >"$out" 2>&1 </dev/null
   rc=$?
   took=$(($(now_ms) - t0))
@@ -22,7 +22,7 @@ for spec in all 0; do
   ((rc != 0 && rc != 124)) || fail "--cuda-accels $spec: exit status $rc, want a prompt non-zero exit"
   grep -q 'CUDA' "$out" || fail "--cuda-accels $spec: the message does not name CUDA: $(cat "$out")"
   grep -q 'GPU' "$out" || fail "--cuda-accels $spec: the message does not name the GPU: $(cat "$out")"
-  assert_lt "$took" 10000 "ms to refuse --cuda-accels $spec (at once, not after a wait)"
+  assert_lt "$took" "$(ts_ms 10000)" "ms to refuse --cuda-accels $spec (at once, not after a wait)"
   ! grep -q 'serving descriptors' "$out" || fail "--cuda-accels $spec: the agent started serving"
 done
 # a malformed list is refused as such (only when the backend is built in:

@@ -3,7 +3,8 @@
 # clean Debian 12 root.
 #
 #  1. A minimal bookworm root (debootstrap --variant=minbase, from the
-#     machine's Debian mirror); skipped (77) where it cannot be made.
+#     machine's Debian mirror); skipped (77) when the mirror cannot be
+#     reached; a debootstrap that fails with the mirror there is a failure.
 #  2. lynx-coordinator, lynx-agent, lynx-frontend and lynxctl installed
 #     there with apt, which brings the runtime libraries their Depends
 #     name: the lynx system user exists, each daemon's program, unit and
@@ -17,12 +18,15 @@
 #
 # The root gets a mount namespace of its own (proc, dev), gone with it.
 # LYNX_DEB_DIR: where the .deb files are (default: BIN/../packages, made
-# by `make deb`; built here with cpack when missing).
+# by `make deb`; built here with cpack when missing). It fetches a Debian
+# root over the network and mounts in it: it runs only when asked
+# (LYNX_TEST_EXTRA=host, as CI does; docs/testing.md).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 IT_DEADLINE_S=560
 it_init deb_install
-it_require debootstrap sockperf unshare chroot
+it_extra host "fetches a Debian root from the network and mounts in it"
+it_require debootstrap sockperf unshare chroot curl
 ((EUID == 0)) || skip "a root file system needs root (running as uid $EUID)"
 [[ ${LYNX_SANITIZED:-0} == 1 ]] &&
   skip "a sanitizer build: packages are made of the release build (make deb)"
@@ -40,9 +44,11 @@ ROOT=$IT_DIR/root
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n 1)
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 t0=$(now_ms)
+curl -sf -o /dev/null --max-time "$(ts_s 20)" "$MIRROR/dists/bookworm/Release" ||
+  skip "the Debian mirror $MIRROR cannot be reached (no network): no root to install into"
 if ! debootstrap --variant=minbase bookworm "$ROOT" "$MIRROR" >"$IT_DIR/debootstrap.log" 2>&1; then
-  tail -n 5 "$IT_DIR/debootstrap.log"
-  skip "debootstrap could not make a bookworm root from $MIRROR (no network?)"
+  tail -n 20 "$IT_DIR/debootstrap.log"
+  fail "debootstrap could not make a bookworm root from $MIRROR, which answers (above: its log's end)"
 fi
 log "ok: a minbase bookworm root in $(($(now_ms) - t0)) ms"
 

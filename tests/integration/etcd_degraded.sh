@@ -69,7 +69,7 @@ if [[ $PHASE == stall ]]; then
         log "etcd continued after $(($(now_ms) - t_stop)) ms"
       fi
       create "$name"
-      assert_le "$TOOK_MS" 2000 "ms the answer to POST $name took (HTTP $API_STATUS)" >/dev/null
+      assert_le "$TOOK_MS" "$(ts_ms 2000)" "ms the answer to POST $name took (HTTP $API_STATUS)" >/dev/null
       ((TOOK_MS > slowest)) && slowest=$TOOK_MS
       [[ $API_STATUS == 201 ]] && break
       [[ $API_STATUS == 503 ]] || it_check_failed "POST $name: HTTP $API_STATUS (want 201, or 503 while etcd stalls): $(cat "$API_BODY")"

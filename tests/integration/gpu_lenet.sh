@@ -71,7 +71,7 @@ assert_eq "$n" "$disp" "service times stamped by the kernel == requests dispatch
 
 # ---- 2. SIGTERM under load (the agent of part 1) ---------------------------------------
 log "== 2. SIGTERM to the agent under load"
-timeout -k 5 30 "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
+timeout -k 5 "$(ts_s 30)" "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
   --data "$DATA" --ref "$REF" --seconds 4 --window 32 --flows 8 \
   >"$IT_DIR/term.out" 2>&1 </dev/null &
 track "$!" lenet-load-term

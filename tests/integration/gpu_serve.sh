@@ -56,12 +56,12 @@ out=$IT_DIR/pingpong.out
 run_sockperf "$out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 --full-rtt
 check_sockperf "$out"
 P50_0=$(p50 "$out")
-timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
+timeout -k 3 "$(ts_s 20)" sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
   --mps 5000 --reply-every 1 >"$IT_DIR/load.out" 2>&1 </dev/null ||
   { cat "$IT_DIR/load.out"; fail "sockperf under-load failed"; }
 check_sockperf "$IT_DIR/load.out"
 [[ -x $LYNX_UDP_FUZZ ]] || fail "$LYNX_UDP_FUZZ is missing: build first (make)"
-timeout -k 2 60 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 3000 --seed 13 \
+timeout -k 2 "$(ts_s 60)" "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 3000 --seed 13 \
   --cap 2032 >"$IT_DIR/fuzz.out" 2>&1 </dev/null
 rc=$?
 fuzz_summary "$IT_DIR/fuzz.out"
@@ -134,7 +134,7 @@ check_sockperf "$IT_DIR/gf2.out"
 
 # ---- 4. SIGTERM under load -----------------------------------------------------------
 log "== 4. SIGTERM to the agent under load"
-timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 4 \
+timeout -k 3 "$(ts_s 20)" sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 4 \
   --mps 5000 --reply-every 1 >"$IT_DIR/load-term.out" 2>&1 </dev/null &
 track "$!" sockperf-term
 sleep 1

@@ -77,14 +77,15 @@ done
 
 # ---- 2. the Makefile's goals -------------------------------------------------------
 # (none): make with no goal
-declare -A GOAL_TARGET=([none]=run [build]=run [run]=run [test]=test [test-faults]=test
+declare -A GOAL_TARGET=([none]=run [build]=run [run]=run [test]=test [test-all]=test
+  [test-sanitize]=test [test-faults]=test [test-busy]=test
   [fuzz]=fuzz [deb]=deb [run-ha]=run-ha [test-arm64]=arm64)
-for g in none build run test test-faults fuzz deb run-ha test-arm64; do
+for g in none build run test test-all test-sanitize test-faults test-busy fuzz deb run-ha test-arm64; do
   goal=() what="make $g"
   [[ $g == none ]] && what="make (no goal)" || goal=("$g")
   calls=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES \
     make -n -C "$SRC" "${goal[@]}" BUILD="$IT_DIR/no-build" FUZZ_BUILD="$IT_DIR/no-fuzz" \
-    ARM64_BUILD="$IT_DIR/no-arm64" 2>&1 | grep -E '(^|[ /])install-deps\.sh( |$)')
+    ARM64_BUILD="$IT_DIR/no-arm64" SANITIZE_BUILD="$IT_DIR/no-asan" 2>&1 | grep -E '(^|[ /])install-deps\.sh( |$)')
   n=$(grep -c . <<<"$calls")
   if ((n != 1)); then
     it_check_failed "make -n for $what: $n install-deps.sh calls: $calls"

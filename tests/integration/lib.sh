@@ -34,9 +34,27 @@ IT_NAME=${IT_NAME:-$(basename "$0" .sh)}
 IT_DIR=
 IT_NODE=
 IT_WATCHDOG=
-IT_DEADLINE_S=${IT_DEADLINE_S:-100} # below ctest's TIMEOUT of 120
+
+# The time scale (docs/testing.md): LYNX_TEST_TIME_SCALE, a whole number
+# (ctest passes the build's: 2 under the sanitizers, 5 under emulation, 3
+# for make test-busy, else 1), multiplies every wall-clock bound: the
+# watchdog, every wait of these helpers, and the bounds the tests assert
+# on elapsed time (written as $(ts_ms N) or $(ts_s N)). A bound that is
+# the product's own (a lease, a timeout the test gave a daemon) is not
+# scaled; the slack a test allows above it is.
+TS=${LYNX_TEST_TIME_SCALE:-1}
+if ! [[ $TS =~ ^[1-9][0-9]?$ ]]; then
+  echo "LYNX_TEST_TIME_SCALE=$TS: want a whole number from 1 to 99" >&2
+  exit 2
+fi
+ts_ms() { echo $(($1 * TS)); } # ts_ms MS: MS times the time scale
+ts_s() { echo $(($1 * TS)); }  # ts_s S: the same for seconds
+
+# the watchdog's, below ctest's TIMEOUT of 120 (it_init scales both)
+IT_DEADLINE_S=${IT_DEADLINE_S:-100}
 declare -A IT_PIDS=()   # pid -> name of every running process we started
 declare -A IT_KILLED9=() # agent pids killed with SIGKILL on purpose
+declare -A IT_STARTED=() # every pid this test started (untracked ones too)
 declare -a IT_PORTS=()  # ports picked so far
 IT_SEQ=0
 IT_CLEANED=0
@@ -144,6 +162,7 @@ it_init() {
   trap it_cleanup EXIT
   trap 'log "interrupted"; exit 130' INT
   trap 'log "terminated"; exit 143' TERM
+  IT_DEADLINE_S=$((IT_DEADLINE_S * TS))
   # a deadline of our own, so the cleanup runs even when ctest would kill us
   # (the watchdog takes its sleep down with it when the cleanup stops it)
   (
@@ -168,6 +187,14 @@ it_require() {
   for t in "$@"; do
     command -v "$t" >/dev/null 2>&1 || skip "$t is not installed"
   done
+}
+
+# it_extra WHAT WHY: skip (77) unless LYNX_TEST_EXTRA (words, as
+# PostgreSQL's PG_TEST_EXTRA) names WHAT: for tests that change the machine
+# (WHY says how). `make test-all LYNX_TEST_EXTRA=host` runs them; CI does.
+it_extra() {
+  [[ " ${LYNX_TEST_EXTRA:-} " == *" $1 "* ]] ||
+    skip "it $2: runs only with LYNX_TEST_EXTRA=$1 (docs/testing.md)"
 }
 
 # ---- ports ----------------------------------------------------------------
@@ -217,14 +244,14 @@ is_alive() {
 }
 
 # track PID NAME / untrack PID
-track() { IT_PIDS[$1]=$2; }
+track() { IT_PIDS[$1]=$2; IT_STARTED[$1]=1; }
 untrack() { unset "IT_PIDS[$1]"; }
 
 # wait_exit PID TIMEOUT_S: waits for PID (our child) to exit and reaps it.
 # Returns 0 and sets WAIT_RC to its exit status; returns 1 on timeout.
 WAIT_RC='' # exit status of the last process wait_exit or stop reaped
 wait_exit() {
-  local pid=$1 end=$(($(date +%s%N) / 1000000 + ${2:-10} * 1000))
+  local pid=$1 end=$(($(date +%s%N) / 1000000 + ${2:-10} * 1000 * TS))
   while is_alive "$pid"; do
     (($(date +%s%N) / 1000000 < end)) || return 1
     sleep 0.05
@@ -240,7 +267,7 @@ wait_exit() {
 stop() {
   local pid=$1 t=${2:-10} sig=${3:-TERM}
   kill -"$sig" "$pid" 2>/dev/null
-  wait_exit "$pid" "$t" || fail "${IT_PIDS[$pid]:-pid $pid} did not exit within ${t}s of SIG$sig"
+  wait_exit "$pid" "$t" || fail "${IT_PIDS[$pid]:-pid $pid} did not exit within $((t * TS))s of SIG$sig"
 }
 
 # wait_log FILE PATTERN [TIMEOUT_S] [COUNT] [PID]: waits until FILE holds at
@@ -248,7 +275,7 @@ stop() {
 # dies first or on timeout.
 wait_log() {
   local file=$1 pat=$2 t=${3:-10} count=${4:-1} pid=${5:-}
-  local end=$(($(date +%s%N) / 1000000 + t * 1000)) n
+  local end=$(($(date +%s%N) / 1000000 + t * 1000 * TS)) n
   for (( ; ; )); do
     n=$(grep -cF -- "$pat" "$file" 2>/dev/null)
     ((${n:-0} >= count)) && return 0
@@ -256,7 +283,7 @@ wait_log() {
       fail "$(basename "$file" .log) exited while we waited for '$pat' in its log"
     fi
     (($(date +%s%N) / 1000000 < end)) ||
-      fail "timed out after ${t}s waiting for '$pat' (x$count) in $(basename "$file")"
+      fail "timed out after $((t * TS))s waiting for '$pat' (x$count) in $(basename "$file")"
     sleep 0.05
   done
 }
@@ -377,37 +404,49 @@ metric() {
     }' <<<"$text"
 }
 
-# scrape FILE: saves one scrape (for consistent multi-metric assertions:
+# scrape FILE [URL]: saves one scrape of URL (default: the frontend's,
+# 127.0.0.1:$METRICS_PORT) (for consistent multi-metric assertions:
 # METRICS_FROM=FILE metric ...).
 scrape() {
-  curl -sf --max-time 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$1" ||
-    fail "cannot scrape 127.0.0.1:$METRICS_PORT/metrics"
+  local url=${2:-http://127.0.0.1:$METRICS_PORT/metrics}
+  curl -sf --max-time 5 "$url" >"$1" || fail "cannot scrape $url"
 }
 
-# scrape_stable FILE [TIMEOUT_S]: scrapes until two scrapes 200 ms apart are
-# identical (nothing in flight any more), at most TIMEOUT_S (default 5).
+# scrape_stable FILE [TIMEOUT_S] [URL]: scrapes URL (scrape's) until two
+# scrapes 300 ms apart (longer than the agent's 250 ms sampling of its
+# accelerators) agree: nothing in flight any more; at most TIMEOUT_S
+# (default 5, times the time scale). The adaptive poller's own timer wake-ups
+# (lynx_frontend_sleeps_total{woken_by="timer"}) count on while the
+# frontend is idle: left out of the comparison. Past the timeout the test
+# fails, naming what still moved (a counter that moves on its own makes
+# every later comparison of counts a race).
 scrape_stable() {
-  local end=$(($(now_ms) + ${2:-5} * 1000))
-  scrape "$1"
+  local t=${2:-5} end
+  end=$(($(now_ms) + $(ts_ms $((t * 1000)))))
+  local quiet='woken_by="timer"'
+  scrape "$1" "${3:-}"
   for (( ; ; )); do
-    sleep 0.2
-    scrape "$1.next"
-    if cmp -s "$1" "$1.next"; then
+    sleep 0.3
+    scrape "$1.next" "${3:-}"
+    if cmp -s <(grep -vF "$quiet" "$1") <(grep -vF "$quiet" "$1.next"); then
       rm -f "$1.next"
       return 0
     fi
+    if (($(now_ms) >= end)); then
+      diff <(grep -vF "$quiet" "$1") <(grep -vF "$quiet" "$1.next") | head -20 >&2
+      fail "metrics still moving after $(ts_ms $((t * 1000))) ms (above: what moved)"
+    fi
     mv -f "$1.next" "$1"
-    (($(now_ms) < end)) || { log "metrics still moving after ${2:-5}s"; return 0; }
   done
 }
 
 # wait_metric NAME LABELMATCH MIN TIMEOUT_S: waits until the metric is >= MIN.
 wait_metric() {
-  local end=$(($(now_ms) + $4 * 1000)) v
+  local end=$(($(now_ms) + $4 * 1000 * TS)) v
   for (( ; ; )); do
     v=$(metric "$1" "$2" 2>/dev/null)
     is_uint "$v" && ((v >= $3)) && return 0
-    (($(now_ms) < end)) || fail "timed out after ${4}s waiting for $1{$2} >= $3 (last: ${v:-none})"
+    (($(now_ms) < end)) || fail "timed out after $(($4 * TS))s waiting for $1{$2} >= $3 (last: ${v:-none})"
     sleep 0.05
   done
 }
@@ -440,7 +479,7 @@ probe_udp() {
   [[ -x $LYNX_UDP_FUZZ ]] || fail "$LYNX_UDP_FUZZ is missing: build first (make)"
   IT_SEQ=$((IT_SEQ + 1))
   out=$IT_DIR/probe.$IT_SEQ.out
-  timeout -k 2 30 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count "$count" \
+  timeout -k 2 "$(ts_s 30)" "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count "$count" \
     --seed "$seed" --max-size 2032 --drain-ms 2000 >"$out" 2>&1 </dev/null
   rc=$?
   fuzz_summary "$out"
@@ -456,7 +495,7 @@ probe_udp() {
 lenet_load() {
   local out=$1 rc
   shift
-  timeout -k 5 90 "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
+  timeout -k 5 "$(ts_s 90)" "$LYNX_BIN_DIR/lynx-lenet-load" --target "127.0.0.1:$UDP_PORT" \
     --data "$DATA" --ref "$REF" --timeout-ms 3000 "$@" >"$out" 2>&1
   rc=$?
   cat "$out" >&2
@@ -473,7 +512,7 @@ run_sockperf() {
   local out=$1 rc
   shift
   log "sockperf $*"
-  timeout -k 3 40 sockperf "$@" >"$out" 2>&1 </dev/null
+  timeout -k 3 "$(ts_s 40)" sockperf "$@" >"$out" 2>&1 </dev/null
   rc=$?
   ((rc == 0)) || { cat "$out"; fail "sockperf $* exited $rc"; }
 }
@@ -567,7 +606,7 @@ check_sockperf_served() {
   assert_gt "$SP_RCVD" 0 "$what: messages received"
   assert_eq "$SP_DUP" 0 "$what: duplicated messages"
   assert_eq "$SP_OOO" 0 "$what: out-of-order messages"
-  end=$(($(now_ms) + 10000))
+  end=$(($(now_ms) + $(ts_ms 10000)))
   for (( ; ; )); do # answers still in flight at the end of the run
     rcv=$(metric lynx_frontend_received_total) || fail "cannot read received_total"
     resp=$(metric lynx_frontend_responded_total) || fail "cannot read responded_total"
@@ -658,7 +697,7 @@ start_etcd() {
   ETCD_PID=$!
   track "$ETCD_PID" "etcd($name)"
   log "started etcd($name) pid $ETCD_PID on $ETCD_URL"
-  end=$(($(now_ms) + 10000))
+  end=$(($(now_ms) + $(ts_ms 10000)))
   until ETCDCTL_API=3 etcdctl --endpoints "$ETCD_URL" --command-timeout=1s \
     endpoint health >/dev/null 2>&1; do
     (($(now_ms) < end)) || fail "etcd($name) did not serve within 10 s: $(tail -3 "$IT_DIR/etcd-$name.log")"
@@ -694,7 +733,7 @@ start_coordinator() {
   COORD_PID=$SPAWN_PID COORD_LOG=$SPAWN_LOG
   [[ ${NOWAIT:-0} == 1 ]] && return 0
   wait_log "$COORD_LOG" "serving control on" 10 1 "$COORD_PID"
-  end=$(($(now_ms) + 5000))
+  end=$(($(now_ms) + $(ts_ms 5000)))
   until curl -sf --max-time 2 ${API_CACERT:+--cacert "$API_CACERT"} \
     "$(api_url)/readyz" >/dev/null 2>&1; do
     is_alive "$COORD_PID" || fail "lynx-coordinator#$IT_SEQ exited before it was ready"
@@ -737,7 +776,7 @@ coord_role() {
 # ROLE; sets WAITED_MS. Returns 1 (no failure) on timeout.
 wait_role() {
   local t0 end
-  t0=$(now_ms) end=$(($(now_ms) + $3))
+  t0=$(now_ms) end=$(($(now_ms) + $3 * TS))
   until [[ $(coord_role "$1") == "$2" ]]; do
     (($(now_ms) < end)) || return 1
     sleep 0.05
@@ -825,7 +864,7 @@ WAITED_MS='' NODE_STATE=''
 wait_node_state() {
   local t0 end
   t0=$(now_ms)
-  end=$((t0 + $3))
+  end=$((t0 + $3 * TS))
   for (( ; ; )); do
     NODE_STATE=$(node_state "$1")
     WAITED_MS=$(($(now_ms) - t0))
@@ -846,7 +885,7 @@ wait_requests_grow() {
   local t=$1 end kv id base v ok
   local -A cur=()
   shift
-  end=$(($(now_ms) + t * 1000))
+  end=$(($(now_ms) + t * 1000 * TS))
   for (( ; ; )); do
     ok=1
     cur=()
@@ -867,7 +906,7 @@ wait_requests_grow() {
         id=${kv%=*} base=${kv#*=}
         v=${cur[$id]:-none}
         if ! is_uint "$v" || ((v <= base)); then
-          it_check_failed "accelerator $id: requests $v after ${t}s of waiting, want > $base"
+          it_check_failed "accelerator $id: requests $v after $((t * TS))s of waiting, want > $base"
         fi
       done
       return 1
@@ -1014,6 +1053,8 @@ it_cleanup() {
       [[ -e $f ]] || continue
       apid=${f#/dev/shm/lynx-"$node"-}
       apid=${apid%%-*}
+      # another's agent with the same node id (docs_api's node1): not ours
+      [[ -n ${IT_STARTED[$apid]:-} ]] || continue
       if [[ -z ${IT_KILLED9[$apid]:-} ]]; then
         echo "[$IT_NAME] cleanup: FAIL: $f was left behind by agent pid $apid" >&2
         bad=1

@@ -63,7 +63,7 @@ api_json /v1/mqueues '[.items[] | "\(.node)/\(.accel) \(.instance)"] | unique | 
 
 # ---- 1. busy, not stalled ---------------------------------------------------------
 log "== 1. load without a hang: no accelerator reported stalled"
-timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
+timeout -k 3 "$(ts_s 20)" sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
   --mps 5000 --reply-every 1 >"$IT_DIR/load.out" 2>&1 </dev/null ||
   { cat "$IT_DIR/load.out"; fail "sockperf under-load failed"; }
 check_sockperf "$IT_DIR/load.out"
@@ -161,7 +161,7 @@ base=$(awk -v a="$STALLED" '$1 == a {print $5}' "$IT_DIR/health-3.txt")
 # several clients so that both accelerators get flows
 declare -a sp=()
 for i in 1 2 3 4; do
-  timeout -k 3 10 sockperf ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 \
+  timeout -k 3 "$(ts_s 10)" sockperf ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 2 \
     >"$IT_DIR/after-$i.out" 2>&1 </dev/null &
   sp+=($!)
   track "$!" "sockperf-after-$i"

@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init lynxctl_top
 it_require_coord
-it_require awk timeout
+it_require awk timeout script # script(1): util-linux (bsdutils)
 [[ -x $LYNX_BIN_DIR/lynx-simnodes ]] ||
   fail "$LYNX_BIN_DIR/lynx-simnodes is missing: build first (make)"
 pick_ports COORD_PORT API_PORT DEAD_PORT
@@ -125,7 +125,7 @@ within() { (($1 * 100 >= $2 * (100 - $3) && $1 * 100 <= $2 * (100 + $3))); }
 
 log "== lynxctl top -b -n 3 -d 1"
 t0=$(now_ms)
-timeout -k 2 30 "$LYNX_BIN_DIR/lynxctl" --api "$(api_url)" top -b -n 3 -d 1 \
+timeout -k 2 "$(ts_s 30)" "$LYNX_BIN_DIR/lynxctl" --api "$(api_url)" top -b -n 3 -d 1 \
   >"$IT_DIR/top.txt" 2>"$IT_DIR/top.err"
 rc=$?
 took=$(($(now_ms) - t0))
@@ -214,7 +214,7 @@ assert_log "$IT_DIR/u.txt" "top -s: expected rate, outstanding, p99 or id, got '
 ctl_top -b -n 1 -d 0 >"$IT_DIR/u.txt" 2>&1
 assert_eq "$?" 2 "top -d 0 exit status"
 assert_log "$IT_DIR/u.txt" "top -d: expected seconds" "top -d 0 message"
-timeout -k 2 20 "$LYNX_BIN_DIR/lynxctl" --api "127.0.0.1:$DEAD_PORT" top -b -n 3 \
+timeout -k 2 "$(ts_s 20)" "$LYNX_BIN_DIR/lynxctl" --api "127.0.0.1:$DEAD_PORT" top -b -n 3 \
   >"$IT_DIR/dead.out" 2>"$IT_DIR/dead.err"
 assert_eq "$?" 3 "top -b against a closed port: exit status (3: unreachable, as every lynxctl command)"
 assert_log "$IT_DIR/dead.err" "lynxctl: cannot reach the coordinator at http://127.0.0.1:$DEAD_PORT" \
@@ -222,29 +222,25 @@ assert_log "$IT_DIR/dead.err" "lynxctl: cannot reach the coordinator at http://1
 [[ -s $IT_DIR/dead.out ]] && it_check_failed "top -b against a closed port wrote a frame: $(head -c 200 "$IT_DIR/dead.out")"
 
 log "== on a terminal"
-if command -v script >/dev/null 2>&1; then
-  # q quits at once: -d 30 would hold the next frame for 30 s
-  t0=$(now_ms)
-  (sleep 2; printf q) | TERM=xterm timeout -k 2 20 script -qfec \
-    "stty rows 24 cols 132; '$LYNX_BIN_DIR/lynxctl' --api '$(api_url)' top -d 30" \
-    /dev/null >"$IT_DIR/screen.raw" 2>&1
-  rc=$?
-  took=$(($(now_ms) - t0))
-  assert_eq "$rc" 0 "top on a terminal, q pressed: exit status"
-  assert_lt "$took" 10000 "ms until top on a terminal quit on q"
-  assert_log "$IT_DIR/screen.raw" "q quit  r rate" "the screen's key line"
-  assert_log "$IT_DIR/screen.raw" "accelerators: $((NODES * ACCELS)) total" "the screen's header"
-  # no coordinator: said on the screen, tried again, no exit
-  TERM=xterm timeout -k 2 20 script -qfec \
-    "stty rows 24 cols 132; '$LYNX_BIN_DIR/lynxctl' --api 127.0.0.1:$DEAD_PORT top -n 3 -d 0.2" \
-    /dev/null >"$IT_DIR/screen-dead.raw" 2>&1 </dev/null
-  assert_eq "$?" 0 "top on a terminal without a coordinator, -n 3: exit status"
-  assert_log "$IT_DIR/screen-dead.raw" "cannot reach the coordinator at http://127.0.0.1:$DEAD_PORT" \
-    "the screen says the coordinator cannot be reached"
-  assert_log "$IT_DIR/screen-dead.raw" "trying again every 0.2 s" "the screen says it keeps trying"
-else
-  log "no script(1) (util-linux): the terminal checks are left out"
-fi
+# q quits at once: -d 30 would hold the next frame for 30 s
+t0=$(now_ms)
+(sleep 2; printf q) | TERM=xterm timeout -k 2 "$(ts_s 20)" script -qfec \
+  "stty rows 24 cols 132; '$LYNX_BIN_DIR/lynxctl' --api '$(api_url)' top -d 30" \
+  /dev/null >"$IT_DIR/screen.raw" 2>&1
+rc=$?
+took=$(($(now_ms) - t0))
+assert_eq "$rc" 0 "top on a terminal, q pressed: exit status"
+assert_lt "$took" "$(ts_ms 10000)" "ms until top on a terminal quit on q"
+assert_log "$IT_DIR/screen.raw" "q quit  r rate" "the screen's key line"
+assert_log "$IT_DIR/screen.raw" "accelerators: $((NODES * ACCELS)) total" "the screen's header"
+# no coordinator: said on the screen, tried again, no exit
+TERM=xterm timeout -k 2 "$(ts_s 20)" script -qfec \
+  "stty rows 24 cols 132; '$LYNX_BIN_DIR/lynxctl' --api 127.0.0.1:$DEAD_PORT top -n 3 -d 0.2" \
+  /dev/null >"$IT_DIR/screen-dead.raw" 2>&1 </dev/null
+assert_eq "$?" 0 "top on a terminal without a coordinator, -n 3: exit status"
+assert_log "$IT_DIR/screen-dead.raw" "cannot reach the coordinator at http://127.0.0.1:$DEAD_PORT" \
+  "the screen says the coordinator cannot be reached"
+assert_log "$IT_DIR/screen-dead.raw" "trying again every 0.2 s" "the screen says it keeps trying"
 
 log "== more nodes than a page (500): every accelerator once"
 MANY=520
@@ -252,7 +248,7 @@ spawn_daemon lynx-simnodes simnodes "" --coordinator "127.0.0.1:$COORD_PORT" \
   --nodes $MANY --accels 1 --prefix "${IT_NODE}m" --labels ""
 MANY_PID=$SPAWN_PID
 wait_log "$SPAWN_LOG" "simnodes: registered" 30 1 "$MANY_PID"
-timeout -k 2 30 "$LYNX_BIN_DIR/lynxctl" --api "$(api_url)" top -b -n 1 -s id \
+timeout -k 2 "$(ts_s 30)" "$LYNX_BIN_DIR/lynxctl" --api "$(api_url)" top -b -n 1 -s id \
   >"$IT_DIR/many.txt" 2>&1
 assert_eq "$?" 0 "top -b -n 1 -s id over $((NODES + MANY)) nodes: exit status"
 frames "$IT_DIR/many.txt" "$IT_DIR/many" >/dev/null

@@ -7,8 +7,8 @@
 #     description and a runbook_url whose anchor is a heading of
 #     docs/operations.md; the dashboard's structure, and every one of its
 #     queries (variables substituted) parsed by promtool as PromQL.
-#     Without promtool (Debian's prometheus package) only the rules' YAML
-#     structure is checked (python3-yaml), and the test says so.
+#     Skipped (77) as a whole without promtool (Debian's prometheus
+#     package) or python3-yaml: no part of the checks is left out.
 #  2. A live coordinator, agent (2 CPU accelerators, --metrics) and
 #     frontend with two sockperf-echo services, each under sockperf
 #     ping-pong, and a TCP echo service under lynx-tcp-load: `promtool
@@ -38,17 +38,12 @@ DASH=$MON/grafana/lynx.json
 RULES=$PROM/lynx-alerts.yml
 OPS=$SRC/docs/operations.md
 CHECK=(python3 "$MON/check.py")
-# PROMTOOL=no-such-tool runs the test as on a machine without promtool
-PROMTOOL=${PROMTOOL:-promtool}
-HAVE_PROMTOOL=0 HAVE_YAML=0
-command -v "$PROMTOOL" >/dev/null 2>&1 && HAVE_PROMTOOL=1
-python3 -c 'import yaml' 2>/dev/null && HAVE_YAML=1
-((HAVE_PROMTOOL || HAVE_YAML)) ||
-  skip "neither promtool (Debian's prometheus) nor python3-yaml is installed (deploy/install-deps.sh)"
-((HAVE_PROMTOOL)) ||
-  log "promtool is not installed (Debian's prometheus package, deploy/install-deps.sh): the rules' YAML structure is checked (python3-yaml), not their PromQL or their unit tests, and the scrapes are not linted"
-((HAVE_YAML)) ||
-  log "python3-yaml is not installed: the rules' structure and metric names are not checked, promtool checks the rest"
+# both are installed by deploy/install-deps.sh test: without either, the
+# test skips as a whole rather than check part of the files
+PROMTOOL=promtool
+it_require promtool
+python3 -c 'import yaml' 2>/dev/null ||
+  skip "python3-yaml is not installed (deploy/install-deps.sh test)"
 IT_SOFT=1
 
 # ok WHAT CMD...: CMD must pass; its last line is logged.
@@ -88,43 +83,33 @@ sedcopy() {
 
 # ---- 1. the files ------------------------------------------------------------
 
-if ((HAVE_PROMTOOL)); then
-  ok "promtool check rules lynx-alerts.yml" "$PROMTOOL" check rules "$RULES"
-  ok "promtool check config prometheus.yml" "$PROMTOOL" check config "$PROM/prometheus.yml"
-  ok "promtool test rules lynx-alerts.test.yml" "$PROMTOOL" test rules "$PROM/lynx-alerts.test.yml"
-fi
-if ((HAVE_YAML)); then
-  ok "the alerts' structure and runbooks" "${CHECK[@]}" rules "$RULES" "$OPS"
-fi
+ok "promtool check rules lynx-alerts.yml" "$PROMTOOL" check rules "$RULES"
+ok "promtool check config prometheus.yml" "$PROMTOOL" check config "$PROM/prometheus.yml"
+ok "promtool test rules lynx-alerts.test.yml" "$PROMTOOL" test rules "$PROM/lynx-alerts.test.yml"
+ok "the alerts' structure and runbooks" "${CHECK[@]}" rules "$RULES" "$OPS"
 ok "the dashboard's structure" "${CHECK[@]}" dashboard "$DASH" "$IT_DIR/dashboard-queries.yml"
-if ((HAVE_PROMTOOL)); then
-  ok "the dashboard's queries parse as PromQL" "$PROMTOOL" check rules "$IT_DIR/dashboard-queries.yml"
-fi
+ok "the dashboard's queries parse as PromQL" "$PROMTOOL" check rules "$IT_DIR/dashboard-queries.yml"
 
 # ---- 3a. broken copies of the files --------------------------------------------
 
 B=$IT_DIR/broken
 mkdir -p "$B"
-if ((HAVE_PROMTOOL)); then
-  sedcopy "$RULES" "$B/syntax.yml" 's/expr: lynx_coordinator_no_leader == 1/expr: lynx_coordinator_no_leader == == 1/'
-  refused "a rule whose PromQL does not parse" 'parse error|unexpected'  "$PROMTOOL" check rules "$B/syntax.yml"
-  # a copy of the rules beside their unit tests, with a threshold that
-  # lets a stalled accelerator through
-  mkdir -p "$B/threshold"
-  cp "$PROM/lynx-alerts.test.yml" "$B/threshold/"
-  sedcopy "$RULES" "$B/threshold/lynx-alerts.yml" 's/(lynx_accel_stalled_mqueues > 0)/(lynx_accel_stalled_mqueues > 5)/'
-  refused "a rule the unit tests catch (stalled threshold 5)" 'alertname: LynxAcceleratorStalled' \
-    "$PROMTOOL" test rules "$B/threshold/lynx-alerts.test.yml"
-  sedcopy "$DASH" "$B/dash-syntax.json" 's/"sum by (state) (lynx_node_state/"sum by (state) ((lynx_node_state/'
-  ok "check.py dashboard (its copy with a PromQL error)" "${CHECK[@]}" dashboard "$B/dash-syntax.json" "$B/dash-syntax.yml"
-  refused "a dashboard query that does not parse" 'parse error|unclosed|unexpected'  "$PROMTOOL" check rules "$B/dash-syntax.yml"
-fi
-if ((HAVE_YAML)); then
-  awk '/^ +runbook_url:/ && !done { done = 1; next } { print }' "$RULES" >"$B/norunbook.yml"
-  refused "an alert without a runbook_url" 'no annotations.runbook_url' "${CHECK[@]}" rules "$B/norunbook.yml" "$OPS"
-  sedcopy "$RULES" "$B/anchor.yml" 's/#lynxnodedown$/#lynxnodedwon/'
-  refused "a runbook anchor docs/operations.md lacks" 'has no heading with anchor #lynxnodedwon' "${CHECK[@]}" rules "$B/anchor.yml" "$OPS"
-fi
+sedcopy "$RULES" "$B/syntax.yml" 's/expr: lynx_coordinator_no_leader == 1/expr: lynx_coordinator_no_leader == == 1/'
+refused "a rule whose PromQL does not parse" 'parse error|unexpected'  "$PROMTOOL" check rules "$B/syntax.yml"
+# a copy of the rules beside their unit tests, with a threshold that
+# lets a stalled accelerator through
+mkdir -p "$B/threshold"
+cp "$PROM/lynx-alerts.test.yml" "$B/threshold/"
+sedcopy "$RULES" "$B/threshold/lynx-alerts.yml" 's/(lynx_accel_stalled_mqueues > 0)/(lynx_accel_stalled_mqueues > 5)/'
+refused "a rule the unit tests catch (stalled threshold 5)" 'alertname: LynxAcceleratorStalled' \
+  "$PROMTOOL" test rules "$B/threshold/lynx-alerts.test.yml"
+sedcopy "$DASH" "$B/dash-syntax.json" 's/"sum by (state) (lynx_node_state/"sum by (state) ((lynx_node_state/'
+ok "check.py dashboard (its copy with a PromQL error)" "${CHECK[@]}" dashboard "$B/dash-syntax.json" "$B/dash-syntax.yml"
+refused "a dashboard query that does not parse" 'parse error|unclosed|unexpected'  "$PROMTOOL" check rules "$B/dash-syntax.yml"
+awk '/^ +runbook_url:/ && !done { done = 1; next } { print }' "$RULES" >"$B/norunbook.yml"
+refused "an alert without a runbook_url" 'no annotations.runbook_url' "${CHECK[@]}" rules "$B/norunbook.yml" "$OPS"
+sedcopy "$RULES" "$B/anchor.yml" 's/#lynxnodedown$/#lynxnodedwon/'
+refused "a runbook anchor docs/operations.md lacks" 'has no heading with anchor #lynxnodedwon' "${CHECK[@]}" rules "$B/anchor.yml" "$OPS"
 sedcopy "$DASH" "$B/dash-var.json" '0,/node=~\\"\$node\\"/s//node=~\\"$nodes\\"/'
 refused "a dashboard query with a variable not defined" 'variable \$nodes is not defined' \
   "${CHECK[@]}" dashboard "$B/dash-var.json" "$B/dash-var.yml"
@@ -143,44 +128,22 @@ run_sockperf "$IT_DIR/pingpong-echo2.out" ping-pong -i 127.0.0.1 -p "$UDP_PORT2"
 check_sockperf "$IT_DIR/pingpong-echo2.out"
 serve_service tcpecho "\"port\":$TCP_PORT,\"app\":\"echo\",\"proto\":\"tcp\""
 log "lynx-tcp-load on service tcpecho"
-timeout -k 3 60 "$LYNX_BIN_DIR/lynx-tcp-load" --target "127.0.0.1:$TCP_PORT" --conns 4 \
+timeout -k 3 "$(ts_s 60)" "$LYNX_BIN_DIR/lynx-tcp-load" --target "127.0.0.1:$TCP_PORT" --conns 4 \
   --messages 200 --window 4 --size-max 512 --seed 3 >"$IT_DIR/tcp-load.out" 2>&1 ||
   { cat "$IT_DIR/tcp-load.out"; fail "lynx-tcp-load on service tcpecho failed"; }
 log "$(tail -1 "$IT_DIR/tcp-load.out")"
 
-# stable_scrape URL FILE: scrapes until two scrapes 300 ms apart are the
-# same (the agent samples its accelerators every 250 ms), at most 5 s; the
-# frontend's idle sleeps, which go on counting, are left out of the
-# comparison.
-stable_scrape() {
-  local end=$(($(now_ms) + 5000))
-  curl -sf --max-time 5 "$1" >"$2" || fail "cannot scrape $1"
-  for (( ; ; )); do
-    sleep 0.3
-    curl -sf --max-time 5 "$1" >"$2.next" || fail "cannot scrape $1"
-    if cmp -s <(grep -v '^lynx_frontend_sleeps_total' "$2") \
-      <(grep -v '^lynx_frontend_sleeps_total' "$2.next"); then
-      rm -f "$2.next"
-      return 0
-    fi
-    mv -f "$2.next" "$2"
-    (($(now_ms) < end)) || { log "$1 still moving after 5 s"; return 0; }
-  done
-}
 FE=$IT_DIR/scrape-frontend.txt AG=$IT_DIR/scrape-agent.txt CO=$IT_DIR/scrape-coordinator.txt
-stable_scrape "http://127.0.0.1:$METRICS_PORT/metrics" "$FE"
-stable_scrape "http://127.0.0.1:$AGENT_METRICS_PORT/metrics" "$AG"
+scrape_stable "$FE" 5 "http://127.0.0.1:$METRICS_PORT/metrics"
+scrape_stable "$AG" 5 "http://127.0.0.1:$AGENT_METRICS_PORT/metrics"
 curl -sf --max-time 5 "$(api_url)/metrics" >"$CO" || fail "cannot scrape the coordinator"
 
 for s in "$CO" "$AG" "$FE"; do
-  if ((HAVE_PROMTOOL)); then
-    ok "promtool check metrics $(basename "$s")" "$PROMTOOL" check metrics <"$s"
-  fi
+  ok "promtool check metrics $(basename "$s")" "$PROMTOOL" check metrics <"$s"
   ok "exposition of $(basename "$s")" "${CHECK[@]}" exposition "$s"
 done
-SERVED=("$DASH")
-((HAVE_YAML)) && SERVED+=("$RULES")
-ok "the metrics the dashboard$( ((HAVE_YAML)) && echo ' and the rules') use are exported" \
+SERVED=("$DASH" "$RULES")
+ok "the metrics the dashboard and the rules use are exported" \
   "${CHECK[@]}" names "$CO" "$AG" "$FE" -- "${SERVED[@]}"
 ok "lynx_frontend_request_duration_seconds" \
   "${CHECK[@]}" histogram "$FE" lynx_frontend_request_duration_seconds lynx_frontend_responded_total
@@ -215,10 +178,8 @@ refused "a histogram whose _count is not its +Inf bucket" '\+Inf bucket [0-9]+ !
 awk '/^lynx_frontend_received_total\{/ && !moved { moved = $0; next } { print } END { print moved }' \
   "$FE" >"$B/split.txt"
 refused "a family split in two groups" 'after its family.s group ended' "${CHECK[@]}" exposition "$B/split.txt"
-if ((HAVE_PROMTOOL)); then
-  { cat "$FE"; echo "# TYPE lynx_frontend_received_total counter"; } >"$B/type2.txt"
-  refused "a second TYPE line (promtool check metrics)" 'second TYPE line' "$PROMTOOL" check metrics <"$B/type2.txt"
-fi
+{ cat "$FE"; echo "# TYPE lynx_frontend_received_total counter"; } >"$B/type2.txt"
+refused "a second TYPE line (promtool check metrics)" 'second TYPE line' "$PROMTOOL" check metrics <"$B/type2.txt"
 
 stop "$FRONTEND_PID" 10
 stop "$AGENT_PID" 10

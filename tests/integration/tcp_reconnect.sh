@@ -51,7 +51,7 @@ check_sockperf "$out"
 # ---- 2. kill every data connection under load ------------------------------------
 log "killing the data connections to 127.0.0.1:$DATA_PORT under load"
 r0=$(metric lynx_frontend_received_total) || fail "cannot read received_total"
-timeout -k 3 20 sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
+timeout -k 3 "$(ts_s 20)" sockperf under-load -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 3 \
   --mps 5000 >"$IT_DIR/during.out" 2>&1 </dev/null &
 load=$!
 wait_metric lynx_frontend_received_total "" $((r0 + 500)) 10 # load is flowing

@@ -30,7 +30,7 @@ load() {
   local name=$1 out
   shift
   out=$IT_DIR/load-$name.out
-  timeout -k 3 60 "$LOAD" --target "127.0.0.1:${LOAD_PORT:-$TCP_PORT}" "$@" \
+  timeout -k 3 "$(ts_s 60)" "$LOAD" --target "127.0.0.1:${LOAD_PORT:-$TCP_PORT}" "$@" \
     >"$out" 2>&1 || { cat "$out"; it_check_failed "lynx-tcp-load $name: $*"; return 1; }
   log "$(tail -1 "$out")"
 }

@@ -43,7 +43,7 @@ out=$IT_DIR/fuzz.out
 seed=${LYNX_FUZZ_SEED:-1} count=${LYNX_FUZZ_COUNT:-10000}
 log "lynx-udp-fuzz --port $UDP_PORT --count $count --seed $seed --cap $CAP" \
   "--slot $SLOT"
-timeout -k 2 90 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count "$count" \
+timeout -k 2 "$(ts_s 90)" "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count "$count" \
   --seed "$seed" --cap "$CAP" --slot "$SLOT" >"$out" 2>&1 </dev/null
 rc=$?
 cat "$out"
@@ -102,7 +102,7 @@ IT_SOFT=0
 # turn, every reply byte for byte and in send order, none dropped.
 if ((CAP >= 61440)); then
   out=$IT_DIR/ordered.out
-  timeout -k 2 60 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 2000 --seed 3 \
+  timeout -k 2 "$(ts_s 60)" "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 2000 --seed 3 \
     --cap "$CAP" --slot "$SLOT" --sizes 8192,61440,60000,64 --ordered \
     >"$out" 2>&1 </dev/null
   rc=$?

@@ -109,7 +109,7 @@ serve() { # serve RX: checks 1-6 on one path
   # 4. every size, empty included, exactly accounted
   counts B_ # before the fuzz
   out=$IT_DIR/$rx-fuzz.out
-  timeout -k 2 60 "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 3000 \
+  timeout -k 2 "$(ts_s 60)" "$LYNX_UDP_FUZZ" --port "$UDP_PORT" --count 3000 \
     --seed 15 --cap "$CAP" --slot "$SLOT" >"$out" 2>&1 </dev/null
   rc=$?
   cat "$out"

@@ -34,7 +34,7 @@ expect() {
   local -a args=()
   while [[ $1 != -- ]]; do args+=("$1"); shift; done
   shift
-  timeout -k 2 10 "$LYNX_BIN_DIR/$prog" "${args[@]}" >"$out" 2>&1 </dev/null
+  timeout -k 2 "$(ts_s 10)" "$LYNX_BIN_DIR/$prog" "${args[@]}" >"$out" 2>&1 </dev/null
   rc=$?
   if ((rc != want)); then
     it_check_failed "$prog ${args[*]}: exit $rc, want $want; said: $(head -c 400 "$out")"
@@ -115,15 +115,32 @@ expect 1 lynxctl --token-file "$IT_DIR/no-such-token" nodes -- "$IT_DIR/no-such-
 : >"$IT_DIR/empty-token"
 expect 1 lynx-frontend --token-file "$IT_DIR/empty-token" -- "$IT_DIR/empty-token" "empty"
 
-# warns WANT PROG ARGS... -- TEXT...: PROG, run for a moment, says every TEXT
-# (WANT 1) or none of them (WANT 0) on its output.
+# warns WANT PROG ARGS... -- TEXT...: PROG, run until it has logged its
+# configuration (each daemon's "config {" line, which comes after every
+# check of its files), says every TEXT (WANT 1) or none of them (WANT 0)
+# on its output. A PROG that logs no configuration within 10 s (times the
+# time scale) fails the check: "no warning" is known only once it is past
+# the point where it would have warned.
 warns() {
-  local want=$1 prog=$2 out=$IT_DIR/warn.txt t
+  local want=$1 prog=$2 out=$IT_DIR/warn.txt t pid end
   shift 2
   local -a args=()
   while [[ $1 != -- ]]; do args+=("$1"); shift; done
   shift
-  timeout -k 2 1.5 "$LYNX_BIN_DIR/$prog" "${args[@]}" >"$out" 2>&1 </dev/null
+  "$LYNX_BIN_DIR/$prog" "${args[@]}" >"$out" 2>&1 </dev/null &
+  pid=$!
+  end=$(($(now_ms) + $(ts_ms 10000)))
+  until grep -qF 'config {' "$out"; do
+    if ! is_alive "$pid" || (($(now_ms) >= end)); then
+      kill -KILL "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      it_check_failed "$prog ${args[*]}: no configuration logged (exited or $(ts_s 10) s): $(head -c 400 "$out")"
+      return
+    fi
+    sleep 0.05
+  done
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
   for t in "$@"; do
     if ((want)) && ! grep -qF -- "$t" "$out"; then
       it_check_failed "$prog ${args[*]}: no warning '$t' in: $(head -c 400 "$out")"

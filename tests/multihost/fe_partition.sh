@@ -163,7 +163,7 @@ SAMPLES=$MH_DIR/fences.txt
   done
 ) >"$SAMPLES" &
 SAMPLER=$!
-mh_exec client timeout -k 3 30 sockperf under-load -i "$FE1_IP" -p "$UDP_PORT" \
+mh_exec client timeout -k 3 $((30 * MH_TS)) sockperf under-load -i "$FE1_IP" -p "$UDP_PORT" \
   -m 64 -t 20 --mps 500 >"$MH_DIR/sockperf-fe1-cut.out" 2>&1 </dev/null &
 CUT_CLIENT=$!
 sleep 1

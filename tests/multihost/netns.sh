@@ -63,6 +63,14 @@ MH_ON_FAIL=${MH_ON_FAIL:-}
 declare -a MH_HOSTS=()
 declare -A MH_IPS=()
 declare -A MH_PIDS=() # pid -> label of daemons we started (our children)
+# The time scale (LYNX_TEST_TIME_SCALE, docs/testing.md; as
+# tests/integration/lib.sh): the watchdog and every wait here are
+# multiplied by it.
+MH_TS=${LYNX_TEST_TIME_SCALE:-1}
+if ! [[ $MH_TS =~ ^[1-9][0-9]?$ ]]; then
+  echo "LYNX_TEST_TIME_SCALE=$MH_TS: want a whole number from 1 to 99" >&2
+  exit 2
+fi
 
 # ---- messages -----------------------------------------------------------
 
@@ -226,7 +234,7 @@ mh_begin() {
 mh_pingpong() {
   local out=$MH_DIR/sockperf-$1.out rc=0
   mh_log "sockperf ping-pong -i $3 -p $4 -m 64 -t $5 (from $2)"
-  mh_exec "$2" timeout -k 3 40 sockperf ping-pong -i "$3" -p "$4" \
+  mh_exec "$2" timeout -k 3 $((40 * MH_TS)) sockperf ping-pong -i "$3" -p "$4" \
     -m 64 -t "$5" >"$out" 2>&1 </dev/null || rc=$?
   ((rc == 0)) || { cat "$out"; mh_fail "sockperf ping-pong exited $rc"; }
   check_sockperf "$out"
@@ -236,7 +244,7 @@ mh_pingpong() {
 # SIGTERM to the script (whose trap cleans up); if the script disappears
 # without cleaning up (SIGKILL), it tears the run down itself.
 mh_watchdog() {
-  local deadline=$1 main=$$
+  local deadline=$(($1 * MH_TS)) main=$$
   (
     sp=''
     trap '[[ -n $sp ]] && kill "$sp" 2>/dev/null; exit 0' TERM
@@ -321,7 +329,7 @@ mh_exec() {
 # mh_wait_reachable FROM TO [TIMEOUT_S]: until FROM pings TO's address
 # (does nothing when ping is not installed).
 mh_wait_reachable() {
-  local end=$(($(date +%s) + ${3:-5}))
+  local end=$(($(date +%s) + ${3:-5} * MH_TS))
   command -v ping >/dev/null 2>&1 || return 0
   until mh_exec "$1" ping -c1 -W1 "$(mh_ip "$2")" >/dev/null 2>&1; do
     (($(date +%s) < end)) || mh_fail "host $1 cannot reach $2 ($(mh_ip "$2"))"
@@ -366,7 +374,7 @@ mh_reap() {
 mh_stop() {
   local pid=$1 t=${2:-10} sig=${3:-TERM} end
   kill -"$sig" "$pid" 2>/dev/null || true
-  end=$(($(mh_now_ms) + t * 1000))
+  end=$(($(mh_now_ms) + t * 1000 * MH_TS))
   while mh_alive "$pid"; do
     (($(mh_now_ms) < end)) || mh_fail "${MH_PIDS[$pid]:-pid $pid} still runs ${t}s after SIG$sig"
     sleep 0.05
@@ -395,7 +403,7 @@ mh_kill_host() {
 # mh_wait_until TIMEOUT_S WHAT CMD...: until CMD succeeds; fails with
 # "WHAT: not within the time allowed" after TIMEOUT_S.
 mh_wait_until() {
-  local end=$(($(mh_now_ms) + $1 * 1000)) what=$2
+  local end=$(($(mh_now_ms) + $1 * 1000 * MH_TS)) what=$2
   shift 2
   until "$@"; do
     (($(mh_now_ms) < end)) || mh_fail "$what: not within the time allowed"
@@ -408,7 +416,7 @@ mh_wait_until() {
 # exits first.
 mh_wait_log() {
   local file=$1 pat=$2 t=${3:-10} count=${4:-1} pid=${5:-} n end
-  end=$(($(mh_now_ms) + t * 1000))
+  end=$(($(mh_now_ms) + t * 1000 * MH_TS))
   for (( ; ; )); do
     n=$(grep -cF -- "$pat" "$file" 2>/dev/null) || n=0
     ((n >= count)) && return 0

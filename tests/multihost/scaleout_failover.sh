@@ -133,7 +133,7 @@ flows() {
   local -a pids=()
   log "$n x sockperf ping-pong -i $FE_IP -p $UDP_PORT -m 64 -t $t at once (from client)"
   for ((i = 1; i <= n; i++)); do
-    mh_exec client timeout -k 3 40 sockperf ping-pong -i "$FE_IP" -p "$UDP_PORT" \
+    mh_exec client timeout -k 3 $((40 * MH_TS)) sockperf ping-pong -i "$FE_IP" -p "$UDP_PORT" \
       -m 64 -t "$t" >"$MH_DIR/sockperf-$name-$i.out" 2>&1 </dev/null &
     pids+=("$!")
   done

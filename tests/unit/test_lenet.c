@@ -377,10 +377,14 @@ struct ctx {
 static int load_ctx(struct ctx *c) {
   char why[320];
   memset(c, 0, sizeof(*c));
-  if (lenet_testset_load(LENET_DATA_DIR, &c->ts, why, sizeof(why))) {
-    printf("SKIP: %s (install dataset-fashion-mnist)\n", why);
+  int rc = lenet_testset_load(LENET_DATA_DIR, &c->ts, why, sizeof(why));
+  /* absent: a skip; there but unreadable or malformed: a failure */
+  if (rc == -ENOENT) {
+    printf("SKIP: %s (install dataset-fashion-mnist: deploy/install-deps.sh test)\n", why);
     return 0;
   }
+  if (rc)
+    fail_msg("the Fashion-MNIST test set is there but does not load: %s", why);
   if (lenet_model_load(LENET_TEST_MODEL, &c->m, why, sizeof(why)) ||
       lenet_ref_load(LENET_TEST_REF, &c->ref, why, sizeof(why)))
     fail_msg("%s", why);

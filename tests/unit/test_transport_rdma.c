@@ -1049,9 +1049,8 @@ static void test_no_device(void **state) {
   char err[512] = "";
   struct fx *x = *state;
   if (lynx__rdma_device_count() > 0) {
-    fprintf(stderr, "  (an RDMA device exists: the no-device paths are "
-                    "covered by rdma_device.sh instead)\n");
-    skip();
+    ut_skip("an RDMA device exists: the no-device paths are covered by "
+            "rdma_device.sh instead");
   }
   memset(&r, 0, sizeof(r));
   assert_int_equal(o->region_alloc(NULL, &r, "x", 4096), -ENOTCONN);

@@ -16,7 +16,28 @@
 #define LYNX_UT_MAIN_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* The time scale (docs/testing.md): LYNX_TEST_TIME_SCALE, a whole number
+ * from 1 to 99 in the environment (ctest passes the build's: 2 under the
+ * sanitizers, 5 under emulation, 3 for make test-busy; 1 when unset),
+ * multiplies every bound a case asserts on elapsed wall-clock time:
+ * ut_scaled(bound). A lower bound (a wait the code must make) is never
+ * scaled. A value that is not such a number fails the case that asks. */
+static inline unsigned long long ut_scaled(unsigned long long bound) {
+  const char *s = getenv("LYNX_TEST_TIME_SCALE");
+  char *end;
+  unsigned long v;
+  if (s == NULL || *s == '\0')
+    return bound;
+  v = strtoul(s, &end, 10);
+  if (*end != '\0' || v < 1 || v > 99) {
+    fprintf(stderr, "LYNX_TEST_TIME_SCALE=%s: want a whole number from 1 to 99\n", s);
+    fail();
+  }
+  return bound * v;
+}
 
 static int lynx_ut_skipped;
 
@@ -25,6 +46,17 @@ static int lynx_ut_skipped;
   do {                                                                         \
     lynx_ut_skipped = 1;                                                       \
     _skip(__FILE__, __LINE__);                                                 \
+  } while (0)
+
+/* ut_skip(fmt, ...): skips the case, naming on stdout ("SKIP: ...") what
+ * it needs and this machine lacks; CI's skip check (tests/check-skips.py)
+ * shows that line, and holds a skip without one for a failure. */
+#define ut_skip(...)                                                           \
+  do {                                                                         \
+    printf("SKIP: " __VA_ARGS__);                                              \
+    printf("\n");                                                              \
+    fflush(stdout);                                                            \
+    skip();                                                                    \
   } while (0)
 
 /* Runs tests[] (or only the case named argv[1]) as the cmocka group name

@@ -75,7 +75,7 @@ static inline int ut_shm_run(const char *what, int (*run)(void)) {
   fd = shm_open(ut_shm_names[ut_shm_n_names - 1], O_RDWR | O_CREAT | O_EXCL,
                 0600);
   if (fd < 0) {
-    fprintf(stderr, "%s: shm_open: %s; skipping\n", what, strerror(errno));
+    printf("SKIP: %s: shm_open: %s (no usable /dev/shm)\n", what, strerror(errno));
     return 77;
   }
   close(fd);
