@@ -250,11 +250,12 @@ static int change_not_taken(CURLcode rc, long request_size) {
 /* One exchange with t->api. 0 with *status and the body in *resp;
  * -EHOSTUNREACH when the coordinator cannot be reached (err, CURL_ERROR_SIZE
  * bytes, says why; *hint how to explain it; *retry whether the request may
- * go to another address); -EINTR when interrupted. */
+ * go to another address; *nothing whether the connection was closed with
+ * no answer at all); -EINTR when interrupted. */
 static int http_one(struct ctl *t, const char *method, const char *path,
                     const char *body, long timeout_ms, long *status,
                     struct buf *resp, char *err, enum fail_hint *hint,
-                    int *retry) {
+                    int *retry, int *nothing) {
   char url[API_LEN + 1024], auth[600];
   struct curl_slist *hdrs = NULL, *h;
   long sent = 0;
@@ -265,6 +266,7 @@ static int http_one(struct ctl *t, const char *method, const char *path,
   err[0] = 0;
   *hint = HINT_NONE;
   *retry = 0;
+  *nothing = 0;
   snprintf(url, sizeof(url), "%s%s", t->api, path);
   curl_easy_reset(t->curl);
   curl_easy_setopt(t->curl, CURLOPT_URL, url);
@@ -317,6 +319,7 @@ static int http_one(struct ctl *t, const char *method, const char *path,
     curl_easy_getinfo(t->curl, CURLINFO_REQUEST_SIZE, &sent);
     *retry = !strcmp(method, "GET") || !strcmp(method, "HEAD") ||
              change_not_taken(rc, sent);
+    *nothing = rc == CURLE_GOT_NOTHING;
     free(resp->p);
     resp->p = NULL;
     return -EHOSTUNREACH;
@@ -383,10 +386,19 @@ static int http_call(struct ctl *t, const char *method, const char *path,
     struct attempt *a = &t->tried[t->n_tried];
     char e[CURL_ERROR_SIZE];
     enum fail_hint hint;
-    int retry, rc;
+    int retry, nothing, rc;
     use_api(t, (start + k) % t->n_apis);
-    rc = http_one(t, method, path, body, timeout_ms, status, resp, e, &hint,
-                  &retry);
+    /* closed with no answer: at its connection caps a coordinator sheds
+     * the oldest connection whose request it has not yet read (docs/api.md
+     * "Connections"), which on a loaded host under a flood from this
+     * address can be ours before its request arrives: it took nothing, so
+     * the request is sent again, twice at most */
+    for (int again = 0;; again++) {
+      rc = http_one(t, method, path, body, timeout_ms, status, resp, e,
+                    &hint, &retry, &nothing);
+      if (rc != -EHOSTUNREACH || !nothing || again == 2)
+        break;
+    }
     if (rc == -EINTR) {
       free(held.p);
       return rc;
