@@ -47,10 +47,8 @@ chunk=${FUZZ_CHUNK:-600}
 deadline=${FUZZ_DEADLINE:-0}
 tmo=${FUZZ_TIMEOUT:-25}
 rev=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
-names=("$@")
-if ((${#names[@]} == 0)); then
-  for d in "$here"/corpus/*/; do names+=("$(basename "$d")"); done
-fi
+fuzz_names "$here" "$@"
+names=("${FUZZ_NAMES[@]}")
 mkdir -p "$state"
 
 total_of() { awk '{ s += $3 } END { print s + 0 }' "$1" 2>/dev/null || echo 0; }

@@ -21,10 +21,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cap=${CORPUS_CAP:-2097152}
 # shellcheck source-path=SCRIPTDIR source=fuzz-options.sh
 source "$here/fuzz-options.sh"
-names=("$@")
-if ((${#names[@]} == 0)); then
-  for d in "$here"/corpus/*/; do names+=("$(basename "$d")"); done
-fi
+fuzz_names "$here" "$@"
+names=("${FUZZ_NAMES[@]}")
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/lynx-merge.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 

@@ -39,10 +39,8 @@ source "$here/fuzz-options.sh"
 # shellcheck source-path=SCRIPTDIR source=hang-watch.sh
 source "$here/hang-watch.sh"
 tmo=${FUZZ_TIMEOUT:-25}
-names=("$@")
-if ((${#names[@]} == 0)); then
-  for d in "$here"/corpus/*/; do names+=("$(basename "$d")"); done
-fi
+fuzz_names "$here" "$@"
+names=("${FUZZ_NAMES[@]}")
 arts=${FUZZ_ARTIFACTS:-$bin/../fuzz-artifacts}
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/lynx-fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
