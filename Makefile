@@ -7,7 +7,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-all test-sanitize test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test lint test-all test-sanitize test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -16,7 +16,7 @@ all: build
 # run's demo) for make, build, run and every goal not named here; the test
 # tools for the suites, clang for fuzz, and so on. LYNX_ARCH=arm64 adds
 # arm64. `deploy/install-deps.sh --help` lists each target's packages.
-$(foreach g,test test-all test-sanitize test-faults test-busy,$(eval DEPS_$(g) := test))
+$(foreach g,test lint test-all test-sanitize test-faults test-busy,$(eval DEPS_$(g) := test))
 DEPS_run-ha := run-ha
 DEPS_fuzz := fuzz
 DEPS_deb := deb
@@ -54,6 +54,11 @@ ctest_stage = cd $(1) && ctest --output-on-failure -j $(TEST_JOBS) \
 # the integration tests that cross each main path once (label quick)
 test: build
 	@$(call ctest_stage,$(BUILD),quick,-L '^quick$$')
+
+# the code's own checks alone (HACKING.md, "Checks"; also in the quick
+# tier): format, cppcheck, no circle of files (tests/lint/)
+lint: build
+	@$(call ctest_stage,$(BUILD),lint,-L '^lint$$')
 
 # every test
 test-all: build

@@ -5,7 +5,7 @@
  * region and the application polling it), moves the instance's lease
  * fence, reads its counters, stops it, and says how each device is. Two
  * backends: CPU-emulated accelerators (cpu_accel.c: polling threads over a
- * region in host memory) and GPUs (accel/cuda/cuda_accel.c: a persistent
+ * region in host memory) and GPUs (accel/cuda/: a persistent
  * kernel over a region in GPU memory; accel/cuda/cuda_none.c where the
  * agent was built without CUDA). The agent keeps what discovery returned
  * and the instances' handles, and calls the table: it never asks which

@@ -95,7 +95,7 @@
 #define LENET_F2_B 60772 /* [84] */
 #define LENET_F3_W 60856 /* [10][84] */
 #define LENET_F3_B 61696 /* [10] */
-#define LENET_PARAMS 61706
+#define LENET_PARAMS 61706u
 
 /* ---- one output element of each layer ---- */
 

@@ -203,22 +203,25 @@ void agent_health_sample(struct agent *ag, uint64_t now_ns);
 int agent_serve_start(struct agent *ag);
 void agent_serve_stop(struct agent *ag);
 
-/* link.c (coordinator mode) */
-int agent_link_start(struct agent *ag);
+/* link.c (coordinator mode). The link ends the agent through what the
+ * process gives it at start (main.c's orderly shutdown and early end of a
+ * drain), never by calling up into main.c. */
+struct agent_link_hooks {
+  /* orderly shutdown with this exit code (idempotent) */
+  void (*shutdown)(struct agent *ag, int exit_code);
+  /* a drain before stopping ends early for this reason (logged) */
+  void (*stop_soon)(struct agent *ag, const char *why);
+};
+int agent_link_start(struct agent *ag, const struct agent_link_hooks *hooks);
 void agent_link_stop(struct agent *ag); /* sends Leave when connected */
 /* Asks the coordinator to drain this node before it leaves (Leave with
  * drain; the caller sets ag->leaving first): 0, the agent waits until the
- * coordinator has stopped every instance (then agent_shutdown); a link
+ * coordinator has stopped every instance (then hooks->shutdown); a link
  * lost meanwhile is dialled again and a coordinator that answers within
- * 2 s (or a lease) is asked again (else agent_stop_soon; the caller's
+ * 2 s (or a lease) is asked again (else hooks->stop_soon; the caller's
  * stop timer bounds it all); -1 when there is nothing to drain, or no
  * coordinator to drain it (not registered): stop at once. */
 int agent_link_leave_drained(struct agent *ag);
 
-/* main.c: orderly shutdown with this exit code (idempotent) */
-void agent_shutdown(struct agent *ag, int exit_code);
-/* main.c: a drain before stopping ends early for this reason (logged): the
- * agent shuts down on the next turn of the loop */
-void agent_stop_soon(struct agent *ag, const char *why);
 
 #endif

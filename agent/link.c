@@ -76,6 +76,7 @@ enum link_state {
 
 struct coord_link {
   struct agent *ag;
+  struct agent_link_hooks hooks; /* how the link ends the agent (main.c) */
   struct lynx_dialer d; /* d.ctl is the connection */
   uv_timer_t beat;
   uv_timer_t fence; /* fires when serve_until_ns passes: logs the fence */
@@ -112,7 +113,7 @@ static void fence_fired(uv_timer_t *t) {
   if (ag->leaving) {
     /* a coordinator that went silent cannot finish the drain, and may
      * already count what the instances hold lost */
-    agent_stop_soon(ag, "no heartbeat answered within the lease while "
+    l->hooks.stop_soon(ag, "no heartbeat answered within the lease while "
                         "draining");
     return;
   }
@@ -451,9 +452,9 @@ static void drain_again(struct coord_link *l) {
   struct agent *ag = l->ag;
   if (!ag->instances) { /* a new incarnation: they went with the old one */
     LYNX_INFO("agent", "%s: no instance left to drain; leaving", ag->node_id);
-    agent_shutdown(ag, 0);
+    l->hooks.shutdown(ag, 0);
   } else if (!l->drains) {
-    agent_stop_soon(ag, "the coordinator now answering does not drain a "
+    l->hooks.stop_soon(ag, "the coordinator now answering does not drain a "
                         "node whose agent stops");
   } else {
     LYNX_INFO("agent", "%s: asking coordinator %s again to drain the node "
@@ -492,7 +493,7 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
                c->peer, env->hello_reply->error);
       lynx_ctl_close(c, NULL);
       if (!env->hello_reply->retryable)
-        agent_shutdown(ag, 1); /* wrong token or version: retrying can't help */
+        l->hooks.shutdown(ag, 1); /* wrong token or version: retrying can't help */
       return;
     }
     lynx_dialer_connected(&l->d);
@@ -579,7 +580,7 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       if (ag->leaving && !ag->instances) {
         LYNX_INFO("agent", "%s: drained: every instance stopped; leaving",
                   ag->node_id);
-        agent_shutdown(ag, 0);
+        l->hooks.shutdown(ag, 0);
       }
     }
     return;
@@ -624,7 +625,7 @@ static void link_closed(struct lynx_ctl *c) {
                 "reconnecting to ask again for the drain (for %llu ms at "
                 "most)", l->ag->node_id, (unsigned long long)wait_ms);
     } else if (l->lost_ns && now - l->lost_ns >= wait_ms * 1000000u) {
-      agent_stop_soon(l->ag, "no coordinator answered again while "
+      l->hooks.stop_soon(l->ag, "no coordinator answered again while "
                              "draining");
       return;
     }
@@ -641,11 +642,12 @@ static void link_closed(struct lynx_ctl *c) {
   lynx_dialer_retry(&l->d);
 }
 
-int agent_link_start(struct agent *ag) {
+int agent_link_start(struct agent *ag, const struct agent_link_hooks *hooks) {
   struct coord_link *l = calloc(1, sizeof(*l));
   if (!l)
     return -ENOMEM;
   l->ag = ag;
+  l->hooks = *hooks;
   snprintf(l->target, sizeof(l->target), "coordinator %s",
            ag->cfg.coordinator);
   if (lynx_dialer_init(&l->d, &ag->loop, ag->cfg.coordinator, "agent",

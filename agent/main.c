@@ -245,6 +245,8 @@ static void write_metrics(FILE *f, void *arg) {
   agent_stats_metrics(ag, f);
 }
 
+static void agent_shutdown(struct agent *ag, int exit_code);
+
 static void stop_timer_fired(uv_timer_t *t) {
   struct agent *ag = t->data;
   uint32_t n = 0;
@@ -261,7 +263,9 @@ static void stop_timer_fired(uv_timer_t *t) {
   agent_shutdown(ag, 0);
 }
 
-void agent_stop_soon(struct agent *ag, const char *why) {
+/* A drain before stopping ends early for this reason (logged): the agent
+ * shuts down on the next turn of the loop. */
+static void agent_stop_soon(struct agent *ag, const char *why) {
   if (ag->stopping || !ag->leaving)
     return;
   ag->stop_why = why;
@@ -298,7 +302,8 @@ static void on_signal(uv_signal_t *s, int signum) {
   agent_shutdown(ag, 0);
 }
 
-void agent_shutdown(struct agent *ag, int exit_code) {
+/* Orderly shutdown with this exit code (idempotent). */
+static void agent_shutdown(struct agent *ag, int exit_code) {
   if (ag->stopping)
     return;
   ag->stopping = 1;
@@ -566,7 +571,9 @@ int main(int argc, char **argv) {
     if (!rc)
       rc = agent_serve_start(&ag);
   } else {
-    rc = agent_link_start(&ag);
+    static const struct agent_link_hooks hooks = {
+        .shutdown = agent_shutdown, .stop_soon = agent_stop_soon};
+    rc = agent_link_start(&ag, &hooks);
   }
   if (rc) {
     agent_shutdown(&ag, 1);

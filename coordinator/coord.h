@@ -7,7 +7,7 @@
  * `lock` around every registry access; `changed` is broadcast whenever
  * registry.version grows (watchers wait on it). Registry action callbacks
  * never do I/O under the lock: they queue work for the loop thread, which
- * sends the messages (coordinator/main.c).
+ * sends the messages (coordinator/actions.c).
  */
 #ifndef LYNX_COORD_H
 #define LYNX_COORD_H
@@ -73,7 +73,7 @@ struct lynx_coord {
    * expiries) until etcd says (lynx_coord_leads). */
   uint64_t lead_until_ns;
   /* Hellos and messages refused, and connections closed, because this
-   * leader was not sure it still led (main.c; atomic, for /metrics) */
+   * leader was not sure it still led (ctlport.c, tick.c; atomic, for /metrics) */
   uint64_t unsure_refusals;
   char leader_api[128];
   /* A follower that knows of no leader (elect.c; under lock): no leader
@@ -86,6 +86,13 @@ struct lynx_coord {
   int no_leader;
   char no_leader_why[320];
   void *http;        /* http.c's private state (the MHD daemon): opaque */
+  /* Given by whoever makes the context (main.c; the tests), before
+   * lynx_http_start and the election: the registry's clock (monotonic
+   * milliseconds in the daemon), and what follows any change of the
+   * registry (called with lock held: wakes the watchers). The API and the
+   * election call these, never the daemon's main.c. */
+  uint64_t (*now_ms)(void);
+  void (*on_change)(struct lynx_coord *c);
 };
 
 /* Whether this coordinator may act as the leader now: always without
@@ -98,17 +105,11 @@ static inline int lynx_coord_leads(const struct lynx_coord *c) {
                                           __ATOMIC_ACQUIRE));
 }
 
-/* Monotonic milliseconds (the registry's clock in the daemon). */
-uint64_t lynx_coord_now_ms(void);
-
-/* Call with lock held after any registry change: wakes watchers. */
-void lynx_coord_changed(struct lynx_coord *c);
-
 /* http.c: the JSON API on addr ("host:port"). 0 or -errno. */
 int lynx_http_start(struct lynx_coord *c, const char *addr);
 void lynx_http_stop(struct lynx_coord *c);
 
-/* http.c: an API request's body (len bytes from the network; NULL or 0:
+/* http_reply.c: an API request's body (len bytes from the network; NULL or 0:
  * none) as one JSON object, refusing what json-c would take without a
  * word: a key twice in one object, data after the value. The object (the
  * caller puts it), or NULL with the HTTP status to answer (400, 413, 500)

@@ -156,11 +156,11 @@ static int reload(struct lynx_elect *e, int win, char *err, size_t errlen) {
   rc = lynx_store_etcd_read(&probe, &st, err, errlen);
   pthread_mutex_lock(&c->lock);
   if (!rc && (win || !leading(e))) {
-    uint64_t now = lynx_coord_now_ms();
+    uint64_t now = c->now_ms();
     lynx_reg_intent_clear(&c->reg, now);
     rc = lynx_store_etcd_apply(e->store, &st, &c->reg, now, err, errlen);
     c->reg.version++;
-    lynx_coord_changed(c);
+    c->on_change(c);
   }
   if (!rc && win) {
     e->store->fence_key = e->key;
@@ -206,7 +206,7 @@ static void step_down(struct lynx_elect *e, const char *why,
   no_leader_log(c, was, 0);
   pthread_mutex_unlock(&c->lock);
   /* the loop then closes the agents' and frontends' connections and
-   * releases the nodes (main.c on_role, registry.h) */
+   * releases the nodes (tick.c coord_on_role, registry.h) */
   set_role(e, 0);
   /* revoked: the key goes now, not at the TTL. When etcd cannot take it
    * (no quorum), the key outlives the quorum's return by up to a TTL

@@ -13,6 +13,14 @@
  * frontend cut off from us that still writes). An instance moving between
  * two live frontends is first released (the owner answers what it holds,
  * nothing new is sent to it), then given: no loss on a planned move.
+ *
+ * Partitioning is handed the registry's state and calls nothing back: the
+ * registry gives it every instance with what it decides on (whether it is
+ * in the dispatch table, the frontend that owns it: struct
+ * lynx__part_inst), and it writes the instances' fe_* fields and its own
+ * counters and epochs in r, and says whether the table changed; the
+ * registry commits the table (lynx_reg_partition, reg_frontend.c). So this
+ * file sits below every file of the registry (reg_internal.h).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -21,7 +29,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "registry.h"
+#include "reg_internal.h"
 
 #define COMP "registry"
 #define EPOCH_RETRY_MS 1000 /* the store could not issue an epoch */
@@ -31,29 +39,9 @@ static int fe_usable(const struct lynx_reg_frontend *f) {
   return f && f->connected && f->active;
 }
 
-static int owned_by(const struct lynx_reg_instance *i,
-                    const struct lynx_reg_frontend *f) {
+int lynx__part_owned_by(const struct lynx_reg_instance *i,
+                        const struct lynx_reg_frontend *f) {
   return i->fe_owner[0] && !strncmp(i->fe_owner, f->id, sizeof(f->id));
-}
-
-int lynx_reg_fe_produces(const struct lynx_reg_frontend *f,
-                         const struct lynx_reg_instance *i) {
-  return f && i && lynx_reg_inst_dispatchable(i) && !i->fe_release_version &&
-         owned_by(i, f);
-}
-
-int lynx_reg_fe_serves(const struct lynx_registry *r,
-                       const struct lynx_reg_frontend *f,
-                       const struct lynx_reg_service *svc) {
-  int any = 0;
-  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
-    if (i->svc != svc || !i->fe_owner[0] || !lynx_reg_inst_dispatchable(i))
-      continue;
-    if (owned_by(i, f))
-      return 1;
-    any = 1;
-  }
-  return !any;
 }
 
 static void owner_clear(struct lynx_reg_instance *i) {
@@ -83,15 +71,18 @@ static int claim_cmp(const void *a, const void *b) {
 /* Producers that are gone (not active or not connected: the instance goes
  * to another at once, whose newer epoch fences the old one) and moves whose
  * owner answered what it held. Returns whether the table changed. */
-static int drop_owners(struct lynx_registry *r, uint64_t now_ms) {
+static int drop_owners(struct lynx_registry *r,
+                       const struct lynx__part_inst *in, size_t n_in,
+                       uint64_t now_ms) {
   int changed = 0;
-  for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+  for (size_t x = 0; x < n_in; x++) {
+    struct lynx_reg_instance *i = in[x].inst;
     struct lynx_reg_frontend *f;
     if (!i->fe_owner[0])
       continue;
-    f = lynx_reg_frontend_find(r, i->fe_owner);
+    f = in[x].owner;
     if (!fe_usable(f)) {
-      changed |= lynx_reg_inst_dispatchable(i) && !i->fe_release_version;
+      changed |= in[x].dispatchable && !i->fe_release_version;
       owner_clear(i);
       continue;
     }
@@ -115,19 +106,21 @@ static int drop_owners(struct lynx_registry *r, uint64_t now_ms) {
  * newest epoch for it: after a restart or an election nobody owns it, and
  * the agents admit that frontend already. An epoch beyond the newest the
  * store issued is not ours (a store wiped since): ignored. */
-static int adopt_claims(struct lynx_registry *r) {
+static int adopt_claims(struct lynx_registry *r,
+                        const struct lynx__part_inst *in, size_t n_in) {
   int changed = 0;
   for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next) {
     if (!fe_usable(f) || !f->n_claims)
       continue;
     qsort(f->claims, f->n_claims, sizeof(*f->claims), claim_cmp);
-    for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    for (size_t x = 0; x < n_in; x++) {
+      struct lynx_reg_instance *i = in[x].inst;
       struct lynx_fe_claim key = {.instance_id = i->id};
       const struct lynx_fe_claim *c =
           bsearch(&key, f->claims, f->n_claims, sizeof(*f->claims), claim_cmp);
       if (!c || !c->epoch || c->epoch > r->frontend_epoch ||
           c->epoch <= i->fe_epoch || c->epoch < i->fe_fence ||
-          owned_by(i, f))
+          lynx__part_owned_by(i, f))
         continue;
       if (i->fe_owner[0])
         LYNX_INFO(COMP, "instance %" PRIu64 ": frontend %s presents epoch "
@@ -153,7 +146,7 @@ struct fe_load {
 static size_t fe_index(const struct fe_load *ld, size_t n,
                        const struct lynx_reg_instance *i) {
   for (size_t k = 0; k < n; k++)
-    if (owned_by(i, ld[k].f))
+    if (lynx__part_owned_by(i, ld[k].f))
       return k;
   return n;
 }
@@ -199,15 +192,17 @@ static void release(struct lynx_registry *r, const struct fe_load *ld,
 /* Counts each active frontend's instances of s (and overall when s is
  * NULL); returns how many of s have no producer, and adds those on their
  * way to another (released) to *moving when not NULL. */
-static uint64_t count_loads(struct lynx_registry *r, struct fe_load *ld,
-                            size_t n, const struct lynx_reg_service *s,
+static uint64_t count_loads(const struct lynx__part_inst *in, size_t n_in,
+                            struct fe_load *ld, size_t n,
+                            const struct lynx_reg_service *s,
                             uint64_t *moving) {
   uint64_t unowned = 0;
   for (size_t k = 0; k < n; k++)
     ld[k].svc = 0;
-  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+  for (size_t x = 0; x < n_in; x++) {
+    const struct lynx_reg_instance *i = in[x].inst;
     size_t k;
-    if ((s && i->svc != s) || !lynx_reg_inst_dispatchable(i))
+    if ((s && i->svc != s) || !in[x].dispatchable)
       continue;
     if (!i->fe_owner[0]) {
       unowned++;
@@ -229,11 +224,12 @@ static uint64_t count_loads(struct lynx_registry *r, struct fe_load *ld,
 /* A frontend with more of s than the others (by more than one, counting
  * the unowned as going to the fewest) releases some: they move once it
  * answered what it holds on them. Returns whether the table changed. */
-static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
-                   size_t n, struct lynx_reg_service *s, uint64_t now_ms) {
+static int balance(struct lynx_registry *r, const struct lynx__part_inst *in,
+                   size_t n_in, struct fe_load *ld, uint64_t *v, size_t n,
+                   struct lynx_reg_service *s, uint64_t now_ms) {
   uint64_t moving = 0;
   /* those without a producer and those on their way go to the fewest */
-  uint64_t unowned = count_loads(r, ld, n, s, &moving) + moving;
+  uint64_t unowned = count_loads(in, n_in, ld, n, s, &moving) + moving;
   int changed = 0;
   if (least(ld, v, n) == n)
     return 0; /* every one drains: none can take what another lets go of */
@@ -244,24 +240,27 @@ static int balance(struct lynx_registry *r, struct fe_load *ld, uint64_t *v,
   for (size_t k = 0; k < n; k++) {
     if (!ld[k].draining)
       continue;
-    for (struct lynx_reg_instance *i = r->instances; i; i = i->next)
-      if (i->svc == s && lynx_reg_inst_dispatchable(i) &&
-          !i->fe_release_version && owned_by(i, ld[k].f)) {
+    for (size_t x = 0; x < n_in; x++) {
+      struct lynx_reg_instance *i = in[x].inst;
+      if (i->svc == s && in[x].dispatchable && !i->fe_release_version &&
+          lynx__part_owned_by(i, ld[k].f)) {
         release(r, &ld[k], i, v[k]--, now_ms);
         v[least(ld, v, n)]++;
         changed = 1;
       }
+    }
   }
   for (;;) {
     size_t hi = most(ld, v, n), lo = least(ld, v, n);
     struct lynx_reg_instance *pick = NULL;
     if (v[hi] <= v[lo] + 1)
       break;
-    for (struct lynx_reg_instance *i = r->instances; i; i = i->next)
-      if (i->svc == s && lynx_reg_inst_dispatchable(i) &&
-          !i->fe_release_version && owned_by(i, ld[hi].f) &&
-          (!pick || i->id > pick->id))
+    for (size_t x = 0; x < n_in; x++) {
+      struct lynx_reg_instance *i = in[x].inst;
+      if (i->svc == s && in[x].dispatchable && !i->fe_release_version &&
+          lynx__part_owned_by(i, ld[hi].f) && (!pick || i->id > pick->id))
         pick = i;
+    }
     if (!pick)
       break; /* its count was of instances not yet owned */
     release(r, &ld[hi], pick, v[hi], now_ms);
@@ -308,31 +307,35 @@ static int round_epoch(struct lynx_registry *r, uint64_t *round,
  * producer) takes the epoch its frontend has already, if any; every other
  * needs the round's epoch, issued once (a store round trip) for all of
  * them. Returns how many were given. */
-static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
-                       uint64_t *v, size_t n, uint64_t now_ms) {
+static uint64_t assign(struct lynx_registry *r,
+                       const struct lynx__part_inst *in, size_t n_in,
+                       struct fe_load *ld, uint64_t *v, size_t n,
+                       uint64_t now_ms) {
   uint64_t round = 0, given = 0, reused = 0;
   int no_epoch = 0;
   for (size_t k = 0; k < n; k++) {
     ld[k].total = 0;
     ld[k].epoch = 0;
   }
-  for (const struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+  for (size_t x = 0; x < n_in; x++) {
+    const struct lynx_reg_instance *i = in[x].inst;
     size_t k = i->fe_owner[0] ? fe_index(ld, n, i) : n;
     if (k < n && i->fe_epoch > ld[k].epoch)
       ld[k].epoch = i->fe_epoch;
   }
-  if (!count_loads(r, ld, n, NULL, NULL) ||
+  if (!count_loads(in, n_in, ld, n, NULL, NULL) ||
       least(ld, v, n) == n) /* every one drains: nobody to give them */
     return 0;
   for (struct lynx_reg_service *s = r->services; s; s = s->next) {
-    if (!count_loads(r, ld, n, s, NULL))
+    if (!count_loads(in, n_in, ld, n, s, NULL))
       continue;
     for (size_t k = 0; k < n; k++)
       v[k] = ld[k].svc;
-    for (struct lynx_reg_instance *i = r->instances; i; i = i->next) {
+    for (size_t x = 0; x < n_in; x++) {
+      struct lynx_reg_instance *i = in[x].inst;
       size_t k;
       uint64_t e;
-      if (i->svc != s || i->fe_owner[0] || !lynx_reg_inst_dispatchable(i))
+      if (i->svc != s || i->fe_owner[0] || !in[x].dispatchable)
         continue;
       k = least(ld, v, n);
       if (k == n)
@@ -368,16 +371,18 @@ static uint64_t assign(struct lynx_registry *r, struct fe_load *ld,
   return given;
 }
 
-void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms) {
+int lynx__part_round(struct lynx_registry *r,
+                     const struct lynx__part_inst *in, size_t n_in,
+                     uint64_t now_ms) {
   struct fe_load *ld = NULL;
   uint64_t *v = NULL;
   size_t n = 0, k = 0;
-  int changed = drop_owners(r, now_ms);
+  int changed = drop_owners(r, in, n_in, now_ms);
   for (struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
     n += fe_usable(f);
   if (!n)
     goto out;
-  changed |= adopt_claims(r);
+  changed |= adopt_claims(r, in, n_in);
   ld = calloc(n, sizeof(*ld));
   v = calloc(n, sizeof(*v));
   if (!ld || !v) {
@@ -390,16 +395,12 @@ void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms) {
       ld[k].draining = f->drain_intent;
       ld[k++].f = f;
     }
-  count_loads(r, ld, n, NULL, NULL);
+  count_loads(in, n_in, ld, n, NULL, NULL);
   for (struct lynx_reg_service *s = r->services; s; s = s->next)
-    changed |= balance(r, ld, v, n, s, now_ms);
-  changed |= assign(r, ld, v, n, now_ms) != 0;
+    changed |= balance(r, in, n_in, ld, v, n, s, now_ms);
+  changed |= assign(r, in, n_in, ld, v, n, now_ms) != 0;
 out:
   free(ld);
   free(v);
-  if (changed) {
-    r->table_dirty = 1;
-    r->version++;
-  }
-  lynx_reg_table_commit(r);
+  return changed;
 }

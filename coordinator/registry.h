@@ -16,6 +16,58 @@
  *
  * Errors: 0 or -errno; functions that validate operator input also fill a
  * struct lynx_reg_err with an API error code and a message naming the field.
+ *
+ * The entities (nodes with their accelerators, services, instances,
+ * frontends) keep these invariants together; each file of the registry
+ * says which it keeps (reg_internal.h lists the files):
+ *
+ * - Versions. The dispatch table is every dispatchable instance (READY,
+ *   on a READY node that is not suspect, on an accelerator whose health
+ *   lets it serve) with the frontend that produces into it; nothing
+ *   stores it, lynx_reg_table_foreach derives it. A change of it is
+ *   marked and committed before the public call that made it returns,
+ *   once (a drain commits first the table without its node, whose number
+ *   it waits for): table_version grows by exactly one, version with it,
+ *   ops.tables_changed is called once, with the registry consistent.
+ *   Instance ids and table_version start from the daemon's wall clock
+ *   (main.c), so neither goes back across coordinator restarts, and an
+ *   instance id is never reused.
+ * - Epochs. A node is one incarnation per epoch (issued by the store:
+ *   docs/etcd.md, "Epochs"). Every agent message names its epoch; another
+ *   one is refused (-ESTALE); a newer registration replaces the node and
+ *   forgets its instances (they died with the old agent); an epoch
+ *   declared down never serves again (new_incarnation), because the
+ *   frontends counted its requests in flight lost. Frontend epochs come
+ *   from the store as well and only grow: an instance given to a frontend
+ *   carries one newer than every earlier producer's (a new region that
+ *   admitted nobody may take the one its frontend has), and its fe_fence
+ *   never goes back.
+ * - Leases. A node not heard for lynx_reg_suspect_ms is suspect: out of
+ *   the table, its instances kept, nothing new placed on it. Not heard for
+ *   lease_ms it is DOWN: its instances are forgotten (not stopped) and
+ *   its requests in flight lost. Leases count only the time the
+ *   coordinator ran (a pause is credited at the next tick).
+ * - Intents. What an operator asked that outlives the coordinator is the
+ *   services and the drained nodes (drain_intent, and drain_intents for
+ *   nodes not registered), which the store saves; every other field is
+ *   rebuilt from what agents (registration with adoption) and frontends
+ *   (claims, reports) tell a new coordinator. A drain to leave and a
+ *   frontend's drain are not intents. Each change of intent has a check
+ *   that leaves r unchanged, for the API to save it before it applies it.
+ * - Drains. A drain loses nothing: a draining node's instances, and a
+ *   retiring one (a replica that moved), leave the table first and are
+ *   stopped once every connected frontend runs a table without them and
+ *   reports nothing outstanding on them (never while the coordinator
+ *   settles), or at their drain deadline. (Placement stops what policy no
+ *   longer wants, and a deleted service's instances, at once.)
+ * - Partitioning. Placement decides where instances run, partitioning
+ *   only who produces into them: every dispatchable instance has at most
+ *   one producer, an active and connected frontend (fe_owner). One that
+ *   is gone is replaced at the next round (lynx_reg_partition, every
+ *   tick), the newer epoch fencing it; a move between two live frontends
+ *   releases first (no loss). partition.c is
+ *   handed the registry's state and calls none of the registry's
+ *   functions; lynx_reg_partition commits what it decided.
  */
 #ifndef LYNX_REGISTRY_H
 #define LYNX_REGISTRY_H
@@ -563,7 +615,7 @@ int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id,
 void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,
                                   int active);
 
-/* ---- several active frontends (partition.c) -------------------------- */
+/* ---- several active frontends (reg_frontend.c, partition.c) ---------- */
 
 /*
  * Partitions the dispatchable instances of every service among the active
@@ -596,9 +648,6 @@ int lynx_reg_fe_serves(const struct lynx_registry *r,
                        const struct lynx_reg_service *svc);
 struct lynx_reg_frontend *lynx_reg_frontend_find(struct lynx_registry *r,
                                                  const char *id);
-/* internal (registry.c, partition.c): bumps the table version and asks
- * for a push if the table changed during the current call */
-void lynx_reg_table_commit(struct lynx_registry *r);
 
 /* A frontend reports whether it listens on each service's port (copied;
  * a change bumps r->version, so watchers see services become ready or

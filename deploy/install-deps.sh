@@ -21,7 +21,7 @@
 #           memcached, etcd, libfaketime, gnutls-bin, systemd-analyze,
 #           debootstrap, Python's yaml and jsonschema, Chromium with
 #           chromedriver and Selenium, clang's libFuzzer, the Fashion-MNIST
-#           images, promtool (make test, test-all, test-sanitize, test-faults, test-busy)
+#           images, promtool, clang-format 14 and cppcheck (make test, test-all, test-sanitize, test-faults, test-busy)
 #   fuzz    build + clang and its libFuzzer runtime (make fuzz)
 #   deb     build + dpkg-dev, and debootstrap and sockperf for the
 #           packages' install test in a clean root (make deb)
@@ -84,7 +84,7 @@ P_build=(
   libgnutls28-dev
   # systemd readiness (sd_notify, Type=notify units: deploy/systemd/)
   libsystemd-dev
-  # lynxctl top's screen (ncurses: coordinator/top_view.c)
+  # lynxctl top's screen (ncurses: cli/top_view.c)
   libncurses-dev
   # the LeNet weights' CRC-32, and the tools that read gzipped images
   zlib1g-dev
@@ -128,6 +128,10 @@ P_test=(
   chromium chromium-driver python3-selenium dbus-x11
   # the fuzz_*.libfuzzer tests (docs/fuzzing.md)
   clang libclang-rt-dev
+  # the code's own checks (HACKING.md, "Checks"): its format (lint.format:
+  # clang-format 14, the version .clang-format was written for) and
+  # static analysis (lint.cppcheck)
+  clang-format-14 cppcheck
 )
 P_fuzz=(
   # clang and its libFuzzer runtime (only recommended by clang, and

@@ -95,7 +95,7 @@ static int deliver(struct fe_backend *be, const uint8_t *data, uint32_t len,
     status = LYNX_ST_TOO_LONG;
     len = 0;
   }
-  rc = fe_write_rx(be->w, mq, data, len, tag, status);
+  rc = fe_write_rx(&be->w->rmq, mq, data, len, tag, status);
   if (rc == -ENOBUFS || rc == -ENOSPC)
     return -EAGAIN; /* transport or large area full: delivered later */
   if (rc) {
@@ -232,11 +232,10 @@ static void be_flush(struct fe_backend *be) {
     be_down(be, uv_strerror(rc));
 }
 
-int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
-                       const uint8_t *data, uint32_t len, uint32_t tag) {
+int fe_backend_request(struct fe_mq *mq, const uint8_t *data, uint32_t len,
+                       uint32_t tag) {
   struct fe_backend *be = mq->be;
   uint8_t *p;
-  (void)w;
   lynx_cnt_add(&mq->dispatched, 1);
   if (be->state == BE_DOWN) {
     static const uint8_t none[1];

@@ -22,8 +22,8 @@ void fe_backend_close(struct fe_backend *be);
 /* The application's request (tag) from the client mqueue's TX ring: sent
  * to the back end, or answered at once with LYNX_ST_BACKEND_DOWN. 0 when
  * consumed, -EAGAIN to retry next cycle. */
-int fe_backend_request(struct fe_worker *w, struct fe_mq *mq,
-                       const uint8_t *data, uint32_t len, uint32_t tag);
+int fe_backend_request(struct fe_mq *mq, const uint8_t *data, uint32_t len,
+                       uint32_t tag);
 /* Hands replies that waited for RX room to the client mqueues. */
 int fe_backend_progress(struct fe_worker *w);
 

@@ -9,38 +9,63 @@
  * (tcpsvc.c). A client mqueue's slot is a request of the application to
  * its back end instead (backend.c).
  *
- * Owns: the gathered responses (struct fe_egress). Their payloads stay in
+ * Owns: the gathered responses (struct fe_egress) and their accounting:
+ * responded and the end-to-end histogram when one goes out, a drop on its
+ * mqueue when it cannot (tcpsvc.c only frames). Their payloads stay in
  * the mqueues' staging buffers, which the manager reads into again only at
- * that connection's next cycle, after the pass has sent.
+ * that connection's next cycle, after the pass has sent. It reaches the
+ * manager, tags, dispatcher and TCP connections only through what it was
+ * given at fe_forwarder_init.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend.h"
+#include "backend.h"
+#include "dispatcher.h"
+#include "forwarder.h"
 #include "log.h"
+#include "tcpsvc.h"
 
 static int resp_cmp(const void *a, const void *b) {
   const struct fe_resp *x = a, *y = b;
   return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* Sends every gathered response, in dispatch order, 64 per sendmmsg. */
-static void flush_sends(struct fe_worker *w) {
-  struct fe_egress *eg = &w->egress;
+/* r went out (handed to the kernel at now_ns): counted responded on its
+ * mqueue, its end-to-end time into the histogram. */
+static void resp_sent(struct fe_egress *eg, const struct fe_resp *r,
+                      uint64_t now_ns) {
+  lynx_cnt_add(&r->mq->responded, 1);
+  lynx_lat_add(&eg->e2e, now_ns > r->t_ns ? now_ns - r->t_ns : 0);
+}
+
+/* Sends every gathered response, in dispatch order, 64 per sendmmsg (UDP)
+ * or framed onto its connection (TCP, tcpsvc.c). */
+static void flush_sends(struct fe_egress *eg) {
   uint32_t base = 0;
   int fd;
   if (!eg->n_resp)
     return;
   if (eg->n_resp > 1)
     qsort(eg->resp, eg->n_resp, sizeof(*eg->resp), resp_cmp);
-  if (w->fe->proto == FE_PROTO_TCP) {
-    for (uint32_t i = 0; i < eg->n_resp; i++)
-      fe_tcp_send(w, &eg->resp[i]);
+  if (eg->opts.tcp) {
+    for (uint32_t i = 0; i < eg->n_resp; i++) {
+      struct fe_resp *r = &eg->resp[i];
+      uint64_t at;
+      int rc = fe_tcp_send(eg->opts.tcp, r->cli, r->cli_gen, r->data, r->len,
+                           &at);
+      if (rc == 0)
+        resp_sent(eg, r, at);
+      else
+        lynx_cnt_add(&r->mq->drops[rc == -ENOTCONN ? FE_QDROP_CLIENT_GONE
+                                                   : FE_QDROP_SEND_ERR],
+                     1);
+    }
     eg->n_resp = 0;
     return;
   }
-  if (uv_fileno((uv_handle_t *)&w->ingress.udp, &fd) != 0) {
+  if (uv_fileno((uv_handle_t *)&eg->opts.ingress->udp, &fd) != 0) {
     /* the socket is closed (stopping): these answers cannot go out */
     for (uint32_t i = 0; i < eg->n_resp; i++)
       lynx_cnt_add(&eg->resp[i].mq->drops[FE_QDROP_SEND_ERR], 1);
@@ -68,7 +93,7 @@ static void flush_sends(struct fe_worker *w) {
       if (k > 0) {
         uint64_t now = lynx_now_ns();
         for (uint32_t i = done; i < done + (uint32_t)k; i++)
-          fe_resp_sent(w, &eg->resp[base + i], now);
+          resp_sent(eg, &eg->resp[base + i], now);
         done += (uint32_t)k;
         continue;
       }
@@ -76,7 +101,7 @@ static void flush_sends(struct fe_worker *w) {
         continue;
       /* the first of the rest failed: count it, go on with the others */
       LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: send failed: %s",
-                  w->id, strerror(errno));
+                  eg->opts.worker, strerror(errno));
       lynx_cnt_add(&eg->resp[base + done].mq->drops[FE_QDROP_SEND_ERR], 1);
       done++;
     }
@@ -85,10 +110,9 @@ static void flush_sends(struct fe_worker *w) {
   eg->n_resp = 0;
 }
 
-static void queue_send(struct fe_worker *w, struct fe_mq *mq,
+static void queue_send(struct fe_egress *eg, struct fe_mq *mq,
                        const struct lynx_tag_entry *e, const uint8_t *data,
                        uint32_t len) {
-  struct fe_egress *eg = &w->egress;
   struct fe_resp *r = &eg->resp[eg->n_resp++];
   r->seq = e->seq;
   r->addr = e->peer;
@@ -100,13 +124,7 @@ static void queue_send(struct fe_worker *w, struct fe_mq *mq,
   r->t_ns = e->t_ns;
 }
 
-void fe_resp_sent(struct fe_worker *w, const struct fe_resp *r,
-                  uint64_t now_ns) {
-  lynx_cnt_add(&r->mq->responded, 1);
-  lynx_lat_add(&w->e2e, now_ns > r->t_ns ? now_ns - r->t_ns : 0);
-}
-
-int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
+int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq,
                     const uint8_t *slot, uint32_t pos, const uint8_t *large,
                     uint32_t large_len) {
   uint32_t z = mq->conn->acc.g.slot_size, len;
@@ -133,7 +151,7 @@ int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
       lynx_cnt_add(&mq->drops[FE_QDROP_TX_OVERSIZE], 1);
       return 0;
     }
-    return fe_backend_request(w, mq, data, len, m.tag);
+    return fe_backend_request(mq, data, len, m.tag);
   }
   if (m.seq != lynx_seq_for(pos)) {
     /* tx_prod ran ahead of the slot: an accelerator bug; counted once per
@@ -149,7 +167,7 @@ int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
     }
     return -EAGAIN;
   }
-  e = lynx_tag_lookup(&w->tags, m.tag, mq->gid);
+  e = lynx_tag_lookup(eg->opts.tags, m.tag, mq->gid);
   if (!e) {
     lynx_cnt_add(&mq->drops[FE_QDROP_STALE_TAG], 1);
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
@@ -177,26 +195,27 @@ int fe_forward_slot(struct fe_worker *w, struct fe_mq *mq,
                   mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
                   m.len, m.off16 * 16u, z);
   } else {
-    queue_send(w, mq, e, data, len);
+    queue_send(eg, mq, e, data, len);
   }
-  fe_request_done(w, e);
+  fe_request_done(eg->opts.ingress, e);
   return 0;
 }
 
-int fe_forward(struct fe_worker *w) {
+int fe_forward(struct fe_egress *eg) {
+  struct fe_rmq *r = eg->opts.rmq;
   int work = 0;
-  for (uint32_t i = 0; i < w->rmq.n_conns; i++)
-    work += fe_rmq_progress(w, w->rmq.conns[i]);
-  flush_sends(w);
+  for (uint32_t i = 0; i < r->n_conns; i++)
+    work += fe_rmq_progress(r, r->conns[i]);
+  flush_sends(eg);
   return work;
 }
 
 /* One pass gathers at most what every mqueue's staging holds. */
-int fe_forwarder_reserve(struct fe_worker *w) {
-  struct fe_egress *eg = &w->egress;
+int fe_forwarder_reserve(struct fe_egress *eg) {
+  const struct fe_rmq *rmq = eg->opts.rmq;
   uint32_t max_resp = 0;
-  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
-    const struct fe_conn *c = w->rmq.conns[i];
+  for (uint32_t i = 0; i < rmq->n_conns; i++) {
+    const struct fe_conn *c = rmq->conns[i];
     for (uint32_t q = 0; q < c->n_mqs; q++)
       max_resp += c->mqs[q].stage_slots;
   }
@@ -210,8 +229,13 @@ int fe_forwarder_reserve(struct fe_worker *w) {
   return 0;
 }
 
-void fe_forwarder_free(struct fe_worker *w) {
-  free(w->egress.resp);
-  w->egress.resp = NULL;
-  w->egress.n_resp = w->egress.max_resp = 0;
+void fe_forwarder_init(struct fe_egress *eg, const struct fe_egress_opts *o) {
+  memset(eg, 0, sizeof(*eg));
+  eg->opts = *o;
+}
+
+void fe_forwarder_free(struct fe_egress *eg) {
+  free(eg->resp);
+  eg->resp = NULL;
+  eg->n_resp = eg->max_resp = 0;
 }

@@ -27,24 +27,34 @@
  *   (libraries: dispatch.c policy, tagtab.c tags, outq.c, beframe.c and
  *    tcpframe.c framing, rxring.c the dispatcher's io_uring receive ring)
  *
- * Calls between these files go one way only (a DAG; an arrow reads "may
- * call"):
+ * The four components take their own struct, not the worker: each is made
+ * (fe_rmq_init, fe_dispatcher_init, fe_tcp_init, fe_forwarder_init) with
+ * its options and pointers to what it reaches (the manager, the tag table,
+ * the dispatcher, the loop's clock, the stop flag), which worker.c wires
+ * at set-up; none includes this header, so each builds, and can be tested,
+ * without a worker (tests/unit/test_rmq.c makes a manager alone).
  *
- *   main.c ──▶ worker.c, metrics.c, rmq.c (fe_foreach_mq)
+ * Calls between these files go one way only (a DAG; an arrow reads "may
+ * call"; tools/check-cycles.py checks it on the objects):
+ *
+ *   main.c ──▶ worker.c, metrics.c, rmq.c (fe_rmq_foreach_mq)
  *   worker.c ──▶ forwarder.c, tcpsvc.c, backend.c, dispatcher.c, rmq.c,
- *                metrics.c
+ *                metrics.c (fe_log_totals)
  *   forwarder.c ──▶ tcpsvc.c, backend.c, dispatcher.c, rmq.c
  *   tcpsvc.c ──▶ dispatcher.c
  *   backend.c ──▶ rmq.c
  *   dispatcher.c ──▶ rmq.c
- *   metrics.c ──▶ rmq.c
+ *   metrics.c ──▶ rmq.c; the name tables of dispatcher.c and tcpsvc.c
  *   rmq.c ──▶ (none)
  *
  * Upward events go through function pointers the upper layer registers:
  * the manager hands response slots, lost requests, connection-set changes
  * and client mqueues' back ends to the worker's struct fe_rmq_hooks
- * (worker.c), which passes them to the forwarder, dispatcher, tcpsvc and
- * backend.
+ * (worker.c, its context the worker), which passes them to the forwarder,
+ * dispatcher, tcpsvc and backend. Downward results come back as return
+ * values: tcpsvc.c frames an answer and says whether it went, and the
+ * forwarder accounts for it (responded and the end-to-end time, or the
+ * drop).
  */
 #ifndef LYNX_FRONTEND_H
 #define LYNX_FRONTEND_H
@@ -83,13 +93,14 @@ struct fe_cmd {
 
 struct frontend;
 
-/* What ended a sleep of the adaptive poller (lynx_frontend_sleeps_total) */
+/* What ended a sleep of the adaptive poller (lynx_frontend_sleeps_total;
+ * its labels are metrics.c's) */
 enum fe_wake { FE_WAKE_BELL, FE_WAKE_FD, FE_WAKE_TIMER, FE_WAKE_MAX };
-extern const char *const fe_wake_names[FE_WAKE_MAX];
 
 /* One worker: a thread, its loop, and the components' state. Each
- * component's part is its own sub-struct; what several of them share is
- * here (the loop, the clock, the requests in flight, the counters). */
+ * component's part is its own sub-struct, counters included; what several
+ * of them share is here (the loop, the clock, the requests in flight),
+ * handed to them by pointer at set-up (worker.c). */
 struct fe_worker {
   struct frontend *fe;
   uint32_t id;
@@ -118,28 +129,10 @@ struct fe_worker {
   struct fe_egress egress;   /* forwarder.c */
   struct fe_rmq rmq;         /* rmq.c */
   struct fe_tcpsvc tcpsvc;   /* tcpsvc.c */
-  /* Counters, read by other threads (metrics.c, the totals log line) with
-   * relaxed loads. received, flow_moves and drops: the dispatcher (and
-   * tcpsvc.c for streams); tcp: tcpsvc.c; retired_*: the manager. */
-  lynx_counter received;
-  /* a flow with requests in flight moved mqueue (its mqueue left
-   * dispatch; a full one drops instead, flow_full): its answers may come
-   * back out of order */
-  lynx_counter flow_moves;
-  lynx_counter drops[FE_WDROP_MAX];
-  /* counters of mqueues whose accelerator was released, so the service's
-   * totals never go back */
-  lynx_counter retired_dispatched, retired_responded;
-  lynx_counter retired_drops[FE_QDROP_MAX];
-  lynx_counter tcp[FE_TCPEV_MAX];
   /* Sleeps of the adaptive poller, by what ended them (worker.c): its
    * response doorbell (common/bell.h), a descriptor (a datagram, libuv, a
    * remote transport), or the timeout. */
   lynx_counter sleeps[FE_WAKE_MAX];
-  /* End-to-end time of the requests answered (forwarder.c fe_resp_sent:
-   * from the dispatch, in the loop pass that received it, to the answer
-   * handed to the kernel); one writer, read like the counters. */
-  struct lynx_lat_hist e2e;
   struct lynx_bell bell; /* fd -1, id 0: none (responses wake no sleep) */
   /* a sleep just before was armed on every connection waited for: the
    * wait for a response may be slept through (worker.c) */

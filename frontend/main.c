@@ -390,11 +390,11 @@ struct mq_report_ctx {
   size_t n, cap;
 };
 
-static void collect_mq(void *arg, const struct fe_worker *w,
+static void collect_mq(void *arg, const struct fe_rmq *rmq,
                        const struct fe_conn *c, const struct fe_mq *mq) {
   struct mq_report_ctx *x = arg;
   Lynx__MqueueReport *r;
-  (void)w;
+  (void)rmq;
   if (x->n == x->cap) {
     size_t cap = x->cap ? x->cap * 2 : 64;
     Lynx__MqueueReport *nr = realloc(x->r, cap * sizeof(*nr));
@@ -430,7 +430,8 @@ static void send_status(struct fe_main *m) {
   if (applied == m->table_version)
     m->table_seq_done = m->table_version;
   for (struct frontend *fe = m->services; fe; fe = fe->next)
-    fe_foreach_mq(fe, collect_mq, &x);
+    for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
+      fe_rmq_foreach_mq(&fe->w[i].rmq, collect_mq, &x);
   x.p = calloc(x.n + 1, sizeof(*x.p));
   if (!x.p)
     goto out;

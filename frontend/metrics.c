@@ -20,6 +20,10 @@
 #include "prom.h"
 #include "promhttp.h"
 
+/* lynx_frontend_sleeps_total's woken_by labels, by enum fe_wake (the
+ * poller that counts them is worker.c's; the names are only labels) */
+static const char *const wake_names[FE_WAKE_MAX] = {"bell", "fd", "timer"};
+
 struct metrics_ctx {
   struct frontend **list;
   pthread_mutex_t *lock;
@@ -79,6 +83,17 @@ static const struct {
      "Drops attributed to this mqueue, by reason."},
 };
 
+/* Calls fn for every mqueue of every worker of fe (each under its
+ * worker's lock). */
+static void foreach_mq(struct frontend *fe,
+                       void (*fn)(void *arg, const struct fe_rmq *rmq,
+                                  const struct fe_conn *c,
+                                  const struct fe_mq *mq),
+                       void *arg) {
+  for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
+    fe_rmq_foreach_mq(&fe->w[i].rmq, fn, arg);
+}
+
 /* One sample of family fam per reason (or event): the label *lab, one of
  * l's, is named key and takes each of names[] in turn. */
 static void per_reason(FILE *f, int fam, struct lynx_prom_label *l,
@@ -97,7 +112,7 @@ struct mq_pass {
   uint64_t dispatched, responded, qdrops[FE_QDROP_MAX];
 };
 
-static void mq_line(void *arg, const struct fe_worker *w,
+static void mq_line(void *arg, const struct fe_rmq *rmq,
                     const struct fe_conn *c, const struct fe_mq *mq) {
   struct mq_pass *p = arg;
   char inst[24], acc[12], q[12], wid[12];
@@ -110,7 +125,7 @@ static void mq_line(void *arg, const struct fe_worker *w,
   snprintf(inst, sizeof(inst), "%llu", (unsigned long long)c->acc.instance_id);
   snprintf(acc, sizeof(acc), "%u", c->acc.desc.accel_id);
   snprintf(q, sizeof(q), "%u", mq->q);
-  snprintf(wid, sizeof(wid), "%u", w->id);
+  snprintf(wid, sizeof(wid), "%u", rmq->opts.worker);
   p->dispatched += d;
   p->responded += r;
   lynx_prom_u64(p->out[F_MQ_DISPATCHED], fams[F_MQ_DISPATCHED].name, l, d);
@@ -139,29 +154,29 @@ static void service_lines(FILE **out, struct frontend *fe) {
   p.out = out;
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
     const struct fe_worker *w = &fe->w[i];
-    rcv += lynx_cnt_get(&w->received);
-    moves += lynx_cnt_get(&w->flow_moves);
+    rcv += lynx_cnt_get(&w->ingress.received);
+    moves += lynx_cnt_get(&w->ingress.flow_moves);
     rx_calls += lynx_cnt_get(&w->ingress.rx_calls);
     rx_nobufs += lynx_cnt_get(&w->ingress.rx_nobufs);
     if (__atomic_load_n(&w->ingress.udp_open, __ATOMIC_RELAXED))
       paths[__atomic_load_n(&w->ingress.rx_path, __ATOMIC_RELAXED)]++;
     for (int r = 0; r < FE_TCPEV_MAX; r++)
-      tev[r] += lynx_cnt_get(&w->tcp[r]);
+      tev[r] += lynx_cnt_get(&w->tcpsvc.events[r]);
     for (int r = 0; r < FE_WAKE_MAX; r++)
       sleeps[r] += lynx_cnt_get(&w->sleeps[r]);
     for (int r = 0; r < FE_WDROP_MAX; r++)
-      wd[r] += lynx_cnt_get(&w->drops[r]);
-    lynx_lat_merge(&e2e, &w->e2e);
-    p.dispatched += lynx_cnt_get(&w->retired_dispatched);
-    p.responded += lynx_cnt_get(&w->retired_responded);
+      wd[r] += lynx_cnt_get(&w->ingress.drops[r]);
+    lynx_lat_merge(&e2e, &w->egress.e2e);
+    p.dispatched += lynx_cnt_get(&w->rmq.retired_dispatched);
+    p.responded += lynx_cnt_get(&w->rmq.retired_responded);
     for (int r = 0; r < FE_QDROP_MAX; r++)
-      p.qdrops[r] += lynx_cnt_get(&w->retired_drops[r]);
+      p.qdrops[r] += lynx_cnt_get(&w->rmq.retired_drops[r]);
   }
-  fe_foreach_mq(fe, mq_line, &p);
+  foreach_mq(fe, mq_line, &p);
   lynx_prom_u64(out[F_RECEIVED], fams[F_RECEIVED].name, l, rcv);
   lynx_prom_histogram(out[F_DURATION], fams[F_DURATION].name, l, &e2e);
   lynx_prom_u64(out[F_FLOW_MOVES], fams[F_FLOW_MOVES].name, l, moves);
-  per_reason(out[F_SLEEPS], F_SLEEPS, l, &l[1], "woken_by", fe_wake_names,
+  per_reason(out[F_SLEEPS], F_SLEEPS, l, &l[1], "woken_by", wake_names,
              sleeps, FE_WAKE_MAX);
   l[1].name = NULL;
   if (fe->proto == FE_PROTO_UDP) {
@@ -243,10 +258,10 @@ struct totals {
   uint64_t disp, resp;
 };
 
-static void add_totals(void *arg, const struct fe_worker *w,
+static void add_totals(void *arg, const struct fe_rmq *rmq,
                        const struct fe_conn *c, const struct fe_mq *mq) {
   struct totals *t = arg;
-  (void)w;
+  (void)rmq;
   (void)c;
   t->disp += lynx_cnt_get(&mq->dispatched);
   t->resp += lynx_cnt_get(&mq->responded);
@@ -256,11 +271,11 @@ void fe_log_totals(struct frontend *fe) {
   struct totals t = {0, 0};
   uint64_t rcv = 0;
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
-    rcv += lynx_cnt_get(&fe->w[i].received);
-    t.disp += lynx_cnt_get(&fe->w[i].retired_dispatched);
-    t.resp += lynx_cnt_get(&fe->w[i].retired_responded);
+    rcv += lynx_cnt_get(&fe->w[i].ingress.received);
+    t.disp += lynx_cnt_get(&fe->w[i].rmq.retired_dispatched);
+    t.resp += lynx_cnt_get(&fe->w[i].rmq.retired_responded);
   }
-  fe_foreach_mq(fe, add_totals, &t);
+  foreach_mq(fe, add_totals, &t);
   LYNX_INFO("frontend", "service %s: %llu received, %llu dispatched, %llu "
             "responded", fe->service, (unsigned long long)rcv,
             (unsigned long long)t.disp, (unsigned long long)t.resp);

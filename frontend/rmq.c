@@ -25,16 +25,17 @@
  * way, its requests counted as fenced; it is reopened with the same
  * backoff, and stays refused until a later table renews desc.producer.
  *
- * Calls no other frontend file: upward events go through the worker's
- * struct fe_rmq_hooks.
+ * Calls no other frontend file and knows no worker: what it needs comes
+ * in struct fe_rmq_opts at fe_rmq_init, and upward events go through the
+ * struct fe_rmq_hooks registered there, with their context pointer.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend.h"
 #include "log.h"
+#include "rmq.h"
 
 #define WR_KIND_SHIFT 60
 #define WR_CTRL (1ull << WR_KIND_SHIFT)
@@ -85,10 +86,9 @@ int fe_rmq_arm(struct fe_conn *c, uint32_t bell) {
 }
 
 /* The connection set changed: the layers above rebuild what depends on it
- * (w->rmq.lock held). 0, or -errno and they changed nothing. */
-static int set_changed(struct fe_worker *w) {
-  struct fe_rmq *r = &w->rmq;
-  int rc = r->hooks->changed(w);
+ * (r->lock held). 0, or -errno and they changed nothing. */
+static int set_changed(struct fe_rmq *r) {
+  int rc = r->hooks->changed(r->ctx);
   if (rc)
     return rc;
   r->n_client_mqs = 0;
@@ -104,10 +104,10 @@ static int set_changed(struct fe_worker *w) {
 
 /* Schedules the next attempt to reopen a dead connection (jittered
  * exponential backoff). */
-static void retry_later(struct fe_worker *w, struct fe_conn *c) {
+static void retry_later(struct fe_rmq *r, struct fe_conn *c) {
   c->retry_ns = lynx_now_ns() + lynx_backoff_next(&c->retry_wait_ns,
                                                   RETRY_MIN_NS, RETRY_MAX_NS,
-                                                  &w->retry_seed);
+                                                  r->opts.retry_seed);
 }
 
 /* Takes a connection out of dispatch: its mqueues leave the dispatcher and
@@ -115,19 +115,19 @@ static void retry_later(struct fe_worker *w, struct fe_conn *c) {
  * its node was declared down (its agent's lease fence guarantees it never
  * runs later), in doubt when the accelerator may still run it (docs/
  * design.md, "Delivery guarantees"). */
-void fe_rmq_down(struct fe_worker *w, struct fe_conn *c, const char *why,
+void fe_rmq_down(struct fe_rmq *r, struct fe_conn *c, const char *why,
                  enum fe_qdrop reason) {
   if (c->state == FE_CONN_DEAD)
     return;
   LYNX_WARN("frontend", "worker %u: accelerator %s/%u (instance %llu) out "
-            "of dispatch: %s", w->id, c->acc.node, c->acc.desc.accel_id,
-            (unsigned long long)c->acc.instance_id, why);
+            "of dispatch: %s", r->opts.worker, c->acc.node,
+            c->acc.desc.accel_id, (unsigned long long)c->acc.instance_id, why);
   c->state = FE_CONN_DEAD;
-  retry_later(w, c);
+  retry_later(r, c);
   for (uint32_t i = 0; i < c->n_mqs; i++) {
     struct fe_mq *mq = &c->mqs[i];
     uint32_t n =
-        lynx_tag_release_mq(&w->tags, mq->gid, w->rmq.hooks->lost, w);
+        lynx_tag_release_mq(r->opts.tags, mq->gid, r->hooks->lost, r->ctx);
     mq->dq.up = 0;
     fe_mq_outstanding_set(mq, 0);
     lynx_cnt_add(&mq->drops[reason], n);
@@ -138,18 +138,18 @@ void fe_rmq_down(struct fe_worker *w, struct fe_conn *c, const char *why,
   }
 }
 
-void fe_rmq_fail(struct fe_worker *w, struct fe_conn *c, int rc) {
+void fe_rmq_fail(struct fe_rmq *r, struct fe_conn *c, int rc) {
   char why[96];
   if (rc == -ESTALE) { /* only fencing makes a data-path op say so */
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: accelerator %s/%u: "
                 "fenced: a newer frontend (than our epoch %llu) took this "
-                "region over", w->id, c->acc.node, c->acc.desc.accel_id,
-                (unsigned long long)c->acc.desc.producer);
-    fe_rmq_down(w, c, "fenced by a newer frontend", FE_QDROP_FENCED);
+                "region over", r->opts.worker, c->acc.node,
+                c->acc.desc.accel_id, (unsigned long long)c->acc.desc.producer);
+    fe_rmq_down(r, c, "fenced by a newer frontend", FE_QDROP_FENCED);
     return;
   }
   snprintf(why, sizeof(why), "transport error: %s", strerror(-rc));
-  fe_rmq_down(w, c, why, FE_QDROP_IN_DOUBT);
+  fe_rmq_down(r, c, why, FE_QDROP_IN_DOUBT);
 }
 
 /* ---- the remote rings ------------------------------------------------ */
@@ -197,7 +197,7 @@ static void rx_large_release(struct fe_mq *mq) {
   }
 }
 
-int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
+int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
                 uint32_t len, uint32_t tag, uint16_t status) {
   struct fe_conn *c = mq->conn;
   const struct lynx_geom *g = &c->acc.g;
@@ -231,7 +231,7 @@ int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
     if (!rc)
       /* any read of the region flushes the posted payload ahead of it;
        * the mqueue's actrl word, small and never written by a frontend */
-      rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), w->rmq.fence_scratch,
+      rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), r->fence_scratch,
                          4, WR_FENCE);
     if (!rc)
       rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2],
@@ -242,9 +242,9 @@ int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
   return rc;
 }
 
-void fe_rmq_doorbells(struct fe_worker *w) {
-  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
-    struct fe_conn *c = w->rmq.conns[i];
+void fe_rmq_doorbells(struct fe_rmq *r) {
+  for (uint32_t i = 0; i < r->n_conns; i++) {
+    struct fe_conn *c = r->conns[i];
     int rc;
     if (!c->dirty || c->state == FE_CONN_DEAD)
       continue;
@@ -258,7 +258,7 @@ void fe_rmq_doorbells(struct fe_worker *w) {
         rc = 0;
     }
     if (rc)
-      fe_rmq_fail(w, c, rc);
+      fe_rmq_fail(r, c, rc);
   }
 }
 
@@ -434,7 +434,7 @@ static int post_large_reads(struct fe_conn *c) {
 }
 
 /* All slot reads are in: forward, then write TX consumer indices back. */
-static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
+static int conn_on_slots(struct fe_rmq *r, struct fe_conn *c) {
   const struct lynx_geom *g = &c->acc.g;
   uint32_t sent = 0;
   int rc;
@@ -442,7 +442,7 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
     struct fe_mq *mq = &c->mqs[i];
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
       const uint8_t *large = g->large_bytes ? mq->ldata[k] : NULL;
-      if (w->rmq.hooks->slot(w, mq, mq->stage + (size_t)k * g->slot_size,
+      if (r->hooks->slot(r->ctx, mq, mq->stage + (size_t)k * g->slot_size,
                              mq->tx_cons, large,
                              large ? mq->llen[k] : 0) != 0)
         break;
@@ -477,7 +477,7 @@ static int conn_on_slots(struct fe_worker *w, struct fe_conn *c) {
   return (int)sent;
 }
 
-int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
+int fe_rmq_progress(struct fe_rmq *r, struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
   uint64_t ids[32];
   int rc, work = 0;
@@ -550,7 +550,7 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
       }
     }
     if (c->state == FE_CONN_LARGE && c->reads_pending == 0) {
-      rc = conn_on_slots(w, c);
+      rc = conn_on_slots(r, c);
       if (rc < 0)
         goto fail;
       work += rc;
@@ -558,7 +558,7 @@ int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c) {
   }
   return work;
 fail:
-  fe_rmq_fail(w, c, rc);
+  fe_rmq_fail(r, c, rc);
   return work;
 }
 
@@ -728,7 +728,7 @@ static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
  * before the connection broke; the RX rings resume after the requests
  * still published there (conn_scan_rx), and responses to those show up
  * as stale tags. On success c is in dispatch. */
-static int conn_open(struct fe_worker *w, struct fe_conn *c) {
+static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
   const struct fe_accel *acc = &c->acc;
   uint64_t earlier = 0;
   int rc = acc->ops->connect(&acc->desc, &c->tc);
@@ -739,16 +739,17 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
      * Either way only a newer table helps: the backoff paces retries. */
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot connect to "
                 "accelerator %s/%u (%s %s, frontend epoch %llu): %s%s",
-                w->id, acc->node, acc->desc.accel_id, acc->desc.transport,
-                acc->desc.locator, (unsigned long long)acc->desc.producer,
-                strerror(-rc), rc == -ESTALE ? " (fenced by a newer "
-                "frontend, or a stale descriptor)" : "");
+                r->opts.worker, acc->node, acc->desc.accel_id,
+                acc->desc.transport, acc->desc.locator,
+                (unsigned long long)acc->desc.producer, strerror(-rc),
+                rc == -ESTALE ? " (fenced by a newer frontend, or a stale "
+                                "descriptor)" : "");
     return rc;
   }
   rc = conn_resume(c);
   if (rc) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
-                "accelerator %s/%u's indices: %s", w->id, acc->node,
+                "accelerator %s/%u's indices: %s", r->opts.worker, acc->node,
                 acc->desc.accel_id, strerror(-rc));
     goto fail;
   }
@@ -764,7 +765,7 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   rc = conn_scan_rx(c);
   if (rc) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
-                "accelerator %s/%u's RX rings: %s", w->id, acc->node,
+                "accelerator %s/%u's RX rings: %s", r->opts.worker, acc->node,
                 acc->desc.accel_id, strerror(-rc));
     goto fail;
   }
@@ -786,7 +787,7 @@ static int conn_open(struct fe_worker *w, struct fe_conn *c) {
   if (earlier)
     LYNX_INFO("frontend", "worker %u: accelerator %s/%u: resuming after %llu "
               "requests an earlier producer published (the accelerator "
-              "still runs them)", w->id, acc->node, acc->desc.accel_id,
+              "still runs them)", r->opts.worker, acc->node, acc->desc.accel_id,
               (unsigned long long)earlier);
   c->state = FE_CONN_IDLE;
   c->reads_pending = 0;
@@ -816,17 +817,18 @@ static uint32_t txc_slots(const struct fe_accel *acc, uint32_t n,
   return k < stage_slots ? k : stage_slots;
 }
 
-int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
-  struct frontend *fe = w->fe;
+int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
+  const struct fe_rmq_opts *o = &r->opts;
   struct fe_conn *c, **conns;
   uint32_t n = 0;
   int rc;
-  for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w)
+  for (uint32_t q = o->worker; q < acc->g.n_mqueues; q += o->n_workers)
     n++;
   if (n == 0) {
     LYNX_WARN("frontend", "worker %u: instance %llu has %u mqueues for %u "
-              "workers: this worker gets none", w->id,
-              (unsigned long long)acc->instance_id, acc->g.n_mqueues, fe->n_w);
+              "workers: this worker gets none", o->worker,
+              (unsigned long long)acc->instance_id, acc->g.n_mqueues,
+              o->n_workers);
     return 0;
   }
   c = calloc(1, sizeof(*c));
@@ -841,11 +843,11 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
     rc = -ENOMEM;
     goto fail;
   }
-  for (uint32_t q = w->id; q < acc->g.n_mqueues; q += fe->n_w) {
+  for (uint32_t q = o->worker; q < acc->g.n_mqueues; q += o->n_workers) {
     struct fe_mq *mq = &c->mqs[c->n_mqs++];
     mq->conn = c;
     mq->q = q;
-    mq->gid = w->rmq.next_gid++;
+    mq->gid = r->next_gid++;
     mq->dq.slots = acc->g.slots;
     mq->stage_slots = STAGE_BYTES / acc->g.slot_size;
     if (mq->stage_slots == 0)
@@ -872,9 +874,9 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
     }
     /* client mqueue n_server + j * B + k is back end k's j-th (one per
      * block of a GPU kernel; j is 0 only, on a CPU) */
-    if (q >= acc->n_server && fe->n_backends) {
-      rc = w->rmq.hooks->be_open(
-          w, mq, &fe->backends[(q - acc->n_server) % fe->n_backends]);
+    if (q >= acc->n_server && o->n_backends) {
+      rc = r->hooks->be_open(
+          r->ctx, mq, &o->backends[(q - acc->n_server) % o->n_backends]);
       if (rc)
         goto fail;
       c->n_client_mqs++;
@@ -882,54 +884,54 @@ int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc) {
   }
   /* an accelerator that cannot be reached yet stays in the table, out of
    * dispatch, and is retried with backoff */
-  if (conn_open(w, c)) {
+  if (conn_open(r, c)) {
     c->state = FE_CONN_DEAD;
-    retry_later(w, c);
+    retry_later(r, c);
   }
-  pthread_mutex_lock(&w->rmq.lock);
-  conns = realloc(w->rmq.conns, (w->rmq.n_conns + 1) * sizeof(*conns));
+  pthread_mutex_lock(&r->lock);
+  conns = realloc(r->conns, (r->n_conns + 1) * sizeof(*conns));
   if (conns) {
-    w->rmq.conns = conns;
-    w->rmq.conns[w->rmq.n_conns++] = c;
-    rc = set_changed(w);
+    r->conns = conns;
+    r->conns[r->n_conns++] = c;
+    rc = set_changed(r);
     if (rc)
-      w->rmq.n_conns--;
+      r->n_conns--;
   } else {
     rc = -ENOMEM;
   }
-  pthread_mutex_unlock(&w->rmq.lock);
+  pthread_mutex_unlock(&r->lock);
   if (rc)
     goto fail;
   if (c->state != FE_CONN_DEAD)
     LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) in "
-              "dispatch over %s: %u mqueues", w->id, acc->node,
+              "dispatch over %s: %u mqueues", r->opts.worker, acc->node,
               acc->desc.accel_id, (unsigned long long)acc->instance_id,
               acc->desc.transport, c->n_mqs);
   return 0;
 fail:
-  conn_free(&w->rmq, c);
+  conn_free(r, c);
   return rc;
 }
 
 /* Reopens dead connections still in the table whose retry time came. */
-void fe_rmq_retry(struct fe_worker *w) {
-  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
-    struct fe_conn *c = w->rmq.conns[i];
-    if (c->state != FE_CONN_DEAD || c->removing || w->now_ns < c->retry_ns)
+void fe_rmq_retry(struct fe_rmq *r, uint64_t now_ns) {
+  for (uint32_t i = 0; i < r->n_conns; i++) {
+    struct fe_conn *c = r->conns[i];
+    if (c->state != FE_CONN_DEAD || c->removing || now_ns < c->retry_ns)
       continue;
-    if (conn_open(w, c)) {
+    if (conn_open(r, c)) {
       c->failures++;
-      retry_later(w, c);
+      retry_later(r, c);
       continue;
     }
-    pthread_mutex_lock(&w->rmq.lock);
-    if (set_changed(w)) { /* out of memory: out of dispatch again, retry */
+    pthread_mutex_lock(&r->lock);
+    if (set_changed(r)) { /* out of memory: out of dispatch again, retry */
       for (uint32_t q = 0; q < c->n_mqs; q++)
         c->mqs[q].dq.up = 0;
     }
-    pthread_mutex_unlock(&w->rmq.lock);
+    pthread_mutex_unlock(&r->lock);
     LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) back "
-              "in dispatch over %s after %u failed attempts", w->id,
+              "in dispatch over %s after %u failed attempts", r->opts.worker,
               c->acc.node, c->acc.desc.accel_id,
               (unsigned long long)c->acc.instance_id, c->acc.desc.transport,
               c->failures);
@@ -939,17 +941,16 @@ void fe_rmq_retry(struct fe_worker *w) {
 }
 
 /* (a LOST may hit a connection that is draining: any_state) */
-struct fe_conn *fe_rmq_find(struct fe_worker *w, uint64_t instance_id,
+struct fe_conn *fe_rmq_find(const struct fe_rmq *r, uint64_t instance_id,
                             int any_state) {
-  for (uint32_t i = 0; i < w->rmq.n_conns; i++)
-    if (w->rmq.conns[i]->acc.instance_id == instance_id &&
-        (any_state || !w->rmq.conns[i]->removing))
-      return w->rmq.conns[i];
+  for (uint32_t i = 0; i < r->n_conns; i++)
+    if (r->conns[i]->acc.instance_id == instance_id &&
+        (any_state || !r->conns[i]->removing))
+      return r->conns[i];
   return NULL;
 }
 
-struct fe_mq *fe_rmq_mq(struct fe_worker *w, uint32_t gid) {
-  struct fe_rmq *r = &w->rmq;
+struct fe_mq *fe_rmq_mq(const struct fe_rmq *r, uint32_t gid) {
   for (uint32_t i = 0; i < r->n_conns; i++)
     for (uint32_t k = 0; k < r->conns[i]->n_mqs; k++)
       if (r->conns[i]->mqs[k].gid == gid)
@@ -958,58 +959,62 @@ struct fe_mq *fe_rmq_mq(struct fe_worker *w, uint32_t gid) {
 }
 
 /* Out of dispatch: new requests go elsewhere, answers still come back. */
-void fe_rmq_remove(struct fe_worker *w, struct fe_conn *c) {
+void fe_rmq_remove(struct fe_rmq *r, struct fe_conn *c) {
   if (c->removing)
     return;
   c->removing = 1;
   for (uint32_t i = 0; i < c->n_mqs; i++)
     c->mqs[i].dq.up = 0;
   LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) leaves "
-            "dispatch with %u requests in flight", w->id, c->acc.node,
+            "dispatch with %u requests in flight", r->opts.worker, c->acc.node,
             c->acc.desc.accel_id, (unsigned long long)c->acc.instance_id,
             fe_conn_outstanding(c));
 }
 
 /* Frees removed connections whose requests are all answered (or expired:
  * the request timeout bounds the wait). */
-void fe_rmq_reap(struct fe_worker *w) {
+void fe_rmq_reap(struct fe_rmq *r) {
   uint32_t i = 0;
-  while (i < w->rmq.n_conns) {
-    struct fe_conn *c = w->rmq.conns[i];
+  while (i < r->n_conns) {
+    struct fe_conn *c = r->conns[i];
     int rc;
     if (!c->removing ||
         (c->state != FE_CONN_DEAD && fe_conn_outstanding(c) != 0)) {
       i++;
       continue;
     }
-    pthread_mutex_lock(&w->rmq.lock);
-    w->rmq.conns[i] = w->rmq.conns[--w->rmq.n_conns];
-    rc = set_changed(w);
+    pthread_mutex_lock(&r->lock);
+    r->conns[i] = r->conns[--r->n_conns];
+    rc = set_changed(r);
     if (rc) { /* out of memory: put it back, try again later */
-      w->rmq.conns[w->rmq.n_conns++] = w->rmq.conns[i];
-      w->rmq.conns[i] = c;
+      r->conns[r->n_conns++] = r->conns[i];
+      r->conns[i] = c;
     }
-    pthread_mutex_unlock(&w->rmq.lock);
+    pthread_mutex_unlock(&r->lock);
     if (rc)
       return;
     LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) "
-              "released", w->id, c->acc.node, c->acc.desc.accel_id,
+              "released", r->opts.worker, c->acc.node, c->acc.desc.accel_id,
               (unsigned long long)c->acc.instance_id);
     for (uint32_t q = 0; q < c->n_mqs; q++) {
-      lynx_cnt_add(&w->retired_dispatched, lynx_cnt_get(&c->mqs[q].dispatched));
-      lynx_cnt_add(&w->retired_responded, lynx_cnt_get(&c->mqs[q].responded));
+      lynx_cnt_add(&r->retired_dispatched, lynx_cnt_get(&c->mqs[q].dispatched));
+      lynx_cnt_add(&r->retired_responded, lynx_cnt_get(&c->mqs[q].responded));
       for (int k = 0; k < FE_QDROP_MAX; k++)
-        lynx_cnt_add(&w->retired_drops[k], lynx_cnt_get(&c->mqs[q].drops[k]));
+        lynx_cnt_add(&r->retired_drops[k], lynx_cnt_get(&c->mqs[q].drops[k]));
     }
     /* conns[i] is another connection now: look at it next */
-    conn_free(&w->rmq, c);
+    conn_free(r, c);
   }
 }
 
 /* ---- set-up (main thread) and other threads -------------------------- */
 
-void fe_rmq_init(struct fe_rmq *r, const struct fe_rmq_hooks *hooks) {
+void fe_rmq_init(struct fe_rmq *r, const struct fe_rmq_opts *opts,
+                 const struct fe_rmq_hooks *hooks, void *ctx) {
+  memset(r, 0, sizeof(*r));
+  r->opts = *opts;
   r->hooks = hooks;
+  r->ctx = ctx;
   pthread_mutex_init(&r->lock, NULL);
 }
 
@@ -1022,16 +1027,14 @@ void fe_rmq_free(struct fe_rmq *r) {
   pthread_mutex_destroy(&r->lock);
 }
 
-void fe_foreach_mq(struct frontend *fe,
-                   void (*fn)(void *arg, const struct fe_worker *w,
-                              const struct fe_conn *c, const struct fe_mq *mq),
-                   void *arg) {
-  for (uint32_t i = 0; fe->w && i < fe->n_w; i++) {
-    struct fe_worker *w = &fe->w[i];
-    pthread_mutex_lock(&w->rmq.lock);
-    for (uint32_t k = 0; k < w->rmq.n_conns; k++)
-      for (uint32_t q = 0; q < w->rmq.conns[k]->n_mqs; q++)
-        fn(arg, w, w->rmq.conns[k], &w->rmq.conns[k]->mqs[q]);
-    pthread_mutex_unlock(&w->rmq.lock);
-  }
+void fe_rmq_foreach_mq(struct fe_rmq *r,
+                       void (*fn)(void *arg, const struct fe_rmq *rmq,
+                                  const struct fe_conn *c,
+                                  const struct fe_mq *mq),
+                       void *arg) {
+  pthread_mutex_lock(&r->lock);
+  for (uint32_t k = 0; k < r->n_conns; k++)
+    for (uint32_t q = 0; q < r->conns[k]->n_mqs; q++)
+      fn(arg, r, r->conns[k], &r->conns[k]->mqs[q]);
+  pthread_mutex_unlock(&r->lock);
 }

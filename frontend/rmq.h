@@ -6,13 +6,17 @@
  * (read the control array, then the new TX slots), the one-sided writes of
  * RX slots and TX consumer indices, the doorbells, and reconnecting with
  * backoff. It reaches the remote rings only through the transport ops
- * table; it does not know what a request is or where an answer goes. What
- * it finds (a response slot) or loses (requests on a connection that went
- * down) it hands up through the hooks the worker registers, so it calls no
- * other frontend file (see the call graph in frontend.h).
+ * table; it does not know what a request is or where an answer goes, nor
+ * what a worker is. It is made (fe_rmq_init) with its options (which
+ * mqueues are its worker's, the service's back ends, the tag table and
+ * backoff jitter it shares) and its hooks, with an opaque context they
+ * get back: what it finds (a response slot) or loses (requests on a
+ * connection that went down) it hands up through them, so it calls no
+ * other frontend file (see the call graph in frontend.h) and a test makes
+ * one alone (tests/unit/test_rmq.c).
  *
- * Thread: everything here runs on the worker's thread, except
- * fe_foreach_mq, which other threads call under the set's lock.
+ * Thread: everything here runs on its worker's thread, except
+ * fe_rmq_foreach_mq, which other threads call (under the set's lock).
  */
 #ifndef LYNX_FE_RMQ_H
 #define LYNX_FE_RMQ_H
@@ -29,8 +33,6 @@
 #include "util.h"
 #include "wire.h"
 
-struct fe_worker;
-struct frontend;
 struct fe_backend;
 
 /* Drop reasons counted per mqueue. */
@@ -145,32 +147,52 @@ struct fe_conn {
 };
 
 /* What the layers above the manager do when it finds or loses something.
- * The worker registers one table (worker.c); every member is set. */
+ * One table, registered at fe_rmq_init (the worker's: worker.c); every
+ * member is set. ctx is the context registered with it. */
 struct fe_rmq_hooks {
   /* The connection set changed (called with the set's lock held): rebuild
    * what depends on it (dispatch order, payload cap, response batch). 0,
    * or -errno and nothing changed: the manager undoes its change. */
-  int (*changed)(struct fe_worker *w);
+  int (*changed)(void *ctx);
   /* One staged TX slot of mq at ring position pos (the Message
    * Forwarder); a large message's bytes are at large (large_len of them),
    * NULL when the slot is not large or its reference is malformed. 0 when
    * consumed, -EAGAIN when it is not published yet (the next cycle reads
    * it again, and those after it). */
-  int (*slot)(struct fe_worker *w, struct fe_mq *mq, const uint8_t *slot,
-              uint32_t pos, const uint8_t *large, uint32_t large_len);
+  int (*slot)(void *ctx, struct fe_mq *mq, const uint8_t *slot, uint32_t pos,
+              const uint8_t *large, uint32_t large_len);
   /* A request outstanding on a connection that went down ended without an
-   * answer (arg: the worker). */
-  void (*lost)(void *arg, const struct lynx_tag_entry *e);
+   * answer (its tag is released after). */
+  void (*lost)(void *ctx, const struct lynx_tag_entry *e);
   /* A client mqueue of a new connection: open its back end (sets mq->be),
    * 0 or -errno; close one when its connection is freed. */
-  int (*be_open)(struct fe_worker *w, struct fe_mq *mq,
+  int (*be_open)(void *ctx, struct fe_mq *mq,
                  const struct fe_backend_cfg *cfg);
   void (*be_close)(struct fe_backend *be);
 };
 
+/* What a manager is made with (fe_rmq_init copies it). Each accelerator
+ * names its own transport (struct fe_accel, at fe_rmq_add). */
+struct fe_rmq_opts {
+  /* its worker, of n_workers: it owns mqueue q of every accelerator when
+   * q % n_workers == worker (also the "worker %u" of its log lines) */
+  uint32_t worker, n_workers;
+  /* the service's back ends: client mqueue n_server + j * B + k is back
+   * end k's of B (n_backends; the array outlives the manager) */
+  const struct fe_backend_cfg *backends;
+  uint32_t n_backends;
+  /* shared with its worker: the requests in flight (those on a connection
+   * that goes down are released here, through hooks->lost), and the seed
+   * of its backoffs' jitter */
+  struct lynx_tagtab *tags;
+  unsigned *retry_seed;
+};
+
 /* A worker's connection set (state of the Remote Message Queue Manager). */
 struct fe_rmq {
+  struct fe_rmq_opts opts;
   const struct fe_rmq_hooks *hooks;
+  void *ctx; /* given back to every hook */
   /* Guards conns against the readers in other threads (metrics, status);
    * the data path never takes it. */
   pthread_mutex_t lock;
@@ -179,6 +201,10 @@ struct fe_rmq {
   uint32_t next_gid;
   uint32_t n_client_mqs; /* client mqueues this worker owns */
   char fence_scratch[8]; /* target of the fenced writes' barrier reads */
+  /* counters of mqueues whose accelerator was released (fe_rmq_reap), so
+   * the service's totals never go back; read like the mqueues' */
+  lynx_counter retired_dispatched, retired_responded;
+  lynx_counter retired_drops[FE_QDROP_MAX];
 };
 
 /* outstanding is written by its worker only and read by the status and
@@ -202,53 +228,56 @@ int fe_rmq_arm(struct fe_conn *c, uint32_t bell);
  * than a slot's payload goes into the ring's large area. 0 or -errno
  * (-ENOBUFS: the transport's queues are full for now; -ENOSPC: the large
  * area has no room for now; -EMSGSIZE: longer than the region takes). */
-int fe_write_rx(struct fe_worker *w, struct fe_mq *mq, const void *data,
+int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
                 uint32_t len, uint32_t tag, uint16_t status);
 
 /* Rings every connection written to since the last call: one flush and
  * one notify each. A connection whose transport fails goes down. */
-void fe_rmq_doorbells(struct fe_worker *w);
+void fe_rmq_doorbells(struct fe_rmq *r);
 
 /* Advances one connection's state machine: reads its control array, then
  * its new TX slots (both in one compound read where the transport has
  * one), hands each to hooks->slot and writes the consumer
  * indices back. Returns slots handled (>= 0); a transport error takes the
  * connection down. */
-int fe_rmq_progress(struct fe_worker *w, struct fe_conn *c);
+int fe_rmq_progress(struct fe_rmq *r, struct fe_conn *c);
 
 /* Takes a connection out of dispatch after a transport error rc (< 0):
  * its outstanding requests are in doubt; it is reopened with backoff. */
-void fe_rmq_fail(struct fe_worker *w, struct fe_conn *c, int rc);
+void fe_rmq_fail(struct fe_rmq *r, struct fe_conn *c, int rc);
 
 /* The commands (worker thread). Add connects to a new instance (one that
  * cannot be reached yet stays, out of dispatch, and is retried); 0 or
  * -errno. Remove takes it out of dispatch while its answers still come;
  * down ends its outstanding requests, counted as reason. */
-int fe_rmq_add(struct fe_worker *w, const struct fe_accel *acc);
-void fe_rmq_remove(struct fe_worker *w, struct fe_conn *c);
-void fe_rmq_down(struct fe_worker *w, struct fe_conn *c, const char *why,
+int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc);
+void fe_rmq_remove(struct fe_rmq *r, struct fe_conn *c);
+void fe_rmq_down(struct fe_rmq *r, struct fe_conn *c, const char *why,
                  enum fe_qdrop reason);
 /* The connection to an instance, or NULL; one being removed counts only
  * when any_state. */
-struct fe_conn *fe_rmq_find(struct fe_worker *w, uint64_t instance_id,
+struct fe_conn *fe_rmq_find(const struct fe_rmq *r, uint64_t instance_id,
                             int any_state);
 /* The mqueue with frontend-wide index gid, or NULL. */
-struct fe_mq *fe_rmq_mq(struct fe_worker *w, uint32_t gid);
+struct fe_mq *fe_rmq_mq(const struct fe_rmq *r, uint32_t gid);
 /* Frees removed connections that have nothing outstanding. */
-void fe_rmq_reap(struct fe_worker *w);
-/* Reopens dead connections whose retry time came. */
-void fe_rmq_retry(struct fe_worker *w);
+void fe_rmq_reap(struct fe_rmq *r);
+/* Reopens dead connections whose retry time came by now_ns (the loop's
+ * clock). */
+void fe_rmq_retry(struct fe_rmq *r, uint64_t now_ns);
 
-/* Set-up and tear-down of a worker's set (main thread): init before the
- * worker starts, free after it was joined (frees every connection). */
-void fe_rmq_init(struct fe_rmq *r, const struct fe_rmq_hooks *hooks);
+/* Set-up and tear-down of a worker's set (main thread): init (of any
+ * memory; opts copied, hooks and their ctx kept) before the worker starts,
+ * free after it was joined (frees every connection). */
+void fe_rmq_init(struct fe_rmq *r, const struct fe_rmq_opts *opts,
+                 const struct fe_rmq_hooks *hooks, void *ctx);
 void fe_rmq_free(struct fe_rmq *r);
 
-/* Calls fn for every mqueue of every worker (under each worker's lock;
- * any thread). */
-void fe_foreach_mq(struct frontend *fe,
-                   void (*fn)(void *arg, const struct fe_worker *w,
-                              const struct fe_conn *c, const struct fe_mq *mq),
-                   void *arg);
+/* Calls fn for every mqueue of r, under its lock (any thread). */
+void fe_rmq_foreach_mq(struct fe_rmq *r,
+                       void (*fn)(void *arg, const struct fe_rmq *rmq,
+                                  const struct fe_conn *c,
+                                  const struct fe_mq *mq),
+                       void *arg);
 
 #endif

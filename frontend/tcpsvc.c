@@ -25,6 +25,11 @@
  * are counted (dropped_total{reason="client_gone"}). A request that
  * expires or is lost (its accelerator left) closes its connection: the
  * stream could not stay in step.
+ *
+ * Owns a worker's listener and client connections (struct fe_tcpsvc). It
+ * hands messages to the dispatcher it was given at fe_tcp_init and frames
+ * the answers the forwarder hands it (fe_tcp_send), which accounts for
+ * them: it calls no file above the dispatcher.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -33,7 +38,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "frontend.h"
+#include "dispatcher.h"
 #include "log.h"
 #include "tcpframe.h"
 #include "tcpsvc.h"
@@ -57,8 +62,8 @@ static void client_freed(uv_handle_t *h) {
   free(c);
 }
 
-static void client_unpause(struct fe_worker *w, struct fe_client *c) {
-  struct fe_client **pp = &w->tcpsvc.paused;
+static void client_unpause(struct fe_tcpsvc *t, struct fe_client *c) {
+  struct fe_client **pp = &t->paused;
   if (!c->paused)
     return;
   while (*pp && *pp != c)
@@ -71,78 +76,78 @@ static void client_unpause(struct fe_worker *w, struct fe_client *c) {
 /* Closes a connection; answers still due to it are discarded and counted
  * when they come (its slot's generation moves on). */
 static void client_close(struct fe_client *c, enum fe_tcpev why) {
-  struct fe_worker *w = c->w;
+  struct fe_tcpsvc *t = c->t;
   if (c->closing)
     return;
   c->closing = 1;
-  lynx_cnt_add(&w->tcp[why], 1);
+  lynx_cnt_add(&t->events[why], 1);
   if (why != FE_TCP_CLOSED)
     LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: client "
-                "connection closed: %s", w->fe->service, w->id,
+                "connection closed: %s", t->opts.service, t->opts.worker,
                 fe_tcpev_names[why]);
-  client_unpause(w, c);
-  w->tcpsvc.clients[c->slot] = NULL;
-  w->tcpsvc.n_clients--;
+  client_unpause(t, c);
+  t->clients[c->slot] = NULL;
+  t->n_clients--;
   uv_close((uv_handle_t *)&c->h, client_freed);
 }
 
-static struct fe_client *client_get(struct fe_worker *w, uint32_t slot,
+static struct fe_client *client_get(struct fe_tcpsvc *t, uint32_t slot,
                                     uint32_t gen) {
   struct fe_client *c =
-      slot < w->tcpsvc.n_slots ? w->tcpsvc.clients[slot] : NULL;
+      slot < t->n_slots ? t->clients[slot] : NULL;
   return c && c->gen == gen && !c->closing ? c : NULL;
 }
 
 /* A free slot for a new connection (the table grows by doubling). */
-static int slot_alloc(struct fe_worker *w, uint32_t *slot) {
-  for (uint32_t i = w->tcpsvc.n_clients; i < w->tcpsvc.n_slots; i++)
-    if (!w->tcpsvc.clients[i]) {
+static int slot_alloc(struct fe_tcpsvc *t, uint32_t *slot) {
+  for (uint32_t i = t->n_clients; i < t->n_slots; i++)
+    if (!t->clients[i]) {
       *slot = i;
       return 0;
     }
-  for (uint32_t i = 0; i < w->tcpsvc.n_slots; i++)
-    if (!w->tcpsvc.clients[i]) {
+  for (uint32_t i = 0; i < t->n_slots; i++)
+    if (!t->clients[i]) {
       *slot = i;
       return 0;
     }
   {
-    uint32_t n = w->tcpsvc.n_slots ? w->tcpsvc.n_slots * 2 : 256;
-    struct fe_client **t = realloc(w->tcpsvc.clients, n * sizeof(*t));
-    if (!t)
+    uint32_t n = t->n_slots ? t->n_slots * 2 : 256;
+    struct fe_client **tab = realloc(t->clients, n * sizeof(*tab));
+    if (!tab)
       return -ENOMEM;
-    memset(t + w->tcpsvc.n_slots, 0, (n - w->tcpsvc.n_slots) * sizeof(*t));
-    *slot = w->tcpsvc.n_slots;
-    w->tcpsvc.clients = t;
-    w->tcpsvc.n_slots = n;
+    memset(tab + t->n_slots, 0, (n - t->n_slots) * sizeof(*tab));
+    *slot = t->n_slots;
+    t->clients = tab;
+    t->n_slots = n;
   }
   return 0;
 }
 
 static void on_connection(uv_stream_t *l, int status) {
-  struct fe_worker *w = l->data;
+  struct fe_tcpsvc *t = l->data;
   struct fe_client *c;
   static uint32_t gens; /* shared by the workers: atomic */
   uint32_t slot;
   int full;
   if (status < 0) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "service %s worker %u: accept: "
-                "%s", w->fe->service, w->id, uv_strerror(status));
+                "%s", t->opts.service, t->opts.worker, uv_strerror(status));
     return;
   }
   c = calloc(1, sizeof(*c));
   if (!c) {
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: out of memory for a "
-                "connection", w->id);
+                "connection", t->opts.worker);
     return; /* it stays in the backlog */
   }
-  uv_tcp_init(&w->loop, &c->h);
+  uv_tcp_init(t->opts.loop, &c->h);
   c->h.data = c;
-  c->w = w;
-  full = slot_alloc(w, &slot);
+  c->t = t;
+  full = slot_alloc(t, &slot);
   if (uv_accept(l, (uv_stream_t *)&c->h) || full) {
     if (full) { /* accepted only to be closed: out of memory */
-      lynx_cnt_add(&w->tcp[FE_TCP_ACCEPTED], 1);
-      lynx_cnt_add(&w->tcp[FE_TCP_ERROR], 1);
+      lynx_cnt_add(&t->events[FE_TCP_ACCEPTED], 1);
+      lynx_cnt_add(&t->events[FE_TCP_ERROR], 1);
     }
     uv_close((uv_handle_t *)&c->h, client_freed);
     return;
@@ -152,9 +157,9 @@ static void on_connection(uv_stream_t *l, int status) {
   do
     c->gen = __atomic_add_fetch(&gens, 1, __ATOMIC_RELAXED);
   while (c->gen == 0);
-  w->tcpsvc.clients[slot] = c;
-  w->tcpsvc.n_clients++;
-  lynx_cnt_add(&w->tcp[FE_TCP_ACCEPTED], 1);
+  t->clients[slot] = c;
+  t->n_clients++;
+  lynx_cnt_add(&t->events[FE_TCP_ACCEPTED], 1);
   if (uv_read_start((uv_stream_t *)&c->h, client_alloc, client_on_read) == 0)
     c->reading = 1;
   else
@@ -166,7 +171,8 @@ static void on_connection(uv_stream_t *l, int status) {
 /* Room for what is read next (fe_tcp_frame_want). */
 static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   struct fe_client *c = h->data;
-  uint32_t want = fe_tcp_frame_want(c->w->fe->fixed_len, c->w->ingress.cap,
+  uint32_t want = fe_tcp_frame_want(c->t->opts.fixed_len,
+                                    c->t->opts.ingress->cap,
                                     c->in, c->in_len);
   (void)hint;
   if (c->in_cap < want) {
@@ -181,59 +187,60 @@ static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   *b = uv_buf_init((char *)c->in + c->in_len, c->in_cap - c->in_len);
 }
 
-static uint32_t client_flow(const struct fe_worker *w,
+static uint32_t client_flow(const struct fe_ingress *in,
                             const struct fe_client *c) {
   uint32_t h = c->slot * 0x9E3779B1u ^ c->gen;
-  return w->ingress.flows ? (h ^ (h >> 15)) & w->ingress.flow_mask : 0;
+  return in->flows ? (h ^ (h >> 15)) & in->flow_mask : 0;
 }
 
 /* Dispatches every complete frame; pauses the connection at the first one
  * that must wait for room. 1 when a frame was dispatched. */
 static int client_parse(struct fe_client *c) {
-  struct fe_worker *w = c->w;
-  uint32_t off = 0, fixed = w->fe->fixed_len;
+  struct fe_tcpsvc *t = c->t;
+  struct fe_ingress *in = t->opts.ingress;
+  uint32_t off = 0, fixed = t->opts.fixed_len;
   int work = 0;
   while (!c->closing) {
     uint32_t len = 0, hdr = fixed ? 0 : 4;
     enum fe_wdrop drop;
     int rc;
-    long n = fe_tcp_frame_len(fixed, w->ingress.cap, c->in + off,
-                              c->in_len - off, &len);
+    long n = fe_tcp_frame_len(fixed, in->cap, c->in + off, c->in_len - off,
+                              &len);
     if (n < 0) {
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
                   "frame is larger than the %u bytes the accelerators take "
-                  "(msg_max): closing the connection", w->fe->service, w->id,
-                  len, w->ingress.cap);
+                  "(msg_max): closing the connection", t->opts.service,
+                  t->opts.worker, len, in->cap);
       client_close(c, FE_TCP_OVERSIZE);
       return work;
     }
     if (n == 0)
       break;
-    if (__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
-      lynx_cnt_add(&w->drops[FE_DROP_SHUTDOWN], 1);
+    if (__atomic_load_n(t->opts.stopping, __ATOMIC_RELAXED)) {
+      lynx_cnt_add(&in->drops[FE_DROP_SHUTDOWN], 1);
       off += hdr + len;
       continue;
     }
-    rc = fe_submit(w, c->in + off + hdr, len, client_flow(w, c), NULL,
+    rc = fe_submit(in, c->in + off + hdr, len, client_flow(in, c), NULL,
                    c->slot, c->gen, 1, &drop);
     if (rc == -EAGAIN) { /* wait for room; reading stops meanwhile */
       if (!c->paused) {
         c->paused = 1;
-        c->next_paused = w->tcpsvc.paused;
-        w->tcpsvc.paused = c;
+        c->next_paused = t->paused;
+        t->paused = c;
       }
       break;
     }
-    lynx_cnt_add(&w->received, 1);
-    w->ingress.got++;
+    lynx_cnt_add(&in->received, 1);
+    in->got++;
     work = 1;
     if (rc && drop == FE_DROP_NO_MQUEUE) {
-      lynx_cnt_add(&w->drops[drop], 1);
+      lynx_cnt_add(&in->drops[drop], 1);
       client_close(c, FE_TCP_NO_MQUEUE); /* no answer will ever come */
       return work;
     }
     if (rc && drop < FE_WDROP_MAX)
-      lynx_cnt_add(&w->drops[drop], 1);
+      lynx_cnt_add(&in->drops[drop], 1);
     off += hdr + len;
   }
   if (off) {
@@ -244,7 +251,7 @@ static int client_parse(struct fe_client *c) {
     uv_read_stop((uv_stream_t *)&c->h);
     c->reading = 0;
   } else if (!c->paused && !c->reading && !c->closing &&
-             !__atomic_load_n(&w->fe->stopping, __ATOMIC_RELAXED)) {
+             !__atomic_load_n(t->opts.stopping, __ATOMIC_RELAXED)) {
     if (uv_read_start((uv_stream_t *)&c->h, client_alloc, client_on_read) == 0)
       c->reading = 1;
   }
@@ -263,10 +270,10 @@ static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   client_parse(c);
 }
 
-int fe_tcp_resume(struct fe_worker *w) {
-  struct fe_client *c = w->tcpsvc.paused, *next;
+int fe_tcp_resume(struct fe_tcpsvc *t) {
+  struct fe_client *c = t->paused, *next;
   int work = 0;
-  w->tcpsvc.paused = NULL;
+  t->paused = NULL;
   for (; c; c = next) {
     next = c->next_paused;
     c->paused = 0;
@@ -297,85 +304,91 @@ static void client_on_write(uv_write_t *req, int status) {
   client_flush(c);
 }
 
-void fe_tcp_send(struct fe_worker *w, const struct fe_resp *r) {
-  struct fe_client *c = client_get(w, r->cli, r->cli_gen);
-  uint32_t fixed = w->fe->fixed_len, body = fixed ? fixed : r->len;
+int fe_tcp_send(struct fe_tcpsvc *t, uint32_t cli, uint32_t gen,
+                const uint8_t *data, uint32_t len, uint64_t *sent_ns) {
+  struct fe_client *c = client_get(t, cli, gen);
+  uint32_t fixed = t->opts.fixed_len, body = fixed ? fixed : len;
   size_t need = (fixed ? 0 : 4u) + body;
   uint8_t *p;
-  if (!c) {
-    lynx_cnt_add(&r->mq->drops[FE_QDROP_CLIENT_GONE], 1);
-    return;
-  }
+  if (!c)
+    return -ENOTCONN;
   p = fe_outq_reserve(&c->out, need, FE_TCP_OUT_MAX);
   if (!p) { /* past the bound (or out of memory): a slow reader */
-    lynx_cnt_add(&r->mq->drops[FE_QDROP_SEND_ERR], 1);
     client_close(c, c->out.len + need > FE_TCP_OUT_MAX ? FE_TCP_SLOW_READER
                                                        : FE_TCP_ERROR);
-    return;
+    return -ENOBUFS;
   }
   if (!fixed) {
-    uint32_t be = htonl(r->len);
+    uint32_t be = htonl(len);
     memcpy(p, &be, 4);
     p += 4;
   }
-  memcpy(p, r->data, r->len < body ? r->len : body);
-  if (r->len < body)
-    memset(p + r->len, 0, body - r->len);
+  memcpy(p, data, len < body ? len : body);
+  if (len < body)
+    memset(p + len, 0, body - len);
   c->out.len += need;
-  fe_resp_sent(w, r, lynx_now_ns());
+  /* its end-to-end time ends here, before the write (the caller accounts
+   * for it) */
+  *sent_ns = lynx_now_ns();
   /* the worker sends every gathered answer first, then flushes: several
    * answers to one connection leave in one write */
   client_flush(c);
+  return 0;
 }
 
-void fe_tcp_abort(struct fe_worker *w, uint32_t cli, uint32_t gen) {
-  struct fe_client *c = client_get(w, cli, gen);
+void fe_tcp_abort(struct fe_tcpsvc *t, uint32_t cli, uint32_t gen) {
+  struct fe_client *c = client_get(t, cli, gen);
   if (c)
     client_close(c, FE_TCP_ABORTED);
 }
 
 /* ---- listener ------------------------------------------------------------ */
 
-int fe_tcp_open(struct fe_worker *w) {
-  struct frontend *fe = w->fe;
+void fe_tcp_init(struct fe_tcpsvc *t, const struct fe_tcpsvc_opts *opts) {
+  memset(t, 0, sizeof(*t));
+  t->opts = *opts;
+}
+
+int fe_tcp_open(struct fe_tcpsvc *t) {
+  const struct sockaddr_storage *addr = t->opts.addr;
   int fd, one = 1, rc;
-  socklen_t alen = fe->udp_addr.ss_family == AF_INET6
+  socklen_t alen = addr->ss_family == AF_INET6
                        ? sizeof(struct sockaddr_in6)
                        : sizeof(struct sockaddr_in);
-  fd = socket(fe->udp_addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -errno;
   if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
       setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0 ||
-      bind(fd, (struct sockaddr *)&fe->udp_addr, alen) != 0) {
+      bind(fd, (const struct sockaddr *)addr, alen) != 0) {
     rc = -errno;
     close(fd);
     return rc;
   }
-  rc = uv_tcp_init(&w->loop, &w->tcpsvc.listener);
+  rc = uv_tcp_init(t->opts.loop, &t->listener);
   if (rc) {
     close(fd);
     return rc;
   }
-  w->tcpsvc.listener.data = w;
-  w->tcpsvc.listener_open = 1;
-  rc = uv_tcp_open(&w->tcpsvc.listener, fd);
+  t->listener.data = t;
+  t->listener_open = 1;
+  rc = uv_tcp_open(&t->listener, fd);
   if (rc) {
     close(fd);
     return rc;
   }
-  return uv_listen((uv_stream_t *)&w->tcpsvc.listener, FE_TCP_BACKLOG,
+  return uv_listen((uv_stream_t *)&t->listener, FE_TCP_BACKLOG,
                    on_connection);
 }
 
-void fe_tcp_stop_accepting(struct fe_worker *w) {
-  if (!w->tcpsvc.listener_open)
+void fe_tcp_stop_accepting(struct fe_tcpsvc *t) {
+  if (!t->listener_open)
     return;
-  uv_close((uv_handle_t *)&w->tcpsvc.listener, NULL);
-  w->tcpsvc.listener_open = 0;
+  uv_close((uv_handle_t *)&t->listener, NULL);
+  t->listener_open = 0;
   /* stop reading new requests; answers to the ones in flight still go */
-  for (uint32_t i = 0; i < w->tcpsvc.n_slots; i++) {
-    struct fe_client *c = w->tcpsvc.clients[i];
+  for (uint32_t i = 0; i < t->n_slots; i++) {
+    struct fe_client *c = t->clients[i];
     if (c && c->reading) {
       uv_read_stop((uv_stream_t *)&c->h);
       c->reading = 0;
@@ -383,15 +396,15 @@ void fe_tcp_stop_accepting(struct fe_worker *w) {
   }
 }
 
-void fe_tcp_close_all(struct fe_worker *w) {
-  fe_tcp_stop_accepting(w);
-  for (uint32_t i = 0; i < w->tcpsvc.n_slots; i++)
-    if (w->tcpsvc.clients[i])
-      client_close(w->tcpsvc.clients[i], FE_TCP_CLOSED);
+void fe_tcp_close_all(struct fe_tcpsvc *t) {
+  fe_tcp_stop_accepting(t);
+  for (uint32_t i = 0; i < t->n_slots; i++)
+    if (t->clients[i])
+      client_close(t->clients[i], FE_TCP_CLOSED);
 }
 
-void fe_tcp_free(struct fe_worker *w) {
-  free(w->tcpsvc.clients);
-  w->tcpsvc.clients = NULL;
-  w->tcpsvc.n_slots = 0;
+void fe_tcp_free(struct fe_tcpsvc *t) {
+  free(t->clients);
+  t->clients = NULL;
+  t->n_slots = 0;
 }

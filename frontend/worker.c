@@ -10,8 +10,11 @@
  * Owns: the thread, its libuv loop and wake-up, the service's socket
  * (opened by the dispatcher or tcpsvc.c, retried while the port is taken),
  * the command queue from the main thread (accelerators added, removed,
- * lost), the tag table's expiry, and the manager's hooks (struct
- * fe_rmq_hooks), which connect the manager to the layers above it.
+ * lost), the tag table's expiry, the wiring of the components (each made
+ * at set-up with its options and pointers to the parts of this worker it
+ * reaches: worker_setup), and the manager's hooks (struct fe_rmq_hooks,
+ * their context this worker), which connect the manager to the layers
+ * above it.
  *
  * Polling (docs/design.md, "Adaptive polling"): with nothing outstanding
  * the worker keeps an estimate of how long it waits for its next datagram,
@@ -64,24 +67,37 @@
  * deadline) ends unanswered; a TCP client's stream cannot stay in step. */
 static void on_lost(void *arg, const struct lynx_tag_entry *e) {
   struct fe_worker *w = arg;
-  fe_flow_done(w, e);
+  fe_flow_done(&w->ingress, e);
   if (w->fe->proto == FE_PROTO_TCP)
-    fe_tcp_abort(w, e->cli, e->cli_gen);
+    fe_tcp_abort(&w->tcpsvc, e->cli, e->cli_gen);
 }
 
 /* The connection set changed: room for the responses of one forwarder
  * pass (a larger buffer than needed is harmless if the rebuild then
  * fails), then the dispatch order. */
-static int on_conns_changed(struct fe_worker *w) {
-  int rc = fe_forwarder_reserve(w);
-  return rc ? rc : fe_dispatcher_rebuild(w);
+static int on_conns_changed(void *arg) {
+  struct fe_worker *w = arg;
+  int rc = fe_forwarder_reserve(&w->egress);
+  return rc ? rc : fe_dispatcher_rebuild(&w->ingress);
+}
+
+/* A TX slot: the Message Forwarder's (a direct jump, per slot). */
+static int on_slot(void *arg, struct fe_mq *mq, const uint8_t *slot,
+                   uint32_t pos, const uint8_t *large, uint32_t large_len) {
+  struct fe_worker *w = arg;
+  return fe_forward_slot(&w->egress, mq, slot, pos, large, large_len);
+}
+
+static int on_be_open(void *arg, struct fe_mq *mq,
+                      const struct fe_backend_cfg *cfg) {
+  return fe_backend_open(arg, mq, cfg);
 }
 
 static const struct fe_rmq_hooks rmq_hooks = {
     .changed = on_conns_changed,
-    .slot = fe_forward_slot,
+    .slot = on_slot,
     .lost = on_lost,
-    .be_open = fe_backend_open,
+    .be_open = on_be_open,
     .be_close = fe_backend_close,
 };
 
@@ -89,10 +105,10 @@ static const struct fe_rmq_hooks rmq_hooks = {
 
 static void on_expire(void *arg, const struct lynx_tag_entry *e) {
   struct fe_worker *w = arg;
-  struct fe_mq *mq = fe_rmq_mq(w, e->mq);
-  fe_flow_done(w, e);
+  struct fe_mq *mq = fe_rmq_mq(&w->rmq, e->mq);
+  fe_flow_done(&w->ingress, e);
   if (w->fe->proto == FE_PROTO_TCP)
-    fe_tcp_abort(w, e->cli, e->cli_gen);
+    fe_tcp_abort(&w->tcpsvc, e->cli, e->cli_gen);
   if (!mq)
     return;
   fe_mq_outstanding_set(mq, mq->dq.outstanding - 1);
@@ -102,8 +118,6 @@ static void on_expire(void *arg, const struct lynx_tag_entry *e) {
 static uint32_t outstanding(const struct fe_worker *w) {
   return w->tags.in_use;
 }
-
-const char *const fe_wake_names[FE_WAKE_MAX] = {"bell", "fd", "timer"};
 
 /* Before a sleep with responses awaited: each connection waited on adds
  * its transport's fd to pfd (room for up to *nfd + FE_WAIT_FDS) or asks
@@ -183,8 +197,8 @@ static uint64_t spin_budget(uint64_t est_ns, uint64_t late_ns,
 #define LISTEN_RETRY_MAX_NS (30000ull * 1000000ull)
 
 static int open_listener(struct fe_worker *w) {
-  return w->fe->proto == FE_PROTO_TCP ? fe_tcp_open(w)
-                                       : fe_dispatcher_open_udp(w);
+  return w->fe->proto == FE_PROTO_TCP ? fe_tcp_open(&w->tcpsvc)
+                                       : fe_dispatcher_open_udp(&w->ingress);
 }
 
 /* A socket error that another process or the host's configuration causes,
@@ -263,24 +277,26 @@ static void run_commands(struct fe_worker *w) {
     struct fe_conn *c;
     switch (cmd->kind) {
     case FE_CMD_ADD:
-      if (!fe_rmq_find(w, cmd->acc.instance_id, 0))
-        fe_rmq_add(w, &cmd->acc);
+      if (!fe_rmq_find(&w->rmq, cmd->acc.instance_id, 0))
+        fe_rmq_add(&w->rmq, &cmd->acc);
       break;
     case FE_CMD_REMOVE:
-      c = fe_rmq_find(w, cmd->instance_id, 0);
+      c = fe_rmq_find(&w->rmq, cmd->instance_id, 0);
       if (c)
-        fe_rmq_remove(w, c);
+        fe_rmq_remove(&w->rmq, c);
       break;
     case FE_CMD_LOST:
     case FE_CMD_ABANDON:
-      c = fe_rmq_find(w, cmd->instance_id, 1);
+      c = fe_rmq_find(&w->rmq, cmd->instance_id, 1);
       if (c) {
-        fe_rmq_remove(w, c);
+        fe_rmq_remove(&w->rmq, c);
         if (cmd->kind == FE_CMD_LOST)
-          fe_rmq_down(w, c, "its node was declared down", FE_QDROP_LOST);
+          fe_rmq_down(&w->rmq, c, "its node was declared down",
+                      FE_QDROP_LOST);
         else
-          fe_rmq_down(w, c, "its agent left (its control connection closed)",
-                    FE_QDROP_IN_DOUBT);
+          fe_rmq_down(&w->rmq, c,
+                      "its agent left (its control connection closed)",
+                      FE_QDROP_IN_DOUBT);
       }
       break;
     }
@@ -288,7 +304,7 @@ static void run_commands(struct fe_worker *w) {
     free(cmd);
     cmd = next;
   }
-  fe_rmq_reap(w);
+  fe_rmq_reap(&w->rmq);
 }
 
 /* ---- the thread ------------------------------------------------------ */
@@ -333,19 +349,19 @@ static void worker_loop(struct fe_worker *w) {
       uv_run(&w->loop, UV_RUN_NOWAIT);
       uv_next = w->now_ns + UV_EVERY_NS;
     }
-    fe_dispatcher_poll(w);
-    fe_rmq_doorbells(w);
+    fe_dispatcher_poll(&w->ingress);
+    fe_rmq_doorbells(&w->rmq);
     work = (int)w->ingress.got;
-    work += fe_forward(w);
+    work += fe_forward(&w->egress);
     if (w->tcpsvc.paused)
-      work += fe_tcp_resume(w);
+      work += fe_tcp_resume(&w->tcpsvc);
     if (w->rmq.n_client_mqs)
       work += fe_backend_progress(w);
     w->now_ns = lynx_now_ns();
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
-      fe_rmq_reap(w);
-      fe_rmq_retry(w);
+      fe_rmq_reap(&w->rmq);
+      fe_rmq_retry(&w->rmq, w->now_ns);
       if (w->listen_err && !stopping && w->now_ns >= w->listen_retry_ns)
         listen_try(w);
       if (w->tags.in_use && w->now_ns > timeout_ns)
@@ -355,8 +371,8 @@ static void worker_loop(struct fe_worker *w) {
     if (!stopping && __atomic_load_n(&fe->stopping, __ATOMIC_ACQUIRE)) {
       stopping = 1;
       /* stop receiving; answer what is in flight */
-      fe_dispatcher_close_udp(w);
-      fe_tcp_stop_accepting(w);
+      fe_dispatcher_close_udp(&w->ingress);
+      fe_tcp_stop_accepting(&w->tcpsvc);
     }
     if (stopping &&
         (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
@@ -412,7 +428,7 @@ static void worker_loop(struct fe_worker *w) {
       nfds_t nfd = 1;
       struct timespec ts;
       uint64_t ns;
-      int rfd = fe_dispatcher_wait_fd(w), armed = 0, bidx = -1;
+      int rfd = fe_dispatcher_wait_fd(&w->ingress), armed = 0, bidx = -1;
       pfd[0] = (struct pollfd){bfd, POLLIN, 0};
       if (rfd >= 0) /* datagrams on the uring path */
         pfd[nfd++] = (struct pollfd){rfd, POLLIN, 0};
@@ -496,8 +512,8 @@ static void *worker_main(void *arg) {
   struct fe_worker *w = arg;
   prctl(PR_SET_TIMERSLACK, 1000UL);
   worker_loop(w);
-  fe_dispatcher_close_udp(w);
-  fe_tcp_close_all(w);
+  fe_dispatcher_close_udp(&w->ingress);
+  fe_tcp_close_all(&w->tcpsvc);
   /* back-end connections are handles of this loop: closed before it ends */
   for (uint32_t i = 0; i < w->rmq.n_conns; i++)
     for (uint32_t k = 0; k < w->rmq.conns[i]->n_mqs; k++)
@@ -524,23 +540,63 @@ static void worker_free(struct fe_worker *w) {
     w->cmds = c->next;
     free(c);
   }
-  fe_tcp_free(w);
-  fe_dispatcher_free(w);
-  fe_forwarder_free(w);
+  fe_tcp_free(&w->tcpsvc);
+  fe_dispatcher_free(&w->ingress);
+  fe_forwarder_free(&w->egress);
   lynx_tagtab_free(&w->tags);
   pthread_mutex_destroy(&w->cmd_lock);
 }
 
 static int worker_setup(struct frontend *fe, struct fe_worker *w) {
+  struct fe_rmq_opts ro = {
+      .worker = w->id,
+      .n_workers = fe->n_w,
+      .backends = fe->backends,
+      .n_backends = fe->n_backends,
+      .tags = &w->tags,
+      .retry_seed = &w->retry_seed,
+  };
+  struct fe_ingress_opts io = {
+      .worker = w->id,
+      .service = fe->service,
+      .addr = &fe->udp_addr,
+      .rcvbuf_kb = fe->cfg->rcvbuf_kb,
+      .rx_uring = fe->cfg->rx_uring,
+      .policy = (enum lynx_dispatch_policy)fe->cfg->dispatch,
+      .flow_order = fe->cfg->order == 0,
+      .loop = &w->loop,
+      .rmq = &w->rmq,
+      .tags = &w->tags,
+      .now_ns = &w->now_ns,
+      .stopping = &fe->stopping,
+  };
+  struct fe_tcpsvc_opts to = {
+      .worker = w->id,
+      .service = fe->service,
+      .addr = &fe->udp_addr,
+      .fixed_len = fe->fixed_len,
+      .loop = &w->loop,
+      .ingress = &w->ingress,
+      .stopping = &fe->stopping,
+  };
+  struct fe_egress_opts eo = {
+      .worker = w->id,
+      .rmq = &w->rmq,
+      .tags = &w->tags,
+      .ingress = &w->ingress,
+      .tcp = fe->proto == FE_PROTO_TCP ? &w->tcpsvc : NULL,
+  };
   uint32_t seed;
   int rc;
-  fe_rmq_init(&w->rmq, &rmq_hooks);
+  fe_rmq_init(&w->rmq, &ro, &rmq_hooks, w);
   pthread_mutex_init(&w->cmd_lock, NULL);
   w->cmds_tail = &w->cmds;
   w->retry_seed = (unsigned)lynx_now_ns() ^ (w->id * 2654435761u);
-  rc = fe_dispatcher_init(w);
+  rc = fe_dispatcher_init(&w->ingress, &io);
   if (rc)
     return rc;
+  fe_tcp_init(&w->tcpsvc, &to);
+  fe_forwarder_init(&w->egress, &eo);
   /* a random first generation: tags of an earlier frontend on the same
    * rings are not mistaken for ours */
   if (getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
@@ -643,8 +699,8 @@ void fe_workers_stop(struct frontend *fe) {
       /* joined above */
     } else if (w->loop_ready) {
       /* set up but never started: close its handles here */
-      fe_dispatcher_close_udp(w);
-      fe_tcp_close_all(w);
+      fe_dispatcher_close_udp(&w->ingress);
+      fe_tcp_close_all(&w->tcpsvc);
       if (w->wake.loop && !uv_is_closing((uv_handle_t *)&w->wake))
         uv_close((uv_handle_t *)&w->wake, NULL);
       uv_run(&w->loop, UV_RUN_DEFAULT);

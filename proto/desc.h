@@ -7,7 +7,7 @@
  * and forwards descriptors without reaching any region, so it needs this
  * header and not transport.h (nor rdma-core behind it). The transport names
  * a descriptor carries are the wire's strings; enum lynx_transport_id
- * numbers them for the tables indexed by transport (transport.c's
+ * numbers them for the tables indexed by transport (transport_lookup.c's
  * backends).
  */
 #ifndef LYNX_DESC_H

@@ -531,9 +531,10 @@ static int listen_on(struct rdma_agent *ag, struct sockaddr_storage *ss,
   return 0;
 }
 
-int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
-                            struct lynx_transport_agent **out, char *err,
-                            size_t errlen) {
+int lynx__rdma_agent_start(const struct lynx_transport_ops *ops,
+                           const struct lynx_transport_opts *o,
+                           struct lynx_transport_agent **out, char *err,
+                           size_t errlen) {
   struct sockaddr_storage ss;
   struct rdma_agent *ag;
   int rc;
@@ -555,7 +556,7 @@ int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
     return -ENOMEM;
   }
   memset(ag, 0, sizeof(*ag));
-  ag->base.ops = &lynx_transport_rdma;
+  ag->base.ops = ops;
   ag->stop_fd = -1;
   pthread_mutex_init(&ag->lock, NULL);
   pthread_mutex_lock(&ag->lock);

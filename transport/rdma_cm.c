@@ -1,7 +1,9 @@
 /*
  * rdma_cm.c - the pure parts of the rdma transport's connection set-up: the
  * frontend's connection state machine and the private data both sides
- * exchange through rdma_cm.
+ * exchange through rdma_cm; and the few verbs calls both sides share
+ * below the rest of the transport (counting the devices, moving a QP to
+ * ERR).
  *
  * The state machine is one function of (state, event, status) so the
  * connect loop in transport_rdma.c and the unit test drive exactly the same
@@ -113,6 +115,17 @@ const char *lynx__rdma_rej_str(enum lynx__rdma_reject why) {
 
 int lynx__rdma_rej_errno(enum lynx__rdma_reject why, int dflt) {
   return why == LYNX_RDMA_REJ_FENCED ? -ESTALE : dflt;
+}
+
+/* ---- devices ---------------------------------------------------------- */
+
+int lynx__rdma_device_count(void) {
+  int n = 0;
+  struct ibv_device **l = ibv_get_device_list(&n);
+  if (!l)
+    return 0;
+  ibv_free_device_list(l);
+  return n;
 }
 
 /* ---- fencing ---------------------------------------------------------- */

@@ -401,7 +401,8 @@ int lynx__rdma_notify(struct lynx_tconn *tc) {
 
 /* ---- set-up ----------------------------------------------------------- */
 
-int lynx__rdma_conn_new(const struct lynx_region_desc *d,
+int lynx__rdma_conn_new(const struct lynx_transport_ops *ops,
+                        const struct lynx_region_desc *d,
                         struct lynx__rdma_conn **out) {
   struct lynx__rdma_conn *c;
   struct lynx_geom g;
@@ -411,7 +412,7 @@ int lynx__rdma_conn_new(const struct lynx_region_desc *d,
   c = calloc(1, sizeof(*c));
   if (!c)
     return -ENOMEM;
-  c->base.ops = &lynx_transport_rdma;
+  c->base.ops = ops;
   c->base.desc = *d;
   c->g = g;
   c->cm = LYNX_RCM_IDLE;
@@ -460,23 +461,6 @@ void lynx__rdma_dp_fini(struct lynx__rdma_conn *c) {
   free(c->done);
   c->ring = NULL;
   c->done = NULL;
-}
-
-int lynx__rdma_attach(const struct lynx_region_desc *d,
-                      const struct lynx__rdma_attach *a,
-                      struct lynx_tconn **out) {
-  struct lynx__rdma_conn *c;
-  int rc = lynx__rdma_conn_new(d, &c);
-  if (rc)
-    return rc;
-  rc = lynx__rdma_dp_init(c, a);
-  if (rc) {
-    free(c);
-    return rc;
-  }
-  c->cm = LYNX_RCM_ESTABLISHED;
-  *out = &c->base;
-  return 0;
 }
 
 void lynx__rdma_conn_cm_event(struct lynx__rdma_conn *c,

@@ -64,6 +64,11 @@ const char *lynx__rdma_rej_str(enum lynx__rdma_reject why);
  * (the frontend counts it apart), else dflt (the CM's error). */
 int lynx__rdma_rej_errno(enum lynx__rdma_reject why, int dflt);
 
+/* ---- devices (rdma_cm.c) ----------------------------------------------- */
+
+/* Number of RDMA devices ibv_get_device_list sees (0 on error). */
+int lynx__rdma_device_count(void);
+
 /* ---- agent: fencing ---------------------------------------------------- */
 
 /* Moves qp to IBV_QPS_ERR: every work request of its peer on it fails from
@@ -200,9 +205,12 @@ struct lynx__rdma_conn {
 void lynx__rdma_buf_sizes(const struct lynx_geom *g, size_t *stage,
                           size_t *bounce);
 
-/* A connection to the region d with no data path yet (CM state IDLE).
- * 0, -EINVAL (bad geometry), -ENOMEM. Freed with the ops' close. */
-int lynx__rdma_conn_new(const struct lynx_region_desc *d,
+/* A connection of table ops (transport_rdma.c's, handed down: this side
+ * of the transport does not name it) to the region d with no data path
+ * yet (CM state IDLE). 0, -EINVAL (bad geometry), -ENOMEM. Freed with the
+ * ops' close. */
+int lynx__rdma_conn_new(const struct lynx_transport_ops *ops,
+                        const struct lynx_region_desc *d,
                         struct lynx__rdma_conn **out);
 /* Starts c's data path over a's resources, which stay the caller's: close
  * frees only what the connection made itself. 0, -EINVAL, -ENOMEM. */
@@ -211,7 +219,8 @@ int lynx__rdma_dp_init(struct lynx__rdma_conn *c,
 /* Frees the data path's own memory (never a's resources). */
 void lynx__rdma_dp_fini(struct lynx__rdma_conn *c);
 /* conn_new + dp_init, CM state ESTABLISHED: a connection over a fake NIC
- * for the unit test. Freed with (*out)->ops->close. */
+ * for the unit test (transport_rdma.c, which has the table). Freed with
+ * (*out)->ops->close. */
 int lynx__rdma_attach(const struct lynx_region_desc *d,
                       const struct lynx__rdma_attach *a,
                       struct lynx_tconn **out);
@@ -231,9 +240,12 @@ int lynx__rdma_notify(struct lynx_tconn *tc);
 
 /* ---- agent side (rdma_agent.c) --------------------------------------- */
 
-int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
-                            struct lynx_transport_agent **out, char *err,
-                            size_t errlen);
+/* agent_create for a handle of table ops (transport_rdma.c's, handed
+ * down). */
+int lynx__rdma_agent_start(const struct lynx_transport_ops *ops,
+                           const struct lynx_transport_opts *o,
+                           struct lynx_transport_agent **out, char *err,
+                           size_t errlen);
 void lynx__rdma_agent_destroy(struct lynx_transport_agent *a);
 int lynx__rdma_region_alloc(struct lynx_transport_agent *a,
                             struct lynx_region *r, const char *name,
@@ -243,8 +255,5 @@ int lynx__rdma_region_attach(struct lynx_transport_agent *a,
                              uint64_t size, const struct lynx_region_mem *mem);
 int lynx__rdma_region_export(struct lynx_region *r);
 void lynx__rdma_region_free(struct lynx_region *r);
-
-/* Number of RDMA devices ibv_get_device_list sees (0 on error). */
-int lynx__rdma_device_count(void);
 
 #endif

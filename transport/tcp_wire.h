@@ -1,7 +1,7 @@
 /*
  * tcp_wire.h - the tcp data transport's wire constants and operation codes
- * (transport_tcp.c; docs/design.md, "tcp transport"), shared with the
- * fuzz harnesses that speak it (tests/fuzz/tcp_fuzz.h).
+ * (transport_tcp.c, tcp_wire.c; docs/design.md, "tcp transport"), shared
+ * with the fuzz harnesses that speak it (tests/fuzz/tcp_fuzz.h).
  */
 #ifndef LYNX_TCP_WIRE_H
 #define LYNX_TCP_WIRE_H

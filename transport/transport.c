@@ -1,5 +1,8 @@
-/* transport.c - the table of backends and the region header helpers every
- * backend shares. */
+/* transport.c - the helpers every backend shares: a region's header
+ * (format, read, validate), its wake, access classes and write checks,
+ * served regions and locators, the -ENOTSUP ops, fencing. Below the
+ * backends: it names none of them (the table of backends is
+ * transport_lookup.c's). */
 #include "transport.h"
 
 #include <errno.h>
@@ -13,19 +16,6 @@
 
 #include "log.h"
 #include "mqueue.h"
-
-/* Indexed by enum lynx_transport_id (desc.h): a backend's name is the
- * descriptor's (lynx_transport_names). */
-static const struct lynx_transport_ops *const backends[LYNX_TRANSPORT_COUNT] = {
-    [LYNX_TRANSPORT_SHM] = &lynx_transport_shm,
-    [LYNX_TRANSPORT_TCP] = &lynx_transport_tcp,
-    [LYNX_TRANSPORT_RDMA] = &lynx_transport_rdma,
-};
-
-const struct lynx_transport_ops *lynx_transport_find(const char *name) {
-  int id = lynx_transport_id(name);
-  return id < 0 ? NULL : backends[id];
-}
 
 int lynx_region_wake(uint8_t *base) {
   uint32_t *sleeping = (uint32_t *)(base + LYNX_OFF_SLEEPING);
@@ -161,7 +151,8 @@ int lynx_region_format(struct lynx_region *r, uint32_t q, uint32_t slots,
                        uint32_t slot_size, uint32_t large_bytes,
                        uint32_t ordering, uint64_t epoch, uint32_t accel_id) {
   struct lynx_geom g;
-  struct lynx_region_hdr hv, *h = r->mem ? &hv : (struct lynx_region_hdr *)r->base;
+  struct lynx_region_hdr hv = {0}; /* device memory: built here, then copied */
+  struct lynx_region_hdr *h = r->mem ? &hv : (struct lynx_region_hdr *)r->base;
   int rc;
   if (lynx_geom_init(&g, q, slots, slot_size, large_bytes) ||
       g.region_size > r->size)

@@ -2,9 +2,9 @@
  * transport.h - how a frontend reaches an accelerator's mqueue region, and
  * how an agent provides one.
  *
- * Backends (shm, tcp, rdma: transport_*.c, rdma_*.c) fill a const struct
- * lynx_transport_ops. A member a backend cannot provide points at a
- * function returning -ENOTSUP; no member is ever NULL.
+ * Backends (shm, tcp, rdma: transport_*.c, tcp_*.c, rdma_*.c) fill a
+ * const struct lynx_transport_ops. A member a backend cannot provide
+ * points at a function returning -ENOTSUP; no member is ever NULL.
  *
  * Agent side: agent_create returns a handle (struct lynx_transport_agent)
  * that owns everything the transport serves with (tcp: its listener,
@@ -320,7 +320,8 @@ int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
 int lynx__arm_none(struct lynx_tconn *c, uint32_t bell,
                    const struct lynx_arm *a, int n);
 
-/* The backend called name (a descriptor's transport), or NULL. */
+/* The backend called name (a descriptor's transport), or NULL
+ * (transport_lookup.c). */
 const struct lynx_transport_ops *lynx_transport_find(const char *name);
 
 /* Bounds check shared by every backend: 0 when [off, off+len) lies inside a

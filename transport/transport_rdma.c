@@ -10,6 +10,8 @@
  * channel (2 s in all), validates the region header it reads over the new
  * QP, and a close that undoes everything. The data path is rdma_dp.c, the
  * agent side rdma_agent.c; the ops table at the end ties them together.
+ * They sit below this file and do not name the table: it is handed to
+ * them when a connection or an agent handle is created.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,15 +36,6 @@
 #define ACK_TIMEOUT 14           /* 4.096 us * 2^14 = 67 ms per retry */
 #define RETRY_COUNT 7            /* a dead peer shows in about 0.5 s */
 #define RNR_RETRY 7              /* 7 = forever: the agent reposts receives */
-
-int lynx__rdma_device_count(void) {
-  int n = 0;
-  struct ibv_device **l = ibv_get_device_list(&n);
-  if (!l)
-    return 0;
-  ibv_free_device_list(l);
-  return n;
-}
 
 static int set_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL);
@@ -332,7 +325,7 @@ static int lynx__rdma_connect(const struct lynx_region_desc *d,
                 d->accel_id, d->locator);
     return -ENODEV;
   }
-  rc = lynx__rdma_conn_new(d, &c);
+  rc = lynx__rdma_conn_new(&lynx_transport_rdma, d, &c);
   if (rc)
     return rc;
   rc = fe_open(c, &ss);
@@ -418,6 +411,31 @@ static int lynx__rdma_wait_fd(struct lynx_tconn *tc) {
       c->woken = 1;
   }
   return c->epfd;
+}
+
+/* A connection over the caller's QP, CQ and buffer, no CM (the unit
+ * test's fake NIC). */
+int lynx__rdma_attach(const struct lynx_region_desc *d,
+                      const struct lynx__rdma_attach *a,
+                      struct lynx_tconn **out) {
+  struct lynx__rdma_conn *c;
+  int rc = lynx__rdma_conn_new(&lynx_transport_rdma, d, &c);
+  if (rc)
+    return rc;
+  rc = lynx__rdma_dp_init(c, a);
+  if (rc) {
+    free(c);
+    return rc;
+  }
+  c->cm = LYNX_RCM_ESTABLISHED;
+  *out = &c->base;
+  return 0;
+}
+
+static int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
+                                   struct lynx_transport_agent **out,
+                                   char *err, size_t errlen) {
+  return lynx__rdma_agent_start(&lynx_transport_rdma, o, out, err, errlen);
 }
 
 const struct lynx_transport_ops lynx_transport_rdma =

@@ -10,12 +10,12 @@
  * registration (cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr), falling
  * back to ibv_reg_mr on the device pointer (nvidia-peermem).
  *
- * Implemented by cuda_accel.c, built when the CUDA toolkit is
- * (LYNX_CUDA=ON|AUTO). The agent reaches it through the accelerator ops
- * table (accel.h, lynx_accel_cuda at the end of cuda_accel.c); the unit
- * test unit_cuda_backend calls it directly. Without the toolkit,
- * cuda_none.c's table says that the agent was built without CUDA.
- * docs/gpu.md.
+ * Implemented by the cuda_*.c files (cuda_accel.c says what each holds),
+ * built when the CUDA toolkit is (LYNX_CUDA=ON|AUTO). The agent reaches it
+ * through the accelerator ops table (accel.h, lynx_accel_cuda at the end
+ * of cuda_accel.c); the unit test unit_cuda_backend calls it directly.
+ * Without the toolkit, cuda_none.c's table says that the agent was built
+ * without CUDA. docs/gpu.md.
  */
 #ifndef LYNX_CUDA_GPU_H
 #define LYNX_CUDA_GPU_H

@@ -1,7 +1,7 @@
 /*
  * lynx_cuda.h - the host-callable side of the CUDA device code.
  *
- * The agent's CUDA backend (accel/cuda/cuda_accel.c, C) launches applications
+ * The agent's CUDA backend (accel/cuda/cuda_launch.c, C) launches applications
  * as persistent kernels through this interface; the kernels (apps.cu,
  * CUDA C++) run the shared ring code of common/mqueue.h through the
  * per-threadblock I/O library accel/cuda/lynx_dev.cuh. Built only when

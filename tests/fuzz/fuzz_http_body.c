@@ -1,5 +1,5 @@
 /*
- * fuzz_http_body.c - the body of an API request (coordinator/http.c):
+ * fuzz_http_body.c - the body of an API request (coordinator/http_reply.c):
  * parsed as the API parses it (lynx_http_body_parse: json-c, strict, then
  * jansson for a key given twice), decoded as POST /v1/services decodes it
  * (regjson.c lynx_json_service_spec), and created in a registry of its
@@ -17,11 +17,6 @@
 #include "fuzz.h"
 #include "regjson.h"
 #include "spec_check.h"
-
-/* http.c calls into the daemon (coordinator/main.c) for its clock and to
- * wake watchers, from handlers this harness does not run. */
-uint64_t lynx_coord_now_ms(void) { return 0; }
-void lynx_coord_changed(struct lynx_coord *c) { (void)c; }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct lynx_service_spec spec;

@@ -1,6 +1,6 @@
 /*
  * fuzz_tcp_agent.c - the agent side of the tcp transport
- * (transport/transport_tcp.c: srv_on_read, srv_hello, srv_proof, srv_op,
+ * (transport/tcp_agent_conn.c: srv_on_read, srv_hello, srv_proof, srv_op,
  * srv_read_tx), through its public API: an agent handle on 127.0.0.1
  * exports one region, and the input is what a frontend sends on a data
  * connection to it. The session ends when the agent closes the

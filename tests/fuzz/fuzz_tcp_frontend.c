@@ -1,6 +1,6 @@
 /*
  * fuzz_tcp_frontend.c - the frontend side of the tcp transport
- * (transport/transport_tcp.c: tc_handshake, tcp_poll, tc_take_tx,
+ * (transport/tcp_frontend.c: tc_handshake, lynx__tcp_poll, tc_take_tx,
  * tc_dead), through its public API: the harness listens on 127.0.0.1 as
  * a fake agent whose answers are the input, connects to it with
  * lynx_transport_tcp.connect, posts reads and compound reads (READ_TX),

@@ -3,7 +3,7 @@
  * fuzz_tcp_frontend.c) and their seeds (gen_seeds.c) agree on: the
  * region a byte of the input chooses, the wire format's constants and
  * header as docs/design.md ("tcp transport") gives them
- * (transport/transport_tcp.c keeps its own private), and version 4's
+ * (transport/tcp_internal.h keeps its own private), and version 4's
  * proof of the key, made with the transport's own functions (tcp_auth.h)
  * so that a harness takes part in the handshake the way a peer does.
  */

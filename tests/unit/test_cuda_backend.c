@@ -1,5 +1,5 @@
 /*
- * test_cuda_backend.c - the CUDA backend (accel/cuda/cuda_accel.c) run
+ * test_cuda_backend.c - the CUDA backend (accel/cuda/cuda_*.c) run
  * against a fake CUDA runtime (fake_cuda.c), the way unit_transport_rdma
  * runs the rdma code against a fake NIC: no GPU, no driver.
  *

@@ -1,13 +1,13 @@
 /*
- * test_http.c - the coordinator's JSON API (coordinator/http.c), in-process.
+ * test_http.c - the coordinator's JSON API (coordinator/http.c, api_*.c), in-process.
  *
  * Each test builds a struct lynx_coord (a real registry, a temporary state
  * directory), serves it with lynx_http_start on 127.0.0.1 and a free port,
  * and talks to it with libcurl exactly as an operator's tools would. The
  * last tests run the lynxctl binary against the same server.
  *
- * The daemon's lynx_coord_now_ms / lynx_coord_changed live in main.c, which
- * is not linked here: this file provides them.
+ * The daemon's clock and change callback (lynx_coord.now_ms and
+ * .on_change, main.c's in the daemon) are this file's.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -45,11 +45,11 @@
 
 #define BODY_MAX 4096
 
-/* ---- what main.c provides in the daemon -------------------------------- */
+/* ---- what main.c gives the API in the daemon ---------------------------- */
 
-uint64_t lynx_coord_now_ms(void) { return lynx_now_ns() / 1000000u; }
+static uint64_t lynx_coord_now_ms(void) { return lynx_now_ns() / 1000000u; }
 
-void lynx_coord_changed(struct lynx_coord *c) {
+static void lynx_coord_changed(struct lynx_coord *c) {
   pthread_cond_broadcast(&c->changed);
 }
 
@@ -118,6 +118,8 @@ static int setup(void **state) {
   }
   pthread_mutex_init(&f->c.change_lock, NULL);
   pthread_cond_init(&f->c.changed, NULL);
+  f->c.now_ms = lynx_coord_now_ms;
+  f->c.on_change = lynx_coord_changed;
   lynx_reg_init(&f->c.reg, 3000, 5000, NULL);
   f->c.state_dir = f->dir;
   f->c.body_max = BODY_MAX;

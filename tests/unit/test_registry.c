@@ -1,4 +1,4 @@
-/* test_registry.c - unit tests of coordinator/registry.c: node state
+/* test_registry.c - unit tests of the registry (coordinator/registry.c, reg_*.c): node state
  * machine, leases on an injected clock, epochs, placement, drain, dispatch
  * table versions, service validation. */
 #include <errno.h>

@@ -3,9 +3,11 @@
  * Manager) over the tcp transport, its agent in this process: how a
  * connection takes an accelerator's rings over.
  *
- * Two frontend workers stand in for two frontends: the old one (epoch 5)
- * publishes requests through fe_write_rx, the new one (epoch 7) takes the
- * region over while the accelerator has not consumed them. The
+ * Two managers stand in for two frontends, each made alone (struct fe_rmq
+ * with its options and hooks: no worker, dispatcher or forwarder around
+ * it): the old one (epoch 5) publishes requests through fe_write_rx, the
+ * new one (epoch 7) takes the region over while the accelerator has not
+ * consumed them. The
  * accelerator side is the region's memory read through the ring code
  * (lynx_mq_recv), as a CPU accelerator reads it.
  */
@@ -17,11 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
-#include "frontend.h"
 #include "mqueue.h"
+#include "rmq.h"
+#include "tagtab.h"
 #include "transport.h"
 #include "ut_main.h"
 #include "ut_region.h"
@@ -38,21 +42,21 @@ static char g_bound[LYNX_LOCATOR_MAX];
 
 /* The hooks: the layers above the manager, which these cases do not
  * need (no back ends, no forwarder). */
-static int hk_changed(struct fe_worker *w) {
-  (void)w;
+static int hk_changed(void *ctx) {
+  (void)ctx;
   return 0;
 }
-static int hk_slot(struct fe_worker *w, struct fe_mq *mq, const uint8_t *slot,
+static int hk_slot(void *ctx, struct fe_mq *mq, const uint8_t *slot,
                    uint32_t pos, const uint8_t *large, uint32_t large_len) {
-  (void)w, (void)mq, (void)slot, (void)pos, (void)large, (void)large_len;
+  (void)ctx, (void)mq, (void)slot, (void)pos, (void)large, (void)large_len;
   return 0;
 }
-static void hk_lost(void *arg, const struct lynx_tag_entry *e) {
-  (void)arg, (void)e;
+static void hk_lost(void *ctx, const struct lynx_tag_entry *e) {
+  (void)ctx, (void)e;
 }
-static int hk_be_open(struct fe_worker *w, struct fe_mq *mq,
+static int hk_be_open(void *ctx, struct fe_mq *mq,
                       const struct fe_backend_cfg *cfg) {
-  (void)w, (void)mq, (void)cfg;
+  (void)ctx, (void)mq, (void)cfg;
   return -ENOTSUP;
 }
 static void hk_be_close(struct fe_backend *be) { (void)be; }
@@ -63,16 +67,19 @@ struct fx {
   struct lynx_region r;
   struct lynx_region_desc d;
   struct lynx_geom g;
-  struct frontend fe;
-  struct fe_worker w[2]; /* [0] the old frontend's, [1] the new one's */
-  struct lynx_mq amq;    /* the accelerator's view of mqueue 0 */
+  struct fe_rmq m[2]; /* [0] the old frontend's, [1] the new one's */
+  struct lynx_tagtab tags[2];
+  unsigned seed[2];
+  struct lynx_mq amq; /* the accelerator's view of mqueue 0 */
 };
 
-static void worker_init(struct fx *f, struct fe_worker *w, uint32_t seed) {
-  w->fe = &f->fe;
-  w->retry_seed = seed;
-  assert_int_equal(lynx_tagtab_init(&w->tags, 64, seed), 0);
-  fe_rmq_init(&w->rmq, &hooks);
+/* Manager i: the only worker (every mqueue its), no back ends. */
+static void rmq_init(struct fx *f, int i, uint32_t seed) {
+  struct fe_rmq_opts o = {.worker = 0, .n_workers = 1,
+                          .tags = &f->tags[i], .retry_seed = &f->seed[i]};
+  f->seed[i] = seed;
+  assert_int_equal(lynx_tagtab_init(&f->tags[i], 64, seed), 0);
+  fe_rmq_init(&f->m[i], &o, &hooks, f);
 }
 
 static int fx_setup(void **state) {
@@ -84,9 +91,8 @@ static int fx_setup(void **state) {
       ut_region_serve(T, g_ta, &f->r, NAME, &f->g, LYNX_ORDER_COALESCED,
                       UT_EPOCH, UT_ACCEL, &f->d))
     return -1;
-  f->fe.n_w = 1;
-  worker_init(f, &f->w[0], 11);
-  worker_init(f, &f->w[1], 22);
+  rmq_init(f, 0, 11);
+  rmq_init(f, 1, 22);
   lynx_mq_bind(&f->amq, f->r.base, &f->g, 0);
   *state = f;
   return 0;
@@ -95,16 +101,16 @@ static int fx_setup(void **state) {
 static int fx_teardown(void **state) {
   struct fx *f = *state;
   for (int i = 0; i < 2; i++) {
-    fe_rmq_free(&f->w[i].rmq);
-    lynx_tagtab_free(&f->w[i].tags);
+    fe_rmq_free(&f->m[i]);
+    lynx_tagtab_free(&f->tags[i]);
   }
   T->region_free(&f->r);
   free(f);
   return 0;
 }
 
-/* Worker w's connection to the region, as frontend epoch producer. */
-static struct fe_conn *add_as(struct fx *f, struct fe_worker *w,
+/* Manager r's connection to the region, as frontend epoch producer. */
+static struct fe_conn *add_as(struct fx *f, struct fe_rmq *r,
                               uint64_t producer) {
   struct fe_accel acc;
   memset(&acc, 0, sizeof(acc));
@@ -115,9 +121,9 @@ static struct fe_conn *add_as(struct fx *f, struct fe_worker *w,
   acc.n_server = 1;
   acc.instance_id = 1;
   snprintf(acc.node, sizeof(acc.node), "n1");
-  assert_int_equal(fe_rmq_add(w, &acc), 0);
-  assert_int_equal(w->rmq.n_conns, 1);
-  return w->rmq.conns[0];
+  assert_int_equal(fe_rmq_add(r, &acc), 0);
+  assert_int_equal(r->n_conns, 1);
+  return r->conns[0];
 }
 
 /* Free RX slots of c's mqueue as the frontend counts them. */
@@ -127,17 +133,17 @@ static uint32_t room(const struct fe_conn *c) {
 
 /* A request of len bytes (len > a slot's payload: large), every byte
  * fill, written as the dispatcher writes it; rung at once. */
-static void send_req(struct fe_worker *w, struct fe_conn *c, uint32_t len,
+static void send_req(struct fe_rmq *r, struct fe_conn *c, uint32_t len,
                      uint8_t fill, uint32_t tag) {
   struct fe_mq *mq = &c->mqs[0];
   uint8_t *buf = malloc(len);
   assert_non_null(buf);
   memset(buf, fill, len);
   assert_true(room(c) > 0);
-  assert_int_equal(fe_write_rx(w, mq, buf, len, tag, 0), 0);
+  assert_int_equal(fe_write_rx(r, mq, buf, len, tag, 0), 0);
   mq->dq.rx_prod++;
   c->dirty = 1;
-  fe_rmq_doorbells(w);
+  fe_rmq_doorbells(r);
   free(buf);
 }
 
@@ -171,12 +177,12 @@ static void expect_req(struct fx *f, uint32_t len, uint8_t fill,
 }
 
 /* Runs c's cycle until it read the accelerator's rx_cons at want. */
-static void await_rx_cons(struct fe_worker *w, struct fe_conn *c,
+static void await_rx_cons(struct fe_rmq *r, struct fe_conn *c,
                           uint32_t want) {
   uint64_t end = lynx_now_ns() + 2000000000ull;
   fe_mq_outstanding_set(&c->mqs[0], 1); /* polled only with some */
   while (c->mqs[0].dq.rx_cons != want) {
-    assert_true(fe_rmq_progress(w, c) >= 0);
+    assert_true(fe_rmq_progress(r, c) >= 0);
     assert_true(lynx_now_ns() < end);
     usleep(1000);
   }
@@ -191,27 +197,27 @@ static void await_rx_cons(struct fe_worker *w, struct fe_conn *c,
  * off. */
 static void test_takeover_resumes_after_published(void **state) {
   struct fx *f = *state;
-  struct fe_conn *old = add_as(f, &f->w[0], 5), *nw;
+  struct fe_conn *old = add_as(f, &f->m[0], 5), *nw;
   struct fe_mq *mq;
   struct lynx_msg m;
   uint64_t end = lynx_now_ns() + 2000000000ull;
   /* one consumed before: the ring does not start at 0 */
-  send_req(&f->w[0], old, 10, 0xA0, 0x100);
+  send_req(&f->m[0], old, 10, 0xA0, 0x100);
   await_published(f, 1);
   expect_req(f, 10, 0xA0, 0x100);
-  send_req(&f->w[0], old, 20, 0xA1, 0x101);
-  send_req(&f->w[0], old, 1000, 0xA2, 0x102); /* large */
-  send_req(&f->w[0], old, 30, 0xA3, 0x103);
+  send_req(&f->m[0], old, 20, 0xA1, 0x101);
+  send_req(&f->m[0], old, 1000, 0xA2, 0x102); /* large */
+  send_req(&f->m[0], old, 30, 0xA3, 0x103);
   await_published(f, 3);
 
-  nw = add_as(f, &f->w[1], 7);
+  nw = add_as(f, &f->m[1], 7);
   mq = &nw->mqs[0];
   assert_int_equal(nw->state, FE_CONN_IDLE);
   assert_int_equal(mq->dq.rx_cons, 1);
   assert_int_equal(mq->dq.rx_prod, 4);
   assert_int_equal(mq->rx_ln, 1); /* the old large request's area */
-  send_req(&f->w[1], nw, 2000, 0xB0, 0x200); /* large, after it */
-  send_req(&f->w[1], nw, 40, 0xB1, 0x201);
+  send_req(&f->m[1], nw, 2000, 0xB0, 0x200); /* large, after it */
+  send_req(&f->m[1], nw, 40, 0xB1, 0x201);
   await_published(f, 5);
   expect_req(f, 20, 0xA1, 0x101);
   expect_req(f, 1000, 0xA2, 0x102);
@@ -221,7 +227,7 @@ static void test_takeover_resumes_after_published(void **state) {
   assert_int_equal(lynx_mq_recv(&f->amq, &m), -EAGAIN);
   assert_int_equal(f->amq.bad, 0);
 
-  await_rx_cons(&f->w[1], nw, 6);
+  await_rx_cons(&f->m[1], nw, 6);
   assert_int_equal(lynx_cnt_get(&mq->drops[FE_QDROP_BAD_INDEX]), 0);
   assert_int_equal(mq->rx_ln, 0); /* every large area released */
   assert_int_equal(room(nw), S);
@@ -229,7 +235,7 @@ static void test_takeover_resumes_after_published(void **state) {
   /* the old frontend's next cycle finds its connection cut */
   fe_mq_outstanding_set(&old->mqs[0], 1);
   while (old->state != FE_CONN_DEAD) {
-    fe_rmq_progress(&f->w[0], old);
+    fe_rmq_progress(&f->m[0], old);
     assert_true(lynx_now_ns() < end);
     usleep(1000);
   }
@@ -239,17 +245,17 @@ static void test_takeover_resumes_after_published(void **state) {
  * the accelerator consumes, then its request follows the old ones. */
 static void test_takeover_of_full_ring(void **state) {
   struct fx *f = *state;
-  struct fe_conn *old = add_as(f, &f->w[0], 5), *nw;
+  struct fe_conn *old = add_as(f, &f->m[0], 5), *nw;
   for (uint32_t i = 0; i < S; i++)
-    send_req(&f->w[0], old, 16, (uint8_t)(0xC0 + i), 0x300 + i);
+    send_req(&f->m[0], old, 16, (uint8_t)(0xC0 + i), 0x300 + i);
   await_published(f, S);
-  nw = add_as(f, &f->w[1], 7);
+  nw = add_as(f, &f->m[1], 7);
   assert_int_equal(room(nw), 0);
   expect_req(f, 16, 0xC0, 0x300);
   expect_req(f, 16, 0xC1, 0x301);
-  await_rx_cons(&f->w[1], nw, 2);
+  await_rx_cons(&f->m[1], nw, 2);
   assert_int_equal(room(nw), 2);
-  send_req(&f->w[1], nw, 16, 0xD0, 0x400);
+  send_req(&f->m[1], nw, 16, 0xD0, 0x400);
   await_published(f, S - 1);
   for (uint32_t i = 2; i < S; i++)
     expect_req(f, 16, (uint8_t)(0xC0 + i), 0x300 + i);
@@ -262,30 +268,29 @@ static void test_takeover_of_full_ring(void **state) {
  * doubt); the new connection resumes after it. */
 static void test_reconnect_resumes_after_own(void **state) {
   struct fx *f = *state;
-  struct fe_worker *w = &f->w[0];
-  struct fe_conn *c = add_as(f, w, 5);
-  send_req(w, c, 16, 0xE0, 0x500);
-  send_req(w, c, 3000, 0xE1, 0x501); /* large */
+  struct fe_rmq *r = &f->m[0];
+  struct fe_conn *c = add_as(f, r, 5);
+  send_req(r, c, 16, 0xE0, 0x500);
+  send_req(r, c, 3000, 0xE1, 0x501); /* large */
   await_published(f, 2);
-  fe_rmq_down(w, c, "test: connection broke", FE_QDROP_IN_DOUBT);
+  fe_rmq_down(r, c, "test: connection broke", FE_QDROP_IN_DOUBT);
   assert_int_equal(c->state, FE_CONN_DEAD);
-  w->now_ns = UINT64_MAX; /* the backoff is over */
-  fe_rmq_retry(w);
+  fe_rmq_retry(r, UINT64_MAX); /* the backoff is over */
   assert_int_equal(c->state, FE_CONN_IDLE);
   assert_int_equal(c->mqs[0].dq.rx_prod, 2);
   /* the large area holds the earlier large request until it is consumed */
   {
     uint8_t big[1500] = {0};
-    assert_int_equal(fe_write_rx(w, &c->mqs[0], big, sizeof(big), 0x5FF, 0),
+    assert_int_equal(fe_write_rx(r, &c->mqs[0], big, sizeof(big), 0x5FF, 0),
                      -ENOSPC);
   }
-  send_req(w, c, 16, 0xE2, 0x502);
+  send_req(r, c, 16, 0xE2, 0x502);
   await_published(f, 3);
   expect_req(f, 16, 0xE0, 0x500);
   expect_req(f, 3000, 0xE1, 0x501);
   expect_req(f, 16, 0xE2, 0x502);
-  await_rx_cons(w, c, 3);
-  send_req(w, c, 1500, 0xE3, 0x503);
+  await_rx_cons(r, c, 3);
+  send_req(r, c, 1500, 0xE3, 0x503);
   await_published(f, 1);
   expect_req(f, 1500, 0xE3, 0x503);
 }

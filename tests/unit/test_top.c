@@ -1,5 +1,5 @@
 /*
- * test_top.c - lynxctl top's model (coordinator/top.c): frames read from
+ * test_top.c - lynxctl top's model (cli/top.c): frames read from
  * the API's JSON (pages, mqueues, frontends), rates against the previous
  * frame, the sort keys, and the text of durations, rates, health and a
  * whole batch frame.

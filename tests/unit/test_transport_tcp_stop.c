@@ -1,6 +1,6 @@
 /*
  * test_transport_tcp_stop.c - the tcp transport's agent side stops:
- * tcp_agent_destroy (transport/transport_tcp.c) returns, within a bound,
+ * the agent handle's destroy (transport/tcp_agent.c) returns, within a bound,
  * whatever its server thread was doing, and the agent daemon's SIGTERM
  * path, which ends in it, cannot hang there (issue 32, item 4).
  *

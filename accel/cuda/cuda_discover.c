@@ -1,0 +1,133 @@
+/*
+ * cuda_discover.c - finding the GPUs --cuda-accels names (gpu_discover,
+ * gpu.h): the list's parsing, and each device's properties as struct
+ * gpu_info (memory, compute capability, GPUDirect RDMA and the ordering of
+ * its writes, hence the mqueue ordering the region needs).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_internal.h"
+#include "gpu.h"
+#include "log.h"
+#include "mqueue.h"
+
+int gpu_built(void) { return 1; }
+
+static int parse_list(const char *spec, int count, int *ids, uint32_t *n,
+                      char *err, size_t errlen) {
+  const char *p = spec;
+  *n = 0;
+  if (!strcmp(spec, "all")) {
+    for (int d = 0; d < count && d < GPU_MAX; d++)
+      ids[(*n)++] = d;
+    return 0;
+  }
+  while (*p) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || (*end && *end != ',') ||
+        (*end == ',' && !end[1])) {
+      snprintf(err, errlen, "--cuda-accels '%s': expected 'all' or GPU "
+               "ordinals like 0,1", spec);
+      return -EINVAL;
+    }
+    if (v >= count) {
+      snprintf(err, errlen, "--cuda-accels: CUDA GPU %ld does not exist "
+               "(this host has %d)", v, count);
+      return -ENODEV;
+    }
+    for (uint32_t i = 0; i < *n; i++)
+      if (ids[i] == (int)v) {
+        snprintf(err, errlen, "--cuda-accels: GPU %ld named twice", v);
+        return -EINVAL;
+      }
+    if (*n >= GPU_MAX) {
+      snprintf(err, errlen, "--cuda-accels: at most %d GPUs", GPU_MAX);
+      return -EINVAL;
+    }
+    ids[(*n)++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  if (!*n) {
+    snprintf(err, errlen, "--cuda-accels: empty list");
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
+                 char *err, size_t errlen) {
+  int count = 0, ids[GPU_MAX], rc;
+  struct gpu_info *g;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  *out = NULL;
+  *n = 0;
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "--cuda-accels %s: no usable CUDA GPU: "
+             "cudaGetDeviceCount: %s (%s)", spec, cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    return -ENODEV;
+  }
+  if (count == 0) {
+    snprintf(err, errlen, "--cuda-accels %s: no CUDA GPU on this host",
+             spec);
+    return -ENODEV;
+  }
+  rc = parse_list(spec, count, ids, n, err, errlen);
+  if (rc) {
+    *n = 0; /* no GPUs with *out NULL, also after a partly parsed list */
+    return rc;
+  }
+  g = calloc(*n, sizeof(*g));
+  if (!g) {
+    *n = 0;
+    snprintf(err, errlen, "--cuda-accels: out of memory");
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < *n; i++) {
+    struct cudaDeviceProp p;
+    int v = 0;
+    g[i].device = ids[i];
+    e = cudaGetDeviceProperties(&p, ids[i]);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetPCIBusId(g[i].pci_bus_id, sizeof(g[i].pci_bus_id),
+                                ids[i]);
+    if (e != cudaSuccess) {
+      snprintf(err, errlen, "CUDA GPU %d: cannot read its properties: %s",
+               ids[i], cudaGetErrorString(e));
+      free(g);
+      *n = 0;
+      return -ENODEV;
+    }
+    snprintf(g[i].name, sizeof(g[i].name), "%.63s", p.name);
+    g[i].memory = p.totalGlobalMem;
+    g[i].cc_major = p.major;
+    g[i].cc_minor = p.minor;
+    g[i].sms = p.multiProcessorCount;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported,
+                               ids[i]) == cudaSuccess)
+      g[i].gpudirect_rdma = v != 0;
+    v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMAWritesOrdering,
+                               ids[i]) == cudaSuccess)
+      g[i].rdma_writes_ordering = (uint32_t)v;
+    /* Without native ordering of GPUDirect RDMA writes, the kernel may see
+     * a slot's seq before its payload: the paper's fenced mode (payload,
+     * a read as a barrier, then the metadata). */
+    g[i].ordering = g[i].rdma_writes_ordering >=
+                            (uint32_t)cudaGPUDirectRDMAWritesOrderingOwner
+                        ? LYNX_ORDER_COALESCED
+                        : LYNX_ORDER_FENCED;
+    if (p.major < 7)
+      LYNX_WARN("cuda", "GPU %d (%s) has compute capability %d.%d; the "
+                "kernels need 7.0 or newer (built for %s)", ids[i], p.name,
+                p.major, p.minor, "sm_80, sm_90 + PTX");
+  }
+  *out = g;
+  return 0;
+}

@@ -1,0 +1,80 @@
+/*
+ * cuda_fence.c - the lease fence of a persistent kernel: the host's
+ * deadline (gpu_instance_fence, gpu.h) written into the kernel's control
+ * block in the GPU's clock (%globaltimer), converted with an offset
+ * measured from the clock readings the kernel publishes there.
+ */
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_internal.h"
+#include "gpu.h"
+#include "lynx_cuda.h"
+#include "util.h"
+
+#define CLOCK_WINDOW_NS (10ull * 1000000000ull)
+
+/* A sample of the kernel's clock (gt, published by block 0) against the
+ * host's (host_after, taken once the copy that brought gt returned). The
+ * offset is a lower bound, so a converted deadline errs early; the largest
+ * recent one is kept, a stale one replaced (clocks drift). */
+void lynx__cuda_clock_sample(struct gpu_instance *gi, uint64_t gt,
+                             uint64_t host_after) {
+  int64_t off = (int64_t)(gt - host_after);
+  if (!gt)
+    return; /* nothing published yet */
+  if (!gi->calibrated || off > gi->gt_off ||
+      host_after - gi->gt_off_at > CLOCK_WINDOW_NS) {
+    gi->gt_off = off;
+    gi->gt_off_at = host_after;
+    gi->calibrated = 1;
+  }
+}
+
+/* Writes kctl->serve_until_gt (lock held). */
+cudaError_t lynx__cuda_fence_write(struct gpu_instance *gi, uint64_t gt) {
+  cudaError_t e;
+  gi->fence_gt = gt;
+  e = cudaMemcpyAsync(&gi->kctl->serve_until_gt, &gi->fence_gt,
+                      sizeof(gi->fence_gt), cudaMemcpyHostToDevice, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  return e;
+}
+
+/* The control block's header: the kernel's clock sample (lock held). */
+cudaError_t lynx__cuda_kctl_header(struct gpu_instance *gi,
+                                   struct lynx_cuda_kctl *h) {
+  cudaError_t e = cudaMemcpyAsync(h, gi->kctl, sizeof(*h),
+                                  cudaMemcpyDeviceToHost, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  if (e == cudaSuccess)
+    lynx__cuda_clock_sample(gi, h->now_gt, lynx_now_ns());
+  return e;
+}
+
+int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns) {
+  uint64_t gt;
+  cudaError_t e;
+  if (!gi->kctl || gi->stopped)
+    return 0;
+  cudaSetDevice(gi->device);
+  pthread_mutex_lock(&gi->lock);
+  if (serve_until_ns == UINT64_MAX) {
+    gt = 0;
+  } else if (!gi->calibrated) {
+    gt = 1; /* no conversion yet: fenced */
+  } else {
+    int64_t v = (int64_t)serve_until_ns + gi->gt_off;
+    gt = v < 1 ? 1 : (uint64_t)v;
+  }
+  e = gt == gi->fence_gt ? cudaSuccess : lynx__cuda_fence_write(gi, gt);
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess) {
+    lynx__cuda_note(gi->device, e, "lease fence");
+    return lynx__cuda_errno(e);
+  }
+  return 0;
+}

@@ -1,0 +1,249 @@
+/*
+ * tcp_agent.c - the agent side of the tcp transport: the handle
+ * agent_create returns (struct tcp_agent), its listener, thread and stop,
+ * and the regions allocated, exported and freed through it. The
+ * connections it accepts are tcp_agent_conn.c's (transport_tcp.c has the
+ * design).
+ *
+ * Agent threads: one libuv loop thread per handle (struct tcp_agent, from
+ * agent_create) serves every connection of every region exported through
+ * it; the handle also owns the data port's guard (connguard.h). An
+ * exported region is reference-counted: region_free unlists it and asks
+ * the server thread to close its connections; its memory goes with the
+ * last reference.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "connguard.h"
+#include "log.h"
+#include "mqueue.h"
+#include "tcp_auth.h"
+#include "tcp_internal.h"
+#include "transport.h"
+#include "util.h"
+
+static void srv_on_wake(uv_async_t *a) {
+  struct tcp_agent *srv = a->data;
+  int stop;
+  lynx__tcp_srv_sweep(srv);
+  pthread_mutex_lock(&srv->lock); /* (see lynx__tcp_agent_destroy) */
+  stop = srv->stop;
+  pthread_mutex_unlock(&srv->lock);
+  if (stop) {
+    lynx__tcp_srv_close_all(srv);
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    uv_close((uv_handle_t *)&srv->wake, NULL);
+    uv_close((uv_handle_t *)&srv->sweep, NULL);
+  }
+}
+
+static void srv_on_sweep(uv_timer_t *t) {
+  lynx__tcp_srv_sweep(t->data);
+}
+
+static void *srv_main(void *arg) {
+  struct tcp_agent *srv = arg;
+  prctl(PR_SET_NAME, "lynx-tcp-srv");
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+int lynx__tcp_agent_start(const struct lynx_transport_ops *ops,
+                          const struct lynx_transport_opts *o,
+                          struct lynx_transport_agent **out, char *err,
+                          size_t errlen) {
+  struct sockaddr_storage ss;
+  struct tcp_agent *srv;
+  int len = sizeof(ss), rc;
+  if (lynx_parse_hostport(o->listen, &ss)) {
+    snprintf(err, errlen, "tcp transport: bad listen address '%s' "
+             "(expected host:port)", o->listen);
+    return -EINVAL;
+  }
+  srv = calloc(1, sizeof(*srv));
+  if (!srv) {
+    snprintf(err, errlen, "tcp transport: out of memory");
+    return -ENOMEM;
+  }
+  srv->base.ops = ops;
+  srv->base.guard = &srv->guard;
+  lynx_guard_init(&srv->guard, o->conn_max, o->unauth_max, o->per_source);
+  pthread_mutex_init(&srv->lock, NULL);
+  rc = uv_loop_init(&srv->loop);
+  if (rc)
+    goto fail_msg;
+  uv_tcp_init(&srv->loop, &srv->listener);
+  uv_async_init(&srv->loop, &srv->wake, srv_on_wake);
+  uv_timer_init(&srv->loop, &srv->sweep);
+  srv->listener.data = srv->wake.data = srv->sweep.data = srv;
+  rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
+  if (!rc)
+    rc = uv_listen((uv_stream_t *)&srv->listener, 256,
+                   lynx__tcp_srv_on_conn);
+  if (!rc)
+    rc = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &len);
+  if (rc) {
+    snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", o->listen,
+             uv_strerror(rc));
+    goto fail_loop;
+  }
+  uv_timer_start(&srv->sweep, srv_on_sweep, 1000, 1000);
+  lynx_fmt_addr((struct sockaddr *)&ss, srv->base.bound,
+                sizeof(srv->base.bound));
+  srv->stop = 0;
+  rc = pthread_create(&srv->thread, NULL, srv_main, srv);
+  if (rc) {
+    snprintf(err, errlen, "tcp transport: cannot start its thread: %s",
+             strerror(rc));
+    rc = -rc;
+    goto fail_loop;
+  }
+  srv->running = 1;
+  *out = &srv->base;
+  return 0;
+fail_loop:
+  uv_close((uv_handle_t *)&srv->listener, NULL);
+  uv_close((uv_handle_t *)&srv->wake, NULL);
+  uv_close((uv_handle_t *)&srv->sweep, NULL);
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&srv->loop);
+  goto fail;
+fail_msg:
+  snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", o->listen,
+           uv_strerror(rc));
+fail:
+  pthread_mutex_destroy(&srv->lock);
+  free(srv);
+  return rc;
+}
+
+void lynx__tcp_agent_destroy(struct lynx_transport_agent *a) {
+  struct tcp_agent *srv;
+  int kept;
+  if (!a)
+    return;
+  srv = container_of(a, struct tcp_agent, base);
+  if (srv->running) {
+    /* stop is written under the lock that srv_on_wake reads it under.
+     * A wake sent while another is pending (region_free's, just before)
+     * is coalesced with it: uv_async_send sees the pending flag with a
+     * plain load and returns, and the one callback that follows must see
+     * stop. Unlocked, nothing ordered the store before that load (the CPU
+     * may hold a store back past a later load), so the callback could run
+     * and read stop as 0, the loop never stopped and the join below hung
+     * (fuzz_tcp_agent's timeouts, about one in 100000 inputs). With the
+     * lock, either the callback reads stop after this store, or it read
+     * it before and then its clearing of the flag came before this send's
+     * load, which finds no wake pending and sends one. */
+    pthread_mutex_lock(&srv->lock);
+    srv->stop = 1;
+    pthread_mutex_unlock(&srv->lock);
+    uv_async_send(&srv->wake);
+    pthread_join(srv->thread, NULL);
+    uv_run(&srv->loop, UV_RUN_NOWAIT);
+    uv_loop_close(&srv->loop);
+    srv->running = 0;
+  }
+  pthread_mutex_lock(&srv->lock);
+  kept = srv->exports != NULL;
+  pthread_mutex_unlock(&srv->lock);
+  if (kept) { /* their region_free still takes the lock */
+    LYNX_WARN("tcp", "agent: transport stopped with regions still exported: "
+              "its handle stays for their region_free");
+    return;
+  }
+  pthread_mutex_destroy(&srv->lock);
+  free(srv);
+}
+
+int lynx__tcp_region_alloc(struct lynx_transport_agent *a,
+                           struct lynx_region *r, const char *name,
+                           uint64_t size) {
+  int rc = lynx_region_map_anon(r, a, size);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
+  return rc;
+}
+
+int lynx__tcp_region_attach(struct lynx_transport_agent *a,
+                            struct lynx_region *r, const char *name,
+                            uint64_t size, const struct lynx_region_mem *mem) {
+  int rc = lynx_region_attach_served(r, a, size, mem);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
+  return rc;
+}
+
+int lynx__tcp_region_export(struct lynx_region *r) {
+  struct tcp_agent *srv =
+      r->agent ? container_of(r->agent, struct tcp_agent, base) : NULL;
+  struct lynx_region_hdr h;
+  struct tcp_export *ex;
+  if (!srv || (!r->base && !r->mem) || r->priv ||
+      lynx_region_read(r, 0, &h, sizeof(h)))
+    return -EINVAL;
+  ex = calloc(1, sizeof(*ex));
+  if (!ex)
+    return -ENOMEM;
+  if (h.magic != LYNX_REGION_MAGIC ||
+      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size, h.large_bytes) ||
+      ex->g.region_size > r->size) {
+    free(ex);
+    return -EINVAL;
+  }
+  if (getrandom(&ex->key, sizeof(ex->key), 0) != sizeof(ex->key)) {
+    free(ex);
+    return -EIO;
+  }
+  ex->id = lynx__tcp_region_id(ex->key);
+  ex->srv = srv;
+  ex->refs = 1;
+  ex->listed = 1;
+  ex->base = r->base;
+  ex->mem = r->mem;
+  ex->size = r->size;
+  ex->epoch = h.epoch;
+  snprintf(ex->fence.name, sizeof(ex->fence.name), "%s",
+           r->name[0] ? r->name : r->locator);
+  pthread_mutex_lock(&srv->lock);
+  ex->next = srv->exports;
+  srv->exports = ex;
+  pthread_mutex_unlock(&srv->lock);
+  r->key = ex->key;
+  r->priv = ex;
+  r->fence = &ex->fence;
+  return 0;
+}
+
+void lynx__tcp_region_free(struct lynx_region *r) {
+  struct tcp_export *ex = r->priv;
+  if (ex) {
+    struct tcp_agent *srv = ex->srv;
+    struct tcp_export **pp;
+    pthread_mutex_lock(&srv->lock);
+    ex->listed = 0;
+    for (pp = &srv->exports; *pp && *pp != ex; pp = &(*pp)->next)
+      ;
+    if (*pp)
+      *pp = ex->next;
+    pthread_mutex_unlock(&srv->lock);
+    if (srv->running)
+      uv_async_send(&srv->wake); /* close its connections */
+    lynx__tcp_export_put(ex);  /* memory goes with the last connection */
+                         } else if (r->mem) {
+    r->mem->release(r->mem->ctx);
+  } else if (r->base) {
+    munmap(r->base, r->size);
+  }
+  r->base = NULL;
+  r->mem = NULL;
+  r->priv = NULL;
+  r->fence = NULL;
+}
