@@ -26,8 +26,8 @@
 #include "wire.h"
 
 struct lynx_accel_ops;
-struct lynx_region; /* transport.h */
-struct lynx_transport_ops; /* transport.h */
+struct lynx_region;          /* transport.h */
+struct lynx_transport_ops;   /* transport.h */
 struct lynx_transport_agent; /* transport.h */
 
 /* Where an accelerator with memory of its own keeps its mqueue regions
@@ -50,11 +50,11 @@ struct lynx_accel_dev {
    * start (which maps it where the accelerator needs), and frees it after
    * stop, or when start fails */
   int own_memory;
-  int device;          /* the backend's own number (CUDA ordinal) */
-  char model[64];      /* "cpu-emulated", or the GPU's name */
+  int device;     /* the backend's own number (CUDA ordinal) */
+  char model[64]; /* "cpu-emulated", or the GPU's name */
   char pci_bus_id[LYNX_PCI_ID_MAX]; /* "" for none */
-  uint64_t memory;     /* bytes of its own memory (0: it uses host memory) */
-  int gpudirect_rdma;  /* the NIC can write its memory directly */
+  uint64_t memory;    /* bytes of its own memory (0: it uses host memory) */
+  int gpudirect_rdma; /* the NIC can write its memory directly */
   uint32_t rdma_writes_ordering; /* cudaDevAttrGPUDirectRDMAWritesOrdering */
   /* LYNX_ORDER_FENCED when it does not order a NIC's writes into its
    * memory itself (its regions must then use the fenced mode), else
@@ -69,7 +69,7 @@ struct lynx_accel_launch {
   const struct lynx_accel_dev *acc;
   const struct lynx_transport_ops *tops;
   struct lynx_transport_agent *tagent; /* tops' handle the region uses */
-  const char *name; /* region name */
+  const char *name;                    /* region name */
   /* own_memory 0: the region the caller formatted in host memory (its
    * base); own_memory 1: NULL, start places it */
   uint8_t *region;
@@ -186,13 +186,11 @@ struct lynx_accel_ops {
  * compile (none is ever NULL). */
 #define LYNX_ACCEL_OPS(kind_, noun_, prefix)                                   \
   {                                                                            \
-    .kind = kind_, .noun = noun_,                                              \
-    .discover = prefix##_discover, .runs_app = prefix##_runs_app,              \
-    .client_mqs = prefix##_client_mqs,                                         \
+    .kind = kind_, .noun = noun_, .discover = prefix##_discover,               \
+    .runs_app = prefix##_runs_app, .client_mqs = prefix##_client_mqs,          \
     .start = prefix##_start, .fence = prefix##_fence,                          \
     .counters = prefix##_counters, .latency = prefix##_latency,                \
-    .copies = prefix##_copies,                                                 \
-    .stop = prefix##_stop, .put = prefix##_put,                                \
+    .copies = prefix##_copies, .stop = prefix##_stop, .put = prefix##_put,     \
     .health = prefix##_health, .shutdown = prefix##_shutdown                   \
   }
 

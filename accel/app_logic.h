@@ -112,7 +112,7 @@ LYNX_HD int lynx_call_poll(struct lynx_mq *mq, uint32_t tag, uint32_t cap,
   }
 }
 
-/* ---- mc-get: memcached's text protocol ------------------------------------ */
+/* ---- mc-get: memcached's text protocol ----------------------------------- */
 
 #define LYNX_MC_KEY_MAX 250u
 #define LYNX_MC_GET_CMD_MAX (LYNX_MC_KEY_MAX + 6u) /* "get " KEY "\r\n" */

@@ -107,9 +107,8 @@ static int sockperf_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  * liveness check, and is then dropped. A request is held once, even when
  * it must be handled again for lack of TX room.
  */
-static int sockperf_fault_handle(struct lynx_mq *mq,
-                                 const struct lynx_msg *req, int *replied,
-                                 const struct lynx_app_ctx *ctx) {
+static int sockperf_fault_handle(struct lynx_mq *mq, const struct lynx_msg *req,
+                                 int *replied, const struct lynx_app_ctx *ctx) {
   static __thread const uint8_t *held_data;
   static __thread uint32_t held_tag;
   uint32_t ms = lynx_fault_hang_ms(req->data, req->len);
@@ -269,8 +268,8 @@ static int lenet_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   return 0;
 }
 
-static int lenet_prepare(struct lynx_app_res *res, const void **data,
-                         char *why, size_t whylen) {
+static int lenet_prepare(struct lynx_app_res *res, const void **data, char *why,
+                         size_t whylen) {
   char err[320];
   int rc;
   if (!res->lenet) {
@@ -283,10 +282,11 @@ static int lenet_prepare(struct lynx_app_res *res, const void **data,
       snprintf(why, whylen, "lenet: cannot load its weights: %s", err);
       return rc;
     }
-    LYNX_INFO("apps", "lenet: weights %s loaded: %u parameters, CRC-32 "
-              "%08x, test accuracy %u/%u at training", res->lenet_model,
-              LENET_PARAMS, res->lenet->crc, res->lenet->test_correct,
-              res->lenet->test_total);
+    LYNX_INFO("apps",
+              "lenet: weights %s loaded: %u parameters, CRC-32 "
+              "%08x, test accuracy %u/%u at training",
+              res->lenet_model, LENET_PARAMS, res->lenet->crc,
+              res->lenet->test_correct, res->lenet->test_total);
   }
   *data = res->lenet;
   return 0;
@@ -306,21 +306,26 @@ void lynx_app_res_free(struct lynx_app_res *res) {
 static const struct lynx_app apps[] = {
     {"echo", "answer every request with its own bytes", echo_handle, NULL,
      LYNX_CUDA_APP_ECHO, NULL},
-    {"sockperf-echo",
-     "answer sockperf pong requests as sockperf's server does", sockperf_handle,
-     NULL, LYNX_CUDA_APP_SOCKPERF_ECHO, NULL},
-    {"sockperf-fault", "sockperf-echo; 'LYNX-HANG <ms>' stops the "
-     "accelerator consuming for ms (liveness tests)", sockperf_fault_handle,
-     NULL, LYNX_CUDA_APP_SOCKPERF_FAULT, NULL},
+    {"sockperf-echo", "answer sockperf pong requests as sockperf's server does",
+     sockperf_handle, NULL, LYNX_CUDA_APP_SOCKPERF_ECHO, NULL},
+    {"sockperf-fault",
+     "sockperf-echo; 'LYNX-HANG <ms>' stops the "
+     "accelerator consuming for ms (liveness tests)",
+     sockperf_fault_handle, NULL, LYNX_CUDA_APP_SOCKPERF_FAULT, NULL},
     {"mc-get", "answer a key with its value from memcached back end 'db'",
      mc_get_handle, "db", LYNX_CUDA_APP_MC_GET, NULL},
-    {"face-verify", "LBP face verification against images in memcached "
-     "back end 'db'", face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY, NULL},
-    {"relay", "answer with back end 'next''s reply to the same request "
-     "(len32)", relay_handle, "next", LYNX_CUDA_APP_NONE, NULL},
-    {"lenet", "LeNet-5 on a 28x28 image (Fashion-MNIST): its class and "
-     "logits (weights: the agent's --lenet-model)", lenet_handle, NULL,
-     LYNX_CUDA_APP_LENET, lenet_prepare},
+    {"face-verify",
+     "LBP face verification against images in memcached "
+     "back end 'db'",
+     face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY, NULL},
+    {"relay",
+     "answer with back end 'next''s reply to the same request "
+     "(len32)",
+     relay_handle, "next", LYNX_CUDA_APP_NONE, NULL},
+    {"lenet",
+     "LeNet-5 on a 28x28 image (Fashion-MNIST): its class and "
+     "logits (weights: the agent's --lenet-model)",
+     lenet_handle, NULL, LYNX_CUDA_APP_LENET, lenet_prepare},
 };
 
 const struct lynx_app *lynx_app_find(const char *name) {

@@ -29,8 +29,8 @@ struct lynx_app_ctx {
   struct lynx_client *clients;
   uint32_t n_clients;
   uint64_t call_timeout_ns; /* a back end that does not answer in time */
-  const volatile int *stop;  /* set when the accelerator is stopping: an
-                                app that waits long checks it */
+  const volatile int *stop; /* set when the accelerator is stopping: an
+                               app that waits long checks it */
   /* what the app's prepare gave (lenet: its struct lenet_model), shared
    * read-only by every instance; NULL for an app without one */
   const void *data;

@@ -80,7 +80,8 @@ static void *cpu_thread_main(void *arg) {
   uint64_t idle_since = lynx_now_ns();
 
   prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: wake promptly from the futex */
-  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size, h->large_bytes)) {
+  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size,
+                     h->large_bytes)) {
     LYNX_ERR("cpu-accel", "accel %u: region header has a bad geometry", a->id);
     return NULL;
   }
@@ -286,8 +287,8 @@ static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
   *out = NULL;
   *n = 0;
   if (end == spec || *end || v > CPU_ACCELS_MAX) {
-    snprintf(err, errlen, "--cpu-accels '%s': expected a count up to %u",
-             spec, CPU_ACCELS_MAX);
+    snprintf(err, errlen, "--cpu-accels '%s': expected a count up to %u", spec,
+             CPU_ACCELS_MAX);
     return -EINVAL;
   }
   if (!v)
@@ -400,8 +401,8 @@ static void cpu_put(struct lynx_accel_inst *in) {
 }
 
 /* Host threads: nothing to lose or fail short of the process. */
-static void cpu_health(const struct lynx_accel_dev *a, int *lost,
-                       int *failed, char *err, size_t errlen) {
+static void cpu_health(const struct lynx_accel_dev *a, int *lost, int *failed,
+                       char *err, size_t errlen) {
   (void)a;
   *lost = 0;
   *failed = 0;
@@ -411,5 +412,4 @@ static void cpu_health(const struct lynx_accel_dev *a, int *lost,
 
 static void cpu_shutdown(void) {}
 
-const struct lynx_accel_ops lynx_accel_cpu =
-    LYNX_ACCEL_OPS("cpu", "CPU", cpu);
+const struct lynx_accel_ops lynx_accel_cpu = LYNX_ACCEL_OPS("cpu", "CPU", cpu);

@@ -102,8 +102,7 @@ FACE_HDI int face_clampi(int v, int lo, int hi) {
  * the top-left one: p0 (x-1,y-1), p1 (x,y-1), p2 (x+1,y-1), p3 (x+1,y),
  * p4 (x+1,y+1), p5 (x,y+1), p6 (x-1,y+1), p7 (x-1,y). Coordinates outside
  * the image are clamped to the edge. */
-FACE_HDI uint8_t face_lbp_code(const uint8_t *img, int w, int h, int x,
-                               int y) {
+FACE_HDI uint8_t face_lbp_code(const uint8_t *img, int w, int h, int x, int y) {
   /* clamped neighbour coordinates; no tables, so no static data on the
    * device */
   int xl = face_clampi(x - 1, 0, w - 1), xr = face_clampi(x + 1, 0, w - 1);
@@ -231,8 +230,8 @@ FACE_HDI int face_key(const uint8_t *label, char *key) {
 
 /* Splits a request: 0 and *label, *img pointing into msg, or -1 when len
  * is not FACE_REQ_LEN or the label is malformed. */
-FACE_HDI int face_req_parse(const void *msg, size_t len,
-                            const uint8_t **label, const uint8_t **img) {
+FACE_HDI int face_req_parse(const void *msg, size_t len, const uint8_t **label,
+                            const uint8_t **img) {
   char key[FACE_KEY_MAX];
   if (!msg || len != FACE_REQ_LEN)
     return -1;

@@ -27,8 +27,8 @@ static const uint32_t file_shapes[LENET_FILE_LAYERS][4] = {
 /* Where each layer's weights start (its biases follow them). */
 static const uint32_t layer_w[LENET_FILE_LAYERS] = {
     LENET_C1_W, LENET_C2_W, LENET_F1_W, LENET_F2_W, LENET_F3_W};
-static const char *const layer_names[LENET_FILE_LAYERS] = {
-    "conv1", "conv2", "fc1", "fc2", "fc3"};
+static const char *const layer_names[LENET_FILE_LAYERS] = {"conv1", "conv2",
+                                                           "fc1", "fc2", "fc3"};
 
 /* The offsets in lenet.h are the shapes laid end to end: a compile-time
  * check would need constant arrays, so the loader checks it once, and a
@@ -82,9 +82,9 @@ int lenet_model_parse(const uint8_t *buf, size_t len, struct lenet_model *m,
   if (rd32(buf + 12) != LENET_FILE_HDR || rd32(buf + 16) != LENET_FILE_LAYERS ||
       rd32(buf + 20) != LENET_PARAMS)
     return WHY("header says %u header bytes, %u layers, %u parameters; "
-               "LeNet-5 has %u, %u, %u", rd32(buf + 12), rd32(buf + 16),
-               rd32(buf + 20), LENET_FILE_HDR, LENET_FILE_LAYERS,
-               LENET_PARAMS);
+               "LeNet-5 has %u, %u, %u",
+               rd32(buf + 12), rd32(buf + 16), rd32(buf + 20), LENET_FILE_HDR,
+               LENET_FILE_LAYERS, LENET_PARAMS);
   if (rd32(buf + 36) != 255)
     return WHY("input scale %u (this build scales pixels by 1/255)",
                rd32(buf + 36));
@@ -198,9 +198,9 @@ void lenet_model_free(struct lenet_model *m) { free(m); }
 
 /* ---- the network on a CPU ---------------------------------------------- */
 
-void lenet_conv_layer(const float *w, const float *b, const float *in,
-                      int in_c, int side, int pad, int out_c, int out_side,
-                      int relu, float *out) {
+void lenet_conv_layer(const float *w, const float *b, const float *in, int in_c,
+                      int side, int pad, int out_c, int out_side, int relu,
+                      float *out) {
   for (int oc = 0; oc < out_c; oc++)
     for (int y = 0; y < out_side; y++)
       for (int x = 0; x < out_side; x++) {
@@ -224,8 +224,7 @@ void lenet_fc_layer(const float *w, const float *b, const float *in, int n_in,
   }
 }
 
-int lenet_forward(const float *p, const uint8_t *pixels,
-                  struct lenet_acts *a) {
+int lenet_forward(const float *p, const uint8_t *pixels, struct lenet_acts *a) {
   for (int i = 0; i < LENET_PIXELS; i++)
     a->in[i] = lenet_scale(pixels[i]);
   lenet_conv_layer(p + LENET_C1_W, p + LENET_C1_B, a->in, 1, LENET_SIDE,

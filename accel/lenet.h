@@ -122,8 +122,8 @@ LYNX_HD float lenet_conv_elem(const float *w, const float *b, const float *in,
         float v = iy >= 0 && iy < side && ix >= 0 && ix < side
                       ? plane[iy * side + ix]
                       : 0.0f;
-        acc = LENET_ADD(acc, LENET_MUL(wo[(ic * LENET_K + ky) * LENET_K + kx],
-                                       v));
+        acc = LENET_ADD(acc,
+                        LENET_MUL(wo[(ic * LENET_K + ky) * LENET_K + kx], v));
       }
     }
   }
@@ -183,8 +183,8 @@ LYNX_HD int lenet_argmax(const float *logits) {
  */
 #define LENET_COOKIE_MAX 16
 #define LENET_REQ_MIN LENET_PIXELS
-#define LENET_REQ_MAX (LENET_PIXELS + LENET_COOKIE_MAX) /* 800 */
-#define LENET_RESP_HDR (4 + 4 * LENET_CLASSES)          /* 44 */
+#define LENET_REQ_MAX (LENET_PIXELS + LENET_COOKIE_MAX)    /* 800 */
+#define LENET_RESP_HDR (4 + 4 * LENET_CLASSES)             /* 44 */
 #define LENET_RESP_MAX (LENET_RESP_HDR + LENET_COOKIE_MAX) /* 60 */
 
 /* The cookie's length (0..16) of a well-formed request, or -1. */
@@ -217,8 +217,8 @@ LYNX_HD uint32_t lenet_resp_encode(uint8_t *out, int cls, const float *logits,
 LYNX_HD int lenet_resp_decode(const uint8_t *buf, uint32_t len, int *cls,
                               float *logits, const uint8_t **cookie,
                               uint32_t *cookie_len) {
-  if (len < LENET_RESP_HDR || len > LENET_RESP_MAX ||
-      buf[0] >= LENET_CLASSES || buf[1] || buf[2] || buf[3])
+  if (len < LENET_RESP_HDR || len > LENET_RESP_MAX || buf[0] >= LENET_CLASSES ||
+      buf[1] || buf[2] || buf[3])
     return -1;
   *cls = buf[0];
   for (int i = 0; logits && i < LENET_CLASSES; i++) {

@@ -75,9 +75,9 @@ uint32_t lenet_crc32(const uint8_t *p, size_t n);
 
 /* One layer on the CPU, every output element in turn (lenet.h), ReLU
  * applied where relu. */
-void lenet_conv_layer(const float *w, const float *b, const float *in,
-                      int in_c, int side, int pad, int out_c, int out_side,
-                      int relu, float *out);
+void lenet_conv_layer(const float *w, const float *b, const float *in, int in_c,
+                      int side, int pad, int out_c, int out_side, int relu,
+                      float *out);
 void lenet_pool_layer(const float *in, int c, int side, float *out);
 void lenet_fc_layer(const float *w, const float *b, const float *in, int n_in,
                     int n_out, int relu, float *out);

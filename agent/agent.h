@@ -27,12 +27,11 @@
 struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, msg_max, work_us, spin_us,
       accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks;
-  uint32_t data_conn_max, data_unauth_max, data_unauth_per_client,
-      ctl_conn_max, ctl_unauth_max, ctl_unauth_per_client, stop_timeout_ms;
+  uint32_t data_conn_max, data_unauth_max, data_unauth_per_client, ctl_conn_max,
+      ctl_unauth_max, ctl_unauth_per_client, stop_timeout_ms;
   char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */
-  char *app, *listen, *node_id, *log_level, *token_file, *coordinator,
-      *labels, *data_listen, *advertise, *cuda_accels, *metrics,
-      *lenet_model;
+  char *app, *listen, *node_id, *log_level, *token_file, *coordinator, *labels,
+      *data_listen, *advertise, *cuda_accels, *metrics, *lenet_model;
   int transport, ordering, work_mode, list_accels;
   int region_mem; /* enum lynx_region_where */
 };
@@ -51,7 +50,8 @@ struct instance {
   struct lynx_region region;
   struct lynx_region_desc desc;
   struct lynx_accel_inst *run; /* the accelerator's side (accel.h) */
-  char (*backends)[LYNX_BACKEND_NAME_MAX]; /* names of its client mqueues' back ends */
+  char (*backends)[LYNX_BACKEND_NAME_MAX]; /* names of its client mqueues' back
+                                              ends */
   uint32_t n_backends;
   uint32_t n_server, work_us;
   struct mq_watch *watch; /* one per server mqueue */
@@ -61,7 +61,7 @@ struct instance {
 
 struct agent_accel {
   struct lynx_accel_dev info; /* as its backend found it (accel.h) */
-  uint32_t ordering; /* enum lynx_ordering its regions advertise */
+  uint32_t ordering;          /* enum lynx_ordering its regions advertise */
   /* counters of instances that have stopped, so totals never go back */
   uint64_t requests, responses;
   /* health (health.c), reported in every heartbeat */
@@ -117,7 +117,7 @@ struct agent {
   struct lynx_guard ctl_guard; /* its control port (connguard.h) */
   uv_timer_t serve_sweep;      /* closes peers silent past the Hello timeout */
   int sweep_open;
-  void *metrics;               /* --metrics endpoint (promhttp.h) */
+  void *metrics; /* --metrics endpoint (promhttp.h) */
   struct peer *peers;
   struct peer *owner;
   /* coordinator mode */
@@ -146,7 +146,7 @@ struct agent {
   struct agent_fence_pub {
     uint64_t instance;
     struct lynx_fence_stats s;
-  } *fpub;
+  } * fpub;
   uint32_t n_fpub, fpub_cap;
   /* what applications load (the lenet weights), once, on the first
    * instance that needs it (apps.h) */
@@ -222,6 +222,5 @@ void agent_link_stop(struct agent *ag); /* sends Leave when connected */
  * stop timer bounds it all); -1 when there is nothing to drain, or no
  * coordinator to drain it (not registered): stop at once. */
 int agent_link_leave_drained(struct agent *ag);
-
 
 #endif

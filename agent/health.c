@@ -4,15 +4,16 @@
  * Data-path liveness, the same for CPU and CUDA accelerators: the RX
  * consumer index of a server mqueue must move while a request is pending.
  * Every HEALTH_MS the agent reads the server mqueues' indices (actrl and
- * fctrl, one read each) and the seq word of each one's RX slot at rx_cons, through the transport's view of
- * the region (host memory, or copies out of GPU memory). A request is
- * pending when that slot is published for position rx_cons
- * (seq == rx_cons + 1). A mqueue is stalled when a request has been pending
- * at the same rx_cons for the stall period: --stall-ms plus the emulated
- * work of one pass over the instance's mqueues (a busy accelerator is not
- * a hung one). A mqueue whose TX ring is full waits for the frontend, not
- * for its application: not a stall. Client mqueues are not watched: their RX ring holds back-end
- * replies an application collects when it calls, not requests.
+ * fctrl, one read each) and the seq word of each one's RX slot at rx_cons,
+ * through the transport's view of the region (host memory, or copies out of GPU
+ * memory). A request is pending when that slot is published for position
+ * rx_cons (seq == rx_cons + 1). A mqueue is stalled when a request has been
+ * pending at the same rx_cons for the stall period: --stall-ms plus the
+ * emulated work of one pass over the instance's mqueues (a busy accelerator is
+ * not a hung one). A mqueue whose TX ring is full waits for the frontend, not
+ * for its application: not a stall. Client mqueues are not watched: their RX
+ * ring holds back-end replies an application collects when it calls, not
+ * requests.
  *
  * Device health, from the accelerator's backend (its health op): present,
  * the last error, and whether it is sticky. The coordinator takes an
@@ -41,11 +42,11 @@ static void watch_instance(struct agent *ag, struct instance *in,
   /* the lease fence holds every accelerator back on purpose: not a stall */
   int fenced = now_ns >= __atomic_load_n(&ag->serve_until_ns, __ATOMIC_ACQUIRE);
   struct lynx_geom g;
-  uint64_t period_ns =
-      ((uint64_t)ag->cfg.stall_ms * 1000u + (uint64_t)in->n_server * in->work_us) *
-      1000u;
-  if (lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots,
-                     in->desc.slot_size, in->desc.large_bytes) ||
+  uint64_t period_ns = ((uint64_t)ag->cfg.stall_ms * 1000u +
+                        (uint64_t)in->n_server * in->work_us) *
+                       1000u;
+  if (lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots, in->desc.slot_size,
+                     in->desc.large_bytes) ||
       lynx_region_read(&in->region, lynx_actrl_off(&g, 0), a,
                        in->n_server * sizeof(a[0])) ||
       lynx_region_read(&in->region, lynx_fctrl_off(&g, 0), f,
@@ -69,9 +70,11 @@ static void watch_instance(struct agent *ag, struct instance *in,
               !lynx_ring_full(a[q].tx_prod, f[q].tx_cons, g.slots);
     if (!pending || cons != w->cons || !w->since_ns) {
       if (w->stalled)
-        LYNX_INFO("agent", "%s: accel %u instance %llu (%s): mqueue %u "
-                  "consumes again (rx_cons %u)", ag->node_id, in->accel,
-                  (unsigned long long)in->id, in->service, q, cons);
+        LYNX_INFO("agent",
+                  "%s: accel %u instance %llu (%s): mqueue %u "
+                  "consumes again (rx_cons %u)",
+                  ag->node_id, in->accel, (unsigned long long)in->id,
+                  in->service, q, cons);
       w->stalled = 0;
       w->cons = cons;
       w->since_ns = pending ? now_ns : 0;
@@ -81,11 +84,12 @@ static void watch_instance(struct agent *ag, struct instance *in,
       continue;
     stall_ms = (now_ns - w->since_ns) / 1000000u;
     if (!w->stalled)
-      LYNX_WARN("agent", "%s: accel %u instance %llu (%s): mqueue %u has had "
+      LYNX_WARN("agent",
+                "%s: accel %u instance %llu (%s): mqueue %u has had "
                 "a request pending for %llu ms without its consumer index "
                 "moving (rx_cons %u): the application stopped consuming",
-                ag->node_id, in->accel, (unsigned long long)in->id,
-                in->service, q, (unsigned long long)stall_ms, cons);
+                ag->node_id, in->accel, (unsigned long long)in->id, in->service,
+                q, (unsigned long long)stall_ms, cons);
     w->stalled = 1;
     acc->stalled_mqueues++;
     if (stall_ms > acc->stall_ms)

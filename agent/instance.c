@@ -43,8 +43,8 @@ static void fill_desc(struct agent *ag, struct instance *in,
 static int host_region(struct agent *ag, struct instance *in,
                        const struct lynx_geom *g, const char *name, char *why,
                        size_t whylen) {
-  int rc = ag->tops->region_alloc(ag->tagent, &in->region, name,
-                                  g->region_size);
+  int rc =
+      ag->tops->region_alloc(ag->tagent, &in->region, name, g->region_size);
   if (rc) {
     snprintf(why, whylen, "cannot allocate a %llu-byte region: %s",
              (unsigned long long)g->region_size, strerror(-rc));
@@ -218,7 +218,8 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
   in->running = 1;
   in->next = ag->instances;
   ag->instances = in;
-  LYNX_INFO("agent", "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
+  LYNX_INFO("agent",
+            "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
             "mqueues x %u slots x %u B, messages up to %u B, %s %s",
             ag->node_id, (unsigned long long)id, service, app->name, accel,
             ag->acc[accel].info.model, mqueues, q->slots, q->slot_size,
@@ -273,8 +274,8 @@ static void leftovers(const struct instance *in, uint64_t *queued,
   struct lynx_geom g;
   *queued = *unread = 0;
   if (!in->n_server ||
-      lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots,
-                     in->desc.slot_size, in->desc.large_bytes) ||
+      lynx_geom_init(&g, in->desc.n_mqueues, in->desc.slots, in->desc.slot_size,
+                     in->desc.large_bytes) ||
       lynx_region_read(&in->region, lynx_actrl_off(&g, 0), a,
                        in->n_server * sizeof(a[0])) ||
       lynx_region_read(&in->region, lynx_fctrl_off(&g, 0), f,

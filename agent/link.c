@@ -32,10 +32,10 @@
  * can declare the node down, and each refused attempt renews the fence, so
  * instances keep serving. So does a Hello refused with no_leader: with
  * several coordinators on etcd, the one asked knows of no leader (etcd
- * without quorum: docs/etcd.md, "etcd without a quorum"). A registration the coordinator refuses because
- * the epoch was declared down makes this agent a new incarnation: it
- * discards its instances, with their queued requests, and registers with a
- * new epoch.
+ * without quorum: docs/etcd.md, "etcd without a quorum"). A registration the
+ * coordinator refuses because the epoch was declared down makes this agent a
+ * new incarnation: it discards its instances, with their queued requests, and
+ * registers with a new epoch.
  *
  * Stopping (main.c, on_signal): a registered agent with instances sends
  * Leave with drain and keeps heartbeating while the coordinator drains its
@@ -77,18 +77,18 @@ enum link_state {
 struct coord_link {
   struct agent *ag;
   struct agent_link_hooks hooks; /* how the link ends the agent (main.c) */
-  struct lynx_dialer d; /* d.ctl is the connection */
+  struct lynx_dialer d;          /* d.ctl is the connection */
   uv_timer_t beat;
   uv_timer_t fence; /* fires when serve_until_ns passes: logs the fence */
   enum link_state state;
   uint64_t lease_ms; /* heartbeat lease: heartbeats every third of it */
   uint64_t fence_ms; /* the fence's lease (RegisterReply.fence_ms) */
-  int acks;      /* the coordinator answers heartbeats (RegisterReply) */
-  int drains;    /* it drains a node on Leave with drain (RegisterReply) */
-  int fenced;    /* the fence stopped the accelerators (logged) */
-  int no_leader; /* refused by a coordinator that knows of no leader:
-                  * logged once until a registration succeeds */
-  uint64_t lost_ns; /* draining to leave: when the link was lost (0: not) */
+  int acks;          /* the coordinator answers heartbeats (RegisterReply) */
+  int drains;        /* it drains a node on Leave with drain (RegisterReply) */
+  int fenced;        /* the fence stopped the accelerators (logged) */
+  int no_leader;     /* refused by a coordinator that knows of no leader:
+                      * logged once until a registration succeeds */
+  uint64_t lost_ns;  /* draining to leave: when the link was lost (0: not) */
   uint64_t register_sent_ns;
   /* send times of heartbeats, by sequence number; replies come in order */
   uint64_t hb_sent_ns[HB_RING];
@@ -114,14 +114,15 @@ static void fence_fired(uv_timer_t *t) {
     /* a coordinator that went silent cannot finish the drain, and may
      * already count what the instances hold lost */
     l->hooks.stop_soon(ag, "no heartbeat answered within the lease while "
-                        "draining");
+                           "draining");
     return;
   }
   l->fenced = 1;
-  LYNX_WARN("agent", "%s: no heartbeat answered within the lease (%llu ms): "
+  LYNX_WARN("agent",
+            "%s: no heartbeat answered within the lease (%llu ms): "
             "accelerators take no new request until the coordinator "
-            "answers (frontends may already count them lost)", ag->node_id,
-            (unsigned long long)l->fence_ms);
+            "answers (frontends may already count them lost)",
+            ag->node_id, (unsigned long long)l->fence_ms);
 }
 
 /* The lease holds until sent_ns + fence lease - margin (sent_ns: when the
@@ -148,8 +149,10 @@ static void lease_renew(struct coord_link *l, uint64_t sent_ns) {
   __atomic_store_n(&ag->serve_until_ns, until, __ATOMIC_RELEASE);
   if (l->fenced) {
     l->fenced = 0;
-    LYNX_INFO("agent", "%s: lease renewed after %llu ms: accelerators take "
-              "requests again", ag->node_id,
+    LYNX_INFO("agent",
+              "%s: lease renewed after %llu ms: accelerators take "
+              "requests again",
+              ag->node_id,
               (unsigned long long)(now > old ? (now - old) / 1000000u : 0));
   }
   agent_instances_fence(ag, now >= old);
@@ -168,7 +171,8 @@ static void new_incarnation(struct coord_link *l, const char *why) {
   for (struct instance *in = ag->instances; in; in = in->next)
     n++;
   __atomic_store_n(&ag->epoch, 0, __ATOMIC_RELAXED);
-  LYNX_WARN("agent", "%s: %s; discarding %u instances of epoch %llu with "
+  LYNX_WARN("agent",
+            "%s: %s; discarding %u instances of epoch %llu with "
             "their queued requests, registering again as a new incarnation",
             ag->node_id, why, n, (unsigned long long)old);
   agent_instances_stop_all(ag);
@@ -194,7 +198,7 @@ static void send_register(struct coord_link *l) {
   Lynx__InstanceInfo *ii;
   Lynx__InstanceInfo **ip;
   Lynx__RegionDesc *rd;
-  char (*locs)[LYNX_LOCATOR_MAX];
+  char(*locs)[LYNX_LOCATOR_MAX];
   char addr[64] = "";
   struct sockaddr_storage ss;
   int len = sizeof(ss);
@@ -294,8 +298,8 @@ static void on_beat(uv_timer_t *t) {
       l->hb_sent - l->hb_answered <= HB_RING) {
     /* the oldest heartbeat still unanswered: one period old means the
      * coordinator let a whole period pass (stopped, wedged, cut off) */
-    uint64_t age = (lynx_now_ns() - l->hb_sent_ns[l->hb_answered % HB_RING]) /
-                   1000000u;
+    uint64_t age =
+        (lynx_now_ns() - l->hb_sent_ns[l->hb_answered % HB_RING]) / 1000000u;
     if (age >= l->beat_ms - l->beat_ms / 10) {
       lynx_dialer_silent(&l->d, "no heartbeat answered", age);
       return;
@@ -389,8 +393,8 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
   }
   app = lynx_app_find(sp->app);
   if (!app) {
-    snprintf(why, sizeof(why), "unknown application '%s' (known: %s)",
-             sp->app, lynx_app_names());
+    snprintf(why, sizeof(why), "unknown application '%s' (known: %s)", sp->app,
+             lynx_app_names());
     LYNX_WARN("agent", "%s: instance %llu: %s", ag->node_id,
               (unsigned long long)s->instance_id, why);
     reply_instance(l, s->instance_id, NULL, why);
@@ -407,8 +411,10 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
       for (uint32_t k = 0; k < nb; k++)
         found |= !strcmp(names[k], app->needs_backend);
       if (!found) {
-        snprintf(why, sizeof(why), "application '%s' needs a back end named "
-                 "'%s' in the service's backends", sp->app, app->needs_backend);
+        snprintf(why, sizeof(why),
+                 "application '%s' needs a back end named "
+                 "'%s' in the service's backends",
+                 sp->app, app->needs_backend);
         LYNX_WARN("agent", "%s: instance %llu: %s", ag->node_id,
                   (unsigned long long)s->instance_id, why);
         reply_instance(l, s->instance_id, NULL, why);
@@ -416,12 +422,17 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
       }
     }
     char err[256] = "";
-    struct instance_req q = {
-        .id = s->instance_id, .accel = s->accel_idx, .service = sp->name,
-        .app = app, .mqueues = sp->mqueues_per_accel, .slots = sp->slots,
-        .slot_size = sp->slot_size, .msg_max = sp->msg_max,
-        .work_us = sp->work_us,
-        .backends = names, .n_backends = nb};
+    struct instance_req q = {.id = s->instance_id,
+                             .accel = s->accel_idx,
+                             .service = sp->name,
+                             .app = app,
+                             .mqueues = sp->mqueues_per_accel,
+                             .slots = sp->slots,
+                             .slot_size = sp->slot_size,
+                             .msg_max = sp->msg_max,
+                             .work_us = sp->work_us,
+                             .backends = names,
+                             .n_backends = nb};
     rc = agent_instance_start(ag, &q, &in, err, sizeof(err));
     if (rc) {
       snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,
@@ -455,10 +466,12 @@ static void drain_again(struct coord_link *l) {
     l->hooks.shutdown(ag, 0);
   } else if (!l->drains) {
     l->hooks.stop_soon(ag, "the coordinator now answering does not drain a "
-                        "node whose agent stops");
+                           "node whose agent stops");
   } else {
-    LYNX_INFO("agent", "%s: asking coordinator %s again to drain the node "
-              "before stopping", ag->node_id, l->d.ctl->peer);
+    LYNX_INFO("agent",
+              "%s: asking coordinator %s again to drain the node "
+              "before stopping",
+              ag->node_id, l->d.ctl->peer);
     send_leave(l, 1);
   }
 }
@@ -479,10 +492,11 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
        * being restarted. The caveat (a follower cut from etcd answering
        * us while we are cut from a live leader): docs/etcd.md. */
       if (!l->no_leader)
-        LYNX_WARN("agent", "%s: no coordinator leads (etcd without "
+        LYNX_WARN("agent",
+                  "%s: no coordinator leads (etcd without "
                   "quorum?): instances keep serving on the last tables; "
-                  "%s says: %s", ag->node_id, c->peer,
-                  env->hello_reply->error);
+                  "%s says: %s",
+                  ag->node_id, c->peer, env->hello_reply->error);
       l->no_leader = 1;
       lease_renew(l, lynx_now_ns());
       lynx_ctl_close(c, NULL);
@@ -493,7 +507,8 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
                c->peer, env->hello_reply->error);
       lynx_ctl_close(c, NULL);
       if (!env->hello_reply->retryable)
-        l->hooks.shutdown(ag, 1); /* wrong token or version: retrying can't help */
+        l->hooks.shutdown(ag,
+                          1); /* wrong token or version: retrying can't help */
       return;
     }
     lynx_dialer_connected(&l->d);
@@ -524,8 +539,8 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     if (l->no_leader)
       LYNX_INFO("agent", "%s: a coordinator leads again", ag->node_id);
     l->no_leader = 0; /* the episode is over: the next one is logged */
-    l->lease_ms = env->register_reply->lease_ms ? env->register_reply->lease_ms
-                                                : 3000;
+    l->lease_ms =
+        env->register_reply->lease_ms ? env->register_reply->lease_ms : 3000;
     l->fence_ms = env->register_reply->fence_ms
                       ? env->register_reply->fence_ms
                       : l->lease_ms; /* an older coordinator */
@@ -537,13 +552,13 @@ static void link_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
     if (l->d.backoff_max_ms > 2000)
       l->d.backoff_max_ms = 2000;
     lease_renew(l, l->register_sent_ns);
-    LYNX_INFO("agent", "%s: registered with coordinator %s (epoch %llu, "
-              "heartbeat lease %llu ms, fence lease %llu ms)", ag->node_id,
-              c->peer, (unsigned long long)ag->epoch,
-              (unsigned long long)l->lease_ms,
-              (unsigned long long)l->fence_ms);
-    lynx_notify_ready("registered with coordinator %s (epoch %llu)",
-                      c->peer, (unsigned long long)ag->epoch);
+    LYNX_INFO("agent",
+              "%s: registered with coordinator %s (epoch %llu, "
+              "heartbeat lease %llu ms, fence lease %llu ms)",
+              ag->node_id, c->peer, (unsigned long long)ag->epoch,
+              (unsigned long long)l->lease_ms, (unsigned long long)l->fence_ms);
+    lynx_notify_ready("registered with coordinator %s (epoch %llu)", c->peer,
+                      (unsigned long long)ag->epoch);
     {
       uint64_t every = l->lease_ms / 3 < 100 ? 100 : l->lease_ms / 3;
       l->beat_ms = every;
@@ -617,20 +632,23 @@ static void link_closed(struct lynx_ctl *c) {
      * cluster stopping, a crashed leader's lease still running) is not
      * waited for. */
     uint64_t now = lynx_now_ns();
-    uint64_t wait_ms = l->lease_ms < LEAVE_REDIAL_MS ? l->lease_ms
-                                                     : LEAVE_REDIAL_MS;
+    uint64_t wait_ms =
+        l->lease_ms < LEAVE_REDIAL_MS ? l->lease_ms : LEAVE_REDIAL_MS;
     if (was) {
       l->lost_ns = now;
-      LYNX_WARN("agent", "%s: lost the coordinator while draining; "
+      LYNX_WARN("agent",
+                "%s: lost the coordinator while draining; "
                 "reconnecting to ask again for the drain (for %llu ms at "
-                "most)", l->ag->node_id, (unsigned long long)wait_ms);
+                "most)",
+                l->ag->node_id, (unsigned long long)wait_ms);
     } else if (l->lost_ns && now - l->lost_ns >= wait_ms * 1000000u) {
       l->hooks.stop_soon(l->ag, "no coordinator answered again while "
-                             "draining");
+                                "draining");
       return;
     }
   } else if (was)
-    LYNX_WARN("agent", "%s: lost the coordinator; instances keep serving "
+    LYNX_WARN("agent",
+              "%s: lost the coordinator; instances keep serving "
               "while it is restarted (its port refuses connections) and "
               "until the lease runs out otherwise; reconnecting",
               l->ag->node_id);
@@ -648,8 +666,7 @@ int agent_link_start(struct agent *ag, const struct agent_link_hooks *hooks) {
     return -ENOMEM;
   l->ag = ag;
   l->hooks = *hooks;
-  snprintf(l->target, sizeof(l->target), "coordinator %s",
-           ag->cfg.coordinator);
+  snprintf(l->target, sizeof(l->target), "coordinator %s", ag->cfg.coordinator);
   if (lynx_dialer_init(&l->d, &ag->loop, ag->cfg.coordinator, "agent",
                        l->target, ag->cfg.frame_max)) {
     free(l);

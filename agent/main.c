@@ -75,7 +75,8 @@ static const struct lynx_opt agent_opts[] = {
      "static mode: application to run (echo, sockperf-echo, sockperf-fault, "
      "...) [default sockperf-echo without --coordinator]"},
     {"lenet-model", LYNX_OPT_STR, O(lenet_model), LYNX_LENET_MODEL_DEFAULT, 0,
-     0, NULL, "weights file of the lenet application (docs/lenet.md), "
+     0, NULL,
+     "weights file of the lenet application (docs/lenet.md), "
      "loaded on its first instance; one that is missing or invalid stops "
      "lenet instances from starting, with the reason"},
     {"coordinator", LYNX_OPT_ADDRS, O(coordinator), NULL, 1, 65535, NULL,
@@ -91,7 +92,8 @@ static const struct lynx_opt agent_opts[] = {
      LYNX_SLOT_MAX, NULL,
      "static mode: bytes per slot incl. 16 B metadata (power of two)"},
     {"msg-max", LYNX_OPT_U32, O(msg_max), "1048576", 1, LYNX_LARGE_MAX / 2,
-     NULL, "static mode: largest request or answer in bytes; beyond a "
+     NULL,
+     "static mode: largest request or answer in bytes; beyond a "
      "slot's payload each ring gets a large-message area of the power of "
      "two at least twice this (docs/mqueue.md)"},
     {"work-us", LYNX_OPT_U32, O(work_us), "0", 0, 10000000, NULL,
@@ -110,8 +112,7 @@ static const struct lynx_opt agent_opts[] = {
     {"transport", LYNX_OPT_ENUM, O(transport), "tcp", 0, 0, transports,
      "how frontends reach the mqueues: tcp (any host), shm (frontend on "
      "this host), rdma (RDMA NIC)"},
-    {"data-listen", LYNX_OPT_ADDR, O(data_listen), "0.0.0.0:0", 0, 65535,
-     NULL,
+    {"data-listen", LYNX_OPT_ADDR, O(data_listen), "0.0.0.0:0", 0, 65535, NULL,
      "tcp/rdma: address frontends' data connections reach (port 0: any)"},
     {"advertise", LYNX_OPT_STR, O(advertise), NULL, 0, 0, NULL,
      "tcp/rdma: host frontends use to reach --data-listen when it is a "
@@ -123,13 +124,14 @@ static const struct lynx_opt agent_opts[] = {
      "into the GPU), device (GPU memory), auto (device for rdma, else "
      "host)"},
     LYNX_OPT_FRAME_MAX(O(frame_max)),
-    {"data-conn-max", LYNX_OPT_U32, O(data_conn_max), "1024", 1, 1u << 20,
-     NULL, "tcp: data connections open at once; more are closed at once"},
+    {"data-conn-max", LYNX_OPT_U32, O(data_conn_max), "1024", 1, 1u << 20, NULL,
+     "tcp: data connections open at once; more are closed at once"},
     {"data-unauth-max", LYNX_OPT_U32, O(data_unauth_max), "64", 1, 1u << 20,
-     NULL, "tcp: of those, connections that have not presented a region "
+     NULL,
+     "tcp: of those, connections that have not presented a region "
      "key yet"},
-    {"data-unauth-per-client", LYNX_OPT_U32, O(data_unauth_per_client), "8",
-     1, 1u << 20, NULL, "tcp: of those, from one address"},
+    {"data-unauth-per-client", LYNX_OPT_U32, O(data_unauth_per_client), "8", 1,
+     1u << 20, NULL, "tcp: of those, from one address"},
     {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "256", 1, 1u << 20,
      NULL, "static mode: control connections open at once"},
     {"control-unauth-max", LYNX_OPT_U32, O(ctl_unauth_max), "64", 1, 1u << 20,
@@ -137,7 +139,8 @@ static const struct lynx_opt agent_opts[] = {
     {"control-unauth-per-client", LYNX_OPT_U32, O(ctl_unauth_per_client), "8",
      1, 1u << 20, NULL, "static mode: of those, from one address"},
     {"stop-timeout-ms", LYNX_OPT_U32, O(stop_timeout_ms), "15000", 0, 3600000,
-     NULL, "under a coordinator, SIGTERM or SIGINT first has the node "
+     NULL,
+     "under a coordinator, SIGTERM or SIGINT first has the node "
      "drained (nothing in flight lost), waiting at most this long; keep it "
      "above the coordinator's --drain-timeout-ms and below the service "
      "manager's stop timeout; 0: stop at once (a second signal does too)"},
@@ -180,8 +183,8 @@ static void remove_stale_regions(const char *node_id) {
       continue;
     snprintf(path, sizeof(path), "/%s", e->d_name);
     if (shm_unlink(path) == 0)
-      LYNX_INFO("agent", "removed stale region %s of dead agent pid %d",
-                path, pid);
+      LYNX_INFO("agent", "removed stale region %s of dead agent pid %d", path,
+                pid);
   }
   closedir(d);
 }
@@ -217,12 +220,11 @@ static void write_metrics(FILE *f, void *arg) {
     if (lynx_parse_hostports(ag->cfg.coordinator, ss, addrs, LYNX_ADDRS_MAX,
                              &n) == 0)
       for (unsigned i = 0; i < n; i++)
-        lynx_prom_u64(f, "lynx_agent_lease_renewals_total",
-                      (const struct lynx_prom_label[]){{"coordinator",
-                                                        addrs[i]},
-                                                       {NULL, NULL}},
-                      __atomic_load_n(&ag->lease_renewals[i],
-                                      __ATOMIC_RELAXED));
+        lynx_prom_u64(
+            f, "lynx_agent_lease_renewals_total",
+            (const struct lynx_prom_label[]){{"coordinator", addrs[i]},
+                                             {NULL, NULL}},
+            __atomic_load_n(&ag->lease_renewals[i], __ATOMIC_RELAXED));
   }
   lynx_prom_family(f, "lynx_agent_left_requests_total", "counter",
                    "What instances left in their server mqueues when they "
@@ -230,16 +232,15 @@ static void write_metrics(FILE *f, void *arg) {
                    "run); state=\"unread\", requests taken whose answers no "
                    "frontend read (they ran; a frontend may have counted "
                    "them lost).");
-  lynx_prom_u64(f, "lynx_agent_left_requests_total",
-                (const struct lynx_prom_label[]){{"state", "queued"},
-                                                 {NULL, NULL}},
-                __atomic_load_n(&ag->left_queued, __ATOMIC_RELAXED));
-  lynx_prom_u64(f, "lynx_agent_left_requests_total",
-                (const struct lynx_prom_label[]){{"state", "unread"},
-                                                 {NULL, NULL}},
-                __atomic_load_n(&ag->left_unread, __ATOMIC_RELAXED));
-  lynx_prom_family(f, "lynx_agent_epoch", "gauge",
-                   "This agent's incarnation.");
+  lynx_prom_u64(
+      f, "lynx_agent_left_requests_total",
+      (const struct lynx_prom_label[]){{"state", "queued"}, {NULL, NULL}},
+      __atomic_load_n(&ag->left_queued, __ATOMIC_RELAXED));
+  lynx_prom_u64(
+      f, "lynx_agent_left_requests_total",
+      (const struct lynx_prom_label[]){{"state", "unread"}, {NULL, NULL}},
+      __atomic_load_n(&ag->left_unread, __ATOMIC_RELAXED));
+  lynx_prom_family(f, "lynx_agent_epoch", "gauge", "This agent's incarnation.");
   lynx_prom_u64(f, "lynx_agent_epoch", NULL,
                 __atomic_load_n(&ag->epoch, __ATOMIC_RELAXED));
   agent_stats_metrics(ag, f);
@@ -256,10 +257,11 @@ static void stop_timer_fired(uv_timer_t *t) {
     LYNX_WARN("agent", "%s: %s: stopping now, with %u instances", ag->node_id,
               ag->stop_why, n);
   else
-    LYNX_WARN("agent", "%s: the drain did not finish within %u ms "
+    LYNX_WARN("agent",
+              "%s: the drain did not finish within %u ms "
               "(--stop-timeout-ms): stopping now, with %u instances; "
-              "requests in flight there end lost or in doubt", ag->node_id,
-              ag->cfg.stop_timeout_ms, n);
+              "requests in flight there end lost or in doubt",
+              ag->node_id, ag->cfg.stop_timeout_ms, n);
   agent_shutdown(ag, 0);
 }
 
@@ -283,11 +285,12 @@ static void on_signal(uv_signal_t *s, int signum) {
   if (!ag->leaving && !ag->stopping && ag->cfg.stop_timeout_ms) {
     ag->leaving = 1; /* first: the link may end the wait (agent_stop_soon) */
     if (agent_link_leave_drained(ag) == 0) {
-      LYNX_INFO("agent", "%s: %s: draining before stopping: the "
+      LYNX_INFO("agent",
+                "%s: %s: draining before stopping: the "
                 "coordinator moves new requests away and stops the instances "
                 "once the frontends answered what they hold (at most %u ms; "
-                "a second signal stops at once)", ag->node_id,
-                strsignal(signum), ag->cfg.stop_timeout_ms);
+                "a second signal stops at once)",
+                ag->node_id, strsignal(signum), ag->cfg.stop_timeout_ms);
       lynx_notify_stopping("%s: draining, then shutting down",
                            strsignal(signum));
       if (!uv_is_active((uv_handle_t *)&ag->stop_timer))
@@ -321,11 +324,15 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct instance *in;
     char why[256];
-    struct instance_req q = {
-        .id = i, .accel = i, .service = app->name, .app = app,
-        .mqueues = ag->cfg.mqueues, .slots = ag->cfg.slots,
-        .slot_size = ag->cfg.slot_size, .msg_max = ag->cfg.msg_max,
-        .work_us = ag->cfg.work_us};
+    struct instance_req q = {.id = i,
+                             .accel = i,
+                             .service = app->name,
+                             .app = app,
+                             .mqueues = ag->cfg.mqueues,
+                             .slots = ag->cfg.slots,
+                             .slot_size = ag->cfg.slot_size,
+                             .msg_max = ag->cfg.msg_max,
+                             .work_us = ag->cfg.work_us};
     int rc = agent_instance_start(ag, &q, &in, why, sizeof(why));
     if (rc) {
       fprintf(stderr, "lynx-agent: accel %u: %s\n", i,
@@ -378,7 +385,7 @@ static int find_accels(struct agent *ag, int cpu_given) {
   }
   if (total == 0) {
     fprintf(stderr, "lynx-agent: no accelerators (--cpu-accels 0 without "
-            "--cuda-accels)\n");
+                    "--cuda-accels)\n");
     rc = -EINVAL;
     goto out;
   }
@@ -440,8 +447,10 @@ int main(int argc, char **argv) {
   lynx_log_level = lvl;
   ag.app_res.lenet_model = ag.cfg.lenet_model;
   if (ag.cfg.coordinator && ag.cfg.app) {
-    fprintf(stderr, "--app %s: --app is for static mode; with --coordinator "
-                    "the coordinator says what to run\n", ag.cfg.app);
+    fprintf(stderr,
+            "--app %s: --app is for static mode; with --coordinator "
+            "the coordinator says what to run\n",
+            ag.cfg.app);
     goto usage;
   }
   if (!ag.cfg.coordinator) {
@@ -454,8 +463,10 @@ int main(int argc, char **argv) {
     }
     if (lynx_geom_init(&g, ag.cfg.mqueues, ag.cfg.slots, ag.cfg.slot_size,
                        lynx_large_for(ag.cfg.msg_max, ag.cfg.slot_size))) {
-      fprintf(stderr, "--slots %u, --slot-size %u: both must be powers of "
-              "two\n", ag.cfg.slots, ag.cfg.slot_size);
+      fprintf(stderr,
+              "--slots %u, --slot-size %u: both must be powers of "
+              "two\n",
+              ag.cfg.slots, ag.cfg.slot_size);
       goto usage;
     }
   }
@@ -477,11 +488,10 @@ int main(int argc, char **argv) {
     goto out_opts;
   }
   {
-    struct lynx_tls_files tf = {ag.cfg.tls_ca, ag.cfg.tls_cert,
-                                ag.cfg.tls_key};
+    struct lynx_tls_files tf = {ag.cfg.tls_ca, ag.cfg.tls_cert, ag.cfg.tls_key};
     char tls_err[512];
-    rc = lynx_tls_load_client(&ag.tls, &tf, ag.cfg.coordinator != NULL,
-                              tls_err, sizeof(tls_err));
+    rc = lynx_tls_load_client(&ag.tls, &tf, ag.cfg.coordinator != NULL, tls_err,
+                              sizeof(tls_err));
     if (rc < 0) {
       fprintf(stderr, "%s\n", tls_err);
       goto usage;
@@ -490,8 +500,10 @@ int main(int argc, char **argv) {
   }
   if (ag.cfg.node_id) {
     if (strlen(ag.cfg.node_id) >= 32 || strpbrk(ag.cfg.node_id, "-/ ")) {
-      fprintf(stderr, "--node-id: '%s' is not a node id (at most 31 "
-              "characters, no '-', '/' or ' ')\n", ag.cfg.node_id);
+      fprintf(stderr,
+              "--node-id: '%s' is not a node id (at most 31 "
+              "characters, no '-', '/' or ' ')\n",
+              ag.cfg.node_id);
       goto usage;
     }
     snprintf(ag.node_id, sizeof(ag.node_id), "%s", ag.cfg.node_id);
@@ -520,8 +532,8 @@ int main(int argc, char **argv) {
   if (ag.cfg.list_accels) {
     for (uint32_t i = 0; i < ag.n_acc; i++) {
       const struct agent_accel *a = &ag.acc[i];
-      printf("%u\t%s\t%s\t%llu\t%s\t%s\n", i, a->info.ops->kind,
-             a->info.model, (unsigned long long)a->info.memory,
+      printf("%u\t%s\t%s\t%llu\t%s\t%s\n", i, a->info.ops->kind, a->info.model,
+             (unsigned long long)a->info.memory,
              a->info.pci_bus_id[0] ? a->info.pci_bus_id : "-",
              a->ordering == LYNX_ORDER_FENCED ? "fenced" : "coalesced");
     }
@@ -531,9 +543,8 @@ int main(int argc, char **argv) {
 
   lynx_guard_init(&ag.ctl_guard, ag.cfg.ctl_conn_max, ag.cfg.ctl_unauth_max,
                   ag.cfg.ctl_unauth_per_client);
-  if (ag.cfg.metrics &&
-      lynx_prom_start(ag.cfg.metrics, "lynx_agent_metrics", write_metrics,
-                      &ag, &ag.metrics))
+  if (ag.cfg.metrics && lynx_prom_start(ag.cfg.metrics, "lynx_agent_metrics",
+                                        write_metrics, &ag, &ag.metrics))
     goto out_acc; /* the reason, with the address, is on stderr */
   {
     const struct lynx_transport_opts topts = {
@@ -571,8 +582,8 @@ int main(int argc, char **argv) {
     if (!rc)
       rc = agent_serve_start(&ag);
   } else {
-    static const struct agent_link_hooks hooks = {
-        .shutdown = agent_shutdown, .stop_soon = agent_stop_soon};
+    static const struct agent_link_hooks hooks = {.shutdown = agent_shutdown,
+                                                  .stop_soon = agent_stop_soon};
     rc = agent_link_start(&ag, &hooks);
   }
   if (rc) {
@@ -585,12 +596,13 @@ int main(int argc, char **argv) {
       uint32_t n = 0;
       for (uint32_t i = 0; i < ag.n_acc; i++)
         n += ag.acc[i].info.ops == backends[b];
-      snprintf(counts + len, sizeof(counts) - len, "%s%u %s",
-               b ? " and " : "", n, backends[b]->noun);
+      snprintf(counts + len, sizeof(counts) - len, "%s%u %s", b ? " and " : "",
+               n, backends[b]->noun);
     }
     /* static mode serves its descriptors to frontends itself; under a
      * coordinator they go to it with the registration */
-    LYNX_INFO("agent", "%s: epoch %llu, %s accelerators, %s %s; "
+    LYNX_INFO("agent",
+              "%s: epoch %llu, %s accelerators, %s %s; "
               "transport %s%s%s; config %s",
               ag.node_id, (unsigned long long)ag.epoch, counts,
               app ? "static mode: serving descriptors on"
@@ -601,15 +613,14 @@ int main(int argc, char **argv) {
     json_object_put(j);
   }
   if (app) /* static: serving now (coordinator mode: once registered) */
-    lynx_notify_ready("static mode: serving descriptors on %s",
-                      ag.cfg.listen);
+    lynx_notify_ready("static mode: serving descriptors on %s", ag.cfg.listen);
   uv_run(&ag.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&ag.loop))
     LYNX_WARN("agent", "loop closed with handles open");
   exit_code = ag.exit_code;
   agent_instances_stop_all(&ag);
   lynx_app_res_free(&ag.app_res); /* no instance uses it any more */
-  lynx_prom_stop(ag.metrics); /* it reads the handle's guard */
+  lynx_prom_stop(ag.metrics);     /* it reads the handle's guard */
   agent_stats_free(&ag);
   ag.tops->agent_destroy(ag.tagent); /* every region's memory released */
   ag.tagent = NULL;

@@ -53,8 +53,8 @@ static void peer_closed(struct lynx_ctl *c) {
 /* Accepts a Hello, or refuses it and closes once the refusal is written;
  * hold_ms holds a refusal back (a source that keeps presenting a wrong
  * token: connguard.h). */
-static void send_reply(struct peer *p, int ok, int retryable,
-                       const char *error, uint64_t hold_ms) {
+static void send_reply(struct peer *p, int ok, int retryable, const char *error,
+                       uint64_t hold_ms) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__HelloReply r = LYNX__HELLO_REPLY__INIT;
   r.proto_version = LYNX_PROTO_VERSION;
@@ -75,7 +75,7 @@ static void send_descriptors(struct peer *p) {
   Lynx__Descriptors d = LYNX__DESCRIPTORS__INIT;
   size_t n = 0, max = 0;
   Lynx__RegionDesc *pbs, **ptrs;
-  char (*locs)[LYNX_LOCATOR_MAX];
+  char(*locs)[LYNX_LOCATOR_MAX];
   for (struct instance *in = ag->instances; in; in = in->next)
     max++;
   pbs = calloc(max + 1, sizeof(*pbs));
@@ -115,14 +115,15 @@ static void peer_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       return;
     }
     if (lynx_hello_check(env->hello, p->ag->token, err, sizeof(err))) {
-      uint64_t hold = lynx_guard_auth_failed(&p->ag->ctl_guard, p->src,
-                                             lynx_now_ns());
+      uint64_t hold =
+          lynx_guard_auth_failed(&p->ag->ctl_guard, p->src, lynx_now_ns());
       LYNX_LOG_RL(LYNX_LOG_WARN, "agent", "%s: refusing %s (%s %s): %s%s",
                   p->ag->node_id, c->peer,
                   env->hello->role ? env->hello->role : "?",
                   env->hello->id ? env->hello->id : "?", err,
                   hold ? " (answer held back: this address keeps presenting "
-                         "a wrong token)" : "");
+                         "a wrong token)"
+                       : "");
       send_reply(p, 0, 0, err, hold / 1000000u);
       return;
     }
@@ -185,7 +186,8 @@ static void on_connection(uv_stream_t *server, int status) {
         lynx_guard_admit(&ag->ctl_guard, &ss, p->since_ns, &p->src);
     if (r != LYNX_GUARD_ADMIT) {
       char why[160];
-      snprintf(why, sizeof(why), "refused: %s (caps: %u connections, %u "
+      snprintf(why, sizeof(why),
+               "refused: %s (caps: %u connections, %u "
                "before Hello, %u of those per address)",
                lynx_guard_reason_names[r], ag->ctl_guard.conn_max,
                ag->ctl_guard.unauth_max, ag->ctl_guard.per_source);

@@ -116,10 +116,9 @@ static void fence_family(struct agent *ag, FILE *f, const char *name,
     uint64_t v;
     snprintf(id, sizeof(id), "%llu", (unsigned long long)ag->fpub[i].instance);
     memcpy(&v, (const uint8_t *)&ag->fpub[i].s + off, sizeof(v));
-    lynx_prom_u64(f, name,
-                  (const struct lynx_prom_label[]){
-                      {"instance", id}, {NULL, NULL}},
-                  v);
+    lynx_prom_u64(
+        f, name,
+        (const struct lynx_prom_label[]){{"instance", id}, {NULL, NULL}}, v);
   }
   pthread_mutex_unlock(&ag->lat_lock);
 }
@@ -166,13 +165,13 @@ void agent_stats_sample(struct agent *ag, uint64_t now_ns) {
       a->mid = t;
       a->mid_ns = now_ns;
     }
-    a->q.queue_p50 = lynx_lat_quantile(&t.queue, &a->old.queue, 0.5,
-                                       &a->q.window_requests);
+    a->q.queue_p50 =
+        lynx_lat_quantile(&t.queue, &a->old.queue, 0.5, &a->q.window_requests);
     a->q.queue_p99 = lynx_lat_quantile(&t.queue, &a->old.queue, 0.99, NULL);
-    a->q.service_p50 = lynx_lat_quantile(&t.service, &a->old.service, 0.5,
-                                         NULL);
-    a->q.service_p99 = lynx_lat_quantile(&t.service, &a->old.service, 0.99,
-                                         NULL);
+    a->q.service_p50 =
+        lynx_lat_quantile(&t.service, &a->old.service, 0.5, NULL);
+    a->q.service_p99 =
+        lynx_lat_quantile(&t.service, &a->old.service, 0.99, NULL);
     pthread_mutex_lock(&ag->lat_lock);
     a->pub = t;
     a->cpub = ct;
@@ -220,12 +219,12 @@ static void copies_metrics(struct agent *ag, FILE *f) {
       pthread_mutex_lock(&ag->lat_lock);
       memcpy(&v, (const uint8_t *)&ag->acc[i].cpub + m[k].off, sizeof(v));
       pthread_mutex_unlock(&ag->lat_lock);
-      lynx_prom_u64(f, m[k].name,
-                    (const struct lynx_prom_label[]){
-                        {"accel", idx},
-                        {"kind", ag->acc[i].info.ops->kind},
-                        {NULL, NULL}},
-                    v);
+      lynx_prom_u64(
+          f, m[k].name,
+          (const struct lynx_prom_label[]){{"accel", idx},
+                                           {"kind", ag->acc[i].info.ops->kind},
+                                           {NULL, NULL}},
+          v);
     }
   }
 }
@@ -254,12 +253,12 @@ void agent_stats_metrics(struct agent *ag, FILE *f) {
       pthread_mutex_lock(&ag->lat_lock);
       memcpy(&snap, (const uint8_t *)&ag->acc[i].pub + h[k].off, sizeof(snap));
       pthread_mutex_unlock(&ag->lat_lock);
-      lynx_prom_histogram(f, h[k].name,
-                          (const struct lynx_prom_label[]){
-                              {"accel", idx},
-                              {"kind", ag->acc[i].info.ops->kind},
-                              {NULL, NULL}},
-                          &snap);
+      lynx_prom_histogram(
+          f, h[k].name,
+          (const struct lynx_prom_label[]){{"accel", idx},
+                                           {"kind", ag->acc[i].info.ops->kind},
+                                           {NULL, NULL}},
+          &snap);
     }
   }
   copies_metrics(ag, f);

@@ -282,7 +282,8 @@ int main(int argc, char **argv) {
                        "usage: lynx-face-baseline --udp HOST:PORT --memcached "
                        "HOST:PORT [--threads N]\n"
                        "Host-centric face verification server (the baseline "
-                       "of docs/face-verify.md).", &help);
+                       "of docs/face-verify.md).",
+                       &help);
   if (rc || help)
     return rc ? 2 : 0;
   lvl = lynx_log_parse_level(cfg.log_level);

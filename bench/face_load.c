@@ -622,7 +622,8 @@ int main(int argc, char **argv) {
       "                      --seconds T --identities N --seed S "
       "--impostor-percent P\n"
       "Fills memcached with the face database, or sends face verification "
-      "requests and checks every answer (docs/face-verify.md).", &help);
+      "requests and checks every answer (docs/face-verify.md).",
+      &help);
   if (rc || help)
     return rc ? 2 : 0;
   signal(SIGPIPE, SIG_IGN);

@@ -45,8 +45,8 @@
 #define MSG_MAX 65536u
 
 /* in enum lynx_gb_app's order */
-static const char *const app_names[] = {"echo", "sockperf-echo",
-                                        "face-verify", "lenet", NULL};
+static const char *const app_names[] = {"echo", "sockperf-echo", "face-verify",
+                                        "lenet", NULL};
 
 struct cfg {
   char *udp, *memcached, *lenet_model;
@@ -251,8 +251,9 @@ static int open_memcached(struct server *sv, const char *addr,
   memcpy(host, addr, hl);
   host[hl] = 0;
   sv->mc = memcached_create(NULL);
-  if (!sv->mc || memcached_server_add(sv->mc, host, (in_port_t)atoi(colon + 1)) !=
-                     MEMCACHED_SUCCESS ||
+  if (!sv->mc ||
+      memcached_server_add(sv->mc, host, (in_port_t)atoi(colon + 1)) !=
+          MEMCACHED_SUCCESS ||
       !memcached_result_create(sv->mc, &sv->result)) {
     snprintf(err, errlen, "cannot set up libmemcached");
     if (sv->mc)
@@ -324,9 +325,9 @@ int main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sv.fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (sv.fd < 0 ||
-      bind(sv.fd, (struct sockaddr *)&ss, ss.ss_family == AF_INET6
-                                               ? sizeof(struct sockaddr_in6)
-                                               : sizeof(struct sockaddr_in))) {
+      bind(sv.fd, (struct sockaddr *)&ss,
+           ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                    : sizeof(struct sockaddr_in))) {
     fprintf(stderr, "lynx-gpu-baseline: UDP %s: %s\n", cfg.udp,
             strerror(errno));
     if (sv.fd >= 0)
@@ -342,26 +343,22 @@ int main(int argc, char **argv) {
     lynx_opts_free(opts, &cfg);
     return LYNX_EXIT_USAGE;
   }
-  gc = (struct lynx_gb_cfg){.device = (int)cfg.device,
-                            .app = (enum lynx_gb_app)cfg.app,
-                            .streams = cfg.streams,
-                            .req_max = MSG_MAX,
-                            .aux_max = cfg.app == LYNX_GB_FACE_VERIFY
-                                           ? FACE_PIXELS
-                                           : 0,
-                            .resp_max = cfg.app == LYNX_GB_FACE_VERIFY
-                                            ? FACE_RESP_LEN
-                                        : cfg.app == LYNX_GB_LENET
-                                            ? LENET_RESP_MAX
-                                            : MSG_MAX,
-                            .work_us = cfg.work_us,
-                            .params = model ? model->params : NULL};
+  gc = (struct lynx_gb_cfg){
+      .device = (int)cfg.device,
+      .app = (enum lynx_gb_app)cfg.app,
+      .streams = cfg.streams,
+      .req_max = MSG_MAX,
+      .aux_max = cfg.app == LYNX_GB_FACE_VERIFY ? FACE_PIXELS : 0,
+      .resp_max = cfg.app == LYNX_GB_FACE_VERIFY ? FACE_RESP_LEN
+                  : cfg.app == LYNX_GB_LENET     ? LENET_RESP_MAX
+                                                 : MSG_MAX,
+      .work_us = cfg.work_us,
+      .params = model ? model->params : NULL};
   sv.app = cfg.app;
   sv.n = cfg.streams;
   sv.p = calloc(sv.n, sizeof(*sv.p));
   if (sv.p && sv.app == LYNX_GB_FACE_VERIFY &&
-      open_memcached(&sv, cfg.memcached, cfg.mc_timeout_ms, err,
-                     sizeof(err))) {
+      open_memcached(&sv, cfg.memcached, cfg.mc_timeout_ms, err, sizeof(err))) {
     fprintf(stderr, "lynx-gpu-baseline: --memcached %s: %s\n", cfg.memcached,
             err);
     lenet_model_free(model);
@@ -380,10 +377,13 @@ int main(int argc, char **argv) {
     lynx_opts_free(opts, &cfg);
     return LYNX_EXIT_RUNTIME;
   }
-  fprintf(stderr, "lynx-gpu-baseline: serving UDP %s on GPU %u: %s, %u "
-          "streams\n", cfg.udp, cfg.device, app_names[cfg.app], cfg.streams);
+  fprintf(stderr,
+          "lynx-gpu-baseline: serving UDP %s on GPU %u: %s, %u "
+          "streams\n",
+          cfg.udp, cfg.device, app_names[cfg.app], cfg.streams);
   rc = serve(&sv);
-  fprintf(stderr, "lynx-gpu-baseline: %llu requests, %llu answered by the "
+  fprintf(stderr,
+          "lynx-gpu-baseline: %llu requests, %llu answered by the "
           "GPU, %llu without an answer, %llu answered ERROR by the host\n",
           (unsigned long long)sv.received, (unsigned long long)sv.answered,
           (unsigned long long)sv.unanswered, (unsigned long long)sv.errors);

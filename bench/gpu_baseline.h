@@ -30,11 +30,11 @@ struct lynx_gb;
 struct lynx_gb_cfg {
   int device;
   enum lynx_gb_app app;
-  uint32_t streams;  /* requests in flight at once, one per stream */
-  uint32_t req_max;  /* bytes of a request */
-  uint32_t aux_max;  /* bytes fetched for it from a back end (0: none) */
-  uint32_t resp_max; /* bytes of an answer */
-  uint32_t work_us;  /* emulated processing per request (%globaltimer) */
+  uint32_t streams;    /* requests in flight at once, one per stream */
+  uint32_t req_max;    /* bytes of a request */
+  uint32_t aux_max;    /* bytes fetched for it from a back end (0: none) */
+  uint32_t resp_max;   /* bytes of an answer */
+  uint32_t work_us;    /* emulated processing per request (%globaltimer) */
   const float *params; /* lenet: LENET_PARAMS floats, copied to the GPU */
 };
 

@@ -84,8 +84,8 @@ __device__ static void gb_face(const uint8_t *in, uint32_t len,
 
 /* lenet: the block runs lenet_dev.cuh, the code of Lynx's lenet kernel;
  * a request of another size gets no answer, as there. */
-__device__ static void gb_lenet(const float *w, const uint8_t *in,
-                                uint32_t len, uint8_t *out) {
+__device__ static void gb_lenet(const float *w, const uint8_t *in, uint32_t len,
+                                uint8_t *out) {
   __shared__ struct lenet_smem act;
   __shared__ float logits[LENET_CLASSES];
   int clen = lenet_req_cookie_len(len);
@@ -96,9 +96,9 @@ __device__ static void gb_lenet(const float *w, const uint8_t *in,
   }
   lenet_block_infer(w, in, logits, &act);
   if (threadIdx.x == 0)
-    *(uint32_t *)out = lenet_resp_encode(out + GB_HDR, lenet_argmax(logits),
-                                         logits, in + LENET_PIXELS,
-                                         (uint32_t)clen);
+    *(uint32_t *)out =
+        lenet_resp_encode(out + GB_HDR, lenet_argmax(logits), logits,
+                          in + LENET_PIXELS, (uint32_t)clen);
 }
 
 __global__ void gb_kernel(uint32_t app, const uint8_t *in, uint32_t len,
@@ -180,9 +180,9 @@ extern "C" int lynx_gb_open(const struct lynx_gb_cfg *c, struct lynx_gb **out,
   return 0;
 }
 
-extern "C" int lynx_gb_submit(struct lynx_gb *g, uint32_t slot,
-                              const void *req, uint32_t len, const void *aux,
-                              uint32_t aux_len, char *err, size_t errlen) {
+extern "C" int lynx_gb_submit(struct lynx_gb *g, uint32_t slot, const void *req,
+                              uint32_t len, const void *aux, uint32_t aux_len,
+                              char *err, size_t errlen) {
   struct gb_slot *s = &g->slot[slot];
   cudaError_t e;
   if (len > g->c.req_max)
@@ -194,13 +194,12 @@ extern "C" int lynx_gb_submit(struct lynx_gb *g, uint32_t slot,
     memcpy(s->h_in + g->c.req_max, aux, aux_len);
   e = cudaMemcpyAsync(s->d_in, s->h_in, len, cudaMemcpyHostToDevice, s->s);
   if (e == cudaSuccess && aux_len)
-    e = cudaMemcpyAsync(s->d_in + g->c.req_max, s->h_in + g->c.req_max,
-                        aux_len, cudaMemcpyHostToDevice, s->s);
+    e = cudaMemcpyAsync(s->d_in + g->c.req_max, s->h_in + g->c.req_max, aux_len,
+                        cudaMemcpyHostToDevice, s->s);
   if (e == cudaSuccess) {
     gb_kernel<<<1, GB_THREADS, 0, s->s>>>((uint32_t)g->c.app, s->d_in, len,
                                           s->d_in + g->c.req_max, aux_len,
-                                          s->d_out, g->c.work_us,
-                                          g->d_params);
+                                          s->d_out, g->c.work_us, g->d_params);
     e = cudaGetLastError();
   }
   /* length and answer in one copy, as long as the answer can be (an echo
@@ -219,8 +218,8 @@ extern "C" int lynx_gb_submit(struct lynx_gb *g, uint32_t slot,
 }
 
 extern "C" int lynx_gb_poll(struct lynx_gb *g, uint32_t slot,
-                            const uint8_t **resp, uint32_t *resp_len,
-                            char *err, size_t errlen) {
+                            const uint8_t **resp, uint32_t *resp_len, char *err,
+                            size_t errlen) {
   struct gb_slot *s = &g->slot[slot];
   uint32_t n;
   cudaError_t e = cudaEventQuery(s->done);

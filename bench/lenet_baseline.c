@@ -99,15 +99,15 @@ static void *worker_main(void *arg) {
         continue;
       }
       int cls = lenet_infer(model, w->req[i], logits);
-      w->txv[m] = (struct iovec){
-          w->resp[m],
-          lenet_resp_encode(w->resp[m], cls, logits, w->req[i] + LENET_PIXELS,
-                            (uint32_t)clen)};
-      w->tx[m].msg_hdr = (struct msghdr){.msg_name = &w->from[i],
-                                         .msg_namelen =
-                                             w->rx[i].msg_hdr.msg_namelen,
-                                         .msg_iov = &w->txv[m],
-                                         .msg_iovlen = 1};
+      w->txv[m] =
+          (struct iovec){w->resp[m], lenet_resp_encode(w->resp[m], cls, logits,
+                                                       w->req[i] + LENET_PIXELS,
+                                                       (uint32_t)clen)};
+      w->tx[m].msg_hdr =
+          (struct msghdr){.msg_name = &w->from[i],
+                          .msg_namelen = w->rx[i].msg_hdr.msg_namelen,
+                          .msg_iov = &w->txv[m],
+                          .msg_iovlen = 1};
       m++;
     }
     for (int done = 0; done < m;) {
@@ -133,7 +133,8 @@ int main(int argc, char **argv) {
                        "usage: lynx-lenet-baseline --udp HOST:PORT --model "
                        "FILE [--threads N]\n"
                        "Host-centric LeNet server (the baseline of "
-                       "bench/lenet.sh; docs/lenet.md).", &help);
+                       "bench/lenet.sh; docs/lenet.md).",
+                       &help);
   if (rc || help)
     return rc ? LYNX_EXIT_USAGE : 0;
   lvl = lynx_log_parse_level(cfg.log_level);
@@ -172,7 +173,8 @@ int main(int argc, char **argv) {
     }
     started++;
   }
-  LYNX_INFO("lenet", "serving LeNet on udp %s, %u threads, batch %u, "
+  LYNX_INFO("lenet",
+            "serving LeNet on udp %s, %u threads, batch %u, "
             "weights %s (CRC-32 %08x)",
             lynx_fmt_addr((struct sockaddr *)&udp_addr, abuf, sizeof(abuf)),
             cfg.threads, cfg.batch, cfg.model, model->crc);
@@ -191,10 +193,11 @@ stop:
     close(workers[i].fd);
   }
   if (started)
-    LYNX_INFO("lenet", "totals: requests=%llu answered=%llu malformed=%llu "
-              "send_errors=%llu", (unsigned long long)rq,
-              (unsigned long long)an, (unsigned long long)bad,
-              (unsigned long long)se);
+    LYNX_INFO("lenet",
+              "totals: requests=%llu answered=%llu malformed=%llu "
+              "send_errors=%llu",
+              (unsigned long long)rq, (unsigned long long)an,
+              (unsigned long long)bad, (unsigned long long)se);
 out:
   lenet_model_free(model);
   lynx_opts_free(opts, &cfg);

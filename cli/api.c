@@ -106,8 +106,7 @@ static enum fail_hint hint_of(const char *api, CURLcode rc, const char *err) {
   if (https && rc == CURLE_SSL_CONNECT_ERROR &&
       (strstr(err, "wrong version number") || strstr(err, "unexpected TLS") ||
        strstr(err, "packet length too long") ||
-       strstr(err, "record layer failure") ||
-       answers_plain_http(api)))
+       strstr(err, "record layer failure") || answers_plain_http(api)))
     return HINT_TRY_HTTP;
   if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CONNECT_ERROR ||
       rc == CURLE_SSL_CACERT_BADFILE)
@@ -268,7 +267,8 @@ int ctl_set_apis(struct ctl *t, const char *v, const char *what) {
       e--;
     if (e == p)
       return ctl_usage_err("%s: an empty address in '%s' (expected URL or "
-                           "URL,URL,...)", what, v);
+                           "URL,URL,...)",
+                           what, v);
     if (t->n_apis == API_MAX)
       return ctl_usage_err("%s: at most %d addresses, got '%s'", what, API_MAX,
                            v);
@@ -284,8 +284,7 @@ int ctl_set_apis(struct ctl *t, const char *v, const char *what) {
     while (l > 0 && a[l - 1] == '/')
       a[--l] = 0;
     l = strlen(t->api_all);
-    snprintf(t->api_all + l, sizeof(t->api_all) - l, "%s%s", l ? ", " : "",
-             a);
+    snprintf(t->api_all + l, sizeof(t->api_all) - l, "%s%s", l ? ", " : "", a);
     t->n_apis++;
     if (!comma)
       break;
@@ -326,8 +325,8 @@ int ctl_http_call(struct ctl *t, const char *method, const char *path,
      * address can be ours before its request arrives: it took nothing, so
      * the request is sent again, twice at most */
     for (int again = 0;; again++) {
-      rc = http_one(t, method, path, body, timeout_ms, status, resp, e,
-                    &hint, &retry, &nothing);
+      rc = http_one(t, method, path, body, timeout_ms, status, resp, e, &hint,
+                    &retry, &nothing);
       if (rc != -EHOSTUNREACH || !nothing || again == 2)
         break;
     }
@@ -382,32 +381,37 @@ int ctl_http_call(struct ctl *t, const char *method, const char *path,
 }
 
 /* The hint for an address that failed so, with its URL. */
-static void hint_msg(enum fail_hint h, const char *api, int several,
-                     char *out, size_t n) {
+static void hint_msg(enum fail_hint h, const char *api, int several, char *out,
+                     size_t n) {
   const char *rest = strstr(api, "://");
   rest = rest ? rest + 3 : api;
   switch (h) {
   case HINT_TLS_CERT:
-    snprintf(out, n, "(TLS: is its certificate signed by the CA given with "
-                     "--cacert or $LYNX_CACERT, and does it name the API's "
-                     "host?)");
+    snprintf(out, n,
+             "(TLS: is its certificate signed by the CA given with "
+             "--cacert or $LYNX_CACERT, and does it name the API's "
+             "host?)");
     break;
   case HINT_TRY_HTTPS:
-    snprintf(out, n, "(no answer to plain HTTP: the coordinator may serve "
-                     "HTTPS: try --api https://%s with --cacert F)", rest);
+    snprintf(out, n,
+             "(no answer to plain HTTP: the coordinator may serve "
+             "HTTPS: try --api https://%s with --cacert F)",
+             rest);
     break;
   case HINT_TRY_HTTP:
-    snprintf(out, n, "(no TLS there: the coordinator may serve plain "
-                     "HTTP: try --api http://%s)", rest);
+    snprintf(out, n,
+             "(no TLS there: the coordinator may serve plain "
+             "HTTP: try --api http://%s)",
+             rest);
     break;
   default:
-    snprintf(out, n, "%s", several
-                               ? "(is lynx-coordinator running with --http "
-                                 "on those addresses? set --api "
-                                 "URL[,URL...] or $LYNX_API)"
-                               : "(is lynx-coordinator running with --http "
-                                 "on that address? set --api URL or "
-                                 "$LYNX_API)");
+    snprintf(out, n, "%s",
+             several ? "(is lynx-coordinator running with --http "
+                       "on those addresses? set --api "
+                       "URL[,URL...] or $LYNX_API)"
+                     : "(is lynx-coordinator running with --http "
+                       "on that address? set --api URL or "
+                       "$LYNX_API)");
   }
 }
 
@@ -443,12 +447,12 @@ static void unreachable_msg(const struct ctl *t, const char *err, char *msg,
     return;
   }
   if (t->n_tried < t->n_apis)
-    snprintf(msg, n, "cannot reach the coordinator at %s, and the change "
+    snprintf(msg, n,
+             "cannot reach the coordinator at %s, and the change "
              "is not sent to another address (it may have arrived):",
              t->api);
   else
-    snprintf(msg, n, "cannot reach the coordinator at any of %s:",
-             t->api_all);
+    snprintf(msg, n, "cannot reach the coordinator at any of %s:", t->api_all);
   tried_lines(t, msg, n);
   for (int i = 0; i < t->n_tried; i++)
     plain |= t->tried[i].hint == HINT_NONE;
@@ -458,7 +462,6 @@ static void unreachable_msg(const struct ctl *t, const char *err, char *msg,
     snprintf(msg + l, n - l, "\n  %s", h);
   }
 }
-
 
 /*
  * A call whose answer must be 2xx JSON, printing nothing. EX_OK with *out
@@ -498,8 +501,8 @@ int ctl_api_msg(struct ctl *t, const char *method, const char *path,
                status, code ? ", " : "",
                code ? json_object_get_string(code) : "");
     } else {
-      snprintf(msg, msglen, "the coordinator answered HTTP %ld: %.300s",
-               status, b.p ? b.p : "(no body)");
+      snprintf(msg, msglen, "the coordinator answered HTTP %ld: %.300s", status,
+               b.p ? b.p : "(no body)");
     }
     /* every address failed, the last resort a 503 no_leader: what each
      * said */
@@ -511,8 +514,8 @@ int ctl_api_msg(struct ctl *t, const char *method, const char *path,
   }
   if (b.p && b.len && !j) {
     snprintf(msg, msglen,
-             "the coordinator's answer (HTTP %ld) is not JSON: %.300s",
-             status, b.p);
+             "the coordinator's answer (HTTP %ld) is not JSON: %.300s", status,
+             b.p);
     free(b.p);
     return EX_API;
   }
@@ -579,8 +582,8 @@ int ctl_watch_wait(struct ctl *t, uint64_t version, uint64_t until_ns,
       poll_ms = (long)((until_ns - now) / 1000000u) + 1;
     snprintf(path, sizeof(path), "/v1/watch?since=%llu&timeout_ms=%ld",
              (unsigned long long)version, poll_ms);
-    rc = ctl_http_call(t, "GET", path, NULL, poll_ms + 10000, &status, &b,
-                       err, sizeof(err));
+    rc = ctl_http_call(t, "GET", path, NULL, poll_ms + 10000, &status, &b, err,
+                       sizeof(err));
     if (rc == -EINTR)
       return EX_OK;
     if (rc) {

@@ -173,8 +173,8 @@ static const struct lynx_opt drain_tab[] = {
  * when the coordinator cannot say now (unreachable, 503: starting or no
  * leader, or 404: restarted, the node not registered again yet; why in
  * why); else EX_API with the API's message printed. */
-static int node_state_of(struct ctl *t, const char *path, char *st,
-                         size_t sz, char *why, size_t whylen) {
+static int node_state_of(struct ctl *t, const char *path, char *st, size_t sz,
+                         char *why, size_t whylen) {
   char err[ERR_MAX];
   struct buf b;
   long status = 0;
@@ -185,9 +185,10 @@ static int node_state_of(struct ctl *t, const char *path, char *st,
   if (rc == -EINTR)
     return EX_API;
   if (rc || status == 503 || status == 404) {
-    snprintf(why, whylen, "%s", rc ? err : status == 404
-                                           ? "it does not know the node (now)"
-                                           : "it answers 503");
+    snprintf(why, whylen, "%s",
+             rc              ? err
+             : status == 404 ? "it does not know the node (now)"
+                             : "it answers 503");
     free(b.p);
     return NODE_STATE_LATER;
   }
@@ -234,7 +235,8 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
   if (errno || end == c.timeout || *end || !(timeout_s > 0) ||
       timeout_s > 86400)
     rc = ctl_usage_err("node drain --timeout: expected seconds above 0, at "
-                       "most 86400, got '%s'", c.timeout);
+                       "most 86400, got '%s'",
+                       c.timeout);
   else if ((scan.given & 2) && !c.wait)
     rc = ctl_usage_err("node drain: --timeout goes with --wait");
   lynx_opts_free(drain_tab, &c);
@@ -257,12 +259,14 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
     if (rc == NODE_STATE_LATER) {
       struct timespec one = {1, 0};
       if (!told)
-        fprintf(stderr, "lynxctl: the coordinator at %s cannot say how node "
-                "%s is (%s): asking every second\n", ctl_api_names(t), id, why);
+        fprintf(stderr,
+                "lynxctl: the coordinator at %s cannot say how node "
+                "%s is (%s): asking every second\n",
+                ctl_api_names(t), id, why);
       told = 1;
       if (lynx_now_ns() >= deadline || ctl_stop) {
-        fprintf(stderr, "lynxctl: node %s not seen drained within %g s\n",
-                id, timeout_s);
+        fprintf(stderr, "lynxctl: node %s not seen drained within %g s\n", id,
+                timeout_s);
         return EX_API;
       }
       nanosleep(&one, NULL);
@@ -277,14 +281,18 @@ static int cmd_node_drain(struct ctl *t, int argc, char **argv) {
       return EX_OK;
     }
     if (strcmp(st, "draining")) {
-      fprintf(stderr, "lynxctl: node %s is %s, not draining: it will not "
-              "be drained\n", id, st[0] ? st : "gone");
+      fprintf(stderr,
+              "lynxctl: node %s is %s, not draining: it will not "
+              "be drained\n",
+              id, st[0] ? st : "gone");
       return EX_API;
     }
     if (lynx_now_ns() >= deadline) {
-      fprintf(stderr, "lynxctl: node %s still draining after %g s (the "
+      fprintf(stderr,
+              "lynxctl: node %s still draining after %g s (the "
               "drain goes on; the coordinator's --drain-timeout-ms ends "
-              "it)\n", id, timeout_s);
+              "it)\n",
+              id, timeout_s);
       return EX_API;
     }
     rc = ctl_watch_wait(t, version, deadline, &lost);

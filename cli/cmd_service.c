@@ -160,10 +160,10 @@ static void f_inst_long(struct json_object *v, char *out, size_t n) {
   if (v && json_object_is_type(v, json_type_object) &&
       json_object_object_get_ex(v, "ready", &r) &&
       json_object_object_get_ex(v, "wanted", &w)) {
-    int l = snprintf(out, n, "%s ready of %s wanted",
-                     json_object_get_string(r), json_object_get_string(w));
-    if (l > 0 && (size_t)l < n && json_object_object_get_ex(v, "failed_starts",
-                                                            &fs))
+    int l = snprintf(out, n, "%s ready of %s wanted", json_object_get_string(r),
+                     json_object_get_string(w));
+    if (l > 0 && (size_t)l < n &&
+        json_object_object_get_ex(v, "failed_starts", &fs))
       snprintf(out + l, n - (size_t)l, ", %s failed start(s)",
                json_object_get_string(fs));
   } else {
@@ -173,8 +173,7 @@ static void f_inst_long(struct json_object *v, char *out, size_t n) {
 
 static uint64_t u64_of(struct json_object *o, const char *key) {
   struct json_object *v;
-  return json_object_object_get_ex(o, key, &v) ? json_object_get_uint64(v)
-                                               : 0;
+  return json_object_object_get_ex(o, key, &v) ? json_object_get_uint64(v) : 0;
 }
 
 /* The ready instances of service name, from the items of /v1/mqueues: a
@@ -182,10 +181,9 @@ static uint64_t u64_of(struct json_object *o, const char *key) {
  * one after another; by_id finds its row when they do not). */
 static int instance_rows(struct json_object *items, const char *name,
                          struct json_object *rows) {
-  static const char *const keys[] = {"instance", "node", "accel",
-                                     "transport", "frontend"};
-  static const char *const sums[] = {"dispatched", "responded",
-                                     "outstanding"};
+  static const char *const keys[] = {"instance", "node", "accel", "transport",
+                                     "frontend"};
+  static const char *const sums[] = {"dispatched", "responded", "outstanding"};
   struct json_object *last = NULL, *by_id = json_object_new_object();
   size_t n = json_object_array_length(items);
   if (!by_id)
@@ -211,8 +209,7 @@ static int instance_rows(struct json_object *items, const char *name,
         if (json_object_object_get_ex(mq, keys[k], &v))
           json_object_object_add(last, keys[k], json_object_get(v));
       json_object_object_add(last, "mqueues", json_object_new_int64(0));
-      json_object_object_add(last, "dispatchable",
-                             json_object_new_boolean(0));
+      json_object_object_add(last, "dispatchable", json_object_new_boolean(0));
       for (size_t k = 0; k < LYNX_ARRAY_SIZE(sums); k++)
         json_object_object_add(last, sums[k], json_object_new_int64(0));
     }
@@ -226,8 +223,7 @@ static int instance_rows(struct json_object *items, const char *name,
               (int64_t)(u64_of(last, sums[k]) + u64_of(mq, sums[k]))));
     if (json_object_object_get_ex(mq, "dispatchable", &v) &&
         json_object_get_boolean(v))
-      json_object_object_add(last, "dispatchable",
-                             json_object_new_boolean(1));
+      json_object_object_add(last, "dispatchable", json_object_new_boolean(1));
   }
   json_object_put(by_id);
   return 0;
@@ -289,19 +285,22 @@ int ctl_service_show(struct ctl *t, const char *name) {
 
   /* where they run: the API's service has counts only; /v1/mqueues lists
    * every mqueue of every ready instance */
-  rc = ctl_api_msg(t, "GET", "/v1/mqueues", NULL, &mqs, &mraw, msg,
-                   sizeof(msg));
+  rc =
+      ctl_api_msg(t, "GET", "/v1/mqueues", NULL, &mqs, &mraw, msg, sizeof(msg));
   free(mraw);
   if (rc == EX_OK && !ctl_stop &&
       (!mqs || !json_object_object_get_ex(mqs, "items", &items) ||
        !json_object_is_type(items, json_type_array))) {
-    snprintf(msg, sizeof(msg), "the coordinator's answer to GET /v1/mqueues "
+    snprintf(msg, sizeof(msg),
+             "the coordinator's answer to GET /v1/mqueues "
              "has no \"items\"");
     rc = EX_API;
   }
   if (rc != EX_OK) {
-    fprintf(stderr, "lynxctl: where service %s's instances run is unknown: "
-            "%s\n", name, msg);
+    fprintf(stderr,
+            "lynxctl: where service %s's instances run is unknown: "
+            "%s\n",
+            name, msg);
     json_object_put(mqs);
     json_object_put(j);
     return rc;

@@ -114,12 +114,27 @@ struct create_opts {
 };
 
 #define CO(f) offsetof(struct create_opts, f)
-#define CO_STR(name, f) {name, LYNX_OPT_STR, CO(f), NULL, 0, 0, NULL, ""}
+#define CO_STR(name, f)                                                        \
+  { name, LYNX_OPT_STR, CO(f), NULL, 0, 0, NULL, "" }
 #define CO_NUM(name, f)                                                        \
-  {name, LYNX_OPT_U32, CO(f), NULL, 0, UINT32_MAX, NULL, ""}
-enum { C_FILE, C_F, C_NAME, C_APP, C_PROTO, C_FRAMING, C_PORT, C_SLOT_SIZE,
-       C_SLOTS, C_MSG_MAX, C_MQUEUES, C_WORK_US, C_REPLICAS, C_PLACEMENT,
-       C_SELECTOR };
+  { name, LYNX_OPT_U32, CO(f), NULL, 0, UINT32_MAX, NULL, "" }
+enum {
+  C_FILE,
+  C_F,
+  C_NAME,
+  C_APP,
+  C_PROTO,
+  C_FRAMING,
+  C_PORT,
+  C_SLOT_SIZE,
+  C_SLOTS,
+  C_MSG_MAX,
+  C_MQUEUES,
+  C_WORK_US,
+  C_REPLICAS,
+  C_PLACEMENT,
+  C_SELECTOR
+};
 static const struct lynx_opt create_tab[] = {
     [C_FILE] = CO_STR("file", file),
     [C_F] = CO_STR("f", file),
@@ -254,9 +269,9 @@ static int create_body(const struct create_opts *o, uint64_t given,
   if (file) {
     FILE *f;
     int too_big = 0;
-    if (name || app || placement || selector || proto || framing ||
-        has_port || has_slot_size || has_slots || has_msg_max || has_mq ||
-        has_work || has_replicas || n_backends)
+    if (name || app || placement || selector || proto || framing || has_port ||
+        has_slot_size || has_slots || has_msg_max || has_mq || has_work ||
+        has_replicas || n_backends)
       return ctl_usage_err("service create: -f takes the whole spec; give no "
                            "other option with it");
     f = strcmp(file, "-") == 0 ? stdin : fopen(file, "r");

@@ -53,8 +53,7 @@ static int top_get(void *arg, const char *path, unsigned page,
     if (!j) {
       if (ctl_stop)
         return EX_OK; /* interrupted: the caller sees ctl_stop */
-      snprintf(msg, msglen, "the coordinator's answer to GET %s is empty",
-               url);
+      snprintf(msg, msglen, "the coordinator's answer to GET %s is empty", url);
       return EX_API;
     }
     rc = each(ctx, j);

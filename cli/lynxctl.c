@@ -12,8 +12,8 @@
  * read), 2 usage error, 3 the coordinator cannot be reached.
  *
  * This file is the program: the global options, the command table and
- * main; the usage text and usage errors are usage.c's. The HTTP client is api.c, the tables output.c, and each family
- * of commands one file (lynxctl.h).
+ * main; the usage text and usage errors are usage.c's. The HTTP client is
+ * api.c, the tables output.c, and each family of commands one file (lynxctl.h).
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -27,7 +27,6 @@
 #include "lynxctl.h"
 #include "options.h"
 #include "util.h"
-
 
 /* service create ... | service show NAME | service delete NAME: the
  * sub-commands, each its file's (cmd_service_create.c, cmd_service.c) */
@@ -93,8 +92,8 @@ static int run(struct ctl *t, int argc, char **argv) {
   const char *cmd = argv[0];
 
   for (size_t i = 0; i < LYNX_ARRAY_SIZE(commands); i++)
-    if (strcmp(cmd, commands[i].name) == 0 &&
-        argc >= commands[i].min_args && argc <= commands[i].max_args)
+    if (strcmp(cmd, commands[i].name) == 0 && argc >= commands[i].min_args &&
+        argc <= commands[i].max_args)
       return commands[i].run(t, argc, argv);
   return ctl_usage_err("unknown command or wrong arguments: '%s'", cmd);
 }
@@ -102,9 +101,9 @@ static int run(struct ctl *t, int argc, char **argv) {
 int main(int argc, char **argv) {
   struct ctl t;
   struct global_opts g;
-  struct lynx_opts_scan scan = {
-      LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN | LYNX_OPTS_USAGE_ONLY,
-      NULL, 0, 0, 0};
+  struct lynx_opts_scan scan = {LYNX_OPTS_POSITIONAL | LYNX_OPTS_PASS_UNKNOWN |
+                                    LYNX_OPTS_USAGE_ONLY,
+                                NULL, 0, 0, 0};
   const char *token_file = getenv("LYNX_TOKEN_FILE"), *env_api;
   const char *cacert = getenv("LYNX_CACERT");
   char **args;

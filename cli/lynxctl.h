@@ -58,9 +58,9 @@ struct attempt {
 
 struct ctl {
   char api[API_LEN]; /* the address in use: the one that answered last */
-  char apis[API_MAX][API_LEN]; /* --api, in order */
+  char apis[API_MAX][API_LEN];           /* --api, in order */
   char api_all[API_MAX * (API_LEN + 2)]; /* "A, B": for messages */
-  int n_apis, cur; /* cur: apis[cur] is api */
+  int n_apis, cur;                       /* cur: apis[cur] is api */
   /* the last call's addresses that did not do, in the order tried (all of
    * them when the call failed) */
   struct attempt tried[API_MAX];
@@ -87,8 +87,8 @@ int ctl_usage_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A command's options into opts (tab's). 1 when the command ends here,
  * with *exit_code: after an error (said, with a hint: EX_USAGE) or --help
  * (EX_OK), opts freed; 0 to go on (*exit_code EX_OK). */
-int ctl_scan_cmd(const struct lynx_opt *tab, void *opts, int argc,
-                 char **argv, struct lynx_opts_scan *scan, int *exit_code);
+int ctl_scan_cmd(const struct lynx_opt *tab, void *opts, int argc, char **argv,
+                 struct lynx_opts_scan *scan, int *exit_code);
 
 /* ---- api.c: the HTTP client --------------------------------------------- */
 
@@ -168,8 +168,7 @@ void ctl_f_bool(struct json_object *v, char *out, size_t n);
 
 /* Prints items (a JSON array of objects) as an aligned table: 0 or
  * -ENOMEM. */
-int ctl_print_table(FILE *f, struct json_object *items,
-                    const struct col *cols);
+int ctl_print_table(FILE *f, struct json_object *items, const struct col *cols);
 
 /* GET path and print its "items" with cols (--json: the answer as it
  * came). An exit code. */
@@ -212,8 +211,8 @@ int ctl_service_create(struct ctl *t, int argc, char **argv);
 int ctl_service_show(struct ctl *t, const char *name);
 
 /*
- * api.c (the long poll): waits until the registry version differs from version (it
- * grew, or the coordinator restarted with a lower one), or until the
+ * api.c (the long poll): waits until the registry version differs from version
+ * (it grew, or the coordinator restarted with a lower one), or until the
  * monotonic clock (lynx_now_ns) reaches until_ns (0: no end); rides out
  * coordinator outages (*lost: one is being ridden out, said once). EX_OK
  * (also when interrupted: ctl_stop is set) or EX_API.

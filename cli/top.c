@@ -16,10 +16,8 @@
 #include "util.h"
 
 static const char *const nstate_names[LYNX_TOP_NSTATES] = {
-    [LYNX_TOP_READY] = "ready",
-    [LYNX_TOP_DRAINING] = "draining",
-    [LYNX_TOP_DRAINED] = "drained",
-    [LYNX_TOP_DOWN] = "down",
+    [LYNX_TOP_READY] = "ready",     [LYNX_TOP_DRAINING] = "draining",
+    [LYNX_TOP_DRAINED] = "drained", [LYNX_TOP_DOWN] = "down",
     [LYNX_TOP_OTHER] = "?",
 };
 
@@ -30,9 +28,7 @@ static const char *const key_names[] = {
     [LYNX_TOP_BY_ID] = "id",
 };
 
-void lynx_top_frame_init(struct lynx_top_frame *f) {
-  memset(f, 0, sizeof(*f));
-}
+void lynx_top_frame_init(struct lynx_top_frame *f) { memset(f, 0, sizeof(*f)); }
 
 void lynx_top_frame_free(struct lynx_top_frame *f) {
   free(f->rows);
@@ -179,8 +175,7 @@ int lynx_top_add_nodes(struct lynx_top_frame *f, struct json_object *answer) {
       continue;
     na = json_object_array_length(accels);
     for (size_t k = 0; k < na; k++)
-      if (add_accel(f, id, state, epoch, age_ms,
-                    at > ago_ns ? at - ago_ns : 0,
+      if (add_accel(f, id, state, epoch, age_ms, at > ago_ns ? at - ago_ns : 0,
                     json_object_array_get_idx(accels, k)) == -ENOMEM)
         return -ENOMEM;
   }
@@ -215,8 +210,8 @@ int lynx_top_index(struct lynx_top_frame *f) {
 }
 
 /* The row of accelerator (node, idx), or NULL: binary search. */
-static struct lynx_top_row *row_find(struct lynx_top_frame *f,
-                                     const char *node, uint32_t idx) {
+static struct lynx_top_row *row_find(struct lynx_top_frame *f, const char *node,
+                                     uint32_t idx) {
   size_t lo = 0, hi = f->n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -231,8 +226,7 @@ static struct lynx_top_row *row_find(struct lynx_top_frame *f,
   return NULL;
 }
 
-int lynx_top_add_mqueues(struct lynx_top_frame *f,
-                         struct json_object *answer) {
+int lynx_top_add_mqueues(struct lynx_top_frame *f, struct json_object *answer) {
   struct json_object *items = items_of(answer);
   size_t len;
   if (!items)
@@ -278,9 +272,8 @@ static const struct lynx_top_row *prev_row(const struct lynx_top_frame *prev,
                                            const struct lynx_top_row *r,
                                            size_t *j) {
   int c = 1;
-  while (*j < prev->n &&
-         (c = id_cmp(prev->rows[*j].node, prev->rows[*j].idx, r->node,
-                     r->idx)) < 0)
+  while (*j < prev->n && (c = id_cmp(prev->rows[*j].node, prev->rows[*j].idx,
+                                     r->node, r->idx)) < 0)
     (*j)++;
   return *j < prev->n && c == 0 ? &prev->rows[*j] : NULL;
 }
@@ -296,8 +289,7 @@ static int same_encoding(const struct lynx_top_frame *f,
     return 0;
   for (size_t i = 0; i < f->n; i++) {
     const struct lynx_top_row *r = &f->rows[i], *p = prev_row(prev, r, &j);
-    if (!p || p->beat_age_ms != r->beat_age_ms ||
-        p->requests != r->requests)
+    if (!p || p->beat_age_ms != r->beat_age_ms || p->requests != r->requests)
       return 0;
   }
   return 1;
@@ -333,7 +325,7 @@ void lynx_top_rates(struct lynx_top_frame *f,
   }
 }
 
-/* ---- order ---------------------------------------------------------------- */
+/* ---- order --------------------------------------------------------------- */
 
 static int view_id_cmp(const void *a, const void *b) {
   const struct lynx_top_row *x = *(const struct lynx_top_row *const *)a,
@@ -361,8 +353,7 @@ static int view_rate_cmp(const void *a, const void *b) {
 static int view_outstanding_cmp(const void *a, const void *b) {
   const struct lynx_top_row *x = *(const struct lynx_top_row *const *)a,
                             *y = *(const struct lynx_top_row *const *)b;
-  return desc_cmp(1, (double)x->outstanding, 1, (double)y->outstanding, x,
-                  y);
+  return desc_cmp(1, (double)x->outstanding, 1, (double)y->outstanding, x, y);
 }
 
 static int view_p99_cmp(const void *a, const void *b) {
@@ -395,7 +386,7 @@ const char *lynx_top_key_name(enum lynx_top_key key) {
   return (size_t)key < LYNX_ARRAY_SIZE(key_names) ? key_names[key] : "?";
 }
 
-/* ---- text ------------------------------------------------------------------ */
+/* ---- text ---------------------------------------------------------------- */
 
 void lynx_top_fmt_dur(uint64_t ns, char *out, size_t n) {
   if (ns < 1000)
@@ -420,8 +411,7 @@ void lynx_top_fmt_rate(double rate, char *out, size_t n) {
     snprintf(out, n, "%.2fM", rate / 1e6);
 }
 
-void lynx_top_health_fmt(const struct lynx_top_health *h, char *out,
-                         size_t n) {
+void lynx_top_health_fmt(const struct lynx_top_health *h, char *out, size_t n) {
   size_t l = 0;
   if (h->dispatchable) {
     snprintf(out, n, "ok");
@@ -478,8 +468,8 @@ void lynx_top_layout(const struct lynx_top_frame *f,
 #define W_SP99 11
 
 void lynx_top_header(const struct lynx_top_frame *f, const char *api,
-                     enum lynx_top_key key, const char *clock, int i,
-                     char *out, size_t n) {
+                     enum lynx_top_key key, const char *clock, int i, char *out,
+                     size_t n) {
   size_t total = 0, l;
   char rate[32];
   for (int s = 0; s < LYNX_TOP_NSTATES; s++)
@@ -513,8 +503,7 @@ void lynx_top_header(const struct lynx_top_frame *f, const char *api,
     break;
   case 3:
     lynx_top_fmt_rate(f->rates_known ? f->rate_sum : -1, rate, sizeof(rate));
-    snprintf(out, n,
-             "frontends: %u connected, %u active  requests/s: %s",
+    snprintf(out, n, "frontends: %u connected, %u active  requests/s: %s",
              f->frontends, f->frontends_active, rate);
     break;
   default:
@@ -522,8 +511,7 @@ void lynx_top_header(const struct lynx_top_frame *f, const char *api,
   }
 }
 
-void lynx_top_columns(const struct lynx_top_layout *lay, char *out,
-                      size_t n) {
+void lynx_top_columns(const struct lynx_top_layout *lay, char *out, size_t n) {
   snprintf(out, n, "%-*s  %-*s  %-*s  %-*s  %-*s  %-*s  %-*s  %-*s  HEALTH",
            lay->id, "ID", lay->state, "STATE", lay->kind, "KIND", lay->model,
            "MODEL", W_RATE, "RATE", W_OUT, "OUTSTANDING", W_QP99, "QUEUE-P99",
@@ -546,14 +534,13 @@ void lynx_top_row_text(const struct lynx_top_layout *lay,
   lynx_top_row_health(r, health, sizeof(health));
   snprintf(out, n, "%-*s  %-*s  %-*s  %-*s  %-*s  %-*llu  %-*s  %-*s  %s",
            lay->id, id, lay->state, nstate_names[r->state], lay->kind,
-           r->kind[0] ? r->kind : "-", lay->model,
-           r->model[0] ? r->model : "-", W_RATE, rate, W_OUT,
-           (unsigned long long)r->outstanding, W_QP99, qp, W_SP99, sp,
-           health);
+           r->kind[0] ? r->kind : "-", lay->model, r->model[0] ? r->model : "-",
+           W_RATE, rate, W_OUT, (unsigned long long)r->outstanding, W_QP99, qp,
+           W_SP99, sp, health);
 }
 
-int lynx_top_print(FILE *out, const struct lynx_top_frame *f,
-                   const char *api, enum lynx_top_key key, const char *clock) {
+int lynx_top_print(FILE *out, const struct lynx_top_frame *f, const char *api,
+                   enum lynx_top_key key, const char *clock) {
   struct lynx_top_layout lay;
   char line[1024];
   lynx_top_layout(f, &lay);

@@ -99,17 +99,17 @@ struct lynx_top_frame {
   struct lynx_top_row *rows; /* n of cap; in id order after lynx_top_index */
   size_t n, cap;
   const struct lynx_top_row **view; /* the n rows in the order shown */
-  uint64_t at_ns;      /* monotonic time its first read began */
+  uint64_t at_ns;                   /* monotonic time its first read began */
   uint64_t page_at_ns; /* the /v1/nodes page being added arrived (0: at_ns) */
-  uint64_t version;                 /* registry version of the first page */
+  uint64_t version;    /* registry version of the first page */
   int have_version;
   uint32_t nodes[LYNX_TOP_NSTATES];
   uint32_t dispatchable; /* healthy accelerators of ready nodes */
   uint32_t stalled;      /* with a stalled mqueue */
   uint32_t broken;       /* lost or failed */
   uint32_t frontends, frontends_active; /* connected; of those active */
-  double rate_sum;   /* of the known rates */
-  size_t rates_known; /* 0: the header's total is "-" */
+  double rate_sum;                      /* of the known rates */
+  size_t rates_known;                   /* 0: the header's total is "-" */
 };
 
 void lynx_top_frame_init(struct lynx_top_frame *f);
@@ -158,8 +158,7 @@ void lynx_top_fmt_rate(double rate, char *out, size_t n);
 void lynx_top_health_parse(struct json_object *o, struct lynx_top_health *h);
 /* "ok", or what keeps it out of dispatch: "lost", "failed: <last error>",
  * "stalled N mq S.Ss", joined with ", " ("out" when it says none). */
-void lynx_top_health_fmt(const struct lynx_top_health *h, char *out,
-                         size_t n);
+void lynx_top_health_fmt(const struct lynx_top_health *h, char *out, size_t n);
 /* A row's HEALTH: its health, and "node draining|drained|down" when its
  * node is not ready ("ok" only when neither holds). */
 void lynx_top_row_health(const struct lynx_top_row *r, char *out, size_t n);
@@ -174,16 +173,16 @@ void lynx_top_layout(const struct lynx_top_frame *f,
 /* Header line i (0 .. LYNX_TOP_HEADER_LINES - 1); clock is the wall-clock
  * time to show ("13:10:56"). */
 void lynx_top_header(const struct lynx_top_frame *f, const char *api,
-                     enum lynx_top_key key, const char *clock, int i,
-                     char *out, size_t n);
+                     enum lynx_top_key key, const char *clock, int i, char *out,
+                     size_t n);
 /* The column names; a row. No trailing blanks. */
 void lynx_top_columns(const struct lynx_top_layout *lay, char *out, size_t n);
 void lynx_top_row_text(const struct lynx_top_layout *lay,
                        const struct lynx_top_row *r, char *out, size_t n);
 /* A whole frame as batch mode writes it: the header, the column names,
  * every row in view order, then a blank line. 0 or -EIO. */
-int lynx_top_print(FILE *out, const struct lynx_top_frame *f,
-                   const char *api, enum lynx_top_key key, const char *clock);
+int lynx_top_print(FILE *out, const struct lynx_top_frame *f, const char *api,
+                   enum lynx_top_key key, const char *clock);
 
 /* ---- the refresh loop (top_view.c) ------------------------------------ */
 
@@ -204,10 +203,10 @@ struct lynx_top_src {
 };
 
 struct lynx_top_opts {
-  double delay_s;       /* between the end of a read and the next (-d) */
-  uint32_t count;       /* frames, then exit 0 (-n; 0: until q or Ctrl-C) */
+  double delay_s;        /* between the end of a read and the next (-d) */
+  uint32_t count;        /* frames, then exit 0 (-n; 0: until q or Ctrl-C) */
   enum lynx_top_key key; /* -s */
-  int batch;            /* -b: text frames to stdout, no curses */
+  int batch;             /* -b: text frames to stdout, no curses */
 };
 
 /* Runs the view until count frames, q, or *stop (SIGINT, SIGTERM; then

@@ -44,13 +44,13 @@ static int each_frontends(void *ctx, struct json_object *answer) {
 }
 
 /* One frame into f (initialised here). 0, or src's exit code with msg. */
-static int read_frame(const struct lynx_top_src *src,
-                      struct lynx_top_frame *f, char *msg, size_t n) {
+static int read_frame(const struct lynx_top_src *src, struct lynx_top_frame *f,
+                      char *msg, size_t n) {
   int rc;
   lynx_top_frame_init(f);
   f->at_ns = lynx_now_ns();
-  rc = src->get(src->arg, "/v1/nodes", LYNX_TOP_PAGE_NODES, each_nodes, f,
-                msg, n);
+  rc = src->get(src->arg, "/v1/nodes", LYNX_TOP_PAGE_NODES, each_nodes, f, msg,
+                n);
   if (rc)
     return rc;
   if (lynx_top_index(f)) {
@@ -123,7 +123,7 @@ static int run_batch(const struct lynx_top_opts *o,
   return rc;
 }
 
-/* ---- the screen ----------------------------------------------------------- */
+/* ---- the screen ---------------------------------------------------------- */
 
 /* s cut to at most cols columns without splitting a UTF-8 character: a
  * character takes at most as many columns as it has bytes (a wide one, 2,
@@ -181,8 +181,7 @@ static void draw(const struct lynx_top_frame *f, const struct lynx_top_src *src,
     put_line(0, line, 0);
   }
   if (!is_error && f && shown < f->n)
-    snprintf(line, sizeof(line), "%s  (%zu of %zu shown)", status, shown,
-             f->n);
+    snprintf(line, sizeof(line), "%s  (%zu of %zu shown)", status, shown, f->n);
   else
     snprintf(line, sizeof(line), "%s", status);
   put_line(LINES - 1, line, is_error ? A_BOLD : A_DIM);

@@ -65,8 +65,8 @@ int ctl_usage_err(const char *fmt, ...) {
 /* A command's options into opts (tab's). 1 when the command ends here,
  * with *exit_code: after an error (said, with a hint: EX_USAGE) or --help
  * (EX_OK), opts freed; 0 to go on (*exit_code EX_OK). */
-int ctl_scan_cmd(const struct lynx_opt *tab, void *opts, int argc,
-                 char **argv, struct lynx_opts_scan *scan, int *exit_code) {
+int ctl_scan_cmd(const struct lynx_opt *tab, void *opts, int argc, char **argv,
+                 struct lynx_opts_scan *scan, int *exit_code) {
   int rc = lynx_opts_scan(tab, opts, argc, argv, ctl_usage_text, scan);
   *exit_code = rc ? EX_USAGE : EX_OK;
   if (!rc && !scan->help)

@@ -152,8 +152,8 @@ int lynx_bell_ring(uint32_t id) {
   int fd = ring_sock();
   if (fd < 0)
     return fd;
-  if (sendto(fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
-             (struct sockaddr *)&a, len) < 0)
+  if (sendto(fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&a,
+             len) < 0)
     return -errno;
   return 0;
 }

@@ -107,8 +107,8 @@ uint64_t lynx_guard_auth_failed(struct lynx_guard *g,
   }
   if (++src->failures <= LYNX_GUARD_FAILS_FREE)
     return 0;
-  src->backoff_ns = src->backoff_ns ? src->backoff_ns * 2
-                                    : LYNX_GUARD_BACKOFF_MIN_NS;
+  src->backoff_ns =
+      src->backoff_ns ? src->backoff_ns * 2 : LYNX_GUARD_BACKOFF_MIN_NS;
   if (src->backoff_ns > LYNX_GUARD_BACKOFF_MAX_NS)
     src->backoff_ns = LYNX_GUARD_BACKOFF_MAX_NS;
   src->first_fail_ns = now_ns; /* the window runs from the latest */
@@ -155,8 +155,8 @@ void lynx_guard_metrics(FILE *f, const char *prefix, const char *what,
   lynx_prom_u64(f, name, NULL, lynx_guard_get(&g->accepted));
   snprintf(help, sizeof(help),
            "Connections to the %s closed at once, by the cap they met.", what);
-  family(f, name, sizeof(name), prefix, "_connections_refused_total",
-         "counter", help);
+  family(f, name, sizeof(name), prefix, "_connections_refused_total", "counter",
+         help);
   for (int r = 1; r < LYNX_GUARD_REASONS; r++)
     lynx_prom_u64(f, name,
                   (const struct lynx_prom_label[]){

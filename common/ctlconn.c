@@ -87,9 +87,11 @@ static void ctl_close_level(struct lynx_ctl *c, int level, const char *reason) {
          *r && !(*r >= '0' && *r <= '9') && *r != '\'' && *r != '"'; r++)
       h = (h ^ (uint8_t)*r) * 16777619u;
     if (lynx__log_rl_allow(&rl[h % 16], &sup))
-      lynx__log(level, c->comp, "closing control connection %s: %s (%llu "
-                "similar suppressed)", c->peer[0] ? c->peer : "(unconnected)",
-                reason, (unsigned long long)sup);
+      lynx__log(level, c->comp,
+                "closing control connection %s: %s (%llu "
+                "similar suppressed)",
+                c->peer[0] ? c->peer : "(unconnected)", reason,
+                (unsigned long long)sup);
   }
   uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
@@ -148,8 +150,7 @@ static void tls_input(struct lynx_ctl *c, const void *p, size_t n) {
   int rc;
   /* a TLS connection opens with a handshake record (content type 22); a
    * lynx frame opens with its length's high byte, 0 */
-  if (!c->tls->fed && n && c->on_not_tls &&
-      *(const uint8_t *)p != 22) {
+  if (!c->tls->fed && n && c->on_not_tls && *(const uint8_t *)p != 22) {
     lynx_tls_conn_free(c->tls);
     free(c->tls);
     c->tls = NULL;
@@ -201,7 +202,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (c->rd.len) {
       snprintf(why, sizeof(why),
                "peer closed the connection in the middle of a frame (%zu "
-               "bytes buffered)", c->rd.len);
+               "bytes buffered)",
+               c->rd.len);
       lynx_ctl_close(c, why);
     } else {
       ctl_close_level(c, LYNX_LOG_INFO, "peer closed the connection");
@@ -290,9 +292,9 @@ static int write_buf(struct lynx_ctl *c, uint8_t *buf, size_t len) {
   return rc;
 }
 
-int lynx_ctl_tls(struct lynx_ctl *c, const struct lynx_tls *t,
-                 const char *host, void (*on_ready)(struct lynx_ctl *c),
-                 char *err, size_t errlen) {
+int lynx_ctl_tls(struct lynx_ctl *c, const struct lynx_tls *t, const char *host,
+                 void (*on_ready)(struct lynx_ctl *c), char *err,
+                 size_t errlen) {
   int rc;
   c->tls = calloc(1, sizeof(*c->tls));
   if (!c->tls)
@@ -362,9 +364,8 @@ int lynx_ctl_refuse(struct lynx_ctl *c, const Lynx__Envelope *env,
 
 /* ---- dialer ------------------------------------------------------------ */
 
-int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
-                     const char *addrs, const char *comp, const char *target,
-                     size_t frame_max) {
+int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop, const char *addrs,
+                     const char *comp, const char *target, size_t frame_max) {
   if (lynx_parse_hostports(addrs, d->addrs, d->addr_str, LYNX_ADDRS_MAX,
                            &d->n_addr))
     return -EINVAL;
@@ -465,8 +466,10 @@ static void dialer_hello_late(uv_timer_t *t) {
   char why[160];
   if (!d->ctl || d->accepted)
     return;
-  snprintf(why, sizeof(why), "no answer within %llu ms (the peer does not "
-           "run?)%s", (unsigned long long)d->hello_timeout_ms,
+  snprintf(why, sizeof(why),
+           "no answer within %llu ms (the peer does not "
+           "run?)%s",
+           (unsigned long long)d->hello_timeout_ms,
            d->n_addr > 1 ? ": trying the next address" : "");
   lynx_ctl_close(d->ctl, why);
 }
@@ -493,8 +496,8 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
   d->accepted = 0;
   if (d->tls) {
     char host[LYNX_ADDR_STR_MAX], err[256];
-    if (lynx_ctl_tls(c, d->tls, dial_host(d->addr_str[d->cur], host,
-                                          sizeof(host)),
+    if (lynx_ctl_tls(c, d->tls,
+                     dial_host(d->addr_str[d->cur], host, sizeof(host)),
                      dialer_say_hello, err, sizeof(err))) {
       free(req);
       lynx_ctl_close(c, err);
@@ -504,9 +507,8 @@ void lynx_dialer_connect(struct lynx_dialer *d) {
   req->data = c;
   if (d->hello_timeout_ms)
     uv_timer_start(&d->hello, dialer_hello_late, d->hello_timeout_ms, 0);
-  d->connect_status = uv_tcp_connect(req, &c->tcp,
-                                     (struct sockaddr *)&d->addrs[d->cur],
-                                     dialer_on_connected);
+  d->connect_status = uv_tcp_connect(
+      req, &c->tcp, (struct sockaddr *)&d->addrs[d->cur], dialer_on_connected);
   if (d->connect_status) {
     free(req);
     lynx_ctl_close(c, "connect failed");
@@ -542,8 +544,10 @@ void lynx_dialer_silent(struct lynx_dialer *d, const char *what,
   char why[200];
   if (!d->ctl)
     return;
-  snprintf(why, sizeof(why), "%s for %llu ms: the peer does not run or "
-           "cannot be reached; trying %s", what, (unsigned long long)quiet_ms,
+  snprintf(why, sizeof(why),
+           "%s for %llu ms: the peer does not run or "
+           "cannot be reached; trying %s",
+           what, (unsigned long long)quiet_ms,
            d->n_addr > 1 ? "the next address" : "again");
   d->accepted = 0; /* dialer_closed moves on */
   lynx_ctl_close(d->ctl, why);

@@ -23,8 +23,9 @@ struct lynx_ctl_held;
 
 struct lynx_ctl {
   uv_tcp_t tcp;
-  struct lynx_frame_reader rd; /* rd.max: LYNX_CTL_UNTRUSTED_MAX until trusted */
-  size_t frame_max;            /* the cap once trusted, and on what we send */
+  struct lynx_frame_reader
+      rd;                     /* rd.max: LYNX_CTL_UNTRUSTED_MAX until trusted */
+  size_t frame_max;           /* the cap once trusted, and on what we send */
   lynx_ctl_msg_cb on_msg;     /* env is freed after on_msg returns */
   lynx_ctl_close_cb on_close; /* last call; owner may free c here */
   const char *comp;           /* log component */
@@ -69,9 +70,9 @@ void lynx_ctl_init(struct lynx_ctl *c, const char *comp, size_t frame_max,
  * Before it is done, what a peer can make c buffer is bounded by GnuTLS's
  * handshake limit (64 KiB) and the frame cap after it. 0 or -errno (err
  * says why). */
-int lynx_ctl_tls(struct lynx_ctl *c, const struct lynx_tls *t,
-                 const char *host, void (*on_ready)(struct lynx_ctl *c),
-                 char *err, size_t errlen);
+int lynx_ctl_tls(struct lynx_ctl *c, const struct lynx_tls *t, const char *host,
+                 void (*on_ready)(struct lynx_ctl *c), char *err,
+                 size_t errlen);
 /* Starts reading; fills c->peer. 0 or -errno. */
 int lynx_ctl_start(struct lynx_ctl *c);
 /* The peer authenticated: see struct lynx_ctl.trusted. */
@@ -127,9 +128,9 @@ struct lynx_dialer {
   uint64_t hello_timeout_ms; /* 0: none */
   uint64_t backoff_ms;
   uint64_t backoff_max_ms; /* longest wait between attempts (0: 2 s) */
-  int connect_status; /* the last attempt: 0 connected, else a uv error */
-  const char *comp;   /* log component */
-  const char *target; /* "coordinator 127.0.0.1:7700": for logs */
+  int connect_status;      /* the last attempt: 0 connected, else a uv error */
+  const char *comp;        /* log component */
+  const char *target;      /* "coordinator 127.0.0.1:7700": for logs */
   size_t frame_max;
   const char *role, *id, *token; /* our Hello */
   /* TLS to the peer (the cluster CA, our certificate), or NULL: plain
@@ -149,9 +150,8 @@ struct lynx_dialer {
  * lynx_dialer_close). addrs: "HOST:PORT[,HOST:PORT...]", already checked
  * (an option of type LYNX_OPT_ADDRS or LYNX_OPT_ADDR). The strings must
  * outlive the dialer. 0 or -EINVAL. */
-int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop,
-                     const char *addrs, const char *comp, const char *target,
-                     size_t frame_max);
+int lynx_dialer_init(struct lynx_dialer *d, uv_loop_t *loop, const char *addrs,
+                     const char *comp, const char *target, size_t frame_max);
 /* The address the current (or last) attempt is for. */
 const char *lynx_dialer_addr(const struct lynx_dialer *d);
 /* Connects now, unless a connection exists or is being made. */

@@ -22,8 +22,8 @@
  * one to shed. */
 struct hc_conn {
   int fd;
-  int has_key;      /* an IP peer: counted against per_client */
-  uint8_t key[16];  /* lynx_addr_key */
+  int has_key;     /* an IP peer: counted against per_client */
+  uint8_t key[16]; /* lynx_addr_key */
   enum lynx_hc_phase phase;
   uint64_t deadline_ns; /* HEADERS / BODY (CLOCK_MONOTONIC) */
   int gone;             /* shed or reaped: no longer counted */
@@ -47,12 +47,11 @@ struct lynx_hc {
 /* " (" opt suffix ")" for a log line, or nothing when the caps are not
  * options: four %s. */
 #define OPT_NAMED(hc, suffix)                                                  \
-  (hc)->cfg.opt[0] ? " (" : "", (hc)->cfg.opt, (hc)->cfg.opt[0] ? suffix : "",  \
+  (hc)->cfg.opt[0] ? " (" : "", (hc)->cfg.opt, (hc)->cfg.opt[0] ? suffix : "", \
       (hc)->cfg.opt[0] ? ")" : ""
 
 static const char *const cap_names[LYNX_HC_CAPS] = {"per_client", "total"};
-static const char *const kind_names[LYNX_HC_KINDS] = {"incomplete",
-                                                      "waiting"};
+static const char *const kind_names[LYNX_HC_KINDS] = {"incomplete", "waiting"};
 
 static void list_unlink(struct lynx_hc *hc, struct hc_conn *a) {
   if (a->prev)
@@ -126,8 +125,7 @@ static void *reaper_main(void *arg) {
     struct timespec ts;
     for (struct hc_conn *a = hc->head; a; a = a->next) {
       int header;
-      if (a->gone ||
-          (a->phase != LYNX_HC_HEADERS && a->phase != LYNX_HC_BODY))
+      if (a->gone || (a->phase != LYNX_HC_HEADERS && a->phase != LYNX_HC_BODY))
         continue;
       if (a->deadline_ns > now) {
         if (a->deadline_ns < next)
@@ -144,20 +142,19 @@ static void *reaper_main(void *arg) {
         hc->timeouts_header++;
       else
         hc->timeouts_body++;
-      LYNX_LOG_RL(LYNX_LOG_WARN, hc->cfg.comp,
-                  "closed a connection from %s: its request's %s took "
-                  "longer than %llu ms%s%s%s%s",
-                  key_str(a, ip, sizeof(ip)), header ? "headers" : "body",
-                  (unsigned long long)(header ? hc->cfg.header_timeout_ms
-                                              : hc->cfg.body_timeout_ms),
-                  OPT_NAMED(hc, header ? "-header-timeout-ms"
-                                       : "-body-timeout-ms"));
+      LYNX_LOG_RL(
+          LYNX_LOG_WARN, hc->cfg.comp,
+          "closed a connection from %s: its request's %s took "
+          "longer than %llu ms%s%s%s%s",
+          key_str(a, ip, sizeof(ip)), header ? "headers" : "body",
+          (unsigned long long)(header ? hc->cfg.header_timeout_ms
+                                      : hc->cfg.body_timeout_ms),
+          OPT_NAMED(hc, header ? "-header-timeout-ms" : "-body-timeout-ms"));
     }
     hc->reap_at_ns = next;
     ts.tv_sec = (time_t)(next / 1000000000u);
     ts.tv_nsec = (long)(next % 1000000000u);
-    pthread_cond_clockwait(&hc->reaper_wake, &hc->lock, CLOCK_MONOTONIC,
-                           &ts);
+    pthread_cond_clockwait(&hc->reaper_wake, &hc->lock, CLOCK_MONOTONIC, &ts);
   }
   pthread_mutex_unlock(&hc->lock);
   return NULL;
@@ -330,8 +327,8 @@ void lynx_hc_on_connection(void *cls, struct MHD_Connection *conn,
       return;
     }
     a->fd = fd->connect_fd;
-    a->has_key = ad && ad->client_addr &&
-                 lynx_addr_key(ad->client_addr, a->key) == 0;
+    a->has_key =
+        ad && ad->client_addr && lynx_addr_key(ad->client_addr, a->key) == 0;
     a->phase = LYNX_HC_HEADERS;
     pthread_mutex_lock(&hc->lock);
     list_append(hc, a);
@@ -480,12 +477,12 @@ void lynx_hc_metrics(FILE *f, const char *prefix, const char *opt,
              (unsigned long long)s->header_timeout_ms,
              (unsigned long long)s->body_timeout_ms);
   lynx_prom_family(f, name, "counter", help);
-  lynx_prom_u64(f, name,
-                (const struct lynx_prom_label[]){{"phase", "header"},
-                                                 {NULL, NULL}},
-                s->timeouts_header);
-  lynx_prom_u64(f, name,
-                (const struct lynx_prom_label[]){{"phase", "body"},
-                                                 {NULL, NULL}},
-                s->timeouts_body);
+  lynx_prom_u64(
+      f, name,
+      (const struct lynx_prom_label[]){{"phase", "header"}, {NULL, NULL}},
+      s->timeouts_header);
+  lynx_prom_u64(
+      f, name,
+      (const struct lynx_prom_label[]){{"phase", "body"}, {NULL, NULL}},
+      s->timeouts_body);
 }

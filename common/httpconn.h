@@ -64,9 +64,9 @@ struct lynx_hc_cfg {
   unsigned conn_max;   /* live connections (0: LYNX_HC_CONN_MAX_DEFAULT) */
   unsigned per_client; /* of them from one address (0: conn_max / 4) */
   uint64_t header_timeout_ms, body_timeout_ms; /* 0: 10 s, 30 s */
-  const char *comp; /* log component, e.g. "http" */
-  const char *opt;  /* the options' prefix in log lines, e.g. "--http"
-                     * (NULL: the caps are not options) */
+  const char *comp;                            /* log component, e.g. "http" */
+  const char *opt; /* the options' prefix in log lines, e.g. "--http"
+                    * (NULL: the caps are not options) */
   /* Told that connections in LYNX_HC_WAIT were shed (lynx_hc_was_shed now
    * says so of them): the owner answers them. Runs on the server's thread
    * with no lock of this module held. NULL when no request ever waits. */

@@ -43,7 +43,8 @@ uint64_t lynx_lat_quantile(const struct lynx_lat_hist *cur,
     if (hi == UINT64_MAX) /* the open bucket: its lower bound is all we know */
       return lo;
     /* linear within the bucket, as Prometheus' histogram_quantile */
-    return lo + (uint64_t)((double)(hi - lo) * ((rank - (double)seen) / (double)d));
+    return lo +
+           (uint64_t)((double)(hi - lo) * ((rank - (double)seen) / (double)d));
   }
   return lynx_lat_bucket_lo(LYNX_LAT_BUCKETS - 1u);
 }

@@ -83,7 +83,7 @@ LYNX_HD uint64_t lynx_lat_bucket_hi(uint32_t b) {
   return b + 1u >= LYNX_LAT_BUCKETS ? UINT64_MAX : lynx_lat_bucket_lo(b + 1u);
 }
 
-/* ---- first-seen stamps ---------------------------------------------------- */
+/* ---- first-seen stamps --------------------------------------------------- */
 
 /* One mqueue's stamps: positions below pos were seen, the last
  * LYNX_SEEN_WIN of them at ns[position % LYNX_SEEN_WIN]. */
@@ -132,7 +132,7 @@ LYNX_HD uint64_t lynx_seen_at(const struct lynx_seen *s, uint32_t p,
   return s->ns[p % LYNX_SEEN_WIN] <= now ? s->ns[p % LYNX_SEEN_WIN] : now;
 }
 
-/* ---- host side ------------------------------------------------------------ */
+/* ---- host side ----------------------------------------------------------- */
 
 #if !defined(__CUDA_ARCH__)
 /* Adds one duration. Single writer; readers on other threads see each

@@ -31,8 +31,9 @@ void lynx__log(int level, const char *comp, const char *fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   gmtime_r(&ts.tv_sec, &tm);
   n = strftime(line, sizeof(line), "%H:%M:%S", &tm);
-  n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ld %-5s %s: ",
-                        ts.tv_nsec / 1000000, level_names[level & 3], comp);
+  n += (size_t)snprintf(line + n, sizeof(line) - n,
+                        ".%03ld %-5s %s: ", ts.tv_nsec / 1000000,
+                        level_names[level & 3], comp);
   va_start(ap, fmt);
   if (n < sizeof(line))
     n += (size_t)vsnprintf(line + n, sizeof(line) - n, fmt, ap);

@@ -47,9 +47,10 @@ int lynx__log_rl_allow(struct lynx__log_rl *rl, uint64_t *suppressed);
   do {                                                                         \
     static __thread struct lynx__log_rl lynx__rl_;                             \
     uint64_t lynx__sup_;                                                       \
-    if ((lvl) <= lynx_log_level && lynx__log_rl_allow(&lynx__rl_, &lynx__sup_)) \
-      lynx__log((lvl), (comp), fmt " (%llu similar suppressed)", ##__VA_ARGS__, \
-                (unsigned long long)lynx__sup_);                               \
+    if ((lvl) <= lynx_log_level &&                                             \
+        lynx__log_rl_allow(&lynx__rl_, &lynx__sup_))                           \
+      lynx__log((lvl), (comp), fmt " (%llu similar suppressed)",               \
+                ##__VA_ARGS__, (unsigned long long)lynx__sup_);                \
   } while (0)
 
 #define LYNX_ERR(comp, ...) LYNX_LOG(LYNX_LOG_ERROR, comp, __VA_ARGS__)

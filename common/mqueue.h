@@ -96,7 +96,7 @@ struct lynx_region_hdr {
  * doorbells"): a CPU accelerator sets it, a GPU does not. */
 #define LYNX_HDR_RESP_BELL 1u
 
-#define LYNX_OFF_SLEEPING 64u  /* u32, accelerator-written */
+#define LYNX_OFF_SLEEPING 64u /* u32, accelerator-written */
 /* u64, the region's fence: the newest frontend epoch it admitted as its
  * producer (docs/mqueue.md "Fencing"). shm: CAS-maxed by each frontend's
  * connect; tcp/rdma: written by the agent. */
@@ -353,8 +353,7 @@ LYNX_HD void lynx_ref_load(const struct lynx_large_ref *src,
  * the reference lies inside an area of size bytes, -90 otherwise. */
 LYNX_HD int lynx_large_check(const struct lynx_slot_meta *m,
                              const struct lynx_large_ref *r, uint32_t size) {
-  if (m->len != sizeof(*r) || !size || r->off >= size ||
-      r->len > size - r->off)
+  if (m->len != sizeof(*r) || !size || r->off >= size || r->len > size - r->off)
     return -90;
   return 0;
 }
@@ -374,11 +373,11 @@ struct lynx_mq {
   struct lynx_actrl *actrl;     /* this mqueue's accelerator-written indices */
   const struct lynx_fctrl *fctrl; /* this mqueue's frontend-written indices */
   uint32_t slots, slot_size, large_bytes;
-  uint32_t rx_head;  /* next position to receive */
-  uint32_t rx_cons;  /* oldest position not yet released */
-  uint32_t tx_prod;  /* next position to send */
-  uint32_t tx_cons;  /* cached fctrl->tx_cons */
-  uint32_t bad;      /* malformed requests skipped */
+  uint32_t rx_head;              /* next position to receive */
+  uint32_t rx_cons;              /* oldest position not yet released */
+  uint32_t tx_prod;              /* next position to send */
+  uint32_t tx_cons;              /* cached fctrl->tx_cons */
+  uint32_t bad;                  /* malformed requests skipped */
   struct lynx_large_alloc tx_la; /* the TX large area */
   uint32_t tx_lscan; /* TX slots before it were looked at for frees */
   uint32_t tx_lopen; /* start of the open large reservation */
@@ -480,10 +479,9 @@ LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
     mq->rx_cons++;
     if (mq->rx_cons == mq->rx_head)
       break;
-    if (lynx_mq_resolve(mq,
-                        lynx_mq_meta(mq->rx, mq->slot_size, mq->slots,
-                                     mq->rx_cons),
-                        &mm) == 0)
+    if (lynx_mq_resolve(
+            mq, lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, mq->rx_cons),
+            &mm) == 0)
       break;
   }
   lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);
@@ -570,13 +568,13 @@ LYNX_HD int lynx_mq_reserve(struct lynx_mq *mq, uint32_t max_len,
   if (large && max_len > mq->large_bytes)
     return -90;
   if (lynx_ring_full(mq->tx_prod, mq->tx_cons, mq->slots) ||
-      (large && lynx_large_place(&mq->tx_la, mq->large_bytes, max_len,
-                                 &start) != 0)) {
+      (large &&
+       lynx_large_place(&mq->tx_la, mq->large_bytes, max_len, &start) != 0)) {
     mq->tx_cons = lynx_load_acquire32(&mq->fctrl->tx_cons);
     lynx_mq_tx_reclaim(mq);
     if (lynx_ring_full(mq->tx_prod, mq->tx_cons, mq->slots) ||
-        (large && lynx_large_place(&mq->tx_la, mq->large_bytes, max_len,
-                                   &start) != 0))
+        (large &&
+         lynx_large_place(&mq->tx_la, mq->large_bytes, max_len, &start) != 0))
       return -11;
   }
   if (large) {
@@ -596,8 +594,8 @@ LYNX_HD void lynx_mq_commit(struct lynx_mq *mq, uint32_t tag, uint32_t len,
   struct lynx_slot_meta *meta =
       lynx_mq_meta(mq->tx, mq->slot_size, mq->slots, mq->tx_prod);
   if (max_len > lynx_slot_cap(mq->slot_size)) {
-    uint32_t poff =
-        lynx_payload_off(mq->slot_size, (uint32_t)sizeof(struct lynx_large_ref));
+    uint32_t poff = lynx_payload_off(mq->slot_size,
+                                     (uint32_t)sizeof(struct lynx_large_ref));
     struct lynx_large_ref r =
         lynx_large_ref_at(mq->tx_lopen, len, mq->large_bytes);
     *(struct lynx_large_ref *)lynx_meta_payload(meta, mq->slot_size,

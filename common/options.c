@@ -25,8 +25,8 @@ static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
   case LYNX_OPT_U32:
   case LYNX_OPT_U64:
     if (lynx_parse_u64(val, o->min, o->max, &v)) {
-      fprintf(stderr, "%s%s: '%s' is not a number in [%llu, %llu]\n",
-              dashes(o), o->name, val, (unsigned long long)o->min,
+      fprintf(stderr, "%s%s: '%s' is not a number in [%llu, %llu]\n", dashes(o),
+              o->name, val, (unsigned long long)o->min,
               (unsigned long long)o->max);
       return -EINVAL;
     }
@@ -37,13 +37,14 @@ static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
     return 0;
   case LYNX_OPT_ADDR: {
     struct sockaddr_storage ss;
-    if (val && (lynx_parse_hostport(val, &ss) ||
-                lynx_sockaddr_port(&ss) < o->min ||
-                lynx_sockaddr_port(&ss) > o->max)) {
-      fprintf(stderr, "%s%s: '%s' is not HOST:PORT (a numeric IPv4 address, "
-              "[IPv6] or localhost, and a port in %llu..%llu)\n", dashes(o),
-              o->name, val,
-              (unsigned long long)o->min, (unsigned long long)o->max);
+    if (val &&
+        (lynx_parse_hostport(val, &ss) || lynx_sockaddr_port(&ss) < o->min ||
+         lynx_sockaddr_port(&ss) > o->max)) {
+      fprintf(stderr,
+              "%s%s: '%s' is not HOST:PORT (a numeric IPv4 address, "
+              "[IPv6] or localhost, and a port in %llu..%llu)\n",
+              dashes(o), o->name, val, (unsigned long long)o->min,
+              (unsigned long long)o->max);
       return -EINVAL;
     }
   }
@@ -57,11 +58,12 @@ static int set_opt(const struct lynx_opt *o, void *cfg, const char *val) {
         bad = lynx_sockaddr_port(&ss[i]) < o->min ||
               lynx_sockaddr_port(&ss[i]) > o->max;
       if (bad) {
-        fprintf(stderr, "%s%s: '%s' is not HOST:PORT[,HOST:PORT...] (at most "
+        fprintf(stderr,
+                "%s%s: '%s' is not HOST:PORT[,HOST:PORT...] (at most "
                 "%d, each a numeric IPv4 address, [IPv6] or localhost, and a "
-                "port in %llu..%llu)\n", dashes(o), o->name, val,
-                LYNX_ADDRS_MAX, (unsigned long long)o->min,
-                (unsigned long long)o->max);
+                "port in %llu..%llu)\n",
+                dashes(o), o->name, val, LYNX_ADDRS_MAX,
+                (unsigned long long)o->min, (unsigned long long)o->max);
         return -EINVAL;
       }
     }
@@ -142,8 +144,8 @@ static char *trim(char *s) {
   while (*s == ' ' || *s == '\t')
     s++;
   e = s + strlen(s);
-  while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' ||
-                   e[-1] == '\n'))
+  while (e > s &&
+         (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n'))
     *--e = '\0';
   return s;
 }
@@ -180,8 +182,10 @@ static int conf_line(const struct lynx_opt *tab, void *cfg, const char *path,
   for (o = tab; o->name && strcmp(o->name, key) != 0; o++)
     ;
   if (!o->name) {
-    fprintf(stderr, "%s:%u: unknown key '%s' (the keys are the long options "
-            "of --help, without the dashes)\n", path, n, key);
+    fprintf(stderr,
+            "%s:%u: unknown key '%s' (the keys are the long options "
+            "of --help, without the dashes)\n",
+            path, n, key);
     return -EINVAL;
   }
   if (at[o - tab]) {
@@ -191,8 +195,8 @@ static int conf_line(const struct lynx_opt *tab, void *cfg, const char *path,
   }
   at[o - tab] = n;
   if (o->type == LYNX_OPT_FLAG && !(val = (char *)conf_flag(val))) {
-    fprintf(stderr, "%s:%u: '%s' takes true or false, not '%s'\n", path, n,
-            key, trim(eq + 1));
+    fprintf(stderr, "%s:%u: '%s' takes true or false, not '%s'\n", path, n, key,
+            trim(eq + 1));
     return -EINVAL;
   }
   if (set_opt(o, cfg, val)) {
@@ -264,8 +268,8 @@ static int conf_find(int argc, char **argv, const char **path, int *help) {
   return 0;
 }
 
-int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
-                   char **argv, const char *usage, struct lynx_opts_scan *s) {
+int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc, char **argv,
+                   const char *usage, struct lynx_opts_scan *s) {
   const char *conf = NULL;
   int help = 0, rc;
   s->n_rest = 0;
@@ -385,7 +389,7 @@ struct json_object *lynx_opts_json(const struct lynx_opt *tab,
       v = json_object_new_int64(*(const uint32_t *)p);
       break;
     case LYNX_OPT_U64:
-      v = json_object_new_int64((int64_t)*(const uint64_t *)p);
+      v = json_object_new_int64((int64_t) * (const uint64_t *)p);
       break;
     case LYNX_OPT_STR:
     case LYNX_OPT_ADDR:

@@ -20,13 +20,13 @@
 struct json_object;
 
 enum lynx_opt_type {
-  LYNX_OPT_U32,  /* uint32_t, decimal, within [min, max] */
-  LYNX_OPT_U64,  /* uint64_t, decimal, within [min, max] */
-  LYNX_OPT_STR,  /* char *, strdup'd; NULL default allowed */
-  LYNX_OPT_ENUM, /* int, index into choices (NULL-terminated) */
-  LYNX_OPT_FLAG, /* int, 1 when given, takes no value */
-  LYNX_OPT_ADDR, /* char *, HOST:PORT (lynx_parse_hostport) whose port is in
-                    [min, max]; NULL default allowed */
+  LYNX_OPT_U32,   /* uint32_t, decimal, within [min, max] */
+  LYNX_OPT_U64,   /* uint64_t, decimal, within [min, max] */
+  LYNX_OPT_STR,   /* char *, strdup'd; NULL default allowed */
+  LYNX_OPT_ENUM,  /* int, index into choices (NULL-terminated) */
+  LYNX_OPT_FLAG,  /* int, 1 when given, takes no value */
+  LYNX_OPT_ADDR,  /* char *, HOST:PORT (lynx_parse_hostport) whose port is in
+                     [min, max]; NULL default allowed */
   LYNX_OPT_ADDRS, /* char *, HOST:PORT[,HOST:PORT...] (lynx_parse_hostports,
                      at most LYNX_ADDRS_MAX), each port in [min, max] */
 };
@@ -43,24 +43,33 @@ struct lynx_opt {
   const char *help;
 };
 
-#define LYNX_OPT_END {NULL, 0, 0, NULL, 0, 0, NULL, NULL}
+#define LYNX_OPT_END                                                           \
+  { NULL, 0, 0, NULL, 0, 0, NULL, NULL }
 
 /* Options the daemons (and the tools that speak their protocol) share,
  * defined once: off is the field's offset in the caller's cfg. */
 #define LYNX_OPT_FRAME_MAX(off)                                                \
-  {"frame-max", LYNX_OPT_U32, off, "1048576", 64, 1u << 26, NULL,              \
-   "largest accepted control frame, bytes"}
+  {                                                                            \
+    "frame-max", LYNX_OPT_U32, off, "1048576", 64, 1u << 26, NULL,             \
+        "largest accepted control frame, bytes"                                \
+  }
 /* TLS (common/tls.h, docs/tls.md): the cluster CA, and this daemon's own
  * certificate and key; ca_help says what the CA does for this daemon. */
-#define LYNX_OPT_TLS(ca_off, cert_off, key_off, ca_help)                       \
-  {"tls-ca", LYNX_OPT_STR, ca_off, NULL, 0, 0, NULL, ca_help},                 \
-      {"tls-cert", LYNX_OPT_STR, cert_off, NULL, 0, 0, NULL,                   \
-       "this daemon's certificate (PEM), signed by the cluster CA"},           \
-      {"tls-key", LYNX_OPT_STR, key_off, NULL, 0, 0, NULL,                     \
-       "the private key of --tls-cert (PEM; keep it chmod 600)"}
+#define LYNX_OPT_TLS(ca_off, cert_off, key_off, ca_help)                         \
+  {"tls-ca", LYNX_OPT_STR, ca_off, NULL, 0, 0, NULL, ca_help},                   \
+      {"tls-cert", LYNX_OPT_STR,                                                 \
+       cert_off,   NULL,                                                         \
+       0,          0,                                                            \
+       NULL,       "this daemon's certificate (PEM), signed by the cluster CA"}, \
+  {                                                                              \
+    "tls-key", LYNX_OPT_STR, key_off, NULL, 0, 0, NULL,                          \
+        "the private key of --tls-cert (PEM; keep it chmod 600)"                 \
+  }
 #define LYNX_OPT_LOG_LEVEL(off, dflt)                                          \
-  {"log-level", LYNX_OPT_STR, off, dflt, 0, 0, NULL,                           \
-   "error, warn, info or debug"}
+  {                                                                            \
+    "log-level", LYNX_OPT_STR, off, dflt, 0, 0, NULL,                          \
+        "error, warn, info or debug"                                           \
+  }
 
 /*
  * Applies defaults, then argv. Returns 0, with *help set when --help (or
@@ -97,19 +106,19 @@ enum {
 };
 
 struct lynx_opts_scan {
-  unsigned flags;   /* LYNX_OPTS_* */
-  char **rest;      /* with POSITIONAL or PASS_UNKNOWN: room for argc - 1 */
-  int n_rest;       /* out: arguments kept in rest */
-  uint64_t given;   /* out: bit i set when tab[i] was on the command line
-                       (tables of at most 64 options) */
-  int help;         /* out: --help was printed (exit 0) */
+  unsigned flags; /* LYNX_OPTS_* */
+  char **rest;    /* with POSITIONAL or PASS_UNKNOWN: room for argc - 1 */
+  int n_rest;     /* out: arguments kept in rest */
+  uint64_t given; /* out: bit i set when tab[i] was on the command line
+                     (tables of at most 64 options) */
+  int help;       /* out: --help was printed (exit 0) */
 };
 
 /* lynx_opts_parse with the choices of *s; the same returns and messages
  * (s->help for lynx_opts_parse's *help).
  * argv[0] is the program (or command) name and is not parsed. */
-int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc,
-                   char **argv, const char *usage, struct lynx_opts_scan *s);
+int lynx_opts_scan(const struct lynx_opt *tab, void *cfg, int argc, char **argv,
+                   const char *usage, struct lynx_opts_scan *s);
 
 /*
  * lynx_opts_parse with --config FILE (the daemons): FILE holds one option a

@@ -80,8 +80,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 }
 
 /* The request ended: the next one's headers are due. */
-static void on_completed(void *cls, struct MHD_Connection *conn,
-                         void **req_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe) {
   struct prom *p = cls;
   (void)toe;
   *req_cls = NULL;

@@ -29,14 +29,15 @@ static int read_pem(const char *opt, const char *path, char **out, char *err,
   if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode) ||
       (uint64_t)st.st_size > PEM_MAX) {
     fclose(f);
-    return lynx_fail(err, errlen, -EINVAL, "--%s %s: not a regular file of "
-                     "at most %u bytes", opt, path, PEM_MAX);
+    return lynx_fail(err, errlen, -EINVAL,
+                     "--%s %s: not a regular file of "
+                     "at most %u bytes",
+                     opt, path, PEM_MAX);
   }
   *out = malloc((size_t)st.st_size + 1);
   if (!*out) {
     fclose(f);
-    return lynx_fail(err, errlen, -ENOMEM, "--%s %s: out of memory", opt,
-                     path);
+    return lynx_fail(err, errlen, -ENOMEM, "--%s %s: out of memory", opt, path);
   }
   n = fread(*out, 1, (size_t)st.st_size, f);
   (*out)[n] = '\0';
@@ -51,17 +52,21 @@ int lynx_tls_load(struct lynx_tls *t, int server,
   if (!f->ca && !f->cert && !f->key)
     return 1;
   if (!f->cert != !f->key)
-    return lynx_fail(err, errlen, -EINVAL, "--tls-cert and --tls-key go "
+    return lynx_fail(err, errlen, -EINVAL,
+                     "--tls-cert and --tls-key go "
                      "together (%s is missing)",
                      f->cert ? "--tls-key" : "--tls-cert");
   if (server && !f->cert)
-    return lynx_fail(err, errlen, -EINVAL, "--tls-ca needs --tls-cert and "
+    return lynx_fail(err, errlen, -EINVAL,
+                     "--tls-ca needs --tls-cert and "
                      "--tls-key: this coordinator's own certificate");
   if (!server && !f->ca)
-    return lynx_fail(err, errlen, -EINVAL, "--tls-cert needs --tls-ca: the "
+    return lynx_fail(err, errlen, -EINVAL,
+                     "--tls-cert needs --tls-ca: the "
                      "CA that signed the coordinator's certificate");
   if (!server && !f->cert)
-    return lynx_fail(err, errlen, -EINVAL, "--tls-ca needs --tls-cert and "
+    return lynx_fail(err, errlen, -EINVAL,
+                     "--tls-ca needs --tls-cert and "
                      "--tls-key: the coordinator refuses a peer without a "
                      "certificate its CA signed");
   memset(t, 0, sizeof(*t));
@@ -94,13 +99,11 @@ int lynx_tls_load(struct lynx_tls *t, int server,
       goto fail;
     d.data = (unsigned char *)ca;
     d.size = (unsigned)strlen(ca);
-    g = gnutls_certificate_set_x509_trust_mem(t->cred, &d,
-                                              GNUTLS_X509_FMT_PEM);
+    g = gnutls_certificate_set_x509_trust_mem(t->cred, &d, GNUTLS_X509_FMT_PEM);
     free(ca);
     if (g <= 0) {
       rc = lynx_fail(err, errlen, -EINVAL, "--tls-ca %s: %s", f->ca,
-                     g < 0 ? gnutls_strerror(g)
-                           : "holds no PEM certificate");
+                     g < 0 ? gnutls_strerror(g) : "holds no PEM certificate");
       goto fail;
     }
     t->has_ca = 1;
@@ -114,7 +117,8 @@ fail:
 int lynx_tls_load_client(struct lynx_tls *t, const struct lynx_tls_files *f,
                          int to_coordinator, char *err, size_t errlen) {
   if (!to_coordinator && (f->ca || f->cert || f->key))
-    return lynx_fail(err, errlen, -EINVAL, "--tls-ca, --tls-cert, --tls-key: "
+    return lynx_fail(err, errlen, -EINVAL,
+                     "--tls-ca, --tls-cert, --tls-key: "
                      "TLS is for the control connection to a coordinator "
                      "(--coordinator); static mode speaks plain text "
                      "(docs/tls.md)");
@@ -277,8 +281,8 @@ int lynx_tls_handshake(struct lynx_tls_conn *tc, char *err, size_t errlen) {
   return -EPROTO;
 }
 
-ssize_t lynx_tls_recv(struct lynx_tls_conn *tc, void *buf, size_t n,
-                      char *err, size_t errlen) {
+ssize_t lynx_tls_recv(struct lynx_tls_conn *tc, void *buf, size_t n, char *err,
+                      size_t errlen) {
   for (;;) {
     ssize_t r = gnutls_record_recv(tc->s, buf, n);
     if (r >= 0)

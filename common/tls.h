@@ -62,8 +62,8 @@ struct lynx_tls_conn {
   gnutls_session_t s;
   uint8_t *in; /* ciphertext fed in, not yet pulled by GnuTLS */
   size_t in_off, in_len, in_cap;
-  uint64_t fed; /* bytes fed in all */
-  int ready; /* the handshake completed */
+  uint64_t fed;   /* bytes fed in all */
+  int ready;      /* the handshake completed */
   char host[256]; /* a client's: what the server's certificate must name */
   lynx_tls_push_fn push;
   void *push_arg;
@@ -85,8 +85,8 @@ int lynx_tls_feed(struct lynx_tls_conn *tc, const void *buf, size_t n);
 int lynx_tls_handshake(struct lynx_tls_conn *tc, char *err, size_t errlen);
 /* Decrypts into buf: bytes (> 0), -EAGAIN (nothing complete yet), 0 (the
  * peer closed the session), or -EPROTO with the reason in err. */
-ssize_t lynx_tls_recv(struct lynx_tls_conn *tc, void *buf, size_t n,
-                      char *err, size_t errlen);
+ssize_t lynx_tls_recv(struct lynx_tls_conn *tc, void *buf, size_t n, char *err,
+                      size_t errlen);
 /* Encrypts all n bytes and pushes them. 0 or -errno. */
 int lynx_tls_send(struct lynx_tls_conn *tc, const void *buf, size_t n);
 /* A server's check of the client after the handshake: 0 when it presented

@@ -114,8 +114,9 @@ int lynx_addr_key(const struct sockaddr *sa, uint8_t key[16]) {
 
 const char *lynx_addr_key_str(const uint8_t key[16], char *buf, size_t len) {
   const struct in6_addr *a = (const struct in6_addr *)key;
-  if (!(IN6_IS_ADDR_V4MAPPED(a) ? inet_ntop(AF_INET, key + 12, buf, (socklen_t)len)
-                                : inet_ntop(AF_INET6, key, buf, (socklen_t)len)))
+  if (!(IN6_IS_ADDR_V4MAPPED(a)
+            ? inet_ntop(AF_INET, key + 12, buf, (socklen_t)len)
+            : inet_ntop(AF_INET6, key, buf, (socklen_t)len)))
     snprintf(buf, len, "?");
   return buf;
 }
@@ -177,19 +178,24 @@ int lynx_read_token(const char *path, char **out, char *err, size_t errlen) {
   buf[n] = 0;
   buf[strcspn(buf, "\r\n")] = 0;
   if (!buf[0]) {
-    snprintf(err, errlen, "--token-file %s: the file is empty (the token is "
-             "its first line)", path);
+    snprintf(err, errlen,
+             "--token-file %s: the file is empty (the token is "
+             "its first line)",
+             path);
     return -EINVAL;
   }
   if (strlen(buf) > 511) {
-    snprintf(err, errlen, "--token-file %s: the token is longer than 511 "
-             "bytes", path);
+    snprintf(err, errlen,
+             "--token-file %s: the token is longer than 511 "
+             "bytes",
+             path);
     return -E2BIG;
   }
   if (st.st_mode & 0077)
-    fprintf(stderr, "warning: --token-file %s can be read by %s (mode %04o): "
-            "whoever can read it can join the cluster; chmod 600 %s\n", path,
-            (st.st_mode & 0007) ? "every user" : "its group",
+    fprintf(stderr,
+            "warning: --token-file %s can be read by %s (mode %04o): "
+            "whoever can read it can join the cluster; chmod 600 %s\n",
+            path, (st.st_mode & 0007) ? "every user" : "its group",
             (unsigned)(st.st_mode & 07777), path);
   *out = strdup(buf);
   if (!*out) {

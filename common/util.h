@@ -12,7 +12,7 @@
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
-  ((type *)((char *)(ptr) - offsetof(type, member)))
+  ((type *)((char *)(ptr)-offsetof(type, member)))
 #endif
 
 #define LYNX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -22,8 +22,8 @@
  * nonzero, at most max (the caller keeps need <= max). The new buffer,
  * *cap updated; NULL when out of memory (buf and *cap unchanged). Inline:
  * libraries that link nothing of lynx_common use it too (proto/). */
-static inline void *lynx_grow(void *buf, size_t *cap, size_t need,
-                              size_t first, size_t max) {
+static inline void *lynx_grow(void *buf, size_t *cap, size_t need, size_t first,
+                              size_t max) {
   size_t c = *cap ? *cap : first;
   void *p;
   while (c < need)

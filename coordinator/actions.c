@@ -24,7 +24,7 @@ static void queue_action(struct coordinator *co, struct action *a) {
 }
 
 void coord_act_start(void *data, struct lynx_reg_node *node,
-                      struct lynx_reg_instance *inst) {
+                     struct lynx_reg_instance *inst) {
   struct coordinator *co = data;
   struct action *a = calloc(1, sizeof(*a));
   if (!a) {
@@ -40,7 +40,7 @@ void coord_act_start(void *data, struct lynx_reg_node *node,
 }
 
 void coord_act_stop(void *data, struct lynx_reg_node *node,
-                     uint64_t instance_id) {
+                    uint64_t instance_id) {
   struct coordinator *co = data;
   struct action *a = calloc(1, sizeof(*a));
   if (!a) {
@@ -70,9 +70,8 @@ void coord_send_env(struct cpeer *p, Lynx__Envelope *env) {
 }
 
 /* pb->backends points into bk (LYNX_BACKENDS_MAX entries) and s. */
-static void spec_to_pb(const struct lynx_service_spec *s,
-                       Lynx__ServiceSpec *pb, Lynx__Backend *bk,
-                       Lynx__Backend **bkp) {
+static void spec_to_pb(const struct lynx_service_spec *s, Lynx__ServiceSpec *pb,
+                       Lynx__Backend *bk, Lynx__Backend **bkp) {
   lynx__service_spec__init(pb);
   pb->name = (char *)s->name;
   pb->proto = (char *)s->proto;
@@ -108,12 +107,12 @@ static struct cpeer *agent_peer(struct coordinator *co, const char *node) {
  * with etcd, one issued ahead (elect.h), so the loop never waits on etcd:
  * -EAGAIN when none is ready yet. */
 int coord_issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
-                       char *err, size_t errlen) {
+                      char *err, size_t errlen) {
   if (co->cfg.etcd) /* issued ahead by the election thread: no waiting */
-    return lynx_elect_take_epoch(&co->elect, &co->c.reg, frontend, epoch,
-                                 err, errlen);
-  return lynx_store_issue_epoch(co->cfg.state_dir, &co->c.reg, frontend,
-                                epoch, err, errlen);
+    return lynx_elect_take_epoch(&co->elect, &co->c.reg, frontend, epoch, err,
+                                 errlen);
+  return lynx_store_issue_epoch(co->cfg.state_dir, &co->c.reg, frontend, epoch,
+                                err, errlen);
 }
 
 /* The registry gives instances to frontends (partition.c): a frontend
@@ -123,8 +122,10 @@ int coord_act_issue_epoch(void *data, uint64_t *epoch) {
   char err[256] = "";
   int rc = coord_issue_epoch(co, 1, epoch, err, sizeof(err));
   if (rc && rc != -EAGAIN) /* -EAGAIN: one is on its way (elect.h) */
-    LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator", "no frontend epoch could be "
-                "issued: %s", err[0] ? err : strerror(-rc));
+    LYNX_LOG_RL(LYNX_LOG_ERROR, "coordinator",
+                "no frontend epoch could be "
+                "issued: %s",
+                err[0] ? err : strerror(-rc));
   return rc;
 }
 
@@ -161,7 +162,7 @@ static void choose_active(struct coordinator *co) {
     struct cpeer *p;
     uint64_t epoch;
     int draining, owns;
-  } *c;
+  } * c;
   size_t n = 0, taken = 0, want = co->cfg.active_frontends;
   for (struct cpeer *p = co->peers; p; p = p->next)
     n += p->role == ROLE_FRONTEND;
@@ -233,7 +234,8 @@ static void table_build_free(struct table_build *tb) {
 
 /* The services active frontend f serves, with the instances it produces
  * into (lynx_reg_fe_produces), each with its epoch. -ENOMEM. */
-static int table_build(struct lynx_registry *r, const struct lynx_reg_frontend *f,
+static int table_build(struct lynx_registry *r,
+                       const struct lynx_reg_frontend *f,
                        struct table_build *tb) {
   size_t cap_s = 0, cap_e = 0;
   memset(tb, 0, sizeof(*tb));
@@ -324,8 +326,10 @@ void coord_push_tables(struct coordinator *co) {
       continue;
     memset(&tb, 0, sizeof(tb));
     if (!standby && table_build(r, f, &tb)) {
-      LYNX_ERR("coordinator", "out of memory building frontend %s's dispatch "
-               "table; tried again at the next change", p->id);
+      LYNX_ERR("coordinator",
+               "out of memory building frontend %s's dispatch "
+               "table; tried again at the next change",
+               p->id);
       continue;
     }
     t.version = r->table_version;
@@ -344,9 +348,11 @@ void coord_push_tables(struct coordinator *co) {
      * (a standby, or given to another) to be fenced out; a claim kept
      * would be stale by the next failure */
     lynx_reg_frontend_claims_done(r, p->id);
-    LYNX_INFO("coordinator", "table %llu -> frontend %s%s (%zu services, "
-              "%zu instances)", (unsigned long long)t.version, p->id,
-              standby ? " (standby)" : "", tb.n_svcs, tb.n_entries);
+    LYNX_INFO("coordinator",
+              "table %llu -> frontend %s%s (%zu services, "
+              "%zu instances)",
+              (unsigned long long)t.version, p->id, standby ? " (standby)" : "",
+              tb.n_svcs, tb.n_entries);
     table_build_free(&tb);
   }
   free(down);
@@ -366,8 +372,10 @@ static void flush_actions(struct coordinator *co) {
     case ACT_STOP:
       p = agent_peer(co, a->node);
       if (!p) {
-        LYNX_DBG("coordinator", "node %s not connected: %s of instance %llu "
-                 "not sent", a->node, a->kind == ACT_START ? "start" : "stop",
+        LYNX_DBG("coordinator",
+                 "node %s not connected: %s of instance %llu "
+                 "not sent",
+                 a->node, a->kind == ACT_START ? "start" : "stop",
                  (unsigned long long)a->instance_id);
         break;
       }

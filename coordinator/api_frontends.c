@@ -37,8 +37,7 @@ static void frontend_op(struct http_req *rq, struct http_out *out, int drain) {
     http_reply_reg_err(out, rc, &err);
     return;
   }
-  LYNX_INFO(COMP, "frontend %s %s", drain ? "drain" : "undrain",
-            rq->params[0]);
+  LYNX_INFO(COMP, "frontend %s %s", drain ? "drain" : "undrain", rq->params[0]);
   http_reply_encoded(out, 200, j);
 }
 

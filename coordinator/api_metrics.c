@@ -32,8 +32,8 @@ struct metrics_snap {
   uint64_t lease_ms;
   uint64_t n_nodes;
   struct metrics_node *nodes_v; /* n_nodes entries, or NULL (no memory) */
-  struct lynx_hc_stats api; /* the API's connections */
-  unsigned api_watches;     /* parked watches */
+  struct lynx_hc_stats api;     /* the API's connections */
+  unsigned api_watches;         /* parked watches */
   uint64_t nodes[4];
   uint64_t accels, requests, responses;
   uint64_t services, frontends, frontends_active;
@@ -65,15 +65,14 @@ static void metrics_accels(FILE *f, const struct metrics_snap *m) {
     lynx_prom_family(f, fam[k].name, fam[k].type, fam[k].help);
     for (uint64_t i = 0; i < m->accels; i++) {
       const struct metrics_accel *a = &m->acc[i];
-      uint64_t v = k == 0 ? (uint64_t)(a->dispatchable ? 1 : 0)
+      uint64_t v = k == 0   ? (uint64_t)(a->dispatchable ? 1 : 0)
                    : k == 1 ? a->stalled_mqueues
                             : a->outages;
       char idx[16];
       snprintf(idx, sizeof(idx), "%" PRIu32, a->idx);
       lynx_prom_u64(f, fam[k].name,
-                    (const struct lynx_prom_label[]){{"node", a->node},
-                                                     {"accel", idx},
-                                                     {NULL, NULL}},
+                    (const struct lynx_prom_label[]){
+                        {"node", a->node}, {"accel", idx}, {NULL, NULL}},
                     v);
     }
   }
@@ -94,10 +93,9 @@ static void metrics_nodes(FILE *f, const struct metrics_snap *m) {
   for (uint64_t i = 0; i < m->n_nodes; i++)
     for (int k = 0; k < 4; k++)
       lynx_prom_u64(f, "lynx_node_state",
-                    (const struct lynx_prom_label[]){
-                        {"node", m->nodes_v[i].id},
-                        {"state", node_states[k]},
-                        {NULL, NULL}},
+                    (const struct lynx_prom_label[]){{"node", m->nodes_v[i].id},
+                                                     {"state", node_states[k]},
+                                                     {NULL, NULL}},
                     (unsigned)m->nodes_v[i].state == (unsigned)k);
   lynx_prom_family(f, "lynx_node_lease_remaining_seconds", "gauge",
                    "Time until the node's lease runs out unless a heartbeat "
@@ -180,8 +178,8 @@ void api_metrics(struct http_req *rq, struct http_out *out) {
   m.paused_ms = r->paused_ms;
   m.suspicions = r->suspicions;
   m.suspect_ms = lynx_reg_suspect_ms(r);
-  m.unsure_refusals = __atomic_load_n(&rq->c->unsure_refusals,
-                                      __ATOMIC_RELAXED);
+  m.unsure_refusals =
+      __atomic_load_n(&rq->c->unsure_refusals, __ATOMIC_RELAXED);
   m.api_watches = rq->h->n_watchers;
   pthread_mutex_unlock(&rq->c->lock);
   lynx_hc_stats(rq->h->hc, &m.api);

@@ -32,10 +32,10 @@ static void reply_list(struct http_req *rq, struct http_out *out, int which) {
     struct json_object *j = which == CACHE_NODES    ? lynx_json_nodes(r, now)
                             : which == CACHE_ACCELS ? lynx_json_accels(r, now)
                                                     : lynx_json_mqueues(r);
-    const char *s = j ? json_object_to_json_string_ext(
-                            j, JSON_C_TO_STRING_PLAIN |
-                                   JSON_C_TO_STRING_NOSLASHESCAPE)
-                      : NULL;
+    const char *s =
+        j ? json_object_to_json_string_ext(
+                j, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
+          : NULL;
     char *body = s ? malloc(strlen(s) + 2) : NULL;
     if (body) {
       size_t n = strlen(s);
@@ -71,10 +71,10 @@ static void reply_list(struct http_req *rq, struct http_out *out, int which) {
 static void page_add(void *arg, const char *node, uint32_t idx,
                      struct json_object *o) {
   struct page_cache *pc = arg;
-  const char *t = o ? json_object_to_json_string_ext(
-                          o, JSON_C_TO_STRING_PLAIN |
-                                 JSON_C_TO_STRING_NOSLASHESCAPE)
-                    : NULL;
+  const char *t =
+      o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                JSON_C_TO_STRING_NOSLASHESCAPE)
+        : NULL;
   size_t tl = t ? strlen(t) : 0;
   if (!t || pc->oom)
     goto out;
@@ -113,8 +113,8 @@ out:
 /* Whether item key k comes after `after` (node id, and with has_idx an
  * accelerator index on it; without, every accelerator of that node is
  * before). */
-static int page_after(const struct page_key *k, const char *node,
-                      int has_idx, uint32_t idx) {
+static int page_after(const struct page_key *k, const char *node, int has_idx,
+                      uint32_t idx) {
   int c = strcmp(k->node, node);
   return c > 0 || (c == 0 && has_idx && k->idx > idx);
 }
@@ -127,8 +127,8 @@ static int reply_page(struct http_req *rq, struct http_out *out, int which) {
       MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "limit");
   const char *after =
       MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "after");
-  struct page_cache *pc = &rq->h->pages[which == CACHE_NODES ? PAGES_NODES
-                                                             : PAGES_ACCELS];
+  struct page_cache *pc =
+      &rq->h->pages[which == CACHE_NODES ? PAGES_NODES : PAGES_ACCELS];
   struct lynx_registry *r = &rq->c->reg;
   char node[LYNX_ID_MAX] = "", head[64], *text = NULL, *next = NULL;
   uint64_t limit, now = rq->c->now_ms(), idx = 0;
@@ -137,12 +137,13 @@ static int reply_page(struct http_req *rq, struct http_out *out, int which) {
   if (!s_limit) {
     if (after)
       http_reply_err(out, 400, "invalid_argument",
-                "after: only with limit (a page of the list)");
+                     "after: only with limit (a page of the list)");
     return after != NULL;
   }
   if (lynx_parse_u64(s_limit, 1, PAGE_MAX, &limit)) {
     http_reply_err(out, 400, "invalid_argument",
-              "limit: expected 1 to %u items, got '%.64s'", PAGE_MAX, s_limit);
+                   "limit: expected 1 to %u items, got '%.64s'", PAGE_MAX,
+                   s_limit);
     return 1;
   }
   if (after && *after) {
@@ -152,8 +153,9 @@ static int reply_page(struct http_req *rq, struct http_out *out, int which) {
     if (n >= sizeof(node) ||
         (slash && lynx_parse_u64(slash + 1, 0, UINT32_MAX, &idx))) {
       http_reply_err(out, 400, "invalid_argument",
-                "after: expected an id as a page's \"next\" gives it, got "
-                "'%.64s'", after);
+                     "after: expected an id as a page's \"next\" gives it, got "
+                     "'%.64s'",
+                     after);
       return 1;
     }
     memcpy(node, after, n);
@@ -191,15 +193,15 @@ static int reply_page(struct http_req *rq, struct http_out *out, int which) {
         snprintf(id, sizeof(id), "%s/%" PRIu32, pc->key[end - 1].node,
                  pc->key[end - 1].idx);
       js = json_object_new_string(id);
-      next = js ? strdup(json_object_to_json_string_ext(
-                      js, JSON_C_TO_STRING_PLAIN |
-                              JSON_C_TO_STRING_NOSLASHESCAPE))
-                : NULL;
+      next =
+          js ? strdup(json_object_to_json_string_ext(
+                   js, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))
+             : NULL;
       json_object_put(js);
       nl = next ? strlen(next) : 0;
     }
-    hl = (size_t)snprintf(head, sizeof(head), "{\"version\":%" PRIu64
-                          ",\"items\":[", pc->version);
+    hl = (size_t)snprintf(head, sizeof(head),
+                          "{\"version\":%" PRIu64 ",\"items\":[", pc->version);
     /* the slice, less the comma after its last item */
     len = lo < end ? pc->off[end] - 1 - pc->off[lo] : 0;
     if (end == pc->n || next)

@@ -29,7 +29,8 @@ void api_service(struct http_req *rq, struct http_out *out) {
     j = lynx_json_service(&rq->c->reg, s, rq->unknown[0] ? rq->unknown : NULL);
   pthread_mutex_unlock(&rq->c->lock);
   if (!s)
-    http_reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
+    http_reply_err(out, 404, "not_found", "service '%s' not found",
+                   rq->params[0]);
   else
     http_reply_encoded(out, 200, j);
 }
@@ -102,7 +103,8 @@ void api_service_delete(struct http_req *rq, struct http_out *out) {
   s = lynx_reg_service_find(&rq->c->reg, rq->params[0]);
   if (!s) {
     http_change_end(rq);
-    http_reply_err(out, 404, "not_found", "service '%s' not found", rq->params[0]);
+    http_reply_err(out, 404, "not_found", "service '%s' not found",
+                   rq->params[0]);
     return;
   }
   if (http_save_first(rq, out, "service delete", &edit)) {

@@ -20,8 +20,9 @@ void api_healthz(struct http_req *rq, struct http_out *out) {
 void api_readyz(struct http_req *rq, struct http_out *out) {
   struct json_object *j;
   if (!__atomic_load_n(&rq->c->ready, __ATOMIC_ACQUIRE)) {
-    http_reply_err(out, 503, "not_ready",
-              "not ready: state not loaded or control port not listening yet");
+    http_reply_err(
+        out, 503, "not_ready",
+        "not ready: state not loaded or control port not listening yet");
     return;
   }
   j = json_object_new_object();
@@ -29,16 +30,16 @@ void api_readyz(struct http_req *rq, struct http_out *out) {
     json_object_object_add(j, "status", json_object_new_string("ready"));
     if (rq->c->ha) { /* which coordinator leads (docs/etcd.md) */
       int lead = __atomic_load_n(&rq->c->leader, __ATOMIC_ACQUIRE);
-      json_object_object_add(j, "role", json_object_new_string(
-                                            lead ? "leader" : "follower"));
+      json_object_object_add(
+          j, "role", json_object_new_string(lead ? "leader" : "follower"));
       pthread_mutex_lock(&rq->c->lock);
       json_object_object_add(j, "leader_api",
                              json_object_new_string(rq->c->leader_api));
       /* a follower that knows of no leader says why (changes get 503) */
       if (!lead && rq->c->no_leader) {
         json_object_object_add(j, "no_leader", json_object_new_boolean(1));
-        json_object_object_add(j, "why", json_object_new_string(
-                                             rq->c->no_leader_why));
+        json_object_object_add(j, "why",
+                               json_object_new_string(rq->c->no_leader_why));
       }
       pthread_mutex_unlock(&rq->c->lock);
     }
@@ -64,5 +65,6 @@ void api_ui(struct http_req *rq, struct http_out *out) {
     out->page = 1;
     return;
   }
-  http_reply_err(out, 404, "not_found", "the console has no file '%.64s'", name);
+  http_reply_err(out, 404, "not_found", "the console has no file '%.64s'",
+                 name);
 }

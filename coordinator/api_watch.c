@@ -27,16 +27,16 @@ void api_watch(struct http_req *rq, struct http_out *out) {
 
   if (s_since && lynx_parse_u64(s_since, 0, UINT64_MAX, &since)) {
     http_reply_err(out, 400, "invalid_argument",
-              "since: expected a registry version (unsigned integer), got "
-              "'%.64s'",
-              s_since);
+                   "since: expected a registry version (unsigned integer), got "
+                   "'%.64s'",
+                   s_since);
     return;
   }
   if (s_to && lynx_parse_u64(s_to, 0, UINT64_MAX, &timeout)) {
     http_reply_err(out, 400, "invalid_argument",
-              "timeout_ms: expected milliseconds (unsigned integer), got "
-              "'%.64s'",
-              s_to);
+                   "timeout_ms: expected milliseconds (unsigned integer), got "
+                   "'%.64s'",
+                   s_to);
     return;
   }
   if (timeout > WATCH_MAX_MS)
@@ -86,15 +86,16 @@ void api_events(struct http_req *rq, struct http_out *out) {
   struct json_object *j, *items;
 
   if (s_since && lynx_parse_u64(s_since, 0, UINT64_MAX, &since)) {
-    http_reply_err(out, 400, "invalid_argument",
-              "since: expected an event seq (unsigned integer), got '%.64s'",
-              s_since);
+    http_reply_err(
+        out, 400, "invalid_argument",
+        "since: expected an event seq (unsigned integer), got '%.64s'",
+        s_since);
     return;
   }
   if (s_limit && lynx_parse_u64(s_limit, 1, EVENTS_LIMIT_MAX, &limit)) {
     http_reply_err(out, 400, "invalid_argument",
-              "limit: expected 1 to %u, got '%.64s'", EVENTS_LIMIT_MAX,
-              s_limit);
+                   "limit: expected 1 to %u, got '%.64s'", EVENTS_LIMIT_MAX,
+                   s_limit);
     return;
   }
   j = json_object_new_object();

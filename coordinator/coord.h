@@ -39,15 +39,14 @@ struct lynx_coord {
    * under lock): 0 or -errno with err (-EAGAIN, -ETIMEDOUT,
    * -ECONNREFUSED, -EHOSTUNREACH: the store is unreachable or cannot
    * serve: 503). save_where names it in messages. */
-  int (*save)(void *arg, struct json_object *state, char *err,
-              size_t errlen);
+  int (*save)(void *arg, struct json_object *state, char *err, size_t errlen);
   void *save_arg;
   const char *save_where;
   const char *token; /* NULL: no token; mutating API calls then need loopback */
   /* The API's key and certificate (PEM text, --tls-key/--tls-cert): it is
    * served over HTTPS, and redirects to the leader say https. NULL: HTTP. */
   const char *tls_cert_pem, *tls_key_pem;
-  size_t body_max;   /* largest accepted request body (413 above) */
+  size_t body_max; /* largest accepted request body (413 above) */
   /* API connection limits (http.c, docs/api.md "Connections"); 0 takes
    * http.c's default: open connections in all (one thread each), open
    * connections per client address, how long a request's headers may take
@@ -58,7 +57,7 @@ struct lynx_coord {
   /* The control port's caps and counters (connguard.h): used by the loop
    * thread, read by /metrics with relaxed loads. */
   struct lynx_guard ctl_guard;
-  int ready;         /* /readyz: state loaded and control port listening */
+  int ready; /* /readyz: state loaded and control port listening */
   /* Several coordinators on etcd (--etcd, elect.c): ha is set, and only
    * the leader (leader: 1, atomic) takes agents, frontends and API
    * changes; a follower redirects changes to leader_api (the leader's API
@@ -73,7 +72,8 @@ struct lynx_coord {
    * expiries) until etcd says (lynx_coord_leads). */
   uint64_t lead_until_ns;
   /* Hellos and messages refused, and connections closed, because this
-   * leader was not sure it still led (ctlport.c, tick.c; atomic, for /metrics) */
+   * leader was not sure it still led (ctlport.c, tick.c; atomic, for /metrics)
+   */
   uint64_t unsure_refusals;
   char leader_api[128];
   /* A follower that knows of no leader (elect.c; under lock): no leader
@@ -85,7 +85,7 @@ struct lynx_coord {
    * no_leader_why instead of redirecting. */
   int no_leader;
   char no_leader_why[320];
-  void *http;        /* http.c's private state (the MHD daemon): opaque */
+  void *http; /* http.c's private state (the MHD daemon): opaque */
   /* Given by whoever makes the context (main.c; the tests), before
    * lynx_http_start and the election: the registry's clock (monotonic
    * milliseconds in the daemon), and what follows any change of the
@@ -101,8 +101,7 @@ struct lynx_coord {
 static inline int lynx_coord_leads(const struct lynx_coord *c) {
   return !c->ha ||
          (__atomic_load_n(&c->leader, __ATOMIC_ACQUIRE) &&
-          lynx_now_ns() < __atomic_load_n(&c->lead_until_ns,
-                                          __ATOMIC_ACQUIRE));
+          lynx_now_ns() < __atomic_load_n(&c->lead_until_ns, __ATOMIC_ACQUIRE));
 }
 
 /* http.c: the JSON API on addr ("host:port"). 0 or -errno. */

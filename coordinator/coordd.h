@@ -73,8 +73,8 @@ struct coordinator {
   struct lynx_elect elect;      /* --etcd: which coordinator leads */
   uv_async_t role;              /* the election changed our role */
   /* orders the election's role store before the loop's read of it
-   * (coord_elect_changed, coord_on_role): a wake merged into one still pending must
-   * not leave coord_on_role reading the role from before the change */
+   * (coord_elect_changed, coord_on_role): a wake merged into one still pending
+   * must not leave coord_on_role reading the role from before the change */
   pthread_mutex_t role_lock;
   int role_ready, elect_failed;
   uv_loop_t loop;
@@ -109,13 +109,13 @@ static inline void coord_changed(struct lynx_coord *c) {
 
 /* actions.c */
 void coord_act_start(void *data, struct lynx_reg_node *node,
-                      struct lynx_reg_instance *inst);
+                     struct lynx_reg_instance *inst);
 void coord_act_stop(void *data, struct lynx_reg_node *node,
-                     uint64_t instance_id);
+                    uint64_t instance_id);
 void coord_act_tables(void *data);
 void coord_send_env(struct cpeer *p, Lynx__Envelope *env);
 int coord_issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
-                       char *err, size_t errlen);
+                      char *err, size_t errlen);
 int coord_act_issue_epoch(void *data, uint64_t *epoch);
 void coord_push_tables(struct coordinator *co);
 void coord_after_change(struct coordinator *co);

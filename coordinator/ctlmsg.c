@@ -87,12 +87,12 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
      * makes the registry ask the agent to stop it */
     a[i].instance_id = ii->instance_id;
     a[i].accel_idx = ii->accel_idx;
-    snprintf(a[i].service, sizeof(a[i].service), "%s",
-             ii->service && ii->region &&
-                     lynx_desc_from_pb(ii->region, &a[i].desc, why,
-                                       sizeof(why)) == 0
-                 ? ii->service
-                 : "");
+    snprintf(
+        a[i].service, sizeof(a[i].service), "%s",
+        ii->service && ii->region &&
+                lynx_desc_from_pb(ii->region, &a[i].desc, why, sizeof(why)) == 0
+            ? ii->service
+            : "");
   }
   *adopt = a;
   *n_adopt = (uint32_t)m->n_instances;

@@ -81,12 +81,13 @@ static void send_hello_reply(struct cpeer *p, int ok, const char *error,
 void coord_unsure_why(struct coordinator *co, char *why, size_t len) {
   uint64_t until = __atomic_load_n(&co->c.lead_until_ns, __ATOMIC_ACQUIRE);
   uint64_t now = lynx_now_ns();
-  snprintf(why, len, "this coordinator is not sure it still leads (its "
+  snprintf(why, len,
+           "this coordinator is not sure it still leads (its "
            "leader lease ran past what it can vouch for %llu ms ago: it did "
            "not run, or etcd did not answer): it answers nothing until etcd "
-           "says", (unsigned long long)(until && now > until
-                                            ? (now - until) / 1000000u
-                                            : 0));
+           "says",
+           (unsigned long long)(until && now > until ? (now - until) / 1000000u
+                                                     : 0));
 }
 
 static int may_answer(struct coordinator *co, char *why, size_t len) {
@@ -109,18 +110,21 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
   /* with TLS the certificate was checked (peer_tls_ready); the token is
    * required too when one is configured (it travels encrypted then) */
   if (lynx_hello_check(h, co->c.token, err, sizeof(err))) {
-    uint64_t hold = lynx_guard_auth_failed(&co->c.ctl_guard, p->src,
-                                           lynx_now_ns());
+    uint64_t hold =
+        lynx_guard_auth_failed(&co->c.ctl_guard, p->src, lynx_now_ns());
     LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s (%s %s): %s%s",
                 p->ctl.peer, role, h->id ? h->id : "?", err,
                 hold ? " (answer held back: this address keeps presenting "
-                       "wrong credentials)" : "");
+                       "wrong credentials)"
+                     : "");
     send_hello_reply(p, 0, err, hold / 1000000u);
     return;
   }
   if (!h->id || !*h->id || strlen(h->id) >= LYNX_ID_MAX) {
-    LYNX_WARN("coordinator", "refusing %s (%s): hello without a valid id "
-              "(1 to %d characters)", p->ctl.peer, role, LYNX_ID_MAX - 1);
+    LYNX_WARN("coordinator",
+              "refusing %s (%s): hello without a valid id "
+              "(1 to %d characters)",
+              p->ctl.peer, role, LYNX_ID_MAX - 1);
     send_hello_reply(p, 0, "hello without a valid id", 0);
     return;
   }
@@ -147,8 +151,10 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
     if (none) /* agents keep their lease on this (docs/etcd.md) */
       snprintf(err, sizeof(err), "this coordinator does not lead: %s", why);
     else
-      snprintf(err, sizeof(err), "this coordinator does not lead (the "
-               "leader's API: %s)", api[0] ? api : "none elected yet");
+      snprintf(err, sizeof(err),
+               "this coordinator does not lead (the "
+               "leader's API: %s)",
+               api[0] ? api : "none elected yet");
     send_hello_reply_ex(p, 0, err, 0, 1, none);
     return;
   }
@@ -172,8 +178,10 @@ static void on_hello(struct cpeer *p, const Lynx__Hello *h) {
      * epoch: its connections are made again (in-flight answers in doubt) */
     if (!claims || lynx_reg_frontend_claims(&co->c.reg, p->id, claims,
                                             (uint32_t)h->n_produces))
-      LYNX_WARN("coordinator", "frontend %s: out of memory keeping the "
-                "%zu instances it produces into", p->id, h->n_produces);
+      LYNX_WARN("coordinator",
+                "frontend %s: out of memory keeping the "
+                "%zu instances it produces into",
+                p->id, h->n_produces);
     free(claims);
     co->c.reg.version++;
     coord_push_tables(co);
@@ -201,9 +209,10 @@ static void peer_tls_ready(struct lynx_ctl *ctl) {
   hold = p->admitted ? lynx_guard_auth_failed(&p->co->c.ctl_guard, p->src,
                                               lynx_now_ns())
                      : 0;
-  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: %s%s", ctl->peer,
-              err, hold ? " (answer held back: this address keeps "
-                          "presenting wrong credentials)" : "");
+  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: %s%s", ctl->peer, err,
+              hold ? " (answer held back: this address keeps "
+                     "presenting wrong credentials)"
+                   : "");
   p->refused = 1;
   send_hello_reply(p, 0, err, hold / 1000000u);
 }
@@ -219,8 +228,10 @@ static void peer_not_tls(struct lynx_ctl *ctl) {
   uint64_t hold = p->admitted ? lynx_guard_auth_failed(&p->co->c.ctl_guard,
                                                        p->src, lynx_now_ns())
                               : 0;
-  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator", "refusing %s: plain text, not "
-              "TLS", ctl->peer);
+  LYNX_LOG_RL(LYNX_LOG_WARN, "coordinator",
+              "refusing %s: plain text, not "
+              "TLS",
+              ctl->peer);
   p->refused = 1;
   send_hello_reply(p, 0, why, hold / 1000000u);
 }
@@ -251,16 +262,15 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
   pthread_mutex_lock(&co->c.lock);
   epoch = m->epoch;
   /* a new incarnation: its epoch comes from the store, not its clock */
-  if (!epoch &&
-      (rc = coord_issue_epoch(co, 0, &epoch, err.message, sizeof(err.message)))) {
+  if (!epoch && (rc = coord_issue_epoch(co, 0, &epoch, err.message,
+                                        sizeof(err.message)))) {
     pthread_mutex_unlock(&co->c.lock);
     goto reply;
   }
-  rc = lynx_reg_register_adopt(&co->c.reg, m->node_id,
-                               m->address ? m->address : "", epoch, labels,
-                               (uint32_t)m->n_labels, accels,
-                               (uint32_t)m->n_accels, adopt, n_adopt, p, now,
-                               &err);
+  rc = lynx_reg_register_adopt(
+      &co->c.reg, m->node_id, m->address ? m->address : "", epoch, labels,
+      (uint32_t)m->n_labels, accels, (uint32_t)m->n_accels, adopt, n_adopt, p,
+      now, &err);
   pthread_mutex_unlock(&co->c.lock);
 reply:
   rr.ok = rc == 0;
@@ -282,10 +292,11 @@ reply:
     return;
   }
   p->registered = 1;
-  LYNX_INFO("coordinator", "node %s registered from %s: epoch %llu%s, %zu "
-            "accelerators, %zu running instances", p->id, p->ctl.peer,
-            (unsigned long long)epoch, m->epoch ? "" : " (issued)",
-            m->n_accels, m->n_instances);
+  LYNX_INFO("coordinator",
+            "node %s registered from %s: epoch %llu%s, %zu "
+            "accelerators, %zu running instances",
+            p->id, p->ctl.peer, (unsigned long long)epoch,
+            m->epoch ? "" : " (issued)", m->n_accels, m->n_instances);
   pthread_mutex_lock(&co->c.lock);
   coord_after_change(co);
   pthread_mutex_unlock(&co->c.lock);
@@ -321,8 +332,10 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
     const Lynx__InstanceReady *ir = env->instance_ready;
     struct lynx_region_desc d;
     if (!ir->region || lynx_desc_from_pb(ir->region, &d, why, sizeof(why))) {
-      LYNX_WARN("coordinator", "node %s: instance %llu reported with a bad "
-                "region: %s", p->id, (unsigned long long)ir->instance_id,
+      LYNX_WARN("coordinator",
+                "node %s: instance %llu reported with a bad "
+                "region: %s",
+                p->id, (unsigned long long)ir->instance_id,
                 ir->region ? why : "none");
       rc = lynx_reg_instance_failed(&co->c.reg, p->id, ir->epoch,
                                     ir->instance_id, "bad region", now);
@@ -346,8 +359,10 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
     if (env->leave->drain) {
       rc = lynx_reg_leave_drain(&co->c.reg, p->id, env->leave->epoch, now);
       if (rc == 0)
-        LYNX_INFO("coordinator", "node %s drains to leave: its agent is "
-                  "stopping", p->id);
+        LYNX_INFO("coordinator",
+                  "node %s drains to leave: its agent is "
+                  "stopping",
+                  p->id);
       break;
     }
     rc = lynx_reg_leave(&co->c.reg, p->id, env->leave->epoch, now);
@@ -508,7 +523,8 @@ void coord_on_connection(uv_stream_t *server, int status) {
         lynx_guard_admit(&co->c.ctl_guard, &ss, lynx_now_ns(), &p->src);
     if (r != LYNX_GUARD_ADMIT) {
       char why[160];
-      snprintf(why, sizeof(why), "refused: %s (caps: %u connections, %u "
+      snprintf(why, sizeof(why),
+               "refused: %s (caps: %u connections, %u "
                "before Hello, %u of those per address)",
                lynx_guard_reason_names[r], co->c.ctl_guard.conn_max,
                co->c.ctl_guard.unauth_max, co->c.ctl_guard.per_source);

@@ -75,8 +75,7 @@ static void leader_api_from(struct lynx_elect *e, const char *value) {
  * held. */
 static void no_leader_if_cut_off(struct lynx_elect *e, const char *err) {
   struct lynx_coord *c = e->c;
-  uint64_t failing_ns = e->fail_since_ns ? lynx_now_ns() - e->fail_since_ns
-                                          : 0;
+  uint64_t failing_ns = e->fail_since_ns ? lynx_now_ns() - e->fail_since_ns : 0;
   if (failing_ns <= (uint64_t)CUT_OFF_MS * 1000000u)
     return;
   /* a stale leader_api would send API calls (and agents' hopes) to a
@@ -95,8 +94,10 @@ static void no_leader_log(struct lynx_coord *c, int was, int lead) {
   if (c->no_leader == was)
     return;
   if (c->no_leader)
-    LYNX_WARN(COMP, "%s; agents keep their leases meanwhile, API changes "
-              "get 503", c->no_leader_why);
+    LYNX_WARN(COMP,
+              "%s; agents keep their leases meanwhile, API changes "
+              "get 503",
+              c->no_leader_why);
   else
     LYNX_INFO(COMP, "a leader is known again (%s)",
               lead ? "this coordinator" : c->leader_api);
@@ -168,7 +169,8 @@ static int reload(struct lynx_elect *e, int win, char *err, size_t errlen) {
     snprintf(c->leader_api, sizeof(c->leader_api), "%s", e->my_api);
     lynx_ev_add(&c->reg.ev, LYNX_EV_LEADER, e->my_api,
                 "this coordinator (API %s) leads: nodes and frontends "
-                "register with it", e->my_api);
+                "register with it",
+                e->my_api);
   }
   pthread_mutex_unlock(&c->lock);
   pthread_mutex_unlock(&c->change_lock);
@@ -351,8 +353,7 @@ static void refill(struct lynx_elect *e) {
       int rc, full;
       pthread_mutex_lock(&e->c->lock);
       full = e->n_pool[kind] >= LYNX_EPOCH_POOL;
-      probe.fence_rev = __atomic_load_n(&e->store->fence_rev,
-                                        __ATOMIC_ACQUIRE);
+      probe.fence_rev = __atomic_load_n(&e->store->fence_rev, __ATOMIC_ACQUIRE);
       pthread_mutex_unlock(&e->c->lock);
       if (full || !leading(e) || !probe.fence_rev ||
           lynx_now_ns() >= e->next_ka_ns)
@@ -365,8 +366,9 @@ static void refill(struct lynx_elect *e) {
       }
       pthread_mutex_lock(&e->c->lock);
       /* still the lead it was issued under (a step-down empties the pool) */
-      if (leading(e) && __atomic_load_n(&e->store->fence_rev,
-                                        __ATOMIC_ACQUIRE) == probe.fence_rev &&
+      if (leading(e) &&
+          __atomic_load_n(&e->store->fence_rev, __ATOMIC_ACQUIRE) ==
+              probe.fence_rev &&
           e->n_pool[kind] < LYNX_EPOCH_POOL) {
         e->pool[kind][e->n_pool[kind]++] = epoch;
         /* a claim of it is no stranger's (partition.c, adopt_claims) */
@@ -387,7 +389,8 @@ int lynx_elect_take_epoch(struct lynx_elect *e, struct lynx_registry *r,
       pthread_cond_signal(&e->cv);
       pthread_mutex_unlock(&e->mu);
     }
-    return lynx_fail(err, errlen, -EAGAIN, "no %s epoch issued ahead yet "
+    return lynx_fail(err, errlen, -EAGAIN,
+                     "no %s epoch issued ahead yet "
                      "(this coordinator just took the lead, or etcd is slow "
                      "or cannot be reached): try again",
                      frontend ? "frontend" : "node");
@@ -432,16 +435,19 @@ static void lead_round(struct lynx_elect *e) {
         step_down(e, "the leader key is not ours any more", NULL);
     }
   } else if (!rc) {
-    step_down(e, "etcd let the lease expire (this coordinator did not run, "
-                 "or could not reach etcd, for longer than it)", NULL);
+    step_down(e,
+              "etcd let the lease expire (this coordinator did not run, "
+              "or could not reach etcd, for longer than it)",
+              NULL);
   } else if (lynx_now_ns() >=
              __atomic_load_n(&e->c->lead_until_ns, __ATOMIC_ACQUIRE)) {
     /* before etcd can let the key go and another win */
     step_down(e, err, err);
   } else {
-    LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "cannot renew the leader lease "
-                "(%s); stepping down if it lasts %u ms", err,
-                e->ttl_s * 2000u / 3);
+    LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
+                "cannot renew the leader lease "
+                "(%s); stepping down if it lasts %u ms",
+                err, e->ttl_s * 2000u / 3);
     e->next_ka_ns = lynx_now_ns() + (uint64_t)RETRY_MS * 1000000u;
   }
 }
@@ -454,11 +460,10 @@ static void *elect_main(void *arg) {
     if (!leading(e)) {
       uint64_t t0 = lynx_now_ns();
       if (e->stale_lease) { /* see step_down */
-        rc = lynx_etcd_lease_revoke(e->etcd, e->stale_lease, err,
-                                    sizeof(err));
+        rc = lynx_etcd_lease_revoke(e->etcd, e->stale_lease, err, sizeof(err));
         if (rc == 0 || rc == -ENOENT) {
           LYNX_INFO(COMP, "revoked the lease of the leader key this "
-                    "coordinator held before it stepped down");
+                          "coordinator held before it stepped down");
           e->stale_lease = 0;
         }
       }
@@ -478,9 +483,9 @@ static void *elect_main(void *arg) {
     lead_round(e);
     if (leading(e))
       refill(e);
-    if (nap_until(e, leading(e) ? e->next_ka_ns
-                                : lynx_now_ns() +
-                                      (uint64_t)FOLLOW_MS * 1000000u))
+    if (nap_until(e, leading(e)
+                         ? e->next_ka_ns
+                         : lynx_now_ns() + (uint64_t)FOLLOW_MS * 1000000u))
       break;
   }
   if (leading(e))
@@ -508,7 +513,7 @@ int lynx_elect_start(struct lynx_elect *e, const char *endpoints,
   e->stop = 0;
   e->lease = e->rev = 0;
   e->sig = 0;
-  e->follow_due = 1; /* the first follow reads everything */
+  e->follow_due = 1;    /* the first follow reads everything */
   e->fail_since_ns = 0; /* a start is no outage */
   e->stale_lease = 0;
   e->key_mine = 0;

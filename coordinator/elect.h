@@ -11,9 +11,10 @@
  * expire and another win), steps down when that passes, and at once when
  * etcd says the lease is gone. A coordinator that did not run for a
  * while finds its vouching passed and answers nothing until etcd has
- * said again (coord.h, lynx_coord_leads). Followers read the key every FOLLOW_MS, and at once when
- * a watch on the prefix reports a change, campaign when it is gone, and
- * keep their registry's services in step with etcd, so they answer reads.
+ * said again (coord.h, lynx_coord_leads). Followers read the key every
+ * FOLLOW_MS, and at once when a watch on the prefix reports a change, campaign
+ * when it is gone, and keep their registry's services in step with etcd, so
+ * they answer reads.
  *
  * The leader also issues epochs ahead (a few of each kind, fenced puts),
  * so that the loop thread takes one without waiting on etcd
@@ -59,14 +60,14 @@ struct lynx_elect {
   int stop;
   /* the thread's own */
   int64_t lease, rev;
-  uint64_t next_ka_ns; /* the leader's next keepalive is due */
-  uint64_t looked_ns;  /* the leader last checked its key */
-  uint64_t sig;        /* what the follower's registry was loaded from */
+  uint64_t next_ka_ns;    /* the leader's next keepalive is due */
+  uint64_t looked_ns;     /* the leader last checked its key */
+  uint64_t sig;           /* what the follower's registry was loaded from */
   uint64_t fail_since_ns; /* etcd has failed this thread since (0: it
                            * answered the last request) */
-  int64_t stale_lease; /* not revoked on stepping down (etcd failed): later */
-  int key_mine;        /* the last look found our own key, not leading */
-  int64_t seen_rev;    /* etcd's revision at the last look */
+  int64_t stale_lease;  /* not revoked on stepping down (etcd failed): later */
+  int key_mine;         /* the last look found our own key, not leading */
+  int64_t seen_rev;     /* etcd's revision at the last look */
   int follow_due;       /* the services must be read again (a change) */
   uint64_t followed_ns; /* when they last were */
   /* Epochs issued ahead while leading, oldest first, per kind (0: node,

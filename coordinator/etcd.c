@@ -96,7 +96,7 @@ static int add_key(struct json_object *o, const char *s, int prefix) {
   return 0;
 }
 
-/* ---- the client ------------------------------------------------------------- */
+/* ---- the client ---------------------------------------------------------- */
 
 int lynx_etcd_open(struct lynx_etcd **out, const char *endpoints,
                    uint32_t timeout_ms, char *err, size_t errlen) {
@@ -119,13 +119,14 @@ int lynx_etcd_open(struct lynx_etcd **out, const char *endpoints,
       if (e->n_ep == LYNX_ETCD_ENDPOINTS_MAX) {
         free(e);
         return lynx_fail(err, errlen, -EINVAL, "more than %d etcd endpoints",
-                    LYNX_ETCD_ENDPOINTS_MAX);
+                         LYNX_ETCD_ENDPOINTS_MAX);
       }
       if (n < 8 || strncmp(p, "http://", 7) || n >= ENDPOINT_MAX ||
           memchr(p, ' ', n)) {
         free(e);
         return lynx_fail(err, errlen, -EINVAL,
-                    "etcd endpoint '%.*s': want http://host:port", (int)n, p);
+                         "etcd endpoint '%.*s': want http://host:port", (int)n,
+                         p);
       }
       memcpy(e->ep[e->n_ep], p, n);
       /* no trailing slash: paths are appended */
@@ -138,7 +139,8 @@ int lynx_etcd_open(struct lynx_etcd **out, const char *endpoints,
   }
   if (!e->n_ep) {
     free(e);
-    return lynx_fail(err, errlen, -EINVAL, "no etcd endpoint in '%s'", endpoints);
+    return lynx_fail(err, errlen, -EINVAL, "no etcd endpoint in '%s'",
+                     endpoints);
   }
   e->timeout_ms = timeout_ms ? timeout_ms : 2000;
   e->curl = curl_easy_init();
@@ -186,19 +188,19 @@ static size_t on_data(char *p, size_t sz, size_t n, void *arg) {
 /* gRPC status codes in the gateway's error bodies, as -errno */
 static int grpc_errno(int64_t code) {
   switch (code) {
-  case 3: /* INVALID_ARGUMENT */
+  case 3:  /* INVALID_ARGUMENT */
   case 11: /* OUT_OF_RANGE */
     return -EINVAL;
   case 4: /* DEADLINE_EXCEEDED */
     return -ETIMEDOUT;
   case 5: /* NOT_FOUND */
     return -ENOENT;
-  case 7: /* PERMISSION_DENIED */
+  case 7:  /* PERMISSION_DENIED */
   case 16: /* UNAUTHENTICATED */
     return -EACCES;
   case 8: /* RESOURCE_EXHAUSTED */
     return -ENOSPC;
-  case 9: /* FAILED_PRECONDITION */
+  case 9:  /* FAILED_PRECONDITION */
   case 10: /* ABORTED */
     return -ECANCELED;
   case 14: /* UNAVAILABLE */
@@ -226,7 +228,8 @@ static void post_setup(struct lynx_etcd *e, const char *url, const char *body,
  * answer's JSON object in *resp. */
 static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
                 struct json_object **resp, char *err, size_t errlen) {
-  const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+  const char *body =
+      json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
   uint64_t deadline = lynx_now_ns() + (uint64_t)e->timeout_ms * 1000000u;
   int rc = -ETIMEDOUT;
   char why[256] = "no endpoint tried";
@@ -249,9 +252,9 @@ static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
     snprintf(url, sizeof(url), "%s%s", e->ep[i], path);
     post_setup(e, url, body, on_data, &b);
     curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, left_ms);
-    curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS,
-                     left_ms < (long)e->timeout_ms / 3 ? left_ms
-                                                       : (long)e->timeout_ms / 3);
+    curl_easy_setopt(
+        e->curl, CURLOPT_CONNECTTIMEOUT_MS,
+        left_ms < (long)e->timeout_ms / 3 ? left_ms : (long)e->timeout_ms / 3);
     cc = curl_easy_perform(e->curl);
     curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &status);
     if (cc != CURLE_OK) {
@@ -284,7 +287,7 @@ static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
         e->cur = i;
         e->used = 1;
         lynx_fail(err, errlen, rc, "etcd %s: %s", e->ep[i],
-             m ? json_object_get_string(m) : "refused the request");
+                  m ? json_object_get_string(m) : "refused the request");
         json_object_put(j);
         return rc;
       }
@@ -305,7 +308,7 @@ static int call(struct lynx_etcd *e, const char *path, struct json_object *req,
   return lynx_fail(err, errlen, rc, "etcd: %s", why);
 }
 
-/* ---- watch ------------------------------------------------------------------- */
+/* ---- watch --------------------------------------------------------------- */
 
 /* The gateway streams a watch as JSON objects one after the other:
  * {"result": {"header", "created"}} first, then {"result": {"events": [...]}}
@@ -381,7 +384,8 @@ int lynx_etcd_watch(struct lynx_etcd *e, const char *key, int prefix,
     goto out;
   }
   if (from_rev > 0)
-    json_object_object_add(cr, "start_revision", json_object_new_int64(from_rev));
+    json_object_object_add(cr, "start_revision",
+                           json_object_new_int64(from_rev));
   json_object_object_add(req, "create_request", cr);
   cr = NULL;
   body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
@@ -399,8 +403,10 @@ int lynx_etcd_watch(struct lynx_etcd *e, const char *key, int prefix,
   if (w.changed || w.ended)
     rc = 1;
   else if (w.bad || (status && status != 200))
-    rc = lynx_fail(err, errlen, -EPROTO, "etcd %s: a watch answered HTTP "
-                   "%ld, not a watch response", e->ep[e->cur], status);
+    rc = lynx_fail(err, errlen, -EPROTO,
+                   "etcd %s: a watch answered HTTP "
+                   "%ld, not a watch response",
+                   e->ep[e->cur], status);
   else if (cc == CURLE_OK || cc == CURLE_OPERATION_TIMEDOUT ||
            cc == CURLE_ABORTED_BY_CALLBACK)
     rc = 0; /* nothing changed within timeout_ms, or stopping */
@@ -437,8 +443,8 @@ void lynx_etcd_kvs_free(struct lynx_etcd_kvs *k) {
 }
 
 /* a range answer's kvs into out */
-static int take_kvs(struct json_object *r, struct lynx_etcd_kvs *out,
-                    char *err, size_t errlen) {
+static int take_kvs(struct json_object *r, struct lynx_etcd_kvs *out, char *err,
+                    size_t errlen) {
   struct json_object *kvs;
   size_t n;
   out->revision = header_rev(r);
@@ -465,7 +471,8 @@ static int take_kvs(struct json_object *r, struct lynx_etcd_kvs *out,
                     : calloc(1, 1);
     if (!kv->value) {
       lynx_etcd_kvs_free(out);
-      return lynx_fail(err, errlen, -EPROTO, "etcd: a value that is not base64");
+      return lynx_fail(err, errlen, -EPROTO,
+                       "etcd: a value that is not base64");
     }
     kv->create_rev = jint(o, "create_revision");
     kv->mod_rev = jint(o, "mod_revision");
@@ -494,7 +501,8 @@ int lynx_etcd_get(struct lynx_etcd *e, const char *key, int prefix,
 }
 
 static struct json_object *op_obj(const struct lynx_etcd_op *op) {
-  struct json_object *o = json_object_new_object(), *in = json_object_new_object();
+  struct json_object *o = json_object_new_object(),
+                     *in = json_object_new_object();
   if (!o || !in || add_key(in, op->key, op->kind == LYNX_ETCD_DEL_PREFIX))
     goto oom;
   if (op->kind == LYNX_ETCD_PUT) {
@@ -525,11 +533,14 @@ static struct json_object *cmp_obj(const struct lynx_etcd_cmp *c) {
     json_object_put(o);
     return NULL;
   }
-  json_object_object_add(o, "target", json_object_new_string(targets[c->target]));
-  json_object_object_add(o, "result", json_object_new_string(
-                                          c->not_equal ? "NOT_EQUAL" : "EQUAL"));
+  json_object_object_add(o, "target",
+                         json_object_new_string(targets[c->target]));
+  json_object_object_add(
+      o, "result",
+      json_object_new_string(c->not_equal ? "NOT_EQUAL" : "EQUAL"));
   if (c->target == LYNX_ETCD_VALUE) {
-    char *v = b64_enc(c->value ? c->value : "", c->value ? strlen(c->value) : 0);
+    char *v =
+        b64_enc(c->value ? c->value : "", c->value ? strlen(c->value) : 0);
     if (!v) {
       json_object_put(o);
       return NULL;
@@ -602,14 +613,14 @@ int lynx_etcd_put(struct lynx_etcd *e, const char *key, const char *value,
   return lynx_etcd_txn(e, NULL, 0, &op, 1, NULL, 0, NULL, NULL, err, errlen);
 }
 
-int lynx_etcd_del(struct lynx_etcd *e, const char *key, int prefix,
-                  char *err, size_t errlen) {
+int lynx_etcd_del(struct lynx_etcd *e, const char *key, int prefix, char *err,
+                  size_t errlen) {
   struct lynx_etcd_op op = {prefix ? LYNX_ETCD_DEL_PREFIX : LYNX_ETCD_DEL, key,
                             NULL, 0, 0};
   return lynx_etcd_txn(e, NULL, 0, &op, 1, NULL, 0, NULL, NULL, err, errlen);
 }
 
-/* ---- leases ---------------------------------------------------------------- */
+/* ---- leases -------------------------------------------------------------- */
 
 static int lease_call(struct lynx_etcd *e, const char *path, const char *k,
                       int64_t v, struct json_object **resp, char *err,
@@ -644,12 +655,13 @@ int lynx_etcd_lease_keepalive(struct lynx_etcd *e, int64_t id,
   if (rc)
     return rc;
   /* a stream of one: {"result": {..., "TTL": n}}, no TTL once expired */
-  *ttl_left = json_object_object_get_ex(resp, "result", &r) ? jint(r, "TTL") : 0;
+  *ttl_left =
+      json_object_object_get_ex(resp, "result", &r) ? jint(r, "TTL") : 0;
   if (!r) {
     struct json_object *er = NULL;
     json_object_object_get_ex(resp, "error", &er);
     rc = lynx_fail(err, errlen, -EPROTO, "etcd: lease keepalive: %s",
-              er ? json_object_to_json_string(er) : "no result");
+                   er ? json_object_to_json_string(er) : "no result");
   }
   json_object_put(resp);
   return rc;

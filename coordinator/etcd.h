@@ -46,8 +46,8 @@ enum lynx_etcd_target { LYNX_ETCD_CREATE, LYNX_ETCD_MOD, LYNX_ETCD_VALUE };
 struct lynx_etcd_cmp {
   const char *key;
   enum lynx_etcd_target target;
-  int not_equal; /* 0: EQUAL, 1: NOT_EQUAL */
-  int64_t rev;   /* CREATE, MOD (0: the key does not exist) */
+  int not_equal;     /* 0: EQUAL, 1: NOT_EQUAL */
+  int64_t rev;       /* CREATE, MOD (0: the key does not exist) */
   const char *value; /* VALUE */
 };
 
@@ -83,13 +83,13 @@ void lynx_etcd_kvs_free(struct lynx_etcd_kvs *k);
  * (--max-txn-ops). */
 int lynx_etcd_txn(struct lynx_etcd *e, const struct lynx_etcd_cmp *cmp,
                   size_t ncmp, const struct lynx_etcd_op *ok, size_t nok,
-                  const struct lynx_etcd_op *fail, size_t nfail,
-                  int *succeeded, int64_t *rev, char *err, size_t errlen);
+                  const struct lynx_etcd_op *fail, size_t nfail, int *succeeded,
+                  int64_t *rev, char *err, size_t errlen);
 /* One operation, unconditionally (a transaction without comparisons). */
 int lynx_etcd_put(struct lynx_etcd *e, const char *key, const char *value,
                   size_t value_len, int64_t lease, char *err, size_t errlen);
-int lynx_etcd_del(struct lynx_etcd *e, const char *key, int prefix,
-                  char *err, size_t errlen);
+int lynx_etcd_del(struct lynx_etcd *e, const char *key, int prefix, char *err,
+                  size_t errlen);
 
 /* Waits until key (with prefix: any key under it) changes at a revision
  * from from_rev on (0: from now), for at most timeout_ms, or until *stop

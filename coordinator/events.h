@@ -70,8 +70,7 @@ void lynx_ev_add(struct lynx_events *e, enum lynx_ev_kind kind,
 uint64_t lynx_ev_oldest(const struct lynx_events *e);
 
 /* The event of seq (NULL when not kept). */
-const struct lynx_event *lynx_ev_get(const struct lynx_events *e,
-                                     uint64_t seq);
+const struct lynx_event *lynx_ev_get(const struct lynx_events *e, uint64_t seq);
 
 void lynx_ev_free(struct lynx_events *e);
 

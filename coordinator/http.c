@@ -268,24 +268,25 @@ static int authorise(struct http_req *rq, struct http_out *out) {
   if (!token || !token[0]) {
     if (peer_is_loopback(rq->conn))
       return 0;
-    http_reply_err(out, 403, "permission_denied",
-              "no API token is configured, so changes are accepted only from "
-              "loopback; start the coordinator with --token-file and send "
-              "'Authorization: Bearer <token>'");
+    http_reply_err(
+        out, 403, "permission_denied",
+        "no API token is configured, so changes are accepted only from "
+        "loopback; start the coordinator with --token-file and send "
+        "'Authorization: Bearer <token>'");
     return -EPERM;
   }
   auth = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND,
                                      MHD_HTTP_HEADER_AUTHORIZATION);
   if (!auth) {
     http_reply_err(out, 401, "unauthenticated",
-              "missing 'Authorization: Bearer <token>' header");
+                   "missing 'Authorization: Bearer <token>' header");
     out->www_auth = 1;
     return -EACCES;
   }
   if (strncasecmp(auth, "Bearer", 6) != 0 ||
       (auth[6] != ' ' && auth[6] != '\t')) {
     http_reply_err(out, 401, "unauthenticated",
-              "Authorization header: expected 'Bearer <token>'");
+                   "Authorization header: expected 'Bearer <token>'");
     out->www_auth = 1;
     return -EACCES;
   }
@@ -333,8 +334,8 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&h->work_lock);
     if (__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE))
       http_reply_err(rq->result, 503, "shutting_down",
-                "the coordinator is stopping: retry (another coordinator, "
-                "or this one once it is back)");
+                     "the coordinator is stopping: retry (another coordinator, "
+                     "or this one once it is back)");
     else
       rq->route->fn(rq, rq->result);
     if (!rq->parked)
@@ -429,15 +430,17 @@ static enum MHD_Result send_out(struct http_req *rq, struct http_out *out) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (out->page) {
     /* the console runs only its own scripts and talks only to this API */
-    MHD_add_response_header(resp, "Content-Security-Policy",
-                            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+    MHD_add_response_header(
+        resp, "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
   }
   ret = MHD_queue_response(rq->conn, out->status, resp);
   MHD_destroy_response(resp);
   if (ret == MHD_YES) {
     rq->answered = 1;
-    lynx_hc_phase(rq->h->hc, rq->conn, LYNX_HC_BUSY); /* a body left unread is skipped */
+    lynx_hc_phase(rq->h->hc, rq->conn,
+                  LYNX_HC_BUSY); /* a body left unread is skipped */
     if (out->status >= 500 || (is_mutating(rq->method) && out->status >= 400))
       LYNX_WARN(COMP, "%s %s: %u", rq->method,
                 rq->route ? rq->route->pattern : "?", out->status);
@@ -554,11 +557,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     if (!rq->route) {
       if (status == 405)
         http_reply_err(&out, 405, "method_not_allowed",
-                  "method %.16s not allowed on %.200s (allowed: %s)", method,
-                  url, out.allow);
+                       "method %.16s not allowed on %.200s (allowed: %s)",
+                       method, url, out.allow);
       else
         http_reply_err(&out, 404, "not_found",
-                  "no such endpoint: %.200s (see docs/api.md)", url);
+                       "no such endpoint: %.200s (see docs/api.md)", url);
       return answer_early(rq, &out);
     }
     if (is_mutating(method) && authorise(rq, &out))
@@ -577,7 +580,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         snprintf(rq->unknown, sizeof(rq->unknown),
                  "this coordinator does not lead and knows of no leader "
                  "(%s): the service's instances and state are the "
-                 "leader's", none ? why : "an election is under way");
+                 "leader's",
+                 none ? why : "an election is under way");
         goto proceed;
       }
       if (none) {
@@ -595,23 +599,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         if (n < 0 || (size_t)n >= sizeof(out.location)) {
           out.location[0] = '\0'; /* no cut-off Location */
           http_reply_err(&out, 414, "uri_too_long",
-                    "this coordinator does not lead, and the leader's URL "
-                    "for this request is longer than %zu bytes: ask the "
-                    "leader, %s://%s, directly", sizeof(out.location) - 1,
-                    scheme, api);
+                         "this coordinator does not lead, and the leader's URL "
+                         "for this request is longer than %zu bytes: ask the "
+                         "leader, %s://%s, directly",
+                         sizeof(out.location) - 1, scheme, api);
         } else {
           http_reply_err(&out, 307, "not_leader",
-                    "this coordinator does not lead: %s the leader, "
-                    "%s://%s (docs/etcd.md)",
-                    is_mutating(method) ? "changes go to"
-                                        : "the cluster's runtime state is "
-                                          "known to",
-                    scheme, api);
+                         "this coordinator does not lead: %s the leader, "
+                         "%s://%s (docs/etcd.md)",
+                         is_mutating(method) ? "changes go to"
+                                             : "the cluster's runtime state is "
+                                               "known to",
+                         scheme, api);
         }
       } else {
         http_reply_err(&out, 503, "no_leader",
-                  "no coordinator leads yet (etcd election under way or "
-                  "etcd unreachable): retry");
+                       "no coordinator leads yet (etcd election under way or "
+                       "etcd unreachable): retry");
       }
       return answer_early(rq, &out);
     }
@@ -621,9 +625,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     if (cl) {
       uint64_t n;
       if (lynx_parse_u64(cl, 0, UINT64_MAX, &n) == 0 && n > h->c->body_max) {
-        http_reply_err(&out, 413, "payload_too_large",
-                  "body of %llu bytes is larger than the limit of %zu bytes",
-                  (unsigned long long)n, h->c->body_max);
+        http_reply_err(
+            &out, 413, "payload_too_large",
+            "body of %llu bytes is larger than the limit of %zu bytes",
+            (unsigned long long)n, h->c->body_max);
         return send_out(rq, &out); /* the body is never read */
       }
     }
@@ -656,7 +661,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
       rq->body = NULL;
       rq->len = rq->cap = 0;
       http_reply_err(&out, 413, "payload_too_large",
-                "body larger than the limit of %zu bytes", h->c->body_max);
+                     "body larger than the limit of %zu bytes", h->c->body_max);
       /* accepted by libmicrohttpd versions that allow an early answer here */
       send_out(rq, &out);
       return MHD_YES;
@@ -700,7 +705,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   }
   if (rq->too_big) {
     http_reply_err(&out, 413, "payload_too_large",
-              "body larger than the limit of %zu bytes", h->c->body_max);
+                   "body larger than the limit of %zu bytes", h->c->body_max);
     return send_out(rq, &out);
   }
   if (!rq->route->now) {
@@ -711,8 +716,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         return MHD_YES;
     } else if (is_mutating(rq->method)) {
       http_reply_err(&out, 503, "shutting_down",
-                "the coordinator is stopping: retry (another coordinator, "
-                "or this one once it is back)");
+                     "the coordinator is stopping: retry (another coordinator, "
+                     "or this one once it is back)");
       return send_out(rq, &out);
     }
   }
@@ -788,7 +793,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
    * or our certificate not trusted there), and anyone can cause one:
    * rate-limited */
   if (strstr(msg, "handshake") || strstr(msg, "TLS")) {
-    LYNX_LOG_RL(LYNX_LOG_INFO, COMP, "libmicrohttpd: %s (a client that "
+    LYNX_LOG_RL(LYNX_LOG_INFO, COMP,
+                "libmicrohttpd: %s (a client that "
                 "speaks plain HTTP, or does not trust our certificate?)",
                 msg);
     return;
@@ -851,7 +857,7 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
   if (c->tls_cert_pem) {
     if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
       LYNX_ERR(COMP, "cannot serve the API over HTTPS: this libmicrohttpd "
-               "was built without TLS");
+                     "was built without TLS");
       return -ENOTSUP;
     }
     flags |= MHD_USE_TLS;
@@ -884,30 +890,31 @@ int lynx_http_start(struct lynx_coord *c, const char *addr) {
     LYNX_ERR(COMP, "cannot serve the API on %s: %s%s", addr, strerror(-rc),
              rc == -EADDRNOTAVAIL ? " (no interface of this host has that "
                                     "address)"
-             : rc == -EADDRINUSE ? " (another process serves that port)"
-                                 : "");
+             : rc == -EADDRINUSE  ? " (another process serves that port)"
+                                  : "");
     goto out_hc;
   }
   errno = 0; /* libmicrohttpd sets it on some failures only */
   h->d = MHD_start_daemon(
       flags, 0, lynx_hc_on_accept, h->hc, on_request, h,
       /* first, so every message of the daemon goes through our log */
-      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET,
-      lfd, MHD_OPTION_CONNECTION_LIMIT, lynx_hc_mhd_limit(h->hc),
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, lfd,
+      MHD_OPTION_CONNECTION_LIMIT, lynx_hc_mhd_limit(h->hc),
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
       MHD_OPTION_NOTIFY_CONNECTION, lynx_hc_on_connection, h->hc,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-      MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h,
-      MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+      MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, h, MHD_OPTION_ARRAY, tls_opts,
+      MHD_OPTION_END);
   if (!h->d) {
     rc = errno ? -errno : -EINVAL;
-    LYNX_ERR(COMP, "cannot serve the API on %s: libmicrohttpd did not "
-             "start (%s)", addr, strerror(-rc));
+    LYNX_ERR(COMP,
+             "cannot serve the API on %s: libmicrohttpd did not "
+             "start (%s)",
+             addr, strerror(-rc));
     close(lfd);
     goto out_hc;
   }
-  h->watch_running =
-      pthread_create(&h->watch_thread, NULL, watch_main, h) == 0;
+  h->watch_running = pthread_create(&h->watch_thread, NULL, watch_main, h) == 0;
   for (int i = 0; h->watch_running && i < READ_WORKERS + 1; i++) {
     struct worker *w = &h->workers[i];
     w->h = h;

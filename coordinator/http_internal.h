@@ -24,25 +24,26 @@
 
 #define COMP "http"
 
-#define PARAM_MAX 256          /* longest path segment captured ({id}) */
+#define PARAM_MAX 256 /* longest path segment captured ({id}) */
 
 #define WATCH_DEFAULT_MS 30000 /* GET /v1/watch without timeout_ms */
 
-#define WATCH_MAX_MS 60000     /* longest a watch may block */
+#define WATCH_MAX_MS 60000 /* longest a watch may block */
 
-#define CONN_TIMEOUT_S 90      /* idle connection timeout (> WATCH_MAX_MS) */
+#define CONN_TIMEOUT_S 90 /* idle connection timeout (> WATCH_MAX_MS) */
 
 /* the connection limits' defaults are httpconn.h's (coord.h: 0 takes them) */
 #define READ_WORKERS 2 /* threads that answer deferred reads */
 
 #define WATCH_IDLE_MS 1000 /* the watch thread's longest sleep */
 
-#define STOP_WAIT_MS 2000  /* how long a stop waits for resumed answers */
+#define STOP_WAIT_MS 2000 /* how long a stop waits for resumed answers */
 
 enum { QUEUE_READ, QUEUE_CHANGE, QUEUE_N };
 
-#define DISCARD_MAX (1u << 20) /* oversized chunked upload read to answer 413  \
-                                */
+#define DISCARD_MAX                                                            \
+  (1u << 20) /* oversized chunked upload read to answer 413                    \
+              */
 
 /* Encoded bodies of the big lists (nodes, accelerators, mqueues), reused
  * while the registry version is unchanged and for at most LIST_CACHE_MS:
@@ -90,9 +91,9 @@ struct http {
   struct lynx_coord *c;
   struct MHD_Daemon *d;
   struct lynx_hc *hc; /* connection caps, shedding, deadlines */
-  int stopping; /* atomic: nothing more is deferred, watchers answer */
+  int stopping;       /* atomic: nothing more is deferred, watchers answer */
   struct list_cache cache[CACHE_N]; /* under c->lock */
-  struct page_cache pages[PAGES_N];  /* under c->lock */
+  struct page_cache pages[PAGES_N]; /* under c->lock */
   /* the workers and their queues (reads, changes) */
   pthread_mutex_t work_lock;
   struct job_queue q[QUEUE_N];
@@ -102,8 +103,8 @@ struct http {
     pthread_t thread;
   } workers[READ_WORKERS + 1];
   unsigned n_workers;
-  int workers_stop;      /* under work_lock */
-  unsigned n_suspended;  /* under work_lock: suspended, not yet resumed */
+  int workers_stop;       /* under work_lock */
+  unsigned n_suspended;   /* under work_lock: suspended, not yet resumed */
   pthread_cond_t resumed; /* with work_lock: n_suspended went down */
   /* the watchers (GET /v1/watch waiting for news), under c->lock, and the
    * thread that answers them */
@@ -144,8 +145,8 @@ struct http_req {
   /* deferred (see the top): the answer a worker or the watch thread made,
    * queued by the server's thread when it resumes the connection */
   struct http_out *result;
-  int done;     /* result is ready */
-  int parked;   /* a watcher: the watch thread answers it */
+  int done;   /* result is ready */
+  int parked; /* a watcher: the watch thread answers it */
   uint64_t since, watch_deadline_ns; /* a watcher's */
   /* a follower that knows of no leader reads its services: the reason the
    * runtime fields are unknown ("": a coordinator that knows them) */
@@ -191,8 +192,8 @@ void http_store_undo(struct http_req *rq, const char *what);
  * locks held on entry and return; c->lock is released during a network
  * save, so callers find again what they hold of the registry. */
 struct lynx_state_edit;
-int http_save_first(struct http_req *rq, struct http_out *out,
-                    const char *what, const struct lynx_state_edit *edit);
+int http_save_first(struct http_req *rq, struct http_out *out, const char *what,
+                    const struct lynx_state_edit *edit);
 /* The request body as one JSON object (lynx_http_body_parse); NULL with
  * the refusal in out. */
 struct json_object *http_parse_body(struct http_req *rq, struct http_out *out);
@@ -201,9 +202,8 @@ struct json_object *http_parse_body(struct http_req *rq, struct http_out *out);
  * otherwise the registry's error (and the store put back when saved).
  * Takes j. */
 void http_finish_mutation(struct http_req *rq, struct http_out *out, int rc,
-                          const struct lynx_reg_err *err,
-                          struct json_object *j, const char *what,
-                          unsigned status, int saved);
+                          const struct lynx_reg_err *err, struct json_object *j,
+                          const char *what, unsigned status, int saved);
 
 /* ---- the handlers (http.c's routes[]) ---------------------------------- */
 

@@ -17,14 +17,14 @@
 #include "store.h"
 
 void http_reply_json(struct http_out *out, unsigned status,
-                       struct json_object *j) {
+                     struct json_object *j) {
   json_object_put(out->json);
   out->status = status;
   out->json = j;
 }
 
 void http_reply_err(struct http_out *out, unsigned status, const char *code,
-                      const char *fmt, ...) {
+                    const char *fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -36,12 +36,12 @@ void http_reply_err(struct http_out *out, unsigned status, const char *code,
 /* The registry's answer to a failed operation, with a fallback for the
  * errno when it left err empty. */
 void http_reply_reg_err(struct http_out *out, int rc,
-                          const struct lynx_reg_err *err) {
+                        const struct lynx_reg_err *err) {
   unsigned status;
   const char *code;
   if (err->status >= 400 && err->status <= 599 && err->code[0]) {
     http_reply_err(out, (unsigned)err->status, err->code, "%s",
-              err->message[0] ? err->message : strerror(-rc));
+                   err->message[0] ? err->message : strerror(-rc));
     return;
   }
   switch (rc) {
@@ -68,7 +68,7 @@ void http_reply_reg_err(struct http_out *out, int rc,
     break;
   }
   http_reply_err(out, status, code, "%s",
-            err->message[0] ? err->message : strerror(-rc));
+                 err->message[0] ? err->message : strerror(-rc));
 }
 
 void http_reply_oom(struct http_out *out) {
@@ -77,7 +77,7 @@ void http_reply_oom(struct http_out *out) {
 
 /* Encoded under the lock: NULL means the encoder ran out of memory. */
 void http_reply_encoded(struct http_out *out, unsigned status,
-                          struct json_object *j) {
+                        struct json_object *j) {
   if (!j)
     http_reply_oom(out);
   else
@@ -124,9 +124,9 @@ static int store_write(struct lynx_coord *c, const struct lynx_state_edit *edit,
   struct json_object *state;
   int rc;
   if (!c->save)
-    return c->state_dir ? lynx_store_save(c->state_dir, &c->reg, edit, err,
-                                          errlen)
-                        : 0;
+    return c->state_dir
+               ? lynx_store_save(c->state_dir, &c->reg, edit, err, errlen)
+               : 0;
   state = lynx_store_state_obj(&c->reg, edit);
   if (!state)
     return lynx_fail(err, errlen, -ENOMEM, "out of memory");
@@ -146,9 +146,11 @@ void http_store_undo(struct http_req *rq, const char *what) {
   char err[256] = "";
   int rc = store_write(rq->c, NULL, err, sizeof(err));
   if (rc)
-    LYNX_LOG_RL(LYNX_LOG_WARN, COMP, "%s was saved but not applied, and the "
+    LYNX_LOG_RL(LYNX_LOG_WARN, COMP,
+                "%s was saved but not applied, and the "
                 "state as it is could not be saved again: %s (the next "
-                "change saves it)", what, err[0] ? err : strerror(-rc));
+                "change saves it)",
+                what, err[0] ? err : strerror(-rc));
 }
 
 /* Saves operator intent as it will be once the change in edit is applied,
@@ -160,8 +162,8 @@ void http_store_undo(struct http_req *rq, const char *what) {
  * when it has no room, else 500. With etcd, a save that timed out may
  * still reach etcd; the next save writes the state as this coordinator
  * holds it over it. */
-int http_save_first(struct http_req *rq, struct http_out *out,
-                      const char *what, const struct lynx_state_edit *edit) {
+int http_save_first(struct http_req *rq, struct http_out *out, const char *what,
+                    const struct lynx_state_edit *edit) {
   struct lynx_coord *c = rq->c;
   const char *where = c->save ? c->save_where : c->state_dir;
   char err[256] = "";
@@ -174,8 +176,8 @@ int http_save_first(struct http_req *rq, struct http_out *out,
               what, where, err[0] ? err : strerror(-rc));
   status = save_err_status(rc, &code);
   http_reply_err(out, status, code,
-            "%s: not applied: it cannot be saved in %s (%s)", what, where,
-            err[0] ? err : strerror(-rc));
+                 "%s: not applied: it cannot be saved in %s (%s)", what, where,
+                 err[0] ? err : strerror(-rc));
   return rc;
 }
 
@@ -278,18 +280,17 @@ oom:
 
 /* Parses the request body as one JSON object (lynx_http_body_parse). NULL
  * with the refusal in out. */
-struct json_object *http_parse_body(struct http_req *rq,
-                                      struct http_out *out) {
+struct json_object *http_parse_body(struct http_req *rq, struct http_out *out) {
   char msg[512];
   unsigned status;
   struct json_object *j =
       lynx_http_body_parse(rq->body, rq->len, &status, msg, sizeof(msg));
   if (!j)
     http_reply_err(out, status,
-              status == 413   ? "payload_too_large"
-              : status == 500 ? "internal"
-                              : "invalid_argument",
-              "%s", msg);
+                   status == 413   ? "payload_too_large"
+                   : status == 500 ? "internal"
+                                   : "invalid_argument",
+                   "%s", msg);
   return j;
 }
 
@@ -299,9 +300,8 @@ struct json_object *http_parse_body(struct http_req *rq,
  * the registry's error, and when the change was saved (saved) puts the
  * store back to the state as it is. Takes j (may be NULL on error). */
 void http_finish_mutation(struct http_req *rq, struct http_out *out, int rc,
-                            const struct lynx_reg_err *err,
-                            struct json_object *j, const char *what,
-                            unsigned status, int saved) {
+                          const struct lynx_reg_err *err, struct json_object *j,
+                          const char *what, unsigned status, int saved) {
   if (rc == 0)
     rq->c->on_change(rq->c);
   else if (saved)

@@ -14,8 +14,8 @@
  * what the registry asks for. The API (http.c) and the election (elect.c)
  * get the clock and the change callback in struct lynx_coord.
  *
- * Frontends: up to --active-frontends are active (choose_active, actions.c) and the
- * registry partitions the instances among them (partition.c); each gets a
+ * Frontends: up to --active-frontends are active (choose_active, actions.c) and
+ * the registry partitions the instances among them (partition.c); each gets a
  * table of the instances it produces into, with their epochs. Any other is
  * a standby with an empty table, made active when an active one goes. Each
  * mqueue has exactly one producer that way (docs/frontends.md).
@@ -61,7 +61,8 @@ static const struct lynx_opt coord_opts[] = {
     {"etcd-prefix", LYNX_OPT_STR, O(etcd_prefix), LYNX_ETCD_PREFIX_DEFAULT, 0,
      0, NULL, "the keys' prefix in etcd"},
     {"etcd-timeout-ms", LYNX_OPT_U32, O(etcd_timeout_ms), "1000", 100, 60000,
-     NULL, "an etcd call that takes longer fails (an API change then gets "
+     NULL,
+     "an etcd call that takes longer fails (an API change then gets "
      "503)"},
     {"etcd-lease-s", LYNX_OPT_U32, O(etcd_lease_s), "3", 2, 60, NULL,
      "with --etcd: the leader's lease; a follower leads within about this "
@@ -78,7 +79,8 @@ static const struct lynx_opt coord_opts[] = {
      "heartbeat every third of it (default 3000, or --lease-ms if "
      "shorter)"},
     {"frontend-timeout-ms", LYNX_OPT_U32, O(frontend_timeout_ms), "3000", 500,
-     600000, NULL, "a frontend silent for this long (it reports every "
+     600000, NULL,
+     "a frontend silent for this long (it reports every "
      "200 ms) is cut off, and its instances go to the other frontends"},
     {"active-frontends", LYNX_OPT_U32, O(active_frontends), "1", 0, 1024, NULL,
      "how many frontends are active (0: every one): each service's "
@@ -94,7 +96,8 @@ static const struct lynx_opt coord_opts[] = {
                  "--tls-key, which alone serve the API over HTTPS)"),
     LYNX_OPT_FRAME_MAX(O(frame_max)),
     {"control-conn-max", LYNX_OPT_U32, O(ctl_conn_max), "4096", 1, 1u << 20,
-     NULL, "control connections (agents, frontends) open at once; more are "
+     NULL,
+     "control connections (agents, frontends) open at once; more are "
      "closed at once"},
     {"control-unauth-max", LYNX_OPT_U32, O(ctl_unauth_max), "64", 1, 1u << 20,
      NULL, "of those, connections that have not said a valid Hello yet"},
@@ -102,23 +105,25 @@ static const struct lynx_opt coord_opts[] = {
      1, 1u << 20, NULL, "of those, from one address"},
     {"body-max", LYNX_OPT_U32, O(body_max), "65536", 256, 1u << 24, NULL,
      "largest accepted API request body, bytes"},
-    {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "4096", 1, 1u << 20,
-     NULL, "API connections open at once; past it a new one takes the place "
+    {"http-conn-max", LYNX_OPT_U32, O(http_conn_max), "4096", 1, 1u << 20, NULL,
+     "API connections open at once; past it a new one takes the place "
      "of the oldest that has not completed its request (or of the oldest "
      "watch, answered early); refused only when all are being answered"},
     {"http-conn-per-client", LYNX_OPT_U32, O(http_conn_per_client), "1024", 1,
-     1u << 20, NULL, "API connections one client address may hold open; past "
+     1u << 20, NULL,
+     "API connections one client address may hold open; past "
      "it the same as --http-conn-max, among that address's connections"},
     {"http-header-timeout-ms", LYNX_OPT_U32, O(http_header_ms), "10000", 100,
-     600000, NULL, "a request's headers must be in within this of the "
+     600000, NULL,
+     "a request's headers must be in within this of the "
      "connection's start or the previous answer"},
     {"http-body-timeout-ms", LYNX_OPT_U32, O(http_body_ms), "30000", 100,
      3600000, NULL, "a request's body must be in within this of its headers"},
     {"services-max", LYNX_OPT_U32, O(services_max), "256", 1, 100000, NULL,
      "services that may exist (each costs every frontend a thread); more are "
      "refused"},
-    {"region-max-mb", LYNX_OPT_U32, O(region_max_mb), "1024", 1, 1048576,
-     NULL, "largest region a service may ask of each accelerator, MiB"},
+    {"region-max-mb", LYNX_OPT_U32, O(region_max_mb), "1024", 1, 1048576, NULL,
+     "largest region a service may ask of each accelerator, MiB"},
     LYNX_OPT_LOG_LEVEL(O(log_level), "info"),
     LYNX_OPT_END,
 };
@@ -145,8 +150,8 @@ static uint32_t failover_lease_ms(uint32_t suspect_ms, uint32_t etcd_lease_s) {
 static int leases_derive(struct coord_cfg *cfg, char *err, size_t errlen) {
   uint32_t need;
   if (!cfg->suspect_ms)
-    cfg->suspect_ms = cfg->lease_ms && cfg->lease_ms < 3000 ? cfg->lease_ms
-                                                            : 3000;
+    cfg->suspect_ms =
+        cfg->lease_ms && cfg->lease_ms < 3000 ? cfg->lease_ms : 3000;
   need = cfg->etcd ? failover_lease_ms(cfg->suspect_ms, cfg->etcd_lease_s)
                    : cfg->suspect_ms;
   if (!cfg->lease_ms) {
@@ -154,14 +159,17 @@ static int leases_derive(struct coord_cfg *cfg, char *err, size_t errlen) {
     return 0;
   }
   if (cfg->suspect_ms > cfg->lease_ms) {
-    snprintf(err, errlen, "--suspect-ms %u is longer than --lease-ms %u: a "
+    snprintf(err, errlen,
+             "--suspect-ms %u is longer than --lease-ms %u: a "
              "silent node would be declared down (its requests counted "
              "lost) before it left the dispatch tables; give --suspect-ms "
-             "%u or less", cfg->suspect_ms, cfg->lease_ms, cfg->lease_ms);
+             "%u or less",
+             cfg->suspect_ms, cfg->lease_ms, cfg->lease_ms);
     return -1;
   }
   if (cfg->lease_ms < need) {
-    snprintf(err, errlen, "--lease-ms %u cannot ride out a leader failover "
+    snprintf(err, errlen,
+             "--lease-ms %u cannot ride out a leader failover "
              "with --etcd-lease-s %u and --suspect-ms %u: the agents would "
              "stop taking requests while another coordinator takes over "
              "(up to about %u ms: two heartbeat periods, the election lease "
@@ -231,8 +239,8 @@ static void on_signal(uv_signal_t *s, int signum) {
 int main(int argc, char **argv) {
   int help = 0; /* --help was printed */
   static struct coordinator co;
-  struct lynx_reg_ops ops = {coord_act_start, coord_act_stop, coord_act_tables, coord_act_issue_epoch,
-                             &co};
+  struct lynx_reg_ops ops = {coord_act_start, coord_act_stop, coord_act_tables,
+                             coord_act_issue_epoch, &co};
   struct sockaddr_storage ss;
   char err[512], *token = NULL;
   int rc, lvl, exit_code = 1;
@@ -273,8 +281,7 @@ int main(int argc, char **argv) {
     goto out_opts;
   }
   {
-    struct lynx_tls_files tf = {co.cfg.tls_ca, co.cfg.tls_cert,
-                                co.cfg.tls_key};
+    struct lynx_tls_files tf = {co.cfg.tls_ca, co.cfg.tls_cert, co.cfg.tls_key};
     rc = lynx_tls_load(&co.tls, 1, &tf, err, sizeof(err));
     if (rc < 0) { /* refused at start only: a running one keeps its keys */
       fprintf(stderr, "%s\n", err);
@@ -286,10 +293,10 @@ int main(int argc, char **argv) {
   }
   if (co.cfg.etcd) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (lynx_etcd_open(&co.store.etcd, co.cfg.etcd, co.cfg.etcd_timeout_ms,
-                       err, sizeof(err)) ||
-        lynx_store_etcd_init(&co.store, co.store.etcd, co.cfg.etcd_prefix,
-                             err, sizeof(err))) {
+    if (lynx_etcd_open(&co.store.etcd, co.cfg.etcd, co.cfg.etcd_timeout_ms, err,
+                       sizeof(err)) ||
+        lynx_store_etcd_init(&co.store, co.store.etcd, co.cfg.etcd_prefix, err,
+                             sizeof(err))) {
       fprintf(stderr, "--etcd: %s\n", err);
       exit_code = LYNX_EXIT_USAGE;
       goto out_opts;
@@ -314,7 +321,8 @@ int main(int argc, char **argv) {
     }
     /* it holds the services and drain intents operators set */
     if (st.st_mode & 0077)
-      LYNX_WARN("coordinator", "--state-dir %s can be %s by %s (mode %04o): "
+      LYNX_WARN("coordinator",
+                "--state-dir %s can be %s by %s (mode %04o): "
                 "the cluster's services are kept there; chmod 700 %s",
                 co.cfg.state_dir, (st.st_mode & 0022) ? "changed" : "read",
                 (st.st_mode & 0007) ? "every user" : "its group",
@@ -351,11 +359,10 @@ int main(int argc, char **argv) {
   uv_loop_init(&co.loop);
   uv_async_init(&co.loop, &co.wake, coord_on_wake);
   co.wake.data = &co;
-  rc = co.cfg.etcd ? lynx_store_etcd_load(&co.store, &co.c.reg,
-                                           coord_now_ms(), err,
-                                           sizeof(err))
-                    : lynx_store_load(co.cfg.state_dir, &co.c.reg,
-                                      coord_now_ms(), err, sizeof(err));
+  rc = co.cfg.etcd ? lynx_store_etcd_load(&co.store, &co.c.reg, coord_now_ms(),
+                                          err, sizeof(err))
+                   : lynx_store_load(co.cfg.state_dir, &co.c.reg,
+                                     coord_now_ms(), err, sizeof(err));
   if (rc) {
     LYNX_ERR("coordinator", "cannot load state from %s: %s",
              co.cfg.etcd ? co.cfg.etcd : co.cfg.state_dir, err);
@@ -426,14 +433,17 @@ int main(int argc, char **argv) {
   pthread_mutex_lock(&co.c.lock);
   co.c.ready = 1;
   pthread_mutex_unlock(&co.c.lock);
-  lynx_notify_ready("serving control on %s and the API on %s",
-                    co.cfg.listen, co.cfg.http);
+  lynx_notify_ready("serving control on %s and the API on %s", co.cfg.listen,
+                    co.cfg.http);
   {
     struct json_object *j = lynx_opts_json(coord_opts, &co.cfg);
-    LYNX_INFO("coordinator", "serving control on %s%s and the API on "
-              "%s://%s%s; config %s", co.cfg.listen,
+    LYNX_INFO("coordinator",
+              "serving control on %s%s and the API on "
+              "%s://%s%s; config %s",
+              co.cfg.listen,
               co.tls_ctl ? " over TLS (peers need a certificate the CA "
-                           "signed)" : "",
+                           "signed)"
+                         : "",
               co.tls_on ? "https" : "http", co.cfg.http,
               co.tls_ctl || token ? "" : " (no token: loopback peers only)",
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));

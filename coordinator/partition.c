@@ -89,8 +89,10 @@ static int drop_owners(struct lynx_registry *r,
     if (!i->fe_release_version)
       continue;
     if (released(f, i) || now_ms >= i->fe_release_deadline_ms) {
-      LYNX_INFO(COMP, "service %s: instance %" PRIu64 ": frontend %s %s; "
-                "it goes to another frontend", i->svc->spec.name, i->id, f->id,
+      LYNX_INFO(COMP,
+                "service %s: instance %" PRIu64 ": frontend %s %s; "
+                "it goes to another frontend",
+                i->svc->spec.name, i->id, f->id,
                 released(f, i) ? "answered what it held on it"
                                : "did not answer all it held on it within the "
                                  "drain timeout (the rest is fenced)");
@@ -123,9 +125,11 @@ static int adopt_claims(struct lynx_registry *r,
           lynx__part_owned_by(i, f))
         continue;
       if (i->fe_owner[0])
-        LYNX_INFO(COMP, "instance %" PRIu64 ": frontend %s presents epoch "
+        LYNX_INFO(COMP,
+                  "instance %" PRIu64 ": frontend %s presents epoch "
                   "%" PRIu64 ", newer than %s's %" PRIu64 ": it is the "
-                  "producer", i->id, f->id, c->epoch, i->fe_owner, i->fe_epoch);
+                  "producer",
+                  i->id, f->id, c->epoch, i->fe_owner, i->fe_epoch);
       owner_clear(i);
       snprintf(i->fe_owner, sizeof(i->fe_owner), "%s", f->id);
       i->fe_epoch = i->fe_fence = c->epoch;
@@ -157,9 +161,8 @@ static size_t fe_index(const struct fe_load *ld, size_t n,
 static size_t least(const struct fe_load *ld, const uint64_t *v, size_t n) {
   size_t best = n;
   for (size_t k = 0; k < n; k++)
-    if (!ld[k].draining &&
-        (best == n || v[k] < v[best] ||
-         (v[k] == v[best] && ld[k].total < ld[best].total)))
+    if (!ld[k].draining && (best == n || v[k] < v[best] ||
+                            (v[k] == v[best] && ld[k].total < ld[best].total)))
       best = k;
   return best;
 }
@@ -182,11 +185,15 @@ static void release(struct lynx_registry *r, const struct fe_load *ld,
   r->table_dirty = 1;
   pick->fe_release_version = r->table_version + 1;
   pick->fe_release_deadline_ms = now_ms + r->drain_timeout_ms;
-  LYNX_INFO(COMP, "service %s: instance %" PRIu64 " moves from frontend %s "
+  LYNX_INFO(COMP,
+            "service %s: instance %" PRIu64 " moves from frontend %s "
             "(%" PRIu64 " of the service's instances) %s; %s answers what it "
-            "holds on it first", pick->svc->spec.name, pick->id, ld->f->id,
-            count, ld->draining ? "as it drains" : "to balance the active "
-            "frontends", ld->f->id);
+            "holds on it first",
+            pick->svc->spec.name, pick->id, ld->f->id, count,
+            ld->draining ? "as it drains"
+                         : "to balance the active "
+                           "frontends",
+            ld->f->id);
 }
 
 /* Counts each active frontend's instances of s (and overall when s is
@@ -296,7 +303,8 @@ static int round_epoch(struct lynx_registry *r, uint64_t *round,
     return rc;
   }
   r->fe_epoch_retry_ms = now_ms + EPOCH_RETRY_MS;
-  LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "instances wait for a frontend: no "
+  LYNX_LOG_RL(LYNX_LOG_ERROR, COMP,
+              "instances wait for a frontend: no "
               "frontend epoch could be issued (%s); retrying in %d ms",
               rc ? strerror(-rc) : "the store issued 0", EPOCH_RETRY_MS);
   return rc ? rc : -EIO;
@@ -363,17 +371,17 @@ static uint64_t assign(struct lynx_registry *r,
   }
   r->fe_assigned += given;
   if (given)
-    LYNX_INFO(COMP, "%" PRIu64 " instances given to %zu active frontends: "
+    LYNX_INFO(COMP,
+              "%" PRIu64 " instances given to %zu active frontends: "
               "%" PRIu64 " with the new epoch %" PRIu64 " (agents refuse "
               "every earlier producer of them), %" PRIu64 " new regions with "
-              "the epoch their frontend has", given, n, given - reused, round,
-              reused);
+              "the epoch their frontend has",
+              given, n, given - reused, round, reused);
   return given;
 }
 
-int lynx__part_round(struct lynx_registry *r,
-                     const struct lynx__part_inst *in, size_t n_in,
-                     uint64_t now_ms) {
+int lynx__part_round(struct lynx_registry *r, const struct lynx__part_inst *in,
+                     size_t n_in, uint64_t now_ms) {
   struct fe_load *ld = NULL;
   uint64_t *v = NULL;
   size_t n = 0, k = 0;
@@ -386,7 +394,8 @@ int lynx__part_round(struct lynx_registry *r,
   ld = calloc(n, sizeof(*ld));
   v = calloc(n, sizeof(*v));
   if (!ld || !v) {
-    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "out of memory partitioning instances "
+    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP,
+                "out of memory partitioning instances "
                 "among frontends; retrying at the next tick");
     goto out;
   }

@@ -26,8 +26,8 @@
 
 #define COMP "registry"
 
-const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
-                                      char *buf, size_t len) {
+const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a, char *buf,
+                                      size_t len) {
   size_t l = 0;
   if (!buf || len == 0)
     return buf;
@@ -40,15 +40,15 @@ const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
     l = lynx_appendf(buf, len, l, "; ", "device lost");
   if (a->failed)
     l = lynx_appendf(buf, len, l, "; ", "failed%s%.*s",
-                     a->last_error[0] ? ": " : "",
-                     (int)sizeof(a->last_error), a->last_error);
+                     a->last_error[0] ? ": " : "", (int)sizeof(a->last_error),
+                     a->last_error);
   else if (a->device_lost && a->last_error[0])
     l = lynx_appendf(buf, len, l, "; ", "last error: %.*s",
                      (int)sizeof(a->last_error), a->last_error);
   if (a->stalled_mqueues)
-    lynx_appendf(buf, len, l, "; ", "%" PRIu32 " mqueue%s stalled for %" PRIu64
-                 " ms", a->stalled_mqueues,
-                 a->stalled_mqueues == 1 ? "" : "s", a->stall_ms);
+    lynx_appendf(
+        buf, len, l, "; ", "%" PRIu32 " mqueue%s stalled for %" PRIu64 " ms",
+        a->stalled_mqueues, a->stalled_mqueues == 1 ? "" : "s", a->stall_ms);
   return buf;
 }
 
@@ -126,20 +126,20 @@ void lynx__reg_accel_health_update(struct lynx_registry *r,
     lynx_ev_add(&r->ev, LYNX_EV_ACCEL_OUT, subj,
                 "accelerator %s out of dispatch: %s", subj, why);
   } else {
-    uint64_t out = now_ms > a->unhealthy_since_ms
-                       ? now_ms - a->unhealthy_since_ms
-                       : 0;
+    uint64_t out =
+        now_ms > a->unhealthy_since_ms ? now_ms - a->unhealthy_since_ms : 0;
     snprintf(subj, sizeof(subj), "%s/%" PRIu32, n->id, a->info.idx);
     lynx_ev_add(&r->ev, LYNX_EV_ACCEL_BACK, subj,
-                "accelerator %s healthy again after %" PRIu64 " ms", subj,
-                out);
+                "accelerator %s healthy again after %" PRIu64 " ms", subj, out);
     if (n->state == LYNX_NODE_READY)
       LYNX_INFO(COMP,
                 "node %s accel %" PRIu32 " back in dispatch after %" PRIu64
-                " ms", n->id, a->info.idx, out);
+                " ms",
+                n->id, a->info.idx, out);
     else
-      LYNX_INFO(COMP, "node %s accel %" PRIu32 " healthy again after %" PRIu64
-                " ms (the node is %s)", n->id, a->info.idx, out,
-                lynx_node_state_name(n->state));
+      LYNX_INFO(COMP,
+                "node %s accel %" PRIu32 " healthy again after %" PRIu64
+                " ms (the node is %s)",
+                n->id, a->info.idx, out, lynx_node_state_name(n->state));
   }
 }

@@ -102,9 +102,10 @@ void lynx__reg_retire_check_all(struct lynx_registry *r, uint64_t now_ms) {
     if (i->state == LYNX_INST_RETIRING &&
         (now_ms >= i->retire_deadline_ms ||
          frontends_quiet(r, i->retire_table_version, &i->id, 1))) {
-      LYNX_INFO("registry", "service %s: instance %" PRIu64 " on %s/%u "
-                "moved away and is %s: stopped", i->svc->spec.name, i->id,
-                i->node->id, i->accel_idx,
+      LYNX_INFO("registry",
+                "service %s: instance %" PRIu64 " on %s/%u "
+                "moved away and is %s: stopped",
+                i->svc->spec.name, i->id, i->node->id, i->accel_idx,
                 now_ms >= i->retire_deadline_ms
                     ? "past the drain timeout"
                     : "quiet (nothing outstanding on it)");

@@ -120,8 +120,8 @@ void lynx_reg_frontend_claims_done(struct lynx_registry *r, const char *id) {
   f->n_claims = 0;
 }
 
-int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id,
-                            int drain, struct lynx_reg_err *err) {
+int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id, int drain,
+                            struct lynx_reg_err *err) {
   struct lynx_reg_frontend *f = lynx_reg_frontend_find(r, id);
   if (!f) {
     ERR_NOTFOUND(err, "frontend '%s' not found", id ? id : "");
@@ -194,8 +194,7 @@ void lynx_reg_frontend_listen(struct lynx_registry *r, const char *id,
   struct lynx_fe_listen *copy = NULL;
   if (!f)
     return;
-  if (n == f->n_listen &&
-      (!n || !memcmp(l, f->listen, (size_t)n * sizeof(*l))))
+  if (n == f->n_listen && (!n || !memcmp(l, f->listen, (size_t)n * sizeof(*l))))
     return; /* as before: no news for watchers */
   if (n) {
     copy = malloc((size_t)n * sizeof(*copy));
@@ -241,15 +240,16 @@ void lynx_reg_partition(struct lynx_registry *r, uint64_t now_ms) {
     n++;
   in = calloc(n ? n : 1, sizeof(*in));
   if (!in) {
-    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP, "out of memory partitioning instances "
+    LYNX_LOG_RL(LYNX_LOG_ERROR, COMP,
+                "out of memory partitioning instances "
                 "among frontends; retrying at the next tick");
     lynx__reg_table_commit(r);
     return;
   }
   for (struct lynx_reg_instance *i = r->instances; i; i = i->next, k++) {
     in[k].inst = i;
-    in[k].owner = i->fe_owner[0] ? lynx_reg_frontend_find(r, i->fe_owner)
-                                 : NULL;
+    in[k].owner =
+        i->fe_owner[0] ? lynx_reg_frontend_find(r, i->fe_owner) : NULL;
     in[k].dispatchable = lynx_reg_inst_dispatchable(i);
   }
   if (lynx__part_round(r, in, n, now_ms)) {

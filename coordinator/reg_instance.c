@@ -36,8 +36,8 @@ static int desc_equal(const struct lynx_region_desc *a,
          !strcmp(a->locator, b->locator) && a->region_size == b->region_size &&
          a->epoch == b->epoch && a->n_mqueues == b->n_mqueues &&
          a->slot_size == b->slot_size && a->slots == b->slots &&
-         a->large_bytes == b->large_bytes && a->ordering == b->ordering && a->key == b->key &&
-         a->remote_addr == b->remote_addr &&
+         a->large_bytes == b->large_bytes && a->ordering == b->ordering &&
+         a->key == b->key && a->remote_addr == b->remote_addr &&
          !memcmp(a->rkeys, b->rkeys, sizeof(a->rkeys));
 }
 

@@ -112,8 +112,10 @@ int lynx_reg_undrain_check(struct lynx_registry *r, const char *id,
   if (n->leaving) {
     /* undone, its agent would stop anyway at its --stop-timeout-ms, with
      * requests in flight: the drain is what makes that stop lossless */
-    ERR_CONFLICT(err, "node %s drains to leave: its agent is stopping (a "
-                 "new agent registers it ready)", n->id);
+    ERR_CONFLICT(err,
+                 "node %s drains to leave: its agent is stopping (a "
+                 "new agent registers it ready)",
+                 n->id);
     return -EINVAL;
   }
   return 0;

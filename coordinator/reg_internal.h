@@ -148,9 +148,8 @@ struct lynx__part_inst {
  * frontends in r->frontends: writes the instances' fe_* fields and r's
  * partition counters and epochs. Returns 1 when the table changed; the
  * caller commits it. */
-int lynx__part_round(struct lynx_registry *r,
-                     const struct lynx__part_inst *in, size_t n,
-                     uint64_t now_ms);
+int lynx__part_round(struct lynx_registry *r, const struct lynx__part_inst *in,
+                     size_t n, uint64_t now_ms);
 /* Whether f owns i (releasing or not). */
 int lynx__part_owned_by(const struct lynx_reg_instance *i,
                         const struct lynx_reg_frontend *f);

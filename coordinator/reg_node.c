@@ -37,9 +37,8 @@
  * a suspect node is back in the tables. */
 static void node_heard(struct lynx_registry *r, struct lynx_reg_node *n,
                        uint64_t now_ms) {
-  uint64_t silent = now_ms > n->last_heartbeat_ms
-                        ? now_ms - n->last_heartbeat_ms
-                        : 0;
+  uint64_t silent =
+      now_ms > n->last_heartbeat_ms ? now_ms - n->last_heartbeat_ms : 0;
   n->last_heartbeat_ms = now_ms;
   n->lease_deadline_ms = now_ms + r->lease_ms;
   if (!n->suspect)
@@ -47,8 +46,10 @@ static void node_heard(struct lynx_registry *r, struct lynx_reg_node *n,
   n->suspect = 0;
   r->version++;
   r->table_dirty = 1;
-  LYNX_INFO(COMP, "node %s heard again after %" PRIu64 " ms: back in the "
-            "dispatch tables", n->id, silent);
+  LYNX_INFO(COMP,
+            "node %s heard again after %" PRIu64 " ms: back in the "
+            "dispatch tables",
+            n->id, silent);
   lynx_ev_add(&r->ev, LYNX_EV_NODE_HEARD, n->id,
               "node %s heard again after %" PRIu64 " ms: back in dispatch",
               n->id, silent);
@@ -62,14 +63,15 @@ static void node_suspect(struct lynx_registry *r, struct lynx_reg_node *n) {
   r->suspicions++;
   r->version++;
   r->table_dirty = 1;
-  LYNX_WARN(COMP, "node %s is suspect: no heartbeat for %" PRIu64 " ms; out "
+  LYNX_WARN(COMP,
+            "node %s is suspect: no heartbeat for %" PRIu64 " ms; out "
             "of the dispatch tables until it is heard again (declared down "
-            "at %" PRIu64 " ms)", n->id, lynx_reg_suspect_ms(r),
-            r->lease_ms);
+            "at %" PRIu64 " ms)",
+            n->id, lynx_reg_suspect_ms(r), r->lease_ms);
   lynx_ev_add(&r->ev, LYNX_EV_NODE_SUSPECT, n->id,
               "node %s is suspect: no heartbeat for %" PRIu64 " ms; out of "
-              "dispatch until heard again, down at %" PRIu64 " ms", n->id,
-              lynx_reg_suspect_ms(r), r->lease_ms);
+              "dispatch until heard again, down at %" PRIu64 " ms",
+              n->id, lynx_reg_suspect_ms(r), r->lease_ms);
 }
 
 /* ---- registration --------------------------------------------------- */
@@ -106,8 +108,10 @@ static int check_registration(const char *id, const char *address,
     if (!lynx_text_ok(labels[a].key, kl) ||
         !lynx_text_ok(labels[a].value,
                       lynx__reg_slen(labels[a].value, LYNX_LABEL_MAX))) {
-      ERR_INVALID(err, "labels[%u]: key or value is not valid UTF-8 or holds "
-                  "a control character", a);
+      ERR_INVALID(err,
+                  "labels[%u]: key or value is not valid UTF-8 or holds "
+                  "a control character",
+                  a);
       return -EINVAL;
     }
     for (b = 0; b < a; b++)
@@ -182,8 +186,10 @@ static void node_fill(struct lynx_reg_node *n, const char *address,
         if (keep_health)
           lynx__reg_accel_health_copy(&n->accels[a], &old[b]);
         else if (!lynx_reg_accel_dispatchable(&old[b]))
-          LYNX_INFO(COMP, "node %s accel %" PRIu32 " back in dispatch: its "
-                    "agent restarted (was: %s)", n->id, old[b].info.idx,
+          LYNX_INFO(COMP,
+                    "node %s accel %" PRIu32 " back in dispatch: its "
+                    "agent restarted (was: %s)",
+                    n->id, old[b].info.idx,
                     lynx_reg_accel_health_str(&old[b], why, sizeof(why)));
       }
   }
@@ -210,8 +216,9 @@ static void adopt_one(struct lynx_registry *r, struct lynx_reg_node *n,
   if (lynx__reg_inst_find(r, a->instance_id, NULL))
     return; /* known already (same incarnation, reconnected) */
   if (!s || lynx__reg_accel_pos(n, a->accel_idx) < 0 ||
-      n->state == LYNX_NODE_DRAINED || a->desc.n_mqueues !=
-      s->spec.mqueues_per_accel || a->desc.slots != s->spec.slots ||
+      n->state == LYNX_NODE_DRAINED ||
+      a->desc.n_mqueues != s->spec.mqueues_per_accel ||
+      a->desc.slots != s->spec.slots ||
       a->desc.slot_size != s->spec.slot_size ||
       a->desc.large_bytes !=
           lynx_large_for(s->spec.msg_max, s->spec.slot_size)) {
@@ -283,10 +290,11 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
      * in flight lost, and a lost request must never run later. Only a new
      * incarnation, which starts without the old queues, may serve. */
     r->new_incarnations++;
-    ERR_CONFLICT(err, "node %s: epoch %llu was declared down (its lease "
+    ERR_CONFLICT(err,
+                 "node %s: epoch %llu was declared down (its lease "
                  "expired or it left) and its requests in flight were "
-                 "counted lost: register as a new incarnation", id,
-                 (unsigned long long)epoch);
+                 "counted lost: register as a new incarnation",
+                 id, (unsigned long long)epoch);
     if (err)
       err->new_incarnation = 1;
     return -ESTALE;
@@ -304,8 +312,8 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
     n->epoch = epoch;
     n->drain_deadline_ms = 0;
     n->drain_table_version = 0;
-    lynx__reg_node_set_state(r, n, n->drain_intent ? LYNX_NODE_DRAINED
-                                                   : LYNX_NODE_READY);
+    lynx__reg_node_set_state(
+        r, n, n->drain_intent ? LYNX_NODE_DRAINED : LYNX_NODE_READY);
   }
   node_heard(r, n, now_ms);
   for (uint32_t k = 0; k < n_adopt; k++)
@@ -313,7 +321,9 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
   lynx_ev_add(&r->ev, LYNX_EV_NODE_REGISTERED, n->id,
               "node %s registered from %s: epoch %llu%s, %u accelerators%s",
               n->id, n->address, (unsigned long long)n->epoch,
-              again ? " again" : fresh ? "" : " (a new incarnation)",
+              again   ? " again"
+              : fresh ? ""
+                      : " (a new incarnation)",
               n->n_accels, n_adopt ? ", its running instances adopted" : "");
   r->registrations++;
   r->version++;
@@ -347,8 +357,7 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
     node->accels[pos].requests = reports[k].requests;
     node->accels[pos].lat = reports[k].lat;
     node->accels[pos].responses = reports[k].responses;
-    lynx__reg_accel_health_update(r, node, (uint32_t)pos, &reports[k],
-                                  now_ms);
+    lynx__reg_accel_health_update(r, node, (uint32_t)pos, &reports[k], now_ms);
   }
   lynx__reg_table_commit(r);
   return 0;
@@ -460,8 +469,8 @@ void lynx_reg_tick(struct lynx_registry *r, uint64_t now_ms) {
       n->expired_ms = now_ms;
       lynx_ev_add(&r->ev, LYNX_EV_NODE_DOWN, n->id,
                   "node %s is down: no heartbeat for its lease (%llu ms); "
-                  "its requests in flight are counted lost", n->id,
-                  (unsigned long long)r->lease_ms);
+                  "its requests in flight are counted lost",
+                  n->id, (unsigned long long)r->lease_ms);
       node_down(r, n);
     }
   lynx__reg_drain_check_all(r, now_ms);

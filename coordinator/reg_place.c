@@ -143,7 +143,8 @@ static int inst_start(struct lynx_registry *r, struct lynx_reg_service *s,
 
 /* 1 while a is in its failed-start backoff; notes when the tick must
  * place again. */
-static int backing_off(struct lynx_registry *r, const struct lynx_reg_accel *a) {
+static int backing_off(struct lynx_registry *r,
+                       const struct lynx_reg_accel *a) {
   if (a->retry_at_ms <= r->now_ms)
     return 0;
   if (!r->next_retry_ms || a->retry_at_ms < r->next_retry_ms)
@@ -255,10 +256,11 @@ static int rc_move(struct lynx_registry *r, struct rc_ctx *c,
   brn->svc_cnt++;
   brn->load[pos]++;
   r->moves_started++;
-  LYNX_INFO("registry", "service %s: instance %" PRIu64 " moves from %s/%u "
+  LYNX_INFO("registry",
+            "service %s: instance %" PRIu64 " moves from %s/%u "
             "to %s/%u (placement prefers it there); it serves until its "
-            "replacement %" PRIu64 " is ready", s->spec.name, w->id,
-            w->node->id, w->accel_idx, brn->n->id,
+            "replacement %" PRIu64 " is ready",
+            s->spec.name, w->id, w->node->id, w->accel_idx, brn->n->id,
             brn->n->accels[pos].info.idx, w->replaced_by);
   return 0;
 }

@@ -76,49 +76,54 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
                 LYNX_MQUEUES_MAX);
     return -EINVAL;
   }
-  if (lynx_geom_init(&g, sp->mqueues_per_accel, sp->slots, sp->slot_size,
-                     0)) {
+  if (lynx_geom_init(&g, sp->mqueues_per_accel, sp->slots, sp->slot_size, 0)) {
     ERR_INVALID(err, "slots: geometry out of bounds");
     return -EINVAL;
   }
   if (sp->msg_max > LYNX_LARGE_MAX / 2) { /* 0: what a slot holds */
-    ERR_INVALID(err, "msg_max: must be at most %u bytes",
-                LYNX_LARGE_MAX / 2);
+    ERR_INVALID(err, "msg_max: must be at most %u bytes", LYNX_LARGE_MAX / 2);
     return -EINVAL;
   }
   if (sp->fixed_len > (sp->msg_max > lynx_slot_cap(sp->slot_size)
-                            ? sp->msg_max
-                            : lynx_slot_cap(sp->slot_size))) {
-    ERR_INVALID(err, "framing: fixed messages of %u bytes are longer than "
-                "msg_max (%u) and a %u-byte slot's payload", sp->fixed_len,
-                sp->msg_max, sp->slot_size);
+                           ? sp->msg_max
+                           : lynx_slot_cap(sp->slot_size))) {
+    ERR_INVALID(err,
+                "framing: fixed messages of %u bytes are longer than "
+                "msg_max (%u) and a %u-byte slot's payload",
+                sp->fixed_len, sp->msg_max, sp->slot_size);
     return -EINVAL;
   }
   if (sp->n_backends > LYNX_BACKENDS_MAX ||
       lynx_geom_init(&g, sp->mqueues_per_accel + sp->n_backends, sp->slots,
-                     sp->slot_size, lynx_large_for(sp->msg_max, sp->slot_size))) {
-    ERR_INVALID(err, "backends: at most %u, and mqueues_per_accel plus "
-                "backends at most %u", LYNX_BACKENDS_MAX, LYNX_MQUEUES_MAX);
+                     sp->slot_size,
+                     lynx_large_for(sp->msg_max, sp->slot_size))) {
+    ERR_INVALID(err,
+                "backends: at most %u, and mqueues_per_accel plus "
+                "backends at most %u",
+                LYNX_BACKENDS_MAX, LYNX_MQUEUES_MAX);
     return -EINVAL;
   }
   for (k = 0; k < sp->n_backends; k++) {
     const struct lynx_backend_spec *b = &sp->backends[k];
     struct sockaddr_storage ss;
     if (!lynx__reg_id_ok(b->name, sizeof(b->name), 0)) {
-      ERR_INVALID(err, "backends[%u].name: must be 1-%zu characters of "
-                  "[A-Za-z0-9_.-]", k, sizeof(b->name) - 1);
+      ERR_INVALID(err,
+                  "backends[%u].name: must be 1-%zu characters of "
+                  "[A-Za-z0-9_.-]",
+                  k, sizeof(b->name) - 1);
       return -EINVAL;
     }
     if (lynx__reg_slen(b->address, sizeof(b->address)) >= sizeof(b->address) ||
         lynx_parse_hostport(b->address, &ss) ||
         ((struct sockaddr_in *)&ss)->sin_port == 0) {
-      ERR_INVALID(err, "backends[%u].address: must be a numeric host:port",
-                  k);
+      ERR_INVALID(err, "backends[%u].address: must be a numeric host:port", k);
       return -EINVAL;
     }
     if (strcmp(b->proto, "memcached") && strcmp(b->proto, "len32")) {
-      ERR_INVALID(err, "backends[%u].proto: must be \"memcached\" or "
-                  "\"len32\"", k);
+      ERR_INVALID(err,
+                  "backends[%u].proto: must be \"memcached\" or "
+                  "\"len32\"",
+                  k);
       return -EINVAL;
     }
     for (j = 0; j < k; j++)
@@ -153,8 +158,10 @@ int lynx_service_spec_validate(const struct lynx_service_spec *sp,
     if (!lynx_text_ok(sp->selector[k].key, kl) ||
         !lynx_text_ok(sp->selector[k].value,
                       lynx__reg_slen(sp->selector[k].value, LYNX_LABEL_MAX))) {
-      ERR_INVALID(err, "placement.selector: key and value %u must be valid "
-                  "UTF-8 without control characters", k);
+      ERR_INVALID(err,
+                  "placement.selector: key and value %u must be valid "
+                  "UTF-8 without control characters",
+                  k);
       return -EINVAL;
     }
     for (j = 0; j < k; j++)
@@ -186,24 +193,25 @@ static int region_limit(const struct lynx_registry *r,
   uint64_t bytes = lynx_service_region_bytes(sp);
   if (!r->region_max_bytes || bytes <= r->region_max_bytes)
     return 0;
-  lynx__reg_set_err(err, 422, "limit_exceeded",
-          "region: %u slots of %u bytes (and %u bytes for large messages) "
-          "in %u mqueues (%u per accelerator + %u for back ends), each with "
-          "an RX and a TX ring, take %" PRIu64
-          " bytes (%" PRIu64 " MiB) on every accelerator; the limit is "
-          "%" PRIu64 " MiB (--region-max-mb)",
-          sp->slots, sp->slot_size, lynx_large_for(sp->msg_max, sp->slot_size),
-          sp->mqueues_per_accel + sp->n_backends, sp->mqueues_per_accel,
-          sp->n_backends, bytes,
-          (bytes + (1u << 20) - 1) >> 20, r->region_max_bytes >> 20);
+  lynx__reg_set_err(
+      err, 422, "limit_exceeded",
+      "region: %u slots of %u bytes (and %u bytes for large messages) "
+      "in %u mqueues (%u per accelerator + %u for back ends), each with "
+      "an RX and a TX ring, take %" PRIu64 " bytes (%" PRIu64
+      " MiB) on every accelerator; the limit is "
+      "%" PRIu64 " MiB (--region-max-mb)",
+      sp->slots, sp->slot_size, lynx_large_for(sp->msg_max, sp->slot_size),
+      sp->mqueues_per_accel + sp->n_backends, sp->mqueues_per_accel,
+      sp->n_backends, bytes, (bytes + (1u << 20) - 1) >> 20,
+      r->region_max_bytes >> 20);
   return -EFBIG;
 }
 
 /* The applications the accelerators of nodes that are not down say they
  * run, ", "-separated without repeats, into buf (len bytes). Returns 1
  * when one of them runs app, or one does not say (it may run any). */
-static int apps_known(const struct lynx_registry *r, const char *app,
-                      char *buf, size_t len) {
+static int apps_known(const struct lynx_registry *r, const char *app, char *buf,
+                      size_t len) {
   const char *seen[LYNX_APPS_MAX * 2];
   uint32_t n_seen = 0;
   size_t l = 0;
@@ -232,8 +240,7 @@ static int apps_known(const struct lynx_registry *r, const char *app,
 /* The back end app calls by name, as a registered accelerator that runs
  * it says (AccelInfo.app_backends): "" when it calls none, NULL when no
  * such accelerator says. */
-static const char *app_backend(const struct lynx_registry *r,
-                               const char *app) {
+static const char *app_backend(const struct lynx_registry *r, const char *app) {
   for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
     if (n->state == LYNX_NODE_DOWN)
       continue;
@@ -261,9 +268,11 @@ static int app_check(const struct lynx_registry *r,
   const char *need;
   size_t l = 0;
   if (!apps_known(r, sp->app, known, sizeof(known)) && known[0]) {
-    lynx__reg_set_err(err, 422, "unknown_app",
-            "app: no registered accelerator runs application '%s' (they "
-            "run: %s)", sp->app, known);
+    lynx__reg_set_err(
+        err, 422, "unknown_app",
+        "app: no registered accelerator runs application '%s' (they "
+        "run: %s)",
+        sp->app, known);
     return -EINVAL;
   }
   need = app_backend(r, sp->app);
@@ -275,11 +284,12 @@ static int app_check(const struct lynx_registry *r,
       return 0;
     l = lynx_appendf(have, sizeof(have), l, ", ", "%s", sp->backends[k].name);
   }
-  lynx__reg_set_err(err, 400, "invalid_argument",
-          "backends: application '%s' calls back end '%s', which this "
-          "service does not give (its back ends: %s); add {\"name\": "
-          "\"%s\", \"address\": \"host:port\"} (docs/client-mqueues.md)",
-          sp->app, need, have[0] ? have : "none", need);
+  lynx__reg_set_err(
+      err, 400, "invalid_argument",
+      "backends: application '%s' calls back end '%s', which this "
+      "service does not give (its back ends: %s); add {\"name\": "
+      "\"%s\", \"address\": \"host:port\"} (docs/client-mqueues.md)",
+      sp->app, need, have[0] ? have : "none", need);
   return -EINVAL;
 }
 
@@ -297,9 +307,10 @@ static int count_limit(const struct lynx_registry *r,
   if (n < r->services_max)
     return 0;
   lynx__reg_set_err(err, 409, "limit_exceeded",
-          "services: %" PRIu32 " exist, the limit (--services-max); delete "
-          "one first",
-          n);
+                    "services: %" PRIu32
+                    " exist, the limit (--services-max); delete "
+                    "one first",
+                    n);
   return -ENOSPC;
 }
 
@@ -425,7 +436,8 @@ listen_failure(const struct lynx_registry *r, const struct lynx_reg_service *s,
     if (!f->connected)
       continue;
     for (uint32_t k = 0; k < f->n_listen; k++)
-      if (!f->listen[k].listening && !strcmp(f->listen[k].service, s->spec.name)) {
+      if (!f->listen[k].listening &&
+          !strcmp(f->listen[k].service, s->spec.name)) {
         *out = &f->listen[k];
         return f;
       }
@@ -472,8 +484,10 @@ const char *lynx_reg_service_state(const struct lynx_registry *r,
   else if (!runs) {
     char known[256];
     apps_known(r, s->spec.app, known, sizeof(known));
-    snprintf(reason, len, "no accelerator of the matching nodes runs "
-             "application '%s' (they run: %s)", s->spec.app, known);
+    snprintf(reason, len,
+             "no accelerator of the matching nodes runs "
+             "application '%s' (they run: %s)",
+             s->spec.app, known);
   } else
     snprintf(reason, len, "%" PRIu64 " of %" PRIu64 " instances ready", *ready,
              *wanted);

@@ -49,7 +49,9 @@ static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *cp) {
 }
 
 /* C0 controls, DEL and C1 controls: what a terminal may act on. */
-static int is_control(uint32_t c) { return c < 0x20 || (c >= 0x7f && c <= 0x9f); }
+static int is_control(uint32_t c) {
+  return c < 0x20 || (c >= 0x7f && c <= 0x9f);
+}
 
 int lynx_text_ok(const char *s, size_t len) {
   size_t i = 0, k;

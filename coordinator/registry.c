@@ -212,8 +212,8 @@ void lynx__reg_node_set_state(struct lynx_registry *r, struct lynx_reg_node *n,
   if (s == LYNX_NODE_DRAINING)
     lynx_ev_add(&r->ev, LYNX_EV_NODE_DRAINING, n->id,
                 "node %s drains%s: its instances stop once the frontends "
-                "answered what they hold", n->id,
-                n->leaving ? " to leave (its agent is stopping)" : "");
+                "answered what they hold",
+                n->id, n->leaving ? " to leave (its agent is stopping)" : "");
   else if (s == LYNX_NODE_DRAINED && n->state != LYNX_NODE_DOWN)
     lynx_ev_add(&r->ev, LYNX_EV_NODE_DRAINED, n->id,
                 "node %s is drained: nothing runs there", n->id);

@@ -149,7 +149,7 @@ struct lynx_accel_report {
 
 struct lynx_reg_accel {
   struct lynx_accel_info info;
-  uint64_t requests, responses; /* from heartbeats */
+  uint64_t requests, responses;  /* from heartbeats */
   struct lynx_accel_latency lat; /* from the last heartbeat */
   /* an instance failed to start here: placement skips this accelerator
    * until retry_at_ms (backoff doubling from 200 ms to 30 s) */
@@ -176,8 +176,8 @@ struct lynx_reg_node {
   struct lynx_reg_accel accels[LYNX_ACCELS_MAX];
   uint32_t n_accels;
   enum lynx_node_state state;
-  int drain_intent;          /* operator asked to drain (survives restarts) */
-  int leaving; /* its agent is stopping: drains to leave (Leave.drain) */
+  int drain_intent; /* operator asked to drain (survives restarts) */
+  int leaving;      /* its agent is stopping: drains to leave (Leave.drain) */
   uint64_t last_heartbeat_ms;
   uint64_t lease_deadline_ms;
   uint64_t expired_ms; /* when its lease last expired (0: never) */
@@ -210,7 +210,7 @@ struct lynx_service_spec {
    * ring gets a large area (lynx_large_for) */
   uint32_t msg_max;
   enum lynx_placement_kind placement;
-  uint32_t replicas;              /* LYNX_PLACE_REPLICAS */
+  uint32_t replicas;                           /* LYNX_PLACE_REPLICAS */
   struct lynx_label selector[LYNX_LABELS_MAX]; /* every pair must match */
   uint32_t n_selector;
   /* client mqueues: instance mqueue mqueues_per_accel + k reaches
@@ -329,8 +329,8 @@ struct lynx_reg_ops {
 };
 
 struct lynx_reg_err {
-  int status;       /* HTTP status: 400, 404, 409, ... */
-  char code[32];    /* "invalid_argument", "not_found", "conflict", ... */
+  int status;    /* HTTP status: 400, 404, 409, ... */
+  char code[32]; /* "invalid_argument", "not_found", "conflict", ... */
   char message[256];
   /* registration: refused because the epoch was declared down; the agent
    * must come back as a new incarnation (RegisterReply.new_incarnation) */
@@ -377,8 +377,8 @@ struct lynx_registry {
    * it heard no heartbeat then, so the time beyond one tick is added to
    * every lease instead of expiring them all at the first tick after. */
   uint64_t tick_ms, last_tick_ms;
-  uint64_t pauses, paused_ms;  /* gaps credited so far, and their sum */
-  uint64_t last_pause_ms;      /* the gap the latest tick credited (0: none) */
+  uint64_t pauses, paused_ms; /* gaps credited so far, and their sum */
+  uint64_t last_pause_ms;     /* the gap the latest tick credited (0: none) */
   /* drain intents of unregistered nodes (lynx_reg_drain_intent_add); the
    * state file's "drained" is these plus every node with drain_intent */
   struct lynx_reg_drain_intent *drain_intents;
@@ -476,8 +476,8 @@ int lynx_reg_accel_dispatchable(const struct lynx_reg_accel *a);
 /* Why a is out of dispatch, for logs and tables: "ok" when it is not, else
  * e.g. "device lost", "failed: Xid 79", "1 mqueue stalled for 2300 ms",
  * joined with "; ". Always terminates buf (when len > 0); returns buf. */
-const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a,
-                                      char *buf, size_t len);
+const char *lynx_reg_accel_health_str(const struct lynx_reg_accel *a, char *buf,
+                                      size_t len);
 
 /* Explicit leave (agent shutdown): node down, its instances gone. */
 int lynx_reg_leave(struct lynx_registry *r, const char *id, uint64_t epoch,
@@ -559,8 +559,7 @@ int lynx_reg_undrain_check(struct lynx_registry *r, const char *id,
                            struct lynx_reg_node **out,
                            struct lynx_reg_err *err);
 int lynx_reg_forget_check(struct lynx_registry *r, const char *id,
-                          struct lynx_reg_node **out,
-                          struct lynx_reg_err *err);
+                          struct lynx_reg_node **out, struct lynx_reg_err *err);
 /* Remembers that the operator drained node id (lynx_store_load): a node of
  * that id not registered yet starts DRAINED when it registers; a known node
  * just gets drain_intent (it applies at its next registration). 0, -EINVAL
@@ -584,11 +583,9 @@ struct lynx_reg_node *lynx_reg_node_find(struct lynx_registry *r,
 
 /* ---- frontends ------------------------------------------------------- */
 
-struct lynx_reg_frontend *lynx_reg_frontend_connect(struct lynx_registry *r,
-                                                    const char *id,
-                                                    const char *address,
-                                                    void *conn,
-                                                    uint64_t now_ms);
+struct lynx_reg_frontend *
+lynx_reg_frontend_connect(struct lynx_registry *r, const char *id,
+                          const char *address, void *conn, uint64_t now_ms);
 void lynx_reg_frontend_disconnected(struct lynx_registry *r, void *conn);
 /* A frontend reports the table version it runs and its per-mqueue counters
  * (copied). Drives drains forward: a draining node's instances are stopped
@@ -608,8 +605,8 @@ void lynx_reg_frontend_claims_done(struct lynx_registry *r, const char *id);
 /* The operator drains a frontend (drain != 0) or undrains it: -ENOENT
  * (unknown id, err filled). Its instances move to the other active
  * frontends without loss (partition.c). */
-int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id,
-                            int drain, struct lynx_reg_err *err);
+int lynx_reg_frontend_drain(struct lynx_registry *r, const char *id, int drain,
+                            struct lynx_reg_err *err);
 /* Makes it one of the active frontends (or not). Call lynx_reg_partition
  * after changing them. */
 void lynx_reg_frontend_set_active(struct lynx_registry *r, const char *id,

@@ -72,8 +72,7 @@ static struct json_object *health_obj(const struct lynx_reg_accel *a,
   int ok = lynx_reg_accel_dispatchable(a);
   char err[sizeof(a->last_error) + 1];
   /* the registry terminates it; bound it anyway, it came off the wire */
-  snprintf(err, sizeof(err), "%.*s", (int)sizeof(a->last_error),
-           a->last_error);
+  snprintf(err, sizeof(err), "%.*s", (int)sizeof(a->last_error), a->last_error);
   json_object_object_add(o, "dispatchable", json_object_new_boolean(ok));
   json_object_object_add(o, "device_lost",
                          json_object_new_boolean(a->device_lost));
@@ -146,8 +145,8 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
 }
 
 /* The spec alone: what the state file stores and the decoder reads. */
-struct json_object *lynx_json_service_spec_obj(
-    const struct lynx_service_spec *sp) {
+struct json_object *
+lynx_json_service_spec_obj(const struct lynx_service_spec *sp) {
   struct json_object *o = json_object_new_object();
   add_str(o, "name", sp->name);
   add_str(o, "proto", sp->proto);
@@ -265,7 +264,7 @@ struct json_object *lynx_json_accels(const struct lynx_registry *r,
   return list_obj(r, items);
 }
 
-/* ---- pages of the big lists ----------------------------------------------- */
+/* ---- pages of the big lists ---------------------------------------------- */
 
 static int node_ptr_cmp(const void *a, const void *b) {
   const struct lynx_reg_node *x = *(const struct lynx_reg_node *const *)a,
@@ -317,8 +316,8 @@ int lynx_json_each_by_id(const struct lynx_registry *r, uint64_t now_ms,
       uint32_t pos[LYNX_ACCELS_MAX], m = 0;
       for (uint32_t a = 0; a < v[k]->n_accels && m < LYNX_ACCELS_MAX; a++) {
         uint32_t j = m++;
-        while (j && v[k]->accels[pos[j - 1]].info.idx >
-                        v[k]->accels[a].info.idx) {
+        while (j &&
+               v[k]->accels[pos[j - 1]].info.idx > v[k]->accels[a].info.idx) {
           pos[j] = pos[j - 1];
           j--;
         }

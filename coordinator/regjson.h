@@ -43,8 +43,8 @@ struct json_object *lynx_json_service(const struct lynx_registry *r,
                                       const char *unknown);
 /* The operator's intent alone, as the state directory keeps it (and as
  * lynx_json_service_spec reads it back). */
-struct json_object *lynx_json_service_spec_obj(
-    const struct lynx_service_spec *sp);
+struct json_object *
+lynx_json_service_spec_obj(const struct lynx_service_spec *sp);
 struct json_object *lynx_json_frontend(const struct lynx_registry *r,
                                        const struct lynx_reg_frontend *f,
                                        uint64_t now_ms);

@@ -165,7 +165,8 @@ int lynx_store_save(const char *dir, const struct lynx_registry *r,
   }
   if (rename(tmp, path) < 0) {
     rc = -errno;
-    lynx_fail(err, errlen, rc, "%s: rename to %s: %s", tmp, path, strerror(-rc));
+    lynx_fail(err, errlen, rc, "%s: rename to %s: %s", tmp, path,
+              strerror(-rc));
     goto err_unlink;
   }
   /* the rename itself must reach the disk */
@@ -211,9 +212,9 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
   if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > STORE_MAX) {
     close(fd);
     return lynx_fail(err, errlen, -EINVAL,
-                "%s: not a regular file of at most %u "
-                "bytes",
-                path, STORE_MAX);
+                     "%s: not a regular file of at most %u "
+                     "bytes",
+                     path, STORE_MAX);
   }
   b = malloc((size_t)st.st_size + 1);
   if (!b) {
@@ -256,15 +257,15 @@ static int parse_state(const char *path, const char *buf, size_t len,
   if (!root || je != json_tokener_success) {
     json_object_put(root);
     return lynx_fail(err, errlen, -EINVAL, "%s: not valid JSON: %s", path,
-                je == json_tokener_continue ? "empty or truncated"
-                                            : json_tokener_error_desc(je));
+                     je == json_tokener_continue ? "empty or truncated"
+                                                 : json_tokener_error_desc(je));
   }
   for (; end < len; end++)
     if (buf[end] != ' ' && buf[end] != '\n' && buf[end] != '\t' &&
         buf[end] != '\r') {
       json_object_put(root);
-      return lynx_fail(err, errlen, -EINVAL, "%s: not valid JSON: trailing data",
-                  path);
+      return lynx_fail(err, errlen, -EINVAL,
+                       "%s: not valid JSON: trailing data", path);
     }
   *out = root;
   return 0;
@@ -316,9 +317,9 @@ int lynx_store_apply(struct json_object *root, const char *path,
         if (!json_object_is_type(val, json_type_int) ||
             json_object_get_int64(val) != STORE_VERSION) {
           lynx_fail(err, errlen, rc,
-               "%s: version: must be %d (written by a "
-               "different release?)",
-               path, STORE_VERSION);
+                    "%s: version: must be %d (written by a "
+                    "different release?)",
+                    path, STORE_VERSION);
           goto out;
         }
         have_version = 1;
@@ -377,7 +378,8 @@ int lynx_store_apply(struct json_object *root, const char *path,
     if (!json_object_is_type(v, json_type_string) ||
         json_object_get_string_len(v) == 0 ||
         json_object_get_string_len(v) >= LYNX_ID_MAX) {
-      lynx_fail(err, errlen, rc, "%s: drained[%zu]: must be a node id", path, k);
+      lynx_fail(err, errlen, rc, "%s: drained[%zu]: must be a node id", path,
+                k);
       goto out;
     }
   }
@@ -396,14 +398,16 @@ int lynx_store_apply(struct json_object *root, const char *path,
     rc = lynx_reg_drain_intent_add(r, id);
     if (rc) {
       lynx_fail(err, errlen, rc, "%s: drained[%zu]: %s", path, k,
-           rc == -EINVAL ? "not a valid node id" : strerror(-rc));
+                rc == -EINVAL ? "not a valid node id" : strerror(-rc));
       goto out;
     }
   }
   if (epochs[1] > epochs[0]) {
-    lynx_fail(err, errlen, rc = -EINVAL, "%s: frontend_epoch %llu is beyond "
-              "epoch %llu, the last one issued", path,
-              (unsigned long long)epochs[1], (unsigned long long)epochs[0]);
+    lynx_fail(err, errlen, rc = -EINVAL,
+              "%s: frontend_epoch %llu is beyond "
+              "epoch %llu, the last one issued",
+              path, (unsigned long long)epochs[1],
+              (unsigned long long)epochs[0]);
     goto out;
   }
   if (epochs[0] > r->epoch_last)

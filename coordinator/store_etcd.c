@@ -22,19 +22,19 @@ int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
   s->fence_rev = 0;
   if (n == 0 || n + 2 > sizeof(s->prefix))
     return lynx_fail(err, errlen, -EINVAL,
-                "--etcd-prefix: want 1 to %zu characters",
-                sizeof(s->prefix) - 2);
+                     "--etcd-prefix: want 1 to %zu characters",
+                     sizeof(s->prefix) - 2);
   for (size_t i = 0; i < n; i++)
     if (prefix[i] <= ' ' || prefix[i] > '~')
-      return lynx_fail(err, errlen, -EINVAL,
-                  "--etcd-prefix '%s': printable characters only, no space",
-                  prefix);
+      return lynx_fail(
+          err, errlen, -EINVAL,
+          "--etcd-prefix '%s': printable characters only, no space", prefix);
   snprintf(s->prefix, sizeof(s->prefix), "%s%s", prefix,
            prefix[n - 1] == '/' ? "" : "/");
   return 0;
 }
 
-/* ---- save ----------------------------------------------------------------- */
+/* ---- save ---------------------------------------------------------------- */
 
 struct plan {
   struct lynx_etcd_op *ops;
@@ -57,8 +57,8 @@ static int plan_add(struct plan *p, enum lynx_etcd_opkind kind, char *key,
     p->owned = owned;
     p->cap = cap;
   }
-  p->ops[p->n++] = (struct lynx_etcd_op){
-      kind, key, value, value ? strlen(value) : 0, 0};
+  p->ops[p->n++] =
+      (struct lynx_etcd_op){kind, key, value, value ? strlen(value) : 0, 0};
   p->owned[p->n_owned++] = key;
   if (value)
     p->owned[p->n_owned++] = value;
@@ -102,21 +102,21 @@ static int plan_dir(struct plan *p, const struct lynx_etcd_kvs *have,
     char *key;
     if (services) {
       json_object_object_get_ex(it, "name", &nm);
-      val = json_object_to_json_string_ext(it, JSON_C_TO_STRING_PLAIN |
-                                                   JSON_C_TO_STRING_NOSLASHESCAPE);
+      val = json_object_to_json_string_ext(
+          it, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
     }
     if (!nm || !val || !(key = join2(dir, json_object_get_string(nm)))) {
       rc = -ENOMEM;
       break;
     }
     probe.key = key;
-    hit = have->n ? bsearch(&probe, have->kv, have->n, sizeof(*have->kv),
-                            kv_cmp)
-                  : NULL;
+    hit = have->n
+              ? bsearch(&probe, have->kv, have->n, sizeof(*have->kv), kv_cmp)
+              : NULL;
     if (hit)
       seen[hit - have->kv] = 1;
-    if (hit && hit->value_len == strlen(val) && !memcmp(hit->value, val,
-                                                        hit->value_len)) {
+    if (hit && hit->value_len == strlen(val) &&
+        !memcmp(hit->value, val, hit->value_len)) {
       free(key);
       continue;
     }
@@ -201,13 +201,14 @@ static int fence_of(const struct lynx_store_etcd *s, struct lynx_etcd_cmp *c,
   *c = (struct lynx_etcd_cmp){s->fence_key, LYNX_ETCD_CREATE, 0, rev, NULL};
   *n = rev ? 1 : 0;
   if (!rev && s->fence_key)
-    return lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
+    return lynx_fail(err, errlen, -ECANCELED,
+                     "this coordinator no longer "
                      "leads: nothing written");
   return 0;
 }
 
-int lynx_store_etcd_save_state(void *arg, struct json_object *state,
-                               char *err, size_t errlen) {
+int lynx_store_etcd_save_state(void *arg, struct json_object *state, char *err,
+                               size_t errlen) {
   struct lynx_store_etcd *s = arg;
   struct stored st;
   struct json_object *a_svcs = NULL, *a_drained = NULL;
@@ -255,7 +256,7 @@ out:
   return rc;
 }
 
-/* ---- epochs --------------------------------------------------------------- */
+/* ---- epochs -------------------------------------------------------------- */
 
 int lynx_store_etcd_put_epoch(struct lynx_store_etcd *s, int frontend,
                               uint64_t *epoch, char *err, size_t errlen) {
@@ -276,12 +277,15 @@ int lynx_store_etcd_put_epoch(struct lynx_store_etcd *s, int frontend,
   rc = lynx_etcd_txn(s->etcd, &fence, nf, &put, 1, NULL, 0, &held, &rev, err,
                      errlen);
   if (!rc && !held)
-    rc = lynx_fail(err, errlen, -ECANCELED, "this coordinator no longer "
+    rc = lynx_fail(err, errlen, -ECANCELED,
+                   "this coordinator no longer "
                    "leads (%s is not the key it created): no epoch issued",
                    s->fence_key);
   if (!rc && rev <= 0)
-    rc = lynx_fail(err, errlen, -EPROTO, "etcd answered the put of %s "
-                   "without a revision", key);
+    rc = lynx_fail(err, errlen, -EPROTO,
+                   "etcd answered the put of %s "
+                   "without a revision",
+                   key);
   free(key);
   if (rc)
     return rc;
@@ -326,7 +330,7 @@ int lynx_store_etcd_sig(struct lynx_store_etcd *s, uint64_t *sig, char *err,
   return rc;
 }
 
-/* ---- load ----------------------------------------------------------------- */
+/* ---- load ---------------------------------------------------------------- */
 
 int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
                          uint64_t now_ms, char *err, size_t errlen) {
@@ -340,8 +344,8 @@ int lynx_store_etcd_load(struct lynx_store_etcd *s, struct lynx_registry *r,
 
 int lynx_store_etcd_apply(const struct lynx_store_etcd *s,
                           const struct lynx_store_etcd_state *st,
-                          struct lynx_registry *r, uint64_t now_ms,
-                          char *err, size_t errlen) {
+                          struct lynx_registry *r, uint64_t now_ms, char *err,
+                          size_t errlen) {
   char where[LYNX_ETCD_PREFIX_MAX + 32];
   int rc;
   snprintf(where, sizeof(where), "etcd %s", s->prefix);
@@ -387,8 +391,9 @@ int lynx_store_etcd_read(struct lynx_store_etcd *s,
     json_object_array_add(a_svcs, j);
   }
   for (size_t i = 0; i < st.drained.n; i++)
-    json_object_array_add(a_drained, json_object_new_string(
-                                         st.drained.kv[i].key + strlen(st.ddr)));
+    json_object_array_add(
+        a_drained,
+        json_object_new_string(st.drained.kv[i].key + strlen(st.ddr)));
   rc = frontend_epoch_read(s, &out->frontend_epoch, err, errlen);
   if (!rc) {
     out->root = root;

@@ -47,8 +47,8 @@ int lynx_store_etcd_init(struct lynx_store_etcd *s, struct lynx_etcd *e,
 /* The coordinator's save hook (coord.h): arg is a struct lynx_store_etcd,
  * state the state's JSON shape (lynx_store_state_obj). A network call:
  * made without the coordinator's lock (fence_rev is read atomically). */
-int lynx_store_etcd_save_state(void *arg, struct json_object *state,
-                               char *err, size_t errlen);
+int lynx_store_etcd_save_state(void *arg, struct json_object *state, char *err,
+                               size_t errlen);
 
 /* Issues an epoch (a frontend's when frontend is set): the revision of a
  * put of P epochs/node or P epochs/frontend, fenced like saves. The
@@ -81,7 +81,7 @@ int lynx_store_etcd_read(struct lynx_store_etcd *s,
                          size_t errlen);
 int lynx_store_etcd_apply(const struct lynx_store_etcd *s,
                           const struct lynx_store_etcd_state *st,
-                          struct lynx_registry *r, uint64_t now_ms,
-                          char *err, size_t errlen);
+                          struct lynx_registry *r, uint64_t now_ms, char *err,
+                          size_t errlen);
 
 #endif

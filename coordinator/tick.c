@@ -23,8 +23,8 @@
  * suspect, out of the tables, as one that went silent. */
 void coord_settle(struct coordinator *co) {
   co->c.reg.settle_until_ms =
-      coord_now_ms() +
-      (co->cfg.suspect_ms > 3000 ? co->cfg.suspect_ms : 3000) + 1000;
+      coord_now_ms() + (co->cfg.suspect_ms > 3000 ? co->cfg.suspect_ms : 3000) +
+      1000;
 }
 
 /* 1 when every instance a connected frontend reports serving is known
@@ -42,8 +42,7 @@ static int frontends_settled(struct coordinator *co) {
       int known = 0;
       for (const struct lynx_reg_instance *in = r->instances; in && !known;
            in = in->next)
-        known = in->id == f->mqs[i].instance_id &&
-                in->state == LYNX_INST_READY;
+        known = in->id == f->mqs[i].instance_id && in->state == LYNX_INST_READY;
       if (!known)
         return 0;
     }
@@ -71,7 +70,7 @@ void coord_on_tick(uv_timer_t *t) {
   }
   if (co->unsure && __atomic_load_n(&co->c.leader, __ATOMIC_ACQUIRE))
     LYNX_INFO("coordinator", "etcd vouches for this coordinator's lead "
-              "again: it answers agents and frontends");
+                             "again: it answers agents and frontends");
   co->unsure = 0;
   pthread_mutex_lock(&co->c.lock);
   expiries = co->c.reg.lease_expiries;
@@ -80,15 +79,18 @@ void coord_on_tick(uv_timer_t *t) {
     for (struct cpeer *p = co->peers; p; p = p->next)
       p->heard_ms = now; /* as leases: we could not hear them meanwhile */
   if (co->c.reg.last_pause_ms)
-    LYNX_WARN("coordinator", "did not run for %llu ms (stopped or starved of "
+    LYNX_WARN("coordinator",
+              "did not run for %llu ms (stopped or starved of "
               "CPU): every lease is extended by that much, as no heartbeat "
               "could be heard meanwhile",
               (unsigned long long)co->c.reg.last_pause_ms);
   if (co->c.reg.lease_expiries != expiries) /* rare: worth a scan */
     for (struct lynx_reg_node *n = co->c.reg.nodes; n; n = n->next)
       if (n->state == LYNX_NODE_DOWN && n->expired_ms == now)
-        LYNX_WARN("coordinator", "node %s is down: no heartbeat for its "
-                  "lease; its instances leave the dispatch tables", n->id);
+        LYNX_WARN("coordinator",
+                  "node %s is down: no heartbeat for its "
+                  "lease; its instances leave the dispatch tables",
+                  n->id);
   for (struct cpeer *p = co->peers; p; p = p->next)
     if ((p->role == ROLE_NONE || (p->role == ROLE_AGENT && !p->registered)) &&
         now - p->accepted_ms > HELLO_TIMEOUT_MS)

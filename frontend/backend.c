@@ -136,9 +136,11 @@ static void be_down(struct fe_backend *be, const char *why) {
   fail_pending(be);
   wait_ms = lynx_backoff_next(&be->retry_ms, BE_RETRY_MIN_MS, BE_RETRY_MAX_MS,
                               &be->w->retry_seed);
-  LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: back end %s (%s) down: "
-              "%s; retrying in %llu ms", be->w->id, be->cfg.name,
-              be->cfg.address, why, (unsigned long long)wait_ms);
+  LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+              "worker %u: back end %s (%s) down: "
+              "%s; retrying in %llu ms",
+              be->w->id, be->cfg.name, be->cfg.address, why,
+              (unsigned long long)wait_ms);
   if (!be->closing)
     uv_timer_start(&be->timer, on_retry, wait_ms, 0);
 }
@@ -201,9 +203,9 @@ static void be_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   struct fe_backend *be = s->data;
   (void)b;
   if (n < 0) {
-    be_down(be, n == UV_EOF ? "closed by the back end"
-                            : n == UV_ENOBUFS ? "reply too long"
-                                              : uv_strerror((int)n));
+    be_down(be, n == UV_EOF       ? "closed by the back end"
+                : n == UV_ENOBUFS ? "reply too long"
+                                  : uv_strerror((int)n));
     return;
   }
   be->in_len += (size_t)n;
@@ -271,8 +273,8 @@ static void be_on_connect(uv_connect_t *req, int status) {
   }
   be->state = BE_UP;
   if (be->retry_ms)
-    LYNX_INFO("frontend", "worker %u: back end %s (%s) up again",
-              be->w->id, be->cfg.name, be->cfg.address);
+    LYNX_INFO("frontend", "worker %u: back end %s (%s) up again", be->w->id,
+              be->cfg.name, be->cfg.address);
   be->retry_ms = 0;
   uv_tcp_nodelay(&be->tcp, 1);
   if (uv_read_start((uv_stream_t *)&be->tcp, be_alloc, be_on_read)) {

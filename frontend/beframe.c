@@ -51,4 +51,3 @@ long fe_be_reply_len(enum fe_be_proto proto, const uint8_t *p, size_t n) {
     return -1; /* VALUE blocks must end with END */
   }
 }
-

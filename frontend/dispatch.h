@@ -16,8 +16,8 @@ enum lynx_dispatch_policy { LYNX_DISPATCH_RR = 0, LYNX_DISPATCH_LO = 1 };
 
 /* What the dispatcher knows of one mqueue; owned by the worker. */
 struct lynx_dq {
-  uint32_t rx_prod;     /* next RX position the frontend writes */
-  uint32_t rx_cons;     /* accelerator's consumer index as last polled */
+  uint32_t rx_prod; /* next RX position the frontend writes */
+  uint32_t rx_cons; /* accelerator's consumer index as last polled */
   uint32_t slots;
   uint32_t outstanding; /* dispatched, not yet answered or expired */
   uint32_t up;          /* 1 while in dispatch */

@@ -62,9 +62,8 @@ static int write_request(struct fe_ingress *in, struct fe_mq *mq,
 /* One datagram from a UDP peer, from either receive path: data holds
  * nread bytes, only its first ones if truncated (it was longer than the
  * receive buffer). */
-static void on_datagram(struct fe_ingress *in, const void *data,
-                        ssize_t nread, const struct sockaddr *addr,
-                        int truncated) {
+static void on_datagram(struct fe_ingress *in, const void *data, ssize_t nread,
+                        const struct sockaddr *addr, int truncated) {
   enum fe_wdrop drop;
   uint32_t flow;
   int rc;
@@ -133,7 +132,8 @@ void fe_dispatcher_poll(struct fe_ingress *in) {
   lynx_cnt_add(&in->rx_nobufs, in->rx.nobufs - nobufs);
   if (rc >= 0)
     return;
-  LYNX_WARN("frontend", "service %s worker %u: io_uring receive failed: %s; "
+  LYNX_WARN("frontend",
+            "service %s worker %u: io_uring receive failed: %s; "
             "receiving through the socket (recvmmsg) from now on",
             in->opts.service, in->opts.worker, strerror(-rc));
   rc = rx_socket(in);
@@ -203,8 +203,10 @@ int fe_submit(struct fe_ingress *in, const void *data, uint32_t len,
     if (hold && rc == -ENOSPC)
       return -EAGAIN;
     *drop = rc == -ENOSPC ? FE_DROP_RING_FULL : FE_DROP_OVERSIZE;
-    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "worker %u: %u-byte request "
-                "dropped: %s", in->opts.worker, len,
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
+                "worker %u: %u-byte request "
+                "dropped: %s",
+                in->opts.worker, len,
                 rc == -ENOSPC ? "its mqueue's large-message area is full"
                               : "larger than its mqueue's large-message area");
     return rc;
@@ -216,9 +218,11 @@ int fe_submit(struct fe_ingress *in, const void *data, uint32_t len,
      * dropped, the connection stays; a fenced request's payload may be
      * posted without its metadata, which is never published) */
     if (rc == -ENOBUFS)
-      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: accelerator %s/%u: "
-                  "transport queue full, request dropped", in->opts.worker,
-                  mq->conn->acc.node, mq->conn->acc.desc.accel_id);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                  "worker %u: accelerator %s/%u: "
+                  "transport queue full, request dropped",
+                  in->opts.worker, mq->conn->acc.node,
+                  mq->conn->acc.desc.accel_id);
     else
       fe_rmq_fail(in->opts.rmq, mq->conn, rc);
     return rc; /* *drop: FE_WDROP_MAX, counted on the mqueue */
@@ -292,8 +296,7 @@ int fe_dispatcher_rebuild(struct fe_ingress *in) {
 
 /* ---- set-up --------------------------------------------------------- */
 
-int fe_dispatcher_init(struct fe_ingress *in,
-                       const struct fe_ingress_opts *o) {
+int fe_dispatcher_init(struct fe_ingress *in, const struct fe_ingress_opts *o) {
   memset(in, 0, sizeof(*in));
   in->opts = *o;
   in->rbuf = malloc((size_t)FE_RECV_CHUNKS * FE_DGRAM_MAX);
@@ -321,11 +324,9 @@ void fe_dispatcher_free(struct fe_ingress *in) {
 int fe_dispatcher_open_udp(struct fe_ingress *in) {
   const struct fe_ingress_opts *o = &in->opts;
   int one = 1, fd, rc, sz = (int)o->rcvbuf_kb * 1024;
-  socklen_t alen = o->addr->ss_family == AF_INET6
-                       ? sizeof(struct sockaddr_in6)
-                       : sizeof(struct sockaddr_in);
-  fd = socket(o->addr->ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-              0);
+  socklen_t alen = o->addr->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                  : sizeof(struct sockaddr_in);
+  fd = socket(o->addr->ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -errno;
   if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
@@ -361,7 +362,8 @@ int fe_dispatcher_open_udp(struct fe_ingress *in) {
   }
   /* io_uring worked at start (main.c's probe): a running frontend keeps
    * serving, under --rx uring too */
-  LYNX_WARN("frontend", "service %s worker %u: cannot set up its io_uring "
+  LYNX_WARN("frontend",
+            "service %s worker %u: cannot set up its io_uring "
             "receive ring: %s; receiving through the socket (recvmmsg)",
             o->service, o->worker, strerror(-rc));
   return rx_socket(in);

@@ -96,7 +96,7 @@ struct fe_ingress {
   struct lynx_dispatcher disp;
   struct lynx_dq **dqs; /* dispatch order (server mqueues) */
   uint32_t n_mqs;
-  uint32_t cap; /* largest payload every accelerator's slots take */
+  uint32_t cap;            /* largest payload every accelerator's slots take */
   struct lynx_flow *flows; /* NULL with --order none */
   uint32_t flow_mask;
   uint64_t dispatch_seq; /* order of requests, kept by their answers */

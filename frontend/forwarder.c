@@ -53,8 +53,8 @@ static void flush_sends(struct fe_egress *eg) {
     for (uint32_t i = 0; i < eg->n_resp; i++) {
       struct fe_resp *r = &eg->resp[i];
       uint64_t at;
-      int rc = fe_tcp_send(eg->opts.tcp, r->cli, r->cli_gen, r->data, r->len,
-                           &at);
+      int rc =
+          fe_tcp_send(eg->opts.tcp, r->cli, r->cli_gen, r->data, r->len, &at);
       if (rc == 0)
         resp_sent(eg, r, at);
       else
@@ -124,9 +124,8 @@ static void queue_send(struct fe_egress *eg, struct fe_mq *mq,
   r->t_ns = e->t_ns;
 }
 
-int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq,
-                    const uint8_t *slot, uint32_t pos, const uint8_t *large,
-                    uint32_t large_len) {
+int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq, const uint8_t *slot,
+                    uint32_t pos, const uint8_t *large, uint32_t large_len) {
   uint32_t z = mq->conn->acc.g.slot_size, len;
   struct lynx_slot_meta m;
   struct lynx_tag_entry *e;
@@ -162,8 +161,8 @@ int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq,
       LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
                   "mqueue %s/%u/%u: TX slot %u announced but not published "
                   "(seq %u)",
-                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
-                  pos, m.seq);
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, pos,
+                  m.seq);
     }
     return -EAGAIN;
   }
@@ -173,8 +172,7 @@ int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq,
     LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
                 "mqueue %s/%u/%u: response with unknown or stale tag 0x%08x "
                 "discarded",
-                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
-                m.tag);
+                mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, m.tag);
     return 0;
   }
   fe_mq_outstanding_set(mq, mq->dq.outstanding - 1);
@@ -192,8 +190,8 @@ int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq,
       LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
                   "mqueue %s/%u/%u: response of %u bytes at %u does not fit "
                   "a %u-byte slot, dropped",
-                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q,
-                  m.len, m.off16 * 16u, z);
+                  mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, m.len,
+                  m.off16 * 16u, z);
   } else {
     queue_send(eg, mq, e, data, len);
   }

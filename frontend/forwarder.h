@@ -80,9 +80,8 @@ int fe_forward(struct fe_egress *eg);
 /* The manager's slot hook (the worker's hooks->slot jumps here): one
  * staged TX slot at ring position pos. 0 when consumed, -EAGAIN when not
  * published yet (retry from here next cycle). */
-int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq,
-                    const uint8_t *slot, uint32_t pos, const uint8_t *large,
-                    uint32_t large_len);
+int fe_forward_slot(struct fe_egress *eg, struct fe_mq *mq, const uint8_t *slot,
+                    uint32_t pos, const uint8_t *large, uint32_t large_len);
 
 /* Room for every response one pass can gather from the connection set
  * (called with the set's lock held). 0 or -ENOMEM (nothing changed). */

@@ -76,9 +76,9 @@
 
 /* A change the main thread asks a worker to make. */
 enum fe_cmd_kind {
-  FE_CMD_ADD,    /* connect to acc and dispatch to it */
-  FE_CMD_REMOVE, /* stop dispatching; answer what is in flight, then close */
-  FE_CMD_LOST,   /* the accelerator is gone: in-flight requests are lost */
+  FE_CMD_ADD,     /* connect to acc and dispatch to it */
+  FE_CMD_REMOVE,  /* stop dispatching; answer what is in flight, then close */
+  FE_CMD_LOST,    /* the accelerator is gone: in-flight requests are lost */
   FE_CMD_ABANDON, /* out of dispatch at once, though the accelerator may
                      live on: in-flight requests are in doubt */
 };
@@ -146,7 +146,7 @@ struct fe_cfg {
   char *agent, *coordinator, *udp, *tcp, *framing, *bind, *metrics,
       *frontend_id, *log_level, *token_file;
   char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */
-  uint32_t fixed_len; /* --framing fixed:N, parsed */
+  uint32_t fixed_len;                /* --framing fixed:N, parsed */
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
   int dispatch, poll, order, rx;
   int rx_uring; /* --rx resolved at start: UDP services receive on io_uring */
@@ -160,7 +160,8 @@ struct frontend {
   char service[LYNX_ID_MAX];
   enum fe_proto proto;
   uint32_t fixed_len; /* TCP framing: 0 = len32, else fixed-size messages */
-  struct fe_backend_cfg backends[LYNX_BACKENDS_MAX]; /* client mqueues' back ends */
+  struct fe_backend_cfg
+      backends[LYNX_BACKENDS_MAX]; /* client mqueues' back ends */
   uint32_t n_backends;
   struct sockaddr_storage udp_addr;
   struct fe_worker *w;
@@ -173,7 +174,7 @@ struct frontend {
     uint64_t id;
     char node[LYNX_ID_MAX];
     uint64_t epoch; /* the epoch we produce into it with (desc.producer) */
-  } *instances; /* main thread: the instances in dispatch */
+  } * instances;    /* main thread: the instances in dispatch */
   uint32_t n_instances;
   struct frontend *next;
 };

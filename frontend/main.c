@@ -136,7 +136,6 @@ struct fe_main {
   uint32_t n_pending_backends;
 };
 
-
 /* ---- the receive path --------------------------------------------------- */
 
 /* Resolves --rx (docs/design.md, "Receive path"): io_uring when asked for
@@ -149,24 +148,26 @@ static int choose_rx(struct fe_cfg *cfg) {
   cfg->rx_uring = 0;
   if (cfg->rx == FE_RXOPT_SOCKET) {
     LYNX_INFO("frontend", "receive path: socket (recvmmsg), as --rx socket "
-              "says");
+                          "says");
     return 0;
   }
   rc = lynx_rxring_probe(why, sizeof(why));
   if (rc == 0) {
     cfg->rx_uring = 1;
-    LYNX_INFO("frontend", "receive path: io_uring (multishot recvmsg into "
+    LYNX_INFO("frontend",
+              "receive path: io_uring (multishot recvmsg into "
               "%u provided buffers of %u bytes per worker), as --rx %s says",
               LYNX_RXRING_BUFS, LYNX_RXRING_BUF_SIZE, rx_names[cfg->rx]);
     return 0;
   }
   if (cfg->rx == FE_RXOPT_URING) {
-    fprintf(stderr, "--rx uring: io_uring cannot receive UDP here: %s\n",
-            why);
+    fprintf(stderr, "--rx uring: io_uring cannot receive UDP here: %s\n", why);
     return -1;
   }
-  LYNX_INFO("frontend", "receive path: socket (recvmmsg): io_uring cannot "
-            "receive UDP here: %s", why);
+  LYNX_INFO("frontend",
+            "receive path: socket (recvmmsg): io_uring cannot "
+            "receive UDP here: %s",
+            why);
   return 0;
 }
 
@@ -201,9 +202,11 @@ static struct frontend *service_start(struct fe_main *m, const char *name,
   }
   fe->n_w = m->cfg.workers;
   if (mqueues && fe->n_w > mqueues) {
-    LYNX_WARN("frontend", "service %s: %u workers but %u mqueues per "
+    LYNX_WARN("frontend",
+              "service %s: %u workers but %u mqueues per "
               "accelerator: using %u workers so each owns a mqueue on every "
-              "accelerator", name, fe->n_w, mqueues, mqueues);
+              "accelerator",
+              name, fe->n_w, mqueues, mqueues);
     fe->n_w = mqueues;
   }
   rc = fe_workers_start(fe);
@@ -271,7 +274,8 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
              (unsigned long long)instance_id, node, a->desc.transport);
     return -ENOTSUP;
   }
-  lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size, a->desc.large_bytes);
+  lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size,
+                 a->desc.large_bytes);
   a->n_server = a->g.n_mqueues; /* the service's spec may say fewer */
   snprintf(a->node, sizeof(a->node), "%s", node ? node : "?");
   a->instance_id = instance_id;
@@ -356,8 +360,7 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
     snprintf(addr, sizeof(addr), "%s%s", strchr(port, ':') ? "" : ":", port);
     lynx_parse_hostport(addr, &udp); /* checked in main */
     fe = service_start(m, d->service && *d->service ? d->service : "default",
-                       &udp, min_q,
-                       m->cfg.tcp ? FE_PROTO_TCP : FE_PROTO_UDP,
+                       &udp, min_q, m->cfg.tcp ? FE_PROTO_TCP : FE_PROTO_UDP,
                        m->cfg.tcp ? m->cfg.fixed_len : 0);
     if (!fe) {
       rc = -EIO;
@@ -369,14 +372,16 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
                         FE_CMD_LOST);
   lynx_notify_ready("serving %s %s for service %s", m->cfg.tcp ? "TCP" : "UDP",
                     m->cfg.tcp ? m->cfg.tcp : m->cfg.udp, fe->service);
-  LYNX_INFO("frontend", "%s: serving %s %s for service %s: %zu accelerators "
+  LYNX_INFO("frontend",
+            "%s: serving %s %s for service %s: %zu accelerators "
             "of %s (epoch %llu), %u workers, dispatch %s, poll %s, rx %s",
             m->id, m->cfg.tcp ? "TCP" : "UDP",
             m->cfg.tcp ? m->cfg.tcp : m->cfg.udp, fe->service, d->n_regions,
-            d->node_id,
-            (unsigned long long)d->epoch, fe->n_w,
+            d->node_id, (unsigned long long)d->epoch, fe->n_w,
             dispatch_names[m->cfg.dispatch], poll_names[m->cfg.poll],
-            m->cfg.tcp ? "-" : m->cfg.rx_uring ? "uring" : "socket");
+            m->cfg.tcp        ? "-"
+            : m->cfg.rx_uring ? "uring"
+                              : "socket");
 out:
   free(accels);
   return rc;
@@ -418,7 +423,7 @@ static void send_status(struct fe_main *m) {
   struct mq_report_ctx x;
   uint64_t applied = m->table_version;
   Lynx__ServiceListen *sl = NULL, **slp = NULL;
-  char (*errs)[160] = NULL;
+  char(*errs)[160] = NULL;
   size_t n_sl = 0;
   if (!m->d.ctl || !m->greeted || !m->have_table)
     return;
@@ -563,11 +568,13 @@ static enum fe_proto spec_proto(const Lynx__ServiceSpec *sp) {
  * again, service_set_instances). */
 static void take_epoch(struct fe_main *m, const Lynx__DispatchTable *t) {
   uint64_t old = m->epoch;
-  m->epoch = t->standby ? 0 : t->frontend_epoch; /* a standby produces nothing */
+  m->epoch =
+      t->standby ? 0 : t->frontend_epoch; /* a standby produces nothing */
   if (m->epoch && m->epoch != old)
-    LYNX_INFO("frontend", "%s: producing with frontend epoch %llu (the "
-              "newest of the instances it is given)", m->id,
-              (unsigned long long)m->epoch);
+    LYNX_INFO("frontend",
+              "%s: producing with frontend epoch %llu (the "
+              "newest of the instances it is given)",
+              m->id, (unsigned long long)m->epoch);
 }
 
 /* What our Hello tells a coordinator: the instances we produce into and
@@ -668,7 +675,8 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
          * docs/client-mqueues.md) */
         uint32_t nq = accels[n].g.n_mqueues, ns = sp->mqueues_per_accel;
         if (nq <= ns || (nq - ns) % sp->n_backends) {
-          LYNX_ERR("frontend", "service %s: instance %llu has %u mqueues, "
+          LYNX_ERR("frontend",
+                   "service %s: instance %llu has %u mqueues, "
                    "the spec says %u + a multiple of %zu back ends: skipped",
                    sp->name, (unsigned long long)e->instance_id, nq, ns,
                    sp->n_backends);
@@ -761,8 +769,8 @@ static void on_ctl_msg(struct lynx_ctl *c, Lynx__Envelope *env) {
       env->msg_case == LYNX__ENVELOPE__MSG_DESCRIPTORS) {
     rc = apply_descriptors(m, env->descriptors);
     if (rc) {
-      LYNX_ERR("frontend", "cannot serve agent %s's accelerators: %s",
-               c->peer, strerror(-rc));
+      LYNX_ERR("frontend", "cannot serve agent %s's accelerators: %s", c->peer,
+               strerror(-rc));
       lynx_ctl_close(c, "unusable descriptors");
     }
     return;
@@ -792,8 +800,10 @@ static void on_signal(uv_signal_t *s, int signum) {
  * are: lynx_opts_free frees them). 0, or -EINVAL with the reason on
  * stderr, or -ENOMEM. */
 static int mode_options(struct fe_cfg *cfg, int coordinator_mode) {
-  const char *stat_opt = cfg->udp ? "udp" : cfg->tcp ? "tcp"
-                         : cfg->framing ? "framing" : NULL;
+  const char *stat_opt = cfg->udp       ? "udp"
+                         : cfg->tcp     ? "tcp"
+                         : cfg->framing ? "framing"
+                                        : NULL;
   if (coordinator_mode && stat_opt) {
     fprintf(stderr,
             "--%s is static mode's (with --agent); with --coordinator the "
@@ -808,8 +818,10 @@ static int mode_options(struct fe_cfg *cfg, int coordinator_mode) {
     return -EINVAL;
   }
   if (cfg->udp && cfg->tcp) {
-    fprintf(stderr, "--udp %s and --tcp %s: static mode serves one port, "
-                    "either UDP or TCP\n", cfg->udp, cfg->tcp);
+    fprintf(stderr,
+            "--udp %s and --tcp %s: static mode serves one port, "
+            "either UDP or TCP\n",
+            cfg->udp, cfg->tcp);
     return -EINVAL;
   }
   if (cfg->framing && !cfg->tcp) {
@@ -855,8 +867,10 @@ int main(int argc, char **argv) {
   }
   lynx_log_level = lvl;
   if (cfg->agent && cfg->coordinator) {
-    fprintf(stderr, "--agent %s (static mode) and --coordinator %s exclude "
-                    "each other\n", cfg->agent, cfg->coordinator);
+    fprintf(stderr,
+            "--agent %s (static mode) and --coordinator %s exclude "
+            "each other\n",
+            cfg->agent, cfg->coordinator);
     goto out;
   }
   m.coordinator_mode = cfg->coordinator != NULL;
@@ -917,8 +931,8 @@ int main(int argc, char **argv) {
   {
     struct lynx_tls_files tf = {cfg->tls_ca, cfg->tls_cert, cfg->tls_key};
     char err[512];
-    rc = lynx_tls_load_client(&m.tls, &tf, m.coordinator_mode, err,
-                              sizeof(err));
+    rc =
+        lynx_tls_load_client(&m.tls, &tf, m.coordinator_mode, err, sizeof(err));
     if (rc < 0) {
       fprintf(stderr, "%s\n", err);
       m.exit_code = LYNX_EXIT_USAGE;
@@ -945,9 +959,8 @@ int main(int argc, char **argv) {
   else
     snprintf(m.id, sizeof(m.id), "fe-%d", (int)getpid());
   srand((unsigned)lynx_now_ns());
-  if (cfg->metrics &&
-      fe_metrics_start(cfg->metrics, &m.services, &m.list_lock,
-                       &m.table_applied, &m.metrics))
+  if (cfg->metrics && fe_metrics_start(cfg->metrics, &m.services, &m.list_lock,
+                                       &m.table_applied, &m.metrics))
     goto out; /* the reason, with the address, is on stderr */
 
   uv_loop_init(&m.loop);

@@ -37,9 +37,22 @@ struct metrics_ctx {
  * samples are gathered in a buffer of their own and written after its
  * header. */
 enum {
-  F_RECEIVED, F_DISPATCHED, F_RESPONDED, F_DROPPED, F_TCP_CONNS,
-  F_TCP_CLIENTS, F_FLOW_MOVES, F_RX_PATH, F_RX_CALLS, F_RX_NOBUFS,
-  F_SLEEPS, F_DURATION, F_MQ_DISPATCHED, F_MQ_RESPONDED, F_MQ_DROPPED, F_MAX
+  F_RECEIVED,
+  F_DISPATCHED,
+  F_RESPONDED,
+  F_DROPPED,
+  F_TCP_CONNS,
+  F_TCP_CLIENTS,
+  F_FLOW_MOVES,
+  F_RX_PATH,
+  F_RX_CALLS,
+  F_RX_NOBUFS,
+  F_SLEEPS,
+  F_DURATION,
+  F_MQ_DISPATCHED,
+  F_MQ_RESPONDED,
+  F_MQ_DROPPED,
+  F_MAX
 };
 #define F_MQ_FIRST F_MQ_DISPATCHED
 
@@ -116,10 +129,14 @@ static void mq_line(void *arg, const struct fe_rmq *rmq,
                     const struct fe_conn *c, const struct fe_mq *mq) {
   struct mq_pass *p = arg;
   char inst[24], acc[12], q[12], wid[12];
-  struct lynx_prom_label l[] = {
-      {"service", p->fe->service}, {"node", c->acc.node}, {"instance", inst},
-      {"accel", acc}, {"mqueue", q}, {"worker", wid}, {NULL, NULL}, /* reason */
-      {NULL, NULL}};
+  struct lynx_prom_label l[] = {{"service", p->fe->service},
+                                {"node", c->acc.node},
+                                {"instance", inst},
+                                {"accel", acc},
+                                {"mqueue", q},
+                                {"worker", wid},
+                                {NULL, NULL}, /* reason */
+                                {NULL, NULL}};
   uint64_t d = lynx_cnt_get(&mq->dispatched), r = lynx_cnt_get(&mq->responded);
   uint64_t v[FE_QDROP_MAX];
   snprintf(inst, sizeof(inst), "%llu", (unsigned long long)c->acc.instance_id);
@@ -176,8 +193,8 @@ static void service_lines(FILE **out, struct frontend *fe) {
   lynx_prom_u64(out[F_RECEIVED], fams[F_RECEIVED].name, l, rcv);
   lynx_prom_histogram(out[F_DURATION], fams[F_DURATION].name, l, &e2e);
   lynx_prom_u64(out[F_FLOW_MOVES], fams[F_FLOW_MOVES].name, l, moves);
-  per_reason(out[F_SLEEPS], F_SLEEPS, l, &l[1], "woken_by", wake_names,
-             sleeps, FE_WAKE_MAX);
+  per_reason(out[F_SLEEPS], F_SLEEPS, l, &l[1], "woken_by", wake_names, sleeps,
+             FE_WAKE_MAX);
   l[1].name = NULL;
   if (fe->proto == FE_PROTO_UDP) {
     per_reason(out[F_RX_PATH], F_RX_PATH, l, &l[1], "path", fe_rx_path_names,
@@ -188,8 +205,8 @@ static void service_lines(FILE **out, struct frontend *fe) {
   }
   if (fe->proto == FE_PROTO_TCP) {
     uint64_t gone = 0;
-    per_reason(out[F_TCP_CONNS], F_TCP_CONNS, l, &l[1], "event",
-               fe_tcpev_names, tev, FE_TCPEV_MAX);
+    per_reason(out[F_TCP_CONNS], F_TCP_CONNS, l, &l[1], "event", fe_tcpev_names,
+               tev, FE_TCPEV_MAX);
     for (int r = 0; r < FE_TCPEV_MAX; r++)
       if (r != FE_TCP_ACCEPTED)
         gone += tev[r];
@@ -248,8 +265,7 @@ int fe_metrics_start(const char *addr, struct frontend **list,
   ctx.list = list;
   ctx.lock = list_lock;
   ctx.table_version = table_version;
-  return lynx_prom_start(addr, "lynx_frontend_metrics", write_cb, &ctx,
-                         daemon);
+  return lynx_prom_start(addr, "lynx_frontend_metrics", write_cb, &ctx, daemon);
 }
 
 void fe_metrics_stop(void *daemon) { lynx_prom_stop(daemon); }
@@ -276,7 +292,9 @@ void fe_log_totals(struct frontend *fe) {
     t.resp += lynx_cnt_get(&fe->w[i].rmq.retired_responded);
   }
   foreach_mq(fe, add_totals, &t);
-  LYNX_INFO("frontend", "service %s: %llu received, %llu dispatched, %llu "
-            "responded", fe->service, (unsigned long long)rcv,
-            (unsigned long long)t.disp, (unsigned long long)t.resp);
+  LYNX_INFO("frontend",
+            "service %s: %llu received, %llu dispatched, %llu "
+            "responded",
+            fe->service, (unsigned long long)rcv, (unsigned long long)t.disp,
+            (unsigned long long)t.resp);
 }

@@ -14,7 +14,7 @@
 #include <uv.h>
 
 struct fe_outq {
-  uint8_t *buf;  /* not yet handed to libuv */
+  uint8_t *buf; /* not yet handed to libuv */
   size_t len, cap;
   uint8_t *wbuf; /* the uv_write in flight */
   uv_write_t req;

@@ -56,9 +56,9 @@
 #define SCAN_TAIL 32u
 
 const char *const fe_qdrop_names[FE_QDROP_MAX] = {
-    "stale_tag", "tx_oversize", "tx_bad_seq", "bad_index", "app_dropped",
-    "expired",   "lost",        "write_error", "send_error", "client_gone",
-    "backend_down", "in_doubt", "fenced"};
+    "stale_tag",    "tx_oversize", "tx_bad_seq",  "bad_index",  "app_dropped",
+    "expired",      "lost",        "write_error", "send_error", "client_gone",
+    "backend_down", "in_doubt",    "fenced"};
 
 static const uint8_t zeros[16];
 
@@ -105,9 +105,9 @@ static int set_changed(struct fe_rmq *r) {
 /* Schedules the next attempt to reopen a dead connection (jittered
  * exponential backoff). */
 static void retry_later(struct fe_rmq *r, struct fe_conn *c) {
-  c->retry_ns = lynx_now_ns() + lynx_backoff_next(&c->retry_wait_ns,
-                                                  RETRY_MIN_NS, RETRY_MAX_NS,
-                                                  r->opts.retry_seed);
+  c->retry_ns =
+      lynx_now_ns() + lynx_backoff_next(&c->retry_wait_ns, RETRY_MIN_NS,
+                                        RETRY_MAX_NS, r->opts.retry_seed);
 }
 
 /* Takes a connection out of dispatch: its mqueues leave the dispatcher and
@@ -119,9 +119,11 @@ void fe_rmq_down(struct fe_rmq *r, struct fe_conn *c, const char *why,
                  enum fe_qdrop reason) {
   if (c->state == FE_CONN_DEAD)
     return;
-  LYNX_WARN("frontend", "worker %u: accelerator %s/%u (instance %llu) out "
-            "of dispatch: %s", r->opts.worker, c->acc.node,
-            c->acc.desc.accel_id, (unsigned long long)c->acc.instance_id, why);
+  LYNX_WARN("frontend",
+            "worker %u: accelerator %s/%u (instance %llu) out "
+            "of dispatch: %s",
+            r->opts.worker, c->acc.node, c->acc.desc.accel_id,
+            (unsigned long long)c->acc.instance_id, why);
   c->state = FE_CONN_DEAD;
   retry_later(r, c);
   for (uint32_t i = 0; i < c->n_mqs; i++) {
@@ -141,10 +143,12 @@ void fe_rmq_down(struct fe_rmq *r, struct fe_conn *c, const char *why,
 void fe_rmq_fail(struct fe_rmq *r, struct fe_conn *c, int rc) {
   char why[96];
   if (rc == -ESTALE) { /* only fencing makes a data-path op say so */
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: accelerator %s/%u: "
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "worker %u: accelerator %s/%u: "
                 "fenced: a newer frontend (than our epoch %llu) took this "
-                "region over", r->opts.worker, c->acc.node,
-                c->acc.desc.accel_id, (unsigned long long)c->acc.desc.producer);
+                "region over",
+                r->opts.worker, c->acc.node, c->acc.desc.accel_id,
+                (unsigned long long)c->acc.desc.producer);
     fe_rmq_down(r, c, "fenced by a newer frontend", FE_QDROP_FENCED);
     return;
   }
@@ -170,8 +174,8 @@ static int write_large(struct fe_conn *c, struct fe_mq *mq, const void *data,
   *ref = lynx_large_ref_at(start, len, g->large_bytes);
   /* ordered before the slot that names it (coalesced: placed in order;
    * fenced: the slot's barrier read follows it too) */
-  return c->tc->ops->writev(c->tc, lynx_rx_large_off(g, mq->q) + ref->off,
-                            &iov, 1, 0);
+  return c->tc->ops->writev(c->tc, lynx_rx_large_off(g, mq->q) + ref->off, &iov,
+                            1, 0);
 }
 
 /* The large request at ring position pos is written: its area is taken
@@ -220,8 +224,8 @@ int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
   m = (struct lynx_slot_meta){len, tag, status, (uint16_t)(poff / 16u),
                               lynx_seq_for(pos)};
   iov[0] = (struct iovec){(void *)data, len};
-  iov[1] = (struct iovec){(void *)zeros,
-                          lynx_slot_cap(g->slot_size) - poff - len};
+  iov[1] =
+      (struct iovec){(void *)zeros, lynx_slot_cap(g->slot_size) - poff - len};
   iov[2] = (struct iovec){&m, sizeof(m)};
   if (c->acc.desc.ordering == LYNX_ORDER_COALESCED) {
     rc = tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
@@ -231,11 +235,11 @@ int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
     if (!rc)
       /* any read of the region flushes the posted payload ahead of it;
        * the mqueue's actrl word, small and never written by a frontend */
-      rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), r->fence_scratch,
-                         4, WR_FENCE);
+      rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), r->fence_scratch, 4,
+                         WR_FENCE);
     if (!rc)
-      rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2],
-                           1, LYNX_WR_PUBLISH | LYNX_WR_FENCE);
+      rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2], 1,
+                           LYNX_WR_PUBLISH | LYNX_WR_FENCE);
   }
   if (!rc && large)
     rx_large_taken(mq, pos, ref.end);
@@ -274,8 +278,8 @@ static void bad_index(struct fe_mq *mq, const char *which, uint32_t v) {
   LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
               "accelerator %s/%u mqueue %u: %s %u out of range (rx %u..%u, "
               "tx_cons %u), ignored",
-              mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, which,
-              v, mq->dq.rx_cons, mq->dq.rx_prod, mq->tx_cons);
+              mq->conn->acc.node, mq->conn->acc.desc.accel_id, mq->q, which, v,
+              mq->dq.rx_cons, mq->dq.rx_prod, mq->tx_cons);
 }
 
 /* Posts the reads of mq's (the i-th of c) next n TX slots into its stage:
@@ -370,8 +374,8 @@ static int post_poll(struct fe_conn *c) {
       return rc;
     c->two_step = 1; /* for as long as this connection lives */
   }
-  return tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
-                       8u * c->acc.g.n_mqueues, WR_CTRL);
+  return tc->ops->read(tc, c->acc.g.actrl_off, c->snap, 8u * c->acc.g.n_mqueues,
+                       WR_CTRL);
 }
 
 #define LARGE_READ_MAX (1u << 20) /* one read of a large message, bytes */
@@ -409,8 +413,8 @@ static int post_large_reads(struct fe_conn *c) {
         break;
       }
       while (done < ref.len) {
-        uint32_t n = ref.len - done < LARGE_READ_MAX ? ref.len - done
-                                                     : LARGE_READ_MAX;
+        uint32_t n =
+            ref.len - done < LARGE_READ_MAX ? ref.len - done : LARGE_READ_MAX;
         int rc = c->tc->ops->read(c->tc, area + ref.off + done,
                                   mq->lbuf + used + done, n, WR_SLOT | i);
         if (rc == -ENOBUFS && done == 0)
@@ -443,8 +447,7 @@ static int conn_on_slots(struct fe_rmq *r, struct fe_conn *c) {
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
       const uint8_t *large = g->large_bytes ? mq->ldata[k] : NULL;
       if (r->hooks->slot(r->ctx, mq, mq->stage + (size_t)k * g->slot_size,
-                             mq->tx_cons, large,
-                             large ? mq->llen[k] : 0) != 0)
+                         mq->tx_cons, large, large ? mq->llen[k] : 0) != 0)
         break;
       mq->tx_cons++;
       mq->tx_cons_dirty = 1;
@@ -607,11 +610,11 @@ static void scan_take(struct fe_mq *mq, uint32_t pos, const uint8_t *tail,
   memcpy(&ref, tail, sizeof(ref));
   start = ref.end - lynx_large_end(0, ref.len);
   if (!size || m->len != sizeof(ref) ||
-      m->off16 * 16u != mq->conn->acc.g.slot_size - SCAN_TAIL ||
-      ref.len == 0 || ref.len > size || ref.off != (start & (size - 1)) ||
+      m->off16 * 16u != mq->conn->acc.g.slot_size - SCAN_TAIL || ref.len == 0 ||
+      ref.len > size || ref.off != (start & (size - 1)) ||
       ref.off + ref.len > size ||
-      (mq->rx_ln && (start - mq->rx_la.head > size ||
-                     ref.end - mq->rx_la.tail > size))) {
+      (mq->rx_ln &&
+       (start - mq->rx_la.head > size || ref.end - mq->rx_la.tail > size))) {
     bad_index(mq, "large reference end", ref.end);
     return;
   }
@@ -659,11 +662,11 @@ static int conn_scan_rx(struct fe_conn *c) {
       for (uint32_t k = 0; open[i] && k < SCAN_SLOTS &&
                            mq->dq.rx_prod + k - mq->dq.rx_cons < g->slots;
            k++) {
-        rc = tc->ops->read(
-            tc, lynx_slot_off(g, ring, mq->dq.rx_prod + k) + g->slot_size -
-                    SCAN_TAIL,
-            buf + ((size_t)i * SCAN_SLOTS + k) * SCAN_TAIL, SCAN_TAIL,
-            WR_CTRL);
+        rc = tc->ops->read(tc,
+                           lynx_slot_off(g, ring, mq->dq.rx_prod + k) +
+                               g->slot_size - SCAN_TAIL,
+                           buf + ((size_t)i * SCAN_SLOTS + k) * SCAN_TAIL,
+                           SCAN_TAIL, WR_CTRL);
         if (rc)
           break;
         posted[i]++;
@@ -737,20 +740,23 @@ static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
     /* -ESTALE: fenced (a newer frontend epoch holds the region) or a
      * descriptor of an older incarnation; the transport logged which.
      * Either way only a newer table helps: the backoff paces retries. */
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot connect to "
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "worker %u: cannot connect to "
                 "accelerator %s/%u (%s %s, frontend epoch %llu): %s%s",
                 r->opts.worker, acc->node, acc->desc.accel_id,
                 acc->desc.transport, acc->desc.locator,
                 (unsigned long long)acc->desc.producer, strerror(-rc),
                 rc == -ESTALE ? " (fenced by a newer frontend, or a stale "
-                                "descriptor)" : "");
+                                "descriptor)"
+                              : "");
     return rc;
   }
   rc = conn_resume(c);
   if (rc) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
-                "accelerator %s/%u's indices: %s", r->opts.worker, acc->node,
-                acc->desc.accel_id, strerror(-rc));
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "worker %u: cannot read "
+                "accelerator %s/%u's indices: %s",
+                r->opts.worker, acc->node, acc->desc.accel_id, strerror(-rc));
     goto fail;
   }
   for (uint32_t i = 0; i < c->n_mqs; i++) {
@@ -764,9 +770,10 @@ static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
   }
   rc = conn_scan_rx(c);
   if (rc) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: cannot read "
-                "accelerator %s/%u's RX rings: %s", r->opts.worker, acc->node,
-                acc->desc.accel_id, strerror(-rc));
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "worker %u: cannot read "
+                "accelerator %s/%u's RX rings: %s",
+                r->opts.worker, acc->node, acc->desc.accel_id, strerror(-rc));
     goto fail;
   }
   for (uint32_t i = 0; i < c->n_mqs; i++) {
@@ -785,9 +792,11 @@ static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
   if (rc)
     goto fail;
   if (earlier)
-    LYNX_INFO("frontend", "worker %u: accelerator %s/%u: resuming after %llu "
+    LYNX_INFO("frontend",
+              "worker %u: accelerator %s/%u: resuming after %llu "
               "requests an earlier producer published (the accelerator "
-              "still runs them)", r->opts.worker, acc->node, acc->desc.accel_id,
+              "still runs them)",
+              r->opts.worker, acc->node, acc->desc.accel_id,
               (unsigned long long)earlier);
   c->state = FE_CONN_IDLE;
   c->reads_pending = 0;
@@ -825,9 +834,10 @@ int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
   for (uint32_t q = o->worker; q < acc->g.n_mqueues; q += o->n_workers)
     n++;
   if (n == 0) {
-    LYNX_WARN("frontend", "worker %u: instance %llu has %u mqueues for %u "
-              "workers: this worker gets none", o->worker,
-              (unsigned long long)acc->instance_id, acc->g.n_mqueues,
+    LYNX_WARN("frontend",
+              "worker %u: instance %llu has %u mqueues for %u "
+              "workers: this worker gets none",
+              o->worker, (unsigned long long)acc->instance_id, acc->g.n_mqueues,
               o->n_workers);
     return 0;
   }
@@ -875,8 +885,8 @@ int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
     /* client mqueue n_server + j * B + k is back end k's j-th (one per
      * block of a GPU kernel; j is 0 only, on a CPU) */
     if (q >= acc->n_server && o->n_backends) {
-      rc = r->hooks->be_open(
-          r->ctx, mq, &o->backends[(q - acc->n_server) % o->n_backends]);
+      rc = r->hooks->be_open(r->ctx, mq,
+                             &o->backends[(q - acc->n_server) % o->n_backends]);
       if (rc)
         goto fail;
       c->n_client_mqs++;
@@ -903,10 +913,12 @@ int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
   if (rc)
     goto fail;
   if (c->state != FE_CONN_DEAD)
-    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) in "
-              "dispatch over %s: %u mqueues", r->opts.worker, acc->node,
-              acc->desc.accel_id, (unsigned long long)acc->instance_id,
-              acc->desc.transport, c->n_mqs);
+    LYNX_INFO("frontend",
+              "worker %u: accelerator %s/%u (instance %llu) in "
+              "dispatch over %s: %u mqueues",
+              r->opts.worker, acc->node, acc->desc.accel_id,
+              (unsigned long long)acc->instance_id, acc->desc.transport,
+              c->n_mqs);
   return 0;
 fail:
   conn_free(r, c);
@@ -930,9 +942,10 @@ void fe_rmq_retry(struct fe_rmq *r, uint64_t now_ns) {
         c->mqs[q].dq.up = 0;
     }
     pthread_mutex_unlock(&r->lock);
-    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) back "
-              "in dispatch over %s after %u failed attempts", r->opts.worker,
-              c->acc.node, c->acc.desc.accel_id,
+    LYNX_INFO("frontend",
+              "worker %u: accelerator %s/%u (instance %llu) back "
+              "in dispatch over %s after %u failed attempts",
+              r->opts.worker, c->acc.node, c->acc.desc.accel_id,
               (unsigned long long)c->acc.instance_id, c->acc.desc.transport,
               c->failures);
     c->failures = 0;
@@ -965,10 +978,11 @@ void fe_rmq_remove(struct fe_rmq *r, struct fe_conn *c) {
   c->removing = 1;
   for (uint32_t i = 0; i < c->n_mqs; i++)
     c->mqs[i].dq.up = 0;
-  LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) leaves "
-            "dispatch with %u requests in flight", r->opts.worker, c->acc.node,
-            c->acc.desc.accel_id, (unsigned long long)c->acc.instance_id,
-            fe_conn_outstanding(c));
+  LYNX_INFO("frontend",
+            "worker %u: accelerator %s/%u (instance %llu) leaves "
+            "dispatch with %u requests in flight",
+            r->opts.worker, c->acc.node, c->acc.desc.accel_id,
+            (unsigned long long)c->acc.instance_id, fe_conn_outstanding(c));
 }
 
 /* Frees removed connections whose requests are all answered (or expired:
@@ -993,8 +1007,10 @@ void fe_rmq_reap(struct fe_rmq *r) {
     pthread_mutex_unlock(&r->lock);
     if (rc)
       return;
-    LYNX_INFO("frontend", "worker %u: accelerator %s/%u (instance %llu) "
-              "released", r->opts.worker, c->acc.node, c->acc.desc.accel_id,
+    LYNX_INFO("frontend",
+              "worker %u: accelerator %s/%u (instance %llu) "
+              "released",
+              r->opts.worker, c->acc.node, c->acc.desc.accel_id,
               (unsigned long long)c->acc.instance_id);
     for (uint32_t q = 0; q < c->n_mqs; q++) {
       lynx_cnt_add(&r->retired_dispatched, lynx_cnt_get(&c->mqs[q].dispatched));

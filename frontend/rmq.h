@@ -37,21 +37,21 @@ struct fe_backend;
 
 /* Drop reasons counted per mqueue. */
 enum fe_qdrop {
-  FE_QDROP_STALE_TAG,   /* response carried a tag not outstanding here */
-  FE_QDROP_TX_OVERSIZE, /* response metadata breaks the bounds rule */
-  FE_QDROP_TX_SEQ,      /* TX index moved but slot not published */
-  FE_QDROP_BAD_INDEX,   /* accelerator index out of range */
-  FE_QDROP_APP,         /* the application dropped the request */
-  FE_QDROP_EXPIRED,     /* no response within the request timeout */
-  FE_QDROP_LOST,        /* its node was declared down: never runs later */
-  FE_QDROP_WRITE_ERR,   /* transport refused the request write */
-  FE_QDROP_SEND_ERR,    /* the response could not be sent to the client */
-  FE_QDROP_CLIENT_GONE, /* TCP: the client closed before its answer came */
+  FE_QDROP_STALE_TAG,    /* response carried a tag not outstanding here */
+  FE_QDROP_TX_OVERSIZE,  /* response metadata breaks the bounds rule */
+  FE_QDROP_TX_SEQ,       /* TX index moved but slot not published */
+  FE_QDROP_BAD_INDEX,    /* accelerator index out of range */
+  FE_QDROP_APP,          /* the application dropped the request */
+  FE_QDROP_EXPIRED,      /* no response within the request timeout */
+  FE_QDROP_LOST,         /* its node was declared down: never runs later */
+  FE_QDROP_WRITE_ERR,    /* transport refused the request write */
+  FE_QDROP_SEND_ERR,     /* the response could not be sent to the client */
+  FE_QDROP_CLIENT_GONE,  /* TCP: the client closed before its answer came */
   FE_QDROP_BACKEND_DOWN, /* client mqueue: request answered "back end down" */
-  FE_QDROP_IN_DOUBT,    /* given up while its accelerator may still run it
-                           (connection broke, frontend stopped) */
-  FE_QDROP_FENCED,      /* its connection was cut: a newer frontend (epoch)
-                           took the region over (docs/mqueue.md "Fencing") */
+  FE_QDROP_IN_DOUBT,     /* given up while its accelerator may still run it
+                            (connection broke, frontend stopped) */
+  FE_QDROP_FENCED,       /* its connection was cut: a newer frontend (epoch)
+                            took the region over (docs/mqueue.md "Fencing") */
   FE_QDROP_MAX
 };
 
@@ -92,7 +92,7 @@ struct fe_mq {
   uint32_t tx_cons_dirty;
   uint32_t bad_value, bad_seq_pos; /* last reported (+1), to count once */
   struct fe_backend *be; /* a client mqueue: its back-end connection */
-  uint8_t *stage; /* staging for TX slot reads */
+  uint8_t *stage;        /* staging for TX slot reads */
   uint32_t stage_slots;
   /* Large messages (docs/mqueue.md): the RX large area this worker
    * allocates, with the ring positions and ends of the large requests the
@@ -136,9 +136,9 @@ struct fe_conn {
   int armed, no_bell;
   enum fe_conn_state state;
   uint32_t reads_pending;
-  int dirty;    /* requests written since the last flush */
+  int dirty;       /* requests written since the last flush */
   int flush_again; /* a doorbell got -ENOBUFS: ring it at the next cycle */
-  int removing; /* out of dispatch; freed once nothing is outstanding */
+  int removing;    /* out of dispatch; freed once nothing is outstanding */
   uint32_t n_client_mqs; /* of mqs: client mqueues (polled always) */
   /* a dead connection that is still in the table is reopened at retry_ns;
    * the wait doubles from 100 ms to 5 s while it keeps failing */
@@ -166,8 +166,7 @@ struct fe_rmq_hooks {
   void (*lost)(void *ctx, const struct lynx_tag_entry *e);
   /* A client mqueue of a new connection: open its back end (sets mq->be),
    * 0 or -errno; close one when its connection is freed. */
-  int (*be_open)(void *ctx, struct fe_mq *mq,
-                 const struct fe_backend_cfg *cfg);
+  int (*be_open)(void *ctx, struct fe_mq *mq, const struct fe_backend_cfg *cfg);
   void (*be_close)(struct fe_backend *be);
 };
 

@@ -31,8 +31,8 @@ struct lynx_rxring {
   uint8_t *bufs;                /* LYNX_RXRING_BUFS buffers (mmap) */
   struct msghdr mh;             /* the receive's template: name length */
   int sock;
-  int ready;    /* ring and buffers set up */
-  int armed;    /* a multishot recvmsg is in flight */
+  int ready;        /* ring and buffers set up */
+  int armed;        /* a multishot recvmsg is in flight */
   uint32_t err_run; /* error completions since the last datagram */
   int last_err;     /* the last one's -errno */
   /* counts, read by their owner only: io_uring_enter calls (arming,

@@ -21,11 +21,11 @@ union lynx_sockaddr {
 
 struct lynx_tag_entry {
   union lynx_sockaddr peer;
-  uint64_t t_ns;   /* dispatch time */
-  uint64_t seq;    /* caller's dispatch order (responses go out in it) */
-  uint32_t tag;    /* current tag of this entry; valid when in_use */
-  uint32_t mq;     /* frontend-wide mqueue index */
-  uint32_t flow;   /* caller's flow-table slot */
+  uint64_t t_ns; /* dispatch time */
+  uint64_t seq;  /* caller's dispatch order (responses go out in it) */
+  uint32_t tag;  /* current tag of this entry; valid when in_use */
+  uint32_t mq;   /* frontend-wide mqueue index */
+  uint32_t flow; /* caller's flow-table slot */
   uint32_t in_use;
   uint32_t cli, cli_gen; /* TCP services: client slot and its generation */
 };

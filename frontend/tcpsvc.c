@@ -82,9 +82,10 @@ static void client_close(struct fe_client *c, enum fe_tcpev why) {
   c->closing = 1;
   lynx_cnt_add(&t->events[why], 1);
   if (why != FE_TCP_CLOSED)
-    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: client "
-                "connection closed: %s", t->opts.service, t->opts.worker,
-                fe_tcpev_names[why]);
+    LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
+                "service %s worker %u: client "
+                "connection closed: %s",
+                t->opts.service, t->opts.worker, fe_tcpev_names[why]);
   client_unpause(t, c);
   t->clients[c->slot] = NULL;
   t->n_clients--;
@@ -93,8 +94,7 @@ static void client_close(struct fe_client *c, enum fe_tcpev why) {
 
 static struct fe_client *client_get(struct fe_tcpsvc *t, uint32_t slot,
                                     uint32_t gen) {
-  struct fe_client *c =
-      slot < t->n_slots ? t->clients[slot] : NULL;
+  struct fe_client *c = slot < t->n_slots ? t->clients[slot] : NULL;
   return c && c->gen == gen && !c->closing ? c : NULL;
 }
 
@@ -130,14 +130,18 @@ static void on_connection(uv_stream_t *l, int status) {
   uint32_t slot;
   int full;
   if (status < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "service %s worker %u: accept: "
-                "%s", t->opts.service, t->opts.worker, uv_strerror(status));
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "service %s worker %u: accept: "
+                "%s",
+                t->opts.service, t->opts.worker, uv_strerror(status));
     return;
   }
   c = calloc(1, sizeof(*c));
   if (!c) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend", "worker %u: out of memory for a "
-                "connection", t->opts.worker);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "worker %u: out of memory for a "
+                "connection",
+                t->opts.worker);
     return; /* it stays in the backlog */
   }
   uv_tcp_init(t->opts.loop, &c->h);
@@ -166,14 +170,13 @@ static void on_connection(uv_stream_t *l, int status) {
     client_close(c, FE_TCP_ERROR);
 }
 
-/* ---- input ------------------------------------------------------------------ */
+/* ---- input --------------------------------------------------------------- */
 
 /* Room for what is read next (fe_tcp_frame_want). */
 static void client_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   struct fe_client *c = h->data;
   uint32_t want = fe_tcp_frame_want(c->t->opts.fixed_len,
-                                    c->t->opts.ingress->cap,
-                                    c->in, c->in_len);
+                                    c->t->opts.ingress->cap, c->in, c->in_len);
   (void)hint;
   if (c->in_cap < want) {
     uint8_t *p = realloc(c->in, want);
@@ -204,13 +207,14 @@ static int client_parse(struct fe_client *c) {
     uint32_t len = 0, hdr = fixed ? 0 : 4;
     enum fe_wdrop drop;
     int rc;
-    long n = fe_tcp_frame_len(fixed, in->cap, c->in + off, c->in_len - off,
-                              &len);
+    long n =
+        fe_tcp_frame_len(fixed, in->cap, c->in + off, c->in_len - off, &len);
     if (n < 0) {
-      LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s worker %u: %u-byte "
+      LYNX_LOG_RL(LYNX_LOG_INFO, "frontend",
+                  "service %s worker %u: %u-byte "
                   "frame is larger than the %u bytes the accelerators take "
-                  "(msg_max): closing the connection", t->opts.service,
-                  t->opts.worker, len, in->cap);
+                  "(msg_max): closing the connection",
+                  t->opts.service, t->opts.worker, len, in->cap);
       client_close(c, FE_TCP_OVERSIZE);
       return work;
     }
@@ -263,7 +267,7 @@ static void client_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   (void)b;
   if (n < 0) {
     client_close(c, n == UV_EOF || n == UV_ECONNRESET ? FE_TCP_CLOSED
-                                                       : FE_TCP_ERROR);
+                                                      : FE_TCP_ERROR);
     return;
   }
   c->in_len += (uint32_t)n;
@@ -282,7 +286,7 @@ int fe_tcp_resume(struct fe_tcpsvc *t) {
   return work;
 }
 
-/* ---- output ----------------------------------------------------------------- */
+/* ---- output -------------------------------------------------------------- */
 
 static void client_on_write(uv_write_t *req, int status);
 
@@ -352,9 +356,8 @@ void fe_tcp_init(struct fe_tcpsvc *t, const struct fe_tcpsvc_opts *opts) {
 int fe_tcp_open(struct fe_tcpsvc *t) {
   const struct sockaddr_storage *addr = t->opts.addr;
   int fd, one = 1, rc;
-  socklen_t alen = addr->ss_family == AF_INET6
-                       ? sizeof(struct sockaddr_in6)
-                       : sizeof(struct sockaddr_in);
+  socklen_t alen = addr->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                               : sizeof(struct sockaddr_in);
   fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -errno;
@@ -377,8 +380,7 @@ int fe_tcp_open(struct fe_tcpsvc *t) {
     close(fd);
     return rc;
   }
-  return uv_listen((uv_stream_t *)&t->listener, FE_TCP_BACKLOG,
-                   on_connection);
+  return uv_listen((uv_stream_t *)&t->listener, FE_TCP_BACKLOG, on_connection);
 }
 
 void fe_tcp_stop_accepting(struct fe_tcpsvc *t) {

@@ -37,9 +37,9 @@ struct fe_client {
   uv_tcp_t h;
   struct fe_tcpsvc *t;
   uint32_t slot, gen;
-  uint8_t *in;                /* received, not yet dispatched */
+  uint8_t *in; /* received, not yet dispatched */
   uint32_t in_len, in_cap;
-  struct fe_outq out;         /* answers the kernel did not take yet */
+  struct fe_outq out; /* answers the kernel did not take yet */
   int reading, closing, paused;
   struct fe_client *next_paused;
 };
@@ -64,7 +64,7 @@ struct fe_tcpsvc {
   int listener_open;
   struct fe_client **clients; /* by slot; NULL = free */
   uint32_t n_slots, n_clients;
-  struct fe_client *paused;   /* clients with a frame waiting for room */
+  struct fe_client *paused; /* clients with a frame waiting for room */
   /* connections accepted and closed, by reason: read by other threads
    * (metrics.c) with relaxed loads */
   lynx_counter events[FE_TCPEV_MAX];

@@ -198,7 +198,7 @@ static uint64_t spin_budget(uint64_t est_ns, uint64_t late_ns,
 
 static int open_listener(struct fe_worker *w) {
   return w->fe->proto == FE_PROTO_TCP ? fe_tcp_open(&w->tcpsvc)
-                                       : fe_dispatcher_open_udp(&w->ingress);
+                                      : fe_dispatcher_open_udp(&w->ingress);
 }
 
 /* A socket error that another process or the host's configuration causes,
@@ -239,22 +239,26 @@ static int listen_try(struct fe_worker *w) {
     w->listen_wait_ns = 0;
     if (was && w->id == 0) {
       fe_listen_error_str(fe, was, why, sizeof(why));
-      LYNX_INFO("frontend", "service %s: listening now (the port was taken: "
-                "%s)", fe->service, why);
+      LYNX_INFO("frontend",
+                "service %s: listening now (the port was taken: "
+                "%s)",
+                fe->service, why);
     }
     return 0;
   }
   if (!bind_error(rc))
     return rc;
   __atomic_store_n(&w->listen_err, -rc, __ATOMIC_RELAXED);
-  w->listen_retry_ns = lynx_now_ns() +
-                       lynx_backoff_next(&w->listen_wait_ns, LISTEN_RETRY_MIN_NS,
-                                         LISTEN_RETRY_MAX_NS, &w->retry_seed);
+  w->listen_retry_ns =
+      lynx_now_ns() + lynx_backoff_next(&w->listen_wait_ns, LISTEN_RETRY_MIN_NS,
+                                        LISTEN_RETRY_MAX_NS, &w->retry_seed);
   if (w->id == 0) {
     fe_listen_error_str(fe, -rc, why, sizeof(why));
     if (!was)
-      LYNX_WARN("frontend", "service %s: %s; clients get no answer until it "
-                "is free (retrying every 1 s to 30 s)", fe->service, why);
+      LYNX_WARN("frontend",
+                "service %s: %s; clients get no answer until it "
+                "is free (retrying every 1 s to 30 s)",
+                fe->service, why);
     else
       LYNX_LOG_RL(LYNX_LOG_INFO, "frontend", "service %s: still %s",
                   fe->service, why);
@@ -291,8 +295,7 @@ static void run_commands(struct fe_worker *w) {
       if (c) {
         fe_rmq_remove(&w->rmq, c);
         if (cmd->kind == FE_CMD_LOST)
-          fe_rmq_down(&w->rmq, c, "its node was declared down",
-                      FE_QDROP_LOST);
+          fe_rmq_down(&w->rmq, c, "its node was declared down", FE_QDROP_LOST);
         else
           fe_rmq_down(&w->rmq, c,
                       "its agent left (its control connection closed)",
@@ -374,8 +377,7 @@ static void worker_loop(struct fe_worker *w) {
       fe_dispatcher_close_udp(&w->ingress);
       fe_tcp_stop_accepting(&w->tcpsvc);
     }
-    if (stopping &&
-        (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
+    if (stopping && (outstanding(w) == 0 || w->now_ns >= fe->stop_deadline_ns))
       break;
     if (work) {
       if (waiting) {
@@ -406,10 +408,10 @@ static void worker_loop(struct fe_worker *w) {
        * the wait keeps the whole --spin-us, then short sleeps (below):
        * sleeping at once, for a time from the estimate, cost ping-pong
        * 1.4x its p50 on the 2-core VM (docs/design.md). */
-      spin_until = last_work + (resp && !w->bell_covers
-                                    ? spin_ns
-                                    : spin_budget(resp ? est_resp : est, late,
-                                                  spin_ns));
+      spin_until =
+          last_work + (resp && !w->bell_covers
+                           ? spin_ns
+                           : spin_budget(resp ? est_resp : est, late, spin_ns));
       /* A response expected later than two wake-ups from now is slept
        * for (the bell ends the sleep if it comes early) until that much
        * before it is due, then spun for: ping-pong keeps the latency of a
@@ -457,8 +459,7 @@ static void worker_loop(struct fe_worker *w) {
         /* with a bell, until the next expiry scan, or the pre-wake */
         if (covered && armed && next_expire > w->now_ns + ns)
           ns = next_expire - w->now_ns;
-        if (covered && armed && prewake > w->now_ns &&
-            prewake - w->now_ns < ns)
+        if (covered && armed && prewake > w->now_ns && prewake - w->now_ns < ns)
           ns = prewake - w->now_ns;
       } else {
         int ms = uv_backend_timeout(&w->loop);
@@ -481,7 +482,9 @@ static void worker_loop(struct fe_worker *w) {
           spin_until = t1 + (b < spin_ns ? b : spin_ns);
         }
         lynx_cnt_add(&w->sleeps[n <= 0 ? FE_WAKE_TIMER
-                                : rang ? FE_WAKE_BELL : FE_WAKE_FD], 1);
+                                : rang ? FE_WAKE_BELL
+                                       : FE_WAKE_FD],
+                     1);
         if (n > 0 && pfd[0].revents)
           uv_next = 0; /* libuv has something: run it next pass */
         /* only sleeps that ran out tell how late a wake-up comes */
@@ -502,8 +505,10 @@ static void worker_loop(struct fe_worker *w) {
       uint32_t n = lynx_tag_release_mq(&w->tags, mq->gid, on_lost, w);
       if (n) {
         lynx_cnt_add(&mq->drops[FE_QDROP_IN_DOUBT], n);
-        LYNX_WARN("frontend", "worker %u: %u requests on mqueue %u unanswered "
-                  "at the shutdown deadline", w->id, n, mq->gid);
+        LYNX_WARN("frontend",
+                  "worker %u: %u requests on mqueue %u unanswered "
+                  "at the shutdown deadline",
+                  w->id, n, mq->gid);
       }
     }
 }
@@ -614,9 +619,11 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   w->wake.data = w;
   rc = lynx_bell_open(&w->bell);
   if (rc)
-    LYNX_INFO("frontend", "worker %u: no response doorbell (%s): it waits "
+    LYNX_INFO("frontend",
+              "worker %u: no response doorbell (%s): it waits "
               "for CPU accelerators' answers over shm spinning and on "
-              "timers", w->id, strerror(-rc));
+              "timers",
+              w->id, strerror(-rc));
   return listen_try(w);
 }
 
@@ -683,8 +690,7 @@ int fe_applied(struct frontend *fe, uint64_t seq) {
 void fe_workers_stop(struct frontend *fe) {
   if (!fe->workers_running)
     return;
-  fe->stop_deadline_ns =
-      lynx_now_ns() + (uint64_t)fe->cfg->drain_ms * 1000000u;
+  fe->stop_deadline_ns = lynx_now_ns() + (uint64_t)fe->cfg->drain_ms * 1000000u;
   __atomic_store_n(&fe->stopping, 1, __ATOMIC_RELEASE);
   for (uint32_t i = 0; fe->w && i < fe->n_w; i++)
     if (fe->w[i].started)

@@ -33,8 +33,9 @@ void lynx_desc_to_pb(const struct lynx_region_desc *d, Lynx__RegionDesc *pb) {
   pb->slot_size = d->slot_size;
   pb->slots = d->slots;
   pb->large_bytes = d->large_bytes;
-  pb->ordering = d->ordering == LYNX_ORDER_FENCED ? LYNX__ORDERING__ORDERING_FENCED
-                                                  : LYNX__ORDERING__ORDERING_COALESCED;
+  pb->ordering = d->ordering == LYNX_ORDER_FENCED
+                     ? LYNX__ORDERING__ORDERING_FENCED
+                     : LYNX__ORDERING__ORDERING_COALESCED;
   pb->key = d->key;
   pb->remote_addr = d->remote_addr;
   if (lynx_transport_id(d->transport) == LYNX_TRANSPORT_RDMA) {
@@ -77,8 +78,9 @@ int lynx_desc_from_pb(const Lynx__RegionDesc *pb, struct lynx_region_desc *d,
   d->slot_size = pb->slot_size;
   d->slots = pb->slots;
   d->large_bytes = pb->large_bytes;
-  d->ordering = pb->ordering == LYNX__ORDERING__ORDERING_FENCED ? LYNX_ORDER_FENCED
-                                                              : LYNX_ORDER_COALESCED;
+  d->ordering = pb->ordering == LYNX__ORDERING__ORDERING_FENCED
+                    ? LYNX_ORDER_FENCED
+                    : LYNX_ORDER_COALESCED;
   if (lynx_transport_id(pb->transport) == LYNX_TRANSPORT_RDMA &&
       pb->n_rkeys != LYNX_MR_COUNT) {
     snprintf(err, errlen, "accel %u: rdma descriptor carries %zu rkeys, not %d",

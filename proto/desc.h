@@ -50,10 +50,10 @@ struct lynx_region_desc {
   uint64_t region_size;
   uint64_t epoch;
   uint32_t n_mqueues, slot_size, slots;
-  uint32_t large_bytes; /* each ring's large-message area (0: none) */
-  uint32_t ordering; /* enum lynx_ordering */
-  uint64_t key;         /* tcp, rdma: the region's access key */
-  uint64_t remote_addr; /* rdma: region base in the agent */
+  uint32_t large_bytes;          /* each ring's large-message area (0: none) */
+  uint32_t ordering;             /* enum lynx_ordering */
+  uint64_t key;                  /* tcp, rdma: the region's access key */
+  uint64_t remote_addr;          /* rdma: region base in the agent */
   uint32_t rkeys[LYNX_MR_COUNT]; /* rdma: indexed by enum lynx_mr */
   /* Frontend side only, not on the wire: the frontend epoch a connection
    * presents (DispatchTable.frontend_epoch; 0: none). The agent refuses it

@@ -90,12 +90,14 @@ int lynx_hello_check(const Lynx__Hello *h, const char *token, char *err,
   const char *want = token ? token : "";
   const char *got = h->token ? h->token : "";
   if (h->proto_version != LYNX_PROTO_VERSION) {
-    snprintf(err, errlen, "protocol version %u not supported (this side speaks %u)",
+    snprintf(err, errlen,
+             "protocol version %u not supported (this side speaks %u)",
              h->proto_version, LYNX_PROTO_VERSION);
     return -EPROTO;
   }
   if (!lynx_token_equal(got, want)) {
-    snprintf(err, errlen, "%s", *want ? "wrong cluster token" : "unexpected cluster token");
+    snprintf(err, errlen, "%s",
+             *want ? "wrong cluster token" : "unexpected cluster token");
     return -EACCES;
   }
   return 0;

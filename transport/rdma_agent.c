@@ -55,7 +55,7 @@ struct ag_region {
   uint8_t *base; /* host memory, or NULL: mem (a GPU's) */
   const struct lynx_region_mem *mem;
   uint64_t key, epoch;
-  struct lynx_fence fence; /* under ag->lock; metrics read it */
+  struct lynx_fence fence;          /* under ag->lock; metrics read it */
   struct ibv_mr *mr[LYNX_MR_COUNT]; /* NULL once the device is gone */
   struct ag_region *next;
 };
@@ -114,8 +114,7 @@ static int post_recv(struct rdma_agent *ag, struct ag_conn *cn) {
 
 /* Unlinks and frees cn with its QP and CQ; returns its id, which the
  * caller destroys once every event of it is acked. */
-static struct rdma_cm_id *conn_drop(struct rdma_agent *ag,
-                                    struct ag_conn *cn) {
+static struct rdma_cm_id *conn_drop(struct rdma_agent *ag, struct ag_conn *cn) {
   struct ag_conn **pp = &ag->conns;
   struct rdma_cm_id *id = cn->id;
   while (*pp && *pp != cn)
@@ -215,7 +214,8 @@ static unsigned cut_older(struct rdma_agent *ag, struct ag_region *reg,
       continue;
     rc = cn->id->qp ? lynx__rdma_qp_err(cn->id->qp) : 0;
     if (rc)
-      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: frontend %s: cannot move "
+      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                  "agent: frontend %s: cannot move "
                   "its QP to the error state: %s (disconnecting it)",
                   cn->peer, strerror(-rc));
     rdma_destroy_id(conn_drop(ag, cn));
@@ -232,14 +232,18 @@ static int fence_request(struct rdma_agent *ag, struct ag_region *reg,
   uint64_t was = 0;
   int rc = lynx_fence_admit(&reg->fence, producer, &was, why, sizeof(why));
   if (rc < 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: refused a connection from "
-                "%s: %s", peer, why);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                "agent: refused a connection from "
+                "%s: %s",
+                peer, why);
     return rc;
   }
   if (rc == LYNX_FENCE_TAKEOVER) {
     if (lynx_fence_store(reg->base, reg->mem, producer))
-      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: region %s: cannot write "
-                  "its fence word", reg->fence.name);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                  "agent: region %s: cannot write "
+                  "its fence word",
+                  reg->fence.name);
     lynx_fence_took_over(&reg->fence, was, producer,
                          cut_older(ag, reg, producer));
   }
@@ -263,8 +267,8 @@ static struct rdma_cm_id *on_request(struct rdma_agent *ag,
     why = LYNX_RDMA_REJ_FORMAT;
   } else {
     for (struct ag_region *r = ag->regions; r && !reg; r = r->next) {
-      rc = lynx__rdma_pd_admit(req->private_data, req->private_data_len,
-                               r->key, r->epoch);
+      rc = lynx__rdma_pd_admit(req->private_data, req->private_data_len, r->key,
+                               r->epoch);
       if (rc == 0 && r->mr[0])
         reg = r;
       else if (rc == -ESTALE)
@@ -283,16 +287,18 @@ static struct rdma_cm_id *on_request(struct rdma_agent *ag,
   if (reg) {
     rc = conn_accept(ag, e->id, reg, producer, req, peer);
     if (rc == 0) {
-      LYNX_INFO("rdma", "agent: frontend %s admitted to region 0x%llx",
-                peer, (unsigned long long)(uintptr_t)reg->base);
+      LYNX_INFO("rdma", "agent: frontend %s admitted to region 0x%llx", peer,
+                (unsigned long long)(uintptr_t)reg->base);
       return NULL;
     }
     why = LYNX_RDMA_REJ_RESOURCE;
     LYNX_WARN("rdma", "agent: cannot accept frontend %s: %s", peer,
               strerror(-rc));
   }
-  LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: refused a connection from %s: "
-              "%s", peer, lynx__rdma_rej_str(why));
+  LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+              "agent: refused a connection from %s: "
+              "%s",
+              peer, lynx__rdma_rej_str(why));
   lynx__rdma_rej_encode(rej, why);
   rdma_reject(e->id, rej, sizeof(rej));
   return e->id;
@@ -320,7 +326,8 @@ static struct rdma_cm_id *on_event(struct rdma_agent *ag,
     cn->established = 0; /* nothing to disconnect */
     return conn_drop(ag, cn);
   case RDMA_CM_EVENT_DEVICE_REMOVAL:
-    LYNX_ERR("rdma", "agent: RDMA device removed: dropping every connection "
+    LYNX_ERR("rdma",
+             "agent: RDMA device removed: dropping every connection "
              "and registration; frontends cannot reach this agent's regions "
              "until it restarts");
     ag->drop_all = 1;
@@ -378,25 +385,26 @@ static int device_open(struct rdma_agent *ag, char *err, size_t errlen) {
     }
     ctx = ag->devs[0];
     if (n > 1)
-      LYNX_WARN("rdma", "agent: listening on a wildcard with %d RDMA devices: "
+      LYNX_WARN("rdma",
+                "agent: listening on a wildcard with %d RDMA devices: "
                 "regions are registered on %s only; pass the address of its "
                 "interface to serve through one device explicitly",
                 n, ibv_get_device_name(ctx->device));
   }
   rc = ibv_query_device(ctx, &ag->attr);
   if (rc) {
-    snprintf(err, errlen, "rdma transport: ibv_query_device: %s",
-             strerror(rc));
+    snprintf(err, errlen, "rdma transport: ibv_query_device: %s", strerror(rc));
     return -rc;
   }
   ag->pd = ibv_alloc_pd(ctx);
   ag->cc = ag->pd ? ibv_create_comp_channel(ctx) : NULL;
-  ag->sink_mr = ag->cc ? ibv_reg_mr(ag->pd, ag->sink, AG_SINK,
-                                  IBV_ACCESS_LOCAL_WRITE)
-                     : NULL;
+  ag->sink_mr =
+      ag->cc ? ibv_reg_mr(ag->pd, ag->sink, AG_SINK, IBV_ACCESS_LOCAL_WRITE)
+             : NULL;
   if (!ag->sink_mr || set_nonblock(ag->cc->fd)) {
     rc = errno_or(-ENOMEM);
-    snprintf(err, errlen, "rdma transport: cannot set up %s (PD, completion "
+    snprintf(err, errlen,
+             "rdma transport: cannot set up %s (PD, completion "
              "channel, receive buffer): %s",
              ibv_get_device_name(ctx->device), strerror(-rc));
     return rc;
@@ -412,20 +420,26 @@ static void conn_drain(struct rdma_agent *ag, struct ag_conn *cn) {
   struct ibv_wc wc[16];
   int wake = 0, n, budget = 2 * AG_RQ_DEPTH;
   if (ibv_req_notify_cq(cn->cq, 0))
-    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: frontend %s: cannot re-arm "
-                "its CQ", cn->peer);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                "agent: frontend %s: cannot re-arm "
+                "its CQ",
+                cn->peer);
   while (budget > 0 && (n = ibv_poll_cq(cn->cq, 16, wc)) > 0) {
     budget -= n;
     for (int i = 0; i < n; i++) {
       if (wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV) {
         wake = 1;
         if (post_recv(ag, cn))
-          LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: frontend %s: cannot "
-                      "repost a receive", cn->peer);
+          LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                      "agent: frontend %s: cannot "
+                      "repost a receive",
+                      cn->peer);
       } else if (wc[i].status != IBV_WC_SUCCESS &&
                  wc[i].status != IBV_WC_WR_FLUSH_ERR) {
-        LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "agent: frontend %s: receive "
-                    "failed: %s", cn->peer, ibv_wc_status_str(wc[i].status));
+        LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                    "agent: frontend %s: receive "
+                    "failed: %s",
+                    cn->peer, ibv_wc_status_str(wc[i].status));
       }
     }
   }
@@ -520,8 +534,10 @@ static int listen_on(struct rdma_agent *ag, struct sockaddr_storage *ss,
   if (rdma_bind_addr(ag->listen, (struct sockaddr *)ss) ||
       rdma_listen(ag->listen, AG_BACKLOG)) {
     int rc = errno_or(-EADDRNOTAVAIL);
-    snprintf(err, errlen, "rdma transport: cannot listen: %s (is the "
-             "address on an RDMA device's interface?)", strerror(-rc));
+    snprintf(err, errlen,
+             "rdma transport: cannot listen: %s (is the "
+             "address on an RDMA device's interface?)",
+             strerror(-rc));
     return rc;
   }
   if (ss->ss_family == AF_INET)
@@ -539,14 +555,17 @@ int lynx__rdma_agent_start(const struct lynx_transport_ops *ops,
   struct rdma_agent *ag;
   int rc;
   if (lynx__rdma_device_count() == 0) {
-    snprintf(err, errlen, "rdma transport: no RDMA device found "
+    snprintf(err, errlen,
+             "rdma transport: no RDMA device found "
              "(ibv_get_device_list returned none); use --transport tcp, or "
              "add SoftRoCE: rdma link add rxe0 type rxe netdev IFACE");
     return -ENODEV;
   }
   if (lynx_parse_hostport(o->listen, &ss)) {
-    snprintf(err, errlen, "rdma transport: bad listen address '%s' "
-             "(expected host:port)", o->listen);
+    snprintf(err, errlen,
+             "rdma transport: bad listen address '%s' "
+             "(expected host:port)",
+             o->listen);
     return -EINVAL;
   }
   /* the receive sink inside is 64-byte aligned */
@@ -583,8 +602,7 @@ int lynx__rdma_agent_start(const struct lynx_transport_ops *ops,
     free(ag);
     return rc;
   }
-  lynx_fmt_addr((struct sockaddr *)&ss, ag->base.bound,
-                sizeof(ag->base.bound));
+  lynx_fmt_addr((struct sockaddr *)&ss, ag->base.bound, sizeof(ag->base.bound));
   ag->running = 1;
   pthread_mutex_unlock(&ag->lock);
   LYNX_INFO("rdma", "agent: listening on %s (device %s)", ag->base.bound,
@@ -602,8 +620,7 @@ void lynx__rdma_agent_destroy(struct lynx_transport_agent *a) {
   ag = container_of(a, struct rdma_agent, base);
   if (ag->running) {
     if (write(ag->stop_fd, &one, sizeof(one)) != sizeof(one))
-      LYNX_ERR("rdma", "agent: cannot stop the CM thread: %s",
-               strerror(errno));
+      LYNX_ERR("rdma", "agent: cannot stop the CM thread: %s", strerror(errno));
     else
       pthread_join(ag->thread, NULL);
     pthread_mutex_lock(&ag->lock);
@@ -616,7 +633,7 @@ void lynx__rdma_agent_destroy(struct lynx_transport_agent *a) {
   pthread_mutex_unlock(&ag->lock);
   if (kept) { /* their region_free still takes the lock */
     LYNX_WARN("rdma", "agent: transport stopped with regions still exported: "
-              "its handle stays for their region_free");
+                      "its handle stays for their region_free");
     return;
   }
   pthread_mutex_destroy(&ag->lock);
@@ -649,8 +666,7 @@ static int region_reg(struct rdma_agent *ag, struct ag_region *reg,
    * resumes the RX rings after the requests still published there) */
   const int access[LYNX_MR_COUNT] = {
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
-      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-          IBV_ACCESS_REMOTE_READ,
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
   };
   for (int i = 0; i < LYNX_MR_COUNT; i++) {
@@ -661,16 +677,16 @@ static int region_reg(struct rdma_agent *ag, struct ag_region *reg,
       int rc = reg->mem->reg_mr(reg->mem->ctx, ag->pd, from[i], to[i] - from[i],
                                 access[i], &mr, why, sizeof(why));
       if (rc) {
-        LYNX_ERR("rdma", "agent: cannot register %s memory: %s",
-                 reg->mem->kind, why);
+        LYNX_ERR("rdma", "agent: cannot register %s memory: %s", reg->mem->kind,
+                 why);
         region_dereg(reg);
         return rc;
       }
       reg->mr[i] = mr;
       continue;
     }
-    reg->mr[i] = ibv_reg_mr(ag->pd, reg->base + from[i], to[i] - from[i],
-                            access[i]);
+    reg->mr[i] =
+        ibv_reg_mr(ag->pd, reg->base + from[i], to[i] - from[i], access[i]);
     if (!reg->mr[i]) {
       int rc = errno_or(-ENOMEM);
       region_dereg(reg);

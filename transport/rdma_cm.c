@@ -144,8 +144,8 @@ int lynx__rdma_qp_err(struct ibv_qp *qp) {
 
 const char *lynx__rdma_cm_state_str(enum lynx__rdma_cm_state s) {
   static const char *const n[LYNX_RCM_STATE_COUNT] = {
-      "IDLE",       "ADDR_RESOLVING", "ROUTE_RESOLVING", "CONNECTING",
-      "ESTABLISHED", "DISCONNECTED",  "FAILED",
+      "IDLE",        "ADDR_RESOLVING", "ROUTE_RESOLVING", "CONNECTING",
+      "ESTABLISHED", "DISCONNECTED",   "FAILED",
   };
   return (unsigned)s < LYNX_RCM_STATE_COUNT ? n[s] : "?";
 }

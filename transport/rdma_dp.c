@@ -38,7 +38,7 @@
 #define STAGE_MAX (4u << 20)
 #define BOUNCE_MIN (64u << 10)
 #define BOUNCE_MAX (4u << 20)
-#define AREA_ALIGN 64u   /* cache line: the NIC's DMA never shares one */
+#define AREA_ALIGN 64u /* cache line: the NIC's DMA never shares one */
 #define RING_MAX 16384u
 #define REAP_BATCH 16
 
@@ -126,8 +126,8 @@ static void complete_upto(struct lynx__rdma_conn *c, uint64_t seq) {
 static int on_wc(struct lynx__rdma_conn *c, const struct ibv_wc *wc) {
   uint64_t seq = wc->wr_id;
   int known = seq >= c->sq_head && seq < c->sq_posted;
-  const char *what = known ? kind_str(c->ring[seq & c->ring_mask].kind)
-                           : "unknown WR";
+  const char *what =
+      known ? kind_str(c->ring[seq & c->ring_mask].kind) : "unknown WR";
   if (wc->status != IBV_WC_SUCCESS) {
     /* only wr_id, status and vendor_err are valid in a failed completion:
      * the opcode comes from our own record */
@@ -162,8 +162,10 @@ static int reap(struct lynx__rdma_conn *c) {
   while (budget > 0) {
     int n = ibv_poll_cq(c->cq, REAP_BATCH, wc);
     if (n < 0) {
-      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "%s: ibv_poll_cq failed (%d); "
-                  "connection dead", c->name, n);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                  "%s: ibv_poll_cq failed (%d); "
+                  "connection dead",
+                  c->name, n);
       return set_dead(c, -EIO);
     }
     for (int i = 0; i < n; i++) {
@@ -201,8 +203,10 @@ static int post_pending(struct lynx__rdma_conn *c) {
   rc = rc > 0 ? rc : EIO;
   if (rc == ENOMEM)
     return -ENOBUFS; /* the provider's queue is fuller than we count */
-  LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "%s: ibv_post_send failed: %s; "
-              "connection dead", c->name, strerror(rc));
+  LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+              "%s: ibv_post_send failed: %s; "
+              "connection dead",
+              c->name, strerror(rc));
   return set_dead(c, -EIO);
 }
 
@@ -321,8 +325,8 @@ int lynx__rdma_writev(struct lynx_tconn *tc, uint64_t off,
   return 0;
 }
 
-int lynx__rdma_read(struct lynx_tconn *tc, uint64_t off, void *dst,
-                    size_t len, uint64_t wr_id) {
+int lynx__rdma_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
+                    uint64_t wr_id) {
   struct lynx__rdma_conn *c = container_of(tc, struct lynx__rdma_conn, base);
   struct lynx__rdma_wr *w;
   uint64_t bpos = 0;
@@ -406,7 +410,8 @@ int lynx__rdma_conn_new(const struct lynx_transport_ops *ops,
                         struct lynx__rdma_conn **out) {
   struct lynx__rdma_conn *c;
   struct lynx_geom g;
-  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes) ||
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size,
+                     d->large_bytes) ||
       g.region_size != d->region_size)
     return -EINVAL;
   c = calloc(1, sizeof(*c));
@@ -418,8 +423,7 @@ int lynx__rdma_conn_new(const struct lynx_transport_ops *ops,
   c->cm = LYNX_RCM_IDLE;
   c->epfd = -1;
   c->efd = -1;
-  snprintf(c->name, sizeof(c->name), "accel %u at %s", d->accel_id,
-           d->locator);
+  snprintf(c->name, sizeof(c->name), "accel %u at %s", d->accel_id, d->locator);
   *out = c;
   return 0;
 }
@@ -448,8 +452,8 @@ int lynx__rdma_dp_init(struct lynx__rdma_conn *c,
   c->bounce = a->buf + a->stage_size;
   c->bounce_size = a->bounce_size;
   c->sq_cap = a->sq_depth;
-  c->max_inline =
-      a->max_inline < LYNX_RDMA_INLINE_BUF ? a->max_inline : LYNX_RDMA_INLINE_BUF;
+  c->max_inline = a->max_inline < LYNX_RDMA_INLINE_BUF ? a->max_inline
+                                                       : LYNX_RDMA_INLINE_BUF;
   /* a period above sq_cap is fine: the WR that fills the queue is
    * signalled whatever the period */
   c->signal_every = a->signal_every ? a->signal_every : LYNX_RDMA_SIGNAL_EVERY;

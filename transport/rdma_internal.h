@@ -88,13 +88,13 @@ int lynx__rdma_pd_admit(const void *buf, size_t len, uint64_t key,
 /* ---- frontend connection manager state machine ----------------------- */
 
 enum lynx__rdma_cm_state {
-  LYNX_RCM_IDLE = 0,         /* id created, nothing asked yet */
-  LYNX_RCM_ADDR_RESOLVING,   /* rdma_resolve_addr issued */
-  LYNX_RCM_ROUTE_RESOLVING,  /* rdma_resolve_route issued */
-  LYNX_RCM_CONNECTING,       /* QP created, rdma_connect issued */
-  LYNX_RCM_ESTABLISHED,      /* data path usable */
-  LYNX_RCM_DISCONNECTED,     /* was up, now down: terminal, close it */
-  LYNX_RCM_FAILED,           /* never came up: terminal, close it */
+  LYNX_RCM_IDLE = 0,        /* id created, nothing asked yet */
+  LYNX_RCM_ADDR_RESOLVING,  /* rdma_resolve_addr issued */
+  LYNX_RCM_ROUTE_RESOLVING, /* rdma_resolve_route issued */
+  LYNX_RCM_CONNECTING,      /* QP created, rdma_connect issued */
+  LYNX_RCM_ESTABLISHED,     /* data path usable */
+  LYNX_RCM_DISCONNECTED,    /* was up, now down: terminal, close it */
+  LYNX_RCM_FAILED,          /* never came up: terminal, close it */
   LYNX_RCM_STATE_COUNT,
 };
 
@@ -123,10 +123,10 @@ const char *lynx__rdma_cm_state_str(enum lynx__rdma_cm_state s);
 
 /* ---- frontend data path ---------------------------------------------- */
 
-#define LYNX_RDMA_SQ_DEPTH 256u     /* send queue entries requested */
-#define LYNX_RDMA_INLINE 220u       /* max_inline_data requested */
-#define LYNX_RDMA_INLINE_BUF 256u   /* per-WR copy of an inline payload */
-#define LYNX_RDMA_SIGNAL_EVERY 32u  /* selective signalling period */
+#define LYNX_RDMA_SQ_DEPTH 256u    /* send queue entries requested */
+#define LYNX_RDMA_INLINE 220u      /* max_inline_data requested */
+#define LYNX_RDMA_INLINE_BUF 256u  /* per-WR copy of an inline payload */
+#define LYNX_RDMA_SIGNAL_EVERY 32u /* selective signalling period */
 
 enum lynx__rdma_wr_kind {
   LYNX_RWR_WRITE = 1,
@@ -144,7 +144,7 @@ struct lynx__rdma_wr {
   uint8_t *bounce;     /* read: where the NIC puts the data */
   void *dst;           /* read: where the caller wants it */
   uint32_t len;
-  uint64_t user_id;    /* read: the caller's wr_id */
+  uint64_t user_id; /* read: the caller's wr_id */
   uint8_t kind;
   uint8_t inl[LYNX_RDMA_INLINE_BUF] __attribute__((aligned(8)));
 };
@@ -153,12 +153,12 @@ struct lynx__rdma_wr {
 struct lynx__rdma_attach {
   struct ibv_qp *qp;
   struct ibv_cq *cq;
-  uint8_t *buf;         /* stage_size + bounce_size bytes, registered */
-  uint32_t lkey;        /* of buf */
-  size_t stage_size;    /* gather copies of non-inline writes */
-  size_t bounce_size;   /* landing area of reads */
-  uint32_t sq_depth;    /* the QP's max_send_wr (the CQ holds as many) */
-  uint32_t max_inline;  /* the QP's max_inline_data */
+  uint8_t *buf;          /* stage_size + bounce_size bytes, registered */
+  uint32_t lkey;         /* of buf */
+  size_t stage_size;     /* gather copies of non-inline writes */
+  size_t bounce_size;    /* landing area of reads */
+  uint32_t sq_depth;     /* the QP's max_send_wr (the CQ holds as many) */
+  uint32_t max_inline;   /* the QP's max_inline_data */
   uint32_t signal_every; /* 0: LYNX_RDMA_SIGNAL_EVERY */
 };
 
@@ -174,15 +174,15 @@ struct lynx__rdma_conn {
   uint8_t *stage, *bounce;
   uint64_t stage_size, stage_head, stage_tail, stage_mark;
   uint64_t bounce_size, bounce_head, bounce_tail;
-  struct lynx__rdma_wr *ring;   /* ring_mask + 1 entries */
-  uint64_t sq_head;   /* oldest WR not known complete */
-  uint64_t sq_posted; /* first WR not handed to the NIC */
-  uint64_t sq_tail;   /* next WR to build */
-  uint32_t unsignalled; /* WRs built since the last signalled one */
-  uint64_t *done;     /* completed reads' ids, not yet reported */
+  struct lynx__rdma_wr *ring; /* ring_mask + 1 entries */
+  uint64_t sq_head;           /* oldest WR not known complete */
+  uint64_t sq_posted;         /* first WR not handed to the NIC */
+  uint64_t sq_tail;           /* next WR to build */
+  uint32_t unsignalled;       /* WRs built since the last signalled one */
+  uint64_t *done;             /* completed reads' ids, not yet reported */
   uint32_t done_head, done_tail, reads_held;
-  int dead;           /* 0, or the -errno every call returns from now on */
-  uint64_t posts;     /* ibv_post_send calls (doorbells) */
+  int dead;       /* 0, or the -errno every call returns from now on */
+  uint64_t posts; /* ibv_post_send calls (doorbells) */
 
   /* connection manager; NULL/0 for a lynx__rdma_attach'ed test connection */
   enum lynx__rdma_cm_state cm;
@@ -197,8 +197,8 @@ struct lynx__rdma_conn {
    * and a self-wake eventfd; -1 when there is none (then -ENOTSUP) */
   struct ibv_comp_channel *cc;
   int epfd, efd;
-  int armed;  /* ibv_req_notify_cq since the last CQ event */
-  int woken;  /* efd was written: poll clears it */
+  int armed; /* ibv_req_notify_cq since the last CQ event */
+  int woken; /* efd was written: poll clears it */
 };
 
 /* Sizes of the staging and bounce areas for a region of geometry g. */
@@ -232,8 +232,8 @@ void lynx__rdma_conn_cm_event(struct lynx__rdma_conn *c,
 
 int lynx__rdma_writev(struct lynx_tconn *tc, uint64_t off,
                       const struct iovec *iov, int iovcnt, unsigned flags);
-int lynx__rdma_read(struct lynx_tconn *tc, uint64_t off, void *dst,
-                    size_t len, uint64_t wr_id);
+int lynx__rdma_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
+                    uint64_t wr_id);
 int lynx__rdma_flush(struct lynx_tconn *tc);
 int lynx__rdma_poll_cq(struct lynx__rdma_conn *c, uint64_t *ids, int max);
 int lynx__rdma_notify(struct lynx_tconn *tc);

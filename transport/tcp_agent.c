@@ -46,9 +46,7 @@ static void srv_on_wake(uv_async_t *a) {
   }
 }
 
-static void srv_on_sweep(uv_timer_t *t) {
-  lynx__tcp_srv_sweep(t->data);
-}
+static void srv_on_sweep(uv_timer_t *t) { lynx__tcp_srv_sweep(t->data); }
 
 static void *srv_main(void *arg) {
   struct tcp_agent *srv = arg;
@@ -65,8 +63,10 @@ int lynx__tcp_agent_start(const struct lynx_transport_ops *ops,
   struct tcp_agent *srv;
   int len = sizeof(ss), rc;
   if (lynx_parse_hostport(o->listen, &ss)) {
-    snprintf(err, errlen, "tcp transport: bad listen address '%s' "
-             "(expected host:port)", o->listen);
+    snprintf(err, errlen,
+             "tcp transport: bad listen address '%s' "
+             "(expected host:port)",
+             o->listen);
     return -EINVAL;
   }
   srv = calloc(1, sizeof(*srv));
@@ -87,8 +87,7 @@ int lynx__tcp_agent_start(const struct lynx_transport_ops *ops,
   srv->listener.data = srv->wake.data = srv->sweep.data = srv;
   rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
   if (!rc)
-    rc = uv_listen((uv_stream_t *)&srv->listener, 256,
-                   lynx__tcp_srv_on_conn);
+    rc = uv_listen((uv_stream_t *)&srv->listener, 256, lynx__tcp_srv_on_conn);
   if (!rc)
     rc = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &len);
   if (rc) {
@@ -158,7 +157,7 @@ void lynx__tcp_agent_destroy(struct lynx_transport_agent *a) {
   pthread_mutex_unlock(&srv->lock);
   if (kept) { /* their region_free still takes the lock */
     LYNX_WARN("tcp", "agent: transport stopped with regions still exported: "
-              "its handle stays for their region_free");
+                     "its handle stays for their region_free");
     return;
   }
   pthread_mutex_destroy(&srv->lock);
@@ -193,7 +192,8 @@ int lynx__tcp_region_export(struct lynx_region *r) {
   if (!ex)
     return -ENOMEM;
   if (h.magic != LYNX_REGION_MAGIC ||
-      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size, h.large_bytes) ||
+      lynx_geom_init(&ex->g, h.n_mqueues, h.slots, h.slot_size,
+                     h.large_bytes) ||
       ex->g.region_size > r->size) {
     free(ex);
     return -EINVAL;
@@ -236,8 +236,8 @@ void lynx__tcp_region_free(struct lynx_region *r) {
     pthread_mutex_unlock(&srv->lock);
     if (srv->running)
       uv_async_send(&srv->wake); /* close its connections */
-    lynx__tcp_export_put(ex);  /* memory goes with the last connection */
-                         } else if (r->mem) {
+    lynx__tcp_export_put(ex);    /* memory goes with the last connection */
+  } else if (r->mem) {
     r->mem->release(r->mem->ctx);
   } else if (r->base) {
     munmap(r->base, r->size);

@@ -32,7 +32,7 @@
 
 #define TCP_HELLO_MIN 32u /* version 2's HELLO: magic and version in it */
 #define TCP_SRV_OUT_MAX (16u << 20) /* queued replies before reading stops */
-#define TCP_HELLO_MS 5000            /* a connection must say hello */
+#define TCP_HELLO_MS 5000           /* a connection must say hello */
 
 struct srv_conn {
   uv_tcp_t tcp;
@@ -43,15 +43,15 @@ struct srv_conn {
   struct tcp_export *cand;
   struct tcp_hello hello;
   uint8_t nonce[LYNX_TCP_NONCE];
-  uint64_t producer;     /* its frontend epoch, admitted by ex->fence */
+  uint64_t producer; /* its frontend epoch, admitted by ex->fence */
   struct tcp_buf in;
-  struct tcp_buf out;    /* replies not yet handed to the kernel */
+  struct tcp_buf out; /* replies not yet handed to the kernel */
   uv_write_t wreq;
-  uint8_t *wbuf;         /* bytes of the write in flight */
+  uint8_t *wbuf; /* bytes of the write in flight */
   int writing, reading, closing;
-  int admitted;          /* counted by srv->guard */
-  int authed;            /* proved the key (admitted, or fenced): the guard
-                            counts it authenticated, also when it closes */
+  int admitted;               /* counted by srv->guard */
+  int authed;                 /* proved the key (admitted, or fenced): the guard
+                                 counts it authenticated, also when it closes */
   struct lynx_guard_src *src; /* its source's record there, or NULL */
   /* a refused HELLO whose answer is held back (a source backed off for
    * wrong keys): sent and closed at refuse_at_ns */
@@ -61,10 +61,10 @@ struct srv_conn {
   /* the batch of the read() being served (device memory with batch ops):
    * reads whose replies have their space in out, filled after the flush */
   struct srv_pending {
-    size_t at;          /* the reply's bytes, from out.head */
-    const void *bytes;  /* the memory's staged copy */
+    size_t at;         /* the reply's bytes, from out.head */
+    const void *bytes; /* the memory's staged copy */
     uint32_t len;
-  } *pend;
+  } * pend;
   size_t npend, pend_cap;
   int batched; /* batch ops made since the last flush */
   struct srv_conn *next;
@@ -219,8 +219,7 @@ static int srv_batch_end(struct srv_conn *c) {
  * batch's end. A read the memory cannot stage in this batch ends it first;
  * one it cannot stage at all is copied on its own (mem->read, ordered after
  * the batch's writes as well). 0 or -errno. */
-static int srv_fill(struct srv_conn *c, uint64_t off, uint32_t len,
-                    size_t at) {
+static int srv_fill(struct srv_conn *c, uint64_t off, uint32_t len, size_t at) {
   const struct lynx_region_mem *m = c->ex->mem;
   uint8_t *dst = c->out.p + c->out.head + at;
   const void *bytes = NULL;
@@ -310,9 +309,10 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
     const uint8_t *e = p + TXR_HDR + (size_t)i * TXR_ENT;
     if (lynx__tcp_get32(e) >= g->n_mqueues ||
         lynx__tcp_get32(e + 8) > g->slots || lynx__tcp_get32(e + 12)) {
-      snprintf(why, wl, "compound read of %u slots of mqueue %u: outside "
-               "the region's TX rings", lynx__tcp_get32(e + 8),
-               lynx__tcp_get32(e));
+      snprintf(why, wl,
+               "compound read of %u slots of mqueue %u: outside "
+               "the region's TX rings",
+               lynx__tcp_get32(e + 8), lynx__tcp_get32(e));
       return -EFAULT;
     }
     worst += 4 + (uint64_t)lynx__tcp_get32(e + 8) * g->slot_size;
@@ -323,7 +323,7 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
     return -EMSGSIZE;
   }
   if (lynx__tcp_buf_reserve(&c->out, TCP_HDR + worst,
-                  TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)) {
+                            TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)) {
     snprintf(why, wl, "reply buffer full");
     return -ENOBUFS;
   }
@@ -353,8 +353,8 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
     for (uint32_t done = 0; !rc && done < n;) {
       uint32_t pos = (from + done) & (g->slots - 1);
       uint32_t k = g->slots - pos < n - done ? g->slots - pos : n - done;
-      rc = srv_fill(c, ring + (uint64_t)pos * g->slot_size,
-                    k * g->slot_size, base + at);
+      rc = srv_fill(c, ring + (uint64_t)pos * g->slot_size, k * g->slot_size,
+                    base + at);
       at += (size_t)k * g->slot_size;
       done += k;
     }
@@ -394,10 +394,14 @@ static int srv_fence(struct srv_conn *c, struct tcp_export *ex,
   if (rc != LYNX_FENCE_TAKEOVER)
     return 0;
   if (lynx_fence_store(ex->base, ex->mem, producer))
-    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "region %s: cannot write its fence "
-                "word", ex->fence.name);
-  snprintf(note, sizeof(note), "fenced: frontend epoch %llu took this region "
-           "over", (unsigned long long)producer);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
+                "region %s: cannot write its fence "
+                "word",
+                ex->fence.name);
+  snprintf(note, sizeof(note),
+           "fenced: frontend epoch %llu took this region "
+           "over",
+           (unsigned long long)producer);
   for (struct srv_conn *o = c->srv->conns; o; o = o->next)
     if (o != c && o->ex == ex && !o->closing && o->producer < producer) {
       srv_cut(o, note);
@@ -428,16 +432,20 @@ static int srv_answer(struct srv_conn *c, struct tcp_export *ex, int err,
     lynx_guard_auth_ok(&c->srv->guard, c->src);
     c->authed = 1;
     if (fenced)
-      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: "
-                  "%s", c->peer, why);
+      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
+                  "data connection from %s refused: "
+                  "%s",
+                  c->peer, why);
     return -err;
   }
   {
     uint64_t now = lynx_now_ns();
     uint64_t hold = lynx_guard_auth_failed(&c->srv->guard, c->src, now);
     LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: %s%s",
-                c->peer, why, hold ? " (answer held back: this address keeps "
-                "presenting wrong credentials)" : "");
+                c->peer, why,
+                hold ? " (answer held back: this address keeps "
+                       "presenting wrong credentials)"
+                     : "");
     if (hold) {
       c->refuse_at_ns = now + hold;
       return -EAGAIN;
@@ -457,9 +465,10 @@ static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
   memcpy(&m, p, h->len < sizeof(m) ? h->len : sizeof(m));
   /* the version first: a peer of another one hears that, not a length */
   if (le32toh(m.magic) != TCP_MAGIC || le16toh(m.version) != TCP_VERSION) {
-    snprintf(why, sizeof(why), "bad magic 0x%08x or version %u (this agent "
-             "speaks %u: the versions differ)", le32toh(m.magic),
-             le16toh(m.version), TCP_VERSION);
+    snprintf(why, sizeof(why),
+             "bad magic 0x%08x or version %u (this agent "
+             "speaks %u: the versions differ)",
+             le32toh(m.magic), le16toh(m.version), TCP_VERSION);
     return srv_answer(c, NULL, EPROTO, 0, why);
   }
   if (h->len != sizeof(m)) {
@@ -471,7 +480,8 @@ static int srv_hello(struct srv_conn *c, const struct tcp_hdr *h,
   ex = export_get(c->srv, le64toh(m.id));
   pthread_mutex_unlock(&c->srv->lock);
   if (!ex)
-    return srv_answer(c, NULL, ENOENT, 0, "no region with this id (the "
+    return srv_answer(c, NULL, ENOENT, 0,
+                      "no region with this id (the "
                       "agent restarted or the instance stopped: stale "
                       "descriptor)");
   if (getrandom(c->nonce, sizeof(c->nonce), 0) != (ssize_t)sizeof(c->nonce))
@@ -493,7 +503,8 @@ static int srv_proof(struct srv_conn *c, const uint8_t *p) {
   c->cand = NULL;
   if (lynx__tcp_proof(ex->key, c->nonce, m, sizeof(*m), want) ||
       !lynx__ct_equal(want, p, sizeof(want))) {
-    snprintf(why, sizeof(why), "wrong region key (its proof of the key "
+    snprintf(why, sizeof(why),
+             "wrong region key (its proof of the key "
              "does not verify)");
     err = EACCES;
   } else if (ex->epoch != le64toh(m->epoch)) {
@@ -514,22 +525,25 @@ static int srv_proof(struct srv_conn *c, const uint8_t *p) {
 }
 
 /* Applies one operation; a reason in why when the connection must close. */
-static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
-                  const uint8_t *p, int *wrote, char *why, size_t wl) {
+static int srv_op(struct srv_conn *c, const struct tcp_hdr *h, const uint8_t *p,
+                  int *wrote, char *why, size_t wl) {
   struct tcp_export *ex = c->ex;
   if (h->op == OP_WRITE) {
     int cls = lynx_region_class(&ex->g, h->off, h->len);
     if (cls != LYNX_MR_WRITE) {
       snprintf(why, wl, "write of %u bytes at %llu %s", h->len,
                (unsigned long long)h->off,
-               cls < 0 ? "outside the region" : "outside fctrl and the RX rings");
+               cls < 0 ? "outside the region"
+                       : "outside fctrl and the RX rings");
       return -EFAULT;
     }
     if (h->flags & F_PUBLISH) {
       uint32_t last;
       if (h->len < 4 || ((h->off + h->len) & 3)) {
-        snprintf(why, wl, "publishing write of %u bytes at %llu is not "
-                 "word-aligned", h->len, (unsigned long long)h->off);
+        snprintf(why, wl,
+                 "publishing write of %u bytes at %llu is not "
+                 "word-aligned",
+                 h->len, (unsigned long long)h->off);
         return -EPROTO;
       }
       if (ex->mem && ex->mem->write_start) {
@@ -546,8 +560,8 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
         /* ordered copies: the last word lands after the rest */
         int rc = ex->mem->write(ex->mem->ctx, h->off, p, h->len - 4);
         if (!rc)
-          rc = ex->mem->write(ex->mem->ctx, h->off + h->len - 4,
-                              p + h->len - 4, 4);
+          rc = ex->mem->write(ex->mem->ctx, h->off + h->len - 4, p + h->len - 4,
+                              4);
         if (rc) {
           snprintf(why, wl, "%s memory write failed: %s", ex->mem->kind,
                    strerror(-rc));
@@ -580,15 +594,18 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h,
   }
   if (h->op == OP_READ) {
     if (lynx_bounds_ok(ex->size, h->off, h->len)) {
-      snprintf(why, wl, "read of %u bytes at %llu outside the %llu-byte "
-               "region", h->len, (unsigned long long)h->off,
+      snprintf(why, wl,
+               "read of %u bytes at %llu outside the %llu-byte "
+               "region",
+               h->len, (unsigned long long)h->off,
                (unsigned long long)ex->size);
       return -EFAULT;
     }
     int rc = srv_reply(c, OP_READ_RESP, h->off, h->wr_id, NULL, h->len);
     if (rc) {
-      snprintf(why, wl, rc == -ENOBUFS ? "reply buffer full"
-                                       : "%s memory read failed: %s",
+      snprintf(why, wl,
+               rc == -ENOBUFS ? "reply buffer full"
+                              : "%s memory read failed: %s",
                ex->mem ? ex->mem->kind : "region", strerror(-rc));
       return rc;
     }
@@ -606,8 +623,9 @@ static void srv_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
    * peer that has not shown a key */
   size_t want = c->ex ? 65536 : TCP_HDR + sizeof(struct tcp_hello);
   (void)hint;
-  if (lynx__tcp_buf_reserve(&c->in, want, c->ex ? TCP_OP_MAX + TCP_HDR + 65536
-                                      : 2 * (TCP_HDR + sizeof(struct tcp_hello)))) {
+  if (lynx__tcp_buf_reserve(&c->in, want,
+                            c->ex ? TCP_OP_MAX + TCP_HDR + 65536
+                                  : 2 * (TCP_HDR + sizeof(struct tcp_hello)))) {
     *b = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
     return;
   }
@@ -665,7 +683,7 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     if (c->in.len - c->in.head < need) {
       /* make room for the whole frame, then wait for it */
       if (lynx__tcp_buf_reserve(&c->in, need - (c->in.len - c->in.head),
-                      TCP_OP_MAX + TCP_HDR + 65536))
+                                TCP_OP_MAX + TCP_HDR + 65536))
         snprintf(why, sizeof(why), "no memory for a %u-byte frame", h.len);
       break;
     }
@@ -734,11 +752,12 @@ void lynx__tcp_srv_on_conn(uv_stream_t *l, int status) {
     enum lynx_guard_refusal r =
         lynx_guard_admit(&srv->guard, &ss, c->since_ns, &c->src);
     if (r != LYNX_GUARD_ADMIT) {
-      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s refused: "
+      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
+                  "data connection from %s refused: "
                   "%s (caps: %u connections, %u not authenticated, %u of "
-                  "those per address)", c->peer, lynx_guard_reason_names[r],
-                  srv->guard.conn_max, srv->guard.unauth_max,
-                  srv->guard.per_source);
+                  "those per address)",
+                  c->peer, lynx_guard_reason_names[r], srv->guard.conn_max,
+                  srv->guard.unauth_max, srv->guard.per_source);
       srv_close(c, NULL);
       return;
     }

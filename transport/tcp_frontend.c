@@ -29,8 +29,8 @@
 #include "transport.h"
 #include "util.h"
 
-#define TCP_OUT_MAX (32u << 20)      /* unsent bytes before -ENOBUFS */
-#define TCP_READS_MAX 4096u          /* reads in flight */
+#define TCP_OUT_MAX (32u << 20) /* unsent bytes before -ENOBUFS */
+#define TCP_READS_MAX 4096u     /* reads in flight */
 #define TCP_CONNECT_MS 1500
 
 struct pending_read {
@@ -50,7 +50,7 @@ struct tcp_conn {
   struct tcp_buf in;  /* received, not yet parsed */
   struct pending_read *reads;
   uint32_t r_head, r_tail; /* FIFO of reads in flight, TCP_READS_MAX */
-  int dead; /* 0, or the -errno every call returns from now on */
+  int dead;                /* 0, or the -errno every call returns from now on */
 };
 
 static int errno_dead(int e) {
@@ -69,8 +69,8 @@ static int tc_dead(struct tcp_conn *c, int err) {
   if (c->dead)
     return c->dead;
   while (!lynx__tcp_buf_reserve(&c->in, 4096, TCP_OP_MAX + TCP_HDR + 65536)) {
-    ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len,
-                     MSG_DONTWAIT);
+    ssize_t k =
+        recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len, MSG_DONTWAIT);
     if (k <= 0 && !(k < 0 && errno == EINTR))
       break;
     if (k > 0)
@@ -190,9 +190,12 @@ static int tc_handshake(struct tcp_conn *c, const struct lynx_region_desc *d,
   uint8_t hdr[TCP_HDR];
   uint8_t regionhdr[sizeof(struct lynx_region_hdr)];
   char why[257], err[256];
-  struct tcp_hello m = {htole32(TCP_MAGIC), htole16(TCP_VERSION), 0,
+  struct tcp_hello m = {htole32(TCP_MAGIC),
+                        htole16(TCP_VERSION),
+                        0,
                         htole64(lynx__tcp_region_id(d->key)),
-                        htole64(d->epoch), htole64(d->region_size),
+                        htole64(d->epoch),
+                        htole64(d->region_size),
                         htole64(d->producer)};
   struct tcp_hdr h;
   int rc;
@@ -270,8 +273,8 @@ int lynx__tcp_conn_open(const struct lynx_transport_ops *ops,
   c->base.desc = *d;
   c->fd = -1;
   c->reads = calloc(TCP_READS_MAX, sizeof(*c->reads));
-  if (!c->reads ||
-      lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes)) {
+  if (!c->reads || lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size,
+                                  d->large_bytes)) {
     rc = c->reads ? -EINVAL : -ENOMEM;
     goto fail;
   }
@@ -471,8 +474,9 @@ int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
         return tc_dead(c, -ECONNRESET);
       if (h.wr_id != r->wr_id ||
           (r->compound ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
-                 : h.op != OP_READ_RESP || h.len != r->len)) {
-        LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: reply out of step (op %u, "
+                       : h.op != OP_READ_RESP || h.len != r->len)) {
+        LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
+                    "%s: reply out of step (op %u, "
                     "%u bytes, expected a %u-byte read)",
                     c->base.desc.locator, h.op, h.len, r->len);
         return -EPROTO;
@@ -480,7 +484,7 @@ int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
       if (c->in.len - c->in.head < TCP_HDR + (size_t)h.len) {
         rc = lynx__tcp_buf_reserve(&c->in,
                                    TCP_HDR + h.len - (c->in.len - c->in.head),
-                         TCP_OP_MAX + TCP_HDR + 65536);
+                                   TCP_OP_MAX + TCP_HDR + 65536);
         if (rc)
           return rc;
         break;
@@ -488,9 +492,10 @@ int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
       if (!r->compound) {
         memcpy(r->dst, c->in.p + c->in.head + TCP_HDR, h.len);
       } else if (tc_take_tx(c, r, c->in.p + c->in.head + TCP_HDR, h.len)) {
-        LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: compound reply of %u bytes "
-                    "does not match its request", c->base.desc.locator,
-                    h.len);
+        LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
+                    "%s: compound reply of %u bytes "
+                    "does not match its request",
+                    c->base.desc.locator, h.len);
         return -EPROTO;
       }
       c->in.head += TCP_HDR + h.len;
@@ -503,8 +508,8 @@ int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
     rc = lynx__tcp_buf_reserve(&c->in, 65536, TCP_OP_MAX + TCP_HDR + 65536);
     if (rc)
       return rc;
-    ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len,
-                     MSG_DONTWAIT);
+    ssize_t k =
+        recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len, MSG_DONTWAIT);
     if (k == 0)
       return tc_dead(c, -ECONNRESET);
     if (k < 0) {

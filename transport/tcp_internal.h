@@ -11,7 +11,8 @@
  *    handshake, fencing, operations, replies);
  *  - tcp_frontend.c: a frontend's connection to a region;
  *  - tcp_wire.c (the READ_TX rule both sides apply and the buffers frames
- *    are built in and parsed from; the frame codec is inline below), tcp_auth.c (the proof of the key) and transport.c.
+ *    are built in and parsed from; the frame codec is inline below), tcp_auth.c
+ * (the proof of the key) and transport.c.
  */
 #ifndef LYNX_TCP_INTERNAL_H
 #define LYNX_TCP_INTERNAL_H
@@ -58,7 +59,8 @@ struct tcp_hello {
 /* A frame header into p[0, TCP_HDR), little-endian (inline: every frame
  * of the data path is built and read with these). */
 static inline void lynx__tcp_hdr_put(uint8_t *p, uint8_t op, uint8_t flags,
-                                     uint32_t len, uint64_t off, uint64_t wr_id) {
+                                     uint32_t len, uint64_t off,
+                                     uint64_t wr_id) {
   uint32_t l = htole32(len);
   uint64_t o = htole64(off), w = htole64(wr_id);
   p[0] = op;
@@ -121,9 +123,9 @@ struct srv_conn; /* tcp_agent_conn.c's */
 
 struct tcp_export {
   struct tcp_agent *srv; /* the handle it is exported through */
-  int refs;           /* the region's owner + every connection */
-  int listed;         /* findable by key */
-  uint8_t *base;      /* host memory, or NULL: mem */
+  int refs;              /* the region's owner + every connection */
+  int listed;            /* findable by key */
+  uint8_t *base;         /* host memory, or NULL: mem */
   const struct lynx_region_mem *mem;
   uint64_t size;
   uint64_t key, id, epoch; /* id: lynx__tcp_region_id(key), on the wire */

@@ -230,22 +230,23 @@ int lynx_region_validate(const void *base, uint64_t mapped,
                      d->large_bytes) == 0 &&
       h->n_mqueues == d->n_mqueues && h->slots == d->slots &&
       h->slot_size == d->slot_size && h->large_bytes == d->large_bytes &&
-      d->region_size == g.region_size &&
-      mapped >= g.region_size && h->region_size == g.region_size &&
+      d->region_size == g.region_size && mapped >= g.region_size &&
+      h->region_size == g.region_size &&
       (h->actrl_off != g.actrl_off || h->fctrl_off != g.fctrl_off ||
        h->rings_off != g.rings_off)) {
-    snprintf(err, errlen, "header offsets (%u, %u, %llu) differ from the "
-             "layout's (%u, %u, %llu)", h->actrl_off, h->fctrl_off,
-             (unsigned long long)h->rings_off, g.actrl_off, g.fctrl_off,
-             (unsigned long long)g.rings_off);
+    snprintf(err, errlen,
+             "header offsets (%u, %u, %llu) differ from the "
+             "layout's (%u, %u, %llu)",
+             h->actrl_off, h->fctrl_off, (unsigned long long)h->rings_off,
+             g.actrl_off, g.fctrl_off, (unsigned long long)g.rings_off);
     return -EPROTO;
   }
   if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size,
                      d->large_bytes) ||
       h->n_mqueues != d->n_mqueues || h->slots != d->slots ||
       h->slot_size != d->slot_size || h->large_bytes != d->large_bytes ||
-      h->region_size != g.region_size ||
-      d->region_size != g.region_size || mapped < g.region_size) {
+      h->region_size != g.region_size || d->region_size != g.region_size ||
+      mapped < g.region_size) {
     snprintf(err, errlen,
              "geometry mismatch: header %u mqueues x %u slots x %u B + %u B "
              "(%llu B), descriptor %u x %u x %u + %u (%llu B)",
@@ -265,11 +266,11 @@ enum lynx_fence_verdict lynx_fence_decide(uint64_t fence, uint64_t producer) {
   return producer > fence ? LYNX_FENCE_TAKEOVER : LYNX_FENCE_ADMIT;
 }
 
-void lynx_fence_why(char *buf, size_t len, uint64_t producer,
-                    uint64_t fence) {
-  snprintf(buf, len, "fenced: frontend epoch %llu is older than %llu, the "
-           "newest this region admitted", (unsigned long long)producer,
-           (unsigned long long)fence);
+void lynx_fence_why(char *buf, size_t len, uint64_t producer, uint64_t fence) {
+  snprintf(buf, len,
+           "fenced: frontend epoch %llu is older than %llu, the "
+           "newest this region admitted",
+           (unsigned long long)producer, (unsigned long long)fence);
 }
 
 int lynx_fence_cas(uint64_t *word, uint64_t producer, uint64_t *fence) {
@@ -313,9 +314,10 @@ int lynx_fence_admit(struct lynx_fence *f, uint64_t producer, uint64_t *was,
 void lynx_fence_took_over(struct lynx_fence *f, uint64_t was, uint64_t now,
                           unsigned n) {
   __atomic_fetch_add(&f->cut, n, __ATOMIC_RELAXED);
-  LYNX_WARN("transport", "region %s: frontend epoch %llu takes over from "
-            "%llu (%u connections cut)", f->name, (unsigned long long)now,
-            (unsigned long long)was, n);
+  LYNX_WARN("transport",
+            "region %s: frontend epoch %llu takes over from "
+            "%llu (%u connections cut)",
+            f->name, (unsigned long long)now, (unsigned long long)was, n);
 }
 
 void lynx_fence_release(struct lynx_fence *f, uint64_t producer) {

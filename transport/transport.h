@@ -139,16 +139,16 @@ struct lynx_fence {
 struct lynx_region {
   const struct lynx_transport_ops *ops;
   struct lynx_transport_agent *agent; /* the handle it was allocated from */
-  const struct lynx_region_mem *mem; /* device memory, or NULL: base */
+  const struct lynx_region_mem *mem;  /* device memory, or NULL: base */
   uint8_t *base;
   uint64_t size;
   char locator[LYNX_LOCATOR_MAX];
   int fd;
-  uint64_t key;         /* tcp, rdma: access key (random) */
-  uint64_t remote_addr; /* rdma */
+  uint64_t key;                  /* tcp, rdma: access key (random) */
+  uint64_t remote_addr;          /* rdma */
   uint32_t rkeys[LYNX_MR_COUNT]; /* rdma */
-  void *priv;           /* backend state */
-  char name[LYNX_LOCATOR_MAX]; /* what region_alloc/attach named it */
+  void *priv;                    /* backend state */
+  char name[LYNX_LOCATOR_MAX];   /* what region_alloc/attach named it */
   /* tcp, rdma: the fence of the export (set by region_export, NULL before
    * and after region_free: it may outlive r); shm: NULL, the fence is the
    * header word LYNX_OFF_FENCE */
@@ -164,9 +164,10 @@ struct lynx_tconn {
 };
 
 /* writev flags */
-#define LYNX_WR_PUBLISH 0x1u /* the last 4 bytes (4-aligned) become visible
-                                only after every byte before them */
-#define LYNX_WR_FENCE 0x2u   /* do not start before earlier reads complete */
+#define LYNX_WR_PUBLISH                                                        \
+  0x1u                     /* the last 4 bytes (4-aligned) become visible      \
+                              only after every byte before them */
+#define LYNX_WR_FENCE 0x2u /* do not start before earlier reads complete */
 
 /* One mqueue's part of a compound TX read (read_tx): its TX slots from
  * free-running position from on, as many as the control array read in the
@@ -280,10 +281,9 @@ struct lynx_transport_ops {
     .region_export = prefix##_region_export,                                   \
     .region_free = prefix##_region_free, .connect = prefix##_connect,          \
     .writev = prefix##_writev, .read = prefix##_read,                          \
-    .read_tx = prefix##_read_tx,                                               \
-    .flush = prefix##_flush, .poll = prefix##_poll,                            \
-    .wait_fd = prefix##_wait_fd, .notify = prefix##_notify,                    \
-    .arm = prefix##_arm, .close = prefix##_close                               \
+    .read_tx = prefix##_read_tx, .flush = prefix##_flush,                      \
+    .poll = prefix##_poll, .wait_fd = prefix##_wait_fd,                        \
+    .notify = prefix##_notify, .arm = prefix##_arm, .close = prefix##_close    \
   }
 
 extern const struct lynx_transport_ops lynx_transport_shm;
@@ -374,8 +374,7 @@ enum lynx_fence_verdict {
 enum lynx_fence_verdict lynx_fence_decide(uint64_t fence, uint64_t producer);
 
 /* The reason of a refusal, for logs and the tcp HELLO reply. */
-void lynx_fence_why(char *buf, size_t len, uint64_t producer,
-                    uint64_t fence);
+void lynx_fence_why(char *buf, size_t len, uint64_t producer, uint64_t fence);
 
 /* shm: the connect's CAS-max of the header word (at LYNX_OFF_FENCE of a
  * mapped region). 0: admitted (the word now holds producer), or -ESTALE

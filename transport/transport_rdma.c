@@ -28,14 +28,14 @@
 #include "rdma_internal.h"
 #include "util.h"
 
-#define CONNECT_MS 2000          /* the whole connect, header read included */
-#define RESOLVE_MS 500           /* address and route resolution, each */
-#define CM_CHECK_NS 1000000ull   /* poll looks at the CM channel every 1 ms */
-#define CM_EVENTS_PER_POLL 8     /* bounded: poll is on the data path */
-#define INIT_DEPTH_MAX 16        /* RDMA READs in flight per QP */
-#define ACK_TIMEOUT 14           /* 4.096 us * 2^14 = 67 ms per retry */
-#define RETRY_COUNT 7            /* a dead peer shows in about 0.5 s */
-#define RNR_RETRY 7              /* 7 = forever: the agent reposts receives */
+#define CONNECT_MS 2000        /* the whole connect, header read included */
+#define RESOLVE_MS 500         /* address and route resolution, each */
+#define CM_CHECK_NS 1000000ull /* poll looks at the CM channel every 1 ms */
+#define CM_EVENTS_PER_POLL 8   /* bounded: poll is on the data path */
+#define INIT_DEPTH_MAX 16      /* RDMA READs in flight per QP */
+#define ACK_TIMEOUT 14         /* 4.096 us * 2^14 = 67 ms per retry */
+#define RETRY_COUNT 7          /* a dead peer shows in about 0.5 s */
+#define RNR_RETRY 7            /* 7 = forever: the agent reposts receives */
 
 static int set_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL);
@@ -118,8 +118,8 @@ static void wait_setup(struct lynx__rdma_conn *c, struct ibv_context *ctx) {
       epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) == 0 &&
       epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->ch->fd, &ev) == 0)
     return;
-  LYNX_DBG("rdma", "%s: no wait fd (%s): the worker polls on a timer",
-           c->name, strerror(errno));
+  LYNX_DBG("rdma", "%s: no wait fd (%s): the worker polls on a timer", c->name,
+           strerror(errno));
   if (c->epfd >= 0)
     close(c->epfd);
   c->epfd = -1;
@@ -140,9 +140,9 @@ static int fe_setup(struct lynx__rdma_conn *c, uint8_t *init_depth) {
     return -rc;
   if (da.max_qp_wr > 0 && (uint32_t)da.max_qp_wr < depth)
     depth = (uint32_t)da.max_qp_wr;
-  *init_depth = (uint8_t)(da.max_qp_init_rd_atom < INIT_DEPTH_MAX
-                              ? da.max_qp_init_rd_atom
-                              : INIT_DEPTH_MAX);
+  *init_depth =
+      (uint8_t)(da.max_qp_init_rd_atom < INIT_DEPTH_MAX ? da.max_qp_init_rd_atom
+                                                        : INIT_DEPTH_MAX);
   c->pd = ibv_alloc_pd(ctx);
   if (!c->pd)
     return errno ? -errno : -ENOMEM;
@@ -320,7 +320,8 @@ static int lynx__rdma_connect(const struct lynx_region_desc *d,
   if (lynx_parse_hostport(d->locator, &ss))
     return -EINVAL;
   if (lynx__rdma_device_count() == 0) {
-    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma", "accel %u at %s: no RDMA device on "
+    LYNX_LOG_RL(LYNX_LOG_WARN, "rdma",
+                "accel %u at %s: no RDMA device on "
                 "this host (ibv_get_device_list returned none)",
                 d->accel_id, d->locator);
     return -ENODEV;
@@ -337,8 +338,10 @@ static int lynx__rdma_connect(const struct lynx_region_desc *d,
     lynx__rdma_close(&c->base);
     return rc;
   }
-  LYNX_INFO("rdma", "%s: connected (QP %u, %u-entry send queue, %u B "
-            "inline)", c->name, c->id->qp->qp_num, c->sq_cap, c->max_inline);
+  LYNX_INFO("rdma",
+            "%s: connected (QP %u, %u-entry send queue, %u B "
+            "inline)",
+            c->name, c->id->qp->qp_num, c->sq_cap, c->max_inline);
   *out = &c->base;
   return 0;
 }
@@ -433,8 +436,8 @@ int lynx__rdma_attach(const struct lynx_region_desc *d,
 }
 
 static int lynx__rdma_agent_create(const struct lynx_transport_opts *o,
-                                   struct lynx_transport_agent **out,
-                                   char *err, size_t errlen) {
+                                   struct lynx_transport_agent **out, char *err,
+                                   size_t errlen) {
   return lynx__rdma_agent_start(&lynx_transport_rdma, o, out, err, errlen);
 }
 

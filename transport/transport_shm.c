@@ -139,8 +139,8 @@ static void shm_region_free(struct lynx_region *r) {
 static int shm_fence_admit(uint8_t *p, const struct lynx_region_desc *d,
                            char *err, size_t errlen) {
   uint64_t fence;
-  int rc = lynx_fence_cas((uint64_t *)(p + LYNX_OFF_FENCE), d->producer,
-                          &fence);
+  int rc =
+      lynx_fence_cas((uint64_t *)(p + LYNX_OFF_FENCE), d->producer, &fence);
   if (rc)
     lynx_fence_why(err, errlen, d->producer, fence);
   return rc;
@@ -152,7 +152,8 @@ static int shm_fence_check(struct shm_conn *c) {
   if (!c->fenced &&
       __atomic_load_n(c->fence, __ATOMIC_ACQUIRE) != c->base.desc.producer) {
     c->fenced = 1;
-    LYNX_LOG_RL(LYNX_LOG_WARN, "shm", "%s: fenced: a newer frontend (epoch "
+    LYNX_LOG_RL(LYNX_LOG_WARN, "shm",
+                "%s: fenced: a newer frontend (epoch "
                 "%llu) took this region over from epoch %llu",
                 c->base.desc.locator,
                 (unsigned long long)__atomic_load_n(c->fence, __ATOMIC_RELAXED),
@@ -179,9 +180,8 @@ static int shm_connect(const struct lynx_region_desc *d,
     return e;
   }
   if ((uint64_t)st.st_size != d->region_size) {
-    LYNX_WARN("shm", "%s: file is %lld bytes, descriptor says %llu",
-              d->locator, (long long)st.st_size,
-              (unsigned long long)d->region_size);
+    LYNX_WARN("shm", "%s: file is %lld bytes, descriptor says %llu", d->locator,
+              (long long)st.st_size, (unsigned long long)d->region_size);
     close(fd);
     return -EPROTO;
   }
@@ -204,7 +204,8 @@ static int shm_connect(const struct lynx_region_desc *d,
   }
   c->base.ops = &lynx_transport_shm;
   c->base.desc = *d;
-  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes); /* validated */
+  lynx_geom_init(&c->g, d->n_mqueues, d->slots, d->slot_size,
+                 d->large_bytes); /* validated */
   c->mem = p;
   c->size = d->region_size;
   c->bell = !!(((const struct lynx_region_hdr *)p)->flags & LYNX_HDR_RESP_BELL);
@@ -253,8 +254,8 @@ static int shm_writev(struct lynx_tconn *tc, uint64_t off,
   return 0;
 }
 
-static int shm_read(struct lynx_tconn *tc, uint64_t off, void *dst,
-                    size_t len, uint64_t wr_id) {
+static int shm_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
+                    uint64_t wr_id) {
   struct shm_conn *c = container_of(tc, struct shm_conn, base);
   if (lynx_bounds_ok(c->size, off, len))
     return -EFAULT;

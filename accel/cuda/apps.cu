@@ -65,7 +65,7 @@ struct kmq {
   struct lynx_mq mq;
   struct lynx_msg held; /* a request the app could not answer yet */
   uint32_t has_held;
-  uint64_t taken_gt;    /* when the request in hand was taken */
+  uint64_t taken_gt;     /* when the request in hand was taken */
   struct lynx_seen seen; /* first-seen stamps (lathist.h) */
 };
 
@@ -254,9 +254,8 @@ static __device__ int mc_reply(struct mc_reply_buf *b,
   o = lynx_block_bcast_u32(o);
   n = lynx_block_bcast_u32(n);
   lynx_block_copy(b->tail, rep->data + o + n, 7);
-  rc = lynx_block_any(lynx_block_io_thread() && !lynx_mc_get_end(b->tail))
-           ? -74
-           : 0;
+  rc = lynx_block_any(lynx_block_io_thread() && !lynx_mc_get_end(b->tail)) ? -74
+                                                                           : 0;
   *voff = o;
   *vlen = n;
   return rc;
@@ -283,8 +282,8 @@ static __device__ void put_error(uint8_t *out) {
  * one block copy.
  */
 static __device__ int app_mc_get(const struct lynx_cuda_launch *l,
-                                 struct lynx_mq *mq,
-                                 const struct lynx_msg *req, int *replied) {
+                                 struct lynx_mq *mq, const struct lynx_msg *req,
+                                 int *replied) {
   struct lynx_dev_client *cl = block_client();
   uint8_t *cmd = app_scratch()->mc.cmd;
   uint32_t cap = lynx_slot_cap(l->slot_size), len = 0, voff, vlen;
@@ -359,8 +358,8 @@ static __device__ int app_face_verify(const struct lynx_cuda_launch *l,
       const uint8_t *label, *probe;
       char key[FACE_KEY_MAX];
       int klen;
-      if (face_req_parse(app_scratch()->face.req, req->len, &label,
-                         &probe) == 0 &&
+      if (face_req_parse(app_scratch()->face.req, req->len, &label, &probe) ==
+              0 &&
           (klen = face_key(label, key)) > 0) {
         app_scratch()->face.cmd_len =
             lynx_mc_get_cmd(cmd, (const uint8_t *)key, (uint32_t)klen);
@@ -407,8 +406,8 @@ static __device__ int app_face_verify(const struct lynx_cuda_launch *l,
  * dropped, as on the CPU.
  */
 static __device__ int app_lenet(const struct lynx_cuda_launch *l,
-                                struct lynx_mq *mq,
-                                const struct lynx_msg *req, int *replied) {
+                                struct lynx_mq *mq, const struct lynx_msg *req,
+                                int *replied) {
   int clen = lenet_req_cookie_len(req->len);
   uint8_t *buf;
   int rc;
@@ -463,8 +462,7 @@ static __device__ int run_app(const struct lynx_cuda_launch *l,
 static __device__ int fenced(const struct lynx_cuda_kctl *kctl) {
   int f = 0;
   if (lynx_block_io_thread()) {
-    uint64_t until =
-        *(const volatile uint64_t *)&kctl->serve_until_gt;
+    uint64_t until = *(const volatile uint64_t *)&kctl->serve_until_gt;
     f = until && lynx_globaltimer_ns() >= until;
   }
   return lynx_block_any(f);
@@ -557,8 +555,7 @@ static __device__ void scan(struct kmq *kmqs, uint32_t n, uint32_t *ready) {
       uint32_t k = base + lane;
       int r = 0;
       if (k < n)
-        r = lynx_seen_scan(&kmqs[k].seen, &kmqs[k].mq, now) ||
-            kmqs[k].has_held;
+        r = lynx_seen_scan(&kmqs[k].seen, &kmqs[k].mq, now) || kmqs[k].has_held;
       r = __ballot_sync(0xffffffffu, r);
       if (lane == 0)
         ready[base / 32u] = (uint32_t)r;
@@ -583,7 +580,8 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     struct lynx_geom g;
     n = 0;
     /* checked by lynx_cuda_start; a failure here serves nothing */
-    if (lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) == 0)
+    if (lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) ==
+        0)
       for (uint32_t q = blockIdx.x;
            q < l.n_server && n < LYNX_CUDA_MQS_PER_BLOCK; q += l.blocks) {
         lynx_mq_bind(&kmqs[n].mq, (uint8_t *)l.region, &g, q);
@@ -594,7 +592,8 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     n_kmqs = n;
     /* the block's own client mqueue of the back end its app calls */
     if (lynx_cuda_app_calls(l.app) && l.n_backends &&
-        lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) == 0) {
+        lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) ==
+            0) {
       lynx_mq_bind(&block_client()->mq, (uint8_t *)l.region, &g,
                    lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend));
       block_client()->next_tag = 0;
@@ -655,7 +654,7 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
   }
 }
 
-/* ---- host interface (lynx_cuda.h) ----------------------------------------- */
+/* ---- host interface (lynx_cuda.h) ---------------------------------------- */
 
 static int fail(int rc, char *err, size_t errlen, const char *what,
                 cudaError_t e) {
@@ -715,8 +714,8 @@ static int einval(char *err, size_t errlen, const char *msg) {
   return LYNX_EINVAL;
 }
 
-int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
-                     char *err, size_t errlen) {
+int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
+                    size_t errlen) {
   struct lynx_geom g;
   uint32_t per_block;
   cudaError_t e;

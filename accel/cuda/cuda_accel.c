@@ -72,8 +72,8 @@ static void info_gpu(const struct lynx_accel_dev *a, struct gpu_info *g) {
 static int cuda_discover(const char *spec,
                          const struct lynx_transport_ops *tops,
                          enum lynx_region_where mem,
-                         struct lynx_accel_dev **out, uint32_t *n,
-                         char *err, size_t errlen) {
+                         struct lynx_accel_dev **out, uint32_t *n, char *err,
+                         size_t errlen) {
   struct gpu_info *g = NULL;
   struct lynx_accel_dev *a;
   uint32_t k = 0;
@@ -81,11 +81,11 @@ static int cuda_discover(const char *spec,
   *out = NULL;
   *n = 0;
   if (mem == LYNX_REGION_AUTO)
-    mem = tops == &lynx_transport_rdma ? LYNX_REGION_DEVICE
-                                       : LYNX_REGION_HOST;
+    mem = tops == &lynx_transport_rdma ? LYNX_REGION_DEVICE : LYNX_REGION_HOST;
   own = mem == LYNX_REGION_DEVICE;
   if (own && tops == &lynx_transport_shm) {
-    snprintf(err, errlen, "--cuda-accels: --region-mem device puts a GPU's "
+    snprintf(err, errlen,
+             "--cuda-accels: --region-mem device puts a GPU's "
              "mqueues in its memory, which the shm transport cannot map; "
              "use --region-mem host, or --transport tcp or rdma");
     return -EINVAL;
@@ -114,12 +114,14 @@ static int cuda_discover(const char *spec,
     a[i].ordering = own ? g[i].ordering : LYNX_ORDER_COALESCED;
     snprintf(a[i].where, sizeof(a[i].where), "GPU %d, %s", g[i].device,
              g[i].pci_bus_id);
-    snprintf(a[i].about, sizeof(a[i].about), "GPU %d %s (%s), %llu MiB, "
+    snprintf(a[i].about, sizeof(a[i].about),
+             "GPU %d %s (%s), %llu MiB, "
              "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
-             "ordering %u; mqueues in %s", g[i].device, g[i].name,
-             g[i].pci_bus_id, (unsigned long long)(g[i].memory >> 20),
-             g[i].cc_major, g[i].cc_minor, g[i].sms,
-             g[i].gpudirect_rdma ? "yes" : "no", g[i].rdma_writes_ordering,
+             "ordering %u; mqueues in %s",
+             g[i].device, g[i].name, g[i].pci_bus_id,
+             (unsigned long long)(g[i].memory >> 20), g[i].cc_major,
+             g[i].cc_minor, g[i].sms, g[i].gpudirect_rdma ? "yes" : "no",
+             g[i].rdma_writes_ordering,
              own ? "GPU memory" : "host memory mapped into the GPU");
   }
   free(g);
@@ -147,30 +149,33 @@ static int cuda_client_mqs(const struct lynx_accel_launch *l,
   *per_backend = 1;
   if (!lynx__cuda_calls_backends(l))
     return 0;
-  rc = lynx_cuda_resident_blocks(l->acc->device, l->gpu_threads, &resident,
-                                 why, whylen);
+  rc = lynx_cuda_resident_blocks(l->acc->device, l->gpu_threads, &resident, why,
+                                 whylen);
   if (rc)
     return -EIO;
-  return lynx__cuda_pick_blocks(l->acc->device, l, resident, per_backend,
-                                why, whylen);
+  return lynx__cuda_pick_blocks(l->acc->device, l, resident, per_backend, why,
+                                whylen);
 }
 
 /* The region in the GPU's memory (or the caller's host region mapped into
  * the GPU), the app as a persistent kernel. */
-static int cuda_start(const struct lynx_accel_launch *l,
-                      struct lynx_region *r, struct lynx_accel_inst **out,
-                      char *why, size_t whylen) {
+static int cuda_start(const struct lynx_accel_launch *l, struct lynx_region *r,
+                      struct lynx_accel_inst **out, char *why, size_t whylen) {
   struct gpu_instance *gi = NULL;
   int rc;
   *out = NULL;
   if (!l->app->cuda_app) {
-    snprintf(why, whylen, "application '%s' has no CUDA kernel (GPU "
-             "applications: %s)", l->app->name, lynx_app_cuda_names());
+    snprintf(why, whylen,
+             "application '%s' has no CUDA kernel (GPU "
+             "applications: %s)",
+             l->app->name, lynx_app_cuda_names());
     return -ENOTSUP;
   }
   if (!cuda_runs_app(l->app)) {
-    snprintf(why, whylen, "application '%s' calls back end '%s', which its "
-             "CUDA kernel cannot", l->app->name, l->app->needs_backend);
+    snprintf(why, whylen,
+             "application '%s' calls back end '%s', which its "
+             "CUDA kernel cannot",
+             l->app->name, l->app->needs_backend);
     return -ENOTSUP;
   }
   rc = gpu_instance_start(l, r, &gi, why, whylen);
@@ -199,8 +204,8 @@ static int cuda_latency(struct lynx_accel_inst *in, struct lynx_lat *out) {
 
 static int cuda_counters(struct lynx_accel_inst *in, uint64_t *req,
                          uint64_t *resp, uint64_t *drops, uint64_t *bad) {
-  return gpu_instance_counters(container_of(in, struct gpu_instance, acc),
-                               req, resp, drops, bad);
+  return gpu_instance_counters(container_of(in, struct gpu_instance, acc), req,
+                               resp, drops, bad);
 }
 
 static int cuda_stop(struct lynx_accel_inst *in) {
@@ -211,8 +216,8 @@ static void cuda_put(struct lynx_accel_inst *in) {
   gpu_instance_put(container_of(in, struct gpu_instance, acc));
 }
 
-static void cuda_health(const struct lynx_accel_dev *a, int *lost,
-                        int *failed, char *err, size_t errlen) {
+static void cuda_health(const struct lynx_accel_dev *a, int *lost, int *failed,
+                        char *err, size_t errlen) {
   struct gpu_info g;
   info_gpu(a, &g);
   gpu_health(&g, lost, failed, err, errlen);

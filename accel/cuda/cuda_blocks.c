@@ -34,8 +34,8 @@ int lynx__cuda_calls_backends(const struct lynx_accel_launch *l) {
 int lynx__cuda_pick_blocks(int device, const struct lynx_accel_launch *l,
                            uint32_t resident, uint32_t *out, char *err,
                            size_t errlen) {
-  uint32_t need = (l->n_server + LYNX_CUDA_MQS_PER_BLOCK - 1) /
-                  LYNX_CUDA_MQS_PER_BLOCK;
+  uint32_t need =
+      (l->n_server + LYNX_CUDA_MQS_PER_BLOCK - 1) / LYNX_CUDA_MQS_PER_BLOCK;
   uint32_t b = l->gpu_blocks, room = UINT32_MAX;
   int sms = 0;
   if (lynx__cuda_calls_backends(l))
@@ -43,8 +43,9 @@ int lynx__cuda_pick_blocks(int device, const struct lynx_accel_launch *l,
                ? (LYNX_MQUEUES_MAX - l->n_server) / l->n_backends
                : 0;
   if (!b) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                               device) != cudaSuccess || sms < 1)
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        sms < 1)
       sms = 1;
     b = l->n_server < (uint32_t)sms ? l->n_server : (uint32_t)sms;
     if (b > resident)
@@ -57,21 +58,25 @@ int lynx__cuda_pick_blocks(int device, const struct lynx_accel_launch *l,
     b = l->n_server; /* a block beyond the mqueues would only idle */
   }
   if (b < need) {
-    snprintf(err, errlen, "%u server mqueues need at least %u blocks (a "
-             "block serves at most %u): --gpu-blocks %u", l->n_server, need,
-             LYNX_CUDA_MQS_PER_BLOCK, l->gpu_blocks);
+    snprintf(err, errlen,
+             "%u server mqueues need at least %u blocks (a "
+             "block serves at most %u): --gpu-blocks %u",
+             l->n_server, need, LYNX_CUDA_MQS_PER_BLOCK, l->gpu_blocks);
     return -EINVAL;
   }
   if (b > resident) {
-    snprintf(err, errlen, "GPU %d keeps at most %u blocks of %u threads "
-             "resident, %u needed", device, resident, l->gpu_threads, b);
+    snprintf(err, errlen,
+             "GPU %d keeps at most %u blocks of %u threads "
+             "resident, %u needed",
+             device, resident, l->gpu_threads, b);
     return -EINVAL;
   }
   if (b > room) {
-    snprintf(err, errlen, "%u blocks with a client mqueue for each of %u "
+    snprintf(err, errlen,
+             "%u blocks with a client mqueue for each of %u "
              "back ends and %u server mqueues exceed a region's %u mqueues "
-             "(fewer --gpu-blocks or mqueues_per_accel)", b, l->n_backends,
-             l->n_server, LYNX_MQUEUES_MAX);
+             "(fewer --gpu-blocks or mqueues_per_accel)",
+             b, l->n_backends, l->n_server, LYNX_MQUEUES_MAX);
     return -EINVAL;
   }
   *out = b;
@@ -92,26 +97,26 @@ int lynx__cuda_client_blocks(const struct lynx_accel_launch *l,
   uint32_t per, need = (l->n_server + LYNX_CUDA_MQS_PER_BLOCK - 1) /
                        LYNX_CUDA_MQS_PER_BLOCK;
   *backend = l->n_backends;
-  for (uint32_t k = 0; l->backends && l->app->needs_backend &&
-                       k < l->n_backends; k++)
+  for (uint32_t k = 0;
+       l->backends && l->app->needs_backend && k < l->n_backends; k++)
     if (!strcmp(l->backends[k], l->app->needs_backend)) {
       *backend = k;
       break;
     }
   if (*backend == l->n_backends) {
     snprintf(err, errlen, "application '%s' needs a back end named '%s'",
-             l->app->name,
-             l->app->needs_backend ? l->app->needs_backend : "?");
+             l->app->name, l->app->needs_backend ? l->app->needs_backend : "?");
     return -EINVAL;
   }
   per = (l->n_mqueues - l->n_server) / l->n_backends;
   if (l->n_mqueues <= l->n_server ||
       l->n_server + per * l->n_backends != l->n_mqueues || per < need ||
       per > resident || per > l->n_server) {
-    snprintf(err, errlen, "client mqueue layout: %u mqueues, %u server "
+    snprintf(err, errlen,
+             "client mqueue layout: %u mqueues, %u server "
              "mqueues and %u back ends do not give each of the kernel's "
-             "blocks its own (%u resident at most)", l->n_mqueues,
-             l->n_server, l->n_backends, resident);
+             "blocks its own (%u resident at most)",
+             l->n_mqueues, l->n_server, l->n_backends, resident);
     return -EINVAL;
   }
   *blocks = per;

@@ -60,8 +60,10 @@ int gpu_instance_counters(struct gpu_instance *gi, uint64_t *req,
   if (e != cudaSuccess && e != cudaErrorNotReady)
     lynx__cuda_note(gi->device, e, "persistent kernel");
   else if (e == cudaSuccess && !gi->stopping)
-    LYNX_LOG_RL(LYNX_LOG_WARN, "cuda", "GPU %d: a persistent kernel exited "
-                "without being asked to", gi->device);
+    LYNX_LOG_RL(LYNX_LOG_WARN, "cuda",
+                "GPU %d: a persistent kernel exited "
+                "without being asked to",
+                gi->device);
   return 0;
 }
 
@@ -78,7 +80,8 @@ int gpu_instance_latency(struct gpu_instance *gi, struct lynx_lat *out) {
     return -ENOMEM;
   cudaSetDevice(gi->device);
   pthread_mutex_lock(&gi->lock);
-  e = cudaMemcpyAsync(k, (uint8_t *)gi->kctl + lynx_cuda_kctl_lat_off(gi->blocks),
+  e = cudaMemcpyAsync(k,
+                      (uint8_t *)gi->kctl + lynx_cuda_kctl_lat_off(gi->blocks),
                       n, cudaMemcpyDeviceToHost, gi->copy);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(gi->copy);

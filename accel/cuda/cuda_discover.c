@@ -32,13 +32,17 @@ static int parse_list(const char *spec, int count, int *ids, uint32_t *n,
     long v = strtol(p, &end, 10);
     if (end == p || v < 0 || (*end && *end != ',') ||
         (*end == ',' && !end[1])) {
-      snprintf(err, errlen, "--cuda-accels '%s': expected 'all' or GPU "
-               "ordinals like 0,1", spec);
+      snprintf(err, errlen,
+               "--cuda-accels '%s': expected 'all' or GPU "
+               "ordinals like 0,1",
+               spec);
       return -EINVAL;
     }
     if (v >= count) {
-      snprintf(err, errlen, "--cuda-accels: CUDA GPU %ld does not exist "
-               "(this host has %d)", v, count);
+      snprintf(err, errlen,
+               "--cuda-accels: CUDA GPU %ld does not exist "
+               "(this host has %d)",
+               v, count);
       return -ENODEV;
     }
     for (uint32_t i = 0; i < *n; i++)
@@ -68,14 +72,14 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
   *out = NULL;
   *n = 0;
   if (e != cudaSuccess) {
-    snprintf(err, errlen, "--cuda-accels %s: no usable CUDA GPU: "
-             "cudaGetDeviceCount: %s (%s)", spec, cudaGetErrorName(e),
-             cudaGetErrorString(e));
+    snprintf(err, errlen,
+             "--cuda-accels %s: no usable CUDA GPU: "
+             "cudaGetDeviceCount: %s (%s)",
+             spec, cudaGetErrorName(e), cudaGetErrorString(e));
     return -ENODEV;
   }
   if (count == 0) {
-    snprintf(err, errlen, "--cuda-accels %s: no CUDA GPU on this host",
-             spec);
+    snprintf(err, errlen, "--cuda-accels %s: no CUDA GPU on this host", spec);
     return -ENODEV;
   }
   rc = parse_list(spec, count, ids, n, err, errlen);
@@ -109,8 +113,8 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
     g[i].cc_major = p.major;
     g[i].cc_minor = p.minor;
     g[i].sms = p.multiProcessorCount;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported,
-                               ids[i]) == cudaSuccess)
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported, ids[i]) ==
+        cudaSuccess)
       g[i].gpudirect_rdma = v != 0;
     v = 0;
     if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMAWritesOrdering,
@@ -124,9 +128,10 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
                         ? LYNX_ORDER_COALESCED
                         : LYNX_ORDER_FENCED;
     if (p.major < 7)
-      LYNX_WARN("cuda", "GPU %d (%s) has compute capability %d.%d; the "
-                "kernels need 7.0 or newer (built for %s)", ids[i], p.name,
-                p.major, p.minor, "sm_80, sm_90 + PTX");
+      LYNX_WARN("cuda",
+                "GPU %d (%s) has compute capability %d.%d; the "
+                "kernels need 7.0 or newer (built for %s)",
+                ids[i], p.name, p.major, p.minor, "sm_80, sm_90 + PTX");
   }
   *out = g;
   return 0;

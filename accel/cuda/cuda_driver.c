@@ -53,12 +53,10 @@ static void gdr_load(void) {
   lynx__cuda_gdr.g = open_fn(); /* NULL without the gdrdrv kernel module */
   if (!lynx__cuda_gdr.g) {
     LYNX_INFO("cuda", "gdrcopy installed but gdr_open failed (is the gdrdrv "
-              "module loaded?): the tcp transport copies with "
-              "cudaMemcpyAsync");
+                      "module loaded?): the tcp transport copies with "
+                      "cudaMemcpyAsync");
     dlclose(h);
   }
 }
 
-void lynx__cuda_gdr_open(void) {
-  pthread_once(&lynx__cuda_gdr.once, gdr_load);
-}
+void lynx__cuda_gdr_open(void) { pthread_once(&lynx__cuda_gdr.once, gdr_load); }

@@ -66,9 +66,7 @@ void lynx__cuda_note(int dev, cudaError_t e, const char *what) {
 }
 
 int lynx__cuda_errno(cudaError_t e) {
-  return e == cudaErrorMemoryAllocation ? -ENOMEM
-         : gone(e)                      ? -ENODEV
-                                        : -EIO;
+  return e == cudaErrorMemoryAllocation ? -ENOMEM : gone(e) ? -ENODEV : -EIO;
 }
 
 void lynx__cuda_set_hung(int dev, unsigned wait_ms) {

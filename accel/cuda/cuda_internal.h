@@ -52,7 +52,6 @@ typedef struct {
   unsigned long h;
 } gdr_mh_t;
 
-
 /* libgdrapi's functions, once lynx__cuda_gdr_open ran: g is NULL where
  * gdrcopy cannot be used (not installed, or no gdrdrv module). */
 struct lynx__cuda_gdr {
@@ -110,16 +109,16 @@ struct stage_seg {
 };
 
 struct stage {
-  uint8_t *buf;         /* pinned STAGE_BYTES, or NULL: no staging */
-  uint64_t head, tail;  /* [tail, head) is in use */
-  uint64_t open_from;   /* the open span, [open_from, head): no event yet */
+  uint8_t *buf;        /* pinned STAGE_BYTES, or NULL: no staging */
+  uint64_t head, tail; /* [tail, head) is in use */
+  uint64_t open_from;  /* the open span, [open_from, head): no event yet */
   struct stage_seg seg[STAGE_SEGS]; /* closed spans over [tail, open_from) */
   cudaEvent_t ev[STAGE_SEGS];       /* seg[i]'s */
   uint32_t seg_first, seg_n;
-  uint64_t hold;        /* reads' bytes from here on are the server's */
-  int reads;            /* read_starts since the last flush */
-  int held;             /* the last flush handed reads over */
-  struct {              /* a batch's write held back to join the next */
+  uint64_t hold; /* reads' bytes from here on are the server's */
+  int reads;     /* read_starts since the last flush */
+  int held;      /* the last flush handed reads over */
+  struct {       /* a batch's write held back to join the next */
     uint64_t off, pos;
     size_t len;
     int live;
@@ -132,7 +131,7 @@ struct gpu_instance {
   int device;
   uint32_t writes_ordering;
   struct lynx_region_mem mem;
-  void *raw;      /* device memory (lynx__cuda_dev_alloc) */
+  void *raw; /* device memory (lynx__cuda_dev_alloc) */
   size_t raw_size;
   uint8_t *base;  /* raw aligned to GPU_PAGE, or host's device address */
   void *host;     /* a host region registered with the GPU, or NULL */
@@ -145,13 +144,13 @@ struct gpu_instance {
   float *params; /* lenet: its weights in GPU memory, or NULL */
   size_t params_size;
   uint32_t blocks;
-  int dmabuf_fd; /* -1: none yet; -2: dma-buf unavailable */
+  int dmabuf_fd;       /* -1: none yet; -2: dma-buf unavailable */
   char dmabuf_why[96]; /* why, when -2 */
   gdr_mh_t gmh;
   void *gva; /* gdrcopy's CPU mapping of base, or NULL */
   int refs;  /* the agent's handle + the transport's memory */
   int launched, stopping, stopped, hung;
-  uint64_t stats[4]; /* last counters read */
+  uint64_t stats[4];   /* last counters read */
   struct lynx_lat lat; /* last latency histograms read (summed) */
   /* %globaltimer - host monotonic clock, as measured from the kernel's
    * now_gt (a lower bound: the value was read before the copy returned),
@@ -167,12 +166,12 @@ struct gpu_instance {
 
 /* Device memory, zeroed, for a region of size bytes; streams; gdrcopy
  * mapping. 0 or -errno with the reason in err. */
-int lynx__cuda_region_alloc(struct gpu_instance *gi, uint64_t size,
-                            char *err, size_t errlen);
+int lynx__cuda_region_alloc(struct gpu_instance *gi, uint64_t size, char *err,
+                            size_t errlen);
 /* The caller's host region mapped into the GPU (and the streams). 0 or
  * -errno with the reason in err. */
-int lynx__cuda_map_host(struct gpu_instance *gi, uint8_t *host,
-                        uint64_t size, char *err, size_t errlen);
+int lynx__cuda_map_host(struct gpu_instance *gi, uint8_t *host, uint64_t size,
+                        char *err, size_t errlen);
 /* Unmaps a host region from the GPU (its kernel is gone). */
 void lynx__cuda_host_unmap(struct gpu_instance *gi);
 /* Sets gi->mem, the region's memory as the transport reaches it. */
@@ -181,14 +180,12 @@ void lynx__cuda_region_mem(struct gpu_instance *gi);
 /* ---- the tcp transport's copies (cuda_stage.c) ----------------------- */
 
 /* Pinned staging and its events. 0, or -errno with the reason in err. */
-int lynx__cuda_stage_init(struct gpu_instance *gi, char *err,
-                          size_t errlen);
+int lynx__cuda_stage_init(struct gpu_instance *gi, char *err, size_t errlen);
 /* Gives the staging back once no copy uses it (and logs the counters). */
 void lynx__cuda_stage_fini(struct gpu_instance *gi);
 /* struct lynx_region_mem's ops (transport.h); ctx is the instance. The
  * batch ops only where the instance stages. */
-int lynx__cuda_mem_write(void *ctx, uint64_t off, const void *src,
-                         size_t len);
+int lynx__cuda_mem_write(void *ctx, uint64_t off, const void *src, size_t len);
 int lynx__cuda_mem_read(void *ctx, uint64_t off, void *dst, size_t len);
 int lynx__cuda_mem_write_start(void *ctx, uint64_t off, const void *src,
                                size_t len, unsigned flags);

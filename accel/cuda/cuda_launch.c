@@ -56,15 +56,14 @@ static int upload_lenet(struct gpu_instance *gi, const void *app_data,
   return 0;
 }
 
-int gpu_instance_start(const struct lynx_accel_launch *l,
-                       struct lynx_region *r,
+int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen) {
   /* the caller's host region where the GPU does not own the memory */
   uint8_t *host = l->acc->own_memory ? NULL : l->region;
   /* the lease fence as of now (later moves: gpu_instance_fence) */
-  uint64_t serve_until = l->serve_until ? __atomic_load_n(l->serve_until,
-                                                          __ATOMIC_ACQUIRE)
-                                        : UINT64_MAX;
+  uint64_t serve_until = l->serve_until
+                             ? __atomic_load_n(l->serve_until, __ATOMIC_ACQUIRE)
+                             : UINT64_MAX;
   struct gpu_instance *gi;
   struct lynx_geom g;
   struct lynx_cuda_launch kl;
@@ -128,8 +127,10 @@ int gpu_instance_start(const struct lynx_accel_launch *l,
   }
   rc = l->tops->region_export(r);
   if (rc) {
-    snprintf(err, errlen, "cannot export the region in GPU memory over %s: "
-             "%s", l->tops->name, strerror(-rc));
+    snprintf(err, errlen,
+             "cannot export the region in GPU memory over %s: "
+             "%s",
+             l->tops->name, strerror(-rc));
     goto fail;
   }
 launch:
@@ -140,8 +141,8 @@ launch:
     goto fail;
   }
   if (lynx__cuda_calls_backends(l))
-    rc = lynx__cuda_client_blocks(l, resident, &gi->blocks, &app_backend,
-                                  err, errlen);
+    rc = lynx__cuda_client_blocks(l, resident, &gi->blocks, &app_backend, err,
+                                  errlen);
   else
     rc = lynx__cuda_pick_blocks(gi->device, l, resident, &gi->blocks, err,
                                 errlen);
@@ -217,21 +218,24 @@ launch:
     if (gi->calibrated)
       gpu_instance_fence(gi, serve_until);
     else
-      LYNX_WARN("cuda", "GPU %d: the persistent kernel of %s published no "
+      LYNX_WARN("cuda",
+                "GPU %d: the persistent kernel of %s published no "
                 "clock within %u ms: it takes no request until it does "
-                "(checked at every heartbeat)", gi->device, l->name,
-                CLOCK_WAIT_MS);
+                "(checked at every heartbeat)",
+                gi->device, l->name, CLOCK_WAIT_MS);
   }
   if (kl.n_backends)
-    LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
+    LYNX_INFO("cuda",
+              "GPU %d: persistent kernel of %s: %u blocks x %u "
               "threads over %u mqueues, each block with its own client "
-              "mqueue to each of %u back ends (mqueues %u..%u)", gi->device,
-              l->name, gi->blocks, l->gpu_threads, l->n_server,
+              "mqueue to each of %u back ends (mqueues %u..%u)",
+              gi->device, l->name, gi->blocks, l->gpu_threads, l->n_server,
               kl.n_backends, kl.client_base, l->n_mqueues - 1);
   else
-    LYNX_INFO("cuda", "GPU %d: persistent kernel of %s: %u blocks x %u "
-              "threads over %u mqueues", gi->device, l->name, gi->blocks,
-              l->gpu_threads, l->n_server);
+    LYNX_INFO("cuda",
+              "GPU %d: persistent kernel of %s: %u blocks x %u "
+              "threads over %u mqueues",
+              gi->device, l->name, gi->blocks, l->gpu_threads, l->n_server);
   *out = gi;
   return 0;
 fail:
@@ -265,8 +269,10 @@ int gpu_instance_stop(struct gpu_instance *gi) {
     gi->stopped = 1;
     gi->hung = 1; /* its counters are still read live */
     lynx__cuda_set_hung(gi->device, STOP_WAIT_MS);
-    LYNX_ERR("cuda", "GPU %d: the persistent kernel did not stop within %u "
-             "ms (hung)", gi->device, STOP_WAIT_MS);
+    LYNX_ERR("cuda",
+             "GPU %d: the persistent kernel did not stop within %u "
+             "ms (hung)",
+             gi->device, STOP_WAIT_MS);
     return -ETIMEDOUT;
   }
   if (e != cudaSuccess)

@@ -11,16 +11,16 @@
 
 #include "accel.h"
 
-#define NO_CUDA                                                               \
-  "this lynx-agent was built without the CUDA backend (no CUDA toolkit at "   \
-  "build time, or LYNX_CUDA=OFF): no GPU accelerators; rebuild with "         \
+#define NO_CUDA                                                                \
+  "this lynx-agent was built without the CUDA backend (no CUDA toolkit at "    \
+  "build time, or LYNX_CUDA=OFF): no GPU accelerators; rebuild with "          \
   "`make LYNX_CUDA=ON` on a host with the CUDA toolkit"
 
 static int none_discover(const char *spec,
                          const struct lynx_transport_ops *tops,
                          enum lynx_region_where mem,
-                         struct lynx_accel_dev **out, uint32_t *n,
-                         char *err, size_t errlen) {
+                         struct lynx_accel_dev **out, uint32_t *n, char *err,
+                         size_t errlen) {
   (void)spec;
   (void)tops;
   (void)mem;
@@ -45,9 +45,8 @@ static int none_client_mqs(const struct lynx_accel_launch *l,
   return 0;
 }
 
-static int none_start(const struct lynx_accel_launch *l,
-                      struct lynx_region *r, struct lynx_accel_inst **out,
-                      char *why, size_t whylen) {
+static int none_start(const struct lynx_accel_launch *l, struct lynx_region *r,
+                      struct lynx_accel_inst **out, char *why, size_t whylen) {
   (void)l;
   (void)r;
   *out = NULL;
@@ -89,8 +88,8 @@ static int none_stop(struct lynx_accel_inst *in) {
 
 static void none_put(struct lynx_accel_inst *in) { (void)in; }
 
-static void none_health(const struct lynx_accel_dev *a, int *lost,
-                        int *failed, char *err, size_t errlen) {
+static void none_health(const struct lynx_accel_dev *a, int *lost, int *failed,
+                        char *err, size_t errlen) {
   (void)a;
   *lost = 1;
   *failed = 0;

@@ -67,8 +67,8 @@ void lynx__cuda_dev_free(int device, void *p, size_t size) {
     return;
   c = malloc(sizeof(*c));
   if (!c) { /* keep it out of use rather than synchronise the device */
-    LYNX_WARN("cuda", "GPU %d: out of memory: %zu device bytes leak",
-              device, size);
+    LYNX_WARN("cuda", "GPU %d: out of memory: %zu device bytes leak", device,
+              size);
     return;
   }
   c->device = device;
@@ -121,8 +121,10 @@ void lynx__cuda_pinned_free(int device, void *p) {
     return;
   b = malloc(sizeof(*b));
   if (!b) {
-    LYNX_WARN("cuda", "GPU %d: out of memory: a pinned staging buffer "
-              "leaks", device);
+    LYNX_WARN("cuda",
+              "GPU %d: out of memory: a pinned staging buffer "
+              "leaks",
+              device);
     return;
   }
   b->device = device;

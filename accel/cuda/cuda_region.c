@@ -24,8 +24,8 @@
 
 #define GPU_PAGE (64u * 1024u)
 
-typedef CUresult (*pfn_get_handle)(void *handle, CUdeviceptr dptr,
-                                   size_t size, CUmemRangeHandleType type,
+typedef CUresult (*pfn_get_handle)(void *handle, CUdeviceptr dptr, size_t size,
+                                   CUmemRangeHandleType type,
                                    unsigned long long flags);
 typedef CUresult (*pfn_set_attr)(const void *value,
                                  CUpointer_attribute attribute,
@@ -33,8 +33,8 @@ typedef CUresult (*pfn_set_attr)(const void *value,
 
 /* RDMA registration of GPU memory: dma-buf first (upstream kernels, open
  * GPU module), then the device pointer as is (nvidia-peermem). */
-static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
-                      int access, void **mr, char *err, size_t errlen) {
+static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len, int access,
+                      void **mr, char *err, size_t errlen) {
   struct gpu_instance *gi = ctx;
   char dmabuf_why[96] = "";
   struct ibv_mr *m = NULL;
@@ -42,8 +42,8 @@ static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
     return -EFAULT;
   pthread_mutex_lock(&gi->lock);
   if (gi->dmabuf_fd == -1) {
-    pfn_get_handle get = (pfn_get_handle)lynx__cuda_driver_fn(
-        "cuMemGetHandleForAddressRange");
+    pfn_get_handle get =
+        (pfn_get_handle)lynx__cuda_driver_fn("cuMemGetHandleForAddressRange");
     int fd = -1;
     CUresult cr = get ? get(&fd, (CUdeviceptr)(uintptr_t)gi->base, gi->alloc,
                             CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
@@ -73,11 +73,13 @@ static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len,
   if (!m) {
     m = ibv_reg_mr(pd, gi->base + off, len, access);
     if (!m)
-      snprintf(err, errlen, "GPU %d: neither dma-buf (%s) nor "
+      snprintf(err, errlen,
+               "GPU %d: neither dma-buf (%s) nor "
                "nvidia-peermem (ibv_reg_mr: %s) registers its memory; load "
                "nvidia-peermem, or use the open GPU kernel module with a "
-               "dma-buf capable kernel (5.12+) and NIC driver", gi->device,
-               dmabuf_why[0] ? dmabuf_why : "not tried", strerror(errno));
+               "dma-buf capable kernel (5.12+) and NIC driver",
+               gi->device, dmabuf_why[0] ? dmabuf_why : "not tried",
+               strerror(errno));
     else if (dmabuf_why[0])
       LYNX_INFO("cuda", "GPU %d: registered through nvidia-peermem (%s)",
                 gi->device, dmabuf_why);
@@ -120,9 +122,10 @@ int lynx__cuda_map_host(struct gpu_instance *gi, uint8_t *host, uint64_t size,
     e = cudaHostGetDevicePointer(&dev, host, 0);
   if (e != cudaSuccess) {
     lynx__cuda_note(gi->device, e, "host region mapping");
-    snprintf(err, errlen, "GPU %d: cannot map a %llu-byte host region into "
-             "the GPU: %s", gi->device, (unsigned long long)size,
-             cudaGetErrorString(e));
+    snprintf(err, errlen,
+             "GPU %d: cannot map a %llu-byte host region into "
+             "the GPU: %s",
+             gi->device, (unsigned long long)size, cudaGetErrorString(e));
     return lynx__cuda_errno(e);
   }
   gi->base = dev;
@@ -135,9 +138,10 @@ static void gi_free(struct gpu_instance *gi) {
   if (gi->hung) {
     /* the kernel may still touch it: freeing would let it corrupt the
      * next allocation */
-    LYNX_ERR("cuda", "GPU %d: keeping %llu bytes of a region whose kernel "
-             "did not stop, until the agent exits", gi->device,
-             (unsigned long long)gi->alloc);
+    LYNX_ERR("cuda",
+             "GPU %d: keeping %llu bytes of a region whose kernel "
+             "did not stop, until the agent exits",
+             gi->device, (unsigned long long)gi->alloc);
     return;
   }
   lynx__cuda_host_unmap(gi);
@@ -199,15 +203,14 @@ int lynx__cuda_region_alloc(struct gpu_instance *gi, uint64_t size, char *err,
     if (set_attr(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
                  (CUdeviceptr)(uintptr_t)gi->base) != CUDA_SUCCESS)
       LYNX_DBG("cuda", "GPU %d: cannot set SYNC_MEMOPS on the region",
-                 gi->device);
+               gi->device);
   }
   lynx__cuda_gdr_open();
   if (lynx__cuda_gdr.g) {
-    if (lynx__cuda_gdr.pin(lynx__cuda_gdr.g,
-                           (unsigned long)(uintptr_t)gi->base, gi->alloc, 0,
-                           0, &gi->gmh) == 0) {
-      if (lynx__cuda_gdr.map(lynx__cuda_gdr.g, gi->gmh, &gi->gva,
-                             gi->alloc) != 0) {
+    if (lynx__cuda_gdr.pin(lynx__cuda_gdr.g, (unsigned long)(uintptr_t)gi->base,
+                           gi->alloc, 0, 0, &gi->gmh) == 0) {
+      if (lynx__cuda_gdr.map(lynx__cuda_gdr.g, gi->gmh, &gi->gva, gi->alloc) !=
+          0) {
         lynx__cuda_gdr.unpin(lynx__cuda_gdr.g, gi->gmh);
         gi->gva = NULL;
       }

@@ -244,8 +244,8 @@ int lynx__cuda_mem_write(void *ctx, uint64_t off, const void *src, size_t len) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (gi->writes_ordering < (uint32_t)cudaGPUDirectRDMAWritesOrderingOwner) {
       uint32_t sink;
-      lynx__cuda_gdr.from(gi->gmh, &sink,
-                          (uint8_t *)gi->gva + (off & ~3ull), 4);
+      lynx__cuda_gdr.from(gi->gmh, &sink, (uint8_t *)gi->gva + (off & ~3ull),
+                          4);
     }
   } else {
     cudaSetDevice(gi->device);
@@ -394,9 +394,10 @@ int lynx__cuda_stage_init(struct gpu_instance *gi, char *err, size_t errlen) {
   }
   if (e != cudaSuccess) {
     lynx__cuda_note(gi->device, e, what);
-    snprintf(err, errlen, "GPU %d: cannot set up the tcp transport's %u KiB "
-             "of pinned staging (%s): %s", gi->device, STAGE_BYTES >> 10,
-             what, cudaGetErrorString(e));
+    snprintf(err, errlen,
+             "GPU %d: cannot set up the tcp transport's %u KiB "
+             "of pinned staging (%s): %s",
+             gi->device, STAGE_BYTES >> 10, what, cudaGetErrorString(e));
     return lynx__cuda_errno(e);
   }
   return 0;
@@ -411,7 +412,8 @@ void lynx__cuda_stage_fini(struct gpu_instance *gi) {
     if (sg->ev[i])
       cudaEventDestroy(sg->ev[i]);
   if (st->writes || st->reads)
-    LYNX_INFO("cuda", "GPU %d: the region's tcp copies: %llu writes, %llu "
+    LYNX_INFO("cuda",
+              "GPU %d: the region's tcp copies: %llu writes, %llu "
               "reads, %llu copies (%llu writes merged), %llu stream "
               "synchronisations, %llu staging waits, %llu unstaged",
               gi->device, (unsigned long long)st->writes,
@@ -422,8 +424,10 @@ void lynx__cuda_stage_fini(struct gpu_instance *gi) {
   if (!sg->buf)
     return;
   if (gi->copy && cudaStreamSynchronize(gi->copy) != cudaSuccess) {
-    LYNX_WARN("cuda", "GPU %d: copies on the staging may not have ended: "
-              "its %u KiB stay out of use", gi->device, STAGE_BYTES >> 10);
+    LYNX_WARN("cuda",
+              "GPU %d: copies on the staging may not have ended: "
+              "its %u KiB stay out of use",
+              gi->device, STAGE_BYTES >> 10);
     return;
   }
   lynx__cuda_pinned_free(gi->device, sg->buf);
@@ -437,4 +441,3 @@ void gpu_instance_copy_stats(struct gpu_instance *gi,
   st->staging_bytes = gi->stg.buf ? STAGE_BYTES : 0;
   pthread_mutex_unlock(&gi->lock);
 }
-

@@ -49,15 +49,13 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
 
 struct gpu_instance;
 
-
 /* Starts l->app's kernel on GPU l->acc: allocates the region in GPU memory,
  * attaches it to the transport (r), formats and exports it (or, where
  * l->acc does not own the memory, maps the caller's host region l->region
  * into the GPU), and launches the persistent kernel. 0 or -errno with the
  * reason in err; on error nothing is left (r freed, or a host region
  * unmapped from the GPU and left to its owner). */
-int gpu_instance_start(const struct lynx_accel_launch *l,
-                       struct lynx_region *r,
+int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen);
 
 /* Asks the kernel to stop and waits for it (bounded); a host region is

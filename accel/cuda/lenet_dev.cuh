@@ -52,7 +52,8 @@ static __device__ void lenet_block_infer(const float *w, const uint8_t *img,
   __syncthreads();
   /* conv1 + ReLU: b (1x28x28) -> a (6x28x28) */
   for (i = t; i < LENET_C1_OUT * LENET_C1_SIDE * LENET_C1_SIDE; i += n) {
-    int oc = i / (LENET_C1_SIDE * LENET_C1_SIDE), r = i % (LENET_C1_SIDE * LENET_C1_SIDE);
+    int oc = i / (LENET_C1_SIDE * LENET_C1_SIDE),
+        r = i % (LENET_C1_SIDE * LENET_C1_SIDE);
     s->a[i] = lenet_relu(lenet_conv_elem(w + LENET_C1_W, w + LENET_C1_B, s->b,
                                          1, LENET_SIDE, LENET_C1_PAD, oc,
                                          r / LENET_C1_SIDE, r % LENET_C1_SIDE));
@@ -60,14 +61,16 @@ static __device__ void lenet_block_infer(const float *w, const uint8_t *img,
   __syncthreads();
   /* pool1: a -> b (6x14x14) */
   for (i = t; i < LENET_C1_OUT * LENET_P1_SIDE * LENET_P1_SIDE; i += n) {
-    int c = i / (LENET_P1_SIDE * LENET_P1_SIDE), r = i % (LENET_P1_SIDE * LENET_P1_SIDE);
+    int c = i / (LENET_P1_SIDE * LENET_P1_SIDE),
+        r = i % (LENET_P1_SIDE * LENET_P1_SIDE);
     s->b[i] = lenet_pool_elem(s->a, LENET_C1_SIDE, c, r / LENET_P1_SIDE,
                               r % LENET_P1_SIDE);
   }
   __syncthreads();
   /* conv2 + ReLU: b -> a (16x10x10) */
   for (i = t; i < LENET_C2_OUT * LENET_C2_SIDE * LENET_C2_SIDE; i += n) {
-    int oc = i / (LENET_C2_SIDE * LENET_C2_SIDE), r = i % (LENET_C2_SIDE * LENET_C2_SIDE);
+    int oc = i / (LENET_C2_SIDE * LENET_C2_SIDE),
+        r = i % (LENET_C2_SIDE * LENET_C2_SIDE);
     s->a[i] = lenet_relu(lenet_conv_elem(w + LENET_C2_W, w + LENET_C2_B, s->b,
                                          LENET_C1_OUT, LENET_P1_SIDE, 0, oc,
                                          r / LENET_C2_SIDE, r % LENET_C2_SIDE));
@@ -75,22 +78,23 @@ static __device__ void lenet_block_infer(const float *w, const uint8_t *img,
   __syncthreads();
   /* pool2: a -> b (16x5x5 = the 400 inputs of fc1) */
   for (i = t; i < LENET_FLAT; i += n) {
-    int c = i / (LENET_P2_SIDE * LENET_P2_SIDE), r = i % (LENET_P2_SIDE * LENET_P2_SIDE);
+    int c = i / (LENET_P2_SIDE * LENET_P2_SIDE),
+        r = i % (LENET_P2_SIDE * LENET_P2_SIDE);
     s->b[i] = lenet_pool_elem(s->a, LENET_C2_SIDE, c, r / LENET_P2_SIDE,
                               r % LENET_P2_SIDE);
   }
   __syncthreads();
   for (i = t; i < LENET_F1_OUT; i += n) /* fc1 + ReLU: b -> a */
-    s->a[i] = lenet_relu(lenet_fc_elem(w + LENET_F1_W, w + LENET_F1_B, s->b,
-                                       LENET_FLAT, i));
+    s->a[i] = lenet_relu(
+        lenet_fc_elem(w + LENET_F1_W, w + LENET_F1_B, s->b, LENET_FLAT, i));
   __syncthreads();
   for (i = t; i < LENET_F2_OUT; i += n) /* fc2 + ReLU: a -> b */
-    s->b[i] = lenet_relu(lenet_fc_elem(w + LENET_F2_W, w + LENET_F2_B, s->a,
-                                       LENET_F1_OUT, i));
+    s->b[i] = lenet_relu(
+        lenet_fc_elem(w + LENET_F2_W, w + LENET_F2_B, s->a, LENET_F1_OUT, i));
   __syncthreads();
   for (i = t; i < LENET_CLASSES; i += n) /* fc3: b -> logits */
-    logits[i] = lenet_fc_elem(w + LENET_F3_W, w + LENET_F3_B, s->b,
-                              LENET_F2_OUT, i);
+    logits[i] =
+        lenet_fc_elem(w + LENET_F3_W, w + LENET_F3_B, s->b, LENET_F2_OUT, i);
   __syncthreads();
 }
 

@@ -70,13 +70,13 @@ struct lynx_cuda_launch {
   void *region;                         /* device pointer, formatted */
   uint32_t n_mqueues, slots, slot_size; /* its geometry (as formatted) */
   uint32_t large_bytes;                 /* each ring's large area */
-  uint32_t n_server;  /* server mqueues served: [0, n_server) */
-  uint32_t app;       /* enum lynx_cuda_app */
-  uint32_t work_us;   /* emulated work per request (%globaltimer) */
-  uint32_t blocks;    /* block b serves mqueues q with q % blocks == b, at
-                         most LYNX_CUDA_MQS_PER_BLOCK */
-  uint32_t threads;   /* threads per block (multiple of 32, <= 1024) */
-  uint32_t idle_ns;   /* adaptive polling: longest __nanosleep when idle */
+  uint32_t n_server; /* server mqueues served: [0, n_server) */
+  uint32_t app;      /* enum lynx_cuda_app */
+  uint32_t work_us;  /* emulated work per request (%globaltimer) */
+  uint32_t blocks;   /* block b serves mqueues q with q % blocks == b, at
+                        most LYNX_CUDA_MQS_PER_BLOCK */
+  uint32_t threads;  /* threads per block (multiple of 32, <= 1024) */
+  uint32_t idle_ns;  /* adaptive polling: longest __nanosleep when idle */
   struct lynx_cuda_kctl *kctl; /* device pointer, lynx_cuda_kctl_size */
   /* Client mqueues, for an app that calls a back end (lynx_cuda_app_calls;
    * docs/client-mqueues.md, "On a GPU"): every block has its own for each
@@ -130,8 +130,8 @@ int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
  * calls a back end needs n_backends >= 1, app_backend < n_backends,
  * client_base == n_server and n_mqueues == client_base + blocks *
  * n_backends (-22 otherwise). */
-int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
-                     char *err, size_t errlen);
+int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
+                    size_t errlen);
 
 #ifdef __cplusplus
 }

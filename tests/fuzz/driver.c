@@ -117,9 +117,11 @@ int main(int argc, char **argv) {
   if (LLVMFuzzerInitialize)
     LLVMFuzzerInitialize(&argc, &argv);
   if (argc < 2) {
-    fprintf(stderr, "usage: %s FILE|DIR...\n"
+    fprintf(stderr,
+            "usage: %s FILE|DIR...\n"
             "runs each input once through the harness (a build without "
-            "libFuzzer; docs/fuzzing.md)\n", argv[0]);
+            "libFuzzer; docs/fuzzing.md)\n",
+            argv[0]);
     return 2;
   }
   for (int i = 1; i < argc; i++) {

@@ -7,9 +7,10 @@
  * input to the next: whatever it builds (registries, readers, sockets,
  * threads) is made and freed within the call, so an input that crashes
  * crashes alone, the way its reproducer runs it. (The tcp harnesses keep
- * one number: the port their listener used, to listen there again.) Built with LYNX_FUZZ=ON
- * it links libFuzzer; otherwise driver.c's main runs files through it once
- * each (the regression run of the corpus in ctest). Docs: docs/fuzzing.md.
+ * one number: the port their listener used, to listen there again.) Built with
+ * LYNX_FUZZ=ON it links libFuzzer; otherwise driver.c's main runs files through
+ * it once each (the regression run of the corpus in ctest). Docs:
+ * docs/fuzzing.md.
  */
 #ifndef LYNX_FUZZ_H
 #define LYNX_FUZZ_H

@@ -102,9 +102,9 @@ static void check_answer(struct ut_region *r, const struct lynx_app *app,
   if (!strcmp(app->name, "echo") || sp) {
     FZ_CHECK(len == req->len);
     for (uint32_t i = 0; i < len; i++)
-      FZ_CHECK(data[i] == (sp && i == 9 ? (uint8_t)(req->data[9] &
-                                                    ~LYNX_SOCKPERF_CLIENT)
-                                        : req->data[i]));
+      FZ_CHECK(data[i] == (sp && i == 9
+                               ? (uint8_t)(req->data[9] & ~LYNX_SOCKPERF_CLIENT)
+                               : req->data[i]));
   }
 }
 
@@ -131,8 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   put_requests(&r, &f, flags & 1);
   rep = fz_rest(&f, &n);
-  put_replies(&cr, rep, (uint32_t)(n < L ? n : L),
-              statuses[(flags >> 1) & 3]);
+  put_replies(&cr, rep, (uint32_t)(n < L ? n : L), statuses[(flags >> 1) & 3]);
   memset(&cl, 0, sizeof(cl));
   snprintf(cl.name, sizeof(cl.name), "%s",
            app->needs_backend ? app->needs_backend : "none");

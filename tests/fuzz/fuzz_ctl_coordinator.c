@@ -81,11 +81,10 @@ static int on_register(struct peer *p, const Lynx__Register *m) {
   rc = lynx_ctl_register(m, labels, accels, &adopt, &n_adopt, err.message,
                          sizeof(err.message));
   if (!rc)
-    rc = lynx_reg_register_adopt(&p->reg, m->node_id,
-                                 m->address ? m->address : "", epoch, labels,
-                                 (uint32_t)m->n_labels, accels,
-                                 (uint32_t)m->n_accels, adopt, n_adopt, p,
-                                 p->now, &err);
+    rc = lynx_reg_register_adopt(
+        &p->reg, m->node_id, m->address ? m->address : "", epoch, labels,
+        (uint32_t)m->n_labels, accels, (uint32_t)m->n_accels, adopt, n_adopt, p,
+        p->now, &err);
   FZ_CHECK(rc == 0 || err.message[0]);
   free(adopt);
   return rc;

@@ -26,8 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   unsigned status = 0;
   char msg[512] = "";
   fz_quiet();
-  body = lynx_http_body_parse((const char *)data, size, &status, msg,
-                              sizeof(msg));
+  body =
+      lynx_http_body_parse((const char *)data, size, &status, msg, sizeof(msg));
   if (!body) {
     FZ_CHECK((status == 400 || status == 413 || status == 500) && msg[0]);
     return 0;

@@ -53,8 +53,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       memcpy(whole + i, rest + hdr, k); /* the rest, repeated */
     }
     if (flags & 2) {
-      uint32_t crc = htole32(lenet_crc32(whole + LENET_FILE_HDR,
-                                         4u * LENET_PARAMS));
+      uint32_t crc =
+          htole32(lenet_crc32(whole + LENET_FILE_HDR, 4u * LENET_PARAMS));
       memcpy(whole + 24, &crc, 4);
     }
   }

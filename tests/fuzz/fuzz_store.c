@@ -34,8 +34,8 @@ static const char *tmp_base(void) {
 /* The state r holds, as it would be saved (malloc'd text, or NULL). */
 static char *state_text(const struct lynx_registry *r) {
   struct json_object *o = lynx_store_state_obj(r, NULL);
-  const char *s = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)
-                    : NULL;
+  const char *s =
+      o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) : NULL;
   char *t = s ? strdup(s) : NULL;
   json_object_put(o);
   return t;

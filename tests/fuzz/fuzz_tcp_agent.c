@@ -71,13 +71,11 @@ static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
       /* the HELLO is answered first, by a CHALLENGE and then (after the
        * PROOF) a HELLO_REPLY, or by a HELLO_REPLY alone; and only then */
       FZ_CHECK(op != OP_CHALLENGE || (first && len == LYNX_TCP_NONCE));
-      FZ_CHECK((op == OP_HELLO_REPLY) ==
-               ((first && op != OP_CHALLENGE) ||
-                (r->frames == 1 && r->challenged)));
+      FZ_CHECK((op == OP_HELLO_REPLY) == ((first && op != OP_CHALLENGE) ||
+                                          (r->frames == 1 && r->challenged)));
       r->challenged |= op == OP_CHALLENGE;
       FZ_CHECK(op == OP_HELLO_REPLY || op == OP_CHALLENGE ||
-               op == OP_READ_RESP || op == OP_READ_TX_RESP ||
-               op == OP_FENCED);
+               op == OP_READ_RESP || op == OP_READ_TX_RESP || op == OP_FENCED);
       FZ_CHECK(op != OP_READ_RESP || len <= r->region_size);
       FZ_CHECK(len <= (4u << 20));
       r->skip = len;
@@ -187,8 +185,8 @@ static int agent_create(struct lynx_transport_agent **ta, char *err,
                            err, errlen);
   if (rc && strcmp(last, "127.0.0.1:0")) { /* taken since: search again */
     snprintf(last, sizeof(last), "127.0.0.1:0");
-    rc = t->agent_create(&(struct lynx_transport_opts){.listen = last}, ta,
-                         err, errlen);
+    rc = t->agent_create(&(struct lynx_transport_opts){.listen = last}, ta, err,
+                         errlen);
   }
   if (!rc)
     snprintf(last, sizeof(last), "%s", (*ta)->bound);
@@ -209,8 +207,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* the HELLO goes first in out: sent alone (bit 0) or with the stream */
   size_t n, hello = flags & 0x41 ? TCP_HDR + FZ_TCP_HELLO : 0;
   size_t skip = flags & 1 ? hello : 0; /* bytes of out the handshake sent */
-  size_t piece = flags & 0x3c ? (size_t)1 << (((flags >> 2) & 15) - 1)
-                              : SIZE_MAX;
+  size_t piece =
+      flags & 0x3c ? (size_t)1 << (((flags >> 2) & 15) - 1) : SIZE_MAX;
   const uint8_t *stream = fz_rest(&f, &n);
   char err[256];
   struct linger lg = {1, 0}; /* closed with a reset: no TIME_WAIT left */

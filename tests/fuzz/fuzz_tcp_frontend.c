@@ -115,8 +115,8 @@ struct op {
   int compound;
   uint64_t off;
   size_t len;
-  uint8_t *dst;              /* a read's bytes, or a compound's array */
-  struct lynx_tx_read *tx;   /* a compound's entries, one per mqueue */
+  uint8_t *dst;            /* a read's bytes, or a compound's array */
+  struct lynx_tx_read *tx; /* a compound's entries, one per mqueue */
   int done;
 };
 
@@ -146,8 +146,9 @@ static int post(struct lynx_tconn *c, struct op *o, int i, struct fz *f,
       if (!o->tx[q].dst)
         return -1;
     }
-    return c->ops->read_tx(c, o->dst, o->tx, (int)g->n_mqueues,
-                           (uint64_t)i + 1) ? -1 : 0;
+    return c->ops->read_tx(c, o->dst, o->tx, (int)g->n_mqueues, (uint64_t)i + 1)
+               ? -1
+               : 0;
   }
   o->off = fz_u16(f) % g->region_size;
   o->len = 1 + fz_u16(f) % (g->region_size - o->off);

@@ -540,9 +540,8 @@ static void tcp_frontend_seed(const char *name, uint8_t sel, uint16_t len,
   r.size = g.region_size;
   r.base = calloc(1, g.region_size);
   if (!r.base ||
-      lynx_region_format(&r, g.n_mqueues, g.slots, g.slot_size,
-                         g.large_bytes, ordering, FZ_TCP_EPOCH,
-                         FZ_TCP_ACCEL)) {
+      lynx_region_format(&r, g.n_mqueues, g.slots, g.slot_size, g.large_bytes,
+                         ordering, FZ_TCP_EPOCH, FZ_TCP_ACCEL)) {
     fprintf(stderr, "gen_seeds: cannot format a region\n");
     exit(1);
   }
@@ -675,7 +674,7 @@ static void apps(void) {
   uint8_t sp[32] = {0}, face[FACE_REQ_LEN], img[LENET_PIXELS];
   struct bs b = {0};
   char rep[2048];
-  sp[7] = 1;                                            /* sequence 1 */
+  sp[7] = 1;                                             /* sequence 1 */
   sp[9] = LYNX_SOCKPERF_PONG_REQ | LYNX_SOCKPERF_CLIENT; /* a ping */
   sp[13] = sizeof(sp);
   app_seed("echo", 0, 0, "hello", 5, "");
@@ -744,7 +743,8 @@ static void apps(void) {
     uint8_t slot[1024] = {0};
     struct lynx_slot_meta m = {sizeof(sp), 20u + k, LYNX_ST_OK, 0, 0};
     memcpy(slot, sp, sizeof(sp));
-    slot[9] = (uint8_t)(LYNX_SOCKPERF_CLIENT | (k ? LYNX_SOCKPERF_PONG_REQ : 0));
+    slot[9] =
+        (uint8_t)(LYNX_SOCKPERF_CLIENT | (k ? LYNX_SOCKPERF_PONG_REQ : 0));
     memcpy(slot + sizeof(slot) - LYNX_META_SIZE, &m, sizeof(m));
     put(&b, slot, sizeof(slot));
   }

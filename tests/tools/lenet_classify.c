@@ -8,9 +8,9 @@
  * --index K sends Fashion-MNIST test image K (of --data) and prints its
  * label beside the answer, and checks the answer against the training
  * script's reference (--ref): the same class, and for the images whose
- * logits it keeps, the same logits bit for bit; --image FILE sends a 28x28 8-bit grayscale
- * image of one's own: 784 raw bytes (row-major, as in the MNIST files), or
- * a binary PGM (P5) of 28x28 with maxval 255. One UDP request with a
+ * logits it keeps, the same logits bit for bit; --image FILE sends a 28x28
+ * 8-bit grayscale image of one's own: 784 raw bytes (row-major, as in the MNIST
+ * files), or a binary PGM (P5) of 28x28 with maxval 255. One UDP request with a
  * 4-byte cookie; the answer must carry it.
  *
  * Output:
@@ -39,8 +39,8 @@
 #endif
 
 static const char *const class_names[LENET_CLASSES] = {
-    "T-shirt/top", "trouser", "pullover", "dress",   "coat",
-    "sandal",      "shirt",   "sneaker",  "bag",     "ankle boot"};
+    "T-shirt/top", "trouser", "pullover", "dress", "coat",
+    "sandal",      "shirt",   "sneaker",  "bag",   "ankle boot"};
 
 struct cfg {
   char *target, *image, *data, *ref;
@@ -68,7 +68,7 @@ static const struct lynx_opt opts[] = {
 
 #define USAGE                                                                  \
   "usage: lynx-lenet-classify --target HOST:PORT (--index K | --image FILE)\n" \
-  "                           [--data DIR] [--ref FILE] [--timeout-ms T]\n"      \
+  "                           [--data DIR] [--ref FILE] [--timeout-ms T]\n"    \
   "Asks a lenet service for the class of one image.\n"
 
 /* Reads a 28x28 image from path into px: 784 raw bytes, or a binary PGM
@@ -102,12 +102,16 @@ static int read_image(const char *path, uint8_t px[LENET_PIXELS], char *why,
       memcpy(px, buf + off + 1, LENET_PIXELS);
       return 0;
     }
-    snprintf(why, whylen, "%s: a PGM, but not a 28x28 one with maxval 255 "
-             "and no comments", path);
+    snprintf(why, whylen,
+             "%s: a PGM, but not a 28x28 one with maxval 255 "
+             "and no comments",
+             path);
     return -1;
   }
-  snprintf(why, whylen, "%s: %zu%s bytes: want 784 raw pixels or a 28x28 "
-           "binary PGM", path, n, n == sizeof(buf) ? " or more" : "");
+  snprintf(why, whylen,
+           "%s: %zu%s bytes: want 784 raw pixels or a 28x28 "
+           "binary PGM",
+           path, n, n == sizeof(buf) ? " or more" : "");
   return -1;
 }
 
@@ -153,13 +157,17 @@ int main(int argc, char **argv) {
       goto out;
     }
     if (ref.images != ts.count) {
-      fprintf(stderr, "lynx-lenet-classify: %s has %u classes for %u test "
-              "images\n", cfg.ref, ref.images, ts.count);
+      fprintf(stderr,
+              "lynx-lenet-classify: %s has %u classes for %u test "
+              "images\n",
+              cfg.ref, ref.images, ts.count);
       goto out;
     }
     if (cfg.index >= ts.count) {
-      fprintf(stderr, "lynx-lenet-classify: --index %u: the test set has "
-              "%u images\n", cfg.index, ts.count);
+      fprintf(stderr,
+              "lynx-lenet-classify: --index %u: the test set has "
+              "%u images\n",
+              cfg.index, ts.count);
       goto out;
     }
     memcpy(req, ts.images + (size_t)cfg.index * LENET_PIXELS, LENET_PIXELS);
@@ -184,7 +192,8 @@ int main(int argc, char **argv) {
     uint64_t spent = (lynx_now_ns() - t0) / 1000000u;
     if (spent >= cfg.timeout_ms ||
         poll(&p, 1, (int)(cfg.timeout_ms - spent)) <= 0) {
-      fprintf(stderr, "lynx-lenet-classify: no answer from %s within %u ms "
+      fprintf(stderr,
+              "lynx-lenet-classify: no answer from %s within %u ms "
               "(is a lenet service on that port? docs/lenet.md)\n",
               cfg.target, cfg.timeout_ms);
       goto out;
@@ -197,9 +206,11 @@ int main(int argc, char **argv) {
     }
     if (lenet_resp_decode(resp, (uint32_t)got, &cls, logits, &cookie,
                           &cookie_len)) {
-      fprintf(stderr, "lynx-lenet-classify: an answer of %zd bytes from %s "
+      fprintf(stderr,
+              "lynx-lenet-classify: an answer of %zd bytes from %s "
               "does not decode as a lenet answer (is the service on that "
-              "port a lenet one?)\n", got, cfg.target);
+              "port a lenet one?)\n",
+              got, cfg.target);
       goto out;
     }
     if (cookie_len == 4 && !memcmp(cookie, &tag, 4))
@@ -217,15 +228,18 @@ int main(int argc, char **argv) {
   if (label >= 0) {
     float want[LENET_CLASSES];
     if (cls != ref.classes[cfg.index]) {
-      fprintf(stderr, "lynx-lenet-classify: the reference classifies test "
-              "image %u as %u, the service as %d\n", cfg.index,
-              ref.classes[cfg.index], cls);
+      fprintf(stderr,
+              "lynx-lenet-classify: the reference classifies test "
+              "image %u as %u, the service as %d\n",
+              cfg.index, ref.classes[cfg.index], cls);
       rc = LYNX_EXIT_RUNTIME;
     } else if (cfg.index < ref.logit_images) {
       lenet_ref_logits(&ref, cfg.index, want);
       if (memcmp(want, logits, sizeof(want))) {
-        fprintf(stderr, "lynx-lenet-classify: the logits of test image %u "
-                "differ from the reference's\n", cfg.index);
+        fprintf(stderr,
+                "lynx-lenet-classify: the logits of test image %u "
+                "differ from the reference's\n",
+                cfg.index);
         rc = LYNX_EXIT_RUNTIME;
       }
     }

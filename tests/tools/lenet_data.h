@@ -65,8 +65,7 @@ static int lenet_gz_slurp(const char *path, uint8_t **out, size_t *len,
       if (cap >= LENET_IDX_MAX) {
         free(buf);
         gzclose(f);
-        snprintf(why, whylen, "%s: larger than %u bytes", path,
-                 LENET_IDX_MAX);
+        snprintf(why, whylen, "%s: larger than %u bytes", path, LENET_IDX_MAX);
         return -EFBIG;
       }
       nb = realloc(buf, cap * 2);
@@ -108,8 +107,8 @@ static uint32_t lenet_le32(const uint8_t *p) {
  * dimension) in *count, the items' bytes (dims 2..) must multiply to
  * item; *data points at the first item inside *buf (free *buf). */
 static int lenet_idx_load(const char *path, int dims, uint32_t item,
-                          uint8_t **buf, const uint8_t **data,
-                          uint32_t *count, char *why, size_t whylen) {
+                          uint8_t **buf, const uint8_t **data, uint32_t *count,
+                          char *why, size_t whylen) {
   size_t len;
   uint64_t per = 1;
   int rc = lenet_gz_slurp(path, buf, &len, why, whylen);
@@ -117,17 +116,16 @@ static int lenet_idx_load(const char *path, int dims, uint32_t item,
     return rc;
   if (len < 4 + 4u * (uint32_t)dims || (*buf)[0] || (*buf)[1] ||
       (*buf)[2] != 0x08 || (*buf)[3] != dims) {
-    snprintf(why, whylen, "%s: not an IDX file of %d-dimensional bytes",
-             path, dims);
+    snprintf(why, whylen, "%s: not an IDX file of %d-dimensional bytes", path,
+             dims);
     goto bad;
   }
   for (int d = 1; d < dims; d++)
     per *= lenet_be32(*buf + 4 + 4 * d);
   *count = lenet_be32(*buf + 4);
-  if (per != item ||
-      len != 4 + 4u * (uint32_t)dims + (uint64_t)*count * item) {
-    snprintf(why, whylen, "%s: %zu bytes, not %u items of %u bytes", path,
-             len, *count, item);
+  if (per != item || len != 4 + 4u * (uint32_t)dims + (uint64_t)*count * item) {
+    snprintf(why, whylen, "%s: %zu bytes, not %u items of %u bytes", path, len,
+             *count, item);
     goto bad;
   }
   *data = *buf + 4 + 4 * dims;
@@ -221,17 +219,17 @@ static int lenet_ref_load(const char *path, struct lenet_ref *r, char *why,
   r->crc = lenet_le32(r->buf + 20);
   r->correct = lenet_le32(r->buf + 24);
   if (r->logit_images > r->images || r->correct > r->images ||
-      len != LENET_REF_HDR + (uint64_t)r->images +
-                 40ull * r->logit_images) {
-    snprintf(why, whylen, "%s: %zu bytes do not hold %u classes and %u "
-             "images' logits", path, len, r->images, r->logit_images);
+      len != LENET_REF_HDR + (uint64_t)r->images + 40ull * r->logit_images) {
+    snprintf(why, whylen,
+             "%s: %zu bytes do not hold %u classes and %u "
+             "images' logits",
+             path, len, r->images, r->logit_images);
     goto bad;
   }
   r->classes = r->buf + LENET_REF_HDR;
   for (uint32_t i = 0; i < r->images; i++)
     if (r->classes[i] >= LENET_CLASSES) {
-      snprintf(why, whylen, "%s: class %u of image %u", path, r->classes[i],
-               i);
+      snprintf(why, whylen, "%s: class %u of image %u", path, r->classes[i], i);
       goto bad;
     }
   return 0;

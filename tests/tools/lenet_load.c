@@ -94,11 +94,11 @@ static const struct lynx_opt opts[] = {
 #undef O
 
 #define USAGE                                                                  \
-  "usage: lynx-lenet-load --target HOST:PORT [--count N | --seconds S]\n"     \
-  "                       [--window W | --rate R] [--flows F] [--first K]\n"  \
-  "                       [--malformed M] [--data DIR] [--ref FILE]\n"        \
-  "                       [--timeout-ms T]\n"                                 \
-  "Sends Fashion-MNIST test images to a lenet service and checks each\n"      \
+  "usage: lynx-lenet-load --target HOST:PORT [--count N | --seconds S]\n"      \
+  "                       [--window W | --rate R] [--flows F] [--first K]\n"   \
+  "                       [--malformed M] [--data DIR] [--ref FILE]\n"         \
+  "                       [--timeout-ms T]\n"                                  \
+  "Sends Fashion-MNIST test images to a lenet service and checks each\n"       \
   "answer's class against the reference and the label.\n"
 
 enum { ST_PENDING = 0, ST_ANSWERED, ST_EXPIRED };
@@ -204,7 +204,8 @@ static void check_answer(struct run *r, const uint8_t *buf, uint32_t len,
   if (cklen != COOKIE_LEN || run_id != r->run_id || i >= r->n_reqs ||
       r->reqs[i].state == ST_ANSWERED) {
     r->unexpected++;
-    report(r, "an answer with a cookie of %u bytes matches no outstanding "
+    report(r,
+           "an answer with a cookie of %u bytes matches no outstanding "
            "request (duplicate, or an answer to a malformed request)",
            cklen);
     return;
@@ -221,8 +222,10 @@ static void check_answer(struct run *r, const uint8_t *buf, uint32_t len,
     r->logits_checked++;
     if (memcmp(want, logits, sizeof(want)) != 0) {
       r->logit_mismatch++;
-      report(r, "image %u: logits differ from the reference (first: %a, "
-             "want %a)", q->image, (double)logits[0], (double)want[0]);
+      report(r,
+             "image %u: logits differ from the reference (first: %a, "
+             "want %a)",
+             q->image, (double)logits[0], (double)want[0]);
     }
   }
   if (q->state == ST_EXPIRED) { /* counted lost already */
@@ -286,8 +289,7 @@ static int send_malformed(struct run *r) {
   memset(buf, 0x5a, sizeof(buf));
   for (uint32_t i = 0; i < r->cfg->malformed; i++) {
     uint32_t len = sizes[i % 4];
-    if (send(r->fds[0], buf, len, 0) != (ssize_t)len &&
-        errno != ECONNREFUSED) {
+    if (send(r->fds[0], buf, len, 0) != (ssize_t)len && errno != ECONNREFUSED) {
       fprintf(stderr, "lynx-lenet-load: send: %s\n", strerror(errno));
       return -1;
     }
@@ -354,17 +356,16 @@ static int run_load(struct run *r) {
          (unsigned long long)r->n_reqs, (unsigned long long)r->answered,
          (unsigned long long)lost, (unsigned long long)r->late, c->malformed,
          (unsigned long long)r->bad, (unsigned long long)r->unexpected,
-         (unsigned long long)r->disagree,
-         (unsigned long long)r->logits_checked,
-         (unsigned long long)r->logit_mismatch,
-         (unsigned long long)r->correct, (unsigned long long)r->ref_correct,
+         (unsigned long long)r->disagree, (unsigned long long)r->logits_checked,
+         (unsigned long long)r->logit_mismatch, (unsigned long long)r->correct,
+         (unsigned long long)r->ref_correct,
          r->answered ? 100.0 * (double)r->correct / (double)r->answered : 0.0,
          r->answered + r->late
              ? 100.0 * (double)(r->answered + r->late - r->disagree) /
                    (double)(r->answered + r->late)
              : 0.0,
-         secs, (double)r->answered / secs,
-         (unsigned long long)(p50 / 1000), (unsigned long long)(p99 / 1000));
+         secs, (double)r->answered / secs, (unsigned long long)(p50 / 1000),
+         (unsigned long long)(p99 / 1000));
   return r->bad || r->unexpected || r->disagree || r->logit_mismatch ? 1 : 0;
 }
 

@@ -228,8 +228,8 @@ static void sim_counters(const struct simnode *n, uint32_t i, uint64_t now_ns,
   c->requests = per_s * (up_ns / 1000000000u) +
                 per_s * (up_ns % 1000000000u) / 1000000000u;
   c->responses = c->requests;
-  c->window_requests = per_s * (up_ns < WINDOW_NS ? up_ns : WINDOW_NS) /
-                       1000000000u;
+  c->window_requests =
+      per_s * (up_ns < WINDOW_NS ? up_ns : WINDOW_NS) / 1000000000u;
   if (!c->window_requests)
     return; /* quantiles are 0 when none was taken */
   c->queue_p50_ns = (1 + k % 5) * 1000u;

@@ -15,11 +15,11 @@
  * written with one publish WRITE and received by the accelerator's ring
  * code; a response read back (actrl, TX slot); a long run of small
  * writes (chains, inline, selective signalling, -ENOBUFS retry); the wait
- * fd of a sleeping worker; local refusals; notify waking a "sleeping" accelerator; the device's own
- * enforcement of the three registrations (a write that passes the local
- * check but lands in a TX ring, a read that lands in an RX ring: both must
- * fail with -EIO); wrong key and stale epoch refused at connect; region_free
- * disconnecting a live frontend.
+ * fd of a sleeping worker; local refusals; notify waking a "sleeping"
+ * accelerator; the device's own enforcement of the three registrations (a write
+ * that passes the local check but lands in a TX ring, a read that lands in an
+ * RX ring: both must fail with -EIO); wrong key and stale epoch refused at
+ * connect; region_free disconnecting a live frontend.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -152,7 +152,8 @@ static int find_device(int argc, char **argv, char *host, size_t len) {
   }
   ibv_free_device_list(l);
   printf("rdma_conformance: SKIP: %d RDMA device(s) but no IPv4 address on "
-         "their interfaces; set LYNX_RDMA_ADDR\n", n);
+         "their interfaces; set LYNX_RDMA_ADDR\n",
+         n);
   return 77;
 }
 
@@ -174,8 +175,8 @@ static int wait_read(struct lynx_tconn *tc, uint64_t want) {
 }
 
 /* Posts a read of len bytes at off and waits for it. */
-static int sync_read(struct lynx_tconn *tc, uint64_t off, void *dst,
-                     size_t len, uint64_t id) {
+static int sync_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
+                     uint64_t id) {
   int rc = tc->ops->read(tc, off, dst, len, id);
   if (!rc)
     rc = tc->ops->flush(tc);
@@ -201,7 +202,7 @@ static uint32_t fctrl_value(uint32_t q) {
       (uint32_t *)(region.base + lynx_fctrl_off(&geom, q)));
 }
 
-/* ---- steps ---------------------------------------------------------------- */
+/* ---- steps --------------------------------------------------------------- */
 
 static int step_connect(struct lynx_tconn **tc) {
   int rc = ops->connect(&desc, tc);
@@ -237,8 +238,7 @@ static int step_request(struct lynx_tconn *tc) {
     if (lynx_now_ns() > deadline)
       FAIL("the request never arrived in the RX ring");
   }
-  if (rc || got.len != len || got.tag != 0xC0FFEE ||
-      memcmp(got.data, msg, len))
+  if (rc || got.len != len || got.tag != 0xC0FFEE || memcmp(got.data, msg, len))
     FAIL("the accelerator received something else (rc %d, len %u, tag 0x%x)",
          rc, got.len, got.tag);
   lynx_mq_release(&mq);
@@ -263,8 +263,8 @@ static int step_response(struct lynx_tconn *tc) {
     FAIL("reading actrl: %s", strerror(-rc));
   if (a[1].tx_prod != 1)
     FAIL("actrl[1].tx_prod is %u, want 1", a[1].tx_prod);
-  rc = sync_read(tc, lynx_slot_off(&geom, lynx_tx_ring_off(&geom, 1), 0),
-                 slot, sizeof(slot), 12);
+  rc = sync_read(tc, lynx_slot_off(&geom, lynx_tx_ring_off(&geom, 1), 0), slot,
+                 sizeof(slot), 12);
   if (rc)
     FAIL("reading the TX slot: %s", strerror(-rc));
   memcpy(&m, slot + Z - LYNX_META_SIZE, sizeof(m));
@@ -415,8 +415,7 @@ static int step_free_disconnects(struct lynx_tconn *tc) {
   ops->region_free(&region);
   rc = wait_error(tc);
   if (rc != -ECONNRESET && rc != -EIO)
-    FAIL("after region_free the frontend saw %d, want -ECONNRESET or -EIO",
-         rc);
+    FAIL("after region_free the frontend saw %d, want -ECONNRESET or -EIO", rc);
   return 0;
 }
 
@@ -460,8 +459,7 @@ int main(int argc, char **argv) {
   int rc = find_device(argc, argv, host, sizeof(host));
   if (rc)
     return rc;
-  snprintf(listen, sizeof(listen), strchr(host, ':') ? "[%s]:0" : "%s:0",
-           host);
+  snprintf(listen, sizeof(listen), strchr(host, ':') ? "[%s]:0" : "%s:0", host);
   step_no = 1;
   rc = ops->agent_create(&(struct lynx_transport_opts){.listen = listen},
                          &agent, err, sizeof(err));
@@ -477,7 +475,7 @@ int main(int argc, char **argv) {
     if (!rc) {                                                                 \
       rc = (expr);                                                             \
       if (!rc)                                                                 \
-        printf("rdma_conformance: step %d ok: %s\n", step_no, #expr);        \
+        printf("rdma_conformance: step %d ok: %s\n", step_no, #expr);          \
     }                                                                          \
   } while (0)
   STEP(step_connect(&tc));

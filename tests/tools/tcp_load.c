@@ -56,8 +56,8 @@ static uint64_t mix(uint64_t x) { return tool_splitmix(&x); }
 
 static uint32_t msg_len(uint64_t seed, uint32_t c, uint32_t k, uint32_t max,
                         uint32_t fixed) {
-  return fixed ? fixed : (uint32_t)(mix(seed ^ ((uint64_t)c << 32) ^ k) %
-                                    (max + 1u));
+  return fixed ? fixed
+               : (uint32_t)(mix(seed ^ ((uint64_t)c << 32) ^ k) % (max + 1u));
 }
 
 static void msg_fill(uint8_t *p, uint32_t len, uint64_t seed, uint32_t c,
@@ -303,8 +303,10 @@ int main(int argc, char **argv) {
         if (c->answered >= c->sent || len != want ||
             memcmp(c->in + hdr, buf, len)) {
           if (mismatched++ < 5)
-            fprintf(stderr, "tcp_load: connection %u answer %u: %u bytes, "
-                    "expected %u%s\n", i, c->answered, len, want,
+            fprintf(stderr,
+                    "tcp_load: connection %u answer %u: %u bytes, "
+                    "expected %u%s\n",
+                    i, c->answered, len, want,
                     len == want ? " (contents differ)" : "");
         }
         c->answered++;
@@ -332,9 +334,11 @@ int main(int argc, char **argv) {
     printf("tcp_load: mode=%s conns=%u connected=%llu sent=%llu "
            "answered=%llu mismatched=%llu closed_by_server=%llu errors=%llu "
            "unfinished=%llu elapsed_ms=%llu rate=%.0f\n",
-           mode == M_ECHO ? "echo" : mode == M_DISCONNECT ? "disconnect"
-                          : mode == M_GARBAGE ? "garbage"
-                          : mode == M_SLOW ? "slowreader" : "oversize",
+           mode == M_ECHO         ? "echo"
+           : mode == M_DISCONNECT ? "disconnect"
+           : mode == M_GARBAGE    ? "garbage"
+           : mode == M_SLOW       ? "slowreader"
+                                  : "oversize",
            n_conns, (unsigned long long)connected, (unsigned long long)sent,
            (unsigned long long)answered, (unsigned long long)mismatched,
            (unsigned long long)closed, (unsigned long long)errors,

@@ -58,13 +58,13 @@
 #define F_PONG 0x2u
 #define BURST_BYTES_MAX (1u << 20)
 #define SEQ_TAG 0x4C594E5800000000ull /* "LYNX" in the high half */
-#define REPORT_MAX 10                /* detailed error lines */
+#define REPORT_MAX 10                 /* detailed error lines */
 
 struct dgram {
   uint8_t *data; /* kept only for datagrams that expect a reply */
   uint32_t len;
-  int expect;    /* the app must answer it */
-  int got;       /* replies received */
+  int expect; /* the app must answer it */
+  int got;    /* replies received */
 };
 
 /* The command line (opts below). */
@@ -73,8 +73,8 @@ struct cfg {
   uint32_t port, count, seed, cap, slot, max_size, burst, burst_wait_ms, gap_us,
       drain_ms;
   int verbose, ordered;
-  char *sizes;        /* --sizes: "a,b,..." as given */
-  uint32_t size[16];  /* parsed: datagram i has size[i % n_sizes] */
+  char *sizes;       /* --sizes: "a,b,..." as given */
+  uint32_t size[16]; /* parsed: datagram i has size[i % n_sizes] */
   uint32_t n_sizes;
 };
 
@@ -133,8 +133,8 @@ static uint32_t pick_size(const struct cfg *c, uint32_t i) {
   if (r < 8) /* shorter than the sockperf header, 0 included */
     return rnd_range(0, HDR - 1 < c->max_size ? HDR - 1 : c->max_size);
   if (r < 13) { /* boundaries */
-    const uint32_t b[] = {0,        HDR - 1, HDR,     slot - 1,   slot,
-                          slot + 1, cap - 1, cap,     cap + 1,    c->max_size};
+    const uint32_t b[] = {0,        HDR - 1, HDR, slot - 1, slot,
+                          slot + 1, cap - 1, cap, cap + 1,  c->max_size};
     uint32_t s = b[rnd_below(sizeof(b) / sizeof(b[0]))];
     return s > c->max_size ? c->max_size : s;
   }
@@ -241,8 +241,8 @@ static void check_reply(struct dgram *d, const uint8_t *buf, ssize_t n,
   if (st->last >= 0 && idx < st->last) {
     st->out_of_order++;
     if (ordered)
-      report(st, "reply to datagram %ld after the reply to datagram %ld",
-             idx, st->last);
+      report(st, "reply to datagram %ld after the reply to datagram %ld", idx,
+             st->last);
   }
   st->last = idx;
   if ((uint32_t)n != q->len) {
@@ -255,8 +255,10 @@ static void check_reply(struct dgram *d, const uint8_t *buf, ssize_t n,
     uint8_t want = k == 9 ? (uint8_t)(q->data[k] & ~F_CLIENT) : q->data[k];
     if (buf[k] != want) {
       st->mismatched++;
-      report(st, "reply to datagram %ld (%u bytes) differs at byte %u: 0x%02x, "
-                 "want 0x%02x", idx, q->len, k, buf[k], want);
+      report(st,
+             "reply to datagram %ld (%u bytes) differs at byte %u: 0x%02x, "
+             "want 0x%02x",
+             idx, q->len, k, buf[k], want);
       return;
     }
   }
@@ -294,15 +296,15 @@ static void drain(int fd, struct dgram *d, uint8_t *rbuf, struct stats *st,
   "  --count N            datagrams to send [10000]\n"                         \
   "  --seed N             random seed [1]\n"                                   \
   "  --cap N              largest payload the service takes [2032]\n"          \
-  "  --slot N             largest payload one mqueue slot holds [2032]\n"     \
+  "  --slot N             largest payload one mqueue slot holds [2032]\n"      \
   "  --max-size N         largest datagram [65507]\n"                          \
   "  --burst N            datagrams per burst [32]\n"                          \
   "  --burst-wait-ms N    wait at most this for a burst's replies [200]\n"     \
   "  --gap-us N           pause after each burst [300]\n"                      \
   "  --drain-ms N         wait this long for the last replies [2000]\n"        \
   "  --verbose            progress on stderr\n"                                \
-  "  --ordered            a reply out of send order is an error (one flow)\n"\
-  "  --sizes A,B,...      every datagram a pong request of these sizes in "   \
+  "  --ordered            a reply out of send order is an error (one flow)\n"  \
+  "  --sizes A,B,...      every datagram a pong request of these sizes in "    \
   "turn\n"
 
 #define O(f) offsetof(struct cfg, f)
@@ -343,8 +345,10 @@ int main(int argc, char **argv) {
     unsigned long v = strtoul(p, &end, 10);
     if (end == p || v < HDR || v > UDP_MAX || c.n_sizes == 16 ||
         (*end && *end != ',')) {
-      fprintf(stderr, "--sizes: up to 16 comma-separated sizes of %u to %u "
-              "bytes\n%s", HDR, UDP_MAX, USAGE);
+      fprintf(stderr,
+              "--sizes: up to 16 comma-separated sizes of %u to %u "
+              "bytes\n%s",
+              HDR, UDP_MAX, USAGE);
       return 2;
     }
     c.size[c.n_sizes++] = (uint32_t)v;
@@ -428,8 +432,10 @@ int main(int argc, char **argv) {
 
   for (uint32_t i = 0, shown = 0; i < c.count && shown < REPORT_MAX; i++)
     if (d[i].expect && !d[i].got) {
-      fprintf(stderr, "udp_fuzz: no reply to datagram %u (%u bytes, flags "
-                      "0x%02x%02x)\n", i, d[i].len, d[i].data[8], d[i].data[9]);
+      fprintf(stderr,
+              "udp_fuzz: no reply to datagram %u (%u bytes, flags "
+              "0x%02x%02x)\n",
+              i, d[i].len, d[i].data[8], d[i].data[9]);
       shown++;
     }
   printf(
@@ -438,8 +444,8 @@ int main(int argc, char **argv) {
       "received_replies=%u empty=%u mismatched=%u unexpected=%u duplicates=%u "
       "send_errors=%u bytes_sent=%llu bytes_received=%llu seed=%llu "
       "cap=%u elapsed_ms=%llu\n",
-      st.sent, st.oversize, st.large, st.out_of_order, st.expected, st.received, st.empty, st.mismatched,
-      st.unexpected, st.duplicates, st.send_errors,
+      st.sent, st.oversize, st.large, st.out_of_order, st.expected, st.received,
+      st.empty, st.mismatched, st.unexpected, st.duplicates, st.send_errors,
       (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
       (unsigned long long)c.seed, c.cap,
       (unsigned long long)(tool_now_ms() - t0));
@@ -455,5 +461,5 @@ int main(int argc, char **argv) {
   return st.mismatched || st.unexpected || st.duplicates || st.send_errors ||
                  (ordered && st.out_of_order)
              ? 1
-                                                                           : 0;
+             : 0;
 }

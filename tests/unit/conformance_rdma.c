@@ -145,8 +145,7 @@ static struct rd_region *admit(const struct lynx_region_desc *d) {
   uint8_t pd[LYNX_RDMA_PD_LEN];
   lynx__rdma_pd_encode(pd, d->key, d->epoch, d->producer);
   for (struct rd_region *r = g_regions; r; r = r->next)
-    if (!r->gone &&
-        lynx__rdma_pd_admit(pd, sizeof(pd), r->key, r->epoch) == 0)
+    if (!r->gone && lynx__rdma_pd_admit(pd, sizeof(pd), r->key, r->epoch) == 0)
       return r;
   return NULL;
 }
@@ -199,13 +198,14 @@ static int rd_connect(const struct lynx_region_desc *d,
   int rc;
   if (lynx_parse_hostport(d->locator, &ss))
     return -EINVAL;
-  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size, d->large_bytes) ||
+  if (lynx_geom_init(&g, d->n_mqueues, d->slots, d->slot_size,
+                     d->large_bytes) ||
       g.region_size != d->region_size)
     return -EINVAL; /* what the data path's set-up refuses */
   reg = admit(d);
   if (!reg) /* rejected: what the frontend's CM state machine makes of it */
-    return lynx__rdma_cm_next(LYNX_RCM_CONNECTING, RDMA_CM_EVENT_REJECTED,
-                              28).err;
+    return lynx__rdma_cm_next(LYNX_RCM_CONNECTING, RDMA_CM_EVENT_REJECTED, 28)
+        .err;
   rc = fence(reg, d->producer);
   if (rc)
     return rc;
@@ -240,8 +240,7 @@ static int rd_connect(const struct lynx_region_desc *d,
   return 0;
 }
 
-static void rd_fence_stats(struct tc_region *t,
-                           struct lynx_fence_stats *out) {
+static void rd_fence_stats(struct tc_region *t, struct lynx_fence_stats *out) {
   struct rd_region *reg = t->priv;
   struct lynx_region r;
   memset(&r, 0, sizeof(r));
@@ -250,17 +249,23 @@ static void rd_fence_stats(struct tc_region *t,
 }
 
 const struct tc_backend tc_backend = {
-    .name = "rdma", .ops = &lynx_transport_rdma,
-    .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS |
-            TC_CAP_FENCE_COUNTS,
+    .name = "rdma",
+    .ops = &lynx_transport_rdma,
+    .caps = TC_CAP_KEY | TC_CAP_FREE_DROPS | TC_CAP_FENCE_COUNTS,
     /* a cut connection's QP is in error: its ops fail as any dead one's
      * (the NIC cannot say why); its reconnect hears "fenced" */
-    .err = {.wrong_key = -ECONNREFUSED, .stale_epoch = -ECONNREFUSED,
-            .bad_desc = -EINVAL, .gone = -ECONNREFUSED, .fenced = -ESTALE,
+    .err = {.wrong_key = -ECONNREFUSED,
+            .stale_epoch = -ECONNREFUSED,
+            .bad_desc = -EINVAL,
+            .gone = -ECONNREFUSED,
+            .fenced = -ESTALE,
             .cut = -ECONNRESET},
     .reads_max = 1000,
-    .start = rd_start, .stop = rd_stop,
-    .region_new = rd_region_new, .region_renew = rd_region_renew,
-    .region_free = rd_region_free, .connect = rd_connect,
+    .start = rd_start,
+    .stop = rd_stop,
+    .region_new = rd_region_new,
+    .region_renew = rd_region_renew,
+    .region_free = rd_region_free,
+    .connect = rd_connect,
     .fence_stats = rd_fence_stats,
 };

@@ -28,12 +28,22 @@ static int shm_main(int (*run)(void)) {
 /* region_renew: the same file name again, what an agent restarting the
  * instance does. */
 const struct tc_backend tc_backend = {
-    .name = "shm", .ops = &lynx_transport_shm, .caps = 0,
-    .err = {.wrong_key = 0, .stale_epoch = -EPROTO, .bad_desc = -EPROTO,
-            .gone = -ENOENT, .fenced = -ESTALE, .cut = -ESTALE},
+    .name = "shm",
+    .ops = &lynx_transport_shm,
+    .caps = 0,
+    .err = {.wrong_key = 0,
+            .stale_epoch = -EPROTO,
+            .bad_desc = -EPROTO,
+            .gone = -ENOENT,
+            .fenced = -ESTALE,
+            .cut = -ESTALE},
     .reads_max = 1000,
-    .main = shm_main, .start = shm_start, .stop = tc_agent_stop,
-    .region_new = shm_region_new, .region_renew = tc_agent_region_renew,
-    .region_free = tc_agent_region_free, .connect = tc_agent_connect,
+    .main = shm_main,
+    .start = shm_start,
+    .stop = tc_agent_stop,
+    .region_new = shm_region_new,
+    .region_renew = tc_agent_region_renew,
+    .region_free = tc_agent_region_free,
+    .connect = tc_agent_connect,
     .fence_stats = tc_agent_fence_stats,
 };

@@ -10,8 +10,7 @@
 #include "transport_conformance.h"
 
 static int tcp_start(void) {
-  return tc_agent_start(
-      &(struct lynx_transport_opts){.listen = "127.0.0.1:0"});
+  return tc_agent_start(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"});
 }
 
 static int tcp_region_new(struct tc_region *t, uint32_t ordering,
@@ -22,14 +21,22 @@ static int tcp_region_new(struct tc_region *t, uint32_t ordering,
 /* region_renew: a restarted region is served at the same port with a new
  * key. */
 const struct tc_backend tc_backend = {
-    .name = "tcp", .ops = &lynx_transport_tcp,
+    .name = "tcp",
+    .ops = &lynx_transport_tcp,
     .caps = TC_CAP_KEY | TC_CAP_WAIT_FD | TC_CAP_FREE_DROPS |
             TC_CAP_FENCE_COUNTS | TC_CAP_FENCE_PRODUCERS,
-    .err = {.wrong_key = -ESTALE, .stale_epoch = -ESTALE, .bad_desc = -EPROTO,
-            .gone = -ESTALE, .fenced = -ESTALE, .cut = -ESTALE},
+    .err = {.wrong_key = -ESTALE,
+            .stale_epoch = -ESTALE,
+            .bad_desc = -EPROTO,
+            .gone = -ESTALE,
+            .fenced = -ESTALE,
+            .cut = -ESTALE},
     .reads_max = 5000,
-    .start = tcp_start, .stop = tc_agent_stop,
-    .region_new = tcp_region_new, .region_renew = tc_agent_region_renew,
-    .region_free = tc_agent_region_free, .connect = tc_agent_connect,
+    .start = tcp_start,
+    .stop = tc_agent_stop,
+    .region_new = tcp_region_new,
+    .region_renew = tc_agent_region_renew,
+    .region_free = tc_agent_region_free,
+    .connect = tc_agent_connect,
     .fence_stats = tc_agent_fence_stats,
 };

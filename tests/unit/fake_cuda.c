@@ -90,8 +90,8 @@ struct inflight {
 
 struct CUstream_st {
   int device, destroyed;
-  struct kern *k; /* the kernel launched on it */
-  uint64_t enq;   /* copies deferred on it so far */
+  struct kern *k;              /* the kernel launched on it */
+  uint64_t enq;                /* copies deferred on it so far */
   struct inflight *q, **qtail; /* in flight, oldest first */
   struct CUstream_st *next;
 };
@@ -245,8 +245,8 @@ static void *kernel_main(void *arg) {
   struct kern *k = arg;
   const struct lynx_cuda_launch *l = &k->pub.l;
   struct lynx_cuda_kctl *kc = l->kctl;
-  struct lynx_lat *lat = (struct lynx_lat *)((uint8_t *)kc +
-                                             lynx_cuda_kctl_lat_off(l->blocks));
+  struct lynx_lat *lat =
+      (struct lynx_lat *)((uint8_t *)kc + lynx_cuda_kctl_lat_off(l->blocks));
   struct lynx_geom g;
   struct lynx_mq *mq = calloc(l->n_server, sizeof(*mq));
   struct lynx_seen *seen = calloc(l->n_server, sizeof(*seen));
@@ -897,7 +897,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     fake.bad_frees++;
   } else {
     complete_until(s, UINT64_MAX); /* its work completes first */
-    s->destroyed = 1; /* kept: op records point at it */
+    s->destroyed = 1;              /* kept: op records point at it */
   }
   pthread_mutex_unlock(&lock);
   return cudaSuccess;
@@ -1008,9 +1008,10 @@ static CUresult fake_set_attr(const void *v, CUpointer_attribute a,
   return CUDA_SUCCESS;
 }
 
-cudaError_t cudaGetDriverEntryPointByVersion(
-    const char *sym, void **fn, unsigned ver, unsigned long long flags,
-    enum cudaDriverEntryPointQueryResult *q) {
+cudaError_t
+cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned ver,
+                                 unsigned long long flags,
+                                 enum cudaDriverEntryPointQueryResult *q) {
   *fn = NULL;
   *q = cudaDriverEntryPointSymbolNotFound;
   if (!strcmp(sym, "cuMemGetHandleForAddressRange") && !fake.no_get_handle)
@@ -1101,8 +1102,8 @@ int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
   return 0;
 }
 
-int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream,
-                    char *err, size_t errlen) {
+int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
+                    size_t errlen) {
   struct CUstream_st *s = stream;
   size_t kn = lynx_cuda_kctl_size(l->blocks);
   struct kern *k;

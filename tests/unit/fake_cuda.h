@@ -57,7 +57,7 @@ struct fake_gpu {
   char pci_bus_id[32];
   size_t memory;
   int major, minor, sms;
-  int gpudirect_rdma; /* cudaDevAttrGPUDirectRDMASupported */
+  int gpudirect_rdma;  /* cudaDevAttrGPUDirectRDMASupported */
   int writes_ordering; /* cudaDevAttrGPUDirectRDMAWritesOrdering */
 };
 
@@ -77,49 +77,48 @@ struct fake_cuda {
   /* set by the test */
   int n_gpus;
   struct fake_gpu gpu[FAKE_GPUS];
-  cudaError_t err_device_count;   /* cudaGetDeviceCount */
-  cudaError_t err_properties;     /* cudaGetDeviceProperties */
-  cudaError_t err_attr[FAKE_GPUS]; /* cudaDeviceGetAttribute(PciBusId) */
-  cudaError_t err_malloc;         /* cudaMalloc */
-  cudaError_t err_memcpy_once;    /* the next cudaMemcpyAsync */
-  int err_launch;                 /* lynx_cuda_start's return */
-  int hang_next;                  /* the next kernel ignores stop */
-  uint32_t resident;              /* lynx_cuda_resident_blocks */
-  int no_get_handle;              /* cuMemGetHandleForAddressRange absent */
-  CUresult err_get_handle;        /* ... fails */
-  int err_dmabuf_mr, err_reg_mr;  /* errno: the registration fails */
-  cudaError_t err_host_register;  /* cudaHostRegister */
-  cudaError_t err_host_devptr;    /* cudaHostGetDevicePointer */
-  cudaError_t err_host_alloc;     /* cudaHostAlloc */
-  cudaError_t err_event_create;   /* cudaEventCreateWithFlags */
+  cudaError_t err_device_count;     /* cudaGetDeviceCount */
+  cudaError_t err_properties;       /* cudaGetDeviceProperties */
+  cudaError_t err_attr[FAKE_GPUS];  /* cudaDeviceGetAttribute(PciBusId) */
+  cudaError_t err_malloc;           /* cudaMalloc */
+  cudaError_t err_memcpy_once;      /* the next cudaMemcpyAsync */
+  int err_launch;                   /* lynx_cuda_start's return */
+  int hang_next;                    /* the next kernel ignores stop */
+  uint32_t resident;                /* lynx_cuda_resident_blocks */
+  int no_get_handle;                /* cuMemGetHandleForAddressRange absent */
+  CUresult err_get_handle;          /* ... fails */
+  int err_dmabuf_mr, err_reg_mr;    /* errno: the registration fails */
+  cudaError_t err_host_register;    /* cudaHostRegister */
+  cudaError_t err_host_devptr;      /* cudaHostGetDevicePointer */
+  cudaError_t err_host_alloc;       /* cudaHostAlloc */
+  cudaError_t err_event_create;     /* cudaEventCreateWithFlags */
   cudaError_t err_stream_sync_once; /* the next cudaStreamSynchronize */
   cudaError_t err_event_sync_once;  /* the next cudaEventSynchronize */
   int defer_copies;    /* copies from/to pinned memory stay in flight */
   int query_completes; /* ... and cudaEventQuery completes them */
 
   /* recorded */
-  int get_device_count, set_device, mallocs, frees, bad_frees, memsets,
-      memcpys, bad_copies, stream_creates, stream_destroys, stream_syncs,
-      queries, device_syncs, blocking_calls, launches, get_handles,
-      set_attrs, dmabuf_mrs, reg_mrs, host_registers, host_unregisters,
-      bad_unregisters, unmapped_live, host_allocs, host_frees,
-      event_creates, event_destroys, event_records, event_queries,
-      event_syncs, deferred, src_races;
+  int get_device_count, set_device, mallocs, frees, bad_frees, memsets, memcpys,
+      bad_copies, stream_creates, stream_destroys, stream_syncs, queries,
+      device_syncs, blocking_calls, launches, get_handles, set_attrs,
+      dmabuf_mrs, reg_mrs, host_registers, host_unregisters, bad_unregisters,
+      unmapped_live, host_allocs, host_frees, event_creates, event_destroys,
+      event_records, event_queries, event_syncs, deferred, src_races;
   unsigned host_alloc_flags;    /* the last cudaHostAlloc's flags */
   unsigned host_register_flags; /* the last cudaHostRegister's flags */
   int n_ops;
   struct fake_op ops[FAKE_LOG];
-  CUdeviceptr sync_memops_ptr;  /* cuPointerSetAttribute(SYNC_MEMOPS) */
-  CUdeviceptr handle_ptr;       /* cuMemGetHandleForAddressRange */
+  CUdeviceptr sync_memops_ptr; /* cuPointerSetAttribute(SYNC_MEMOPS) */
+  CUdeviceptr handle_ptr;      /* cuMemGetHandleForAddressRange */
   size_t handle_size;
-  int handle_fd;                /* the fd it returned */
-  struct {                      /* the last ibv_reg_dmabuf_mr */
+  int handle_fd; /* the fd it returned */
+  struct {       /* the last ibv_reg_dmabuf_mr */
     void *pd;
     uint64_t offset, iova;
     size_t length;
     int fd, access;
   } dmabuf;
-  struct {                      /* the last ibv_reg_mr */
+  struct { /* the last ibv_reg_mr */
     void *pd, *addr;
     size_t length;
     int access;
@@ -133,9 +132,9 @@ struct fake_kernel {
   struct lynx_cuda_launch l;
   cudaStream_t stream;
   int device;
-  int hang;            /* ignores kctl->stop */
-  int running;         /* the thread serves */
-  cudaError_t crashed; /* cudaStreamQuery reports it once the thread ended */
+  int hang;               /* ignores kctl->stop */
+  int running;            /* the thread serves */
+  cudaError_t crashed;    /* cudaStreamQuery reports it once the thread ended */
   uint64_t fenced_passes; /* mqueue turns skipped for the lease fence */
   uint64_t launch_fence;  /* kctl->serve_until_gt when it was launched */
   uint64_t calls;         /* client mqueue calls made (mc-get, face-verify) */

@@ -319,8 +319,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_app_find),
       cmocka_unit_test_setup_teardown(test_echo_echoes, fx_setup, fx_teardown),
-      cmocka_unit_test_setup_teardown(test_echo_tx_full, fx_setup,
-                                      fx_teardown),
+      cmocka_unit_test_setup_teardown(test_echo_tx_full, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_sockperf_answers_pong_request,
                                       fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_sockperf_drops_others, fx_setup,

@@ -21,14 +21,14 @@ static long mc(const char *s, size_t n) {
 
 static void test_memcached_one_line(void **state) {
   (void)state;
-  assert_int_equal(MC("END\r\n"), 5);            /* a miss */
-  assert_int_equal(MC("STORED\r\nEND\r\n"), 8);  /* the first reply only */
+  assert_int_equal(MC("END\r\n"), 5);           /* a miss */
+  assert_int_equal(MC("STORED\r\nEND\r\n"), 8); /* the first reply only */
   assert_int_equal(MC("ERROR\r\n"), 7);
   assert_int_equal(MC("SERVER_ERROR out of memory\r\n"), 28);
-  assert_int_equal(MC("EN"), 0);                 /* more bytes needed */
+  assert_int_equal(MC("EN"), 0); /* more bytes needed */
   assert_int_equal(MC("END\r"), 0);
-  assert_int_equal(MC("END\n"), -1);             /* no CR */
-  assert_int_equal(MC("\r\n"), -1);              /* an empty line */
+  assert_int_equal(MC("END\n"), -1); /* no CR */
+  assert_int_equal(MC("\r\n"), -1);  /* an empty line */
 }
 
 static void test_memcached_values(void **state) {
@@ -52,10 +52,10 @@ static void test_memcached_values(void **state) {
 static void test_memcached_malformed(void **state) {
   char big[700];
   (void)state;
-  assert_int_equal(MC("VALUE k 0 5\r\nhelloXXEND\r\n"), -1); /* no CR LF */
-  assert_int_equal(MC("VALUE k 0 1\r\nx\r\nSTORED\r\n"), -1);  /* not END */
+  assert_int_equal(MC("VALUE k 0 5\r\nhelloXXEND\r\n"), -1);  /* no CR LF */
+  assert_int_equal(MC("VALUE k 0 1\r\nx\r\nSTORED\r\n"), -1); /* not END */
   assert_int_equal(MC("VALUE k zero 1\r\nx\r\nEND\r\n"), -1);
-  assert_int_equal(MC("VALUE k 0 99999999\r\n"), -1);         /* > 1 MiB */
+  assert_int_equal(MC("VALUE k 0 99999999\r\n"), -1); /* > 1 MiB */
   /* a line that never ends is not waited for forever */
   memset(big, 'A', sizeof(big));
   assert_int_equal(mc(big, sizeof(big)), -1);

@@ -152,9 +152,12 @@ static void test_metrics_text(void **state) {
   assert_int_equal(lynx_guard_admit(&g, &a, 2, &src), LYNX_GUARD_CONN_MAX);
   lynx_guard_metrics(f, "lynx_x", "test port", &g);
   fclose(f);
-  assert_non_null(strstr(buf, "lynx_x_connections{state=\"unauthenticated\"} 1\n"));
-  assert_non_null(strstr(buf, "lynx_x_connections{state=\"authenticated\"} 0\n"));
-  assert_non_null(strstr(buf, "lynx_x_connections_refused_total{reason=\"conn_max\"} 1\n"));
+  assert_non_null(
+      strstr(buf, "lynx_x_connections{state=\"unauthenticated\"} 1\n"));
+  assert_non_null(
+      strstr(buf, "lynx_x_connections{state=\"authenticated\"} 0\n"));
+  assert_non_null(
+      strstr(buf, "lynx_x_connections_refused_total{reason=\"conn_max\"} 1\n"));
   assert_non_null(strstr(buf, "lynx_x_connections_accepted_total 1\n"));
   assert_non_null(strstr(buf, "lynx_x_auth_failures_total 0\n"));
   free(buf);

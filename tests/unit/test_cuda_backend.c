@@ -65,7 +65,8 @@ static struct lynx_transport_agent *g_ta; /* the agent side's handle */
 /* The hung instances' handles: the backend keeps them (and their memory)
  * until the process exits, by design; reachable here so LeakSanitizer
  * agrees. */
-struct gpu_instance *volatile ut_hung_gi[2]; /* test_hung_kernel, the host one */
+struct gpu_instance
+    *volatile ut_hung_gi[2]; /* test_hung_kernel, the host one */
 
 #define assert_contains(hay, needle)                                           \
   do {                                                                         \
@@ -179,10 +180,12 @@ static int inst_start(struct inst *in, int dev,
   snprintf(in->gpu.name, sizeof(in->gpu.name), "Fake GPU %d", dev);
   in->gpu.rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner;
   in->gpu.ordering = LYNX_ORDER_COALESCED;
-  in->dev = (struct lynx_accel_dev){
-      .ops = &lynx_accel_cuda, .own_memory = !start_host, .device = dev,
-      .rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner,
-      .ordering = LYNX_ORDER_COALESCED};
+  in->dev = (struct lynx_accel_dev){.ops = &lynx_accel_cuda,
+                                    .own_memory = !start_host,
+                                    .device = dev,
+                                    .rdma_writes_ordering =
+                                        cudaGPUDirectRDMAWritesOrderingOwner,
+                                    .ordering = LYNX_ORDER_COALESCED};
   snprintf(in->dev.model, sizeof(in->dev.model), "%s", in->gpu.name);
   in->epoch = epoch;
   in->r.fd = -1;
@@ -200,14 +203,25 @@ static int inst_start(struct inst *in, int dev,
       return rc;
     }
   }
-  l = (struct lynx_accel_launch){
-      .acc = &in->dev, .name = "ut-gpu", .region = in->r.base,
-      .tops = ops, .tagent = start_host ? start_ta : ops == T ? g_ta : NULL,
-      .app = echo_app, .n_mqueues = q, .n_server = n_server, .slots = S,
-      .slot_size = Z, .ordering = LYNX_ORDER_FENCED, .accel_id = ACCEL,
-      .epoch = epoch, .work_us = 7, .gpu_threads = 64,
-      .gpu_blocks = start_blocks,
-      .serve_until = &start_serve_until};
+  l = (struct lynx_accel_launch){.acc = &in->dev,
+                                 .name = "ut-gpu",
+                                 .region = in->r.base,
+                                 .tops = ops,
+                                 .tagent = start_host ? start_ta
+                                           : ops == T ? g_ta
+                                                      : NULL,
+                                 .app = echo_app,
+                                 .n_mqueues = q,
+                                 .n_server = n_server,
+                                 .slots = S,
+                                 .slot_size = Z,
+                                 .ordering = LYNX_ORDER_FENCED,
+                                 .accel_id = ACCEL,
+                                 .epoch = epoch,
+                                 .work_us = 7,
+                                 .gpu_threads = 64,
+                                 .gpu_blocks = start_blocks,
+                                 .serve_until = &start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (rc && start_host)
     ops->region_free(&in->r); /* the agent's, as instance.c does */
@@ -255,8 +269,8 @@ static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
   uint64_t end = lynx_now_ns() + 2000000000ull, id;
   uint8_t slot[Z];
   struct lynx_slot_meta got;
-  assert_int_equal(in->c->ops->writev(in->c, rx + poff, iov, 3,
-                                      LYNX_WR_PUBLISH), 0);
+  assert_int_equal(
+      in->c->ops->writev(in->c, rx + poff, iov, 3, LYNX_WR_PUBLISH), 0);
   assert_int_equal(in->c->ops->flush(in->c), 0);
   do {
     assert_int_equal(in->c->ops->read(in->c, tx, slot, Z, 9), 0);
@@ -358,8 +372,7 @@ static void test_discovery(void **state) {
   (void)state;
   fake_cuda_reset();
   fake_cuda_gpus(2);
-  snprintf(fake.gpu[0].name, sizeof(fake.gpu[0].name),
-           "NVIDIA A100-SXM4-80GB");
+  snprintf(fake.gpu[0].name, sizeof(fake.gpu[0].name), "NVIDIA A100-SXM4-80GB");
   snprintf(fake.gpu[0].pci_bus_id, sizeof(fake.gpu[0].pci_bus_id),
            "0000:17:00.0");
   fake.gpu[0].memory = 85899345920ull;
@@ -728,8 +741,9 @@ static void test_host_region_shm(void **state) {
   (void)state;
   fake_cuda_reset();
   live0 = fake_cuda_live();
-  assert_int_equal(shm->agent_create(&(struct lynx_transport_opts){0}, &ta,
-                                     err, sizeof(err)), 0);
+  assert_int_equal(shm->agent_create(&(struct lynx_transport_opts){0}, &ta, err,
+                                     sizeof(err)),
+                   0);
   start_host = 1;
   start_ta = ta;
   assert_int_equal(inst_start(&in, 0, shm, 3, 3, EPOCH), 0);
@@ -874,14 +888,14 @@ static uint32_t blocks_for(uint32_t n_server, uint32_t blocks, int want_rc) {
 static void test_blocks(void **state) {
   (void)state;
   fake.resident = 2000;
-  assert_int_equal(blocks_for(4, 0, 0), 4);       /* a block each */
-  assert_int_equal(blocks_for(200, 0, 0), 132);   /* one per SM */
-  assert_int_equal(blocks_for(1024, 0, 0), 132);  /* 8 mqueues a block */
-  assert_int_equal(blocks_for(200, 4, 0), 4);     /* 50 a block */
-  assert_int_equal(blocks_for(4, 16, 0), 4);      /* none idles */
-  assert_int_equal(blocks_for(200, 3, -EINVAL), 0); /* 67 a block */
-  fake.resident = 8; /* 8 blocks resident */
-  assert_int_equal(blocks_for(200, 0, 0), 8);     /* as many as fit */
+  assert_int_equal(blocks_for(4, 0, 0), 4);          /* a block each */
+  assert_int_equal(blocks_for(200, 0, 0), 132);      /* one per SM */
+  assert_int_equal(blocks_for(1024, 0, 0), 132);     /* 8 mqueues a block */
+  assert_int_equal(blocks_for(200, 4, 0), 4);        /* 50 a block */
+  assert_int_equal(blocks_for(4, 16, 0), 4);         /* none idles */
+  assert_int_equal(blocks_for(200, 3, -EINVAL), 0);  /* 67 a block */
+  fake.resident = 8;                                 /* 8 blocks resident */
+  assert_int_equal(blocks_for(200, 0, 0), 8);        /* as many as fit */
   assert_int_equal(blocks_for(1024, 0, -EINVAL), 0); /* 16 needed */
   assert_int_equal(blocks_for(200, 9, -EINVAL), 0);
 }
@@ -1049,8 +1063,8 @@ static void test_rdma_registration(void **state) {
   assert_int_equal(fake.handle_size % (64u * 1024u), 0);
   assert_true(fake.handle_size >= a.g.region_size);
   assert_int_equal(fake.reg_mrs, 0);
-  assert_int_equal(reg(a.g.region_size + 65536, 64, acc[0], &mr, err,
-                       sizeof(err)), -EFAULT);
+  assert_int_equal(
+      reg(a.g.region_size + 65536, 64, acc[0], &mr, err, sizeof(err)), -EFAULT);
   fd = fake.handle_fd;
   assert_true(fd >= 0 && fcntl(fd, F_GETFD) >= 0);
   assert_int_equal(gpu_instance_stop(a.gi), 0);
@@ -1063,8 +1077,7 @@ static void test_rdma_registration(void **state) {
   fake.err_get_handle = CUDA_ERROR_NOT_SUPPORTED;
   assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
   classes_of(&a.g, &k);
-  assert_int_equal(reg(k.from[1], k.len[1], acc[1], &mr, err, sizeof(err)),
-                   0);
+  assert_int_equal(reg(k.from[1], k.len[1], acc[1], &mr, err, sizeof(err)), 0);
   assert_int_equal(fake.dmabuf_mrs, 0);
   assert_int_equal(fake.reg_mrs, 1);
   assert_ptr_equal(fake.regmr.addr, dev_base(&a) + k.from[1]);
@@ -1087,8 +1100,7 @@ static void test_rdma_registration(void **state) {
   fake.err_dmabuf_mr = EOPNOTSUPP;
   assert_int_equal(inst_start(&a, 0, &fake_tops, 3, 2, EPOCH), 0);
   classes_of(&a.g, &k);
-  assert_int_equal(reg(k.from[0], k.len[0], acc[0], &mr, err, sizeof(err)),
-                   0);
+  assert_int_equal(reg(k.from[0], k.len[0], acc[0], &mr, err, sizeof(err)), 0);
   assert_int_equal(fake.dmabuf_mrs, 1);
   assert_int_equal(fake.reg_mrs, 1);
   assert_ptr_equal(fake.regmr.addr, dev_base(&a));
@@ -1243,12 +1255,13 @@ static void test_lease_fence(void **state) {
                            {(void *)zeros, lynx_slot_cap(Z) - poff - len},
                            {&meta, sizeof(meta)}};
     uint64_t rx = lynx_slot_off(&in.g, lynx_rx_ring_off(&in.g, 0), 1);
-    assert_int_equal(in.c->ops->writev(in.c, rx + poff, iov, 3,
-                                       LYNX_WR_PUBLISH), 0);
+    assert_int_equal(
+        in.c->ops->writev(in.c, rx + poff, iov, 3, LYNX_WR_PUBLISH), 0);
     assert_int_equal(in.c->ops->flush(in.c), 0);
   }
   reads = lynx_now_ns() + 2000000000ull;
-  while (__atomic_load_n(&in.k->fenced_passes, __ATOMIC_RELAXED) < passes + 50 &&
+  while (__atomic_load_n(&in.k->fenced_passes, __ATOMIC_RELAXED) <
+             passes + 50 &&
          lynx_now_ns() < reads)
     usleep(1000);
   assert_true(__atomic_load_n(&in.k->fenced_passes, __ATOMIC_RELAXED) >=
@@ -1332,7 +1345,8 @@ static void test_staging_batches(void **state) {
     pattern(w[i], sizeof(w[i]), (uint32_t)i);
     assert_int_equal(m->write_start(m->ctx, rx_at(&a, 2) + (uint64_t)i * 256,
                                     w[i], sizeof(w[i]),
-                                    i % 2 ? LYNX_WR_PUBLISH : 0), 0);
+                                    i % 2 ? LYNX_WR_PUBLISH : 0),
+                     0);
   }
   assert_int_equal(m->flush(m->ctx), 0);
   assert_int_equal(fake.stream_syncs, syncs0);
@@ -1353,7 +1367,8 @@ static void test_staging_batches(void **state) {
   /* 16 reads: one stream synchronisation for all of them */
   for (int i = 0; i < 16; i++)
     assert_int_equal(m->read_start(m->ctx, rx_at(&a, 2) + (uint64_t)i * 256,
-                                   sizeof(w[i]), &bytes[i]), 0);
+                                   sizeof(w[i]), &bytes[i]),
+                     0);
   assert_int_equal(fake.stream_syncs, syncs0);
   assert_int_equal(m->flush(m->ctx), 0);
   assert_int_equal(fake.stream_syncs, syncs0 + 1);
@@ -1378,8 +1393,8 @@ static void test_staging_batches(void **state) {
   syncs0 = fake.stream_syncs;
   assert_int_equal(m->write_start(m->ctx, rx_at(&a, 3), x, sizeof(x), 0), 0);
   assert_int_equal(m->read_start(m->ctx, rx_at(&a, 3), sizeof(x), &b1), 0);
-  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 3), y, sizeof(y),
-                                  LYNX_WR_PUBLISH), 0);
+  assert_int_equal(
+      m->write_start(m->ctx, rx_at(&a, 3), y, sizeof(y), LYNX_WR_PUBLISH), 0);
   assert_int_equal(m->read_start(m->ctx, rx_at(&a, 3), sizeof(y), &b2), 0);
   assert_int_equal(m->flush(m->ctx), 0);
   assert_int_equal(fake.stream_syncs, syncs0 + 1);
@@ -1393,12 +1408,11 @@ static void test_staging_batches(void **state) {
   st0 = copy_stats(&a);
   ops0 = fake.n_ops;
   assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4), p, 32, 0), 0);
-  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 32, p + 32, 32, 0),
-                   0);
-  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 64, p + 64, 32,
-                                  LYNX_WR_PUBLISH), 0);
-  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 96, p + 96, 32, 0),
-                   0);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 32, p + 32, 32, 0), 0);
+  assert_int_equal(
+      m->write_start(m->ctx, rx_at(&a, 4) + 64, p + 64, 32, LYNX_WR_PUBLISH),
+      0);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 4) + 96, p + 96, 32, 0), 0);
   assert_int_equal(m->flush(m->ctx), 0);
   st = copy_stats(&a);
   assert_int_equal(st.merged - st0.merged, 2);
@@ -1427,8 +1441,8 @@ static void test_staging_batches(void **state) {
   /* bounds, and a publishing write shorter than its word */
   assert_int_equal(m->write_start(m->ctx, a.r.size - 8, p, 16, 0), -EFAULT);
   assert_int_equal(m->read_start(m->ctx, a.r.size, 1, &b1), -EFAULT);
-  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 5), p, 3,
-                                  LYNX_WR_PUBLISH), -EINVAL);
+  assert_int_equal(m->write_start(m->ctx, rx_at(&a, 5), p, 3, LYNX_WR_PUBLISH),
+                   -EINVAL);
   assert_int_equal(fake.src_races, 0);
   assert_int_equal(fake.bad_copies, 0);
 
@@ -1476,13 +1490,14 @@ static void test_staging_wrap(void **state) {
     for (uint32_t j = 0; j < 40; j++) {
       pattern(buf, sizeof(buf), batch * 40 + j);
       assert_int_equal(m->write_start(m->ctx, off[j % 2], buf, sizeof(buf),
-                                      j % 4 == 3 ? LYNX_WR_PUBLISH : 0), 0);
+                                      j % 4 == 3 ? LYNX_WR_PUBLISH : 0),
+                       0);
       memcpy(last[j % 2], buf, sizeof(buf));
     }
     if (batch % 50 == 49) { /* read both back: one wait */
       for (int k = 0; k < 2; k++)
-        assert_int_equal(m->read_start(m->ctx, off[k], sizeof(buf),
-                                       &bytes[k]), 0);
+        assert_int_equal(m->read_start(m->ctx, off[k], sizeof(buf), &bytes[k]),
+                         0);
       flushes++;
     }
     assert_int_equal(m->flush(m->ctx), 0);
@@ -1509,8 +1524,8 @@ static void test_staging_wrap(void **state) {
   for (uint32_t batch = 0; batch < 100; batch++) {
     for (uint32_t j = 0; j < 40; j++) {
       pattern(buf, sizeof(buf), 7 + batch * 40 + j);
-      assert_int_equal(m->write_start(m->ctx, off[j % 2], buf, sizeof(buf),
-                                      0), 0);
+      assert_int_equal(m->write_start(m->ctx, off[j % 2], buf, sizeof(buf), 0),
+                       0);
       memcpy(last[j % 2], buf, sizeof(buf));
     }
     assert_int_equal(m->flush(m->ctx), 0);
@@ -1556,8 +1571,8 @@ static void test_staging_limits_failures(void **state) {
   fake.defer_copies = 1;
   for (int k = 0; k < 2; k++) {
     pattern(cur[k], sizeof(cur[k]), 1000u + (uint32_t)k);
-    assert_int_equal(m->write_start(m->ctx, off[k], cur[k], sizeof(cur[k]),
-                                    0), 0);
+    assert_int_equal(m->write_start(m->ctx, off[k], cur[k], sizeof(cur[k]), 0),
+                     0);
   }
   /* reads until the ring is full of them */
   for (n = 0; n < 1200; n++) {
@@ -1587,10 +1602,10 @@ static void test_staging_limits_failures(void **state) {
   memset(x, 0x33, sizeof(x));
   memset(y, 0x44, sizeof(y));
   fake.err_memcpy_once = cudaErrorInvalidValue;
-  assert_int_equal(m->write_start(m->ctx, off[1], x, sizeof(x),
-                                  LYNX_WR_PUBLISH), -EIO);
-  assert_int_equal(m->write_start(m->ctx, off[1] + 200, y, sizeof(y),
-                                  LYNX_WR_PUBLISH), 0);
+  assert_int_equal(
+      m->write_start(m->ctx, off[1], x, sizeof(x), LYNX_WR_PUBLISH), -EIO);
+  assert_int_equal(
+      m->write_start(m->ctx, off[1] + 200, y, sizeof(y), LYNX_WR_PUBLISH), 0);
   assert_int_equal(m->read_start(m->ctx, off[1] + 200, sizeof(y), &b1), 0);
   assert_int_equal(m->flush(m->ctx), 0);
   assert_memory_equal(b1, y, sizeof(y));
@@ -1713,7 +1728,8 @@ static void test_staging_over_tcp(void **state) {
     struct iovec iov = {x, sizeof(x)};
     pattern(x, sizeof(x), 300u + (uint32_t)i);
     assert_int_equal(in.c->ops->writev(in.c, rx_at(&in, 2) + (uint64_t)i * 64,
-                                       &iov, 1, LYNX_WR_PUBLISH), 0);
+                                       &iov, 1, LYNX_WR_PUBLISH),
+                     0);
   }
   assert_int_equal(in.c->ops->flush(in.c), 0);
   end = lynx_now_ns() + 2000000000ull;
@@ -1743,8 +1759,8 @@ static void test_staging_over_tcp(void **state) {
     assert_int_equal(ids[i], 500u + (uint64_t)i);
     pattern(x, sizeof(x), 300u + (uint32_t)(i / 2));
     assert_memory_equal(rd[i], x + (i % 2) * 32, 32);
-    assert_memory_equal(rd[i] + 32, dev_base(&in) + rx_at(&in, 2) +
-                                        (uint64_t)i * 32 + 32, 32);
+    assert_memory_equal(
+        rd[i] + 32, dev_base(&in) + rx_at(&in, 2) + (uint64_t)i * 32 + 32, 32);
   }
 
   /* write x, read, write y, read, in one flush */
@@ -1755,8 +1771,8 @@ static void test_staging_over_tcp(void **state) {
     assert_int_equal(in.c->ops->writev(in.c, rx_at(&in, 3), &ix, 1, 0), 0);
     assert_int_equal(in.c->ops->read(in.c, rx_at(&in, 3), bx, sizeof(bx), 1),
                      0);
-    assert_int_equal(in.c->ops->writev(in.c, rx_at(&in, 3), &iy, 1,
-                                       LYNX_WR_PUBLISH), 0);
+    assert_int_equal(
+        in.c->ops->writev(in.c, rx_at(&in, 3), &iy, 1, LYNX_WR_PUBLISH), 0);
     assert_int_equal(in.c->ops->read(in.c, rx_at(&in, 3), by, sizeof(by), 2),
                      0);
   }
@@ -1813,21 +1829,34 @@ static int cinst_start(struct cinst *c, const char *app, uint32_t n_server,
   if (!c_ta) {
     c_shm = lynx_transport_find("shm");
     assert_int_equal(c_shm->agent_create(&(struct lynx_transport_opts){0},
-                                         &c_ta, err, sizeof(err)), 0);
+                                         &c_ta, err, sizeof(err)),
+                     0);
   }
-  c->dev = (struct lynx_accel_dev){
-      .ops = &lynx_accel_cuda, .own_memory = 0, .device = 0,
-      .rdma_writes_ordering = cudaGPUDirectRDMAWritesOrderingOwner,
-      .ordering = LYNX_ORDER_COALESCED};
+  c->dev = (struct lynx_accel_dev){.ops = &lynx_accel_cuda,
+                                   .own_memory = 0,
+                                   .device = 0,
+                                   .rdma_writes_ordering =
+                                       cudaGPUDirectRDMAWritesOrderingOwner,
+                                   .ordering = LYNX_ORDER_COALESCED};
   snprintf(c->dev.model, sizeof(c->dev.model), "Fake GPU 0");
   c->r.fd = -1;
-  c->l = (struct lynx_accel_launch){
-      .acc = &c->dev, .tops = c_shm, .tagent = c_ta, .name = "ut-gpu-client",
-      .app = lynx_app_find(app), .n_server = n_server, .slots = CS,
-      .slot_size = CZ, .ordering = LYNX_ORDER_COALESCED, .accel_id = ACCEL,
-      .backends = cb_names + (2 - n_backends), .n_backends = n_backends,
-      .epoch = EPOCH, .gpu_threads = 64, .gpu_blocks = blocks,
-      .serve_until = &start_serve_until, .app_data = c_app_data};
+  c->l = (struct lynx_accel_launch){.acc = &c->dev,
+                                    .tops = c_shm,
+                                    .tagent = c_ta,
+                                    .name = "ut-gpu-client",
+                                    .app = lynx_app_find(app),
+                                    .n_server = n_server,
+                                    .slots = CS,
+                                    .slot_size = CZ,
+                                    .ordering = LYNX_ORDER_COALESCED,
+                                    .accel_id = ACCEL,
+                                    .backends = cb_names + (2 - n_backends),
+                                    .n_backends = n_backends,
+                                    .epoch = EPOCH,
+                                    .gpu_threads = 64,
+                                    .gpu_blocks = blocks,
+                                    .serve_until = &start_serve_until,
+                                    .app_data = c_app_data};
   assert_non_null(c->l.app);
   rc = lynx_accel_cuda.client_mqs(&c->l, &c->per, c->why, sizeof(c->why));
   if (rc)
@@ -1838,10 +1867,11 @@ static int cinst_start(struct cinst *c, const char *app, uint32_t n_server,
    * that a later one trips over */
   snprintf(c->name, sizeof(c->name), "ut-gpu-client-%d", (int)getpid());
   c->l.name = c->name;
-  assert_int_equal(c_shm->region_alloc(c_ta, &c->r, c->name,
-                                       c->ur.g.region_size), 0);
+  assert_int_equal(
+      c_shm->region_alloc(c_ta, &c->r, c->name, c->ur.g.region_size), 0);
   assert_int_equal(lynx_region_format(&c->r, n, CS, CZ, 0, LYNX_ORDER_COALESCED,
-                                      EPOCH, ACCEL), 0);
+                                      EPOCH, ACCEL),
+                   0);
   assert_int_equal(c_shm->region_export(&c->r), 0);
   c->l.n_mqueues = n;
   c->l.region = c->r.base;
@@ -1948,8 +1978,7 @@ static void test_lenet_gpu(void **state) {
   uint16_t st = 0;
   char why[320];
   (void)state;
-  assert_int_equal(lenet_model_load(LENET_TEST_MODEL, &m, why, sizeof(why)),
-                   0);
+  assert_int_equal(lenet_model_load(LENET_TEST_MODEL, &m, why, sizeof(why)), 0);
   c_app_data = NULL;
   assert_int_equal(cinst_start(&c, "lenet", 2, 0, 0), -ENOENT);
   assert_non_null(strstr(c.why, "no weights"));
@@ -2074,8 +2103,8 @@ static void test_client_mc_get(void **state) {
   nothing_on(&c, 2);
   {
     uint64_t cn[4];
-    assert_int_equal(c.run->ops->counters(c.run, &cn[0], &cn[1], &cn[2],
-                                          &cn[3]), 0);
+    assert_int_equal(
+        c.run->ops->counters(c.run, &cn[0], &cn[1], &cn[2], &cn[3]), 0);
     assert_int_equal(cn[0], 9); /* requests taken */
     assert_int_equal(cn[1], 8); /* answered */
   }
@@ -2175,35 +2204,39 @@ static void test_client_layout(void **state) {
   fake_cuda_reset();
   fake.resident = 2000;
   memset(&c, 0, sizeof(c));
-  l = (struct lynx_accel_launch){
-      .acc = &c.dev, .app = lynx_app_find("mc-get"), .n_server = 900,
-      .backends = cb_names, .n_backends = 2, .slots = CS, .slot_size = CZ,
-      .gpu_threads = 64};
+  l = (struct lynx_accel_launch){.acc = &c.dev,
+                                 .app = lynx_app_find("mc-get"),
+                                 .n_server = 900,
+                                 .backends = cb_names,
+                                 .n_backends = 2,
+                                 .slots = CS,
+                                 .slot_size = CZ,
+                                 .gpu_threads = 64};
   c.dev.device = 0;
   /* 900 + 2 x 62 = 1,024: 62 blocks instead of one per SM (132) */
-  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
-                                              sizeof(c.why)), 0);
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why, sizeof(c.why)),
+                   0);
   assert_int_equal(per, 62);
   l.gpu_blocks = 63;
-  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
-                                              sizeof(c.why)), -EINVAL);
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why, sizeof(c.why)),
+                   -EINVAL);
   assert_contains(c.why, "exceed a region's 1024 mqueues");
   l.gpu_blocks = 0;
   l.n_server = 1000; /* 16 blocks needed, room for 12 */
-  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
-                                              sizeof(c.why)), -EINVAL);
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why, sizeof(c.why)),
+                   -EINVAL);
   l.n_server = 4; /* one per server mqueue */
-  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
-                                              sizeof(c.why)), 0);
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why, sizeof(c.why)),
+                   0);
   assert_int_equal(per, 4);
   fake.resident = 2;
-  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
-                                              sizeof(c.why)), 0);
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why, sizeof(c.why)),
+                   0);
   assert_int_equal(per, 2);
   /* echo calls nothing: one each, and a kernel told of none */
   l.app = lynx_app_find("echo");
-  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why,
-                                              sizeof(c.why)), 0);
+  assert_int_equal(lynx_accel_cuda.client_mqs(&l, &per, c.why, sizeof(c.why)),
+                   0);
   assert_int_equal(per, 1);
   fake.resident = 8;
   assert_int_equal(cinst_start(&c, "echo", 2, 2, 0), 0);
@@ -2224,12 +2257,20 @@ static void test_client_layout(void **state) {
     char err[256] = "";
     memset(&in, 0, sizeof(in));
     in.dev = (struct lynx_accel_dev){.ops = &lynx_accel_cuda, .own_memory = 1};
-    l = (struct lynx_accel_launch){
-        .acc = &in.dev, .name = "ut-gpu-bad", .tops = T, .tagent = g_ta,
-        .app = lynx_app_find("mc-get"), .n_mqueues = 5, .n_server = 2,
-        .backends = cb_names + 1, .n_backends = 1, .slots = CS,
-        .slot_size = CZ, .gpu_threads = 64, .epoch = EPOCH,
-        .serve_until = &start_serve_until};
+    l = (struct lynx_accel_launch){.acc = &in.dev,
+                                   .name = "ut-gpu-bad",
+                                   .tops = T,
+                                   .tagent = g_ta,
+                                   .app = lynx_app_find("mc-get"),
+                                   .n_mqueues = 5,
+                                   .n_server = 2,
+                                   .backends = cb_names + 1,
+                                   .n_backends = 1,
+                                   .slots = CS,
+                                   .slot_size = CZ,
+                                   .gpu_threads = 64,
+                                   .epoch = EPOCH,
+                                   .serve_until = &start_serve_until};
     assert_int_equal(gpu_instance_start(&l, &r, &gi, err, sizeof(err)),
                      -EINVAL);
     assert_contains(err, "client mqueue layout");

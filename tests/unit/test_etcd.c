@@ -125,12 +125,11 @@ static int fx_teardown(void **state) {
 }
 
 static void put_ok(struct fx *f, const char *k, const char *v) {
-  assert_int_equal(lynx_etcd_put(f->e, k, v, strlen(v), 0, f->err,
-                                 sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_put(f->e, k, v, strlen(v), 0, f->err, sizeof(f->err)), 0);
 }
 
-/* ---- the client ----------------------------------------------------------- */
+/* ---- the client ---------------------------------------------------------- */
 
 /* Keys and values are bytes: what is put is read back, a prefix reads its
  * keys in order and no other, a missing key is an empty answer, and a
@@ -166,8 +165,7 @@ static void test_put_get_delete(void **state) {
   assert_int_equal(k.n, 2);
   lynx_etcd_kvs_free(&k);
   assert_int_equal(lynx_etcd_del(f->e, "/t/", 1, f->err, sizeof(f->err)), 0);
-  assert_int_equal(lynx_etcd_get(f->e, "/t", 1, &k, f->err, sizeof(f->err)),
-                   0);
+  assert_int_equal(lynx_etcd_get(f->e, "/t", 1, &k, f->err, sizeof(f->err)), 0);
   assert_int_equal(k.n, 1); /* /t0 stays */
   assert_string_equal(k.kv[0].key, "/t0");
   lynx_etcd_kvs_free(&k);
@@ -229,31 +227,28 @@ static void test_leases(void **state) {
   assert_int_equal(lynx_etcd_lease_grant(f->e, 5, &id, f->err, sizeof(f->err)),
                    0);
   assert_true(id != 0);
-  assert_int_equal(lynx_etcd_put(f->e, "/leader", "me", 2, id, f->err,
-                                 sizeof(f->err)),
-                   0);
-  assert_int_equal(lynx_etcd_lease_keepalive(f->e, id, &left, f->err,
-                                             sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_put(f->e, "/leader", "me", 2, id, f->err, sizeof(f->err)), 0);
+  assert_int_equal(
+      lynx_etcd_lease_keepalive(f->e, id, &left, f->err, sizeof(f->err)), 0);
   assert_true(left > 0 && left <= 5);
-  assert_int_equal(lynx_etcd_get(f->e, "/leader", 0, &k, f->err, sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_get(f->e, "/leader", 0, &k, f->err, sizeof(f->err)), 0);
   assert_int_equal(k.n, 1);
   assert_true(k.kv[0].lease == id);
   lynx_etcd_kvs_free(&k);
   assert_int_equal(lynx_etcd_lease_revoke(f->e, id, f->err, sizeof(f->err)), 0);
-  assert_int_equal(lynx_etcd_get(f->e, "/leader", 0, &k, f->err, sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_get(f->e, "/leader", 0, &k, f->err, sizeof(f->err)), 0);
   assert_int_equal(k.n, 0);
   lynx_etcd_kvs_free(&k);
-  assert_int_equal(lynx_etcd_lease_keepalive(f->e, id, &left, f->err,
-                                             sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_lease_keepalive(f->e, id, &left, f->err, sizeof(f->err)), 0);
   assert_int_equal(left, 0);
   /* a put on a lease that is gone is refused */
-  assert_int_equal(lynx_etcd_put(f->e, "/leader", "me", 2, id, f->err,
-                                 sizeof(f->err)),
-                   -ENOENT);
+  assert_int_equal(
+      lynx_etcd_put(f->e, "/leader", "me", 2, id, f->err, sizeof(f->err)),
+      -ENOENT);
 }
 
 /* Endpoints: bad ones are refused at open; a dead first endpoint is passed
@@ -268,9 +263,9 @@ static void test_endpoints(void **state) {
   int rc;
   assert_int_equal(lynx_etcd_open(&e, "", 1000, f->err, sizeof(f->err)),
                    -EINVAL);
-  assert_int_equal(lynx_etcd_open(&e, "127.0.0.1:2379", 1000, f->err,
-                                  sizeof(f->err)),
-                   -EINVAL);
+  assert_int_equal(
+      lynx_etcd_open(&e, "127.0.0.1:2379", 1000, f->err, sizeof(f->err)),
+      -EINVAL);
   assert_non_null(strstr(f->err, "http://"));
   assert_int_equal(lynx_etcd_open(&e, "https://127.0.0.1:2379", 1000, f->err,
                                   sizeof(f->err)),
@@ -296,7 +291,7 @@ static void test_endpoints(void **state) {
   lynx_etcd_close(e);
 }
 
-/* ---- operator intent in etcd ------------------------------------------------ */
+/* ---- operator intent in etcd --------------------------------------------- */
 
 static void reg_new(struct lynx_registry *r) {
   struct lynx_reg_ops ops = {NULL, NULL, NULL, NULL, NULL};
@@ -340,9 +335,8 @@ static void test_store_round_trip(void **state) {
   struct lynx_registry r, back;
   struct lynx_reg_err e;
   int64_t keep;
-  assert_int_equal(lynx_store_etcd_init(&s, f->e, "/lynx", f->err,
-                                        sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_init(&s, f->e, "/lynx", f->err, sizeof(f->err)), 0);
   assert_string_equal(s.prefix, "/lynx/");
   reg_new(&r);
   /* nothing stored: an empty state */
@@ -390,19 +384,16 @@ static void test_store_refuses(void **state) {
   struct lynx_registry r;
   assert_int_equal(lynx_store_etcd_init(&s, f->e, "", f->err, sizeof(f->err)),
                    -EINVAL);
-  assert_int_equal(lynx_store_etcd_init(&s, f->e, "/a b", f->err,
-                                        sizeof(f->err)),
-                   -EINVAL);
-  assert_int_equal(lynx_store_etcd_init(&s, f->e, "/p/", f->err,
-                                        sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_init(&s, f->e, "/a b", f->err, sizeof(f->err)), -EINVAL);
+  assert_int_equal(
+      lynx_store_etcd_init(&s, f->e, "/p/", f->err, sizeof(f->err)), 0);
   put_ok(f, "/p/version", "2");
   reg_new(&r);
   assert_int_equal(lynx_store_etcd_load(&s, &r, 0, f->err, sizeof(f->err)),
                    -EINVAL);
   assert_non_null(strstr(f->err, "different release"));
-  assert_int_equal(save(f, &s, &r),
-                   -EINVAL);
+  assert_int_equal(save(f, &s, &r), -EINVAL);
   put_ok(f, "/p/version", "1");
   put_ok(f, "/p/services/x", "{not json");
   assert_int_equal(lynx_store_etcd_load(&s, &r, 0, f->err, sizeof(f->err)),
@@ -428,9 +419,8 @@ static void test_store_etcd_down(void **state) {
   struct lynx_registry r;
   uint64_t t0;
   int rc;
-  assert_int_equal(lynx_store_etcd_init(&s, f->e, "/lynx/", f->err,
-                                        sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_init(&s, f->e, "/lynx/", f->err, sizeof(f->err)), 0);
   reg_new(&r);
   add_svc(&r, "alpha", 9001);
   assert_int_equal(save(f, &s, &r), 0);
@@ -455,13 +445,11 @@ static void test_store_fenced(void **state) {
   struct lynx_registry r;
   struct lynx_etcd_kvs k;
   int64_t rev;
-  assert_int_equal(lynx_store_etcd_init(&s, f->e, "/lynx/", f->err,
-                                        sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_init(&s, f->e, "/lynx/", f->err, sizeof(f->err)), 0);
   put_ok(f, "/lynx/leader", "me");
-  assert_int_equal(lynx_etcd_get(f->e, "/lynx/leader", 0, &k, f->err,
-                                 sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_get(f->e, "/lynx/leader", 0, &k, f->err, sizeof(f->err)), 0);
   rev = k.kv[0].create_rev;
   lynx_etcd_kvs_free(&k);
   s.fence_key = "/lynx/leader";
@@ -471,21 +459,18 @@ static void test_store_fenced(void **state) {
   assert_int_equal(save(f, &s, &r), 0);
   assert_true(mod_rev(f, "/lynx/services/alpha") > 0);
   /* another leader: the key deleted and created again */
-  assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
-                                 sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_del(f->e, "/lynx/leader", 0, f->err, sizeof(f->err)), 0);
   put_ok(f, "/lynx/leader", "other");
   add_svc(&r, "beta", 9002);
-  assert_int_equal(save(f, &s, &r),
-                   -ECANCELED);
+  assert_int_equal(save(f, &s, &r), -ECANCELED);
   assert_non_null(strstr(f->err, "no longer leads"));
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
   /* the lead over (elect.c clears the revision on stepping down): no
    * save goes through unfenced, whatever the key holds now */
   s.fence_rev = 0;
   f->err[0] = '\0';
-  assert_int_equal(save(f, &s, &r),
-                   -ECANCELED);
+  assert_int_equal(save(f, &s, &r), -ECANCELED);
   assert_non_null(strstr(f->err, "no longer leads"));
   assert_true(mod_rev(f, "/lynx/services/beta") == 0);
   lynx_reg_free(&r);
@@ -500,24 +485,19 @@ static void test_store_epochs(void **state) {
   struct lynx_store_etcd s1, s2;
   struct lynx_registry back;
   uint64_t a, b, fe, c;
-  assert_int_equal(lynx_store_etcd_init(&s1, f->e, "/lynx/", f->err,
-                                        sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_init(&s1, f->e, "/lynx/", f->err, sizeof(f->err)), 0);
   s2 = s1;
-  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 0, &a, f->err,
-                                             sizeof(f->err)),
-                   0);
-  assert_int_equal(lynx_store_etcd_put_epoch(&s2, 0, &b, f->err,
-                                             sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_put_epoch(&s1, 0, &a, f->err, sizeof(f->err)), 0);
+  assert_int_equal(
+      lynx_store_etcd_put_epoch(&s2, 0, &b, f->err, sizeof(f->err)), 0);
   assert_true(b > a && a > 0);
-  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 1, &fe, f->err,
-                                             sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_put_epoch(&s1, 1, &fe, f->err, sizeof(f->err)), 0);
   assert_true(fe > b && (uint64_t)mod_rev(f, "/lynx/epochs/frontend") == fe);
   reg_new(&back);
-  assert_int_equal(lynx_store_etcd_load(&s2, &back, 0, f->err,
-                                        sizeof(f->err)),
+  assert_int_equal(lynx_store_etcd_load(&s2, &back, 0, f->err, sizeof(f->err)),
                    0);
   assert_true(back.frontend_epoch == fe);
   lynx_reg_free(&back);
@@ -525,24 +505,22 @@ static void test_store_epochs(void **state) {
   put_ok(f, "/lynx/leader", "me");
   s1.fence_key = "/lynx/leader";
   s1.fence_rev = mod_rev(f, "/lynx/leader");
-  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 0, &c, f->err,
-                                             sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_store_etcd_put_epoch(&s1, 0, &c, f->err, sizeof(f->err)), 0);
   assert_true(c > fe);
-  assert_int_equal(lynx_etcd_del(f->e, "/lynx/leader", 0, f->err,
-                                 sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_del(f->e, "/lynx/leader", 0, f->err, sizeof(f->err)), 0);
   put_ok(f, "/lynx/leader", "other");
-  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 1, &c, f->err,
-                                             sizeof(f->err)),
-                   -ECANCELED);
+  assert_int_equal(
+      lynx_store_etcd_put_epoch(&s1, 1, &c, f->err, sizeof(f->err)),
+      -ECANCELED);
   /* nothing issued: the newest frontend epoch is still fe */
   assert_true((uint64_t)mod_rev(f, "/lynx/epochs/frontend") == fe);
   /* the lead over (a step-down clears the revision): nothing unfenced */
   s1.fence_rev = 0;
-  assert_int_equal(lynx_store_etcd_put_epoch(&s1, 0, &c, f->err,
-                                             sizeof(f->err)),
-                   -ECANCELED);
+  assert_int_equal(
+      lynx_store_etcd_put_epoch(&s1, 0, &c, f->err, sizeof(f->err)),
+      -ECANCELED);
 }
 
 /* A second client puts a key after a while (the watch's peer). */
@@ -585,8 +563,8 @@ static void test_watch(void **state) {
   lynx_etcd_kvs_free(&k);
 
   t0 = lynx_now_ns();
-  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 400, &stop,
-                                   f->err, sizeof(f->err)),
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 400, &stop, f->err,
+                                   sizeof(f->err)),
                    0);
   ms = (lynx_now_ns() - t0) / 1000000u;
   assert_true(ms >= 350 && ms < ut_scaled(2000));
@@ -598,8 +576,8 @@ static void test_watch(void **state) {
 
   assert_int_equal(pthread_create(&t, NULL, put_later, &lp), 0);
   t0 = lynx_now_ns();
-  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 5000, &stop,
-                                   f->err, sizeof(f->err)),
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 5000, &stop, f->err,
+                                   sizeof(f->err)),
                    1);
   ms = (lynx_now_ns() - t0) / 1000000u;
   pthread_join(t, NULL);
@@ -607,22 +585,21 @@ static void test_watch(void **state) {
 
   /* the put is in the past now: reported at once */
   t0 = lynx_now_ns();
-  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 5000, NULL,
-                                   f->err, sizeof(f->err)),
+  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, rev + 1, 5000, NULL, f->err,
+                                   sizeof(f->err)),
                    1);
   assert_true((lynx_now_ns() - t0) / 1000000u < ut_scaled(1000));
 
   /* stopping */
   stop = 1;
   t0 = lynx_now_ns();
-  assert_int_equal(lynx_etcd_watch(f->e, "/w/", 1, 0, 10000, &stop, f->err,
-                                   sizeof(f->err)),
-                   0);
+  assert_int_equal(
+      lynx_etcd_watch(f->e, "/w/", 1, 0, 10000, &stop, f->err, sizeof(f->err)),
+      0);
   assert_true((lynx_now_ns() - t0) / 1000000u < ut_scaled(3000));
 
   snprintf(url, sizeof(url), "http://127.0.0.1:%u", free_port());
-  assert_int_equal(lynx_etcd_open(&dead, url, 1000, f->err, sizeof(f->err)),
-                   0);
+  assert_int_equal(lynx_etcd_open(&dead, url, 1000, f->err, sizeof(f->err)), 0);
   assert_true(lynx_etcd_watch(dead, "/w/", 1, 0, 1000, NULL, f->err,
                               sizeof(f->err)) < 0);
   assert_non_null(strstr(f->err, "watch"));
@@ -635,11 +612,11 @@ static char **g_argv;
 int main(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
-      T(test_put_get_delete), T(test_txn),
-      T(test_leases),         T(test_endpoints),
+      T(test_put_get_delete),   T(test_txn),
+      T(test_leases),           T(test_endpoints),
       T(test_store_round_trip), T(test_store_refuses),
-      T(test_store_etcd_down), T(test_store_fenced),
-      T(test_store_epochs),   T(test_watch),
+      T(test_store_etcd_down),  T(test_store_fenced),
+      T(test_store_epochs),     T(test_watch),
   };
 #undef T
   int rc;

@@ -105,7 +105,8 @@ static void check_hello(const Lynx__Envelope *e) {
   assert_string_equal(e->hello->token, "s3cret");
 }
 
-static void check_descriptors(const Lynx__Envelope *e, const struct desc_msg *m) {
+static void check_descriptors(const Lynx__Envelope *e,
+                              const struct desc_msg *m) {
   const Lynx__Descriptors *d;
   assert_non_null(e);
   assert_int_equal(e->msg_case, LYNX__ENVELOPE__MSG_DESCRIPTORS);
@@ -146,9 +147,8 @@ static void test_roundtrip_hello(void **state) {
   Lynx__Hello h;
   size_t len = 0;
   make_hello(&env, &h);
-  assert_int_equal(lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0],
-                                     &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   assert_true(len > LYNX_FRAME_HDR);
   /* 4-byte big-endian length of the body */
   assert_int_equal(be32(f->buf[0]), len - LYNX_FRAME_HDR);
@@ -166,9 +166,8 @@ static void test_roundtrip_descriptors(void **state) {
   struct desc_msg m;
   size_t len = 0;
   make_descriptors(&m);
-  assert_int_equal(lynx_frame_encode(&m.env, LYNX_FRAME_MAX_DEFAULT,
-                                     &f->buf[0], &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&m.env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   assert_int_equal(be32(f->buf[0]), len - LYNX_FRAME_HDR);
   assert_int_equal(lynx_frame_feed(&f->r, f->buf[0], len), 0);
   assert_int_equal(lynx_frame_next(&f->r, &f->env[0]), 1);
@@ -196,9 +195,8 @@ static void test_truncated_bytewise(void **state) {
   struct desc_msg m;
   size_t len = 0;
   make_descriptors(&m);
-  assert_int_equal(lynx_frame_encode(&m.env, LYNX_FRAME_MAX_DEFAULT,
-                                     &f->buf[0], &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&m.env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   assert_int_equal(lynx_frame_next(&f->r, &f->env[0]), 0); /* empty */
   for (size_t i = 0; i < len; i++) {
     assert_int_equal(lynx_frame_feed(&f->r, f->buf[0] + i, 1), 0);
@@ -267,9 +265,8 @@ static void test_empty_envelope(void **state) {
   const uint8_t unknown[] = {0, 0, 0, 2, 0x48, 0x01};
   size_t len = 0;
   lynx__envelope__init(&env);
-  assert_int_equal(lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0],
-                                     &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   assert_int_equal(len, LYNX_FRAME_HDR); /* an empty body */
   assert_int_equal(lynx_frame_feed(&f->r, f->buf[0], len), 0);
   assert_int_equal(lynx_frame_next(&f->r, &e), -EBADMSG);
@@ -289,12 +286,10 @@ static void test_two_frames_one_feed(void **state) {
   size_t l1 = 0, l2 = 0;
   make_hello(&env, &h);
   make_descriptors(&m);
-  assert_int_equal(lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0],
-                                     &l1),
-                   0);
-  assert_int_equal(lynx_frame_encode(&m.env, LYNX_FRAME_MAX_DEFAULT,
-                                     &f->buf[1], &l2),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &l1), 0);
+  assert_int_equal(
+      lynx_frame_encode(&m.env, LYNX_FRAME_MAX_DEFAULT, &f->buf[1], &l2), 0);
   f->buf[2] = malloc(l1 + l2 + l1);
   assert_non_null(f->buf[2]);
   memcpy(f->buf[2], f->buf[0], l1);
@@ -326,9 +321,8 @@ static void test_feed_empty(void **state) {
   assert_int_equal(f->r.len, 0);
   assert_int_equal(lynx_frame_next(&f->r, &f->env[0]), 0);
   make_hello(&env, &h);
-  assert_int_equal(lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0],
-                                     &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   assert_int_equal(lynx_frame_feed(&f->r, f->buf[0], 2), 0);
   assert_int_equal(lynx_frame_feed(&f->r, &none, 0), 0);
   assert_int_equal(f->r.len, 2);
@@ -345,9 +339,8 @@ static void test_many_frames_streamed(void **state) {
   Lynx__Hello h;
   size_t len = 0;
   make_hello(&env, &h);
-  assert_int_equal(lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0],
-                                     &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   for (int i = 0; i < 1000; i++) {
     Lynx__Envelope *e = NULL;
     /* split each frame at a different point */
@@ -455,25 +448,29 @@ static void test_hello_check_decoded(void **state) {
   char err[128];
   make_hello(&env, &h);
   h.token = ""; /* proto3: arrives as an empty string */
-  assert_int_equal(lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0],
-                                     &len),
-                   0);
+  assert_int_equal(
+      lynx_frame_encode(&env, LYNX_FRAME_MAX_DEFAULT, &f->buf[0], &len), 0);
   assert_int_equal(lynx_frame_feed(&f->r, f->buf[0], len), 0);
   assert_int_equal(lynx_frame_next(&f->r, &f->env[0]), 1);
   assert_int_equal(lynx_hello_check(f->env[0]->hello, NULL, err, sizeof(err)),
                    0);
-  assert_int_equal(
-      lynx_hello_check(f->env[0]->hello, "tok", err, sizeof(err)), -EACCES);
+  assert_int_equal(lynx_hello_check(f->env[0]->hello, "tok", err, sizeof(err)),
+                   -EACCES);
 }
 
 int main(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
-      T(test_roundtrip_hello),       T(test_roundtrip_descriptors),
-      T(test_encode_over_max),       T(test_truncated_bytewise),
-      T(test_oversized_length_early), T(test_garbage_body),
-      T(test_empty_envelope),        T(test_two_frames_one_feed),
-      T(test_feed_empty),            T(test_many_frames_streamed),
+      T(test_roundtrip_hello),
+      T(test_roundtrip_descriptors),
+      T(test_encode_over_max),
+      T(test_truncated_bytewise),
+      T(test_oversized_length_early),
+      T(test_garbage_body),
+      T(test_empty_envelope),
+      T(test_two_frames_one_feed),
+      T(test_feed_empty),
+      T(test_many_frames_streamed),
       cmocka_unit_test(test_token_equal),
       cmocka_unit_test(test_hello_check),
       T(test_hello_check_decoded),

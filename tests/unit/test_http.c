@@ -1,5 +1,6 @@
 /*
- * test_http.c - the coordinator's JSON API (coordinator/http.c, api_*.c), in-process.
+ * test_http.c - the coordinator's JSON API (coordinator/http.c, api_*.c),
+ * in-process.
  *
  * Each test builds a struct lynx_coord (a real registry, a temporary state
  * directory), serves it with lynx_http_start on 127.0.0.1 and a free port,
@@ -671,8 +672,7 @@ static void test_bad_text(void **state) {
       "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"placement\": "
       "{\"selector\": {\"zone\": \"\xc3\"}}}",
       &r);
-  expect_error(&r, 400, "invalid_argument", "placement.selector.zone",
-               NULL);
+  expect_error(&r, 400, "invalid_argument", "placement.selector.zone", NULL);
   resp_free(&r);
   req(f, "POST", "/v1/services",
       "{\"name\": \"a\", \"port\": 9123, \"app\": \"echo\", \"b\xffgus\": 1}",
@@ -947,8 +947,7 @@ static void test_events(void **state) {
   assert_string_equal(event_kinds(r.json, kinds, sizeof(kinds), &next),
                       "node_registered");
   resp_free(&r);
-  static const char *const bad[] = {"/v1/events?since=x",
-                                    "/v1/events?since=-1",
+  static const char *const bad[] = {"/v1/events?since=x", "/v1/events?since=-1",
                                     "/v1/events?limit=0",
                                     "/v1/events?limit=1001"};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -1057,9 +1056,8 @@ static void test_list_pages(void **state) {
                       "n-d/0 n-d/1 n-e/0 n-e/1");
   assert_null(jstr(r.json, "next", NULL));
   resp_free(&r);
-  assert_int_equal(req(f, "GET", "/v1/accelerators?limit=1&after=n-c", NULL,
-                       &r),
-                   200);
+  assert_int_equal(
+      req(f, "GET", "/v1/accelerators?limit=1&after=n-c", NULL, &r), 200);
   assert_string_equal(item_ids(r.json, ids, sizeof(ids)), "n-d/0");
   resp_free(&r);
   /* without limit: the whole list, as before */
@@ -1527,8 +1525,8 @@ static int raw_open(struct fx *f, const char *src, const char *text) {
   da.sin_port = htons((uint16_t)f->port);
   if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
       connect(fd, (struct sockaddr *)&da, sizeof(da)) ||
-      (text && send(fd, text, strlen(text), MSG_NOSIGNAL) !=
-                   (ssize_t)strlen(text))) {
+      (text &&
+       send(fd, text, strlen(text), MSG_NOSIGNAL) != (ssize_t)strlen(text))) {
     close(fd);
     return -1;
   }
@@ -1689,8 +1687,7 @@ static void test_slow_clients(void **state) {
       2);
   assert_int_equal(
       metric_value(f, "lynx_coordinator_api_connections_per_client_max"), 2);
-  assert_int_equal(metric_value(f, "lynx_coordinator_api_connections_max"),
-                   16);
+  assert_int_equal(metric_value(f, "lynx_coordinator_api_connections_max"), 16);
 
   /* the operator's own address holds its cap with trickling connections:
    * its next requests are answered */
@@ -1727,7 +1724,8 @@ static void test_slow_clients(void **state) {
       assert_true(fds[i] >= 0);
       await_metric(f, "lynx_coordinator_api_watches", i + 1);
     }
-    fds[2] = raw_open(f, "127.0.0.9", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    fds[2] =
+        raw_open(f, "127.0.0.9", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_true(fds[2] >= 0);
     trickle(fds, 3, life, got, t0, 100, 10000, 0);
     assert_non_null(strstr(got[0], "HTTP/1.1 200"));
@@ -1819,13 +1817,13 @@ static void test_refused_when_all_busy(void **state) {
   t0 = now_ms();
   fds[0] = raw_open(f, "127.0.0.11", text);
   assert_true(fds[0] >= 0);
-  for (int i = 0; i < 1000 &&
-                  !__atomic_load_n(&slow_store_saves, __ATOMIC_SEQ_CST);
-       i++)
+  for (int i = 0;
+       i < 1000 && !__atomic_load_n(&slow_store_saves, __ATOMIC_SEQ_CST); i++)
     usleep(10000);
   assert_int_equal(__atomic_load_n(&slow_store_saves, __ATOMIC_SEQ_CST), 1);
   /* its change is being saved: nothing of 127.0.0.11's to shed */
-  fds[1] = raw_open(f, "127.0.0.11", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  fds[1] =
+      raw_open(f, "127.0.0.11", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
   assert_true(fds[1] >= 0);
   /* meanwhile reads are answered (they do not wait behind the change) */
   assert_int_equal(req(f, "GET", "/v1/services", NULL, &r), 200);
@@ -2036,8 +2034,8 @@ static void test_lynxctl_drain_wait(void **state) {
   /* instances on n1 (ready: in the table), and a connected frontend that
    * has not run the table without them: the drain waits for it */
   assert_int_equal(ctl(f, &out, &err, "--api", f->base, "service", "create",
-                       "--name", "wait-svc", "--port", "9400", "--app",
-                       "echo", "--placement", "all", NULL),
+                       "--name", "wait-svc", "--port", "9400", "--app", "echo",
+                       "--placement", "all", NULL),
                    0);
   free(out), free(err);
   pthread_mutex_lock(&f->c.lock);
@@ -2137,8 +2135,7 @@ int main(int argc, char **argv) {
                                       teardown),
 #ifdef LYNXCTL
       cmocka_unit_test_setup_teardown(test_lynxctl, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_lynxctl_drain_wait, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_lynxctl_drain_wait, setup, teardown),
 #endif
   };
   int rc;

@@ -20,9 +20,27 @@
 
 /* Every duration falls in the bucket whose bounds hold it; bounds grow. */
 static void test_buckets(void **state) {
-  uint64_t probes[] = {0, 1, 127, 128, 129, 159, 160, 191, 192, 255, 256,
-                       1000, 4095, 4096, 65535, 1000000, 999999999,
-                       1ull << 30, (1ull << 31) - 1, 1ull << 31, 1ull << 40,
+  uint64_t probes[] = {0,
+                       1,
+                       127,
+                       128,
+                       129,
+                       159,
+                       160,
+                       191,
+                       192,
+                       255,
+                       256,
+                       1000,
+                       4095,
+                       4096,
+                       65535,
+                       1000000,
+                       999999999,
+                       1ull << 30,
+                       (1ull << 31) - 1,
+                       1ull << 31,
+                       1ull << 40,
                        UINT64_MAX};
   (void)state;
   assert_int_equal(lynx_lat_bucket(0), 0);
@@ -51,14 +69,15 @@ static void test_buckets(void **state) {
 /* p50/p99 of known values land in their buckets; a window (cur - old)
  * sees only what came after old. */
 static void test_quantiles(void **state) {
-  struct lynx_lat_hist *h = calloc(1, sizeof(*h)), *old = calloc(1, sizeof(*old));
+  struct lynx_lat_hist *h = calloc(1, sizeof(*h)),
+                       *old = calloc(1, sizeof(*old));
   uint64_t n, v;
   (void)state;
   assert_int_equal(lynx_lat_quantile(h, NULL, 0.5, &n), 0);
   assert_int_equal(n, 0);
   for (int i = 0; i < 99; i++)
     lynx_lat_add(h, 10000); /* 10 us */
-  lynx_lat_add(h, 5000000);  /* one of 5 ms */
+  lynx_lat_add(h, 5000000); /* one of 5 ms */
   assert_int_equal(lynx_lat_count(h), 100);
   assert_int_equal(h->sum_ns, 99 * 10000ull + 5000000ull);
   v = lynx_lat_quantile(h, NULL, 0.5, &n);
@@ -144,22 +163,27 @@ static void test_prom_histogram(void **state) {
   FILE *f = open_memstream(&buf, &len);
   (void)state;
   assert_non_null(f);
-  lynx_lat_add(h, 100);     /* below 128 ns */
-  lynx_lat_add(h, 3000);    /* in (2048, 4096] */
+  lynx_lat_add(h, 100);  /* below 128 ns */
+  lynx_lat_add(h, 3000); /* in (2048, 4096] */
   lynx_lat_add(h, 3000);
   lynx_lat_add(h, 1ull << 40); /* beyond every bound */
-  lynx_prom_histogram(f, "lynx_t_seconds",
-                      (const struct lynx_prom_label[]){{"accel", "0"},
-                                                       {NULL, NULL}},
-                      h);
+  lynx_prom_histogram(
+      f, "lynx_t_seconds",
+      (const struct lynx_prom_label[]){{"accel", "0"}, {NULL, NULL}}, h);
   assert_int_equal(fclose(f), 0);
-  assert_non_null(strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"0.000000128\"} 1\n"));
-  assert_non_null(strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"0.000002048\"} 1\n"));
-  assert_non_null(strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"0.000004096\"} 3\n"));
-  assert_non_null(strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"4.294967296\"} 3\n"));
-  assert_non_null(strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"+Inf\"} 4\n"));
+  assert_non_null(
+      strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"0.000000128\"} 1\n"));
+  assert_non_null(
+      strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"0.000002048\"} 1\n"));
+  assert_non_null(
+      strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"0.000004096\"} 3\n"));
+  assert_non_null(
+      strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"4.294967296\"} 3\n"));
+  assert_non_null(
+      strstr(buf, "lynx_t_seconds_bucket{accel=\"0\",le=\"+Inf\"} 4\n"));
   assert_non_null(strstr(buf, "lynx_t_seconds_count{accel=\"0\"} 4\n"));
-  assert_non_null(strstr(buf, "lynx_t_seconds_sum{accel=\"0\"} 1099.511633876\n"));
+  assert_non_null(
+      strstr(buf, "lynx_t_seconds_sum{accel=\"0\"} 1099.511633876\n"));
   free(buf);
   free(h);
 }

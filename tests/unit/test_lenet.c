@@ -77,7 +77,8 @@ static void check_conv(int in_c, int side, int pad, int out_c) {
   for (int c = 0; c < in_c; c++)
     for (int y = 0; y < side; y++)
       for (int x = 0; x < side; x++)
-        padded[(c * ps + y + pad) * ps + x + pad] = in[(c * side + y) * side + x];
+        padded[(c * ps + y + pad) * ps + x + pad] =
+            in[(c * side + y) * side + x];
   lenet_conv_layer(w, b, in, in_c, side, pad, out_c, os, 0, out);
   for (int o = 0; o < out_c; o++)
     for (int y = 0; y < os; y++)
@@ -139,9 +140,9 @@ static void test_conv_padding(void **state) {
 
 static void test_pool(void **state) {
   /* 1 channel 4x4: windows' maxima at each corner of its window */
-  float in[16] = {1, 2,  5, 3,  /* */
-                  4, 3,  9, 7,  /* */
-                  8, -1, 0, 0,  /* */
+  float in[16] = {1, 2,  5, 3, /* */
+                  4, 3,  9, 7, /* */
+                  8, -1, 0, 0, /* */
                   2, 2,  0, -0.0f};
   float out[4];
   (void)state;
@@ -244,8 +245,8 @@ static void test_wire(void **state) {
   for (int i = 0; i < LENET_CLASSES; i++)
     logits[i] = frand() * 100.0f;
   logits[3] = -0.0f;
-  assert_int_equal(lenet_resp_encode(buf, 7, logits, (const uint8_t *)"cookie!",
-                                     7), 51);
+  assert_int_equal(
+      lenet_resp_encode(buf, 7, logits, (const uint8_t *)"cookie!", 7), 51);
   assert_int_equal(buf[0], 7);
   assert_int_equal(buf[1] | buf[2] | buf[3], 0);
   { /* little-endian binary32 */
@@ -297,8 +298,8 @@ static void test_model_file(void **state) {
   assert_int_equal(len, LENET_FILE_SIZE);
   assert_int_equal(lenet_model_parse(good, len, &m, why, sizeof(why)), 0);
   assert_true(m.test_total == 10000 && m.test_correct >= 8800);
-  assert_int_equal(m.crc, lenet_crc32(good + LENET_FILE_HDR, len -
-                                      LENET_FILE_HDR));
+  assert_int_equal(m.crc,
+                   lenet_crc32(good + LENET_FILE_HDR, len - LENET_FILE_HDR));
   assert_int_equal(lenet_crc32((const uint8_t *)"123456789", 9), 0xcbf43926);
   b = malloc(len + 8);
   assert_non_null(b);
@@ -380,7 +381,9 @@ static int load_ctx(struct ctx *c) {
   int rc = lenet_testset_load(LENET_DATA_DIR, &c->ts, why, sizeof(why));
   /* absent: a skip; there but unreadable or malformed: a failure */
   if (rc == -ENOENT) {
-    printf("SKIP: %s (install dataset-fashion-mnist: deploy/install-deps.sh test)\n", why);
+    printf("SKIP: %s (install dataset-fashion-mnist: deploy/install-deps.sh "
+           "test)\n",
+           why);
     return 0;
   }
   if (rc)
@@ -417,12 +420,10 @@ static void test_reference_logits(void **state) {
       fail_msg("image %u: logits differ from the reference", i);
     }
     assert_int_equal(cls, c.ref.classes[i]);
-    assert_int_equal(lenet_infer(c.m, c.ts.images + (size_t)i * 784, got),
-                     cls);
+    assert_int_equal(lenet_infer(c.m, c.ts.images + (size_t)i * 784, got), cls);
     assert_memory_equal(got, want, sizeof(want));
   }
-  printf("%u images: logits bit-equal to the reference\n",
-         c.ref.logit_images);
+  printf("%u images: logits bit-equal to the reference\n", c.ref.logit_images);
   free_ctx(&c);
 }
 
@@ -444,7 +445,8 @@ static void test_reference_classes(void **state) {
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   printf("%u images in %.2f s: %u differ from the reference; accuracy "
-         "%u/%u = %.2f%%\n", c.ts.count,
+         "%u/%u = %.2f%%\n",
+         c.ts.count,
          (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9,
          differ, correct, c.ts.count, 100.0 * correct / c.ts.count);
   assert_int_equal(differ, 0);

@@ -79,9 +79,9 @@ static void test_geom_valid_layout(void **state) {
   assert_int_equal(lynx_slot_off(&g, 4096, 0xFFFFFFFFu), 4096 + 7 * 2048);
 
   /* the upper limits are accepted; control arrays grow with Q */
-  assert_int_equal(lynx_geom_init(&g, LYNX_MQUEUES_MAX, LYNX_SLOTS_MAX,
-                                  LYNX_SLOT_MAX, 0),
-                   0);
+  assert_int_equal(
+      lynx_geom_init(&g, LYNX_MQUEUES_MAX, LYNX_SLOTS_MAX, LYNX_SLOT_MAX, 0),
+      0);
   assert_int_equal(g.fctrl_off, 192 + 8 * 1024);
   assert_int_equal(g.rings_off, 20480); /* align4096(192 + 2 * 8192) */
   assert_int_equal(g.ring_bytes, 65536ull << 20);
@@ -736,7 +736,7 @@ static void test_malformed_whole_ring(void **state) {
   lynx_mq_bind(&f->mq, f->r.mem, &f->r.g, 0);
   for (int lap = 0; lap < 3; lap++) {
     while (!lynx_ring_full(rx_prod, ut_actrl(&f->r, 0)->rx_cons, 4) &&
-         rx_prod - ut_actrl(&f->r, 0)->rx_cons < 100) {
+           rx_prod - ut_actrl(&f->r, 0)->rx_cons < 100) {
       ut_put_raw(&f->r, 0, rx_prod, rx_prod, NULL, 500, 0, LYNX_ST_OK,
                  lynx_seq_for(rx_prod));
       rx_prod++;
@@ -810,8 +810,7 @@ static void test_large_roundtrip(void **state) {
     uint8_t *out;
     fill(want, len, round);
     if (len > lynx_slot_cap(256))
-      assert_int_equal(ut_put_large(&f->r, 0, round, round, want, len, &fa),
-                       0);
+      assert_int_equal(ut_put_large(&f->r, 0, round, round, want, len, &fa), 0);
     else
       ut_put(&f->r, 0, round, round, want, len);
     assert_int_equal(lynx_mq_recv(&f->mq, &m), 0);
@@ -894,8 +893,8 @@ static void test_large_malformed(void **state) {
   uint32_t pos = 0;
   fill(req, sizeof(req), 1);
   lynx_mq_bind(&f->mq, f->r.mem, &f->r.g, 0);
-  assert_int_equal(
-      ut_put_large(&f->r, 0, pos++, 100, req, sizeof(req), &fa), 0);
+  assert_int_equal(ut_put_large(&f->r, 0, pos++, 100, req, sizeof(req), &fa),
+                   0);
   for (uint32_t i = 0; i < 3; i++, pos++)
     ut_put_raw(&f->r, 0, pos, 200 + i, &bad[i], sizeof(bad[i]),
                (uint16_t)(lynx_payload_off(256, 16) / 16u),
@@ -919,7 +918,6 @@ static void test_large_malformed(void **state) {
   lynx_mq_release(&f->mq);
   assert_int_equal(ut_actrl(&f->r, 0)->rx_cons, 6);
 }
-
 
 /* ---- two threads: frontend and accelerator at once ------------------- */
 

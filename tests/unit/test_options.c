@@ -74,8 +74,8 @@ static void test_typed_values(void **state) {
   assert_int_equal(c.mode, 1);
   assert_true(s.given == 0);
   assert_int_equal(scan(&c, &s, NULL, "--name=x", "-n", "3", "--big",
-                        "18446744073709551615", "--flag", "--mode=a", "-f",
-                        "-", NULL),
+                        "18446744073709551615", "--flag", "--mode=a", "-f", "-",
+                        NULL),
                    0);
   assert_string_equal(c.name, "x");
   assert_string_equal(c.file, "-");
@@ -137,9 +137,15 @@ static void test_addr_lists(void **state) {
     snprintf(nine + strlen(nine), sizeof(nine) - strlen(nine), "%s10.0.0.%d:1",
              i ? "," : "", i);
   {
-    const char *bad[] = {"", ",", "127.0.0.1:1,", ",127.0.0.1:1",
-                         "127.0.0.1:1,,127.0.0.1:2", "127.0.0.1",
-                         "127.0.0.1:1,host:2", "127.0.0.1:0", nine};
+    const char *bad[] = {"",
+                         ",",
+                         "127.0.0.1:1,",
+                         ",127.0.0.1:1",
+                         "127.0.0.1:1,,127.0.0.1:2",
+                         "127.0.0.1",
+                         "127.0.0.1:1,host:2",
+                         "127.0.0.1:0",
+                         nine};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
       assert_int_equal(scan(&c, &s, NULL, "--peers", bad[i], NULL), -EINVAL);
   }
@@ -256,8 +262,7 @@ static void test_config_file(void **state) {
   assert_string_equal(c.peers, "127.0.0.1:1, [::1]:2");
   assert_true(c.big == 5); /* not in the file: its default */
   snprintf(arg, sizeof(arg), "--config=%s", path);
-  assert_int_equal(conf_parse(&c, &help, "--name", "cli", arg, "-n", "9",
-                              NULL),
+  assert_int_equal(conf_parse(&c, &help, "--name", "cli", arg, "-n", "9", NULL),
                    0);
   assert_string_equal(c.name, "cli");
   assert_int_equal(c.n, 9);
@@ -290,14 +295,13 @@ static void test_config_errors(void **state) {
     assert_int_equal(lynx_opts_exit_code(-EINVAL), LYNX_EXIT_USAGE);
     unlink(path);
   }
-  assert_int_equal(conf_parse(&c, &help, "--config",
-                              "/nonexistent/lynx.conf", NULL),
-                   -ENOENT);
+  assert_int_equal(
+      conf_parse(&c, &help, "--config", "/nonexistent/lynx.conf", NULL),
+      -ENOENT);
   assert_int_equal(lynx_opts_exit_code(-ENOENT), LYNX_EXIT_RUNTIME);
   assert_int_equal(conf_parse(&c, &help, "--config", NULL), -EINVAL);
   conf_file(path, sizeof(path), "bogus = 1\n");
-  assert_int_equal(conf_parse(&c, &help, "--config", path, "--help", NULL),
-                   0);
+  assert_int_equal(conf_parse(&c, &help, "--config", path, "--help", NULL), 0);
   assert_int_equal(help, 1);
   unlink(path);
   /* without LYNX_OPTS_CONFIG, --config is an unknown option */
@@ -310,14 +314,10 @@ static void test_config_errors(void **state) {
 
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_addr_lists),
-      cmocka_unit_test(test_typed_values),
-      cmocka_unit_test(test_usage_errors),
-      cmocka_unit_test(test_positional),
-      cmocka_unit_test(test_pass_unknown),
-      cmocka_unit_test(test_help),
-      cmocka_unit_test(test_config_file),
-      cmocka_unit_test(test_config_errors),
+      cmocka_unit_test(test_addr_lists),   cmocka_unit_test(test_typed_values),
+      cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_positional),
+      cmocka_unit_test(test_pass_unknown), cmocka_unit_test(test_help),
+      cmocka_unit_test(test_config_file),  cmocka_unit_test(test_config_errors),
   };
   return LYNX_UT_MAIN(argc, argv, "options", tests, NULL, NULL);
 }

@@ -30,10 +30,10 @@
 
 static void test_family(void **state) {
   (void)state;
-  EXPECT_TEXT("# HELP lynx_x_total Things counted.\n"
-              "# TYPE lynx_x_total counter\n",
-              lynx_prom_family(f, "lynx_x_total", "counter",
-                               "Things counted."));
+  EXPECT_TEXT(
+      "# HELP lynx_x_total Things counted.\n"
+      "# TYPE lynx_x_total counter\n",
+      lynx_prom_family(f, "lynx_x_total", "counter", "Things counted."));
   /* a quote is literal in HELP; backslash and newline are escaped */
   EXPECT_TEXT("# HELP g A \"q\" a\\\\b\\nc\n# TYPE g gauge\n",
               lynx_prom_family(f, "g", "gauge", "A \"q\" a\\b\nc"));
@@ -48,17 +48,16 @@ static void test_samples(void **state) {
                             UINT64_MAX));
   EXPECT_TEXT("lynx_y{a=\"1\",b=\"two\"} 7\n",
               lynx_prom_u64(f, "lynx_y",
-                            (const struct lynx_prom_label[]){{"a", "1"},
-                                                             {"b", "two"},
-                                                             {NULL, NULL}},
+                            (const struct lynx_prom_label[]){
+                                {"a", "1"}, {"b", "two"}, {NULL, NULL}},
                             7));
   EXPECT_TEXT("lynx_s_total 1.500\n",
               lynx_prom_double(f, "lynx_s_total", NULL, 1.5, 3));
   EXPECT_TEXT("lynx_s_total{k=\"v\"} 0.000\n",
-              lynx_prom_double(f, "lynx_s_total",
-                               (const struct lynx_prom_label[]){{"k", "v"},
-                                                                {NULL, NULL}},
-                               0.0, 3));
+              lynx_prom_double(
+                  f, "lynx_s_total",
+                  (const struct lynx_prom_label[]){{"k", "v"}, {NULL, NULL}},
+                  0.0, 3));
 }
 
 /* Label values escape backslash, double quote and newline, nothing else. */
@@ -71,10 +70,10 @@ static void test_label_escapes(void **state) {
                             1));
   EXPECT_TEXT("a\\\\\\\"\\n", lynx_prom_escape(f, "a\\\"\n"));
   EXPECT_TEXT("m{empty=\"\"} 0\n",
-              lynx_prom_u64(f, "m",
-                            (const struct lynx_prom_label[]){{"empty", ""},
-                                                             {NULL, NULL}},
-                            0));
+              lynx_prom_u64(
+                  f, "m",
+                  (const struct lynx_prom_label[]){{"empty", ""}, {NULL, NULL}},
+                  0));
 }
 
 int main(int argc, char **argv) {

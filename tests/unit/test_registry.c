@@ -1,6 +1,6 @@
-/* test_registry.c - unit tests of the registry (coordinator/registry.c, reg_*.c): node state
- * machine, leases on an injected clock, epochs, placement, drain, dispatch
- * table versions, service validation. */
+/* test_registry.c - unit tests of the registry (coordinator/registry.c,
+ * reg_*.c): node state machine, leases on an injected clock, epochs, placement,
+ * drain, dispatch table versions, service validation. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -507,7 +507,8 @@ static void test_leave_drain(void **state) {
   assert_int_equal(reg_node(&f->r, "n2", 1, 2, "", 0), 0);
   add_service(&f->r, "echo", 7000, 0, NULL);
   assert_int_equal(ready_all(&f->r, 10), 4);
-  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 10));
+  assert_non_null(
+      lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 10));
   lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 10);
   n = lynx_reg_node_find(&f->r, "n1");
 
@@ -590,7 +591,8 @@ static void test_drain_waits_for_settle(void **state) {
   assert_int_equal(n->state, LYNX_NODE_DRAINING);
   /* a frontend back, running the table without n1, nothing outstanding:
    * still not before the coordinator settled */
-  assert_non_null(lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 300));
+  assert_non_null(
+      lynx_reg_frontend_connect(&f->r, "fe1", "x", (void *)0x2, 300));
   lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version, NULL, 0, 300);
   assert_int_equal(n->state, LYNX_NODE_DRAINING);
   assert_int_equal(f->n_stop, 0);
@@ -662,8 +664,7 @@ static void test_lease_expiry(void **state) {
 
   /* a down node must register again */
   assert_int_equal(
-      lynx_reg_heartbeat(&f->r, "n1", 1, NULL, 0, 1000 + LEASE + 1),
-      -ENOTCONN);
+      lynx_reg_heartbeat(&f->r, "n1", 1, NULL, 0, 1000 + LEASE + 1), -ENOTCONN);
   /* expiry is counted once */
   lynx_reg_tick(&f->r, 1000 + 2 * LEASE - 2);
   assert_int_equal(f->r.lease_expiries, 1);
@@ -737,8 +738,8 @@ static void test_app_backend_needed(void **state) {
 
   /* an older agent: it does not say, the service is taken */
   memset(&err, 0, sizeof(err));
-  assert_int_equal(lynx_reg_register(&f->r, "old", "127.0.0.1:7701", 1, NULL,
-                                     0, acc, 1, (void *)0x1, 1, &err),
+  assert_int_equal(lynx_reg_register(&f->r, "old", "127.0.0.1:7701", 1, NULL, 0,
+                                     acc, 1, (void *)0x1, 1, &err),
                    0);
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 1, &err), 0);
   assert_int_equal(lynx_reg_service_delete(&f->r, "kv", 2, &err), 0);
@@ -746,8 +747,8 @@ static void test_app_backend_needed(void **state) {
   /* one that says mc-get calls "db" */
   acc[0].has_app_backends = 1;
   snprintf(acc[0].app_backends[0], LYNX_BACKEND_NAME_MAX, "db");
-  assert_int_equal(lynx_reg_register(&f->r, "new", "127.0.0.1:7702", 2, NULL,
-                                     0, acc, 1, (void *)0x2, 3, &err),
+  assert_int_equal(lynx_reg_register(&f->r, "new", "127.0.0.1:7702", 2, NULL, 0,
+                                     acc, 1, (void *)0x2, 3, &err),
                    0);
   memset(&err, 0, sizeof(err));
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 4, &err), -EINVAL);
@@ -904,7 +905,7 @@ static void test_suspect(void **state) {
   assert_int_equal(n->state, LYNX_NODE_READY);
   assert_int_equal(f->r.suspicions, 1);
   assert_int_equal(f->r.table_version, tv + 1);
-  assert_int_equal(table_len(&f->r), 2); /* n2's alone */
+  assert_int_equal(table_len(&f->r), 2);                  /* n2's alone */
   assert_int_equal(count_inst(&f->r, "n1", NULL, -1), 2); /* kept */
   assert_int_equal(f->r.lease_expiries, 0);
   assert_int_equal(f->n_stop, 0);
@@ -1377,9 +1378,8 @@ static void test_replicas_follow_capacity(void **state) {
 
   /* the replacement fails: the replica stays, and the move is tried again
    * after the accelerator's backoff */
-  assert_int_equal(lynx_reg_instance_failed(&f->r, "n1", 1, repl_id, "boom",
-                                            300),
-                   0);
+  assert_int_equal(
+      lynx_reg_instance_failed(&f->r, "n1", 1, repl_id, "boom", 300), 0);
   lynx_reg_tick(&f->r, 310);
   assert_int_equal(count_inst(&f->r, "n0", "rep", LYNX_INST_READY), 2);
   assert_int_equal(f->n_stop, 0);
@@ -1400,8 +1400,7 @@ static void test_replicas_follow_capacity(void **state) {
   assert_int_equal(table_len(&f->r), 2);
   assert_int_equal(count_inst(&f->r, "n0", "rep", LYNX_INST_RETIRING), 1);
   assert_int_equal(f->n_stop, 0);
-  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version - 1, NULL, 0,
-                           2200);
+  lynx_reg_frontend_status(&f->r, "fe1", f->r.table_version - 1, NULL, 0, 2200);
   assert_int_equal(f->n_stop, 0);
   memset(mq, 0, sizeof(mq));
   mq[0].instance_id = old_id;
@@ -2100,8 +2099,14 @@ static void test_health_and_drain(void **state) {
 /* What the API shows as text: valid UTF-8 without control characters. */
 static void test_text(void **state) {
   static const char *const ok[] = {
-      "", "echo", "zone-a.b_c", "caf\xc3\xa9", "\xe2\x82\xac 5",
-      "\xf0\x9f\x9a\x80", "a b", "\xef\xbf\xbd",
+      "",
+      "echo",
+      "zone-a.b_c",
+      "caf\xc3\xa9",
+      "\xe2\x82\xac 5",
+      "\xf0\x9f\x9a\x80",
+      "a b",
+      "\xef\xbf\xbd",
   };
   static const char *const bad[] = {
       "\xff",             /* never in UTF-8 */
@@ -2111,7 +2116,11 @@ static void test_text(void **state) {
       "\xed\xa0\x80",     /* a surrogate */
       "\xf4\x90\x80\x80", /* above U+10FFFF */
       "\xe2\x82",         /* cut short */
-      "a\x01",  "tab\there", "new\nline", "esc\x1b[2J", "del\x7f",
+      "a\x01",
+      "tab\there",
+      "new\nline",
+      "esc\x1b[2J",
+      "del\x7f",
       "\xc2\x85", /* C1 control NEL */
   };
   char buf[64];
@@ -2131,7 +2140,8 @@ static void test_text(void **state) {
   assert_string_equal(lynx_text_clean(buf, sizeof(buf), "\xc2\x85x"), " x");
   /* in place, and never a character cut in two at the end */
   snprintf(buf, sizeof(buf), "ab\x01\xff\xe2\x82\xac");
-  assert_string_equal(lynx_text_clean(buf, sizeof(buf), buf), "ab ?\xe2\x82\xac");
+  assert_string_equal(lynx_text_clean(buf, sizeof(buf), buf),
+                      "ab ?\xe2\x82\xac");
   assert_string_equal(lynx_text_clean(buf, 5, "ab\xe2\x82\xac"), "ab");
   assert_string_equal(lynx_text_clean(buf, 6, "ab\xe2\x82\xac"),
                       "ab\xe2\x82\xac");
@@ -2152,16 +2162,16 @@ static void test_register_text(void **state) {
   snprintf(acc[0].kind, sizeof(acc[0].kind), "cpu");
   snprintf(lab[0].key, sizeof(lab[0].key), "zone");
   snprintf(lab[0].value, sizeof(lab[0].value), "a\x1b[31m");
-  assert_int_equal(lynx_reg_register(&f->r, "n1", "127.0.0.1:1", 1, lab, 1,
-                                     acc, 1, NULL, 0, &err),
+  assert_int_equal(lynx_reg_register(&f->r, "n1", "127.0.0.1:1", 1, lab, 1, acc,
+                                     1, NULL, 0, &err),
                    -EINVAL);
   assert_int_equal(err.status, 400);
   assert_non_null(strstr(err.message, "labels[0]"));
   assert_non_null(strstr(err.message, "control"));
   snprintf(lab[1].key, sizeof(lab[1].key), "r\xffk");
   snprintf(lab[0].value, sizeof(lab[0].value), "a");
-  assert_int_equal(lynx_reg_register(&f->r, "n1", "127.0.0.1:1", 1, lab, 2,
-                                     acc, 1, NULL, 0, &err),
+  assert_int_equal(lynx_reg_register(&f->r, "n1", "127.0.0.1:1", 1, lab, 2, acc,
+                                     1, NULL, 0, &err),
                    -EINVAL);
   assert_non_null(strstr(err.message, "labels[1]"));
   assert_non_null(strstr(err.message, "UTF-8"));
@@ -2215,7 +2225,9 @@ static void test_service_text(void **state) {
   expect_invalid(&f->r, &s, "placement.selector");
   assert_null(f->r.services);
   s = ut_spec("ok", 7000, 0, "zone=caf\xc3\xa9");
-  snprintf(s.app, sizeof(s.app), "\xc3\xa9" "cho");
+  snprintf(s.app, sizeof(s.app),
+           "\xc3\xa9"
+           "cho");
   assert_int_equal(lynx_reg_service_create(&f->r, &s, 0, NULL), 0);
 }
 
@@ -2666,8 +2678,7 @@ static void test_events_ring(void **state) {
   assert_int_equal(lynx_ev_oldest(&e), 77);
   assert_null(lynx_ev_get(&e, 76));
   assert_string_equal(lynx_ev_get(&e, 77)->message, "event 77");
-  assert_string_equal(lynx_ev_get(&e, LYNX_EV_MAX + 76)->message,
-                      "event 1100");
+  assert_string_equal(lynx_ev_get(&e, LYNX_EV_MAX + 76)->message, "event 1100");
   assert_null(lynx_ev_get(&e, LYNX_EV_MAX + 77));
   assert_true(lynx_ev_get(&e, 500)->time_ms > 1700000000000ull); /* Unix ms */
   memset(longer, 'x', sizeof(longer) - 1);
@@ -2708,7 +2719,8 @@ int main(int argc, char **argv) {
       T(test_place_all),
       T(test_place_selector),
       T(test_replicas_spread_and_replace),
-      T(test_replicas_follow_capacity), T(test_replica_move_deadline),
+      T(test_replicas_follow_capacity),
+      T(test_replica_move_deadline),
       T(test_replicas_during_drain),
       T(test_instance_failed_retries_after_backoff),
       T(test_service_validation),

@@ -128,25 +128,35 @@ static void test_decode_defaults(void **state) {
    * 1 MiB, a fixed frame's size; or what the operator says, up to 32 MiB */
   assert_int_equal(s.msg_max, 65507);
   assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
-                          "\"echo\", \"proto\": \"tcp\"}", &s, &err), 0);
+                          "\"echo\", \"proto\": \"tcp\"}",
+                          &s, &err),
+                   0);
   assert_int_equal(s.msg_max, 1048576);
   assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
                           "\"echo\", \"proto\": \"tcp\", \"framing\": "
-                          "{\"fixed\": 100}}", &s, &err), 0);
+                          "{\"fixed\": 100}}",
+                          &s, &err),
+                   0);
   assert_int_equal(s.msg_max, 100);
   assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
-                          "\"echo\", \"msg_max\": 200000}", &s, &err), 0);
+                          "\"echo\", \"msg_max\": 200000}",
+                          &s, &err),
+                   0);
   assert_int_equal(s.msg_max, 200000);
   assert_int_not_equal(decode("{\"name\": \"t\", \"port\": 7000, "
                               "\"app\": \"echo\", \"msg_max\": "
-                              "33554433}", &s, &err), 0);
+                              "33554433}",
+                              &s, &err),
+                       0);
   assert_non_null(strstr(err.message, "msg_max"));
   assert_int_equal(decode("{\"name\": \"t\", \"port\": 7000, \"app\": "
-                          "\"echo\", \"msg_max\": 0}", &s, &err), 0);
+                          "\"echo\", \"msg_max\": 0}",
+                          &s, &err),
+                   0);
   assert_int_equal(s.msg_max, 65507); /* 0: the protocol's */
   assert_int_equal(
-      decode("{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\"}",
-             &s, &err),
+      decode("{\"name\": \"echo\", \"port\": 7000, \"app\": \"echo\"}", &s,
+             &err),
       0);
 
   assert_int_equal(
@@ -338,12 +348,13 @@ static void test_decode_bad_text(void **state) {
                cases[k].msg, err.message);
   }
   /* text that is text is fine, accents and all */
-  assert_int_equal(
-      decode(SVC(", \"app\": \"\xc3\xa9" "cho\", \"placement\": {\"selector\": "
-                 "{\"zone\": \"z\xc3\xbcrich\"}}"),
-             &s, &err),
-      0);
-  assert_string_equal(s.app, "\xc3\xa9" "cho");
+  assert_int_equal(decode(SVC(", \"app\": \"\xc3\xa9"
+                              "cho\", \"placement\": {\"selector\": "
+                              "{\"zone\": \"z\xc3\xbcrich\"}}"),
+                          &s, &err),
+                   0);
+  assert_string_equal(s.app, "\xc3\xa9"
+                             "cho");
 }
 
 /* Renders o and parses it back with UTF-8 validation: fails the test when
@@ -1007,7 +1018,8 @@ static void test_store_errors(void **state) {
   lynx_reg_init(&r, 3000, 10000, NULL);
   msg[0] = '\0';
   assert_int_equal(
-      lynx_store_save("/nonexistent/lynx-dir", &r, NULL, msg, sizeof(msg)), -ENOENT);
+      lynx_store_save("/nonexistent/lynx-dir", &r, NULL, msg, sizeof(msg)),
+      -ENOENT);
   assert_non_null(strstr(msg, "/nonexistent/lynx-dir/state.json.tmp"));
   /* a directory where the file should be */
   snprintf(p, sizeof(p), "%s/state.json", t->path);
@@ -1030,16 +1042,13 @@ static void test_store_epochs(void **state) {
   uint64_t e1, e2, f1, e3, e4;
   char msg[256], p[128];
   lynx_reg_init(&r, 3000, 10000, NULL);
-  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 0, &e1, msg,
-                                          sizeof(msg)),
-                   0);
-  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 0, &e2, msg,
-                                          sizeof(msg)),
-                   0);
+  assert_int_equal(
+      lynx_store_issue_epoch(t->path, &r, 0, &e1, msg, sizeof(msg)), 0);
+  assert_int_equal(
+      lynx_store_issue_epoch(t->path, &r, 0, &e2, msg, sizeof(msg)), 0);
   assert_true(e2 > e1 && e1 > 0);
-  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 1, &f1, msg,
-                                          sizeof(msg)),
-                   0);
+  assert_int_equal(
+      lynx_store_issue_epoch(t->path, &r, 1, &f1, msg, sizeof(msg)), 0);
   assert_true(f1 > e2);
   assert_true(r.frontend_epoch == f1);
   lynx_reg_free(&r);
@@ -1048,22 +1057,20 @@ static void test_store_epochs(void **state) {
   lynx_reg_init(&r, 3000, 10000, NULL);
   assert_int_equal(lynx_store_load(t->path, &r, 0, msg, sizeof(msg)), 0);
   assert_true(r.frontend_epoch == f1);
-  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 0, &e3, msg,
-                                          sizeof(msg)),
-                   0);
+  assert_int_equal(
+      lynx_store_issue_epoch(t->path, &r, 0, &e3, msg, sizeof(msg)), 0);
   assert_true(e3 > f1);
   assert_true(r.frontend_epoch == f1); /* a node's epoch is not a frontend's */
 
   /* the directory cannot take the file: no epoch, nothing changes */
   snprintf(p, sizeof(p), "%s/state.json.tmp", t->path);
   assert_int_equal(mkdir(p, 0700), 0);
-  assert_true(lynx_store_issue_epoch(t->path, &r, 1, &e4, msg,
-                                     sizeof(msg)) < 0);
+  assert_true(lynx_store_issue_epoch(t->path, &r, 1, &e4, msg, sizeof(msg)) <
+              0);
   assert_true(r.epoch_last == e3 && r.frontend_epoch == f1);
   rmdir(p);
-  assert_int_equal(lynx_store_issue_epoch(t->path, &r, 1, &e4, msg,
-                                          sizeof(msg)),
-                   0);
+  assert_int_equal(
+      lynx_store_issue_epoch(t->path, &r, 1, &e4, msg, sizeof(msg)), 0);
   assert_true(e4 > e3 && r.frontend_epoch == e4);
   lynx_reg_free(&r);
 

@@ -75,8 +75,10 @@ struct fx {
 
 /* Manager i: the only worker (every mqueue its), no back ends. */
 static void rmq_init(struct fx *f, int i, uint32_t seed) {
-  struct fe_rmq_opts o = {.worker = 0, .n_workers = 1,
-                          .tags = &f->tags[i], .retry_seed = &f->seed[i]};
+  struct fe_rmq_opts o = {.worker = 0,
+                          .n_workers = 1,
+                          .tags = &f->tags[i],
+                          .retry_seed = &f->seed[i]};
   f->seed[i] = seed;
   assert_int_equal(lynx_tagtab_init(&f->tags[i], 64, seed), 0);
   fe_rmq_init(&f->m[i], &o, &hooks, f);
@@ -163,8 +165,7 @@ static void await_published(struct fx *f, uint32_t n) {
 }
 
 /* The accelerator receives the next request: len bytes of fill, tag. */
-static void expect_req(struct fx *f, uint32_t len, uint8_t fill,
-                       uint32_t tag) {
+static void expect_req(struct fx *f, uint32_t len, uint8_t fill, uint32_t tag) {
   struct lynx_msg m = {0};
   assert_int_equal(lynx_mq_recv(&f->amq, &m), 0);
   assert_int_equal(m.tag, tag);
@@ -177,8 +178,7 @@ static void expect_req(struct fx *f, uint32_t len, uint8_t fill,
 }
 
 /* Runs c's cycle until it read the accelerator's rx_cons at want. */
-static void await_rx_cons(struct fe_rmq *r, struct fe_conn *c,
-                          uint32_t want) {
+static void await_rx_cons(struct fe_rmq *r, struct fe_conn *c, uint32_t want) {
   uint64_t end = lynx_now_ns() + 2000000000ull;
   fe_mq_outstanding_set(&c->mqs[0], 1); /* polled only with some */
   while (c->mqs[0].dq.rx_cons != want) {
@@ -215,7 +215,7 @@ static void test_takeover_resumes_after_published(void **state) {
   assert_int_equal(nw->state, FE_CONN_IDLE);
   assert_int_equal(mq->dq.rx_cons, 1);
   assert_int_equal(mq->dq.rx_prod, 4);
-  assert_int_equal(mq->rx_ln, 1); /* the old large request's area */
+  assert_int_equal(mq->rx_ln, 1);            /* the old large request's area */
   send_req(&f->m[1], nw, 2000, 0xB0, 0x200); /* large, after it */
   send_req(&f->m[1], nw, 40, 0xB1, 0x201);
   await_published(f, 5);

@@ -111,9 +111,9 @@ static struct fx *fx_get(void **state) {
 static void send_len(struct fx *f, size_t len, int first) {
   if (len)
     f->buf[0] = (uint8_t)first;
-  assert_int_equal(sendto(f->tx, f->buf, len, 0, (struct sockaddr *)&f->to,
-                          sizeof(f->to)),
-                   (ssize_t)len);
+  assert_int_equal(
+      sendto(f->tx, f->buf, len, 0, (struct sockaddr *)&f->to, sizeof(f->to)),
+      (ssize_t)len);
 }
 
 /* Polls until want datagrams were delivered (at most 2 s). */
@@ -164,8 +164,8 @@ static void test_out_of_buffers(void **state) {
     send_len(f, 64, (int)(i & 0xff));
   /* the kernel fills every buffer before the first harvest */
   p = (struct pollfd){lynx_rxring_fd(&f->r), POLLIN, 0};
-  for (int i = 0; i < 100 && io_uring_cq_ready(&f->r.ring) <=
-                                 LYNX_RXRING_BUFS; i++)
+  for (int i = 0; i < 100 && io_uring_cq_ready(&f->r.ring) <= LYNX_RXRING_BUFS;
+       i++)
     poll(&p, 1, 10);
   harvest(f, n, MAXD);
   for (unsigned i = 0; i < n; i++)

@@ -166,8 +166,8 @@ static void test_wrong_mqueue(void **state) {
   struct lynx_tagtab *t = tt_new(state, 16, 99);
   struct sockaddr_in a = v4(1, 1);
   uint32_t tag = 0;
-  struct lynx_tag_entry *e = lynx_tag_alloc(t, 5, (struct sockaddr *)&a, 0,
-                                            &tag);
+  struct lynx_tag_entry *e =
+      lynx_tag_alloc(t, 5, (struct sockaddr *)&a, 0, &tag);
   assert_non_null(e);
   assert_null(lynx_tag_lookup(t, tag, 4));
   assert_null(lynx_tag_lookup(t, tag, 6));
@@ -230,8 +230,8 @@ static void test_expire_old_only(void **state) {
   memset(&x, 0, sizeof(x));
   /* dispatch times 100, 200, ... 800 */
   for (int i = 0; i < 8; i++) {
-    es[i] = lynx_tag_alloc(t, 1, (struct sockaddr *)&a, 100u * (i + 1),
-                           &tags[i]);
+    es[i] =
+        lynx_tag_alloc(t, 1, (struct sockaddr *)&a, 100u * (i + 1), &tags[i]);
     assert_non_null(es[i]);
   }
   /* dispatched before 450: the first four */
@@ -350,10 +350,10 @@ static void test_gen0_distinct_tables(void **state) {
   for (int s = 0; s < STEPS; s++) {
     struct lynx_tag_entry *ea[K], *eb[K];
     for (int k = 0; k < K; k++) {
-      ea[k] = lynx_tag_alloc(&tabs[0], 0, (struct sockaddr *)&a, 0,
-                             &ta[s * K + k]);
-      eb[k] = lynx_tag_alloc(&tabs[1], 0, (struct sockaddr *)&a, 0,
-                             &tb[s * K + k]);
+      ea[k] =
+          lynx_tag_alloc(&tabs[0], 0, (struct sockaddr *)&a, 0, &ta[s * K + k]);
+      eb[k] =
+          lynx_tag_alloc(&tabs[1], 0, (struct sockaddr *)&a, 0, &tb[s * K + k]);
       assert_non_null(ea[k]);
       assert_non_null(eb[k]);
       assert_true(ta[s * K + k] != tb[s * K + k]);

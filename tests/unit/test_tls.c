@@ -81,7 +81,8 @@ static int teardown(void **state) {
 #define NEED_CA()                                                              \
   do {                                                                         \
     if (!have_ca) {                                                            \
-      ut_skip("certtool is missing (gnutls-bin: deploy/install-deps.sh test)"); \
+      ut_skip(                                                                 \
+          "certtool is missing (gnutls-bin: deploy/install-deps.sh test)");    \
     }                                                                          \
   } while (0)
 
@@ -118,10 +119,12 @@ static void handshake(struct pair *p, const struct lynx_tls *st,
   char err[256];
   memset(p, 0, sizeof(*p));
   to_server.len = to_client.len = 0;
-  assert_int_equal(lynx_tls_conn_init(&p->s, st, NULL, push, &to_client, err,
-                                      sizeof(err)), 0);
-  assert_int_equal(lynx_tls_conn_init(&p->c, ct, host, push, &to_server, err,
-                                      sizeof(err)), 0);
+  assert_int_equal(
+      lynx_tls_conn_init(&p->s, st, NULL, push, &to_client, err, sizeof(err)),
+      0);
+  assert_int_equal(
+      lynx_tls_conn_init(&p->c, ct, host, push, &to_server, err, sizeof(err)),
+      0);
   p->rs = p->rc = -EAGAIN;
   for (int i = 0; i < 20; i++) {
     if (p->rc == -EAGAIN) {
@@ -261,15 +264,15 @@ static void test_server_not_trusted(void **state) {
 static void test_plaintext_peer(void **state) {
   static struct lynx_tls st;
   struct lynx_tls_conn s;
-  const uint8_t frame[] = {0, 0, 0, 12, 0x0a, 10, 'a', 'g', 'e', 'n',
-                           't', 0x12, 2, 'a', '1', 0};
+  const uint8_t frame[] = {0,   0,   0,   12,   0x0a, 10,  'a', 'g',
+                           'e', 'n', 't', 0x12, 2,    'a', '1', 0};
   char err[512];
   (void)state;
   NEED_CA();
   server_creds(&st, "ca1");
   to_client.len = 0;
-  assert_int_equal(lynx_tls_conn_init(&s, &st, NULL, push, &to_client, err,
-                                      sizeof(err)), 0);
+  assert_int_equal(
+      lynx_tls_conn_init(&s, &st, NULL, push, &to_client, err, sizeof(err)), 0);
   assert_int_equal(lynx_tls_feed(&s, frame, sizeof(frame)), 0);
   assert_int_equal(lynx_tls_handshake(&s, err, sizeof(err)), -EPROTO);
   assert_true(strlen(err) > 0);

@@ -34,7 +34,8 @@ static struct json_object *accel_json(const char *node, uint32_t idx,
   json_object_object_add(a, "node", json_object_new_string(node));
   json_object_object_add(a, "kind", json_object_new_string("cpu"));
   json_object_object_add(a, "model", json_object_new_string("cpu-emulated"));
-  json_object_object_add(a, "requests", json_object_new_int64((int64_t)requests));
+  json_object_object_add(a, "requests",
+                         json_object_new_int64((int64_t)requests));
   json_object_object_add(h, "dispatchable", json_object_new_boolean(1));
   json_object_object_add(h, "device_lost", json_object_new_boolean(0));
   json_object_object_add(h, "failed", json_object_new_boolean(0));
@@ -42,9 +43,12 @@ static struct json_object *accel_json(const char *node, uint32_t idx,
   json_object_object_add(h, "stalled_mqueues", json_object_new_int64(0));
   json_object_object_add(h, "stall_ms", json_object_new_int64(0));
   json_object_object_add(a, "health", h);
-  json_object_object_add(l, "window_requests", json_object_new_int64((int64_t)window));
-  json_object_object_add(l, "queue_p99_ns", json_object_new_int64((int64_t)qp99));
-  json_object_object_add(l, "service_p99_ns", json_object_new_int64((int64_t)sp99));
+  json_object_object_add(l, "window_requests",
+                         json_object_new_int64((int64_t)window));
+  json_object_object_add(l, "queue_p99_ns",
+                         json_object_new_int64((int64_t)qp99));
+  json_object_object_add(l, "service_p99_ns",
+                         json_object_new_int64((int64_t)sp99));
   json_object_object_add(a, "latency", l);
   return a;
 }
@@ -121,7 +125,7 @@ static void assert_view4(const struct lynx_top_frame *f, const char *w0,
     assert_string_equal(view_id(f, i), want[i]);
 }
 
-/* ---- text ------------------------------------------------------------------ */
+/* ---- text ---------------------------------------------------------------- */
 
 static void test_fmt_rate(void **state) {
   char b[32];
@@ -153,12 +157,8 @@ static void test_fmt_dur(void **state) {
     uint64_t v;
     const char *want;
   } cases[] = {
-      {0, "0ns"},
-      {999, "999ns"},
-      {1000, "1.0us"},
-      {12345, "12.3us"},
-      {4560000, "4.56ms"},
-      {1230000000, "1.23s"},
+      {0, "0ns"},        {999, "999ns"},      {1000, "1.0us"},
+      {12345, "12.3us"}, {4560000, "4.56ms"}, {1230000000, "1.23s"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     lynx_top_fmt_dur(cases[i].v, b, sizeof(b));
@@ -186,8 +186,7 @@ static void test_health_text(void **state) {
   h.stalled_mqueues = 2;
   h.stall_ms = 2345;
   lynx_top_health_fmt(&h, b, sizeof(b));
-  assert_string_equal(b,
-                      "lost, failed: simulated failure, stalled 2 mq 2.3s");
+  assert_string_equal(b, "lost, failed: simulated failure, stalled 2 mq 2.3s");
   memset(&h, 0, sizeof(h));
   h.stalled_mqueues = 1;
   h.stall_ms = 400;
@@ -241,7 +240,7 @@ static void test_key_names(void **state) {
   assert_string_equal(lynx_top_key_name(LYNX_TOP_BY_P99), "p99");
 }
 
-/* ---- frames ------------------------------------------------------------------ */
+/* ---- frames -------------------------------------------------------------- */
 
 /* Two pages of nodes (b's accelerators listed out of order, a node
  * without accelerators, a draining node, a failed and a stalled
@@ -267,8 +266,7 @@ static void fill_frame(struct lynx_top_frame *f) {
   set_bool(health_of(a), "dispatchable", 0);
   json_object_object_add(health_of(a), "stalled_mqueues",
                          json_object_new_int64(1));
-  json_object_object_add(health_of(a), "stall_ms",
-                         json_object_new_int64(2300));
+  json_object_object_add(health_of(a), "stall_ms", json_object_new_int64(2300));
   node_add(n, a);
   list_add(p2, n);
 
@@ -491,9 +489,8 @@ static void test_print_frame(void **state) {
   lynx_top_sort(&f, LYNX_TOP_BY_RATE);
   out = open_memstream(&buf, &len);
   assert_non_null(out);
-  assert_int_equal(lynx_top_print(out, &f, "http://h:1", LYNX_TOP_BY_RATE,
-                                  "12:00:00"),
-                   0);
+  assert_int_equal(
+      lynx_top_print(out, &f, "http://h:1", LYNX_TOP_BY_RATE, "12:00:00"), 0);
   fclose(out);
   assert_string_equal(
       buf,
@@ -533,8 +530,8 @@ static void test_many(void **state) {
   lynx_top_rates(&cur, &prev);
   assert_int_equal(cur.rates_known, 10000);
   for (size_t i = 0; i < cur.n; i++) {
-    uint32_t k = (uint32_t)strtoul(cur.rows[i].node + 1, NULL, 10) * 4 +
-                 cur.rows[i].idx;
+    uint32_t k =
+        (uint32_t)strtoul(cur.rows[i].node + 1, NULL, 10) * 4 + cur.rows[i].idx;
     assert_true(near(cur.rows[i].rate, (double)(k % 13) / 1.25));
   }
   lynx_top_sort(&cur, LYNX_TOP_BY_RATE);

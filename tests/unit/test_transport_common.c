@@ -57,7 +57,7 @@ static int fx_teardown(void **state) {
   return 0;
 }
 
-/* ---- bounds helper -------------------------------------------------------- */
+/* ---- bounds helper ------------------------------------------------------- */
 
 static void test_bounds_ok(void **state) {
   (void)state;
@@ -74,7 +74,7 @@ static void test_bounds_ok(void **state) {
   assert_int_equal(lynx_bounds_ok(UINT64_MAX, 1, UINT64_MAX - 1), 0);
 }
 
-/* ---- format and validation ------------------------------------------------ */
+/* ---- format and validation ----------------------------------------------- */
 
 static void test_format_rejects(void **state) {
   struct fx *f = *state;
@@ -91,9 +91,8 @@ static void test_format_rejects(void **state) {
   assert_int_equal(lynx_region_format(&f->r, 1, 2, 32, 0, 0, 1, 0), -EINVAL);
   /* the valid header was not touched: a frontend still accepts it */
   assert_true(((struct lynx_region_hdr *)f->r.base)->epoch == UT_EPOCH);
-  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &f->d, err,
-                                        sizeof(err)),
-                   0);
+  assert_int_equal(
+      lynx_region_validate(f->r.base, f->r.size, &f->d, err, sizeof(err)), 0);
 }
 
 static void test_region_validate(void **state) {
@@ -101,31 +100,30 @@ static void test_region_validate(void **state) {
   char err[256];
   struct lynx_region_desc d = f->d;
   err[0] = 0;
-  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &d, err,
-                                        sizeof(err)),
-                   0);
+  assert_int_equal(
+      lynx_region_validate(f->r.base, f->r.size, &d, err, sizeof(err)), 0);
   assert_int_equal(lynx_region_validate(f->r.base, 63, &d, err, sizeof(err)),
                    -EPROTO);
   assert_true(strlen(err) > 0);
   err[0] = 0;
   /* mapped less than the geometry needs */
-  assert_int_equal(lynx_region_validate(f->r.base, f->r.size - 1, &d, err,
-                                        sizeof(err)),
-                   -EPROTO);
+  assert_int_equal(
+      lynx_region_validate(f->r.base, f->r.size - 1, &d, err, sizeof(err)),
+      -EPROTO);
   assert_true(strlen(err) > 0);
   d.epoch = 1;
-  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &d, err,
-                                        sizeof(err)),
-                   -EPROTO);
+  assert_int_equal(
+      lynx_region_validate(f->r.base, f->r.size, &d, err, sizeof(err)),
+      -EPROTO);
   assert_non_null(strstr(err, "epoch"));
   d = f->d;
   d.slots = 3; /* invalid geometry in the descriptor */
-  assert_int_equal(lynx_region_validate(f->r.base, f->r.size, &d, err,
-                                        sizeof(err)),
-                   -EPROTO);
+  assert_int_equal(
+      lynx_region_validate(f->r.base, f->r.size, &d, err, sizeof(err)),
+      -EPROTO);
 }
 
-/* ---- descriptor <-> protobuf ---------------------------------------------- */
+/* ---- descriptor <-> protobuf --------------------------------------------- */
 
 static void test_desc_pb_roundtrip(void **state) {
   struct fx *f = *state;

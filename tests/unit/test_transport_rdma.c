@@ -65,8 +65,8 @@ struct fx {
 };
 
 /* (Re)builds the connection over a fresh fake NIC. */
-static void attach(struct fx *x, uint32_t sq, uint32_t max_inline,
-                   size_t stage, size_t bounce, int deferred) {
+static void attach(struct fx *x, uint32_t sq, uint32_t max_inline, size_t stage,
+                   size_t bounce, int deferred) {
   ut_tconn_close(&x->tc);
   free(x->buf);
   x->buf = aligned_alloc(4096, stage + bounce);
@@ -150,7 +150,7 @@ static int signalled(const struct posted *p) {
   return (p->flags & IBV_SEND_SIGNALED) != 0;
 }
 
-/* ---- writes --------------------------------------------------------------- */
+/* ---- writes -------------------------------------------------------------- */
 
 static void test_write_builds_rdma_write(void **state) {
   struct fx *x = *state;
@@ -247,12 +247,13 @@ static void test_fence_flag(void **state) {
   uint64_t slot = rx_slot(x, 0, 0);
   /* fenced mode: payload, a read as barrier, metadata with a fence */
   assert_int_equal(x->tc->ops->writev(x->tc, slot, &iov, 1, 0), 0);
-  assert_int_equal(x->tc->ops->read(x->tc, lynx_actrl_off(&x->g, 0), scratch,
-                                    4, 77), 0);
+  assert_int_equal(
+      x->tc->ops->read(x->tc, lynx_actrl_off(&x->g, 0), scratch, 4, 77), 0);
   iov.iov_base = &m;
   iov.iov_len = sizeof(m);
-  assert_int_equal(x->tc->ops->writev(x->tc, slot + Z - LYNX_META_SIZE, &iov,
-                                      1, LYNX_WR_PUBLISH | LYNX_WR_FENCE), 0);
+  assert_int_equal(x->tc->ops->writev(x->tc, slot + Z - LYNX_META_SIZE, &iov, 1,
+                                      LYNX_WR_PUBLISH | LYNX_WR_FENCE),
+                   0);
   assert_int_equal(x->tc->ops->flush(x->tc), 0);
   assert_int_equal(x->f->chain[0], 3);
   assert_false(x->f->log[0].flags & IBV_SEND_FENCE);
@@ -322,10 +323,14 @@ static void test_flush_one_chain_in_order(void **state) {
   assert_int_equal(x->f->posts, 1);
   for (uint32_t q = 0; q < Q; q++)
     assert_memory_equal(x->region + lynx_fctrl_off(&x->g, q),
-                        &v[q == 3 ? 0 : q == 1 ? 1 : q == 2 ? 2 : 3], 4);
+                        &v[q == 3   ? 0
+                           : q == 1 ? 1
+                           : q == 2 ? 2
+                                    : 3],
+                        4);
 }
 
-/* ---- reads ---------------------------------------------------------------- */
+/* ---- reads --------------------------------------------------------------- */
 
 static void test_reads_land_with_ids(void **state) {
   struct fx *x = *state;
@@ -343,9 +348,10 @@ static void test_reads_land_with_ids(void **state) {
   for (uint32_t i = 0; i < 2 * Z; i++)
     x->region[tx_slot(x, 1, 6) + i] = (uint8_t)(i ^ 0x3C);
   assert_int_equal(x->tc->ops->read(x->tc, x->g.actrl_off, a, sizeof(a),
-                                    0x1000000000000007ull), 0);
-  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 1, 6), slots,
-                                    sizeof(slots), 9), 0);
+                                    0x1000000000000007ull),
+                   0);
+  assert_int_equal(
+      x->tc->ops->read(x->tc, tx_slot(x, 1, 6), slots, sizeof(slots), 9), 0);
   assert_int_equal(x->tc->ops->flush(x->tc), 0);
   assert_int_equal(x->f->log[0].rkey, RK_CTL);
   assert_int_equal(x->f->log[1].rkey, RK_TX);
@@ -372,14 +378,14 @@ static void test_class_violations_refused_before_posting(void **state) {
   const struct lynx_transport_ops *o = x->tc->ops;
   /* writes: only fctrl and the RX rings */
   assert_int_equal(o->writev(x->tc, tx_slot(x, 0, 0), &iov, 1, 0), -EFAULT);
-  assert_int_equal(o->writev(x->tc, 0, &iov, 1, 0), -EFAULT);    /* header */
+  assert_int_equal(o->writev(x->tc, 0, &iov, 1, 0), -EFAULT); /* header */
   assert_int_equal(o->writev(x->tc, x->g.actrl_off, &iov, 1, 0), -EFAULT);
   assert_int_equal(o->writev(x->tc, x->g.fctrl_off - 4, &iov, 1, 0),
-                   -EFAULT);                                     /* straddle */
+                   -EFAULT); /* straddle */
   assert_int_equal(o->writev(x->tc, tx - 4, &iov, 1, 0), -EFAULT); /* RX|TX */
   assert_int_equal(o->writev(x->tc, end - 4, &iov, 1, 0), -EFAULT);
   assert_int_equal(o->writev(x->tc, UINT64_MAX - 3, &iov, 1, 0), -EFAULT);
-  assert_int_equal(o->writev(x->tc, rx, big, 2, 0), -EFAULT);    /* wrap */
+  assert_int_equal(o->writev(x->tc, rx, big, 2, 0), -EFAULT); /* wrap */
   /* reads: any class (each MR is readable), never across two MRs */
   assert_int_equal(o->read(x->tc, tx - 4, b, 8, 1), -EFAULT);
   assert_int_equal(o->read(x->tc, x->g.fctrl_off - 4, b, 8, 1), -EFAULT);
@@ -390,8 +396,7 @@ static void test_class_violations_refused_before_posting(void **state) {
   iov.iov_len = 3;
   assert_int_equal(o->writev(x->tc, rx, &iov, 1, LYNX_WR_PUBLISH), -EINVAL);
   iov.iov_len = 8;
-  assert_int_equal(o->writev(x->tc, rx + 2, &iov, 1, LYNX_WR_PUBLISH),
-                   -EINVAL);
+  assert_int_equal(o->writev(x->tc, rx + 2, &iov, 1, LYNX_WR_PUBLISH), -EINVAL);
   /* none of it reached the send queue */
   assert_int_equal(o->flush(x->tc), 0);
   assert_int_equal(x->f->posts, 0);
@@ -418,12 +423,11 @@ static void test_too_large_emsgsize(void **state) {
   assert_int_equal(x->tc->ops->writev(x->tc, rx_slot(x, 0, 0), &iov, 1, 0),
                    -EMSGSIZE);
   iov.iov_len = 4096;
-  assert_int_equal(x->tc->ops->writev(x->tc, rx_slot(x, 0, 0), &iov, 1, 0),
-                   0);
+  assert_int_equal(x->tc->ops->writev(x->tc, rx_slot(x, 0, 0), &iov, 1, 0), 0);
   free(b);
 }
 
-/* ---- resources full --------------------------------------------------------- */
+/* ---- resources full ------------------------------------------------------ */
 
 static void test_sq_full_enobufs(void **state) {
   struct fx *x = *state;
@@ -466,12 +470,11 @@ static void test_staging_full_enobufs(void **state) {
   for (int k = 0; k < 4; k++) {
     iov.iov_base = pat[k];
     iov.iov_len = 1024;
-    assert_int_equal(x->tc->ops->writev(x->tc, rx + (uint64_t)k * 1024, &iov,
-                                        1, 0), 0);
+    assert_int_equal(
+        x->tc->ops->writev(x->tc, rx + (uint64_t)k * 1024, &iov, 1, 0), 0);
   }
   iov.iov_base = pat[4];
-  assert_int_equal(x->tc->ops->writev(x->tc, rx + 4096, &iov, 1, 0),
-                   -ENOBUFS);
+  assert_int_equal(x->tc->ops->writev(x->tc, rx + 4096, &iov, 1, 0), -ENOBUFS);
   /* half the staging ring used since the last signal: signalled */
   assert_int_equal(x->f->n_log, 4);
   assert_false(signalled(&x->f->log[0]));
@@ -504,8 +507,8 @@ static void test_staging_wraps(void **state) {
     iov.iov_len = sizeof(pat[k]);
     /* 0: [0,1536) 1: [1536,3072) 2: skips the end, [0,1536) once 0 and 1
      * completed; 3: [1536,3072); 4: skips again, [0,1536) beside 3 */
-    assert_int_equal(x->tc->ops->writev(x->tc, rx + (uint64_t)k * 1536, &iov,
-                                        1, 0), 0);
+    assert_int_equal(
+        x->tc->ops->writev(x->tc, rx + (uint64_t)k * 1536, &iov, 1, 0), 0);
     assert_int_equal(x->tc->ops->flush(x->tc), 0);
   }
   assert_int_equal(x->f->n_log, 5);
@@ -554,10 +557,8 @@ static void test_bounce_full_enobufs(void **state) {
   attach(x, 64, LYNX_RDMA_INLINE, 4096, 4096, 1);
   for (uint32_t i = 0; i < 2048; i++)
     x->region[tx_slot(x, 2, 0) + i] = (uint8_t)(i * 3);
-  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[0], 2048, 1),
-                   0);
-  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[1], 2048, 2),
-                   0);
+  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[0], 2048, 1), 0);
+  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[1], 2048, 2), 0);
   assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[2], 2048, 3),
                    -ENOBUFS);
   fake_run(x->f, 2);
@@ -565,8 +566,7 @@ static void test_bounce_full_enobufs(void **state) {
   assert_true(ids[0] == 1 && ids[1] == 2);
   assert_memory_equal(d[0], x->region + tx_slot(x, 2, 0), 2048);
   assert_memory_equal(d[1], x->region + tx_slot(x, 2, 0), 2048);
-  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[2], 2048, 3),
-                   0);
+  assert_int_equal(x->tc->ops->read(x->tc, tx_slot(x, 2, 0), d[2], 2048, 3), 0);
   assert_int_equal(x->tc->ops->flush(x->tc), 0);
   fake_run(x->f, 1);
   assert_int_equal(x->tc->ops->poll(x->tc, ids, 4), 1);
@@ -574,7 +574,7 @@ static void test_bounce_full_enobufs(void **state) {
   assert_memory_equal(d[2], x->region + tx_slot(x, 2, 0), 2048);
 }
 
-/* ---- completion errors ---------------------------------------------------- */
+/* ---- completion errors --------------------------------------------------- */
 
 static void expect_dead(struct fx *x, int err) {
   uint8_t b[8];
@@ -589,8 +589,7 @@ static void expect_dead(struct fx *x, int err) {
   assert_int_equal(x->tc->ops->notify(x->tc), err);
 }
 
-static void inject_and_read(struct fx *x, uint32_t ord,
-                            enum ibv_wc_status st) {
+static void inject_and_read(struct fx *x, uint32_t ord, enum ibv_wc_status st) {
   uint8_t b[3][8];
   x->f->inject = 1;
   x->f->inject_ord = ord;
@@ -645,7 +644,7 @@ static void test_wrong_rkey_remote_access_error(void **state) {
   expect_dead(x, -EIO);
 }
 
-/* ---- notify --------------------------------------------------------------- */
+/* ---- notify -------------------------------------------------------------- */
 
 static void test_notify_send(void **state) {
   struct fx *x = *state;
@@ -667,7 +666,7 @@ static void test_notify_send(void **state) {
   assert_int_equal(x->tc->ops->wait_fd(x->tc), -ENOTSUP);
 }
 
-/* ---- CM events on an established connection -------------------------------- */
+/* ---- CM events on an established connection ------------------------------ */
 
 static void test_cm_disconnect_kills(void **state) {
   struct fx *x = *state;
@@ -692,7 +691,7 @@ static void test_cm_stray_event_kills(void **state) {
   expect_dead(x, -EPROTO);
 }
 
-/* ---- CM state machine ------------------------------------------------------ */
+/* ---- CM state machine ---------------------------------------------------- */
 
 struct cm_case {
   enum lynx__rdma_cm_state from;
@@ -721,8 +720,8 @@ static void test_cm_success_path(void **state) {
        LYNX_RCM_ROUTE_RESOLVING, LYNX_RCM_ACT_RESOLVE_ROUTE, 0},
       {LYNX_RCM_ROUTE_RESOLVING, RDMA_CM_EVENT_ROUTE_RESOLVED, 0,
        LYNX_RCM_CONNECTING, LYNX_RCM_ACT_CONNECT, 0},
-      {LYNX_RCM_CONNECTING, RDMA_CM_EVENT_ESTABLISHED, 0,
-       LYNX_RCM_ESTABLISHED, LYNX_RCM_ACT_READY, 0},
+      {LYNX_RCM_CONNECTING, RDMA_CM_EVENT_ESTABLISHED, 0, LYNX_RCM_ESTABLISHED,
+       LYNX_RCM_ACT_READY, 0},
       {LYNX_RCM_ESTABLISHED, RDMA_CM_EVENT_DISCONNECTED, 0,
        LYNX_RCM_DISCONNECTED, LYNX_RCM_ACT_TEARDOWN, -ECONNRESET},
       {LYNX_RCM_DISCONNECTED, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0,
@@ -742,8 +741,8 @@ static void test_cm_failures(void **state) {
       {LYNX_RCM_ADDR_RESOLVING, RDMA_CM_EVENT_ADDR_RESOLVED, -ENODEV,
        LYNX_RCM_FAILED, LYNX_RCM_ACT_TEARDOWN, -ENODEV},
       /* route */
-      {LYNX_RCM_ROUTE_RESOLVING, RDMA_CM_EVENT_ROUTE_ERROR, 0,
-       LYNX_RCM_FAILED, LYNX_RCM_ACT_TEARDOWN, -ENETUNREACH},
+      {LYNX_RCM_ROUTE_RESOLVING, RDMA_CM_EVENT_ROUTE_ERROR, 0, LYNX_RCM_FAILED,
+       LYNX_RCM_ACT_TEARDOWN, -ENETUNREACH},
       {LYNX_RCM_ROUTE_RESOLVING, RDMA_CM_EVENT_ROUTE_ERROR, -ETIMEDOUT,
        LYNX_RCM_FAILED, LYNX_RCM_ACT_TEARDOWN, -ETIMEDOUT},
       /* connect */
@@ -784,8 +783,8 @@ static void test_cm_failures(void **state) {
        LYNX_RCM_FAILED, LYNX_RCM_ACT_TEARDOWN, -EPROTO},
       {LYNX_RCM_CONNECTING, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, LYNX_RCM_FAILED,
        LYNX_RCM_ACT_TEARDOWN, -EPROTO},
-      {LYNX_RCM_CONNECTING, RDMA_CM_EVENT_CONNECT_RESPONSE, 0,
-       LYNX_RCM_FAILED, LYNX_RCM_ACT_TEARDOWN, -EPROTO},
+      {LYNX_RCM_CONNECTING, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, LYNX_RCM_FAILED,
+       LYNX_RCM_ACT_TEARDOWN, -EPROTO},
       {LYNX_RCM_CONNECTING, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0, LYNX_RCM_FAILED,
        LYNX_RCM_ACT_TEARDOWN, -EPROTO},
       {LYNX_RCM_ESTABLISHED, RDMA_CM_EVENT_ESTABLISHED, 0,
@@ -814,11 +813,10 @@ static void test_cm_exhaustive(void **state) {
   for (int s = 0; s < LYNX_RCM_STATE_COUNT + 1; s++)
     for (int e = 0; e <= RDMA_CM_EVENT_TIMEWAIT_EXIT + 3; e++)
       for (size_t k = 0; k < sizeof(statuses) / sizeof(statuses[0]); k++) {
-        struct lynx__rdma_cm_step st = lynx__rdma_cm_next(
-            (enum lynx__rdma_cm_state)s, (enum rdma_cm_event_type)e,
-            statuses[k]);
-        assert_true(st.next > LYNX_RCM_IDLE &&
-                    st.next < LYNX_RCM_STATE_COUNT);
+        struct lynx__rdma_cm_step st =
+            lynx__rdma_cm_next((enum lynx__rdma_cm_state)s,
+                               (enum rdma_cm_event_type)e, statuses[k]);
+        assert_true(st.next > LYNX_RCM_IDLE && st.next < LYNX_RCM_STATE_COUNT);
         assert_true((st.act == LYNX_RCM_ACT_TEARDOWN) == (st.err < 0));
         assert_true(st.err <= 0 && st.err > -4096);
         if (st.act == LYNX_RCM_ACT_TEARDOWN)
@@ -830,8 +828,7 @@ static void test_cm_exhaustive(void **state) {
                       e == RDMA_CM_EVENT_ESTABLISHED && statuses[k] == 0);
         /* down only from up: a set-up failure is FAILED */
         if (st.next == LYNX_RCM_DISCONNECTED)
-          assert_true(s == LYNX_RCM_ESTABLISHED ||
-                      s == LYNX_RCM_DISCONNECTED);
+          assert_true(s == LYNX_RCM_ESTABLISHED || s == LYNX_RCM_DISCONNECTED);
         if (s == LYNX_RCM_FAILED || s == LYNX_RCM_DISCONNECTED) {
           assert_int_equal(st.next, s);
           assert_int_equal(st.act, LYNX_RCM_ACT_NONE);
@@ -842,7 +839,7 @@ static void test_cm_exhaustive(void **state) {
   assert_string_equal(lynx__rdma_cm_state_str(LYNX_RCM_STATE_COUNT), "?");
 }
 
-/* ---- private data ----------------------------------------------------------- */
+/* ---- private data -------------------------------------------------------- */
 
 static void test_private_data(void **state) {
   uint8_t pd[56], bad[56];
@@ -862,22 +859,19 @@ static void test_private_data(void **state) {
   assert_int_equal(lynx__rdma_pd_decode(NULL, 0, &k, &e, &p), -EPROTO);
   memcpy(bad, pd, sizeof(bad));
   bad[0] = 'X';
-  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e, &p),
-                   -EPROTO);
+  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e, &p), -EPROTO);
   memcpy(bad, pd, sizeof(bad));
   bad[4] = 1; /* version 1: no producer epoch, cannot be fenced */
-  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e, &p),
-                   -EPROTO);
+  assert_int_equal(lynx__rdma_pd_decode(bad, sizeof(bad), &k, &e, &p), -EPROTO);
   /* admission against a region {key, epoch} */
   assert_int_equal(lynx__rdma_pd_admit(pd, sizeof(pd), KEY, EPOCH), 0);
   assert_int_equal(lynx__rdma_pd_admit(pd, sizeof(pd), KEY ^ 1, EPOCH),
                    -EACCES);
-  assert_int_equal(lynx__rdma_pd_admit(pd, sizeof(pd), KEY ^ (1ull << 63),
-                                       EPOCH), -EACCES);
+  assert_int_equal(
+      lynx__rdma_pd_admit(pd, sizeof(pd), KEY ^ (1ull << 63), EPOCH), -EACCES);
   assert_int_equal(lynx__rdma_pd_admit(pd, sizeof(pd), KEY, EPOCH + 1),
                    -ESTALE);
-  assert_int_equal(lynx__rdma_pd_admit(bad, sizeof(bad), KEY, EPOCH),
-                   -EPROTO);
+  assert_int_equal(lynx__rdma_pd_admit(bad, sizeof(bad), KEY, EPOCH), -EPROTO);
   assert_int_equal(lynx__rdma_pd_admit(pd, 10, KEY, EPOCH), -EPROTO);
 }
 
@@ -909,7 +903,7 @@ static void test_reject_reasons(void **state) {
   assert_non_null(strstr(lynx__rdma_rej_str(LYNX_RDMA_REJ_FENCED), "fenced"));
 }
 
-/* ---- fencing: the agent's cut of an older frontend's QP --------------------- */
+/* ---- fencing: the agent's cut of an older frontend's QP ------------------ */
 
 /* lynx__rdma_qp_err moves the QP to ERR through the verbs call; from then
  * on the frontend's writes and reads fail (what the agent does to every
@@ -929,8 +923,10 @@ static void test_fence_qp_err(void **state) {
   assert_int_equal(x->tc->ops->flush(x->tc), 0);
   expect_dead(x, -ECONNRESET);
   /* nothing of it landed */
-  assert_int_equal(((const struct lynx_fctrl *)(x->region +
-                        lynx_fctrl_off(&x->g, 0)))->tx_cons, 0);
+  assert_int_equal(
+      ((const struct lynx_fctrl *)(x->region + lynx_fctrl_off(&x->g, 0)))
+          ->tx_cons,
+      0);
 }
 
 /* The rule the agent applies (lynx_fence_admit, shared by tcp and rdma):
@@ -959,7 +955,7 @@ static void test_fence_rule(void **state) {
   assert_true(f.producers == 1);
 }
 
-/* ---- descriptor ------------------------------------------------------------- */
+/* ---- descriptor ---------------------------------------------------------- */
 
 static void test_desc_rkeys_roundtrip(void **state) {
   struct fx *x = *state;
@@ -994,12 +990,12 @@ static void test_desc_rkeys_roundtrip(void **state) {
   lynx__region_desc__free_unpacked(back, NULL);
 }
 
-/* ---- sizes and set-up checks ------------------------------------------------- */
+/* ---- sizes and set-up checks --------------------------------------------- */
 
 static void test_buf_sizes(void **state) {
-  static const uint32_t geo[][3] = {
-      {1, 2, 64}, {4, 8, 256}, {8, 1024, 2048}, {1024, 65536, 64},
-      {2, 4, 1u << 20}, {16, 256, 65536}};
+  static const uint32_t geo[][3] = {{1, 2, 64},       {4, 8, 256},
+                                    {8, 1024, 2048},  {1024, 65536, 64},
+                                    {2, 4, 1u << 20}, {16, 256, 65536}};
   (void)state;
   for (size_t i = 0; i < sizeof(geo) / sizeof(geo[0]); i++) {
     struct lynx_geom g;
@@ -1019,7 +1015,7 @@ static void test_buf_sizes(void **state) {
 static void test_attach_refuses_bad_input(void **state) {
   struct fx *x = *state;
   struct lynx__rdma_attach a = {&x->f->qp, &x->f->cq, x->buf, LKEY, 4096,
-                                4096, 8, 0, 0};
+                                4096,      8,         0,      0};
   struct lynx_region_desc d = x->d;
   struct lynx_tconn *tc = NULL;
   a.sq_depth = 1;
@@ -1039,7 +1035,7 @@ static void test_attach_refuses_bad_input(void **state) {
   assert_null(tc);
 }
 
-/* ---- without a device --------------------------------------------------------- */
+/* ---- without a device ---------------------------------------------------- */
 
 static void test_no_device(void **state) {
   const struct lynx_transport_ops *o = &lynx_transport_rdma;
@@ -1056,9 +1052,10 @@ static void test_no_device(void **state) {
   assert_int_equal(o->region_alloc(NULL, &r, "x", 4096), -ENOTCONN);
   o->region_free(&r); /* half-built: fine */
   assert_int_equal(o->region_export(&r), -EINVAL);
-  assert_int_equal(o->agent_create(
-                       &(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
-                       &ta, err, sizeof(err)), -ENODEV);
+  assert_int_equal(
+      o->agent_create(&(struct lynx_transport_opts){.listen = "127.0.0.1:0"},
+                      &ta, err, sizeof(err)),
+      -ENODEV);
   assert_non_null(strstr(err, "no RDMA device found"));
   assert_non_null(strstr(err, "--transport tcp"));
   assert_non_null(strstr(err, "rdma link add"));

@@ -489,16 +489,11 @@ static char **g_argv;
 static int run_all(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
-      T(test_region_file),
-      T(test_connect_refuses_file),
-      T(test_connect_unformatted),
-      T(test_notify_wakes_sleeper),
-      T(test_notify_not_sleeping),
-      T(test_bell_open_ring_drain_close),
-      T(test_bell_dead_worker),
-      T(test_arm_refused),
-      T(test_arm_bell_round_trip),
-      T(test_region_free_removes_file),
+      T(test_region_file),         T(test_connect_refuses_file),
+      T(test_connect_unformatted), T(test_notify_wakes_sleeper),
+      T(test_notify_not_sleeping), T(test_bell_open_ring_drain_close),
+      T(test_bell_dead_worker),    T(test_arm_refused),
+      T(test_arm_bell_round_trip), T(test_region_free_removes_file),
   };
 #undef T
   return LYNX_UT_MAIN(g_argc, g_argv, "transport_shm", tests, NULL, NULL);

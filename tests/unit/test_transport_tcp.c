@@ -158,9 +158,8 @@ static int raw_connect(const struct fx *f) {
   assert_int_equal(lynx_parse_hostport(f->r.locator, &ss), 0);
   fd = socket(AF_INET, SOCK_STREAM, 0);
   assert_true(fd >= 0);
-  assert_int_equal(connect(fd, (struct sockaddr *)&ss,
-                           sizeof(struct sockaddr_in)),
-                   0);
+  assert_int_equal(
+      connect(fd, (struct sockaddr *)&ss, sizeof(struct sockaddr_in)), 0);
   return fd;
 }
 
@@ -233,8 +232,8 @@ static void raw_hello_prove(int fd, const struct fx *f, uint64_t key) {
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), (ssize_t)sizeof(r));
   assert_int_equal(r[0], 9); /* CHALLENGE */
   put_hdr(proof, 10, 0, LYNX_TCP_PROOF, 0, 0);
-  assert_int_equal(lynx__tcp_proof(key, r + 24, hello, sizeof(hello),
-                                   proof + 24), 0);
+  assert_int_equal(
+      lynx__tcp_proof(key, r + 24, hello, sizeof(hello), proof + 24), 0);
   raw_send(fd, proof, sizeof(proof));
 }
 
@@ -242,8 +241,8 @@ static void raw_hello(int fd, const struct fx *f) {
   uint8_t r[24];
   raw_hello_prove(fd, f, f->r.key);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
-  assert_int_equal(r[0], 2);   /* HELLO_REPLY */
-  assert_int_equal(r[8], 0);   /* status 0 */
+  assert_int_equal(r[0], 2); /* HELLO_REPLY */
+  assert_int_equal(r[8], 0); /* status 0 */
 }
 
 /* Each bad frame closes its own connection and changes nothing. */
@@ -378,13 +377,14 @@ static void test_bad_peer_does_not_hurt_others(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->g, 0), "before!", 8, 0);
   fd = raw_connect(f);
   raw_hello(fd, f);
-  raw_send(fd, "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"
-               "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 24);
+  raw_send(fd,
+           "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"
+           "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+           24);
   assert_true(raw_closed(fd));
   close(fd);
   roundtrip(f, lynx_rx_ring_off(&f->g, 0), "after!!", 8, 0);
 }
-
 
 /* ---- the compound read (READ_TX) -------------------------------------- */
 
@@ -456,8 +456,8 @@ static void test_read_tx_exact(void **state) {
   assert_slots(f->r.base, g, &tx[1]);
   /* max caps a wrapping range; nothing new; the positions free-run past
    * 2^32 */
-  tx[0] = (struct lynx_tx_read){.q = 0, .from = UINT32_MAX - 1, .max = 3,
-                                .dst = d0};
+  tx[0] = (struct lynx_tx_read){
+      .q = 0, .from = UINT32_MAX - 1, .max = 3, .dst = d0};
   tx[1].from = 8;
   actrl_set(f->r.base, g, 0, 3, 1); /* 2^32 - 2 .. 2 */
   assert_int_equal(read_tx_wait(f->c, actrl, tx, 2), 1);
@@ -511,12 +511,12 @@ static void test_read_tx_refused(void **state) {
     struct {
       uint32_t count, q, max, zero, len;
     } bad[] = {
-        {1, Q, 1, 0, 8 + 16},      /* no such mqueue */
-        {1, 0, S + 1, 0, 8 + 16},  /* more than a ring */
-        {3, 0, 1, 0, 8 + 16 * 3},  /* more entries than mqueues */
-        {1, 0, 1, 0, 8 + 16 + 4},  /* length not what count says */
-        {1, 0, 1, 9, 8 + 16},      /* a reserved word set */
-        {0, 0, 0, 0, 4},           /* shorter than its header */
+        {1, Q, 1, 0, 8 + 16},     /* no such mqueue */
+        {1, 0, S + 1, 0, 8 + 16}, /* more than a ring */
+        {3, 0, 1, 0, 8 + 16 * 3}, /* more entries than mqueues */
+        {1, 0, 1, 0, 8 + 16 + 4}, /* length not what count says */
+        {1, 0, 1, 9, 8 + 16},     /* a reserved word set */
+        {0, 0, 0, 0, 4},          /* shorter than its header */
     };
     for (size_t i = 0; i < LYNX_ARRAY_SIZE(bad); i++) {
       uint32_t w[2 + 4 * 3] = {0};
@@ -538,8 +538,7 @@ static void test_read_tx_refused(void **state) {
   /* a read the agent serves, from a raw socket, answers exactly the array
    * and the slots */
   {
-    uint32_t w[2 + 4] = {htole32(1), 0, htole32(1), htole32(0), htole32(2),
-                         0};
+    uint32_t w[2 + 4] = {htole32(1), 0, htole32(1), htole32(0), htole32(2), 0};
     uint8_t r[24 + 8 * Q + 4 + 2 * Z];
     uint32_t n;
     for (uint32_t pos = 0; pos < S; pos++)
@@ -578,12 +577,12 @@ static void test_read_tx_large(void **state) {
   (void)state;
   assert_int_equal(lynx_geom_init(&g, Q, S, Z, 4096), 0);
   assert_int_equal(ut_region_serve(T, g_ta, &r, "ut-large", &g,
-                                   LYNX_ORDER_COALESCED, EPOCH, 4, &d), 0);
+                                   LYNX_ORDER_COALESCED, EPOCH, 4, &d),
+                   0);
   for (size_t i = 0; i < sizeof(big); i++)
     r.base[lynx_tx_large_off(&g, 1) + 128 + i] = (uint8_t)(i * 5 + 1);
   memcpy(r.base + lynx_tx_ring_off(&g, 1), &ref, sizeof(ref));
-  memcpy(r.base + lynx_tx_ring_off(&g, 1) + Z - LYNX_META_SIZE, &m,
-         sizeof(m));
+  memcpy(r.base + lynx_tx_ring_off(&g, 1) + Z - LYNX_META_SIZE, &m, sizeof(m));
   actrl_set(r.base, &g, 1, 1, 0);
   ut_connect_ok(T->connect, &d, &c);
   assert_int_equal(read_tx_wait(c, actrl, &tx, 1), 1);
@@ -592,8 +591,8 @@ static void test_read_tx_large(void **state) {
   assert_true(mg.status & LYNX_ST_LARGE);
   memcpy(&got, st, sizeof(got));
   assert_int_equal(lynx_large_check(&mg, &got, g.large_bytes), 0);
-  assert_int_equal(c->ops->read(c, lynx_tx_large_off(&g, 1) + got.off, big,
-                                got.len, 7), 0);
+  assert_int_equal(
+      c->ops->read(c, lynx_tx_large_off(&g, 1) + got.off, big, got.len, 7), 0);
   assert_int_equal(c->ops->flush(c), 0);
   assert_int_equal(ut_poll_n(c, &id, 1), 1);
   assert_memory_equal(big, r.base + lynx_tx_large_off(&g, 1) + 128,
@@ -654,8 +653,7 @@ static void test_fence_on_the_wire(void **state) {
               "fenced: frontend epoch 0 is older than 9, the newest this "
               "region admitted");
   lynx_region_fence_stats(&f->r, &s);
-  assert_true(s.fence == 9 && s.refused == 1 && s.cut == 1 &&
-              s.producers == 1);
+  assert_true(s.fence == 9 && s.refused == 1 && s.cut == 1 && s.producers == 1);
   assert_true(*(const uint64_t *)(f->r.base + LYNX_OFF_FENCE) == 9);
   /* a fenced frontend proved the key: the guard counts its connection
    * authenticated, once, also when it closes (counted unauthenticated
@@ -889,7 +887,7 @@ struct fake_dev {
   uint8_t *mem; /* not region.base: the transport may not touch it */
   uint64_t size;
   int writes, reads, releases;
-  uint64_t last_off;  /* the most recent write */
+  uint64_t last_off; /* the most recent write */
   size_t last_len;
   int fail_reads;
 };
@@ -942,9 +940,12 @@ static int releases_after(struct fake_dev *d, int want) {
  * the last data connection. shm cannot reach device memory at all. */
 static void test_device_memory_region(void **state) {
   struct fake_dev dev = {0};
-  struct lynx_region_mem mem = {.kind = "fake", .write = fake_write,
-                                .read = fake_read, .reg_mr = fake_reg_mr,
-                                .release = fake_release, .ctx = &dev};
+  struct lynx_region_mem mem = {.kind = "fake",
+                                .write = fake_write,
+                                .read = fake_read,
+                                .reg_mr = fake_reg_mr,
+                                .release = fake_release,
+                                .ctx = &dev};
   struct lynx_region r = {.fd = -1};
   struct lynx_region_desc d;
   struct lynx_tconn *c;
@@ -974,10 +975,10 @@ static void test_device_memory_region(void **state) {
   for (unsigned i = 0; i < sizeof(pay); i++)
     pay[i] = (uint8_t)(i * 7 + 1);
   dev.writes = 0;
-  assert_int_equal(c->ops->writev(c, lynx_rx_ring_off(&g, 1), &iov, 1,
-                                  LYNX_WR_PUBLISH), 0);
-  assert_int_equal(c->ops->read(c, lynx_rx_ring_off(&g, 1), back,
-                                sizeof(back), 42), 0);
+  assert_int_equal(
+      c->ops->writev(c, lynx_rx_ring_off(&g, 1), &iov, 1, LYNX_WR_PUBLISH), 0);
+  assert_int_equal(
+      c->ops->read(c, lynx_rx_ring_off(&g, 1), back, sizeof(back), 42), 0);
   assert_int_equal(c->ops->flush(c), 0);
   assert_int_equal(ut_poll_n(c, ids, 1), 1);
   assert_int_equal(ids[0], 42);
@@ -1003,9 +1004,8 @@ static void test_device_memory_region(void **state) {
   {
     const struct lynx_transport_ops *shm = lynx_transport_find("shm");
     struct lynx_region r2 = {.fd = -1};
-    assert_int_equal(shm->region_attach(NULL, &r2, "ut-dev", g.region_size,
-                                        &mem),
-                     -ENOTSUP);
+    assert_int_equal(
+        shm->region_attach(NULL, &r2, "ut-dev", g.region_size, &mem), -ENOTSUP);
     assert_int_equal(dev.releases, 2);
   }
   free(dev.mem);
@@ -1035,7 +1035,7 @@ struct bdev {
   struct bdev_op q[BD_QMAX];
   int nq;
   int write_starts, read_starts, flushes, fail_flush;
-  int reads_max; /* the most reads one flush completed */
+  int reads_max;     /* the most reads one flush completed */
   int publish_words; /* publishing writes seen */
 };
 
@@ -1074,8 +1074,8 @@ static void bd_next(struct bdev *b) {
   }
 }
 
-static int bd_write_start(void *ctx, uint64_t off, const void *src,
-                          size_t len, unsigned flags) {
+static int bd_write_start(void *ctx, uint64_t off, const void *src, size_t len,
+                          unsigned flags) {
   struct bdev *b = ctx;
   struct bdev_op *o;
   bd_next(b);
@@ -1133,11 +1133,15 @@ static int bd_flush(void *ctx) {
  * closes the connection. */
 static void test_device_memory_batches(void **state) {
   struct bdev *b = calloc(1, sizeof(*b));
-  struct lynx_region_mem mem = {
-      .kind = "fake", .write = bd_write, .read = bd_read,
-      .write_start = bd_write_start, .read_start = bd_read_start,
-      .flush = bd_flush, .reg_mr = fake_reg_mr, .release = fake_release,
-      .ctx = b};
+  struct lynx_region_mem mem = {.kind = "fake",
+                                .write = bd_write,
+                                .read = bd_read,
+                                .write_start = bd_write_start,
+                                .read_start = bd_read_start,
+                                .flush = bd_flush,
+                                .reg_mr = fake_reg_mr,
+                                .release = fake_release,
+                                .ctx = b};
   struct lynx_region r = {.fd = -1};
   struct lynx_region_desc d;
   struct lynx_tconn *c;
@@ -1199,7 +1203,8 @@ static void test_device_memory_batches(void **state) {
   flushes0 = b->flushes;
   for (int i = 0; i < 40; i++)
     assert_int_equal(c->ops->read(c, rx1 + (uint64_t)i * 32, small[i], 32,
-                                  100 + (uint64_t)i), 0);
+                                  100 + (uint64_t)i),
+                     0);
   assert_int_equal(c->ops->flush(c), 0);
   assert_int_equal(ut_poll_n(c, ids, 40), 40);
   for (int i = 0; i < 40; i++) {

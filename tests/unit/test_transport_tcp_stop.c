@@ -70,11 +70,11 @@ struct run {
   unsigned iters;
   /* written by the worker, read by the watchdog: atomics, everywhere
    * (a plain access beside them is a race to ThreadSanitizer) */
-  unsigned at;           /* the iteration */
-  const char *step;      /* what it does now */
-  uint64_t destroy_ns;   /* when the destroy under way began; 0: none */
-  int done;              /* the worker returned */
-  char why[256];         /* the worker's own failure; "" none */
+  unsigned at;         /* the iteration */
+  const char *step;    /* what it does now */
+  uint64_t destroy_ns; /* when the destroy under way began; 0: none */
+  int done;            /* the worker returned */
+  char why[256];       /* the worker's own failure; "" none */
 };
 
 static void step(struct run *r, const char *what) {
@@ -87,8 +87,8 @@ static unsigned at(const struct run *r) {
 
 /* for each iteration i of r: i published for the watchdog */
 #define EACH_ITER(r, i)                                                        \
-  for (unsigned i = 0; i < (r)->iters &&                                       \
-                       (__atomic_store_n(&(r)->at, i, __ATOMIC_RELAXED), 1);   \
+  for (unsigned i = 0;                                                         \
+       i < (r)->iters && (__atomic_store_n(&(r)->at, i, __ATOMIC_RELAXED), 1); \
        i++)
 
 /* The worker's failure (a set-up step that failed): noted for the
@@ -104,8 +104,7 @@ static void worker_fail(struct run *r, const char *fmt, ...) {
 }
 
 /* ta->agent_destroy, timed for the watchdog. */
-static void destroy_timed(struct run *r,
-                          const struct lynx_transport_ops *t,
+static void destroy_timed(struct run *r, const struct lynx_transport_ops *t,
                           struct lynx_transport_agent *ta) {
   step(r, "tcp_agent_destroy");
   __atomic_store_n(&r->destroy_ns, lynx_now_ns(), __ATOMIC_RELEASE);
@@ -129,8 +128,8 @@ static int agent_with_region(struct run *r, unsigned i,
   step(r, "region_export");
   ut_region_empty(reg);
   if (lynx_geom_init(&g, UT_Q, UT_S, UT_Z, 0) ||
-      ut_region_serve(*t, *ta, reg, "stop", &g, LYNX_ORDER_COALESCED,
-                      UT_EPOCH, UT_ACCEL, d)) {
+      ut_region_serve(*t, *ta, reg, "stop", &g, LYNX_ORDER_COALESCED, UT_EPOCH,
+                      UT_ACCEL, d)) {
     worker_fail(r, "iteration %u: the region was not exported", i);
     (*t)->region_free(reg);
     (*t)->agent_destroy(*ta);
@@ -174,8 +173,7 @@ static void body_with_frontend(struct run *r) {
       return;
     step(r, "connect");
     if (t->connect(&d, &c) || !c) {
-      worker_fail(r, "iteration %u: the frontend side did not connect",
-                  i);
+      worker_fail(r, "iteration %u: the frontend side did not connect", i);
       t->region_free(&reg);
       t->agent_destroy(ta);
       return;
@@ -238,8 +236,10 @@ static void body_with_peers(struct run *r) {
     step(r, "peers closed");
     for (int k = 0; k < NPEERS; k++) {
       if (fd[k] >= 0 && !peer_closed(fd[k], 2000))
-        worker_fail(r, "iteration %u: connection %d still open after "
-                    "tcp_agent_destroy returned", i, k);
+        worker_fail(r,
+                    "iteration %u: connection %d still open after "
+                    "tcp_agent_destroy returned",
+                    i, k);
       if (fd[k] >= 0)
         close(fd[k]);
     }
@@ -278,8 +278,7 @@ static void run_bounded(void (*body)(struct run *), unsigned iters) {
       fail_msg("tcp_agent_destroy did not return within %u s (iteration %u "
                "of %u): its server thread never stopped, the stop lost "
                "behind a pending wake or a handle left open",
-               DESTROY_BOUND_S, at(r) + 1,
-               iters);
+               DESTROY_BOUND_S, at(r) + 1, iters);
     }
     usleep(10 * 1000);
   }

@@ -434,8 +434,7 @@ static void tc_access_classes(void **state) {
   o = f->c->ops;
   snapshot(f);
 
-  assert_int_equal(o->writev(f->c, end - 64, two, 2, LYNX_WR_PUBLISH),
-                   -EFAULT);
+  assert_int_equal(o->writev(f->c, end - 64, two, 2, LYNX_WR_PUBLISH), -EFAULT);
   assert_int_equal(o->writev(f->c, 0, two, 2, 0), -EFAULT); /* header */
   assert_int_equal(o->writev(f->c, 0, &iov, 1, 0), -EFAULT);
   assert_int_equal(o->writev(f->c, g->actrl_off, &iov, 1, 0), -EFAULT);
@@ -517,9 +516,8 @@ static void tc_publish_request(void **state) {
 
   lynx_mq_bind(&mq, f->r.mem, g, 1);
   assert_int_equal(lynx_mq_recv(&mq, &m), -EAGAIN);
-  assert_int_equal(f->c->ops->writev(f->c, slot + poff, iov, 4,
-                                     LYNX_WR_PUBLISH),
-                   0);
+  assert_int_equal(
+      f->c->ops->writev(f->c, slot + poff, iov, 4, LYNX_WR_PUBLISH), 0);
   assert_int_equal(f->c->ops->flush(f->c), 0);
   settle(f->c);
   assert_memory_equal(f->r.mem + slot + poff, payload, len);
@@ -535,16 +533,15 @@ static void tc_publish_request(void **state) {
   {
     uint32_t w = 0xA5A5A5A5u;
     struct iovec wi = {&w, 4};
-    assert_int_equal(f->c->ops->writev(f->c, 4096, &wi, 1, LYNX_WR_PUBLISH),
-                     0);
+    assert_int_equal(f->c->ops->writev(f->c, 4096, &wi, 1, LYNX_WR_PUBLISH), 0);
     settle(f->c);
     assert_int_equal(*(uint32_t *)(f->r.mem + 4096), 0xA5A5A5A5u);
   }
   /* the last word split in four one-byte iovecs */
   {
     uint8_t b[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    struct iovec bi[5] = {{b, 4}, {b + 4, 1}, {b + 5, 1}, {b + 6, 1},
-                          {b + 7, 1}};
+    struct iovec bi[5] = {
+        {b, 4}, {b + 4, 1}, {b + 5, 1}, {b + 6, 1}, {b + 7, 1}};
     assert_int_equal(f->c->ops->writev(f->c, 6144, bi, 5, LYNX_WR_PUBLISH), 0);
     settle(f->c);
     assert_memory_equal(f->r.mem + 6144, b, 8);
@@ -643,8 +640,7 @@ static void tc_publish_einval(void **state) {
   assert_memory_equal(f->r.mem + 4097, b, 7);
   /* 4-aligned end, unaligned start: fine with PUBLISH */
   iov.iov_len = 7;
-  assert_int_equal(f->c->ops->writev(f->c, 4097 + 16, &iov, 1,
-                                     LYNX_WR_PUBLISH),
+  assert_int_equal(f->c->ops->writev(f->c, 4097 + 16, &iov, 1, LYNX_WR_PUBLISH),
                    0);
   settle(f->c);
   assert_memory_equal(f->r.mem + 4097 + 16, b, 7);
@@ -733,11 +729,8 @@ static void tc_pipelined_batches(void **state) {
   for (int i = 0; i < N; i++) {
     struct iovec iov = {&vals[i], 4};
     vals[i] = 1000u + (uint32_t)i;
-    assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, LYNX_WR_PUBLISH),
-                     0);
-    assert_int_equal(f->c->ops->read(f->c, off,
-                                     &seen[i], 4, (uint64_t)i),
-                     0);
+    assert_int_equal(f->c->ops->writev(f->c, off, &iov, 1, LYNX_WR_PUBLISH), 0);
+    assert_int_equal(f->c->ops->read(f->c, off, &seen[i], 4, (uint64_t)i), 0);
   }
   /* the whole TX area in one read */
   assert_int_equal(f->c->ops->read(f->c, lynx_tx_ring_off(g, 0), big,
@@ -809,8 +802,8 @@ static void tc_notify_wakes_sleeping(void **state) {
   connect_ok(f);
   __atomic_store_n(sleeping, 1, __ATOMIC_SEQ_CST);
   before = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
-  assert_int_equal(f->c->ops->writev(f->c, lynx_fctrl_off(&f->r.g, 0), &iov,
-                                     1, LYNX_WR_PUBLISH),
+  assert_int_equal(f->c->ops->writev(f->c, lynx_fctrl_off(&f->r.g, 0), &iov, 1,
+                                     LYNX_WR_PUBLISH),
                    0);
   assert_int_equal(f->c->ops->flush(f->c), 0);
   assert_int_equal(f->c->ops->notify(f->c), 0);
@@ -927,8 +920,8 @@ static int produce_error(struct fx *f, struct lynx_tconn *c) {
   struct iovec iov = {&v, sizeof(v)};
   uint64_t end = lynx_now_ns() + 2000000000ull, id;
   uint8_t b[8];
-  int rc = c->ops->writev(c, lynx_fctrl_off(&f->r.g, 0), &iov, 1,
-                          LYNX_WR_PUBLISH);
+  int rc =
+      c->ops->writev(c, lynx_fctrl_off(&f->r.g, 0), &iov, 1, LYNX_WR_PUBLISH);
   if (!rc)
     rc = c->ops->read(c, 0, b, sizeof(b), 1);
   if (!rc)
@@ -985,7 +978,7 @@ static void tc_fence_takeover(void **state) {
  * of mqueue q (one posted write, payload to published word): writev's
  * return. */
 static int publish_at(struct fx *f, struct lynx_tconn *c, uint32_t q,
-                       uint32_t pos, uint32_t tag) {
+                      uint32_t pos, uint32_t tag) {
   const struct lynx_geom *g = &f->r.g;
   uint8_t slot[Z] = {0};
   struct lynx_slot_meta m = {8, tag, 0, (uint16_t)(lynx_payload_off(Z, 8) / 16),
@@ -993,8 +986,8 @@ static int publish_at(struct fx *f, struct lynx_tconn *c, uint32_t q,
   struct iovec iov = {slot, Z};
   memcpy(slot + lynx_payload_off(Z, 8), &tag, 4);
   memcpy(slot + Z - LYNX_META_SIZE, &m, sizeof(m));
-  return c->ops->writev(c, lynx_slot_off(g, lynx_rx_ring_off(g, q), pos),
-                        &iov, 1, LYNX_WR_PUBLISH);
+  return c->ops->writev(c, lynx_slot_off(g, lynx_rx_ring_off(g, q), pos), &iov,
+                        1, LYNX_WR_PUBLISH);
 }
 
 /* What a takeover resumes from: the requests the old producer published
@@ -1020,10 +1013,10 @@ static void tc_fence_takeover_resume(void **state) {
   assert_int_equal(produce_error(f, old), B->err.cut);
   old->ops->close(old);
   for (uint32_t pos = 0; pos < S; pos++)
-    assert_int_equal(f->c->ops->read(f->c, lynx_slot_off(g, ring, pos) + Z -
-                                               LYNX_META_SIZE,
-                                     &m[pos], sizeof(m[pos]), pos),
-                     0);
+    assert_int_equal(
+        f->c->ops->read(f->c, lynx_slot_off(g, ring, pos) + Z - LYNX_META_SIZE,
+                        &m[pos], sizeof(m[pos]), pos),
+        0);
   assert_int_equal(f->c->ops->flush(f->c), 0);
   assert_int_equal(ut_poll_n(f->c, ids, S), S);
   for (uint32_t pos = 0; pos < 3; pos++) {

@@ -7,9 +7,9 @@
  * (the frontend side: connect, writev, read, flush, poll, wait_fd, notify,
  * close) and run once per backend: the conformance executable is
  * transport_conformance.c linked with one conformance_<backend>.c, which
- * defines tc_backend. Every agent-side call (agent_create/destroy, region_alloc,
- * format, export, free) is made by the harness, never in a case, so a
- * change of the agent-side API touches only the harnesses: rdma's own, and
+ * defines tc_backend. Every agent-side call (agent_create/destroy,
+ * region_alloc, format, export, free) is made by the harness, never in a case,
+ * so a change of the agent-side API touches only the harnesses: rdma's own, and
  * the tc_agent_* one below that shm and tcp share.
  */
 #ifndef LYNX_TRANSPORT_CONFORMANCE_H
@@ -28,16 +28,16 @@
 
 /* One agent-side region, as a case sees it. */
 struct tc_region {
-  uint8_t *mem;              /* its bytes as the accelerator sees them */
+  uint8_t *mem; /* its bytes as the accelerator sees them */
   struct lynx_geom g;
   struct lynx_region_desc d; /* what the agent advertises for it */
   void *priv;                /* the harness's */
 };
 
 /* What a backend does beyond the contract's minimum. */
-#define TC_CAP_KEY 0x1u         /* descriptors carry an access key */
-#define TC_CAP_WAIT_FD 0x2u     /* wait_fd gives an fd (else -ENOTSUP) */
-#define TC_CAP_FREE_DROPS 0x4u  /* region_free ends live connections */
+#define TC_CAP_KEY 0x1u           /* descriptors carry an access key */
+#define TC_CAP_WAIT_FD 0x2u       /* wait_fd gives an fd (else -ENOTSUP) */
+#define TC_CAP_FREE_DROPS 0x4u    /* region_free ends live connections */
 #define TC_CAP_FENCE_COUNTS 0x10u /* the agent counts fenced refusals, cuts */
 #define TC_CAP_FENCE_PRODUCERS 0x20u /* ... and live producers */
 

@@ -33,7 +33,8 @@ static inline unsigned long long ut_scaled(unsigned long long bound) {
     return bound;
   v = strtoul(s, &end, 10);
   if (*end != '\0' || v < 1 || v > 99) {
-    fprintf(stderr, "LYNX_TEST_TIME_SCALE=%s: want a whole number from 1 to 99\n", s);
+    fprintf(stderr,
+            "LYNX_TEST_TIME_SCALE=%s: want a whole number from 1 to 99\n", s);
     fail();
   }
   return bound * v;

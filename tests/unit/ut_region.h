@@ -83,8 +83,7 @@ static inline int ut_region_serve(const struct lynx_transport_ops *ops,
   int rc = ops->region_alloc(ta, r, name, g->region_size);
   if (!rc)
     rc = lynx_region_format(r, g->n_mqueues, g->slots, g->slot_size,
-                            g->large_bytes, ordering,
-                            epoch, accel);
+                            g->large_bytes, ordering, epoch, accel);
   if (!rc)
     rc = ops->region_export(r);
   if (rc)

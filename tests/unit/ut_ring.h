@@ -21,9 +21,8 @@ struct ut_region {
 /* The region of Q x S x Z, each ring with an L-byte large area, in mem
  * (4096-aligned, at least size bytes; the caller's): zeroed, its header
  * written. 0, the lynx_geom_init error, or -12 when it does not fit. */
-static inline int ut_region_at(struct ut_region *r, uint8_t *mem,
-                               uint64_t size, uint32_t q, uint32_t s,
-                               uint32_t z, uint32_t l) {
+static inline int ut_region_at(struct ut_region *r, uint8_t *mem, uint64_t size,
+                               uint32_t q, uint32_t s, uint32_t z, uint32_t l) {
   struct lynx_region_hdr *h;
   int rc;
   memset(r, 0, sizeof(*r));
@@ -50,8 +49,8 @@ static inline int ut_region_at(struct ut_region *r, uint8_t *mem,
 
 /* The same in a zeroed, 4096-aligned allocation (ut_region_free). 0 or
  * the lynx_geom_init error; -12 when out of memory. */
-static inline int ut_region_init_l(struct ut_region *r, uint32_t q,
-                                   uint32_t s, uint32_t z, uint32_t l) {
+static inline int ut_region_init_l(struct ut_region *r, uint32_t q, uint32_t s,
+                                   uint32_t z, uint32_t l) {
   struct lynx_geom g;
   uint8_t *mem;
   int rc;

@@ -75,7 +75,8 @@ static inline int ut_shm_run(const char *what, int (*run)(void)) {
   fd = shm_open(ut_shm_names[ut_shm_n_names - 1], O_RDWR | O_CREAT | O_EXCL,
                 0600);
   if (fd < 0) {
-    printf("SKIP: %s: shm_open: %s (no usable /dev/shm)\n", what, strerror(errno));
+    printf("SKIP: %s: shm_open: %s (no usable /dev/shm)\n", what,
+           strerror(errno));
     return 77;
   }
   close(fd);
@@ -103,8 +104,7 @@ static inline int ut_shm_main(const char *what, int (*run)(void)) {
   ut_shm_sweep(pid);
   if (WIFEXITED(st))
     return WEXITSTATUS(st);
-  fprintf(stderr, "%s: test process killed by signal %d\n", what,
-          WTERMSIG(st));
+  fprintf(stderr, "%s: test process killed by signal %d\n", what, WTERMSIG(st));
   return 128 + WTERMSIG(st);
 }
 
