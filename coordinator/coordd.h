@@ -107,24 +107,39 @@ static inline void coord_changed(struct lynx_coord *c) {
   pthread_cond_broadcast(&c->changed);
 }
 
-/* actions.c */
+/* actions.c: the registry's ops (struct lynx_reg_ops; called under
+ * c.lock on any thread: they only queue work for the loop) */
 void coord_act_start(void *data, struct lynx_reg_node *node,
                      struct lynx_reg_instance *inst);
 void coord_act_stop(void *data, struct lynx_reg_node *node,
                     uint64_t instance_id);
 void coord_act_tables(void *data);
+int coord_act_issue_epoch(void *data, uint64_t *epoch);
+/* Sends env to peer p (loop thread); a peer that cannot take it is
+ * closed. */
 void coord_send_env(struct cpeer *p, Lynx__Envelope *env);
+/* A new epoch from the store, strictly increasing across restarts: 0, or
+ * -EAGAIN when etcd has none issued ahead yet (err says so). Lock held. */
 int coord_issue_epoch(struct coordinator *co, int frontend, uint64_t *epoch,
                       char *err, size_t errlen);
-int coord_act_issue_epoch(void *data, uint64_t *epoch);
+/* Sends every frontend the table it should run, if it has not got it yet.
+ * Loop thread, lock held. */
 void coord_push_tables(struct coordinator *co);
+/* After any registry call on the loop thread (lock held): sends what the
+ * registry queued, wakes the API's watchers. */
 void coord_after_change(struct coordinator *co);
 
-/* ctlport.c */
-void coord_unsure_why(struct coordinator *co, char *why, size_t len);
+/* ctlport.c: the control port's listener callback, and why this
+ * coordinator may not answer peers now (a leader past its vouched lease;
+ * ctlport.c says so to the peers it refuses, tick.c in its log) */
 void coord_on_connection(uv_stream_t *server, int status);
+void coord_unsure_why(struct coordinator *co, char *why, size_t len);
 
-/* tick.c */
+/* tick.c: the loop's timers and wake-ups. coord_settle holds tables and
+ * drains back after a start until the agents are found again; on_tick is
+ * the TICK_MS lease tick; on_wake flushes what an API thread queued;
+ * elect_changed (the election's thread) and on_role (the loop) apply a
+ * change of role. */
 void coord_settle(struct coordinator *co);
 void coord_on_tick(uv_timer_t *t);
 void coord_on_wake(uv_async_t *a);

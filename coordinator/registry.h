@@ -5,10 +5,11 @@
  * Pure logic, no I/O (log lines aside: accelerators going out of and back
  * into dispatch are logged) and no clock of its own: every call that
  * depends on time takes `now_ms` (monotonic milliseconds), so tests drive
- * it with an injected clock. The daemon (coordinator/main.c) owns the
- * network; the registry tells it what to do through the action callbacks in
- * struct lynx_reg_ops and answers its questions (tables, JSON).
- * Single-threaded: the coordinator's loop thread owns it.
+ * it with an injected clock. The daemon (coordinator/ctlport.c,
+ * actions.c) owns the network; the registry tells it what to do through
+ * the action callbacks in struct lynx_reg_ops and answers its questions
+ * (tables, JSON). Not thread-safe: every caller holds lynx_coord.lock
+ * (the loop thread, and the API's threads: coord.h).
  *
  * Versions: `version` grows by one on every observable change (watch
  * long-polls on it); `table_version` grows whenever the dispatch table
