@@ -7,6 +7,9 @@
  *
  * One connection per (worker, instance, back end): the worker that owns
  * the client mqueue owns its connection, in its own loop, without locks.
+ * A connection reaches its worker only through the struct fe_backend_env
+ * it was opened with (the manager, the loop, the worker's index and
+ * backoff seed), so it is testable without a worker.
  *
  * Replies are cut per the back end's protocol: "len32" (a 4-byte big-endian
  * length, then the bytes) or "memcached" (the text protocol: one line, or
@@ -31,8 +34,11 @@
 #include <string.h>
 
 #include "backend.h"
-#include "frontend.h"
+#include "beframe.h"
 #include "log.h"
+#include "outq.h"
+#include "rmq.h"
+#include "util.h"
 
 #define BE_TAGS 4096u
 #define BE_OUT_MAX (4u << 20)
@@ -45,8 +51,8 @@ struct fe_backend {
   uv_tcp_t tcp;
   uv_timer_t timer;
   uv_connect_t creq;
-  struct fe_worker *w;
-  struct fe_mq *mq; /* NULL once its mqueue is gone */
+  const struct fe_backend_env *env; /* its worker's (backend.h) */
+  struct fe_mq *mq;                 /* NULL once its mqueue is gone */
   struct fe_backend_cfg cfg;
   enum be_state state;
   int tcp_open, handles, closing, reading;
@@ -95,7 +101,7 @@ static int deliver(struct fe_backend *be, const uint8_t *data, uint32_t len,
     status = LYNX_ST_TOO_LONG;
     len = 0;
   }
-  rc = fe_write_rx(&be->w->rmq, mq, data, len, tag, status);
+  rc = fe_write_rx(be->env->rmq, mq, data, len, tag, status);
   if (rc == -ENOBUFS || rc == -ENOSPC)
     return -EAGAIN; /* transport or large area full: delivered later */
   if (rc) {
@@ -135,11 +141,11 @@ static void be_down(struct fe_backend *be, const char *why) {
     uv_close((uv_handle_t *)&be->tcp, be_handle_closed);
   fail_pending(be);
   wait_ms = lynx_backoff_next(&be->retry_ms, BE_RETRY_MIN_MS, BE_RETRY_MAX_MS,
-                              &be->w->retry_seed);
+                              be->env->retry_seed);
   LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
               "worker %u: back end %s (%s) down: "
               "%s; retrying in %llu ms",
-              be->w->id, be->cfg.name, be->cfg.address, why,
+              be->env->worker, be->cfg.name, be->cfg.address, why,
               (unsigned long long)wait_ms);
   if (!be->closing)
     uv_timer_start(&be->timer, on_retry, wait_ms, 0);
@@ -273,8 +279,8 @@ static void be_on_connect(uv_connect_t *req, int status) {
   }
   be->state = BE_UP;
   if (be->retry_ms)
-    LYNX_INFO("frontend", "worker %u: back end %s (%s) up again", be->w->id,
-              be->cfg.name, be->cfg.address);
+    LYNX_INFO("frontend", "worker %u: back end %s (%s) up again",
+              be->env->worker, be->cfg.name, be->cfg.address);
   be->retry_ms = 0;
   uv_tcp_nodelay(&be->tcp, 1);
   if (uv_read_start((uv_stream_t *)&be->tcp, be_alloc, be_on_read)) {
@@ -293,7 +299,7 @@ static void be_connect(struct fe_backend *be) {
     uv_timer_start(&be->timer, on_retry, 10, 0);
     return;
   }
-  rc = uv_tcp_init(&be->w->loop, &be->tcp);
+  rc = uv_tcp_init(be->env->loop, &be->tcp);
   if (rc) {
     be->state = BE_CONNECTING;
     be_down(be, uv_strerror(rc));
@@ -310,16 +316,16 @@ static void be_connect(struct fe_backend *be) {
     be_down(be, uv_strerror(rc));
 }
 
-int fe_backend_open(struct fe_worker *w, struct fe_mq *mq,
+int fe_backend_open(const struct fe_backend_env *env, struct fe_mq *mq,
                     const struct fe_backend_cfg *cfg) {
   struct fe_backend *be = calloc(1, sizeof(*be));
   if (!be)
     return -ENOMEM;
-  be->w = w;
+  be->env = env;
   be->mq = mq;
   be->cfg = *cfg;
   be->state = BE_DOWN;
-  uv_timer_init(&w->loop, &be->timer);
+  uv_timer_init(env->loop, &be->timer);
   be->timer.data = be;
   be->handles = 1;
   mq->be = be;
@@ -336,10 +342,10 @@ void fe_backend_close(struct fe_backend *be) {
     uv_close((uv_handle_t *)&be->tcp, be_handle_closed);
 }
 
-int fe_backend_progress(struct fe_worker *w) {
+int fe_backend_progress(struct fe_rmq *r) {
   int work = 0;
-  for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
-    struct fe_conn *c = w->rmq.conns[i];
+  for (uint32_t i = 0; i < r->n_conns; i++) {
+    struct fe_conn *c = r->conns[i];
     for (uint32_t k = 0; c->n_client_mqs && k < c->n_mqs; k++) {
       struct fe_backend *be = c->mqs[k].be;
       uint32_t before;

@@ -22,17 +22,18 @@
  *   forwarder.c   Message Forwarder (egress)          struct fe_egress
  *   rmq.c         Remote Message Queue Manager        struct fe_rmq
  *   tcpsvc.c      TCP services' client connections    struct fe_tcpsvc
- *   backend.c     client mqueues' back ends
+ *   backend.c     client mqueues' back ends           struct fe_backend_env
  *   metrics.c     Prometheus text and the totals log line
  *   (libraries: dispatch.c policy, tagtab.c tags, outq.c, beframe.c and
  *    tcpframe.c framing, rxring.c the dispatcher's io_uring receive ring)
  *
- * The four components take their own struct, not the worker: each is made
- * (fe_rmq_init, fe_dispatcher_init, fe_tcp_init, fe_forwarder_init) with
+ * The components take their own struct, not the worker: each is made
+ * (fe_rmq_init, fe_dispatcher_init, fe_tcp_init, fe_forwarder_init; a back
+ * end's connection is opened with the worker's struct fe_backend_env) with
  * its options and pointers to what it reaches (the manager, the tag table,
- * the dispatcher, the loop's clock, the stop flag), which worker.c wires
- * at set-up; none includes this header, so each builds, and can be tested,
- * without a worker (tests/unit/test_rmq.c makes a manager alone).
+ * the dispatcher, the loop and its clock, the stop flag), which worker.c
+ * wires at set-up; none includes this header, so each builds, and can be
+ * tested, without a worker (tests/unit/test_rmq.c makes a manager alone).
  *
  * Calls between these files go one way only (a DAG; an arrow reads "may
  * call"; tools/check-cycles.py checks it on the objects):
@@ -125,10 +126,11 @@ struct fe_worker {
    * forwarder, expired by the loop, released by the manager when their
    * connection goes down. */
   struct lynx_tagtab tags;
-  struct fe_ingress ingress; /* dispatcher.c */
-  struct fe_egress egress;   /* forwarder.c */
-  struct fe_rmq rmq;         /* rmq.c */
-  struct fe_tcpsvc tcpsvc;   /* tcpsvc.c */
+  struct fe_ingress ingress;      /* dispatcher.c */
+  struct fe_egress egress;        /* forwarder.c */
+  struct fe_rmq rmq;              /* rmq.c */
+  struct fe_tcpsvc tcpsvc;        /* tcpsvc.c */
+  struct fe_backend_env backends; /* backend.c: what its connections get */
   /* Sleeps of the adaptive poller, by what ended them (worker.c): its
    * response doorbell (common/bell.h), a descriptor (a datagram, libuv, a
    * remote transport), or the timeout. */

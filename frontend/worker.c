@@ -90,7 +90,8 @@ static int on_slot(void *arg, struct fe_mq *mq, const uint8_t *slot,
 
 static int on_be_open(void *arg, struct fe_mq *mq,
                       const struct fe_backend_cfg *cfg) {
-  return fe_backend_open(arg, mq, cfg);
+  struct fe_worker *w = arg;
+  return fe_backend_open(&w->backends, mq, cfg);
 }
 
 static const struct fe_rmq_hooks rmq_hooks = {
@@ -359,7 +360,7 @@ static void worker_loop(struct fe_worker *w) {
     if (w->tcpsvc.paused)
       work += fe_tcp_resume(&w->tcpsvc);
     if (w->rmq.n_client_mqs)
-      work += fe_backend_progress(w);
+      work += fe_backend_progress(&w->rmq);
     w->now_ns = lynx_now_ns();
     if (w->now_ns >= next_expire) {
       next_expire = w->now_ns + EXPIRE_EVERY_NS;
@@ -597,6 +598,10 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
   pthread_mutex_init(&w->cmd_lock, NULL);
   w->cmds_tail = &w->cmds;
   w->retry_seed = (unsigned)lynx_now_ns() ^ (w->id * 2654435761u);
+  w->backends = (struct fe_backend_env){.rmq = &w->rmq,
+                                        .loop = &w->loop,
+                                        .worker = w->id,
+                                        .retry_seed = &w->retry_seed};
   rc = fe_dispatcher_init(&w->ingress, &io);
   if (rc)
     return rc;
