@@ -7,7 +7,7 @@ CMAKE_VARS := $(foreach v,$(filter LYNX_% CMAKE_%,$(.VARIABLES)),$(if $(filter c
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test lint test-all test-sanitize test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
+.PHONY: all deps configure build test lint gpu-prove gpu-figures test-all test-sanitize test-busy test-faults test-arm64 deb fuzz run run-ha bench bench-scaleout bench-gpu bench-paper-gpu clean
 
 all: build
 
@@ -20,7 +20,7 @@ $(foreach g,test lint test-all test-sanitize test-faults test-busy,$(eval DEPS_$
 DEPS_run-ha := run-ha
 DEPS_fuzz := fuzz
 DEPS_deb := deb
-$(foreach g,bench bench-scaleout bench-gpu bench-paper-gpu,$(eval DEPS_$(g) := bench))
+$(foreach g,bench bench-scaleout bench-gpu bench-paper-gpu gpu-prove gpu-figures,$(eval DEPS_$(g) := bench))
 DEPS_TARGETS := $(sort $(foreach g,$(or $(MAKECMDGOALS),all),$(or $(DEPS_$(g)),run)) \
                 $(if $(filter arm64,$(LYNX_ARCH)),arm64))
 
@@ -59,6 +59,16 @@ test: build
 # tier): format, cppcheck, no circle of files (tests/lint/)
 lint: build
 	@$(call ctest_stage,$(BUILD),lint,-L '^lint$$')
+
+# On a GPU host (docs/gpu.md, "One command on a GPU host"): the strict
+# proof of the GPU path, every check a verdict line, a skip a failure,
+# within 5 minutes (tests/gpu/prove.sh; fails, saying so, without a GPU);
+# then the figures, within 5 minutes more (tests/gpu/figures.sh)
+gpu-prove: build
+	@bash tests/gpu/prove.sh $(BUILD)/bin
+
+gpu-figures: build
+	@bash tests/gpu/figures.sh $(BUILD)
 
 # every test
 test-all: build

@@ -30,7 +30,7 @@ DUR=${DURATION:-5}
 RUNS=${RUNS:-3}
 MODEL=models/lenet-fashion.bin
 REF=models/lenet-fashion.ref
-DATA=/usr/share/datasets/fashion-mnist
+DATA=${LYNX_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 AG_ADDR=127.0.0.1:17711 FE=17910 BASE=17911
 TMP=$(mktemp -d /tmp/lynx-lenet.XXXXXX)
 [[ -r $DATA/t10k-images-idx3-ubyte.gz ]] ||

@@ -27,7 +27,9 @@
 # usage: bench/paper-gpu.sh [BUILD_DIR]
 #   env: GPU (0), DURATION (5 s per run), STREAMS (8), WINDOW (256),
 #        CONNS (64), WORKS ("20 100 400 1600" us), MQUEUES ("1 4 16 64 128
-#        240"), FLOWS (256), PARTS ("lenet face fig6": a subset to rerun)
+#        240"), FLOWS (256), PARTS ("lenet face fig6": a subset to rerun),
+#        LYNX_FASHION_MNIST (the test set's directory; default the Debian
+#        package's)
 # Results: bench/results/paper-gpu-<time>.txt (the paper's figures beside)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,7 +83,8 @@ lynx_up() {
 lenet_run() {
   local o
   o=$("$BIN/lynx-lenet-load" --target "127.0.0.1:$PORT" --seconds "$DUR" \
-    --window "$2" --flows "$3" 2>"$TMP/lenet-load.err") || {
+    --window "$2" --flows "$3" ${LYNX_FASHION_MNIST:+--data "$LYNX_FASHION_MNIST"} \
+    2>"$TMP/lenet-load.err") || {
     cat "$TMP/lenet-load.err" >&2; echo "$o" >&2
     echo "lynx-lenet-load: wrong answers ($1)" >&2; exit 1; }
   log "$1: $o"

@@ -31,22 +31,25 @@ DEFINED = set("TDBRCVWGSi")  # text, data, bss, rodata, common, weak, small
 
 
 def source_of(build, obj):
-    """build/DIR/CMakeFiles/TARGET.dir/REL.o -> DIR/REL (a source path)."""
+    """build/DIR/CMakeFiles/TARGET.dir/REL.o -> DIR/REL (a source path).
+
+    A source outside the target's directory is REL with each ".." written
+    "__" by CMake (tools/gpu-probe.cu of accel/cuda/'s target). None for
+    what is not a target's object, or a target of tests/."""
     rel = os.path.relpath(obj, build)
     head, _, tail = rel.partition("CMakeFiles" + os.sep)
     if not tail or not head:
         return None  # no target's (CMake's own probes)
+    if head.split(os.sep, 1)[0] in ("tests", "_deps"):
+        return None
     tail = tail.split(os.sep, 1)[1] if os.sep in tail else tail
-    src = os.path.normpath(os.path.join(head, tail[:-2]))  # drop ".o"
-    # a source outside the directory (generated in the build tree, or a
-    # sibling reached by ../) is named by its path from the source root
-    src = src.replace("__" + os.sep, "")
-    return src
+    parts = [".." if p == "__" else p for p in tail[:-2].split(os.sep)]
+    return os.path.normpath(os.path.join(head, *parts))
 
 
 def skipped(src):
     top = src.split(os.sep, 1)[0]
-    return top in ("tests", "_deps") or src.startswith("CMakeFiles")
+    return top in ("tests", "_deps", "..") or src.startswith("CMakeFiles")
 
 
 def symbols(obj):
@@ -116,7 +119,11 @@ def main():
     build = sys.argv[1]
     graph = "--graph" in sys.argv[2:]
     objs = []
-    for root, _, files in os.walk(build):
+    for root, dirs, files in os.walk(build):
+        # a build tree nested in this one (the fuzz harnesses' clang build)
+        # is another build of the same sources: not read
+        dirs[:] = [d for d in dirs if not os.path.isfile(
+            os.path.join(root, d, "CMakeCache.txt"))]
         if "CMakeFiles" not in root:
             continue
         objs += [os.path.join(root, f) for f in files if f.endswith(".o")]

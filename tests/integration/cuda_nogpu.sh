@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # cuda_nogpu: on a host without a usable GPU, `lynx-agent --cuda-accels all`
 # (and an explicit ordinal) exits non-zero at once with a message that names
-# CUDA and the GPU, before it listens or registers anywhere. Skipped (77)
+# CUDA and the GPU, before it listens or registers anywhere; and the strict
+# GPU command (tests/gpu/prove.sh, make gpu-prove) fails, not skips, saying
+# there is no GPU, with its verdict lines and results file. Skipped (77)
 # where a GPU is usable: tests/gpu/gpu_serve.sh covers that host.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
@@ -45,4 +47,17 @@ else
   assert_eq "$rc" 2 "exit status of --transport shm --region-mem device"
   grep -q -- '--region-mem host' "$out" || fail "the refusal does not name --region-mem host: $(cat "$out")"
 fi
+# the strict command: exit 1 (a failure, never 77), the gpu verdict says
+# why, and the same lines are in its results file
+out=$IT_DIR/prove.out
+PROVE_RESULTS=$IT_DIR/results timeout -k 2 "$(ts_s 60)" \
+  bash "$IT_LIB_DIR/../gpu/prove.sh" "$LYNX_BIN_DIR" >"$out" 2>&1 </dev/null
+rc=$?
+log "tests/gpu/prove.sh: exit $rc: $(grep VERDICT "$out" | tr '\n' ' ')"
+assert_eq "$rc" 1 "exit status of tests/gpu/prove.sh without a GPU"
+grep -q '^VERDICT gpu: FAIL no usable GPU' "$out" || fail "prove.sh does not say there is no GPU: $(cat "$out")"
+grep -q '^VERDICT all: FAIL' "$out" || fail "prove.sh has no overall verdict: $(cat "$out")"
+results=$(ls "$IT_DIR"/results/gpu-prove-*.txt 2>/dev/null | head -1)
+[[ -n $results ]] || fail "prove.sh wrote no results file in PROVE_RESULTS"
+grep -q '^VERDICT gpu: FAIL' "$results" || fail "its results file lacks the verdict: $(cat "$results")"
 it_done

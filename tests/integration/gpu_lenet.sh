@@ -24,7 +24,7 @@ case $probe in
 *"no usable CUDA GPU"* | *"no CUDA GPU"* | *"does not exist"*) skip "no usable GPU here: $probe" ;;
 esac
 grep -q $'^0\tcuda\t' <<<"$probe" || fail "lynx-agent --list-accels: $probe"
-DATA=/usr/share/datasets/fashion-mnist
+DATA=${LYNX_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 [[ -r $DATA/t10k-images-idx3-ubyte.gz ]] ||
   skip "no Fashion-MNIST test set in $DATA (install dataset-fashion-mnist: deploy/install-deps.sh)"
 ROOT=$(cd "$IT_LIB_DIR/../.." && pwd)
