@@ -2,9 +2,10 @@
  * cuda_launch.c - an instance's start and stop (gpu_instance_start,
  * gpu_instance_stop, gpu.h): its region set up (cuda_region.c), its
  * control block, the app's data (lenet's weights), the persistent kernel
- * launched on the instance's kernel stream and, under a lease, fenced until
- * its clock is known; stop asks the kernel to return and waits a bounded
- * time, after which a kernel still running is hung.
+ * launched on the instance's kernel stream, every block of it confirmed
+ * resident (or the start fails, saying how many were) and, under a lease,
+ * fenced until its clock is known; stop asks the kernel to return and
+ * waits a bounded time, after which a kernel still running is hung.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -26,6 +27,80 @@
 #define STOP_WAIT_MS 3000u
 #endif
 #define CLOCK_WAIT_MS 2000u /* how long start waits for the kernel's clock */
+#ifndef RESIDENT_WAIT_MS    /* unit_cuda_backend waits less */
+/* how long start waits for every block of its kernel to begin: blocks
+ * start within microseconds of a launch when SMs are free; one that waits
+ * longer waits for SMs other kernels hold, and never serves */
+#define RESIDENT_WAIT_MS 1000u
+#endif
+
+/* Every block of gi's kernel began (kctl->started, which each block
+ * increments first), within RESIDENT_WAIT_MS of the launch: 0. Else
+ * -EBUSY with the reason in err: the blocks that wait are those the
+ * occupancy query promised but the GPU cannot hold beside the kernels it
+ * runs (other instances, another process, a smaller shared-memory
+ * carveout), and their mqueues would never be served. */
+static int confirm_resident(struct gpu_instance *gi, const char *name,
+                            char *err, size_t errlen) {
+  uint64_t end = lynx_now_ns() + RESIDENT_WAIT_MS * 1000000ull;
+  struct lynx_cuda_kctl h;
+  cudaError_t e;
+  for (;;) {
+    pthread_mutex_lock(&gi->lock);
+    e = lynx__cuda_kctl_header(gi, &h);
+    pthread_mutex_unlock(&gi->lock);
+    if (e != cudaSuccess) {
+      lynx__cuda_note(gi->device, e, "control block");
+      snprintf(err, errlen, "GPU %d: control block: %s", gi->device,
+               cudaGetErrorString(e));
+      return lynx__cuda_errno(e);
+    }
+    if (h.started >= gi->blocks)
+      return 0;
+    if (lynx_now_ns() >= end)
+      break;
+    usleep(200);
+  }
+  snprintf(err, errlen,
+           "GPU %d: only %u of the %u blocks of %s's persistent kernel "
+           "became resident within %u ms: the others wait for SMs that "
+           "kernels already running there hold, and their mqueues would "
+           "never be served (fewer instances or --gpu-blocks on this GPU)",
+           gi->device, h.started, gi->blocks, name, RESIDENT_WAIT_MS);
+  return -EBUSY;
+}
+
+/* A kernel whose start failed after its launch: asked to stop. Blocks
+ * that never became resident start when SMs free up, see the stop and
+ * return, so the kernel ends only then: until it has, its memory is kept
+ * (gi->hung: never freed, never reused) without calling the device hung,
+ * which it is not. */
+static void abandon_launch(struct gpu_instance *gi) {
+  const uint32_t one = 1;
+  uint64_t end;
+  cudaError_t e;
+  pthread_mutex_lock(&gi->lock);
+  e = cudaMemcpyAsync(&gi->kctl->stop, &one, sizeof(one),
+                      cudaMemcpyHostToDevice, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  pthread_mutex_unlock(&gi->lock);
+  if (e != cudaSuccess)
+    lynx__cuda_note(gi->device, e, "stop request");
+  end = lynx_now_ns() + 100 * 1000000ull;
+  while ((e = cudaStreamQuery(gi->kern)) == cudaErrorNotReady &&
+         lynx_now_ns() < end)
+    usleep(1000);
+  gi->stopped = 1;
+  if (e == cudaErrorNotReady) {
+    gi->hung = 1;
+    LYNX_WARN("cuda",
+              "GPU %d: the kernel of a start that failed still has "
+              "blocks waiting for SMs: its memory is kept until the agent "
+              "exits",
+              gi->device);
+  }
+}
 
 /* lenet: its weights (the agent's, loaded once: lenet_model.h) into GPU
  * memory, copied and waited for before the launch, since the kernel runs
@@ -202,6 +277,12 @@ launch:
     goto fail;
   }
   gi->launched = 1;
+  rc = confirm_resident(gi, l->name, err, errlen);
+  if (rc) {
+    LYNX_ERR("cuda", "%s", err);
+    abandon_launch(gi);
+    goto fail;
+  }
   if (serve_until != UINT64_MAX) {
     struct lynx_cuda_kctl h;
     uint64_t end = lynx_now_ns() + CLOCK_WAIT_MS * 1000000ull;

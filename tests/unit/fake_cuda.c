@@ -241,6 +241,20 @@ static int fake_app_call(struct kern *k, struct fake_client *c,
  * request at a time like the real blocks; a stop while a call waits ends
  * the kernel with that request unanswered. Only requests and responses of
  * each block are written, so a test may set drops and bad itself. */
+/* Blocks free on GPU dev: its capacity (fake.capacity, else
+ * fake.resident) less the started blocks of every running kernel there
+ * but self. */
+static uint32_t blocks_free(int dev, const struct kern *self) {
+  uint32_t cap = fake.capacity ? fake.capacity : fake.resident, used = 0;
+  pthread_mutex_lock(&lock);
+  for (const struct kern *o = kernels; o; o = o->next)
+    if (o != self && o->pub.device == dev &&
+        __atomic_load_n(&o->pub.running, __ATOMIC_ACQUIRE))
+      used += o->pub.resident;
+  pthread_mutex_unlock(&lock);
+  return used < cap ? cap - used : 0;
+}
+
 static void *kernel_main(void *arg) {
   struct kern *k = arg;
   const struct lynx_cuda_launch *l = &k->pub.l;
@@ -263,7 +277,7 @@ static void *kernel_main(void *arg) {
     lynx_mq_bind(&cl[b].mq, l->region, &g,
                  lynx_cuda_client_mq(l, b, l->app_backend));
   __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
-  __atomic_add_fetch(&kc->started, l->blocks, __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&kc->started, k->pub.resident, __ATOMIC_SEQ_CST);
   while (!stopped && !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
     int busy = 0;
     if (!k->pub.hang && lynx_load_acquire32(&kc->stop))
@@ -274,6 +288,8 @@ static void *kernel_main(void *arg) {
     for (uint32_t q = 0; q < l->n_server; q++) {
       uint32_t b = q % l->blocks;
       struct lynx_msg m;
+      if (b >= k->pub.resident)
+        continue; /* its block never started */
       uint8_t *out = NULL;
       uint64_t until, taken;
       /* apps.cu's mc-get and face-verify reserve their answer's slot
@@ -344,6 +360,13 @@ static void *kernel_main(void *arg) {
     if (!busy)
       usleep(200);
   }
+  /* blocks that never started run once SMs of this GPU are free (another
+   * kernel ended), see the stop and return: until then the kernel, and
+   * its stream, are not done */
+  while (k->pub.resident < l->blocks &&
+         !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE) &&
+         blocks_free(k->pub.device, k) < l->blocks - k->pub.resident)
+    usleep(1000);
   __atomic_add_fetch(&kc->exited, l->blocks, __ATOMIC_SEQ_CST);
   free(cl);
   free(mq);
@@ -1146,6 +1169,10 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
   k->pub.device = cur_dev;
   k->pub.hang = fake.hang_next;
   fake.hang_next = 0;
+  {
+    uint32_t room = blocks_free(cur_dev, NULL);
+    k->pub.resident = l->blocks < room ? l->blocks : room;
+  }
   k->pub.running = 1;
   pthread_mutex_lock(&lock);
   s->k = k;

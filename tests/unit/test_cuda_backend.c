@@ -900,6 +900,72 @@ static void test_blocks(void **state) {
   assert_int_equal(blocks_for(200, 9, -EINVAL), 0);
 }
 
+/* Residency is confirmed after the launch: blocks the occupancy query
+ * promised but the GPU cannot hold beside the kernels it already runs
+ * (fake.capacity below fake.resident: another process's kernels, a
+ * smaller carveout) do not start, and a start whose blocks do not all
+ * begin within RESIDENT_WAIT_MS fails, saying how many did, while the
+ * instance already there keeps serving. The failed kernel is told to
+ * stop: its waiting blocks start as SMs free up (its own that ran, or
+ * another kernel's), see the stop and return. */
+static void test_residency(void **state) {
+  struct inst a, b;
+  uint64_t c[4];
+  char *log;
+  int rc;
+  (void)state;
+  fake_cuda_reset();
+  fake.resident = 8; /* what the query says of an empty GPU */
+  fake.capacity = 6; /* what it holds */
+  start_blocks = 4;
+  assert_int_equal(inst_start(&a, 0, T, 8, 8, EPOCH), 0);
+  assert_int_equal(a.k->resident, 4);
+  assert_int_equal(a.k->l.kctl->started, 4);
+  inst_connect(&a);
+  echo(&a, 0, 0, "first instance", 5);
+
+  /* 4 more asked, 2 fit: refused, with the count; once its 2 blocks
+   * return, the 2 waiting ones run and return too */
+  cap_begin();
+  rc = inst_start(&b, 0, T, 8, 8, EPOCH + 1);
+  log = cap_end();
+  assert_int_equal(rc, -EBUSY);
+  assert_contains(b.err, "only 2 of the 4 blocks");
+  assert_contains(b.err, "GPU 0");
+  assert_contains(log, "only 2 of the 4 blocks");
+  free(log);
+  assert_int_equal(fake_cuda_kernels(), 2);
+  assert_int_equal(fake_cuda_kernel(1)->l.kctl->stop, 1);
+  assert_false(fake_cuda_kernel(1)->running);
+  assert_int_equal(fake_cuda_kernel(1)->l.kctl->exited, 4);
+
+  /* none fits beside the first: refused; its kernel waits for SMs, so
+   * its memory is kept (a warning says so), and it ends once the first
+   * instance stops */
+  fake.capacity = 4;
+  cap_begin();
+  rc = inst_start(&b, 0, T, 8, 8, EPOCH + 2);
+  log = cap_end();
+  start_blocks = 0;
+  assert_int_equal(rc, -EBUSY);
+  assert_contains(b.err, "only 0 of the 4 blocks");
+  assert_contains(log, "memory is kept");
+  free(log);
+  assert_int_equal(fake_cuda_kernels(), 3);
+  assert_true(fake_cuda_kernel(2)->running);
+
+  /* the first instance is untouched */
+  echo(&a, 1, 0, "still served", 6);
+  counters_until(&a, 2, c);
+  assert_int_equal(c[1], 2);
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  for (int i = 0; i < 2000 && fake_cuda_kernel(2)->running; i++)
+    usleep(1000);
+  assert_false(fake_cuda_kernel(2)->running);
+  inst_drop(&a);
+  fake_cuda_reap();
+}
+
 static void test_health(void **state) {
   struct inst a;
   struct gpu_info g = {.device = 3};
@@ -2301,6 +2367,7 @@ int main(int argc, char **argv) {
       T_(test_stop_reuse_shutdown),
       T_(test_hung_kernel),
       T_(test_blocks),
+      T_(test_residency),
       T_(test_lenet_gpu),
       T_(test_health),
       T_(test_no_device_sync),
