@@ -92,6 +92,8 @@ struct lynx_accel_launch {
   uint32_t gpu_threads; /* GPU: threads per block of the kernel */
   uint32_t gpu_blocks;  /* GPU: blocks of the kernel (0: one per mqueue up
                            to one per SM) */
+  uint32_t gpu_idle_ns; /* GPU: longest __nanosleep of an idle block (0:
+                           none) */
   /* Lease fence on lynx_now_ns's clock (NULL or UINT64_MAX: none): no new
    * request is taken once it passes. Owned by the caller, written by its
    * loop and read live by CPU threads; a GPU takes its value at start and

@@ -26,7 +26,7 @@
 
 struct agent_cfg {
   uint32_t cpu_accels, mqueues, slots, slot_size, msg_max, work_us, spin_us,
-      accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks;
+      accel_threads, frame_max, stall_ms, gpu_threads, gpu_blocks, gpu_idle_ns;
   uint32_t data_conn_max, data_unauth_max, data_unauth_per_client, ctl_conn_max,
       ctl_unauth_max, ctl_unauth_per_client, stop_timeout_ms;
   char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */

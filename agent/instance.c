@@ -94,6 +94,7 @@ static int start_run(struct agent *ag, struct instance *in,
       .cpu_threads = ag->cfg.accel_threads,
       .gpu_threads = ag->cfg.gpu_threads,
       .gpu_blocks = ag->cfg.gpu_blocks,
+      .gpu_idle_ns = ag->cfg.gpu_idle_ns,
       .serve_until = &ag->serve_until_ns,
   };
   int rc = lynx_app_prepare(app, &ag->app_res, &l.app_data, why, whylen);

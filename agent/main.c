@@ -68,6 +68,11 @@ static const struct lynx_opt agent_opts[] = {
      "blocks of a GPU application's persistent kernel, each scanning its "
      "share of the mqueues (at most 64); 0: one per mqueue up to one per SM "
      "(docs/gpu.md)"},
+    {"gpu-idle-ns", LYNX_OPT_U32, O(gpu_idle_ns), "500", 0, 1000000, NULL,
+     "longest sleep of an idle GPU block between passes over its mqueues "
+     "(__nanosleep, doubling from 64 ns while nothing comes; it may sleep up "
+     "to twice this, so 500 adds at most about 1 us to a request that finds "
+     "its block asleep); 0: the block never sleeps (docs/gpu.md)"},
     {"stall-ms", LYNX_OPT_U32, O(stall_ms), "2000", 100, 3600000, NULL,
      "an accelerator whose mqueue has a request pending this long without "
      "consuming it is reported stalled (out of dispatch until it consumes)"},

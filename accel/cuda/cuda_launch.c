@@ -260,7 +260,7 @@ launch:
       .work_us = l->work_us,
       .blocks = gi->blocks,
       .threads = l->gpu_threads,
-      .idle_ns = 20000,
+      .idle_ns = l->gpu_idle_ns,
       .kctl = gi->kctl,
   };
   if (lynx__cuda_calls_backends(l)) {

@@ -53,6 +53,7 @@ expect 2 lynx-agent --coordinator coordinator-host -- --coordinator coordinator-
 expect 2 lynx-agent --data-listen 0.0.0.0:70000 -- --data-listen 70000
 expect 2 lynx-agent --frobnicate -- --frobnicate
 expect 2 lynx-agent --slots 100 -- --slots 100
+expect 2 lynx-agent --gpu-idle-ns 2000000 -- --gpu-idle-ns 2000000 1000000
 expect 2 lynx-agent --slots 0 -- --slots "'0'"
 expect 2 lynx-agent --node-id node-1 -- --node-id node-1
 expect 2 lynx-agent --app nope -- --app nope

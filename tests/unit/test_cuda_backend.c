@@ -161,6 +161,7 @@ struct inst {
 static uint64_t start_serve_until = UINT64_MAX;
 /* --gpu-blocks they start with (0: auto). */
 static uint32_t start_blocks;
+static uint32_t start_idle_ns = 500; /* the agent's --gpu-idle-ns default */
 /* Set: instances start as the agent starts them with --region-mem host
  * (the transport allocates, formats and exports the region in host memory,
  * then the backend maps it into the GPU); agent-side handle start_ta. */
@@ -221,6 +222,7 @@ static int inst_start(struct inst *in, int dev,
                                  .work_us = 7,
                                  .gpu_threads = 64,
                                  .gpu_blocks = start_blocks,
+                                 .gpu_idle_ns = start_idle_ns,
                                  .serve_until = &start_serve_until};
   rc = gpu_instance_start(&l, &in->r, &in->gi, in->err, sizeof(in->err));
   if (rc && start_host)
@@ -964,6 +966,24 @@ static void test_residency(void **state) {
   assert_false(fake_cuda_kernel(2)->running);
   inst_drop(&a);
   fake_cuda_reap();
+}
+
+/* An idle block's longest sleep is the agent's --gpu-idle-ns (500 ns by
+ * default: at most about 1 us added to a request that finds its block
+ * asleep; it was a fixed 20 us), and 0 (never sleeps) goes through. */
+static void test_idle_backoff(void **state) {
+  struct inst a;
+  (void)state;
+  fake_cuda_reset();
+  for (int i = 0; i < 3; i++) {
+    static const uint32_t v[] = {500, 0, 1000000};
+    start_idle_ns = v[i];
+    assert_int_equal(inst_start(&a, 0, T, 2, 2, EPOCH + (uint64_t)i), 0);
+    assert_int_equal(a.k->l.idle_ns, v[i]);
+    assert_int_equal(gpu_instance_stop(a.gi), 0);
+    inst_drop(&a);
+  }
+  start_idle_ns = 500;
 }
 
 static void test_health(void **state) {
@@ -2368,6 +2388,7 @@ int main(int argc, char **argv) {
       T_(test_hung_kernel),
       T_(test_blocks),
       T_(test_residency),
+      T_(test_idle_backoff),
       T_(test_lenet_gpu),
       T_(test_health),
       T_(test_no_device_sync),
