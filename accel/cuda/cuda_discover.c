@@ -64,18 +64,47 @@ static int parse_list(const char *spec, int count, int *ids, uint32_t *n,
   return 0;
 }
 
+#ifndef LYNX_CUDA_MIN_CC /* CMake passes the build's (accel/cuda/) */
+#define LYNX_CUDA_MIN_CC 80
+#define LYNX_CUDA_ARCHS_TEXT "sm_80, sm_90"
+#endif
+
+/* "13.0" of a CUDA version number (13000), "none" for 0 */
+static const char *cuda_version(int v, char *buf, size_t len) {
+  if (v <= 0)
+    snprintf(buf, len, "none");
+  else
+    snprintf(buf, len, "%d.%d", v / 1000, v % 1000 / 10);
+  return buf;
+}
+
 int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
                  char *err, size_t errlen) {
-  int count = 0, ids[GPU_MAX], rc;
+  int count = 0, ids[GPU_MAX], rc, drv = 0, rt = 0;
+  char dv[16], rv[16];
   struct gpu_info *g;
   cudaError_t e = cudaGetDeviceCount(&count);
   *out = NULL;
   *n = 0;
+  /* the driver's CUDA version answers even where it is too old for the
+   * runtime (static: the build's) */
+  if (cudaDriverGetVersion(&drv) != cudaSuccess)
+    drv = 0;
+  if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+    rt = 0;
+  cuda_version(drv, dv, sizeof(dv));
+  cuda_version(rt, rv, sizeof(rv));
   if (e != cudaSuccess) {
+    char drvs[96];
+    if (drv > 0)
+      snprintf(drvs, sizeof(drvs), "the driver supports CUDA %s", dv);
+    else
+      snprintf(drvs, sizeof(drvs), "no NVIDIA driver answers");
     snprintf(err, errlen,
              "--cuda-accels %s: no usable CUDA GPU: "
-             "cudaGetDeviceCount: %s (%s)",
-             spec, cudaGetErrorName(e), cudaGetErrorString(e));
+             "cudaGetDeviceCount: %s (%s); %s, this build's runtime is "
+             "CUDA %s",
+             spec, cudaGetErrorName(e), cudaGetErrorString(e), drvs, rv);
     return -ENODEV;
   }
   if (count == 0) {
@@ -127,12 +156,20 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
                             (uint32_t)cudaGPUDirectRDMAWritesOrderingOwner
                         ? LYNX_ORDER_COALESCED
                         : LYNX_ORDER_FENCED;
-    if (p.major < 7)
-      LYNX_WARN("cuda",
-                "GPU %d (%s) has compute capability %d.%d; the "
-                "kernels need 7.0 or newer (built for %s)",
-                ids[i], p.name, p.major, p.minor, "sm_80, sm_90 + PTX");
+    if (p.major * 10 + p.minor < LYNX_CUDA_MIN_CC) {
+      snprintf(err, errlen,
+               "CUDA GPU %d (%s) has compute capability %d.%d; this build's "
+               "kernels are for %s (compute capability %d.%d or newer): "
+               "build with LYNX_CUDA_ARCHS naming %d%d",
+               ids[i], p.name, p.major, p.minor, LYNX_CUDA_ARCHS_TEXT,
+               LYNX_CUDA_MIN_CC / 10, LYNX_CUDA_MIN_CC % 10, p.major, p.minor);
+      free(g);
+      *n = 0;
+      return -ENODEV;
+    }
   }
+  LYNX_INFO("cuda", "CUDA driver %s, runtime %s (static, kernels for %s)", dv,
+            rv, LYNX_CUDA_ARCHS_TEXT);
   *out = g;
   return 0;
 }

@@ -395,6 +395,16 @@ void fake_cuda_crash(struct fake_kernel *fk, cudaError_t e) {
 
 static int bad_dev(int d) { return d < 0 || d >= fake.n_gpus; }
 
+cudaError_t cudaDriverGetVersion(int *v) {
+  *v = fake.driver_version;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+  *v = fake.runtime_version;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceCount(int *count) {
   BUMP(get_device_count);
   if (fake.err_device_count != cudaSuccess)
@@ -1201,6 +1211,7 @@ void fake_cuda_reset(void) {
   memcpy(fake.gpu, g, sizeof(g));
   fake.resident = 8;
   fake.handle_fd = -1;
+  fake.driver_version = fake.runtime_version = 13000;
   pthread_mutex_unlock(&lock);
 }
 

@@ -77,14 +77,15 @@ struct fake_cuda {
   /* set by the test */
   int n_gpus;
   struct fake_gpu gpu[FAKE_GPUS];
-  cudaError_t err_device_count;    /* cudaGetDeviceCount */
-  cudaError_t err_properties;      /* cudaGetDeviceProperties */
-  cudaError_t err_attr[FAKE_GPUS]; /* cudaDeviceGetAttribute(PciBusId) */
-  cudaError_t err_malloc;          /* cudaMalloc */
-  cudaError_t err_memcpy_once;     /* the next cudaMemcpyAsync */
-  int err_launch;                  /* lynx_cuda_start's return */
-  int hang_next;                   /* the next kernel ignores stop */
-  uint32_t resident;               /* lynx_cuda_resident_blocks */
+  cudaError_t err_device_count;        /* cudaGetDeviceCount */
+  int driver_version, runtime_version; /* cudaDriverGetVersion, ... */
+  cudaError_t err_properties;          /* cudaGetDeviceProperties */
+  cudaError_t err_attr[FAKE_GPUS];     /* cudaDeviceGetAttribute(PciBusId) */
+  cudaError_t err_malloc;              /* cudaMalloc */
+  cudaError_t err_memcpy_once;         /* the next cudaMemcpyAsync */
+  int err_launch;                      /* lynx_cuda_start's return */
+  int hang_next;                       /* the next kernel ignores stop */
+  uint32_t resident;                   /* lynx_cuda_resident_blocks */
   /* blocks resident at once on one GPU, every kernel's together (0: as
    * many as fake.resident: what the occupancy query says of an empty GPU).
    * A launch's blocks beyond what is left do not start (kctl->started

@@ -438,10 +438,25 @@ static void test_discovery(void **state) {
   refused("0", -ENODEV, "CUDA GPU 0: cannot read its properties");
   fake.err_properties = cudaSuccess;
 
-  /* no driver: the runtime says so at the first call */
+  /* below the build's lowest architecture (sm_80): refused at discovery,
+   * not at the first launch, naming both */
+  fake.gpu[0].major = 7;
+  fake.gpu[0].minor = 5;
+  refused("all", -ENODEV, "compute capability 7.5");
+  refused("0", -ENODEV, "sm_80");
+  fake.gpu[0].major = 8;
+  fake.gpu[0].minor = 0;
+
+  /* no driver, or one too old for the static runtime: the runtime says so
+   * at the first call, and the message gives both CUDA versions */
   fake.err_device_count = cudaErrorInsufficientDriver;
+  fake.driver_version = 12040;
   refused("all", -ENODEV, "no usable CUDA GPU");
   refused("all", -ENODEV, "cudaErrorInsufficientDriver");
+  refused("all", -ENODEV, "the driver supports CUDA 12.4");
+  refused("all", -ENODEV, "this build's runtime is CUDA 13.0");
+  fake.driver_version = 0;
+  refused("all", -ENODEV, "no NVIDIA driver answers, this build's");
   fake.err_device_count = cudaSuccess;
   fake_cuda_gpus(0);
   refused("all", -ENODEV, "no CUDA GPU on this host");
