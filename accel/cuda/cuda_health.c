@@ -24,6 +24,7 @@ static struct {
     char last_error[128];
     int failed, lost;
     int hung; /* a kernel did not stop: cudaFree would wait for it */
+    uint32_t blocks_held; /* blocks of this agent's running kernels */
   } dev[GPU_MAX];
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -75,6 +76,27 @@ void lynx__cuda_set_hung(int dev, unsigned wait_ms) {
   rec.dev[dev].failed = 1; /* only a context reset clears it */
   snprintf(rec.dev[dev].last_error, sizeof(rec.dev[dev].last_error),
            "a persistent kernel did not stop within %u ms", wait_ms);
+  pthread_mutex_unlock(&rec.lock);
+}
+
+uint32_t lynx__cuda_blocks_held(int dev) {
+  uint32_t n = 0;
+  pthread_mutex_lock(&rec.lock);
+  if (dev >= 0 && dev < GPU_MAX)
+    n = rec.dev[dev].blocks_held;
+  pthread_mutex_unlock(&rec.lock);
+  return n;
+}
+
+void lynx__cuda_blocks_hold(int dev, uint32_t n, int take) {
+  pthread_mutex_lock(&rec.lock);
+  if (dev >= 0 && dev < GPU_MAX) {
+    if (take)
+      rec.dev[dev].blocks_held += n;
+    else
+      rec.dev[dev].blocks_held -=
+          n < rec.dev[dev].blocks_held ? n : rec.dev[dev].blocks_held;
+  }
   pthread_mutex_unlock(&rec.lock);
 }
 

@@ -40,6 +40,12 @@ int lynx__cuda_errno(cudaError_t e);
 void lynx__cuda_set_hung(int dev, unsigned wait_ms);
 /* 1 when a kernel on dev did not stop: its memory is never freed. */
 int lynx__cuda_hung(int dev);
+/* The per-GPU budget of resident blocks across this agent's instances:
+ * how many blocks its running kernels hold on dev, and a kernel's blocks
+ * taken (take 1, once all are resident) or given back (0, once it ended;
+ * a hung kernel's stay taken). */
+uint32_t lynx__cuda_blocks_held(int dev);
+void lynx__cuda_blocks_hold(int dev, uint32_t n, int take);
 
 /* ---- driver entry points and gdrcopy (cuda_driver.c) ---------------- */
 
@@ -150,7 +156,8 @@ struct gpu_instance {
   void *gva; /* gdrcopy's CPU mapping of base, or NULL */
   int refs;  /* the agent's handle + the transport's memory */
   int launched, stopping, stopped, hung;
-  uint64_t stats[4];   /* last counters read */
+  int holds_blocks;  /* its blocks count in the GPU's budget (cuda_health.c) */
+  uint64_t stats[4]; /* last counters read */
   struct lynx_lat lat; /* last latency histograms read (summed) */
   /* %globaltimer - host monotonic clock, as measured from the kernel's
    * now_gt (a lower bound: the value was read before the copy returned),

@@ -142,7 +142,7 @@ int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   struct gpu_instance *gi;
   struct lynx_geom g;
   struct lynx_cuda_launch kl;
-  uint32_t resident = 0, app_backend = 0;
+  uint32_t resident = 0, app_backend = 0, held, free_blocks;
   cudaError_t e;
   int rc;
   *out = NULL;
@@ -215,12 +215,23 @@ launch:
     rc = -EIO;
     goto fail;
   }
+  /* the query speaks of an empty GPU: this agent's running kernels hold
+   * part of it (the budget, lynx__cuda_blocks_held) */
+  held = lynx__cuda_blocks_held(gi->device);
+  free_blocks = resident > held ? resident - held : 0;
   if (lynx__cuda_calls_backends(l))
-    rc = lynx__cuda_client_blocks(l, resident, &gi->blocks, &app_backend, err,
-                                  errlen);
+    rc = lynx__cuda_client_blocks(l, free_blocks, &gi->blocks, &app_backend,
+                                  err, errlen);
   else
-    rc = lynx__cuda_pick_blocks(gi->device, l, resident, &gi->blocks, err,
+    rc = lynx__cuda_pick_blocks(gi->device, l, free_blocks, &gi->blocks, err,
                                 errlen);
+  if (rc && held) {
+    size_t n = strlen(err);
+    snprintf(err + n, errlen > n ? errlen - n : 0,
+             " (%u of GPU %d's %u resident blocks are held by the "
+             "instances running there)",
+             held, gi->device, resident);
+  }
   if (rc)
     goto fail;
   {
@@ -283,6 +294,8 @@ launch:
     abandon_launch(gi);
     goto fail;
   }
+  lynx__cuda_blocks_hold(gi->device, gi->blocks, 1);
+  gi->holds_blocks = 1;
   if (serve_until != UINT64_MAX) {
     struct lynx_cuda_kctl h;
     uint64_t end = lynx_now_ns() + CLOCK_WAIT_MS * 1000000ull;
@@ -358,6 +371,10 @@ int gpu_instance_stop(struct gpu_instance *gi) {
   }
   if (e != cudaSuccess)
     lynx__cuda_note(gi->device, e, "persistent kernel");
+  if (gi->holds_blocks) { /* its SMs are free again */
+    lynx__cuda_blocks_hold(gi->device, gi->blocks, 0);
+    gi->holds_blocks = 0;
+  }
   /* the counters the blocks published as they returned, kept from here */
   gpu_instance_counters(gi, &gi->stats[0], &gi->stats[1], &gi->stats[2],
                         &gi->stats[3]);

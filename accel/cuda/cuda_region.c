@@ -144,6 +144,8 @@ static void gi_free(struct gpu_instance *gi) {
              gi->device, (unsigned long long)gi->alloc);
     return;
   }
+  if (gi->holds_blocks) /* put without a stop: its kernel is gone */
+    lynx__cuda_blocks_hold(gi->device, gi->blocks, 0);
   lynx__cuda_host_unmap(gi);
   if (gi->gva) {
     lynx__cuda_gdr.unmap(lynx__cuda_gdr.g, gi->gmh, gi->gva, gi->alloc);

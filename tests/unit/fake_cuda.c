@@ -241,11 +241,10 @@ static int fake_app_call(struct kern *k, struct fake_client *c,
  * request at a time like the real blocks; a stop while a call waits ends
  * the kernel with that request unanswered. Only requests and responses of
  * each block are written, so a test may set drops and bad itself. */
-/* Blocks free on GPU dev: its capacity (fake.capacity, else
- * fake.resident) less the started blocks of every running kernel there
- * but self. */
+/* Blocks free on GPU dev: its capacity (fake.capacity; 0: no limit)
+ * less the started blocks of every running kernel there but self. */
 static uint32_t blocks_free(int dev, const struct kern *self) {
-  uint32_t cap = fake.capacity ? fake.capacity : fake.resident, used = 0;
+  uint32_t cap = fake.capacity ? fake.capacity : UINT32_MAX, used = 0;
   pthread_mutex_lock(&lock);
   for (const struct kern *o = kernels; o; o = o->next)
     if (o != self && o->pub.device == dev &&

@@ -86,10 +86,10 @@ struct fake_cuda {
   int err_launch;                      /* lynx_cuda_start's return */
   int hang_next;                       /* the next kernel ignores stop */
   uint32_t resident;                   /* lynx_cuda_resident_blocks */
-  /* blocks resident at once on one GPU, every kernel's together (0: as
-   * many as fake.resident: what the occupancy query says of an empty GPU).
-   * A launch's blocks beyond what is left do not start (kctl->started
-   * counts those that did) until a kernel of that GPU ends. */
+  /* blocks resident at once on one GPU, every kernel's together (0: no
+   * limit). A launch's blocks beyond what is left do not start
+   * (kctl->started counts those that did) until a kernel of that GPU
+   * ends. */
   uint32_t capacity;
   int no_get_handle;                /* cuMemGetHandleForAddressRange absent */
   CUresult err_get_handle;          /* ... fails */

@@ -40,6 +40,7 @@
 #include "lenet_model.h"
 #include "face.h"
 #include "fake_cuda.h"
+#include "cuda_internal.h"
 #include "gpu.h"
 #include "mqueue.h"
 #include "transport.h"
@@ -929,11 +930,12 @@ static void test_residency(void **state) {
   struct inst a, b;
   uint64_t c[4];
   char *log;
-  int rc;
+  int rc, n0;
   (void)state;
   fake_cuda_reset();
-  fake.resident = 8; /* what the query says of an empty GPU */
-  fake.capacity = 6; /* what it holds */
+  n0 = fake_cuda_kernels(); /* earlier cases' (all cases in one process) */
+  fake.resident = 8;        /* what the query says of an empty GPU */
+  fake.capacity = 6;        /* what it holds */
   start_blocks = 4;
   assert_int_equal(inst_start(&a, 0, T, 8, 8, EPOCH), 0);
   assert_int_equal(a.k->resident, 4);
@@ -951,10 +953,10 @@ static void test_residency(void **state) {
   assert_contains(b.err, "GPU 0");
   assert_contains(log, "only 2 of the 4 blocks");
   free(log);
-  assert_int_equal(fake_cuda_kernels(), 2);
-  assert_int_equal(fake_cuda_kernel(1)->l.kctl->stop, 1);
-  assert_false(fake_cuda_kernel(1)->running);
-  assert_int_equal(fake_cuda_kernel(1)->l.kctl->exited, 4);
+  assert_int_equal(fake_cuda_kernels(), n0 + 2);
+  assert_int_equal(fake_cuda_kernel(n0 + 1)->l.kctl->stop, 1);
+  assert_false(fake_cuda_kernel(n0 + 1)->running);
+  assert_int_equal(fake_cuda_kernel(n0 + 1)->l.kctl->exited, 4);
 
   /* none fits beside the first: refused; its kernel waits for SMs, so
    * its memory is kept (a warning says so), and it ends once the first
@@ -968,19 +970,60 @@ static void test_residency(void **state) {
   assert_contains(b.err, "only 0 of the 4 blocks");
   assert_contains(log, "memory is kept");
   free(log);
-  assert_int_equal(fake_cuda_kernels(), 3);
-  assert_true(fake_cuda_kernel(2)->running);
+  assert_int_equal(fake_cuda_kernels(), n0 + 3);
+  assert_true(fake_cuda_kernel(n0 + 2)->running);
 
   /* the first instance is untouched */
   echo(&a, 1, 0, "still served", 6);
   counters_until(&a, 2, c);
   assert_int_equal(c[1], 2);
   assert_int_equal(gpu_instance_stop(a.gi), 0);
-  for (int i = 0; i < 2000 && fake_cuda_kernel(2)->running; i++)
+  for (int i = 0; i < 2000 && fake_cuda_kernel(n0 + 2)->running; i++)
     usleep(1000);
-  assert_false(fake_cuda_kernel(2)->running);
+  assert_false(fake_cuda_kernel(n0 + 2)->running);
   inst_drop(&a);
-  fake_cuda_reap();
+}
+
+/* The budget: the occupancy query speaks of an empty GPU, so the blocks
+ * of this agent's running kernels are taken from it before the next
+ * start picks its blocks; one that asks for more than is left is refused
+ * before any launch, saying what the instances there hold, auto takes what
+ * is left, and a stopped kernel's blocks come back. */
+static void test_block_budget(void **state) {
+  struct inst a, b, c;
+  int launches;
+  (void)state;
+  fake_cuda_reset();
+  fake.resident = 8;
+  start_blocks = 6;
+  assert_int_equal(inst_start(&a, 0, T, 8, 8, EPOCH), 0);
+  /* 4 asked, 2 left: refused before a launch */
+  launches = fake.launches;
+  start_blocks = 4;
+  assert_int_equal(inst_start(&b, 0, T, 8, 8, EPOCH + 1), -EINVAL);
+  assert_contains(b.err, "6 of GPU 0's 8 resident blocks are held");
+  assert_int_equal(fake.launches, launches);
+  /* auto takes the 2 left */
+  start_blocks = 0;
+  assert_int_equal(inst_start(&b, 0, T, 8, 8, EPOCH + 2), 0);
+  assert_int_equal(b.k->l.blocks, 2);
+  assert_int_equal(b.k->resident, 2);
+  /* none left: refused */
+  assert_int_equal(inst_start(&c, 0, T, 8, 8, EPOCH + 3), -EINVAL);
+  assert_contains(c.err, "8 of GPU 0's 8 resident blocks are held");
+  /* another GPU's budget is its own */
+  assert_int_equal(inst_start(&c, 1, T, 8, 8, EPOCH + 4), 0);
+  assert_int_equal(c.k->l.blocks, 8);
+  /* the first stops: its 6 come back */
+  assert_int_equal(gpu_instance_stop(a.gi), 0);
+  inst_drop(&a);
+  start_blocks = 6;
+  assert_int_equal(inst_start(&a, 0, T, 8, 8, EPOCH + 5), 0);
+  start_blocks = 0;
+  for (struct inst *in = &a; in; in = in == &a ? &b : in == &b ? &c : NULL) {
+    assert_int_equal(gpu_instance_stop(in->gi), 0);
+    inst_drop(in);
+  }
 }
 
 /* An idle block's longest sleep is the agent's --gpu-idle-ns (500 ns by
@@ -2390,6 +2433,10 @@ static int setup(void **state) {
   (void)state;
   fake_cuda_gpus(GPUS);
   fake_cuda_reset();
+  /* a case starts with every GPU's budget whole: blocks an earlier case's
+   * hung kernel still holds are its business (all cases in one process) */
+  for (int d = 0; d < GPUS; d++)
+    lynx__cuda_blocks_hold(d, lynx__cuda_blocks_held(d), 0);
   return 0;
 }
 
@@ -2404,6 +2451,7 @@ int main(int argc, char **argv) {
       T_(test_blocks),
       T_(test_residency),
       T_(test_idle_backoff),
+      T_(test_block_budget),
       T_(test_lenet_gpu),
       T_(test_health),
       T_(test_no_device_sync),
