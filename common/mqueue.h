@@ -10,8 +10,8 @@
  * Memory ordering: indices and the slot's seq word are published with
  * store-release and read with load-acquire. On the host these are the GCC
  * __atomic builtins on plain uint32_t (the region is shared memory between
- * processes, so C11 _Atomic objects would not fit); on the device they are a
- * volatile access plus __threadfence_system().
+ * processes, so C11 _Atomic objects would not fit); on the device they are
+ * PTX's ld.acquire.sys and st.release.sys.
  */
 #ifndef LYNX_MQUEUE_H
 #define LYNX_MQUEUE_H
@@ -252,14 +252,20 @@ LYNX_HD int lynx_ring_full(uint32_t prod, uint32_t cons, uint32_t slots) {
 /* ---- atomics -------------------------------------------------------- */
 
 #if defined(__CUDA_ARCH__)
+/* ld.acquire.sys / st.release.sys (PTX ISA 6.0, sm_70 and newer; the
+ * build targets sm_80 and up): acquire and release at system scope, what
+ * the host's __atomic pair is, without the full fence.sc.sys
+ * (membar.sys) the volatile access plus __threadfence_system() cost on
+ * every index and seq word, each draining the SM's outstanding writes to
+ * host memory across PCIe. Generic addressing: the region may be GPU
+ * memory or host memory mapped into the GPU. */
 LYNX_HD uint32_t lynx_load_acquire32(const uint32_t *p) {
-  uint32_t v = *(const volatile uint32_t *)p;
-  __threadfence_system();
+  uint32_t v;
+  asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 LYNX_HD void lynx_store_release32(uint32_t *p, uint32_t v) {
-  __threadfence_system();
-  *(volatile uint32_t *)p = v;
+  asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 LYNX_HD void lynx_cpu_relax(void) {}
 #else

@@ -124,9 +124,9 @@ LYNX_DEV int lynx_block_flag(const uint32_t *flag) {
  * agent), not by an SM. Those writes land in L2/DRAM; the SM's L1 is not
  * coherent with them and is never told. A slot is reused every S requests,
  * so an L1 line left from an earlier lap of this block's own reads could
- * still hold the old bytes. The I/O thread's acquire (volatile seq load +
- * __threadfence_system() in mqueue.h) happens to invalidate L1 on current
- * GPUs, but the NIC is not a PTX thread, so the memory model promises
+ * still hold the old bytes. The I/O thread's acquire (ld.acquire.sys in
+ * mqueue.h) keeps its own load off a stale L1 line, but the NIC is not a
+ * PTX thread, so the memory model promises
  * nothing about its writes, and the threads that copy the payload did not
  * execute that acquire themselves (they follow the I/O thread through a
  * barrier). ld.global.cg (__ldcg: cache in L2 only) reads the point where
@@ -240,9 +240,10 @@ LYNX_DEV int lynx_block_reserve(struct lynx_mq *mq, uint32_t max_len,
  * anything it does next as seen by any observer in the system (the frontend
  * reading the TX ring over PCIe); then __syncthreads(), so the I/O thread
  * continues only after every writer passed its fence; then the I/O thread's
- * commit, whose store-release of seq has its own __threadfence_system() in
- * front. The PTX memory model's fences are cumulative, so the I/O thread's
- * fence after the barrier would formally cover writes of other threads it
+ * commit, whose store-release of seq (st.release.sys) orders them for
+ * PTX observers. The PTX memory model's releases are cumulative, so the
+ * I/O thread's release after the barrier would formally cover writes of
+ * other threads it
  * synchronized with through bar.sync (CTA scope). Each writer fences anyway:
  * the reader is a NIC or copy engine, not a PTX thread, and a per-writer
  * system fence ("my writes are out of the SM and at the point of coherence

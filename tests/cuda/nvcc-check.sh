@@ -29,5 +29,25 @@ for f in "$src/ring_device.cu" "$root/accel/cuda/apps.cu"; do
     exit 1
   }
 done
+# The ring's acquire and release are PTX's ld.acquire.sys / st.release.sys,
+# not a volatile access plus a full system fence (membar.sys) each: the
+# kernel's PTX for sm_90 had 64 membar.sys, it has 9 (the writers' fences
+# before a commit, docs/mqueue.md "Send", and the exit count's). More is a
+# fence added to a path: say why in docs/mqueue.md and raise FENCES_MAX.
+FENCES_MAX=9
+"$NVCC" -std=c++17 -arch=sm_90 -ptx -I "$root/common" -I "$root/accel" \
+  -I "$root/accel/cuda" "$root/accel/cuda/apps.cu" -o "$out/apps.ptx" || {
+  echo "FAIL: apps.cu does not compile to PTX for sm_90"
+  exit 1
+}
+fences=$(grep -c 'membar\.sys\|fence\.sc\.sys' "$out/apps.ptx")
+acq=$(grep -c 'ld\.acquire\.sys' "$out/apps.ptx")
+rel=$(grep -c 'st\.release\.sys' "$out/apps.ptx")
+if ((fences > FENCES_MAX || acq == 0 || rel == 0)); then
+  echo "FAIL: apps.cu's PTX has $fences system fences (at most $FENCES_MAX)," \
+    "$acq ld.acquire.sys and $rel st.release.sys (the ring's acquire and release)"
+  exit 1
+fi
+echo "apps.cu's PTX (sm_90): $fences system fences, $acq ld.acquire.sys, $rel st.release.sys"
 echo "mqueue.h, lynx_dev.cuh, lenet.h and apps.cu compile for sm_80 and sm_90 with" \
   "$("$NVCC" --version | tail -1)"
