@@ -83,7 +83,13 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
   int count = 0, ids[GPU_MAX], rc, drv = 0, rt = 0;
   char dv[16], rv[16];
   struct gpu_info *g;
-  cudaError_t e = cudaGetDeviceCount(&count);
+  cudaError_t e;
+  /* Before the runtime's first call, which reads it: modules load at
+   * start, not at a kernel's first launch (CUDA 12's default is lazy),
+   * where loading a later instance's module could wait behind the
+   * persistent kernels already running. An operator's own setting stays. */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  e = cudaGetDeviceCount(&count);
   *out = NULL;
   *n = 0;
   /* the driver's CUDA version answers even where it is too old for the

@@ -14,6 +14,10 @@
 #include "util.h"
 
 #define CLOCK_WINDOW_NS (10ull * 1000000000ull)
+/* The drift the offset allows for since its sample, in parts per million
+ * of the time since: crystal clocks stay within +-50 ppm of each other's
+ * rate; 100 covers a GPU clock that runs slow against the host's. */
+#define CLOCK_DRIFT_PPM 100u
 
 /* A sample of the kernel's clock (gt, published by block 0) against the
  * host's (host_after, taken once the copy that brought gt returned). The
@@ -30,6 +34,18 @@ void lynx__cuda_clock_sample(struct gpu_instance *gi, uint64_t gt,
     gi->gt_off_at = host_after;
     gi->calibrated = 1;
   }
+}
+
+/* The offset to convert a host deadline with at host time now_ns: the
+ * kept sample less the drift it allows for since (CLOCK_DRIFT_PPM). The
+ * sample is a lower bound of the offset when taken, but the largest one
+ * of a 10 s window would overstate it later if the GPU's clock ran slow
+ * against the host's, and a deadline converted with it would pass late:
+ * the unsafe direction. Lock held. */
+int64_t lynx__cuda_clock_offset(const struct gpu_instance *gi,
+                                uint64_t now_ns) {
+  uint64_t since = now_ns > gi->gt_off_at ? now_ns - gi->gt_off_at : 0;
+  return gi->gt_off - (int64_t)(since / (1000000u / CLOCK_DRIFT_PPM));
 }
 
 /* Writes kctl->serve_until_gt (lock held). */
@@ -67,7 +83,8 @@ int gpu_instance_fence(struct gpu_instance *gi, uint64_t serve_until_ns) {
   } else if (!gi->calibrated) {
     gt = 1; /* no conversion yet: fenced */
   } else {
-    int64_t v = (int64_t)serve_until_ns + gi->gt_off;
+    int64_t v =
+        (int64_t)serve_until_ns + lynx__cuda_clock_offset(gi, lynx_now_ns());
     gt = v < 1 ? 1 : (uint64_t)v;
   }
   e = gt == gi->fence_gt ? cudaSuccess : lynx__cuda_fence_write(gi, gt);

@@ -208,6 +208,9 @@ void lynx__cuda_clock_sample(struct gpu_instance *gi, uint64_t gt,
                              uint64_t host_after);
 /* Writes kctl->serve_until_gt (lock held). */
 cudaError_t lynx__cuda_fence_write(struct gpu_instance *gi, uint64_t gt);
+/* The offset a host deadline is converted with at host time now_ns: the
+ * sample less the drift allowed for since (lock held). */
+int64_t lynx__cuda_clock_offset(const struct gpu_instance *gi, uint64_t now_ns);
 /* The control block's header: the kernel's clock sample (lock held). */
 cudaError_t lynx__cuda_kctl_header(struct gpu_instance *gi,
                                    struct lynx_cuda_kctl *h);

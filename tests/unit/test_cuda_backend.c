@@ -439,6 +439,17 @@ static void test_discovery(void **state) {
   refused("0", -ENODEV, "CUDA GPU 0: cannot read its properties");
   fake.err_properties = cudaSuccess;
 
+  /* modules load eagerly unless the operator said otherwise */
+  unsetenv("CUDA_MODULE_LOADING");
+  assert_int_equal(gpu_discover("0", &g, &n, err, sizeof(err)), 0);
+  free(g);
+  assert_string_equal(getenv("CUDA_MODULE_LOADING"), "EAGER");
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  assert_int_equal(gpu_discover("0", &g, &n, err, sizeof(err)), 0);
+  free(g);
+  assert_string_equal(getenv("CUDA_MODULE_LOADING"), "LAZY");
+  unsetenv("CUDA_MODULE_LOADING");
+
   /* below the build's lowest architecture (sm_80): refused at discovery,
    * not at the first launch, naming both */
   fake.gpu[0].major = 7;
@@ -1024,6 +1035,29 @@ static void test_block_budget(void **state) {
     assert_int_equal(gpu_instance_stop(in->gi), 0);
     inst_drop(in);
   }
+}
+
+/* The clock offset a deadline is converted with: the largest (tightest)
+ * lower bound of a 10 s window, less 100 ppm of the time since that
+ * sample, so a GPU clock running slow against the host's cannot make a
+ * converted deadline pass late. */
+static void test_clock_drift(void **state) {
+  struct gpu_instance gi;
+  const uint64_t t0 = 1000000000000ull, s = 1000000000ull;
+  (void)state;
+  memset(&gi, 0, sizeof(gi));
+  lynx__cuda_clock_sample(&gi, t0 + 5000, t0); /* offset 5,000 ns */
+  assert_int_equal(gi.gt_off, 5000);
+  assert_int_equal(lynx__cuda_clock_offset(&gi, t0), 5000);
+  /* a smaller sample within the window: the largest is kept */
+  lynx__cuda_clock_sample(&gi, t0 + s + 4000, t0 + s);
+  assert_int_equal(gi.gt_off, 5000);
+  /* 5 s on: 500 us of allowance (100 ppm) */
+  assert_int_equal(lynx__cuda_clock_offset(&gi, t0 + 5 * s), 5000 - 500000);
+  /* past the window a new sample replaces the kept one */
+  lynx__cuda_clock_sample(&gi, t0 + 11 * s + 3000, t0 + 11 * s);
+  assert_int_equal(gi.gt_off, 3000);
+  assert_int_equal(lynx__cuda_clock_offset(&gi, t0 + 11 * s), 3000);
 }
 
 /* An idle block's longest sleep is the agent's --gpu-idle-ns (500 ns by
@@ -2452,6 +2486,7 @@ int main(int argc, char **argv) {
       T_(test_residency),
       T_(test_idle_backoff),
       T_(test_block_budget),
+      T_(test_clock_drift),
       T_(test_lenet_gpu),
       T_(test_health),
       T_(test_no_device_sync),
