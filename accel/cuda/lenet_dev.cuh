@@ -47,8 +47,22 @@ static __device__ void lenet_block_infer(const float *w, const uint8_t *img,
   const int t = (int)threadIdx.x, n = (int)blockDim.x;
   const int img_global = __isGlobal(img);
   int i;
-  for (i = t; i < LENET_PIXELS; i += n)
-    s->b[i] = lenet_scale(img_global ? __ldcg(img + i) : img[i]);
+  /* the image into shared memory (scaled): 16 bytes a load when aligned
+   * (an RX payload always is), so 49 threads read it in one round trip
+   * across PCIe instead of 7 byte loads in series each */
+  if ((uintptr_t)img % 16u == 0 && LENET_PIXELS % 16 == 0) {
+    const uint4 *i4 = (const uint4 *)img;
+    for (i = t; i < LENET_PIXELS / 16; i += n) {
+      uint4 v = img_global ? __ldcg(i4 + i) : i4[i];
+      const uint8_t *px = (const uint8_t *)&v;
+#pragma unroll
+      for (int k = 0; k < 16; k++)
+        s->b[i * 16 + k] = lenet_scale(px[k]);
+    }
+  } else {
+    for (i = t; i < LENET_PIXELS; i += n)
+      s->b[i] = lenet_scale(img_global ? __ldcg(img + i) : img[i]);
+  }
   __syncthreads();
   /* conv1 + ReLU: b (1x28x28) -> a (6x28x28) */
   for (i = t; i < LENET_C1_OUT * LENET_C1_SIDE * LENET_C1_SIDE; i += n) {

@@ -150,19 +150,44 @@ LYNX_DEV void lynx_dev_peek(uint8_t *dst, const uint8_t *src, uint32_t n) {
  * All threads copy len bytes from src to dst, 16 bytes per load when both
  * are 16-byte aligned (RX payloads and TX reservations always are: slots are
  * Z-aligned in a 4096-aligned ring and payload offsets are multiples of 16),
- * L1-bypassing loads from global memory (above). Ends with a barrier: on
- * return every byte is written and visible to the whole block (not yet to
- * the host or NIC: lynx_block_commit adds that).
+ * L1-bypassing loads from global memory (above). Each thread issues
+ * LYNX_COPY_INFLIGHT loads before it stores any of them: src and dst never
+ * overlap (an RX slot and a TX slot or shared memory), but the compiler
+ * cannot know it and would keep one load in flight, so a 64 KiB message
+ * from host memory would be 32 PCIe round trips in series instead of 8.
+ * Ends with a barrier: on return every byte is written and visible to the
+ * whole block (not yet to the host or NIC: lynx_block_commit adds that).
  */
+#define LYNX_COPY_INFLIGHT 4u
+/* This thread's share of n16 16-byte words, LYNX_COPY_INFLIGHT loads at a
+ * time; global a constant where it is inlined, so no branch sits between
+ * the loads. Returns nothing: lynx_block_copy does the tail. */
+__device__ __forceinline__ void lynx_copy16(uint4 *d4, const uint4 *s4,
+                                            uint32_t n16, uint32_t step,
+                                            const int global) {
+  uint32_t i;
+  for (i = threadIdx.x; i + (LYNX_COPY_INFLIGHT - 1u) * step < n16;
+       i += LYNX_COPY_INFLIGHT * step) {
+    uint4 v[LYNX_COPY_INFLIGHT];
+#pragma unroll
+    for (uint32_t k = 0; k < LYNX_COPY_INFLIGHT; k++)
+      v[k] = global ? __ldcg(s4 + i + k * step) : s4[i + k * step];
+#pragma unroll
+    for (uint32_t k = 0; k < LYNX_COPY_INFLIGHT; k++)
+      d4[i + k * step] = v[k];
+  }
+  for (; i < n16; i += step)
+    d4[i] = global ? __ldcg(s4 + i) : s4[i];
+}
 LYNX_DEV void lynx_block_copy(uint8_t *dst, const uint8_t *src, uint32_t len) {
   uint32_t step = blockDim.x, done = 0, i;
   int global = __isGlobal(src);
   if (((uintptr_t)dst | (uintptr_t)src) % 16u == 0) {
-    const uint4 *s4 = (const uint4 *)src;
-    uint4 *d4 = (uint4 *)dst;
     uint32_t n16 = len / 16u;
-    for (i = threadIdx.x; i < n16; i += step)
-      d4[i] = global ? __ldcg(s4 + i) : s4[i];
+    if (global)
+      lynx_copy16((uint4 *)dst, (const uint4 *)src, n16, step, 1);
+    else
+      lynx_copy16((uint4 *)dst, (const uint4 *)src, n16, step, 0);
     done = n16 * 16u;
   }
   for (i = done + threadIdx.x; i < len; i += step)

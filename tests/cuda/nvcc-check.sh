@@ -48,6 +48,17 @@ if ((fences > FENCES_MAX || acq == 0 || rel == 0)); then
     "$acq ld.acquire.sys and $rel st.release.sys (the ring's acquire and release)"
   exit 1
 fi
-echo "apps.cu's PTX (sm_90): $fences system fences, $acq ld.acquire.sys, $rel st.release.sys"
+# Copies from host or device memory keep several loads in flight
+# (lynx_block_copy, LYNX_COPY_INFLIGHT 4): a run of at least 4 16-byte
+# L1-bypassing loads with no store or branch between them (it was 1: each
+# load's store before the next load, as src and dst might have aliased).
+run=$(awk '/ld\.global\.cg\.v4/ { c++; if (c > m) m = c; next }
+           /^[ \t]*(st\.|@%p[0-9]+ bra|bra)/ { c = 0 }
+           END { print m + 0 }' "$out/apps.ptx")
+if ((run < 4)); then
+  echo "FAIL: apps.cu's PTX issues at most $run 16-byte loads before a store (want 4 in flight)"
+  exit 1
+fi
+echo "apps.cu's PTX (sm_90): $fences system fences, $acq ld.acquire.sys, $rel st.release.sys; $run 16-byte loads in flight"
 echo "mqueue.h, lynx_dev.cuh, lenet.h and apps.cu compile for sm_80 and sm_90 with" \
   "$("$NVCC" --version | tail -1)"
