@@ -105,19 +105,51 @@ LYNX_HD uint32_t lynx_seq_peek(const uint32_t *p) {
 
 /* Stamps with now every request published in mq's RX ring that was not
  * seen before, from the head up to LYNX_SEEN_WIN ahead of it. Reads only
- * seq words, never consumes. 1 when a request waits at the head. */
+ * seq words, never consumes. 1 when a request waits at the head.
+ *
+ * One load first (an idle ring costs one), then, when that slot is
+ * published, the rest of the window's loads issued together before any is
+ * looked at: on a GPU each is a round trip across PCIe to a host-mapped
+ * ring, and loads that each waited for the one before would be up to
+ * LYNX_SEEN_WIN round trips in series. */
 LYNX_HD int lynx_seen_scan(struct lynx_seen *s, const struct lynx_mq *mq,
                            uint64_t now) {
+  uint32_t seq[LYNX_SEEN_WIN], ahead, used, n, k;
   if ((int32_t)(s->pos - mq->rx_head) < 0)
-    s->pos = mq->rx_head; /* fell behind (a malformed slot was skipped) */
-  while (s->pos - mq->rx_head < LYNX_SEEN_WIN &&
-         s->pos - mq->rx_cons < mq->slots) {
-    const struct lynx_slot_meta *meta =
-        lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, s->pos);
-    if (lynx_seq_peek(&meta->seq) != lynx_seq_for(s->pos))
-      break;
-    s->ns[s->pos % LYNX_SEEN_WIN] = now;
-    s->pos++;
+    s->pos = mq->rx_head;       /* fell behind (a malformed slot was skipped) */
+  ahead = s->pos - mq->rx_head; /* the window's part already seen */
+  used = s->pos - mq->rx_cons;  /* slots up to pos the producer may fill */
+  n = ahead < LYNX_SEEN_WIN && used < mq->slots ? LYNX_SEEN_WIN - ahead : 0;
+  if (n > mq->slots - used)
+    n = mq->slots - used;
+  if (!n || lynx_seq_peek(
+                &lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, s->pos)->seq) !=
+                lynx_seq_for(s->pos))
+    return s->pos != mq->rx_head;
+    /* a constant trip count, unrolled: seq[] stays in registers and the
+     * loads have no store between them that would wait for one to land */
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (k = 1; k < LYNX_SEEN_WIN; k++)
+    seq[k] = k < n ? lynx_seq_peek(&lynx_mq_meta(mq->rx, mq->slot_size,
+                                                 mq->slots, s->pos + k)
+                                        ->seq)
+                   : 0;
+  s->ns[s->pos % LYNX_SEEN_WIN] = now;
+  s->pos++;
+  {
+    int more = 1; /* unrolled too, so that seq[] is never indexed at run time */
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (k = 1; k < LYNX_SEEN_WIN; k++) {
+      more = more && k < n && seq[k] == lynx_seq_for(s->pos);
+      if (more) {
+        s->ns[s->pos % LYNX_SEEN_WIN] = now;
+        s->pos++;
+      }
+    }
   }
   return s->pos != mq->rx_head;
 }

@@ -59,6 +59,18 @@ if ((run < 4)); then
   echo "FAIL: apps.cu's PTX issues at most $run 16-byte loads before a store (want 4 in flight)"
   exit 1
 fi
-echo "apps.cu's PTX (sm_90): $fences system fences, $acq ld.acquire.sys, $rel st.release.sys; $run 16-byte loads in flight"
+# The look-ahead (lynx_seen_scan, common/lathist.h) issues the window's
+# seq-word loads together once the head's is published: a run of 7 loads
+# of a slot's last word (its seq, at -4 from the next slot's address) with
+# no compare or store between them (it was 1: each compared before the
+# next was issued, up to 8 PCIe round trips in series).
+seqrun=$(awk '/ld\.volatile\.u32.*\+-4\]/ { c++; if (c > m) m = c; next }
+              /^[ \t]*(st\.|setp\.(ne|eq))/ { c = 0 }
+              END { print m + 0 }' "$out/apps.ptx")
+if ((seqrun < 7)); then
+  echo "FAIL: apps.cu's look-ahead issues $seqrun seq loads before comparing one (want 7)"
+  exit 1
+fi
+echo "apps.cu's PTX (sm_90): $fences system fences, $acq ld.acquire.sys, $rel st.release.sys; $run 16-byte loads in flight; $seqrun look-ahead loads together"
 echo "mqueue.h, lynx_dev.cuh, lenet.h and apps.cu compile for sm_80 and sm_90 with" \
   "$("$NVCC" --version | tail -1)"
