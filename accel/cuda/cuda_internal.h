@@ -156,9 +156,10 @@ struct gpu_instance {
   void *gva; /* gdrcopy's CPU mapping of base, or NULL */
   int refs;  /* the agent's handle + the transport's memory */
   int launched, stopping, stopped, hung;
-  int holds_blocks;  /* its blocks count in the GPU's budget (cuda_health.c) */
-  uint64_t stats[4]; /* last counters read */
-  struct lynx_lat lat; /* last latency histograms read (summed) */
+  int holds_blocks; /* its blocks count in the GPU's budget (cuda_health.c) */
+  struct gpu_instance *kept_next; /* cuda_launch.c: kept, its start failed */
+  uint64_t stats[4];              /* last counters read */
+  struct lynx_lat lat;            /* last latency histograms read (summed) */
   /* %globaltimer - host monotonic clock, as measured from the kernel's
    * now_gt (a lower bound: the value was read before the copy returned),
    * the best in the last CLOCK_WINDOW_NS; used for the lease fence */

@@ -75,6 +75,11 @@ static int confirm_resident(struct gpu_instance *gi, const char *name,
  * return, so the kernel ends only then: until it has, its memory is kept
  * (gi->hung: never freed, never reused) without calling the device hung,
  * which it is not. */
+/* The kernels of failed starts whose blocks still waited: their memory
+ * stays (reachable, until the agent exits), as a hung kernel's does. */
+static struct gpu_instance *kept;
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void abandon_launch(struct gpu_instance *gi) {
   const uint32_t one = 1;
   uint64_t end;
@@ -94,6 +99,10 @@ static void abandon_launch(struct gpu_instance *gi) {
   gi->stopped = 1;
   if (e == cudaErrorNotReady) {
     gi->hung = 1;
+    pthread_mutex_lock(&kept_lock);
+    gi->kept_next = kept;
+    kept = gi;
+    pthread_mutex_unlock(&kept_lock);
     LYNX_WARN("cuda",
               "GPU %d: the kernel of a start that failed still has "
               "blocks waiting for SMs: its memory is kept until the agent "
