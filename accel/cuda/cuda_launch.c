@@ -80,7 +80,10 @@ static int confirm_resident(struct gpu_instance *gi, const char *name,
 static struct gpu_instance *kept;
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void abandon_launch(struct gpu_instance *gi) {
+/* Writes 1 to the kernel's stop word (on the copy stream) and waits up to
+ * wait_ms for its stream to finish: cudaErrorNotReady when it has not, else
+ * the stream's last status. */
+static cudaError_t stop_and_wait(struct gpu_instance *gi, unsigned wait_ms) {
   const uint32_t one = 1;
   uint64_t end;
   cudaError_t e;
@@ -92,10 +95,15 @@ static void abandon_launch(struct gpu_instance *gi) {
   pthread_mutex_unlock(&gi->lock);
   if (e != cudaSuccess)
     lynx__cuda_note(gi->device, e, "stop request");
-  end = lynx_now_ns() + 100 * 1000000ull;
+  end = lynx_now_ns() + wait_ms * 1000000ull;
   while ((e = cudaStreamQuery(gi->kern)) == cudaErrorNotReady &&
          lynx_now_ns() < end)
     usleep(1000);
+  return e;
+}
+
+static void abandon_launch(struct gpu_instance *gi) {
+  cudaError_t e = stop_and_wait(gi, 100);
   gi->stopped = 1;
   if (e == cudaErrorNotReady) {
     gi->hung = 1;
@@ -349,25 +357,12 @@ fail:
 }
 
 int gpu_instance_stop(struct gpu_instance *gi) {
-  const uint32_t one = 1;
-  uint64_t end;
   cudaError_t e;
   if (!gi->launched || gi->stopped)
     return gi->hung ? -ETIMEDOUT : 0;
   cudaSetDevice(gi->device);
   gi->stopping = 1; /* from here on, an exited kernel is expected */
-  pthread_mutex_lock(&gi->lock);
-  e = cudaMemcpyAsync(&gi->kctl->stop, &one, sizeof(one),
-                      cudaMemcpyHostToDevice, gi->copy);
-  if (e == cudaSuccess)
-    e = cudaStreamSynchronize(gi->copy);
-  pthread_mutex_unlock(&gi->lock);
-  if (e != cudaSuccess)
-    lynx__cuda_note(gi->device, e, "stop request");
-  end = lynx_now_ns() + STOP_WAIT_MS * 1000000ull;
-  while ((e = cudaStreamQuery(gi->kern)) == cudaErrorNotReady &&
-         lynx_now_ns() < end)
-    usleep(1000);
+  e = stop_and_wait(gi, STOP_WAIT_MS);
   if (e == cudaErrorNotReady) {
     gi->stopped = 1;
     gi->hung = 1; /* its counters are still read live */
