@@ -45,7 +45,7 @@ int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
   if (size == 0)
     return -EINVAL;
   p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
-           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return -errno;
   r->base = p;

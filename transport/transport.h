@@ -205,7 +205,10 @@ struct lynx_transport_ops {
   /* Agent: allocate a zeroed region of size bytes named after name; fills
    * r->base, size, locator (shm: the file; tcp/rdma: a's bound "host:port",
    * host possibly a wildcard the agent replaces before advertising) and
-   * r->agent. a NULL (not serving): -ENOTCONN. */
+   * r->agent. Always a shared mapping (MAP_SHARED), so that a second
+   * mapping of the same pages can outlive it (the CUDA backend registers
+   * one with the GPU: accel/cuda/cuda_region.c). a NULL (not serving):
+   * -ENOTCONN. */
   int (*region_alloc)(struct lynx_transport_agent *a, struct lynx_region *r,
                       const char *name, uint64_t size);
   /* Agent: like region_alloc, for zeroed device memory of size bytes the
@@ -296,7 +299,8 @@ int lynx_region_wake(uint8_t *base);
 
 /* Agent side of tcp/rdma: region_alloc through handle a (NULL: not
  * serving, -ENOTCONN): zeroed anonymous memory the agent process serves
- * itself, its locator a's bound. 0 or -errno. */
+ * itself (shared anonymous, as region_alloc says), its locator a's bound.
+ * 0 or -errno. */
 int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
                          uint64_t size);
 

@@ -54,7 +54,9 @@ static int gone(cudaError_t e) {
 }
 
 void lynx__cuda_note(int dev, cudaError_t e, const char *what) {
-  if (dev < 0 || dev >= GPU_MAX || e == cudaSuccess)
+  /* cudaErrorNotReady: a call that did not return in time (cuda_calls.c),
+   * no fault of the device */
+  if (dev < 0 || dev >= GPU_MAX || e == cudaSuccess || e == cudaErrorNotReady)
     return;
   pthread_mutex_lock(&rec.lock);
   snprintf(rec.dev[dev].last_error, sizeof(rec.dev[dev].last_error),
@@ -67,7 +69,22 @@ void lynx__cuda_note(int dev, cudaError_t e, const char *what) {
 }
 
 int lynx__cuda_errno(cudaError_t e) {
-  return e == cudaErrorMemoryAllocation ? -ENOMEM : gone(e) ? -ENODEV : -EIO;
+  return e == cudaErrorMemoryAllocation ? -ENOMEM
+         : e == cudaErrorNotReady       ? -EBUSY
+         : gone(e)                      ? -ENODEV
+                                        : -EIO;
+}
+
+const char *lynx__cuda_strerror(cudaError_t e) {
+  static __thread char buf[200];
+  if (e != cudaErrorNotReady)
+    return cudaGetErrorString(e);
+  snprintf(buf, sizeof(buf),
+           "the CUDA call did not return within %u ms: this driver makes it "
+           "wait for the device, which running persistent kernels keep busy "
+           "(docs/gpu.md)",
+           CALL_WAIT_MS);
+  return buf;
 }
 
 void lynx__cuda_set_hung(int dev, unsigned wait_ms) {

@@ -33,8 +33,12 @@ struct lynx_cuda_kctl; /* lynx_cuda.h */
 /* Records e (nothing for cudaSuccess) of what on device dev for
  * gpu_health, and logs it (rate-limited). */
 void lynx__cuda_note(int dev, cudaError_t e, const char *what);
-/* e as -errno: -ENOMEM, -ENODEV (the device is gone), else -EIO. */
+/* e as -errno: -ENOMEM, -EBUSY (a call that did not return in time:
+ * cuda_calls.c), -ENODEV (the device is gone), else -EIO. */
 int lynx__cuda_errno(cudaError_t e);
+/* cudaGetErrorString(e), or for cudaErrorNotReady what the calls thread's
+ * bound means. */
+const char *lynx__cuda_strerror(cudaError_t e);
 /* A kernel on dev did not stop within wait_ms: dev is hung and failed
  * (sticky: only a context reset clears it). */
 void lynx__cuda_set_hung(int dev, unsigned wait_ms);
@@ -86,6 +90,34 @@ void lynx__cuda_dev_free(int device, void *p, size_t size);
 cudaError_t lynx__cuda_pinned_alloc(int device, size_t size, void **p);
 /* Gives p (NULL: nothing) back for reuse, never cudaFreeHost. */
 void lynx__cuda_pinned_free(int device, void *p);
+
+/* ---- calls that may wait for the device (cuda_calls.c) -------------- */
+
+#ifndef CALL_WAIT_MS /* unit_cuda_backend waits less */
+/* how long a start waits for a registration or an allocation */
+#define CALL_WAIT_MS 2000u
+#endif
+/* Where the memory of an allocation its caller gave up on goes. */
+typedef void (*lynx__cuda_give_back)(int device, void *p, size_t size);
+/* cudaMalloc and cudaHostAlloc (portable) on device, made on the calls
+ * thread: the result, or cudaErrorNotReady when it did not return within
+ * CALL_WAIT_MS (what it returns later goes to give_back). */
+cudaError_t lynx__cuda_call_malloc(int device, size_t size, void **p,
+                                   lynx__cuda_give_back give_back);
+cudaError_t lynx__cuda_call_host_alloc(int device, size_t size, void **p,
+                                       lynx__cuda_give_back give_back);
+/* cudaHostRegister (mapped, portable) of size bytes at ours, a mapping of
+ * map_len bytes the backend owns: the result, or cudaErrorNotReady (the
+ * registration is undone and ours unmapped when it returns). */
+cudaError_t lynx__cuda_call_register(int device, void *ours, size_t size,
+                                     size_t map_len);
+/* Queues the unregistration of ours, then its unmapping; never waits. */
+void lynx__cuda_call_unregister(int device, void *ours, size_t map_len);
+/* Calls queued or running. */
+int lynx__cuda_calls_pending(void);
+/* Ends the calls thread once the queue is empty, waiting up to wait_ms:
+ * the calls left (0: the thread ended). */
+int lynx__cuda_calls_drain(unsigned wait_ms);
 
 /* ---- blocks of a persistent kernel (cuda_blocks.c) ------------------ */
 
@@ -139,8 +171,9 @@ struct gpu_instance {
   struct lynx_region_mem mem;
   void *raw; /* device memory (lynx__cuda_dev_alloc) */
   size_t raw_size;
-  uint8_t *base;  /* raw aligned to GPU_PAGE, or host's device address */
-  void *host;     /* a host region registered with the GPU, or NULL */
+  uint8_t *base; /* raw aligned to GPU_PAGE, or host's device address */
+  void *host;    /* our mapping of a host region, registered, or NULL */
+  size_t host_map_len;
   uint64_t size;  /* region bytes */
   uint64_t alloc; /* bytes from base, a multiple of GPU_PAGE */
   cudaStream_t copy, kern;

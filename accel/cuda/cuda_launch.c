@@ -142,7 +142,7 @@ static int upload_lenet(struct gpu_instance *gi, const void *app_data,
   if (e != cudaSuccess) {
     lynx__cuda_note(gi->device, e, "lenet weights");
     snprintf(err, errlen, "GPU %d: lenet weights: %s", gi->device,
-             cudaGetErrorString(e));
+             lynx__cuda_strerror(e));
     return lynx__cuda_errno(e);
   }
   return 0;
@@ -267,7 +267,7 @@ launch:
   if (e != cudaSuccess) {
     lynx__cuda_note(gi->device, e, "control block");
     snprintf(err, errlen, "GPU %d: control block: %s", gi->device,
-             cudaGetErrorString(e));
+             lynx__cuda_strerror(e));
     rc = lynx__cuda_errno(e);
     goto fail;
   }

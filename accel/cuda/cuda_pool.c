@@ -51,7 +51,7 @@ cudaError_t lynx__cuda_dev_alloc(int device, size_t size, cudaStream_t s,
     *got = c->size;
     free(c);
   } else {
-    e = cudaMalloc(p, size);
+    e = lynx__cuda_call_malloc(device, size, p, lynx__cuda_dev_free);
     *got = size;
   }
   if (e == cudaSuccess)
@@ -96,6 +96,11 @@ static struct {
   struct pinned_buf *free;
 } pinned = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+static void pinned_back(int device, void *p, size_t size) {
+  (void)size;
+  lynx__cuda_pinned_free(device, p);
+}
+
 /* size bytes of pinned host memory for device (the current one). */
 cudaError_t lynx__cuda_pinned_alloc(int device, size_t size, void **p) {
   struct pinned_buf **pp, *b = NULL;
@@ -112,7 +117,7 @@ cudaError_t lynx__cuda_pinned_alloc(int device, size_t size, void **p) {
     free(b);
     return cudaSuccess;
   }
-  return cudaHostAlloc(p, size, cudaHostAllocPortable);
+  return lynx__cuda_call_host_alloc(device, size, p, pinned_back);
 }
 
 void lynx__cuda_pinned_free(int device, void *p) {
@@ -136,6 +141,14 @@ void lynx__cuda_pinned_free(int device, void *p) {
 }
 
 void gpu_shutdown(void) {
+  /* unregistrations first (a hung kernel's device may hold them: then the
+   * process takes them with it) */
+  int left = lynx__cuda_calls_drain(5000);
+  if (left)
+    LYNX_WARN("cuda",
+              "%d CUDA calls still wait for the device at exit (a kernel "
+              "did not stop)",
+              left);
   pthread_mutex_lock(&pinned.lock);
   while (pinned.free) {
     struct pinned_buf *b = pinned.free;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -91,35 +92,66 @@ static int mem_reg_mr(void *ctx, void *pd, uint64_t off, size_t len, int access,
   return 0;
 }
 
-/* Unmaps a host region from the GPU (its kernel is gone). */
+/* Unmaps a host region from the GPU (its kernel is gone): the
+ * unregistration and the unmapping of our mapping are queued (cuda_calls.c:
+ * the driver may make it wait for the device, which other instances'
+ * kernels keep busy), so this never waits. */
 void lynx__cuda_host_unmap(struct gpu_instance *gi) {
-  cudaError_t e;
   if (!gi->host)
     return;
-  e = cudaHostUnregister(gi->host);
-  if (e != cudaSuccess)
-    lynx__cuda_note(gi->device, e, "host region unregistration");
+  lynx__cuda_call_unregister(gi->device, gi->host, gi->host_map_len);
   gi->host = NULL;
 }
 
 /* A formatted region in host memory (the transport's), pinned and mapped
  * into the GPU: the kernel reaches it across PCIe at gi->base, with the
- * same volatile loads and system-scope fences as GPU memory (mqueue.md);
- * the frontend (shm) or the tcp agent reach it with plain stores. */
+ * same acquire loads and release stores as GPU memory (mqueue.md); the
+ * frontend (shm) or the tcp agent reach it with plain stores.
+ *
+ * What is registered is a second mapping of the region's pages, the
+ * backend's own (mremap with an old size of 0: the transports map their
+ * regions shared, transport.h), so that its unregistration may come after
+ * the transport has unmapped its own (lynx__cuda_host_unmap). */
 int lynx__cuda_map_host(struct gpu_instance *gi, uint8_t *host, uint64_t size,
                         char *err, size_t errlen) {
-  void *dev = NULL;
+  size_t map_len = lynx_align_up(size, (uint64_t)sysconf(_SC_PAGESIZE));
+  void *dev = NULL, *ours;
   cudaError_t e = cudaStreamCreateWithFlags(&gi->copy, cudaStreamNonBlocking);
   if (e == cudaSuccess)
     e = cudaStreamCreateWithFlags(&gi->kern, cudaStreamNonBlocking);
-  if (e == cudaSuccess) {
-    e = cudaHostRegister(host, size,
-                         cudaHostRegisterMapped | cudaHostRegisterPortable);
-    if (e == cudaSuccess)
-      gi->host = host;
+  if (e != cudaSuccess) {
+    lynx__cuda_note(gi->device, e, "host region mapping");
+    snprintf(err, errlen, "GPU %d: streams: %s", gi->device,
+             cudaGetErrorString(e));
+    return lynx__cuda_errno(e);
   }
-  if (e == cudaSuccess)
-    e = cudaHostGetDevicePointer(&dev, host, 0);
+  ours = mremap(host, 0, map_len, MREMAP_MAYMOVE);
+  if (ours == MAP_FAILED) {
+    int rc = -errno;
+    snprintf(err, errlen,
+             "GPU %d: cannot map a %llu-byte host region a second time "
+             "(mremap: %s; the transport must map it shared)",
+             gi->device, (unsigned long long)size, strerror(-rc));
+    return rc;
+  }
+  e = lynx__cuda_call_register(gi->device, ours, size, map_len);
+  if (e == cudaErrorNotReady) { /* the calls thread undoes it, later */
+    snprintf(err, errlen,
+             "GPU %d: cudaHostRegister of a %llu-byte host region did not "
+             "return within %u ms: this driver makes it wait for the "
+             "device, which running persistent kernels keep busy (%u "
+             "blocks of this agent's run there; docs/gpu.md)",
+             gi->device, (unsigned long long)size, CALL_WAIT_MS,
+             lynx__cuda_blocks_held(gi->device));
+    return -EBUSY;
+  }
+  if (e == cudaSuccess) {
+    gi->host = ours;
+    gi->host_map_len = map_len;
+    e = cudaHostGetDevicePointer(&dev, ours, 0);
+  } else {
+    munmap(ours, map_len);
+  }
   if (e != cudaSuccess) {
     lynx__cuda_note(gi->device, e, "host region mapping");
     snprintf(err, errlen,
@@ -192,7 +224,7 @@ int lynx__cuda_region_alloc(struct gpu_instance *gi, uint64_t size, char *err,
   if (e != cudaSuccess) {
     lynx__cuda_note(gi->device, e, "region allocation");
     snprintf(err, errlen, "GPU %d: cannot allocate a %llu-byte region: %s",
-             gi->device, (unsigned long long)size, cudaGetErrorString(e));
+             gi->device, (unsigned long long)size, lynx__cuda_strerror(e));
     return lynx__cuda_errno(e);
   }
   gi->base = (uint8_t *)lynx_align_up((uintptr_t)gi->raw, GPU_PAGE);

@@ -397,7 +397,7 @@ int lynx__cuda_stage_init(struct gpu_instance *gi, char *err, size_t errlen) {
     snprintf(err, errlen,
              "GPU %d: cannot set up the tcp transport's %u KiB "
              "of pinned staging (%s): %s",
-             gi->device, STAGE_BYTES >> 10, what, cudaGetErrorString(e));
+             gi->device, STAGE_BYTES >> 10, what, lynx__cuda_strerror(e));
     return lynx__cuda_errno(e);
   }
   return 0;

@@ -29,6 +29,26 @@ static __thread int cur_dev;
 
 /* ---- device memory ---------------------------------------------------- */
 
+static int device_busy(int dev);
+
+/* fake.block_calls: a call the driver may make wait for the device waits
+ * here while a kernel runs on the current device (counted once in
+ * blocked_calls), as a real one would never return while a persistent
+ * kernel spins. */
+static void wait_device_idle(void) {
+  int counted = 0;
+  pthread_mutex_lock(&lock);
+  while (__atomic_load_n(&fake.block_calls, __ATOMIC_ACQUIRE) &&
+         device_busy(cur_dev)) {
+    if (!counted++)
+      fake.blocked_calls++;
+    pthread_mutex_unlock(&lock);
+    usleep(1000);
+    pthread_mutex_lock(&lock);
+  }
+  pthread_mutex_unlock(&lock);
+}
+
 struct alloc {
   void *p;
   size_t size;
@@ -473,6 +493,7 @@ cudaError_t cudaGetDevice(int *d) {
 cudaError_t cudaMalloc(void **p, size_t size) {
   struct alloc *a;
   size_t n = (size + 255) & ~(size_t)255;
+  wait_device_idle();
   if (fake.err_malloc != cudaSuccess)
     return fake.err_malloc;
   a = calloc(1, sizeof(*a));
@@ -538,6 +559,7 @@ static int host_mapped(const void *p, size_t len) {
 
 cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
   struct host_reg *h;
+  wait_device_idle();
   if (fake.err_host_register != cudaSuccess)
     return fake.err_host_register;
   if (!p || !size)
@@ -579,6 +601,7 @@ cudaError_t cudaHostGetDevicePointer(void **dev, void *p, unsigned int flags) {
 
 cudaError_t cudaHostUnregister(void *p) {
   struct host_reg **pp;
+  wait_device_idle();
   pthread_mutex_lock(&lock);
   fake.host_unregisters++;
   for (pp = &host_regs; *pp && (*pp)->p != p; pp = &(*pp)->next)
@@ -631,6 +654,7 @@ static int is_pinned(const void *p, size_t len) {
 
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
   struct pinned *h;
+  wait_device_idle();
   if (fake.err_host_alloc != cudaSuccess)
     return fake.err_host_alloc;
   if (!size)

@@ -36,7 +36,9 @@
  * cudaFree of something not allocated or freed twice (bad_frees), and
  * calls that wait for a running persistent kernel (blocking_calls:
  * cudaFree, cudaDeviceSynchronize on its device, cudaStreamSynchronize of
- * its stream, cudaFreeHost on its device).
+ * its stream, cudaFreeHost on its device). With block_calls set, the calls
+ * a driver may make wait for the device (page-locking, allocation) do wait
+ * while a kernel runs on theirs.
  */
 #ifndef LYNX_FAKE_CUDA_H
 #define LYNX_FAKE_CUDA_H
@@ -100,6 +102,11 @@ struct fake_cuda {
   cudaError_t err_event_create;     /* cudaEventCreateWithFlags */
   cudaError_t err_stream_sync_once; /* the next cudaStreamSynchronize */
   cudaError_t err_event_sync_once;  /* the next cudaEventSynchronize */
+  /* cudaMalloc, cudaHostAlloc, cudaHostRegister and cudaHostUnregister
+   * wait while a kernel runs on the current device (counted in
+   * blocked_calls), as a driver that makes them wait for the device would
+   * (make gpu-prove's probe says whether one does) */
+  int block_calls;
   int defer_copies;    /* copies from/to pinned memory stay in flight */
   int query_completes; /* ... and cudaEventQuery completes them */
 
@@ -109,7 +116,8 @@ struct fake_cuda {
       device_syncs, blocking_calls, launches, get_handles, set_attrs,
       dmabuf_mrs, reg_mrs, host_registers, host_unregisters, bad_unregisters,
       unmapped_live, host_allocs, host_frees, event_creates, event_destroys,
-      event_records, event_queries, event_syncs, deferred, src_races;
+      event_records, event_queries, event_syncs, deferred, src_races,
+      blocked_calls;
   unsigned host_alloc_flags;    /* the last cudaHostAlloc's flags */
   unsigned host_register_flags; /* the last cudaHostRegister's flags */
   int n_ops;

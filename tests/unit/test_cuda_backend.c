@@ -24,6 +24,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -194,7 +195,10 @@ static int inst_start(struct inst *in, int dev,
   if (lynx_geom_init(&in->g, q, S, Z, 0))
     in->g.region_size = 0;
   if (start_host) {
-    rc = ops->region_alloc(start_ta, &in->r, "ut-gpu-host", in->g.region_size);
+    static int n_host;
+    char name[32];
+    snprintf(name, sizeof(name), "ut-gpu-host-%d-%d", (int)getpid(), n_host++);
+    rc = ops->region_alloc(start_ta, &in->r, name, in->g.region_size);
     if (!rc)
       rc = lynx_region_format(&in->r, q, S, Z, 0, LYNX_ORDER_FENCED, epoch,
                               ACCEL);
@@ -302,6 +306,15 @@ static void wait_destroys(int want) {
   assert_int_equal(__atomic_load_n(&fake.stream_destroys, __ATOMIC_SEQ_CST),
                    want);
   usleep(50000);
+}
+
+/* Until the calls thread (cuda_calls.c) has made every call queued, as the
+ * unregistration a stop queues, or 2 s. */
+static void calls_settle(void) {
+  uint64_t end = lynx_now_ns() + 2000000000ull;
+  while (lynx__cuda_calls_pending() && lynx_now_ns() < end)
+    usleep(1000);
+  assert_int_equal(lynx__cuda_calls_pending(), 0);
 }
 
 static void counters(struct inst *in, uint64_t c[4]) {
@@ -782,7 +795,13 @@ static void test_host_region_shm(void **state) {
   assert_int_equal(fake.host_register_flags,
                    cudaHostRegisterMapped | cudaHostRegisterPortable);
   assert_int_equal(fake_cuda_host_registered(), 1);
-  assert_ptr_equal(in.k->l.region, in.r.base);
+  /* what the GPU maps is the backend's own mapping of the region's pages,
+   * so its unregistration may come after the transport unmapped its own */
+  assert_ptr_not_equal(in.k->l.region, in.r.base);
+  assert_memory_equal(in.k->l.region, in.r.base, in.g.region_size);
+  in.r.base[in.g.region_size - 1] = 0x5c;
+  assert_int_equal(((uint8_t *)in.k->l.region)[in.g.region_size - 1], 0x5c);
+  in.r.base[in.g.region_size - 1] = 0;
   assert_null(in.r.mem);
   assert_int_equal(fake.mallocs, 1);
   assert_int_equal(fake_cuda_live(), live0 + 1);
@@ -810,6 +829,7 @@ static void test_host_region_shm(void **state) {
   assert_int_equal(c[1], 3);
   /* stop: the kernel is gone before its memory leaves the GPU */
   assert_int_equal(gpu_instance_stop(in.gi), 0);
+  calls_settle();
   assert_int_equal(fake.host_unregisters, 1);
   assert_int_equal(fake_cuda_host_registered(), 0);
   assert_int_equal(fake.unmapped_live, 0);
@@ -844,6 +864,7 @@ static void test_host_region_tcp_failures(void **state) {
   assert_int_equal(fake_cuda_copies(ops0, NULL), 0);
   assert_int_equal(gpu_instance_stop(in.gi), 0);
   inst_drop(&in);
+  calls_settle();
   assert_int_equal(fake_cuda_host_registered(), 0);
 
   /* the GPU refuses the registration: nothing launched, nothing left */
@@ -860,6 +881,7 @@ static void test_host_region_tcp_failures(void **state) {
   /* registered, but no device address: registration undone */
   fake.err_host_devptr = cudaErrorInvalidValue;
   assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH), -EIO);
+  calls_settle();
   assert_int_equal(fake.host_registers, 1);
   assert_int_equal(fake.host_unregisters, 1);
   assert_int_equal(fake_cuda_host_registered(), 0);
@@ -871,6 +893,7 @@ static void test_host_region_tcp_failures(void **state) {
   fake_cuda_crash(in.k, cudaErrorDevicesUnavailable);
   counters(&in, c);
   assert_int_equal(gpu_instance_stop(in.gi), 0);
+  calls_settle();
   assert_int_equal(fake_cuda_host_registered(), 0);
   assert_int_equal(fake.unmapped_live, 0);
   inst_drop(&in);
@@ -893,6 +916,103 @@ static void test_host_region_tcp_failures(void **state) {
   assert_int_equal(fake.bad_unregisters, 0);
   start_host = 0;
   start_ta = NULL;
+}
+
+/* A driver that makes page-locking and allocation wait for the device
+ * (fake.block_calls; make gpu-prove's probe says whether a real one does)
+ * never holds up the agent's thread: a stop returns at once with its
+ * unregistration queued, a start that needs such a call while another
+ * instance's kernel runs fails within CALL_WAIT_MS saying why, and once
+ * the GPU is free every queued call is made, the late ones undone (nothing
+ * left registered; memory to the pool, reused). */
+struct stop_arg {
+  struct gpu_instance *gi;
+  int rc, done;
+};
+
+static void *stop_thread(void *arg) {
+  struct stop_arg *a = arg;
+  a->rc = gpu_instance_stop(a->gi);
+  __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void test_calls_off_agent_thread(void **state) {
+  const struct lynx_transport_ops *shm = lynx_transport_find("shm");
+  struct lynx_transport_agent *ta = NULL;
+  struct inst a, b, c, d;
+  struct stop_arg sa;
+  pthread_t t;
+  uint64_t t0, end;
+  char err[128];
+  int mallocs, n0;
+  (void)state;
+  fake_cuda_reset();
+  n0 = fake_cuda_kernels();
+  assert_int_equal(shm->agent_create(&(struct lynx_transport_opts){0}, &ta, err,
+                                     sizeof(err)),
+                   0);
+  start_host = 1;
+  start_ta = ta;
+  assert_int_equal(inst_start(&a, 0, shm, 2, 2, EPOCH), 0);
+  assert_int_equal(inst_start(&b, 0, shm, 2, 2, EPOCH), 0);
+  __atomic_store_n(&fake.block_calls, 1, __ATOMIC_RELEASE);
+
+  /* stop a while b's kernel runs: a's unregistration would wait for b */
+  sa = (struct stop_arg){.gi = a.gi};
+  assert_int_equal(pthread_create(&t, NULL, stop_thread, &sa), 0);
+  end = lynx_now_ns() + 2000000000ull;
+  while (!__atomic_load_n(&sa.done, __ATOMIC_ACQUIRE) && lynx_now_ns() < end)
+    usleep(1000);
+  if (!__atomic_load_n(&sa.done, __ATOMIC_ACQUIRE)) {
+    __atomic_store_n(&fake.block_calls, 0, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    fail_msg("gpu_instance_stop waited for another instance's kernel");
+  }
+  pthread_join(t, NULL);
+  assert_int_equal(sa.rc, 0);
+  assert_int_equal(fake_cuda_host_registered(), 2); /* a's, queued */
+  assert_int_equal(lynx__cuda_calls_pending(), 1);
+  inst_drop(&a); /* the transport unmaps its mapping; ours stays */
+
+  /* a start that needs a registration now fails, in bounded time */
+  t0 = lynx_now_ns();
+  assert_int_equal(inst_start(&c, 0, shm, 2, 2, EPOCH), -EBUSY);
+  assert_true(lynx_now_ns() - t0 < 1500000000ull);
+  assert_contains(c.err, "cudaHostRegister");
+  assert_contains(c.err, "did not return within 200 ms");
+  /* and one that needs device memory the pool lacks */
+  start_host = 0;
+  start_ta = NULL;
+  t0 = lynx_now_ns();
+  assert_int_equal(inst_start(&d, 0, T, 2, 2, EPOCH), -EBUSY);
+  assert_true(lynx_now_ns() - t0 < 1500000000ull);
+  assert_contains(d.err, "cannot allocate a");
+  assert_contains(d.err, "did not return within 200 ms");
+  assert_int_equal(fake_cuda_kernels(), n0 + 2); /* neither launched */
+
+  /* b stops: every queued call is made; the late ones undone */
+  assert_int_equal(gpu_instance_stop(b.gi), 0);
+  calls_settle();
+  assert_true(fake.blocked_calls >= 1);
+  assert_int_equal(fake_cuda_host_registered(), 0);
+  assert_int_equal(fake.bad_unregisters, 0);
+  assert_int_equal(fake.unmapped_live, 0);
+  b.r.ops->region_free(&b.r);
+  gpu_instance_put(b.gi);
+  /* the late region allocation went to the pool (a's control block too):
+   * the same start now takes both from there, cudaMalloc failing */
+  mallocs = fake.mallocs;
+  fake.err_malloc = cudaErrorMemoryAllocation;
+  assert_int_equal(inst_start(&d, 0, T, 2, 2, EPOCH), 0);
+  fake.err_malloc = cudaSuccess;
+  assert_int_equal(fake.mallocs, mallocs);
+  assert_int_equal(gpu_instance_stop(d.gi), 0);
+  d.r.ops->region_free(&d.r);
+  gpu_instance_put(d.gi);
+  __atomic_store_n(&fake.block_calls, 0, __ATOMIC_RELEASE);
+  assert_int_equal(fake.blocking_calls, 0);
+  shm->agent_destroy(ta);
 }
 
 /* ---- 5. health --------------------------------------------------------- */
@@ -2212,7 +2332,7 @@ static void test_client_mc_get(void **state) {
   assert_int_equal(c.k->l.client_base, 3);
   assert_int_equal(c.k->l.app_backend, 1); /* "db", after "cache" */
   assert_int_equal(c.k->l.call_timeout_ns, LYNX_CALL_TIMEOUT_NS);
-  assert_ptr_equal(c.k->l.region, c.r.base);
+  assert_memory_equal(c.k->l.region, c.r.base, 64); /* our own mapping */
   assert_int_equal(cq_of(&c, 0, 1), 4);
   assert_int_equal(cq_of(&c, 1, 1), 6);
   assert_int_equal(cq_of(&c, 2, 1), 8);
@@ -2288,6 +2408,7 @@ static void test_client_mc_get(void **state) {
   }
   c_shm->region_free(&c.r);
   c.run->ops->put(c.run);
+  calls_settle();
   assert_int_equal(fake_cuda_host_registered(), reg0);
   assert_int_equal(fake.unmapped_live, 0);
   assert_int_equal(fake.blocking_calls, 0);
@@ -2494,6 +2615,7 @@ int main(int argc, char **argv) {
       T_(test_failures_clean_up),
       T_(test_lease_fence),
       T_(test_host_region_shm),
+      T_(test_calls_off_agent_thread),
       T_(test_host_region_tcp_failures),
       T_(test_staging_batches),
       T_(test_staging_wrap),
