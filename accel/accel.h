@@ -179,6 +179,12 @@ struct lynx_accel_ops {
    * none). */
   void (*health)(const struct lynx_accel_dev *a, int *lost, int *failed,
                  char *err, size_t errlen);
+  /* The device's budget of resident blocks for kernels of threads threads
+   * per block: *resident an empty device keeps at once, *held those the
+   * agent's running kernels hold (both 0 where there is no such limit: a
+   * CPU). 0, or -errno when the device cannot say. */
+  int (*blocks)(const struct lynx_accel_dev *a, uint32_t threads,
+                uint32_t *resident, uint32_t *held);
   /* At exit, once every instance is put: gives the backend's memory back. */
   void (*shutdown)(void);
 };
@@ -193,7 +199,8 @@ struct lynx_accel_ops {
     .start = prefix##_start, .fence = prefix##_fence,                          \
     .counters = prefix##_counters, .latency = prefix##_latency,                \
     .copies = prefix##_copies, .stop = prefix##_stop, .put = prefix##_put,     \
-    .health = prefix##_health, .shutdown = prefix##_shutdown                   \
+    .health = prefix##_health, .blocks = prefix##_blocks,                      \
+    .shutdown = prefix##_shutdown                                              \
   }
 
 extern const struct lynx_accel_ops lynx_accel_cpu;  /* cpu_accel.c */

@@ -410,6 +410,15 @@ static void cpu_health(const struct lynx_accel_dev *a, int *lost, int *failed,
     err[0] = 0;
 }
 
+/* A CPU accelerator's threads have no resident-block budget. */
+static int cpu_blocks(const struct lynx_accel_dev *a, uint32_t threads,
+                      uint32_t *resident, uint32_t *held) {
+  (void)a;
+  (void)threads;
+  *resident = *held = 0;
+  return 0;
+}
+
 static void cpu_shutdown(void) {}
 
 const struct lynx_accel_ops lynx_accel_cpu = LYNX_ACCEL_OPS("cpu", "CPU", cpu);

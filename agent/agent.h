@@ -69,6 +69,10 @@ struct agent_accel {
   char last_error[128];
   uint32_t stalled_mqueues;
   uint64_t stall_ms;
+  /* the device's budget of resident blocks at --gpu-threads and what the
+   * running kernels hold of it (accel.h blocks; 0 and 0: none, a CPU),
+   * registered and reported in every heartbeat */
+  uint32_t resident_blocks, blocks_held;
   /* stats.c: queueing and service times as the accelerator stamps them
    * (lathist.h). done: instances that stopped; old and mid: totals at the
    * ends of the recent window (mid taken at mid_ns); q: its quantiles for
@@ -198,6 +202,9 @@ void agent_stats_free(struct agent *ag);
 void agent_health_start(struct agent *ag);
 void agent_health_stop(struct agent *ag);
 void agent_health_sample(struct agent *ag, uint64_t now_ns);
+/* Each accelerator's resident blocks and those held (accel.h blocks), as
+ * of now: part of every sample, and before the first Register. */
+void agent_health_blocks(struct agent *ag);
 
 /* serve.c (static mode) */
 int agent_serve_start(struct agent *ag);

@@ -97,7 +97,21 @@ static void watch_instance(struct agent *ag, struct instance *in,
   }
 }
 
+void agent_health_blocks(struct agent *ag) {
+  for (uint32_t i = 0; i < ag->n_acc; i++) {
+    struct agent_accel *a = &ag->acc[i];
+    uint32_t resident = 0, held = 0;
+    /* a device that cannot say keeps what it said last */
+    if (a->info.ops->blocks(&a->info, ag->cfg.gpu_threads, &resident, &held) ==
+        0) {
+      a->resident_blocks = resident;
+      a->blocks_held = held;
+    }
+  }
+}
+
 void agent_health_sample(struct agent *ag, uint64_t now_ns) {
+  agent_health_blocks(ag);
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct agent_accel *a = &ag->acc[i];
     int lost = 0, failed = 0;
@@ -123,6 +137,7 @@ static void on_health(uv_timer_t *t) {
 }
 
 void agent_health_start(struct agent *ag) {
+  agent_health_blocks(ag); /* for the first Register */
   uv_timer_init(&ag->loop, &ag->health);
   ag->health.data = ag;
   ag->health_open = 1;

@@ -233,6 +233,10 @@ static void send_register(struct coord_link *l) {
     acc[i].pci_bus_id = (char *)a->info.pci_bus_id;
     acc[i].gpudirect_rdma = a->info.gpudirect_rdma;
     acc[i].rdma_writes_ordering = a->info.rdma_writes_ordering;
+    /* the GPU's resident-block budget, so that placement puts no instance
+     * on a GPU that cannot keep its blocks resident (0: none, a CPU) */
+    acc[i].resident_blocks = a->resident_blocks;
+    acc[i].instance_blocks = a->resident_blocks ? ag->cfg.gpu_blocks : 0;
     /* what it can run, so the coordinator places nothing that cannot
      * start (the backend's start refuses the others) */
     for (size_t k = 0; lynx_app_at(k) && acc[i].n_apps < LYNX_APPS_MAX; k++) {
@@ -309,6 +313,7 @@ static void on_beat(uv_timer_t *t) {
   cp = calloc(ag->n_acc, sizeof(*cp));
   if (!c || !cp)
     goto out;
+  agent_health_blocks(ag); /* the blocks held as of now */
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct agent_accel *a = &ag->acc[i];
     lynx__accel_counters__init(&c[i]);
@@ -324,6 +329,7 @@ static void on_beat(uv_timer_t *t) {
     c[i].queue_p99_ns = a->q.queue_p99;
     c[i].service_p50_ns = a->q.service_p50;
     c[i].service_p99_ns = a->q.service_p99;
+    c[i].blocks_held = a->blocks_held;
     cp[i] = &c[i];
   }
   hb.node_id = ag->node_id;

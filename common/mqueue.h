@@ -33,6 +33,11 @@
 #define LYNX_SLOTS_MIN 2u
 #define LYNX_SLOTS_MAX 65536u
 #define LYNX_MQUEUES_MAX 1024u
+/* Server mqueues one block of a GPU's persistent kernel serves at most
+ * (their state lives in its shared memory): a GPU instance runs at least
+ * ceil(mqueues / this) blocks, which placement counts against the GPU's
+ * resident-block budget (docs/gpu.md). */
+#define LYNX_GPU_MQS_PER_BLOCK 64u
 #define LYNX_RINGS_ALIGN 4096u
 /* Large-message area at the end of every ring (docs/mqueue.md, "Large
  * messages"): 0, or a power of two in [LYNX_LARGE_MIN, LYNX_LARGE_MAX]. */

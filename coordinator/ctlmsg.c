@@ -55,6 +55,8 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
              ai->pci_bus_id ? ai->pci_bus_id : "");
     accels[i].gpudirect_rdma = ai->gpudirect_rdma ? 1 : 0;
     accels[i].rdma_writes_ordering = ai->rdma_writes_ordering;
+    accels[i].resident_blocks = ai->resident_blocks;
+    accels[i].instance_blocks = ai->instance_blocks;
     /* an app name no agent could run is dropped, not refused, and so is
      * one whose back-end name no service could give: placement only ever
      * compares names the API took. app_backends[k] belongs to apps[k]:
@@ -118,6 +120,7 @@ uint32_t lynx_ctl_heartbeat(const Lynx__Heartbeat *hb,
     rep[i].lat.queue_p99_ns = ac->queue_p99_ns;
     rep[i].lat.service_p50_ns = ac->service_p50_ns;
     rep[i].lat.service_p99_ns = ac->service_p99_ns;
+    rep[i].blocks_held = ac->blocks_held;
     /* an agent's error text of any length ends up cut to the field */
     snprintf(rep[i].last_error, sizeof(rep[i].last_error), "%s",
              ac->last_error ? ac->last_error : "");

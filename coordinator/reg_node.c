@@ -356,6 +356,12 @@ int lynx_reg_heartbeat(struct lynx_registry *r, const char *id, uint64_t epoch,
       continue;
     node->accels[pos].requests = reports[k].requests;
     node->accels[pos].lat = reports[k].lat;
+    /* blocks a GPU's kernels gave back may make room for an instance that
+     * did not fit: placement runs again (the stop that freed them moved
+     * the version before this report came) */
+    if (reports[k].blocks_held < node->accels[pos].blocks_held)
+      r->version++;
+    node->accels[pos].blocks_held = reports[k].blocks_held;
     node->accels[pos].responses = reports[k].responses;
     lynx__reg_accel_health_update(r, node, (uint32_t)pos, &reports[k], now_ms);
   }

@@ -21,6 +21,12 @@
  *   not at once, so an application that cannot start does not spin.
  * - An accelerator out of dispatch for its health keeps its instances
  *   (they count as placed) but gets no new one (reg_accel.c).
+ * - A GPU gets no instance whose blocks its resident-block budget cannot
+ *   hold (AccelInfo.resident_blocks): the blocks taken are what its agent
+ *   last reported held, plus the fewest each starting instance takes, and
+ *   never less than the fewest of all its instances (blocks_need). Its
+ *   agent refuses a start that does not fit all the same (docs/gpu.md);
+ *   placement only avoids asking.
  */
 #include "reg_internal.h"
 
@@ -30,10 +36,12 @@
 #include <string.h>
 
 #include "log.h"
+#include "mqueue.h"
 
 struct rc_node {
   struct lynx_reg_node *n;
   uint32_t *load;   /* instances of any service, per accel position */
+  uint32_t *blocks; /* a GPU's resident blocks taken, per accel position */
   uint64_t have;    /* accel positions with an instance of this service */
   uint32_t svc_cnt; /* instances of this service on the node */
   int eligible;     /* READY and matching this service's selector */
@@ -49,6 +57,7 @@ struct rc_ctx {
   struct rc_key *keys; /* by node pointer, for lookups */
   uint32_t n_nodes;
   uint32_t *loads;
+  uint32_t *blocks; /* per accel position, like loads: GPU blocks taken */
 };
 
 static int key_cmp(const void *a, const void *b) {
@@ -82,6 +91,30 @@ static void rc_free(struct rc_ctx *c) {
   free(c->nodes);
   free(c->keys);
   free(c->loads);
+  free(c->blocks);
+}
+
+/* The fewest of a GPU's resident blocks an instance of sp takes on a: the
+ * agent's --gpu-blocks (at most one per mqueue), or auto's one block per
+ * LYNX_GPU_MQS_PER_BLOCK mqueues (auto takes more while more are free). 0
+ * where a has no budget (a CPU, an agent that does not say). */
+static uint32_t blocks_need(const struct lynx_reg_accel *a,
+                            const struct lynx_service_spec *sp) {
+  uint32_t mq = sp->mqueues_per_accel ? sp->mqueues_per_accel : 1;
+  if (!a->info.resident_blocks)
+    return 0;
+  if (a->info.instance_blocks)
+    return a->info.instance_blocks < mq ? a->info.instance_blocks : mq;
+  return (mq + LYNX_GPU_MQS_PER_BLOCK - 1) / LYNX_GPU_MQS_PER_BLOCK;
+}
+
+/* 1 when an instance of sp fits in what is left of the budget of the
+ * accelerator at position pos of rn (always where there is none). */
+static int blocks_fit(const struct rc_node *rn, uint32_t pos,
+                      const struct lynx_service_spec *sp) {
+  const struct lynx_reg_accel *a = &rn->n->accels[pos];
+  uint32_t need = blocks_need(a, sp);
+  return !need || (uint64_t)rn->blocks[pos] + need <= a->info.resident_blocks;
 }
 
 static int rc_build(struct lynx_registry *r, struct rc_ctx *c) {
@@ -96,7 +129,8 @@ static int rc_build(struct lynx_registry *r, struct rc_ctx *c) {
   c->nodes = calloc(cnt ? cnt : 1, sizeof(*c->nodes));
   c->keys = calloc(cnt ? cnt : 1, sizeof(*c->keys));
   c->loads = calloc(acc ? acc : 1, sizeof(*c->loads));
-  if (!c->nodes || !c->keys || !c->loads) {
+  c->blocks = calloc(acc ? acc : 1, sizeof(*c->blocks));
+  if (!c->nodes || !c->keys || !c->loads || !c->blocks) {
     rc_free(c);
     return -ENOMEM;
   }
@@ -105,16 +139,41 @@ static int rc_build(struct lynx_registry *r, struct rc_ctx *c) {
   for (n = r->nodes, k = 0; n; n = n->next, k++) {
     c->nodes[k].n = n;
     c->nodes[k].load = c->loads + acc;
+    c->nodes[k].blocks = c->blocks + acc;
     acc += n->n_accels;
     c->keys[k].n = n;
     c->keys[k].idx = k;
   }
   qsort(c->keys, cnt, sizeof(*c->keys), key_cmp);
-  for (i = r->instances; i; i = i->next) {
-    struct rc_node *rn = rc_lookup(c, i->node);
-    int pos = lynx__reg_accel_pos(i->node, i->accel_idx);
-    if (rn && pos >= 0 && i->node->state != LYNX_NODE_DOWN)
+  /* a GPU's blocks taken: what its agent last reported held plus what
+   * instances still starting will take (not in that report yet), and never
+   * less than every instance's fewest */
+  {
+    uint32_t *least = calloc(acc ? acc : 1, sizeof(*least));
+    if (!least) {
+      rc_free(c);
+      return -ENOMEM;
+    }
+    for (i = r->instances; i; i = i->next) {
+      struct rc_node *rn = rc_lookup(c, i->node);
+      int pos = lynx__reg_accel_pos(i->node, i->accel_idx);
+      uint32_t need;
+      if (!rn || pos < 0 || i->node->state == LYNX_NODE_DOWN)
+        continue;
       rn->load[pos]++;
+      need = blocks_need(&i->node->accels[pos], &i->svc->spec);
+      least[rn->blocks - c->blocks + pos] += need;
+      if (i->state == LYNX_INST_STARTING)
+        rn->blocks[pos] += need;
+    }
+    for (k = 0; k < cnt; k++)
+      for (uint32_t a = 0; a < c->nodes[k].n->n_accels; a++) {
+        uint32_t *b = &c->nodes[k].blocks[a];
+        *b += c->nodes[k].n->accels[a].blocks_held;
+        if (*b < least[b - c->blocks])
+          *b = least[b - c->blocks];
+      }
+    free(least);
   }
   return 0;
 }
@@ -187,7 +246,8 @@ static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
     if (!rn->eligible || rn->n->suspect)
       continue;
     for (a = 0; a < rn->n->n_accels; a++) {
-      if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]))
+      if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]) ||
+          !blocks_fit(rn, a, &s->spec))
         continue;
       if (!found || rn->svc_cnt < best_cnt ||
           (rn->svc_cnt == best_cnt && rn->load[a] < best_load)) {
@@ -255,6 +315,7 @@ static int rc_move(struct lynx_registry *r, struct rc_ctx *c,
   brn->have |= 1ull << pos;
   brn->svc_cnt++;
   brn->load[pos]++;
+  brn->blocks[pos] += blocks_need(&brn->n->accels[pos], &s->spec);
   r->moves_started++;
   LYNX_INFO("registry",
             "service %s: instance %" PRIu64 " moves from %s/%u "
@@ -327,7 +388,8 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       if (!rn->eligible || rn->n->suspect)
         continue;
       for (a = 0; a < rn->n->n_accels; a++) {
-        if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]))
+        if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]) ||
+            !blocks_fit(rn, a, sp))
           continue;
         rc = inst_start(r, s, rn->n, a, &tail);
         if (rc)
@@ -335,6 +397,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
         rn->have |= 1ull << a;
         rn->svc_cnt++;
         rn->load[a]++;
+        rn->blocks[a] += blocks_need(&rn->n->accels[a], sp);
       }
     }
     return 0;
@@ -393,6 +456,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
     rn->have |= 1ull << pos;
     rn->svc_cnt++;
     rn->load[pos]++;
+    rn->blocks[pos] += blocks_need(&rn->n->accels[pos], sp);
     kept++;
     moving = 1;
   }

@@ -119,6 +119,10 @@ struct lynx_accel_info { /* as an agent registers it */
    * (AccelInfo.app_backends; has_app_backends 0: it does not) */
   int has_app_backends;
   char app_backends[LYNX_APPS_MAX][LYNX_BACKEND_NAME_MAX];
+  /* cuda: the blocks an empty GPU keeps resident for the agent's kernels,
+   * and those each instance takes (0: auto, at least one per 64 mqueues;
+   * AccelInfo); resident_blocks 0: no such limit (cpu, an older agent) */
+  uint32_t resident_blocks, instance_blocks;
 };
 
 /*
@@ -146,12 +150,14 @@ struct lynx_accel_report {
   uint32_t stalled_mqueues;
   uint64_t stall_ms;
   char last_error[LYNX_ACCEL_ERR_MAX]; /* "" none; need not be terminated */
+  uint32_t blocks_held; /* cuda: of resident_blocks, held by its kernels */
 };
 
 struct lynx_reg_accel {
   struct lynx_accel_info info;
   uint64_t requests, responses;  /* from heartbeats */
   struct lynx_accel_latency lat; /* from the last heartbeat */
+  uint32_t blocks_held;          /* from the last heartbeat (cuda) */
   /* an instance failed to start here: placement skips this accelerator
    * until retry_at_ms (backoff doubling from 200 ms to 30 s) */
   uint64_t retry_at_ms;

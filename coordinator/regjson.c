@@ -85,6 +85,16 @@ static struct json_object *health_obj(const struct lynx_reg_accel *a,
   return o;
 }
 
+/* A GPU's resident-block budget (all 0 for a CPU): what placement counts
+ * instances against (reg_place.c). */
+static struct json_object *blocks_obj(const struct lynx_reg_accel *a) {
+  struct json_object *o = json_object_new_object();
+  add_u64(o, "resident", a->info.resident_blocks);
+  add_u64(o, "held", a->blocks_held);
+  add_u64(o, "per_instance", a->info.instance_blocks);
+  return o;
+}
+
 /* Queueing and service time as the accelerator stamped them, over its
  * agent's recent window (docs/metrics.md, "Accelerator latency"). */
 static struct json_object *latency_obj(const struct lynx_accel_latency *l) {
@@ -116,6 +126,7 @@ struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
   add_str(o, "state", lynx_node_state_name(n->state));
   add_u64(o, "requests", a->requests);
   add_u64(o, "responses", a->responses);
+  json_object_object_add(o, "blocks", blocks_obj(a));
   json_object_object_add(o, "health", health_obj(a, now_ms));
   json_object_object_add(o, "latency", latency_obj(&a->lat));
   return o;

@@ -686,8 +686,16 @@ int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
   e = cudaSetDevice(device);
   if (e != cudaSuccess)
     return fail((int)e, err, errlen, "cudaSetDevice", e);
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lynx_cuda_kernel,
-                                                    (int)threads, 0);
+  /* the largest shared-memory carveout first: the occupancy query counts
+   * blocks by the carveout the kernel will launch with, and a small one
+   * chosen by the driver for an earlier launch would leave blocks the
+   * query promised without SMs to start on */
+  e = cudaFuncSetAttribute(lynx_cuda_kernel,
+                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                           (int)cudaSharedmemCarveoutMaxShared);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lynx_cuda_kernel,
+                                                      (int)threads, 0);
   if (e == cudaSuccess)
     e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   e2 = cudaSetDevice(cur);

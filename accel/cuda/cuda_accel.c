@@ -223,6 +223,20 @@ static void cuda_health(const struct lynx_accel_dev *a, int *lost, int *failed,
   gpu_health(&g, lost, failed, err, errlen);
 }
 
+/* The occupancy query's figure for an empty GPU (cuda_blocks.c) and what
+ * this agent's running kernels hold of it (the budget, cuda_health.c). */
+static int cuda_blocks(const struct lynx_accel_dev *a, uint32_t threads,
+                       uint32_t *resident, uint32_t *held) {
+  char why[128];
+  *held = lynx__cuda_blocks_held(a->device);
+  if (lynx_cuda_resident_blocks(a->device, threads, resident, why,
+                                sizeof(why))) {
+    *resident = 0;
+    return -EIO;
+  }
+  return 0;
+}
+
 static void cuda_shutdown(void) { gpu_shutdown(); }
 
 const struct lynx_accel_ops lynx_accel_cuda =

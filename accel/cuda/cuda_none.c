@@ -96,6 +96,14 @@ static void none_health(const struct lynx_accel_dev *a, int *lost, int *failed,
   snprintf(err, errlen, "%s", NO_CUDA);
 }
 
+static int none_blocks(const struct lynx_accel_dev *a, uint32_t threads,
+                       uint32_t *resident, uint32_t *held) {
+  (void)a;
+  (void)threads;
+  *resident = *held = 0;
+  return -ENOTSUP;
+}
+
 static void none_shutdown(void) {}
 
 const struct lynx_accel_ops lynx_accel_cuda =

@@ -21,7 +21,7 @@ extern "C" {
 
 /* Server mqueues one block can serve (their state lives in the block's
  * shared memory): launch at least ceil(n_server / this) blocks. */
-#define LYNX_CUDA_MQS_PER_BLOCK 64u
+#define LYNX_CUDA_MQS_PER_BLOCK LYNX_GPU_MQS_PER_BLOCK
 
 /* Applications with a CUDA kernel (struct lynx_app.cuda_app). */
 enum lynx_cuda_app {

@@ -29,6 +29,13 @@ for f in "$src/ring_device.cu" "$root/accel/cuda/apps.cu"; do
     exit 1
   }
 done
+# The residency query sets the kernel's shared-memory carveout (the
+# largest) before it asks how many blocks fit (issue 35, finding 1): the
+# host half of apps.o calls cudaFuncSetAttribute.
+if ! nm "$out/apps.o" | grep -q ' U cudaFuncSetAttribute$'; then
+  echo "FAIL: apps.cu does not set the kernel's shared-memory carveout (cudaFuncSetAttribute) before its occupancy query"
+  exit 1
+fi
 # The ring's acquire and release are PTX's ld.acquire.sys / st.release.sys,
 # not a volatile access plus a full system fence (membar.sys) each: the
 # kernel's PTX for sm_90 had 64 membar.sys, it has 9 (the writers' fences

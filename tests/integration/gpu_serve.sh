@@ -116,6 +116,13 @@ wait_log "$FRONTEND_LOG" "serving service gf" 10 1 "$FRONTEND_PID"
 run_sockperf "$IT_DIR/gf.out" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m 64 -t 1
 check_sockperf "$IT_DIR/gf.out"
 inst0=$(api_json /v1/mqueues '[.items[].instance] | unique | .[]')
+# the GPU's resident-block budget reached the coordinator, the running
+# kernel's blocks counted against it (docs/gpu.md)
+res=$(ctl accelerators --json | jq -r '.items[0].blocks.resident')
+held=$(ctl accelerators --json | jq -r '.items[0].blocks.held')
+log "GPU resident blocks: $res, held by the running kernel: $held"
+assert_gt "$res" 0 "resident blocks the agent registered for its GPU"
+assert_gt "$held" 0 "blocks the running kernel holds, as the heartbeat reports"
 printf 'LYNX-HANG 4000' >"/dev/udp/127.0.0.1/$UDP_PORT"
 t0=$(now_ms)
 until [[ $(ctl accelerators --json | jq -r '.items[0].health.dispatchable') == false ]]; do

@@ -1139,6 +1139,14 @@ static void test_block_budget(void **state) {
   assert_int_equal(inst_start(&b, 0, T, 8, 8, EPOCH + 2), 0);
   assert_int_equal(b.k->l.blocks, 2);
   assert_int_equal(b.k->resident, 2);
+  /* what the agent registers and reports in every heartbeat (accel.h
+   * blocks: AccelInfo.resident_blocks, AccelCounters.blocks_held) */
+  {
+    uint32_t resident = 0, held = 0;
+    assert_int_equal(lynx_accel_cuda.blocks(&a.dev, 64, &resident, &held), 0);
+    assert_int_equal(resident, 8);
+    assert_int_equal(held, 8);
+  }
   /* none left: refused */
   assert_int_equal(inst_start(&c, 0, T, 8, 8, EPOCH + 3), -EINVAL);
   assert_contains(c.err, "8 of GPU 0's 8 resident blocks are held");
@@ -1148,6 +1156,11 @@ static void test_block_budget(void **state) {
   /* the first stops: its 6 come back */
   assert_int_equal(gpu_instance_stop(a.gi), 0);
   inst_drop(&a);
+  {
+    uint32_t resident = 0, held = 0;
+    assert_int_equal(lynx_accel_cuda.blocks(&b.dev, 64, &resident, &held), 0);
+    assert_int_equal(held, 2);
+  }
   start_blocks = 6;
   assert_int_equal(inst_start(&a, 0, T, 8, 8, EPOCH + 5), 0);
   start_blocks = 0;

@@ -1217,6 +1217,86 @@ static void test_place_all(void **state) {
   assert_string_equal(f->start[7].node, "n3");
 }
 
+/* A GPU gets no instance its resident-block budget cannot hold
+ * (AccelInfo.resident_blocks): the blocks taken are its agent's report,
+ * the fewest of each starting instance (one per 64 mqueues in auto, the
+ * agent's --gpu-blocks otherwise) and never less than all its instances'
+ * fewest; blocks given back make room. A CPU has no budget. */
+static int reg_gpu(struct lynx_registry *r, const char *id, uint32_t resident,
+                   uint32_t per_instance, uint64_t now) {
+  struct lynx_accel_info acc;
+  struct lynx_reg_err err;
+  memset(&acc, 0, sizeof(acc));
+  snprintf(acc.kind, sizeof(acc.kind), "cuda");
+  snprintf(acc.model, sizeof(acc.model), "Fake GPU");
+  acc.resident_blocks = resident;
+  acc.instance_blocks = per_instance;
+  return lynx_reg_register(r, id, "127.0.0.1:7790", 1, NULL, 0, &acc, 1,
+                           (void *)0x1, now, &err);
+}
+
+static void hb_blocks(struct lynx_registry *r, const char *id, uint64_t now,
+                      uint32_t held) {
+  struct lynx_accel_report rep;
+  memset(&rep, 0, sizeof(rep));
+  rep.blocks_held = held;
+  assert_int_equal(lynx_reg_heartbeat(r, id, 1, &rep, 1, now), 0);
+}
+
+static void add_gpu_service(struct lynx_registry *r, const char *name,
+                            uint32_t port, uint32_t mqueues) {
+  struct lynx_service_spec s = ut_spec(name, port, 1, NULL);
+  struct lynx_reg_err err;
+  s.mqueues_per_accel = mqueues;
+  assert_int_equal(lynx_reg_service_create(r, &s, 0, &err), 0);
+}
+
+static void test_place_gpu_blocks(void **state) {
+  struct fx *f = *state;
+  struct lynx_reg_err err;
+  assert_int_equal(reg_gpu(&f->r, "g0", 10, 0, 0), 0);
+  /* 256 mqueues take at least 4 blocks: two fit in 10, a third does not */
+  add_gpu_service(&f->r, "a", 7000, 256);
+  add_gpu_service(&f->r, "b", 7001, 256);
+  add_gpu_service(&f->r, "c", 7002, 256);
+  assert_int_equal(count_inst(&f->r, "g0", NULL, -1), 2);
+  assert_int_equal(count_inst(&f->r, "g0", "c", -1), 0);
+  /* ready, and the agent says auto took what was left: nothing fits, not
+   * even one block's worth */
+  assert_int_equal(ready_all(&f->r, 10), 2);
+  hb_blocks(&f->r, "g0", 20, 10);
+  add_gpu_service(&f->r, "d", 7003, 64);
+  lynx_reg_tick(&f->r, 30);
+  assert_int_equal(count_inst(&f->r, "g0", NULL, -1), 2);
+  /* a goes: once the agent reports its blocks back, c and d fit */
+  assert_int_equal(lynx_reg_service_delete(&f->r, "a", 40, &err), 0);
+  lynx_reg_tick(&f->r, 50);
+  assert_int_equal(count_inst(&f->r, "g0", "c", -1), 0);
+  hb_blocks(&f->r, "g0", 60, 5); /* b's 5 */
+  lynx_reg_tick(&f->r, 70);
+  assert_int_equal(count_inst(&f->r, "g0", "c", -1), 1);
+  assert_int_equal(count_inst(&f->r, "g0", "d", -1), 1);
+
+  /* --gpu-blocks 6: one 256-mqueue instance per GPU of 10; an instance of
+   * 2 mqueues takes 2 (no block beyond its mqueues), so two fit beside */
+  assert_int_equal(reg_gpu(&f->r, "g1", 10, 6, 100), 0);
+  lynx_reg_tick(&f->r, 110);
+  assert_int_equal(count_inst(&f->r, "g1", NULL, -1), 1); /* b, c or d */
+  for (int k = 0; k < 3; k++) {
+    char name[8];
+    struct lynx_service_spec s;
+    snprintf(name, sizeof(name), "e%d", k);
+    s = ut_spec(name, 7004 + k, 0, NULL); /* on every accelerator */
+    assert_int_equal(lynx_reg_service_create(&f->r, &s, 120, &err), 0);
+  }
+  assert_int_equal(count_inst(&f->r, "g1", NULL, -1), 3);
+  assert_int_equal(count_inst(&f->r, "g1", "e2", -1), 0); /* 6 + 2 + 2 */
+  /* a CPU accelerator has no budget: all three run there */
+  assert_int_equal(reg_node(&f->r, "c0", 1, 1, "", 130), 0);
+  assert_int_equal(count_inst(&f->r, "c0", NULL, -1), 3);
+  assert_int_equal(count_inst(&f->r, "c0", "e2", -1), 1);
+}
+
 static void test_place_selector(void **state) {
   struct fx *f = *state;
   assert_int_equal(reg_node(&f->r, "a", 1, 2, "gpu=a100,zone=eu", 0), 0);
@@ -2718,6 +2798,7 @@ int main(int argc, char **argv) {
       T(test_reconnect_drops_missing_accel),
       T(test_place_all),
       T(test_place_selector),
+      T(test_place_gpu_blocks),
       T(test_replicas_spread_and_replace),
       T(test_replicas_follow_capacity),
       T(test_replica_move_deadline),

@@ -453,7 +453,11 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(json_object_array_length(a), 2);
   a = json_object_array_get_idx(a, 1);
   /* accelerator */
-  assert_int_equal(n_keys(a), 14);
+  assert_int_equal(n_keys(a), 15);
+  assert_int_equal(n_keys(get(a, "blocks")), 3); /* a CPU's: all 0 */
+  assert_int_equal(get_u64(get(a, "blocks"), "resident"), 0);
+  assert_int_equal(get_u64(get(a, "blocks"), "held"), 0);
+  assert_int_equal(get_u64(get(a, "blocks"), "per_instance"), 0);
   assert_int_equal(n_keys(get(a, "latency")), 5);
   assert_int_equal(get_u64(get(a, "latency"), "window_requests"), 0);
   assert_string_equal(get_str(a, "id"), "n1/1");
@@ -665,6 +669,8 @@ static void test_encode_health(void **state) {
              0x3b + k);
     acc[k].gpudirect_rdma = 1;
     acc[k].rdma_writes_ordering = 100;
+    acc[k].resident_blocks = 540;
+    acc[k].instance_blocks = k ? 0 : 4;
   }
   assert_int_equal(lynx_reg_register(&r, "g1", "127.0.0.1:7701", 5, NULL, 0,
                                      acc, 2, NULL, 1000, &err),
@@ -679,6 +685,7 @@ static void test_encode_health(void **state) {
   rep.stalled_mqueues = 1;
   rep.stall_ms = 2300;
   rep.lat = (struct lynx_accel_latency){900, 2100, 48000, 5300, 9900};
+  rep.blocks_held = 108;
   snprintf(rep.last_error, sizeof(rep.last_error), "kernel timeout");
   assert_int_equal(lynx_reg_heartbeat(&r, "g1", 5, &rep, 1, 1200), 0);
 
@@ -692,9 +699,15 @@ static void test_encode_health(void **state) {
   assert_true(json_object_get_boolean(get(a, "gpudirect_rdma")));
   assert_int_equal(get_u64(a, "rdma_writes_ordering"), 100);
   assert_true(json_object_get_boolean(get(get(a, "health"), "dispatchable")));
+  /* the resident-block budget as registered and reported */
+  assert_int_equal(get_u64(get(a, "blocks"), "resident"), 540);
+  assert_int_equal(get_u64(get(a, "blocks"), "held"), 0);
+  assert_int_equal(get_u64(get(a, "blocks"), "per_instance"), 4);
   a = json_object_array_get_idx(items, 1);
   assert_string_equal(get_str(a, "pci_bus_id"), "0000:3c:00.0");
   assert_int_equal(get_u64(a, "requests"), 7);
+  assert_int_equal(get_u64(get(a, "blocks"), "held"), 108);
+  assert_int_equal(get_u64(get(a, "blocks"), "per_instance"), 0);
   h = get(a, "health");
   assert_false(json_object_get_boolean(get(h, "dispatchable")));
   assert_false(json_object_get_boolean(get(h, "device_lost")));
