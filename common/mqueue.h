@@ -382,6 +382,11 @@ struct lynx_mq {
   uint8_t *tx;                  /* TX ring base */
   uint8_t *rx_large, *tx_large; /* the rings' large areas */
   struct lynx_actrl *actrl;     /* this mqueue's accelerator-written indices */
+  /* a copy of them in host memory the accelerator also writes (after
+   * actrl, with the same release), or NULL: a GPU whose region is in its
+   * own memory gives the tcp agent one to read without a copy
+   * (lynx_mq_mirror; docs/gpu.md) */
+  struct lynx_actrl *mirror;
   const struct lynx_fctrl *fctrl; /* this mqueue's frontend-written indices */
   uint32_t slots, slot_size, large_bytes;
   uint32_t rx_head;              /* next position to receive */
@@ -416,6 +421,7 @@ LYNX_HD void lynx_mq_bind(struct lynx_mq *mq, uint8_t *region,
   mq->rx_head = mq->rx_cons = lynx_load_acquire32(&mq->actrl->rx_cons);
   mq->tx_prod = lynx_load_acquire32(&mq->actrl->tx_prod);
   mq->tx_cons = lynx_load_acquire32(&mq->fctrl->tx_cons);
+  mq->mirror = 0;
   mq->bad = 0;
   mq->tx_la.head = mq->tx_la.tail = 0;
   mq->tx_lscan = mq->tx_prod;
@@ -480,6 +486,26 @@ LYNX_HD int lynx_mq_resolve(const struct lynx_mq *mq,
   return 0;
 }
 
+/* The indices also written to m (host memory the accelerator reaches),
+ * starting with their values now. */
+LYNX_HD void lynx_mq_mirror(struct lynx_mq *mq, struct lynx_actrl *m) {
+  mq->mirror = m;
+  lynx_store_release32(&m->rx_cons, mq->rx_cons);
+  lynx_store_release32(&m->tx_prod, mq->tx_prod);
+}
+
+/* rx_cons and tx_prod published: actrl, then the mirror. */
+LYNX_HD void lynx_mq_put_rx_cons(struct lynx_mq *mq) {
+  lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);
+  if (mq->mirror)
+    lynx_store_release32(&mq->mirror->rx_cons, mq->rx_cons);
+}
+LYNX_HD void lynx_mq_put_tx_prod(struct lynx_mq *mq) {
+  lynx_store_release32(&mq->actrl->tx_prod, mq->tx_prod);
+  if (mq->mirror)
+    lynx_store_release32(&mq->mirror->tx_prod, mq->tx_prod);
+}
+
 /* Releases the oldest received request (receive order), together with any
  * malformed slots recv skipped right behind it, so skipped slots never leak. */
 LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
@@ -495,7 +521,7 @@ LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
             &mm) == 0)
       break;
   }
-  lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);
+  lynx_mq_put_rx_cons(mq);
 }
 
 /*
@@ -521,7 +547,7 @@ LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
        * otherwise lynx_mq_release frees it after the held one before it. */
       if (mq->rx_cons + 1 == mq->rx_head) {
         mq->rx_cons++;
-        lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);
+        lynx_mq_put_rx_cons(mq);
       }
       continue;
     }
@@ -622,7 +648,7 @@ LYNX_HD void lynx_mq_commit(struct lynx_mq *mq, uint32_t tag, uint32_t len,
   meta->off16 = (uint16_t)(lynx_payload_off(mq->slot_size, max_len) / 16u);
   lynx_store_release32(&meta->seq, lynx_seq_for(mq->tx_prod));
   mq->tx_prod++;
-  lynx_store_release32(&mq->actrl->tx_prod, mq->tx_prod);
+  lynx_mq_put_tx_prod(mq);
 }
 
 /* Tells the frontend that the request with this tag gets no reply, so its

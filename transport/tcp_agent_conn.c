@@ -331,7 +331,17 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
   reply = c->out.p + c->out.len;
   /* the array first, complete: every slot before a tx_prod it holds was
    * published before it, and the slot reads below come after */
-  if (ex->mem) {
+  if (ex->mem && ex->mem->ctrl_mirror) {
+    /* the accelerator's own copy in host memory: its slot reads are
+     * started after these loads, and wait with the batch's */
+    const uint32_t *w = ex->mem->ctrl_mirror;
+    for (uint32_t i = 0; i < alen / 4; i++) {
+      uint32_t v = __atomic_load_n(&w[i], __ATOMIC_RELAXED);
+      memcpy(reply + TCP_HDR + 4 * i, &v, 4);
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    rc = 0;
+  } else if (ex->mem) {
     rc = ex->mem->read(ex->mem->ctx, g->actrl_off, reply + TCP_HDR, alen);
   } else {
     const uint32_t *w = (const uint32_t *)(ex->base + g->actrl_off);

@@ -114,6 +114,13 @@ struct lynx_region_mem {
    * gone): the owner may free it. Called exactly once per attach. */
   void (*release)(void *ctx);
   uint64_t dev_addr; /* the region's base in the device's address space */
+  /* Optional: a copy, in host memory, of the region's accelerator-control
+   * array (8 bytes per mqueue at the geometry's actrl_off) that the
+   * accelerator itself keeps current with release stores after each of
+   * its own, or NULL. The tcp server's compound read takes the array from
+   * here (acquire loads, no copy) and stages only the slots it names, so a
+   * poll of device memory is waited for once, not twice (docs/gpu.md). */
+  const void *ctrl_mirror;
   void *ctx;
 };
 

@@ -585,6 +585,8 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
       for (uint32_t q = blockIdx.x;
            q < l.n_server && n < LYNX_CUDA_MQS_PER_BLOCK; q += l.blocks) {
         lynx_mq_bind(&kmqs[n].mq, (uint8_t *)l.region, &g, q);
+        if (l.actrl_mirror)
+          lynx_mq_mirror(&kmqs[n].mq, (struct lynx_actrl *)l.actrl_mirror + q);
         kmqs[n].has_held = 0;
         kmqs[n].seen.pos = kmqs[n].mq.rx_head;
         n++;
@@ -594,8 +596,11 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
     if (lynx_cuda_app_calls(l.app) && l.n_backends &&
         lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) ==
             0) {
-      lynx_mq_bind(&block_client()->mq, (uint8_t *)l.region, &g,
-                   lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend));
+      uint32_t cq = lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend);
+      lynx_mq_bind(&block_client()->mq, (uint8_t *)l.region, &g, cq);
+      if (l.actrl_mirror)
+        lynx_mq_mirror(&block_client()->mq,
+                       (struct lynx_actrl *)l.actrl_mirror + cq);
       block_client()->next_tag = 0;
     }
     memset(&lat.sh, 0, sizeof(lat.sh));

@@ -105,7 +105,8 @@ static void run(struct call *c) {
     c->e = cudaMalloc(&c->p, c->size);
     break;
   case CALL_HOST_ALLOC:
-    c->e = cudaHostAlloc(&c->p, c->size, cudaHostAllocPortable);
+    c->e = cudaHostAlloc(&c->p, c->size,
+                         cudaHostAllocPortable | cudaHostAllocMapped);
     break;
   }
 }

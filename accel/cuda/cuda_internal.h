@@ -140,6 +140,10 @@ int lynx__cuda_client_blocks(const struct lynx_accel_launch *l,
 #define STAGE_BYTES (4u << 20) /* the largest tcp operation fits */
 #define STAGE_SEGS 64u         /* closed spans in flight before a wait */
 #define STAGE_NONE UINT64_MAX
+/* after the staging, in the same pinned buffer: the kernel's copy of the
+ * region's accelerator-control array (struct lynx_region_mem ctrl_mirror),
+ * 8 bytes for each of at most 1,024 mqueues (LYNX_MQUEUES_MAX) */
+#define STAGE_MIRROR_BYTES (8u * 1024u)
 
 struct stage_seg {
   uint64_t end; /* a closed span ends here; it starts where the last ended */
@@ -148,6 +152,8 @@ struct stage_seg {
 
 struct stage {
   uint8_t *buf;        /* pinned STAGE_BYTES, or NULL: no staging */
+  void *mirror;        /* buf + STAGE_BYTES: the control array's copy */
+  void *mirror_dev;    /* ... as the kernel reaches it */
   uint64_t head, tail; /* [tail, head) is in use */
   uint64_t open_from;  /* the open span, [open_from, head): no event yet */
   struct stage_seg seg[STAGE_SEGS]; /* closed spans over [tail, open_from) */

@@ -290,6 +290,9 @@ launch:
       .threads = l->gpu_threads,
       .idle_ns = l->gpu_idle_ns,
       .kctl = gi->kctl,
+      /* staged (tcp, GPU memory): the kernel keeps the control array's
+       * copy the tcp server reads without a copy */
+      .actrl_mirror = gi->stg.buf ? gi->stg.mirror_dev : NULL,
   };
   if (lynx__cuda_calls_backends(l)) {
     kl.n_backends = l->n_backends;

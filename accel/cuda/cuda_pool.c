@@ -80,7 +80,9 @@ void lynx__cuda_dev_free(int device, void *p, size_t size) {
   pthread_mutex_unlock(&pool.lock);
 }
 
-/* Pinned host buffers of STAGE_BYTES (staging: cuda_stage.c), one list for all
+/* Pinned host buffers of STAGE_BYTES + STAGE_MIRROR_BYTES (staging and the
+ * control array's copy, which the kernel writes: mapped; cuda_stage.c),
+ * one list for all
  * devices, each reused by instances of the device it was allocated on.
  * Never freed while the agent runs, for the same reason as device memory:
  * cudaFreeHost may wait for the device, which a persistent kernel keeps

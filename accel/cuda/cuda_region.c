@@ -271,6 +271,7 @@ void lynx__cuda_region_mem(struct gpu_instance *gi) {
       .reg_mr = mem_reg_mr,
       .release = mem_release,
       .dev_addr = (uintptr_t)gi->base,
+      .ctrl_mirror = gi->stg.buf ? gi->stg.mirror : NULL,
       .ctx = gi,
   };
 }

@@ -383,11 +383,20 @@ int lynx__cuda_mem_flush(void *ctx) {
 int lynx__cuda_stage_init(struct gpu_instance *gi, char *err, size_t errlen) {
   struct stage *sg = &gi->stg;
   void *p = NULL;
-  cudaError_t e = lynx__cuda_pinned_alloc(gi->device, STAGE_BYTES, &p);
+  cudaError_t e =
+      lynx__cuda_pinned_alloc(gi->device, STAGE_BYTES + STAGE_MIRROR_BYTES, &p);
   const char *what = "pinned staging allocation";
   sg->hold = STAGE_NONE;
   if (e == cudaSuccess) {
     sg->buf = p;
+    /* the control array's copy starts as the formatted array: zeros (a
+     * pooled buffer held another's) */
+    sg->mirror = sg->buf + STAGE_BYTES;
+    memset(sg->mirror, 0, STAGE_MIRROR_BYTES);
+    what = "the control array's copy";
+    e = cudaHostGetDevicePointer(&sg->mirror_dev, sg->mirror, 0);
+  }
+  if (e == cudaSuccess) {
     what = "staging events";
     for (uint32_t i = 0; i < STAGE_SEGS && e == cudaSuccess; i++)
       e = cudaEventCreateWithFlags(&sg->ev[i], cudaEventDisableTiming);

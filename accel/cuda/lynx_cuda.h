@@ -78,6 +78,11 @@ struct lynx_cuda_launch {
   uint32_t threads;  /* threads per block (multiple of 32, <= 1024) */
   uint32_t idle_ns;  /* adaptive polling: longest __nanosleep when idle */
   struct lynx_cuda_kctl *kctl; /* device pointer, lynx_cuda_kctl_size */
+  /* Host memory (a device pointer to it) of one struct lynx_actrl per
+   * mqueue, which every block also writes its mqueues' indices to, or
+   * NULL: the tcp agent reads a region in GPU memory's indices there
+   * without a copy (common/mqueue.h lynx_mq_mirror; docs/gpu.md). */
+  void *actrl_mirror;
   /* Client mqueues, for an app that calls a back end (lynx_cuda_app_calls;
    * docs/client-mqueues.md, "On a GPU"): every block has its own for each
    * of the service's n_backends back ends, block b's of back end k being

@@ -290,11 +290,17 @@ static void *kernel_main(void *arg) {
   if (!mq || !seen || !req || !resp || !cl ||
       lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size, l->large_bytes))
     abort();
-  for (uint32_t q = 0; q < l->n_server; q++)
+  for (uint32_t q = 0; q < l->n_server; q++) {
     lynx_mq_bind(&mq[q], l->region, &g, q);
-  for (uint32_t b = 0; calls && b < l->blocks; b++)
-    lynx_mq_bind(&cl[b].mq, l->region, &g,
-                 lynx_cuda_client_mq(l, b, l->app_backend));
+    if (l->actrl_mirror) /* as apps.cu does */
+      lynx_mq_mirror(&mq[q], (struct lynx_actrl *)l->actrl_mirror + q);
+  }
+  for (uint32_t b = 0; calls && b < l->blocks; b++) {
+    uint32_t cq = lynx_cuda_client_mq(l, b, l->app_backend);
+    lynx_mq_bind(&cl[b].mq, l->region, &g, cq);
+    if (l->actrl_mirror)
+      lynx_mq_mirror(&cl[b].mq, (struct lynx_actrl *)l->actrl_mirror + cq);
+  }
   __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&kc->started, k->pub.resident, __ATOMIC_SEQ_CST);
   while (!stopped && !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
@@ -512,6 +518,7 @@ cudaError_t cudaMalloc(void **p, size_t size) {
   a->next = allocs;
   allocs = a;
   fake.mallocs++;
+  fake.malloc_bytes += size;
   pthread_mutex_unlock(&lock);
   *p = a->p;
   return cudaSuccess;
@@ -540,6 +547,16 @@ cudaError_t cudaFree(void *p) {
 }
 
 /* ---- host memory mapped into the GPU -------------------------------- */
+
+/* Pinned host memory (cudaHostAlloc, below); mapped with
+ * cudaHostAllocMapped, which gives it a device address. */
+struct pinned {
+  void *p;
+  size_t size;
+  int live, mapped;
+  struct pinned *next;
+};
+static struct pinned *pinned;
 
 struct host_reg {
   void *p;
@@ -595,6 +612,13 @@ cudaError_t cudaHostGetDevicePointer(void **dev, void *p, unsigned int flags) {
       *dev = p; /* the fake GPU sees host memory at its own address */
       e = cudaSuccess;
     }
+  /* and pinned memory allocated mapped */
+  for (struct pinned *h = pinned; h; h = h->next)
+    if (h->live && h->mapped && (char *)p >= (char *)h->p &&
+        (char *)p < (char *)h->p + h->size) {
+      *dev = p;
+      e = cudaSuccess;
+    }
   pthread_mutex_unlock(&lock);
   return e;
 }
@@ -635,14 +659,6 @@ int fake_cuda_host_registered(void) {
 
 /* ---- pinned host memory ------------------------------------------------ */
 
-struct pinned {
-  void *p;
-  size_t size;
-  int live;
-  struct pinned *next;
-};
-static struct pinned *pinned;
-
 /* Under lock: [p, p + len) lies in live pinned memory. */
 static int is_pinned(const void *p, size_t len) {
   for (struct pinned *h = pinned; h; h = h->next)
@@ -670,6 +686,7 @@ cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
   memset(h->p, 0x5A, size); /* not zeroed either */
   h->size = size;
   h->live = 1;
+  h->mapped = (flags & cudaHostAllocMapped) != 0;
   pthread_mutex_lock(&lock);
   h->next = pinned;
   pinned = h;

@@ -118,6 +118,7 @@ struct fake_cuda {
       unmapped_live, host_allocs, host_frees, event_creates, event_destroys,
       event_records, event_queries, event_syncs, deferred, src_races,
       blocked_calls;
+  size_t malloc_bytes;          /* bytes cudaMalloc gave, all calls */
   unsigned host_alloc_flags;    /* the last cudaHostAlloc's flags */
   unsigned host_register_flags; /* the last cudaHostRegister's flags */
   int n_ops;
