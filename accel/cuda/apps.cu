@@ -564,8 +564,16 @@ static __device__ void scan(struct kmq *kmqs, uint32_t n, uint32_t *ready) {
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
-    lynx_cuda_kernel(struct lynx_cuda_launch l) {
+/* The persistent kernel's body, in two kernels that differ only in the
+ * registers ptxas may give a thread (issue 35, finding 9): bounded for 1,024
+ * threads a block, a thread gets at most 64 and spilled 48 bytes to local
+ * memory; unbounded it takes 86 and spills nothing (ptxas -v, sm_90), so
+ * blocks of up to LYNX_CUDA_NARROW_MAX threads (the default 128 among them)
+ * run lynx_cuda_kernel, wider ones lynx_cuda_kernel_wide. */
+#define LYNX_CUDA_NARROW_MAX 512u
+
+static __device__ __forceinline__ void
+lynx_cuda_kernel_body(struct lynx_cuda_launch l) {
   __shared__ struct kmq kmqs[LYNX_CUDA_MQS_PER_BLOCK];
   __shared__ uint32_t ready[READY_WORDS];
   __shared__ struct klat lat;
@@ -659,6 +667,21 @@ __global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
   }
 }
 
+__global__ void lynx_cuda_kernel(struct lynx_cuda_launch l) {
+  lynx_cuda_kernel_body(l);
+}
+
+__global__ void __launch_bounds__(LYNX_CUDA_THREADS_MAX)
+    lynx_cuda_kernel_wide(struct lynx_cuda_launch l) {
+  lynx_cuda_kernel_body(l);
+}
+
+/* The kernel blocks of threads threads run. */
+static const void *kernel_for(uint32_t threads) {
+  return threads <= LYNX_CUDA_NARROW_MAX ? (const void *)lynx_cuda_kernel
+                                         : (const void *)lynx_cuda_kernel_wide;
+}
+
 /* ---- host interface (lynx_cuda.h) ---------------------------------------- */
 
 static int fail(int rc, char *err, size_t errlen, const char *what,
@@ -695,12 +718,12 @@ int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
    * blocks by the carveout the kernel will launch with, and a small one
    * chosen by the driver for an earlier launch would leave blocks the
    * query promised without SMs to start on */
-  e = cudaFuncSetAttribute(lynx_cuda_kernel,
+  e = cudaFuncSetAttribute(kernel_for(threads),
                            cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lynx_cuda_kernel,
-                                                      (int)threads, 0);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, kernel_for(threads), (int)threads, 0);
   if (e == cudaSuccess)
     e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   e2 = cudaSetDevice(cur);
@@ -774,7 +797,11 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
                    LYNX_CUDA_MQS_PER_BLOCK);
     return LYNX_EINVAL;
   }
-  lynx_cuda_kernel<<<l->blocks, l->threads, 0, (cudaStream_t)stream>>>(*l);
+  if (l->threads <= LYNX_CUDA_NARROW_MAX)
+    lynx_cuda_kernel<<<l->blocks, l->threads, 0, (cudaStream_t)stream>>>(*l);
+  else
+    lynx_cuda_kernel_wide<<<l->blocks, l->threads, 0, (cudaStream_t)stream>>>(
+        *l);
   e = cudaGetLastError();
   if (e != cudaSuccess)
     return fail((int)e, err, errlen, "launch of the persistent kernel", e);
