@@ -53,6 +53,9 @@ struct lynx_accel_dev {
   int device;     /* the backend's own number (CUDA ordinal) */
   char model[64]; /* "cpu-emulated", or the GPU's name */
   char pci_bus_id[LYNX_PCI_ID_MAX]; /* "" for none */
+  /* the NUMA node its PCI device sits on (sysfs), where the backend places
+   * host memory it maps for it; -1: none known (a CPU accelerator) */
+  int numa_node;
   uint64_t memory;    /* bytes of its own memory (0: it uses host memory) */
   int gpudirect_rdma; /* the NIC can write its memory directly */
   uint32_t rdma_writes_ordering; /* cudaDevAttrGPUDirectRDMAWritesOrdering */

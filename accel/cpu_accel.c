@@ -303,6 +303,7 @@ static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
     a[i].device = (int)i;
     snprintf(a[i].model, sizeof(a[i].model), "cpu-emulated");
     a[i].ordering = LYNX_ORDER_COALESCED; /* stores to host memory */
+    a[i].numa_node = -1;                  /* the threads' own memory */
     snprintf(a[i].where, sizeof(a[i].where), "CPU-emulated %u", i);
   }
   *out = a;

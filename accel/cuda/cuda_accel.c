@@ -60,6 +60,7 @@ static void info_gpu(const struct lynx_accel_dev *a, struct gpu_info *g) {
   g->device = a->device;
   snprintf(g->name, sizeof(g->name), "%s", a->model);
   snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "%s", a->pci_bus_id);
+  g->numa_node = a->numa_node;
   g->memory = a->memory;
   g->gpudirect_rdma = a->gpudirect_rdma;
   g->rdma_writes_ordering = a->rdma_writes_ordering;
@@ -105,6 +106,7 @@ static int cuda_discover(const char *spec,
     a[i].device = g[i].device;
     snprintf(a[i].model, sizeof(a[i].model), "%s", g[i].name);
     snprintf(a[i].pci_bus_id, sizeof(a[i].pci_bus_id), "%s", g[i].pci_bus_id);
+    a[i].numa_node = g[i].numa_node;
     a[i].memory = g[i].memory;
     a[i].gpudirect_rdma = g[i].gpudirect_rdma;
     a[i].rdma_writes_ordering = g[i].rdma_writes_ordering;
@@ -114,15 +116,21 @@ static int cuda_discover(const char *spec,
     a[i].ordering = own ? g[i].ordering : LYNX_ORDER_COALESCED;
     snprintf(a[i].where, sizeof(a[i].where), "GPU %d, %s", g[i].device,
              g[i].pci_bus_id);
-    snprintf(a[i].about, sizeof(a[i].about),
-             "GPU %d %s (%s), %llu MiB, "
-             "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
-             "ordering %u; mqueues in %s",
-             g[i].device, g[i].name, g[i].pci_bus_id,
-             (unsigned long long)(g[i].memory >> 20), g[i].cc_major,
-             g[i].cc_minor, g[i].sms, g[i].gpudirect_rdma ? "yes" : "no",
-             g[i].rdma_writes_ordering,
-             own ? "GPU memory" : "host memory mapped into the GPU");
+    {
+      char node[40] = "";
+      if (g[i].numa_node >= 0)
+        snprintf(node, sizeof(node), " (on NUMA node %d)", g[i].numa_node);
+      snprintf(a[i].about, sizeof(a[i].about),
+               "GPU %d %s (%s), %llu MiB, "
+               "compute %d.%d, %d SMs, GPUDirect RDMA %s, RDMA writes "
+               "ordering %u; mqueues in %s%s",
+               g[i].device, g[i].name, g[i].pci_bus_id,
+               (unsigned long long)(g[i].memory >> 20), g[i].cc_major,
+               g[i].cc_minor, g[i].sms, g[i].gpudirect_rdma ? "yes" : "no",
+               g[i].rdma_writes_ordering,
+               own ? "GPU memory" : "host memory mapped into the GPU",
+               own ? "" : node);
+    }
   }
   free(g);
   *out = a;

@@ -4,6 +4,7 @@
  * gpu_info (memory, compute capability, GPUDirect RDMA and the ordering of
  * its writes, hence the mqueue ordering the region needs).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,31 @@ static const char *cuda_version(int v, char *buf, size_t len) {
   return buf;
 }
 
+#ifndef PCI_SYSFS /* unit_cuda_backend's own tree */
+#define PCI_SYSFS "/sys/bus/pci/devices"
+#endif
+
+/* The NUMA node sysfs gives the PCI device bus_id ("0000:3B:00.0", as
+ * CUDA writes it; sysfs's names are lower case), or -1: none (no such
+ * file, or the kernel knows no node: -1 there too). */
+static int pci_numa_node(const char *bus_id) {
+  char path[128], id[32];
+  int node = -1;
+  size_t k;
+  FILE *f;
+  for (k = 0; bus_id[k] && k + 1 < sizeof(id); k++)
+    id[k] = (char)tolower((unsigned char)bus_id[k]);
+  id[k] = 0;
+  snprintf(path, sizeof(path), "%s/%s/numa_node", PCI_SYSFS, id);
+  f = fopen(path, "r");
+  if (!f)
+    return -1;
+  if (fscanf(f, "%d", &node) != 1 || node < 0)
+    node = -1;
+  fclose(f);
+  return node;
+}
+
 int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
                  char *err, size_t errlen) {
   int count = 0, ids[GPU_MAX], rc, drv = 0, rt = 0;
@@ -144,6 +170,7 @@ int gpu_discover(const char *spec, struct gpu_info **out, uint32_t *n,
       return -ENODEV;
     }
     snprintf(g[i].name, sizeof(g[i].name), "%.63s", p.name);
+    g[i].numa_node = pci_numa_node(g[i].pci_bus_id);
     g[i].memory = p.totalGlobalMem;
     g[i].cc_major = p.major;
     g[i].cc_minor = p.minor;

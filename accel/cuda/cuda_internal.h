@@ -173,6 +173,7 @@ struct stage {
 struct gpu_instance {
   struct lynx_accel_inst acc; /* the ops table's handle (accel.h) */
   int device;
+  int numa_node; /* the GPU's (lynx_accel_dev), -1: none known */
   uint32_t writes_ordering;
   struct lynx_region_mem mem;
   void *raw; /* device memory (lynx__cuda_dev_alloc) */

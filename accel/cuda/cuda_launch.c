@@ -173,6 +173,7 @@ int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   if (!gi)
     return -ENOMEM;
   gi->device = l->acc->device;
+  gi->numa_node = l->acc->numa_node;
   gi->writes_ordering = l->acc->rdma_writes_ordering;
   gi->dmabuf_fd = -1;
   gi->refs = 1; /* the agent's; the transport takes its own below */

@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <linux/mempolicy.h>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -103,6 +106,27 @@ void lynx__cuda_host_unmap(struct gpu_instance *gi) {
   gi->host = NULL;
 }
 
+/* Host memory the GPU reads across PCIe goes on the GPU's NUMA node: the
+ * registration that follows faults in and pins every page there, and the
+ * pages already touched (the transport formatted the region) move. A
+ * preference, not a binding: a full node still gives memory elsewhere.
+ * Where it cannot be done the region stays where it is, said once. */
+static void place_near(struct gpu_instance *gi, void *p, size_t len) {
+  static int warned;
+  unsigned long mask[16] = {0};
+  const unsigned long bits = 8 * sizeof(mask[0]);
+  if (gi->numa_node < 0 || (unsigned long)gi->numa_node >= 16 * bits)
+    return;
+  mask[gi->numa_node / bits] = 1ul << (gi->numa_node % bits);
+  if (syscall(SYS_mbind, p, len, MPOL_PREFERRED, mask, 16 * bits,
+              MPOL_MF_MOVE) != 0 &&
+      !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    LYNX_WARN("cuda",
+              "GPU %d: cannot place its host regions on NUMA node %d "
+              "(mbind: %s): they stay where the transport put them",
+              gi->device, gi->numa_node, strerror(errno));
+}
+
 /* A formatted region in host memory (the transport's), pinned and mapped
  * into the GPU: the kernel reaches it across PCIe at gi->base, with the
  * same acquire loads and release stores as GPU memory (mqueue.md); the
@@ -134,6 +158,7 @@ int lynx__cuda_map_host(struct gpu_instance *gi, uint8_t *host, uint64_t size,
              gi->device, (unsigned long long)size, strerror(-rc));
     return rc;
   }
+  place_near(gi, ours, map_len);
   e = lynx__cuda_call_register(gi->device, ours, size, map_len);
   if (e == cudaErrorNotReady) { /* the calls thread undoes it, later */
     snprintf(err, errlen,

@@ -30,6 +30,7 @@ struct gpu_info {
   int device; /* CUDA ordinal */
   char name[64];
   char pci_bus_id[32];
+  int numa_node; /* sysfs's numa_node of its PCI device; -1: none known */
   uint64_t memory;
   int cc_major, cc_minor, sms;
   int gpudirect_rdma;            /* cudaDevAttrGPUDirectRDMASupported */

@@ -33,7 +33,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <linux/mempolicy.h>
 
 #include <cmocka.h>
 #include <infiniband/verbs.h>
@@ -164,6 +168,8 @@ static uint64_t start_serve_until = UINT64_MAX;
 /* --gpu-blocks they start with (0: auto). */
 static uint32_t start_blocks;
 static uint32_t start_idle_ns = 500; /* the agent's --gpu-idle-ns default */
+/* The GPU's NUMA node they start with (-1: none known). */
+static int start_numa = -1;
 /* Set: instances start as the agent starts them with --region-mem host
  * (the transport allocates, formats and exports the region in host memory,
  * then the backend maps it into the GPU); agent-side handle start_ta. */
@@ -188,7 +194,8 @@ static int inst_start(struct inst *in, int dev,
                                     .device = dev,
                                     .rdma_writes_ordering =
                                         cudaGPUDirectRDMAWritesOrderingOwner,
-                                    .ordering = LYNX_ORDER_COALESCED};
+                                    .ordering = LYNX_ORDER_COALESCED,
+                                    .numa_node = start_numa};
   snprintf(in->dev.model, sizeof(in->dev.model), "%s", in->gpu.name);
   in->epoch = epoch;
   in->r.fd = -1;
@@ -396,8 +403,9 @@ static void test_discovery(void **state) {
   fake.gpu[0].sms = 108;
   fake.gpu[0].gpudirect_rdma = 0;
   fake.gpu[0].writes_ordering = cudaGPUDirectRDMAWritesOrderingNone;
+  /* as CUDA writes it, upper case; sysfs (PCI_SYSFS) says NUMA node 1 */
   snprintf(fake.gpu[1].pci_bus_id, sizeof(fake.gpu[1].pci_bus_id),
-           "0000:c1:00.0");
+           "0000:C1:00.0");
   fake.gpu[1].memory = 85520809984ull;
   fake.gpu[1].writes_ordering = cudaGPUDirectRDMAWritesOrderingAllDevices;
 
@@ -415,7 +423,10 @@ static void test_discovery(void **state) {
   assert_int_equal(g[0].ordering, LYNX_ORDER_FENCED);
   assert_int_equal(g[1].device, 1);
   assert_string_equal(g[1].name, "Fake GPU 1");
-  assert_string_equal(g[1].pci_bus_id, "0000:c1:00.0");
+  assert_string_equal(g[1].pci_bus_id, "0000:C1:00.0");
+  /* the NUMA node of the GPU's PCI device, -1 where sysfs has none */
+  assert_int_equal(g[0].numa_node, -1);
+  assert_int_equal(g[1].numa_node, 1);
   assert_int_equal(g[1].memory, 85520809984ull);
   assert_int_equal(g[1].cc_major, 9);
   assert_int_equal(g[1].sms, 132);
@@ -430,7 +441,7 @@ static void test_discovery(void **state) {
   assert_int_equal(gpu_discover("1", &g, &n, err, sizeof(err)), 0);
   assert_int_equal(n, 1);
   assert_int_equal(g[0].device, 1);
-  assert_string_equal(g[0].pci_bus_id, "0000:c1:00.0");
+  assert_string_equal(g[0].pci_bus_id, "0000:C1:00.0");
   assert_int_equal(g[0].ordering, LYNX_ORDER_COALESCED);
   free(g);
   assert_int_equal(gpu_discover("1,0", &g, &n, err, sizeof(err)), 0);
@@ -788,7 +799,19 @@ static void test_host_region_shm(void **state) {
                    0);
   start_host = 1;
   start_ta = ta;
+  start_numa = 0; /* this machine's one node */
   assert_int_equal(inst_start(&in, 0, shm, 3, 3, EPOCH), 0);
+  start_numa = -1;
+  /* what the GPU maps is placed on its NUMA node (a preference) */
+  {
+    int mode = -1;
+    unsigned long mask[16] = {0};
+    assert_int_equal(syscall(SYS_get_mempolicy, &mode, mask, 8 * sizeof(mask),
+                             in.k->l.region, MPOL_F_ADDR),
+                     0);
+    assert_int_equal(mode, MPOL_PREFERRED);
+    assert_int_equal(mask[0], 1);
+  }
   /* registered once, mapped, portable; the kernel polls it in place; only
    * the control block is GPU memory */
   assert_int_equal(fake.host_registers, 1);
@@ -2635,6 +2658,26 @@ static int setup(void **state) {
 
 #define T_(fn) cmocka_unit_test_setup(fn, setup)
 
+/* PCI_SYSFS (this build's own tree): GPU 1 of test_discovery, bus
+ * 0000:c1:00.0, on NUMA node 1; 0000:17:00.0 has no entry. Written whole
+ * through a rename: cases run in parallel processes. */
+static void make_sysfs(void) {
+  char path[512], tmp[560];
+  FILE *f;
+  snprintf(path, sizeof(path), "%s", PCI_SYSFS);
+  mkdir(path, 0755);
+  snprintf(path, sizeof(path), "%s/0000:c1:00.0", PCI_SYSFS);
+  mkdir(path, 0755);
+  snprintf(path, sizeof(path), "%s/0000:c1:00.0/numa_node", PCI_SYSFS);
+  snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+  f = fopen(tmp, "w");
+  if (f) {
+    fputs("1\n", f);
+    fclose(f);
+    rename(tmp, path);
+  }
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       T_(test_discovery),
@@ -2663,5 +2706,6 @@ int main(int argc, char **argv) {
       T_(test_client_face_verify),
       T_(test_client_layout),
   };
+  make_sysfs();
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }
