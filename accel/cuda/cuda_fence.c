@@ -10,6 +10,7 @@
 
 #include "cuda_internal.h"
 #include "gpu.h"
+#include "log.h"
 #include "lynx_cuda.h"
 #include "util.h"
 
@@ -18,6 +19,43 @@
  * of the time since: crystal clocks stay within +-50 ppm of each other's
  * rate; 100 covers a GPU clock that runs slow against the host's. */
 #define CLOCK_DRIFT_PPM 100u
+/* What a deadline gives up for %globaltimer's step while that is not known
+ * (about 1 us on the GPUs seen, docs/metrics.md) and at most: the kernel
+ * compares a reading that may lag the true time by up to a step. */
+#define CLOCK_STEP_DEFAULT_NS 1000u
+#define CLOCK_STEP_MAX_NS 1000000u
+
+static uint64_t gcd64(uint64_t a, uint64_t b) {
+  while (b) {
+    uint64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+uint64_t lynx__cuda_clock_step(const struct gpu_instance *gi) {
+  return gi->gt_steps >= 3 ? gi->gt_step : 0;
+}
+
+/* %globaltimer's step from a new reading gt: the greatest common divisor
+ * of every difference between readings (a coarse timer's readings are
+ * whole steps apart; a fine one's divisor falls to a few ns). Said once,
+ * when it is coarse enough to matter to the latency figures. */
+static void step_sample(struct gpu_instance *gi, uint64_t gt) {
+  uint64_t d;
+  if (gi->gt_last && gt != gi->gt_last) {
+    d = gt > gi->gt_last ? gt - gi->gt_last : gi->gt_last - gt;
+    gi->gt_step = gi->gt_step ? gcd64(gi->gt_step, d) : d;
+    if (++gi->gt_steps == 3 && gi->gt_step >= 128)
+      LYNX_INFO("cuda",
+                "GPU %d: %%globaltimer moves in steps of %llu ns: latency "
+                "figures below a few steps count whole steps, and the lease "
+                "fence gives up one step",
+                gi->device, (unsigned long long)gi->gt_step);
+  }
+  gi->gt_last = gt;
+}
 
 /* A sample of the kernel's clock (gt, published by block 0) against the
  * host's (host_after, taken once the copy that brought gt returned). The
@@ -28,6 +66,7 @@ void lynx__cuda_clock_sample(struct gpu_instance *gi, uint64_t gt,
   int64_t off = (int64_t)(gt - host_after);
   if (!gt)
     return; /* nothing published yet */
+  step_sample(gi, gt);
   if (!gi->calibrated || off > gi->gt_off ||
       host_after - gi->gt_off_at > CLOCK_WINDOW_NS) {
     gi->gt_off = off;
@@ -37,7 +76,9 @@ void lynx__cuda_clock_sample(struct gpu_instance *gi, uint64_t gt,
 }
 
 /* The offset to convert a host deadline with at host time now_ns: the
- * kept sample less the drift it allows for since (CLOCK_DRIFT_PPM). The
+ * kept sample less the drift it allows for since (CLOCK_DRIFT_PPM) and one
+ * step of the GPU's timer (a kernel reading taken just before the timer
+ * moves lags the true time by up to that). The
  * sample is a lower bound of the offset when taken, but the largest one
  * of a 10 s window would overstate it later if the GPU's clock ran slow
  * against the host's, and a deadline converted with it would pass late:
@@ -45,7 +86,14 @@ void lynx__cuda_clock_sample(struct gpu_instance *gi, uint64_t gt,
 int64_t lynx__cuda_clock_offset(const struct gpu_instance *gi,
                                 uint64_t now_ns) {
   uint64_t since = now_ns > gi->gt_off_at ? now_ns - gi->gt_off_at : 0;
-  return gi->gt_off - (int64_t)(since / (1000000u / CLOCK_DRIFT_PPM));
+  uint64_t step = lynx__cuda_clock_step(gi);
+  /* and one step of the timer: the kernel's reading may lag by that much */
+  if (!step)
+    step = CLOCK_STEP_DEFAULT_NS;
+  if (step > CLOCK_STEP_MAX_NS)
+    step = CLOCK_STEP_MAX_NS;
+  return gi->gt_off - (int64_t)(since / (1000000u / CLOCK_DRIFT_PPM)) -
+         (int64_t)step;
 }
 
 /* Writes kctl->serve_until_gt (lock held). */

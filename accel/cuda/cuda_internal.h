@@ -206,6 +206,10 @@ struct gpu_instance {
   int64_t gt_off;
   uint64_t gt_off_at;
   int calibrated;
+  /* the step %globaltimer moves in: the greatest common divisor of the
+   * differences between the readings seen (gt_steps of them), from gt_last */
+  uint64_t gt_last, gt_step;
+  uint32_t gt_steps;
   uint64_t fence_gt; /* the value last written to kctl->serve_until_gt */
   struct stage stg;  /* the tcp transport's staging (above) */
 };
@@ -252,6 +256,9 @@ cudaError_t lynx__cuda_fence_write(struct gpu_instance *gi, uint64_t gt);
 /* The offset a host deadline is converted with at host time now_ns: the
  * sample less the drift allowed for since (lock held). */
 int64_t lynx__cuda_clock_offset(const struct gpu_instance *gi, uint64_t now_ns);
+/* The step %globaltimer moves in, once 3 readings' differences have shown
+ * it (their greatest common divisor), else 0. */
+uint64_t lynx__cuda_clock_step(const struct gpu_instance *gi);
 /* The control block's header: the kernel's clock sample (lock held). */
 cudaError_t lynx__cuda_kctl_header(struct gpu_instance *gi,
                                    struct lynx_cuda_kctl *h);

@@ -1236,7 +1236,9 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
 }
 
 uint64_t fake_cuda_globaltimer(void) {
-  return lynx_now_ns() + FAKE_GT_OFFSET_NS;
+  uint64_t t = lynx_now_ns() + FAKE_GT_OFFSET_NS;
+  uint64_t step = __atomic_load_n(&fake.timer_step_ns, __ATOMIC_RELAXED);
+  return step ? t - t % step : t;
 }
 
 /* ---- test control ------------------------------------------------------ */

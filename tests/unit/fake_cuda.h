@@ -107,7 +107,10 @@ struct fake_cuda {
    * blocked_calls), as a driver that makes them wait for the device would
    * (make gpu-prove's probe says whether one does) */
   int block_calls;
-  int defer_copies;    /* copies from/to pinned memory stay in flight */
+  int defer_copies; /* copies from/to pinned memory stay in flight */
+  /* %globaltimer moves in steps of this many ns (0: every ns), as some
+   * GPUs' does in steps of about 1 us */
+  uint64_t timer_step_ns;
   int query_completes; /* ... and cudaEventQuery completes them */
 
   /* recorded */

@@ -1204,16 +1204,60 @@ static void test_clock_drift(void **state) {
   memset(&gi, 0, sizeof(gi));
   lynx__cuda_clock_sample(&gi, t0 + 5000, t0); /* offset 5,000 ns */
   assert_int_equal(gi.gt_off, 5000);
-  assert_int_equal(lynx__cuda_clock_offset(&gi, t0), 5000);
+  /* less one step of the timer: 1 us while its step is not known */
+  assert_int_equal(lynx__cuda_clock_offset(&gi, t0), 5000 - 1000);
   /* a smaller sample within the window: the largest is kept */
   lynx__cuda_clock_sample(&gi, t0 + s + 4000, t0 + s);
   assert_int_equal(gi.gt_off, 5000);
   /* 5 s on: 500 us of allowance (100 ppm) */
-  assert_int_equal(lynx__cuda_clock_offset(&gi, t0 + 5 * s), 5000 - 500000);
+  assert_int_equal(lynx__cuda_clock_offset(&gi, t0 + 5 * s),
+                   5000 - 500000 - 1000);
   /* past the window a new sample replaces the kept one */
   lynx__cuda_clock_sample(&gi, t0 + 11 * s + 3000, t0 + 11 * s);
   assert_int_equal(gi.gt_off, 3000);
-  assert_int_equal(lynx__cuda_clock_offset(&gi, t0 + 11 * s), 3000);
+  assert_int_equal(lynx__cuda_clock_offset(&gi, t0 + 11 * s), 3000 - 1000);
+}
+
+/* %globaltimer's step, from the readings' differences (their greatest
+ * common divisor once 3 are seen): a coarse timer's readings lag the true
+ * time by up to a step, which the lease fence gives up; a fine timer's
+ * step costs it next to nothing. The fake's timer moves in 1 us steps as
+ * some GPUs' do (fake.timer_step_ns). */
+static void test_clock_step(void **state) {
+  struct gpu_instance gi;
+  const uint64_t t0 = 1000000000000ull;
+  const uint64_t fine[] = {t0 + 32, t0 + 32 * 3001, t0 + 32 * 9000,
+                           t0 + 32 * 9017};
+  struct inst in;
+  struct lynx_cuda_kctl h;
+  uint64_t step;
+  (void)state;
+  memset(&gi, 0, sizeof(gi));
+  for (int i = 0; i < 4; i++) {
+    lynx__cuda_clock_sample(&gi, fine[i] + 5000, fine[i]);
+    if (i < 3)
+      assert_int_equal(lynx__cuda_clock_step(&gi), 0); /* not yet known */
+  }
+  assert_int_equal(lynx__cuda_clock_step(&gi), 32);
+  assert_int_equal(lynx__cuda_clock_offset(&gi, fine[0]), 5000 - 32);
+  /* a running kernel's readings on a coarse timer */
+  fake_cuda_reset();
+  fake.timer_step_ns = 1000;
+  start_serve_until = lynx_now_ns() + 60000000000ull;
+  assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH), 0);
+  for (int i = 0; i < 6; i++) {
+    usleep(2000);
+    pthread_mutex_lock(&in.gi->lock);
+    assert_int_equal(lynx__cuda_kctl_header(in.gi, &h), cudaSuccess);
+    pthread_mutex_unlock(&in.gi->lock);
+    assert_int_equal(h.now_gt % 1000, 0);
+  }
+  step = lynx__cuda_clock_step(in.gi);
+  assert_true(step >= 1000 && step % 1000 == 0);
+  start_serve_until = UINT64_MAX;
+  fake.timer_step_ns = 0;
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  inst_drop(&in);
 }
 
 /* An idle block's longest sleep is the agent's --gpu-idle-ns (500 ns by
@@ -2689,6 +2733,7 @@ int main(int argc, char **argv) {
       T_(test_idle_backoff),
       T_(test_block_budget),
       T_(test_clock_drift),
+      T_(test_clock_step),
       T_(test_lenet_gpu),
       T_(test_health),
       T_(test_no_device_sync),
