@@ -600,6 +600,7 @@ lynx_cuda_kernel_body(struct lynx_cuda_launch l) {
         n++;
       }
     n_kmqs = n;
+    lynx_block_set_readers((int)l.thread_readers);
     /* the block's own client mqueue of the back end its app calls */
     if (lynx_cuda_app_calls(l.app) && l.n_backends &&
         lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) ==

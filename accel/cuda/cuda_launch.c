@@ -294,6 +294,8 @@ launch:
       /* staged (tcp, GPU memory): the kernel keeps the control array's
        * copy the tcp server reads without a copy */
       .actrl_mirror = gi->stg.buf ? gi->stg.mirror_dev : NULL,
+      /* host memory read by CPU threads only (shm, tcp): no writer fence */
+      .thread_readers = host && l->tops != &lynx_transport_rdma,
   };
   if (lynx__cuda_calls_backends(l)) {
     kl.n_backends = l->n_backends;

@@ -83,6 +83,11 @@ struct lynx_cuda_launch {
    * NULL: the tcp agent reads a region in GPU memory's indices there
    * without a copy (common/mqueue.h lynx_mq_mirror; docs/gpu.md). */
   void *actrl_mirror;
+  /* 1: every reader of the region is a CPU thread with acquire loads (host
+   * memory over shm or tcp), so a publish needs only the I/O thread's
+   * release; 0: a NIC or copy engine may read it (GPU memory, rdma), and
+   * every writer fences first (lynx_dev.cuh lynx_block_commit) */
+  uint32_t thread_readers;
   /* Client mqueues, for an app that calls a back end (lynx_cuda_app_calls;
    * docs/client-mqueues.md, "On a GPU"): every block has its own for each
    * of the service's n_backends back ends, block b's of back end k being

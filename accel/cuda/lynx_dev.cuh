@@ -84,6 +84,29 @@ LYNX_DEV struct lynx_block_cell *lynx_block_bc(void) {
   return &bc;
 }
 
+/* Who reads what the block publishes (lynx_block_commit's fences), set for
+ * the block once before its first send: 1 when every reader is a thread
+ * of the system (the frontend's or the tcp agent's CPU threads reading a
+ * region in host memory, with acquire loads), 0 when one may be a NIC or a
+ * copy engine (a region in GPU memory, or rdma). */
+LYNX_DEV uint32_t *lynx_block_thread_readers(void) {
+  __shared__ uint32_t v;
+  return &v;
+}
+
+/* Sets it (any thread; the barrier after the block's set-up publishes it). */
+LYNX_DEV void lynx_block_set_readers(int threads_only) {
+  if (lynx_block_io_thread())
+    *lynx_block_thread_readers() = threads_only ? 1u : 0u;
+}
+
+/* Before the barrier of a publish: each writer's system fence where a
+ * reader may be a NIC or copy engine (lynx_block_commit says why). */
+LYNX_DEV void lynx_block_writer_fence(void) {
+  if (!*lynx_block_thread_readers())
+    __threadfence_system();
+}
+
 /* 1 in every thread when pred is non-zero in any thread (a barrier). */
 LYNX_DEV int lynx_block_any(int pred) { return __syncthreads_or(pred) != 0; }
 
@@ -204,10 +227,10 @@ LYNX_DEV void lynx_block_copy(uint8_t *dst, const uint8_t *src, uint32_t len) {
  * the RX slot (zero copy) until lynx_block_release; read it with
  * lynx_block_copy / lynx_dev_peek (L1 bypass, above), not plain loads.
  *
- * The seq word is read by lynx_mq_recv with an acquire (volatile load, so
- * it comes from L2 and not from a register or L1, then
- * __threadfence_system()), so the metadata the I/O thread reads next is the
- * message's. Malformed slots are skipped and counted in mq->bad there.
+ * The seq word is read by lynx_mq_recv with an acquire (ld.acquire.sys:
+ * from the point of coherence, never a register or L1), so the metadata the
+ * I/O thread reads next is the message's. Malformed slots are skipped and
+ * counted in mq->bad there.
  */
 LYNX_DEV int lynx_block_recv(struct lynx_mq *mq, struct lynx_msg *m) {
   struct lynx_block_cell *bc = lynx_block_bc();
@@ -260,25 +283,27 @@ LYNX_DEV int lynx_block_reserve(struct lynx_mq *mq, uint32_t max_len,
  * Publishes the reserved slot as the response to tag (status OK): len bytes
  * at the reserved pointer, len <= the reserved max_len.
  *
- * Fences: every thread that wrote payload bytes executes
- * __threadfence_system() (fence.sc.sys), which orders its writes before
- * anything it does next as seen by any observer in the system (the frontend
- * reading the TX ring over PCIe); then __syncthreads(), so the I/O thread
- * continues only after every writer passed its fence; then the I/O thread's
- * commit, whose store-release of seq (st.release.sys) orders them for
- * PTX observers. The PTX memory model's releases are cumulative, so the
- * I/O thread's release after the barrier would formally cover writes of
- * other threads it
- * synchronized with through bar.sync (CTA scope). Each writer fences anyway:
- * the reader is a NIC or copy engine, not a PTX thread, and a per-writer
- * system fence ("my writes are out of the SM and at the point of coherence
- * before I reach the barrier") needs no argument about cumulativity across
- * scopes. Threads that wrote nothing pay one fence; commits are rare next to
- * the copies they follow.
+ * Fences: __syncthreads(), so the I/O thread continues only after every
+ * writer's stores; then the I/O thread's commit, whose store-release of seq
+ * (st.release.sys) orders them before it. The PTX memory model's releases
+ * are cumulative: the release after the barrier covers the writes of the
+ * threads it synchronized with through bar.sync (CTA scope), for every
+ * observer that acquires at system scope, host threads included. That is
+ * all a region in host memory needs, whose readers are CPU threads with
+ * acquire loads (the frontend over shm, the tcp agent's server):
+ * lynx_block_set_readers(1).
+ *
+ * Where a reader may be a NIC (rdma) or a copy engine (the tcp agent's
+ * staged copies out of GPU memory), not a thread of the memory model, every
+ * thread also executes __threadfence_system() (fence.sc.sys) before the
+ * barrier: "my writes are out of the SM and at the point of coherence
+ * before I reach it" needs no argument about cumulativity to such readers.
+ * Threads that wrote nothing pay one fence; commits are rare next to the
+ * copies they follow.
  */
 LYNX_DEV void lynx_block_commit(struct lynx_mq *mq, uint32_t tag, uint32_t len,
                                 uint32_t max_len) {
-  __threadfence_system();
+  lynx_block_writer_fence();
   __syncthreads();
   if (lynx_block_io_thread())
     lynx_mq_commit(mq, tag, len, max_len, LYNX_ST_OK);
@@ -399,7 +424,7 @@ LYNX_DEV int lynx_block_call(struct lynx_dev_client *c, const uint8_t *req,
   if (rc)
     return rc;
   lynx_block_copy(buf, req, len);
-  __threadfence_system();
+  lynx_block_writer_fence();
   __syncthreads();
   if (lynx_block_io_thread()) {
     uint32_t tag = ++c->next_tag;

@@ -821,6 +821,9 @@ static void test_host_region_shm(void **state) {
   /* what the GPU maps is the backend's own mapping of the region's pages,
    * so its unregistration may come after the transport unmapped its own */
   assert_ptr_not_equal(in.k->l.region, in.r.base);
+  /* its readers are CPU threads: a publish is the I/O thread's release,
+   * no writer's system fence (lynx_dev.cuh lynx_block_commit) */
+  assert_int_equal(in.k->l.thread_readers, 1);
   assert_memory_equal(in.k->l.region, in.r.base, in.g.region_size);
   in.r.base[in.g.region_size - 1] = 0x5c;
   assert_int_equal(((uint8_t *)in.k->l.region)[in.g.region_size - 1], 0x5c);
@@ -2095,6 +2098,8 @@ static void test_staging_over_tcp(void **state) {
   fake_cuda_reset();
   assert_int_equal(inst_start(&in, 0, T, 8, 1, EPOCH), 0);
   assert_non_null(in.r.mem->flush);
+  /* GPU memory, read by copy engines: every writer fences first */
+  assert_int_equal(in.k->l.thread_readers, 0);
   inst_connect(&in);
   echo(&in, 0, 0, "staged", 31);
   fake.defer_copies = 1;
