@@ -92,7 +92,7 @@ static void *cpu_thread_main(void *arg) {
   }
   for (uint32_t q = t->first_q; q < a->n_server; q += t->step) {
     lynx_mq_bind(&mqs[n].mq, a->region, &g, q);
-    mqs[n].seen.pos = mqs[n].mq.rx_head;
+    mqs[n].seen.pos = mqs[n].seen.acq = mqs[n].mq.rx_head;
     n++;
   }
 

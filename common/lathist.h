@@ -89,6 +89,10 @@ LYNX_HD uint64_t lynx_lat_bucket_hi(uint32_t b) {
  * LYNX_SEEN_WIN of them at ns[position % LYNX_SEEN_WIN]. */
 struct lynx_seen {
   uint32_t pos;
+  /* positions before acq were published as an acquire load showed (the
+   * head's, below): lynx_mq_recv_seen receives them without loading their
+   * seq word again */
+  uint32_t acq;
   uint64_t ns[LYNX_SEEN_WIN];
 };
 
@@ -116,18 +120,26 @@ LYNX_HD int lynx_seen_scan(struct lynx_seen *s, const struct lynx_mq *mq,
                            uint64_t now) {
   uint32_t seq[LYNX_SEEN_WIN], ahead, used, n, k;
   if ((int32_t)(s->pos - mq->rx_head) < 0)
-    s->pos = mq->rx_head;       /* fell behind (a malformed slot was skipped) */
+    s->pos = mq->rx_head; /* fell behind (a malformed slot was skipped) */
+  /* acq lies in [rx_head, pos]: one behind the head (its requests taken)
+   * or anywhere else (it would wrap ahead of the head) starts at the head */
+  if (s->acq - mq->rx_head > s->pos - mq->rx_head)
+    s->acq = mq->rx_head;
   ahead = s->pos - mq->rx_head; /* the window's part already seen */
   used = s->pos - mq->rx_cons;  /* slots up to pos the producer may fill */
   n = ahead < LYNX_SEEN_WIN && used < mq->slots ? LYNX_SEEN_WIN - ahead : 0;
   if (n > mq->slots - used)
     n = mq->slots - used;
-  if (!n || lynx_seq_peek(
+  /* the first with acquire: the producer publishes in order, so its seq
+   * orders every earlier slot's bytes too, and receive need not load any
+   * of them again (s->acq) */
+  if (!n || lynx_load_acquire32(
                 &lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, s->pos)->seq) !=
                 lynx_seq_for(s->pos))
     return s->pos != mq->rx_head;
-    /* a constant trip count, unrolled: seq[] stays in registers and the
-     * loads have no store between them that would wait for one to land */
+  s->acq = s->pos + 1;
+  /* a constant trip count, unrolled: seq[] stays in registers and the
+   * loads have no store between them that would wait for one to land */
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif

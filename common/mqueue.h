@@ -529,16 +529,22 @@ LYNX_HD void lynx_mq_release(struct lynx_mq *mq) {
  * is none, -105 (ENOBUFS) when every slot is held unreleased by the caller.
  * A large message is seen whole, in place in the ring's large area.
  * Malformed slots (bounds rule) are released, counted in mq->bad, skipped.
+ * lynx_mq_recv_seen: the same, positions before acq known published (an
+ * acquire load of a later or the same position's seq showed it: the
+ * look-ahead's, lathist.h), so their seq words are not loaded again; on a
+ * GPU reading host memory each is a round trip across PCIe.
  */
-LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
+LYNX_HD int lynx_mq_recv_seen(struct lynx_mq *mq, struct lynx_msg *m,
+                              uint32_t acq) {
   for (;;) {
     struct lynx_slot_meta *meta;
-    uint32_t seq;
     if (mq->rx_head - mq->rx_cons >= mq->slots)
       return -105;
     meta = lynx_mq_meta(mq->rx, mq->slot_size, mq->slots, mq->rx_head);
-    seq = lynx_load_acquire32(&meta->seq);
-    if (seq != lynx_seq_for(mq->rx_head))
+    /* published, as an acquire load before showed (acq), or as this one
+     * shows */
+    if ((int32_t)(acq - mq->rx_head) <= 0 &&
+        lynx_load_acquire32(&meta->seq) != lynx_seq_for(mq->rx_head))
       return -11;
     if (lynx_mq_resolve(mq, meta, m) != 0) {
       mq->bad++;
@@ -554,6 +560,10 @@ LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
     mq->rx_head++;
     return 0;
   }
+}
+
+LYNX_HD int lynx_mq_recv(struct lynx_mq *mq, struct lynx_msg *m) {
+  return lynx_mq_recv_seen(mq, m, mq->rx_head);
 }
 
 /* 1 when a request is waiting at rx_head (cheap check for idle loops). */

@@ -487,7 +487,9 @@ static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
   } else {
     if (fenced(l->kctl))
       return 0;
-    if (lynx_block_recv(&s->mq, &m) != 0)
+    /* what the pass's look-ahead already saw published is not looked at
+     * again: one round trip less per request over host memory */
+    if (lynx_block_recv_seen(&s->mq, &m, s->seen.acq) != 0)
       return 0;
     if (lynx_block_io_thread()) {
       uint64_t now = lynx_globaltimer_ns();
@@ -596,7 +598,7 @@ lynx_cuda_kernel_body(struct lynx_cuda_launch l) {
         if (l.actrl_mirror)
           lynx_mq_mirror(&kmqs[n].mq, (struct lynx_actrl *)l.actrl_mirror + q);
         kmqs[n].has_held = 0;
-        kmqs[n].seen.pos = kmqs[n].mq.rx_head;
+        kmqs[n].seen.pos = kmqs[n].seen.acq = kmqs[n].mq.rx_head;
         n++;
       }
     n_kmqs = n;

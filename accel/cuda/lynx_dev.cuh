@@ -230,19 +230,26 @@ LYNX_DEV void lynx_block_copy(uint8_t *dst, const uint8_t *src, uint32_t len) {
  * The seq word is read by lynx_mq_recv with an acquire (ld.acquire.sys:
  * from the point of coherence, never a register or L1), so the metadata the
  * I/O thread reads next is the message's. Malformed slots are skipped and
- * counted in mq->bad there.
+ * counted in mq->bad there. lynx_block_recv_seen: positions before acq are
+ * known published (the look-ahead's acquire load, lathist.h), so their seq
+ * is not loaded again (lynx_mq_recv_seen).
  */
-LYNX_DEV int lynx_block_recv(struct lynx_mq *mq, struct lynx_msg *m) {
+LYNX_DEV int lynx_block_recv_seen(struct lynx_mq *mq, struct lynx_msg *m,
+                                  uint32_t acq) {
   struct lynx_block_cell *bc = lynx_block_bc();
   int rc;
   if (lynx_block_io_thread())
-    bc->rc = lynx_mq_recv(mq, &bc->m);
+    bc->rc = lynx_mq_recv_seen(mq, &bc->m, acq);
   __syncthreads();
   rc = bc->rc;
   if (rc == 0)
     *m = bc->m;
   __syncthreads();
   return rc;
+}
+
+LYNX_DEV int lynx_block_recv(struct lynx_mq *mq, struct lynx_msg *m) {
+  return lynx_block_recv_seen(mq, m, mq->rx_head);
 }
 
 /*

@@ -156,6 +156,54 @@ static void test_seen(void **state) {
   ut_region_free(&r);
 }
 
+/* What a scan's acquire load showed published (the head it first finds,
+ * and every position before it: the producer publishes in order) is
+ * received without loading its seq word again (lynx_mq_recv_seen), one
+ * PCIe round trip per request on a GPU over host memory; anything past it
+ * is looked at as before. A stale mark never wraps ahead of the head. */
+static void test_recv_seen(void **state) {
+  struct ut_region r;
+  struct lynx_mq mq, copy;
+  struct lynx_seen s;
+  struct lynx_msg m;
+  uint8_t b[8] = {0};
+  uint32_t *seq0, *seq2;
+  (void)state;
+  assert_int_equal(ut_region_init(&r, 1, 16, 256), 0);
+  lynx_mq_bind(&mq, r.mem, &r.g, 0);
+  memset(&s, 0, sizeof(s));
+  ut_put(&r, 0, 0, 1, b, sizeof(b));
+  ut_put(&r, 0, 1, 2, b, sizeof(b));
+  assert_int_equal(lynx_seen_scan(&s, &mq, 100), 1);
+  assert_int_equal(s.pos, 2);
+  assert_int_equal(s.acq, 1); /* slot 0 by acquire; slot 1 only peeked */
+  /* slot 0's seq word is not loaded again: spoilt now, it is received
+   * anyway, where a plain receive (which loads it) finds nothing */
+  seq0 = &lynx_mq_meta(mq.rx, mq.slot_size, mq.slots, 0)->seq;
+  *seq0 = 0xdead;
+  copy = mq;
+  assert_int_equal(lynx_mq_recv(&copy, &m), -11);
+  assert_int_equal(lynx_mq_recv_seen(&mq, &m, s.acq), 0);
+  assert_int_equal(m.tag, 1);
+  lynx_mq_release(&mq);
+  /* slot 1 was not acquired: loaded, published, received */
+  assert_int_equal(lynx_mq_recv_seen(&mq, &m, s.acq), 0);
+  assert_int_equal(m.tag, 2);
+  lynx_mq_release(&mq);
+  /* past the mark, a slot is looked at: spoilt, nothing is there */
+  ut_put(&r, 0, 2, 3, b, sizeof(b));
+  seq2 = &lynx_mq_meta(mq.rx, mq.slot_size, mq.slots, 2)->seq;
+  *seq2 = 0xbeef;
+  assert_int_equal(lynx_mq_recv_seen(&mq, &m, s.acq), -11);
+  /* a mark 2^31 behind the head would read as ahead: the scan keeps it
+   * between the head and what it has seen */
+  s.acq = mq.rx_head - 0x80000005u;
+  lynx_seen_scan(&s, &mq, 200);
+  assert_int_equal(s.acq, mq.rx_head);
+  assert_int_equal(lynx_mq_recv_seen(&mq, &m, s.acq), -11);
+  ut_region_free(&r);
+}
+
 static void test_prom_histogram(void **state) {
   struct lynx_lat_hist *h = calloc(1, sizeof(*h));
   char *buf = NULL;
@@ -190,9 +238,8 @@ static void test_prom_histogram(void **state) {
 
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_buckets),
-      cmocka_unit_test(test_quantiles),
-      cmocka_unit_test(test_seen),
+      cmocka_unit_test(test_buckets),        cmocka_unit_test(test_quantiles),
+      cmocka_unit_test(test_seen),           cmocka_unit_test(test_recv_seen),
       cmocka_unit_test(test_prom_histogram),
   };
   return LYNX_UT_MAIN(argc, argv, "lathist", tests, NULL, NULL);
