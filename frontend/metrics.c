@@ -48,6 +48,7 @@ enum {
   F_RX_CALLS,
   F_RX_NOBUFS,
   F_SLEEPS,
+  F_TRANSPORT_OPS,
   F_DURATION,
   F_MQ_DISPATCHED,
   F_MQ_RESPONDED,
@@ -84,6 +85,13 @@ static const struct {
      "response doorbell a CPU accelerator rings over shm (bell), a "
      "descriptor (fd: a datagram, a TCP client, a remote transport), or "
      "the timeout (timer)."},
+    {"lynx_frontend_transport_ops_total", "counter",
+     "Operations the workers posted on their accelerators' transports, by "
+     "what they are for: poll (a poll for answers: the control array's "
+     "read, or tcp's compound read that carries it), slot_read, "
+     "large_read, fence_read (a fenced request's barrier), open_read "
+     "(opening, resuming, the takeover scan), request_write, "
+     "index_write (a TX consumer index written back)."},
     {"lynx_frontend_request_duration_seconds", "histogram",
      "End-to-end time of the requests answered: from their dispatch, in the "
      "worker's pass that received them, to the answer handed to the "
@@ -160,7 +168,7 @@ static void service_lines(FILE **out, struct frontend *fe) {
   struct mq_pass p;
   uint64_t rcv = 0, moves = 0, wd[FE_WDROP_MAX] = {0}, tev[FE_TCPEV_MAX] = {0};
   uint64_t paths[FE_RX_MAX] = {0}, rx_calls = 0, rx_nobufs = 0;
-  uint64_t sleeps[FE_WAKE_MAX] = {0};
+  uint64_t sleeps[FE_WAKE_MAX] = {0}, ops[FE_OP_MAX] = {0};
   struct lynx_lat_hist e2e;
   struct lynx_prom_label l[] = {{"service", fe->service},
                                 {NULL, NULL}, /* event or reason */
@@ -181,6 +189,8 @@ static void service_lines(FILE **out, struct frontend *fe) {
       tev[r] += lynx_cnt_get(&w->tcpsvc.events[r]);
     for (int r = 0; r < FE_WAKE_MAX; r++)
       sleeps[r] += lynx_cnt_get(&w->sleeps[r]);
+    for (int r = 0; r < FE_OP_MAX; r++)
+      ops[r] += lynx_cnt_get(&w->rmq.op_counts[r]);
     for (int r = 0; r < FE_WDROP_MAX; r++)
       wd[r] += lynx_cnt_get(&w->ingress.drops[r]);
     lynx_lat_merge(&e2e, &w->egress.e2e);
@@ -195,6 +205,8 @@ static void service_lines(FILE **out, struct frontend *fe) {
   lynx_prom_u64(out[F_FLOW_MOVES], fams[F_FLOW_MOVES].name, l, moves);
   per_reason(out[F_SLEEPS], F_SLEEPS, l, &l[1], "woken_by", wake_names, sleeps,
              FE_WAKE_MAX);
+  per_reason(out[F_TRANSPORT_OPS], F_TRANSPORT_OPS, l, &l[1], "op", fe_op_names,
+             ops, FE_OP_MAX);
   l[1].name = NULL;
   if (fe->proto == FE_PROTO_UDP) {
     per_reason(out[F_RX_PATH], F_RX_PATH, l, &l[1], "path", fe_rx_path_names,

@@ -60,7 +60,19 @@ const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "expired",      "lost",        "write_error", "send_error", "client_gone",
     "backend_down", "in_doubt",    "fenced"};
 
+const char *const fe_op_names[FE_OP_MAX] = {
+    "poll",      "slot_read",     "large_read", "fence_read",
+    "open_read", "request_write", "index_write"};
+
 static const uint8_t zeros[16];
+
+/* One operation of kind k posted on c (counted once the transport took it:
+ * rc 0); rc passed through. */
+static int op_posted(struct fe_conn *c, enum fe_op k, int rc) {
+  if (!rc && c->op_counts)
+    lynx_cnt_add(&c->op_counts[k], 1);
+  return rc;
+}
 
 uint32_t fe_conn_outstanding(const struct fe_conn *c) {
   uint32_t n = 0;
@@ -174,8 +186,10 @@ static int write_large(struct fe_conn *c, struct fe_mq *mq, const void *data,
   *ref = lynx_large_ref_at(start, len, g->large_bytes);
   /* ordered before the slot that names it (coalesced: placed in order;
    * fenced: the slot's barrier read follows it too) */
-  return c->tc->ops->writev(c->tc, lynx_rx_large_off(g, mq->q) + ref->off, &iov,
-                            1, 0);
+  return op_posted(c, FE_OP_REQUEST_WRITE,
+                   c->tc->ops->writev(c->tc,
+                                      lynx_rx_large_off(g, mq->q) + ref->off,
+                                      &iov, 1, 0));
 }
 
 /* The large request at ring position pos is written: its area is taken
@@ -228,18 +242,23 @@ int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
       (struct iovec){(void *)zeros, lynx_slot_cap(g->slot_size) - poff - len};
   iov[2] = (struct iovec){&m, sizeof(m)};
   if (c->acc.desc.ordering == LYNX_ORDER_COALESCED) {
-    rc = tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH);
+    rc = op_posted(c, FE_OP_REQUEST_WRITE,
+                   tc->ops->writev(tc, slot + poff, iov, 3, LYNX_WR_PUBLISH));
   } else {
     /* fenced: payload, a read as write barrier, then the metadata */
-    rc = tc->ops->writev(tc, slot + poff, iov, 2, 0);
+    rc = op_posted(c, FE_OP_REQUEST_WRITE,
+                   tc->ops->writev(tc, slot + poff, iov, 2, 0));
     if (!rc)
       /* any read of the region flushes the posted payload ahead of it;
        * the mqueue's actrl word, small and never written by a frontend */
-      rc = tc->ops->read(tc, lynx_actrl_off(g, mq->q), r->fence_scratch, 4,
-                         WR_FENCE);
+      rc = op_posted(c, FE_OP_FENCE_READ,
+                     tc->ops->read(tc, lynx_actrl_off(g, mq->q),
+                                   r->fence_scratch, 4, WR_FENCE));
     if (!rc)
-      rc = tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE, &iov[2], 1,
-                           LYNX_WR_PUBLISH | LYNX_WR_FENCE);
+      rc = op_posted(c, FE_OP_REQUEST_WRITE,
+                     tc->ops->writev(tc, slot + g->slot_size - LYNX_META_SIZE,
+                                     &iov[2], 1,
+                                     LYNX_WR_PUBLISH | LYNX_WR_FENCE));
   }
   if (!rc && large)
     rx_large_taken(mq, pos, ref.end);
@@ -294,9 +313,11 @@ static int post_slot_reads(struct fe_conn *c, struct fe_mq *mq, uint32_t i,
   for (uint32_t done = 0; done < n;) {
     uint32_t at = (mq->tx_cons + done) & (g->slots - 1);
     uint32_t k = g->slots - at < n - done ? g->slots - at : n - done;
-    int rc = c->tc->ops->read(c->tc, ring + (uint64_t)at * g->slot_size,
-                              mq->stage + (size_t)done * g->slot_size,
-                              (size_t)k * g->slot_size, WR_SLOT | i);
+    int rc =
+        op_posted(c, FE_OP_SLOT_READ,
+                  c->tc->ops->read(c->tc, ring + (uint64_t)at * g->slot_size,
+                                   mq->stage + (size_t)done * g->slot_size,
+                                   (size_t)k * g->slot_size, WR_SLOT | i));
     if (rc)
       return rc;
     c->reads_pending++;
@@ -371,11 +392,12 @@ static int post_poll(struct fe_conn *c) {
       c->txr[i].from = c->mqs[i].tx_cons;
     rc = tc->ops->read_tx(tc, c->snap, c->txr, (int)c->n_mqs, WR_TXC);
     if (rc != -ENOTSUP && rc != -EMSGSIZE)
-      return rc;
+      return op_posted(c, FE_OP_POLL, rc);
     c->two_step = 1; /* for as long as this connection lives */
   }
-  return tc->ops->read(tc, c->acc.g.actrl_off, c->snap, 8u * c->acc.g.n_mqueues,
-                       WR_CTRL);
+  return op_posted(c, FE_OP_POLL,
+                   tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                                 8u * c->acc.g.n_mqueues, WR_CTRL));
 }
 
 #define LARGE_READ_MAX (1u << 20) /* one read of a large message, bytes */
@@ -415,8 +437,10 @@ static int post_large_reads(struct fe_conn *c) {
       while (done < ref.len) {
         uint32_t n =
             ref.len - done < LARGE_READ_MAX ? ref.len - done : LARGE_READ_MAX;
-        int rc = c->tc->ops->read(c->tc, area + ref.off + done,
-                                  mq->lbuf + used + done, n, WR_SLOT | i);
+        int rc =
+            op_posted(c, FE_OP_LARGE_READ,
+                      c->tc->ops->read(c->tc, area + ref.off + done,
+                                       mq->lbuf + used + done, n, WR_SLOT | i));
         if (rc == -ENOBUFS && done == 0)
           break; /* the transport is full: this one next cycle */
         if (rc)
@@ -462,8 +486,9 @@ static int conn_on_slots(struct fe_rmq *r, struct fe_conn *c) {
     struct iovec iov = {&mq->tx_cons, 4};
     if (!mq->tx_cons_dirty)
       continue;
-    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(g, mq->q), &iov, 1,
-                            LYNX_WR_PUBLISH);
+    rc = op_posted(c, FE_OP_INDEX_WRITE,
+                   c->tc->ops->writev(c->tc, lynx_fctrl_off(g, mq->q), &iov, 1,
+                                      LYNX_WR_PUBLISH));
     if (rc == -ENOBUFS)
       break; /* the transport is full: written back next cycle */
     if (rc)
@@ -587,8 +612,9 @@ static int wait_reads(struct lynx_tconn *tc, uint32_t n, uint64_t deadline) {
  * added). */
 static int conn_resume(struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
-  int rc = tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
-                         8u * c->acc.g.n_mqueues, WR_CTRL);
+  int rc = op_posted(c, FE_OP_OPEN_READ,
+                     tc->ops->read(tc, c->acc.g.actrl_off, c->snap,
+                                   8u * c->acc.g.n_mqueues, WR_CTRL));
   if (!rc)
     rc = tc->ops->flush(tc);
   return rc ? rc : wait_reads(tc, 1, lynx_now_ns() + OPEN_WAIT_NS);
@@ -662,11 +688,13 @@ static int conn_scan_rx(struct fe_conn *c) {
       for (uint32_t k = 0; open[i] && k < SCAN_SLOTS &&
                            mq->dq.rx_prod + k - mq->dq.rx_cons < g->slots;
            k++) {
-        rc = tc->ops->read(tc,
-                           lynx_slot_off(g, ring, mq->dq.rx_prod + k) +
-                               g->slot_size - SCAN_TAIL,
-                           buf + ((size_t)i * SCAN_SLOTS + k) * SCAN_TAIL,
-                           SCAN_TAIL, WR_CTRL);
+        rc = op_posted(
+            c, FE_OP_OPEN_READ,
+            tc->ops->read(tc,
+                          lynx_slot_off(g, ring, mq->dq.rx_prod + k) +
+                              g->slot_size - SCAN_TAIL,
+                          buf + ((size_t)i * SCAN_SLOTS + k) * SCAN_TAIL,
+                          SCAN_TAIL, WR_CTRL));
         if (rc)
           break;
         posted[i]++;
@@ -783,8 +811,9 @@ static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
     mq->tx_cons = c->snap[mq->q].tx_prod;
     mq->tx_staged = 0;
     mq->tx_cons_dirty = 0;
-    rc = c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, mq->q), &iov, 1,
-                            LYNX_WR_PUBLISH);
+    rc = op_posted(c, FE_OP_INDEX_WRITE,
+                   c->tc->ops->writev(c->tc, lynx_fctrl_off(&acc->g, mq->q),
+                                      &iov, 1, LYNX_WR_PUBLISH));
     if (rc)
       goto fail;
   }
@@ -845,6 +874,7 @@ int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
   if (!c)
     return -ENOMEM;
   c->acc = *acc;
+  c->op_counts = r->op_counts;
   c->snap = calloc(acc->g.n_mqueues, sizeof(*c->snap));
   c->mqs = calloc(n, sizeof(*c->mqs));
   c->txr = calloc(n, sizeof(*c->txr));

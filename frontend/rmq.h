@@ -119,9 +119,26 @@ enum fe_conn_state {
 };
 
 /* One worker's connection to one accelerator instance. */
+/* The transport operations a worker's connections post, by what they are
+ * for (lynx_frontend_transport_ops_total's op label): what a change to the
+ * remote path (answers pushed instead of polled for) is seen to remove. */
+enum fe_op {
+  FE_OP_POLL,          /* a poll for answers: the control array's read, or
+                          the compound read (READ_TX) that carries it */
+  FE_OP_SLOT_READ,     /* TX slots the control array said were published */
+  FE_OP_LARGE_READ,    /* a large answer's bytes */
+  FE_OP_FENCE_READ,    /* the barrier read of a fenced request write */
+  FE_OP_OPEN_READ,     /* opening, resuming, the takeover scan */
+  FE_OP_REQUEST_WRITE, /* a request's slot, or its large-area bytes */
+  FE_OP_INDEX_WRITE,   /* a TX consumer index written back */
+  FE_OP_MAX
+};
+extern const char *const fe_op_names[FE_OP_MAX];
+
 struct fe_conn {
   struct fe_accel acc;
   struct lynx_tconn *tc;
+  lynx_counter *op_counts; /* its manager's (struct fe_rmq), by enum fe_op */
   struct lynx_actrl *snap; /* target of the actrl read */
   struct fe_mq *mqs;       /* this worker's mqueues on this accelerator */
   uint32_t n_mqs;
@@ -204,6 +221,8 @@ struct fe_rmq {
    * the service's totals never go back; read like the mqueues' */
   lynx_counter retired_dispatched, retired_responded;
   lynx_counter retired_drops[FE_QDROP_MAX];
+  /* transport operations posted (every connection's), by enum fe_op */
+  lynx_counter op_counts[FE_OP_MAX];
 };
 
 /* outstanding is written by its worker only and read by the status and

@@ -229,6 +229,17 @@ static void test_takeover_resumes_after_published(void **state) {
 
   await_rx_cons(&f->m[1], nw, 6);
   assert_int_equal(lynx_cnt_get(&mq->drops[FE_QDROP_BAD_INDEX]), 0);
+  /* the operations it posted, by what they were for: the opening's reads
+   * and index write, two requests (one large: its area, then its slot),
+   * polls for answers, no fenced barrier (coalesced ordering) */
+  {
+    const lynx_counter *ops = f->m[1].op_counts;
+    assert_true(lynx_cnt_get(&ops[FE_OP_OPEN_READ]) >= 1);
+    assert_true(lynx_cnt_get(&ops[FE_OP_INDEX_WRITE]) >= 1);
+    assert_int_equal(lynx_cnt_get(&ops[FE_OP_REQUEST_WRITE]), 3);
+    assert_true(lynx_cnt_get(&ops[FE_OP_POLL]) >= 1);
+    assert_int_equal(lynx_cnt_get(&ops[FE_OP_FENCE_READ]), 0);
+  }
   assert_int_equal(mq->rx_ln, 0); /* every large area released */
   assert_int_equal(room(nw), S);
 
