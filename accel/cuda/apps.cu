@@ -488,7 +488,10 @@ static __device__ int serve_mq(const struct lynx_cuda_launch *l, struct kmq *s,
     if (fenced(l->kctl))
       return 0;
     /* what the pass's look-ahead already saw published is not looked at
-     * again: one round trip less per request over host memory */
+     * again: one round trip less per request over host memory. The scan's
+     * acquire was another lane's; the barrier that ends scan()
+     * puts this thread's loads after it, and causality order
+     * is transitive, so they see what the producer released */
     if (lynx_block_recv_seen(&s->mq, &m, s->seen.acq) != 0)
       return 0;
     if (lynx_block_io_thread()) {

@@ -25,6 +25,9 @@
  *   cuda_health.c    the per-device error record (gpu_health)
  *   cuda_driver.c    driver entry points and gdrcopy, reached without
  *                    linking them
+ *   cuda_calls.c     CUDA calls that may wait for the device, made on a
+ *                    thread of their own, bounded at a start, queued at a
+ *                    stop
  *   cuda_pool.c      device memory and pinned buffers, reused, never freed
  *                    under a running kernel (gpu_shutdown)
  *   cuda_discover.c  the GPUs --cuda-accels names (gpu_discover)
@@ -38,6 +41,7 @@
  *   cuda_accel.c     the ops table over them (this file)
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,14 +239,26 @@ static void cuda_health(const struct lynx_accel_dev *a, int *lost, int *failed,
  * this agent's running kernels hold of it (the budget, cuda_health.c). */
 static int cuda_blocks(const struct lynx_accel_dev *a, uint32_t threads,
                        uint32_t *resident, uint32_t *held) {
+  /* the empty GPU's figure does not change: asked once per device and
+   * thread count (the agent asks at every health sample and heartbeat) */
+  static struct { uint32_t threads, resident; } known[GPU_MAX];
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   char why[128];
-  *held = lynx__cuda_blocks_held(a->device);
-  if (lynx_cuda_resident_blocks(a->device, threads, resident, why,
-                                sizeof(why))) {
-    *resident = 0;
-    return -EIO;
+  int d = a->device, rc = 0;
+  *held = lynx__cuda_blocks_held(d);
+  if (d < 0 || d >= GPU_MAX)
+    return -EINVAL;
+  pthread_mutex_lock(&lock);
+  if (known[d].threads != threads) {
+    if (lynx_cuda_resident_blocks(d, threads, &known[d].resident, why,
+                                  sizeof(why)))
+      rc = -EIO; /* asked again next time */
+    else
+      known[d].threads = threads;
   }
-  return 0;
+  *resident = rc ? 0 : known[d].resident;
+  pthread_mutex_unlock(&lock);
+  return rc;
 }
 
 static void cuda_shutdown(void) { gpu_shutdown(); }

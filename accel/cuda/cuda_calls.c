@@ -158,17 +158,19 @@ static void *calls_main(void *arg) {
     run(c);
     pthread_mutex_lock(&calls.lock);
     c->done = 1;
-    calls.pending--;
-    /* an unregistration has no waiter; an abandoned call's gave up */
+    /* an unregistration has no waiter; an abandoned call's gave up: done
+     * with it (undone) before it stops counting as pending */
     forget = c->kind == CALL_UNREGISTER || c->abandoned;
-    pthread_cond_broadcast(&calls.cond);
     if (forget) {
+      int abandoned = c->abandoned;
       pthread_mutex_unlock(&calls.lock);
-      if (c->abandoned)
+      if (abandoned)
         undo(c);
       free(c);
       pthread_mutex_lock(&calls.lock);
     }
+    calls.pending--;
+    pthread_cond_broadcast(&calls.cond);
   }
   calls.exited = 1;
   pthread_cond_broadcast(&calls.cond);
@@ -192,14 +194,14 @@ static int enqueue(struct call *c) {
 }
 
 /* Queues c and waits up to CALL_WAIT_MS for it: its result, or
- * cudaErrorNotReady when it has not returned (c is then the thread's). */
+ * cudaErrorNotReady when it has not returned (c is then the thread's; with
+ * any other result the caller frees it). */
 static cudaError_t call_wait(struct call *c) {
   struct timespec until = after_ms(CALL_WAIT_MS);
   cudaError_t e;
   pthread_mutex_lock(&calls.lock);
-  if (enqueue(c)) {
+  if (enqueue(c)) { /* no thread: c stays the caller's */
     pthread_mutex_unlock(&calls.lock);
-    free(c);
     return cudaErrorMemoryAllocation;
   }
   while (!c->done &&

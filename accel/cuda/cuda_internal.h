@@ -9,7 +9,9 @@
  * "Layering"): the ops table (cuda_accel.c) over start and stop
  * (cuda_launch.c), over the region (cuda_region.c), the tcp transport's
  * copies (cuda_stage.c), the fence and counters, block selection, over the
- * memory pools and driver entry points, over the error record.
+ * memory pools and driver entry points, over the calls that may wait for
+ * the device (cuda_calls.c, which hands memory back through the callers'
+ * give_back), over the error record.
  */
 #ifndef LYNX_CUDA_INTERNAL_H
 #define LYNX_CUDA_INTERNAL_H
@@ -113,7 +115,7 @@ cudaError_t lynx__cuda_call_register(int device, void *ours, size_t size,
                                      size_t map_len);
 /* Queues the unregistration of ours, then its unmapping; never waits. */
 void lynx__cuda_call_unregister(int device, void *ours, size_t map_len);
-/* Calls queued or running. */
+/* Calls queued or running (an abandoned one until it is undone). */
 int lynx__cuda_calls_pending(void);
 /* Ends the calls thread once the queue is empty, waiting up to wait_ms:
  * the calls left (0: the thread ended). */
