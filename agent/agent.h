@@ -203,7 +203,7 @@ void agent_health_start(struct agent *ag);
 void agent_health_stop(struct agent *ag);
 void agent_health_sample(struct agent *ag, uint64_t now_ns);
 /* Each accelerator's resident blocks and those held (accel.h blocks), as
- * of now: part of every sample, and before the first Register. */
+ * of now: asked for each Register and each heartbeat, which send them. */
 void agent_health_blocks(struct agent *ag);
 
 /* serve.c (static mode) */

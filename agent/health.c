@@ -111,7 +111,6 @@ void agent_health_blocks(struct agent *ag) {
 }
 
 void agent_health_sample(struct agent *ag, uint64_t now_ns) {
-  agent_health_blocks(ag);
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct agent_accel *a = &ag->acc[i];
     int lost = 0, failed = 0;
@@ -137,7 +136,6 @@ static void on_health(uv_timer_t *t) {
 }
 
 void agent_health_start(struct agent *ag) {
-  agent_health_blocks(ag); /* for the first Register */
   uv_timer_init(&ag->loop, &ag->health);
   ag->health.data = ag;
   ag->health_open = 1;

@@ -214,6 +214,7 @@ static void send_register(struct coord_link *l) {
   }
   if (uv_tcp_getsockname(&l->d.ctl->tcp, (struct sockaddr *)&ss, &len) == 0)
     lynx_fmt_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+  agent_health_blocks(ag); /* the budget as of now */
   for (uint32_t i = 0; i < ag->n_labels; i++) {
     lynx__label__init(&labels[i]);
     labels[i].key = ag->labels[i].key;

@@ -494,6 +494,16 @@ LYNX_HD void lynx_mq_mirror(struct lynx_mq *mq, struct lynx_actrl *m) {
   lynx_store_release32(&m->tx_prod, mq->tx_prod);
 }
 
+/* lynx_mq_bind, and where mirrors is not NULL (one struct lynx_actrl per
+ * mqueue of the region) the indices also written to mirrors[q]. */
+LYNX_HD void lynx_mq_bind_mirrored(struct lynx_mq *mq, uint8_t *region,
+                                   const struct lynx_geom *g, uint32_t q,
+                                   struct lynx_actrl *mirrors) {
+  lynx_mq_bind(mq, region, g, q);
+  if (mirrors)
+    lynx_mq_mirror(mq, mirrors + q);
+}
+
 /* rx_cons and tx_prod published: actrl, then the mirror. */
 LYNX_HD void lynx_mq_put_rx_cons(struct lynx_mq *mq) {
   lynx_store_release32(&mq->actrl->rx_cons, mq->rx_cons);

@@ -117,6 +117,17 @@ static int blocks_fit(const struct rc_node *rn, uint32_t pos,
   return !need || (uint64_t)rn->blocks[pos] + need <= a->info.resident_blocks;
 }
 
+/* Counts a new instance of sp at position pos of rn as placed: the
+ * service's there, one more of its node's and of the accelerator's load,
+ * its fewest blocks taken from the GPU's budget. */
+static void rc_took(struct rc_node *rn, uint32_t pos,
+                    const struct lynx_service_spec *sp) {
+  rn->have |= 1ull << pos;
+  rn->svc_cnt++;
+  rn->load[pos]++;
+  rn->blocks[pos] += blocks_need(&rn->n->accels[pos], sp);
+}
+
 static int rc_build(struct lynx_registry *r, struct rc_ctx *c) {
   struct lynx_reg_node *n;
   struct lynx_reg_instance *i;
@@ -230,6 +241,14 @@ static int placeable(struct lynx_registry *r, const struct lynx_reg_service *s,
          lynx_reg_accel_dispatchable(a) && !backing_off(r, a);
 }
 
+/* Whether a new instance of s may go at position pos of rn: none of s
+ * there yet, the accelerator placeable, its GPU's budget not exceeded. */
+static int rc_can_take(struct lynx_registry *r, const struct rc_node *rn,
+                       uint32_t pos, const struct lynx_reg_service *s) {
+  return !(rn->have & (1ull << pos)) && placeable(r, s, &rn->n->accels[pos]) &&
+         blocks_fit(rn, pos, &s->spec);
+}
+
 /* Picks the eligible (node, accel) without an instance of this service that
  * spreads best: fewest of the service's instances on the node, then the
  * least-loaded accelerator, then registration order. */
@@ -246,8 +265,7 @@ static int rc_pick(struct lynx_registry *r, struct rc_ctx *c,
     if (!rn->eligible || rn->n->suspect)
       continue;
     for (a = 0; a < rn->n->n_accels; a++) {
-      if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]) ||
-          !blocks_fit(rn, a, &s->spec))
+      if (!rc_can_take(r, rn, a, s))
         continue;
       if (!found || rn->svc_cnt < best_cnt ||
           (rn->svc_cnt == best_cnt && rn->load[a] < best_load)) {
@@ -312,10 +330,7 @@ static int rc_move(struct lynx_registry *r, struct rc_ctx *c,
   if (rc)
     return rc;
   w->replaced_by = r->next_instance_id - 1; /* the one just started */
-  brn->have |= 1ull << pos;
-  brn->svc_cnt++;
-  brn->load[pos]++;
-  brn->blocks[pos] += blocks_need(&brn->n->accels[pos], &s->spec);
+  rc_took(brn, pos, &s->spec);
   r->moves_started++;
   LYNX_INFO("registry",
             "service %s: instance %" PRIu64 " moves from %s/%u "
@@ -388,16 +403,12 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
       if (!rn->eligible || rn->n->suspect)
         continue;
       for (a = 0; a < rn->n->n_accels; a++) {
-        if (rn->have & (1ull << a) || !placeable(r, s, &rn->n->accels[a]) ||
-            !blocks_fit(rn, a, sp))
+        if (!rc_can_take(r, rn, a, s))
           continue;
         rc = inst_start(r, s, rn->n, a, &tail);
         if (rc)
           return rc;
-        rn->have |= 1ull << a;
-        rn->svc_cnt++;
-        rn->load[a]++;
-        rn->blocks[a] += blocks_need(&rn->n->accels[a], sp);
+        rc_took(rn, a, sp);
       }
     }
     return 0;
@@ -453,10 +464,7 @@ static int reconcile_service(struct lynx_registry *r, struct rc_ctx *c,
     rc = inst_start(r, s, rn->n, pos, &tail);
     if (rc)
       return rc;
-    rn->have |= 1ull << pos;
-    rn->svc_cnt++;
-    rn->load[pos]++;
-    rn->blocks[pos] += blocks_need(&rn->n->accels[pos], sp);
+    rc_took(rn, pos, sp);
     kept++;
     moving = 1;
   }

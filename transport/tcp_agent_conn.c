@@ -294,6 +294,7 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
   struct tcp_export *ex = c->ex;
   const struct lynx_geom *g = &ex->g;
   uint32_t count = 0, alen = 8u * g->n_mqueues;
+  const uint32_t *w;
   uint64_t worst = alen;
   size_t base, at;
   uint8_t *reply;
@@ -331,25 +332,22 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
   reply = c->out.p + c->out.len;
   /* the array first, complete: every slot before a tx_prod it holds was
    * published before it, and the slot reads below come after */
-  if (ex->mem && ex->mem->ctrl_mirror) {
-    /* the accelerator's own copy in host memory: its slot reads are
-     * started after these loads, and wait with the batch's */
-    const uint32_t *w = ex->mem->ctrl_mirror;
+  /* host memory, or the accelerator's own copy of the array in host
+   * memory (a region in GPU memory whose kernel keeps one): word by word;
+   * else a copy out of the device memory */
+  w = ex->mem ? ex->mem->ctrl_mirror
+              : (const uint32_t *)(ex->base + g->actrl_off);
+  if (w) {
     for (uint32_t i = 0; i < alen / 4; i++) {
       uint32_t v = __atomic_load_n(&w[i], __ATOMIC_RELAXED);
       memcpy(reply + TCP_HDR + 4 * i, &v, 4);
     }
+    /* the slot reads below come after (from host memory; or started on the
+     * device memory's copy stream, waited for with the batch's) */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     rc = 0;
-  } else if (ex->mem) {
-    rc = ex->mem->read(ex->mem->ctx, g->actrl_off, reply + TCP_HDR, alen);
   } else {
-    const uint32_t *w = (const uint32_t *)(ex->base + g->actrl_off);
-    for (uint32_t i = 0; i < alen / 4; i++) {
-      uint32_t v = __atomic_load_n(&w[i], __ATOMIC_RELAXED);
-      memcpy(reply + TCP_HDR + 4 * i, &v, 4);
-    }
-    rc = 0; /* srv_fill's acquire fence orders the slot reads after */
+    rc = ex->mem->read(ex->mem->ctx, g->actrl_off, reply + TCP_HDR, alen);
   }
   at = TCP_HDR + alen;
   for (uint32_t i = 0; !rc && i < count; i++) {

@@ -572,7 +572,7 @@ static __device__ void scan(struct kmq *kmqs, uint32_t n, uint32_t *ready) {
 /* The persistent kernel's body, in two kernels that differ only in the
  * registers ptxas may give a thread (issue 35, finding 9): bounded for 1,024
  * threads a block, a thread gets at most 64 and spilled 48 bytes to local
- * memory; unbounded it takes 86 and spills nothing (ptxas -v, sm_90), so
+ * memory; unbounded it takes 88 and spills nothing (ptxas -v, sm_90), so
  * blocks of up to LYNX_CUDA_NARROW_MAX threads (the default 128 among them)
  * run lynx_cuda_kernel, wider ones lynx_cuda_kernel_wide. */
 #define LYNX_CUDA_NARROW_MAX 512u
@@ -597,9 +597,8 @@ lynx_cuda_kernel_body(struct lynx_cuda_launch l) {
         0)
       for (uint32_t q = blockIdx.x;
            q < l.n_server && n < LYNX_CUDA_MQS_PER_BLOCK; q += l.blocks) {
-        lynx_mq_bind(&kmqs[n].mq, (uint8_t *)l.region, &g, q);
-        if (l.actrl_mirror)
-          lynx_mq_mirror(&kmqs[n].mq, (struct lynx_actrl *)l.actrl_mirror + q);
+        lynx_mq_bind_mirrored(&kmqs[n].mq, (uint8_t *)l.region, &g, q,
+                              (struct lynx_actrl *)l.actrl_mirror);
         kmqs[n].has_held = 0;
         kmqs[n].seen.pos = kmqs[n].seen.acq = kmqs[n].mq.rx_head;
         n++;
@@ -610,11 +609,9 @@ lynx_cuda_kernel_body(struct lynx_cuda_launch l) {
     if (lynx_cuda_app_calls(l.app) && l.n_backends &&
         lynx_geom_init(&g, l.n_mqueues, l.slots, l.slot_size, l.large_bytes) ==
             0) {
-      uint32_t cq = lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend);
-      lynx_mq_bind(&block_client()->mq, (uint8_t *)l.region, &g, cq);
-      if (l.actrl_mirror)
-        lynx_mq_mirror(&block_client()->mq,
-                       (struct lynx_actrl *)l.actrl_mirror + cq);
+      lynx_mq_bind_mirrored(&block_client()->mq, (uint8_t *)l.region, &g,
+                            lynx_cuda_client_mq(&l, blockIdx.x, l.app_backend),
+                            (struct lynx_actrl *)l.actrl_mirror);
       block_client()->next_tag = 0;
     }
     memset(&lat.sh, 0, sizeof(lat.sh));
@@ -803,12 +800,13 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
                    LYNX_CUDA_MQS_PER_BLOCK);
     return LYNX_EINVAL;
   }
-  if (l->threads <= LYNX_CUDA_NARROW_MAX)
-    lynx_cuda_kernel<<<l->blocks, l->threads, 0, (cudaStream_t)stream>>>(*l);
-  else
-    lynx_cuda_kernel_wide<<<l->blocks, l->threads, 0, (cudaStream_t)stream>>>(
-        *l);
-  e = cudaGetLastError();
+  {
+    /* the kernel the residency query asked about (kernel_for) */
+    struct lynx_cuda_launch arg = *l;
+    void *args[] = {&arg};
+    e = cudaLaunchKernel(kernel_for(l->threads), dim3(l->blocks),
+                         dim3(l->threads), args, 0, (cudaStream_t)stream);
+  }
   if (e != cudaSuccess)
     return fail((int)e, err, errlen, "launch of the persistent kernel", e);
   return 0;

@@ -290,17 +290,13 @@ static void *kernel_main(void *arg) {
   if (!mq || !seen || !req || !resp || !cl ||
       lynx_geom_init(&g, l->n_mqueues, l->slots, l->slot_size, l->large_bytes))
     abort();
-  for (uint32_t q = 0; q < l->n_server; q++) {
-    lynx_mq_bind(&mq[q], l->region, &g, q);
-    if (l->actrl_mirror) /* as apps.cu does */
-      lynx_mq_mirror(&mq[q], (struct lynx_actrl *)l->actrl_mirror + q);
-  }
-  for (uint32_t b = 0; calls && b < l->blocks; b++) {
-    uint32_t cq = lynx_cuda_client_mq(l, b, l->app_backend);
-    lynx_mq_bind(&cl[b].mq, l->region, &g, cq);
-    if (l->actrl_mirror)
-      lynx_mq_mirror(&cl[b].mq, (struct lynx_actrl *)l->actrl_mirror + cq);
-  }
+  /* the control array's copy kept as apps.cu keeps it */
+  for (uint32_t q = 0; q < l->n_server; q++)
+    lynx_mq_bind_mirrored(&mq[q], l->region, &g, q, l->actrl_mirror);
+  for (uint32_t b = 0; calls && b < l->blocks; b++)
+    lynx_mq_bind_mirrored(&cl[b].mq, l->region, &g,
+                          lynx_cuda_client_mq(l, b, l->app_backend),
+                          l->actrl_mirror);
   __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&kc->started, k->pub.resident, __ATOMIC_SEQ_CST);
   while (!stopped && !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
