@@ -96,7 +96,13 @@ struct frontend;
 
 /* What ended a sleep of the adaptive poller (lynx_frontend_sleeps_total;
  * its labels are metrics.c's) */
-enum fe_wake { FE_WAKE_BELL, FE_WAKE_FD, FE_WAKE_TIMER, FE_WAKE_MAX };
+enum fe_wake {
+  FE_WAKE_BELL,      /* an accelerator rang the worker's bell (shm) */
+  FE_WAKE_FD,        /* a datagram, a TCP client, libuv */
+  FE_WAKE_TIMER,     /* the sleep ran out */
+  FE_WAKE_TRANSPORT, /* a remote transport's socket: an answer came */
+  FE_WAKE_MAX
+};
 
 /* One worker: a thread, its loop, and the components' state. Each
  * component's part is its own sub-struct, counters included; what several

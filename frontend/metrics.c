@@ -22,7 +22,8 @@
 
 /* lynx_frontend_sleeps_total's woken_by labels, by enum fe_wake (the
  * poller that counts them is worker.c's; the names are only labels) */
-static const char *const wake_names[FE_WAKE_MAX] = {"bell", "fd", "timer"};
+static const char *const wake_names[FE_WAKE_MAX] = {"bell", "fd", "timer",
+                                                    "transport"};
 
 struct metrics_ctx {
   struct frontend **list;

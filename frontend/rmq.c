@@ -12,7 +12,11 @@
  * write the TX consumer indices back (lazily: once per cycle). Where the
  * transport has a compound read (tcp's read_tx) the first two steps are
  * one: its agent reads the array and, from it, the new slots, in one round
- * trip. Reads are asynchronous so a remote transport pipelines; shm
+ * trip. Where the transport pushes answers (tcp's subscribe) there is no
+ * poll at all: the agent sends each published slot as it comes, the
+ * cycle forwards what arrived and writes the consumer indices back; reads
+ * stay for opening, resuming and large messages the push did not carry.
+ * Reads are asynchronous so a remote transport pipelines; shm
  * completes them at once. RX slots are written payload and metadata in
  * one posted write (or fenced: payload, a read as barrier, metadata);
  * after a batch every touched connection gets one doorbell (flush and
@@ -42,6 +46,7 @@
 #define WR_SLOT (2ull << WR_KIND_SHIFT)
 #define WR_FENCE (3ull << WR_KIND_SHIFT)
 #define WR_TXC (4ull << WR_KIND_SHIFT)
+#define WR_SUB (5ull << WR_KIND_SHIFT)
 #define WR_KIND(id) ((id) >> WR_KIND_SHIFT)
 
 #define STAGE_BYTES (256u * 1024u) /* TX staging per mqueue per cycle */
@@ -61,8 +66,8 @@ const char *const fe_qdrop_names[FE_QDROP_MAX] = {
     "backend_down", "in_doubt",    "fenced"};
 
 const char *const fe_op_names[FE_OP_MAX] = {
-    "poll",      "slot_read",     "large_read", "fence_read",
-    "open_read", "request_write", "index_write"};
+    "poll",      "slot_read",     "large_read",  "fence_read",
+    "open_read", "request_write", "index_write", "subscribe"};
 
 static const uint8_t zeros[16];
 
@@ -265,6 +270,43 @@ int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
   return rc;
 }
 
+/* c's consumer indices as posted went out with a flush. */
+static void index_flushed(struct fe_conn *c) {
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    c->mqs[i].tx_cons_flushed = c->mqs[i].tx_cons;
+  c->index_lazy = 0;
+}
+
+/* Where answers are pushed, the consumer indices written back after
+ * forwarding go out with the next flush: the next request's doorbell,
+ * ahead of that request in the stream, under load (one send for both),
+ * or fe_rmq_flush_indices when the worker's work runs out. The
+ * accelerator needs them sooner only to reuse TX room: at once for a
+ * client mqueue (its requests to back ends come unasked), or once half a
+ * ring was forwarded since the last went out. */
+static int index_urgent(const struct fe_conn *c) {
+  if (c->n_client_mqs)
+    return 1;
+  for (uint32_t i = 0; i < c->n_mqs; i++)
+    if (c->mqs[i].tx_cons - c->mqs[i].tx_cons_flushed >= c->acc.g.slots / 2)
+      return 1;
+  return 0;
+}
+
+void fe_rmq_flush_indices(struct fe_rmq *r) {
+  for (uint32_t i = 0; i < r->n_conns; i++) {
+    struct fe_conn *c = r->conns[i];
+    int rc;
+    if (!c->index_lazy || c->state == FE_CONN_DEAD)
+      continue;
+    rc = c->tc->ops->flush(c->tc);
+    if (!rc)
+      index_flushed(c);
+    else if (rc != -ENOBUFS)
+      fe_rmq_fail(r, c, rc);
+  }
+}
+
 void fe_rmq_doorbells(struct fe_rmq *r) {
   for (uint32_t i = 0; i < r->n_conns; i++) {
     struct fe_conn *c = r->conns[i];
@@ -275,6 +317,8 @@ void fe_rmq_doorbells(struct fe_rmq *r) {
     if (rc == -ENOBUFS)
       continue; /* rung again next iteration */
     c->dirty = 0;
+    if (!rc)
+      index_flushed(c);
     if (!rc) {
       rc = c->tc->ops->notify(c->tc);
       if (rc == -ENOTSUP || rc == -ENOBUFS)
@@ -402,6 +446,18 @@ static int post_poll(struct fe_conn *c) {
 
 #define LARGE_READ_MAX (1u << 20) /* one read of a large message, bytes */
 
+/* The k-th of mq's (the idx-th of c) staged TX slots, ring position pos:
+ * in its stage (read), or where answers are pushed in the copy of its
+ * ring (sub), at that position. */
+static const uint8_t *staged_slot(const struct fe_conn *c,
+                                  const struct fe_mq *mq, uint32_t idx,
+                                  uint32_t k, uint32_t pos) {
+  const struct lynx_geom *g = &c->acc.g;
+  if (c->pushing)
+    return c->sub[idx].ring + (size_t)(pos & (g->slots - 1)) * g->slot_size;
+  return mq->stage + (size_t)k * g->slot_size;
+}
+
 /* The staged slots are in: posts the reads of the large messages they
  * name into each mqueue's lbuf, and says where each one's bytes will be
  * (ldata). Slots from one that does not fit lbuf on are left for the next
@@ -418,7 +474,7 @@ static int post_large_reads(struct fe_conn *c) {
     uint32_t used = 0;
     memset(mq->ldata, 0, mq->tx_staged * sizeof(*mq->ldata));
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
-      const uint8_t *slot = mq->stage + (size_t)k * z;
+      const uint8_t *slot = staged_slot(c, mq, i, k, mq->tx_cons + k);
       struct lynx_slot_meta m;
       struct lynx_large_ref ref;
       uint32_t done = 0;
@@ -429,7 +485,16 @@ static int post_large_reads(struct fe_conn *c) {
         continue;
       memcpy(&ref, slot + (uint32_t)m.off16 * 16u, sizeof(ref));
       if (lynx_large_check(&m, &ref, L) != 0)
-        continue; /* the forwarder drops it as malformed */
+        continue;       /* the forwarder drops it as malformed */
+      if (c->pushing) { /* pushed with its slot: in the area's copy */
+        const struct lynx_tx_large *lm =
+            &c->sub[i].lmsg[(mq->tx_cons + k) & (g->slots - 1)];
+        if (lm->len == ref.len && lm->off == ref.off) {
+          mq->ldata[k] = c->sub[i].large + ref.off;
+          mq->llen[k] = ref.len;
+          continue;
+        }
+      }
       if (ref.len > L - used) {
         mq->tx_staged = k; /* the rest next cycle, lbuf empty again */
         break;
@@ -470,7 +535,7 @@ static int conn_on_slots(struct fe_rmq *r, struct fe_conn *c) {
     struct fe_mq *mq = &c->mqs[i];
     for (uint32_t k = 0; k < mq->tx_staged; k++) {
       const uint8_t *large = g->large_bytes ? mq->ldata[k] : NULL;
-      if (r->hooks->slot(r->ctx, mq, mq->stage + (size_t)k * g->slot_size,
+      if (r->hooks->slot(r->ctx, mq, staged_slot(c, mq, i, k, mq->tx_cons),
                          mq->tx_cons, large, large ? mq->llen[k] : 0) != 0)
         break;
       mq->tx_cons++;
@@ -496,13 +561,74 @@ static int conn_on_slots(struct fe_rmq *r, struct fe_conn *c) {
     mq->tx_cons_dirty = 0;
   }
   c->state = FE_CONN_IDLE;
-  if (sent) {
+  c->index_lazy |= sent != 0;
+  if (sent && (!c->pushing || index_urgent(c))) {
     rc = c->tc->ops->flush(c->tc);
     c->flush_again = rc == -ENOBUFS;
     if (rc && rc != -ENOBUFS)
       return rc;
+    if (!rc)
+      index_flushed(c);
   }
   return (int)sent;
+}
+
+/* The slots are staged (read, or pushed): once their reads are in, the
+ * reads of the large messages they name (those a push did not carry),
+ * then, once those are in, the forwarder. Slots handled, or -errno. */
+static int conn_staged(struct fe_rmq *r, struct fe_conn *c) {
+  int rc;
+  if (c->state == FE_CONN_SLOTS && c->reads_pending == 0) {
+    rc = post_large_reads(c);
+    if (rc < 0)
+      return rc;
+    c->state = FE_CONN_LARGE;
+    if (rc > 0) {
+      rc = c->tc->ops->flush(c->tc);
+      c->flush_again = rc == -ENOBUFS;
+      if (rc && rc != -ENOBUFS)
+        return rc;
+    }
+  }
+  if (c->state == FE_CONN_LARGE && c->reads_pending == 0)
+    return conn_on_slots(r, c);
+  return 0;
+}
+
+/* A cycle where answers are pushed: poll applies what came (and reports
+ * large reads), the words pushed refresh flow control as the control
+ * array's would, and the slots they announce are forwarded from the
+ * ring's copy. One batch of slots per call: the worker sends what it
+ * forwarded before the next, which may bring slots into the positions
+ * those leave (the consumer index written back frees them). Slots
+ * handled, or -errno. */
+static int push_cycle(struct fe_rmq *r, struct fe_conn *c) {
+  struct lynx_tconn *tc = c->tc;
+  uint64_t ids[32];
+  int n;
+  if (c->state == FE_CONN_IDLE && fe_conn_outstanding(c) == 0 &&
+      !c->n_client_mqs)
+    return 0; /* nothing awaited: what came waits in the socket */
+  n = tc->ops->poll(tc, ids, (int)LYNX_ARRAY_SIZE(ids));
+  if (n < 0)
+    return n;
+  for (int i = 0; i < n; i++)
+    if (WR_KIND(ids[i]) == 2 && c->reads_pending) /* WR_SLOT: large */
+      c->reads_pending--;
+  if (c->state == FE_CONN_IDLE) {
+    uint32_t staged = 0;
+    for (uint32_t i = 0; i < c->n_mqs; i++) {
+      struct fe_mq *mq = &c->mqs[i];
+      uint32_t avail = mq_on_ctrl(
+          mq, (struct lynx_actrl){c->sub[i].prod, c->sub[i].rx_cons});
+      mq->tx_staged = avail < mq->stage_slots ? avail : mq->stage_slots;
+      staged += mq->tx_staged;
+    }
+    if (!staged)
+      return 0;
+    c->state = FE_CONN_SLOTS;
+  }
+  return conn_staged(r, c);
 }
 
 int fe_rmq_progress(struct fe_rmq *r, struct fe_conn *c) {
@@ -516,6 +642,12 @@ int fe_rmq_progress(struct fe_rmq *r, struct fe_conn *c) {
     c->flush_again = rc == -ENOBUFS;
     if (rc && rc != -ENOBUFS)
       goto fail;
+  }
+  if (c->pushing) {
+    rc = push_cycle(r, c);
+    if (rc < 0)
+      goto fail;
+    return rc;
   }
   if (c->state == FE_CONN_IDLE) {
     /* Responses come only for requests in flight: with none, polling the
@@ -564,25 +696,10 @@ int fe_rmq_progress(struct fe_rmq *r, struct fe_conn *c) {
         break;
       }
     }
-    if (c->state == FE_CONN_SLOTS && c->reads_pending == 0) {
-      /* then the large messages the slots name, if any */
-      rc = post_large_reads(c);
-      if (rc < 0)
-        goto fail;
-      c->state = FE_CONN_LARGE;
-      if (rc > 0) {
-        rc = tc->ops->flush(tc);
-        c->flush_again = rc == -ENOBUFS;
-        if (rc && rc != -ENOBUFS)
-          goto fail;
-      }
-    }
-    if (c->state == FE_CONN_LARGE && c->reads_pending == 0) {
-      rc = conn_on_slots(r, c);
-      if (rc < 0)
-        goto fail;
-      work += rc;
-    }
+    rc = conn_staged(r, c);
+    if (rc < 0)
+      goto fail;
+    work += rc;
   }
   return work;
 fail:
@@ -747,11 +864,69 @@ static void conn_free(struct fe_rmq *r, struct fe_conn *c) {
     if (c->mqs[i].be)
       r->hooks->be_close(c->mqs[i].be);
   }
+  for (uint32_t i = 0; c->sub && i < c->n_mqs; i++) {
+    free(c->sub[i].ring);
+    free(c->sub[i].large);
+    free(c->sub[i].lmsg);
+  }
+  free(c->sub);
   free(c->mqs);
   free(c->snap);
   free(c->txr);
   free(c->arm);
   free(c);
+}
+
+/* Asks c's agent to push answers from where the rings resume (each
+ * mqueue's tx_cons and rx_cons), into copies of the TX rings and large
+ * areas allocated at the first time. 0 with c->pushing set where it does,
+ * 0 where it does not (the transport or the agent: the cycle polls), or
+ * -errno when the transport failed. */
+static int conn_subscribe(struct fe_rmq *r, struct fe_conn *c) {
+  const struct lynx_geom *g = &c->acc.g;
+  struct lynx_tconn *tc = c->tc;
+  int rc;
+  c->pushing = 0;
+  if (tc->ops->subscribe == lynx__subscribe_none)
+    return 0;
+  if (!c->sub) {
+    int ok = (c->sub = calloc(c->n_mqs, sizeof(*c->sub))) != NULL;
+    for (uint32_t i = 0; ok && i < c->n_mqs; i++) {
+      struct lynx_tx_sub *t = &c->sub[i];
+      t->ring = malloc(g->slots_bytes);
+      t->large = g->large_bytes ? malloc(g->large_bytes) : NULL;
+      t->lmsg = g->large_bytes ? calloc(g->slots, sizeof(*t->lmsg)) : NULL;
+      ok = t->ring && (!g->large_bytes || (t->large && t->lmsg));
+    }
+    if (!ok) {
+      LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                  "worker %u: accelerator %s/%u: no memory for copies of "
+                  "its TX rings: its answers are polled for",
+                  r->opts.worker, c->acc.node, c->acc.desc.accel_id);
+      return 0; /* conn_free frees what was allocated */
+    }
+  }
+  for (uint32_t i = 0; i < c->n_mqs; i++) {
+    struct lynx_tx_sub *t = &c->sub[i];
+    t->q = c->mqs[i].q;
+    t->from = t->prod = c->mqs[i].tx_cons;
+    t->rx_cons = c->mqs[i].dq.rx_cons;
+    t->flags = c->mqs[i].be ? LYNX_SUB_RX_EAGER : 0;
+    if (t->lmsg)
+      memset(t->lmsg, 0, g->slots * sizeof(*t->lmsg));
+  }
+  c->push = (struct lynx_push){c->sub, (int)c->n_mqs, 0};
+  rc = op_posted(c, FE_OP_SUBSCRIBE, tc->ops->subscribe(tc, &c->push, WR_SUB));
+  if (rc == -ENOTSUP)
+    return 0;
+  if (!rc)
+    rc = tc->ops->flush(tc);
+  if (!rc)
+    rc = wait_reads(tc, 1, lynx_now_ns() + OPEN_WAIT_NS);
+  if (rc)
+    return rc;
+  c->pushing = c->push.state == 1;
+  return 0;
 }
 
 /* Connects (or reconnects) c's transport and takes its rings over where
@@ -808,7 +983,7 @@ static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
     struct fe_mq *mq = &c->mqs[i];
     struct iovec iov = {&mq->tx_cons, 4};
     earlier += mq->dq.rx_prod - mq->dq.rx_cons;
-    mq->tx_cons = c->snap[mq->q].tx_prod;
+    mq->tx_cons = mq->tx_cons_flushed = c->snap[mq->q].tx_prod;
     mq->tx_staged = 0;
     mq->tx_cons_dirty = 0;
     rc = op_posted(c, FE_OP_INDEX_WRITE,
@@ -818,6 +993,8 @@ static int conn_open(struct fe_rmq *r, struct fe_conn *c) {
       goto fail;
   }
   rc = c->tc->ops->flush(c->tc);
+  if (!rc)
+    rc = conn_subscribe(r, c);
   if (rc)
     goto fail;
   if (earlier)
@@ -945,10 +1122,10 @@ int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
   if (c->state != FE_CONN_DEAD)
     LYNX_INFO("frontend",
               "worker %u: accelerator %s/%u (instance %llu) in "
-              "dispatch over %s: %u mqueues",
+              "dispatch over %s: %u mqueues, answers %s",
               r->opts.worker, acc->node, acc->desc.accel_id,
               (unsigned long long)acc->instance_id, acc->desc.transport,
-              c->n_mqs);
+              c->n_mqs, c->pushing ? "pushed" : "polled for");
   return 0;
 fail:
   conn_free(r, c);

@@ -90,6 +90,7 @@ struct fe_mq {
   uint32_t tx_cons;
   uint32_t tx_staged; /* slots read this forwarder cycle */
   uint32_t tx_cons_dirty;
+  uint32_t tx_cons_flushed;        /* as of the last flush after index writes */
   uint32_t bad_value, bad_seq_pos; /* last reported (+1), to count once */
   struct fe_backend *be; /* a client mqueue: its back-end connection */
   uint8_t *stage;        /* staging for TX slot reads */
@@ -112,7 +113,8 @@ struct fe_mq {
 enum fe_conn_state {
   FE_CONN_IDLE,  /* nothing posted */
   FE_CONN_CTRL,  /* read of the actrl array posted, or a compound read
-                    of it and the new TX slots (transports with read_tx) */
+                    of it and the new TX slots (transports with read_tx);
+                    never where answers are pushed */
   FE_CONN_SLOTS, /* reads of TX slots posted */
   FE_CONN_LARGE, /* reads of the staged slots' large messages posted */
   FE_CONN_DEAD,  /* accelerator left or transport failed */
@@ -131,6 +133,7 @@ enum fe_op {
   FE_OP_OPEN_READ,     /* opening, resuming, the takeover scan */
   FE_OP_REQUEST_WRITE, /* a request's slot, or its large-area bytes */
   FE_OP_INDEX_WRITE,   /* a TX consumer index written back */
+  FE_OP_SUBSCRIBE,     /* answers asked to be pushed (opening, resuming) */
   FE_OP_MAX
 };
 extern const char *const fe_op_names[FE_OP_MAX];
@@ -146,6 +149,14 @@ struct fe_conn {
    * transport lacks one or cannot carry it (two_step): array, then slots */
   struct lynx_tx_read *txr;
   int two_step;
+  /* pushed answers (transports with subscribe: tcp): the subscription,
+   * one entry per mqueue of mqs (its buffers a copy of the mqueue's TX
+   * ring and large area, allocated at the first); pushing while the
+   * agent pushes, when the cycle reads nothing */
+  struct lynx_tx_sub *sub;
+  struct lynx_push push;
+  int pushing;
+  int index_lazy; /* consumer indices posted, not flushed yet */
   /* response doorbell (fe_rmq_arm): the entries, one per mqueue of mqs;
    * armed while the worker sleeps on its bell; no_bell once the transport
    * said its accelerator does not ring */
@@ -252,6 +263,12 @@ int fe_write_rx(struct fe_rmq *r, struct fe_mq *mq, const void *data,
 /* Rings every connection written to since the last call: one flush and
  * one notify each. A connection whose transport fails goes down. */
 void fe_rmq_doorbells(struct fe_rmq *r);
+
+/* Sends the consumer indices written back lazily (where answers are
+ * pushed, they wait for the next request's doorbell): the worker calls
+ * this when its work runs out, so an agent always sees what was
+ * forwarded (its count of answers no frontend read) within a pass. */
+void fe_rmq_flush_indices(struct fe_rmq *r);
 
 /* Advances one connection's state machine: reads its control array, then
  * its new TX slots (both in one compound read where the transport has

@@ -133,17 +133,20 @@ static int sleep_prepare(struct fe_worker *w, struct pollfd *pfd, nfds_t *nfd,
   *armed = 0;
   for (uint32_t i = 0; i < w->rmq.n_conns; i++) {
     struct fe_conn *c = w->rmq.conns[i];
-    int fd, a;
+    int awaited = fe_conn_outstanding(c) || c->n_client_mqs, fd, a;
     if (c->state == FE_CONN_DEAD)
       continue;
-    /* tcp's polls are reads in flight: its socket wakes us */
-    fd = c->state == FE_CONN_IDLE || *nfd > top ? -1
-                                                : c->tc->ops->wait_fd(c->tc);
+    /* tcp's polls are reads in flight, and its pushed answers come
+     * unasked: its socket wakes us (a pushing one only while answers are
+     * awaited: otherwise what it brings waits there, unread) */
+    fd = (c->pushing ? !awaited : c->state == FE_CONN_IDLE) || *nfd > top
+             ? -1
+             : c->tc->ops->wait_fd(c->tc);
     if (fd >= 0) {
       pfd[(*nfd)++] = (struct pollfd){fd, POLLIN, 0};
       continue;
     }
-    if (!fe_conn_outstanding(c) && !c->n_client_mqs)
+    if (!awaited)
       continue;
     a = w->bell.id ? fe_rmq_arm(c, w->bell.id) : -ENOTSUP;
     if (a == 0) {
@@ -396,6 +399,8 @@ static void worker_loop(struct fe_worker *w) {
       backoff = 0;
       continue;
     }
+    /* the work ran out: what waited for a doorbell goes now */
+    fe_rmq_flush_indices(&w->rmq);
     if (busy) {
       lynx_cpu_relax();
       continue;
@@ -432,6 +437,7 @@ static void worker_loop(struct fe_worker *w) {
       struct timespec ts;
       uint64_t ns;
       int rfd = fe_dispatcher_wait_fd(&w->ingress), armed = 0, bidx = -1;
+      nfds_t tfirst = 0, tlast = 0; /* the transports' fds: [tfirst, tlast) */
       pfd[0] = (struct pollfd){bfd, POLLIN, 0};
       if (rfd >= 0) /* datagrams on the uring path */
         pfd[nfd++] = (struct pollfd){rfd, POLLIN, 0};
@@ -440,6 +446,7 @@ static void worker_loop(struct fe_worker *w) {
          * where every connection waited on can, a timer would only wake
          * us for nothing */
         int covered;
+        tfirst = nfd;
         if (sleep_prepare(w, pfd, &nfd, &covered, &armed) &&
             ready_streak++ < 2) {
           /* published between the last pass and the bell's arming: take
@@ -448,7 +455,9 @@ static void worker_loop(struct fe_worker *w) {
           sleep_done(w, 0);
           continue;
         }
-        w->bell_covers = covered && armed;
+        /* a wait every connection's fd or bell ends */
+        w->bell_covers = covered && (armed || nfd > tfirst);
+        tlast = nfd;
         if (armed) {
           bidx = (int)nfd;
           pfd[nfd++] = (struct pollfd){w->bell.fd, POLLIN, 0};
@@ -458,9 +467,9 @@ static void worker_loop(struct fe_worker *w) {
           backoff = MAX_BACKOFF_NS;
         ns = backoff;
         /* with a bell, until the next expiry scan, or the pre-wake */
-        if (covered && armed && next_expire > w->now_ns + ns)
+        if (w->bell_covers && next_expire > w->now_ns + ns)
           ns = next_expire - w->now_ns;
-        if (covered && armed && prewake > w->now_ns && prewake - w->now_ns < ns)
+        if (w->bell_covers && prewake > w->now_ns && prewake - w->now_ns < ns)
           ns = prewake - w->now_ns;
       } else {
         int ms = uv_backend_timeout(&w->loop);
@@ -471,7 +480,9 @@ static void worker_loop(struct fe_worker *w) {
       {
         uint64_t t0 = lynx_now_ns(), t1;
         int n = ppoll(pfd, nfd, &ts, NULL);
-        int rang = n > 0 && bidx >= 0 && pfd[bidx].revents;
+        int rang = n > 0 && bidx >= 0 && pfd[bidx].revents, by_tc = 0;
+        for (nfds_t k = tfirst; n > 0 && k < tlast; k++)
+          by_tc |= pfd[k].revents != 0;
         t1 = lynx_now_ns();
         if (armed)
           sleep_done(w, rang);
@@ -482,9 +493,10 @@ static void worker_loop(struct fe_worker *w) {
           prewake = 0;
           spin_until = t1 + (b < spin_ns ? b : spin_ns);
         }
-        lynx_cnt_add(&w->sleeps[n <= 0 ? FE_WAKE_TIMER
-                                : rang ? FE_WAKE_BELL
-                                       : FE_WAKE_FD],
+        lynx_cnt_add(&w->sleeps[n <= 0  ? FE_WAKE_TIMER
+                                : rang  ? FE_WAKE_BELL
+                                : by_tc ? FE_WAKE_TRANSPORT
+                                        : FE_WAKE_FD],
                      1);
         if (n > 0 && pfd[0].revents)
           uv_next = 0; /* libuv has something: run it next pass */

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,91 @@
 #include "transport.h"
 #include "util.h"
 
+/* ---- pushing (tcp_agent_conn.c has the protocol) ----------------------- */
+
+/* An accelerator rang: what it published goes out now. */
+static void srv_on_bell(uv_poll_t *p, int status, int events) {
+  struct tcp_agent *srv = p->data;
+  (void)status;
+  (void)events;
+  lynx_bell_drain(&srv->bell);
+  lynx__tcp_srv_push_all(srv, 0);
+}
+
+static void srv_on_tick(uv_timer_t *t) { lynx__tcp_srv_push_all(t->data, 1); }
+/* A pass of the loop that does not block: the accelerators it waits for
+ * may need the core. */
+static void srv_on_spin(uv_idle_t *i) {
+  (void)i;
+  sched_yield();
+}
+
+/* Before the loop blocks: the bell named where accelerators ring (then
+ * whatever came before it was named is pushed), and the regions that do
+ * not ring watched: a spin (the idle handle keeps the loop from blocking)
+ * while answers are owed, else the tick. */
+static void srv_on_prepare(uv_prepare_t *p) {
+  struct tcp_agent *srv = p->data;
+  int need;
+  if (srv->bell.fd >= 0)
+    lynx__tcp_srv_arm(srv, 1);
+  lynx__tcp_srv_push_all(srv, 0);
+  need = lynx__tcp_srv_watch(srv, lynx_now_ns());
+  if ((need == 2) != srv->spinning) {
+    srv->spinning = need == 2;
+    if (srv->spinning)
+      uv_idle_start(&srv->spin, srv_on_spin);
+    else
+      uv_idle_stop(&srv->spin);
+  }
+  if ((need == 1) != srv->ticking) {
+    srv->ticking = need == 1;
+    if (srv->ticking)
+      uv_timer_start(&srv->tick, srv_on_tick, TCP_TICK_MS, TCP_TICK_MS);
+    else
+      uv_timer_stop(&srv->tick);
+  }
+}
+
+/* Awake: no bell wanted until the loop is about to block again. */
+static void srv_on_check(uv_check_t *c) {
+  struct tcp_agent *srv = c->data;
+  if (srv->bell.fd >= 0)
+    lynx__tcp_srv_arm(srv, 0);
+}
+
+/* The thread's bell and the handles of pushing. Without a bell (none
+ * could be bound) every subscribed region is watched instead. */
+static void push_handles_init(struct tcp_agent *srv) {
+  int rc = lynx_bell_open(&srv->bell);
+  if (rc)
+    LYNX_WARN("tcp",
+              "agent: no response bell (%s): regions of CPU accelerators "
+              "are watched for answers to push instead",
+              strerror(-rc));
+  uv_prepare_init(&srv->loop, &srv->prep);
+  uv_check_init(&srv->loop, &srv->check);
+  uv_idle_init(&srv->loop, &srv->spin);
+  uv_timer_init(&srv->loop, &srv->tick);
+  srv->prep.data = srv->check.data = srv->spin.data = srv->tick.data = srv;
+  uv_prepare_start(&srv->prep, srv_on_prepare);
+  uv_check_start(&srv->check, srv_on_check);
+  if (srv->bell.fd >= 0) {
+    uv_poll_init(&srv->loop, &srv->bell_poll, srv->bell.fd);
+    srv->bell_poll.data = srv;
+    uv_poll_start(&srv->bell_poll, UV_READABLE, srv_on_bell);
+  }
+}
+
+static void push_handles_close(struct tcp_agent *srv) {
+  uv_close((uv_handle_t *)&srv->prep, NULL);
+  uv_close((uv_handle_t *)&srv->check, NULL);
+  uv_close((uv_handle_t *)&srv->spin, NULL);
+  uv_close((uv_handle_t *)&srv->tick, NULL);
+  if (srv->bell.fd >= 0)
+    uv_close((uv_handle_t *)&srv->bell_poll, NULL);
+}
+
 static void srv_on_wake(uv_async_t *a) {
   struct tcp_agent *srv = a->data;
   int stop;
@@ -40,6 +126,7 @@ static void srv_on_wake(uv_async_t *a) {
   pthread_mutex_unlock(&srv->lock);
   if (stop) {
     lynx__tcp_srv_close_all(srv);
+    push_handles_close(srv);
     uv_close((uv_handle_t *)&srv->listener, NULL);
     uv_close((uv_handle_t *)&srv->wake, NULL);
     uv_close((uv_handle_t *)&srv->sweep, NULL);
@@ -85,6 +172,7 @@ int lynx__tcp_agent_start(const struct lynx_transport_ops *ops,
   uv_async_init(&srv->loop, &srv->wake, srv_on_wake);
   uv_timer_init(&srv->loop, &srv->sweep);
   srv->listener.data = srv->wake.data = srv->sweep.data = srv;
+  push_handles_init(srv);
   rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
   if (!rc)
     rc = uv_listen((uv_stream_t *)&srv->listener, 256, lynx__tcp_srv_on_conn);
@@ -110,6 +198,7 @@ int lynx__tcp_agent_start(const struct lynx_transport_ops *ops,
   *out = &srv->base;
   return 0;
 fail_loop:
+  push_handles_close(srv);
   uv_close((uv_handle_t *)&srv->listener, NULL);
   uv_close((uv_handle_t *)&srv->wake, NULL);
   uv_close((uv_handle_t *)&srv->sweep, NULL);
@@ -120,6 +209,7 @@ fail_msg:
   snprintf(err, errlen, "tcp transport: cannot listen on %s: %s", o->listen,
            uv_strerror(rc));
 fail:
+  lynx_bell_close(&srv->bell);
   pthread_mutex_destroy(&srv->lock);
   free(srv);
   return rc;
@@ -150,6 +240,7 @@ void lynx__tcp_agent_destroy(struct lynx_transport_agent *a) {
     pthread_join(srv->thread, NULL);
     uv_run(&srv->loop, UV_RUN_NOWAIT);
     uv_loop_close(&srv->loop);
+    lynx_bell_close(&srv->bell);
     srv->running = 0;
   }
   pthread_mutex_lock(&srv->lock);

@@ -7,6 +7,22 @@
  * then every operation a read() brings applied in stream order and the
  * replies queued and written (transport_tcp.c has the design).
  *
+ * Pushing (version 5): a connection may SUBSCRIBE mqueues; from then on
+ * every TX slot published there is sent to it in PUSH frames, unasked,
+ * batched (one frame carries every mqueue's new slots, up to TCP_OP_MAX),
+ * with the control words the frontend needs (rx_cons) and, from host
+ * memory, the large message a slot names. A pushed slot is not consumed:
+ * the frontend still writes its tx_cons back. What tells the thread
+ * something was published: for a region whose CPU accelerator rings
+ * response bells, the thread's own bell, named in fctrl.waiter while the
+ * thread sleeps (armed before it looks, a full fence between, as a
+ * frontend worker's arm: common/bell.h); for others (a GPU's: host-mapped,
+ * or device memory with a host copy of its control words), the words are
+ * watched, spinning while answers are owed (requests published since the
+ * last push) and shortly after, else every TCP_TICK_MS. Device memory
+ * without such a copy is not pushed from: SUBSCRIBE is refused (ENOTSUP)
+ * and the frontend polls with READ_TX.
+ *
  * A connection holds a reference to the export it is bound to
  * (lynx__tcp_export_put drops one); the sweep closes those whose region
  * was unlisted by region_free, and those that said no hello in time.
@@ -67,6 +83,18 @@ struct srv_conn {
   } * pend;
   size_t npend, pend_cap;
   int batched; /* batch ops made since the last flush */
+  /* its subscription (pushing): one entry per mqueue, sub_of[q] its
+   * index + 1 (0: not subscribed); rings: the region's accelerator rings
+   * the thread's bell; held: a push waits for the replies queued to be
+   * written */
+  struct srv_sub {
+    uint32_t q, next; /* pushed up to next */
+    uint32_t rx_cons; /* the last the frontend was sent */
+    uint32_t owed;    /* requests published since (watched regions) */
+    uint32_t flags;   /* LYNX_SUB_* */
+  } * subs;
+  uint32_t nsubs, *sub_of;
+  int rings, held;
   struct srv_conn *next;
 };
 
@@ -112,6 +140,8 @@ static void srv_on_closed(uv_handle_t *h) {
     lynx__tcp_export_put(c->cand);
   if (c->admitted)
     lynx_guard_closed(&srv->guard, c->src, c->authed);
+  free(c->subs);
+  free(c->sub_of);
   lynx__tcp_buf_free(&c->in);
   lynx__tcp_buf_free(&c->out);
   free(c->wbuf);
@@ -119,9 +149,12 @@ static void srv_on_closed(uv_handle_t *h) {
   free(c);
 }
 
+static void srv_arm(struct srv_conn *c, int on);
+
 static void srv_close(struct srv_conn *c, const char *why) {
   if (c->closing)
     return;
+  srv_arm(c, 0);
   c->closing = 1;
   if (why)
     LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "data connection from %s closed: %s",
@@ -130,6 +163,8 @@ static void srv_close(struct srv_conn *c, const char *why) {
 }
 
 static void srv_flush(struct srv_conn *c);
+static int srv_push(struct srv_conn *c, int force_rx);
+static void srv_push_now(struct srv_conn *c, int force_rx);
 
 static void srv_on_write(uv_write_t *req, int status) {
   struct srv_conn *c = req->data;
@@ -142,6 +177,8 @@ static void srv_on_write(uv_write_t *req, int status) {
     return;
   }
   srv_flush(c);
+  if (c->held && !c->writing) /* the backlog is written: push again */
+    srv_push_now(c, 0);
 }
 
 static void srv_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b);
@@ -378,6 +415,371 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
   return 0;
 }
 
+/* ---- pushing --------------------------------------------------------- */
+
+/* Queued replies beyond which a push waits for them to be written. */
+#define PUSH_HIGH (TCP_SRV_OUT_MAX / 2)
+#define OUT_LIMIT (TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)
+
+/* The control words pushes are made from: the region's (host memory), or
+ * the accelerator's own copy of them in host memory; NULL: none. */
+static const uint32_t *ex_ctrl_words(const struct tcp_export *ex) {
+  if (ex->base)
+    return (const uint32_t *)(ex->base + ex->g.actrl_off);
+  return ex->mem ? ex->mem->ctrl_mirror : NULL;
+}
+
+/* The large message the published TX slot at slot (host memory) names,
+ * where its metadata and reference are sound: *off and *len, else *len 0
+ * (the frontend's forwarder judges the slot as it would a read one). */
+static void large_of(const struct lynx_geom *g, const uint8_t *slot,
+                     uint32_t *off, uint32_t *len) {
+  struct lynx_slot_meta m;
+  struct lynx_large_ref ref;
+  *len = 0;
+  if (!g->large_bytes)
+    return;
+  memcpy(&m, slot + g->slot_size - LYNX_META_SIZE, sizeof(m));
+  if (!(m.status & LYNX_ST_LARGE) || lynx_meta_check(&m, g->slot_size))
+    return;
+  memcpy(&ref, slot + (uint32_t)m.off16 * 16u, sizeof(ref));
+  if (lynx_large_check(&m, &ref, g->large_bytes))
+    return;
+  *off = ref.off;
+  *len = ref.len;
+}
+
+/* Ends the PUSH frame whose header is at fat (from out.head): count
+ * entries, and its length. */
+static void push_close(struct srv_conn *c, size_t fat, uint32_t count) {
+  uint8_t *f = c->out.p + c->out.head + fat;
+  lynx__tcp_hdr_put(f, OP_PUSH, 0,
+                    (uint32_t)(c->out.len - c->out.head - fat - TCP_HDR), 0, 0);
+  lynx__tcp_put32(f + TCP_HDR, count);
+  lynx__tcp_put32(f + TCP_HDR + 4, 0);
+}
+
+/* Appends one record of the slot at ring position pos of mqueue q to the
+ * open frame (payload used bytes so far): unless it would make the frame
+ * longer than TCP_OP_MAX, when first says whether the frame is empty (a
+ * large message that fits no frame goes without its bytes: the frontend
+ * reads it). 1 appended, 0 the frame is full, or -errno. */
+static int push_record(struct srv_conn *c, uint32_t q, uint32_t pos,
+                       size_t used, int first) {
+  struct tcp_export *ex = c->ex;
+  const struct lynx_geom *g = &ex->g;
+  uint32_t z = g->slot_size, loff = 0, llen = 0;
+  uint64_t soff = lynx_tx_ring_off(g, q) + (uint64_t)pos * z;
+  size_t at;
+  uint8_t *rec;
+  if (ex->base)
+    large_of(g, ex->base + soff, &loff, &llen);
+  if (used + PUSH_REC + z + llen > TCP_OP_MAX) {
+    if (!first)
+      return 0;
+    llen = 0;
+  }
+  if (lynx__tcp_buf_reserve(&c->out, PUSH_REC + z + llen, OUT_LIMIT))
+    return -ENOBUFS;
+  at = c->out.len - c->out.head;
+  rec = c->out.p + c->out.len;
+  lynx__tcp_put32(rec, llen);
+  lynx__tcp_put32(rec + 4, loff);
+  if (ex->base) {
+    memcpy(rec + PUSH_REC, ex->base + soff, z);
+    if (llen)
+      memcpy(rec + PUSH_REC + z, ex->base + lynx_tx_large_off(g, q) + loff,
+             llen);
+  } else {
+    /* device memory: staged with the batch, filled at its end */
+    int rc = srv_fill(c, soff, z, at + PUSH_REC);
+    if (rc)
+      return rc;
+  }
+  c->out.len += PUSH_REC + z + llen;
+  return 1;
+}
+
+/*
+ * Queues what was published on c's subscribed mqueues since the last push:
+ * for each whose tx_prod moved, an entry of its new slots with its rx_cons,
+ * in frames of at most TCP_OP_MAX; where only rx_cons moved, an entry
+ * without slots if force_rx or the mqueue is LYNX_SUB_RX_EAGER (a server
+ * mqueue's accelerator releases a request after publishing its answer:
+ * pushing that alone would cost the frontend a wake-up per request for
+ * nothing; it comes with the next answer, or the tick's push). The control word
+ * is loaded (acquire) before the slots it announces. Stops, held, once
+ * PUSH_HIGH bytes wait to be written (the rest goes when they are). Device
+ * memory's slots are staged in the open batch: the caller ends it
+ * (srv_batch_end), then flushes. 0 or -errno (the connection must close).
+ */
+static int srv_push(struct srv_conn *c, int force_rx) {
+  struct tcp_export *ex = c->ex;
+  const struct lynx_geom *g;
+  const uint32_t *w;
+  size_t fat = 0; /* the open frame's header, from out.head */
+  uint32_t count = 0;
+  int open = 0, rc = 0;
+  if (!ex || !c->nsubs || c->closing)
+    return 0;
+  c->held = 0;
+  g = &ex->g;
+  w = ex_ctrl_words(ex);
+  for (uint32_t i = 0; i < c->nsubs && !rc && !c->held; i++) {
+    struct srv_sub *s = &c->subs[i];
+    uint32_t tx = __atomic_load_n(&w[2 * s->q], __ATOMIC_ACQUIRE);
+    uint32_t rxc = __atomic_load_n(&w[2 * s->q + 1], __ATOMIC_RELAXED);
+    uint32_t avail = tx - s->next;
+    if (avail > g->slots) {
+      LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
+                  "region %s mqueue %u: tx_prod %u more than a ring ahead "
+                  "of %u: not pushed",
+                  ex->fence.name, s->q, tx, s->next);
+      avail = 0;
+    }
+    if (!avail &&
+        (rxc == s->rx_cons || !(force_rx || (s->flags & LYNX_SUB_RX_EAGER))))
+      continue;
+    for (;;) { /* an entry per frame this mqueue's slots take */
+      uint32_t n = 0;
+      size_t eat;
+      uint8_t *e;
+      if (!open) {
+        if (lynx__tcp_buf_reserve(&c->out, TCP_HDR + TXR_HDR, OUT_LIMIT)) {
+          rc = -ENOBUFS;
+          break;
+        }
+        fat = c->out.len - c->out.head;
+        c->out.len += TCP_HDR + TXR_HDR;
+        count = 0;
+        open = 1;
+      }
+      if (lynx__tcp_buf_reserve(&c->out, PUSH_ENT, OUT_LIMIT)) {
+        rc = -ENOBUFS;
+        break;
+      }
+      eat = c->out.len - c->out.head;
+      c->out.len += PUSH_ENT;
+      while (n < avail) {
+        int k = push_record(c, s->q, (s->next + n) & (g->slots - 1),
+                            c->out.len - c->out.head - fat - TCP_HDR,
+                            count == 0 && n == 0);
+        if (k < 0)
+          rc = k;
+        if (k <= 0)
+          break;
+        n++;
+      }
+      e = c->out.p + c->out.head + eat;
+      lynx__tcp_put32(e, s->q);
+      lynx__tcp_put32(e + 4, rxc);
+      lynx__tcp_put32(e + 8, s->next);
+      lynx__tcp_put32(e + 12, n);
+      count++;
+      s->next += n;
+      s->rx_cons = rxc;
+      s->owed = s->owed > n ? s->owed - n : 0;
+      avail -= n;
+      if (n && !c->rings)
+        c->srv->active_ns = lynx_now_ns();
+      if (rc || !avail)
+        break;
+      /* the frame is full: the rest in the next */
+      push_close(c, fat, count);
+      open = 0;
+      if (c->out.len - c->out.head >= PUSH_HIGH) {
+        c->held = 1;
+        break;
+      }
+    }
+  }
+  if (open)
+    push_close(c, fat, count);
+  if (!rc && c->out.len - c->out.head >= PUSH_HIGH)
+    c->held = 1;
+  return rc;
+}
+
+/* Pushes outside a read()'s batch (the bell, the loop's prepare, a
+ * backlog written): ends the batch and writes; while the kernel takes
+ * all, a held push goes on. */
+static void srv_push_now(struct srv_conn *c, int force_rx) {
+  for (int round = 0; round < 8 && !c->closing; round++) {
+    int rc = srv_push(c, force_rx), rb = srv_batch_end(c);
+    if (rc || rb) {
+      char why[96];
+      snprintf(why, sizeof(why), "cannot push answers: %s",
+               rc == -ENOBUFS ? "reply buffer full"
+                              : strerror(-(rc ? rc : rb)));
+      srv_close(c, why);
+      return;
+    }
+    srv_flush(c);
+    if (!c->held || c->writing)
+      return;
+  }
+}
+
+/* A subscription: the mqueues named, from the positions named. Answered
+ * (SUBSCRIBE_RESP, in reply order) with 0 and pushed at once from the
+ * positions on, or refused with ENOTSUP when the region's memory offers
+ * no control words to watch (the frontend polls). 0, or -errno with why
+ * (a malformed one closes the connection). */
+static int srv_subscribe(struct srv_conn *c, const struct tcp_hdr *h,
+                         const uint8_t *p, char *why, size_t wl) {
+  struct tcp_export *ex = c->ex;
+  const struct lynx_geom *g = &ex->g;
+  uint32_t count = h->len >= TXR_HDR ? lynx__tcp_get32(p) : 0;
+  char note[160] = "";
+  int err = 0, rc;
+  if (h->len < TXR_HDR || count == 0 || count > g->n_mqueues ||
+      lynx__tcp_get32(p + 4) || h->len != TXR_HDR + (uint64_t)count * TXR_ENT) {
+    snprintf(why, wl, "malformed subscription (%u bytes)", h->len);
+    return -EPROTO;
+  }
+  if (c->nsubs) {
+    snprintf(why, wl, "second subscription");
+    return -EPROTO;
+  }
+  c->sub_of = calloc(g->n_mqueues, sizeof(*c->sub_of));
+  c->subs = calloc(count, sizeof(*c->subs));
+  if (!c->sub_of || !c->subs) {
+    snprintf(why, wl, "out of memory for a subscription");
+    rc = -ENOMEM;
+    goto drop;
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    const uint8_t *e = p + TXR_HDR + (size_t)i * TXR_ENT;
+    uint32_t q = lynx__tcp_get32(e);
+    if (q >= g->n_mqueues || c->sub_of[q] ||
+        (lynx__tcp_get32(e + 12) & ~LYNX_SUB_RX_EAGER)) {
+      snprintf(why, wl,
+               "subscription of mqueue %u: outside the region or "
+               "named twice",
+               q);
+      rc = -EFAULT;
+      goto drop;
+    }
+    c->sub_of[q] = i + 1;
+    c->subs[i] =
+        (struct srv_sub){q, lynx__tcp_get32(e + 4), lynx__tcp_get32(e + 8), 0,
+                         lynx__tcp_get32(e + 12)};
+  }
+  if (!ex_ctrl_words(ex)) {
+    err = ENOTSUP;
+    snprintf(note, sizeof(note),
+             "answers are not pushed from %s memory without a host copy "
+             "of its control words: poll",
+             ex->mem->kind);
+    free(c->subs);
+    free(c->sub_of);
+    c->subs = NULL;
+    c->sub_of = NULL;
+  } else {
+    const struct lynx_region_hdr *hdr = (const void *)ex->base;
+    c->nsubs = count;
+    c->rings =
+        hdr && c->srv->bell.fd >= 0 &&
+        (__atomic_load_n(&hdr->flags, __ATOMIC_RELAXED) & LYNX_HDR_RESP_BELL);
+    if (!c->rings)
+      c->srv->active_ns = lynx_now_ns();
+  }
+  rc = srv_reply(c, OP_SUBSCRIBE_RESP, (uint64_t)err, h->wr_id, note,
+                 (uint32_t)strlen(note));
+  if (!rc && !err)
+    rc = srv_push(c, 1);
+  if (rc)
+    snprintf(why, wl, "cannot answer a subscription: %s",
+             rc == -ENOBUFS ? "reply buffer full" : strerror(-rc));
+  return rc;
+drop:
+  free(c->subs);
+  free(c->sub_of);
+  c->subs = NULL;
+  c->sub_of = NULL;
+  return rc;
+}
+
+/* A request published at off: one more answer owed on its mqueue, if
+ * subscribed (the thread spins for it: lynx__tcp_srv_watch). */
+static void srv_owe(struct srv_conn *c, uint64_t off) {
+  const struct lynx_geom *g = &c->ex->g;
+  uint64_t rel, q;
+  if (off < g->rings_off)
+    return;
+  rel = off - g->rings_off;
+  q = rel / g->ring_bytes;
+  if (q < g->n_mqueues && rel % g->ring_bytes < g->slots_bytes &&
+      c->sub_of[q]) {
+    c->subs[c->sub_of[q] - 1].owed++;
+    c->srv->active_ns = lynx_now_ns();
+  }
+}
+
+/* Names the thread's bell in (on) or withdraws it from (only where it is
+ * still ours) fctrl.waiter of c's subscribed mqueues, where they ring. */
+static void srv_arm(struct srv_conn *c, int on) {
+  struct lynx_fctrl *f;
+  uint32_t id = c->srv->bell.id;
+  if (!c->rings || !c->nsubs || c->closing || !c->ex)
+    return;
+  f = (struct lynx_fctrl *)(c->ex->base + c->ex->g.fctrl_off);
+  for (uint32_t i = 0; i < c->nsubs; i++) {
+    uint32_t *wt = &f[c->subs[i].q].waiter;
+    if (on) {
+      __atomic_store_n(wt, id, __ATOMIC_RELAXED);
+    } else {
+      uint32_t mine = id;
+      __atomic_compare_exchange_n(wt, &mine, 0, 0, __ATOMIC_RELAXED,
+                                  __ATOMIC_RELAXED);
+    }
+  }
+}
+
+void lynx__tcp_srv_arm(struct tcp_agent *srv, int on) {
+  for (struct srv_conn *c = srv->conns; c; c = c->next)
+    srv_arm(c, on);
+  /* Dekker with the accelerator (common/bell.h): our waiter stores, a
+   * full fence, then the loads of its indices (the push after this) */
+  if (on)
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void lynx__tcp_srv_push_all(struct tcp_agent *srv, int force_rx) {
+  for (struct srv_conn *c = srv->conns; c; c = c->next)
+    if (c->nsubs && !c->closing)
+      srv_push_now(c, force_rx);
+}
+
+/* Whether an rx_cons of c's subscription moved and was not pushed. */
+static int rx_unsent(const struct srv_conn *c) {
+  const uint32_t *w = ex_ctrl_words(c->ex);
+  for (uint32_t i = 0; i < c->nsubs; i++)
+    if (__atomic_load_n(&w[2 * c->subs[i].q + 1], __ATOMIC_RELAXED) !=
+        c->subs[i].rx_cons)
+      return 1;
+  return 0;
+}
+
+int lynx__tcp_srv_watch(struct tcp_agent *srv, uint64_t now_ns) {
+  uint64_t quiet = now_ns - srv->active_ns;
+  int watched = 0;
+  for (struct srv_conn *c = srv->conns; c; c = c->next) {
+    /* an answer owed is spun for: briefly where the accelerator rings
+     * (the bell then ends the sleep), for a second where it does not (one
+     * owed longer will not come: an application that drops requests
+     * unanswered; the tick looks on) */
+    uint64_t spin = c->rings ? TCP_SPIN_NS : TCP_OWED_NS;
+    if (!c->nsubs || c->closing)
+      continue;
+    for (uint32_t i = 0; i < c->nsubs && quiet < spin; i++)
+      if (c->subs[i].owed)
+        return 2;
+    watched |= !c->rings || rx_unsent(c);
+  }
+  return watched ? (quiet < TCP_SPIN_NS ? 2 : 1) : 0;
+}
+
 /* Cuts a connection of an older frontend: FENCED after its last reply,
  * then closed (reading stops with it, so nothing more of it is applied). */
 static void srv_cut(struct srv_conn *c, const char *why) {
@@ -598,6 +1000,8 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h, const uint8_t *p,
       memcpy(ex->base + h->off, p, h->len);
     }
     *wrote = 1;
+    if (c->nsubs && (h->flags & F_PUBLISH))
+      srv_owe(c, h->off);
     return 0;
   }
   if (h->op == OP_READ) {
@@ -621,6 +1025,8 @@ static int srv_op(struct srv_conn *c, const struct tcp_hdr *h, const uint8_t *p,
   }
   if (h->op == OP_READ_TX)
     return srv_read_tx(c, h, p, why, wl);
+  if (h->op == OP_SUBSCRIBE)
+    return srv_subscribe(c, h, p, why, wl);
   snprintf(why, wl, "unknown operation %u", h->op);
   return -EPROTO;
 }
@@ -658,7 +1064,7 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     lynx__tcp_hdr_get(p, &h);
     if (h.zero || h.len > TCP_OP_MAX ||
         (h.op != OP_HELLO && h.op != OP_WRITE && h.op != OP_READ &&
-         h.op != OP_READ_TX && h.op != OP_PROOF)) {
+         h.op != OP_READ_TX && h.op != OP_PROOF && h.op != OP_SUBSCRIBE)) {
       snprintf(why, sizeof(why), "malformed frame (op %u, length %u)", h.op,
                h.len);
       break;

@@ -8,7 +8,9 @@
  * (READ_TX, the compound read) append frames to one buffer that flush
  * sends with one send(); poll reaps the replies in order, each checked
  * against the read it answers; a connection the agent cut (FENCED) dies
- * with -ESTALE.
+ * with -ESTALE. subscribe (SUBSCRIBE) asks the agent to push answers:
+ * poll applies every PUSH frame that comes between the replies to the
+ * subscription's buffers, checked as strictly as a reply.
  *
  * One worker thread per connection: no locks.
  */
@@ -38,6 +40,7 @@ struct pending_read {
   void *dst; /* READ_TX: of the control array */
   uint32_t len;
   int compound;            /* a READ_TX */
+  int sub;                 /* a SUBSCRIBE */
   int ntx;                 /* READ_TX: entries of tx */
   struct lynx_tx_read *tx; /* READ_TX: the caller's */
 };
@@ -51,6 +54,11 @@ struct tcp_conn {
   struct pending_read *reads;
   uint32_t r_head, r_tail; /* FIFO of reads in flight, TCP_READS_MAX */
   int dead;                /* 0, or the -errno every call returns from now on */
+  int stalled; /* a flush's bytes the kernel did not take: poll sends them */
+  /* the subscription (NULL: none, or refused) and, per mqueue, its
+   * entry's index + 1 (0: not subscribed) */
+  struct lynx_push *push;
+  uint32_t *push_of;
 };
 
 static int errno_dead(int e) {
@@ -106,8 +114,10 @@ static int tc_send(struct tcp_conn *c) {
     ssize_t n = send(c->fd, c->out.p + c->out.head, c->out.len - c->out.head,
                      MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        c->stalled = 1;
         return 0;
+      }
       if (errno == EINTR)
         continue;
       return tc_dead(c, errno_dead(errno));
@@ -115,6 +125,7 @@ static int tc_send(struct tcp_conn *c) {
     c->out.head += (size_t)n;
   }
   c->out.head = c->out.len = 0;
+  c->stalled = 0;
   return 0;
 }
 
@@ -254,6 +265,7 @@ void lynx__tcp_close(struct lynx_tconn *tc) {
   lynx__tcp_buf_free(&c->out);
   lynx__tcp_buf_free(&c->in);
   free(c->reads);
+  free(c->push_of);
   free(c);
 }
 
@@ -365,6 +377,7 @@ int lynx__tcp_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
   r->dst = dst;
   r->len = (uint32_t)len;
   r->compound = 0;
+  r->sub = 0;
   return 0;
 }
 
@@ -412,9 +425,116 @@ int lynx__tcp_read_tx(struct lynx_tconn *tc, void *actrl,
   r->dst = actrl;
   r->len = 8u * g->n_mqueues;
   r->compound = 1;
+  r->sub = 0;
   r->ntx = n;
   r->tx = tx;
   return 0;
+}
+
+int lynx__tcp_subscribe(struct lynx_tconn *tc, struct lynx_push *p,
+                        uint64_t wr_id) {
+  struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
+  const struct lynx_geom *g = &c->g;
+  uint32_t len;
+  struct pending_read *r;
+  uint8_t *f;
+  int rc;
+  if (!p || p->n < 1 || (uint32_t)p->n > g->n_mqueues || !p->sub)
+    return -EINVAL;
+  if (c->dead)
+    return c->dead;
+  if (c->push)
+    return -EALREADY;
+  if (c->r_tail - c->r_head >= TCP_READS_MAX)
+    return -ENOBUFS;
+  if (!c->push_of) {
+    c->push_of = calloc(g->n_mqueues, sizeof(*c->push_of));
+    if (!c->push_of)
+      return -ENOMEM;
+  }
+  memset(c->push_of, 0, g->n_mqueues * sizeof(*c->push_of));
+  for (int i = 0; i < p->n; i++) {
+    const struct lynx_tx_sub *t = &p->sub[i];
+    if (t->q >= g->n_mqueues || c->push_of[t->q] || !t->ring ||
+        (g->large_bytes && (!t->large || !t->lmsg)))
+      return -EINVAL;
+    c->push_of[t->q] = (uint32_t)i + 1;
+  }
+  len = TXR_HDR + (uint32_t)p->n * TXR_ENT;
+  rc = lynx__tcp_buf_reserve(&c->out, TCP_HDR + len, TCP_OUT_MAX);
+  if (rc)
+    return rc;
+  f = c->out.p + c->out.len;
+  lynx__tcp_hdr_put(f, OP_SUBSCRIBE, 0, len, 0, wr_id);
+  lynx__tcp_put32(f + TCP_HDR, (uint32_t)p->n);
+  lynx__tcp_put32(f + TCP_HDR + 4, 0);
+  for (int i = 0; i < p->n; i++) {
+    uint8_t *e = f + TCP_HDR + TXR_HDR + (size_t)i * TXR_ENT;
+    p->sub[i].prod = p->sub[i].from;
+    lynx__tcp_put32(e, p->sub[i].q);
+    lynx__tcp_put32(e + 4, p->sub[i].from);
+    lynx__tcp_put32(e + 8, p->sub[i].rx_cons);
+    lynx__tcp_put32(e + 12, p->sub[i].flags & LYNX_SUB_RX_EAGER);
+  }
+  c->out.len += TCP_HDR + len;
+  p->state = 0;
+  c->push = p;
+  r = &c->reads[c->r_tail++ % TCP_READS_MAX];
+  memset(r, 0, sizeof(*r));
+  r->wr_id = wr_id;
+  r->sub = 1;
+  return 0;
+}
+
+/* Applies a PUSH frame of len bytes at p to the subscription: each entry
+ * must continue its mqueue where the last ended and every record lie
+ * inside the buffers (a large message inside the large area), so a
+ * confused or hostile agent can neither overrun a buffer nor skip a
+ * position. 0 or -EPROTO (the connection dies: what was applied of the
+ * frame is never consumed). */
+static int tc_take_push(struct tcp_conn *c, const uint8_t *p, uint32_t len) {
+  const struct lynx_geom *g = &c->g;
+  uint32_t z = g->slot_size, L = g->large_bytes, count, at = TXR_HDR;
+  if (!c->push || c->push->state != 1 || len < TXR_HDR ||
+      lynx__tcp_get32(p + 4))
+    return -EPROTO;
+  count = lynx__tcp_get32(p);
+  for (uint32_t i = 0; i < count; i++) {
+    struct lynx_tx_sub *t;
+    uint32_t q, idx, from, n;
+    if (len - at < PUSH_ENT)
+      return -EPROTO;
+    q = lynx__tcp_get32(p + at);
+    from = lynx__tcp_get32(p + at + 8);
+    n = lynx__tcp_get32(p + at + 12);
+    idx = q < g->n_mqueues ? c->push_of[q] : 0;
+    if (!idx || n > g->slots)
+      return -EPROTO;
+    t = &c->push->sub[idx - 1];
+    if (from != t->prod)
+      return -EPROTO;
+    t->rx_cons = lynx__tcp_get32(p + at + 4);
+    at += PUSH_ENT;
+    for (uint32_t k = 0; k < n; k++) {
+      uint32_t pos = (from + k) & (g->slots - 1), llen, loff;
+      if (len - at < PUSH_REC + z)
+        return -EPROTO;
+      llen = lynx__tcp_get32(p + at);
+      loff = lynx__tcp_get32(p + at + 4);
+      at += PUSH_REC;
+      if (llen && (llen > L || loff > L - llen || len - at - z < llen))
+        return -EPROTO;
+      memcpy(t->ring + (size_t)pos * z, p + at, z);
+      at += z;
+      if (llen)
+        memcpy(t->large + loff, p + at, llen);
+      at += llen;
+      if (t->lmsg)
+        t->lmsg[pos] = (struct lynx_tx_large){loff, llen};
+      t->prod = from + k + 1;
+    }
+  }
+  return at == len ? 0 : -EPROTO;
 }
 
 /* Unpacks a READ_TX answer of len bytes at p into r's buffers. Every count
@@ -446,6 +566,40 @@ static int tc_take_tx(struct tcp_conn *c, struct pending_read *r,
   return 0;
 }
 
+/* Whether the frame of len bytes at in.head is all here: 1, or 0 with
+ * room made for the rest (receive more), or -errno. */
+static int tc_whole(struct tcp_conn *c, uint32_t len) {
+  size_t have = c->in.len - c->in.head;
+  int rc;
+  if (have >= TCP_HDR + (size_t)len)
+    return 1;
+  rc = lynx__tcp_buf_reserve(&c->in, TCP_HDR + len - have,
+                             TCP_OP_MAX + TCP_HDR + 65536);
+  return rc ? rc : 0;
+}
+
+/* A frame of a kind poll did not expect, or one that does not parse: the
+ * stream is out of step. */
+static int tc_protocol(struct tcp_conn *c, const char *what, uint32_t len) {
+  LYNX_LOG_RL(LYNX_LOG_WARN, "tcp", "%s: malformed %s (%u bytes)",
+              c->base.desc.locator, what, len);
+  return -EPROTO;
+}
+
+/* The agent's answer to the subscription: pushing from now on, or
+ * refused (the reason logged; the caller polls). */
+static void tc_subscribed(struct tcp_conn *c, const struct tcp_hdr *h,
+                          const uint8_t *why) {
+  if (!h->off) {
+    c->push->state = 1;
+    return;
+  }
+  LYNX_LOG_RL(LYNX_LOG_INFO, "tcp", "%s: agent does not push answers: %.*s",
+              c->base.desc.locator, (int)h->len, (const char *)why);
+  c->push->state = h->off < 4096 ? -(int)h->off : -EPROTO;
+  c->push = NULL;
+}
+
 int lynx__tcp_flush(struct lynx_tconn *tc) {
   struct tcp_conn *c = container_of(tc, struct tcp_conn, base);
   return c->dead ? c->dead : tc_send(c);
@@ -456,40 +610,56 @@ int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
   int n = 0, rc;
   if (c->dead)
     return c->dead;
-  if (c->out.len > c->out.head) { /* finish what the kernel did not take */
+  /* finish what the kernel did not take of a flush (what was posted
+   * since waits for the next flush) */
+  if (c->stalled && c->out.len > c->out.head) {
     rc = tc_send(c);
     if (rc)
       return rc;
   }
-  if (c->r_head == c->r_tail)
+  if (c->r_head == c->r_tail && !c->push)
     return 0; /* nothing expected; a close shows up at the next send */
   for (int rounds = 0; rounds < 8 && n < max; rounds++) {
     /* parse what is here */
-    while (n < max && c->in.len - c->in.head >= TCP_HDR &&
-           c->r_head != c->r_tail) {
+    while (n < max && c->in.len - c->in.head >= TCP_HDR) {
       struct pending_read *r = &c->reads[c->r_head % TCP_READS_MAX];
       struct tcp_hdr h;
       lynx__tcp_hdr_get(c->in.p + c->in.head, &h);
       if (h.op == OP_FENCED)
         return tc_dead(c, -ECONNRESET);
+      if (h.op == OP_PUSH) { /* unasked, between the replies */
+        if (h.len > TCP_OP_MAX)
+          return tc_protocol(c, "push", h.len);
+        rc = tc_whole(c, h.len);
+        if (rc < 0)
+          return rc;
+        if (!rc)
+          break;
+        if (tc_take_push(c, c->in.p + c->in.head + TCP_HDR, h.len))
+          return tc_protocol(c, "push", h.len);
+        c->in.head += TCP_HDR + h.len;
+        continue;
+      }
+      if (c->r_head == c->r_tail)
+        return tc_protocol(c, "reply nobody asked for", h.len);
       if (h.wr_id != r->wr_id ||
-          (r->compound ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
-                       : h.op != OP_READ_RESP || h.len != r->len)) {
+          (r->sub        ? h.op != OP_SUBSCRIBE_RESP || h.len > 255
+           : r->compound ? h.op != OP_READ_TX_RESP || h.len > TCP_OP_MAX
+                         : h.op != OP_READ_RESP || h.len != r->len)) {
         LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
                     "%s: reply out of step (op %u, "
                     "%u bytes, expected a %u-byte read)",
                     c->base.desc.locator, h.op, h.len, r->len);
         return -EPROTO;
       }
-      if (c->in.len - c->in.head < TCP_HDR + (size_t)h.len) {
-        rc = lynx__tcp_buf_reserve(&c->in,
-                                   TCP_HDR + h.len - (c->in.len - c->in.head),
-                                   TCP_OP_MAX + TCP_HDR + 65536);
-        if (rc)
-          return rc;
+      rc = tc_whole(c, h.len);
+      if (rc < 0)
+        return rc;
+      if (!rc)
         break;
-      }
-      if (!r->compound) {
+      if (r->sub) {
+        tc_subscribed(c, &h, c->in.p + c->in.head + TCP_HDR);
+      } else if (!r->compound) {
         memcpy(r->dst, c->in.p + c->in.head + TCP_HDR, h.len);
       } else if (tc_take_tx(c, r, c->in.p + c->in.head + TCP_HDR, h.len)) {
         LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
@@ -502,7 +672,7 @@ int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
       ids[n++] = r->wr_id;
       c->r_head++;
     }
-    if (n == max || c->r_head == c->r_tail)
+    if (n == max || (c->r_head == c->r_tail && !c->push))
       break;
     /* receive more */
     rc = lynx__tcp_buf_reserve(&c->in, 65536, TCP_OP_MAX + TCP_HDR + 65536);

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "bell.h"
 #include "connguard.h"
 #include "mqueue.h"
 #include "tcp_wire.h"
@@ -38,6 +39,17 @@
  * mqueue, as in the region), then per entry {u32 n} and n slots. */
 #define TXR_HDR 8u
 #define TXR_ENT 16u
+
+/* SUBSCRIBE's payload: {u32 count, u32 0}, then count entries {u32 q, u32
+ * from, u32 rx_cons, u32 flags (LYNX_SUB_*)} (TXR_HDR, TXR_ENT); answered by
+ * one SUBSCRIBE_RESP in reply order. PUSH's (sent between replies, never in
+ * their place): {u32 count, u32 0}, then count entries {u32 q, u32
+ * rx_cons, u32 from, u32 n}, each followed by n records {u32 llen, u32
+ * loff, the slot's bytes, llen bytes of the large message it names, to
+ * go at loff of the large area (llen 0: not pushed; the frontend reads
+ * it)}. Entries of one mqueue follow on: from is where the last ended. */
+#define PUSH_ENT 16u
+#define PUSH_REC 8u
 
 #define F_PUBLISH 0x1u
 
@@ -121,6 +133,14 @@ void lynx__tcp_buf_free(struct tcp_buf *b);
 struct tcp_agent;
 struct srv_conn; /* tcp_agent_conn.c's */
 
+/* Watching a region that does not ring (pushing): the agent's thread
+ * spins while answers are owed there (for at most TCP_OWED_NS without
+ * any coming) or one was pushed within TCP_SPIN_NS; otherwise it looks every
+ * TCP_TICK_MS. */
+#define TCP_SPIN_NS (200u * 1000u)
+#define TCP_OWED_NS (1000ull * 1000u * 1000u)
+#define TCP_TICK_MS 1u
+
 struct tcp_export {
   struct tcp_agent *srv; /* the handle it is exported through */
   int refs;              /* the region's owner + every connection */
@@ -150,6 +170,21 @@ struct tcp_agent {
   int stop;
   struct srv_conn *conns;
   struct lynx_guard guard; /* the data port's caps and counters */
+  /* Pushed answers (tcp_agent_conn.c, "Pushing"). The thread's bell
+   * (fd -1: none), named in fctrl.waiter of every subscribed mqueue of a
+   * region whose CPU accelerator rings (LYNX_HDR_RESP_BELL) while the
+   * thread sleeps: prepare arms it and pushes what is published, check
+   * withdraws it. Regions that do not ring (a GPU's) are watched: spin
+   * (the idle handle) while answers are owed or were pushed within
+   * TCP_SPIN_NS, else the tick's timer. */
+  struct lynx_bell bell;
+  uv_poll_t bell_poll;
+  uv_prepare_t prep;
+  uv_check_t check;
+  uv_idle_t spin;
+  uv_timer_t tick;
+  int spinning, ticking;
+  uint64_t active_ns; /* the last request or push on a watched region */
 };
 
 /* tcp_agent_conn.c, on the handle's thread unless said otherwise. */
@@ -164,6 +199,18 @@ void lynx__tcp_srv_on_conn(uv_stream_t *l, int status);
 void lynx__tcp_srv_sweep(struct tcp_agent *srv);
 /* Closes every connection (the handle stops). */
 void lynx__tcp_srv_close_all(struct tcp_agent *srv);
+/* Pushing (tcp_agent_conn.c): names the thread's bell in (on) or takes it
+ * out of (!on) fctrl.waiter of every subscribed mqueue whose accelerator
+ * rings; pushes what is published on every subscribed mqueue. */
+void lynx__tcp_srv_arm(struct tcp_agent *srv, int on);
+/* force_rx: a move of rx_cons alone is pushed too (the tick); otherwise
+ * only on mqueues subscribed LYNX_SUB_RX_EAGER. */
+void lynx__tcp_srv_push_all(struct tcp_agent *srv, int force_rx);
+/* What subscriptions need now: 2 a spin (a watched region, subscribed
+ * and not ringing, owes answers or pushed one within TCP_SPIN_NS), 1 the
+ * tick (a watched region otherwise, or an rx_cons not pushed yet), 0
+ * nothing. */
+int lynx__tcp_srv_watch(struct tcp_agent *srv, uint64_t now_ns);
 
 /* tcp_agent.c: the ops table's agent members; agent_start is
  * agent_create for a handle of table ops. */
@@ -194,6 +241,8 @@ int lynx__tcp_read(struct lynx_tconn *tc, uint64_t off, void *dst, size_t len,
                    uint64_t wr_id);
 int lynx__tcp_read_tx(struct lynx_tconn *tc, void *actrl,
                       struct lynx_tx_read *tx, int n, uint64_t wr_id);
+int lynx__tcp_subscribe(struct lynx_tconn *tc, struct lynx_push *p,
+                        uint64_t wr_id);
 int lynx__tcp_flush(struct lynx_tconn *tc);
 int lynx__tcp_poll(struct lynx_tconn *tc, uint64_t *ids, int max);
 int lynx__tcp_wait_fd(struct lynx_tconn *tc);

@@ -113,6 +113,14 @@ int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
   return -ENOTSUP;
 }
 
+int lynx__subscribe_none(struct lynx_tconn *c, struct lynx_push *p,
+                         uint64_t wr_id) {
+  (void)c;
+  (void)p;
+  (void)wr_id;
+  return -ENOTSUP;
+}
+
 int lynx_region_class(const struct lynx_geom *g, uint64_t off, uint64_t len) {
   uint64_t tx = g->rings_off + (uint64_t)g->n_mqueues * g->ring_bytes;
   uint64_t end;

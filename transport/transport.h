@@ -188,6 +188,44 @@ struct lynx_tx_read {
   void *dst;
 };
 
+/* Pushed answers (subscribe): the agent sends each TX slot its accelerator
+ * publishes on a subscribed mqueue, unasked, with the large message the
+ * slot names where it can. One of these per mqueue; the buffers are the
+ * caller's and stay valid until the connection is closed. */
+struct lynx_tx_large {
+  uint32_t off, len; /* in the large area; len 0: none pushed */
+};
+
+struct lynx_tx_sub {
+  uint32_t q;       /* the mqueue */
+  uint32_t from;    /* caller: the first position to push (its tx_cons) */
+  uint32_t rx_cons; /* caller: the rx_cons it knows; then the latest pushed */
+  uint32_t prod;    /* transport: slots pushed up to this position (from on;
+                       caller sets it to from) */
+  uint32_t flags;   /* caller: LYNX_SUB_* */
+  uint8_t *ring;    /* slots * slot_size: position p's slot at (p & (slots -
+                       1)) * slot_size */
+  uint8_t *large;   /* large_bytes of the region, or NULL where it has none */
+  struct lynx_tx_large *lmsg; /* slots entries (NULL without large area):
+                                 what came with position p's slot, at
+                                 p & (slots - 1) */
+};
+
+/* A subscribed mqueue whose rx_cons matters on its own (a client
+ * mqueue: its RX ring takes back ends' replies): each move is pushed at
+ * once. Elsewhere rx_cons comes with the next slot pushed, or within a
+ * few milliseconds. */
+#define LYNX_SUB_RX_EAGER 0x1u
+
+/* A connection's subscription: n entries of sub. */
+struct lynx_push {
+  struct lynx_tx_sub *sub;
+  int n;
+  /* transport: 0 until the agent answered, then 1 (it pushes; every poll
+   * applies what came to the entries) or -errno (it will not: poll) */
+  int state;
+};
+
 /* One mqueue a sleeping frontend worker waits on (arm): its index and how
  * far the worker has consumed its TX ring. */
 struct lynx_arm {
@@ -253,6 +291,15 @@ struct lynx_transport_ops {
    * the largest possible answer is beyond what one operation carries. */
   int (*read_tx)(struct lynx_tconn *c, void *actrl, struct lynx_tx_read *tx,
                  int n, uint64_t wr_id);
+  /* Post a subscription, reported as one wr_id: from then on (p->state
+   * 1) the agent sends every TX slot published on p's mqueues, and poll,
+   * which must be called while answers are awaited, copies each into its
+   * entry's ring (and the large message it names into large), then moves
+   * prod and rx_cons; wait_fd turns readable when some came. The slots
+   * stay there until the caller's consumer index passes them, as in the
+   * region. p and its buffers stay valid until close. -ENOTSUP where
+   * answers are not pushed (shm, rdma: the frontend reads them). */
+  int (*subscribe)(struct lynx_tconn *c, struct lynx_push *p, uint64_t wr_id);
   /* Doorbell: start everything posted since the last flush. */
   int (*flush)(struct lynx_tconn *c);
   /* Reap up to max completed reads into ids. Count, or -errno when the
@@ -291,9 +338,10 @@ struct lynx_transport_ops {
     .region_export = prefix##_region_export,                                   \
     .region_free = prefix##_region_free, .connect = prefix##_connect,          \
     .writev = prefix##_writev, .read = prefix##_read,                          \
-    .read_tx = prefix##_read_tx, .flush = prefix##_flush,                      \
-    .poll = prefix##_poll, .wait_fd = prefix##_wait_fd,                        \
-    .notify = prefix##_notify, .arm = prefix##_arm, .close = prefix##_close    \
+    .read_tx = prefix##_read_tx, .subscribe = prefix##_subscribe,              \
+    .flush = prefix##_flush, .poll = prefix##_poll,                            \
+    .wait_fd = prefix##_wait_fd, .notify = prefix##_notify,                    \
+    .arm = prefix##_arm, .close = prefix##_close                               \
   }
 
 extern const struct lynx_transport_ops lynx_transport_shm;
@@ -325,6 +373,11 @@ void lynx_locator_set_host(char *locator, size_t len, const char *host);
 /* read_tx of a backend without a compound read (shm, rdma): -ENOTSUP. */
 int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
                        struct lynx_tx_read *tx, int n, uint64_t wr_id);
+
+/* subscribe of a backend that does not push answers (shm, rdma):
+ * -ENOTSUP. */
+int lynx__subscribe_none(struct lynx_tconn *c, struct lynx_push *p,
+                         uint64_t wr_id);
 
 /* arm of a backend whose accelerators cannot reach a frontend's bell
  * (tcp, rdma): -ENOTSUP. */

@@ -383,6 +383,7 @@ static int lynx__rdma_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
 /* One-sided reads are served by the NIC, not a thread: the two-step path
  * costs no wake-up a compound read would save. */
 #define lynx__rdma_read_tx lynx__read_tx_none
+#define lynx__rdma_subscribe lynx__subscribe_none
 /* completions wake a sleeping worker through the CQ's channel (wait_fd) */
 #define lynx__rdma_arm lynx__arm_none
 

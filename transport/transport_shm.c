@@ -284,6 +284,7 @@ static int shm_poll(struct lynx_tconn *tc, uint64_t *ids, int max) {
 /* Reads complete at once: the two-step path costs nothing a compound read
  * would save. */
 #define shm_read_tx lynx__read_tx_none
+#define shm_subscribe lynx__subscribe_none
 
 static int shm_wait_fd(struct lynx_tconn *tc) {
   (void)tc;

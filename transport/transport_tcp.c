@@ -27,6 +27,16 @@
  * the two-step path (array, then slots) took two, each a wake-up of the
  * agent's thread and of the frontend's.
  *
+ * SUBSCRIBE and PUSH (version 5) make polling the fallback: the frontend
+ * subscribes its mqueues from where it resumes (SUBSCRIBE_RESP in reply
+ * order says whether the agent pushes), and the agent sends every TX slot
+ * published there in PUSH frames between the replies, as soon as its
+ * accelerator publishes (a CPU accelerator rings the agent thread's bell;
+ * a GPU's control words are watched), with the rx_cons words and, from
+ * host memory, the large messages the slots name. One message each way
+ * per request: the request written, the answer pushed
+ * (tcp_agent_conn.c, "Pushing").
+ *
  * Semantics match shm: the agent applies operations in stream order, so a
  * read sees every earlier write (the fenced ordering mode's barrier comes
  * free) and a PUBLISH write stores its last word with release semantics

@@ -1,9 +1,9 @@
 /*
  * fuzz_tcp_agent.c - the agent side of the tcp transport
  * (transport/tcp_agent_conn.c: srv_on_read, srv_hello, srv_proof, srv_op,
- * srv_read_tx), through its public API: an agent handle on 127.0.0.1
- * exports one region, and the input is what a frontend sends on a data
- * connection to it. The session ends when the agent closes the
+ * srv_read_tx, srv_subscribe, srv_push), through its public API: an agent
+ * handle on 127.0.0.1 exports one region, and the input is what a frontend
+ * sends on a data connection to it. The session ends when the agent closes the
  * connection, after the stream ended (or earlier, refusing a frame).
  *
  * Input: a byte choosing the region (tcp_fuzz.h); a byte of flags: bit 0
@@ -75,7 +75,8 @@ static void replies_take(struct replies *r, const uint8_t *p, size_t n) {
                                           (r->frames == 1 && r->challenged)));
       r->challenged |= op == OP_CHALLENGE;
       FZ_CHECK(op == OP_HELLO_REPLY || op == OP_CHALLENGE ||
-               op == OP_READ_RESP || op == OP_READ_TX_RESP || op == OP_FENCED);
+               op == OP_READ_RESP || op == OP_READ_TX_RESP || op == OP_FENCED ||
+               op == OP_SUBSCRIBE_RESP || op == OP_PUSH);
       FZ_CHECK(op != OP_READ_RESP || len <= r->region_size);
       FZ_CHECK(len <= (4u << 20));
       r->skip = len;

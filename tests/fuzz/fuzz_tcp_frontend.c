@@ -3,7 +3,8 @@
  * (transport/tcp_frontend.c: tc_handshake, lynx__tcp_poll, tc_take_tx,
  * tc_dead), through its public API: the harness listens on 127.0.0.1 as
  * a fake agent whose answers are the input, connects to it with
- * lynx_transport_tcp.connect, posts reads and compound reads (READ_TX),
+ * lynx_transport_tcp.connect, posts reads, compound reads (READ_TX) and
+ * a subscription (SUBSCRIBE: then PUSH frames in the input are applied),
  * and polls until every one is reported or the connection fails.
  *
  * Input: a byte choosing the region the descriptor describes
@@ -11,7 +12,8 @@
  * posted and whose bit 3 has the agent answer the HELLO with the input at
  * once (else it first challenges the frontend as a version 4 agent does:
  * CHALLENGE, the PROOF checked, which no input could make); per operation
- * a byte (bit 0: a compound read of every mqueue from position u8, else a
+ * a byte (bit 0: a compound read of every mqueue from position u8, or with
+ * bit 1 a subscription of every mqueue from there, the first only; else a
  * read at u16 offset of u16 bytes, both taken modulo the region); then
  * what the agent sends: its HELLO_REPLY, the READ_RESP of the region
  * header the handshake reads, then the answers (wr_id i + 1 for the
@@ -21,7 +23,9 @@
  * size on the heap): the frontend's HELLO names the region by its id and
  * its PROOF answers the challenge with the key; reads are reported once
  * each, in the order posted; a compound read never reports more slots
- * than were asked for.
+ * than were asked for; a push moves nothing unless the subscription was
+ * accepted, and every large message it says it brought lies inside the
+ * large area (every buffer it fills is its exact size on the heap).
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -113,6 +117,8 @@ static void *agent_main(void *arg) {
 
 struct op {
   int compound;
+  struct lynx_push push; /* a subscription's, sub: one per mqueue */
+  struct lynx_tx_sub *sub;
   uint64_t off;
   size_t len;
   uint8_t *dst;            /* a read's bytes, or a compound's array */
@@ -126,13 +132,54 @@ static void ops_free(struct op *ops, int n, const struct lynx_geom *g) {
     for (uint32_t q = 0; ops[i].tx && q < g->n_mqueues; q++)
       free(ops[i].tx[q].dst);
     free(ops[i].tx);
+    for (uint32_t q = 0; ops[i].sub && q < g->n_mqueues; q++) {
+      free(ops[i].sub[q].ring);
+      free(ops[i].sub[q].large);
+      free(ops[i].sub[q].lmsg);
+    }
+    free(ops[i].sub);
   }
+}
+
+/* What a subscription's pushes left: nothing unless it was accepted, and
+ * every large message recorded inside the large area. */
+static void check_push(const struct op *o, const struct lynx_geom *g) {
+  for (uint32_t q = 0; o->sub && q < g->n_mqueues; q++) {
+    const struct lynx_tx_sub *t = &o->sub[q];
+    FZ_CHECK(o->push.state == 1 || t->prod == t->from);
+    for (uint32_t p = 0; t->lmsg && p < g->slots; p++)
+      FZ_CHECK(t->lmsg[p].len <= g->large_bytes &&
+               t->lmsg[p].off <= g->large_bytes - t->lmsg[p].len);
+  }
+}
+
+/* Posts a subscription of every mqueue from position from (the one
+ * subscription a connection takes; later ones are refused, -EALREADY). */
+static int post_sub(struct lynx_tconn *c, struct op *o, uint32_t from, int i,
+                    const struct lynx_geom *g) {
+  o->sub = calloc(g->n_mqueues, sizeof(*o->sub));
+  if (!o->sub)
+    return -1;
+  for (uint32_t q = 0; q < g->n_mqueues; q++) {
+    struct lynx_tx_sub *t = &o->sub[q];
+    t->q = q;
+    t->from = from;
+    t->ring = malloc(g->slots_bytes);
+    t->large = g->large_bytes ? malloc(g->large_bytes) : NULL;
+    t->lmsg = g->large_bytes ? calloc(g->slots, sizeof(*t->lmsg)) : NULL;
+    if (!t->ring || (g->large_bytes && (!t->large || !t->lmsg)))
+      return -1;
+  }
+  o->push = (struct lynx_push){o->sub, (int)g->n_mqueues, 0};
+  return c->ops->subscribe(c, &o->push, (uint64_t)i + 1) ? -1 : 0;
 }
 
 /* Posts operation i (wr_id i + 1): 0, or -1 when it could not be. */
 static int post(struct lynx_tconn *c, struct op *o, int i, struct fz *f,
                 const struct lynx_geom *g) {
   uint8_t kind = fz_u8(f);
+  if ((kind & 3) == 3)
+    return post_sub(c, o, fz_u8(f), i, g);
   if (kind & 1) {
     uint32_t from = fz_u8(f);
     o->compound = 1;
@@ -167,6 +214,8 @@ static void reap(struct lynx_tconn *c, struct op *ops, int n,
     uint64_t ids[OPS_MAX];
     struct pollfd p = {c->ops->wait_fd(c), POLLIN, 0};
     int k = c->ops->poll(c, ids, OPS_MAX);
+    for (int i = 0; i < n; i++)
+      check_push(&ops[i], g);
     if (k < 0)
       return;
     FZ_CHECK(k <= n - next);

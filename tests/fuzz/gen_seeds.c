@@ -520,6 +520,24 @@ static void tcp_agent(void) {
   put(&b, slot, LYNX_TCP_PROOF);
   tcp_put_hdr(&b, OP_READ, 0, 64, 0, 1);
   emit(&b, "tcp_agent", "wrong-proof");
+  /* a subscription of both mqueues (the second's rx_cons eager), then a
+   * request published: the agent answers and pushes */
+  put_u8(&b, sel);
+  put_u8(&b, 1);
+  tcp_put_hdr(&b, OP_SUBSCRIBE, 0, 8 + 2 * 16, 0, 1);
+  put_le32(&b, 2);
+  put_le32(&b, 0);
+  for (uint32_t q = 0; q < 2; q++) {
+    put_le32(&b, q);
+    put_le32(&b, 0);
+    put_le32(&b, 0);
+    put_le32(&b, q);
+  }
+  tcp_put_hdr(&b, OP_WRITE, 1, g.slot_size, lynx_rx_ring_off(&g, 0), 0);
+  for (uint32_t i = 0; i < g.slot_size; i += sizeof(slot))
+    put(&b, slot, sizeof(slot));
+  tcp_put_hdr(&b, OP_READ, 0, 64, 0, 2);
+  emit(&b, "tcp_agent", "subscribe");
   free(b.p);
 }
 
@@ -580,6 +598,53 @@ static void tcp_frontend_seed(const char *name, uint8_t sel, uint16_t len,
   free(b.p);
 }
 
+/* A subscription (op 1: every mqueue from 0) accepted, then a push of one
+ * slot on mqueue 0 (no large message) with its rx_cons. */
+static void tcp_frontend_push_seed(void) {
+  struct bs b = {0};
+  struct lynx_geom g;
+  uint32_t ordering;
+  uint8_t *hdr, *slot;
+  const uint8_t sel = 0x05;
+  struct lynx_region r;
+  fz_tcp_geom(sel, &g, &ordering);
+  memset(&r, 0, sizeof(r));
+  r.fd = -1;
+  r.size = g.region_size;
+  r.base = calloc(1, g.region_size);
+  slot = calloc(1, g.slot_size);
+  if (!r.base || !slot ||
+      lynx_region_format(&r, g.n_mqueues, g.slots, g.slot_size, g.large_bytes,
+                         ordering, FZ_TCP_EPOCH, FZ_TCP_ACCEL)) {
+    fprintf(stderr, "gen_seeds: cannot format a region\n");
+    exit(1);
+  }
+  hdr = r.base;
+  put_u8(&b, sel);
+  put_u8(&b, 1);
+  put_u8(&b, 3); /* a subscription from 0 */
+  put_u8(&b, 0);
+  tcp_put_hdr(&b, OP_HELLO_REPLY, 0, 0, 0, 0);
+  tcp_put_hdr(&b, OP_READ_RESP, 0, sizeof(struct lynx_region_hdr), 0, 0);
+  put(&b, hdr, sizeof(struct lynx_region_hdr));
+  tcp_put_hdr(&b, OP_SUBSCRIBE_RESP, 0, 0, 0, 1);
+  tcp_put_hdr(&b, OP_PUSH, 0, 8 + FZ_PUSH_ENT + FZ_PUSH_REC + g.slot_size, 0,
+              0);
+  put_le32(&b, 1);
+  put_le32(&b, 0);
+  put_le32(&b, 0); /* q */
+  put_le32(&b, 1); /* rx_cons */
+  put_le32(&b, 0); /* from */
+  put_le32(&b, 1); /* n */
+  put_le32(&b, 0); /* llen */
+  put_le32(&b, 0); /* loff */
+  put(&b, slot, g.slot_size);
+  emit(&b, "tcp_frontend", "pushed");
+  free(slot);
+  free(r.base);
+  free(b.p);
+}
+
 static void tcp_frontend(void) {
   struct bs b = {0};
   tcp_frontend_seed("session", 0x05, 64, 0, 0);
@@ -599,6 +664,7 @@ static void tcp_frontend(void) {
   tcp_put_hdr(&b, OP_HELLO_REPLY, 0, 22, ENOENT, 0);
   put_str(&b, "no region with this id");
   emit(&b, "tcp_frontend", "refused-unchallenged");
+  tcp_frontend_push_seed();
   free(b.p);
 }
 

@@ -23,7 +23,9 @@
 
 #define FZ_TCP_EPOCH 0x5EED0000F022ull
 #define FZ_TCP_ACCEL 7u
-#define FZ_TCP_HELLO 40u /* version 4's */
+#define FZ_TCP_HELLO 40u /* version 4's (and 5's) */
+#define FZ_PUSH_ENT 16u  /* a PUSH entry: {q, rx_cons, from, n} */
+#define FZ_PUSH_REC 8u   /* before each pushed slot: {llen, loff} */
 
 /* The region sel chooses: 1-4 mqueues of 2-16 slots of 64-512 bytes,
  * bit 6 a 4 KiB large-message area, bit 7 the fenced ordering. */

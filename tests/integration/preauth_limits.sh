@@ -126,9 +126,9 @@ for i in range(n):
     s.bind(("127.0.0.4", 0))
     s.connect(("127.0.0.1", port))
     t0 = time.monotonic()
-    # tcp HELLO version 4: magic, version, 0, region id (here one no region
+    # tcp HELLO version 5: magic, version, 0, region id (here one no region
     # has: a guess), epoch, size, producer
-    hello = struct.pack("<IHHQQQQ", 0x3154584C, 4, 0, 0x1234 + i, 1, 4096, 0)
+    hello = struct.pack("<IHHQQQQ", 0x3154584C, 5, 0, 0x1234 + i, 1, 4096, 0)
     s.sendall(struct.pack("<BBHIQQ", 1, 0, 0, len(hello), 0, 0) + hello)
     s.settimeout(30)
     reply = s.recv(24)

@@ -15,7 +15,9 @@
 #     than moved: 1024 slots absorb the scheduling stalls of a loaded 2-core
 #     machine (udp_flow_saturation runs into that on purpose).
 #  3. metrics: received == dispatched == responded, no drop of any reason,
-#     and every mqueue of both accelerators carried traffic.
+#     and every mqueue of both accelerators carried traffic. Over tcp the
+#     agent pushes the answers (issue 36): no poll was posted (READ_TX or a
+#     control-array read), no slot read, every connection subscribed.
 #  4. one accelerator with one mqueue (a single FIFO): under-load answers
 #     must come back in order as well, all answered by the frontend.
 #  5. idle CPU (issue 15): after that traffic, with the agent and its CPU
@@ -30,7 +32,9 @@
 #     worker sleeps through the wait instead of polling on growing timers
 #     (about 8 timer wake-ups per request without a bell; at most one, the
 #     pre-wake, plus the expiry scans with it: fewer than 3 per request
-#     plus 150 a second asserted). Over tcp nothing rings.
+#     plus 150 a second asserted). Over tcp nothing rings: the pushed
+#     answers end the sleeps on the connection's socket
+#     (woken_by="transport"), with the same bound on timer wake-ups.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init udp_pingpong
@@ -101,6 +105,16 @@ for a in 0 1; do
     assert_gt "$v" 0 "lynx_mqueue_responded_total{accel=\"$a\",mqueue=\"$q\"}"
   done
 done
+if [[ $IT_TRANSPORT == tcp ]]; then
+  for op in poll slot_read; do
+    v=$(metric lynx_frontend_transport_ops_total "op=\"$op\"") ||
+      fail "no transport_ops_total{op=\"$op\"}"
+    assert_eq "$v" 0 "transport operations posted to read answers ($op) over tcp"
+  done
+  v=$(metric lynx_frontend_transport_ops_total 'op="subscribe"') ||
+    fail "no transport_ops_total{op=\"subscribe\"}"
+  assert_ge "$v" 2 "subscriptions (one per connection: 2 accelerators)"
+fi
 unset METRICS_FROM
 
 stop_daemons
@@ -151,5 +165,11 @@ if [[ $IT_TRANSPORT == shm ]]; then
     "sleeps ended by a timer (requests answered: $resp)"
 else
   assert_eq "$bell" 0 "sleeps ended by a bell over $IT_TRANSPORT"
+  pushed=$(metric lynx_frontend_sleeps_total 'woken_by="transport"') ||
+    fail "no sleeps_total{woken_by=transport}"
+  log "over $IT_TRANSPORT, sleeps ended by the transport's socket: $pushed"
+  assert_gt "$pushed" 0 "sleeps ended by a pushed answer"
+  assert_lt "$timer" $((3 * resp + 150 * (t1 - t0 + 1000) / 1000)) \
+    "sleeps ended by a timer (requests answered: $resp)"
 fi
 exit 0

@@ -24,7 +24,7 @@ const struct tc_backend tc_backend = {
     .name = "tcp",
     .ops = &lynx_transport_tcp,
     .caps = TC_CAP_KEY | TC_CAP_WAIT_FD | TC_CAP_FREE_DROPS |
-            TC_CAP_FENCE_COUNTS | TC_CAP_FENCE_PRODUCERS,
+            TC_CAP_FENCE_COUNTS | TC_CAP_FENCE_PRODUCERS | TC_CAP_PUSH,
     .err = {.wrong_key = -ESTALE,
             .stale_epoch = -ESTALE,
             .bad_desc = -EPROTO,

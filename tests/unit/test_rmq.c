@@ -7,9 +7,9 @@
  * with its options and hooks: no worker, dispatcher or forwarder around
  * it): the old one (epoch 5) publishes requests through fe_write_rx, the
  * new one (epoch 7) takes the region over while the accelerator has not
- * consumed them. The
- * accelerator side is the region's memory read through the ring code
- * (lynx_mq_recv), as a CPU accelerator reads it.
+ * consumed them. The accelerator side is the region's memory read through
+ * the ring code (lynx_mq_recv), as a CPU accelerator reads it; its answers
+ * are pushed to the manager (tcp's subscribe), counted by the slot hook.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "bell.h"
 #include "mqueue.h"
 #include "rmq.h"
 #include "tagtab.h"
@@ -40,15 +41,39 @@ static const struct lynx_transport_ops *T;
 static struct lynx_transport_agent *g_ta;
 static char g_bound[LYNX_LOCATOR_MAX];
 
-/* The hooks: the layers above the manager, which these cases do not
- * need (no back ends, no forwarder). */
+/* The answers the slot hook was handed: tag, length and every byte's
+ * value (the test's answers are one byte repeated; 0xFF: mixed). */
+#define ANSWERS_MAX 16
+struct answers {
+  uint32_t n, tag[ANSWERS_MAX], len[ANSWERS_MAX];
+  uint8_t fill[ANSWERS_MAX];
+};
+static struct answers g_ans;
+
+/* The hooks: the layers above the manager, which these cases need only
+ * as far as the answers handed up (no back ends, no forwarder). */
 static int hk_changed(void *ctx) {
   (void)ctx;
   return 0;
 }
 static int hk_slot(void *ctx, struct fe_mq *mq, const uint8_t *slot,
                    uint32_t pos, const uint8_t *large, uint32_t large_len) {
-  (void)ctx, (void)mq, (void)slot, (void)pos, (void)large, (void)large_len;
+  struct lynx_slot_meta m;
+  const uint8_t *data;
+  uint32_t len, i = g_ans.n;
+  (void)ctx, (void)pos;
+  memcpy(&m, slot + mq->conn->acc.g.slot_size - LYNX_META_SIZE, sizeof(m));
+  data = (m.status & LYNX_ST_LARGE) ? large : slot + (uint32_t)m.off16 * 16u;
+  len = (m.status & LYNX_ST_LARGE) ? large_len : m.len;
+  if (i < ANSWERS_MAX && data) {
+    g_ans.tag[i] = m.tag;
+    g_ans.len[i] = len;
+    g_ans.fill[i] = len ? data[0] : 0;
+    for (uint32_t k = 1; k < len; k++)
+      if (data[k] != data[0])
+        g_ans.fill[i] = 0xFF;
+  }
+  g_ans.n++;
   return 0;
 }
 static void hk_lost(void *ctx, const struct lynx_tag_entry *e) {
@@ -95,6 +120,7 @@ static int fx_setup(void **state) {
     return -1;
   rmq_init(f, 0, 11);
   rmq_init(f, 1, 22);
+  memset(&g_ans, 0, sizeof(g_ans));
   lynx_mq_bind(&f->amq, f->r.base, &f->g, 0);
   *state = f;
   return 0;
@@ -237,7 +263,8 @@ static void test_takeover_resumes_after_published(void **state) {
     assert_true(lynx_cnt_get(&ops[FE_OP_OPEN_READ]) >= 1);
     assert_true(lynx_cnt_get(&ops[FE_OP_INDEX_WRITE]) >= 1);
     assert_int_equal(lynx_cnt_get(&ops[FE_OP_REQUEST_WRITE]), 3);
-    assert_true(lynx_cnt_get(&ops[FE_OP_POLL]) >= 1);
+    assert_int_equal(lynx_cnt_get(&ops[FE_OP_SUBSCRIBE]), 1);
+    assert_int_equal(lynx_cnt_get(&ops[FE_OP_POLL]), 0); /* pushed */
     assert_int_equal(lynx_cnt_get(&ops[FE_OP_FENCE_READ]), 0);
   }
   assert_int_equal(mq->rx_ln, 0); /* every large area released */
@@ -306,6 +333,74 @@ static void test_reconnect_resumes_after_own(void **state) {
   expect_req(f, 1500, 0xE3, 0x503);
 }
 
+/* The accelerator answers the request it receives next: len bytes of
+ * fill under the request's tag (a large answer past a slot's payload),
+ * then rings the bell a waiter named, as a CPU accelerator does. */
+static void answer_next(struct fx *f, uint32_t len, uint8_t fill) {
+  struct lynx_msg m = {0};
+  uint8_t *buf = NULL;
+  assert_int_equal(lynx_mq_recv(&f->amq, &m), 0);
+  assert_int_equal(lynx_mq_reserve(&f->amq, len, &buf), 0);
+  memset(buf, fill, len);
+  lynx_mq_commit(&f->amq, m.tag, len, len, 0);
+  lynx_bell_after_publish(&f->amq, "test accelerator");
+  lynx_mq_release(&f->amq);
+}
+
+/* Answers are pushed: published by the accelerator (small ones and large
+ * ones, over more than a ring's positions), they reach the slot hook with
+ * no poll, no slot or large read on the wire, whether the region's
+ * accelerator rings the agent's bell (rings) or the agent watches its
+ * control words (a GPU's); the consumer index written back frees the
+ * accelerator's TX ring, and rx_cons comes with them or soon after. */
+static void answers_pushed(struct fx *f, int rings) {
+  struct lynx_region_hdr *h = (struct lynx_region_hdr *)f->r.base;
+  struct fe_rmq *r = &f->m[0];
+  struct fe_conn *c;
+  const lynx_counter *ops = r->op_counts;
+  uint32_t want = 0;
+  if (rings)
+    __atomic_or_fetch(&h->flags, LYNX_HDR_RESP_BELL, __ATOMIC_RELEASE);
+  c = add_as(f, r, 5);
+  assert_true(c->pushing);
+  for (uint32_t round = 0; round < 3 * S / 2; round++) {
+    uint64_t end = lynx_now_ns() + 5000000000ull;
+    uint32_t big = round % 3 == 1 ? 1500 : 12; /* large: past the slot */
+    send_req(r, c, 16, (uint8_t)round, 0x600 + round);
+    await_published(f, 1);
+    answer_next(f, big, (uint8_t)(0x40 + round));
+    fe_mq_outstanding_set(&c->mqs[0], 1);
+    want++;
+    while (g_ans.n < want) {
+      assert_true(fe_rmq_progress(r, c) >= 0);
+      assert_int_not_equal(c->state, FE_CONN_DEAD);
+      assert_true(lynx_now_ns() < end);
+    }
+    assert_int_equal(g_ans.n, want);
+    if (round < ANSWERS_MAX) {
+      assert_int_equal(g_ans.tag[round], 0x600 + round);
+      assert_int_equal(g_ans.len[round], big);
+      assert_int_equal(g_ans.fill[round], 0x40 + round);
+    }
+  }
+  fe_mq_outstanding_set(&c->mqs[0], 0);
+  /* every request consumed: rx_cons reaches the frontend without a read */
+  await_rx_cons(r, c, 3 * S / 2);
+  assert_int_equal(lynx_cnt_get(&ops[FE_OP_POLL]), 0);
+  assert_int_equal(lynx_cnt_get(&ops[FE_OP_SLOT_READ]), 0);
+  assert_int_equal(lynx_cnt_get(&ops[FE_OP_LARGE_READ]), 0);
+  assert_int_equal(lynx_cnt_get(&ops[FE_OP_SUBSCRIBE]), 1);
+  assert_int_equal(lynx_cnt_get(&c->mqs[0].drops[FE_QDROP_BAD_INDEX]), 0);
+}
+
+static void test_answers_pushed_bell(void **state) {
+  answers_pushed(*state, 1);
+}
+
+static void test_answers_pushed_watched(void **state) {
+  answers_pushed(*state, 0);
+}
+
 static int group_setup(void **state) {
   (void)state;
   return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
@@ -320,9 +415,9 @@ static int group_teardown(void **state) {
 int main(int argc, char **argv) {
 #define TF(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
-      TF(test_takeover_resumes_after_published),
-      TF(test_takeover_of_full_ring),
-      TF(test_reconnect_resumes_after_own),
+      TF(test_takeover_resumes_after_published), TF(test_takeover_of_full_ring),
+      TF(test_reconnect_resumes_after_own),      TF(test_answers_pushed_bell),
+      TF(test_answers_pushed_watched),
   };
 #undef TF
   return LYNX_UT_MAIN(argc, argv, "rmq", tests, group_setup, group_teardown);

@@ -40,6 +40,7 @@
 #include "connguard.h"
 #include "mqueue.h"
 #include "tcp_auth.h"
+#include "tcp_wire.h"
 #include "transport.h"
 #include "ut_main.h"
 #include "ut_region.h"
@@ -224,11 +225,12 @@ static void raw_hello_send(int fd, const struct fx *f, uint16_t ver) {
   raw_hello_send_copy(fd, f, ver, NULL);
 }
 
-/* The version-4 exchange up to the agent's answer: HELLO, its CHALLENGE,
- * and a PROOF made with key (f's, or another to see it refused). */
+/* This version's exchange up to the agent's answer: HELLO, its
+ * CHALLENGE, and a PROOF made with key (f's, or another to see it
+ * refused). */
 static void raw_hello_prove(int fd, const struct fx *f, uint64_t key) {
   uint8_t hello[40], r[24 + LYNX_TCP_NONCE], proof[24 + LYNX_TCP_PROOF];
-  raw_hello_send_copy(fd, f, 4, hello);
+  raw_hello_send_copy(fd, f, TCP_VERSION, hello);
   assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), (ssize_t)sizeof(r));
   assert_int_equal(r[0], 9); /* CHALLENGE */
   put_hdr(proof, 10, 0, LYNX_TCP_PROOF, 0, 0);
@@ -683,7 +685,7 @@ static void test_key_proof(void **state) {
   uint64_t key = htole64(f->r.key);
   uint64_t fails0 = lynx_guard_get(&g_ta->guard->auth_failed);
   int fd = raw_connect(f);
-  raw_hello_send_copy(fd, f, 4, hello);
+  raw_hello_send_copy(fd, f, TCP_VERSION, hello);
   assert_null(memmem(hello, sizeof(hello), &key, sizeof(key)));
   close(fd);
 
@@ -700,7 +702,7 @@ static void test_key_proof(void **state) {
   close(fd);
 
   fd = raw_connect(f);
-  raw_hello_send(fd, f, 4);
+  raw_hello_send(fd, f, TCP_VERSION);
   assert_int_equal(recv(fd, frame, 24, MSG_WAITALL), 24);
   assert_int_equal(frame[0], 9); /* CHALLENGE */
   put_hdr(frame, 10, 0, 8, 0, 0);
@@ -715,29 +717,36 @@ static void test_key_proof(void **state) {
 
 /* ---- protocol versions ------------------------------------------------- */
 
-/* A frontend of protocol version 2 (no producer epoch: it cannot be
- * fenced) is refused at its shorter HELLO with a reason that names both
- * versions, before any operation. */
+/* Frontends of older protocol versions are refused at their HELLO with a
+ * reason that names both versions, before any operation: version 2 (no
+ * producer epoch: it cannot be fenced; a shorter HELLO) and version 4
+ * (the one before pushed answers: it would poll, and could not be told
+ * the agent pushes). */
 static void test_old_frontend_refused(void **state) {
   struct fx *f = *state;
-  uint8_t r[24];
-  char why[200] = "";
-  uint32_t len;
-  uint64_t st;
-  int fd = raw_connect(f);
-  raw_hello_send(fd, f, 2);
-  assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
-  assert_int_equal(r[0], 2); /* HELLO_REPLY */
-  memcpy(&st, r + 8, 8);
-  assert_int_equal(le64toh(st), EPROTO);
-  memcpy(&len, r + 4, 4);
-  len = le32toh(len);
-  assert_true(len > 0 && len < sizeof(why));
-  assert_int_equal(recv(fd, why, len, MSG_WAITALL), (ssize_t)len);
-  assert_non_null(strstr(why, "version 2"));
-  assert_non_null(strstr(why, "speaks 4"));
-  assert_true(raw_closed(fd));
-  close(fd);
+  static const uint16_t old[] = {2, 4};
+  for (size_t i = 0; i < sizeof(old) / sizeof(old[0]); i++) {
+    uint8_t r[24];
+    char why[200] = "", want[32];
+    uint32_t len;
+    uint64_t st;
+    int fd = raw_connect(f);
+    raw_hello_send(fd, f, old[i]);
+    assert_int_equal(recv(fd, r, sizeof(r), MSG_WAITALL), 24);
+    assert_int_equal(r[0], 2); /* HELLO_REPLY */
+    memcpy(&st, r + 8, 8);
+    assert_int_equal(le64toh(st), EPROTO);
+    memcpy(&len, r + 4, 4);
+    len = le32toh(len);
+    assert_true(len > 0 && len < sizeof(why));
+    assert_int_equal(recv(fd, why, len, MSG_WAITALL), (ssize_t)len);
+    snprintf(want, sizeof(want), "version %u", old[i]);
+    assert_non_null(strstr(why, want));
+    snprintf(want, sizeof(want), "speaks %u", TCP_VERSION);
+    assert_non_null(strstr(why, want));
+    assert_true(raw_closed(fd));
+    close(fd);
+  }
 }
 
 /* An agent of another version that refuses this frontend's HELLO the way
@@ -755,7 +764,7 @@ struct old_agent {
 static void *old_agent_main(void *arg) {
   struct old_agent *o = arg;
   uint8_t in[24 + 40], out[24 + 64];
-  const char *why = "bad magic 0x3154584c or version 4 (this agent speaks 1)";
+  const char *why = "bad magic 0x3154584c or version 5 (this agent speaks 4)";
   uint32_t l = (uint32_t)strlen(why);
   int fd = accept(o->lfd, NULL, NULL);
   if (fd < 0)
@@ -803,7 +812,7 @@ static void test_old_agent_refuses(void **state) {
   expect_refused(&d, -EPROTO);
   pthread_join(t, NULL);
   close(o.lfd);
-  assert_int_equal(o.seen_version, 4);
+  assert_int_equal(o.seen_version, TCP_VERSION);
   assert_int_equal(o.seen_after, 0);
 }
 

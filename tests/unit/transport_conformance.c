@@ -1042,6 +1042,100 @@ static void tc_fence_epoch0(void **state) {
   roundtrip(f, lynx_rx_ring_off(&f->r.g, 1), "epoch 3", 8, 0);
 }
 
+/* The accelerator publishes an answer at TX ring position pos of mqueue
+ * q: the slot (8 bytes of tag as payload), then its tx_prod (release),
+ * as the ring code does. */
+static void answer_at(struct fx *f, uint32_t q, uint32_t pos, uint32_t tag) {
+  const struct lynx_geom *g = &f->r.g;
+  uint8_t *slot = f->r.mem + lynx_slot_off(g, lynx_tx_ring_off(g, q), pos);
+  struct lynx_actrl *a = (struct lynx_actrl *)(f->r.mem + lynx_actrl_off(g, q));
+  struct lynx_slot_meta m = {8, tag, 0, (uint16_t)(lynx_payload_off(Z, 8) / 16),
+                             lynx_seq_for(pos)};
+  memcpy(slot + lynx_payload_off(Z, 8), &tag, 4);
+  memcpy(slot + Z - LYNX_META_SIZE, &m, sizeof(m));
+  __atomic_store_n(&a->tx_prod, pos + 1, __ATOMIC_RELEASE);
+}
+
+/* Polls c until the subscription p is answered and, if the agent pushes,
+ * mqueue q's entry has slots up to prod: 0, or the error of the poll
+ * (-ETIMEDOUT after 5 s). */
+static int poll_push(struct lynx_tconn *c, const struct lynx_push *p,
+                     uint32_t q, uint32_t prod) {
+  uint64_t end = lynx_now_ns() + 5000000000ull, id;
+  while (lynx_now_ns() < end) {
+    int k = c->ops->poll(c, &id, 1);
+    if (k < 0)
+      return k;
+    if (p->state != 0 && (p->state < 0 || p->sub[q].prod == prod))
+      return 0;
+    usleep(200);
+  }
+  return -ETIMEDOUT;
+}
+
+/* Pushed answers (subscribe): a backend that has them reports the
+ * subscription, then brings each answer the accelerator publishes, unasked
+ * (no read posted), into the ring's copy at its position, from where
+ * each mqueue was asked; a takeover cuts the subscribed connection (its poll
+ * fails as a cut one's ops do). A backend without them says -ENOTSUP. */
+static void tc_push(void **state) {
+  struct fx *f = *state;
+  const struct lynx_geom *g = &f->r.g;
+  struct lynx_tx_sub sub[TC_Q];
+  struct lynx_push p = {sub, TC_Q, 0};
+  uint8_t *ring[TC_Q];
+  struct lynx_tconn *nw;
+  uint64_t id;
+  connect_as(f, 5, &f->c);
+  for (uint32_t q = 0; q < TC_Q; q++) {
+    ring[q] = calloc(TC_S, Z);
+    assert_non_null(ring[q]);
+    sub[q] = (struct lynx_tx_sub){.q = q, .from = 2 * q, .ring = ring[q]};
+  }
+  /* mqueue 1 has two answers before: pushed from position 2 on */
+  answer_at(f, 1, 0, 0xA0);
+  answer_at(f, 1, 1, 0xA1);
+  if (!(B->caps & TC_CAP_PUSH)) {
+    assert_int_equal(f->c->ops->subscribe(f->c, &p, 9), -ENOTSUP);
+    goto out;
+  }
+  assert_int_equal(f->c->ops->subscribe(f->c, &p, 9), 0);
+  assert_int_equal(f->c->ops->flush(f->c), 0);
+  assert_int_equal(poll_push(f->c, &p, 0, 0), 0);
+  assert_int_equal(p.state, 1);
+  answer_at(f, 1, 2, 0xB2);
+  answer_at(f, 1, 3, 0xB3);
+  assert_int_equal(poll_push(f->c, &p, 1, 4), 0);
+  for (uint32_t pos = 2; pos < 4; pos++) {
+    const uint8_t *want =
+        f->r.mem + lynx_slot_off(g, lynx_tx_ring_off(g, 1), pos);
+    assert_memory_equal(ring[1] + (size_t)pos * Z, want, Z);
+  }
+  assert_int_equal(sub[1].prod, 4);
+  assert_int_equal(sub[0].prod, 0); /* nothing published there */
+  /* one on mqueue 0: its own entry, its position */
+  answer_at(f, 0, 0, 0xC0);
+  assert_int_equal(poll_push(f->c, &p, 0, 1), 0);
+  assert_memory_equal(
+      ring[0], f->r.mem + lynx_slot_off(g, lynx_tx_ring_off(g, 0), 0), Z);
+  /* a newer frontend takes the region over: the subscribed connection,
+   * with no read posted, learns it from its poll */
+  connect_as(f, 7, &nw);
+  {
+    uint64_t end = lynx_now_ns() + 5000000000ull;
+    int k = 0;
+    while (k >= 0 && lynx_now_ns() < end) {
+      k = f->c->ops->poll(f->c, &id, 1);
+      usleep(1000);
+    }
+    assert_int_equal(k, B->err.cut);
+  }
+  nw->ops->close(nw);
+out:
+  for (uint32_t q = 0; q < TC_Q; q++)
+    free(ring[q]);
+}
+
 static int g_argc;
 static char **g_argv;
 
@@ -1069,6 +1163,7 @@ static int run(void) {
       T(tc_fence_takeover),
       T(tc_fence_takeover_resume),
       T(tc_fence_epoch0),
+      T(tc_push),
   };
 #undef T
   char group[64];

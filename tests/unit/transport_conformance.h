@@ -40,6 +40,7 @@ struct tc_region {
 #define TC_CAP_FREE_DROPS 0x4u    /* region_free ends live connections */
 #define TC_CAP_FENCE_COUNTS 0x10u /* the agent counts fenced refusals, cuts */
 #define TC_CAP_FENCE_PRODUCERS 0x20u /* ... and live producers */
+#define TC_CAP_PUSH 0x40u            /* subscribe: the agent pushes answers */
 
 struct tc_backend {
   const char *name;
