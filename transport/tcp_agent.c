@@ -89,6 +89,7 @@ static void srv_on_check(uv_check_t *c) {
  * could be bound) every subscribed region is watched instead. */
 static void push_handles_init(struct tcp_agent *srv) {
   int rc = lynx_bell_open(&srv->bell);
+  srv->answer_ns = TCP_SPIN_PAYS_NS / 2; /* spun for until measured */
   if (rc)
     LYNX_WARN("tcp",
               "agent: no response bell (%s): regions of CPU accelerators "

@@ -95,6 +95,7 @@ struct srv_conn {
   } * subs;
   uint32_t nsubs, *sub_of;
   int rings, held;
+  uint64_t owed_ns; /* since when the oldest answer owed is (0: none) */
   struct srv_conn *next;
 };
 
@@ -164,6 +165,7 @@ static void srv_close(struct srv_conn *c, const char *why) {
 
 static void srv_flush(struct srv_conn *c);
 static int srv_push(struct srv_conn *c, int force_rx);
+static void srv_answered(struct srv_conn *c);
 static void srv_push_now(struct srv_conn *c, int force_rx);
 
 static void srv_on_write(uv_write_t *req, int status) {
@@ -419,6 +421,11 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
 
 /* Queued replies beyond which a push waits for them to be written. */
 #define PUSH_HIGH (TCP_SRV_OUT_MAX / 2)
+/* A PUSH frame's payload, at most (one record alone may be longer, up to
+ * TCP_OP_MAX): the frontend applies a frame once all of it is in, so a
+ * frame of a whole ring of 64 KiB slots would hold back its first answer
+ * until the last arrived */
+#define PUSH_FRAME_MAX (256u * 1024u)
 #define OUT_LIMIT (TCP_SRV_OUT_MAX + TCP_OP_MAX + 64)
 
 /* The control words pushes are made from: the region's (host memory), or
@@ -461,9 +468,10 @@ static void push_close(struct srv_conn *c, size_t fat, uint32_t count) {
 
 /* Appends one record of the slot at ring position pos of mqueue q to the
  * open frame (payload used bytes so far): unless it would make the frame
- * longer than TCP_OP_MAX, when first says whether the frame is empty (a
- * large message that fits no frame goes without its bytes: the frontend
- * reads it). 1 appended, 0 the frame is full, or -errno. */
+ * longer than PUSH_FRAME_MAX and first says the frame has other records
+ * (a large message that fits no frame, TCP_OP_MAX, goes without its
+ * bytes: the frontend reads it). 1 appended, 0 the frame is full, or
+ * -errno. */
 static int push_record(struct srv_conn *c, uint32_t q, uint32_t pos,
                        size_t used, int first) {
   struct tcp_export *ex = c->ex;
@@ -474,10 +482,11 @@ static int push_record(struct srv_conn *c, uint32_t q, uint32_t pos,
   uint8_t *rec;
   if (ex->base)
     large_of(g, ex->base + soff, &loff, &llen);
-  if (used + PUSH_REC + z + llen > TCP_OP_MAX) {
+  if (used + PUSH_REC + z + llen > PUSH_FRAME_MAX) {
     if (!first)
       return 0;
-    llen = 0;
+    if (used + PUSH_REC + z + llen > TCP_OP_MAX)
+      llen = 0;
   }
   if (lynx__tcp_buf_reserve(&c->out, PUSH_REC + z + llen, OUT_LIMIT))
     return -ENOBUFS;
@@ -503,7 +512,7 @@ static int push_record(struct srv_conn *c, uint32_t q, uint32_t pos,
 /*
  * Queues what was published on c's subscribed mqueues since the last push:
  * for each whose tx_prod moved, an entry of its new slots with its rx_cons,
- * in frames of at most TCP_OP_MAX; where only rx_cons moved, an entry
+ * in frames of at most PUSH_FRAME_MAX; where only rx_cons moved, an entry
  * without slots if force_rx or the mqueue is LYNX_SUB_RX_EAGER (a server
  * mqueue's accelerator releases a request after publishing its answer:
  * pushing that alone would cost the frontend a wake-up per request for
@@ -580,8 +589,8 @@ static int srv_push(struct srv_conn *c, int force_rx) {
       s->rx_cons = rxc;
       s->owed = s->owed > n ? s->owed - n : 0;
       avail -= n;
-      if (n && !c->rings)
-        c->srv->active_ns = lynx_now_ns();
+      if (n)
+        srv_answered(c);
       if (rc || !avail)
         break;
       /* the frame is full: the rest in the next */
@@ -598,6 +607,28 @@ static int srv_push(struct srv_conn *c, int force_rx) {
   if (!rc && c->out.len - c->out.head >= PUSH_HIGH)
     c->held = 1;
   return rc;
+}
+
+/* Answers were pushed on c: the time they took feeds the estimate a
+ * ringing accelerator's answers are spun for by; the next owed counts
+ * from now. */
+static void srv_answered(struct srv_conn *c) {
+  struct tcp_agent *srv = c->srv;
+  uint64_t now = lynx_now_ns();
+  int owed = 0;
+  if (!c->rings) {
+    srv->active_ns = now;
+    return;
+  }
+  if (c->owed_ns) {
+    uint64_t took = now - c->owed_ns;
+    if (took > TCP_OWED_NS)
+      took = TCP_OWED_NS;
+    srv->answer_ns = srv->answer_ns - (srv->answer_ns >> 3) + (took >> 3);
+  }
+  for (uint32_t i = 0; i < c->nsubs && !owed; i++)
+    owed = c->subs[i].owed != 0;
+  c->owed_ns = owed ? now : 0;
 }
 
 /* Pushes outside a read()'s batch (the bell, the loop's prepare, a
@@ -711,8 +742,12 @@ static void srv_owe(struct srv_conn *c, uint64_t off) {
   q = rel / g->ring_bytes;
   if (q < g->n_mqueues && rel % g->ring_bytes < g->slots_bytes &&
       c->sub_of[q]) {
+    uint64_t now = lynx_now_ns();
     c->subs[c->sub_of[q] - 1].owed++;
-    c->srv->active_ns = lynx_now_ns();
+    if (!c->owed_ns)
+      c->owed_ns = now;
+    if (!c->rings)
+      c->srv->active_ns = now;
   }
 }
 
@@ -763,21 +798,30 @@ static int rx_unsent(const struct srv_conn *c) {
 
 int lynx__tcp_srv_watch(struct tcp_agent *srv, uint64_t now_ns) {
   uint64_t quiet = now_ns - srv->active_ns;
-  int watched = 0;
+  int watched = 0, tick = 0;
+  /* a ringing accelerator's answer is spun for where it comes sooner
+   * than a wake-up (then the bell ends the sleep): at saturation answers
+   * queue, take long, and the thread sleeps between the bells instead of
+   * taking a core from the accelerators */
+  uint64_t est = srv->answer_ns,
+           ring_spin = est < TCP_SPIN_PAYS_NS ? TCP_SPIN_WAITS * est : 0;
   for (struct srv_conn *c = srv->conns; c; c = c->next) {
-    /* an answer owed is spun for: briefly where the accelerator rings
-     * (the bell then ends the sleep), for a second where it does not (one
-     * owed longer will not come: an application that drops requests
+    /* where it does not ring, an answer owed is spun for a second at most
+     * (one owed longer will not come: an application that drops requests
      * unanswered; the tick looks on) */
-    uint64_t spin = c->rings ? TCP_SPIN_NS : TCP_OWED_NS;
+    uint64_t spin = c->rings ? ring_spin : TCP_OWED_NS;
+    uint64_t since = c->rings ? now_ns - c->owed_ns : quiet;
     if (!c->nsubs || c->closing)
       continue;
-    for (uint32_t i = 0; i < c->nsubs && quiet < spin; i++)
+    for (uint32_t i = 0; i < c->nsubs && since < spin; i++)
       if (c->subs[i].owed)
         return 2;
-    watched |= !c->rings || rx_unsent(c);
+    watched |= !c->rings;
+    tick |= c->rings && rx_unsent(c);
   }
-  return watched ? (quiet < TCP_SPIN_NS ? 2 : 1) : 0;
+  if (watched)
+    return quiet < TCP_SPIN_NS ? 2 : 1;
+  return tick;
 }
 
 /* Cuts a connection of an older frontend: FENCED after its last reply,

@@ -135,10 +135,15 @@ struct srv_conn; /* tcp_agent_conn.c's */
 
 /* Watching a region that does not ring (pushing): the agent's thread
  * spins while answers are owed there (for at most TCP_OWED_NS without
- * any coming) or one was pushed within TCP_SPIN_NS; otherwise it looks every
- * TCP_TICK_MS. */
+ * any coming) or one was pushed within TCP_SPIN_NS; otherwise it looks
+ * every TCP_TICK_MS. */
 #define TCP_SPIN_NS (200u * 1000u)
 #define TCP_OWED_NS (1000ull * 1000u * 1000u)
+/* A ringing accelerator's answer is spun for only when it is expected
+ * within this (a sleep and a wake-up cost about as much), and for at most
+ * TCP_SPIN_WAITS expected answers' time. */
+#define TCP_SPIN_PAYS_NS (20u * 1000u)
+#define TCP_SPIN_WAITS 4u
 #define TCP_TICK_MS 1u
 
 struct tcp_export {
@@ -174,9 +179,10 @@ struct tcp_agent {
    * (fd -1: none), named in fctrl.waiter of every subscribed mqueue of a
    * region whose CPU accelerator rings (LYNX_HDR_RESP_BELL) while the
    * thread sleeps: prepare arms it and pushes what is published, check
-   * withdraws it. Regions that do not ring (a GPU's) are watched: spin
-   * (the idle handle) while answers are owed or were pushed within
-   * TCP_SPIN_NS, else the tick's timer. */
+   * withdraws it; a ringing accelerator's answer is spun for only where
+   * it comes within TCP_SPIN_PAYS_NS (answer_ns). Regions that do not
+   * ring (a GPU's) are watched: spin (the idle handle) while answers are
+   * owed or were pushed within TCP_SPIN_NS, else the tick's timer. */
   struct lynx_bell bell;
   uv_poll_t bell_poll;
   uv_prepare_t prep;
@@ -185,6 +191,10 @@ struct tcp_agent {
   uv_timer_t tick;
   int spinning, ticking;
   uint64_t active_ns; /* the last request or push on a watched region */
+  /* how long a ringing accelerator takes to answer, from the request's
+   * arrival to its push (an EWMA, weight 1/8): the thread spins for an
+   * answer only where that is shorter than a wake-up would cost */
+  uint64_t answer_ns;
 };
 
 /* tcp_agent_conn.c, on the handle's thread unless said otherwise. */
@@ -207,7 +217,8 @@ void lynx__tcp_srv_arm(struct tcp_agent *srv, int on);
  * only on mqueues subscribed LYNX_SUB_RX_EAGER. */
 void lynx__tcp_srv_push_all(struct tcp_agent *srv, int force_rx);
 /* What subscriptions need now: 2 a spin (a watched region, subscribed
- * and not ringing, owes answers or pushed one within TCP_SPIN_NS), 1 the
+ * and not ringing, owes answers or pushed one within TCP_SPIN_NS; a
+ * ringing one owes an answer expected within TCP_SPIN_PAYS_NS), 1 the
  * tick (a watched region otherwise, or an rx_cons not pushed yet), 0
  * nothing. */
 int lynx__tcp_srv_watch(struct tcp_agent *srv, uint64_t now_ns);

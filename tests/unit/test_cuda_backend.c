@@ -267,9 +267,9 @@ static void inst_connect(struct inst *in) {
 }
 
 /* The frontend's request at RX position pos of mqueue q (one publishing
- * gather write); waits for the kernel's echo in the TX ring (reads). */
-static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
-                 uint32_t tag) {
+ * gather write), rung. */
+static void request_at(struct inst *in, uint32_t q, uint32_t pos,
+                       const char *msg, uint32_t tag) {
   uint32_t len = (uint32_t)strlen(msg) + 1;
   uint32_t poff = lynx_payload_off(Z, len);
   struct lynx_slot_meta meta = {len, tag, LYNX_ST_OK, (uint16_t)(poff / 16u),
@@ -279,13 +279,32 @@ static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
                          {(void *)zeros, lynx_slot_cap(Z) - poff - len},
                          {&meta, sizeof(meta)}};
   uint64_t rx = lynx_slot_off(&in->g, lynx_rx_ring_off(&in->g, q), pos);
+  assert_int_equal(
+      in->c->ops->writev(in->c, rx + poff, iov, 3, LYNX_WR_PUBLISH), 0);
+  assert_int_equal(in->c->ops->flush(in->c), 0);
+}
+
+/* The kernel's echo of msg under tag in TX slot bytes slot, position pos. */
+static void echoed(const uint8_t *slot, uint32_t pos, const char *msg,
+                   uint32_t tag) {
+  struct lynx_slot_meta got;
+  uint32_t len = (uint32_t)strlen(msg) + 1;
+  memcpy(&got, slot + Z - LYNX_META_SIZE, sizeof(got));
+  assert_int_equal(got.seq, lynx_seq_for(pos));
+  assert_int_equal(got.tag, tag);
+  assert_int_equal(got.len, len);
+  assert_int_equal(got.status, LYNX_ST_OK);
+  assert_memory_equal(slot + got.off16 * 16u, msg, len);
+}
+
+/* request_at, then waits for the kernel's echo in the TX ring (reads). */
+static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
+                 uint32_t tag) {
   uint64_t tx = lynx_slot_off(&in->g, lynx_tx_ring_off(&in->g, q), pos);
   uint64_t end = lynx_now_ns() + 2000000000ull, id;
   uint8_t slot[Z];
   struct lynx_slot_meta got;
-  assert_int_equal(
-      in->c->ops->writev(in->c, rx + poff, iov, 3, LYNX_WR_PUBLISH), 0);
-  assert_int_equal(in->c->ops->flush(in->c), 0);
+  request_at(in, q, pos, msg, tag);
   do {
     assert_int_equal(in->c->ops->read(in->c, tx, slot, Z, 9), 0);
     assert_int_equal(in->c->ops->flush(in->c), 0);
@@ -295,11 +314,7 @@ static void echo(struct inst *in, uint32_t q, uint32_t pos, const char *msg,
       break;
     usleep(500);
   } while (lynx_now_ns() < end);
-  assert_int_equal(got.seq, lynx_seq_for(pos));
-  assert_int_equal(got.tag, tag);
-  assert_int_equal(got.len, len);
-  assert_int_equal(got.status, LYNX_ST_OK);
-  assert_memory_equal(slot + got.off16 * 16u, msg, len);
+  echoed(slot, pos, msg, tag);
 }
 
 /* Waits until the fake counted want stream destructions (the transport's
@@ -2088,6 +2103,61 @@ static void test_staging_limits_failures(void **state) {
 /* Over the real tcp transport: what one frontend flush sends is one batch:
  * its reads cost one stream synchronisation, its writes none, replies come
  * in order, each read after the writes before it. */
+/* Answers pushed from GPU memory (issue 36): the region has no host
+ * mapping and its kernel rings no bell, so the agent's thread watches the
+ * kernel's copy of its control words in pinned host memory while answers
+ * are owed, and pushes each echo, the slot copied out with the batch; the
+ * frontend finds them in the ring's copy with no read posted, over two
+ * laps of the ring (its consumer index written back in between). */
+static void test_push_from_gpu_memory(void **state) {
+  struct lynx_accel_copies st0, st;
+  struct inst in;
+  uint8_t *ring = calloc(S, Z);
+  struct lynx_tx_sub sub = {.q = 0, .ring = ring};
+  struct lynx_push p = {&sub, 1, 0};
+  uint64_t ids[4];
+  (void)state;
+  assert_non_null(ring);
+  fake_cuda_reset();
+  assert_int_equal(inst_start(&in, 0, T, 8, 1, EPOCH), 0);
+  assert_null(in.r.base);
+  assert_non_null(in.r.mem->ctrl_mirror);
+  inst_connect(&in);
+  assert_int_equal(in.c->ops->subscribe(in.c, &p, 7), 0);
+  assert_int_equal(in.c->ops->flush(in.c), 0);
+  assert_int_equal(ut_poll_n(in.c, ids, 1), 1);
+  assert_int_equal(ids[0], 7);
+  assert_int_equal(p.state, 1);
+  st0 = copy_stats(&in);
+  for (uint32_t pos = 0; pos < 2 * S; pos++) {
+    char msg[32];
+    uint64_t end = lynx_now_ns() + 2000000000ull, id;
+    uint32_t cons = pos + 1;
+    struct iovec iov = {&cons, sizeof(cons)};
+    snprintf(msg, sizeof(msg), "pushed %u", pos);
+    request_at(&in, 0, pos, msg, 0x700 + pos);
+    while (sub.prod != pos + 1) {
+      assert_true(in.c->ops->poll(in.c, &id, 1) == 0);
+      assert_true(lynx_now_ns() < end);
+      usleep(200);
+    }
+    echoed(ring + (size_t)(pos & (S - 1)) * Z, pos, msg, 0x700 + pos);
+    assert_int_equal(in.c->ops->writev(in.c, lynx_fctrl_off(&in.g, 0), &iov, 1,
+                                       LYNX_WR_PUBLISH),
+                     0);
+    assert_int_equal(in.c->ops->flush(in.c), 0);
+  }
+  st = copy_stats(&in);
+  /* each answer was copied out of GPU memory once, by the push */
+  assert_true(st.reads - st0.reads >= 2 * S);
+  assert_int_equal(fake.bad_copies, 0);
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
+  inst_drop(&in);
+  wait_destroys(2);
+  gpu_shutdown();
+  free(ring);
+}
+
 static void test_staging_over_tcp(void **state) {
   struct lynx_accel_copies st0, st;
   struct inst in;
@@ -2752,6 +2822,7 @@ int main(int argc, char **argv) {
       T_(test_staging_wrap),
       T_(test_staging_limits_failures),
       T_(test_staging_over_tcp),
+      T_(test_push_from_gpu_memory),
       T_(test_client_mc_get),
       T_(test_client_face_verify),
       T_(test_client_layout),
