@@ -157,6 +157,7 @@ struct fe_cfg {
   uint32_t fixed_len;                /* --framing fixed:N, parsed */
   uint32_t workers, spin_us, timeout_ms, drain_ms, frame_max, rcvbuf_kb;
   int dispatch, poll, order, rx;
+  int tcp_answers; /* --tcp-answers: 0 push, 1 poll */
   int rx_uring; /* --rx resolved at start: UDP services receive on io_uring */
 };
 

@@ -37,6 +37,7 @@
 
 static const char *const dispatch_names[] = {"rr", "lo", NULL};
 static const char *const poll_names[] = {"adaptive", "busy", NULL};
+static const char *const tcp_answers_names[] = {"push", "poll", NULL};
 static const char *const order_names[] = {"flow", "none", NULL};
 static const char *const rx_names[] = {"auto", "uring", "socket", NULL};
 
@@ -68,6 +69,11 @@ static const struct lynx_opt fe_opts[] = {
      "flow_full); none: every request goes where the policy says"},
     {"poll", LYNX_OPT_ENUM, O(poll), "adaptive", 0, 0, poll_names,
      "adaptive: spin, then sleep; busy: never sleep (dedicated cores)"},
+    {"tcp-answers", LYNX_OPT_ENUM, O(tcp_answers), "push", 0, 0,
+     tcp_answers_names,
+     "over the tcp transport: push (the agent sends each answer as it is "
+     "published; protocol version 5) or poll (the frontend reads for them "
+     "while requests are outstanding, as before version 5)"},
     {"rx", LYNX_OPT_ENUM, O(rx), "auto", 0, 0, rx_names,
      "UDP receive path: uring (io_uring multishot recvmsg; refuse to start "
      "where io_uring cannot receive), socket (libuv's recvmmsg), auto "

@@ -84,15 +84,17 @@ static const struct {
     {"lynx_frontend_sleeps_total", "counter",
      "Sleeps of the workers' adaptive poller, by what ended them: the "
      "response doorbell a CPU accelerator rings over shm (bell), a "
-     "descriptor (fd: a datagram, a TCP client, a remote transport), or "
-     "the timeout (timer)."},
+     "remote transport's socket (transport: an answer pushed or read), "
+     "another descriptor (fd: a datagram, a TCP client), or the timeout "
+     "(timer)."},
     {"lynx_frontend_transport_ops_total", "counter",
      "Operations the workers posted on their accelerators' transports, by "
      "what they are for: poll (a poll for answers: the control array's "
      "read, or tcp's compound read that carries it), slot_read, "
      "large_read, fence_read (a fenced request's barrier), open_read "
      "(opening, resuming, the takeover scan), request_write, "
-     "index_write (a TX consumer index written back)."},
+     "index_write (a TX consumer index written back), subscribe "
+     "(answers asked to be pushed: tcp)."},
     {"lynx_frontend_request_duration_seconds", "histogram",
      "End-to-end time of the requests answered: from their dispatch, in the "
      "worker's pass that received them, to the answer handed to the "

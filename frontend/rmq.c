@@ -887,7 +887,7 @@ static int conn_subscribe(struct fe_rmq *r, struct fe_conn *c) {
   struct lynx_tconn *tc = c->tc;
   int rc;
   c->pushing = 0;
-  if (tc->ops->subscribe == lynx__subscribe_none)
+  if (r->opts.no_push || tc->ops->subscribe == lynx__subscribe_none)
     return 0;
   if (!c->sub) {
     int ok = (c->sub = calloc(c->n_mqs, sizeof(*c->sub))) != NULL;

@@ -213,6 +213,7 @@ struct fe_rmq_opts {
    * of its backoffs' jitter */
   struct lynx_tagtab *tags;
   unsigned *retry_seed;
+  int no_push; /* --tcp-answers poll: never subscribe */
 };
 
 /* A worker's connection set (state of the Remote Message Queue Manager). */

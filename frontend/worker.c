@@ -573,6 +573,7 @@ static int worker_setup(struct frontend *fe, struct fe_worker *w) {
       .n_backends = fe->n_backends,
       .tags = &w->tags,
       .retry_seed = &w->retry_seed,
+      .no_push = fe->cfg->tcp_answers == 1,
   };
   struct fe_ingress_opts io = {
       .worker = w->id,

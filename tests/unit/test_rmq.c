@@ -401,6 +401,31 @@ static void test_answers_pushed_watched(void **state) {
   answers_pushed(*state, 0);
 }
 
+/* --tcp-answers poll (no_push): the connection never subscribes and its
+ * answers come by the compound read, as before protocol version 5. */
+static void test_answers_polled(void **state) {
+  struct fx *f = *state;
+  struct fe_rmq *r = &f->m[0];
+  const lynx_counter *ops = r->op_counts;
+  uint64_t end = lynx_now_ns() + 5000000000ull;
+  struct fe_conn *c;
+  r->opts.no_push = 1;
+  c = add_as(f, r, 5);
+  assert_false(c->pushing);
+  send_req(r, c, 16, 1, 0x650);
+  await_published(f, 1);
+  answer_next(f, 12, 0x51);
+  fe_mq_outstanding_set(&c->mqs[0], 1);
+  while (g_ans.n < 1) {
+    assert_true(fe_rmq_progress(r, c) >= 0);
+    assert_true(lynx_now_ns() < end);
+  }
+  assert_int_equal(g_ans.tag[0], 0x650);
+  assert_int_equal(g_ans.fill[0], 0x51);
+  assert_true(lynx_cnt_get(&ops[FE_OP_POLL]) >= 1);
+  assert_int_equal(lynx_cnt_get(&ops[FE_OP_SUBSCRIBE]), 0);
+}
+
 static int group_setup(void **state) {
   (void)state;
   return ut_tcp_agent(&T, &g_ta, g_bound, sizeof(g_bound));
@@ -417,7 +442,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       TF(test_takeover_resumes_after_published), TF(test_takeover_of_full_ring),
       TF(test_reconnect_resumes_after_own),      TF(test_answers_pushed_bell),
-      TF(test_answers_pushed_watched),
+      TF(test_answers_pushed_watched),           TF(test_answers_polled),
   };
 #undef TF
   return LYNX_UT_MAIN(argc, argv, "rmq", tests, group_setup, group_teardown);
