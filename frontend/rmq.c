@@ -478,14 +478,11 @@ static int post_large_reads(struct fe_conn *c) {
       struct lynx_slot_meta m;
       struct lynx_large_ref ref;
       uint32_t done = 0;
-      memcpy(&m, slot + z - LYNX_META_SIZE, sizeof(m));
+      int large = lynx_slot_large(slot, z, L, &m, &ref);
       if (m.seq != lynx_seq_for(mq->tx_cons + k))
         break; /* not published: the forwarder stops here */
-      if (!(m.status & LYNX_ST_LARGE) || lynx_meta_check(&m, z) != 0)
-        continue;
-      memcpy(&ref, slot + (uint32_t)m.off16 * 16u, sizeof(ref));
-      if (lynx_large_check(&m, &ref, L) != 0)
-        continue;       /* the forwarder drops it as malformed */
+      if (!large)
+        continue;       /* not large, or malformed: the forwarder judges */
       if (c->pushing) { /* pushed with its slot: in the area's copy */
         const struct lynx_tx_large *lm =
             &c->sub[i].lmsg[(mq->tx_cons + k) & (g->slots - 1)];

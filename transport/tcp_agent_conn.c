@@ -323,6 +323,17 @@ static int srv_reply(struct srv_conn *c, uint8_t op, uint64_t off,
   return 0;
 }
 
+/* The {u32 count, u32 0, count entries of TXR_ENT} payload of READ_TX and
+ * SUBSCRIBE: 0 with *count when it is one of at most max entries, -1. */
+static int txr_entries(const struct tcp_hdr *h, const uint8_t *p, uint32_t max,
+                       uint32_t *count) {
+  *count = h->len >= TXR_HDR ? lynx__tcp_get32(p) : 0;
+  if (h->len < TXR_HDR || *count > max || lynx__tcp_get32(p + 4) ||
+      h->len != TXR_HDR + (uint64_t)*count * TXR_ENT)
+    return -1;
+  return 0;
+}
+
 /* A compound read (READ_TX): the control array, then from what it says,
  * each named mqueue's published TX slots, in one reply. The request names
  * mqueues and positions only: what is read is derived from the region's
@@ -338,10 +349,7 @@ static int srv_read_tx(struct srv_conn *c, const struct tcp_hdr *h,
   size_t base, at;
   uint8_t *reply;
   int rc;
-  if (h->len >= TXR_HDR)
-    count = lynx__tcp_get32(p);
-  if (h->len < TXR_HDR || count > g->n_mqueues || lynx__tcp_get32(p + 4) ||
-      h->len != TXR_HDR + (uint64_t)count * TXR_ENT) {
+  if (txr_entries(h, p, g->n_mqueues, &count)) {
     snprintf(why, wl, "malformed compound read (%u bytes)", h->len);
     return -EPROTO;
   }
@@ -444,16 +452,10 @@ static void large_of(const struct lynx_geom *g, const uint8_t *slot,
   struct lynx_slot_meta m;
   struct lynx_large_ref ref;
   *len = 0;
-  if (!g->large_bytes)
-    return;
-  memcpy(&m, slot + g->slot_size - LYNX_META_SIZE, sizeof(m));
-  if (!(m.status & LYNX_ST_LARGE) || lynx_meta_check(&m, g->slot_size))
-    return;
-  memcpy(&ref, slot + (uint32_t)m.off16 * 16u, sizeof(ref));
-  if (lynx_large_check(&m, &ref, g->large_bytes))
-    return;
-  *off = ref.off;
-  *len = ref.len;
+  if (lynx_slot_large(slot, g->slot_size, g->large_bytes, &m, &ref)) {
+    *off = ref.off;
+    *len = ref.len;
+  }
 }
 
 /* Ends the PUSH frame whose header is at fat (from out.head): count
@@ -651,6 +653,15 @@ static void srv_push_now(struct srv_conn *c, int force_rx) {
   }
 }
 
+/* c has no subscription (any half-built one freed). */
+static void subs_drop(struct srv_conn *c) {
+  free(c->subs);
+  free(c->sub_of);
+  c->subs = NULL;
+  c->sub_of = NULL;
+  c->nsubs = 0;
+}
+
 /* A subscription: the mqueues named, from the positions named. Answered
  * (SUBSCRIBE_RESP, in reply order) with 0 and pushed at once from the
  * positions on, or refused with ENOTSUP when the region's memory offers
@@ -660,11 +671,10 @@ static int srv_subscribe(struct srv_conn *c, const struct tcp_hdr *h,
                          const uint8_t *p, char *why, size_t wl) {
   struct tcp_export *ex = c->ex;
   const struct lynx_geom *g = &ex->g;
-  uint32_t count = h->len >= TXR_HDR ? lynx__tcp_get32(p) : 0;
+  uint32_t count;
   char note[160] = "";
   int err = 0, rc;
-  if (h->len < TXR_HDR || count == 0 || count > g->n_mqueues ||
-      lynx__tcp_get32(p + 4) || h->len != TXR_HDR + (uint64_t)count * TXR_ENT) {
+  if (txr_entries(h, p, g->n_mqueues, &count) || count == 0) {
     snprintf(why, wl, "malformed subscription (%u bytes)", h->len);
     return -EPROTO;
   }
@@ -702,10 +712,7 @@ static int srv_subscribe(struct srv_conn *c, const struct tcp_hdr *h,
              "answers are not pushed from %s memory without a host copy "
              "of its control words: poll",
              ex->mem->kind);
-    free(c->subs);
-    free(c->sub_of);
-    c->subs = NULL;
-    c->sub_of = NULL;
+    subs_drop(c);
   } else {
     const struct lynx_region_hdr *hdr = (const void *)ex->base;
     c->nsubs = count;
@@ -724,10 +731,7 @@ static int srv_subscribe(struct srv_conn *c, const struct tcp_hdr *h,
              rc == -ENOBUFS ? "reply buffer full" : strerror(-rc));
   return rc;
 drop:
-  free(c->subs);
-  free(c->sub_of);
-  c->subs = NULL;
-  c->sub_of = NULL;
+  subs_drop(c);
   return rc;
 }
 

@@ -113,6 +113,16 @@ int lynx__read_tx_none(struct lynx_tconn *c, void *actrl,
   return -ENOTSUP;
 }
 
+int lynx_slot_large(const uint8_t *slot, uint32_t slot_size,
+                    uint32_t large_bytes, struct lynx_slot_meta *m,
+                    struct lynx_large_ref *ref) {
+  memcpy(m, slot + slot_size - LYNX_META_SIZE, sizeof(*m));
+  if (!(m->status & LYNX_ST_LARGE) || lynx_meta_check(m, slot_size))
+    return 0;
+  memcpy(ref, slot + (uint32_t)m->off16 * 16u, sizeof(*ref));
+  return lynx_large_check(m, ref, large_bytes) == 0;
+}
+
 int lynx__subscribe_none(struct lynx_tconn *c, struct lynx_push *p,
                          uint64_t wr_id) {
   (void)c;

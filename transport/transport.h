@@ -408,6 +408,18 @@ int lynx_writev_check(const struct lynx_geom *g, uint64_t off,
                       const struct iovec *iov, int iovcnt, unsigned flags,
                       uint64_t *total);
 
+/* A published TX slot's large message, read from a host copy of the
+ * slot's slot_size bytes: its metadata into *m, and 1 with its reference
+ * in *ref when the slot is large and both pass the bounds rules of an
+ * area of large_bytes; 0 otherwise (not large, or malformed: the
+ * frontend's forwarder judges it). The agent's push and the frontend's
+ * large reads read references with this one rule. */
+struct lynx_slot_meta;
+struct lynx_large_ref;
+int lynx_slot_large(const uint8_t *slot, uint32_t slot_size,
+                    uint32_t large_bytes, struct lynx_slot_meta *m,
+                    struct lynx_large_ref *ref);
+
 /* Checks a mapped region's header against its descriptor; 0 or -EPROTO with
  * the reason in err. */
 int lynx_region_validate(const void *base, uint64_t mapped,
