@@ -94,6 +94,9 @@ struct agent {
   const struct lynx_transport_ops *tops;
   struct lynx_transport_agent *tagent; /* tops' handle: regions, data port */
   char data_bound[LYNX_LOCATOR_MAX]; /* tcp/rdma: where data connections land */
+  /* --transport auto: this host's and network namespace's identity, which
+   * descriptors of shared regions carry (lynx_local_identity); "" else */
+  char host_id[LYNX_IDENT_MAX], netns_id[LYNX_IDENT_MAX];
   char node_id[LYNX_ID_MAX];
   char *token;
   struct lynx_tls tls; /* --tls-*: loaded when tls_on */

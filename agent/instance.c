@@ -36,6 +36,12 @@ static void fill_desc(struct agent *ag, struct instance *in,
   in->desc.key = in->region.key;
   in->desc.remote_addr = in->region.remote_addr;
   memcpy(in->desc.rkeys, in->region.rkeys, sizeof(in->desc.rkeys));
+  if (in->region.shm[0]) { /* tcp's region is a file too (--transport auto) */
+    snprintf(in->desc.shm_locator, sizeof(in->desc.shm_locator), "%s",
+             in->region.shm);
+    snprintf(in->desc.host_id, sizeof(in->desc.host_id), "%s", ag->host_id);
+    snprintf(in->desc.netns_id, sizeof(in->desc.netns_id), "%s", ag->netns_id);
+  }
 }
 
 /* A region in host memory through the transport, formatted and exported,
@@ -221,10 +227,11 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
   ag->instances = in;
   LYNX_INFO("agent",
             "%s: instance %llu (%s, app %s) on accel %u (%s): %u "
-            "mqueues x %u slots x %u B, messages up to %u B, %s %s",
+            "mqueues x %u slots x %u B, messages up to %u B, %s %s%s%s",
             ag->node_id, (unsigned long long)id, service, app->name, accel,
             ag->acc[accel].info.model, mqueues, q->slots, q->slot_size,
-            lynx_msg_cap(&g), ag->tops->name, in->region.locator);
+            lynx_msg_cap(&g), ag->tops->name, in->region.locator,
+            in->region.shm[0] ? ", shm " : "", in->region.shm);
   *out = in;
   return 0;
 }

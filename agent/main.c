@@ -38,7 +38,11 @@
 #include "promhttp.h"
 #include "util.h"
 
-static const char *const transports[] = {"tcp", "shm", "rdma", NULL};
+/* auto: tcp, with each host-memory region also a shared-memory file that
+ * a frontend on this host and in this network namespace maps (shm);
+ * the others: that transport alone */
+static const char *const transports[] = {"auto", "tcp", "shm", "rdma", NULL};
+#define TRANSPORT_AUTO 0
 static const char *const work_modes[] = {"spin", "sleep", NULL};
 static const char *const orderings[] = {"coalesced", "fenced", NULL};
 /* in enum lynx_region_where's order */
@@ -114,9 +118,10 @@ static const struct lynx_opt agent_opts[] = {
      "static mode: control address frontends connect to"},
     {"node-id", LYNX_OPT_STR, O(node_id), NULL, 0, 0, NULL,
      "node name [default: host name]"},
-    {"transport", LYNX_OPT_ENUM, O(transport), "tcp", 0, 0, transports,
-     "how frontends reach the mqueues: tcp (any host), shm (frontend on "
-     "this host), rdma (RDMA NIC)"},
+    {"transport", LYNX_OPT_ENUM, O(transport), "auto", 0, 0, transports,
+     "how frontends reach the mqueues: auto (shm for a frontend on this "
+     "host and in this network namespace, tcp for the others), tcp (any "
+     "host), shm (frontends on this host only), rdma (RDMA NIC)"},
     {"data-listen", LYNX_OPT_ADDR, O(data_listen), "0.0.0.0:0", 0, 65535, NULL,
      "tcp/rdma: address frontends' data connections reach (port 0: any)"},
     {"advertise", LYNX_OPT_STR, O(advertise), NULL, 0, 0, NULL,
@@ -481,7 +486,13 @@ int main(int argc, char **argv) {
             ag.cfg.labels, LYNX_LABELS_MAX);
     goto usage;
   }
-  ag.tops = lynx_transport_find(transports[ag.cfg.transport]);
+  ag.tops = lynx_transport_find(ag.cfg.transport == TRANSPORT_AUTO
+                                    ? "tcp"
+                                    : transports[ag.cfg.transport]);
+  if (ag.cfg.transport == TRANSPORT_AUTO &&
+      lynx_local_identity(ag.host_id, ag.netns_id))
+    LYNX_WARN("agent", "--transport auto: this host's identity is not in "
+                       "/proc: frontends reach the regions over tcp only");
   if (!ag.tops) {
     fprintf(stderr, "--transport %s: not built into this lynx-agent\n",
             transports[ag.cfg.transport]);
@@ -557,6 +568,7 @@ int main(int argc, char **argv) {
         .conn_max = ag.cfg.data_conn_max,
         .unauth_max = ag.cfg.data_unauth_max,
         .per_source = ag.cfg.data_unauth_per_client,
+        .share = ag.cfg.transport == TRANSPORT_AUTO && ag.host_id[0],
     };
     struct lynx_transport_agent *ta = NULL;
     char err[320];
@@ -608,12 +620,15 @@ int main(int argc, char **argv) {
      * coordinator they go to it with the registration */
     LYNX_INFO("agent",
               "%s: epoch %llu, %s accelerators, %s %s; "
-              "transport %s%s%s; config %s",
+              "transport %s%s%s%s; config %s",
               ag.node_id, (unsigned long long)ag.epoch, counts,
               app ? "static mode: serving descriptors on"
                   : "coordinator mode: registering its descriptors with",
               app ? ag.cfg.listen : ag.cfg.coordinator, ag.tops->name,
               ag.data_bound[0] ? " on " : "", ag.data_bound,
+              ag.tagent->share ? "; shm too, to frontends on this host and "
+                                 "in this network namespace"
+                               : "",
               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
     json_object_put(j);
   }

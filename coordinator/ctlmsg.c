@@ -145,6 +145,7 @@ struct lynx_fe_mq_report *lynx_ctl_fe_mqueues(const Lynx__FrontendStatus *st) {
     mq[i].outstanding = st->mqueues[i]->outstanding;
     mq[i].dispatched = st->mqueues[i]->dispatched;
     mq[i].responded = st->mqueues[i]->responded;
+    mq[i].transport = 1 + lynx_transport_id(st->mqueues[i]->transport);
   }
   return mq;
 }

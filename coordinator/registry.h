@@ -277,6 +277,8 @@ struct lynx_fe_mq_report {
   uint64_t instance_id;
   uint32_t q;
   uint64_t outstanding, dispatched, responded;
+  /* 1 + the enum lynx_transport_id it is reached by; 0: not said */
+  int transport;
 };
 
 /* A frontend's listener for one service, as it last reported it. */

@@ -349,6 +349,9 @@ struct mq_sum {
   uint64_t instance_id;
   uint32_t q;
   uint64_t dispatched, responded, outstanding;
+  /* 1 + enum lynx_transport_id as a connected frontend reports it, its
+   * negative as a disconnected one's last report did, 0: none said */
+  int transport;
 };
 
 static int mq_sum_cmp(const void *a, const void *b) {
@@ -378,6 +381,8 @@ static struct mq_sum *mq_sums(const struct lynx_registry *r, size_t *count) {
       v[k].responded = f->mqs[m].responded;
       /* a disconnected frontend's counts stay, its in-flight view is stale */
       v[k].outstanding = f->connected ? f->mqs[m].outstanding : 0;
+      v[k].transport =
+          f->connected ? f->mqs[m].transport : -f->mqs[m].transport;
     }
   qsort(v, total, sizeof(*v), mq_sum_cmp);
   for (k = 1, out = 0; k < total; k++) {
@@ -385,12 +390,20 @@ static struct mq_sum *mq_sums(const struct lynx_registry *r, size_t *count) {
       v[out].dispatched += v[k].dispatched;
       v[out].responded += v[k].responded;
       v[out].outstanding += v[k].outstanding;
+      if (v[k].transport > 0 || v[out].transport == 0)
+        v[out].transport = v[k].transport; /* a connected one's first */
     } else {
       v[++out] = v[k];
     }
   }
   *count = out + 1;
   return v;
+}
+
+/* A reported transport (mq_sum's) by name, else the descriptor's. */
+static const char *mq_transport(int t, const char *desc) {
+  t = (t < 0 ? -t : t) - 1;
+  return t >= 0 && t < LYNX_TRANSPORT_COUNT ? lynx_transport_names[t] : desc;
 }
 
 struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
@@ -406,7 +419,7 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         continue;
       for (q = 0; q < i->desc.n_mqueues; q++) {
         struct json_object *o = json_object_new_object();
-        struct mq_sum key = {i->id, q, 0, 0, 0}, *hit = NULL;
+        struct mq_sum key = {i->id, q, 0, 0, 0, 0}, *hit = NULL;
         char id[3 * LYNX_ID_MAX + 32];
         if (sums)
           hit = bsearch(&key, sums, n_sums, sizeof(key), mq_sum_cmp);
@@ -420,8 +433,20 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         add_u64(o, "index", q);
         add_u64(o, "slots", i->desc.slots);
         add_u64(o, "slot_size", i->desc.slot_size);
-        add_str(o, "transport", i->desc.transport);
+        /* how its producer reaches it, as that frontend reports (a
+         * disconnected one's report still counts, a connected one's
+         * first); the descriptor's where none said */
+        add_str(o, "transport",
+                mq_transport(hit ? hit->transport : 0, i->desc.transport));
         add_str(o, "locator", i->desc.locator);
+        {
+          struct json_object *offer = json_object_new_array();
+          json_object_array_add(offer,
+                                json_object_new_string(i->desc.transport));
+          if (i->desc.shm_locator[0])
+            json_object_array_add(offer, json_object_new_string("shm"));
+          json_object_object_add(o, "transports", offer);
+        }
         /* its one producer ("" none: no active frontend, or moving) */
         add_str(o, "frontend", i->fe_release_version ? "" : i->fe_owner);
         add_u64(o, "epoch", i->fe_release_version ? 0 : i->fe_epoch);

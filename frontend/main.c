@@ -21,10 +21,12 @@
  * --drain-ms, release everything, exit 0.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
@@ -140,6 +142,9 @@ struct fe_main {
   /* the back ends of the service service_start is about to start */
   const struct fe_backend_cfg *pending_backends;
   uint32_t n_pending_backends;
+  /* this host's and network namespace's identity (lynx_local_identity):
+   * a region whose agent has the same is mapped through shm */
+  char host_id[LYNX_IDENT_MAX], netns_id[LYNX_IDENT_MAX];
 };
 
 /* ---- the receive path --------------------------------------------------- */
@@ -264,9 +269,37 @@ static int node_listed(char *const *nodes, size_t n, const char *node) {
   return 0;
 }
 
+/* The fastest path to a region: the shm file its agent offers when the
+ * agent is on this host and in this network namespace (docs/design.md
+ * "Local regions") and the file opens here (another mount namespace's
+ * /dev/shm, or another user's file, does not: then the transport the
+ * descriptor names). */
+static void accel_choose(const struct fe_main *m, struct fe_accel *a) {
+  struct lynx_region_desc *d = &a->desc;
+  int fd;
+  if (!lynx_desc_local(d, m->host_id, m->netns_id))
+    return;
+  fd = shm_open(d->shm_locator, O_RDWR, 0);
+  if (fd < 0) {
+    LYNX_LOG_RL(LYNX_LOG_WARN, "frontend",
+                "accelerator %s/%u: its agent is on this host and network "
+                "namespace, but its shm file %s does not open here (%s): "
+                "over %s",
+                a->node, d->accel_id, d->shm_locator, strerror(errno),
+                d->transport);
+    return;
+  }
+  close(fd);
+  snprintf(a->offered, sizeof(a->offered), "%s", d->transport);
+  snprintf(d->transport, sizeof(d->transport), "%s",
+           lynx_transport_names[LYNX_TRANSPORT_SHM]);
+  snprintf(d->locator, sizeof(d->locator), "%s", d->shm_locator);
+}
+
 /* Builds an fe_accel from a descriptor; 0 or -errno with a logged reason. */
-static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
-                         uint64_t instance_id, struct fe_accel *a) {
+static int accel_from_pb(const struct fe_main *m, const Lynx__RegionDesc *rd,
+                         const char *node, uint64_t instance_id,
+                         struct fe_accel *a) {
   char err[200];
   memset(a, 0, sizeof(*a));
   if (!rd || lynx_desc_from_pb(rd, &a->desc, err, sizeof(err))) {
@@ -274,6 +307,8 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
              (unsigned long long)instance_id, node, rd ? err : "none");
     return -EINVAL;
   }
+  snprintf(a->node, sizeof(a->node), "%s", node ? node : "?");
+  accel_choose(m, a);
   a->ops = lynx_transport_find(a->desc.transport);
   if (!a->ops) {
     LYNX_ERR("frontend", "instance %llu on %s: transport '%s' is not built in",
@@ -283,7 +318,6 @@ static int accel_from_pb(const Lynx__RegionDesc *rd, const char *node,
   lynx_geom_init(&a->g, a->desc.n_mqueues, a->desc.slots, a->desc.slot_size,
                  a->desc.large_bytes);
   a->n_server = a->g.n_mqueues; /* the service's spec may say fewer */
-  snprintf(a->node, sizeof(a->node), "%s", node ? node : "?");
   a->instance_id = instance_id;
   return 0;
 }
@@ -355,7 +389,7 @@ static int apply_descriptors(struct fe_main *m, const Lynx__Descriptors *d) {
     /* instance ids carry the agent's epoch: a restarted agent's regions are
      * new instances, the old ones are lost */
     uint64_t id = (d->epoch << 8) | d->regions[i]->accel_id;
-    rc = accel_from_pb(d->regions[i], d->node_id, id, &accels[i]);
+    rc = accel_from_pb(m, d->regions[i], d->node_id, id, &accels[i]);
     if (rc)
       goto out;
     if (accels[i].g.n_mqueues < min_q)
@@ -421,6 +455,11 @@ static void collect_mq(void *arg, const struct fe_rmq *rmq,
   r->outstanding = __atomic_load_n(&mq->dq.outstanding, __ATOMIC_RELAXED);
   r->dispatched = lynx_cnt_get(&mq->dispatched);
   r->responded = lynx_cnt_get(&mq->responded);
+  {
+    int t = lynx_transport_id(c->acc.desc.transport);
+    /* a name that outlives the connection: the report is packed later */
+    r->transport = t < 0 ? "" : (char *)lynx_transport_names[t];
+  }
 }
 
 static void send_status(struct fe_main *m) {
@@ -672,7 +711,7 @@ static void apply_table(struct fe_main *m, const Lynx__DispatchTable *t) {
       continue;
     for (size_t k = 0; k < st->n_entries; k++) {
       const Lynx__TableEntry *e = st->entries[k];
-      if (accel_from_pb(e->region, e->node_id, e->instance_id, &accels[n]))
+      if (accel_from_pb(m, e->region, e->node_id, e->instance_id, &accels[n]))
         continue;
       accels[n].desc.producer = e->epoch ? e->epoch : t->frontend_epoch;
       if (sp->n_backends) {
@@ -923,6 +962,9 @@ int main(int argc, char **argv) {
     goto out;
   }
   m.exit_code = LYNX_EXIT_RUNTIME; /* from here on, the world disagrees */
+  if (lynx_local_identity(m.host_id, m.netns_id))
+    LYNX_WARN("frontend", "this host's identity is not in /proc: every "
+                          "region is reached over its agent's transport");
   /* which receive path UDP services take: an --rx uring this machine
    * cannot give fails the command at once, as a port that is taken does */
   if ((!cfg->tcp || m.coordinator_mode) && choose_rx(cfg))

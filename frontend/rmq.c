@@ -1119,10 +1119,14 @@ int fe_rmq_add(struct fe_rmq *r, const struct fe_accel *acc) {
   if (c->state != FE_CONN_DEAD)
     LYNX_INFO("frontend",
               "worker %u: accelerator %s/%u (instance %llu) in "
-              "dispatch over %s: %u mqueues, answers %s",
+              "dispatch over %s%s%s%s: %u mqueues, answers %s",
               r->opts.worker, acc->node, acc->desc.accel_id,
               (unsigned long long)acc->instance_id, acc->desc.transport,
-              c->n_mqs, c->pushing ? "pushed" : "polled for");
+              acc->offered[0] ? " (on its agent's host and network "
+                                "namespace; offered "
+                              : "",
+              acc->offered, acc->offered[0] ? " too)" : "", c->n_mqs,
+              c->pushing ? "pushed" : "polled for");
   return 0;
 fail:
   conn_free(r, c);

@@ -62,6 +62,10 @@ extern const char *const fe_qdrop_names[FE_QDROP_MAX];
 struct fe_accel {
   struct lynx_region_desc desc;
   const struct lynx_transport_ops *ops;
+  /* desc is the agent's offer of shm to a frontend where it is (the
+   * descriptor named this transport, and the file): "" when desc is the
+   * descriptor as it came */
+  char offered[16];
   struct lynx_geom g;
   char node[LYNX_ID_MAX];
   uint64_t instance_id; /* static mode: the accelerator index */

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #define LYNX_LOCATOR_MAX 128
+#define LYNX_IDENT_MAX 48 /* a host's or network namespace's identity */
 
 /* The transports a descriptor may name; lynx_transport_names holds the
  * names on the wire (lynx.RegionDesc.transport). */
@@ -55,6 +56,11 @@ struct lynx_region_desc {
   uint64_t key;                  /* tcp, rdma: the region's access key */
   uint64_t remote_addr;          /* rdma: region base in the agent */
   uint32_t rkeys[LYNX_MR_COUNT]; /* rdma: indexed by enum lynx_mr */
+  /* the region through shm as well, for a frontend where the agent is
+   * (lynx.RegionDesc.shm_locator, host_id, netns_id): the file ("" none)
+   * and the agent's host and network namespace */
+  char shm_locator[LYNX_LOCATOR_MAX];
+  char host_id[LYNX_IDENT_MAX], netns_id[LYNX_IDENT_MAX];
   /* Frontend side only, not on the wire: the frontend epoch a connection
    * presents (DispatchTable.frontend_epoch; 0: none). The agent refuses it
    * when the region has admitted a newer one (docs/etcd.md "Fencing"). */
@@ -68,5 +74,16 @@ void lynx_desc_to_pb(const struct lynx_region_desc *d,
                      struct Lynx__RegionDesc *pb);
 int lynx_desc_from_pb(const struct Lynx__RegionDesc *pb,
                       struct lynx_region_desc *d, char *err, size_t errlen);
+
+/* This process's host and network namespace, as descriptors name an
+ * agent's (lynx.RegionDesc.host_id, netns_id): 0, or -errno where /proc
+ * does not say (then nothing is local). */
+int lynx_local_identity(char host[LYNX_IDENT_MAX], char netns[LYNX_IDENT_MAX]);
+
+/* Whether a frontend with identity host, netns may map the region d
+ * describes through shm instead of d->transport: d offers a file, and both
+ * identities are the agent's. */
+int lynx_desc_local(const struct lynx_region_desc *d, const char *host,
+                    const char *netns);
 
 #endif

@@ -643,9 +643,7 @@ void lynx__rdma_agent_destroy(struct lynx_transport_agent *a) {
 int lynx__rdma_region_alloc(struct lynx_transport_agent *a,
                             struct lynx_region *r, const char *name,
                             uint64_t size) {
-  int rc = lynx_region_map_anon(r, a, size);
-  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
-  return rc;
+  return lynx_region_map_served(r, a, name, size);
 }
 
 int lynx__rdma_region_attach(struct lynx_transport_agent *a,

@@ -164,6 +164,7 @@ int lynx__tcp_agent_start(const struct lynx_transport_ops *ops,
   }
   srv->base.ops = ops;
   srv->base.guard = &srv->guard;
+  srv->base.share = o->share;
   lynx_guard_init(&srv->guard, o->conn_max, o->unauth_max, o->per_source);
   pthread_mutex_init(&srv->lock, NULL);
   rc = uv_loop_init(&srv->loop);
@@ -259,9 +260,7 @@ void lynx__tcp_agent_destroy(struct lynx_transport_agent *a) {
 int lynx__tcp_region_alloc(struct lynx_transport_agent *a,
                            struct lynx_region *r, const char *name,
                            uint64_t size) {
-  int rc = lynx_region_map_anon(r, a, size);
-  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
-  return rc;
+  return lynx_region_map_served(r, a, name, size);
 }
 
 int lynx__tcp_region_attach(struct lynx_transport_agent *a,
@@ -302,6 +301,7 @@ int lynx__tcp_region_export(struct lynx_region *r) {
   ex->mem = r->mem;
   ex->size = r->size;
   ex->epoch = h.epoch;
+  ex->shared = r->shm[0] != '\0';
   snprintf(ex->fence.name, sizeof(ex->fence.name), "%s",
            r->name[0] ? r->name : r->locator);
   pthread_mutex_lock(&srv->lock);
@@ -329,10 +329,11 @@ void lynx__tcp_region_free(struct lynx_region *r) {
     if (srv->running)
       uv_async_send(&srv->wake); /* close its connections */
     lynx__tcp_export_put(ex);    /* memory goes with the last connection */
+    lynx_region_unmap_served(r, 0);
   } else if (r->mem) {
     r->mem->release(r->mem->ctx);
-  } else if (r->base) {
-    munmap(r->base, r->size);
+  } else {
+    lynx_region_unmap_served(r, 1);
   }
   r->base = NULL;
   r->mem = NULL;

@@ -167,6 +167,7 @@ static void srv_flush(struct srv_conn *c);
 static int srv_push(struct srv_conn *c, int force_rx);
 static void srv_answered(struct srv_conn *c);
 static void srv_push_now(struct srv_conn *c, int force_rx);
+static void srv_fence_sync(struct tcp_agent *srv, struct tcp_export *ex);
 
 static void srv_on_write(uv_write_t *req, int status) {
   struct srv_conn *c = req->data;
@@ -776,8 +777,11 @@ static void srv_arm(struct srv_conn *c, int on) {
 }
 
 void lynx__tcp_srv_arm(struct tcp_agent *srv, int on) {
-  for (struct srv_conn *c = srv->conns; c; c = c->next)
+  for (struct srv_conn *c = srv->conns; c; c = c->next) {
+    if (on && c->ex && !c->closing)
+      srv_fence_sync(srv, c->ex); /* never a fenced one's bell */
     srv_arm(c, on);
+  }
   /* Dekker with the accelerator (common/bell.h): our waiter stores, a
    * full fence, then the loads of its indices (the push after this) */
   if (on)
@@ -785,9 +789,12 @@ void lynx__tcp_srv_arm(struct tcp_agent *srv, int on) {
 }
 
 void lynx__tcp_srv_push_all(struct tcp_agent *srv, int force_rx) {
-  for (struct srv_conn *c = srv->conns; c; c = c->next)
+  for (struct srv_conn *c = srv->conns; c; c = c->next) {
+    if (c->nsubs && !c->closing)
+      srv_fence_sync(srv, c->ex); /* never to a fenced one */
     if (c->nsubs && !c->closing)
       srv_push_now(c, force_rx);
+  }
 }
 
 /* Whether an rx_cons of c's subscription moved and was not pushed. */
@@ -836,36 +843,82 @@ static void srv_cut(struct srv_conn *c, const char *why) {
   srv_close(c, NULL); /* the takeover is logged once, not per connection */
 }
 
+/* Cuts every connection of ex but keep whose epoch is older than
+ * producer; how many it cut. */
+static unsigned srv_cut_older(struct tcp_agent *srv, struct tcp_export *ex,
+                              const struct srv_conn *keep, uint64_t producer) {
+  char note[160];
+  unsigned n = 0;
+  snprintf(note, sizeof(note),
+           "fenced: frontend epoch %llu took this region "
+           "over",
+           (unsigned long long)producer);
+  for (struct srv_conn *o = srv->conns; o; o = o->next)
+    if (o != keep && o->ex == ex && !o->closing && o->producer < producer) {
+      srv_cut(o, note);
+      n++;
+    }
+  return n;
+}
+
+/* The header word of a shared region: frontends that map the file fence
+ * through it themselves (transport_shm.c's CAS-max). */
+static uint64_t *ex_fence_word(const struct tcp_export *ex) {
+  return (uint64_t *)(ex->base + LYNX_OFF_FENCE);
+}
+
+/* A shared region's takeover by a frontend that maps it: a newer epoch in
+ * the header word than this thread admitted. Adopted as a HELLO's
+ * takeover is: every connection of an older epoch cut (FENCED), so none
+ * of them writes, reads or is pushed to after the shm frontend's connect
+ * but for the batch being applied (the window transport_shm.c leaves its
+ * own frontends). Called before each batch of a connection, each push and
+ * arm, and each admission: one load where nothing changed. */
+static void srv_fence_sync(struct tcp_agent *srv, struct tcp_export *ex) {
+  uint64_t w, was;
+  if (!ex->shared)
+    return;
+  w = __atomic_load_n(ex_fence_word(ex), __ATOMIC_ACQUIRE);
+  was = __atomic_load_n(&ex->fence.epoch, __ATOMIC_RELAXED);
+  if (w <= was)
+    return;
+  __atomic_store_n(&ex->fence.epoch, w, __ATOMIC_RELAXED);
+  __atomic_store_n(&ex->fence.producers, 0, __ATOMIC_RELAXED);
+  lynx_fence_took_over(&ex->fence, was, w, srv_cut_older(srv, ex, NULL, w));
+}
+
 /* Fencing of a HELLO that presents producer for ex (docs/mqueue.md
  * "Fencing"). 0: admitted (c->producer set; on a takeover every
  * connection of ex with an older epoch is cut and the header word
- * written), or -ESTALE with the reason in why. */
+ * written: CAS-maxed where frontends map the region too), or -ESTALE
+ * with the reason in why. */
 static int srv_fence(struct srv_conn *c, struct tcp_export *ex,
                      uint64_t producer, char *why, size_t wl) {
-  char note[160];
-  uint64_t was = 0;
-  unsigned n = 0;
-  int rc = lynx_fence_admit(&ex->fence, producer, &was, why, wl);
+  uint64_t was = 0, now = 0;
+  int rc;
+  srv_fence_sync(c->srv, ex); /* a local frontend's takeover first */
+  rc = lynx_fence_admit(&ex->fence, producer, &was, why, wl);
   if (rc < 0)
     return rc;
   c->producer = producer;
   if (rc != LYNX_FENCE_TAKEOVER)
     return 0;
-  if (lynx_fence_store(ex->base, ex->mem, producer))
+  if (ex->shared && lynx_fence_cas(ex_fence_word(ex), producer, &now)) {
+    /* a frontend that maps the file took it over in between: refused,
+     * and the newer epoch adopted */
+    c->producer = 0;
+    lynx_fence_why(why, wl, producer, now);
+    __atomic_fetch_add(&ex->fence.refused, 1, __ATOMIC_RELAXED);
+    srv_fence_sync(c->srv, ex);
+    return -ESTALE;
+  }
+  if (!ex->shared && lynx_fence_store(ex->base, ex->mem, producer))
     LYNX_LOG_RL(LYNX_LOG_WARN, "tcp",
                 "region %s: cannot write its fence "
                 "word",
                 ex->fence.name);
-  snprintf(note, sizeof(note),
-           "fenced: frontend epoch %llu took this region "
-           "over",
-           (unsigned long long)producer);
-  for (struct srv_conn *o = c->srv->conns; o; o = o->next)
-    if (o != c && o->ex == ex && !o->closing && o->producer < producer) {
-      srv_cut(o, note);
-      n++;
-    }
-  lynx_fence_took_over(&ex->fence, was, producer, n);
+  lynx_fence_took_over(&ex->fence, was, producer,
+                       srv_cut_older(c->srv, ex, c, producer));
   return 0;
 }
 
@@ -1105,6 +1158,11 @@ static void srv_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     return;
   }
   c->in.len += (size_t)n;
+  if (c->ex) {
+    srv_fence_sync(c->srv, c->ex); /* cuts c if a local frontend took over */
+    if (c->closing)
+      return;
+  }
   while (!c->closing && c->in.len - c->in.head >= TCP_HDR) {
     struct tcp_hdr h;
     const uint8_t *p = c->in.p + c->in.head;

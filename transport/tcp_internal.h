@@ -156,6 +156,10 @@ struct tcp_export {
   uint64_t key, id, epoch; /* id: lynx__tcp_region_id(key), on the wire */
   struct lynx_geom g;
   struct lynx_fence fence; /* serving thread only; metrics read it */
+  /* base is a shared-memory file (lynx_region.shm): frontends that map it
+   * fence through the header word, which the serving thread follows
+   * (tcp_agent_conn.c srv_fence_sync) */
+  int shared;
   struct tcp_export *next;
 };
 

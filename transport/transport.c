@@ -6,6 +6,7 @@
 #include "transport.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,8 +32,29 @@ int lynx_region_wake(uint8_t *base) {
   return 0;
 }
 
-int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
-                         uint64_t size) {
+int lynx_shm_create(const char *path, uint64_t size, int *fd, void **p) {
+  int f = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600), e;
+  void *m;
+  if (f < 0)
+    return -errno;
+  if (ftruncate(f, (off_t)size) != 0)
+    goto fail;
+  m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  if (m == MAP_FAILED)
+    goto fail;
+  *fd = f;
+  *p = m;
+  return 0;
+fail:
+  e = -errno;
+  close(f);
+  shm_unlink(path);
+  return e;
+}
+
+int lynx_region_map_served(struct lynx_region *r,
+                           struct lynx_transport_agent *a, const char *name,
+                           uint64_t size) {
   void *p;
   r->fd = -1;
   r->base = NULL;
@@ -40,20 +62,43 @@ int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
   r->priv = NULL;
   r->agent = NULL;
   r->fence = NULL;
+  r->shm[0] = '\0';
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
   if (!a)
     return -ENOTCONN; /* agent_create first */
   if (size == 0)
     return -EINVAL;
-  p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
-           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    return -errno;
+  if (a->share && r->name[0]) {
+    /* the name the shm transport would give it, so the agent's sweep of
+     * dead agents' files (lynx-<node>-<pid>-i<id>) finds it too */
+    int fd, rc;
+    snprintf(r->shm, sizeof(r->shm), "/%.*s", (int)sizeof(r->shm) - 2, r->name);
+    rc = lynx_shm_create(r->shm, size, &fd, &p);
+    if (rc) {
+      r->shm[0] = '\0';
+      return rc;
+    }
+    close(fd); /* the mapping keeps the pages; frontends open the name */
+  } else {
+    p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return -errno;
+  }
   r->base = p;
   r->size = size;
   r->ops = a->ops;
   r->agent = a;
   snprintf(r->locator, sizeof(r->locator), "%s", a->bound);
   return 0;
+}
+
+void lynx_region_unmap_served(struct lynx_region *r, int unmap) {
+  if (r->shm[0])
+    shm_unlink(r->shm);
+  r->shm[0] = '\0';
+  if (unmap && r->base)
+    munmap(r->base, r->size);
 }
 
 int lynx_region_attach_served(struct lynx_region *r,
@@ -65,6 +110,7 @@ int lynx_region_attach_served(struct lynx_region *r,
   r->mem = NULL;
   r->agent = NULL;
   r->fence = NULL;
+  r->shm[0] = '\0'; /* device memory: no file maps it */
   if (!a || size == 0) {
     mem->release(mem->ctx);
     return !a ? -ENOTCONN : -EINVAL; /* agent_create first */
@@ -365,6 +411,12 @@ void lynx_region_fence_stats(const struct lynx_region *r,
     out->producers = __atomic_load_n(&f->producers, __ATOMIC_RELAXED);
     out->refused = __atomic_load_n(&f->refused, __ATOMIC_RELAXED);
     out->cut = __atomic_load_n(&f->cut, __ATOMIC_RELAXED);
+    if (r->shm[0] && r->base) { /* frontends that map it fence it too */
+      uint64_t w = __atomic_load_n((const uint64_t *)(r->base + LYNX_OFF_FENCE),
+                                   __ATOMIC_ACQUIRE);
+      if (w > out->fence)
+        out->fence = w;
+    }
   } else if (r->base && r->size >= LYNX_OFF_FENCE + 8) {
     /* shm: frontends keep the word themselves */
     out->fence = __atomic_load_n((const uint64_t *)(r->base + LYNX_OFF_FENCE),

@@ -45,6 +45,11 @@ struct lynx_transport_opts {
   const char *listen; /* tcp/rdma: "host:port" to serve on (port 0 = any) */
   /* tcp: caps of the data port (connguard.h; 0 = no cap) */
   uint32_t conn_max, unauth_max, per_source;
+  /* tcp: host-memory regions are POSIX shared-memory files as well, so
+   * that a frontend on the agent's own host and in its network namespace
+   * maps them through shm (struct lynx_region's shm; docs/design.md
+   * "Local regions"); 0: private to the agent process */
+  int share;
 };
 
 /* Agent side: one serving transport, returned by agent_create and passed
@@ -58,6 +63,7 @@ struct lynx_transport_agent {
   /* the data port's guard (caps, counters for --metrics), or NULL where
    * the transport has none (shm; rdma does not use one yet) */
   struct lynx_guard *guard;
+  int share; /* the opts' share, where the transport honours it (tcp) */
 };
 
 /*
@@ -160,6 +166,10 @@ struct lynx_region {
    * and after region_free: it may outlive r); shm: NULL, the fence is the
    * header word LYNX_OFF_FENCE */
   const struct lynx_fence *fence;
+  /* tcp with share: the shared-memory file the region's host memory is,
+   * the shm transport's locator for it (unlinked by region_free); "" when
+   * only this transport serves it */
+  char shm[LYNX_LOCATOR_MAX];
 };
 
 /* Frontend side: backends embed this first and recover themselves with
@@ -353,11 +363,24 @@ extern const struct lynx_transport_ops lynx_transport_rdma;
 int lynx_region_wake(uint8_t *base);
 
 /* Agent side of tcp/rdma: region_alloc through handle a (NULL: not
- * serving, -ENOTCONN): zeroed anonymous memory the agent process serves
- * itself (shared anonymous, as region_alloc says), its locator a's bound.
- * 0 or -errno. */
-int lynx_region_map_anon(struct lynx_region *r, struct lynx_transport_agent *a,
-                         uint64_t size);
+ * serving, -ENOTCONN): zeroed memory the agent process serves itself
+ * (a shared mapping, as region_alloc says), its locator a's bound and
+ * r->name name. Anonymous, or where a->share a shared-memory file named
+ * after name (r->shm). 0 or -errno. */
+int lynx_region_map_served(struct lynx_region *r,
+                           struct lynx_transport_agent *a, const char *name,
+                           uint64_t size);
+
+/* Creates the shared-memory file path (O_EXCL: never another's) of size
+ * zeroed bytes and maps it shared: *p, and its descriptor in *fd. 0 or
+ * -errno (nothing is left behind). The shm transport's regions and tcp's
+ * shared ones. */
+int lynx_shm_create(const char *path, uint64_t size, int *fd, void **p);
+
+/* What region_free of tcp/rdma does with memory no export holds: the
+ * file unlinked (r->shm; its mapping stays with whoever has it), and
+ * base unmapped when unmap. */
+void lynx_region_unmap_served(struct lynx_region *r, int unmap);
 
 /* Agent side of tcp/rdma: region_attach through handle a (NULL: not
  * serving, -ENOTCONN); hands mem back at once (mem->release) when it

@@ -74,9 +74,10 @@ static int shm_region_export(struct lynx_region *r) {
 static int shm_region_alloc(struct lynx_transport_agent *a,
                             struct lynx_region *r, const char *name,
                             uint64_t size) {
-  int fd;
+  int fd, rc;
   void *p;
   r->fd = -1;
+  r->shm[0] = '\0'; /* the locator is the file already */
   r->base = NULL;
   r->mem = NULL;
   r->agent = NULL;
@@ -85,22 +86,9 @@ static int shm_region_alloc(struct lynx_transport_agent *a,
     return -ENOTCONN; /* agent_create first */
   snprintf(r->name, sizeof(r->name), "%s", name);
   snprintf(r->locator, sizeof(r->locator), "/%s", name);
-  fd = shm_open(r->locator, O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0)
-    return -errno;
-  if (ftruncate(fd, (off_t)size) != 0) {
-    int e = -errno;
-    close(fd);
-    shm_unlink(r->locator);
-    return e;
-  }
-  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    int e = -errno;
-    close(fd);
-    shm_unlink(r->locator);
-    return e;
-  }
+  rc = lynx_shm_create(r->locator, size, &fd, &p);
+  if (rc)
+    return rc;
   r->fd = fd;
   r->base = p;
   r->size = size;

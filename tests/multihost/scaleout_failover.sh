@@ -5,16 +5,24 @@
 #   coord  10.77.0.1   lynx-coordinator (control on 10.77.0.1, API on the
 #                      namespace's loopback, a cluster token, lease 1.5 s)
 #   fe     10.77.0.2   lynx-frontend, and an agent with 1 CPU accelerator
-#                      over shm (same host as the frontend)
+#                      (same host and network namespace as the frontend)
 #   client 10.77.0.3   sockperf
-#   h1..h4 10.77.0.11-14  an agent each, 2 CPU accelerators over tcp
+#   h1..h4 10.77.0.11-14  an agent each, 2 CPU accelerators
+#
+# Every agent runs with its default transport (auto): each region is
+# served over tcp and is a shared-memory file too. The namespaces share
+# /dev/shm, so the files of h1..h4 open in fe as well: only the identity
+# (host and network namespace) tells the frontend which are its own.
 #
 # 9 accelerators; one sockperf-echo service, placement "all", on UDP 9000 of
 # the frontend's 10.77 address, created through the API.
 #
-#  1. The descriptors advertised: the mqueues of h1..h4 are tcp, at their
-#     10.77 address; those of the frontend's host are shm (/v1/mqueues; the
-#     tcp locator from the API when it lists one, else from the agent's log).
+#  1. The descriptors advertised: every mqueue offers tcp and shm
+#     (/v1/mqueues .transports); those of h1..h4 are reached over tcp, at
+#     their 10.77 address, those of the frontend's host over shm
+#     (/v1/mqueues .transport, as the frontend reports, and its log; the
+#     tcp locator from the API when it lists one, else from the agent's
+#     log).
 #  2. sockperf ping-pong from client, one flow then 3 flows at once: none
 #     dropped, duplicated or out of order; every one of the 9 accelerators'
 #     `requests` grows; no request lost or expired, no lease expired.
@@ -178,11 +186,12 @@ lost_check() {
   assert_eq "$v" 0 "$1: frontend dropped_total{reason=\"expired\"}"
 }
 
-# start_host_agent HOST: the tcp agent of HOST (2 accelerators).
+# start_host_agent HOST: the agent of HOST (2 accelerators, transport
+# auto: its frontend is elsewhere, so tcp).
 start_host_agent() {
   local h=$1
   mh_spawn "$h" "agent-$h" "$BIN/lynx-agent" --coordinator "$COORD_IP:$COORD_PORT" \
-    --node-id "${NODE[$h]}" --cpu-accels 2 --transport tcp --token-file "$TOKEN"
+    --node-id "${NODE[$h]}" --cpu-accels 2 --token-file "$TOKEN"
   ALOG[$h]=$MH_LOG
   mh_wait_log "$MH_LOG" "registered with coordinator" 10 1 "$MH_PID"
 }
@@ -202,7 +211,7 @@ FE_IP=$(mh_ip fe)
 for h in fe client "${HOSTS[@]}"; do mh_wait_reachable "$h" coord; done
 mh_wait_reachable client fe
 
-step "coordinator in coord, agents in h1..h4 (tcp) and fe (shm), frontend in fe"
+step "coordinator in coord, agents in h1..h4 and fe, frontend in fe"
 mh_spawn coord coordinator "$BIN/lynx-coordinator" --listen "$COORD_IP:$COORD_PORT" \
   --http "127.0.0.1:$API_PORT" --state-dir "$MH_DIR/state" --lease-ms "$LEASE_MS" \
   --token-file "$TOKEN"
@@ -216,7 +225,7 @@ until api_get /readyz >/dev/null 2>&1; do
 done
 for h in "${HOSTS[@]}"; do start_host_agent "$h"; done
 mh_spawn fe agent-local "$BIN/lynx-agent" --coordinator "$COORD_IP:$COORD_PORT" \
-  --node-id "${NODE[fe]}" --cpu-accels 1 --transport shm --token-file "$TOKEN"
+  --node-id "${NODE[fe]}" --cpu-accels 1 --token-file "$TOKEN"
 ALOG[fe]=$MH_LOG
 mh_wait_log "$MH_LOG" "registered with coordinator" 10 1 "$MH_PID"
 mh_spawn fe frontend "$BIN/lynx-frontend" --coordinator "$COORD_IP:$COORD_PORT" \
@@ -242,16 +251,32 @@ assert_eq "$(api_get /v1/accelerators | jq '.items | length')" 9 "accelerators l
 
 # ---- 1. descriptors -----------------------------------------------------------
 step "1. descriptors: tcp at the hosts' 10.77 addresses, shm on the frontend's host"
-api_get /v1/mqueues >"$MH_DIR/mqueues.json"
+# .transport is what the frontend reports it uses (its status reports,
+# about every second): until it has, the descriptor's
+end=$(($(mh_now_ms) + 5000))
+until api_get /v1/mqueues >"$MH_DIR/mqueues.json" &&
+  [[ $(jq -r --arg n "${NODE[fe]}" '[.items[] | select(.node == $n) | .transport] | unique | join(",")' "$MH_DIR/mqueues.json") == shm ]]; do
+  (($(mh_now_ms) < end)) || break
+  sleep 0.1
+done
 api_get /v1/nodes >"$MH_DIR/nodes.json"
 has_locator=$(jq '[.items[] | has("locator")] | any' "$MH_DIR/mqueues.json")
 for h in "${HOSTS[@]}" fe; do
   n=${NODE[$h]}
   if [[ $h == fe ]]; then want=shm; else want=tcp; fi
   ts=$(jq -r --arg n "$n" '[.items[] | select(.node == $n) | .transport] | unique | join(",")' "$MH_DIR/mqueues.json")
-  [[ $ts == "$want" ]] || fail "mqueues of $h ($n) advertise transport '$ts', want $want"
+  [[ $ts == "$want" ]] || fail "mqueues of $h ($n) are reached over '$ts', want $want"
+  offer=$(jq -r --arg n "$n" '[.items[] | select(.node == $n) | .transports | join("+")] | unique | join(",")' "$MH_DIR/mqueues.json")
+  [[ $offer == tcp+shm ]] || fail "the mqueues of $h ($n) offer '$offer', want tcp+shm"
   nmq=$(jq --arg n "$n" '[.items[] | select(.node == $n)] | length' "$MH_DIR/mqueues.json")
-  log "ok: $h: $nmq mqueues, transport $ts"
+  # the frontend's log says the same, with why
+  if [[ $want == shm ]]; then
+    pat="accelerator $n/0 (instance [0-9]*) in dispatch over shm (on its agent's host and network namespace; offered tcp too)"
+  else
+    pat="accelerator $n/[01] (instance [0-9]*) in dispatch over tcp:"
+  fi
+  grep -q "$pat" "$FE_LOG" || fail "the frontend's log does not say: $pat"
+  log "ok: $h: $nmq mqueues, offered $offer, reached over $ts"
   addr=$(jq -r --arg n "$n" '.items[] | select(.id == $n) | .address' "$MH_DIR/nodes.json")
   [[ $addr == "$(mh_ip "$h")":* ]] ||
     fail "node $n ($h) has control address '$addr', want $(mh_ip "$h"):PORT"

@@ -1820,7 +1820,7 @@ static void test_restart_while_draining(void **state) {
 static void test_connections(void **state) {
   struct fx *f = *state;
   struct lynx_reg_frontend *fe, *fe2;
-  struct lynx_fe_mq_report mq = {5, 0, 1, 2, 3};
+  struct lynx_fe_mq_report mq = {5, 0, 1, 2, 3, 0};
   struct lynx_reg_node *n;
   assert_int_equal(reg_node(&f->r, "n1", 1, 1, "", 0), 0);
   n = lynx_reg_node_find(&f->r, "n1");

@@ -540,6 +540,10 @@ static void test_encode_shapes(void **state) {
   mq2[0].dispatched = 5;
   mq2[0].responded = 5;
   mq2[0].outstanding = 4;
+  /* how each reached it: the connected frontend's word counts, the
+   * disconnected one's last report does not outweigh it */
+  mq1[0].transport = 1 + LYNX_TRANSPORT_TCP;
+  mq2[0].transport = 1 + LYNX_TRANSPORT_RDMA;
   lynx_reg_frontend_status(&r, "fe1", r.table_version, mq1, 2, 10);
   lynx_reg_frontend_status(&r, "fe2", r.table_version, mq2, 1, 10);
   lynx_reg_frontend_disconnected(&r, (void *)2);
@@ -549,7 +553,7 @@ static void test_encode_shapes(void **state) {
   /* echo: 2 accels x 2 mqueues; rep: 2 replicas x 1 */
   assert_int_equal(json_object_array_length(items), 6);
   a = json_object_array_get_idx(items, 1);
-  assert_int_equal(n_keys(a), 16);
+  assert_int_equal(n_keys(a), 17);
   assert_true(json_object_get_boolean(get(a, "dispatchable")));
   assert_string_equal(get_str(a, "frontend"), "fe1");
   assert_int_equal(get_u64(a, "epoch"), r.frontend_epoch);
@@ -563,7 +567,11 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(get_u64(a, "index"), 1);
   assert_int_equal(get_u64(a, "slots"), 256);
   assert_int_equal(get_u64(a, "slot_size"), 2048);
-  assert_string_equal(get_str(a, "transport"), "shm");
+  assert_string_equal(get_str(a, "transport"), "tcp"); /* fe1 said */
+  assert_int_equal(json_object_array_length(get(a, "transports")), 1);
+  assert_string_equal(json_object_get_string(
+                          json_object_array_get_idx(get(a, "transports"), 0)),
+                      "shm"); /* what the descriptor offers */
   {
     char loc[64];
     snprintf(loc, sizeof(loc), "/lynx-%lld",
@@ -576,6 +584,7 @@ static void test_encode_shapes(void **state) {
   a = json_object_array_get_idx(items, 0);
   assert_string_equal(get_str(a, "id"), "echo/n1/0/0");
   assert_int_equal(get_u64(a, "dispatched"), 0);
+  assert_string_equal(get_str(a, "transport"), "shm"); /* none said */
   a = json_object_array_get_idx(items, 5);
   assert_string_equal(get_str(a, "service"), "rep");
   json_object_put(o);

@@ -2,11 +2,13 @@
  * test_transport_common.c - unit tests of what transport/transport.c gives
  * every backend without being one (the bounds helper, region format and
  * header validation), and proto/desc.c's descriptor <-> protobuf
- * conversion. Regions here
+ * conversion and its test of a local agent (host and network namespace
+ * identity). Regions here
  * are plain process memory; what the backends do with them is the
  * conformance suite's (transport_conformance.c).
  */
 #include <errno.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -133,6 +137,11 @@ static void test_desc_pb_roundtrip(void **state) {
   in.ordering = LYNX_ORDER_FENCED;
   in.key = 0x1234;
   in.remote_addr = 0xFEDCBA9876543210ull;
+  /* a tcp region that is a shared-memory file too (--transport auto) */
+  snprintf(in.shm_locator, sizeof(in.shm_locator), "/lynx-n1-42-i7");
+  snprintf(in.host_id, sizeof(in.host_id),
+           "0b7c3a2e-1d4f-4e63-9d1a-6f1c2b3a4d5e");
+  snprintf(in.netns_id, sizeof(in.netns_id), "4:4026531840");
   lynx_desc_to_pb(&in, &pb);
   assert_int_equal(pb.ordering, LYNX__ORDERING__ORDERING_FENCED);
   assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), 0);
@@ -180,15 +189,78 @@ static void test_desc_pb_roundtrip(void **state) {
     assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), 0);
     assert_string_equal(out.locator, longloc);
   }
+  /* an shm offer comes with the agent's identity and names one file */
+  lynx_desc_to_pb(&in, &pb);
+  pb.host_id = "";
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "identity"));
+  lynx_desc_to_pb(&in, &pb);
+  pb.netns_id = NULL;
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  lynx_desc_to_pb(&in, &pb);
+  pb.shm_locator = "/dev/shm/x";
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), -EINVAL);
+  lynx_desc_to_pb(&in, &pb);
+  pb.shm_locator = ""; /* no offer: the identity is not needed */
+  pb.host_id = pb.netns_id = "";
+  assert_int_equal(lynx_desc_from_pb(&pb, &out, err, sizeof(err)), 0);
+  assert_string_equal(out.shm_locator, "");
+}
+
+/* Where a frontend maps a region through shm: an offered file and both
+ * identities its own; this process's identity is the kernel's boot id
+ * and its network namespace, which another namespace does not share. */
+static void test_desc_local(void **state) {
+  struct lynx_region_desc d;
+  char host[LYNX_IDENT_MAX], netns[LYNX_IDENT_MAX];
+  (void)state;
+  memset(&d, 0, sizeof(d));
+  assert_int_equal(lynx_local_identity(host, netns), 0);
+  assert_int_equal(strlen(host), 36); /* a UUID */
+  assert_non_null(strchr(netns, ':'));
+  snprintf(d.host_id, sizeof(d.host_id), "%s", host);
+  snprintf(d.netns_id, sizeof(d.netns_id), "%s", netns);
+  assert_false(lynx_desc_local(&d, host, netns)); /* no file offered */
+  snprintf(d.shm_locator, sizeof(d.shm_locator), "/lynx-x");
+  assert_true(lynx_desc_local(&d, host, netns));
+  assert_false(lynx_desc_local(&d, host, "4:1"));
+  assert_false(lynx_desc_local(&d, "another-host", netns));
+  assert_false(lynx_desc_local(&d, "", "")); /* no identity: never local */
+  /* a fresh network namespace (a child's: this process keeps its own)
+   * is another identity on the same host */
+  {
+    char n2[LYNX_IDENT_MAX + 1] = "", h2[LYNX_IDENT_MAX], n2own[LYNX_IDENT_MAX];
+    int p[2], st = 0;
+    pid_t pid;
+    ssize_t got;
+    assert_int_equal(pipe(p), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      close(p[0]);
+      if (unshare(CLONE_NEWNET) == 0 && lynx_local_identity(h2, n2own) == 0 &&
+          strcmp(h2, host) == 0)
+        (void)!write(p[1], n2own, strlen(n2own));
+      _exit(0);
+    }
+    close(p[1]);
+    got = read(p[0], n2, LYNX_IDENT_MAX);
+    close(p[0]);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (got > 0) { /* (not root: no namespace of its own to compare) */
+      n2[got] = '\0';
+      assert_string_not_equal(n2, netns);
+      assert_false(lynx_desc_local(&d, host, n2));
+    }
+  }
 }
 
 int main(int argc, char **argv) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bounds_ok),
-      T(test_format_rejects),
-      T(test_region_validate),
-      T(test_desc_pb_roundtrip),
+      cmocka_unit_test(test_bounds_ok),  T(test_format_rejects),
+      T(test_region_validate),           T(test_desc_pb_roundtrip),
+      cmocka_unit_test(test_desc_local),
   };
 #undef T
   return LYNX_UT_MAIN(argc, argv, "transport_common", tests, NULL, NULL);

@@ -10,7 +10,9 @@
  * one whose memory takes batches (a received buffer's operations as one
  * batch: replies in order, reads after the writes before them, one flush
  * per buffer, a full staging ending the batch early, a read too large to
- * stage copied on its own, a failing flush closing the connection). What
+ * stage copied on its own, a failing flush closing the connection); a
+ * region served by tcp and, as a shared-memory file, by shm at once, with
+ * one fence across the two (--transport auto). What
  * every backend promises (one-sided writes and reads, PUBLISH, completions,
  * refusals at connect, bounds, region_free) is the conformance suite's
  * (transport_conformance.c, run for tcp as unit_transport_conformance_tcp).
@@ -21,6 +23,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -31,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -1237,6 +1241,115 @@ static void test_device_memory_batches(void **state) {
   free(b);
 }
 
+/* ---- a region served by tcp and shm at once (--transport auto) --------- */
+
+/* Until c reports a failure: what it reported (a dead connection's error),
+ * or 0 when it still worked after 2 s. Each round posts a read. */
+static int until_dead(struct lynx_tconn *c, const struct lynx_geom *g) {
+  uint64_t end = lynx_now_ns() + 2000000000ull, id;
+  uint8_t word[8];
+  while (lynx_now_ns() < end) {
+    int rc = c->ops->read(c, lynx_actrl_off(g, 0), word, sizeof(word), 5);
+    if (!rc)
+      rc = c->ops->flush(c);
+    if (!rc)
+      rc = c->ops->poll(c, &id, 1);
+    if (rc < 0)
+      return rc;
+    usleep(1000);
+  }
+  return 0;
+}
+
+/* One region, two transports, one fence. An agent handle created with
+ * share makes each host-memory region a shared-memory file as well
+ * (region.shm, named after the region); a frontend writing through shm
+ * and one writing through tcp see the same bytes. Fencing by frontend
+ * epoch holds across the two: a local frontend's takeover (its CAS of the
+ * header word) cuts the tcp connections of older epochs at their next
+ * batch, and is not undone by an older tcp frontend (the agent adopts the
+ * word before it admits: epoch 2 is refused after shm took epoch 3); a
+ * tcp takeover CAS-maxes the word, so the shm frontend is fenced at its
+ * next call. region_free unlinks the file; an unshared handle's regions
+ * have none. */
+static void test_shared_region(void **state) {
+  const struct lynx_transport_ops *shm = lynx_transport_find("shm");
+  struct lynx_transport_agent *ta = NULL;
+  struct lynx_region r = {.fd = -1}, plain = {.fd = -1};
+  struct lynx_region_desc d, ds, dp;
+  struct lynx_tconn *c1 = NULL, *cs = NULL, *c4 = NULL;
+  struct lynx_fence_stats st;
+  struct lynx_geom g;
+  char name[64];
+  const char req[] = "written over shm, read over tcp";
+  uint8_t back[sizeof(req)];
+  struct iovec iov = {(void *)req, sizeof(req)};
+  uint64_t id;
+  (void)state;
+  assert_int_equal(lynx_geom_init(&g, Q, S, Z, 0), 0);
+  assert_int_equal(ut_agent_create("tcp",
+                                   &(struct lynx_transport_opts){
+                                       .listen = "127.0.0.1:0", .share = 1},
+                                   &T, &ta),
+                   0);
+  snprintf(name, sizeof(name), "ut-share-%d", (int)getpid());
+  assert_int_equal(
+      ut_region_serve(T, ta, &r, name, &g, LYNX_ORDER_COALESCED, EPOCH, 0, &d),
+      0);
+  assert_true(r.shm[0] == '/' && strcmp(r.shm + 1, name) == 0);
+  ut_desc_fill(&ds, "shm", r.shm, &g, 0, EPOCH, LYNX_ORDER_COALESCED);
+
+  d.producer = 1;
+  ut_connect_ok(T->connect, &d, &c1);
+  ds.producer = 1; /* the same frontend epoch: both admitted */
+  ut_connect_ok(shm->connect, &ds, &cs);
+  assert_int_equal(cs->ops->writev(cs, lynx_rx_ring_off(&g, 1), &iov, 1, 0), 0);
+  assert_int_equal(cs->ops->flush(cs), 0);
+  assert_int_equal(
+      c1->ops->read(c1, lynx_rx_ring_off(&g, 1), back, sizeof(back), 9), 0);
+  assert_int_equal(c1->ops->flush(c1), 0);
+  assert_int_equal(ut_poll_n(c1, &id, 1), 1);
+  assert_memory_equal(back, req, sizeof(req));
+  ut_tconn_close(&cs);
+
+  /* shm takes over with epoch 3: tcp's epoch 1 is cut */
+  ds.producer = 3;
+  ut_connect_ok(shm->connect, &ds, &cs);
+  assert_int_equal(until_dead(c1, &g), -ESTALE);
+  lynx_region_fence_stats(&r, &st);
+  assert_true(st.fence == 3 && st.cut == 1);
+  /* an older tcp frontend cannot undo it */
+  d.producer = 2;
+  ut_expect_refused(T->connect, &d, -ESTALE);
+  assert_true(*(const uint64_t *)(r.base + LYNX_OFF_FENCE) == 3);
+  assert_int_equal(cs->ops->flush(cs), 0);
+
+  /* tcp takes over with epoch 4: the shm frontend is fenced */
+  d.producer = 4;
+  ut_connect_ok(T->connect, &d, &c4);
+  assert_true(*(const uint64_t *)(r.base + LYNX_OFF_FENCE) == 4);
+  assert_int_equal(cs->ops->flush(cs), -ESTALE);
+  ds.producer = 3;
+  ut_expect_refused(shm->connect, &ds, -ESTALE);
+  assert_int_equal(until_dead(c4, &g), 0); /* the newest goes on */
+
+  /* the file goes with the region; its mapping stays with whoever has it */
+  ut_tconn_close(&c1);
+  ut_tconn_close(&c4);
+  T->region_free(&r);
+  snprintf(name, sizeof(name), "/ut-share-%d", (int)getpid());
+  assert_true(shm_open(name, O_RDWR, 0) < 0 && errno == ENOENT);
+  ut_tconn_close(&cs);
+  T->agent_destroy(ta);
+
+  /* an unshared handle (the file's handle g_ta): anonymous memory */
+  assert_int_equal(ut_region_serve(T, g_ta, &plain, "ut-plain", &g,
+                                   LYNX_ORDER_COALESCED, EPOCH, 0, &dp),
+                   0);
+  assert_string_equal(plain.shm, "");
+  T->region_free(&plain);
+}
+
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
 
 int main(int argc, char **argv) {
@@ -1255,6 +1368,7 @@ int main(int argc, char **argv) {
       T_(test_cut_reply_not_read_past),
       cmocka_unit_test(test_device_memory_region),
       cmocka_unit_test(test_device_memory_batches),
+      cmocka_unit_test(test_shared_region),
   };
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
 }

@@ -139,6 +139,9 @@ static inline void ut_assert_desc_equal(const struct lynx_region_desc *a,
   assert_true(a->key == b->key);
   assert_true(a->remote_addr == b->remote_addr);
   assert_memory_equal(a->rkeys, b->rkeys, sizeof(a->rkeys));
+  assert_string_equal(a->shm_locator, b->shm_locator);
+  assert_string_equal(a->host_id, b->host_id);
+  assert_string_equal(a->netns_id, b->netns_id);
 }
 
 #endif
