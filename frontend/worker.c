@@ -38,19 +38,11 @@
 #include <unistd.h>
 
 #include "frontend.h"
+#include "spin.h"
 #include "log.h"
 
 #define MAX_BACKOFF_NS (500u * 1000u)
 #define MIN_SLEEP_NS (2u * 1000u)
-/* Adaptive polling. A sleep in ppoll and the wake-up after it cost the
- * worker CPU and add to the latency of the work that ends it: a few
- * microseconds on bare metal, 20 to 50 in a small VM (docs/design.md).
- * Spinning pays only for waits shorter than that: shorter than
- * SPIN_PAYS_NS, or than twice the observed lateness of a timed sleep. */
-#define SPIN_PAYS_NS (20u * 1000u)
-/* spin at most this many expected waits: a wait a little longer than the
- * estimate is still caught spinning, a much longer one is slept */
-#define SPIN_WAITS 4u
 /* A single long wait (an idle minute) counts as this much, so the estimate
  * comes back down within a dozen short waits when traffic returns. */
 #define WAIT_SAMPLE_MAX_NS (1000u * 1000u)
@@ -182,17 +174,11 @@ static int uv_every_pass(const struct fe_worker *w) {
          w->rmq.n_client_mqs;
 }
 
-/* How long to spin (yielding) before sleeping in a wait for a datagram
- * whose expected length is est_ns: a few expected waits while that is
- * shorter than a sleep and wake-up, none otherwise; never more than
- * --spin-us. */
-static uint64_t spin_budget(uint64_t est_ns, uint64_t late_ns,
-                            uint64_t cap_ns) {
-  uint64_t b;
-  if (est_ns >= SPIN_PAYS_NS && est_ns >= 2 * late_ns)
-    return 0;
-  b = est_ns * SPIN_WAITS;
-  return b < cap_ns ? b : cap_ns;
+/* This thread's CPU time: what its sleeps cost it. */
+static uint64_t thread_cpu_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
 /* ---- the service's socket ----------------------------------------------- */
@@ -325,8 +311,10 @@ static void worker_loop(struct fe_worker *w) {
   /* expected wait for work with responses outstanding; a new worker
    * starts spinning for them */
   uint64_t est_resp = SPIN_PAYS_NS;
-  /* how much later than asked a timed sleep ends: the price of a wake-up */
-  uint64_t late = 0;
+  /* how much later than asked a timed sleep ends: the price of a wake-up
+   * in latency; and in CPU, what a sleep that blocked cost this thread
+   * (its CPU time across the ppoll: entry, switch out, switch in) */
+  uint64_t late = 0, wake_cpu = WAKE_CPU_INIT_NS;
   /* a long wait for a response is slept until a wake-up before its
    * expected end, then spun out (0: no such sleep pending) */
   uint64_t prewake = 0;
@@ -414,10 +402,10 @@ static void worker_loop(struct fe_worker *w) {
        * the wait keeps the whole --spin-us, then short sleeps (below):
        * sleeping at once, for a time from the estimate, cost ping-pong
        * 1.4x its p50 on the 2-core VM (docs/design.md). */
-      spin_until =
-          last_work + (resp && !w->bell_covers
-                           ? spin_ns
-                           : spin_budget(resp ? est_resp : est, late, spin_ns));
+      spin_until = last_work + (resp && !w->bell_covers
+                                    ? spin_ns
+                                    : fe_spin_budget(resp ? est_resp : est,
+                                                     late, wake_cpu, spin_ns));
       /* A response expected later than two wake-ups from now is slept
        * for (the bell ends the sleep if it comes early) until that much
        * before it is due, then spun for: ping-pong keeps the latency of a
@@ -478,12 +466,20 @@ static void worker_loop(struct fe_worker *w) {
       ts.tv_sec = (time_t)(ns / 1000000000u);
       ts.tv_nsec = (long)(ns % 1000000000u);
       {
-        uint64_t t0 = lynx_now_ns(), t1;
+        uint64_t c0 = thread_cpu_ns(), t0 = lynx_now_ns(), t1, dc;
         int n = ppoll(pfd, nfd, &ts, NULL);
         int rang = n > 0 && bidx >= 0 && pfd[bidx].revents, by_tc = 0;
         for (nfds_t k = tfirst; n > 0 && k < tlast; k++)
           by_tc |= pfd[k].revents != 0;
         t1 = lynx_now_ns();
+        dc = thread_cpu_ns() - c0;
+        /* a sleep that blocked (most of it off the CPU) tells what a
+         * wake-up costs; one that returned at once, only a system call */
+        if (t1 - t0 > 2 * dc) {
+          if (dc > WAKE_CPU_MAX_NS)
+            dc = WAKE_CPU_MAX_NS;
+          wake_cpu = wake_cpu - (wake_cpu >> WAIT_SHIFT) + (dc >> WAIT_SHIFT);
+        }
         if (armed)
           sleep_done(w, rang);
         if (prewake && t1 >= prewake) {
