@@ -169,9 +169,10 @@ static const struct lynx_opt agent_opts[] = {
 
 /* Removes shared-memory files that an earlier agent of this node id left
  * when it died without cleaning up (kill -9): lynx-<node>-<pid>-i<id>
- * whose pid is gone. Only this node id's files: region names start with
- * the node id (which holds no '-'), and files of other agents on the host,
- * another node id's or another test's, are theirs to clean. */
+ * whose pid is gone, or is this agent's (called before any region). Only this
+ * node id's files: region names start with the node id (which holds no '-'),
+ * and files of other agents on the host, another node id's or another test's,
+ * are theirs to clean. */
 static void remove_stale_regions(const char *node_id) {
   DIR *d = opendir("/dev/shm");
   struct dirent *e;
@@ -189,7 +190,10 @@ static void remove_stale_regions(const char *node_id) {
     if (sscanf(e->d_name + plen, "%d-i%llu%n", &pid, &id, &end) != 2 ||
         e->d_name[plen + (size_t)end] != '\0')
       continue;
-    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
+    /* this process's own pid is a dead predecessor's too (a container's
+     * PID 1 restarted with the same /dev/shm): nothing of ours exists yet */
+    if (pid <= 0 ||
+        (pid != (int)getpid() && (kill(pid, 0) == 0 || errno != ESRCH)))
       continue;
     snprintf(path, sizeof(path), "/%s", e->d_name);
     if (shm_unlink(path) == 0)

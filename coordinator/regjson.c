@@ -390,14 +390,38 @@ static struct mq_sum *mq_sums(const struct lynx_registry *r, size_t *count) {
       v[out].dispatched += v[k].dispatched;
       v[out].responded += v[k].responded;
       v[out].outstanding += v[k].outstanding;
-      if (v[k].transport > 0 || v[out].transport == 0)
-        v[out].transport = v[k].transport; /* a connected one's first */
+      /* a report, a connected frontend's over a disconnected one's */
+      if (v[out].transport == 0 || (v[out].transport < 0 && v[k].transport > 0))
+        v[out].transport = v[k].transport;
     } else {
       v[++out] = v[k];
     }
   }
   *count = out + 1;
   return v;
+}
+
+/* The frontend producing into i (its owner, while it is not moving), or
+ * NULL. */
+static const struct lynx_reg_frontend *
+inst_producer(const struct lynx_registry *r,
+              const struct lynx_reg_instance *i) {
+  if (i->fe_release_version || !i->fe_owner[0])
+    return NULL;
+  for (const struct lynx_reg_frontend *f = r->frontends; f; f = f->next)
+    if (strcmp(f->id, i->fe_owner) == 0)
+      return f;
+  return NULL;
+}
+
+/* How f reports it reaches instance id's mqueue q (1 + enum
+ * lynx_transport_id), or 0 where f (NULL: none) does not say. */
+static int fe_transport(const struct lynx_reg_frontend *f, uint64_t id,
+                        uint32_t q) {
+  for (uint32_t m = 0; f && m < f->n_mqs; m++)
+    if (f->mqs[m].instance_id == id && f->mqs[m].q == q)
+      return f->mqs[m].transport;
+  return 0;
 }
 
 /* A reported transport (mq_sum's) by name, else the descriptor's. */
@@ -417,8 +441,10 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
     for (i = r->instances; i; i = i->next) {
       if (i->svc != s || i->state != LYNX_INST_READY)
         continue;
+      const struct lynx_reg_frontend *prod = inst_producer(r, i);
       for (q = 0; q < i->desc.n_mqueues; q++) {
         struct json_object *o = json_object_new_object();
+        int t;
         struct mq_sum key = {i->id, q, 0, 0, 0, 0}, *hit = NULL;
         char id[3 * LYNX_ID_MAX + 32];
         if (sums)
@@ -433,11 +459,13 @@ struct json_object *lynx_json_mqueues(const struct lynx_registry *r) {
         add_u64(o, "index", q);
         add_u64(o, "slots", i->desc.slots);
         add_u64(o, "slot_size", i->desc.slot_size);
-        /* how its producer reaches it, as that frontend reports (a
-         * disconnected one's report still counts, a connected one's
-         * first); the descriptor's where none said */
-        add_str(o, "transport",
-                mq_transport(hit ? hit->transport : 0, i->desc.transport));
+        /* how its producer reaches it, as that frontend reports; else
+         * as another frontend did (a connected one's report first: the
+         * producer moving, or not yet reporting); else the descriptor's */
+        t = fe_transport(prod, i->id, q);
+        if (!t && hit)
+          t = hit->transport;
+        add_str(o, "transport", mq_transport(t, i->desc.transport));
         add_str(o, "locator", i->desc.locator);
         {
           struct json_object *offer = json_object_new_array();

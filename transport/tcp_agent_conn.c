@@ -638,6 +638,8 @@ static void srv_answered(struct srv_conn *c) {
  * backlog written): ends the batch and writes; while the kernel takes
  * all, a held push goes on. */
 static void srv_push_now(struct srv_conn *c, int force_rx) {
+  if (c->ex && !c->closing)
+    srv_fence_sync(c->srv, c->ex); /* never to a fenced one: cuts c */
   for (int round = 0; round < 8 && !c->closing; round++) {
     int rc = srv_push(c, force_rx), rb = srv_batch_end(c);
     if (rc || rb) {
@@ -789,12 +791,9 @@ void lynx__tcp_srv_arm(struct tcp_agent *srv, int on) {
 }
 
 void lynx__tcp_srv_push_all(struct tcp_agent *srv, int force_rx) {
-  for (struct srv_conn *c = srv->conns; c; c = c->next) {
-    if (c->nsubs && !c->closing)
-      srv_fence_sync(srv, c->ex); /* never to a fenced one */
+  for (struct srv_conn *c = srv->conns; c; c = c->next)
     if (c->nsubs && !c->closing)
       srv_push_now(c, force_rx);
-  }
 }
 
 /* Whether an rx_cons of c's subscription moved and was not pushed. */

@@ -68,18 +68,33 @@ int lynx_region_map_served(struct lynx_region *r,
     return -ENOTCONN; /* agent_create first */
   if (size == 0)
     return -EINVAL;
+  p = MAP_FAILED;
   if (a->share && r->name[0]) {
     /* the name the shm transport would give it, so the agent's sweep of
      * dead agents' files (lynx-<node>-<pid>-i<id>) finds it too */
-    int fd, rc;
+    int fd = -1, rc;
     snprintf(r->shm, sizeof(r->shm), "/%.*s", (int)sizeof(r->shm) - 2, r->name);
     rc = lynx_shm_create(r->shm, size, &fd, &p);
-    if (rc) {
-      r->shm[0] = '\0';
-      return rc;
+    /* its pages reserved now: a /dev/shm too small for it (a container's
+     * 64 MiB) says so here, not with SIGBUS at a write later */
+    if (!rc && (rc = posix_fallocate(fd, 0, (off_t)size)) != 0) {
+      rc = -rc;
+      munmap(p, size);
+      shm_unlink(r->shm);
+      p = MAP_FAILED;
     }
-    close(fd); /* the mapping keeps the pages; frontends open the name */
-  } else {
+    if (fd >= 0)
+      close(fd); /* the mapping keeps the pages; frontends open the name */
+    if (rc) {
+      /* still served over this transport, as private memory */
+      LYNX_LOG_RL(LYNX_LOG_WARN, "transport",
+                  "region %s: no shared-memory file %s (%s): private "
+                  "memory, reached over %s only",
+                  r->name, r->shm, strerror(-rc), a->ops->name);
+      r->shm[0] = '\0';
+    }
+  }
+  if (p == MAP_FAILED) {
     p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)

@@ -1270,8 +1270,9 @@ static int until_dead(struct lynx_tconn *c, const struct lynx_geom *g) {
  * batch, and is not undone by an older tcp frontend (the agent adopts the
  * word before it admits: epoch 2 is refused after shm took epoch 3); a
  * tcp takeover CAS-maxes the word, so the shm frontend is fenced at its
- * next call. region_free unlinks the file; an unshared handle's regions
- * have none. */
+ * next call. region_free unlinks the file; a file that cannot be made
+ * leaves the region private (served over tcp alone); an unshared
+ * handle's regions have none. */
 static void test_shared_region(void **state) {
   const struct lynx_transport_ops *shm = lynx_transport_find("shm");
   struct lynx_transport_agent *ta = NULL;
@@ -1340,6 +1341,26 @@ static void test_shared_region(void **state) {
   snprintf(name, sizeof(name), "/ut-share-%d", (int)getpid());
   assert_true(shm_open(name, O_RDWR, 0) < 0 && errno == ENOENT);
   ut_tconn_close(&cs);
+
+  /* a file that cannot be made (here: the name is taken) leaves the
+   * region private, still served over tcp */
+  {
+    struct lynx_region r2 = {.fd = -1};
+    struct lynx_region_desc d2;
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ut_region_serve(T, ta, &r2, name + 1, &g,
+                                     LYNX_ORDER_COALESCED, EPOCH, 0, &d2),
+                     0);
+    assert_string_equal(r2.shm, "");
+    d2.producer = 5;
+    ut_connect_ok(T->connect, &d2, &c1);
+    ut_tconn_close(&c1);
+    T->region_free(&r2);
+    /* the file was never the region's: left as it was */
+    close(fd);
+    assert_int_equal(shm_unlink(name), 0);
+  }
   T->agent_destroy(ta);
 
   /* an unshared handle (the file's handle g_ta): anonymous memory */
