@@ -118,17 +118,21 @@ assert_le "$n" 16 "log lines about the 24 refused data connections of 127.0.0.2 
 
 # ---- 3. wrong keys -----------------------------------------------------------------
 log "== 3. wrong region keys from one address"
-python3 - "$DATA_PORT" 8 >"$IT_DIR/keys.out" <<'PY'
+# the protocol version the agent speaks, as the code says it
+TCP_VER=$(sed -n 's/^#define TCP_VERSION \([0-9][0-9]*\)u.*/\1/p' \
+  "$(dirname "${BASH_SOURCE[0]}")/../../transport/tcp_wire.h")
+is_uint "$TCP_VER" || fail "no TCP_VERSION in transport/tcp_wire.h"
+python3 - "$DATA_PORT" 8 "$TCP_VER" >"$IT_DIR/keys.out" <<'PY'
 import socket, struct, sys, time
-port, n = int(sys.argv[1]), int(sys.argv[2])
+port, n, ver = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 for i in range(n):
     s = socket.socket()
     s.bind(("127.0.0.4", 0))
     s.connect(("127.0.0.1", port))
     t0 = time.monotonic()
-    # tcp HELLO version 5: magic, version, 0, region id (here one no region
-    # has: a guess), epoch, size, producer
-    hello = struct.pack("<IHHQQQQ", 0x3154584C, 5, 0, 0x1234 + i, 1, 4096, 0)
+    # tcp HELLO of the current version: magic, version, 0, region id (here
+    # one no region has: a guess), epoch, size, producer
+    hello = struct.pack("<IHHQQQQ", 0x3154584C, ver, 0, 0x1234 + i, 1, 4096, 0)
     s.sendall(struct.pack("<BBHIQQ", 1, 0, 0, len(hello), 0, 0) + hello)
     s.settimeout(30)
     reply = s.recv(24)
