@@ -174,6 +174,14 @@ static int uv_every_pass(const struct fe_worker *w) {
          w->rmq.n_client_mqs;
 }
 
+/* One step of the worker's estimates (EWMAs of weight 1/8): sample, at
+ * most cap, taken into *e. */
+static void ewma_add(uint64_t *e, uint64_t sample, uint64_t cap) {
+  if (sample > cap)
+    sample = cap;
+  *e = *e - (*e >> WAIT_SHIFT) + (sample >> WAIT_SHIFT);
+}
+
 /* This thread's CPU time: what its sleeps cost it. */
 static uint64_t thread_cpu_ns(void) {
   struct timespec t;
@@ -375,11 +383,8 @@ static void worker_loop(struct fe_worker *w) {
       if (waiting) {
         /* only waits count: back-to-back work says nothing of the gaps
          * a sleep could fill (and under saturation there are none) */
-        uint64_t g = w->now_ns - last_work;
-        uint64_t *e = resp ? &est_resp : &est;
-        if (g > WAIT_SAMPLE_MAX_NS)
-          g = WAIT_SAMPLE_MAX_NS;
-        *e = *e - (*e >> WAIT_SHIFT) + (g >> WAIT_SHIFT);
+        ewma_add(resp ? &est_resp : &est, w->now_ns - last_work,
+                 WAIT_SAMPLE_MAX_NS);
       }
       waiting = 0;
       ready_streak = 0;
@@ -475,11 +480,8 @@ static void worker_loop(struct fe_worker *w) {
         dc = thread_cpu_ns() - c0;
         /* a sleep that blocked (most of it off the CPU) tells what a
          * wake-up costs; one that returned at once, only a system call */
-        if (t1 - t0 > 2 * dc) {
-          if (dc > WAKE_CPU_MAX_NS)
-            dc = WAKE_CPU_MAX_NS;
-          wake_cpu = wake_cpu - (wake_cpu >> WAIT_SHIFT) + (dc >> WAIT_SHIFT);
-        }
+        if (t1 - t0 > 2 * dc)
+          ewma_add(&wake_cpu, dc, WAKE_CPU_MAX_NS);
         if (armed)
           sleep_done(w, rang);
         if (prewake && t1 >= prewake) {
@@ -497,12 +499,8 @@ static void worker_loop(struct fe_worker *w) {
         if (n > 0 && pfd[0].revents)
           uv_next = 0; /* libuv has something: run it next pass */
         /* only sleeps that ran out tell how late a wake-up comes */
-        if (n == 0 && t1 - t0 > ns) {
-          uint64_t l = t1 - t0 - ns;
-          if (l > MAX_BACKOFF_NS)
-            l = MAX_BACKOFF_NS;
-          late = late - (late >> WAIT_SHIFT) + (l >> WAIT_SHIFT);
-        }
+        if (n == 0 && t1 - t0 > ns)
+          ewma_add(&late, t1 - t0 - ns, MAX_BACKOFF_NS);
       }
     }
   }

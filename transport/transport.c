@@ -32,13 +32,18 @@ int lynx_region_wake(uint8_t *base) {
   return 0;
 }
 
-int lynx_shm_create(const char *path, uint64_t size, int *fd, void **p) {
+int lynx_shm_create(const char *path, uint64_t size, int reserve, int *fd,
+                    void **p) {
   int f = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600), e;
   void *m;
   if (f < 0)
     return -errno;
   if (ftruncate(f, (off_t)size) != 0)
     goto fail;
+  if (reserve && (e = posix_fallocate(f, 0, (off_t)size)) != 0) {
+    e = -e; /* posix_fallocate returns the error, errno stays */
+    goto out;
+  }
   m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
   if (m == MAP_FAILED)
     goto fail;
@@ -47,6 +52,7 @@ int lynx_shm_create(const char *path, uint64_t size, int *fd, void **p) {
   return 0;
 fail:
   e = -errno;
+out:
   close(f);
   shm_unlink(path);
   return e;
@@ -72,20 +78,14 @@ int lynx_region_map_served(struct lynx_region *r,
   if (a->share && r->name[0]) {
     /* the name the shm transport would give it, so the agent's sweep of
      * dead agents' files (lynx-<node>-<pid>-i<id>) finds it too */
-    int fd = -1, rc;
+    int fd, rc;
     snprintf(r->shm, sizeof(r->shm), "/%.*s", (int)sizeof(r->shm) - 2, r->name);
-    rc = lynx_shm_create(r->shm, size, &fd, &p);
     /* its pages reserved now: a /dev/shm too small for it (a container's
      * 64 MiB) says so here, not with SIGBUS at a write later */
-    if (!rc && (rc = posix_fallocate(fd, 0, (off_t)size)) != 0) {
-      rc = -rc;
-      munmap(p, size);
-      shm_unlink(r->shm);
-      p = MAP_FAILED;
-    }
-    if (fd >= 0)
+    rc = lynx_shm_create(r->shm, size, 1, &fd, &p);
+    if (!rc) {
       close(fd); /* the mapping keeps the pages; frontends open the name */
-    if (rc) {
+    } else {
       /* still served over this transport, as private memory */
       LYNX_LOG_RL(LYNX_LOG_WARN, "transport",
                   "region %s: no shared-memory file %s (%s): private "

@@ -372,10 +372,13 @@ int lynx_region_map_served(struct lynx_region *r,
                            uint64_t size);
 
 /* Creates the shared-memory file path (O_EXCL: never another's) of size
- * zeroed bytes and maps it shared: *p, and its descriptor in *fd. 0 or
- * -errno (nothing is left behind). The shm transport's regions and tcp's
- * shared ones. */
-int lynx_shm_create(const char *path, uint64_t size, int *fd, void **p);
+ * zeroed bytes, its pages allocated at once where reserve (a full
+ * /dev/shm is then -ENOSPC here, not SIGBUS at a later store), and maps
+ * it shared: *p, and its descriptor in *fd. 0 or -errno (nothing is left
+ * behind). The shm transport's regions (reserve 0) and tcp's shared ones
+ * (reserve 1). */
+int lynx_shm_create(const char *path, uint64_t size, int reserve, int *fd,
+                    void **p);
 
 /* What region_free of tcp/rdma does with memory no export holds: the
  * file unlinked (r->shm; its mapping stays with whoever has it), and

@@ -86,7 +86,7 @@ static int shm_region_alloc(struct lynx_transport_agent *a,
     return -ENOTCONN; /* agent_create first */
   snprintf(r->name, sizeof(r->name), "%s", name);
   snprintf(r->locator, sizeof(r->locator), "/%s", name);
-  rc = lynx_shm_create(r->locator, size, &fd, &p);
+  rc = lynx_shm_create(r->locator, size, 0, &fd, &p);
   if (rc)
     return rc;
   r->fd = fd;
