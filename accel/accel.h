@@ -77,8 +77,8 @@ struct lynx_accel_launch {
    * base); own_memory 1: NULL, start places it */
   uint8_t *region;
   const struct lynx_app *app;
-  const void *app_data; /* lynx_app_prepare's, for the app's ctx (the CPU
-                           backend; a GPU kernel gets its own copy) */
+  void *app_state; /* the app's start's (lynx_app_start), for its ctx (the
+                      CPU backend; a GPU kernel gets its own copy) */
   /* mqueues [0, n_server) are server mqueues; the rest are client
    * mqueues, client_mqs (the op) per back end: mqueue n_server + j *
    * n_backends + k is the j-th client mqueue of back end backends[k]

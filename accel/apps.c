@@ -1,26 +1,23 @@
-/* apps.c - echo, sockperf-echo, mc-get, face-verify, relay, lenet; client
- * mqueue calls; what apps load before they start. */
+/* apps.c - the built-in applications (echo, sockperf-echo, sockperf-fault,
+ * mc-get, face-verify, relay, lenet), each a struct lynx_app_def as a
+ * plug-in's is (lynx_app.h); client mqueue calls (lynx_call). */
 #include "apps.h"
 
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+
+#include <json-c/json.h>
 
 #include "bell.h"
 #include "face.h"
 #include "lenet_model.h"
 #include "log.h"
 #include "util.h"
-
-struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
-                                    const char *name) {
-  for (uint32_t i = 0; ctx && i < ctx->n_clients; i++)
-    if (!strcmp(ctx->clients[i].name, name))
-      return &ctx->clients[i];
-  return NULL;
-}
 
 /* app_logic.h spells the call results out for device code */
 _Static_assert(LYNX_CALL_EHOSTDOWN == -EHOSTDOWN, "EHOSTDOWN");
@@ -139,14 +136,12 @@ static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                          int *replied, const struct lynx_app_ctx *ctx) {
   static __thread uint8_t reply[MC_REPLY_MAX];
   uint8_t cmd[LYNX_MC_GET_CMD_MAX];
-  struct lynx_client *db = lynx_app_client(ctx, "db");
   const uint8_t *val = (const uint8_t *)"ERROR";
   uint32_t vlen = 5, rlen = 0, voff = 0;
   int rc;
-  if (db && lynx_mc_key_ok(req->data, req->len)) {
+  if (lynx_mc_key_ok(req->data, req->len)) {
     uint32_t n = lynx_mc_get_cmd(cmd, req->data, req->len);
-    rc = lynx_call(db, cmd, n, reply, sizeof(reply), &rlen,
-                   ctx->call_timeout_ns);
+    rc = lynx_app_call(ctx, "db", cmd, n, reply, sizeof(reply), &rlen);
     if (rc == 0) {
       rc = lynx_mc_parse_get(reply, rlen, &voff, &vlen);
       if (rc == 0)
@@ -177,7 +172,6 @@ static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
 static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                        int *replied, const struct lynx_app_ctx *ctx) {
   static __thread uint8_t reply[FACE_PIXELS + 512];
-  struct lynx_client *db = lynx_app_client(ctx, "db");
   const uint8_t *label, *probe;
   char key[FACE_KEY_MAX];
   uint8_t cmd[FACE_KEY_MAX + 8];
@@ -185,11 +179,10 @@ static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   const void *ans = FACE_ERROR;
   uint32_t ans_len = FACE_ERROR_LEN, rlen = 0, soff, slen;
   int klen, rc;
-  if (db && face_req_parse(req->data, req->len, &label, &probe) == 0 &&
+  if (face_req_parse(req->data, req->len, &label, &probe) == 0 &&
       (klen = face_key(label, key)) > 0) {
     uint32_t n = lynx_mc_get_cmd(cmd, (const uint8_t *)key, (uint32_t)klen);
-    rc = lynx_call(db, cmd, n, reply, sizeof(reply), &rlen,
-                   ctx->call_timeout_ns);
+    rc = lynx_app_call(ctx, "db", cmd, n, reply, sizeof(reply), &rlen);
     if (rc == 0 && lynx_mc_parse_get(reply, rlen, &soff, &slen) == 0 &&
         slen == FACE_PIXELS) {
       float dist;
@@ -214,19 +207,18 @@ static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
 static int relay_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                         int *replied, const struct lynx_app_ctx *ctx) {
   static __thread uint8_t reply[MC_REPLY_MAX];
-  struct lynx_client *next = lynx_app_client(ctx, "next");
   const void *ans = "ERROR";
   uint32_t ans_len = 5, rlen = 0;
   uint8_t hdr[4] = {(uint8_t)(req->len >> 24), (uint8_t)(req->len >> 16),
                     (uint8_t)(req->len >> 8), (uint8_t)req->len};
   static __thread uint8_t framed[MC_REPLY_MAX + 4];
   int rc;
-  if (next && req->len <= MC_REPLY_MAX) {
+  if (req->len <= MC_REPLY_MAX) {
     /* len32: the frontend sends what the application writes, as is */
     memcpy(framed, hdr, 4);
     memcpy(framed + 4, req->data, req->len);
-    if (lynx_call(next, framed, req->len + 4, reply, sizeof(reply), &rlen,
-                  ctx->call_timeout_ns) == 0) {
+    if (lynx_app_call(ctx, "next", framed, req->len + 4, reply, sizeof(reply),
+                      &rlen) == 0) {
       ans = reply;
       ans_len = rlen;
     }
@@ -247,7 +239,7 @@ static int relay_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  */
 static int lenet_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                         int *replied, const struct lynx_app_ctx *ctx) {
-  const struct lenet_model *m = ctx ? ctx->data : NULL;
+  const struct lenet_model *m = ctx ? ctx->state : NULL;
   int clen = lenet_req_cookie_len(req->len), cls, rc;
   float logits[LENET_CLASSES];
   uint8_t *buf;
@@ -268,82 +260,172 @@ static int lenet_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   return 0;
 }
 
-static int lenet_prepare(struct lynx_app_res *res, const void **data, char *why,
-                         size_t whylen) {
-  char err[320];
-  int rc;
-  if (!res->lenet) {
-    if (!res->lenet_model || !res->lenet_model[0]) {
-      snprintf(why, whylen, "lenet: no weights file (--lenet-model)");
-      return -ENOENT;
-    }
-    rc = lenet_model_load(res->lenet_model, &res->lenet, err, sizeof(err));
-    if (rc) {
-      snprintf(why, whylen, "lenet: cannot load its weights: %s", err);
-      return rc;
-    }
-    LYNX_INFO("apps",
-              "lenet: weights %s loaded: %u parameters, CRC-32 "
-              "%08x, test accuracy %u/%u at training",
-              res->lenet_model, LENET_PARAMS, res->lenet->crc,
-              res->lenet->test_correct, res->lenet->test_total);
-  }
-  *data = res->lenet;
-  return 0;
-}
-
-int lynx_app_prepare(const struct lynx_app *app, struct lynx_app_res *res,
-                     const void **data, char *why, size_t whylen) {
-  *data = NULL;
-  return app->prepare ? app->prepare(res, data, why, whylen) : 0;
-}
-
-void lynx_app_res_free(struct lynx_app_res *res) {
-  lenet_model_free(res->lenet);
-  res->lenet = NULL;
-}
-
-static const struct lynx_app apps[] = {
-    {"echo", "answer every request with its own bytes", echo_handle, NULL,
-     LYNX_CUDA_APP_ECHO, NULL},
-    {"sockperf-echo", "answer sockperf pong requests as sockperf's server does",
-     sockperf_handle, NULL, LYNX_CUDA_APP_SOCKPERF_ECHO, NULL},
-    {"sockperf-fault",
-     "sockperf-echo; 'LYNX-HANG <ms>' stops the "
-     "accelerator consuming for ms (liveness tests)",
-     sockperf_fault_handle, NULL, LYNX_CUDA_APP_SOCKPERF_FAULT, NULL},
-    {"mc-get", "answer a key with its value from memcached back end 'db'",
-     mc_get_handle, "db", LYNX_CUDA_APP_MC_GET, NULL},
-    {"face-verify",
-     "LBP face verification against images in memcached "
-     "back end 'db'",
-     face_handle, "db", LYNX_CUDA_APP_FACE_VERIFY, NULL},
-    {"relay",
-     "answer with back end 'next''s reply to the same request "
-     "(len32)",
-     relay_handle, "next", LYNX_CUDA_APP_NONE, NULL},
-    {"lenet",
-     "LeNet-5 on a 28x28 image (Fashion-MNIST): its class and "
-     "logits (weights: the agent's --lenet-model)",
-     lenet_handle, NULL, LYNX_CUDA_APP_LENET, lenet_prepare},
+/*
+ * lenet's configuration: {"model": PATH}, the weights file (docs/lenet.md);
+ * the agent's --lenet-model is its default, so services may run different
+ * weights. Instances of the same file share one read-only copy, loaded by
+ * the first and freed with the last; a file that changed (its inode, size
+ * or time) is loaded afresh, so a fixed file needs no agent restart.
+ */
+struct lenet_cached {
+  char *path;
+  struct stat st;
+  struct lenet_model *m;
+  unsigned refs;
+  struct lenet_cached *next;
 };
+static pthread_mutex_t lenet_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lenet_cached *lenet_cache;
 
-const struct lynx_app *lynx_app_find(const char *name) {
-  for (size_t i = 0; i < sizeof(apps) / sizeof(apps[0]); i++)
-    if (strcmp(apps[i].name, name) == 0)
-      return &apps[i];
-  return NULL;
+static int same_file(const struct stat *a, const struct stat *b) {
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino &&
+         a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+         a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-const struct lynx_app *lynx_app_at(size_t i) {
-  return i < sizeof(apps) / sizeof(apps[0]) ? &apps[i] : NULL;
+/* The model of the file at path, shared: 0 and *out, or -errno with the
+ * reason in why. */
+static int lenet_get(const char *path, const char *service,
+                     struct lenet_model **out, char *why, size_t whylen) {
+  struct lenet_cached *c;
+  struct stat st;
+  char err[320];
+  int rc = 0;
+  pthread_mutex_lock(&lenet_lock);
+  if (stat(path, &st) == 0)
+    for (c = lenet_cache; c; c = c->next)
+      if (!strcmp(c->path, path) && same_file(&c->st, &st)) {
+        c->refs++;
+        *out = c->m;
+        goto out;
+      }
+  c = calloc(1, sizeof(*c));
+  if (!c || !(c->path = strdup(path))) {
+    free(c);
+    snprintf(why, whylen, "out of memory");
+    rc = -ENOMEM;
+    goto out;
+  }
+  rc = lenet_model_load(path, &c->m, err, sizeof(err));
+  if (rc) {
+    snprintf(why, whylen, "cannot load its weights: %s", err);
+    free(c->path);
+    free(c);
+    goto out;
+  }
+  if (stat(path, &c->st)) /* gone since: never matched again */
+    memset(&c->st, 0, sizeof(c->st));
+  c->refs = 1;
+  c->next = lenet_cache;
+  lenet_cache = c;
+  *out = c->m;
+  LYNX_INFO("apps",
+            "lenet: weights %s loaded: %u parameters, CRC-32 %08x, test "
+            "accuracy %u/%u at training (first instance: service %s)",
+            path, LENET_PARAMS, c->m->crc, c->m->test_correct, c->m->test_total,
+            service);
+out:
+  pthread_mutex_unlock(&lenet_lock);
+  return rc;
+}
+static int lenet_start(const struct lynx_app_start *st, void **state, char *why,
+                       size_t whylen) {
+  struct json_tokener *tok = json_tokener_new();
+  struct json_object *cfg = NULL, *v = NULL;
+  struct lenet_model *m = NULL;
+  const char *path = NULL;
+  int rc = -EINVAL;
+  if (!tok) {
+    snprintf(why, whylen, "out of memory");
+    return -ENOMEM;
+  }
+  cfg = json_tokener_parse_ex(tok, st->config, (int)st->config_len);
+  if (!cfg || !json_object_is_type(cfg, json_type_object)) {
+    snprintf(why, whylen, "its configuration is not a JSON object");
+    goto out;
+  }
+  json_object_object_foreach(cfg, key, val) {
+    if (strcmp(key, "model")) {
+      snprintf(why, whylen,
+               "configuration: unknown key '%s' (lenet takes: model)", key);
+      goto out;
+    }
+    v = val;
+  }
+  if (!v || !json_object_is_type(v, json_type_string) ||
+      !json_object_get_string_len(v)) {
+    snprintf(why, whylen,
+             "no weights file: configuration {\"model\": PATH} or the "
+             "agent's --lenet-model");
+    rc = -ENOENT;
+    goto out;
+  }
+  path = json_object_get_string(v);
+  rc = lenet_get(path, st->service, &m, why, whylen);
+  if (rc)
+    goto out;
+  *state = m;
+out:
+  json_object_put(cfg);
+  json_tokener_free(tok);
+  return rc;
 }
 
-const char *lynx_app_names(void) {
-  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, relay, "
-         "lenet";
+static void lenet_stop(void *state) {
+  struct lenet_cached **pp, *c;
+  pthread_mutex_lock(&lenet_lock);
+  for (pp = &lenet_cache; (c = *pp); pp = &c->next)
+    if (c->m == state) {
+      if (--c->refs == 0) {
+        *pp = c->next;
+        lenet_model_free(c->m);
+        free(c->path);
+        free(c);
+      }
+      break;
+    }
+  pthread_mutex_unlock(&lenet_lock);
 }
 
-const char *lynx_app_cuda_names(void) {
-  return "echo, sockperf-echo, sockperf-fault, mc-get, face-verify, lenet";
-}
+#define BUILTIN(var, name_, help_, backend_, handle_, start_, stop_)           \
+  static const struct lynx_app_def var = {                                     \
+      LYNX_APP_DEF_HEAD, .name = name_,                                        \
+      .help = help_,     .needs_backend = backend_,                            \
+      .start = start_,   .handle = handle_,                                    \
+      .stop = stop_}
+
+BUILTIN(echo_def, "echo", "answer every request with its own bytes", NULL,
+        echo_handle, NULL, NULL);
+BUILTIN(sockperf_def, "sockperf-echo",
+        "answer sockperf pong requests as sockperf's server does", NULL,
+        sockperf_handle, NULL, NULL);
+BUILTIN(sockperf_fault_def, "sockperf-fault",
+        "sockperf-echo; 'LYNX-HANG <ms>' stops the accelerator consuming for "
+        "ms (liveness tests)",
+        NULL, sockperf_fault_handle, NULL, NULL);
+BUILTIN(mc_get_def, "mc-get",
+        "answer a key with its value from memcached back end 'db'", "db",
+        mc_get_handle, NULL, NULL);
+BUILTIN(face_def, "face-verify",
+        "LBP face verification against images in memcached back end 'db'", "db",
+        face_handle, NULL, NULL);
+BUILTIN(relay_def, "relay",
+        "answer with back end 'next''s reply to the same request (len32)",
+        "next", relay_handle, NULL, NULL);
+BUILTIN(lenet_def, "lenet",
+        "LeNet-5 on a 28x28 image (Fashion-MNIST): its class and logits "
+        "(configuration {\"model\": PATH}; default: the agent's "
+        "--lenet-model)",
+        NULL, lenet_handle, lenet_start, lenet_stop);
+
+const struct lynx_builtin_app lynx_builtin_apps[] = {
+    {&echo_def, LYNX_CUDA_APP_ECHO},
+    {&sockperf_def, LYNX_CUDA_APP_SOCKPERF_ECHO},
+    {&sockperf_fault_def, LYNX_CUDA_APP_SOCKPERF_FAULT},
+    {&mc_get_def, LYNX_CUDA_APP_MC_GET},
+    {&face_def, LYNX_CUDA_APP_FACE_VERIFY},
+    {&relay_def, LYNX_CUDA_APP_NONE},
+    {&lenet_def, LYNX_CUDA_APP_LENET},
+};
+const size_t lynx_builtin_apps_n =
+    sizeof(lynx_builtin_apps) / sizeof(lynx_builtin_apps[0]);

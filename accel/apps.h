@@ -1,10 +1,13 @@
 /*
- * apps.h - example applications, chosen by name.
+ * apps.h - the applications the agent runs, chosen by name: the built-in
+ * ones (apps.c) and plug-ins (app_registry.c), all through the plug-in
+ * ABI (include/lynx/lynx_app.h; docs/writing-apps.md).
  *
  * An application handles one request at a time through lynx_io.h. The CPU
- * backend calls it from the accelerator's persistent polling loop. An
- * application with a CUDA kernel (cuda_app) runs the same per-request logic
- * (app_logic.h) in a persistent kernel on a GPU (accel/cuda/apps.cu).
+ * backend calls it from the accelerator's persistent polling loop. A
+ * built-in application with a CUDA kernel (cuda_app) runs the same
+ * per-request logic (app_logic.h) in a persistent kernel on a GPU
+ * (accel/cuda/apps.cu).
  */
 #ifndef LYNX_APPS_H
 #define LYNX_APPS_H
@@ -13,6 +16,7 @@
 
 #include "app_logic.h"
 #include "cuda/lynx_cuda.h"
+#include "lynx_app.h"
 #include "lynx_io.h"
 
 /* A client mqueue (paper §4.3): what the application writes to it goes to
@@ -24,42 +28,6 @@ struct lynx_client {
   uint32_t next_tag;
 };
 
-/* What an application reaches besides its server mqueue. */
-struct lynx_app_ctx {
-  struct lynx_client *clients;
-  uint32_t n_clients;
-  uint64_t call_timeout_ns; /* a back end that does not answer in time */
-  const volatile int *stop; /* set when the accelerator is stopping: an
-                               app that waits long checks it */
-  /* what the app's prepare gave (lenet: its struct lenet_model), shared
-   * read-only by every instance; NULL for an app without one */
-  const void *data;
-};
-
-struct lenet_model;
-struct lynx_app;
-
-/* What applications load from files the agent's options name, once per
- * agent on the first instance that needs it, then shared read-only by all
- * instances until lynx_app_res_free at exit. Touched by the agent's loop
- * thread only. */
-struct lynx_app_res {
-  const char *lenet_model;   /* --lenet-model: the weights file's path */
-  struct lenet_model *lenet; /* loaded (NULL: not yet, or it failed) */
-};
-
-/* What the app needs before an instance of it can start: 0 and *data for
- * its ctx (NULL when it needs nothing), or -errno with the reason in why
- * (the instance does not start). A failure is not remembered: the next
- * instance tries again, so a fixed file needs no agent restart. */
-int lynx_app_prepare(const struct lynx_app *app, struct lynx_app_res *res,
-                     const void **data, char *why, size_t whylen);
-void lynx_app_res_free(struct lynx_app_res *res);
-
-/* The client mqueue of the back end called name, or NULL. */
-struct lynx_client *lynx_app_client(const struct lynx_app_ctx *ctx,
-                                    const char *name);
-
 /* Sends req to the client's back end and waits for its reply: 0 with
  * *reply_len bytes (at most cap) copied to reply, -EHOSTDOWN when the
  * frontend reports the back end unreachable, -EMSGSIZE when the reply did
@@ -68,31 +36,100 @@ int lynx_call(struct lynx_client *c, const void *req, uint32_t len,
               uint8_t *reply, uint32_t cap, uint32_t *reply_len,
               uint64_t timeout_ns);
 
+/*
+ * An application the agent can run: one of the built-in definitions
+ * (apps.c) or one a plug-in exports (app_registry.c loads it). Both are a
+ * struct lynx_app_def (lynx_app.h) reached the same way; the registry adds
+ * where it came from and, for a built-in, its CUDA kernel.
+ */
 struct lynx_app {
-  const char *name;
-  const char *help;
-  /* Answer (or drop) req through mq. 0 when done with it (it is released by
-   * the caller), -EAGAIN when the TX ring is full: the caller keeps req and
-   * calls again later. Sets *replied to 1 when a response was published. */
-  int (*handle)(struct lynx_mq *mq, const struct lynx_msg *req, int *replied,
-                const struct lynx_app_ctx *ctx);
-  /* back ends it needs by name (NULL: none) */
-  const char *needs_backend;
-  /* the same application as a CUDA kernel (enum lynx_cuda_app), or
-   * LYNX_CUDA_APP_NONE: CPU accelerators only */
+  const char *name, *help;
+  const char *needs_backend; /* NULL: none */
+  const struct lynx_app_def *def;
+  /* the same application as a kernel of the agent's own (enum
+   * lynx_cuda_app), or LYNX_CUDA_APP_NONE: CPU accelerators only */
   uint32_t cuda_app;
-  /* loads what it needs from res (lynx_app_prepare); NULL: nothing */
-  int (*prepare)(struct lynx_app_res *res, const void **data, char *why,
-                 size_t whylen);
+  const char *origin; /* "built in", or the plug-in's path */
+  void *dl;           /* dlopen's handle (NULL: built in) */
+  /* the configuration an instance starts with when its service gives
+   * none (lynx_app_set_default; NULL: "{}") */
+  char *default_config;
 };
+
+/* A built-in application's definition and kernel (apps.c). */
+struct lynx_builtin_app {
+  const struct lynx_app_def *def;
+  uint32_t cuda_app;
+};
+extern const struct lynx_builtin_app lynx_builtin_apps[];
+extern const size_t lynx_builtin_apps_n;
+
+/* The host side of a CPU instance's ctx: the back ends are its client
+ * mqueues, found by name. ctx comes first (host_priv points here). */
+struct lynx_app_env {
+  struct lynx_app_ctx ctx;
+  struct lynx_client *clients;
+  uint32_t n_clients;
+};
+void lynx_app_env_init(struct lynx_app_env *e, const struct lynx_app *app,
+                       struct lynx_client *clients, uint32_t n_clients,
+                       void *state, const volatile int *stop,
+                       uint64_t call_timeout_ns);
+
+static inline int lynx_app_handle(const struct lynx_app *app,
+                                  struct lynx_mq *mq,
+                                  const struct lynx_msg *req, int *replied,
+                                  const struct lynx_app_ctx *ctx) {
+  return app->def->handle(mq, req, replied, ctx);
+}
+
+/* The app's start for an instance (config NULL: the app's default): 0 and
+ * *state, or -errno with the reason in why, prefixed with the app's name. */
+int lynx_app_start(const struct lynx_app *app, const char *service,
+                   const char *config, uint32_t n_mqueues,
+                   uint32_t slot_payload, uint32_t msg_max,
+                   const char *const *backends, uint32_t n_backends,
+                   void **state, char *why, size_t whylen);
+/* Its stop, once the instance takes no more requests. */
+void lynx_app_stop(const struct lynx_app *app, void *state);
+
+/* ---- the registry (app_registry.c) ------------------------------------- */
 
 /* The application called name, or NULL. */
 const struct lynx_app *lynx_app_find(const char *name);
-/* The i-th application of the table, NULL past its end. */
+/* The i-th application (built-ins first, then the loaded ones in the
+ * order they were loaded), NULL past the end. */
 const struct lynx_app *lynx_app_at(size_t i);
-/* "echo, sockperf-echo, ...": for error messages. */
+/* "echo, sockperf-echo, ...": for error messages (a static buffer: the
+ * agent's loop thread only). */
 const char *lynx_app_names(void);
 /* The applications that have a CUDA kernel, the same way. */
 const char *lynx_app_cuda_names(void);
+
+/* 1 when name is a valid application name (LYNX_APP_NAME_MAX). */
+int lynx_app_name_ok(const char *name);
+
+/*
+ * Loads the plug-in at path (a shared object exporting lynx_app_entry) and
+ * adds its application; name, when not NULL, is the name the operator
+ * gave, which the definition must carry. 0, or -errno with the reason in
+ * why, and the refusal is kept (lynx_app_refused_at) under name, or the
+ * file's name without "lib" and ".so". Before any instance runs: the
+ * registry is not locked.
+ */
+int lynx_app_load(const char *name, const char *path, char *why, size_t whylen);
+/* Every *.so in dir, in name order, each through lynx_app_load (their
+ * refusals kept). The number loaded, or -errno when dir cannot be read
+ * (the reason in why). */
+int lynx_app_load_dir(const char *dir, char *why, size_t whylen);
+/* The i-th refused plug-in: its name and the reason; 0 past the end. */
+int lynx_app_refused_at(size_t i, const char **name, const char **reason);
+/* The configuration name's instances start with when their service gives
+ * none (a JSON object's text). 0, -ENOENT (no such app), -EINVAL (not an
+ * object, or larger than LYNX_APP_CONFIG_MAX; why says). */
+int lynx_app_set_default(const char *name, const char *config, char *why,
+                         size_t whylen);
+/* At exit, after every instance stopped: unloads the plug-ins. */
+void lynx_apps_unload(void);
 
 #endif

@@ -52,7 +52,7 @@ static int serve_one(struct lynx_cpu_thread *t, struct mq_state *s,
                      const struct lynx_msg *m) {
   int replied = 0;
   uint32_t prod = s->mq.tx_prod;
-  int rc = t->acc->app->handle(&s->mq, m, &replied, &t->acc->ctx);
+  int rc = lynx_app_handle(t->acc->app, &s->mq, m, &replied, &t->acc->env.ctx);
   uint64_t now;
   if (s->mq.tx_prod != prod)
     lynx_bell_after_publish(&s->mq, "CPU accelerator");
@@ -174,6 +174,8 @@ static void *cpu_thread_main(void *arg) {
 
 int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)a->region;
+  struct lynx_client *clients = NULL;
+  uint32_t n_clients;
   struct lynx_geom g;
   if (!a->n_server || a->n_server > h->n_mqueues)
     a->n_server = h->n_mqueues;
@@ -184,23 +186,22 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   /* the threads ring response doorbells (before the region is advertised:
    * a frontend that connects sees the flag) */
   ((struct lynx_region_hdr *)a->region)->flags |= LYNX_HDR_RESP_BELL;
-  a->ctx.stop = &a->stop;
-  a->ctx.n_clients = h->n_mqueues - a->n_server;
-  a->ctx.clients = NULL;
-  if (!a->ctx.call_timeout_ns)
-    a->ctx.call_timeout_ns = LYNX_CALL_TIMEOUT_NS;
-  if (a->ctx.n_clients) {
-    a->ctx.clients = calloc(a->ctx.n_clients, sizeof(*a->ctx.clients));
-    if (!a->ctx.clients)
+  n_clients = h->n_mqueues - a->n_server;
+  if (n_clients) {
+    clients = calloc(n_clients, sizeof(*clients));
+    if (!clients)
       return -ENOMEM;
-    for (uint32_t k = 0; k < a->ctx.n_clients; k++) {
-      struct lynx_client *c = &a->ctx.clients[k];
+    for (uint32_t k = 0; k < n_clients; k++) {
+      struct lynx_client *c = &clients[k];
       lynx_mq_bind(&c->mq, a->region, &g, a->n_server + k);
       pthread_mutex_init(&c->lock, NULL);
       if (a->backend_names)
         snprintf(c->name, sizeof(c->name), "%s", a->backend_names[k]);
     }
   }
+  lynx_app_env_init(&a->env, a->app, clients, n_clients, a->app_state, &a->stop,
+                    a->call_timeout_ns ? a->call_timeout_ns
+                                       : LYNX_CALL_TIMEOUT_NS);
   a->stop = 0;
   a->threads = calloc(a->n_threads, sizeof(*a->threads));
   if (!a->threads)
@@ -241,10 +242,10 @@ void lynx_cpu_accel_stop(struct lynx_cpu_accel *a) {
 void lynx_cpu_accel_free(struct lynx_cpu_accel *a) {
   free(a->threads);
   a->threads = NULL;
-  for (uint32_t k = 0; a->ctx.clients && k < a->ctx.n_clients; k++)
-    pthread_mutex_destroy(&a->ctx.clients[k].lock);
-  free(a->ctx.clients);
-  a->ctx.clients = NULL;
+  for (uint32_t k = 0; a->env.clients && k < a->env.n_clients; k++)
+    pthread_mutex_destroy(&a->env.clients[k].lock);
+  free(a->env.clients);
+  a->env.clients = NULL;
 }
 
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,
@@ -342,7 +343,7 @@ static int cpu_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   c = &ci->cpu;
   c->region = l->region;
   c->app = l->app;
-  c->ctx.data = l->app_data;
+  c->app_state = l->app_state;
   c->work_us = l->work_us;
   c->n_server = l->n_server;
   c->backend_names = l->backends;

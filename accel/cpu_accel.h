@@ -45,7 +45,10 @@ struct lynx_cpu_accel {
    * mqueue n_server + k is the client mqueue of back end backend_names[k] */
   uint32_t n_server;
   char (*backend_names)[LYNX_BACKEND_NAME_MAX];
-  struct lynx_app_ctx ctx;
+  /* the app's ctx over the client mqueues; app_state: its start's */
+  struct lynx_app_env env;
+  void *app_state;
+  uint64_t call_timeout_ns; /* 0: LYNX_CALL_TIMEOUT_NS */
   volatile int stop;
   /* Lease fence (NULL: none): a thread takes a new request only while
    * lynx_now_ns() is below *serve_until, which the agent moves forward as

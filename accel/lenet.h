@@ -2,7 +2,7 @@
  * lenet.h - LeNet-5 inference for the `lenet` service (docs/lenet.md):
  * the network's shapes, the weights' layout, one output element of each
  * layer, the request and response formats. Plain C, every function LYNX_HD
- * (common/mqueue.h), so the CPU handler (accel/lenet.c, apps.c) and a GPU
+ * (include/lynx/mqueue.h), so the CPU handler (accel/lenet.c, apps.c) and a GPU
  * kernel run the same code: a CPU loops over a layer's output elements, a
  * kernel gives them to threads.
  *

@@ -32,7 +32,8 @@ struct agent_cfg {
   char *tls_ca, *tls_cert, *tls_key; /* the link to the coordinator */
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator, *labels,
       *data_listen, *advertise, *cuda_accels, *metrics, *lenet_model;
-  int transport, ordering, work_mode, list_accels;
+  char *app_load, *app_dir; /* plug-ins (apps.h) */
+  int transport, ordering, work_mode, list_accels, list_apps;
   int region_mem; /* enum lynx_region_where */
 };
 
@@ -55,6 +56,8 @@ struct instance {
   uint32_t n_backends;
   uint32_t n_server, work_us;
   struct mq_watch *watch; /* one per server mqueue */
+  const struct lynx_app *app;
+  void *app_state; /* its start's (lynx_app_start), for its stop */
   int running;
   struct instance *next;
 };
@@ -155,9 +158,6 @@ struct agent {
     struct lynx_fence_stats s;
   } * fpub;
   uint32_t n_fpub, fpub_cap;
-  /* what applications load (the lenet weights), once, on the first
-   * instance that needs it (apps.h) */
-  struct lynx_app_res app_res;
 };
 
 /* instance.c */
@@ -171,6 +171,8 @@ struct instance_req {
   uint32_t mqueues, slots, slot_size, msg_max, work_us;
   char (*backends)[LYNX_BACKEND_NAME_MAX];
   uint32_t n_backends;
+  /* the service's app configuration, JSON ("" or NULL: the app's default) */
+  const char *config;
 };
 /* 0, or -errno with the reason in why */
 int agent_instance_start(struct agent *ag, const struct instance_req *q,

@@ -75,8 +75,9 @@ fail:
 /* The app on the accelerator through its backend: the region first where
  * the backend does not place it in its own memory. */
 static int start_run(struct agent *ag, struct instance *in,
-                     const struct lynx_app *app, const struct lynx_geom *g,
-                     const char *name, char *why, size_t whylen) {
+                     const struct lynx_app *app, const char *config,
+                     const struct lynx_geom *g, const char *name, char *why,
+                     size_t whylen) {
   const struct lynx_accel_dev *acc = &ag->acc[in->accel].info;
   struct lynx_accel_launch l = {
       .acc = acc,
@@ -103,18 +104,31 @@ static int start_run(struct agent *ag, struct instance *in,
       .gpu_idle_ns = ag->cfg.gpu_idle_ns,
       .serve_until = &ag->serve_until_ns,
   };
-  int rc = lynx_app_prepare(app, &ag->app_res, &l.app_data, why, whylen);
+  const char *bnames[LYNX_BACKENDS_MAX];
+  int rc;
+  for (uint32_t k = 0; k < in->n_backends && k < LYNX_BACKENDS_MAX; k++)
+    bnames[k] = in->backends[k];
+  /* the application's own checks (its configuration) before any memory */
+  rc = lynx_app_start(app, in->service, config, in->n_server,
+                      lynx_slot_cap(g->slot_size), lynx_msg_cap(g), bnames,
+                      in->n_backends, &in->app_state, why, whylen);
   if (rc)
     return rc;
+  l.app_state = in->app_state;
   if (!acc->own_memory) {
     rc = host_region(ag, in, g, name, why, whylen);
     if (rc)
-      return rc;
+      goto fail;
     l.region = in->region.base;
   }
   rc = acc->ops->start(&l, &in->region, &in->run, why, whylen);
   if (rc && !acc->own_memory)
     ag->tops->region_free(&in->region);
+  if (!rc)
+    return 0;
+fail:
+  lynx_app_stop(app, in->app_state);
+  in->app_state = NULL;
   return rc;
 }
 
@@ -211,7 +225,8 @@ int agent_instance_start(struct agent *ag, const struct instance_req *q,
   snprintf(in->service, sizeof(in->service), "%s", service);
   snprintf(name, sizeof(name), "lynx-%s-%d-i%llu", ag->node_id, (int)getpid(),
            (unsigned long long)id);
-  rc = start_run(ag, in, app, &g, name, why, whylen);
+  in->app = app;
+  rc = start_run(ag, in, app, q->config, &g, name, why, whylen);
   if (rc) {
     LYNX_ERR("agent", "%s: instance %llu (%s, app %s) on accel %u: %s",
              ag->node_id, (unsigned long long)id, service, app->name, accel,
@@ -310,13 +325,15 @@ static void leftovers(const struct instance *in, uint64_t *queued,
 void agent_instance_stop(struct agent *ag, struct instance *in) {
   struct instance **pp = &ag->instances;
   uint64_t rq = 0, rs = 0, dr = 0, bad = 0, queued = 0, unread = 0;
+  int stopped = 0;
   while (*pp && *pp != in)
     pp = &(*pp)->next;
   if (*pp)
     *pp = in->next;
   if (in->running) {
-    /* one that does not stop keeps its memory (accel.h) */
-    in->run->ops->stop(in->run);
+    /* one that does not stop keeps its memory (accel.h), and its app's
+     * state, which it may still read */
+    stopped = in->run->ops->stop(in->run) == 0;
     in->run->ops->counters(in->run, &rq, &rs, &dr, &bad);
     agent_stats_keep(ag, in);
     leftovers(in, &queued, &unread);
@@ -341,6 +358,8 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
             (unsigned long long)queued, (unsigned long long)unread);
   ag->tops->region_free(&in->region);
   in->run->ops->put(in->run); /* memory in the transport's hands goes later */
+  if (stopped)
+    lynx_app_stop(in->app, in->app_state);
   free(in->backends);
   free(in->watch);
   free(in);

@@ -188,6 +188,9 @@ static void send_register(struct coord_link *l) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Register reg = LYNX__REGISTER__INIT;
   Lynx__Label labels[LYNX_LABELS_MAX], *lp[LYNX_LABELS_MAX];
+  Lynx__AppRefused refused[LYNX_REFUSED_APPS_MAX], *refp[LYNX_REFUSED_APPS_MAX];
+  size_t n_refused = 0;
+  const char *rname, *rreason;
   Lynx__AccelInfo *acc = calloc(ag->n_acc, sizeof(*acc));
   Lynx__AccelInfo **ap = calloc(ag->n_acc, sizeof(*ap));
   /* per accelerator, the apps it runs (pointers to the app table's names) */
@@ -275,6 +278,16 @@ static void send_register(struct coord_link *l) {
   reg.accels = ap;
   reg.n_instances = n_inst;
   reg.instances = ip;
+  for (; n_refused < LYNX_REFUSED_APPS_MAX &&
+         lynx_app_refused_at(n_refused, &rname, &rreason);
+       n_refused++) {
+    lynx__app_refused__init(&refused[n_refused]);
+    refused[n_refused].name = (char *)rname;
+    refused[n_refused].reason = (char *)rreason;
+    refp[n_refused] = &refused[n_refused];
+  }
+  reg.n_refused_apps = n_refused;
+  reg.refused_apps = refp;
   env.msg_case = LYNX__ENVELOPE__MSG_REGISTER;
   env.register_ = &reg;
   l->register_sent_ns = lynx_now_ns();
@@ -400,8 +413,17 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
   }
   app = lynx_app_find(sp->app);
   if (!app) {
-    snprintf(why, sizeof(why), "unknown application '%s' (known: %s)", sp->app,
-             lynx_app_names());
+    const char *rn, *reason = NULL;
+    for (size_t i = 0; !reason && lynx_app_refused_at(i, &rn, &reason); i++)
+      if (strcmp(rn, sp->app))
+        reason = NULL;
+    if (reason)
+      snprintf(why, sizeof(why),
+               "application '%s': its plug-in was refused: %s", sp->app,
+               reason);
+    else
+      snprintf(why, sizeof(why), "unknown application '%s' (known: %s)",
+               sp->app, lynx_app_names());
     LYNX_WARN("agent", "%s: instance %llu: %s", ag->node_id,
               (unsigned long long)s->instance_id, why);
     reply_instance(l, s->instance_id, NULL, why);
@@ -439,7 +461,8 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
                              .msg_max = sp->msg_max,
                              .work_us = sp->work_us,
                              .backends = names,
-                             .n_backends = nb};
+                             .n_backends = nb,
+                             .config = s->app_config};
     rc = agent_instance_start(ag, &q, &in, err, sizeof(err));
     if (rc) {
       snprintf(why, sizeof(why), "cannot start on accel %u: %s", s->accel_idx,

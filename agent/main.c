@@ -85,9 +85,23 @@ static const struct lynx_opt agent_opts[] = {
      "...) [default sockperf-echo without --coordinator]"},
     {"lenet-model", LYNX_OPT_STR, O(lenet_model), LYNX_LENET_MODEL_DEFAULT, 0,
      0, NULL,
-     "weights file of the lenet application (docs/lenet.md), "
-     "loaded on its first instance; one that is missing or invalid stops "
-     "lenet instances from starting, with the reason"},
+     "weights file of the lenet application (docs/lenet.md) for services "
+     "whose app configuration names none ({\"model\": PATH}), loaded by "
+     "each instance; one that is missing or invalid stops lenet instances "
+     "from starting, with the reason"},
+    {"app-load", LYNX_OPT_STR, O(app_load), NULL, 0, 0, NULL,
+     "plug-in applications to load: [NAME=]PATH[,[NAME=]PATH...], each a "
+     "shared object built against the SDK (docs/writing-apps.md); NAME, "
+     "when given, must be the name it defines. One that does not fit is "
+     "refused with the reason (--list-apps; the coordinator shows it on "
+     "the services that use it) and the agent runs without it"},
+    {"app-dir", LYNX_OPT_STR, O(app_dir), NULL, 0, 0, NULL,
+     "a directory whose *.so files are loaded as plug-in applications, in "
+     "name order, after --app-load's"},
+    {"list-apps", LYNX_OPT_FLAG, O(list_apps), NULL, 0, 0, NULL,
+     "print the applications this agent runs, one a line, tab-separated "
+     "(name, origin, the back end it calls or -, GPU kernel yes/no), then "
+     "the refused plug-ins (refused, name, reason), and exit"},
     {"coordinator", LYNX_OPT_ADDRS, O(coordinator), NULL, 1, 65535, NULL,
      "host:port[,host:port...] of the coordinators: register with the one "
      "that leads and run what it places"},
@@ -433,6 +447,66 @@ out:
   return rc;
 }
 
+/* --lenet-model as lenet's default configuration, then the plug-ins of
+ * --app-load and --app-dir. A plug-in refused is logged and kept with its
+ * reason (registered with the coordinator); -1 only when the options
+ * themselves are wrong (printed). */
+static int load_apps(const struct agent_cfg *cfg) {
+  char why[768];
+  if (cfg->lenet_model && cfg->lenet_model[0]) {
+    struct json_object *o = json_object_new_object();
+    int rc;
+    if (!o)
+      return -1;
+    json_object_object_add(o, "model",
+                           json_object_new_string(cfg->lenet_model));
+    rc = lynx_app_set_default(
+        "lenet", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN), why,
+        sizeof(why));
+    json_object_put(o);
+    if (rc) {
+      fprintf(stderr, "--lenet-model: %s\n", why);
+      return -1;
+    }
+  }
+  if (cfg->app_load) {
+    char *list = strdup(cfg->app_load), *save = NULL;
+    if (!list)
+      return -1;
+    for (char *it = strtok_r(list, ",", &save); it;
+         it = strtok_r(NULL, ",", &save)) {
+      char *eq = strchr(it, '='), *name = NULL, *path = it;
+      if (eq && (!strchr(it, '/') || eq < strchr(it, '/'))) {
+        *eq = 0;
+        name = it;
+        path = eq + 1;
+      }
+      if (!path[0]) {
+        fprintf(stderr, "--app-load: '%s' names no file ([NAME=]PATH)\n", it);
+        free(list);
+        return -1;
+      }
+      if (lynx_app_load(name, path, why, sizeof(why)))
+        LYNX_ERR("agent", "--app-load: plug-in refused: %s", why);
+    }
+    free(list);
+  }
+  if (cfg->app_dir && lynx_app_load_dir(cfg->app_dir, why, sizeof(why)) < 0)
+    LYNX_ERR("agent", "%s", why); /* loaded nothing; the agent runs */
+  return 0;
+}
+
+static void list_apps(void) {
+  const struct lynx_app *a;
+  const char *name, *reason;
+  for (size_t i = 0; (a = lynx_app_at(i)); i++)
+    printf("%s\t%s\t%s\t%s\n", a->name, a->origin,
+           a->needs_backend ? a->needs_backend : "-",
+           a->cuda_app != LYNX_CUDA_APP_NONE ? "yes" : "no");
+  for (size_t i = 0; lynx_app_refused_at(i, &name, &reason); i++)
+    printf("refused\t%s\t%s\n", name, reason);
+}
+
 int main(int argc, char **argv) {
   int help = 0; /* --help was printed */
   static struct agent ag;
@@ -459,7 +533,13 @@ int main(int argc, char **argv) {
     goto usage;
   }
   lynx_log_level = lvl;
-  ag.app_res.lenet_model = ag.cfg.lenet_model;
+  if (load_apps(&ag.cfg))
+    goto usage;
+  if (ag.cfg.list_apps) {
+    list_apps();
+    exit_code = 0;
+    goto out_opts;
+  }
   if (ag.cfg.coordinator && ag.cfg.app) {
     fprintf(stderr,
             "--app %s: --app is for static mode; with --coordinator "
@@ -471,8 +551,16 @@ int main(int argc, char **argv) {
     const char *name = ag.cfg.app ? ag.cfg.app : "sockperf-echo";
     app = lynx_app_find(name);
     if (!app) {
-      fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
-              lynx_app_names());
+      const char *rn, *reason = NULL;
+      for (size_t i = 0; !reason && lynx_app_refused_at(i, &rn, &reason); i++)
+        if (strcmp(rn, name))
+          reason = NULL;
+      if (reason)
+        fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name,
+                reason);
+      else
+        fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
+                lynx_app_names());
       goto usage;
     }
     if (lynx_geom_init(&g, ag.cfg.mqueues, ag.cfg.slots, ag.cfg.slot_size,
@@ -643,8 +731,7 @@ int main(int argc, char **argv) {
     LYNX_WARN("agent", "loop closed with handles open");
   exit_code = ag.exit_code;
   agent_instances_stop_all(&ag);
-  lynx_app_res_free(&ag.app_res); /* no instance uses it any more */
-  lynx_prom_stop(ag.metrics);     /* it reads the handle's guard */
+  lynx_prom_stop(ag.metrics); /* it reads the handle's guard */
   agent_stats_free(&ag);
   ag.tops->agent_destroy(ag.tagent); /* every region's memory released */
   ag.tagent = NULL;
@@ -656,6 +743,7 @@ out_acc:
 usage:
   exit_code = LYNX_EXIT_USAGE;
 out_opts:
+  lynx_apps_unload(); /* no instance runs any more */
   if (ag.tls_on)
     lynx_tls_free(&ag.tls);
   free(ag.token);

@@ -266,6 +266,7 @@ int ctl_service_show(struct ctl *t, const char *name) {
   show_field(j, "framing", "framing", f_framing, NULL);
   show_field(j, "port", "port", ctl_f_str, NULL);
   show_field(j, "app", "app", ctl_f_str, NULL);
+  show_field(j, "app-config", "app_config", ctl_f_str, NULL);
   show_field(j, "slot-size", "slot_size", ctl_f_str, " bytes");
   show_field(j, "slots", "slots", ctl_f_str, " per ring");
   show_field(j, "msg-max", "msg_max", ctl_f_str, " bytes");

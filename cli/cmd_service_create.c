@@ -109,7 +109,7 @@ static int print_service_created(struct ctl *t, struct json_object *j,
  * when given. --backend, which may be repeated, is taken from the command
  * line before the table sees it (backend_args). */
 struct create_opts {
-  char *file, *name, *app, *proto, *framing, *placement, *selector;
+  char *file, *name, *app, *proto, *framing, *placement, *selector, *app_config;
   uint32_t port, slot_size, slots, msg_max, mqueues, work_us, replicas;
 };
 
@@ -133,7 +133,8 @@ enum {
   C_WORK_US,
   C_REPLICAS,
   C_PLACEMENT,
-  C_SELECTOR
+  C_SELECTOR,
+  C_APP_CONFIG
 };
 static const struct lynx_opt create_tab[] = {
     [C_FILE] = CO_STR("file", file),
@@ -151,6 +152,7 @@ static const struct lynx_opt create_tab[] = {
     [C_REPLICAS] = CO_NUM("replicas", replicas),
     [C_PLACEMENT] = CO_STR("placement", placement),
     [C_SELECTOR] = CO_STR("selector", selector),
+    [C_APP_CONFIG] = CO_STR("app-config", app_config),
     LYNX_OPT_END,
 };
 #undef CO_NUM
@@ -251,7 +253,8 @@ static int create_body(const struct create_opts *o, uint64_t given,
                        char **out) {
   const char *file = o->file, *name = o->name, *app = o->app,
              *placement = o->placement, *selector = o->selector,
-             *proto = o->proto, *framing = o->framing;
+             *proto = o->proto, *framing = o->framing,
+             *app_config = o->app_config;
   uint32_t port = o->port, slot_size = o->slot_size, slots = o->slots,
            msg_max = o->msg_max, mqueues = o->mqueues, work_us = o->work_us,
            replicas = o->replicas;
@@ -269,9 +272,9 @@ static int create_body(const struct create_opts *o, uint64_t given,
   if (file) {
     FILE *f;
     int too_big = 0;
-    if (name || app || placement || selector || proto || framing || has_port ||
-        has_slot_size || has_slots || has_msg_max || has_mq || has_work ||
-        has_replicas || n_backends)
+    if (name || app || placement || selector || proto || framing ||
+        app_config || has_port || has_slot_size || has_slots || has_msg_max ||
+        has_mq || has_work || has_replicas || n_backends)
       return ctl_usage_err("service create: -f takes the whole spec; give no "
                            "other option with it");
     f = strcmp(file, "-") == 0 ? stdin : fopen(file, "r");
@@ -326,6 +329,15 @@ static int create_body(const struct create_opts *o, uint64_t given,
     json_object_object_add(req, "framing", f);
   } else if (framing) {
     json_object_object_add(req, "framing", json_object_new_string(framing));
+  }
+  if (app_config) {
+    /* the coordinator checks it is an object; the app, what it says */
+    struct json_object *c = json_tokener_parse(app_config);
+    if (!c) {
+      json_object_put(req);
+      return ctl_usage_err("--app-config: not JSON: '%s'", app_config);
+    }
+    json_object_object_add(req, "app_config", c);
   }
   if (has_slot_size)
     json_object_object_add(req, "slot_size", json_object_new_int64(slot_size));

@@ -20,6 +20,8 @@ const char ctl_usage_text[] =
     "                 [--proto udp|tcp [--framing len32|fixed:N]]\n"
     "                 [--backend NAME=HOST:PORT[/memcached|/len32]]...\n"
     "                 [--placement all | --replicas N] [--selector k=v,...]\n"
+    "                 [--app-config JSON]  (the app's configuration: an\n"
+    "                                   object its instances start with)\n"
     "  service create -f FILE.json      (-f - reads standard input)\n"
     "  service show NAME                its fields, back ends and where its\n"
     "                                   instances run\n"

@@ -388,6 +388,7 @@ static void flush_actions(struct coordinator *co) {
         s.instance_id = a->instance_id;
         s.accel_idx = a->accel;
         s.service = &sp;
+        s.app_config = a->spec.app_config;
         env.msg_case = LYNX__ENVELOPE__MSG_START_INSTANCE;
         env.start_instance = &s;
         coord_send_env(p, &env);

@@ -101,6 +101,25 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
   return 0;
 }
 
+uint32_t lynx_ctl_refused_apps(const Lynx__Register *m,
+                               struct lynx_app_refusal *out) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < m->n_refused_apps && n < LYNX_REFUSED_APPS_MAX; i++) {
+    const Lynx__AppRefused *a = m->refused_apps[i];
+    const char *reason = a->reason ? a->reason : "";
+    if (!a->name || !a->name[0] || strlen(a->name) >= LYNX_APP_NAME_MAX ||
+        !lynx_text_ok(a->name, strlen(a->name)))
+      continue;
+    snprintf(out[n].name, sizeof(out[n].name), "%s", a->name);
+    /* shown to operators only: cut, and nothing that is not text */
+    snprintf(out[n].reason, sizeof(out[n].reason), "%s",
+             lynx_text_ok(reason, strlen(reason)) ? reason
+                                                  : "(not valid UTF-8)");
+    n++;
+  }
+  return n;
+}
+
 uint32_t lynx_ctl_heartbeat(const Lynx__Heartbeat *hb,
                             struct lynx_accel_report *rep) {
   uint32_t n = hb->n_counters > LYNX_ACCELS_MAX ? LYNX_ACCELS_MAX

@@ -32,6 +32,12 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
                       struct lynx_reg_adopt **adopt, uint32_t *n_adopt,
                       char *err, size_t errlen);
 
+/* A Register's refused plug-ins into out (room for LYNX_REFUSED_APPS_MAX;
+ * more are ignored, texts too long are cut, one without a valid name is
+ * dropped): how many. */
+uint32_t lynx_ctl_refused_apps(const Lynx__Register *m,
+                               struct lynx_app_refusal *out);
+
 /* A Heartbeat's counters into rep (room for LYNX_ACCELS_MAX; more are
  * ignored, an error text of any length is cut to its field): how many. */
 uint32_t lynx_ctl_heartbeat(const Lynx__Heartbeat *hb,

@@ -240,6 +240,7 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
   struct coordinator *co = p->co;
   struct lynx_label labels[LYNX_LABELS_MAX];
   struct lynx_accel_info accels[LYNX_ACCELS_MAX];
+  struct lynx_app_refusal refused[LYNX_REFUSED_APPS_MAX];
   struct lynx_reg_err err = {0};
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__RegisterReply rr = LYNX__REGISTER_REPLY__INIT;
@@ -271,6 +272,9 @@ static void on_register(struct cpeer *p, const Lynx__Register *m) {
       &co->c.reg, m->node_id, m->address ? m->address : "", epoch, labels,
       (uint32_t)m->n_labels, accels, (uint32_t)m->n_accels, adopt, n_adopt, p,
       now, &err);
+  if (rc == 0)
+    lynx_reg_node_refused(&co->c.reg, m->node_id, refused,
+                          lynx_ctl_refused_apps(m, refused));
   pthread_mutex_unlock(&co->c.lock);
 reply:
   rr.ok = rc == 0;

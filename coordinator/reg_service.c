@@ -237,6 +237,23 @@ static int apps_known(const struct lynx_registry *r, const char *app, char *buf,
   return 0;
 }
 
+/* A node that is not down whose agent refused app's plug-in, with the
+ * reason in *reason; NULL when none did. */
+static const struct lynx_reg_node *app_refused(const struct lynx_registry *r,
+                                               const char *app,
+                                               const char **reason) {
+  for (const struct lynx_reg_node *n = r->nodes; n; n = n->next) {
+    if (n->state == LYNX_NODE_DOWN)
+      continue;
+    for (uint32_t k = 0; k < n->n_refused_apps; k++)
+      if (!strcmp(n->refused_apps[k].name, app)) {
+        *reason = n->refused_apps[k].reason;
+        return n;
+      }
+  }
+  return NULL;
+}
+
 /* The back end app calls by name, as a registered accelerator that runs
  * it says (AccelInfo.app_backends): "" when it calls none, NULL when no
  * such accelerator says. */
@@ -265,9 +282,12 @@ static int app_check(const struct lynx_registry *r,
                      const struct lynx_service_spec *sp,
                      struct lynx_reg_err *err) {
   char known[512], have[LYNX_BACKENDS_MAX * (LYNX_BACKEND_NAME_MAX + 2)];
-  const char *need;
+  const char *need, *why;
   size_t l = 0;
-  if (!apps_known(r, sp->app, known, sizeof(known)) && known[0]) {
+  /* an app an agent refused is taken: the service's reason then says why
+   * it runs nowhere, until an agent loads it */
+  if (!apps_known(r, sp->app, known, sizeof(known)) && known[0] &&
+      !app_refused(r, sp->app, &why)) {
     lynx__reg_set_err(
         err, 422, "unknown_app",
         "app: no registered accelerator runs application '%s' (they "
@@ -483,11 +503,18 @@ const char *lynx_reg_service_state(const struct lynx_registry *r,
     snprintf(reason, len, "no ready node matches the service's placement");
   else if (!runs) {
     char known[256];
+    const char *why;
+    const struct lynx_reg_node *n = app_refused(r, s->spec.app, &why);
     apps_known(r, s->spec.app, known, sizeof(known));
-    snprintf(reason, len,
-             "no accelerator of the matching nodes runs "
-             "application '%s' (they run: %s)",
-             s->spec.app, known);
+    if (n)
+      snprintf(reason, len,
+               "node %s refused the plug-in of application '%s': %s", n->id,
+               s->spec.app, why);
+    else
+      snprintf(reason, len,
+               "no accelerator of the matching nodes runs "
+               "application '%s' (they run: %s)",
+               s->spec.app, known);
   } else
     snprintf(reason, len, "%" PRIu64 " of %" PRIu64 " instances ready", *ready,
              *wanted);

@@ -292,6 +292,17 @@ struct lynx_reg_node *lynx_reg_node_find(struct lynx_registry *r,
   return NULL;
 }
 
+void lynx_reg_node_refused(struct lynx_registry *r, const char *id,
+                           const struct lynx_app_refusal *ref, uint32_t n) {
+  struct lynx_reg_node *nd = lynx_reg_node_find(r, id);
+  if (!nd)
+    return;
+  if (n > LYNX_REFUSED_APPS_MAX)
+    n = LYNX_REFUSED_APPS_MAX;
+  memcpy(nd->refused_apps, ref, n * sizeof(*ref));
+  nd->n_refused_apps = n;
+}
+
 /* What an agent's message names: the node id at this epoch. 0 with *out,
  * -ENOENT (no such node), -ESTALE (another epoch: counted refused). */
 int lynx__reg_node_at_epoch(struct lynx_registry *r, const char *id,

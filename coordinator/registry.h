@@ -174,6 +174,12 @@ struct lynx_reg_accel {
   uint64_t health_outages;
 };
 
+/* A plug-in application an agent refused to load (Register.refused_apps). */
+struct lynx_app_refusal {
+  char name[LYNX_APP_NAME_MAX];
+  char reason[LYNX_APP_REFUSAL_MAX];
+};
+
 struct lynx_reg_node {
   char id[LYNX_ID_MAX];
   char address[LYNX_ID_MAX]; /* host:port of the agent's control link */
@@ -182,6 +188,9 @@ struct lynx_reg_node {
   uint32_t n_labels;
   struct lynx_reg_accel accels[LYNX_ACCELS_MAX];
   uint32_t n_accels;
+  /* the plug-ins its agent refused, as it last registered */
+  struct lynx_app_refusal refused_apps[LYNX_REFUSED_APPS_MAX];
+  uint32_t n_refused_apps;
   enum lynx_node_state state;
   int drain_intent; /* operator asked to drain (survives restarts) */
   int leaving;      /* its agent is stopping: drains to leave (Leave.drain) */
@@ -224,6 +233,10 @@ struct lynx_service_spec {
    * backends[k] */
   struct lynx_backend_spec backends[LYNX_BACKENDS_MAX];
   uint32_t n_backends;
+  /* the app's configuration: a JSON object's compact text ("": none),
+   * sent to the agents that start instances (StartInstance.app_config),
+   * never in dispatch tables */
+  char app_config[LYNX_APP_CONFIG_MAX];
 };
 
 struct lynx_reg_instance {
@@ -534,8 +547,8 @@ int lynx_service_spec_validate(const struct lynx_service_spec *spec,
                                struct lynx_reg_err *err);
 /* The size of the region a service asks of each accelerator it runs on:
  * mqueues_per_accel server mqueues plus one client mqueue per back end,
- * laid out as common/mqueue.h says (lynx_geom_init). 0 when the geometry is
- * out of the ring format's bounds. */
+ * laid out as include/lynx/mqueue.h says (lynx_geom_init). 0 when the geometry
+ * is out of the ring format's bounds. */
 uint64_t lynx_service_region_bytes(const struct lynx_service_spec *spec);
 /* Stops its instances and forgets it. -ENOENT (404). */
 int lynx_reg_service_delete(struct lynx_registry *r, const char *name,
@@ -587,6 +600,11 @@ uint32_t lynx_reg_nodes_release(struct lynx_registry *r);
 /* Forget a DOWN node. -ENOENT, -EBUSY (409: not down). */
 int lynx_reg_forget(struct lynx_registry *r, const char *id,
                     struct lynx_reg_err *err);
+/* The plug-ins node id's agent refused (n of them, as its Register said),
+ * in place of what it said before; nothing when id is not registered. */
+void lynx_reg_node_refused(struct lynx_registry *r, const char *id,
+                           const struct lynx_app_refusal *ref, uint32_t n);
+
 struct lynx_reg_node *lynx_reg_node_find(struct lynx_registry *r,
                                          const char *id);
 

@@ -123,6 +123,13 @@ struct json_object *lynx_json_accel(const struct lynx_reg_node *n,
   json_object_object_add(o, "gpudirect_rdma",
                          json_object_new_boolean(a->info.gpudirect_rdma));
   add_u64(o, "rdma_writes_ordering", a->info.rdma_writes_ordering);
+  {
+    /* what it runs, as its agent registered it (built in and plug-ins) */
+    struct json_object *apps = json_object_new_array();
+    for (uint32_t k = 0; k < a->info.n_apps && k < LYNX_APPS_MAX; k++)
+      json_object_array_add(apps, json_object_new_string(a->info.apps[k]));
+    json_object_object_add(o, "apps", apps);
+  }
   add_str(o, "state", lynx_node_state_name(n->state));
   add_u64(o, "requests", a->requests);
   add_u64(o, "responses", a->responses);
@@ -151,6 +158,16 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
   for (a = 0; a < n->n_accels; a++)
     json_object_array_add(accels, lynx_json_accel(n, &n->accels[a], now_ms));
   json_object_object_add(o, "accelerators", accels);
+  if (n->n_refused_apps) {
+    struct json_object *ra = json_object_new_array();
+    for (uint32_t k = 0; k < n->n_refused_apps; k++) {
+      struct json_object *e = json_object_new_object();
+      add_str(e, "name", n->refused_apps[k].name);
+      add_str(e, "reason", n->refused_apps[k].reason);
+      json_object_array_add(ra, e);
+    }
+    json_object_object_add(o, "refused_apps", ra);
+  }
   add_u64(o, "last_heartbeat_ms", since(now_ms, n->last_heartbeat_ms));
   return o;
 }
@@ -172,6 +189,11 @@ lynx_json_service_spec_obj(const struct lynx_service_spec *sp) {
   }
   add_u64(o, "port", sp->port);
   add_str(o, "app", sp->app);
+  if (sp->app_config[0]) {
+    struct json_object *c = json_tokener_parse(sp->app_config);
+    if (c)
+      json_object_object_add(o, "app_config", c);
+  }
   add_u64(o, "slot_size", sp->slot_size);
   add_u64(o, "slots", sp->slots);
   add_u64(o, "msg_max", sp->msg_max);
@@ -704,6 +726,24 @@ static int get_placement(struct json_object *v, struct lynx_service_spec *sp,
   return 0;
 }
 
+/* app_config: any JSON object, kept as its compact text; the application
+ * checks it when an instance starts. */
+static int get_app_config(struct json_object *v, struct lynx_service_spec *sp,
+                          struct lynx_reg_err *err) {
+  const char *t;
+  size_t n;
+  if (!json_object_is_type(v, json_type_object))
+    return bad(err, "app_config: must be a JSON object (the application's "
+                    "configuration)");
+  t = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+  n = t ? strlen(t) : 0;
+  if (!t || n >= sizeof(sp->app_config))
+    return bad(err, "app_config: %zu bytes of JSON; at most %zu", n,
+               sizeof(sp->app_config) - 1);
+  memcpy(sp->app_config, t, n + 1);
+  return 0;
+}
+
 int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
                            struct lynx_reg_err *err) {
   struct lynx_service_spec sp;
@@ -754,6 +794,8 @@ int lynx_json_service_spec(struct json_object *j, struct lynx_service_spec *out,
         rc = bad(err, "work_us: must be between 0 and %u", WORK_US_MAX);
     } else if (!strcmp(key, "placement")) {
       rc = get_placement(val, &sp, err);
+    } else if (!strcmp(key, "app_config")) {
+      rc = get_app_config(val, &sp, err);
     } else {
       rc = bad(err, "%s: unknown field", key);
     }

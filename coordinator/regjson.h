@@ -78,7 +78,7 @@ struct json_object *lynx_json_frontends(const struct lynx_registry *r,
  * "all"); wrong types, unknown fields, out-of-range values and strings
  * that are not valid UTF-8 or hold a control character (lynx_text_ok) give
  * -EINVAL with err->status 400, code "invalid_argument" and a message
- * naming the field. Range checks on geometry follow common/mqueue.h. Two
+ * naming the field. Range checks on geometry follow include/lynx/mqueue.h. Two
  * equal keys cannot be seen here (json-c keeps the last): the API refuses
  * them before (http.c, jsondup.h).
  */

@@ -122,9 +122,9 @@ static void abandon_launch(struct gpu_instance *gi) {
 /* lenet: its weights (the agent's, loaded once: lenet_model.h) into GPU
  * memory, copied and waited for before the launch, since the kernel runs
  * on another stream. 0 or -errno with the reason in err. */
-static int upload_lenet(struct gpu_instance *gi, const void *app_data,
+static int upload_lenet(struct gpu_instance *gi, const void *app_state,
                         char *err, size_t errlen) {
-  const struct lenet_model *m = app_data;
+  const struct lenet_model *m = app_state;
   void *p = NULL;
   cudaError_t e;
   if (!m) {
@@ -273,7 +273,7 @@ launch:
     goto fail;
   }
   if (l->app->cuda_app == LYNX_CUDA_APP_LENET) {
-    rc = upload_lenet(gi, l->app_data, err, errlen);
+    rc = upload_lenet(gi, l->app_state, err, errlen);
     if (rc)
       goto fail;
   }

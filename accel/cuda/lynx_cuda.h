@@ -3,7 +3,7 @@
  *
  * The agent's CUDA backend (accel/cuda/cuda_launch.c, C) launches applications
  * as persistent kernels through this interface; the kernels (apps.cu,
- * CUDA C++) run the shared ring code of common/mqueue.h through the
+ * CUDA C++) run the shared ring code of include/lynx/mqueue.h through the
  * per-threadblock I/O library accel/cuda/lynx_dev.cuh. Built only when
  * the CUDA toolkit is (make LYNX_CUDA=ON|AUTO).
  */
@@ -81,7 +81,7 @@ struct lynx_cuda_launch {
   /* Host memory (a device pointer to it) of one struct lynx_actrl per
    * mqueue, which every block also writes its mqueues' indices to, or
    * NULL: the tcp agent reads a region in GPU memory's indices there
-   * without a copy (common/mqueue.h lynx_mq_mirror; docs/gpu.md). */
+   * without a copy (include/lynx/mqueue.h lynx_mq_mirror; docs/gpu.md). */
   void *actrl_mirror;
   /* 1: every reader of the region is a CPU thread with acquire loads (host
    * memory over shm or tcp), so a publish needs only the I/O thread's

@@ -1,10 +1,10 @@
 /*
  * lynx_dev.cuh - the per-threadblock device I/O library.
  *
- * The GPU form of accel/lynx_io.h: what a persistent kernel's threadblock
- * uses to serve its mqueues. The ring logic is common/mqueue.h, the same code
- * the CPU backend and the unit tests run; this file only adds the
- * threadblock around it (docs/mqueue.md, "On the GPU"):
+ * The GPU form of include/lynx/lynx_io.h: what a persistent kernel's
+ * threadblock uses to serve its mqueues. The ring logic is
+ * include/lynx/mqueue.h, the same code the CPU backend and the unit tests run;
+ * this file only adds the threadblock around it (docs/mqueue.md, "On the GPU"):
  *
  *  - One thread of the block, threadIdx.x == 0 (the "I/O thread"), owns the
  *    block's struct lynx_mq objects and makes every metadata access: it polls

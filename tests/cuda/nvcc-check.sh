@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiles the device code with nvcc for every architecture the build
-# targets, nvcc warnings as errors: the ring header (common/mqueue.h), the
+# targets, nvcc warnings as errors: the ring header (include/lynx/mqueue.h), the
 # block I/O library (accel/cuda/lynx_dev.cuh, through ring_device.cu), the
 # persistent kernel (accel/cuda/apps.cu, with LeNet's per-element code of
 # accel/lenet.h through lenet_dev.cuh). The build compiles apps.cu too when
@@ -22,7 +22,7 @@ trap 'rm -rf "$out"' EXIT
 flags=(-std=c++17 -Werror all-warnings
        -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
        -Xcompiler -Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti
-       -I "$root/common" -I "$root/accel" -I "$root/accel/cuda")
+       -I "$root/include/lynx" -I "$root/common" -I "$root/accel" -I "$root/accel/cuda")
 for f in "$src/ring_device.cu" "$root/accel/cuda/apps.cu"; do
   "$NVCC" "${flags[@]}" -c "$f" -o "$out/$(basename "$f" .cu).o" || {
     echo "FAIL: $f does not compile for sm_80/sm_90"
@@ -42,7 +42,7 @@ fi
 # before a commit, docs/mqueue.md "Send", and the exit count's). More is a
 # fence added to a path: say why in docs/mqueue.md and raise FENCES_MAX.
 FENCES_MAX=9
-"$NVCC" -std=c++17 -arch=sm_90 -ptx -I "$root/common" -I "$root/accel" \
+"$NVCC" -std=c++17 -arch=sm_90 -ptx -I "$root/include/lynx" -I "$root/common" -I "$root/accel" \
   -I "$root/accel/cuda" "$root/accel/cuda/apps.cu" -o "$out/apps.ptx" || {
   echo "FAIL: apps.cu does not compile to PTX for sm_90"
   exit 1
@@ -91,7 +91,7 @@ fi
 # The default kernel spills no register to local memory (issue 35, finding
 # 9): bounded for 1,024 threads, ptxas gave it 64 registers and 48 bytes of
 # spill stores; for sm_90, ptxas -v of lynx_cuda_kernel says 0.
-spill=$("$NVCC" -std=c++17 -arch=sm_90 -Xptxas -v -c -I "$root/common" \
+spill=$("$NVCC" -std=c++17 -arch=sm_90 -Xptxas -v -c -I "$root/include/lynx" -I "$root/common" \
   -I "$root/accel" -I "$root/accel/cuda" "$root/accel/cuda/apps.cu" \
   -o "$out/apps90.o" 2>&1 |
   awk '/Function properties for _Z16lynx_cuda_kernel16lynx_cuda_launch/ { f = 1; next }

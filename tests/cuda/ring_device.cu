@@ -1,4 +1,4 @@
-// Compiles common/mqueue.h and accel/cuda/lynx_dev.cuh for the device.
+// Compiles include/lynx/mqueue.h and accel/cuda/lynx_dev.cuh for the device.
 // Built by the ring_header_nvcc test (tests/cuda/nvcc-check.sh) together with
 // accel/cuda/apps.cu; it proves the headers are device-clean under
 // -Werror all-warnings. Nothing here runs: this machine has no GPU.

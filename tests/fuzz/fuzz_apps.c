@@ -1,6 +1,6 @@
 /*
  * fuzz_apps.c - requests as an accelerator takes them (accel/apps.c):
- * what a frontend wrote into a server mqueue's RX ring (common/mqueue.h
+ * what a frontend wrote into a server mqueue's RX ring (include/lynx/mqueue.h
  * lynx_mq_recv: slot metadata, large-message references), handed to an
  * application (echo, sockperf-echo and sockperf-fault's sockperf header,
  * mc-get's key, face-verify's label and image, relay, lenet's size), and
@@ -115,7 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const struct lynx_app *app;
   struct ut_region r, cr;
   struct lynx_client cl;
-  struct lynx_app_ctx ctx;
+  struct lynx_app_env env;
   struct lynx_mq mq;
   struct lynx_msg m;
   volatile int stop = 1; /* sockperf-fault holds for no "LYNX-HANG" */
@@ -137,16 +137,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
            app->needs_backend ? app->needs_backend : "none");
   pthread_mutex_init(&cl.lock, NULL);
   lynx_mq_bind(&cl.mq, cr.mem, &cr.g, 0);
-  memset(&ctx, 0, sizeof(ctx));
-  ctx.clients = &cl;
-  ctx.n_clients = 1;
-  ctx.call_timeout_ns = 0; /* the reply is there, or never comes */
-  ctx.stop = &stop;
+  /* no state (lenet drops every request); timeout 0: the reply is there,
+   * or never comes */
+  lynx_app_env_init(&env, app, &cl, 1, NULL, &stop, 0);
   lynx_mq_bind(&mq, r.mem, &r.g, 0);
   while (lynx_mq_recv(&mq, &m) == 0) {
     /* an answer, or a drop that frees the tag, takes the next TX slot */
     uint32_t pos = mq.tx_prod;
-    int replied = 0, rc = app->handle(&mq, &m, &replied, &ctx);
+    int replied = 0, rc = lynx_app_handle(app, &mq, &m, &replied, &env.ctx);
     if (ut_fctrl(&r, 0)->tx_cons == 0) /* the TX ring has room */
       FZ_CHECK(rc == 0);
     if (rc)

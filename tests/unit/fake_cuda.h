@@ -13,7 +13,7 @@
  * Device memory is host
  * memory; every call is recorded; the test sets the GPUs and injects
  * errors. A launched "persistent kernel" is a thread that serves the region
- * with the real ring code (common/mqueue.h), echoing, until it sees
+ * with the real ring code (include/lynx/mqueue.h), echoing, until it sees
  * kctl->stop (or never: a hung kernel), and writes its counters into
  * kctl->blocks; for mc-get and face-verify it calls the back end through
  * each block's own client mqueue as apps.cu does, with the shared logic

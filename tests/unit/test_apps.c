@@ -79,7 +79,7 @@ static int run_app(struct fx *f, const struct lynx_app *app,
                    const struct lynx_msg *m, int *replied) {
   int rc;
   *replied = -1;
-  rc = app->handle(&f->mq, m, replied, NULL);
+  rc = lynx_app_handle(app, &f->mq, m, replied, NULL);
   if (rc == 0)
     lynx_release(&f->mq);
   return rc;
@@ -102,7 +102,7 @@ static void test_app_find(void **state) {
   a = lynx_app_find("echo");
   assert_non_null(a);
   assert_string_equal(a->name, "echo");
-  assert_non_null(a->handle);
+  assert_non_null(a->def->handle);
   a = lynx_app_find("sockperf-echo");
   assert_non_null(a);
   assert_string_equal(a->name, "sockperf-echo");

@@ -91,7 +91,7 @@ static int group_setup(void **state) {
 
 static const struct lynx_transport_ops *c_shm;
 static struct lynx_transport_agent *c_ta;
-static const void *c_app_data; /* what lynx_app_prepare gave the agent */
+static void *c_app_data; /* what the app's start gave the agent */
 
 static int group_teardown(void **state) {
   (void)state;
@@ -2334,7 +2334,7 @@ static int cinst_start(struct cinst *c, const char *app, uint32_t n_server,
                                     .gpu_threads = 64,
                                     .gpu_blocks = blocks,
                                     .serve_until = &start_serve_until,
-                                    .app_data = c_app_data};
+                                    .app_state = c_app_data};
   assert_non_null(c->l.app);
   rc = lynx_accel_cuda.client_mqs(&c->l, &c->per, c->why, sizeof(c->why));
   if (rc)

@@ -1,7 +1,7 @@
 /*
- * test_mqueue.c - unit tests of common/mqueue.h: geometry, slot metadata and
- * the bounds rule, seq/phase, and the accelerator-side ring operations, with
- * the test acting as the frontend (ut_ring.h).
+ * test_mqueue.c - unit tests of include/lynx/mqueue.h: geometry, slot metadata
+ * and the bounds rule, seq/phase, and the accelerator-side ring operations,
+ * with the test acting as the frontend (ut_ring.h).
  */
 #include <errno.h>
 #include <pthread.h>

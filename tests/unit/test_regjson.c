@@ -236,6 +236,8 @@ static void test_decode_bad(void **state) {
        "app: must be a string"},
       {SVC(", \"app\": \"\""), "app:"},
       {SVC(", \"proto\": \"sctp\""), "proto: must be \"udp\" or \"tcp\""},
+      {SVC(", \"app_config\": [1]"), "app_config: must be a JSON object"},
+      {SVC(", \"app_config\": \"{}\""), "app_config: must be a JSON object"},
       {SVC(", \"proto\": \"quic-and-more\""), "proto: must be"},
       {SVC(", \"framing\": \"len32\""), "framing: only a tcp service"},
       {SVC(", \"proto\": \"tcp\", \"framing\": \"lines\""),
@@ -309,6 +311,19 @@ static void test_decode_bad(void **state) {
                cases[k].msg, err.message);
   }
   assert_int_equal(lynx_json_service_spec(NULL, &s, &err), -EINVAL);
+  /* an app configuration of 4 KiB of JSON or more */
+  {
+    static char big[LYNX_APP_CONFIG_MAX + 256];
+    int l =
+        snprintf(big, sizeof(big), "%s", SVC(", \"app_config\": {\"k\": \""));
+    l--; /* over SVC's closing brace */
+    for (int i = 0; i < LYNX_APP_CONFIG_MAX; i++)
+      big[l++] = 'x';
+    snprintf(big + l, sizeof(big) - (size_t)l, "\"}}");
+    assert_int_equal(decode(big, &s, &err), -EINVAL);
+    assert_non_null(strstr(err.message, "app_config:"));
+    assert_non_null(strstr(err.message, "at most 4095"));
+  }
 }
 
 /* Strings the API stores and shows must be text: invalid UTF-8 and
@@ -431,7 +446,23 @@ static void test_encode_shapes(void **state) {
   n = lynx_reg_node_find(&r, "n1");
   n->accels[1].requests = 10;
   n->accels[1].responses = 9;
+  n->accels[1].info.n_apps = 2;
+  snprintf(n->accels[1].info.apps[0], LYNX_APP_NAME_MAX, "echo");
+  snprintf(n->accels[1].info.apps[1], LYNX_APP_NAME_MAX, "kv-lookup");
 
+  /* the plug-ins its agent refused: listed only when there are some */
+  {
+    struct lynx_app_refusal ref = {"future-abi", "built for plug-in ABI 2"};
+    lynx_reg_node_refused(&r, "n1", &ref, 1);
+    o = lynx_json_node(&r, n, 1500);
+    assert_int_equal(n_keys(o), 10);
+    a = json_object_array_get_idx(get(o, "refused_apps"), 0);
+    assert_string_equal(get_str(a, "name"), "future-abi");
+    assert_string_equal(get_str(a, "reason"), "built for plug-in ABI 2");
+    json_object_put(o);
+    lynx_reg_node_refused(&r, "n1", NULL, 0);
+    lynx_reg_node_refused(&r, "no-such-node", &ref, 1); /* nothing */
+  }
   /* node */
   o = lynx_json_node(&r, n, 1500);
   assert_int_equal(n_keys(o), 9);
@@ -453,7 +484,12 @@ static void test_encode_shapes(void **state) {
   assert_int_equal(json_object_array_length(a), 2);
   a = json_object_array_get_idx(a, 1);
   /* accelerator */
-  assert_int_equal(n_keys(a), 15);
+  assert_int_equal(n_keys(a), 16);
+  /* what it runs, built in and plug-ins alike */
+  assert_int_equal(json_object_array_length(get(a, "apps")), 2);
+  assert_string_equal(
+      json_object_get_string(json_object_array_get_idx(get(a, "apps"), 1)),
+      "kv-lookup");
   assert_int_equal(n_keys(get(a, "blocks")), 3); /* a CPU's: all 0 */
   assert_int_equal(get_u64(get(a, "blocks"), "resident"), 0);
   assert_int_equal(get_u64(get(a, "blocks"), "held"), 0);
@@ -806,9 +842,10 @@ static void test_service_round_trip(void **state) {
   struct json_object *o;
   (void)state;
   lynx_reg_init(&r, 3000, 10000, NULL);
-  create(&r, "{\"name\": \"x\", \"port\": 9, \"app\": \"a\", \"work_us\": 3, "
-             "\"placement\": {\"replicas\": 2, \"selector\": {\"k\": "
-             "\"v\"}}}");
+  create(&r,
+         "{\"name\": \"x\", \"port\": 9, \"app\": \"a\", \"work_us\": 3, "
+         "\"placement\": {\"replicas\": 2, \"selector\": {\"k\": "
+         "\"v\"}}, \"app_config\": {\"model\": \"/m.bin\", \"k\": [1, 2]}}");
   create(&r, "{\"name\": \"y\", \"port\": 10, \"app\": \"a\", "
              "\"placement\": {\"selector\": {\"k\": \"v\"}}, "
              "\"proto\": \"tcp\", \"framing\": {\"fixed\": 100}, "
@@ -835,7 +872,12 @@ static void test_service_round_trip(void **state) {
       assert_string_equal(s.backends[k].address, sv->spec.backends[k].address);
       assert_string_equal(s.backends[k].proto, sv->spec.backends[k].proto);
     }
+    /* the app's configuration, as compact text; none: "" */
+    assert_string_equal(s.app_config, sv->spec.app_config);
+    if (!strcmp(s.name, "x"))
+      assert_string_equal(s.app_config, "{\"model\":\"\\/m.bin\",\"k\":[1,2]}");
     if (!strcmp(s.name, "y")) {
+      assert_string_equal(s.app_config, "");
       assert_string_equal(s.proto, "tcp");
       assert_int_equal(s.fixed_len, 100);
       assert_int_equal(s.n_backends, 2);

@@ -8,7 +8,7 @@
  *                  in place in the TX slot
  *   lynx_drop    - the request gets no reply; its tag is freed at once
  *   lynx_release - hand the oldest received request's slot back
- * The ring logic underneath is common/mqueue.h, shared with device code.
+ * The ring logic underneath is include/lynx/mqueue.h, shared with device code.
  */
 #ifndef LYNX_IO_H
 #define LYNX_IO_H

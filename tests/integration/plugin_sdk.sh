@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# plugin_sdk: a user's own application served without forking Lynx-C
+# (docs/writing-apps.md).
+#
+#  1. The SDK installs (cmake --install, component dev, into a root of its
+#     own): headers, lynx.pc, the CMake package, the examples. The example
+#     kv-lookup builds from that root with pkg-config alone (its Makefile),
+#     and again with find_package(Lynx) (its CMakeLists.txt); nothing of
+#     the source tree is on either compiler's command line.
+#  2. An agent loads it (--app-load) beside bad plug-ins: one built for
+#     another ABI, one without the entry, one taking a built-in's name, one
+#     for another architecture. It refuses each with its reason
+#     (--list-apps), registers, and keeps running what it loaded.
+#  3. Two services of the plug-in through the API and lynxctl, each with
+#     its own app configuration (a table inline, a table in a file): every
+#     answer checked, hits and misses, against the service's own table.
+#  4. A configuration the application refuses: the service is pending with
+#     the application's reason; a configuration that is not an object is
+#     refused by the API.
+#  5. A service of a refused plug-in is taken and says which node refused
+#     it and why; the node's refusals are in GET /v1/nodes/ID.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init plugin_sdk
+it_require_coord
+it_require python3 pkg-config cc cmake make jq
+pick_ports COORD_PORT API_PORT METRICS_PORT P_FRUIT P_CODES P_BROKEN P_FUTURE
+IT_SOFT=1
+
+BUILD=$(cd "$LYNX_BIN_DIR/.." && pwd)
+PLUGINS=$BUILD/plugins
+for p in plugin-bad-abi plugin-no-entry plugin-clash; do
+  [[ -f $PLUGINS/$p.so ]] || fail "$PLUGINS/$p.so is missing: build first (make)"
+done
+svc() { api_json "/v1/services/$1" "$2"; }
+
+# wait_svc NAME JQ_TEST TIMEOUT_S: until service NAME's JSON passes JQ_TEST.
+wait_svc() {
+  local end=$(($(now_ms) + $(ts_s "$3") * 1000))
+  until [[ $(svc "$1" "$2") == true ]]; do
+    (($(now_ms) < end)) || { it_check_failed "service $1: not ($2) after $3 s: $(svc "$1" '.state + ": " + .reason')"; return 1; }
+    sleep 0.1
+  done
+}
+
+# ---- 1. the SDK, installed; the example built from it alone --------------------
+log "== 1. the SDK installs; kv-lookup builds against it"
+ROOT=$IT_DIR/root
+DESTDIR=$ROOT cmake --install "$BUILD" --component dev --prefix /usr >"$IT_DIR/install.log" 2>&1 ||
+  fail "cmake --install --component dev: $(tail -5 "$IT_DIR/install.log")"
+for f in include/lynx/lynx_app.h include/lynx/lynx_io.h include/lynx/mqueue.h \
+  share/pkgconfig/lynx.pc share/cmake/Lynx/LynxConfig.cmake \
+  share/cmake/Lynx/LynxConfigVersion.cmake share/doc/lynx-dev/writing-apps.md \
+  share/doc/lynx-dev/examples/kv-lookup/kv_lookup.c; do
+  [[ -f $ROOT/usr/$f ]] || it_check_failed "the SDK lacks /usr/$f"
+done
+export PKG_CONFIG_PATH=$ROOT/usr/share/pkgconfig
+cflags=$(pkg-config --cflags lynx) || fail "pkg-config --cflags lynx: $(pkg-config --cflags lynx 2>&1)"
+[[ $cflags == *"$ROOT/usr/"*include* && $cflags != *"$(cd "$BUILD/.." && pwd)"* ]] ||
+  it_check_failed "pkg-config --cflags lynx is not the installed root's: $cflags"
+log "ok: pkg-config --cflags lynx: $cflags; version $(pkg-config --modversion lynx)"
+cp -r "$ROOT/usr/share/doc/lynx-dev/examples/kv-lookup" "$IT_DIR/kv-make"
+make -C "$IT_DIR/kv-make" >"$IT_DIR/make.log" 2>&1 ||
+  fail "the example's Makefile (pkg-config): $(tail -20 "$IT_DIR/make.log")"
+grep -q -- "-I$ROOT/usr/share/pkgconfig/../../include\|-I$ROOT/usr/include" "$IT_DIR/make.log" ||
+  it_check_failed "the example was not compiled against the installed headers: $(cat "$IT_DIR/make.log")"
+KV_SO=$IT_DIR/kv-make/kv-lookup.so
+nm -D --defined-only "$KV_SO" | grep -q ' T lynx_app_entry$' ||
+  it_check_failed "kv-lookup.so does not export lynx_app_entry"
+if ! cmake -S "$ROOT/usr/share/doc/lynx-dev/examples/kv-lookup" -B "$IT_DIR/kv-cmake" \
+  -DCMAKE_PREFIX_PATH="$ROOT/usr" >"$IT_DIR/cmake.log" 2>&1 ||
+  ! cmake --build "$IT_DIR/kv-cmake" >>"$IT_DIR/cmake.log" 2>&1; then
+  fail "the example's CMakeLists.txt (find_package(Lynx)): $(tail -20 "$IT_DIR/cmake.log")"
+fi
+[[ -f $IT_DIR/kv-cmake/kv-lookup.so ]] || it_check_failed "find_package(Lynx) built no kv-lookup.so"
+log "ok: kv-lookup.so built with pkg-config and with find_package(Lynx)"
+
+# ---- 2. loaded beside bad plug-ins ------------------------------------------------
+log "== 2. the agent loads it and refuses the bad ones"
+# the plug-in again, for an architecture this host is not
+python3 - "$KV_SO" "$IT_DIR/kv-other-arch.so" <<'PY'
+import platform, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+struct.pack_into("<H", b, 18, 62 if platform.machine() == "aarch64" else 183)
+open(sys.argv[2], "wb").write(b)
+PY
+LOADS="kv-lookup=$KV_SO,$PLUGINS/plugin-bad-abi.so,$PLUGINS/plugin-no-entry.so,$PLUGINS/plugin-clash.so,kv-other=$IT_DIR/kv-other-arch.so"
+"$LYNX_BIN_DIR/lynx-agent" --list-apps --app-load "$LOADS" >"$IT_DIR/list.out" 2>"$IT_DIR/list.err" ||
+  it_check_failed "lynx-agent --list-apps: exit $?: $(cat "$IT_DIR/list.err")"
+want_line() {
+  grep -qF -- "$1" "$IT_DIR/list.out" || it_check_failed "--list-apps has no line with '$1': $(cat "$IT_DIR/list.out")"
+}
+want_line "$(printf 'kv-lookup\t%s\t-\tno' "$KV_SO")"
+want_line "$(printf 'lenet\tbuilt in\t-\tyes')"
+want_line "$(printf 'refused\tfuture-abi\t%s' "built for plug-in ABI version 2; this agent runs version 1")"
+want_line "$(printf 'refused\tplugin-no-entry\tno lynx_app_entry: not a Lynx plug-in')"
+want_line "$(printf 'refused\techo\t%s' "'echo' is the name of a built-in application")"
+want_line "refused	kv-other	a shared object for "
+log "ok: --list-apps: $(grep -c . "$IT_DIR/list.out") lines, $(grep -c ^refused "$IT_DIR/list.out") refused"
+
+start_coordinator
+node_ids N1
+start_node_agent "$N1" --cpu-accels 1 --app-load "$LOADS"
+assert_log "$AGENT_LOG" "application 'kv-lookup' loaded from $KV_SO" "the agent's log names the plug-in it loaded"
+assert_log "$AGENT_LOG" "plug-in refused: $PLUGINS/plugin-bad-abi.so: built for plug-in ABI version 2" \
+  "the agent's log says why it refused the other ABI's"
+start_coord_frontend
+[[ $(api_json "/v1/nodes/$N1" '[.accelerators[0].apps[]] | index("kv-lookup") != null') == true ]] ||
+  it_check_failed "the node does not list kv-lookup among its accelerator's apps: $(api_json "/v1/nodes/$N1" .accelerators)"
+[[ $(api_json "/v1/nodes/$N1" '[.refused_apps[].name] | sort | join(",")') == echo,future-abi,kv-other,plugin-no-entry ]] ||
+  it_check_failed "GET /v1/nodes/$N1: refused_apps: $(api_json "/v1/nodes/$N1" .refused_apps)"
+
+# ---- 3. two services, two tables --------------------------------------------------
+log "== 3. services of the plug-in, each configured its own way"
+python3 - "$IT_DIR/codes.tsv" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write("# country codes\n")
+    for i in range(300):
+        f.write("c%03d\tcountry number %d\n" % (i, i))
+PY
+serve_service fruit "\"port\":$P_FRUIT,\"app\":\"kv-lookup\",\"app_config\":{\"entries\":{\"apple\":\"red\",\"kiwi\":\"green\",\"plum\":\"purple\"},\"miss\":\"NOT_FOUND\"}"
+[[ $(svc fruit '.app_config.entries.kiwi') == green ]] ||
+  it_check_failed "GET /v1/services/fruit does not carry its app_config: $(svc fruit .)"
+ctl service create --name codes --port "$P_CODES" --app kv-lookup \
+  --app-config "{\"file\": \"$IT_DIR/codes.tsv\"}" >"$IT_DIR/ctl-create.out" 2>&1 ||
+  it_check_failed "lynxctl service create --app-config: $(cat "$IT_DIR/ctl-create.out")"
+wait_log "$FRONTEND_LOG" "serving service codes" 5 1 "$FRONTEND_PID"
+ctl service show codes >"$IT_DIR/ctl-show.out" 2>&1
+grep -q "^app-config: .*codes.tsv" "$IT_DIR/ctl-show.out" ||
+  it_check_failed "lynxctl service show: no app-config line: $(cat "$IT_DIR/ctl-show.out")"
+wait_svc fruit '.state == "ready"' 10
+wait_svc codes '.state == "ready"' 10
+
+# ask PORT: sends each key of stdin (KEY<TAB>WANT per line) and checks the
+# answer; prints "asked N right N"
+cat >"$IT_DIR/ask.py" <<'PY'
+import socket, sys
+port = int(sys.argv[1])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2.0)
+asked = right = 0
+for line in sys.stdin.read().splitlines():
+    key, want = line.split("\t", 1)
+    for attempt in range(3):  # UDP: a datagram may be lost, never wrong
+        s.sendto(key.encode(), ("127.0.0.1", port))
+        try:
+            got = s.recv(65536).decode()
+            break
+        except socket.timeout:
+            got = None
+    asked += 1
+    if got == want:
+        right += 1
+    else:
+        print("key %r: answer %r, want %r" % (key, got, want), file=sys.stderr)
+print("asked %d right %d" % (asked, right))
+PY
+ask() { python3 "$IT_DIR/ask.py" "$1"; }
+out=$(printf 'apple\tred\nkiwi\tgreen\nplum\tpurple\npear\tNOT_FOUND\nc001\tNOT_FOUND\nkiwi\tgreen\n' | ask "$P_FRUIT")
+assert_str "$out" "asked 6 right 6" "fruit: answers from its inline table"
+out=$( { for i in $(seq 0 7 299); do printf 'c%03d\tcountry number %d\n' "$i" "$i"; done; printf 'apple\t\nc300\t\n'; } | ask "$P_CODES")
+assert_str "$out" "asked 45 right 45" "codes: answers from its file's table, empty ones for misses"
+log "ok: both services answer from their own tables"
+
+# ---- 4. configurations that do not fit ----------------------------------------------
+log "== 4. a configuration the application refuses, one the API refuses"
+api POST /v1/services -d "{\"name\":\"broken\",\"port\":$P_BROKEN,\"app\":\"kv-lookup\",\"app_config\":{\"entries\":{},\"colour\":1}}"
+assert_eq "$API_STATUS" 201 "POST a kv-lookup service whose configuration it refuses: HTTP status"
+wait_svc broken '.state == "pending" and (.reason | contains("kv-lookup: configuration: '"'"'colour'"'"'"))' 10
+log "ok: broken: $(svc broken '.state + ": " + .reason')"
+api DELETE /v1/services/broken
+api POST /v1/services -d "{\"name\":\"notobj\",\"port\":$P_BROKEN,\"app\":\"kv-lookup\",\"app_config\":[1,2]}"
+assert_eq "$API_STATUS" 400 "POST with an app_config that is not an object: HTTP status"
+[[ $(jq -r .error.message "$API_BODY") == *"app_config: must be a JSON object"* ]] ||
+  it_check_failed "the API's refusal does not name app_config: $(cat "$API_BODY")"
+
+# ---- 5. a service of a refused plug-in -------------------------------------------------
+log "== 5. a service of the plug-in the agent refused"
+api POST /v1/services -d "{\"name\":\"future\",\"port\":$P_FUTURE,\"app\":\"future-abi\"}"
+assert_eq "$API_STATUS" 201 "POST a service of a refused plug-in: HTTP status (it says why)"
+wait_svc future '.state == "pending" and (.reason | contains("node '"$N1"' refused the plug-in of application '"'"'future-abi'"'"': built for plug-in ABI version 2"))' 5
+log "ok: future: $(svc future '.state + ": " + .reason')"
+# an app nobody has heard of is still refused at once
+api POST /v1/services -d "{\"name\":\"ghost\",\"port\":$P_FUTURE,\"app\":\"no-such-app\"}"
+assert_eq "$API_STATUS" 422 "POST a service of an app no agent loads or refused: HTTP status"
+# and through all of it the plug-in's services answered
+out=$(printf 'plum\tpurple\n' | ask "$P_FRUIT")
+assert_str "$out" "asked 1 right 1" "fruit still answers"
+it_done
