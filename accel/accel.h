@@ -77,6 +77,8 @@ struct lynx_accel_launch {
    * base); own_memory 1: NULL, start places it */
   uint8_t *region;
   const struct lynx_app *app;
+  const char *service;    /* the service's name */
+  const char *app_config; /* its app configuration ("" or NULL: none) */
   void *app_state; /* the app's start's (lynx_app_start), for its ctx (the
                       CPU backend; a GPU kernel gets its own copy) */
   /* mqueues [0, n_server) are server mqueues; the rest are client

@@ -192,7 +192,7 @@ static int elf_check(int fd, char *why, size_t whylen) {
   return 0;
 }
 
-static void refuse(const char *name, const char *reason) {
+void lynx_app_refuse(const char *name, const char *reason) {
   struct refusal *r;
   if (reg.n_refused == REFUSED_MAX)
     return;
@@ -203,7 +203,7 @@ static void refuse(const char *name, const char *reason) {
 
 /* "libkv.so" -> "kv": what a refusal is kept under when nothing better is
  * known. */
-static void file_stem(const char *path, char *out, size_t len) {
+void lynx_app_file_stem(const char *path, char *out, size_t len) {
   const char *b = strrchr(path, '/');
   size_t n;
   b = b ? b + 1 : path;
@@ -215,10 +215,27 @@ static void file_stem(const char *path, char *out, size_t len) {
   snprintf(out, len, "%.*s", (int)n, b);
 }
 
+/* 0 when no application is called name, else -EEXIST with who is. */
+static int name_free(const char *name, char *why, size_t whylen) {
+  const struct lynx_app *other = lynx_app_find(name);
+  if (!other)
+    return 0;
+  if (other->dl || other->host)
+    snprintf(why, whylen,
+             "application '%s' is already loaded from %s (names are unique "
+             "on an agent)",
+             name, other->origin);
+  else
+    snprintf(why, whylen,
+             "'%s' is the name of a built-in application (names are unique "
+             "on an agent)",
+             name);
+  return -EEXIST;
+}
+
 /* The definition's own checks, once the entry returned it. */
 static int def_check(const struct lynx_app_def *d, const char *want, char *why,
                      size_t whylen) {
-  const struct lynx_app *other;
   if (!d) {
     snprintf(why, whylen, "its %s returned no definition", LYNX_APP_ENTRY_NAME);
     return -EINVAL;
@@ -259,20 +276,58 @@ static int def_check(const struct lynx_app_def *d, const char *want, char *why,
              LYNX_BACKEND_NAME_MAX - 1);
     return -EINVAL;
   }
-  other = lynx_app_find(d->name);
-  if (other) {
-    if (other->dl)
-      snprintf(why, whylen,
-               "application '%s' is already loaded from %s (names are "
-               "unique on an agent)",
-               d->name, other->origin);
-    else
-      snprintf(why, whylen,
-               "'%s' is the name of a built-in application (names are "
-               "unique on an agent)",
-               d->name);
-    return -EEXIST;
+  return name_free(d->name, why, whylen);
+}
+
+int lynx_app_check_file(const char *path, char *why, size_t whylen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+  if (fd < 0) {
+    rc = -errno;
+    snprintf(why, whylen, "cannot open it: %s", strerror(errno));
+    return rc;
   }
+  rc = elf_check(fd, why, whylen);
+  close(fd);
+  return rc;
+}
+
+int lynx_app_add_hosted(const char *name, const char *help,
+                        const char *needs_backend, const char *origin,
+                        const struct lynx_accel_ops *runner, void *host,
+                        char *why, size_t whylen) {
+  struct lynx_app *a;
+  char *n = NULL, *h = NULL, *b = NULL, *o = NULL;
+  int rc;
+  reg_ready();
+  rc = name_free(name, why, whylen);
+  if (!rc && reg.n_loaded == LOADED_MAX) {
+    snprintf(why, whylen, "an agent loads at most %u plug-ins", LOADED_MAX);
+    rc = -ENOSPC;
+  }
+  if (!rc &&
+      (!(n = strdup(name)) || !(h = strdup(help ? help : "")) ||
+       !(o = strdup(origin)) ||
+       (needs_backend && needs_backend[0] && !(b = strdup(needs_backend))))) {
+    snprintf(why, whylen, "out of memory");
+    rc = -ENOMEM;
+  }
+  if (rc) {
+    free(n);
+    free(h);
+    free(b);
+    free(o);
+    lynx_app_refuse(name, why);
+    return rc;
+  }
+  a = &reg.loaded[reg.n_loaded++];
+  memset(a, 0, sizeof(*a));
+  a->name = n;
+  a->help = h;
+  a->needs_backend = b;
+  a->origin = o;
+  a->cuda_app = LYNX_CUDA_APP_NONE;
+  a->runner = runner;
+  a->host = host;
   return 0;
 }
 
@@ -283,9 +338,9 @@ int lynx_app_load(const char *name, const char *path, char *why,
   lynx_app_entry_fn entry;
   struct lynx_app *a;
   void *dl = NULL;
-  int fd, rc;
+  int rc;
   reg_ready();
-  file_stem(path, stem, sizeof(stem));
+  lynx_app_file_stem(path, stem, sizeof(stem));
   if (name && !lynx_app_name_ok(name)) {
     snprintf(reason, sizeof(reason),
              "'%s' is not an application name (1-%d characters of "
@@ -300,14 +355,7 @@ int lynx_app_load(const char *name, const char *path, char *why,
     rc = -ENOSPC;
     goto refused;
   }
-  fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    rc = -errno;
-    snprintf(reason, sizeof(reason), "cannot open it: %s", strerror(errno));
-    goto refused;
-  }
-  rc = elf_check(fd, reason, sizeof(reason));
-  close(fd);
+  rc = lynx_app_check_file(path, reason, sizeof(reason));
   if (rc)
     goto refused;
   /* RTLD_NOW: a symbol it lacks is said here, not at its first request;
@@ -349,7 +397,7 @@ int lynx_app_load(const char *name, const char *path, char *why,
 refused:
   /* the name a service would use: the operator's, the definition's, or
    * the file's */
-  refuse(
+  lynx_app_refuse(
       name ? name
       : d && d->size >= offsetof(struct lynx_app_def, name) + sizeof(d->name) &&
               lynx_app_name_ok(d->name)
@@ -367,7 +415,14 @@ static int so_name(const struct dirent *e) {
   return e->d_name[0] != '.' && n > 3 && !strcmp(e->d_name + n - 3, ".so");
 }
 
-int lynx_app_load_dir(const char *dir, char *why, size_t whylen) {
+static int load_here(void *arg, const char *name, const char *path, char *why,
+                     size_t whylen) {
+  (void)arg;
+  return lynx_app_load(name, path, why, whylen);
+}
+
+int lynx_app_load_dir(const char *dir, lynx_app_loader load, void *arg,
+                      char *why, size_t whylen) {
   struct dirent **list = NULL;
   int n = scandir(dir, &list, so_name, alphasort), loaded = 0;
   if (n < 0) {
@@ -377,7 +432,7 @@ int lynx_app_load_dir(const char *dir, char *why, size_t whylen) {
   for (int i = 0; i < n; i++) {
     char path[4096], err[512];
     snprintf(path, sizeof(path), "%s/%s", dir, list[i]->d_name);
-    if (lynx_app_load(NULL, path, err, sizeof(err)) == 0)
+    if ((load ? load : load_here)(arg, NULL, path, err, sizeof(err)) == 0)
       loaded++;
     else
       LYNX_ERR("apps", "plug-in refused: %s", err);
@@ -437,7 +492,13 @@ void lynx_apps_unload(void) {
     struct lynx_app *a = &reg.loaded[i];
     free(a->default_config);
     free((char *)a->origin);
-    dlclose(a->dl);
+    if (a->dl)
+      dlclose(a->dl);
+    else { /* hosted: the strings are its own */
+      free((char *)a->name);
+      free((char *)a->help);
+      free((char *)a->needs_backend);
+    }
   }
   reg.n_loaded = 0;
   reg.n_refused = 0;
@@ -498,7 +559,7 @@ int lynx_app_start(const struct lynx_app *app, const char *service,
   char err[320] = "";
   int rc;
   *state = NULL;
-  if (!app->def->start)
+  if (!app->def || !app->def->start) /* hosted: its process starts it */
     return 0;
   st.config = config && config[0]   ? config
               : app->default_config ? app->default_config
@@ -515,6 +576,6 @@ int lynx_app_start(const struct lynx_app *app, const char *service,
 }
 
 void lynx_app_stop(const struct lynx_app *app, void *state) {
-  if (app->def->stop)
+  if (app->def && app->def->stop)
     app->def->stop(state);
 }

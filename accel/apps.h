@@ -28,6 +28,8 @@ struct lynx_client {
   uint32_t next_tag;
 };
 
+struct lynx_accel_ops; /* accel.h */
+
 /* Sends req to the client's back end and waits for its reply: 0 with
  * *reply_len bytes (at most cap) copied to reply, -EHOSTDOWN when the
  * frontend reports the back end unreachable, -EMSGSIZE when the reply did
@@ -54,6 +56,12 @@ struct lynx_app {
   /* the configuration an instance starts with when its service gives
    * none (lynx_app_set_default; NULL: "{}") */
   char *default_config;
+  /* A plug-in served by a process of its own (agent/apphost.c): def is
+   * NULL here, the process has it; runner is the ops table that starts
+   * and stops its instances on CPU accelerators in that process, host
+   * that process's handle. NULL, NULL: it runs in this process. */
+  const struct lynx_accel_ops *runner;
+  void *host;
 };
 
 /* A built-in application's definition and kernel (apps.c). */
@@ -84,7 +92,8 @@ static inline int lynx_app_handle(const struct lynx_app *app,
 }
 
 /* The app's start for an instance (config NULL: the app's default): 0 and
- * *state, or -errno with the reason in why, prefixed with the app's name. */
+ * *state, or -errno with the reason in why, prefixed with the app's name.
+ * An app another process serves (runner) starts there: 0, *state NULL. */
 int lynx_app_start(const struct lynx_app *app, const char *service,
                    const char *config, uint32_t n_mqueues,
                    uint32_t slot_payload, uint32_t msg_max,
@@ -118,10 +127,28 @@ int lynx_app_name_ok(const char *name);
  * registry is not locked.
  */
 int lynx_app_load(const char *name, const char *path, char *why, size_t whylen);
-/* Every *.so in dir, in name order, each through lynx_app_load (their
- * refusals kept). The number loaded, or -errno when dir cannot be read
- * (the reason in why). */
-int lynx_app_load_dir(const char *dir, char *why, size_t whylen);
+/* Every *.so in dir, in name order, each through load (NULL:
+ * lynx_app_load), which keeps its refusal. The number loaded, or -errno
+ * when dir cannot be read (the reason in why). */
+typedef int (*lynx_app_loader)(void *arg, const char *name, const char *path,
+                               char *why, size_t whylen);
+int lynx_app_load_dir(const char *dir, lynx_app_loader load, void *arg,
+                      char *why, size_t whylen);
+/* The checks of a plug-in's file made before it is loaded (an ELF shared
+ * object for this machine): 0, or -errno with the reason in why. */
+int lynx_app_check_file(const char *path, char *why, size_t whylen);
+/* An application a process of its own serves (its definition's name,
+ * help and back end as that process read them), started through runner
+ * with host: 0, or -errno with the reason in why (the refusal kept). */
+int lynx_app_add_hosted(const char *name, const char *help,
+                        const char *needs_backend, const char *origin,
+                        const struct lynx_accel_ops *runner, void *host,
+                        char *why, size_t whylen);
+/* Keeps a refusal of the plug-in called name (as lynx_app_load does). */
+void lynx_app_refuse(const char *name, const char *reason);
+/* The file's name without "lib" and ".so": what a plug-in's refusal is
+ * kept under when nothing better is known. */
+void lynx_app_file_stem(const char *path, char *out, size_t len);
 /* The i-th refused plug-in: its name and the reason; 0 past the end. */
 int lynx_app_refused_at(size_t i, const char **name, const char **reason);
 /* The configuration name's instances start with when their service gives

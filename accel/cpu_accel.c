@@ -21,6 +21,7 @@
 
 struct mq_state {
   struct lynx_mq mq;
+  uint32_t q;           /* its index in the region */
   struct lynx_msg held; /* a request the app could not answer yet (TX full) */
   int has_held;
   uint32_t bad_reported;
@@ -92,6 +93,7 @@ static void *cpu_thread_main(void *arg) {
   }
   for (uint32_t q = t->first_q; q < a->n_server; q += t->step) {
     lynx_mq_bind(&mqs[n].mq, a->region, &g, q);
+    mqs[n].q = q;
     mqs[n].seen.pos = mqs[n].seen.acq = mqs[n].mq.rx_head;
     n++;
   }
@@ -123,6 +125,8 @@ static void *cpu_thread_main(void *arg) {
         }
         if (lynx_recv(&s->mq, &m) != 0)
           break;
+        if (a->taken) /* before anything of it runs */
+          __atomic_store_n(&a->taken[s->q], s->mq.rx_head, __ATOMIC_RELEASE);
         lynx_cnt_add(&t->requests, 1);
         now = lynx_now_ns();
         s->taken_ns = now;
@@ -195,6 +199,10 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
       struct lynx_client *c = &clients[k];
       lynx_mq_bind(&c->mq, a->region, &g, a->n_server + k);
       pthread_mutex_init(&c->lock, NULL);
+      /* from a point of its own: a late reply to a call of a process
+       * that served this region before (apphost.c) is not taken for a
+       * call of this one */
+      c->next_tag = (uint32_t)(lynx_now_ns() * 2654435761u) ^ k;
       if (a->backend_names)
         snprintf(c->name, sizeof(c->name), "%s", a->backend_names[k]);
     }
@@ -203,7 +211,8 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
                     a->call_timeout_ns ? a->call_timeout_ns
                                        : LYNX_CALL_TIMEOUT_NS);
   a->stop = 0;
-  a->threads = calloc(a->n_threads, sizeof(*a->threads));
+  a->threads = a->threads_mem ? a->threads_mem
+                              : calloc(a->n_threads, sizeof(*a->threads));
   if (!a->threads)
     return -ENOMEM;
   for (uint32_t i = 0; i < a->n_threads; i++) {
@@ -240,12 +249,38 @@ void lynx_cpu_accel_stop(struct lynx_cpu_accel *a) {
 }
 
 void lynx_cpu_accel_free(struct lynx_cpu_accel *a) {
-  free(a->threads);
+  if (a->threads != a->threads_mem)
+    free(a->threads);
   a->threads = NULL;
   for (uint32_t k = 0; a->env.clients && k < a->env.n_clients; k++)
     pthread_mutex_destroy(&a->env.clients[k].lock);
   free(a->env.clients);
   a->env.clients = NULL;
+}
+
+uint64_t lynx_cpu_accel_drop_taken(uint8_t *region, uint32_t n_server,
+                                   const uint32_t *taken) {
+  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)region;
+  struct lynx_geom g;
+  uint64_t dropped = 0;
+  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size, h->large_bytes))
+    return 0;
+  for (uint32_t q = 0; q < n_server && q < g.n_mqueues; q++) {
+    struct lynx_mq mq;
+    struct lynx_msg m;
+    uint32_t n;
+    lynx_mq_bind(&mq, region, &g, q);
+    n = __atomic_load_n(&taken[q], __ATOMIC_ACQUIRE) - mq.rx_cons;
+    if (n > g.slots) /* never taken, or a position of another lap */
+      continue;
+    while (n-- && lynx_recv(&mq, &m) == 0) {
+      (void)lynx_drop(&mq, m.tag); /* -EAGAIN: its tag expires instead */
+      lynx_release(&mq);
+      dropped++;
+    }
+    lynx_bell_after_publish(&mq, "a plug-in's takeover");
+  }
+  return dropped;
 }
 
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,

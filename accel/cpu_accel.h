@@ -56,6 +56,13 @@ struct lynx_cpu_accel {
    * thread sleeps on the doorbell; lynx_cpu_accel_kick wakes it. */
   const uint64_t *serve_until;
   struct lynx_cpu_thread *threads;
+  /* In a plug-in's process (agent/apphost.c), memory the agent reads too:
+   * the threads' array (n_threads of them, zeroed; NULL: start allocates
+   * it) and, per server mqueue, the position after the last request a
+   * thread took (NULL: not kept), so that what a process that died had
+   * in hand is known (lynx_cpu_accel_drop_taken). */
+  struct lynx_cpu_thread *threads_mem;
+  uint32_t *taken;
 };
 
 /* Starts n_threads threads over an already formatted region. 0 or -errno;
@@ -77,6 +84,14 @@ static inline int lynx_cpu_accel_fenced(const struct lynx_cpu_accel *a,
   return a->serve_until &&
          now >= __atomic_load_n(a->serve_until, __ATOMIC_ACQUIRE);
 }
+
+/* A region a process that died served (its threads gone): each server
+ * mqueue's requests it had taken and not released (from rx_cons up to
+ * taken[q]) are dropped, their tags freed (a drop needs a TX slot: one
+ * that finds none is released unanswered, and the frontend's timeout
+ * frees its tag), so no request runs twice. The number of them. */
+uint64_t lynx_cpu_accel_drop_taken(uint8_t *region, uint32_t n_server,
+                                   const uint32_t *taken);
 
 /* Sums of the threads' counters. */
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,

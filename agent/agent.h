@@ -33,6 +33,7 @@ struct agent_cfg {
   char *app, *listen, *node_id, *log_level, *token_file, *coordinator, *labels,
       *data_listen, *advertise, *cuda_accels, *metrics, *lenet_model;
   char *app_load, *app_dir; /* plug-ins (apps.h) */
+  char *app_config;         /* static mode: --app's configuration */
   int transport, ordering, work_mode, list_accels, list_apps;
   int region_mem; /* enum lynx_region_where */
 };
@@ -111,6 +112,11 @@ struct agent {
   uint32_t n_acc;
   struct instance *instances;
   uv_loop_t loop;
+  int loop_ready; /* loop initialised (apphost.c watches its processes) */
+  struct app_host *apphosts; /* plug-ins' processes (apphost.c) */
+  /* tells the coordinator that an instance failed (link.c sets it when it
+   * starts: agent_link_instance_failed; NULL in static mode) */
+  void (*report_failed)(struct agent *ag, uint64_t id, const char *why);
   uv_signal_t sigint, sigterm;
   int stopping, exit_code;
   /* A signal under a coordinator drains before stopping (main.c,
@@ -159,6 +165,28 @@ struct agent {
   } * fpub;
   uint32_t n_fpub, fpub_cap;
 };
+
+/* apphost.c: plug-in applications in processes of their own */
+struct app_host;
+/* A lynx_app_loader (apps.h): the plug-in at path, loaded by a process of
+ * its own and registered as served by it. */
+int agent_apphost_load(void *ag, const char *name, const char *path, char *why,
+                       size_t whylen);
+void agent_apphosts_start(struct agent *ag);   /* once the loop is ready */
+void agent_apphosts_quiesce(struct agent *ag); /* at shutdown: no restarts */
+void agent_apphosts_stop(struct agent *ag); /* after every instance stopped */
+void agent_apphosts_metrics(FILE *f, struct agent *ag);
+/* The plug-ins whose process died, for a heartbeat: into out (room for
+ * LYNX_APP_FAULTS_MAX, pointing into the hosts), how many. */
+struct Lynx__AppFault;
+size_t agent_apphosts_faults(struct agent *ag, struct Lynx__AppFault *out);
+/* Instance in (of any app) has had a request pending stall_ms: when a
+ * plug-in's process runs it, that process is killed (and taken over) and
+ * 1 is returned, so the stall is not the accelerator's; else 0. */
+int agent_apphost_hung(struct agent *ag, struct instance *in,
+                       uint64_t stall_ms);
+/* lynx-agent --app-host PATH NAME LOGLEVEL: the process itself. */
+int agent_app_host_main(int argc, char **argv);
 
 /* instance.c */
 /* What to start: instance id of app for service on accelerator accel, its
@@ -226,6 +254,9 @@ struct agent_link_hooks {
 };
 int agent_link_start(struct agent *ag, const struct agent_link_hooks *hooks);
 void agent_link_stop(struct agent *ag); /* sends Leave when connected */
+/* Tells the coordinator that instance id failed, with why (when
+ * registered): it forgets it and places it again after a backoff. */
+void agent_link_instance_failed(struct agent *ag, uint64_t id, const char *why);
 /* Asks the coordinator to drain this node before it leaves (Leave with
  * drain; the caller sets ag->leaving first): 0, the agent waits until the
  * coordinator has stopped every instance (then hooks->shutdown); a link

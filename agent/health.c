@@ -19,7 +19,9 @@
  * the last error, and whether it is sticky. The coordinator takes an
  * accelerator out of dispatch while it is lost, failed or has a stalled
  * mqueue, and puts it back when that clears: a stalled app that resumes
- * serves again without a restart.
+ * serves again without a restart. A plug-in's process whose instance
+ * stalls is killed instead and taken over (apphost.c): one application's
+ * hang takes no other out of dispatch.
  */
 #include <stdio.h>
 #include <string.h>
@@ -83,6 +85,12 @@ static void watch_instance(struct agent *ag, struct instance *in,
     if (now_ns - w->since_ns < period_ns)
       continue;
     stall_ms = (now_ns - w->since_ns) / 1000000u;
+    /* a plug-in's process that hangs is killed and taken over: its stall
+     * takes nothing else on the accelerator out of dispatch */
+    if (agent_apphost_hung(ag, in, stall_ms)) {
+      w->since_ns = 0;
+      continue;
+    }
     if (!w->stalled)
       LYNX_WARN("agent",
                 "%s: accel %u instance %llu (%s): mqueue %u has had "

@@ -79,12 +79,17 @@ static int start_run(struct agent *ag, struct instance *in,
                      const struct lynx_geom *g, const char *name, char *why,
                      size_t whylen) {
   const struct lynx_accel_dev *acc = &ag->acc[in->accel].info;
+  /* a plug-in's instances run in its process (apphost.c) */
+  const struct lynx_accel_ops *ops =
+      app->runner && acc->ops == &lynx_accel_cpu ? app->runner : acc->ops;
   struct lynx_accel_launch l = {
       .acc = acc,
       .tops = ag->tops,
       .tagent = ag->tagent,
       .name = name,
       .app = app,
+      .service = in->service,
+      .app_config = config,
       .n_mqueues = g->n_mqueues,
       .n_server = in->n_server,
       .slots = g->slots,
@@ -121,7 +126,7 @@ static int start_run(struct agent *ag, struct instance *in,
       goto fail;
     l.region = in->region.base;
   }
-  rc = acc->ops->start(&l, &in->region, &in->run, why, whylen);
+  rc = ops->start(&l, &in->region, &in->run, why, whylen);
   if (rc && !acc->own_memory)
     ag->tops->region_free(&in->region);
   if (!rc)

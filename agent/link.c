@@ -310,6 +310,7 @@ static void on_beat(uv_timer_t *t) {
   Lynx__Envelope env = LYNX__ENVELOPE__INIT;
   Lynx__Heartbeat hb = LYNX__HEARTBEAT__INIT;
   Lynx__AccelCounters *c, **cp;
+  Lynx__AppFault faults[LYNX_APP_FAULTS_MAX], *faultp[LYNX_APP_FAULTS_MAX];
   if (l->state != LINK_REGISTERED)
     return;
   if (l->acks && l->hb_sent > l->hb_answered &&
@@ -351,6 +352,10 @@ static void on_beat(uv_timer_t *t) {
   hb.healthy = 1;
   hb.n_counters = ag->n_acc;
   hb.counters = cp;
+  hb.n_app_faults = agent_apphosts_faults(ag, faults);
+  for (size_t k = 0; k < hb.n_app_faults; k++)
+    faultp[k] = &faults[k];
+  hb.app_faults = faultp;
   env.msg_case = LYNX__ENVELOPE__MSG_HEARTBEAT;
   env.heartbeat = &hb;
   l->hb_sent_ns[l->hb_sent % HB_RING] = lynx_now_ns();
@@ -715,6 +720,7 @@ int agent_link_start(struct agent *ag, const struct agent_link_hooks *hooks) {
   uv_timer_init(&ag->loop, &l->fence);
   l->fence.data = l;
   ag->link = l;
+  ag->report_failed = agent_link_instance_failed;
   lynx_dialer_connect(&l->d);
   return 0;
 }
@@ -729,6 +735,13 @@ static void retry_closed(uv_handle_t *h) {
   struct coord_link *l = container_of(h, struct coord_link, d.retry);
   l->timers_closed++;
   maybe_free(l);
+}
+
+void agent_link_instance_failed(struct agent *ag, uint64_t id,
+                                const char *why) {
+  struct coord_link *l = ag->link;
+  if (l && l->state == LINK_REGISTERED && l->d.ctl)
+    reply_instance(l, id, NULL, why);
 }
 
 int agent_link_leave_drained(struct agent *ag) {

@@ -95,6 +95,9 @@ static const struct lynx_opt agent_opts[] = {
      "when given, must be the name it defines. One that does not fit is "
      "refused with the reason (--list-apps; the coordinator shows it on "
      "the services that use it) and the agent runs without it"},
+    {"app-config", LYNX_OPT_STR, O(app_config), NULL, 0, 0, NULL,
+     "static mode: the configuration --app's instances start with, a JSON "
+     "object (docs/writing-apps.md) [default: the application's own]"},
     {"app-dir", LYNX_OPT_STR, O(app_dir), NULL, 0, 0, NULL,
      "a directory whose *.so files are loaded as plug-in applications, in "
      "name order, after --app-load's"},
@@ -235,6 +238,7 @@ static void write_metrics(FILE *f, void *arg) {
                    "lease was not renewed (docs/design.md, \"Delivery "
                    "guarantees\").");
   lynx_prom_u64(f, "lynx_agent_lease_fenced", NULL, lynx_now_ns() >= until);
+  agent_apphosts_metrics(f, ag);
   if (ag->cfg.coordinator) {
     struct sockaddr_storage ss[LYNX_ADDRS_MAX];
     char addrs[LYNX_ADDRS_MAX][LYNX_ADDR_STR_MAX];
@@ -342,6 +346,7 @@ static void agent_shutdown(struct agent *ag, int exit_code) {
   agent_serve_stop(ag);
   agent_link_stop(ag);
   agent_health_stop(ag);
+  agent_apphosts_quiesce(ag); /* no plug-in's process is started again */
   uv_close((uv_handle_t *)&ag->sigint, NULL);
   uv_close((uv_handle_t *)&ag->sigterm, NULL);
   uv_close((uv_handle_t *)&ag->stop_timer, NULL);
@@ -360,7 +365,8 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
                              .slots = ag->cfg.slots,
                              .slot_size = ag->cfg.slot_size,
                              .msg_max = ag->cfg.msg_max,
-                             .work_us = ag->cfg.work_us};
+                             .work_us = ag->cfg.work_us,
+                             .config = ag->cfg.app_config};
     int rc = agent_instance_start(ag, &q, &in, why, sizeof(why));
     if (rc) {
       fprintf(stderr, "lynx-agent: accel %u: %s\n", i,
@@ -451,7 +457,8 @@ out:
  * --app-load and --app-dir. A plug-in refused is logged and kept with its
  * reason (registered with the coordinator); -1 only when the options
  * themselves are wrong (printed). */
-static int load_apps(const struct agent_cfg *cfg) {
+static int load_apps(struct agent *ag) {
+  const struct agent_cfg *cfg = &ag->cfg;
   char why[768];
   if (cfg->lenet_model && cfg->lenet_model[0]) {
     struct json_object *o = json_object_new_object();
@@ -486,12 +493,13 @@ static int load_apps(const struct agent_cfg *cfg) {
         free(list);
         return -1;
       }
-      if (lynx_app_load(name, path, why, sizeof(why)))
+      if (agent_apphost_load(ag, name, path, why, sizeof(why)))
         LYNX_ERR("agent", "--app-load: plug-in refused: %s", why);
     }
     free(list);
   }
-  if (cfg->app_dir && lynx_app_load_dir(cfg->app_dir, why, sizeof(why)) < 0)
+  if (cfg->app_dir && lynx_app_load_dir(cfg->app_dir, agent_apphost_load, ag,
+                                        why, sizeof(why)) < 0)
     LYNX_ERR("agent", "%s", why); /* loaded nothing; the agent runs */
   return 0;
 }
@@ -516,6 +524,9 @@ int main(int argc, char **argv) {
   struct timeval tv;
   char tok_err[320];
 
+  /* a plug-in's process (apphost.c), started by an agent: no options */
+  if (argc > 1 && !strcmp(argv[1], "--app-host"))
+    return agent_app_host_main(argc, argv);
   pthread_mutex_init(&ag.lat_lock, NULL);
   rc = lynx_opts_parse_conf(agent_opts, &ag.cfg, argc, argv,
                             "usage: lynx-agent [options]\n"
@@ -533,12 +544,26 @@ int main(int argc, char **argv) {
     goto usage;
   }
   lynx_log_level = lvl;
-  if (load_apps(&ag.cfg))
+  if (load_apps(&ag))
     goto usage;
   if (ag.cfg.list_apps) {
     list_apps();
     exit_code = 0;
     goto out_opts;
+  }
+  if (ag.cfg.app_config) {
+    struct json_object *c = json_tokener_parse(ag.cfg.app_config);
+    int ok = c && json_object_is_type(c, json_type_object) &&
+             strlen(ag.cfg.app_config) < LYNX_APP_CONFIG_MAX;
+    json_object_put(c);
+    if (ag.cfg.coordinator || !ok) {
+      fprintf(stderr, "--app-config: %s\n",
+              ag.cfg.coordinator
+                  ? "for static mode (--app); under a coordinator each "
+                    "service carries its own (app_config)"
+                  : "not a JSON object of at most 4095 bytes");
+      goto usage;
+    }
   }
   if (ag.cfg.coordinator && ag.cfg.app) {
     fprintf(stderr,
@@ -683,6 +708,8 @@ int main(int argc, char **argv) {
   uv_signal_start(&ag.sigint, on_signal, SIGINT);
   uv_signal_start(&ag.sigterm, on_signal, SIGTERM);
   agent_health_start(&ag);
+  ag.loop_ready = 1;
+  agent_apphosts_start(&ag);
   /* static mode has no lease: nothing fences its accelerators; under a
    * coordinator they take requests once the registration is answered */
   ag.serve_until_ns = app ? UINT64_MAX : 0;
@@ -743,7 +770,8 @@ out_acc:
 usage:
   exit_code = LYNX_EXIT_USAGE;
 out_opts:
-  lynx_apps_unload(); /* no instance runs any more */
+  agent_apphosts_stop(&ag); /* no instance runs any more */
+  lynx_apps_unload();
   if (ag.tls_on)
     lynx_tls_free(&ag.tls);
   free(ag.token);

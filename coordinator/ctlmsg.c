@@ -120,6 +120,26 @@ uint32_t lynx_ctl_refused_apps(const Lynx__Register *m,
   return n;
 }
 
+uint32_t lynx_ctl_app_faults(const Lynx__Heartbeat *hb,
+                             struct lynx_app_fault *out) {
+  uint32_t n = 0;
+  memset(out, 0, LYNX_APP_FAULTS_MAX * sizeof(*out));
+  for (size_t i = 0; i < hb->n_app_faults && n < LYNX_APP_FAULTS_MAX; i++) {
+    const Lynx__AppFault *a = hb->app_faults[i];
+    const char *d = a->last_death ? a->last_death : "";
+    if (!a->name || !a->name[0] || strlen(a->name) >= LYNX_APP_NAME_MAX ||
+        !lynx_text_ok(a->name, strlen(a->name)))
+      continue;
+    snprintf(out[n].name, sizeof(out[n].name), "%s", a->name);
+    snprintf(out[n].last_death, sizeof(out[n].last_death), "%s",
+             lynx_text_ok(d, strlen(d)) ? d : "(not valid UTF-8)");
+    out[n].restarts = a->restarts;
+    out[n].lost = a->lost;
+    n++;
+  }
+  return n;
+}
+
 uint32_t lynx_ctl_heartbeat(const Lynx__Heartbeat *hb,
                             struct lynx_accel_report *rep) {
   uint32_t n = hb->n_counters > LYNX_ACCELS_MAX ? LYNX_ACCELS_MAX

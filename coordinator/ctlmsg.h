@@ -38,6 +38,12 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
 uint32_t lynx_ctl_refused_apps(const Lynx__Register *m,
                                struct lynx_app_refusal *out);
 
+/* A Heartbeat's reports of plug-ins' deaths into out (room for
+ * LYNX_APP_FAULTS_MAX; texts cut, one without a valid name dropped): how
+ * many. */
+uint32_t lynx_ctl_app_faults(const Lynx__Heartbeat *hb,
+                             struct lynx_app_fault *out);
+
 /* A Heartbeat's counters into rep (room for LYNX_ACCELS_MAX; more are
  * ignored, an error text of any length is cut to its field): how many. */
 uint32_t lynx_ctl_heartbeat(const Lynx__Heartbeat *hb,

@@ -327,8 +327,12 @@ static void on_agent_msg(struct cpeer *p, Lynx__Envelope *env) {
   case LYNX__ENVELOPE__MSG_HEARTBEAT: {
     const Lynx__Heartbeat *hb = env->heartbeat;
     struct lynx_accel_report rep[LYNX_ACCELS_MAX];
+    struct lynx_app_fault faults[LYNX_APP_FAULTS_MAX];
     uint32_t n = lynx_ctl_heartbeat(hb, rep);
     rc = lynx_reg_heartbeat(&co->c.reg, p->id, hb->epoch, rep, n, now);
+    if (rc == 0)
+      lynx_reg_node_app_faults(&co->c.reg, p->id, faults,
+                               lynx_ctl_app_faults(hb, faults));
     ack_epoch = rc == 0 ? hb->epoch : 0;
     break;
   }

@@ -303,6 +303,20 @@ void lynx_reg_node_refused(struct lynx_registry *r, const char *id,
   nd->n_refused_apps = n;
 }
 
+void lynx_reg_node_app_faults(struct lynx_registry *r, const char *id,
+                              const struct lynx_app_fault *f, uint32_t n) {
+  struct lynx_reg_node *nd = lynx_reg_node_find(r, id);
+  if (!nd)
+    return;
+  if (n > LYNX_APP_FAULTS_MAX)
+    n = LYNX_APP_FAULTS_MAX;
+  if (nd->n_app_faults != n ||
+      memcmp(nd->app_faults, f, n * sizeof(*f))) /* shown: a new version */
+    r->version++;
+  memcpy(nd->app_faults, f, n * sizeof(*f));
+  nd->n_app_faults = n;
+}
+
 /* What an agent's message names: the node id at this epoch. 0 with *out,
  * -ENOENT (no such node), -ESTALE (another epoch: counted refused). */
 int lynx__reg_node_at_epoch(struct lynx_registry *r, const char *id,

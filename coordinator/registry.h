@@ -174,6 +174,13 @@ struct lynx_reg_accel {
   uint64_t health_outages;
 };
 
+/* A plug-in application whose process died (Heartbeat.app_faults). */
+struct lynx_app_fault {
+  char name[LYNX_APP_NAME_MAX];
+  char last_death[160];
+  uint64_t restarts, lost;
+};
+
 /* A plug-in application an agent refused to load (Register.refused_apps). */
 struct lynx_app_refusal {
   char name[LYNX_APP_NAME_MAX];
@@ -191,6 +198,9 @@ struct lynx_reg_node {
   /* the plug-ins its agent refused, as it last registered */
   struct lynx_app_refusal refused_apps[LYNX_REFUSED_APPS_MAX];
   uint32_t n_refused_apps;
+  /* its plug-ins' processes that died, as its last heartbeat said */
+  struct lynx_app_fault app_faults[LYNX_APP_FAULTS_MAX];
+  uint32_t n_app_faults;
   enum lynx_node_state state;
   int drain_intent; /* operator asked to drain (survives restarts) */
   int leaving;      /* its agent is stopping: drains to leave (Leave.drain) */
@@ -604,6 +614,10 @@ int lynx_reg_forget(struct lynx_registry *r, const char *id,
  * in place of what it said before; nothing when id is not registered. */
 void lynx_reg_node_refused(struct lynx_registry *r, const char *id,
                            const struct lynx_app_refusal *ref, uint32_t n);
+/* The deaths of plug-ins' processes node id's agent reported (n of them),
+ * in place of the last report; nothing when id is not registered. */
+void lynx_reg_node_app_faults(struct lynx_registry *r, const char *id,
+                              const struct lynx_app_fault *f, uint32_t n);
 
 struct lynx_reg_node *lynx_reg_node_find(struct lynx_registry *r,
                                          const char *id);

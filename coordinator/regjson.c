@@ -168,6 +168,18 @@ struct json_object *lynx_json_node(const struct lynx_registry *r,
     }
     json_object_object_add(o, "refused_apps", ra);
   }
+  if (n->n_app_faults) {
+    struct json_object *fa = json_object_new_array();
+    for (uint32_t k = 0; k < n->n_app_faults; k++) {
+      struct json_object *e = json_object_new_object();
+      add_str(e, "name", n->app_faults[k].name);
+      add_str(e, "last_death", n->app_faults[k].last_death);
+      add_u64(e, "restarts", n->app_faults[k].restarts);
+      add_u64(e, "lost", n->app_faults[k].lost);
+      json_object_array_add(fa, e);
+    }
+    json_object_object_add(o, "app_faults", fa);
+  }
   add_u64(o, "last_heartbeat_ms", since(now_ms, n->last_heartbeat_ms));
   return o;
 }
@@ -244,6 +256,28 @@ struct json_object *lynx_json_service(const struct lynx_registry *r,
   json_object_object_add(o, "instances", inst);
   json_object_object_add(o, "state", json_object_new_string(state));
   add_str(o, "reason", reason);
+  /* its application's process deaths where it runs as a plug-in: the
+   * instances were taken over, the lost requests counted */
+  {
+    struct json_object *fa = NULL;
+    for (const struct lynx_reg_node *n = r->nodes; n; n = n->next)
+      for (uint32_t k = 0; n->state != LYNX_NODE_DOWN && k < n->n_app_faults;
+           k++) {
+        struct json_object *e;
+        if (strcmp(n->app_faults[k].name, s->spec.app))
+          continue;
+        if (!fa)
+          fa = json_object_new_array();
+        e = json_object_new_object();
+        add_str(e, "node", n->id);
+        add_str(e, "last_death", n->app_faults[k].last_death);
+        add_u64(e, "restarts", n->app_faults[k].restarts);
+        add_u64(e, "lost", n->app_faults[k].lost);
+        json_object_array_add(fa, e);
+      }
+    if (fa)
+      json_object_object_add(o, "app_faults", fa);
+  }
   return o;
 }
 

@@ -21,6 +21,7 @@
 #define LYNX_PCI_ID_MAX 32     /* a GPU's PCI bus id, with NUL */
 #define LYNX_ACCEL_ERR_MAX 128 /* an accelerator's last error */
 #define LYNX_REFUSED_APPS_MAX 16 /* refused plug-ins one agent registers */
+#define LYNX_APP_FAULTS_MAX 16   /* plug-ins' deaths one heartbeat reports */
 #define LYNX_APP_REFUSAL_MAX 320 /* the reason, with NUL */
 #define LYNX_APP_CONFIG_MAX                                                    \
   4096                      /* a service's app configuration (lynx_app.h) */

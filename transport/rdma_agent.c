@@ -769,7 +769,7 @@ void lynx__rdma_region_free(struct lynx_region *r) {
   if (r->mem)
     r->mem->release(r->mem->ctx); /* no registration or QP uses it now */
   else if (r->base)
-    munmap(r->base, lynx_align_up(r->size, 4096));
+    lynx_region_unmap_served(r, 1);
   r->base = NULL;
   r->mem = NULL;
   r->priv = NULL;

@@ -84,7 +84,7 @@ int lynx_region_map_served(struct lynx_region *r,
      * 64 MiB) says so here, not with SIGBUS at a write later */
     rc = lynx_shm_create(r->shm, size, 1, &fd, &p);
     if (!rc) {
-      close(fd); /* the mapping keeps the pages; frontends open the name */
+      r->fd = fd; /* frontends open the name; a plug-in's process the fd */
     } else {
       /* still served over this transport, as private memory */
       LYNX_LOG_RL(LYNX_LOG_WARN, "transport",
@@ -95,10 +95,25 @@ int lynx_region_map_served(struct lynx_region *r,
     }
   }
   if (p == MAP_FAILED) {
-    p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
-             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    /* a memory file: shared with a plug-in's process by its fd
+     * (agent/apphost.c), private to the agent otherwise; pages are
+     * touched only when used, as with anonymous memory */
+    int fd = memfd_create(r->name[0] ? r->name : "lynx-region", MFD_CLOEXEC), e;
+    if (fd < 0)
       return -errno;
+    if (ftruncate(fd, (off_t)lynx_align_up(size, 4096)) != 0) {
+      e = -errno;
+      close(fd);
+      return e;
+    }
+    p = mmap(NULL, lynx_align_up(size, 4096), PROT_READ | PROT_WRITE,
+             MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      e = -errno;
+      close(fd);
+      return e;
+    }
+    r->fd = fd;
   }
   r->base = p;
   r->size = size;
@@ -112,6 +127,9 @@ void lynx_region_unmap_served(struct lynx_region *r, int unmap) {
   if (r->shm[0])
     shm_unlink(r->shm);
   r->shm[0] = '\0';
+  if (r->fd >= 0)
+    close(r->fd);
+  r->fd = -1;
   if (unmap && r->base)
     munmap(r->base, r->size);
 }

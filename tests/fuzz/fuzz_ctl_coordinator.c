@@ -86,6 +86,12 @@ static int on_register(struct peer *p, const Lynx__Register *m) {
         (uint32_t)m->n_labels, accels, (uint32_t)m->n_accels, adopt, n_adopt, p,
         p->now, &err);
   FZ_CHECK(rc == 0 || err.message[0]);
+  if (rc == 0) { /* as ctlport.c: the plug-ins it refused */
+    struct lynx_app_refusal ref[LYNX_REFUSED_APPS_MAX];
+    uint32_t n = lynx_ctl_refused_apps(m, ref);
+    FZ_CHECK(n <= LYNX_REFUSED_APPS_MAX);
+    lynx_reg_node_refused(&p->reg, m->node_id, ref, n);
+  }
   free(adopt);
   return rc;
 }
@@ -95,9 +101,14 @@ static int on_agent(struct peer *p, const Lynx__Envelope *env) {
   switch (env->msg_case) {
   case LYNX__ENVELOPE__MSG_HEARTBEAT: {
     struct lynx_accel_report rep[LYNX_ACCELS_MAX];
+    struct lynx_app_fault faults[LYNX_APP_FAULTS_MAX];
     uint32_t n = lynx_ctl_heartbeat(env->heartbeat, rep);
-    return lynx_reg_heartbeat(&p->reg, p->id, env->heartbeat->epoch, rep, n,
-                              p->now);
+    int rc = lynx_reg_heartbeat(&p->reg, p->id, env->heartbeat->epoch, rep, n,
+                                p->now);
+    if (rc == 0) /* as ctlport.c: its plug-ins' deaths */
+      lynx_reg_node_app_faults(&p->reg, p->id, faults,
+                               lynx_ctl_app_faults(env->heartbeat, faults));
+    return rc;
   }
   case LYNX__ENVELOPE__MSG_INSTANCE_READY: {
     const Lynx__InstanceReady *ir = env->instance_ready;

@@ -9,8 +9,9 @@
 #     the source tree is on either compiler's command line.
 #  2. An agent loads it (--app-load) beside bad plug-ins: one built for
 #     another ABI, one without the entry, one taking a built-in's name, one
-#     for another architecture. It refuses each with its reason
-#     (--list-apps), registers, and keeps running what it loaded.
+#     for another architecture, one whose constructor aborts. It refuses
+#     each with its reason (--list-apps), registers, and keeps running what
+#     it loaded, each plug-in in a process of its own.
 #  3. Two services of the plug-in through the API and lynxctl, each with
 #     its own app configuration (a table inline, a table in a file): every
 #     answer checked, hits and misses, against the service's own table.
@@ -19,6 +20,9 @@
 #     refused by the API.
 #  5. A service of a refused plug-in is taken and says which node refused
 #     it and why; the node's refusals are in GET /v1/nodes/ID.
+#  6. Static mode: --app of a plug-in with --app-config (one that is not an
+#     object, or given with --coordinator, is refused at start); killed
+#     with SIGKILL, the agent takes its plug-in's process with it.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init plugin_sdk
@@ -29,7 +33,7 @@ IT_SOFT=1
 
 BUILD=$(cd "$LYNX_BIN_DIR/.." && pwd)
 PLUGINS=$BUILD/plugins
-for p in plugin-bad-abi plugin-no-entry plugin-clash; do
+for p in plugin-bad-abi plugin-no-entry plugin-clash plugin-crash-load; do
   [[ -f $PLUGINS/$p.so ]] || fail "$PLUGINS/$p.so is missing: build first (make)"
 done
 svc() { api_json "/v1/services/$1" "$2"; }
@@ -84,7 +88,7 @@ b = bytearray(open(sys.argv[1], "rb").read())
 struct.pack_into("<H", b, 18, 62 if platform.machine() == "aarch64" else 183)
 open(sys.argv[2], "wb").write(b)
 PY
-LOADS="kv-lookup=$KV_SO,$PLUGINS/plugin-bad-abi.so,$PLUGINS/plugin-no-entry.so,$PLUGINS/plugin-clash.so,kv-other=$IT_DIR/kv-other-arch.so"
+LOADS="kv-lookup=$KV_SO,$PLUGINS/plugin-bad-abi.so,$PLUGINS/plugin-no-entry.so,$PLUGINS/plugin-clash.so,kv-other=$IT_DIR/kv-other-arch.so,$PLUGINS/plugin-crash-load.so"
 "$LYNX_BIN_DIR/lynx-agent" --list-apps --app-load "$LOADS" >"$IT_DIR/list.out" 2>"$IT_DIR/list.err" ||
   it_check_failed "lynx-agent --list-apps: exit $?: $(cat "$IT_DIR/list.err")"
 want_line() {
@@ -96,7 +100,10 @@ want_line "$(printf 'refused\tfuture-abi\t%s' "built for plug-in ABI version 2; 
 want_line "$(printf 'refused\tplugin-no-entry\tno lynx_app_entry: not a Lynx plug-in')"
 want_line "$(printf 'refused\techo\t%s' "'echo' is the name of a built-in application")"
 want_line "refused	kv-other	a shared object for "
+want_line "$(printf 'refused\tplugin-crash-load\tits process killed by signal 6 (Aborted) while loading it')"
 log "ok: --list-apps: $(grep -c . "$IT_DIR/list.out") lines, $(grep -c ^refused "$IT_DIR/list.out") refused"
+# each loaded plug-in in a process of its own, gone with the agent
+[[ -z $(pgrep -f -- "--app-host $KV_SO") ]] || it_check_failed "--list-apps left kv-lookup's process running"
 
 start_coordinator
 node_ids N1
@@ -105,9 +112,10 @@ assert_log "$AGENT_LOG" "application 'kv-lookup' loaded from $KV_SO" "the agent'
 assert_log "$AGENT_LOG" "plug-in refused: $PLUGINS/plugin-bad-abi.so: built for plug-in ABI version 2" \
   "the agent's log says why it refused the other ABI's"
 start_coord_frontend
+[[ $(pgrep -fc -- "--app-host $KV_SO") == 1 ]] || it_check_failed "kv-lookup does not run in a process of its own"
 [[ $(api_json "/v1/nodes/$N1" '[.accelerators[0].apps[]] | index("kv-lookup") != null') == true ]] ||
   it_check_failed "the node does not list kv-lookup among its accelerator's apps: $(api_json "/v1/nodes/$N1" .accelerators)"
-[[ $(api_json "/v1/nodes/$N1" '[.refused_apps[].name] | sort | join(",")') == echo,future-abi,kv-other,plugin-no-entry ]] ||
+[[ $(api_json "/v1/nodes/$N1" '[.refused_apps[].name] | sort | join(",")') == echo,future-abi,kv-other,plugin-crash-load,plugin-no-entry ]] ||
   it_check_failed "GET /v1/nodes/$N1: refused_apps: $(api_json "/v1/nodes/$N1" .refused_apps)"
 
 # ---- 3. two services, two tables --------------------------------------------------
@@ -187,4 +195,33 @@ assert_eq "$API_STATUS" 422 "POST a service of an app no agent loads or refused:
 # and through all of it the plug-in's services answered
 out=$(printf 'plum\tpurple\n' | ask "$P_FRUIT")
 assert_str "$out" "asked 1 right 1" "fruit still answers"
+
+# ---- 6. static mode ---------------------------------------------------------------
+log "== 6. static mode"
+for bad in "[1]" "{\"a\":"; do
+  "$LYNX_BIN_DIR/lynx-agent" --app kv-lookup --app-load "$KV_SO" --app-config "$bad" \
+    >"$IT_DIR/badcfg.out" 2>&1
+  assert_eq $? 2 "--app-config '$bad': exit status (usage)"
+  assert_log "$IT_DIR/badcfg.out" "--app-config: not a JSON object" "--app-config '$bad': the reason"
+done
+"$LYNX_BIN_DIR/lynx-agent" --coordinator "127.0.0.1:$COORD_PORT" --app-config '{}' \
+  >"$IT_DIR/badcfg.out" 2>&1
+assert_eq $? 2 "--app-config with --coordinator: exit status (usage)"
+assert_log "$IT_DIR/badcfg.out" "under a coordinator each service carries its own" "--app-config with --coordinator: the reason"
+pick_ports AGENT_PORT UDP_PORT METRICS2
+METRICS_PORT=$METRICS2
+start_agent --cpu-accels 1 --app kv-lookup --app-load "$KV_SO" \
+  --app-config '{"entries": {"x": "static"}, "miss": "none"}'
+start_frontend
+out=$(printf 'x\tstatic\nq\tnone\n' | ask "$UDP_PORT")
+assert_str "$out" "asked 2 right 2" "static mode: the plug-in answers with --app-config's table"
+kids=$(pgrep -P "$AGENT_PID" | tr '\n' ' ')
+[[ -n $kids ]] || it_check_failed "the static agent has no plug-in process"
+kill9 "$AGENT_PID"
+end=$(($(now_ms) + $(ts_ms 3000)))
+for k in $kids; do
+  while is_alive "$k" && (($(now_ms) < end)); do sleep 0.05; done
+  ! is_alive "$k" || it_check_failed "plug-in process $k outlived its agent (SIGKILL)"
+done
+log "ok: the plug-in's process ($kids) died with its agent"
 it_done

@@ -306,11 +306,12 @@ static void test_load_dir(void **state) {
   assert_int_equal(system(cmd), 0);
   snprintf(path, sizeof(path), "%s/README", dir); /* not *.so: not looked at */
   put_file("apps/README", "x", 1, path, sizeof(path));
-  assert_int_equal(lynx_app_load_dir(dir, why, sizeof(why)), 1);
+  assert_int_equal(lynx_app_load_dir(dir, NULL, NULL, why, sizeof(why)), 1);
   assert_non_null(lynx_app_find("kv-lookup"));
   assert_non_null(refusal("echo"));
-  assert_int_equal(lynx_app_load_dir("/nonexistent-dir", why, sizeof(why)),
-                   -ENOENT);
+  assert_int_equal(
+      lynx_app_load_dir("/nonexistent-dir", NULL, NULL, why, sizeof(why)),
+      -ENOENT);
   assert_non_null(strstr(why, "--app-dir /nonexistent-dir"));
 }
 

@@ -463,6 +463,36 @@ static void test_encode_shapes(void **state) {
     lynx_reg_node_refused(&r, "n1", NULL, 0);
     lynx_reg_node_refused(&r, "no-such-node", &ref, 1); /* nothing */
   }
+  /* the deaths of its plug-ins' processes: on the node, and on the
+   * services of that application */
+  {
+    struct lynx_app_fault f = {"echo", "killed by signal 11", 3, 2};
+    uint64_t v = r.version;
+    lynx_reg_node_app_faults(&r, "n1", &f, 1);
+    assert_true(r.version > v);
+    v = r.version;
+    lynx_reg_node_app_faults(&r, "n1", &f, 1); /* the same: no change */
+    assert_int_equal(r.version, v);
+    o = lynx_json_node(&r, n, 1500);
+    assert_int_equal(n_keys(o), 10);
+    a = json_object_array_get_idx(get(o, "app_faults"), 0);
+    assert_string_equal(get_str(a, "name"), "echo");
+    assert_string_equal(get_str(a, "last_death"), "killed by signal 11");
+    assert_int_equal(get_u64(a, "restarts"), 3);
+    assert_int_equal(get_u64(a, "lost"), 2);
+    json_object_put(o);
+    for (struct lynx_reg_service *sv = r.services; sv; sv = sv->next) {
+      o = lynx_json_service(&r, sv, NULL);
+      a = json_object_array_get_idx(get(o, "app_faults"), 0);
+      assert_string_equal(get_str(a, "node"), "n1");
+      assert_int_equal(get_u64(a, "lost"), 2);
+      json_object_put(o);
+    }
+    lynx_reg_node_app_faults(&r, "n1", NULL, 0);
+    o = lynx_json_service(&r, r.services, NULL);
+    assert_false(json_object_object_get_ex(o, "app_faults", NULL));
+    json_object_put(o);
+  }
   /* node */
   o = lynx_json_node(&r, n, 1500);
   assert_int_equal(n_keys(o), 9);
