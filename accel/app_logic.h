@@ -1,12 +1,16 @@
 /*
  * app_logic.h - the per-request logic of the example applications, shared
  * by the CPU handlers (apps.c) and the CUDA kernels (cuda/apps.cu), so the
- * CPU tests exercise what the GPU runs. Plain C, every function LYNX_HD.
+ * CPU tests exercise what the GPU runs. Plain C, every function LYNX_HD
+ * but the host's sockperf answer (lynx_sockperf_answer).
  */
 #ifndef LYNX_APP_LOGIC_H
 #define LYNX_APP_LOGIC_H
 
 #include <stdint.h>
+#ifndef __CUDACC__
+#include <string.h> /* the host's sockperf answer */
+#endif
 
 #include "mqueue.h"
 
@@ -29,6 +33,31 @@ LYNX_HD void lynx_sockperf_make_reply(uint8_t *d) {
   d[8] = (uint8_t)(flags >> 8);
   d[9] = (uint8_t)flags;
 }
+
+#ifndef __CUDACC__
+/* sockperf-echo on the host, one request through mq: the answer built in
+ * its TX slot with the client flag cleared, anything else dropped (its tag
+ * freed). 0, or -11 (EAGAIN) when the TX ring is full (called again).
+ * The built-in application's handler (apps.c) and its copy as a plug-in
+ * (tests/plugins/sockperf_plugin.c, bench/plugin.sh) are this. */
+static inline int lynx_sockperf_answer(struct lynx_mq *mq,
+                                       const struct lynx_msg *req,
+                                       int *replied) {
+  uint8_t *buf;
+  int rc;
+  *replied = 0;
+  if (!lynx_sockperf_wants_reply(req->data, req->len))
+    return lynx_mq_drop(mq, req->tag) == -11 ? -11 : 0;
+  rc = lynx_mq_reserve(mq, req->len, &buf);
+  if (rc)
+    return rc == -11 ? -11 : 0;
+  memcpy(buf, req->data, req->len);
+  lynx_sockperf_make_reply(buf);
+  lynx_mq_commit(mq, req->tag, req->len, req->len, LYNX_ST_OK);
+  *replied = 1;
+  return 0;
+}
+#endif
 
 /*
  * sockperf-fault: sockperf-echo, except that a request "LYNX-HANG <ms>"

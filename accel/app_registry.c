@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
@@ -164,11 +165,19 @@ static int elf_check(int fd, char *why, size_t whylen) {
                  : "not an ELF file (a plug-in is a shared object)");
     return -ENOEXEC;
   }
-  if (h.e_ident[EI_CLASS] != ELFCLASS64 || n < (ssize_t)sizeof(h)) {
+  if (h.e_ident[EI_CLASS] != ELFCLASS64) {
     snprintf(why, whylen,
-             "a 32-bit ELF file; this agent loads 64-bit %s "
-             "shared objects",
+             "a 32-bit ELF file; this agent loads 64-bit %s shared objects",
              machine_name(HOST_MACHINE));
+    return -ENOEXEC;
+  }
+  if (n < (ssize_t)sizeof(h)) {
+    snprintf(why, whylen, "a truncated ELF file");
+    return -ENOEXEC;
+  }
+  if (h.e_ident[EI_DATA] !=
+      (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB : ELFDATA2MSB)) {
+    snprintf(why, whylen, "an ELF file of the other byte order");
     return -ENOEXEC;
   }
   if (HOST_MACHINE != EM_NONE && h.e_machine != HOST_MACHINE) {
@@ -254,6 +263,13 @@ static int def_check(const struct lynx_app_def *d, const char *want, char *why,
              d->size, LYNX_APP_ABI_VERSION, sizeof(struct lynx_app_def));
     return -EPROTO;
   }
+  if (d->mq_size != sizeof(struct lynx_mq)) {
+    snprintf(why, whylen,
+             "its struct lynx_mq is %u bytes, this agent's %zu (headers "
+             "that do not match its ABI version)",
+             d->mq_size, sizeof(struct lynx_mq));
+    return -EPROTO;
+  }
   if (!lynx_app_name_ok(d->name)) {
     snprintf(why, whylen,
              "its name is not 1-%d characters of [a-z0-9._-] starting with "
@@ -280,11 +296,18 @@ static int def_check(const struct lynx_app_def *d, const char *want, char *why,
 }
 
 int lynx_app_check_file(const char *path, char *why, size_t whylen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+  /* O_NONBLOCK: a FIFO named *.so does not hold the agent's start */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), rc;
+  struct stat st;
   if (fd < 0) {
     rc = -errno;
     snprintf(why, whylen, "cannot open it: %s", strerror(errno));
     return rc;
+  }
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    close(fd);
+    snprintf(why, whylen, "not a regular file");
+    return -ENOEXEC;
   }
   rc = elf_check(fd, why, whylen);
   close(fd);
@@ -534,6 +557,7 @@ void lynx_app_env_init(struct lynx_app_env *e, const struct lynx_app *app,
                        void *state, const volatile int *stop,
                        uint64_t call_timeout_ns) {
   memset(e, 0, sizeof(*e));
+  e->ctx.size = sizeof(e->ctx);
   e->clients = clients;
   e->n_clients = n_clients;
   e->ctx.state = state;

@@ -81,20 +81,8 @@ static int echo_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  */
 static int sockperf_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                            int *replied, const struct lynx_app_ctx *ctx) {
-  uint8_t *buf;
-  int rc;
   (void)ctx;
-  *replied = 0;
-  if (!lynx_sockperf_wants_reply(req->data, req->len))
-    return lynx_drop(mq, req->tag) == -EAGAIN ? -EAGAIN : 0;
-  rc = lynx_reserve(mq, req->len, &buf);
-  if (rc)
-    return rc == -EAGAIN ? -EAGAIN : 0;
-  memcpy(buf, req->data, req->len);
-  lynx_sockperf_make_reply(buf);
-  lynx_commit(mq, req->tag, req->len, req->len);
-  *replied = 1;
-  return 0;
+  return lynx_sockperf_answer(mq, req, replied);
 }
 
 /*

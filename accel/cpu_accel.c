@@ -93,6 +93,8 @@ static void *cpu_thread_main(void *arg) {
   }
   for (uint32_t q = t->first_q; q < a->n_server; q += t->step) {
     lynx_mq_bind(&mqs[n].mq, a->region, &g, q);
+    if (a->resume)
+      lynx_mq_tx_resume(&mqs[n].mq);
     mqs[n].q = q;
     mqs[n].seen.pos = mqs[n].seen.acq = mqs[n].mq.rx_head;
     n++;
@@ -198,6 +200,8 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
     for (uint32_t k = 0; k < n_clients; k++) {
       struct lynx_client *c = &clients[k];
       lynx_mq_bind(&c->mq, a->region, &g, a->n_server + k);
+      if (a->resume)
+        lynx_mq_tx_resume(&c->mq);
       pthread_mutex_init(&c->lock, NULL);
       /* from a point of its own: a late reply to a call of a process
        * that served this region before (apphost.c) is not taken for a
@@ -213,8 +217,14 @@ int lynx_cpu_accel_start(struct lynx_cpu_accel *a) {
   a->stop = 0;
   a->threads = a->threads_mem ? a->threads_mem
                               : calloc(a->n_threads, sizeof(*a->threads));
-  if (!a->threads)
+  if (!a->threads) {
+    lynx_cpu_accel_free(a); /* the client mqueues */
     return -ENOMEM;
+  }
+  /* memory of a process that died: its threads are not ours (their
+   * counters go on) */
+  for (uint32_t i = 0; a->threads_mem && i < a->n_threads; i++)
+    a->threads[i].started = 0;
   for (uint32_t i = 0; i < a->n_threads; i++) {
     struct lynx_cpu_thread *t = &a->threads[i];
     int rc;
@@ -258,22 +268,19 @@ void lynx_cpu_accel_free(struct lynx_cpu_accel *a) {
   a->env.clients = NULL;
 }
 
-uint64_t lynx_cpu_accel_drop_taken(uint8_t *region, uint32_t n_server,
-                                   const uint32_t *taken) {
-  const struct lynx_region_hdr *h = (const struct lynx_region_hdr *)region;
-  struct lynx_geom g;
+uint64_t lynx_cpu_accel_drop_taken(uint8_t *region, const struct lynx_geom *g,
+                                   uint32_t n_server, const uint32_t *taken) {
   uint64_t dropped = 0;
-  if (lynx_geom_init(&g, h->n_mqueues, h->slots, h->slot_size, h->large_bytes))
-    return 0;
-  for (uint32_t q = 0; q < n_server && q < g.n_mqueues; q++) {
+  for (uint32_t q = 0; q < n_server && q < g->n_mqueues; q++) {
+    uint32_t end = __atomic_load_n(&taken[q], __ATOMIC_ACQUIRE);
     struct lynx_mq mq;
     struct lynx_msg m;
-    uint32_t n;
-    lynx_mq_bind(&mq, region, &g, q);
-    n = __atomic_load_n(&taken[q], __ATOMIC_ACQUIRE) - mq.rx_cons;
-    if (n > g.slots) /* never taken, or a position of another lap */
+    lynx_mq_bind(&mq, region, g, q);
+    if (end - mq.rx_cons > g->slots) /* never taken, or another lap's */
       continue;
-    while (n-- && lynx_recv(&mq, &m) == 0) {
+    /* by position: malformed slots the dead process skipped are skipped
+     * again, not counted */
+    while (mq.rx_head != end && lynx_recv(&mq, &m) == 0) {
       (void)lynx_drop(&mq, m.tag); /* -EAGAIN: its tag expires instead */
       lynx_release(&mq);
       dropped++;

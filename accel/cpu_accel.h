@@ -63,6 +63,10 @@ struct lynx_cpu_accel {
    * in hand is known (lynx_cpu_accel_drop_taken). */
   struct lynx_cpu_thread *threads_mem;
   uint32_t *taken;
+  /* 1: another process served this region before (and died): each
+   * mqueue's TX large area is taken over as its unread answers hold it
+   * (lynx_mq_tx_resume) */
+  int resume;
 };
 
 /* Starts n_threads threads over an already formatted region. 0 or -errno;
@@ -85,13 +89,15 @@ static inline int lynx_cpu_accel_fenced(const struct lynx_cpu_accel *a,
          now >= __atomic_load_n(a->serve_until, __ATOMIC_ACQUIRE);
 }
 
-/* A region a process that died served (its threads gone): each server
- * mqueue's requests it had taken and not released (from rx_cons up to
- * taken[q]) are dropped, their tags freed (a drop needs a TX slot: one
- * that finds none is released unanswered, and the frontend's timeout
- * frees its tag), so no request runs twice. The number of them. */
-uint64_t lynx_cpu_accel_drop_taken(uint8_t *region, uint32_t n_server,
-                                   const uint32_t *taken);
+/* A region a process that died served (its threads gone), of geometry g
+ * (the caller's own, never the region header's: the dead process could
+ * write that): each server mqueue's requests it had taken and not
+ * released (positions from rx_cons up to taken[q]) are dropped, their
+ * tags freed (a drop needs a TX slot: one that finds none is released
+ * unanswered, and the frontend's timeout frees its tag), so no request
+ * runs twice. The number of them. */
+uint64_t lynx_cpu_accel_drop_taken(uint8_t *region, const struct lynx_geom *g,
+                                   uint32_t n_server, const uint32_t *taken);
 
 /* Sums of the threads' counters. */
 void lynx_cpu_accel_counters(const struct lynx_cpu_accel *a, uint64_t *req,

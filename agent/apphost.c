@@ -47,6 +47,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,11 +61,13 @@
 
 extern char **environ;
 
-#define AH_FD 3                /* the socket, in the process */
-#define AH_HELLO_MS 10000      /* a process's load, at most */
-#define AH_START_MS 10000      /* an instance's start (the app's start) */
-#define AH_STOP_MS 5000        /* its stop: then the process is killed */
-#define AH_DRAIN_MS 1000       /* a restart waits this long for frontends */
+#define AH_FD 3           /* the socket, in the process */
+#define AH_HELLO_MS 10000 /* a process's load, at most */
+/* an instance's first start (the app's start; the agent waits for it, as
+ * for a built-in's), and its stop: past them the process is killed */
+#define AH_START_MS 5000
+#define AH_STOP_MS 2000
+#define AH_SPAWN_TRIES 3       /* new processes that never come up: give up */
 #define AH_BACKOFF_MIN_MS 100u /* first restart after a death */
 #define AH_BACKOFF_MAX_MS 30000u
 #define AH_STABLE_MS 60000u /* alive this long: the next death starts over */
@@ -110,24 +113,34 @@ struct ah_shared {
   struct lynx_cpu_thread threads[];
 };
 
-/* One process incarnation's watch on its socket (freed once closed). */
+/* A watch on one of a process's descriptors (freed once closed). */
 struct ah_watch {
   uv_poll_t poll;
   struct app_host *h;
+  int pid; /* 1: its pidfd (readable: it ended); 0: its socket */
 };
 
 struct ah_inst;
+
+enum ah_state {
+  AH_DOWN,     /* no process: a restart is due (or the agent stops) */
+  AH_SPAWNING, /* started again, its HELLO not in yet (loop) */
+  AH_UP,       /* serving */
+};
 
 struct app_host {
   struct agent *ag;
   char name[LYNX_APP_NAME_MAX];
   char path[4096];
+  enum ah_state state;
   int sock;  /* -1: no process */
-  pid_t pid; /* 0: none */
-  struct ah_watch *watch;
-  uint64_t started_ns; /* the current process's start */
-  uint32_t deaths;     /* in a row (each within AH_STABLE_MS of its start) */
-  uv_timer_t restart;
+  int pidfd; /* -1: none (then the socket's end is the process's) */
+  pid_t pid; /* 0: none; also its process group (the process's children) */
+  struct ah_watch *sw, *pw;
+  uint64_t started_ns;     /* the current process's start */
+  uint32_t deaths;         /* in a row (each within AH_STABLE_MS of start) */
+  uint32_t spawn_failures; /* new processes in a row that never came up */
+  uv_timer_t restart;      /* the backoff, then HELLO's deadline */
   int timer_on;
   /* totals for --metrics (read by its thread) */
   uint64_t restarts, lost;
@@ -143,10 +156,12 @@ struct ah_inst {
   uint64_t handle;
   struct ah_start start; /* kept: sent again to a new process */
   uint8_t *region;       /* the agent's mapping */
+  struct lynx_geom g;    /* its geometry, the agent's (never the header's) */
   int region_fd;
   struct ah_shared *sh;
   int sh_fd;
-  int running;                /* the current process serves it */
+  int running;  /* the current process serves it */
+  int starting; /* a START (takeover) sent, its reply not in yet */
   struct lynx_cpu_accel view; /* threads and n_threads over sh, for counters */
   struct ah_inst *next;
 };
@@ -155,12 +170,16 @@ extern const struct lynx_accel_ops lynx_accel_apphost;
 
 /* ---- the socket --------------------------------------------------------- */
 
-/* Sends len bytes and up to two descriptors (-1: none). 0 or -errno. */
-static int ah_send(int sock, const void *msg, size_t len, int fd1, int fd2) {
+/* Sends len bytes and up to two descriptors (-1: none); the agent's sends
+ * never wait (a process that reads nothing is a fault, not a reason to
+ * block the agent), the process's do (wait). 0 or -errno. */
+static int ah_send_how(int sock, const void *msg, size_t len, int fd1, int fd2,
+                       int wait) {
   char cbuf[CMSG_SPACE(2 * sizeof(int))];
   struct iovec iov = {(void *)msg, len};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
   int fds[2] = {fd1, fd2}, n = (fd1 >= 0) + (fd2 >= 0);
+  ssize_t w;
   if (n) {
     struct cmsghdr *c;
     memset(cbuf, 0, sizeof(cbuf));
@@ -172,14 +191,21 @@ static int ah_send(int sock, const void *msg, size_t len, int fd1, int fd2) {
     c->cmsg_len = CMSG_LEN(n * sizeof(int));
     memcpy(CMSG_DATA(c), fds, n * sizeof(int));
   }
-  return sendmsg(sock, &mh, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
+  do
+    w = sendmsg(sock, &mh, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
+  while (w < 0 && errno == EINTR);
+  return w == (ssize_t)len ? 0 : w < 0 ? -errno : -EMSGSIZE;
+}
+
+static int ah_send(int sock, const void *msg, size_t len, int fd1, int fd2) {
+  return ah_send_how(sock, msg, len, fd1, fd2, 0);
 }
 
 /* One message into buf (at most len bytes), its descriptors into fds
- * (room for two; -1 where none), waiting timeout_ms (-1: forever). The
- * bytes, 0 when the peer closed, or -errno (-ETIMEDOUT). */
+ * (room for two; -1 where none), waiting until deadline_ns (0: forever).
+ * The bytes, 0 when the peer closed, or -errno (-ETIMEDOUT). */
 static ssize_t ah_recv(int sock, void *buf, size_t len, int *fds,
-                       int timeout_ms) {
+                       uint64_t deadline_ns) {
   char cbuf[CMSG_SPACE(2 * sizeof(int))];
   struct iovec iov = {buf, len};
   struct msghdr mh = {.msg_iov = &iov,
@@ -191,7 +217,12 @@ static ssize_t ah_recv(int sock, void *buf, size_t len, int *fds,
   if (fds)
     fds[0] = fds[1] = -1;
   for (;;) {
-    int r = poll(&p, 1, timeout_ms);
+    uint64_t now = lynx_now_ns();
+    int ms = deadline_ns ? (now >= deadline_ns
+                                ? 0
+                                : (int)((deadline_ns - now) / 1000000u) + 1)
+                         : -1;
+    int r = poll(&p, 1, ms);
     if (r > 0)
       break;
     if (r == 0)
@@ -199,9 +230,11 @@ static ssize_t ah_recv(int sock, void *buf, size_t len, int *fds,
     if (errno != EINTR)
       return -errno;
   }
-  n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  do
+    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
   if (n < 0)
-    return -errno;
+    return errno == EAGAIN ? -ETIMEDOUT : -errno;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int got = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -217,94 +250,157 @@ static ssize_t ah_recv(int sock, void *buf, size_t len, int *fds,
   return n;
 }
 
+/* ---- the process, from the agent's side -------------------------------- */
+
+static void host_died(struct app_host *h, const char *how);
+static void handle_msg(struct app_host *h, const void *buf, size_t n);
+
+/* The process is at fault (it did not answer, sent garbage, closed its
+ * socket): killed with its children, and host_died follows when its pidfd
+ * says it ended. */
+static void host_kill(struct app_host *h, const char *why) {
+  if (!h->pid)
+    return;
+  if (!h->kill_why[0]) {
+    snprintf(h->kill_why, sizeof(h->kill_why), "%s", why);
+    LYNX_ERR("agent", "application '%s': %s: its process %d is killed", h->name,
+             why, (int)h->pid);
+  }
+  kill(-h->pid, SIGKILL);
+  kill(h->pid, SIGKILL);
+}
+
+/* 1 when the process has ended (not reaped: reap says how), waiting up
+ * to 100 ms for it: a socket closes as its process exits, and the pidfd
+ * may be seen a turn of the loop later. */
+static int proc_ended(struct app_host *h) {
+  for (int i = 0; i < 100 && h->pid; i++) {
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_PID, (id_t)h->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        si.si_pid == h->pid)
+      return 1;
+    usleep(1000);
+  }
+  return !h->pid;
+}
+
 /* A reply to handle: 0, the process's -errno with its reason in why, or
- * -EPIPE (the process closed) / -ETIMEDOUT. Late replies to earlier
- * requests are skipped. */
+ * -EPIPE (the process closed) / -ETIMEDOUT (it is killed). Other messages
+ * that come meanwhile (replies to takeovers) are handled as they would be
+ * in the loop. */
 static int ah_wait_reply(struct app_host *h, uint32_t type, uint64_t handle,
                          int timeout_ms, char *why, size_t whylen) {
   uint64_t end = lynx_now_ns() + (uint64_t)timeout_ms * 1000000u;
   for (;;) {
     struct ah_reply r;
-    uint64_t now = lynx_now_ns();
-    ssize_t n;
-    if (now >= end) {
+    ssize_t n = ah_recv(h->sock, &r, sizeof(r), NULL, end);
+    if (n == -ETIMEDOUT) {
       snprintf(why, whylen, "its process did not answer within %d ms",
                timeout_ms);
+      host_kill(h, why);
       return -ETIMEDOUT;
     }
-    n = ah_recv(h->sock, &r, sizeof(r), NULL,
-                (int)((end - now) / 1000000u) + 1);
-    if (n == -ETIMEDOUT)
-      continue;
     if (n <= 0) {
       snprintf(why, whylen, "its process ended (%s)",
                n == 0 ? "it closed its connection" : strerror((int)-n));
+      if (!proc_ended(h)) /* else its pidfd says so in the loop */
+        host_kill(h, "it closed its connection to the agent");
       return -EPIPE;
     }
-    if ((size_t)n != sizeof(r) || r.type != type || r.handle != handle)
+    if ((size_t)n != sizeof(r) || r.type != type || r.handle != handle) {
+      handle_msg(h, &r, (size_t)n);
       continue;
+    }
     if (r.rc) {
       r.why[sizeof(r.why) - 1] = 0;
       snprintf(why, whylen, "%s", r.why);
+      return r.rc < 0 ? r.rc : -EPROTO;
     }
-    return r.rc;
+    return 0;
   }
 }
-
-/* ---- the process, from the agent's side -------------------------------- */
 
 static void watch_closed(uv_handle_t *hd) { free(hd->data); }
 
-static void host_died(struct app_host *h, const char *how);
+static void on_fd(uv_poll_t *p, int status, int events);
 
-/* The socket is readable outside a request: the process closed it (it
- * died), or a reply came after its request timed out (dropped). */
-static void on_sock(uv_poll_t *p, int status, int events) {
+static struct ah_watch *watch_on(struct app_host *h, int fd, int pid) {
+  struct ah_watch *w = calloc(1, sizeof(*w));
+  if (!w)
+    return NULL;
+  w->h = h;
+  w->pid = pid;
+  w->poll.data = w;
+  if (uv_poll_init(&h->ag->loop, &w->poll, fd)) {
+    free(w);
+    return NULL;
+  }
+  if (uv_poll_start(&w->poll, UV_READABLE | UV_DISCONNECT, on_fd)) {
+    uv_close((uv_handle_t *)&w->poll, watch_closed);
+    return NULL;
+  }
+  return w;
+}
+
+static void watch_off(struct ah_watch **w) {
+  if (!*w)
+    return;
+  uv_poll_stop(&(*w)->poll);
+  uv_close((uv_handle_t *)&(*w)->poll, watch_closed);
+  *w = NULL;
+}
+
+/* Watches the process once the loop runs: its end (pidfd) and what it
+ * says (socket). Without either, it is killed: a process whose end the
+ * agent would not see must not serve. */
+static void watch_start(struct app_host *h) {
+  if (h->sock < 0 || !h->ag->loop_ready)
+    return;
+  if (!h->sw)
+    h->sw = watch_on(h, h->sock, 0);
+  if (!h->pw && h->pidfd >= 0)
+    h->pw = watch_on(h, h->pidfd, 1);
+  if (!h->sw || (h->pidfd >= 0 && !h->pw))
+    host_kill(h, "the agent cannot watch it (out of memory)");
+}
+
+static void on_fd(uv_poll_t *p, int status, int events) {
   struct ah_watch *w = container_of(p, struct ah_watch, poll);
   struct app_host *h = w->h;
-  char buf[64];
   (void)events;
-  if (status == 0 && h->sock >= 0) {
-    ssize_t n = recv(h->sock, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && errno == EAGAIN))
-      return; /* a late reply */
-  }
-  host_died(h, NULL);
-}
-
-static void watch_start(struct app_host *h) {
-  struct ah_watch *w;
-  if (h->watch || h->sock < 0 || !h->ag->loop_ready)
-    return;
-  w = calloc(1, sizeof(*w));
-  if (!w)
-    return;
-  w->h = h;
-  w->poll.data = w;
-  if (uv_poll_init(&h->ag->loop, &w->poll, h->sock) ||
-      uv_poll_start(&w->poll, UV_READABLE | UV_DISCONNECT, on_sock)) {
-    free(w);
+  if (w->pid || (status < 0 && h->pidfd < 0)) {
+    host_died(h, NULL); /* it ended (or, without a pidfd, its socket did) */
     return;
   }
-  h->watch = w;
+  for (int i = 0; i < 16 && h->sock >= 0; i++) { /* a few, then the loop */
+    union {
+      struct ah_hello hello;
+      struct ah_reply reply;
+    } m;
+    ssize_t n = ah_recv(h->sock, &m, sizeof(m), NULL, lynx_now_ns());
+    if (n == -ETIMEDOUT)
+      return;
+    if (n <= 0) {
+      /* its end, or a process that closed its socket and lives on */
+      if (h->pidfd < 0 || proc_ended(h))
+        host_died(h, NULL);
+      else
+        host_kill(h, "it closed its connection to the agent");
+      return;
+    }
+    handle_msg(h, &m, (size_t)n);
+  }
 }
 
-static void watch_stop(struct app_host *h) {
-  if (!h->watch)
-    return;
-  uv_poll_stop(&h->watch->poll);
-  uv_close((uv_handle_t *)&h->watch->poll, watch_closed);
-  h->watch = NULL;
-}
-
-/* How the process ended, into buf; reaps it (killing it if it lingers
- * with its socket closed). */
+/* How the process ended, into buf; reaps it. */
 static void reap(struct app_host *h, char *buf, size_t len) {
   int st = 0;
   pid_t r = 0;
-  for (int i = 0; i < 100 && (r = waitpid(h->pid, &st, WNOHANG)) == 0; i++)
+  for (int i = 0; i < 200 && (r = waitpid(h->pid, &st, WNOHANG)) == 0; i++)
     usleep(1000);
   if (r == 0) {
+    kill(-h->pid, SIGKILL);
     kill(h->pid, SIGKILL);
     r = waitpid(h->pid, &st, 0);
     snprintf(buf, len, "closed its connection to the agent (killed)");
@@ -316,26 +412,37 @@ static void reap(struct app_host *h, char *buf, size_t len) {
   } else {
     snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
   }
+  kill(-h->pid, SIGKILL); /* whatever it left: they share its region */
   h->pid = 0;
 }
 
-/* Starts the process and takes its HELLO: 0, or -errno with the reason
- * in why (when the process refused the plug-in, hello says under which
- * name, and why is its reason). */
-static int host_spawn(struct app_host *h, const char *want,
-                      struct ah_hello *hello, char *why, size_t whylen) {
+static void close_proc(struct app_host *h) {
+  watch_off(&h->sw);
+  watch_off(&h->pw);
+  if (h->sock >= 0)
+    close(h->sock);
+  if (h->pidfd >= 0)
+    close(h->pidfd);
+  h->sock = h->pidfd = -1;
+}
+
+/* Starts the process (its own process group, its socket as AH_FD, a pidfd
+ * on it): 0, or -errno with the reason in why. */
+static int host_exec(struct app_host *h, const char *want, char *why,
+                     size_t whylen) {
   int sv[2], child, rc;
-  char level[16];
-  char *argv[] = {"lynx-agent", "--app-host",
-                  h->path,      (char *)(want ? want : ""),
-                  level,        NULL};
+  char level[16], parent[24];
+  char *argv[] = {
+      "lynx-agent", "--app-host", h->path, (char *)(want ? want : ""),
+      level,        parent,       NULL};
   posix_spawn_file_actions_t fa;
-  ssize_t n;
-  memset(hello, 0, sizeof(*hello));
+  posix_spawnattr_t at;
   snprintf(level, sizeof(level), "%d", lynx_log_level);
+  snprintf(parent, sizeof(parent), "%d", (int)getpid());
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv)) {
-    snprintf(why, whylen, "cannot make its socket: %s", strerror(errno));
-    return -errno;
+    rc = -errno;
+    snprintf(why, whylen, "cannot make its socket: %s", strerror(-rc));
+    return rc;
   }
   /* above AH_FD, so that the dup2 below always clears close-on-exec */
   child = fcntl(sv[1], F_DUPFD_CLOEXEC, AH_FD + 1);
@@ -348,7 +455,11 @@ static int host_spawn(struct app_host *h, const char *want,
   }
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, child, AH_FD);
-  rc = posix_spawn(&h->pid, "/proc/self/exe", &fa, NULL, argv, environ);
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&at, 0);
+  rc = posix_spawn(&h->pid, "/proc/self/exe", &fa, &at, argv, environ);
+  posix_spawnattr_destroy(&at);
   posix_spawn_file_actions_destroy(&fa);
   close(child);
   if (rc) {
@@ -358,33 +469,78 @@ static int host_spawn(struct app_host *h, const char *want,
     return -rc;
   }
   h->sock = sv[0];
+  /* its end, seen even when something it forked keeps its socket open */
+  h->pidfd = (int)syscall(SYS_pidfd_open, h->pid, 0);
+  if (h->pidfd >= 0)
+    fcntl(h->pidfd, F_SETFD, FD_CLOEXEC);
   h->started_ns = lynx_now_ns();
-  n = ah_recv(h->sock, hello, sizeof(*hello), NULL, AH_HELLO_MS);
-  if (n != (ssize_t)sizeof(*hello) || hello->type != AH_HELLO) {
-    char how[160];
-    if (n == -ETIMEDOUT)
-      kill(h->pid, SIGKILL);
-    reap(h, how, sizeof(how));
-    close(h->sock);
-    h->sock = -1;
-    snprintf(why, whylen, "its process %s while loading it",
-             n == -ETIMEDOUT ? "did not answer within 10 s" : how);
-    return n == -ETIMEDOUT ? -ETIMEDOUT : -ECHILD;
-  }
+  h->kill_why[0] = 0;
+  return 0;
+}
+
+/* A HELLO's texts, checked: 0, or -EPROTO with the reason in why. */
+static int hello_check(struct ah_hello *hello, char *why, size_t whylen) {
   hello->name[sizeof(hello->name) - 1] = 0;
   hello->help[sizeof(hello->help) - 1] = 0;
   hello->backend[sizeof(hello->backend) - 1] = 0;
   hello->reason[sizeof(hello->reason) - 1] = 0;
-  if (!hello->ok) {
-    char how[160];
-    close(h->sock); /* it exits */
-    h->sock = -1;
-    reap(h, how, sizeof(how));
-    snprintf(why, whylen, "%s", hello->reason);
-    return -EINVAL;
+  for (char *c = hello->help; *c; c++)
+    if ((unsigned char)*c < 0x20)
+      *c = ' '; /* shown on one line */
+  for (char *c = hello->reason; *c; c++)
+    if ((unsigned char)*c < 0x20)
+      *c = ' ';
+  if (!lynx_app_name_ok(hello->name) ||
+      (hello->backend[0] && !lynx_app_name_ok(hello->backend))) {
+    snprintf(why, whylen, "its process said no valid name");
+    return -EPROTO;
   }
-  watch_start(h);
   return 0;
+}
+
+/* host_exec, then its HELLO (before the loop runs: the agent's start). 0,
+ * or -errno with the reason in why (when the process refused the plug-in,
+ * hello says under which name, and why is its reason). */
+static int host_spawn(struct app_host *h, const char *want,
+                      struct ah_hello *hello, char *why, size_t whylen) {
+  ssize_t n;
+  int rc;
+  memset(hello, 0, sizeof(*hello));
+  rc = host_exec(h, want, why, whylen);
+  if (rc)
+    return rc;
+  n = ah_recv(h->sock, hello, sizeof(*hello), NULL,
+              lynx_now_ns() + (uint64_t)AH_HELLO_MS * 1000000u);
+  if (n != (ssize_t)sizeof(*hello) || hello->type != AH_HELLO) {
+    char how[160];
+    if (n > 0 || n == -ETIMEDOUT)
+      kill(-h->pid, SIGKILL), kill(h->pid, SIGKILL);
+    reap(h, how, sizeof(how));
+    close_proc(h);
+    snprintf(why, whylen, "its process %s while loading it",
+             n == -ETIMEDOUT ? "did not answer within 10 s"
+             : n > 0         ? "said something else than what it loaded"
+                             : how);
+    memset(hello, 0, sizeof(*hello));
+    return n == -ETIMEDOUT ? -ETIMEDOUT : -ECHILD;
+  }
+  if (hello->ok && hello_check(hello, why, whylen) == 0) {
+    h->state = AH_UP;
+    return 0;
+  }
+  if (!hello->ok) {
+    hello->reason[sizeof(hello->reason) - 1] = 0;
+    hello->name[sizeof(hello->name) - 1] = 0;
+    if (!lynx_app_name_ok(hello->name))
+      hello->name[0] = 0;
+    snprintf(why, whylen, "%s", hello->reason);
+  }
+  {
+    char how[160];
+    close_proc(h); /* it exits */
+    reap(h, how, sizeof(how));
+  }
+  return hello->ok ? -EPROTO : -EINVAL;
 }
 
 int agent_apphost_load(void *arg, const char *name, const char *path, char *why,
@@ -408,15 +564,12 @@ int agent_apphost_load(void *arg, const char *name, const char *path, char *why,
     return -ENOMEM;
   }
   h->ag = ag;
-  h->sock = -1;
+  h->sock = h->pidfd = -1;
   snprintf(h->path, sizeof(h->path), "%s", path);
   rc = host_spawn(h, name, &hello, reason, sizeof(reason));
   if (rc) {
     /* the process's own refusal names the app as it would have */
-    lynx_app_refuse(name                         ? name
-                    : !hello.ok && hello.name[0] ? hello.name
-                                                 : stem,
-                    reason);
+    lynx_app_refuse(name ? name : hello.name[0] ? hello.name : stem, reason);
     snprintf(why, whylen, "%s: %s", path, reason);
     free(h);
     return rc;
@@ -426,8 +579,7 @@ int agent_apphost_load(void *arg, const char *name, const char *path, char *why,
                            &lynx_accel_apphost, h, reason, sizeof(reason));
   if (rc) {
     snprintf(why, whylen, "%s: %s", path, reason);
-    watch_stop(h);
-    close(h->sock);
+    close_proc(h);
     reap(h, reason, sizeof(reason));
     free(h);
     return rc;
@@ -450,17 +602,6 @@ void agent_apphosts_start(struct agent *ag) {
   }
 }
 
-static void send_start(struct ah_inst *ai, char *why, size_t whylen, int *rc) {
-  *rc = ah_send(ai->h->sock, &ai->start, sizeof(ai->start), ai->region_fd,
-                ai->sh_fd);
-  if (*rc) {
-    snprintf(why, whylen, "cannot reach its process: %s", strerror(-*rc));
-    return;
-  }
-  *rc = ah_wait_reply(ai->h, AH_STARTED, ai->handle, AH_START_MS, why, whylen);
-  ai->running = *rc == 0;
-}
-
 static struct instance *instance_of(struct agent *ag, struct ah_inst *ai) {
   for (struct instance *in = ag->instances; in; in = in->next)
     if (in->run == &ai->base)
@@ -468,69 +609,123 @@ static struct instance *instance_of(struct agent *ag, struct ah_inst *ai) {
   return NULL;
 }
 
+/* An instance no process can serve: reported failed to the coordinator,
+ * which places it again with its backoff, and stopped here (its region
+ * freed). In static mode it waits for the next process. */
+static void inst_failed(struct app_host *h, struct ah_inst *ai,
+                        const char *why) {
+  struct agent *ag = h->ag;
+  struct instance *in = instance_of(ag, ai);
+  LYNX_ERR("agent", "application '%s': instance %llu not taken over: %s",
+           h->name, in ? (unsigned long long)in->id : 0ull, why);
+  if (in && ag->report_failed) {
+    ag->report_failed(ag, in->id, why);
+    agent_instance_stop(ag, in); /* unlinks ai (stop), frees it (put) */
+  }
+}
+
+/* The process that took over says it serves an instance (or cannot). */
+static void on_started(struct app_host *h, const struct ah_reply *r) {
+  for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
+    char why[330];
+    if (ai->handle != r->handle || !ai->starting)
+      continue;
+    ai->starting = 0;
+    if (!r->rc) {
+      ai->running = 1;
+      return;
+    }
+    memcpy(why, r->why, sizeof(r->why));
+    why[sizeof(r->why) - 1] = 0;
+    inst_failed(h, ai, why);
+    return;
+  }
+}
+
+/* The new process is up: it takes every instance over, without the loop
+ * waiting for any (the replies come to on_fd). */
+static void take_over(struct app_host *h) {
+  uint32_t n = 0;
+  h->state = AH_UP;
+  h->spawn_failures = 0;
+  if (h->timer_on)
+    uv_timer_stop(&h->restart);
+  __atomic_add_fetch(&h->restarts, 1, __ATOMIC_RELAXED);
+  for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
+    if (ai->running || ai->starting)
+      continue;
+    ai->start.resume = 1;
+    if (ah_send(h->sock, &ai->start, sizeof(ai->start), ai->region_fd,
+                ai->sh_fd)) {
+      host_kill(h, "it takes no request to take an instance over");
+      return;
+    }
+    ai->starting = 1;
+    n++;
+  }
+  LYNX_INFO("agent",
+            "application '%s': process %d takes over %u instance(s) "
+            "(restart %llu)",
+            h->name, (int)h->pid, n, (unsigned long long)h->restarts);
+}
+
+static void handle_msg(struct app_host *h, const void *buf, size_t n) {
+  uint32_t type;
+  if (n < sizeof(type))
+    return;
+  memcpy(&type, buf, sizeof(type));
+  if (type == AH_HELLO && n == sizeof(struct ah_hello) &&
+      h->state == AH_SPAWNING) {
+    struct ah_hello hello;
+    char why[LYNX_APP_REFUSAL_MAX + 64];
+    memcpy(&hello, buf, sizeof(hello));
+    if (!hello.ok || hello_check(&hello, why, sizeof(why)) ||
+        strcmp(hello.name, h->name)) {
+      snprintf(why, sizeof(why), "it no longer loads as '%s' (%.200s)", h->name,
+               hello.ok ? hello.name : hello.reason);
+      host_kill(h, why);
+      return;
+    }
+    take_over(h);
+  } else if (type == AH_STARTED && n == sizeof(struct ah_reply)) {
+    struct ah_reply r;
+    memcpy(&r, buf, sizeof(r));
+    on_started(h, &r);
+  } /* else: a late reply to a request that timed out (then killed) */
+}
+
+/* The HELLO of a new process did not come in time. */
+static void hello_late(uv_timer_t *t) {
+  struct app_host *h = t->data;
+  if (h->state == AH_SPAWNING)
+    host_kill(h, "it did not say what it loaded within 10 s");
+}
+
 static void restart_fired(uv_timer_t *t) {
   struct app_host *h = t->data;
-  struct agent *ag = h->ag;
-  struct ah_hello hello;
-  char why[512];
-  uint32_t n = 0, failed = 0;
-  int rc;
-  if (ag->stopping)
+  char why[320];
+  if (h->ag->stopping || h->state != AH_DOWN)
     return;
-  rc = host_spawn(h, h->name, &hello, why, sizeof(why));
-  if (!rc && strcmp(hello.name, h->name)) {
-    snprintf(why, sizeof(why), "it now defines '%s'", hello.name);
-    rc = -EINVAL;
-    watch_stop(h);
-    close(h->sock);
-    h->sock = -1;
-    reap(h, why + strlen(why), sizeof(why) - strlen(why));
-  }
-  if (rc) {
+  if (host_exec(h, h->name, why, sizeof(why))) {
     host_died(h, why); /* tried again later */
     return;
   }
-  __atomic_add_fetch(&h->restarts, 1, __ATOMIC_RELAXED);
-  for (struct ah_inst *ai = h->insts, *nx; ai; ai = nx) {
-    nx = ai->next;
-    if (ai->running)
-      continue;
-    ai->start.resume = 1;
-    send_start(ai, why, sizeof(why), &rc);
-    n++;
-    if (rc) {
-      struct instance *in = instance_of(ag, ai);
-      failed++;
-      LYNX_ERR("agent", "application '%s': instance %llu not taken over: %s",
-               h->name, in ? (unsigned long long)in->id : 0ull, why);
-      if (rc == -EPIPE)
-        break; /* the new process died too: its watch restarts it */
-      if (in && ag->report_failed) {
-        ag->report_failed(ag, in->id, why);
-        agent_instance_stop(ag, in); /* unlinks ai (stop), frees it (put) */
-      }
-    }
-  }
-  LYNX_INFO("agent",
-            "application '%s': process %d took over %u instance(s)%s "
-            "(restart %llu)",
-            h->name, (int)h->pid, n - failed, failed ? ", some failed" : "",
-            (unsigned long long)h->restarts);
+  h->state = AH_SPAWNING;
+  watch_start(h);
+  uv_timer_start(&h->restart, hello_late, AH_HELLO_MS, 0);
 }
 
-/* The process is gone (how: why it could not be started again; NULL: its
- * socket closed): what its instances had in hand is dropped, and a new one
- * is started after the backoff. */
+/* The process is gone (how: why it could not be started; NULL: it ended):
+ * what its instances had in hand is dropped, and a new one is started
+ * after the backoff; after AH_SPAWN_TRIES new processes that never came
+ * up, the instances are reported failed. */
 static void host_died(struct app_host *h, const char *how) {
   struct agent *ag = h->ag;
   char death[160];
   uint64_t lost = 0, backoff, now = lynx_now_ns();
   uint32_t n = 0;
-  watch_stop(h);
-  if (h->sock >= 0) {
-    close(h->sock);
-    h->sock = -1;
-  }
+  int never_up = h->state != AH_UP;
+  close_proc(h);
   if (how)
     snprintf(death, sizeof(death), "could not be started again: %.100s", how);
   else if (h->pid)
@@ -540,11 +735,12 @@ static void host_died(struct app_host *h, const char *how) {
   if (h->kill_why[0] && !how)
     snprintf(death, sizeof(death), "was killed: %.140s", h->kill_why);
   h->kill_why[0] = 0;
+  h->state = AH_DOWN;
   for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
-    if (!ai->running)
+    if (!ai->running && !ai->starting)
       continue;
-    ai->running = 0;
-    lost += lynx_cpu_accel_drop_taken(ai->region, ai->start.n_server,
+    ai->running = ai->starting = 0;
+    lost += lynx_cpu_accel_drop_taken(ai->region, &ai->g, ai->start.n_server,
                                       ai->sh->taken);
     n++;
   }
@@ -555,6 +751,7 @@ static void host_died(struct app_host *h, const char *how) {
   if (backoff > AH_BACKOFF_MAX_MS)
     backoff = AH_BACKOFF_MAX_MS;
   h->deaths++;
+  h->spawn_failures += never_up;
   snprintf(h->last_death, sizeof(h->last_death), "%s", death);
   LYNX_ERR("agent",
            "application '%s': its process %s; %u instance(s) lost %llu "
@@ -562,6 +759,11 @@ static void host_died(struct app_host *h, const char *how) {
            "process in %llu ms",
            h->name, death, n, (unsigned long long)lost,
            (unsigned long long)backoff);
+  if (h->spawn_failures >= AH_SPAWN_TRIES)
+    for (struct ah_inst *ai = h->insts, *nx; ai; ai = nx) {
+      nx = ai->next;
+      inst_failed(h, ai, death);
+    }
   if (h->timer_on && !ag->stopping)
     uv_timer_start(&h->restart, restart_fired, backoff, 0);
 }
@@ -570,23 +772,22 @@ int agent_apphost_hung(struct agent *ag, struct instance *in,
                        uint64_t stall_ms) {
   struct ah_inst *ai;
   struct app_host *h;
+  char why[160];
   (void)ag;
   if (!in->run || in->run->ops != &lynx_accel_apphost)
     return 0;
   ai = container_of(in->run, struct ah_inst, base);
   h = ai->h;
+  /* taken over soon (its process is being restarted): not a stall yet;
+   * never taken over since (a process that cannot come up): a stall */
   if (!ai->running || !h->pid)
-    return 1;
-  if (!h->kill_why[0]) {
-    snprintf(h->kill_why, sizeof(h->kill_why),
-             "it hung: instance %llu (%s) had a request pending %llu ms "
-             "(--stall-ms)",
-             (unsigned long long)in->id, in->service,
-             (unsigned long long)stall_ms);
-    LYNX_ERR("agent", "application '%s': %s: its process %d is killed", h->name,
-             h->kill_why, (int)h->pid);
-    kill(h->pid, SIGKILL);
-  }
+    return h->state != AH_DOWN || stall_ms < AH_BACKOFF_MAX_MS + AH_HELLO_MS;
+  snprintf(why, sizeof(why),
+           "it hung: instance %llu (%s) had a request pending %llu ms "
+           "(--stall-ms)",
+           (unsigned long long)in->id, in->service,
+           (unsigned long long)stall_ms);
+  host_kill(h, why);
   return 1;
 }
 
@@ -595,7 +796,8 @@ void agent_apphosts_quiesce(struct agent *ag) {
     if (h->timer_on)
       uv_close((uv_handle_t *)&h->restart, NULL);
     h->timer_on = 0;
-    watch_stop(h);
+    watch_off(&h->sw);
+    watch_off(&h->pw);
   }
 }
 
@@ -604,10 +806,11 @@ void agent_apphosts_stop(struct agent *ag) {
     struct app_host *h = ag->apphosts;
     char how[160];
     ag->apphosts = h->next;
-    if (h->sock >= 0) {
+    if (h->sock >= 0)
       close(h->sock); /* it exits on the end of its socket */
-      h->sock = -1;
-    }
+    if (h->pidfd >= 0)
+      close(h->pidfd);
+    h->sock = h->pidfd = -1;
     if (h->pid)
       reap(h, how, sizeof(how));
     free(h);
@@ -680,7 +883,7 @@ static int ah_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   size_t shsize;
   int rc;
   *out = NULL;
-  if (h->sock < 0) {
+  if (h->state != AH_UP) {
     snprintf(why, whylen,
              "application '%s': its process is being started again after it "
              "%s",
@@ -709,8 +912,18 @@ static int ah_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   ai->handle = ++next_handle;
   ai->region = l->region;
   ai->region_fd = r->fd;
-  ai->sh_fd = memfd_create("lynx-app-instance", MFD_CLOEXEC);
+  if (lynx_geom_init(&ai->g, l->n_mqueues, l->slots, l->slot_size,
+                     l->large_bytes)) {
+    snprintf(why, whylen, "invalid geometry");
+    free(ai);
+    return -EINVAL;
+  }
+  /* sealed at its size: the process cannot shrink what the agent reads */
+  ai->sh_fd =
+      memfd_create("lynx-app-instance", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (ai->sh_fd < 0 || ftruncate(ai->sh_fd, (off_t)shsize) ||
+      fcntl(ai->sh_fd, F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ||
       (ai->sh = mmap(NULL, shsize, PROT_READ | PROT_WRITE, MAP_SHARED,
                      ai->sh_fd, 0)) == MAP_FAILED) {
     rc = -errno;
@@ -742,7 +955,16 @@ static int ah_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   for (uint32_t k = 0; k < l->n_backends && k < LYNX_BACKENDS_MAX; k++)
     snprintf(ai->start.backends[k], sizeof(ai->start.backends[k]), "%s",
              l->backends[k]);
-  send_start(ai, why, whylen, &rc);
+  /* the agent waits for it, bounded, as it waits for a built-in's start */
+  rc =
+      ah_send(h->sock, &ai->start, sizeof(ai->start), ai->region_fd, ai->sh_fd);
+  if (rc) {
+    snprintf(why, whylen, "cannot reach its process: %s", strerror(-rc));
+    host_kill(h, "it takes no request to start an instance");
+  } else {
+    rc = ah_wait_reply(h, AH_STARTED, ai->handle, AH_START_MS, why, whylen);
+  }
+  ai->running = rc == 0;
   if (rc) {
     munmap(ai->sh, shsize);
     close(ai->sh_fd);
@@ -790,25 +1012,20 @@ static int ah_stop(struct lynx_accel_inst *in) {
   struct app_host *h = ai->h;
   struct ah_stop m = {AH_STOP, ai->handle};
   char why[320];
-  int rc;
   for (struct ah_inst **pp = &h->insts; *pp; pp = &(*pp)->next)
     if (*pp == ai) {
       *pp = ai->next;
       break;
     }
-  if (!ai->running || h->sock < 0)
+  if ((!ai->running && !ai->starting) || h->state != AH_UP)
     return 0;
-  ai->running = 0;
-  rc = ah_send(h->sock, &m, sizeof(m), -1, -1);
-  if (!rc)
-    rc = ah_wait_reply(h, AH_STOPPED, ai->handle, AH_STOP_MS, why, sizeof(why));
-  if (rc == -ETIMEDOUT && h->pid) {
-    LYNX_ERR("agent",
-             "application '%s': its process did not stop an instance within "
-             "%d ms: killed",
-             h->name, AH_STOP_MS);
-    kill(h->pid, SIGKILL);
-  }
+  ai->running = ai->starting = 0;
+  /* a process that does not stop it in time is killed (ah_wait_reply) */
+  if (ah_send(h->sock, &m, sizeof(m), -1, -1))
+    host_kill(h, "it takes no request to stop an instance");
+  else
+    (void)ah_wait_reply(h, AH_STOPPED, ai->handle, AH_STOP_MS, why,
+                        sizeof(why));
   return 0;
 }
 
@@ -848,27 +1065,8 @@ struct child_inst {
   struct child_inst *next;
 };
 
-/* A new process takes over after one that died: the frontends first read
- * every answer the old one published, so that the TX rings' large areas
- * are empty when it starts allocating in them afresh (lynx_mq_bind). */
-static void wait_tx_read(uint8_t *region) {
-  const struct lynx_region_hdr *hd = (const struct lynx_region_hdr *)region;
-  uint64_t end = lynx_now_ns() + (uint64_t)AH_DRAIN_MS * 1000000u;
-  struct lynx_geom g;
-  if (lynx_geom_init(&g, hd->n_mqueues, hd->slots, hd->slot_size,
-                     hd->large_bytes))
-    return;
-  for (uint32_t q = 0; q < g.n_mqueues; q++) {
-    struct lynx_mq mq;
-    lynx_mq_bind(&mq, region, &g, q);
-    while (lynx_load_acquire32(&mq.fctrl->tx_cons) != mq.tx_prod &&
-           lynx_now_ns() < end)
-      usleep(1000);
-  }
-}
-
 static int child_start(const struct lynx_app *app, const struct ah_start *s,
-                       const int *fds, struct child_inst **list, char *why,
+                       int *fds, struct child_inst **list, char *why,
                        size_t whylen) {
   const char *bn[LYNX_BACKENDS_MAX];
   struct child_inst *c = calloc(1, sizeof(*c));
@@ -909,8 +1107,6 @@ static int child_start(const struct lynx_app *app, const struct ah_start *s,
                       s->n_backends, &c->state, why, whylen);
   if (rc)
     goto fail;
-  if (s->resume)
-    wait_tx_read(c->region);
   c->a.region = c->region;
   c->a.app = app;
   c->a.app_state = c->state;
@@ -924,6 +1120,7 @@ static int child_start(const struct lynx_app *app, const struct ah_start *s,
   c->a.serve_until = &c->sh->serve_until;
   c->a.threads_mem = c->sh->threads;
   c->a.taken = c->sh->taken;
+  c->a.resume = (int)s->resume;
   /* the threads' counters go on from where the last process left them */
   rc = lynx_cpu_accel_start(&c->a);
   if (rc) {
@@ -963,11 +1160,13 @@ int agent_app_host_main(int argc, char **argv) {
   const struct lynx_app *app = NULL, *a;
   char why[512];
   const char *name, *rname, *reason;
-  if (argc != 5)
+  if (argc != 6)
     return 2;
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with its agent */
-  if (getppid() == 1)
-    return 1;
+  if (getppid() != (pid_t)atoi(argv[5]))
+    return 1; /* it is gone already */
+  /* its socket is its own: nothing it starts inherits it */
+  fcntl(AH_FD, F_SETFD, FD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
   lynx_log_level = atoi(argv[4]);
   name = argv[3][0] ? argv[3] : NULL;
@@ -989,12 +1188,12 @@ int agent_app_host_main(int argc, char **argv) {
     snprintf(hello.name, sizeof(hello.name), "%s", rname);
     snprintf(hello.reason, sizeof(hello.reason), "%s", reason);
   }
-  if (ah_send(AH_FD, &hello, sizeof(hello), -1, -1) || !app)
+  if (ah_send_how(AH_FD, &hello, sizeof(hello), -1, -1, 1) || !app)
     return 0;
   for (;;) {
     struct ah_reply r = {0};
     int fds[2];
-    ssize_t n = ah_recv(AH_FD, &m, sizeof(m), fds, -1);
+    ssize_t n = ah_recv(AH_FD, &m, sizeof(m), fds, 0);
     if (n <= 0)
       break; /* the agent is gone, or stops us */
     if (m.type == AH_START && (size_t)n == sizeof(m.start) && fds[0] >= 0 &&
@@ -1022,7 +1221,7 @@ int agent_app_host_main(int argc, char **argv) {
     for (int i = 0; i < 2; i++)
       if (fds[i] >= 0)
         close(fds[i]);
-    if (ah_send(AH_FD, &r, sizeof(r), -1, -1))
+    if (ah_send_how(AH_FD, &r, sizeof(r), -1, -1, 1))
       break;
   }
   while (list) {

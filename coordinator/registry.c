@@ -299,7 +299,8 @@ void lynx_reg_node_refused(struct lynx_registry *r, const char *id,
     return;
   if (n > LYNX_REFUSED_APPS_MAX)
     n = LYNX_REFUSED_APPS_MAX;
-  memcpy(nd->refused_apps, ref, n * sizeof(*ref));
+  if (n)
+    memcpy(nd->refused_apps, ref, n * sizeof(*ref));
   nd->n_refused_apps = n;
 }
 
@@ -311,9 +312,11 @@ void lynx_reg_node_app_faults(struct lynx_registry *r, const char *id,
   if (n > LYNX_APP_FAULTS_MAX)
     n = LYNX_APP_FAULTS_MAX;
   if (nd->n_app_faults != n ||
-      memcmp(nd->app_faults, f, n * sizeof(*f))) /* shown: a new version */
+      (n && memcmp(nd->app_faults, f, n * sizeof(*f)))) /* shown: a new
+                                                         * version */
     r->version++;
-  memcpy(nd->app_faults, f, n * sizeof(*f));
+  if (n)
+    memcpy(nd->app_faults, f, n * sizeof(*f));
   nd->n_app_faults = n;
 }
 

@@ -98,10 +98,15 @@ int lynx_region_map_served(struct lynx_region *r,
     /* a memory file: shared with a plug-in's process by its fd
      * (agent/apphost.c), private to the agent otherwise; pages are
      * touched only when used, as with anonymous memory */
-    int fd = memfd_create(r->name[0] ? r->name : "lynx-region", MFD_CLOEXEC), e;
+    int fd = memfd_create(r->name[0] ? r->name : "lynx-region",
+                          MFD_CLOEXEC | MFD_ALLOW_SEALING),
+        e;
     if (fd < 0)
       return -errno;
-    if (ftruncate(fd, (off_t)lynx_align_up(size, 4096)) != 0) {
+    /* sealed at its size: a process it is shared with cannot shrink it
+     * under the agent (a SIGBUS at its next access) */
+    if (ftruncate(fd, (off_t)lynx_align_up(size, 4096)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
       e = -errno;
       close(fd);
       return e;

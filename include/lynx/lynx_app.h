@@ -81,6 +81,8 @@ struct lynx_app_host {
 /* What every call of handle gets: one per instance, shared by its
  * threads, read-only. */
 struct lynx_app_ctx {
+  uint32_t size;            /* sizeof(struct lynx_app_ctx) as the agent
+                               built it: fields past it are absent */
   void *state;              /* what start set (NULL: it has no start) */
   const volatile int *stop; /* nonzero once the instance is stopping: a
                                handler that waits long checks it */
@@ -131,11 +133,15 @@ struct lynx_app_def {
                 const struct lynx_app_ctx *ctx);
   /* After the instance's last request (NULL: nothing): frees state. */
   void (*stop)(void *state);
+  /* sizeof(struct lynx_mq) as built: the inline I/O functions work on it,
+   * so an agent refuses a plug-in whose headers lay it out otherwise */
+  uint32_t mq_size;
 };
 
-/* The first two fields of a definition, for the SDK's version. */
+/* The fields of a definition that say which SDK it was built with. */
 #define LYNX_APP_DEF_HEAD                                                      \
-  .abi_version = LYNX_APP_ABI_VERSION, .size = sizeof(struct lynx_app_def)
+  .abi_version = LYNX_APP_ABI_VERSION, .size = sizeof(struct lynx_app_def),    \
+  .mq_size = sizeof(struct lynx_mq)
 
 typedef const struct lynx_app_def *(*lynx_app_entry_fn)(void);
 

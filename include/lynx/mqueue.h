@@ -583,6 +583,36 @@ LYNX_HD int lynx_mq_rx_ready(const struct lynx_mq *mq) {
   return lynx_load_acquire32(&meta->seq) == lynx_seq_for(mq->rx_head);
 }
 
+/* A producer that takes a mqueue over from one that left it (a plug-in's
+ * new process, agent/apphost.c), right after lynx_mq_bind: its TX large
+ * area as the answers not yet read, [tx_cons, tx_prod), hold it, so that
+ * new answers are placed after theirs and never over them. */
+LYNX_HD void lynx_mq_tx_resume(struct lynx_mq *mq) {
+  int any = 0;
+  mq->tx_la.head = mq->tx_la.tail = 0;
+  mq->tx_lscan = mq->tx_cons;
+  if (mq->tx_prod - mq->tx_cons > mq->slots) { /* a bad index */
+    mq->tx_lscan = mq->tx_prod;
+    return;
+  }
+  for (uint32_t pos = mq->tx_cons; pos != mq->tx_prod; pos++) {
+    struct lynx_slot_meta *meta = lynx_mq_meta(mq->tx, mq->slot_size, mq->slots,
+                                               pos),
+                          mv;
+    struct lynx_large_ref ref;
+    lynx_meta_load(meta, &mv);
+    if (!(mv.status & LYNX_ST_LARGE))
+      continue;
+    lynx_ref_load((const struct lynx_large_ref *)lynx_meta_payload(
+                      meta, mq->slot_size, mv.off16),
+                  &ref);
+    if (!any)
+      mq->tx_la.tail = ref.end - lynx_large_end(0, ref.len);
+    mq->tx_la.head = ref.end;
+    any = 1;
+  }
+}
+
 /* Frees the TX large area of the large slots the frontend consumed since
  * the last look: call after reading tx_cons. Reads back the references in
  * this mqueue's own TX slots, which stay until tx_prod laps them (only

@@ -130,7 +130,7 @@ if [[ $FLAVOR == plain ]]; then
 else # the sanitizers catch the fault and exit
   assert_log "$AGENT_LOG" "application 'crashy': its process " "the agent says crashy's process died"
 fi
-[[ $(grep -c "application 'crashy': process [0-9]* took over 1 instance(s)" "$AGENT_LOG") == 3 ]] ||
+[[ $(grep -c "application 'crashy': process [0-9]* takes over 1 instance(s)" "$AGENT_LOG") == 3 ]] ||
   it_check_failed "no new process took crashy's instance over after each death"
 # the others
 assert_str "$(grep '^kv ok' "$IT_DIR/kv.out")" "kv ok 600 bad 0" "kv: every answer right through crashy's deaths"
@@ -214,7 +214,7 @@ for i in range(n):
         pass
 print(got)
 PY
-takeovers=$(grep -c "application 'crashy': process [0-9]* took over" "$AGENT_LOG")
+takeovers=$(grep -c "application 'crashy': process [0-9]* takes over" "$AGENT_LOG")
 # three requests: the third holds the instance's thread
 python3 "$IT_DIR/ask.py" "$P_HANG" h 3 0.4 >"$IT_DIR/hang-before.out" &
 HP=$!
