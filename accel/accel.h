@@ -79,6 +79,9 @@ struct lynx_accel_launch {
   const struct lynx_app *app;
   const char *service;    /* the service's name */
   const char *app_config; /* its app configuration ("" or NULL: none) */
+  /* 1: start may return 1 (started, the app's own start still running:
+   * the backend says how it ended through the agent's hook; apphost.c) */
+  int async_ok;
   void *app_state; /* the app's start's (lynx_app_start), for its ctx (the
                       CPU backend; a GPU kernel gets its own copy) */
   /* mqueues [0, n_server) are server mqueues; the rest are client

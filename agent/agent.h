@@ -59,6 +59,9 @@ struct instance {
   struct mq_watch *watch; /* one per server mqueue */
   const struct lynx_app *app;
   void *app_state; /* its start's (lynx_app_start), for its stop */
+  /* its app's start still runs elsewhere (a plug-in's process): not ready,
+   * not registered, until agent_instance_started */
+  int pending;
   int running;
   struct instance *next;
 };
@@ -117,6 +120,8 @@ struct agent {
   /* tells the coordinator that an instance failed (link.c sets it when it
    * starts: agent_link_instance_failed; NULL in static mode) */
   void (*report_failed)(struct agent *ag, uint64_t id, const char *why);
+  /* tells the coordinator that a pending instance is ready (link.c) */
+  void (*report_ready)(struct agent *ag, struct instance *in);
   uv_signal_t sigint, sigterm;
   int stopping, exit_code;
   /* A signal under a coordinator drains before stopping (main.c,
@@ -206,6 +211,10 @@ struct instance_req {
 int agent_instance_start(struct agent *ag, const struct instance_req *q,
                          struct instance **out, char *why, size_t whylen);
 void agent_instance_stop(struct agent *ag, struct instance *in);
+/* A pending instance's start ended: ready (rc 0, reported), or failed
+ * with why (reported, and the instance stopped). */
+void agent_instance_started(struct agent *ag, struct instance *in, int rc,
+                            const char *why);
 /* The descriptor of an instance as advertised on control connection ctl:
  * a wildcard host in the locator becomes --advertise or the address ctl
  * is bound to. loc (LYNX_LOCATOR_MAX bytes) holds the locator pb points

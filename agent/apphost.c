@@ -63,8 +63,9 @@ extern char **environ;
 
 #define AH_FD 3           /* the socket, in the process */
 #define AH_HELLO_MS 10000 /* a process's load, at most */
-/* an instance's first start (the app's start; the agent waits for it, as
- * for a built-in's), and its stop: past them the process is killed */
+/* an instance's start (the app's start: waited for in static mode only;
+ * under a coordinator its reply is an event) and its stop: past them the
+ * process is killed */
 #define AH_START_MS 5000
 #define AH_STOP_MS 2000
 #define AH_SPAWN_TRIES 3       /* new processes that never come up: give up */
@@ -157,11 +158,14 @@ struct ah_inst {
   struct ah_start start; /* kept: sent again to a new process */
   uint8_t *region;       /* the agent's mapping */
   struct lynx_geom g;    /* its geometry, the agent's (never the header's) */
+  struct lynx_region_hdr hdr; /* its header as started: restored when a
+                                 process that died wrote over it */
   int region_fd;
   struct ah_shared *sh;
   int sh_fd;
-  int running;  /* the current process serves it */
-  int starting; /* a START (takeover) sent, its reply not in yet */
+  int running;                /* the current process serves it */
+  int starting;               /* a START sent, its reply not in yet */
+  uint64_t start_ns;          /* when (the deadline is AH_START_MS later) */
   struct lynx_cpu_accel view; /* threads and n_threads over sh, for counters */
   struct ah_inst *next;
 };
@@ -627,19 +631,49 @@ static void inst_failed(struct app_host *h, struct ah_inst *ai,
 /* The process that took over says it serves an instance (or cannot). */
 static void on_started(struct app_host *h, const struct ah_reply *r) {
   for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
+    struct instance *in;
     char why[330];
     if (ai->handle != r->handle || !ai->starting)
       continue;
     ai->starting = 0;
-    if (!r->rc) {
-      ai->running = 1;
-      return;
-    }
+    ai->running = r->rc == 0;
     memcpy(why, r->why, sizeof(r->why));
     why[sizeof(r->why) - 1] = 0;
-    inst_failed(h, ai, why);
+    if (ai->running)
+      memcpy(&ai->hdr, ai->region, sizeof(ai->hdr));
+    in = instance_of(h->ag, ai);
+    if (in && in->pending) /* its first start: ready, or failed */
+      agent_instance_started(h->ag, in, r->rc, why);
+    else if (r->rc)
+      inst_failed(h, ai, why);
     return;
   }
+}
+
+/* Every second while starts are out: one past AH_START_MS is a process
+ * that hangs in the application's start. */
+static void start_watch(uv_timer_t *t) {
+  struct app_host *h = t->data;
+  uint64_t now = lynx_now_ns();
+  int out = 0;
+  if (h->state != AH_UP)
+    return;
+  for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
+    if (!ai->starting)
+      continue;
+    out = 1;
+    if (now - ai->start_ns > (uint64_t)AH_START_MS * 1000000u) {
+      host_kill(h, "an instance's start took longer than 5 s");
+      return;
+    }
+  }
+  if (!out)
+    uv_timer_stop(&h->restart);
+}
+
+static void watch_starts(struct app_host *h) {
+  if (h->timer_on && !uv_is_active((uv_handle_t *)&h->restart))
+    uv_timer_start(&h->restart, start_watch, 1000, 1000);
 }
 
 /* The new process is up: it takes every instance over, without the loop
@@ -661,8 +695,11 @@ static void take_over(struct app_host *h) {
       return;
     }
     ai->starting = 1;
+    ai->start_ns = lynx_now_ns();
     n++;
   }
+  if (n)
+    watch_starts(h);
   LYNX_INFO("agent",
             "application '%s': process %d takes over %u instance(s) "
             "(restart %llu)",
@@ -740,6 +777,14 @@ static void host_died(struct app_host *h, const char *how) {
     if (!ai->running && !ai->starting)
       continue;
     ai->running = ai->starting = 0;
+    /* frontends and the next process read the header: the agent's own */
+    if (memcmp(ai->region, &ai->hdr, sizeof(ai->hdr))) {
+      LYNX_WARN("agent",
+                "application '%s': its process wrote over a region's "
+                "header (%s): restored",
+                h->name, ai->start.service);
+      memcpy(ai->region, &ai->hdr, sizeof(ai->hdr));
+    }
     lost += lynx_cpu_accel_drop_taken(ai->region, &ai->g, ai->start.n_server,
                                       ai->sh->taken);
     n++;
@@ -759,6 +804,17 @@ static void host_died(struct app_host *h, const char *how) {
            "process in %llu ms",
            h->name, death, n, (unsigned long long)lost,
            (unsigned long long)backoff);
+  /* an instance whose first start never ended is not taken over: it
+   * failed (its start may be what kills the process) */
+  for (struct ah_inst *ai = h->insts, *nx; ai; ai = nx) {
+    struct instance *in = instance_of(ag, ai);
+    char why[200];
+    nx = ai->next;
+    if (!in || !in->pending)
+      continue;
+    snprintf(why, sizeof(why), "its process %s while starting it", death);
+    agent_instance_started(ag, in, -EPIPE, why);
+  }
   if (h->spawn_failures >= AH_SPAWN_TRIES)
     for (struct ah_inst *ai = h->insts, *nx; ai; ai = nx) {
       nx = ai->next;
@@ -955,16 +1011,27 @@ static int ah_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   for (uint32_t k = 0; k < l->n_backends && k < LYNX_BACKENDS_MAX; k++)
     snprintf(ai->start.backends[k], sizeof(ai->start.backends[k]), "%s",
              l->backends[k]);
-  /* the agent waits for it, bounded, as it waits for a built-in's start */
   rc =
       ah_send(h->sock, &ai->start, sizeof(ai->start), ai->region_fd, ai->sh_fd);
   if (rc) {
     snprintf(why, whylen, "cannot reach its process: %s", strerror(-rc));
     host_kill(h, "it takes no request to start an instance");
-  } else {
+  } else if (l->async_ok) {
+    /* its reply comes to on_fd (agent_instance_started), within
+     * AH_START_MS or the process is killed (start_watch) */
+    ai->starting = 1;
+    ai->start_ns = lynx_now_ns();
+    ai->next = h->insts;
+    h->insts = ai;
+    *out = &ai->base;
+    watch_starts(h);
+    return 1;
+  } else { /* static mode: waited for, before the agent serves anything */
     rc = ah_wait_reply(h, AH_STARTED, ai->handle, AH_START_MS, why, whylen);
   }
   ai->running = rc == 0;
+  if (!rc)
+    memcpy(&ai->hdr, ai->region, sizeof(ai->hdr));
   if (rc) {
     munmap(ai->sh, shsize);
     close(ai->sh_fd);

@@ -90,6 +90,8 @@ static int start_run(struct agent *ag, struct instance *in,
       .app = app,
       .service = in->service,
       .app_config = config,
+      /* under a coordinator a plug-in's start is not waited for */
+      .async_ok = ag->report_ready != NULL,
       .n_mqueues = g->n_mqueues,
       .n_server = in->n_server,
       .slots = g->slots,
@@ -127,6 +129,10 @@ static int start_run(struct agent *ag, struct instance *in,
     l.region = in->region.base;
   }
   rc = ops->start(&l, &in->region, &in->run, why, whylen);
+  if (rc == 1) { /* started; the app's start ends later */
+    in->pending = 1;
+    return 0;
+  }
   if (rc && !acc->own_memory)
     ag->tops->region_free(&in->region);
   if (!rc)
@@ -368,6 +374,28 @@ void agent_instance_stop(struct agent *ag, struct instance *in) {
   free(in->backends);
   free(in->watch);
   free(in);
+}
+
+void agent_instance_started(struct agent *ag, struct instance *in, int rc,
+                            const char *why) {
+  if (!in->pending)
+    return;
+  in->pending = 0;
+  if (!rc) {
+    LYNX_INFO("agent", "%s: instance %llu (%s): its application started",
+              ag->node_id, (unsigned long long)in->id, in->service);
+    if (ag->report_ready)
+      ag->report_ready(ag, in);
+    return;
+  }
+  LYNX_ERR("agent", "%s: instance %llu (%s): %s", ag->node_id,
+           (unsigned long long)in->id, in->service, why);
+  if (ag->report_failed) {
+    char msg[400];
+    snprintf(msg, sizeof(msg), "cannot start on accel %u: %s", in->accel, why);
+    ag->report_failed(ag, in->id, msg);
+  }
+  agent_instance_stop(ag, in);
 }
 
 void agent_instances_stop_all(struct agent *ag) {

@@ -178,6 +178,8 @@ static void new_incarnation(struct coord_link *l, const char *why) {
   agent_instances_stop_all(ag);
 }
 
+static void link_instance_ready(struct agent *ag, struct instance *in);
+
 static void send_env(struct coord_link *l, Lynx__Envelope *env) {
   if (l->d.ctl && lynx_ctl_send(l->d.ctl, env))
     lynx_ctl_close(l->d.ctl, "cannot queue a message to the coordinator");
@@ -403,8 +405,9 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
   struct instance *in = agent_instance_find(ag, s->instance_id);
   char why[320];
   int rc;
-  if (in) { /* a repeated request: it runs already */
-    reply_instance(l, s->instance_id, in, NULL);
+  if (in) {           /* a repeated request: it runs already */
+    if (!in->pending) /* else its start's end says it */
+      reply_instance(l, s->instance_id, in, NULL);
     return;
   }
   if (ag->leaving) { /* sent before the coordinator read our Leave */
@@ -476,7 +479,8 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
       return;
     }
   }
-  reply_instance(l, s->instance_id, in, NULL);
+  if (!in->pending) /* else when its application's start ends */
+    reply_instance(l, s->instance_id, in, NULL);
 }
 
 /* Leave, asking for a drain first when drain. */
@@ -721,6 +725,7 @@ int agent_link_start(struct agent *ag, const struct agent_link_hooks *hooks) {
   l->fence.data = l;
   ag->link = l;
   ag->report_failed = agent_link_instance_failed;
+  ag->report_ready = link_instance_ready;
   lynx_dialer_connect(&l->d);
   return 0;
 }
@@ -742,6 +747,12 @@ void agent_link_instance_failed(struct agent *ag, uint64_t id,
   struct coord_link *l = ag->link;
   if (l && l->state == LINK_REGISTERED && l->d.ctl)
     reply_instance(l, id, NULL, why);
+}
+
+static void link_instance_ready(struct agent *ag, struct instance *in) {
+  struct coord_link *l = ag->link;
+  if (l && l->state == LINK_REGISTERED && l->d.ctl)
+    reply_instance(l, in->id, in, NULL);
 }
 
 int agent_link_leave_drained(struct agent *ag) {
