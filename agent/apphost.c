@@ -83,16 +83,22 @@ struct ah_hello {
   char reason[LYNX_APP_REFUSAL_MAX];
 };
 
+/* Sent up to its configuration's NUL (ah_start_len): most are small. */
 struct ah_start {
   uint32_t type, resume; /* resume: a new process takes the instance over */
   uint64_t handle;       /* the agent's name for the instance */
   uint64_t region_size, shared_size;
   uint32_t n_server, work_us, work_sleep, spin_us, n_threads, accel_id;
   char service[LYNX_ID_MAX];
-  char config[LYNX_APP_CONFIG_MAX];
   uint32_t n_backends;
   char backends[LYNX_BACKENDS_MAX][LYNX_BACKEND_NAME_MAX];
+  char config[LYNX_APP_CONFIG_MAX]; /* last */
 };
+
+static size_t ah_start_len(const struct ah_start *s) {
+  return offsetof(struct ah_start, config) +
+         strnlen(s->config, sizeof(s->config) - 1) + 1;
+}
 
 struct ah_reply {
   uint32_t type;
@@ -163,9 +169,15 @@ struct ah_inst {
   int region_fd;
   struct ah_shared *sh;
   int sh_fd;
-  int running;                /* the current process serves it */
-  int starting;               /* a START sent, its reply not in yet */
-  uint64_t start_ns;          /* when (the deadline is AH_START_MS later) */
+  int running;  /* the current process serves it */
+  int starting; /* a START sent, its reply not in yet */
+  int to_start; /* a START to send (the socket was full, or a retry) */
+  /* when it was sent (the deadline is AH_START_MS later), or when it is
+   * to be sent (to_start) */
+  uint64_t start_ns;
+  uint32_t start_deaths;   /* processes that died while starting it */
+  uint32_t start_refusals; /* static mode: takeovers its start refused */
+  int hdr_valid;
   struct lynx_cpu_accel view; /* threads and n_threads over sh, for counters */
   struct ah_inst *next;
 };
@@ -258,6 +270,8 @@ static ssize_t ah_recv(int sock, void *buf, size_t len, int *fds,
 
 static void host_died(struct app_host *h, const char *how);
 static void handle_msg(struct app_host *h, const void *buf, size_t n);
+static void watch_starts(struct app_host *h);
+static void pump_starts(struct app_host *h);
 
 /* The process is at fault (it did not answer, sent garbage, closed its
  * socket): killed with its children, and host_died follows when its pidfd
@@ -625,6 +639,16 @@ static void inst_failed(struct app_host *h, struct ah_inst *ai,
   if (in && ag->report_failed) {
     ag->report_failed(ag, in->id, why);
     agent_instance_stop(ag, in); /* unlinks ai (stop), frees it (put) */
+    return;
+  }
+  /* static mode: nobody to place it again; tried again, 1 s doubling to
+   * 30 s (start_watch sends it when due) */
+  {
+    uint64_t ms = 1000ull << (ai->start_refusals < 5 ? ai->start_refusals : 5);
+    ai->start_refusals++;
+    ai->to_start = 1;
+    ai->start_ns = lynx_now_ns() + (ms > 30000 ? 30000 : ms) * 1000000u;
+    watch_starts(h);
   }
 }
 
@@ -639,13 +663,14 @@ static void on_started(struct app_host *h, const struct ah_reply *r) {
     ai->running = r->rc == 0;
     memcpy(why, r->why, sizeof(r->why));
     why[sizeof(r->why) - 1] = 0;
-    if (ai->running)
-      memcpy(&ai->hdr, ai->region, sizeof(ai->hdr));
     in = instance_of(h->ag, ai);
     if (in && in->pending) /* its first start: ready, or failed */
       agent_instance_started(h->ag, in, r->rc, why);
     else if (r->rc)
       inst_failed(h, ai, why);
+    else
+      ai->start_deaths = ai->start_refusals = 0;
+    pump_starts(h);
     return;
   }
 }
@@ -659,16 +684,17 @@ static void start_watch(uv_timer_t *t) {
   if (h->state != AH_UP)
     return;
   for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
-    if (!ai->starting)
-      continue;
-    out = 1;
-    if (now - ai->start_ns > (uint64_t)AH_START_MS * 1000000u) {
+    out |= ai->starting || ai->to_start;
+    if (ai->starting && now - ai->start_ns > (uint64_t)AH_START_MS * 1000000u) {
       host_kill(h, "an instance's start took longer than 5 s");
       return;
     }
   }
-  if (!out)
+  if (!out) {
     uv_timer_stop(&h->restart);
+    return;
+  }
+  pump_starts(h); /* retries now due, STARTs the socket had no room for */
 }
 
 static void watch_starts(struct app_host *h) {
@@ -676,9 +702,37 @@ static void watch_starts(struct app_host *h) {
     uv_timer_start(&h->restart, start_watch, 1000, 1000);
 }
 
+/* Sends the STARTs that wait (to_start, due), as far as the socket takes
+ * them: a full socket is back-pressure (the next reply frees room and
+ * calls this again, as start_watch does every second), any other error a
+ * fault. */
+static void pump_starts(struct app_host *h) {
+  uint64_t now = lynx_now_ns();
+  if (h->state != AH_UP)
+    return;
+  for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
+    int rc;
+    if (!ai->to_start || now < ai->start_ns)
+      continue;
+    rc = ah_send(h->sock, &ai->start, ah_start_len(&ai->start), ai->region_fd,
+                 ai->sh_fd);
+    if (rc == -EAGAIN || rc == -ENOBUFS)
+      break;
+    if (rc) {
+      host_kill(h, "it takes no request to start an instance");
+      return;
+    }
+    ai->to_start = 0;
+    ai->starting = 1;
+    ai->start_ns = now;
+  }
+  watch_starts(h);
+}
+
 /* The new process is up: it takes every instance over, without the loop
  * waiting for any (the replies come to on_fd). */
 static void take_over(struct app_host *h) {
+  uint64_t now = lynx_now_ns();
   uint32_t n = 0;
   h->state = AH_UP;
   h->spawn_failures = 0;
@@ -689,17 +743,11 @@ static void take_over(struct app_host *h) {
     if (ai->running || ai->starting)
       continue;
     ai->start.resume = 1;
-    if (ah_send(h->sock, &ai->start, sizeof(ai->start), ai->region_fd,
-                ai->sh_fd)) {
-      host_kill(h, "it takes no request to take an instance over");
-      return;
-    }
-    ai->starting = 1;
-    ai->start_ns = lynx_now_ns();
+    ai->to_start = 1;
+    ai->start_ns = now;
     n++;
   }
-  if (n)
-    watch_starts(h);
+  pump_starts(h);
   LYNX_INFO("agent",
             "application '%s': process %d takes over %u instance(s) "
             "(restart %llu)",
@@ -708,7 +756,7 @@ static void take_over(struct app_host *h) {
 
 static void handle_msg(struct app_host *h, const void *buf, size_t n) {
   uint32_t type;
-  if (n < sizeof(type))
+  if (n < sizeof(type) || h->kill_why[0]) /* a killed process says nothing */
     return;
   memcpy(&type, buf, sizeof(type));
   if (type == AH_HELLO && n == sizeof(struct ah_hello) &&
@@ -776,9 +824,10 @@ static void host_died(struct app_host *h, const char *how) {
   for (struct ah_inst *ai = h->insts; ai; ai = ai->next) {
     if (!ai->running && !ai->starting)
       continue;
+    ai->start_deaths += ai->starting;
     ai->running = ai->starting = 0;
     /* frontends and the next process read the header: the agent's own */
-    if (memcmp(ai->region, &ai->hdr, sizeof(ai->hdr))) {
+    if (ai->hdr_valid && memcmp(ai->region, &ai->hdr, sizeof(ai->hdr))) {
       LYNX_WARN("agent",
                 "application '%s': its process wrote over a region's "
                 "header (%s): restored",
@@ -810,10 +859,16 @@ static void host_died(struct app_host *h, const char *how) {
     struct instance *in = instance_of(ag, ai);
     char why[200];
     nx = ai->next;
-    if (!in || !in->pending)
-      continue;
-    snprintf(why, sizeof(why), "its process %s while starting it", death);
-    agent_instance_started(ag, in, -EPIPE, why);
+    ai->to_start = 0; /* the next process takes it over, or nobody */
+    if (in && in->pending) {
+      snprintf(why, sizeof(why), "its process %s while starting it", death);
+      agent_instance_started(ag, in, -EPIPE, why);
+    } else if (ai->start_deaths >= 2) { /* its start is what kills them */
+      snprintf(why, sizeof(why),
+               "its process died twice while taking it over (last: %.120s)",
+               death);
+      inst_failed(h, ai, why);
+    }
   }
   if (h->spawn_failures >= AH_SPAWN_TRIES)
     for (struct ah_inst *ai = h->insts, *nx; ai; ai = nx) {
@@ -1011,9 +1066,22 @@ static int ah_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   for (uint32_t k = 0; k < l->n_backends && k < LYNX_BACKENDS_MAX; k++)
     snprintf(ai->start.backends[k], sizeof(ai->start.backends[k]), "%s",
              l->backends[k]);
-  rc =
-      ah_send(h->sock, &ai->start, sizeof(ai->start), ai->region_fd, ai->sh_fd);
-  if (rc) {
+  /* the header as the agent formatted it (with the flag the process's
+   * start sets): what a process that died is made to give back */
+  memcpy(&ai->hdr, ai->region, sizeof(ai->hdr));
+  ai->hdr.flags |= LYNX_HDR_RESP_BELL;
+  ai->hdr_valid = 1;
+  rc = ah_send(h->sock, &ai->start, ah_start_len(&ai->start), ai->region_fd,
+               ai->sh_fd);
+  if ((rc == -EAGAIN || rc == -ENOBUFS) && l->async_ok) {
+    ai->to_start = 1; /* sent when the socket has room (pump_starts) */
+    ai->start_ns = lynx_now_ns();
+    ai->next = h->insts;
+    h->insts = ai;
+    *out = &ai->base;
+    watch_starts(h);
+    return 1;
+  } else if (rc) {
     snprintf(why, whylen, "cannot reach its process: %s", strerror(-rc));
     host_kill(h, "it takes no request to start an instance");
   } else if (l->async_ok) {
@@ -1030,8 +1098,6 @@ static int ah_start(const struct lynx_accel_launch *l, struct lynx_region *r,
     rc = ah_wait_reply(h, AH_STARTED, ai->handle, AH_START_MS, why, whylen);
   }
   ai->running = rc == 0;
-  if (!rc)
-    memcpy(&ai->hdr, ai->region, sizeof(ai->hdr));
   if (rc) {
     munmap(ai->sh, shsize);
     close(ai->sh_fd);
@@ -1079,6 +1145,7 @@ static int ah_stop(struct lynx_accel_inst *in) {
   struct app_host *h = ai->h;
   struct ah_stop m = {AH_STOP, ai->handle};
   char why[320];
+  int busy = 0;
   for (struct ah_inst **pp = &h->insts; *pp; pp = &(*pp)->next)
     if (*pp == ai) {
       *pp = ai->next;
@@ -1087,10 +1154,17 @@ static int ah_stop(struct lynx_accel_inst *in) {
   if ((!ai->running && !ai->starting) || h->state != AH_UP)
     return 0;
   ai->running = ai->starting = 0;
-  /* a process that does not stop it in time is killed (ah_wait_reply) */
+  for (struct ah_inst *o = h->insts; o; o = o->next)
+    busy |= o->starting;
   if (ah_send(h->sock, &m, sizeof(m), -1, -1))
     host_kill(h, "it takes no request to stop an instance");
-  else
+  else if (busy) /* it stops this one after that start: not waited for
+                    (its own mapping of the region outlives the agent's) */
+    LYNX_INFO("agent",
+              "application '%s': an instance stopped while its process "
+              "starts another: not waited for",
+              h->name);
+  else /* a process that does not stop it in time is killed */
     (void)ah_wait_reply(h, AH_STOPPED, ai->handle, AH_STOP_MS, why,
                         sizeof(why));
   return 0;
@@ -1263,9 +1337,10 @@ int agent_app_host_main(int argc, char **argv) {
     ssize_t n = ah_recv(AH_FD, &m, sizeof(m), fds, 0);
     if (n <= 0)
       break; /* the agent is gone, or stops us */
-    if (m.type == AH_START && (size_t)n == sizeof(m.start) && fds[0] >= 0 &&
-        fds[1] >= 0) {
+    if (m.type == AH_START && (size_t)n > offsetof(struct ah_start, config) &&
+        (size_t)n <= sizeof(m.start) && fds[0] >= 0 && fds[1] >= 0) {
       m.start.service[sizeof(m.start.service) - 1] = 0;
+      ((char *)&m.start)[n - 1] = 0; /* the configuration ends here */
       m.start.config[sizeof(m.start.config) - 1] = 0;
       r.type = AH_STARTED;
       r.handle = m.start.handle;

@@ -14,7 +14,10 @@
 #     geometry over its region's header and crashes (the agent keeps its
 #     own, restores the header, takes over); one whose start takes 7 s
 #     (the service says so and nothing waits for it: steady answers
-#     throughout); stopping the agent stops every plug-in process with it.
+#     throughout); stopping the agent stops every plug-in process with it;
+#  6. static mode, 40 instances of one plug-in (more takeover requests
+#     than its socket held at once when they were sent whole): one
+#     crashes, and a new process takes all 40 over.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init plugin_faults_more
@@ -145,4 +148,25 @@ kill -TERM "$AGENT"
 wait_exit "$AGENT" 20 || it_check_failed "the agent did not stop"
 sleep 0.2
 assert_eq "$(pgrep -fc -- "--app-host $PLUGINS/" || true)" 0 "plug-in processes left after the agent stopped"
+
+# ---- 6. static mode, many instances ----------------------------------------------------
+log "== 6. static mode: 40 instances of a plug-in, one crashes"
+pick_ports AGENT_PORT UDP_PORT METRICS2
+METRICS_PORT=$METRICS2
+start_agent --cpu-accels 40 --mqueues 1 --work-mode sleep --app crashy --app-load "$PLUGINS/crashy.so" \
+  --app-config '{"crash_at": 3}'
+start_frontend
+# requests go round the 40 instances: the first to take its third ends the
+# process, past 80 answers
+answered=$(python3 "$IT_DIR/ask.py" "$UDP_PORT" s 90 0.4)
+assert_ge "$answered" 80 "static: answers before the crash"
+wait_log "$AGENT_LOG" "application 'crashy': process" 10 1 "$AGENT_PID"
+assert_log "$AGENT_LOG" "takes over 40 instance(s)" "static: a new process takes all 40 instances over"
+end=$(($(now_ms) + $(ts_ms 5000)))
+until [[ $(python3 "$IT_DIR/ask.py" "$UDP_PORT" t 1 0.5) == 1 ]]; do
+  (($(now_ms) < end)) || { it_check_failed "static: no answer after the takeover"; break; }
+done
+log "ok: static: answers after the takeover"
+stop "$FRONTEND_PID" 10
+stop "$AGENT_PID" 10
 it_done
