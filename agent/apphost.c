@@ -21,17 +21,20 @@
  * Nothing of the data path crosses the socket: requests and answers stay
  * in the region, doorbells are futexes in it and Unix datagrams to
  * frontends' bells, which any process can ring. The process dies with the
- * agent (PR_SET_PDEATHSIG).
+ * agent (PR_SET_PDEATHSIG) and runs in a process group of its own, killed
+ * with it; the agent watches it through a pidfd and never trusts what it
+ * can write (the region's header, the shared page) to size anything.
  *
- * When the process dies, the agent sees its socket close: what each
- * instance had taken and not finished is dropped (its tags freed: those
- * requests never run again, at most once holds) and counted lost, and a
- * new process is started after a backoff (100 ms, doubling to 30 s while
- * it keeps dying within a minute of its start) which takes the same
- * instances over on the same regions: their descriptors do not change,
- * requests that queued meanwhile are served, frontends notice nothing but
- * the pause. An instance the new process cannot start is reported failed
- * to the coordinator (or, in static mode, retried at the next restart).
+ * When the process dies (or is killed: it hung, answered late, closed its
+ * socket), what each instance had taken and not finished is dropped (its
+ * tags freed: those requests never run again, at most once holds) and
+ * counted lost, and a new process is started after a backoff (100 ms,
+ * doubling to 30 s while it keeps dying within a minute of its start)
+ * which takes the same instances over on the same regions: their
+ * descriptors do not change, requests that queued meanwhile are served,
+ * frontends notice nothing but the pause. Nothing of it waits in the loop:
+ * HELLO and STARTED are events. An instance the new process cannot start
+ * is reported failed to the coordinator (in static mode, tried again).
  *
  * Everything here runs on the agent's loop thread (and before the loop,
  * at start); the metrics thread reads the counters atomically.
@@ -629,7 +632,7 @@ static struct instance *instance_of(struct agent *ag, struct ah_inst *ai) {
 
 /* An instance no process can serve: reported failed to the coordinator,
  * which places it again with its backoff, and stopped here (its region
- * freed). In static mode it waits for the next process. */
+ * freed). In static mode its start is tried again later. */
 static void inst_failed(struct app_host *h, struct ah_inst *ai,
                         const char *why) {
   struct agent *ag = h->ag;
