@@ -583,6 +583,22 @@ LYNX_HD int lynx_mq_rx_ready(const struct lynx_mq *mq) {
   return lynx_load_acquire32(&meta->seq) == lynx_seq_for(mq->rx_head);
 }
 
+/* The large-message reference this mqueue's own TX slot at pos carries:
+ * 1 and *ref, or 0 when the slot holds its answer inline. */
+LYNX_HD int lynx_mq_tx_large_ref(struct lynx_mq *mq, uint32_t pos,
+                                 struct lynx_large_ref *ref) {
+  struct lynx_slot_meta *meta =
+                            lynx_mq_meta(mq->tx, mq->slot_size, mq->slots, pos),
+                        mv;
+  lynx_meta_load(meta, &mv);
+  if (!(mv.status & LYNX_ST_LARGE))
+    return 0;
+  lynx_ref_load((const struct lynx_large_ref *)lynx_meta_payload(
+                    meta, mq->slot_size, mv.off16),
+                ref);
+  return 1;
+}
+
 /* A producer that takes a mqueue over from one that left it (a plug-in's
  * new process, agent/apphost.c), right after lynx_mq_bind: its TX large
  * area as the answers not yet read, [tx_cons, tx_prod), hold it, so that
@@ -596,16 +612,9 @@ LYNX_HD void lynx_mq_tx_resume(struct lynx_mq *mq) {
     return;
   }
   for (uint32_t pos = mq->tx_cons; pos != mq->tx_prod; pos++) {
-    struct lynx_slot_meta *meta = lynx_mq_meta(mq->tx, mq->slot_size, mq->slots,
-                                               pos),
-                          mv;
     struct lynx_large_ref ref;
-    lynx_meta_load(meta, &mv);
-    if (!(mv.status & LYNX_ST_LARGE))
+    if (!lynx_mq_tx_large_ref(mq, pos, &ref))
       continue;
-    lynx_ref_load((const struct lynx_large_ref *)lynx_meta_payload(
-                      meta, mq->slot_size, mv.off16),
-                  &ref);
     if (!any)
       mq->tx_la.tail = ref.end - lynx_large_end(0, ref.len);
     mq->tx_la.head = ref.end;
@@ -621,20 +630,13 @@ LYNX_HD void lynx_mq_tx_reclaim(struct lynx_mq *mq) {
   if (mq->tx_cons - mq->tx_lscan > mq->tx_prod - mq->tx_lscan)
     return; /* tx_cons beyond what was sent: a bad index, nothing freed */
   while (mq->tx_lscan != mq->tx_cons) {
-    struct lynx_slot_meta *meta, mv;
+    struct lynx_large_ref ref;
     if (mq->tx_la.head == mq->tx_la.tail) {
       mq->tx_lscan = mq->tx_cons; /* nothing allocated: nothing to free */
       return;
     }
-    meta = lynx_mq_meta(mq->tx, mq->slot_size, mq->slots, mq->tx_lscan);
-    lynx_meta_load(meta, &mv);
-    if (mv.status & LYNX_ST_LARGE) {
-      struct lynx_large_ref ref;
-      lynx_ref_load((const struct lynx_large_ref *)lynx_meta_payload(
-                        meta, mq->slot_size, mv.off16),
-                    &ref);
+    if (lynx_mq_tx_large_ref(mq, mq->tx_lscan, &ref))
       lynx_large_free(&mq->tx_la, ref.end);
-    }
     mq->tx_lscan++;
   }
 }
