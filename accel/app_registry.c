@@ -473,6 +473,13 @@ int lynx_app_refused_at(size_t i, const char **name, const char **reason) {
   return 1;
 }
 
+const char *lynx_app_refusal(const char *name) {
+  for (size_t i = 0; i < reg.n_refused; i++)
+    if (!strcmp(reg.refused[i].name, name))
+      return reg.refused[i].reason;
+  return NULL;
+}
+
 int lynx_app_set_default(const char *name, const char *config, char *why,
                          size_t whylen) {
   struct lynx_app *a = (struct lynx_app *)lynx_app_find(name);

@@ -151,6 +151,8 @@ void lynx_app_refuse(const char *name, const char *reason);
 void lynx_app_file_stem(const char *path, char *out, size_t len);
 /* The i-th refused plug-in: its name and the reason; 0 past the end. */
 int lynx_app_refused_at(size_t i, const char **name, const char **reason);
+/* Why the plug-in called name was refused (its first refusal), or NULL. */
+const char *lynx_app_refusal(const char *name);
 /* The configuration name's instances start with when their service gives
  * none (a JSON object's text). 0, -ENOENT (no such app), -EINVAL (not an
  * object, or larger than LYNX_APP_CONFIG_MAX; why says). */

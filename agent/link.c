@@ -421,10 +421,7 @@ static void on_start(struct coord_link *l, const Lynx__StartInstance *s) {
   }
   app = lynx_app_find(sp->app);
   if (!app) {
-    const char *rn, *reason = NULL;
-    for (size_t i = 0; !reason && lynx_app_refused_at(i, &rn, &reason); i++)
-      if (strcmp(rn, sp->app))
-        reason = NULL;
+    const char *reason = lynx_app_refusal(sp->app);
     if (reason)
       snprintf(why, sizeof(why),
                "application '%s': its plug-in was refused: %s", sp->app,

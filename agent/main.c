@@ -576,10 +576,7 @@ int main(int argc, char **argv) {
     const char *name = ag.cfg.app ? ag.cfg.app : "sockperf-echo";
     app = lynx_app_find(name);
     if (!app) {
-      const char *rn, *reason = NULL;
-      for (size_t i = 0; !reason && lynx_app_refused_at(i, &rn, &reason); i++)
-        if (strcmp(rn, name))
-          reason = NULL;
+      const char *reason = lynx_app_refusal(name);
       if (reason)
         fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name,
                 reason);

@@ -243,6 +243,8 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(why, "built for plug-in ABI version 2; this agent "
                               "runs version 1"));
   assert_non_null(refusal("future-abi")); /* under its definition's name */
+  assert_ptr_equal(lynx_app_refusal("future-abi"), refusal("future-abi"));
+  assert_null(lynx_app_refusal("kv-lookup"));
   /* no entry */
   assert_int_equal(lynx_app_load(NULL, NO_ENTRY_SO, why, sizeof(why)), -ENOENT);
   assert_non_null(strstr(why, "no lynx_app_entry: not a Lynx plug-in"));
