@@ -9,6 +9,21 @@
 #include "desc.h"
 #include "wire.h"
 
+/* An application's name from an agent the registry can keep: present,
+ * shorter than its field, text. */
+static int app_name_fits(const char *s) {
+  return s && strlen(s) < LYNX_APP_NAME_MAX && lynx_text_ok(s, strlen(s));
+}
+
+/* An agent's words shown to operators only, into out: cut to its size,
+ * and nothing that is not text. */
+static void shown_text(char *out, size_t len, const char *s) {
+  if (!s)
+    s = "";
+  snprintf(out, len, "%s",
+           lynx_text_ok(s, strlen(s)) ? s : "(not valid UTF-8)");
+}
+
 int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
                       struct lynx_accel_info *accels,
                       struct lynx_reg_adopt **adopt, uint32_t *n_adopt,
@@ -67,9 +82,8 @@ int lynx_ctl_register(const Lynx__Register *m, struct lynx_label *labels,
       const char *be = accels[i].has_app_backends && ai->app_backends[k]
                            ? ai->app_backends[k]
                            : "";
-      if (!ai->apps[k] || strlen(ai->apps[k]) >= LYNX_APP_NAME_MAX ||
-          !lynx_text_ok(ai->apps[k], strlen(ai->apps[k])) ||
-          strlen(be) >= LYNX_BACKEND_NAME_MAX || !lynx_text_ok(be, strlen(be)))
+      if (!app_name_fits(ai->apps[k]) || strlen(be) >= LYNX_BACKEND_NAME_MAX ||
+          !lynx_text_ok(be, strlen(be)))
         continue;
       snprintf(accels[i].app_backends[accels[i].n_apps], LYNX_BACKEND_NAME_MAX,
                "%s", be);
@@ -106,15 +120,10 @@ uint32_t lynx_ctl_refused_apps(const Lynx__Register *m,
   uint32_t n = 0;
   for (size_t i = 0; i < m->n_refused_apps && n < LYNX_REFUSED_APPS_MAX; i++) {
     const Lynx__AppRefused *a = m->refused_apps[i];
-    const char *reason = a->reason ? a->reason : "";
-    if (!a->name || !a->name[0] || strlen(a->name) >= LYNX_APP_NAME_MAX ||
-        !lynx_text_ok(a->name, strlen(a->name)))
+    if (!app_name_fits(a->name) || !a->name[0])
       continue;
     snprintf(out[n].name, sizeof(out[n].name), "%s", a->name);
-    /* shown to operators only: cut, and nothing that is not text */
-    snprintf(out[n].reason, sizeof(out[n].reason), "%s",
-             lynx_text_ok(reason, strlen(reason)) ? reason
-                                                  : "(not valid UTF-8)");
+    shown_text(out[n].reason, sizeof(out[n].reason), a->reason);
     n++;
   }
   return n;
@@ -126,13 +135,10 @@ uint32_t lynx_ctl_app_faults(const Lynx__Heartbeat *hb,
   memset(out, 0, LYNX_APP_FAULTS_MAX * sizeof(*out));
   for (size_t i = 0; i < hb->n_app_faults && n < LYNX_APP_FAULTS_MAX; i++) {
     const Lynx__AppFault *a = hb->app_faults[i];
-    const char *d = a->last_death ? a->last_death : "";
-    if (!a->name || !a->name[0] || strlen(a->name) >= LYNX_APP_NAME_MAX ||
-        !lynx_text_ok(a->name, strlen(a->name)))
+    if (!app_name_fits(a->name) || !a->name[0])
       continue;
     snprintf(out[n].name, sizeof(out[n].name), "%s", a->name);
-    snprintf(out[n].last_death, sizeof(out[n].last_death), "%s",
-             lynx_text_ok(d, strlen(d)) ? d : "(not valid UTF-8)");
+    shown_text(out[n].last_death, sizeof(out[n].last_death), a->last_death);
     out[n].restarts = a->restarts;
     out[n].lost = a->lost;
     n++;
