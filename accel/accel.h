@@ -145,6 +145,14 @@ struct lynx_accel_ops {
   /* 1 when an instance of app can start on this backend's accelerators
    * (the coordinator places nothing else; start refuses the others). */
   int (*runs_app)(const struct lynx_app *app);
+  /* Takes the device code of GPU application app (app->image, a module
+   * read from its file) for the n accelerators devs of this backend that
+   * discovery found, before any instance starts: 0 (app->module set, its
+   * name, help and back end from the module: lynx_app_adopt), -ENOTSUP
+   * when this backend runs no such code, or another -errno with the
+   * reason in why (the agent refuses the application with it). */
+  int (*adopt)(const struct lynx_accel_dev *devs, uint32_t n,
+               struct lynx_app *app, char *why, size_t whylen);
   /* How many client mqueues each back end of an instance of l gets, set
    * in *per_backend before its region is laid out (l->n_mqueues and
    * l->region are not set yet): 1 where the app's threads share one (CPU,
@@ -203,12 +211,12 @@ struct lynx_accel_ops {
 #define LYNX_ACCEL_OPS(kind_, noun_, prefix)                                   \
   {                                                                            \
     .kind = kind_, .noun = noun_, .discover = prefix##_discover,               \
-    .runs_app = prefix##_runs_app, .client_mqs = prefix##_client_mqs,          \
-    .start = prefix##_start, .fence = prefix##_fence,                          \
-    .counters = prefix##_counters, .latency = prefix##_latency,                \
-    .copies = prefix##_copies, .stop = prefix##_stop, .put = prefix##_put,     \
-    .health = prefix##_health, .blocks = prefix##_blocks,                      \
-    .shutdown = prefix##_shutdown                                              \
+    .runs_app = prefix##_runs_app, .adopt = prefix##_adopt,                    \
+    .client_mqs = prefix##_client_mqs, .start = prefix##_start,                \
+    .fence = prefix##_fence, .counters = prefix##_counters,                    \
+    .latency = prefix##_latency, .copies = prefix##_copies,                    \
+    .stop = prefix##_stop, .put = prefix##_put, .health = prefix##_health,     \
+    .blocks = prefix##_blocks, .shutdown = prefix##_shutdown                   \
   }
 
 extern const struct lynx_accel_ops lynx_accel_cpu;  /* cpu_accel.c */

@@ -433,14 +433,247 @@ refused:
   return rc;
 }
 
+/* ---- GPU applications (CUDA modules) ------------------------------------ */
+
+#define FATBIN_MAGIC 0xBA55ED50u
+#define MODULE_MAX (256u << 20) /* the largest module file read */
+
+int lynx_app_is_fatbin(const char *path) {
+  uint32_t magic = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  ssize_t n;
+  if (fd < 0)
+    return 0;
+  n = pread(fd, &magic, sizeof(magic), 0);
+  close(fd);
+  return n == (ssize_t)sizeof(magic) && magic == FATBIN_MAGIC;
+}
+
+static uint64_t le_get(const uint8_t *p, unsigned bytes) {
+  uint64_t v = 0;
+  for (unsigned i = bytes; i-- > 0;)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/*
+ * The container of a fatbin (what nvcc -fatbin writes): a 16-byte header
+ * (magic, version, header size, the entries' bytes) and its entries, each
+ * a header (kind: 1 PTX, 2 a cubin; its header size; its payload's size;
+ * at byte 28 the architecture, 90 for sm_90) and its payload. 0 with the
+ * code it carries in code ("sm_80, sm_90, compute_90 (PTX)"), or -ENOEXEC
+ * with what is wrong. The driver checks the code itself at load.
+ */
+static int fatbin_check(const uint8_t *b, size_t len, char *code,
+                        size_t codelen, char *why, size_t whylen) {
+  uint64_t hs, fat, off, end;
+  size_t l = 0;
+  unsigned entries = 0;
+  code[0] = 0;
+  if (len < 16 || le_get(b, 4) != FATBIN_MAGIC) {
+    snprintf(why, whylen, "not a CUDA fatbin");
+    return -ENOEXEC;
+  }
+  hs = le_get(b + 6, 2);
+  fat = le_get(b + 8, 8);
+  if (hs < 16 || hs > len || fat > len - hs) {
+    snprintf(why, whylen,
+             "a truncated CUDA fatbin (%zu bytes; its header says %llu)", len,
+             (unsigned long long)(hs + fat));
+    return -ENOEXEC;
+  }
+  end = hs + fat;
+  for (off = hs; off < end;) {
+    uint64_t ehs, size;
+    unsigned kind, arch;
+    if (end - off < 32) {
+      snprintf(why, whylen, "a CUDA fatbin with a truncated entry");
+      return -ENOEXEC;
+    }
+    kind = (unsigned)le_get(b + off, 2);
+    ehs = le_get(b + off + 4, 4);
+    size = le_get(b + off + 8, 8);
+    arch = (unsigned)le_get(b + off + 28, 4);
+    if (ehs < 32 || ehs > end - off || size > end - off - ehs) {
+      snprintf(why, whylen, "a CUDA fatbin with a truncated entry");
+      return -ENOEXEC;
+    }
+    if (kind == 1 || kind == 2)
+      l = lynx_appendf(code, codelen, l, ", ",
+                       kind == 2 ? "sm_%u" : "compute_%u (PTX)", arch);
+    entries++;
+    off += ehs + size;
+  }
+  if (!entries) {
+    snprintf(why, whylen, "a CUDA fatbin without code");
+    return -ENOEXEC;
+  }
+  return 0;
+}
+
+int lynx_app_load_module(const char *name, const char *path, char *why,
+                         size_t whylen) {
+  char reason[300], stem[LYNX_APP_NAME_MAX], *dot;
+  uint8_t *img = NULL;
+  struct lynx_app *a;
+  struct stat st;
+  size_t got = 0;
+  int fd = -1, rc;
+  reg_ready();
+  lynx_app_file_stem(path, stem, sizeof(stem));
+  if ((dot = strrchr(stem, '.')) && !strcmp(dot, ".fatbin"))
+    *dot = 0;
+  if (name && !lynx_app_name_ok(name)) {
+    snprintf(reason, sizeof(reason),
+             "'%s' is not an application name (1-%d characters of "
+             "[a-z0-9._-])",
+             name, LYNX_APP_NAME_MAX - 1);
+    rc = -EINVAL;
+    goto refused;
+  }
+  rc = name_free(name ? name : stem, reason, sizeof(reason));
+  if (!rc && reg.n_loaded == LOADED_MAX) {
+    snprintf(reason, sizeof(reason), "an agent loads at most %u plug-ins",
+             LOADED_MAX);
+    rc = -ENOSPC;
+  }
+  if (rc)
+    goto refused;
+  fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) ||
+      st.st_size > (off_t)MODULE_MAX) {
+    rc = fd < 0 ? -errno : -ENOEXEC;
+    snprintf(reason, sizeof(reason), "%s",
+             fd < 0                 ? strerror(errno)
+             : !S_ISREG(st.st_mode) ? "not a regular file"
+                                    : "a CUDA module larger than 256 MiB");
+    goto refused;
+  }
+  img = malloc((size_t)st.st_size + 1);
+  while (img && got < (size_t)st.st_size) {
+    ssize_t n = pread(fd, img + got, (size_t)st.st_size - got, (off_t)got);
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  if (!img || got != (size_t)st.st_size) {
+    snprintf(reason, sizeof(reason), "%s",
+             img ? "cannot read it" : "out of memory");
+    rc = img ? -EIO : -ENOMEM;
+    goto refused;
+  }
+  a = &reg.loaded[reg.n_loaded];
+  memset(a, 0, sizeof(*a));
+  rc = fatbin_check(img, got, a->image_code, sizeof(a->image_code), reason,
+                    sizeof(reason));
+  if (rc)
+    goto refused;
+  a->name = strdup(name ? name : stem);
+  a->origin = strdup(path);
+  a->help = strdup("");
+  if (!a->name || !a->origin || !a->help) {
+    free((char *)a->name);
+    free((char *)a->origin);
+    free((char *)a->help);
+    snprintf(reason, sizeof(reason), "out of memory");
+    rc = -ENOMEM;
+    goto refused;
+  }
+  a->cuda_app = LYNX_CUDA_APP_NONE;
+  a->image_named = name != NULL;
+  a->image = img;
+  a->image_len = got;
+  reg.n_loaded++;
+  close(fd);
+  LYNX_INFO("apps", "GPU application '%s' read from %s (%s)", a->name, path,
+            a->image_code);
+  return 0;
+refused:
+  free(img);
+  if (fd >= 0)
+    close(fd);
+  lynx_app_refuse(name ? name : stem, reason);
+  snprintf(why, whylen, "%s: %s", path, reason);
+  return rc;
+}
+
+struct lynx_app *lynx_app_module_at(size_t i) {
+  reg_ready();
+  for (size_t k = 0; k < reg.n_loaded; k++)
+    if (reg.loaded[k].image && !reg.loaded[k].module && i-- == 0)
+      return &reg.loaded[k];
+  return NULL;
+}
+
+int lynx_app_adopt(struct lynx_app *app, void *module, const char *name,
+                   const char *help, const char *needs_backend, char *why,
+                   size_t whylen) {
+  char *n = NULL, *h = NULL, *b = NULL;
+  if (!lynx_app_name_ok(name)) {
+    snprintf(why, whylen,
+             "its module names its application '%.40s', which is not an "
+             "application name (1-%d characters of [a-z0-9._-])",
+             name, LYNX_APP_NAME_MAX - 1);
+    return -EINVAL;
+  }
+  if (strcmp(name, app->name)) {
+    int rc;
+    if (app->image_named) {
+      snprintf(why, whylen, "its module's application is '%s', not '%s'", name,
+               app->name);
+      return -EINVAL;
+    }
+    rc = name_free(name, why, whylen);
+    if (rc)
+      return rc;
+  }
+  if (!(n = strdup(name)) || !(h = strdup(help ? help : "")) ||
+      (needs_backend && needs_backend[0] && !(b = strdup(needs_backend)))) {
+    free(n);
+    free(h);
+    snprintf(why, whylen, "out of memory");
+    return -ENOMEM;
+  }
+  free((char *)app->name);
+  free((char *)app->help);
+  app->name = n;
+  app->help = h;
+  app->needs_backend = b;
+  app->module = module;
+  return 0;
+}
+
+void lynx_app_drop(struct lynx_app *app, const char *reason) {
+  size_t i = (size_t)(app - reg.loaded);
+  if (i >= reg.n_loaded)
+    return;
+  lynx_app_refuse(app->name, reason);
+  LYNX_ERR("apps", "GPU application '%s' (%s) refused: %s", app->name,
+           app->origin, reason);
+  free((char *)app->name);
+  free((char *)app->help);
+  free((char *)app->needs_backend);
+  free((char *)app->origin);
+  free((void *)app->image);
+  free(app->default_config);
+  memmove(&reg.loaded[i], &reg.loaded[i + 1],
+          (reg.n_loaded - i - 1) * sizeof(reg.loaded[0]));
+  reg.n_loaded--;
+}
+
+/* A plug-in's file: a shared object (*.so) or a CUDA module (*.fatbin). */
 static int so_name(const struct dirent *e) {
   size_t n = strlen(e->d_name);
-  return e->d_name[0] != '.' && n > 3 && !strcmp(e->d_name + n - 3, ".so");
+  return e->d_name[0] != '.' &&
+         ((n > 3 && !strcmp(e->d_name + n - 3, ".so")) ||
+          (n > 7 && !strcmp(e->d_name + n - 7, ".fatbin")));
 }
 
 static int load_here(void *arg, const char *name, const char *path, char *why,
                      size_t whylen) {
   (void)arg;
+  if (lynx_app_is_fatbin(path))
+    return lynx_app_load_module(name, path, why, whylen);
   return lynx_app_load(name, path, why, whylen);
 }
 
@@ -522,6 +755,7 @@ void lynx_apps_unload(void) {
     struct lynx_app *a = &reg.loaded[i];
     free(a->default_config);
     free((char *)a->origin);
+    free((void *)a->image);
     if (a->dl)
       dlclose(a->dl);
     else { /* hosted: the strings are its own */

@@ -62,6 +62,15 @@ struct lynx_app {
    * that process's handle. NULL, NULL: it runs in this process. */
   const struct lynx_accel_ops *runner;
   void *host;
+  /* A GPU application (a CUDA module built with lynx_kernel.cuh): the
+   * module's bytes as read from its file (image_len of them; NULL: not
+   * one), the code it carries ("sm_80, sm_90"), and the backend's handle
+   * once a backend took it (lynx_app_adopt; NULL: none yet). */
+  const uint8_t *image;
+  size_t image_len;
+  char image_code[64];
+  int image_named; /* its name was given at load (NAME=PATH) */
+  void *module;
 };
 
 /* A built-in application's definition and kernel (apps.c). */
@@ -127,7 +136,7 @@ int lynx_app_name_ok(const char *name);
  * registry is not locked.
  */
 int lynx_app_load(const char *name, const char *path, char *why, size_t whylen);
-/* Every *.so in dir, in name order, each through load (NULL:
+/* Every *.so and *.fatbin in dir, in name order, each through load (NULL:
  * lynx_app_load), which keeps its refusal. The number loaded, or -errno
  * when dir cannot be read (the reason in why). */
 typedef int (*lynx_app_loader)(void *arg, const char *name, const char *path,
@@ -158,6 +167,26 @@ const char *lynx_app_refusal(const char *name);
  * object, or larger than LYNX_APP_CONFIG_MAX; why says). */
 int lynx_app_set_default(const char *name, const char *config, char *why,
                          size_t whylen);
+/* 1 when path's file begins like a CUDA fatbin (its magic). */
+int lynx_app_is_fatbin(const char *path);
+/* Reads the CUDA module at path (a fatbin of lynx_kernel.cuh's kernel)
+ * and adds it as a GPU application that no backend has taken yet, called
+ * name (NULL: the file's stem until its module names it): 0, or -errno
+ * with the reason in why (the refusal kept). */
+int lynx_app_load_module(const char *name, const char *path, char *why,
+                         size_t whylen);
+/* The i-th GPU application no backend has taken yet (NULL past the end). */
+struct lynx_app *lynx_app_module_at(size_t i);
+/* A backend took app's module (handle module), which calls itself name
+ * (the name given at load, if any, must be it), with help and the back end
+ * it calls ("" or NULL: none): 0, or -errno with the reason in why (the
+ * caller drops it). */
+int lynx_app_adopt(struct lynx_app *app, void *module, const char *name,
+                   const char *help, const char *needs_backend, char *why,
+                   size_t whylen);
+/* Takes app out of the registry, refused for reason (before any instance
+ * runs). */
+void lynx_app_drop(struct lynx_app *app, const char *reason);
 /* At exit, after every instance stopped: unloads the plug-ins. */
 void lynx_apps_unload(void);
 

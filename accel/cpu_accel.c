@@ -355,8 +355,16 @@ static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
 }
 
 static int cpu_runs_app(const struct lynx_app *app) {
-  (void)app; /* every app is C code the threads run */
-  return 1;
+  /* every app but a GPU module is C code the threads run (a plug-in's
+   * through its process: apphost.c) */
+  return !app->image;
+}
+
+/* A CPU runs no device code. */
+static int cpu_adopt(const struct lynx_accel_dev *devs, uint32_t n,
+                     struct lynx_app *app, char *why, size_t whylen) {
+  (void)devs, (void)n, (void)app, (void)why, (void)whylen;
+  return -ENOTSUP;
 }
 
 /* One client mqueue per back end: the threads share it, one call at a

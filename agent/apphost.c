@@ -982,6 +982,13 @@ static int ah_discover(const char *spec, const struct lynx_transport_ops *tops,
 
 static int ah_runs_app(const struct lynx_app *app) { return app->host != NULL; }
 
+/* A plug-in's process runs the code of its shared object only. */
+static int ah_adopt(const struct lynx_accel_dev *devs, uint32_t n,
+                    struct lynx_app *app, char *why, size_t whylen) {
+  (void)devs, (void)n, (void)app, (void)why, (void)whylen;
+  return -ENOTSUP;
+}
+
 static int ah_client_mqs(const struct lynx_accel_launch *l,
                          uint32_t *per_backend, char *why, size_t whylen) {
   return lynx_accel_cpu.client_mqs(l, per_backend, why, whylen);

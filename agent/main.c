@@ -453,10 +453,50 @@ out:
   return rc;
 }
 
+/* The GPU applications read at load (lynx_app_load_module), each taken by
+ * the backend of the accelerators found that runs its code (accel.h's
+ * adopt), or refused with the reason, kept for the coordinator. */
+static void adopt_modules(struct agent *ag) {
+  struct lynx_accel_dev *devs =
+      calloc(ag->n_acc ? ag->n_acc : 1, sizeof(*devs));
+  struct lynx_app *app;
+  while ((app = lynx_app_module_at(0))) {
+    char why[320] = "";
+    int rc = -ENOTSUP;
+    for (int b = 0; devs && b < N_BACKENDS && rc == -ENOTSUP; b++) {
+      uint32_t n = 0;
+      for (uint32_t i = 0; i < ag->n_acc; i++)
+        if (ag->acc[i].info.ops == backends[b])
+          devs[n++] = ag->acc[i].info;
+      if (n)
+        rc = backends[b]->adopt(devs, n, app, why, sizeof(why));
+    }
+    if (!devs)
+      snprintf(why, sizeof(why), "out of memory");
+    else if (rc == -ENOTSUP)
+      snprintf(why, sizeof(why),
+               "a GPU application (a CUDA module), and this agent has no "
+               "GPU (--cuda-accels)");
+    if (rc)
+      lynx_app_drop(app, why);
+  }
+  free(devs);
+}
+
 /* --lenet-model as lenet's default configuration, then the plug-ins of
  * --app-load and --app-dir. A plug-in refused is logged and kept with its
  * reason (registered with the coordinator); -1 only when the options
  * themselves are wrong (printed). */
+/* A plug-in's file: a CUDA module is read here and taken by the CUDA
+ * backend once it has found its GPUs (adopt_modules); a shared object is
+ * served by a process of its own (apphost.c). */
+static int load_plugin(void *arg, const char *name, const char *path, char *why,
+                       size_t whylen) {
+  if (lynx_app_is_fatbin(path))
+    return lynx_app_load_module(name, path, why, whylen);
+  return agent_apphost_load(arg, name, path, why, whylen);
+}
+
 static int load_apps(struct agent *ag) {
   const struct agent_cfg *cfg = &ag->cfg;
   char why[768];
@@ -493,13 +533,13 @@ static int load_apps(struct agent *ag) {
         free(list);
         return -1;
       }
-      if (agent_apphost_load(ag, name, path, why, sizeof(why)))
+      if (load_plugin(ag, name, path, why, sizeof(why)))
         LYNX_ERR("agent", "--app-load: plug-in refused: %s", why);
     }
     free(list);
   }
-  if (cfg->app_dir && lynx_app_load_dir(cfg->app_dir, agent_apphost_load, ag,
-                                        why, sizeof(why)) < 0)
+  if (cfg->app_dir &&
+      lynx_app_load_dir(cfg->app_dir, load_plugin, ag, why, sizeof(why)) < 0)
     LYNX_ERR("agent", "%s", why); /* loaded nothing; the agent runs */
   return 0;
 }
@@ -510,7 +550,9 @@ static void list_apps(void) {
   for (size_t i = 0; (a = lynx_app_at(i)); i++)
     printf("%s\t%s\t%s\t%s\n", a->name, a->origin,
            a->needs_backend ? a->needs_backend : "-",
-           a->cuda_app != LYNX_CUDA_APP_NONE ? "yes" : "no");
+           a->cuda_app != LYNX_CUDA_APP_NONE ? "yes"
+           : a->image ? "only" /* a module: its GPUs are looked at later */
+                      : "no");
   for (size_t i = 0; lynx_app_refused_at(i, &name, &reason); i++)
     printf("refused\t%s\t%s\n", name, reason);
 }
@@ -658,6 +700,14 @@ int main(int argc, char **argv) {
       goto usage;
     if (rc)
       goto out_opts;
+  }
+  adopt_modules(&ag);
+  if (app &&
+      !(app = lynx_app_find(ag.cfg.app ? ag.cfg.app : "sockperf-echo"))) {
+    /* static mode's GPU application, refused once its GPUs were known */
+    fprintf(stderr, "--app %s: its plug-in was refused: %s\n", ag.cfg.app,
+            lynx_app_refusal(ag.cfg.app) ? lynx_app_refusal(ag.cfg.app) : "?");
+    goto out_acc;
   }
   if (ag.cfg.list_accels) {
     for (uint32_t i = 0; i < ag.n_acc; i++) {

@@ -37,6 +37,11 @@ write_basic_package_version_file(${LYNX_SDK_DIR}/LynxConfigVersion.cmake
 install(FILES ${PROJECT_SOURCE_DIR}/include/lynx/lynx_app.h
               ${PROJECT_SOURCE_DIR}/include/lynx/lynx_io.h
               ${PROJECT_SOURCE_DIR}/include/lynx/mqueue.h
+              ${PROJECT_SOURCE_DIR}/include/lynx/lathist.h
+              ${PROJECT_SOURCE_DIR}/include/lynx/lynx_call.h
+              ${PROJECT_SOURCE_DIR}/include/lynx/lynx_gpu.h
+              ${PROJECT_SOURCE_DIR}/include/lynx/lynx_dev.cuh
+              ${PROJECT_SOURCE_DIR}/include/lynx/lynx_kernel.cuh
         DESTINATION include/lynx COMPONENT dev)
 install(FILES ${LYNX_SDK_DIR}/lynx.pc DESTINATION share/pkgconfig COMPONENT dev)
 install(FILES ${LYNX_SDK_DIR}/LynxConfig.cmake

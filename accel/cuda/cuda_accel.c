@@ -36,6 +36,8 @@
  *                    transport, RDMA registration, the instance's references
  *   cuda_stage.c     the tcp transport's copies: pinned staging, gdrcopy
  *   cuda_launch.c    an instance's start and stop (the persistent kernel)
+ *   cuda_module.c    GPU applications as CUDA modules: loaded, checked,
+ *                    sized and launched through the driver API
  *   cuda_fence.c     the lease fence, in the kernel's clock
  *   cuda_counters.c  the kernel's counters and latency histograms
  *   cuda_accel.c     the ops table over them (this file)
@@ -145,8 +147,17 @@ static int cuda_discover(const char *spec,
 /* A kernel (apps.cu); one that calls a back end does so through client
  * mqueues of its blocks' own (client_mqs). */
 static int cuda_runs_app(const struct lynx_app *app) {
+  if (app->module) /* a GPU application's own (cuda_module.c) */
+    return 1;
   return app->cuda_app &&
          (!app->needs_backend || lynx_cuda_app_calls(app->cuda_app));
+}
+
+static int cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
+                      struct lynx_app *app, char *why, size_t whylen) {
+  if (!app->image)
+    return -ENOTSUP;
+  return lynx__cuda_adopt(devs, n, app, why, whylen);
 }
 
 /* One client mqueue per back end for each block of a kernel that calls
@@ -161,10 +172,9 @@ static int cuda_client_mqs(const struct lynx_accel_launch *l,
   *per_backend = 1;
   if (!lynx__cuda_calls_backends(l))
     return 0;
-  rc = lynx_cuda_resident_blocks(l->acc->device, l->gpu_threads, &resident, why,
-                                 whylen);
+  rc = lynx__cuda_resident(l, &resident, why, whylen);
   if (rc)
-    return -EIO;
+    return rc;
   return lynx__cuda_pick_blocks(l->acc->device, l, resident, per_backend, why,
                                 whylen);
 }
@@ -176,7 +186,7 @@ static int cuda_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   struct gpu_instance *gi = NULL;
   int rc;
   *out = NULL;
-  if (!l->app->cuda_app) {
+  if (!l->app->cuda_app && !l->app->module) {
     snprintf(why, whylen,
              "application '%s' has no CUDA kernel (GPU "
              "applications: %s)",
@@ -261,7 +271,10 @@ static int cuda_blocks(const struct lynx_accel_dev *a, uint32_t threads,
   return rc;
 }
 
-static void cuda_shutdown(void) { gpu_shutdown(); }
+static void cuda_shutdown(void) {
+  lynx__cuda_modules_unload();
+  gpu_shutdown();
+}
 
 const struct lynx_accel_ops lynx_accel_cuda =
     LYNX_ACCEL_OPS("cuda", "GPU", cuda);

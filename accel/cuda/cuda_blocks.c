@@ -18,7 +18,9 @@
 /* 1 when l's kernel calls back ends through client mqueues: each block
  * then has its own (docs/client-mqueues.md, "On a GPU"). */
 int lynx__cuda_calls_backends(const struct lynx_accel_launch *l) {
-  return l->n_backends && l->app && lynx_cuda_app_calls(l->app->cuda_app);
+  return l->n_backends && l->app &&
+         (l->app->module ? l->app->needs_backend != NULL
+                         : lynx_cuda_app_calls(l->app->cuda_app));
 }
 
 /*

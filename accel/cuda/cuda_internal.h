@@ -136,6 +136,33 @@ int lynx__cuda_client_blocks(const struct lynx_accel_launch *l,
                              uint32_t resident, uint32_t *blocks,
                              uint32_t *backend, char *err, size_t errlen);
 
+/* ---- GPU applications as CUDA modules (cuda_module.c) ---------------- */
+
+struct lynx__cuda_module;
+/* The accel ops' adopt (accel.h): app's module loaded and checked for the
+ * GPUs devs, app->module set. 0, or -errno with the reason in why. */
+int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
+                     struct lynx_app *app, char *why, size_t whylen);
+/* As lynx_cuda_resident_blocks (lynx_cuda.h) for the module's kernel: 0,
+ * or -errno with the reason in err. */
+int lynx__cuda_module_resident(const struct lynx__cuda_module *m, int device,
+                               uint32_t threads, uint32_t *max, char *err,
+                               size_t errlen);
+/* As lynx_cuda_start for the module's kernel on device (the current one):
+ * 0, a cudaError_t value or -errno, with the reason in err. */
+int lynx__cuda_module_launch(const struct lynx__cuda_module *m, int device,
+                             const struct lynx_cuda_launch *l, void *stream,
+                             char *err, size_t errlen);
+/* At exit, once no kernel runs: the modules unloaded (not where a kernel
+ * hung). */
+void lynx__cuda_modules_unload(void);
+
+/* How many blocks of l's kernel (the agent's built-in one, or its app's
+ * module's) GPU l->acc keeps resident when empty: 0, or -errno with the
+ * reason in err (cuda_launch.c). */
+int lynx__cuda_resident(const struct lynx_accel_launch *l, uint32_t *resident,
+                        char *err, size_t errlen);
+
 /* ---- the instance ---------------------------------------------------- */
 
 /* The tcp transport's staging ring (cuda_stage.c says how it works). */
@@ -191,6 +218,7 @@ struct gpu_instance {
   size_t kctl_size;
   float *params; /* lenet: its weights in GPU memory, or NULL */
   size_t params_size;
+  char *config; /* the app configuration, after the control block */
   uint32_t blocks;
   int dmabuf_fd;       /* -1: none yet; -2: dma-buf unavailable */
   char dmabuf_why[96]; /* why, when -2 */

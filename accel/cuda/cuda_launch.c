@@ -148,6 +148,45 @@ static int upload_lenet(struct gpu_instance *gi, const void *app_state,
   return 0;
 }
 
+/* The service's app configuration: its own, else the app's default, else
+ * "{}". */
+static const char *config_of(const struct lynx_accel_launch *l) {
+  return l->app_config && l->app_config[0] ? l->app_config
+         : l->app->default_config          ? l->app->default_config
+                                           : "{}";
+}
+
+/* config_of(l) into GPU memory, after the control block (gi->config), for
+ * the kernel's launch (lynx_gpu.h config). 0 or -errno with the reason in
+ * err. */
+static int upload_config(struct gpu_instance *gi,
+                         const struct lynx_accel_launch *l, char *err,
+                         size_t errlen) {
+  const char *c = config_of(l);
+  cudaError_t e = cudaMemcpyAsync(gi->config, c, strlen(c) + 1,
+                                  cudaMemcpyHostToDevice, gi->copy);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(gi->copy);
+  if (e != cudaSuccess) {
+    lynx__cuda_note(gi->device, e, "app configuration");
+    snprintf(err, errlen, "GPU %d: app configuration: %s", gi->device,
+             lynx__cuda_strerror(e));
+    return lynx__cuda_errno(e);
+  }
+  return 0;
+}
+
+int lynx__cuda_resident(const struct lynx_accel_launch *l, uint32_t *resident,
+                        char *err, size_t errlen) {
+  int d = l->acc->device;
+  if (l->app->module)
+    return lynx__cuda_module_resident(l->app->module, d, l->gpu_threads,
+                                      resident, err, errlen);
+  return lynx_cuda_resident_blocks(d, l->gpu_threads, resident, err, errlen)
+             ? -EIO
+             : 0;
+}
+
 int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
                        struct gpu_instance **out, char *err, size_t errlen) {
   /* the caller's host region where the GPU does not own the memory */
@@ -227,12 +266,9 @@ int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
     goto fail;
   }
 launch:
-  rc = lynx_cuda_resident_blocks(gi->device, l->gpu_threads, &resident, err,
-                                 errlen);
-  if (rc) {
-    rc = -EIO;
+  rc = lynx__cuda_resident(l, &resident, err, errlen);
+  if (rc)
     goto fail;
-  }
   /* the query speaks of an empty GPU: this agent's running kernels hold
    * part of it (the budget, lynx__cuda_blocks_held) */
   held = lynx__cuda_blocks_held(gi->device);
@@ -253,10 +289,13 @@ launch:
   if (rc)
     goto fail;
   {
+    /* the control block, then the app configuration (8-byte aligned) */
+    size_t off = (lynx_cuda_kctl_size(gi->blocks) + 7u) & ~(size_t)7u;
     void *k = NULL;
-    e = lynx__cuda_dev_alloc(gi->device, lynx_cuda_kctl_size(gi->blocks),
+    e = lynx__cuda_dev_alloc(gi->device, off + strlen(config_of(l)) + 1,
                              gi->copy, &k, &gi->kctl_size);
     gi->kctl = k;
+    gi->config = k ? (char *)k + off : NULL;
   }
   /* under a lease the kernel starts fenced: the deadline can only be put
    * in its clock once it has published a reading */
@@ -277,8 +316,13 @@ launch:
     if (rc)
       goto fail;
   }
+  rc = upload_config(gi, l, err, errlen);
+  if (rc)
+    goto fail;
   kl = (struct lynx_cuda_launch){
-      .lenet_params = gi->params,
+      .app_data = gi->params,
+      .config = gi->config,
+      .config_len = (uint32_t)strlen(config_of(l)),
       .region = gi->base,
       .n_mqueues = l->n_mqueues,
       .slots = l->slots,
@@ -298,12 +342,15 @@ launch:
       .thread_readers = host && l->tops != &lynx_transport_rdma,
   };
   if (lynx__cuda_calls_backends(l)) {
+    kl.calls = 1;
     kl.n_backends = l->n_backends;
     kl.client_base = l->n_server;
     kl.app_backend = app_backend;
     kl.call_timeout_ns = LYNX_CALL_TIMEOUT_NS;
   }
-  rc = lynx_cuda_start(&kl, gi->kern, err, errlen);
+  rc = l->app->module ? lynx__cuda_module_launch(l->app->module, gi->device,
+                                                 &kl, gi->kern, err, errlen)
+                      : lynx_cuda_start(&kl, gi->kern, err, errlen);
   if (rc) {
     if (rc > 0)
       lynx__cuda_note(gi->device, (cudaError_t)rc, "kernel launch");

@@ -35,6 +35,14 @@ static int none_runs_app(const struct lynx_app *app) {
   return 0;
 }
 
+/* Never called: this table finds no accelerator. */
+static int none_adopt(const struct lynx_accel_dev *devs, uint32_t n,
+                      struct lynx_app *app, char *why, size_t whylen) {
+  (void)devs, (void)n, (void)app;
+  snprintf(why, whylen, "%s", NO_CUDA);
+  return -ENOTSUP;
+}
+
 /* Whatever the layout, start says the agent was built without CUDA. */
 static int none_client_mqs(const struct lynx_accel_launch *l,
                            uint32_t *per_backend, char *why, size_t whylen) {

@@ -100,6 +100,35 @@ if [ "$spill" != 0 ]; then
   echo "FAIL: lynx_cuda_kernel spills ${spill:-?} bytes of registers for sm_90 (want 0)"
   exit 1
 fi
+# A GPU application's module (examples/vector-sum-gpu, built as a user
+# builds it: the SDK's headers alone) exports the kernels the agent looks
+# up by name, unmangled (lynx_gpu.h), and its persistent kernel, the SDK's,
+# has no more system fences than the agent's and spills no register.
+ex="$root/examples/vector-sum-gpu/vector_sum.cu"
+"$NVCC" -std=c++17 -Werror all-warnings -arch=sm_90 -ptx -I "$root/include" "$ex" -o "$out/vs.ptx" || {
+  echo "FAIL: the GPU example does not compile against the SDK's headers alone"
+  exit 1
+}
+for e in lynx_gpu_kernel lynx_gpu_kernel_wide; do
+  grep -q "^\.visible \.entry $e(" "$out/vs.ptx" || {
+    echo "FAIL: the GPU example's PTX has no entry $e (LYNX_GPU_APP)"
+    exit 1
+  }
+done
+awk '/^\.visible \.entry lynx_gpu_kernel\(/ { on = 1 } /^\.visible \.entry lynx_gpu_kernel_wide/ { on = 0 } on' \
+  "$out/vs.ptx" >"$out/vs-kernel.ptx"
+vfences=$(grep -c 'membar\.sys\|fence\.sc\.sys' "$out/vs-kernel.ptx")
+if ((vfences > FENCES_MAX)); then
+  echo "FAIL: the GPU example's kernel has $vfences system fences (at most $FENCES_MAX)"
+  exit 1
+fi
+vspill=$("$NVCC" -std=c++17 -arch=sm_90 -Xptxas -v -c -I "$root/include" "$ex" -o "$out/vs.o" 2>&1 |
+  awk '/Function properties for lynx_gpu_kernel$/ { f = 1; next } f && /spill stores/ { print $5; exit }')
+if [ "$vspill" != 0 ]; then
+  echo "FAIL: the GPU example's kernel spills ${vspill:-?} bytes of registers for sm_90 (want 0)"
+  exit 1
+fi
+echo "the GPU example (vector-sum): entries lynx_gpu_kernel and lynx_gpu_kernel_wide, $vfences system fences, no register spilled"
 echo "apps.cu's PTX (sm_90): $fences system fences, $acq ld.acquire.sys, $rel st.release.sys; $run 16-byte loads in flight; $seqrun look-ahead loads together; no register spilled"
 echo "mqueue.h, lynx_dev.cuh, lenet.h and apps.cu compile for sm_80 and sm_90 with" \
   "$("$NVCC" --version | tail -1)"

@@ -20,6 +20,9 @@
 #     refused by the API.
 #  5. A service of a refused plug-in is taken and says which node refused
 #     it and why; the node's refusals are in GET /v1/nodes/ID.
+#  5b. The GPU example (a fatbin, vector-sum) builds from the SDK with its
+#     Makefile (pkg-config and nvcc alone, sm_80 and sm_90); an agent
+#     without a GPU refuses it with that reason, shown on its service.
 #  6. Static mode: --app of a plug-in with --app-config (one that is not an
 #     object, or given with --coordinator, is refused at start); killed
 #     with SIGKILL, the agent takes its plug-in's process with it.
@@ -28,7 +31,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 it_init plugin_sdk
 it_require_coord
 it_require python3 pkg-config cc cmake make jq
-pick_ports COORD_PORT API_PORT METRICS_PORT P_FRUIT P_CODES P_BROKEN P_FUTURE
+pick_ports COORD_PORT API_PORT METRICS_PORT P_FRUIT P_CODES P_BROKEN P_FUTURE P_VSUM
 IT_SOFT=1
 
 BUILD=$(cd "$LYNX_BIN_DIR/.." && pwd)
@@ -53,6 +56,9 @@ ROOT=$IT_DIR/root
 DESTDIR=$ROOT cmake --install "$BUILD" --component dev --prefix /usr >"$IT_DIR/install.log" 2>&1 ||
   fail "cmake --install --component dev: $(tail -5 "$IT_DIR/install.log")"
 for f in include/lynx/lynx_app.h include/lynx/lynx_io.h include/lynx/mqueue.h \
+  include/lynx/lynx_gpu.h include/lynx/lynx_kernel.cuh include/lynx/lynx_dev.cuh \
+  include/lynx/lathist.h include/lynx/lynx_call.h \
+  share/doc/lynx-dev/examples/vector-sum-gpu/vector_sum.cu \
   share/pkgconfig/lynx.pc share/cmake/Lynx/LynxConfig.cmake \
   share/cmake/Lynx/LynxConfigVersion.cmake share/doc/lynx-dev/writing-apps.md \
   share/doc/lynx-dev/examples/kv-lookup/kv_lookup.c; do
@@ -78,6 +84,40 @@ if ! cmake -S "$ROOT/usr/share/doc/lynx-dev/examples/kv-lookup" -B "$IT_DIR/kv-c
 fi
 [[ -f $IT_DIR/kv-cmake/kv-lookup.so ]] || it_check_failed "find_package(Lynx) built no kv-lookup.so"
 log "ok: kv-lookup.so built with pkg-config and with find_package(Lynx)"
+# the GPU example, a fatbin for sm_80 and sm_90, from the SDK alone
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+VS_FATBIN=$PLUGINS/vector-sum.fatbin
+if [[ -x $NVCC ]]; then
+  cp -r "$ROOT/usr/share/doc/lynx-dev/examples/vector-sum-gpu" "$IT_DIR/vs-make"
+  make -C "$IT_DIR/vs-make" NVCC="$NVCC" >"$IT_DIR/vs-make.log" 2>&1 ||
+    fail "the GPU example's Makefile (pkg-config): $(tail -20 "$IT_DIR/vs-make.log")"
+  grep -q -- "-I$ROOT/usr/share/pkgconfig/../../include\|-I$ROOT/usr/include" "$IT_DIR/vs-make.log" ||
+    it_check_failed "the GPU example was not compiled against the installed headers: $(cat "$IT_DIR/vs-make.log")"
+  VS_FATBIN=$IT_DIR/vs-make/vector-sum.fatbin
+  # its entries: a cubin (kind 2) for each architecture asked for
+  code=$(python3 - "$VS_FATBIN" <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+magic, _, hs, size = struct.unpack_from("<IHHQ", d, 0)
+assert magic == 0xBA55ED50, "not a fatbin"
+o, code = hs, []
+while o < hs + size:
+    kind, _, ehs, n = struct.unpack_from("<HHIQ", d, o)
+    arch, = struct.unpack_from("<I", d, o + 28)
+    code.append(("sm_%d" if kind == 2 else "compute_%d") % arch)
+    o += ehs + n
+print(",".join(sorted(code)))
+PY
+)
+  assert_str "$code" "sm_80,sm_90" "vector-sum.fatbin's code, built by its Makefile"
+  for s in lynx_gpu_app_info lynx_gpu_kernel lynx_gpu_kernel_wide; do
+    grep -qa "$s" "$VS_FATBIN" || it_check_failed "vector-sum.fatbin has no $s"
+  done
+  log "ok: vector-sum.fatbin built with pkg-config and nvcc ($code)"
+else
+  log "no nvcc: the GPU example is not built here (the tree's own build of it is loaded below)"
+fi
+[[ -f $VS_FATBIN ]] || log "no vector-sum.fatbin (a build without CUDA): its refusal is not checked"
 
 # ---- 2. loaded beside bad plug-ins ------------------------------------------------
 log "== 2. the agent loads it and refuses the bad ones"
@@ -89,6 +129,12 @@ struct.pack_into("<H", b, 18, 62 if platform.machine() == "aarch64" else 183)
 open(sys.argv[2], "wb").write(b)
 PY
 LOADS="kv-lookup=$KV_SO,$PLUGINS/plugin-bad-abi.so,$PLUGINS/plugin-no-entry.so,$PLUGINS/plugin-clash.so,kv-other=$IT_DIR/kv-other-arch.so,$PLUGINS/plugin-crash-load.so"
+# the GPU module too: an agent without a GPU refuses it, saying so
+REFUSED=echo,future-abi,kv-other,plugin-crash-load,plugin-no-entry
+if [[ -f $VS_FATBIN ]]; then
+  LOADS+=",vector-sum=$VS_FATBIN"
+  REFUSED=echo,future-abi,kv-other,plugin-crash-load,plugin-no-entry,vector-sum
+fi
 "$LYNX_BIN_DIR/lynx-agent" --list-apps --app-load "$LOADS" >"$IT_DIR/list.out" 2>"$IT_DIR/list.err" ||
   it_check_failed "lynx-agent --list-apps: exit $?: $(cat "$IT_DIR/list.err")"
 want_line() {
@@ -101,6 +147,7 @@ want_line "$(printf 'refused\tplugin-no-entry\tno lynx_app_entry: not a Lynx plu
 want_line "$(printf 'refused\techo\t%s' "'echo' is the name of a built-in application")"
 want_line "refused	kv-other	a shared object for "
 want_line "$(printf 'refused\tplugin-crash-load\tits process killed by signal 6 (Aborted) while loading it')"
+[[ ! -f $VS_FATBIN ]] || want_line "$(printf 'vector-sum\t%s\t-\tonly' "$VS_FATBIN")"
 log "ok: --list-apps: $(grep -c . "$IT_DIR/list.out") lines, $(grep -c ^refused "$IT_DIR/list.out") refused"
 # each loaded plug-in in a process of its own, gone with the agent
 [[ -z $(pgrep -f -- "--app-host $KV_SO") ]] || it_check_failed "--list-apps left kv-lookup's process running"
@@ -115,7 +162,7 @@ start_coord_frontend
 [[ $(pgrep -fc -- "--app-host $KV_SO") == 1 ]] || it_check_failed "kv-lookup does not run in a process of its own"
 [[ $(api_json "/v1/nodes/$N1" '[.accelerators[0].apps[]] | index("kv-lookup") != null') == true ]] ||
   it_check_failed "the node does not list kv-lookup among its accelerator's apps: $(api_json "/v1/nodes/$N1" .accelerators)"
-[[ $(api_json "/v1/nodes/$N1" '[.refused_apps[].name] | sort | join(",")') == echo,future-abi,kv-other,plugin-crash-load,plugin-no-entry ]] ||
+[[ $(api_json "/v1/nodes/$N1" '[.refused_apps[].name] | sort | join(",")') == "$REFUSED" ]] ||
   it_check_failed "GET /v1/nodes/$N1: refused_apps: $(api_json "/v1/nodes/$N1" .refused_apps)"
 
 # ---- 3. two services, two tables --------------------------------------------------
@@ -189,6 +236,13 @@ api POST /v1/services -d "{\"name\":\"future\",\"port\":$P_FUTURE,\"app\":\"futu
 assert_eq "$API_STATUS" 201 "POST a service of a refused plug-in: HTTP status (it says why)"
 wait_svc future '.state == "pending" and (.reason | contains("node '"$N1"' refused the plug-in of application '"'"'future-abi'"'"': built for plug-in ABI version 2"))' 5
 log "ok: future: $(svc future '.state + ": " + .reason')"
+if [[ -f $VS_FATBIN ]]; then
+  api POST /v1/services -d "{\"name\":\"vsum\",\"port\":$P_VSUM,\"app\":\"vector-sum\"}"
+  assert_eq "$API_STATUS" 201 "POST a service of a GPU application on a node without a GPU: HTTP status"
+  wait_svc vsum '.state == "pending" and (.reason | contains("node '"$N1"' refused the plug-in of application '"'"'vector-sum'"'"': a GPU application (a CUDA module), and this agent has no GPU"))' 5
+  log "ok: vsum: $(svc vsum '.state + ": " + .reason')"
+  api DELETE /v1/services/vsum
+fi
 # an app nobody has heard of is still refused at once
 api POST /v1/services -d "{\"name\":\"ghost\",\"port\":$P_FUTURE,\"app\":\"no-such-app\"}"
 assert_eq "$API_STATUS" 422 "POST a service of an app no agent loads or refused: HTTP status"

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <elf.h>
 #include <infiniband/verbs.h>
 
 #include "app_logic.h"
@@ -316,7 +317,9 @@ static void *kernel_main(void *arg) {
       /* apps.cu's mc-get and face-verify reserve their answer's slot
        * first: a whole slot (the value's length comes with the reply),
        * the 8-byte answer */
-      uint32_t max = l->app == LYNX_CUDA_APP_MC_GET ? lynx_slot_cap(g.slot_size)
+      uint32_t max = k->pub.function ? lynx_slot_cap(g.slot_size)
+                     : l->app == LYNX_CUDA_APP_MC_GET
+                         ? lynx_slot_cap(g.slot_size)
                      : l->app == LYNX_CUDA_APP_FACE_VERIFY ? FACE_RESP_LEN
                      : l->app == LYNX_CUDA_APP_LENET       ? LENET_RESP_MAX
                                                            : 0;
@@ -340,7 +343,14 @@ static void *kernel_main(void *arg) {
       while ((full = lynx_mq_reserve(&mq[q], max, &out)) != 0 &&
              !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE))
         usleep(100);
-      if (!full && l->app == LYNX_CUDA_APP_ECHO) {
+      if (!full && k->pub.function) { /* a module's kernel */
+        int an = fake.module_handler
+                     ? fake.module_handler(l, m.data, m.len, out, max)
+                     : -1;
+        lynx_mq_commit(&mq[q], m.tag, an < 0 ? 0 : (uint32_t)an, max,
+                       an < 0 ? LYNX_ST_DROPPED : LYNX_ST_OK);
+        resp[b] += an >= 0;
+      } else if (!full && l->app == LYNX_CUDA_APP_ECHO) {
         memcpy(out, m.data, m.len);
         lynx_mq_commit(&mq[q], m.tag, m.len, m.len, LYNX_ST_OK);
         resp[b]++;
@@ -354,7 +364,7 @@ static void *kernel_main(void *arg) {
         if (clen < 0) {
           lynx_mq_commit(&mq[q], m.tag, 0, 0, LYNX_ST_DROPPED);
         } else {
-          int cls = lenet_forward(l->lenet_params, m.data, a);
+          int cls = lenet_forward(l->app_data, m.data, a);
           lynx_mq_commit(&mq[q], m.tag,
                          lenet_resp_encode(out, cls, a->logits,
                                            m.data + LENET_PIXELS,
@@ -472,6 +482,12 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
     break;
   case cudaDevAttrMultiProcessorCount:
     *v = fake.gpu[d].sms;
+    break;
+  case cudaDevAttrComputeCapabilityMajor:
+    *v = fake.gpu[d].major;
+    break;
+  case cudaDevAttrComputeCapabilityMinor:
+    *v = fake.gpu[d].minor;
     break;
   default:
     *v = 0;
@@ -1077,6 +1093,255 @@ static CUresult fake_set_attr(const void *v, CUpointer_attribute a,
   return CUDA_SUCCESS;
 }
 
+/* ---- CUDA modules (cuda_module.c's driver calls) ----------------------- */
+
+static int launch(const struct lynx_cuda_launch *l, void *stream,
+                  const char *function, char *err, size_t errlen);
+
+struct CUlib_st {
+  uint8_t *image; /* a copy, as the driver keeps what it loads */
+  size_t len;
+  struct CUlib_st *next;
+};
+
+/* The bytes of symbol name in an ELF cubin (its initial value), or NULL. */
+static const uint8_t *cubin_symbol(const uint8_t *e, size_t len,
+                                   const char *name, size_t *size) {
+  const Elf64_Ehdr *h = (const Elf64_Ehdr *)e;
+  const Elf64_Shdr *sh;
+  if (len < sizeof(*h) || memcmp(e, ELFMAG, SELFMAG) ||
+      h->e_shoff + (uint64_t)h->e_shnum * sizeof(*sh) > len)
+    return NULL;
+  sh = (const Elf64_Shdr *)(e + h->e_shoff);
+  for (unsigned s = 0; s < h->e_shnum; s++) {
+    const Elf64_Shdr *str;
+    if (sh[s].sh_type != SHT_SYMTAB || sh[s].sh_link >= h->e_shnum ||
+        sh[s].sh_offset + sh[s].sh_size > len)
+      continue;
+    str = &sh[sh[s].sh_link];
+    for (uint64_t i = 0; i < sh[s].sh_size / sizeof(Elf64_Sym); i++) {
+      const Elf64_Sym *y = (const Elf64_Sym *)(e + sh[s].sh_offset) + i;
+      const Elf64_Shdr *in;
+      if (y->st_name >= str->sh_size || y->st_shndx >= h->e_shnum ||
+          strcmp((const char *)e + str->sh_offset + y->st_name, name))
+        continue;
+      in = &sh[y->st_shndx];
+      if (in->sh_offset + y->st_value + y->st_size > len)
+        return NULL;
+      *size = y->st_size;
+      return e + in->sh_offset + y->st_value;
+    }
+  }
+  return NULL;
+}
+static struct CUlib_st *libs;
+
+/* Kernels and functions are names in a module: a kernel is its library
+ * and name, a function that in a GPU's context. */
+struct CUkern_st {
+  struct CUlib_st *lib;
+  char name[64];
+  int device; /* a function's; -1 for a kernel */
+  struct CUkern_st *next;
+};
+static struct CUkern_st *kerns;
+
+/* name, NUL-terminated, among the module's bytes (its symbol tables). */
+static int has_name(const struct CUlib_st *l, const char *name) {
+  size_t n = strlen(name) + 1;
+  for (size_t i = 0; l->len >= n && i <= l->len - n; i++)
+    if (!memcmp(l->image + i, name, n))
+      return 1;
+  return 0;
+}
+
+static uint64_t rd_le(const uint8_t *p, unsigned bytes) {
+  uint64_t v = 0;
+  while (bytes--)
+    v = v << 8 | p[bytes];
+  return v;
+}
+
+/* The fatbin's code for compute capability cc (major * 10 + minor): 2
+ * and its cubin (*code, *code_len), 1 for PTX it can compile, 0 none. */
+static int has_code(const struct CUlib_st *l, unsigned cc, const uint8_t **code,
+                    size_t *code_len) {
+  uint64_t hs, end;
+  int found = 0;
+  if (l->len < 16 || rd_le(l->image, 4) != 0xBA55ED50u)
+    return 0;
+  hs = rd_le(l->image + 6, 2);
+  end = hs + rd_le(l->image + 8, 8);
+  for (uint64_t o = hs; o + 32 <= end && end <= l->len;) {
+    unsigned kind = (unsigned)rd_le(l->image + o, 2);
+    unsigned arch = (unsigned)rd_le(l->image + o + 28, 4);
+    uint64_t ehs = rd_le(l->image + o + 4, 4), n = rd_le(l->image + o + 8, 8);
+    if (kind == 2 && arch == cc && o + ehs + n <= end) {
+      *code = l->image + o + ehs;
+      *code_len = n;
+      return 2;
+    }
+    if (kind == 1 && arch <= cc)
+      found = 1;
+    o += ehs + n;
+  }
+  return found;
+}
+
+static CUresult fake_lib_load(CUlibrary *out, const void *code, CUjit_option *o,
+                              void **ov, unsigned no, CUlibraryOption *lo,
+                              void **lov, unsigned nlo) {
+  struct CUlib_st *l;
+  size_t len;
+  (void)o, (void)ov, (void)no, (void)lo, (void)lov, (void)nlo;
+  BUMP(library_loads);
+  if (fake.err_library_load != CUDA_SUCCESS)
+    return fake.err_library_load;
+  if (rd_le(code, 4) != 0xBA55ED50u)
+    return CUDA_ERROR_INVALID_IMAGE;
+  len = 16 + rd_le((const uint8_t *)code + 8, 8);
+  l = calloc(1, sizeof(*l));
+  if (!l || !(l->image = malloc(len))) {
+    free(l);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  memcpy(l->image, code, len);
+  l->len = len;
+  pthread_mutex_lock(&lock);
+  l->next = libs;
+  libs = l;
+  pthread_mutex_unlock(&lock);
+  *out = l;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_lib_unload(CUlibrary l) {
+  BUMP(library_unloads);
+  (void)l; /* freed at fake_cuda_reap: kernels may still name it */
+  return CUDA_SUCCESS;
+}
+
+static struct CUkern_st *new_kern(struct CUlib_st *l, const char *name,
+                                  int device) {
+  struct CUkern_st *k = calloc(1, sizeof(*k));
+  if (!k)
+    return NULL;
+  k->lib = l;
+  snprintf(k->name, sizeof(k->name), "%s", name);
+  k->device = device;
+  pthread_mutex_lock(&lock);
+  k->next = kerns;
+  kerns = k;
+  pthread_mutex_unlock(&lock);
+  return k;
+}
+
+static CUresult fake_get_kernel(CUkernel *out, CUlibrary l, const char *name) {
+  struct CUkern_st *k;
+  if (!has_name(l, name))
+    return CUDA_ERROR_NOT_FOUND;
+  k = new_kern(l, name, -1);
+  if (!k)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *out = (CUkernel)k;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_get_function(CUfunction *out, CUkernel kernel) {
+  struct CUkern_st *k = (struct CUkern_st *)kernel, *f;
+  const struct fake_gpu *g = &fake.gpu[cur_dev];
+  const uint8_t *code;
+  size_t n;
+  BUMP(get_functions);
+  if (!has_code(k->lib, (unsigned)(g->major * 10 + g->minor), &code, &n))
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  f = new_kern(k->lib, k->name, cur_dev);
+  if (!f)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *out = (CUfunction)f;
+  return CUDA_SUCCESS;
+}
+
+/* A global of the current GPU's cubin: its initial value copied into
+ * "device memory" (a fresh allocation each time, freed at reap). */
+static CUresult fake_get_global(CUdeviceptr *p, size_t *bytes, CUlibrary lib,
+                                const char *name) {
+  const struct fake_gpu *g = &fake.gpu[cur_dev];
+  const uint8_t *code = NULL, *v;
+  size_t n = 0, size = 0;
+  void *d;
+  if (has_code(lib, (unsigned)(g->major * 10 + g->minor), &code, &n) != 2 ||
+      !(v = cubin_symbol(code, n, name, &size)))
+    return CUDA_ERROR_NOT_FOUND;
+  if (cudaMalloc(&d, size ? size : 1) != cudaSuccess)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  memcpy(d, v, size);
+  *p = (CUdeviceptr)(uintptr_t)d;
+  *bytes = size;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_func_set_attr(CUfunction f, CUfunction_attribute a,
+                                   int v) {
+  (void)f;
+  return a == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT && v == 100
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fake_occupancy(int *n, CUfunction fn, int threads,
+                               size_t smem) {
+  const struct CUkern_st *f = (const struct CUkern_st *)fn;
+  BUMP(occupancy_queries);
+  /* the narrow kernel for up to 512 threads, the wide one above */
+  if (smem || f->device != cur_dev || threads < 32 || threads > 1024 ||
+      (threads > 512) != !strcmp(f->name, "lynx_gpu_kernel_wide"))
+    return CUDA_ERROR_INVALID_VALUE;
+  *n = fake.module_per_sm ? fake.module_per_sm : 1;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_launch_kernel(CUfunction fn, unsigned gx, unsigned gy,
+                                   unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned smem, CUstream s,
+                                   void **params, void **extra) {
+  const struct CUkern_st *f = (const struct CUkern_st *)fn;
+  const struct lynx_cuda_launch *l = params ? params[0] : NULL;
+  char err[128];
+  BUMP(module_launches);
+  if (fake.err_module_launch != CUDA_SUCCESS)
+    return fake.err_module_launch;
+  if (!l || extra || smem || gy != 1 || gz != 1 || by != 1 || bz != 1 ||
+      gx != l->blocks || bx != l->threads || f->device != cur_dev)
+    return CUDA_ERROR_INVALID_VALUE;
+  return launch(l, s, f->name, err, sizeof(err)) ? CUDA_ERROR_INVALID_VALUE
+                                                 : CUDA_SUCCESS;
+}
+
+static CUresult fake_err_string(CUresult r, const char **s) {
+  *s = r == CUDA_ERROR_NO_BINARY_FOR_GPU ? "no kernel image is available for "
+                                           "execution on the device"
+       : r == CUDA_ERROR_NOT_FOUND       ? "named symbol not found"
+                                         : "fake driver error";
+  return CUDA_SUCCESS;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
+                       enum cudaMemcpyKind kind) {
+  int ok;
+  pthread_mutex_lock(&lock);
+  fake.memcpys++;
+  ok = kind == cudaMemcpyDeviceToHost ? find_live(src, n) != NULL
+                                      : find_live(dst, n) != NULL;
+  pthread_mutex_unlock(&lock);
+  if (!ok) {
+    BUMP(bad_copies);
+    return cudaErrorInvalidValue;
+  }
+  memcpy(dst, src, n);
+  return cudaSuccess;
+}
+
 cudaError_t
 cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned ver,
                                  unsigned long long flags,
@@ -1087,6 +1352,24 @@ cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned ver,
     *fn = (void *)fake_get_handle;
   else if (!strcmp(sym, "cuPointerSetAttribute"))
     *fn = (void *)fake_set_attr;
+  else if (!strcmp(sym, "cuLibraryLoadData"))
+    *fn = (void *)fake_lib_load;
+  else if (!strcmp(sym, "cuLibraryUnload"))
+    *fn = (void *)fake_lib_unload;
+  else if (!strcmp(sym, "cuLibraryGetKernel"))
+    *fn = (void *)fake_get_kernel;
+  else if (!strcmp(sym, "cuKernelGetFunction"))
+    *fn = (void *)fake_get_function;
+  else if (!strcmp(sym, "cuLibraryGetGlobal"))
+    *fn = (void *)fake_get_global;
+  else if (!strcmp(sym, "cuFuncSetAttribute"))
+    *fn = (void *)fake_func_set_attr;
+  else if (!strcmp(sym, "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+    *fn = (void *)fake_occupancy;
+  else if (!strcmp(sym, "cuLaunchKernel"))
+    *fn = (void *)fake_launch_kernel;
+  else if (!strcmp(sym, "cuGetErrorString"))
+    *fn = (void *)fake_err_string;
   if (*fn)
     *q = cudaDriverEntryPointSuccess;
   return cudaSuccess;
@@ -1171,32 +1454,34 @@ int lynx_cuda_resident_blocks(int device, uint32_t threads, uint32_t *max,
   return 0;
 }
 
-int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
-                    size_t errlen) {
+/* A launch of l on stream: lynx_cuda_start's, or a module's kernel
+ * function (cuLaunchKernel). */
+static int launch(const struct lynx_cuda_launch *l, void *stream,
+                  const char *function, char *err, size_t errlen) {
   struct CUstream_st *s = stream;
   size_t kn = lynx_cuda_kctl_size(l->blocks);
   struct kern *k;
-  BUMP(launches);
-  if (fake.err_launch) {
-    snprintf(err, errlen, "fake launch failure %d", fake.err_launch);
-    return fake.err_launch;
-  }
   pthread_mutex_lock(&lock);
   if (!s || s->destroyed || s->k || !l->blocks ||
       !(find_live(l->region, 4096) || host_mapped(l->region, 4096)) ||
-      !find_live(l->kctl, kn)) {
+      !find_live(l->kctl, kn) ||
+      !find_live(l->config, (size_t)l->config_len + 1)) {
     pthread_mutex_unlock(&lock);
     snprintf(err, errlen, "fake: bad launch");
     return -EINVAL;
   }
   pthread_mutex_unlock(&lock);
-  /* what apps.cu's lynx_cuda_start checks of a kernel that calls back
-   * ends: each block's own client mqueue of every back end */
-  if (lynx_cuda_app_calls(l->app) &&
+  /* what lynx_cuda_launch_check asks of a kernel that calls back ends:
+   * each block's own client mqueue of every back end */
+  if (l->calls &&
       (l->n_backends < 1 || l->app_backend >= l->n_backends ||
        l->client_base != l->n_server ||
        l->client_base + l->blocks * l->n_backends != l->n_mqueues)) {
     snprintf(err, errlen, "fake: bad client mqueue layout");
+    return -EINVAL;
+  }
+  if (l->config[l->config_len] || strlen(l->config) != l->config_len) {
+    snprintf(err, errlen, "fake: configuration of the wrong length");
     return -EINVAL;
   }
   for (size_t i = 0; i < kn; i++)
@@ -1210,6 +1495,7 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
   if (!k)
     return (int)cudaErrorMemoryAllocation;
   k->pub.l = *l;
+  k->pub.function = function;
   k->pub.launch_fence = l->kctl->serve_until_gt;
   k->pub.stream = s;
   k->pub.device = cur_dev;
@@ -1229,6 +1515,20 @@ int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
   if (pthread_create(&k->thread, NULL, kernel_main, k))
     abort();
   return 0;
+}
+
+int lynx_cuda_start(const struct lynx_cuda_launch *l, void *stream, char *err,
+                    size_t errlen) {
+  BUMP(launches);
+  if (fake.err_launch) {
+    snprintf(err, errlen, "fake launch failure %d", fake.err_launch);
+    return fake.err_launch;
+  }
+  if (l->calls != (uint32_t)lynx_cuda_app_calls(l->app)) {
+    snprintf(err, errlen, "fake: calls is not the app's");
+    return -EINVAL;
+  }
+  return launch(l, stream, NULL, err, errlen);
 }
 
 uint64_t fake_cuda_globaltimer(void) {
@@ -1308,6 +1608,17 @@ void fake_cuda_reap(void) {
     pinned = h->next;
     free(h->p);
     free(h);
+  }
+  while (kerns) {
+    struct CUkern_st *k = kerns;
+    kerns = k->next;
+    free(k);
+  }
+  while (libs) {
+    struct CUlib_st *l = libs;
+    libs = l->next;
+    free(l->image);
+    free(l);
   }
   while (mrs) {
     struct mr_node *n = mrs;

@@ -112,6 +112,22 @@ struct fake_cuda {
    * GPUs' does in steps of about 1 us */
   uint64_t timer_step_ns;
   int query_completes; /* ... and cudaEventQuery completes them */
+  /* CUDA modules (cuLibraryLoadData and the rest, through the driver's
+   * entry points): a module's kernels and globals are found by their
+   * names in its bytes; a GPU finds code in it when a cubin for its
+   * compute capability or PTX of one at most its own is there (the fatbin's
+   * entries, read by the fake itself), and a global's value is its
+   * symbol's in that GPU's cubin (a module with PTX only has none here).
+   * A module's kernel answers each request with module_handler's answer
+   * (a host twin of the module's handler: its length, or -1 to drop the
+   * request). */
+  CUresult err_library_load;  /* cuLibraryLoadData */
+  CUresult err_module_launch; /* cuLaunchKernel */
+  int module_per_sm;          /* occupancy of a module's kernel (0: 1) */
+  int (*module_handler)(const struct lynx_cuda_launch *l, const uint8_t *req,
+                        uint32_t len, uint8_t *out, uint32_t cap);
+  int library_loads, library_unloads, module_launches, occupancy_queries,
+      get_functions;
 
   /* recorded */
   int get_device_count, set_device, mallocs, frees, bad_frees, memsets, memcpys,
@@ -157,6 +173,8 @@ struct fake_kernel {
   uint64_t fenced_passes; /* mqueue turns skipped for the lease fence */
   uint64_t launch_fence;  /* kctl->serve_until_gt when it was launched */
   uint64_t calls;         /* client mqueue calls made (mc-get, face-verify) */
+  const char *function;   /* a module's kernel: the one launched (NULL:
+                             lynx_cuda_start's) */
   int last_call_rc;       /* the last one's: 0 or a LYNX_CALL_* code */
 };
 

@@ -54,6 +54,7 @@
 #include "ut_ring.h"
 #include "ut_tconn.h"
 #include "util.h"
+#include "vector_sum.h"
 
 #define S 8u
 #define Z 256u
@@ -175,15 +176,19 @@ static int start_numa = -1;
  * then the backend maps it into the GPU); agent-side handle start_ta. */
 static int start_host;
 static struct lynx_transport_agent *start_ta;
+/* The application they run, its configuration and threads per block. */
+static const char *start_app = "echo";
+static const char *start_config;
+static uint32_t start_threads = 64;
 
 static int inst_start(struct inst *in, int dev,
                       const struct lynx_transport_ops *ops, uint32_t q,
                       uint32_t n_server, uint64_t epoch) {
   struct lynx_accel_launch l;
-  const struct lynx_app *echo_app = lynx_app_find("echo");
+  const struct lynx_app *echo_app = lynx_app_find(start_app);
   int n0 = fake_cuda_kernels(), rc;
   assert_non_null(echo_app);
-  assert_int_equal(echo_app->cuda_app, LYNX_CUDA_APP_ECHO);
+  assert_true(echo_app->module || echo_app->cuda_app == LYNX_CUDA_APP_ECHO);
   memset(in, 0, sizeof(*in));
   in->gpu.device = dev;
   snprintf(in->gpu.name, sizeof(in->gpu.name), "Fake GPU %d", dev);
@@ -224,6 +229,7 @@ static int inst_start(struct inst *in, int dev,
                                            : ops == T ? g_ta
                                                       : NULL,
                                  .app = echo_app,
+                                 .app_config = start_config,
                                  .n_mqueues = q,
                                  .n_server = n_server,
                                  .slots = S,
@@ -232,7 +238,7 @@ static int inst_start(struct inst *in, int dev,
                                  .accel_id = ACCEL,
                                  .epoch = epoch,
                                  .work_us = 7,
-                                 .gpu_threads = 64,
+                                 .gpu_threads = start_threads,
                                  .gpu_blocks = start_blocks,
                                  .gpu_idle_ns = start_idle_ns,
                                  .serve_until = &start_serve_until};
@@ -268,9 +274,8 @@ static void inst_connect(struct inst *in) {
 
 /* The frontend's request at RX position pos of mqueue q (one publishing
  * gather write), rung. */
-static void request_at(struct inst *in, uint32_t q, uint32_t pos,
-                       const char *msg, uint32_t tag) {
-  uint32_t len = (uint32_t)strlen(msg) + 1;
+static void request_bytes(struct inst *in, uint32_t q, uint32_t pos,
+                          const void *msg, uint32_t len, uint32_t tag) {
   uint32_t poff = lynx_payload_off(Z, len);
   struct lynx_slot_meta meta = {len, tag, LYNX_ST_OK, (uint16_t)(poff / 16u),
                                 lynx_seq_for(pos)};
@@ -282,6 +287,11 @@ static void request_at(struct inst *in, uint32_t q, uint32_t pos,
   assert_int_equal(
       in->c->ops->writev(in->c, rx + poff, iov, 3, LYNX_WR_PUBLISH), 0);
   assert_int_equal(in->c->ops->flush(in->c), 0);
+}
+
+static void request_at(struct inst *in, uint32_t q, uint32_t pos,
+                       const char *msg, uint32_t tag) {
+  request_bytes(in, q, pos, msg, (uint32_t)strlen(msg) + 1, tag);
 }
 
 /* The kernel's echo of msg under tag in TX slot bytes slot, position pos. */
@@ -2464,9 +2474,9 @@ static void test_lenet_gpu(void **state) {
   assert_int_equal(cinst_start(&c, "lenet", 2, 0, 0), 0);
   c_app_data = NULL;
   assert_int_equal(c.k->l.app, LYNX_CUDA_APP_LENET);
-  assert_non_null(c.k->l.lenet_params);
-  assert_true(fake_cuda_is_live(c.k->l.lenet_params));
-  assert_memory_equal(c.k->l.lenet_params, m->params, sizeof(m->params));
+  assert_non_null(c.k->l.app_data);
+  assert_true(fake_cuda_is_live(c.k->l.app_data));
+  assert_memory_equal(c.k->l.app_data, m->params, sizeof(m->params));
   for (uint32_t i = 0; i < LENET_PIXELS; i++)
     req[i] = (uint8_t)((i * 37u + i / 28u) & 0xffu);
   memcpy(req + LENET_PIXELS, "ABCD", 4);
@@ -2764,6 +2774,202 @@ static void test_client_layout(void **state) {
 }
 
 /* Every test starts with GPUS fake GPUs, no injection, no records. */
+/* ---- GPU applications as CUDA modules (cuda_module.c) -------------------- */
+
+/* The host twin of the example's handler (examples/vector-sum-gpu), over
+ * the same request and answer code, for the fake kernel. */
+static int vector_sum_twin(const struct lynx_cuda_launch *l, const uint8_t *req,
+                           uint32_t len, uint8_t *out, uint32_t cap) {
+  uint64_t sum = 0;
+  (void)l;
+  if (cap < VS_ANSWER_LEN)
+    return -1;
+  if (!vs_request_ok(len)) {
+    memcpy(out, VS_ERROR, VS_ERROR_LEN);
+    return VS_ERROR_LEN;
+  }
+  for (uint32_t i = 0; i < len / 4u; i++)
+    sum += vs_elem(req, i);
+  vs_answer(out, len / 4u, sum);
+  return VS_ANSWER_LEN;
+}
+
+/* The module at PLUGINS/file read (as NAME=PATH when name) and offered to
+ * the CUDA backend for GPU 0: adopt's result, its reason in why. */
+static int module_adopt(const char *name, const char *file, char *why,
+                        size_t whylen) {
+  struct lynx_accel_dev dev = {.ops = &lynx_accel_cuda, .device = 0};
+  char path[512];
+  struct lynx_app *app;
+  snprintf(path, sizeof(path), "%s/%s", PLUGINS_DIR, file);
+  if (lynx_app_load_module(name, path, why, whylen))
+    return -1000;
+  app = lynx_app_module_at(0);
+  assert_non_null(app);
+  return lynx_accel_cuda.adopt(&dev, 1, app, why, whylen);
+}
+
+/* The answer in TX slot pos of mqueue q, once there: its bytes into out. */
+static uint32_t answer_at(struct inst *in, uint32_t q, uint32_t pos,
+                          uint32_t tag, uint8_t *out) {
+  uint64_t tx = lynx_slot_off(&in->g, lynx_tx_ring_off(&in->g, q), pos);
+  uint64_t end = lynx_now_ns() + 2000000000ull, id;
+  uint8_t slot[Z];
+  struct lynx_slot_meta got;
+  do {
+    assert_int_equal(in->c->ops->read(in->c, tx, slot, Z, 9), 0);
+    assert_int_equal(in->c->ops->flush(in->c), 0);
+    assert_int_equal(ut_poll_n(in->c, &id, 1), 1);
+    memcpy(&got, slot + Z - LYNX_META_SIZE, sizeof(got));
+    if (got.seq == lynx_seq_for(pos))
+      break;
+    usleep(500);
+  } while (lynx_now_ns() < end);
+  assert_int_equal(got.seq, lynx_seq_for(pos));
+  assert_int_equal(got.tag, tag);
+  assert_int_equal(got.status, LYNX_ST_OK);
+  memcpy(out, slot + got.off16 * 16u, got.len);
+  return got.len;
+}
+
+/*
+ * The example's fatbin (built by nvcc for sm_80 and sm_90 from
+ * examples/vector-sum-gpu, as a user builds it) loaded through the driver
+ * API as the agent loads it: its description read from the cubin for this
+ * GPU, the name it gives itself, the occupancy of its own kernel, the
+ * narrow kernel launched by name for 64 threads a block and the wide one
+ * for 1,024, the service's configuration in device memory, and every
+ * answer the (twin of the) handler gives.
+ */
+static void test_gpu_module(void **state) {
+  struct inst in;
+  const struct lynx_app *app;
+  const uint32_t v[4] = {1, 2, 3, 0xFFFFFFFFu};
+  uint8_t got[Z], want[VS_ANSWER_LEN];
+  char why[512] = "";
+  (void)state;
+  fake.module_handler = vector_sum_twin;
+  assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
+                   0);
+  app = lynx_app_find("vector-sum");
+  assert_non_null(app);
+  assert_non_null(app->module);
+  assert_string_equal(app->help, "the sum of a vector of 32-bit integers");
+  assert_null(app->needs_backend);
+  assert_string_equal(app->image_code, "sm_80, sm_90");
+  assert_true(lynx_accel_cuda.runs_app(app));
+  assert_false(lynx_accel_cpu.runs_app(app));
+  assert_int_equal(fake.library_loads, 1);
+  assert_int_equal(fake.get_functions, 2); /* both kernels, GPU 0 */
+
+  start_app = "vector-sum";
+  start_config = "{\"scale\":2}";
+  assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH), 0);
+  assert_non_null(in.k);
+  assert_string_equal(in.k->function, "lynx_gpu_kernel");
+  assert_int_equal(in.k->l.app, LYNX_CUDA_APP_NONE);
+  assert_int_equal(in.k->l.calls, 0);
+  assert_int_equal(fake.module_launches, 1);
+  assert_int_equal(fake.launches, 0); /* not the built-in kernel */
+  assert_true(fake.occupancy_queries >= 1);
+  assert_int_equal(in.k->l.config_len, strlen(start_config));
+  assert_true(fake_cuda_is_live(in.k->l.config));
+  assert_string_equal(in.k->l.config, start_config);
+  inst_connect(&in);
+  request_bytes(&in, 1, 0, v, sizeof(v), 0x51);
+  assert_int_equal(answer_at(&in, 1, 0, 0x51, got), VS_ANSWER_LEN);
+  vs_answer(want, 4, 6ull + 0xFFFFFFFFull);
+  assert_memory_equal(got, want, VS_ANSWER_LEN);
+  request_bytes(&in, 0, 0, "abc", 3, 0x52); /* not a vector */
+  assert_int_equal(answer_at(&in, 0, 0, 0x52, got), VS_ERROR_LEN);
+  assert_memory_equal(got, VS_ERROR, VS_ERROR_LEN);
+  inst_drop(&in);
+
+  /* wider blocks run the wide kernel, and the app's default config */
+  start_threads = 1024;
+  start_config = NULL;
+  assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH + 1), 0);
+  assert_string_equal(in.k->function, "lynx_gpu_kernel_wide");
+  assert_string_equal(in.k->l.config, "{}");
+  inst_drop(&in);
+  start_threads = 64;
+
+  /* a launch the driver refuses fails the start with its reason */
+  fake.err_module_launch = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  assert_int_not_equal(inst_start(&in, 0, T, 2, 2, EPOCH + 2), 0);
+  assert_contains(in.err, "launch of 'vector-sum''s persistent kernel");
+  fake.err_module_launch = CUDA_SUCCESS;
+  /* so does a module's kernel that no block of fits an SM */
+  fake.module_per_sm = -1;
+  assert_int_not_equal(inst_start(&in, 0, T, 2, 2, EPOCH + 3), 0);
+  assert_contains(in.err, "cannot run 'vector-sum''s kernel");
+  fake.module_per_sm = 0;
+  start_app = "echo";
+  lynx_accel_cuda.shutdown();
+  assert_int_equal(fake.library_unloads, 1);
+  lynx_apps_unload();
+}
+
+/* Each bad module refused with its reason: another GPU ABI, no Lynx
+ * kernel, no code for this GPU, a name other than the one given, a module
+ * the driver refuses, a truncated fatbin. */
+static void test_gpu_module_refused(void **state) {
+  char why[512] = "", path[512], trunc[512];
+  uint8_t buf[4096];
+  FILE *f;
+  size_t n;
+  (void)state;
+  assert_int_equal(module_adopt(NULL, "gpu-bad-abi.fatbin", why, sizeof(why)),
+                   -EPROTO);
+  assert_contains(why, "built for GPU ABI version 99; this agent's is 1");
+  lynx_apps_unload();
+  assert_int_equal(module_adopt(NULL, "gpu-no-info.fatbin", why, sizeof(why)),
+                   -ENOENT);
+  assert_contains(why, "no kernel lynx_gpu_kernel: not a Lynx GPU module");
+  lynx_apps_unload();
+  fake.gpu[0].major = 8;
+  fake.gpu[0].minor = 6;
+  assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
+                   -ENOEXEC);
+  assert_contains(why, "no code for GPU 0 (compute 8.6): the module holds "
+                       "sm_80, sm_90");
+  fake.gpu[0].major = 9;
+  fake.gpu[0].minor = 0;
+  lynx_apps_unload();
+  assert_int_equal(module_adopt("other", "vector-sum.fatbin", why, sizeof(why)),
+                   -EINVAL);
+  assert_contains(why, "its module's application is 'vector-sum', not 'other'");
+  lynx_apps_unload();
+  assert_int_equal(module_adopt("echo", "vector-sum.fatbin", why, sizeof(why)),
+                   -1000);
+  assert_contains(why, "'echo' is the name of a built-in application");
+  lynx_apps_unload();
+  fake.err_library_load = CUDA_ERROR_INVALID_IMAGE;
+  assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
+                   -EIO);
+  assert_contains(why, "the CUDA driver refused the module");
+  fake.err_library_load = CUDA_SUCCESS;
+  lynx_apps_unload();
+  /* the first 4 KiB of it: its header says more */
+  snprintf(path, sizeof(path), "%s/vector-sum.fatbin", PLUGINS_DIR);
+  snprintf(trunc, sizeof(trunc), "%s/ut-truncated-%d.fatbin", PLUGINS_DIR,
+           (int)getpid());
+  f = fopen(path, "rb");
+  assert_non_null(f);
+  n = fread(buf, 1, sizeof(buf), f);
+  fclose(f);
+  f = fopen(trunc, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(buf, 1, n, f), n);
+  fclose(f);
+  assert_int_equal(lynx_app_load_module(NULL, trunc, why, sizeof(why)),
+                   -ENOEXEC);
+  assert_contains(why, "a truncated CUDA fatbin");
+  unlink(trunc);
+  assert_null(lynx_app_module_at(0));
+  lynx_apps_unload();
+}
+
 static int setup(void **state) {
   (void)state;
   fake_cuda_gpus(GPUS);
@@ -2826,6 +3032,8 @@ int main(int argc, char **argv) {
       T_(test_client_mc_get),
       T_(test_client_face_verify),
       T_(test_client_layout),
+      T_(test_gpu_module),
+      T_(test_gpu_module_refused),
   };
   make_sysfs();
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);

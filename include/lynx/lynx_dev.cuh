@@ -39,7 +39,7 @@
 
 #include <stdint.h>
 
-#include "app_logic.h"
+#include "lynx_call.h"
 #include "mqueue.h"
 
 #define LYNX_DEV static __device__ __forceinline__
