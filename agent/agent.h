@@ -122,8 +122,13 @@ struct agent {
   void (*report_failed)(struct agent *ag, uint64_t id, const char *why);
   /* tells the coordinator that a pending instance is ready (link.c) */
   void (*report_ready)(struct agent *ag, struct instance *in);
+  /* drains this node, as a signal does, then exits with LYNX_EXIT_RESTART
+   * for the supervisor to start the agent again (main.c; health.c calls it
+   * when a device cannot be used again in this process) */
+  void (*restart)(struct agent *ag, const char *why);
   uv_signal_t sigint, sigterm;
   int stopping, exit_code;
+  int exit_wanted; /* the exit code a shutdown with 0 uses instead */
   /* A signal under a coordinator drains before stopping (main.c,
    * on_signal): leaving is set while the coordinator drains this node
    * (from just before the Leave with drain is sent; link.c reads it);

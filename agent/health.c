@@ -28,6 +28,7 @@
 
 #include "agent.h"
 #include "log.h"
+#include "options.h"
 #include "mqueue.h"
 #include "util.h"
 
@@ -118,6 +119,42 @@ void agent_health_blocks(struct agent *ag) {
   }
 }
 
+/*
+ * Accelerator i's last error is sticky: a GPU whose CUDA context a fault
+ * in a kernel poisoned, so that every kernel of this process on it is dead
+ * and CUDA gives that context back only to a fresh process ("the process
+ * must be terminated and relaunched", cudaErrorIllegalAddress). Each
+ * instance on it is reported failed with the error and stopped, so the
+ * coordinator places it again elsewhere at once; then the agent drains the
+ * others and exits for its supervisor to start it again (ag->restart).
+ */
+static void device_failed(struct agent *ag, uint32_t i) {
+  struct agent_accel *a = &ag->acc[i];
+  char why[400];
+  uint32_t n = 0;
+  snprintf(why, sizeof(why),
+           "accel %u (%s) failed: %s (its context is unusable: every "
+           "instance on it failed; the agent restarts to recover it)",
+           i, a->info.where, a->last_error[0] ? a->last_error : "?");
+  for (struct instance *in = ag->instances, *next; in; in = next) {
+    next = in->next;
+    if (in->accel != i)
+      continue;
+    if (ag->report_failed)
+      ag->report_failed(ag, in->id, why);
+    agent_instance_stop(ag, in);
+    n++;
+  }
+  LYNX_ERR("agent",
+           "%s: accel %u (%s): %u instances failed with it; CUDA recovers "
+           "such a context only in a fresh process: the agent drains its "
+           "other instances and exits with status %d for its supervisor to "
+           "restart it (systemd: Restart=on-failure)",
+           ag->node_id, i, a->info.where, n, LYNX_EXIT_RESTART);
+  if (ag->restart)
+    ag->restart(ag, why);
+}
+
 void agent_health_sample(struct agent *ag, uint64_t now_ns) {
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct agent_accel *a = &ag->acc[i];
@@ -130,6 +167,10 @@ void agent_health_sample(struct agent *ag, uint64_t now_ns) {
       LYNX_ERR("agent", "%s: accel %u (%s) %s: %s", ag->node_id, i,
                a->info.where, lost ? "is gone" : "failed", a->last_error);
     a->device_lost = lost;
+    if (failed && !a->failed) {
+      a->failed = failed;
+      device_failed(ag, i);
+    }
     a->failed = failed;
   }
   for (struct instance *in = ag->instances; in; in = in->next)

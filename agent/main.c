@@ -91,7 +91,8 @@ static const struct lynx_opt agent_opts[] = {
      "from starting, with the reason"},
     {"app-load", LYNX_OPT_STR, O(app_load), NULL, 0, 0, NULL,
      "plug-in applications to load: [NAME=]PATH[,[NAME=]PATH...], each a "
-     "shared object built against the SDK (docs/writing-apps.md); NAME, "
+     "shared object (CPU) or a CUDA fatbin (GPU, --cuda-accels) built "
+     "against the SDK (docs/writing-apps.md); NAME, "
      "when given, must be the name it defines. One that does not fit is "
      "refused with the reason (--list-apps; the coordinator shows it on "
      "the services that use it) and the agent runs without it"},
@@ -99,8 +100,8 @@ static const struct lynx_opt agent_opts[] = {
      "static mode: the configuration --app's instances start with, a JSON "
      "object (docs/writing-apps.md) [default: the application's own]"},
     {"app-dir", LYNX_OPT_STR, O(app_dir), NULL, 0, 0, NULL,
-     "a directory whose *.so files are loaded as plug-in applications, in "
-     "name order, after --app-load's"},
+     "a directory whose *.so and *.fatbin files are loaded as plug-in "
+     "applications, in name order, after --app-load's"},
     {"list-apps", LYNX_OPT_FLAG, O(list_apps), NULL, 0, 0, NULL,
      "print the applications this agent runs, one a line, tab-separated "
      "(name, origin, the back end it calls or -, GPU kernel yes/no), then "
@@ -306,14 +307,14 @@ static void agent_stop_soon(struct agent *ag, const char *why) {
   uv_timer_start(&ag->stop_timer, stop_timer_fired, 0, 0);
 }
 
-/* SIGTERM or SIGINT. Under a coordinator, with instances running, the
- * first one drains the node before the agent stops (a restart under
- * systemd or Kubernetes loses nothing in flight): the coordinator takes
- * it out of the frontends' tables, stops its instances once they answered
+/* SIGTERM or SIGINT (on_signal), or a device this process cannot use
+ * again (agent_restart), what says which. Under a coordinator, with
+ * instances running, the first one drains the node before the agent stops (a
+ * restart under systemd or Kubernetes loses nothing in flight): the coordinator
+ * takes it out of the frontends' tables, stops its instances once they answered
  * what they hold, and the agent then leaves. A second signal, or
  * --stop-timeout-ms, stops it at once. */
-static void on_signal(uv_signal_t *s, int signum) {
-  struct agent *ag = s->data;
+static void begin_stop(struct agent *ag, const char *what) {
   if (!ag->leaving && !ag->stopping && ag->cfg.stop_timeout_ms) {
     ag->leaving = 1; /* first: the link may end the wait (agent_stop_soon) */
     if (agent_link_leave_drained(ag) == 0) {
@@ -322,9 +323,8 @@ static void on_signal(uv_signal_t *s, int signum) {
                 "coordinator moves new requests away and stops the instances "
                 "once the frontends answered what they hold (at most %u ms; "
                 "a second signal stops at once)",
-                ag->node_id, strsignal(signum), ag->cfg.stop_timeout_ms);
-      lynx_notify_stopping("%s: draining, then shutting down",
-                           strsignal(signum));
+                ag->node_id, what, ag->cfg.stop_timeout_ms);
+      lynx_notify_stopping("%s: draining, then shutting down", what);
       if (!uv_is_active((uv_handle_t *)&ag->stop_timer))
         uv_timer_start(&ag->stop_timer, stop_timer_fired,
                        ag->cfg.stop_timeout_ms, 0);
@@ -332,9 +332,20 @@ static void on_signal(uv_signal_t *s, int signum) {
     }
     ag->leaving = 0;
   }
-  LYNX_INFO("agent", "%s: %s, shutting down", ag->node_id, strsignal(signum));
-  lynx_notify_stopping("%s, shutting down", strsignal(signum));
+  LYNX_INFO("agent", "%s: %s, shutting down", ag->node_id, what);
+  lynx_notify_stopping("%s, shutting down", what);
   agent_shutdown(ag, 0);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  begin_stop(s->data, strsignal(signum));
+}
+
+/* ag->restart (health.c): a device this process cannot use again. */
+static void agent_restart(struct agent *ag, const char *why) {
+  (void)why; /* logged by the caller */
+  ag->exit_wanted = LYNX_EXIT_RESTART;
+  begin_stop(ag, "a device failed for good in this process");
 }
 
 /* Orderly shutdown with this exit code (idempotent). */
@@ -342,7 +353,7 @@ static void agent_shutdown(struct agent *ag, int exit_code) {
   if (ag->stopping)
     return;
   ag->stopping = 1;
-  ag->exit_code = exit_code;
+  ag->exit_code = exit_code ? exit_code : ag->exit_wanted;
   agent_serve_stop(ag);
   agent_link_stop(ag);
   agent_health_stop(ag);
@@ -754,6 +765,7 @@ int main(int argc, char **argv) {
   ag.stop_timer.data = &ag;
   uv_signal_start(&ag.sigint, on_signal, SIGINT);
   uv_signal_start(&ag.sigterm, on_signal, SIGTERM);
+  ag.restart = agent_restart;
   agent_health_start(&ag);
   ag.loop_ready = 1;
   agent_apphosts_start(&ag);

@@ -82,10 +82,14 @@ struct lynx_opt {
  * or contradicts another option: what lynx_opts_parse and the program's own
  * checks of its command line refuse), 1 a runtime failure (a file that
  * cannot be read, an address that cannot be bound, a device or peer that
- * is missing). The message always names the option and the value.
+ * is missing). The message always names the option and the value. The
+ * agent exits with 75 (EX_TEMPFAIL) when it stops so that its supervisor
+ * starts it again: a device it cannot use again in this process (a GPU
+ * whose CUDA context a kernel's fault poisoned).
  */
 #define LYNX_EXIT_RUNTIME 1
 #define LYNX_EXIT_USAGE 2
+#define LYNX_EXIT_RESTART 75
 int lynx_opts_parse(const struct lynx_opt *tab, void *cfg, int argc,
                     char **argv, const char *usage, int *help);
 void lynx_opts_free(const struct lynx_opt *tab, void *cfg);

@@ -99,7 +99,8 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
     /* the operator sees why in the service's state: an agent's text,
      * cleaned (a byte that is not UTF-8 becomes '?') */
     snprintf(i->svc->last_error, sizeof(i->svc->last_error),
-             "instance on %s/%u failed to start: ", node_id, i->accel_idx);
+             "instance on %s/%u %s: ", node_id, i->accel_idx,
+             i->state == LYNX_INST_READY ? "failed" : "failed to start");
     lynx_text_clean(i->svc->last_error + strlen(i->svc->last_error),
                     sizeof(i->svc->last_error) - strlen(i->svc->last_error),
                     why ? why : "");

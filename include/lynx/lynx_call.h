@@ -15,7 +15,7 @@
  * request into the mqueue's TX ring with a tag of its own and the frontend
  * writes the back end's reply into the RX ring with the same tag (status OK,
  * BACKEND_DOWN or TOO_LONG). The CPU's lynx_call (apps.c), the GPU's
- * lynx_block_call (cuda/lynx_dev.cuh) and the fake kernel of the CUDA unit
+ * lynx_block_call (lynx_dev.cuh) and the fake kernel of the CUDA unit
  * test all take replies with lynx_call_poll. Results are -errno as Linux
  * numbers them, spelled out because device code has no errno.h (apps.c
  * checks that they match).

@@ -27,8 +27,10 @@
  * pass any pointer, it is never read).
  *
  * Needs sm_70 or later (__nanosleep, independent thread scheduling).
- * Nothing here has run on a GPU yet: this machine has no GPU, the code is
- * only compiled (tests/cuda/nvcc-check.sh, the lynx_cuda_kernels target).
+ * Compiled for sm_80 and sm_90 by every build (tests/cuda/nvcc-check.sh,
+ * the lynx_cuda_kernels target); what has run on a GPU is in docs/gpu.md,
+ * "What has run". Part of the SDK: a GPU application's handler uses it
+ * (lynx_kernel.cuh).
  */
 #ifndef LYNX_DEV_CUH
 #define LYNX_DEV_CUH

@@ -347,6 +347,13 @@ static void *kernel_main(void *arg) {
         int an = fake.module_handler
                      ? fake.module_handler(l, m.data, m.len, out, max)
                      : -1;
+        if (an == FAKE_TRAP) { /* the kernel faults: its GPU is poisoned */
+          k->pub.crashed = cudaErrorIllegalAddress;
+          __atomic_store_n(&fake.poisoned[k->pub.device],
+                           cudaErrorIllegalAddress, __ATOMIC_RELEASE);
+          stopped = 1;
+          break;
+        }
         lynx_mq_commit(&mq[q], m.tag, an < 0 ? 0 : (uint32_t)an, max,
                        an < 0 ? LYNX_ST_DROPPED : LYNX_ST_OK);
         resp[b] += an >= 0;
@@ -425,6 +432,13 @@ void fake_cuda_crash(struct fake_kernel *fk, cudaError_t e) {
 /* ---- the runtime ------------------------------------------------------ */
 
 static int bad_dev(int d) { return d < 0 || d >= fake.n_gpus; }
+
+/* The sticky error of GPU dev (fake.poisoned), or cudaSuccess. */
+static cudaError_t sticky_of(int dev) {
+  return dev >= 0 && dev < FAKE_GPUS
+             ? __atomic_load_n(&fake.poisoned[dev], __ATOMIC_ACQUIRE)
+             : cudaSuccess;
+}
 
 cudaError_t cudaDriverGetVersion(int *v) {
   *v = fake.driver_version;
@@ -514,6 +528,8 @@ cudaError_t cudaMalloc(void **p, size_t size) {
   wait_device_idle();
   if (fake.err_malloc != cudaSuccess)
     return fake.err_malloc;
+  if (sticky_of(cur_dev) != cudaSuccess)
+    return sticky_of(cur_dev);
   a = calloc(1, sizeof(*a));
   if (!a)
     return cudaErrorMemoryAllocation;
@@ -886,6 +902,8 @@ static void log_op(int is_memset, enum cudaMemcpyKind kind, cudaStream_t s,
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+  if (s && sticky_of(s->device) != cudaSuccess)
+    return sticky_of(s->device);
   pthread_mutex_lock(&lock);
   fake.memsets++;
   log_op(1, cudaMemcpyHostToDevice, s, p, NULL, n);
@@ -905,6 +923,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
   const void *dev = kind == cudaMemcpyHostToDevice ? dst : src;
   cudaError_t e = cudaSuccess;
   struct kern *stopped = NULL;
+  if (s && sticky_of(s->device) != cudaSuccess)
+    return sticky_of(s->device);
   pthread_mutex_lock(&lock);
   fake.memcpys++;
   log_op(0, kind, s, dev, kind == cudaMemcpyHostToDevice ? src : NULL, n);
@@ -992,6 +1012,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   BUMP(stream_syncs);
   if (!s || s->destroyed)
     return cudaErrorInvalidResourceHandle;
+  if (sticky_of(s->device) != cudaSuccess)
+    return sticky_of(s->device);
   pthread_mutex_lock(&lock);
   if (fake.err_stream_sync_once != cudaSuccess) {
     cudaError_t e = fake.err_stream_sync_once;
@@ -1016,6 +1038,8 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
     return cudaSuccess;
   if (kernel_running(s->k))
     return cudaErrorNotReady;
+  if (sticky_of(s->device) != cudaSuccess)
+    return sticky_of(s->device);
   return s->k->pub.crashed;
 }
 
@@ -1311,6 +1335,8 @@ static CUresult fake_launch_kernel(CUfunction fn, unsigned gx, unsigned gy,
   BUMP(module_launches);
   if (fake.err_module_launch != CUDA_SUCCESS)
     return fake.err_module_launch;
+  if (sticky_of(cur_dev) != cudaSuccess)
+    return (CUresult)sticky_of(cur_dev);
   if (!l || extra || smem || gy != 1 || gz != 1 || by != 1 || bz != 1 ||
       gx != l->blocks || bx != l->threads || f->device != cur_dev)
     return CUDA_ERROR_INVALID_VALUE;

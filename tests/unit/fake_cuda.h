@@ -65,6 +65,11 @@ struct fake_gpu {
 
 struct fake_kernel;
 
+/* What a module handler returns to fault as a kernel that dereferences a
+ * bad address does: the kernel ends, its GPU's context poisoned
+ * (cudaErrorIllegalAddress). */
+#define FAKE_TRAP (-2)
+
 /* One copy or memset, in call order. */
 struct fake_op {
   int memset; /* 0: cudaMemcpyAsync */
@@ -128,6 +133,10 @@ struct fake_cuda {
                         uint32_t len, uint8_t *out, uint32_t cap);
   int library_loads, library_unloads, module_launches, occupancy_queries,
       get_functions;
+  /* A GPU whose context a kernel's fault poisoned (a module handler's
+   * FAKE_TRAP): every call on it returns this sticky error from then on,
+   * as on a GPU (cudaSuccess: none) */
+  cudaError_t poisoned[FAKE_GPUS];
 
   /* recorded */
   int get_device_count, set_device, mallocs, frees, bad_frees, memsets, memcpys,

@@ -1,6 +1,6 @@
 /*
  * test_lathist.c - accelerator latency stamps and histograms
- * (common/lathist.h): bucket bounds, quantiles over a window, first-seen
+ * (include/lynx/lathist.h): bucket bounds, quantiles over a window, first-seen
  * stamps over a real ring, the Prometheus histogram text.
  */
 #include <setjmp.h>

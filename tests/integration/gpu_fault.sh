@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# gpu_fault: a GPU application from a CUDA module, end to end, and a fault
+# in its kernel (docs/writing-apps.md, "GPU applications" and "Faults").
+#
+# The agent here is lynx-agent-fakegpu: the real agent over the fake CUDA
+# runtime of the unit tests (tests/fakegpu/fakegpu.c), whose GPU's
+# persistent kernel is a thread serving the region with the real ring code
+# and whose module kernel answers as vector-sum's handler (its host twin);
+# the module itself is the real fatbin the build made from
+# examples/vector-sum-gpu, loaded through the driver API as on a GPU.
+#
+#  1. The agent loads vector-sum's module and refuses one built for another
+#     GPU ABI, with the reason; the node lists vector-sum on its GPU only.
+#  2. A service of it through the API, placed on the GPU: every answer
+#     checked against the sums the test computes.
+#  3. A request that makes the kernel fault (an illegal address, which
+#     poisons the GPU's CUDA context): the instance is reported failed with
+#     the CUDA error, shown as the service's reason; the agent says it
+#     restarts, and exits with status 75 for its supervisor.
+#  4. The supervisor's restart (the same command again): the service is
+#     placed on the fresh process's GPU and answers right again.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
+
+it_init gpu_fault
+it_require_coord
+it_require python3 jq
+pick_ports COORD_PORT API_PORT METRICS_PORT P_VSUM
+IT_SOFT=1
+
+BUILD=$(cd "$LYNX_BIN_DIR/.." && pwd)
+PLUGINS=$BUILD/plugins
+[[ -x $LYNX_BIN_DIR/lynx-agent-fakegpu ]] ||
+  skip "no lynx-agent-fakegpu: this build has no CUDA toolkit (its GPU backend is not built)"
+for m in vector-sum gpu-bad-abi; do
+  [[ -f $PLUGINS/$m.fatbin ]] || fail "$PLUGINS/$m.fatbin is missing: build first (make)"
+done
+export LYNX_FAKE_GPUS=1
+svc() { api_json "/v1/services/$1" "$2"; }
+
+# wait_svc NAME JQ_TEST TIMEOUT_S: until service NAME's JSON passes JQ_TEST.
+wait_svc() {
+  local end=$(($(now_ms) + $(ts_s "$3") * 1000))
+  until [[ $(svc "$1" "$2") == true ]]; do
+    (($(now_ms) < end)) || { it_check_failed "service $1: not ($2) after $3 s: $(svc "$1" '.state + ": " + .reason')"; return 1; }
+    sleep 0.1
+  done
+}
+
+# vsum N: N vectors of random length to the service, each answer checked
+# (count and sum, little endian; "ERROR" for a request that is no vector);
+# prints "asked N right N"
+cat >"$IT_DIR/vsum.py" <<'PY'
+import random, socket, struct, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2.0)
+rng = random.Random(n)
+asked = right = 0
+for i in range(n):
+    if i % 10 == 9:
+        req, want = b"abc", b"ERROR"  # not a whole number of elements
+    else:
+        v = [rng.randrange(1 << 32) for _ in range(rng.randrange(1, 200))]
+        req = struct.pack("<%dI" % len(v), *v)
+        want = struct.pack("<IIQ", len(v), 0, sum(v) % (1 << 64))
+    for attempt in range(3):  # UDP: a datagram may be lost, never wrong
+        s.sendto(req, ("127.0.0.1", port))
+        try:
+            got = s.recv(65536)
+            break
+        except socket.timeout:
+            got = None
+    asked += 1
+    if got == want:
+        right += 1
+    else:
+        print("request %d: answer %r, want %r" % (i, got, want), file=sys.stderr)
+print("asked %d right %d" % (asked, right))
+PY
+
+start_agent_n1() {
+  spawn_daemon lynx-agent-fakegpu "agent-$N1" "($N1)" --coordinator "127.0.0.1:$COORD_PORT" \
+    --node-id "$N1" --transport shm --cuda-accels all --cpu-accels 1 \
+    --app-load "vector-sum=$PLUGINS/vector-sum.fatbin,$PLUGINS/gpu-bad-abi.fatbin"
+  AGENT_PID=$SPAWN_PID AGENT_LOG=$SPAWN_LOG
+  wait_log "$AGENT_LOG" "registered with coordinator" 10 1 "$AGENT_PID"
+}
+
+# ---- 1. the module loaded, the bad one refused ---------------------------------
+log "== 1. the agent loads vector-sum's module for its GPU"
+start_coordinator
+node_ids N1
+start_agent_n1
+assert_log "$AGENT_LOG" "GPU application 'vector-sum' loaded from $PLUGINS/vector-sum.fatbin (sm_80, sm_90) for 1 of 1 GPUs" \
+  "the agent's log says it loaded the module for its GPU"
+[[ $(api_json "/v1/nodes/$N1" '[.accelerators[] | {kind, v: ([.apps[]] | index("vector-sum") != null)}] | map(.kind + "=" + (.v | tostring)) | join(",")') == "cuda=true,cpu=false" ]] ||
+  it_check_failed "vector-sum is not listed on the GPU alone: $(api_json "/v1/nodes/$N1" '[.accelerators[] | {kind, apps}]')"
+[[ $(api_json "/v1/nodes/$N1" '.refused_apps[] | select(.name == "gpu-bad-abi") | .reason') == *"built for GPU ABI version 99; this agent's is 1"* ]] ||
+  it_check_failed "gpu-bad-abi is not refused for its ABI: $(api_json "/v1/nodes/$N1" .refused_apps)"
+log "ok: the node lists vector-sum on its GPU, gpu-bad-abi refused for its ABI"
+
+# ---- 2. a service of it, every answer checked -----------------------------------
+log "== 2. a vector-sum service, placed on the GPU"
+start_coord_frontend
+serve_service vsum "\"port\":$P_VSUM,\"app\":\"vector-sum\",\"app_config\":{\"note\":\"per service\"}"
+wait_svc vsum '.state == "ready"' 10
+out=$(python3 "$IT_DIR/vsum.py" "$P_VSUM" 60)
+assert_str "$out" "asked 60 right 60" "vsum: every answer, from the GPU module's kernel"
+# served by the GPU (accel 0), the accelerator that took the requests
+wait_requests_grow 5 "$N1/0=59" || it_check_failed "the GPU did not count vsum's requests: $(accel_requests)"
+
+# ---- 3. a fault in the kernel ----------------------------------------------------
+log "== 3. a request that makes the kernel fault"
+python3 -c 'import socket,sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"LYNX-TRAP", ("127.0.0.1", int(sys.argv[1])))' "$P_VSUM"
+wait_log "$AGENT_LOG" "instances failed with it; CUDA recovers such a context only in a fresh process" 5 1
+assert_log "$AGENT_LOG" "cudaErrorIllegalAddress" "the agent's log names the CUDA error"
+wait_exit "$AGENT_PID" 15 || fail "the agent did not exit after its GPU's context was poisoned"
+assert_eq "$WAIT_RC" 75 "the agent's exit status (for its supervisor to restart it)"
+wait_svc vsum '(.reason | contains("cudaErrorIllegalAddress"))' 5
+log "ok: vsum: $(svc vsum '.state + ": " + .reason')"
+
+# ---- 4. the supervisor's restart ---------------------------------------------------
+log "== 4. restarted as its supervisor would: a fresh process, a fresh context"
+start_agent_n1
+wait_svc vsum '.state == "ready"' 15
+# until the frontend dispatches to the new instance (its table follows)
+end=$(($(now_ms) + $(ts_s 10) * 1000))
+until [[ $(python3 "$IT_DIR/vsum.py" "$P_VSUM" 1 2>/dev/null) == "asked 1 right 1" ]]; do
+  (($(now_ms) < end)) || fail "vsum answers nothing right 10 s after its instance was placed again"
+  sleep 0.2
+done
+out=$(python3 "$IT_DIR/vsum.py" "$P_VSUM" 40)
+assert_str "$out" "asked 40 right 40" "vsum after the restart: every answer"
+stop "$AGENT_PID" 10
+assert_eq "$WAIT_RC" 0 "the agent's exit status on SIGTERM"
+it_done
