@@ -224,6 +224,17 @@ void lynx_app_file_stem(const char *path, char *out, size_t len) {
   snprintf(out, len, "%.*s", (int)n, b);
 }
 
+/* 0 when name, the one the operator gave (NULL: none), is an application
+ * name, else -EINVAL with why. */
+static int name_given_ok(const char *name, char *why, size_t whylen) {
+  if (!name || lynx_app_name_ok(name))
+    return 0;
+  snprintf(why, whylen,
+           "'%s' is not an application name (1-%d characters of [a-z0-9._-])",
+           name, LYNX_APP_NAME_MAX - 1);
+  return -EINVAL;
+}
+
 /* 0 when no application is called name, else -EEXIST with who is. */
 static int name_free(const char *name, char *why, size_t whylen) {
   const struct lynx_app *other = lynx_app_find(name);
@@ -364,14 +375,9 @@ int lynx_app_load(const char *name, const char *path, char *why,
   int rc;
   reg_ready();
   lynx_app_file_stem(path, stem, sizeof(stem));
-  if (name && !lynx_app_name_ok(name)) {
-    snprintf(reason, sizeof(reason),
-             "'%s' is not an application name (1-%d characters of "
-             "[a-z0-9._-])",
-             name, LYNX_APP_NAME_MAX - 1);
-    rc = -EINVAL;
+  rc = name_given_ok(name, reason, sizeof(reason));
+  if (rc)
     goto refused;
-  }
   if (reg.n_loaded == LOADED_MAX) {
     snprintf(reason, sizeof(reason), "an agent loads at most %u plug-ins",
              LOADED_MAX);
@@ -523,14 +529,9 @@ int lynx_app_load_module(const char *name, const char *path, char *why,
   lynx_app_file_stem(path, stem, sizeof(stem));
   if ((dot = strrchr(stem, '.')) && !strcmp(dot, ".fatbin"))
     *dot = 0;
-  if (name && !lynx_app_name_ok(name)) {
-    snprintf(reason, sizeof(reason),
-             "'%s' is not an application name (1-%d characters of "
-             "[a-z0-9._-])",
-             name, LYNX_APP_NAME_MAX - 1);
-    rc = -EINVAL;
+  rc = name_given_ok(name, reason, sizeof(reason));
+  if (rc)
     goto refused;
-  }
   rc = name_free(name ? name : stem, reason, sizeof(reason));
   if (!rc && reg.n_loaded == LOADED_MAX) {
     snprintf(reason, sizeof(reason), "an agent loads at most %u plug-ins",

@@ -5,7 +5,9 @@
 # the libraries that host may lack, sockperf, memcached, jq and curl into
 # .gpu/; this adds the Fashion-MNIST test set (t10k, 4.4 MB) that
 # gpu_lenet and the LeNet figures read, as .gpu/data/fashion-mnist/, which
-# tests/gpu/prove.sh finds by itself.
+# tests/gpu/prove.sh finds by itself, and the build's plug-ins and GPU
+# modules (BUILD/plugins: the examples' and the tests' own) as
+# .gpu/plugins/, where gpu_fault finds them beside .gpu/bin.
 #
 #   make LYNX_CUDA=ON BUILD=build-gpu && tests/gpu/pack.sh build-gpu
 #   then on the GPU host: bash .gpu/run tests/gpu/prove.sh .gpu/bin
@@ -23,4 +25,5 @@ done
 (cd "$ROOT" && "$PACK" "$BUILD")
 mkdir -p "$ROOT/.gpu/data/fashion-mnist"
 cp "$DATA"/t10k-images-idx3-ubyte.gz "$DATA"/t10k-labels-idx1-ubyte.gz "$ROOT/.gpu/data/fashion-mnist/"
+[[ -d $BUILD/plugins ]] && cp -r "$BUILD/plugins" "$ROOT/.gpu/plugins"
 du -sh "$ROOT/.gpu" | awk '{print "pack: .gpu is " $1 ", the test set included"}'

@@ -16,6 +16,9 @@
 #               over tcp in device memory
 #   gpu_lenet   LeNet on the GPU, every answer against the reference
 #   gpu_client  client mqueues on the GPU (host-mapped, then device memory)
+#   gpu_fault   a user's GPU module (examples/vector-sum-gpu) loaded through
+#               the driver API and served, every answer checked; a module
+#               whose kernel traps: instances failed, exit 75, served again
 # A test that skips (exit 77) is a FAIL naming what it found missing: this
 # command has no skips. Without a usable GPU the gpu check fails, saying
 # so, and nothing else runs. Exit 0 only when every check passed.
@@ -126,6 +129,8 @@ it gpu_serve.tcp_device gpu_serve 60 IT_TRANSPORT=tcp IT_GPU_MEM=device
 it gpu_lenet gpu_lenet 45
 it gpu_client gpu_client 45
 it gpu_client.tcp_device gpu_client 45 IT_TRANSPORT=tcp IT_GPU_MEM=device
+# users' GPU applications: the example's module, a kernel that traps
+it gpu_fault gpu_fault 60
 
 n_fail=$(printf '%s\n' "${VERDICTS[@]}" | grep -c ': FAIL')
 say "VERDICT all: $( ((FAILED)) && echo FAIL || echo PASS) (${#VERDICTS[@]} checks, $n_fail failed; $(($(date +%s) - T0)) s); results in ${OUT#"$ROOT"/}"

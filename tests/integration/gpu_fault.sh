@@ -2,49 +2,48 @@
 # gpu_fault: a GPU application from a CUDA module, end to end, and a fault
 # in its kernel (docs/writing-apps.md, "GPU applications" and "Faults").
 #
-# The agent here is lynx-agent-fakegpu: the real agent over the fake CUDA
-# runtime of the unit tests (tests/fakegpu/fakegpu.c), whose GPU's
-# persistent kernel is a thread serving the region with the real ring code
-# and whose module kernel answers as vector-sum's handler (its host twin);
-# the module itself is the real fatbin the build made from
-# examples/vector-sum-gpu, loaded through the driver API as on a GPU.
+# On a host with a GPU it runs lynx-agent itself; elsewhere
+# lynx-agent-fakegpu: the real agent over the fake CUDA runtime of the unit
+# tests (tests/fakegpu/fakegpu.c), whose GPU's persistent kernel is a
+# thread serving the region with the real ring code and whose module
+# kernels answer as vector-sum's handler (its host twin) and fault on
+# LYNX-TRAP. The modules are the real fatbins the build made from
+# examples/vector-sum-gpu and tests/plugins/gpu_trap.cu (which echoes, and
+# traps on LYNX-TRAP), loaded through the driver API.
 #
-#  1. The agent loads vector-sum's module and refuses one built for another
-#     GPU ABI, with the reason; the node lists vector-sum on its GPU only.
-#  2. A service of it through the API, placed on the GPU: every answer
-#     checked against the sums the test computes.
-#  3. A request that makes the kernel fault (an illegal address, which
-#     poisons the GPU's CUDA context): the instance is reported failed with
-#     the CUDA error, shown as the service's reason; the agent says it
-#     restarts, and exits with status 75 for its supervisor.
-#  4. The supervisor's restart (the same command again): the service is
-#     placed on the fresh process's GPU and answers right again.
+#  1. The agent loads both modules and refuses one built for another GPU
+#     ABI, with the reason; the node lists vector-sum on its GPU only.
+#  2. Services of both through the API, placed on the GPU: every answer of
+#     vsum checked against the sums the test computes.
+#  3. A request that makes trap's kernel fault (a sticky error, which
+#     poisons the GPU's CUDA context for both kernels): the instances are
+#     reported failed with the CUDA error, shown as the services' reason;
+#     the agent says it restarts, and exits with status 75 for its
+#     supervisor.
+#  4. The supervisor's restart (the same command again): the services are
+#     placed on the fresh process's GPU and vsum answers right again.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init gpu_fault
 it_require_coord
 it_require python3 jq
-pick_ports COORD_PORT API_PORT METRICS_PORT P_VSUM
+pick_ports COORD_PORT API_PORT METRICS_PORT P_VSUM P_TRAP
 IT_SOFT=1
 
 BUILD=$(cd "$LYNX_BIN_DIR/.." && pwd)
 PLUGINS=$BUILD/plugins
-[[ -x $LYNX_BIN_DIR/lynx-agent-fakegpu ]] ||
-  skip "no lynx-agent-fakegpu: this build has no CUDA toolkit (its GPU backend is not built)"
-for m in vector-sum gpu-bad-abi; do
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  AGENT=lynx-agent
+  log "a GPU: the real agent and runtime ($(nvidia-smi -L | head -1))"
+else
+  AGENT=lynx-agent-fakegpu
+  [[ -x $LYNX_BIN_DIR/$AGENT ]] ||
+    skip "no GPU and no lynx-agent-fakegpu: this build has no CUDA toolkit (its GPU backend is not built)"
+  export LYNX_FAKE_GPUS=1
+fi
+for m in vector-sum gpu-bad-abi gpu-trap; do
   [[ -f $PLUGINS/$m.fatbin ]] || fail "$PLUGINS/$m.fatbin is missing: build first (make)"
 done
-export LYNX_FAKE_GPUS=1
-svc() { api_json "/v1/services/$1" "$2"; }
-
-# wait_svc NAME JQ_TEST TIMEOUT_S: until service NAME's JSON passes JQ_TEST.
-wait_svc() {
-  local end=$(($(now_ms) + $(ts_s "$3") * 1000))
-  until [[ $(svc "$1" "$2") == true ]]; do
-    (($(now_ms) < end)) || { it_check_failed "service $1: not ($2) after $3 s: $(svc "$1" '.state + ": " + .reason')"; return 1; }
-    sleep 0.1
-  done
-}
 
 # vsum N: N vectors of random length to the service, each answer checked
 # (count and sum, little endian; "ERROR" for a request that is no vector);
@@ -79,9 +78,9 @@ print("asked %d right %d" % (asked, right))
 PY
 
 start_agent_n1() {
-  spawn_daemon lynx-agent-fakegpu "agent-$N1" "($N1)" --coordinator "127.0.0.1:$COORD_PORT" \
-    --node-id "$N1" --transport shm --cuda-accels all --cpu-accels 1 \
-    --app-load "vector-sum=$PLUGINS/vector-sum.fatbin,$PLUGINS/gpu-bad-abi.fatbin"
+  spawn_daemon "$AGENT" "agent-$N1" "($N1)" --coordinator "127.0.0.1:$COORD_PORT" \
+    --node-id "$N1" --transport shm --cuda-accels 0 --cpu-accels 1 \
+    --app-load "vector-sum=$PLUGINS/vector-sum.fatbin,$PLUGINS/gpu-bad-abi.fatbin,$PLUGINS/gpu-trap.fatbin"
   AGENT_PID=$SPAWN_PID AGENT_LOG=$SPAWN_LOG
   wait_log "$AGENT_LOG" "registered with coordinator" 10 1 "$AGENT_PID"
 }
@@ -103,21 +102,28 @@ log "ok: the node lists vector-sum on its GPU, gpu-bad-abi refused for its ABI"
 log "== 2. a vector-sum service, placed on the GPU"
 start_coord_frontend
 serve_service vsum "\"port\":$P_VSUM,\"app\":\"vector-sum\",\"app_config\":{\"note\":\"per service\"}"
+serve_service trap "\"port\":$P_TRAP,\"app\":\"gpu-trap\""
 wait_svc vsum '.state == "ready"' 10
+wait_svc trap '.state == "ready"' 10
 out=$(python3 "$IT_DIR/vsum.py" "$P_VSUM" 60)
 assert_str "$out" "asked 60 right 60" "vsum: every answer, from the GPU module's kernel"
 # served by the GPU (accel 0), the accelerator that took the requests
 wait_requests_grow 5 "$N1/0=59" || it_check_failed "the GPU did not count vsum's requests: $(accel_requests)"
 
 # ---- 3. a fault in the kernel ----------------------------------------------------
-log "== 3. a request that makes the kernel fault"
-python3 -c 'import socket,sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"LYNX-TRAP", ("127.0.0.1", int(sys.argv[1])))' "$P_VSUM"
-wait_log "$AGENT_LOG" "instances failed with it; CUDA recovers such a context only in a fresh process" 5 1
-assert_log "$AGENT_LOG" "cudaErrorIllegalAddress" "the agent's log names the CUDA error"
+log "== 3. a request that makes trap's kernel fault"
+python3 -c 'import socket,sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"LYNX-TRAP", ("127.0.0.1", int(sys.argv[1])))' "$P_TRAP"
+wait_log "$AGENT_LOG" "2 instances failed with it; CUDA recovers such a context only in a fresh process" 5 1
+assert_log "$AGENT_LOG" ": cudaError" "the agent's log names the CUDA error"
 wait_exit "$AGENT_PID" 15 || fail "the agent did not exit after its GPU's context was poisoned"
 assert_eq "$WAIT_RC" 75 "the agent's exit status (for its supervisor to restart it)"
-wait_svc vsum '(.reason | contains("cudaErrorIllegalAddress"))' 5
-log "ok: vsum: $(svc vsum '.state + ": " + .reason')"
+# the poisoned context ended both kernels: their stops found them dead, not hung
+! grep -q "did not stop within" "$AGENT_LOG" ||
+  it_check_failed "the agent took a dead kernel for a hung one: $(grep "did not stop within" "$AGENT_LOG")"
+for s in vsum trap; do
+  wait_svc "$s" '(.reason | test("instance on '"$N1"'/0 failed: accel 0 .*failed: .*cudaError"))' 5
+  log "ok: $s: $(svc "$s" '.state + ": " + .reason')"
+done
 
 # ---- 4. the supervisor's restart ---------------------------------------------------
 log "== 4. restarted as its supervisor would: a fresh process, a fresh context"

@@ -836,6 +836,19 @@ api_json() {
   jq -r "$2" "$API_BODY"
 }
 
+# svc NAME JQ_FILTER: service NAME's JSON (GET /v1/services/NAME), filtered.
+svc() { api_json "/v1/services/$1" "$2"; }
+
+# wait_svc NAME JQ_TEST TIMEOUT_S: until service NAME's JSON passes JQ_TEST
+# (a failed check after TIMEOUT_S, returning 1).
+wait_svc() {
+  local end=$(($(now_ms) + $(ts_s "$3") * 1000))
+  until [[ $(svc "$1" "$2") == true ]]; do
+    (($(now_ms) < end)) || { it_check_failed "service $1: not ($2) after $3 s: $(svc "$1" '.state + ": " + .reason')"; return 1; }
+    sleep 0.1
+  done
+}
+
 # serve_service NAME JSON_FIELDS: creates service NAME through the API
 # ({"name": NAME, JSON_FIELDS}; must answer 201) and waits until the
 # frontend started last serves it.

@@ -39,16 +39,6 @@ PLUGINS=$BUILD/plugins
 for p in plugin-bad-abi plugin-no-entry plugin-clash plugin-crash-load; do
   [[ -f $PLUGINS/$p.so ]] || fail "$PLUGINS/$p.so is missing: build first (make)"
 done
-svc() { api_json "/v1/services/$1" "$2"; }
-
-# wait_svc NAME JQ_TEST TIMEOUT_S: until service NAME's JSON passes JQ_TEST.
-wait_svc() {
-  local end=$(($(now_ms) + $(ts_s "$3") * 1000))
-  until [[ $(svc "$1" "$2") == true ]]; do
-    (($(now_ms) < end)) || { it_check_failed "service $1: not ($2) after $3 s: $(svc "$1" '.state + ": " + .reason')"; return 1; }
-    sleep 0.1
-  done
-}
 
 # ---- 1. the SDK, installed; the example built from it alone --------------------
 log "== 1. the SDK installs; kv-lookup builds against it"

@@ -19,8 +19,6 @@ it_require python3
 pick_ports COORD_PORT API_PORT METRICS_PORT UDP_PORT UDP_PORT2
 IT_SOFT=1
 
-svc() { api_json "/v1/services/$1" "$2"; }
-
 # wait_reason NAME TEXT TIMEOUT_S: until service NAME's reason holds TEXT.
 wait_reason() {
   local end=$(($(now_ms) + $3 * 1000))

@@ -302,6 +302,11 @@ static void *kernel_main(void *arg) {
   __atomic_add_fetch(&kc->started, k->pub.resident, __ATOMIC_SEQ_CST);
   while (!stopped && !__atomic_load_n(&k->kill, __ATOMIC_ACQUIRE)) {
     int busy = 0;
+    /* a poisoned context ends every kernel in it, as on a GPU */
+    if (__atomic_load_n(&fake.poisoned[k->pub.device], __ATOMIC_ACQUIRE)) {
+      k->pub.crashed = fake.poisoned[k->pub.device];
+      break;
+    }
     if (!k->pub.hang && lynx_load_acquire32(&kc->stop))
       break;
     __atomic_store_n(&kc->now_gt, fake_cuda_globaltimer(), __ATOMIC_RELEASE);
