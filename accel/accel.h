@@ -142,9 +142,9 @@ struct lynx_accel_ops {
   int (*discover)(const char *spec, const struct lynx_transport_ops *tops,
                   enum lynx_region_where mem, struct lynx_accel_dev **out,
                   uint32_t *n, char *err, size_t errlen);
-  /* 1 when an instance of app can start on this backend's accelerators
+  /* 1 when an instance of app can start on accelerator a of this backend
    * (the coordinator places nothing else; start refuses the others). */
-  int (*runs_app)(const struct lynx_app *app);
+  int (*runs_app)(const struct lynx_accel_dev *a, const struct lynx_app *app);
   /* Takes the device code of GPU application app (app->image, a module
    * read from its file) for the n accelerators devs of this backend that
    * discovery found, before any instance starts: 0 (app->module set, its

@@ -87,7 +87,7 @@ static const char *names_of(char *buf, size_t len, int cuda_only) {
   size_t l = 0;
   buf[0] = 0;
   for (size_t i = 0; (a = lynx_app_at(i)); i++)
-    if (!cuda_only || a->cuda_app != LYNX_CUDA_APP_NONE)
+    if (!cuda_only || a->cuda_app != LYNX_CUDA_APP_NONE || a->module)
       l = lynx_appendf(buf, len, l, ", ", "%s", a->name);
   return buf;
 }
@@ -240,7 +240,7 @@ static int name_free(const char *name, char *why, size_t whylen) {
   const struct lynx_app *other = lynx_app_find(name);
   if (!other)
     return 0;
-  if (other->dl || other->host)
+  if (other->dl || other->host || other->image)
     snprintf(why, whylen,
              "application '%s' is already loaded from %s (names are unique "
              "on an agent)",
@@ -541,13 +541,16 @@ int lynx_app_load_module(const char *name, const char *path, char *why,
   if (rc)
     goto refused;
   fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) ||
-      st.st_size > (off_t)MODULE_MAX) {
-    rc = fd < 0 ? -errno : -ENOEXEC;
+  if (fd < 0 || fstat(fd, &st)) {
+    rc = -errno;
+    snprintf(reason, sizeof(reason), "cannot open it: %s", strerror(errno));
+    goto refused;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size > (off_t)MODULE_MAX) {
+    rc = -ENOEXEC;
     snprintf(reason, sizeof(reason), "%s",
-             fd < 0                 ? strerror(errno)
-             : !S_ISREG(st.st_mode) ? "not a regular file"
-                                    : "a CUDA module larger than 256 MiB");
+             !S_ISREG(st.st_mode) ? "not a regular file"
+                                  : "a CUDA module larger than 256 MiB");
     goto refused;
   }
   img = malloc((size_t)st.st_size + 1);

@@ -354,7 +354,9 @@ static int cpu_discover(const char *spec, const struct lynx_transport_ops *tops,
   return 0;
 }
 
-static int cpu_runs_app(const struct lynx_app *app) {
+static int cpu_runs_app(const struct lynx_accel_dev *a,
+                        const struct lynx_app *app) {
+  (void)a;
   /* every app but a GPU module is C code the threads run (a plug-in's
    * through its process: apphost.c) */
   return !app->image;
@@ -380,11 +382,19 @@ static int cpu_client_mqs(const struct lynx_accel_launch *l,
 
 static int cpu_start(const struct lynx_accel_launch *l, struct lynx_region *r,
                      struct lynx_accel_inst **out, char *why, size_t whylen) {
-  struct cpu_inst *ci = calloc(1, sizeof(*ci));
+  struct cpu_inst *ci;
   struct lynx_cpu_accel *c;
   int rc;
   (void)r; /* the caller's, in host memory: l->region */
   *out = NULL;
+  if (!l->app->def) { /* a GPU module's (or a plug-in's process's) */
+    snprintf(why, whylen, "application '%s' %s", l->app->name,
+             l->app->image ? "is a GPU application (a CUDA module): it runs "
+                             "on GPUs only"
+                           : "runs in its plug-in's process, not here");
+    return -ENOTSUP;
+  }
+  ci = calloc(1, sizeof(*ci));
   if (!ci) {
     snprintf(why, whylen, "cannot start threads: %s", strerror(ENOMEM));
     return -ENOMEM;

@@ -980,7 +980,11 @@ static int ah_discover(const char *spec, const struct lynx_transport_ops *tops,
   return -ENOTSUP;
 }
 
-static int ah_runs_app(const struct lynx_app *app) { return app->host != NULL; }
+static int ah_runs_app(const struct lynx_accel_dev *a,
+                       const struct lynx_app *app) {
+  (void)a;
+  return app->host != NULL;
+}
 
 /* A plug-in's process runs the code of its shared object only. */
 static int ah_adopt(const struct lynx_accel_dev *devs, uint32_t n,

@@ -147,10 +147,12 @@ static void device_failed(struct agent *ag, uint32_t i) {
   }
   LYNX_ERR("agent",
            "%s: accel %u (%s): %u instances failed with it; CUDA recovers "
-           "such a context only in a fresh process: the agent drains its "
-           "other instances and exits with status %d for its supervisor to "
-           "restart it (systemd: Restart=on-failure)",
-           ag->node_id, i, a->info.where, n, LYNX_EXIT_RESTART);
+           "such a context only in a fresh process: the agent %sexits with "
+           "status %d for its supervisor to restart it (systemd: "
+           "Restart=on-failure)",
+           ag->node_id, i, a->info.where, n,
+           ag->report_failed ? "drains its other instances and " : "",
+           LYNX_EXIT_RESTART);
   if (ag->restart)
     ag->restart(ag, why);
 }

@@ -247,7 +247,7 @@ static void send_register(struct coord_link *l) {
      * start (the backend's start refuses the others) */
     for (size_t k = 0; lynx_app_at(k) && acc[i].n_apps < LYNX_APPS_MAX; k++) {
       const struct lynx_app *app = lynx_app_at(k);
-      if (!a->info.ops->runs_app(app))
+      if (!a->info.ops->runs_app(&a->info, app))
         continue;
       /* and the back end it calls, so that a service without it is refused
        * at creation rather than failing here at every start */

@@ -343,9 +343,14 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 /* ag->restart (health.c): a device this process cannot use again. */
 static void agent_restart(struct agent *ag, const char *why) {
+  int again = ag->exit_wanted || ag->leaving || ag->stopping;
   (void)why; /* logged by the caller */
   ag->exit_wanted = LYNX_EXIT_RESTART;
-  begin_stop(ag, "a device failed for good in this process");
+  /* another device failing (a module's bug faults every GPU it runs on),
+   * or one during a drain already under way, does not cut that drain short
+   * as a second signal would: the exit status alone changes */
+  if (!again)
+    begin_stop(ag, "a device failed for good in this process");
 }
 
 /* Orderly shutdown with this exit code (idempotent). */
@@ -363,8 +368,10 @@ static void agent_shutdown(struct agent *ag, int exit_code) {
   uv_close((uv_handle_t *)&ag->stop_timer, NULL);
 }
 
-/* Static mode: one instance per accelerator, ids 0..N-1. */
+/* Static mode: one instance per accelerator that runs app, ids 0..N-1 (a
+ * GPU application's module none on the CPU accelerators beside it). */
 static int static_instances(struct agent *ag, const struct lynx_app *app) {
+  uint32_t started = 0;
   for (uint32_t i = 0; i < ag->n_acc; i++) {
     struct instance *in;
     char why[256];
@@ -378,12 +385,25 @@ static int static_instances(struct agent *ag, const struct lynx_app *app) {
                              .msg_max = ag->cfg.msg_max,
                              .work_us = ag->cfg.work_us,
                              .config = ag->cfg.app_config};
-    int rc = agent_instance_start(ag, &q, &in, why, sizeof(why));
+    int rc;
+    if (!ag->acc[i].info.ops->runs_app(&ag->acc[i].info, app)) {
+      LYNX_INFO("agent", "accel %u (%s) does not run '%s': no instance there",
+                i, ag->acc[i].info.where, app->name);
+      continue;
+    }
+    rc = agent_instance_start(ag, &q, &in, why, sizeof(why));
     if (rc) {
       fprintf(stderr, "lynx-agent: accel %u: %s\n", i,
               why[0] ? why : strerror(-rc));
       return rc;
     }
+    started++;
+  }
+  if (!started) {
+    fprintf(stderr,
+            "lynx-agent: --app %s: no accelerator of this agent runs it\n",
+            app->name);
+    return -ENOTSUP;
   }
   return 0;
 }
@@ -555,6 +575,34 @@ static int load_apps(struct agent *ag) {
   return 0;
 }
 
+/* Static mode's --app once the GPU modules were taken (adopt_modules), when
+ * it was one: origin is the module's file (a module read under its file's
+ * name, which its description may have changed), or "\001" (a name the
+ * agent did not know before: perhaps a module's own). The application, or
+ * NULL after printing why. */
+static const struct lynx_app *static_app(const struct agent *ag,
+                                         const char *origin) {
+  const char *name = ag->cfg.app ? ag->cfg.app : "sockperf-echo";
+  const struct lynx_app *a = NULL;
+  for (size_t i = 0; origin[0] != '\001' && (a = lynx_app_at(i)); i++)
+    if (a->image && !strcmp(a->origin, origin))
+      break;
+  if (origin[0] == '\001')
+    a = lynx_app_find(name);
+  if (a && strcmp(a->name, name))
+    LYNX_INFO("agent", "--app %s: the module %s names its application '%s'",
+              name, origin, a->name);
+  if (a)
+    return a;
+  if (lynx_app_refusal(name))
+    fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name,
+            lynx_app_refusal(name));
+  else
+    fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
+            lynx_app_names());
+  return NULL;
+}
+
 static void list_apps(void) {
   const struct lynx_app *a;
   const char *name, *reason;
@@ -575,6 +623,7 @@ int main(int argc, char **argv) {
   struct lynx_geom g;
   int rc, lvl, exit_code = 1;
   struct timeval tv;
+  char static_module[4096] = ""; /* static mode's GPU module (static_app) */
   char tok_err[320];
 
   /* a plug-in's process (apphost.c), started by an agent: no options */
@@ -628,7 +677,13 @@ int main(int argc, char **argv) {
   if (!ag.cfg.coordinator) {
     const char *name = ag.cfg.app ? ag.cfg.app : "sockperf-echo";
     app = lynx_app_find(name);
-    if (!app) {
+    /* a GPU module read under its file's name may be renamed by its own
+     * description, or be the one named, once adopted (static_app) */
+    if (app && app->image)
+      snprintf(static_module, sizeof(static_module), "%s", app->origin);
+    if (!app && !lynx_app_refusal(name) && lynx_app_module_at(0)) {
+      static_module[0] = '\001'; /* unknown until the modules are taken */
+    } else if (!app) {
       const char *reason = lynx_app_refusal(name);
       if (reason)
         fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name,
@@ -701,7 +756,9 @@ int main(int argc, char **argv) {
    * (RegisterReply.epoch: strictly increasing whatever this host's clock
    * does). Static mode has no store: microseconds of wall-clock time. */
   gettimeofday(&tv, NULL);
-  ag.epoch = app ? (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec : 0;
+  ag.epoch = !ag.cfg.coordinator
+                 ? (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec
+                 : 0;
   {
     int cpu_given = 0;
     for (int i = 1; i < argc; i++)
@@ -713,13 +770,8 @@ int main(int argc, char **argv) {
       goto out_opts;
   }
   adopt_modules(&ag);
-  if (app &&
-      !(app = lynx_app_find(ag.cfg.app ? ag.cfg.app : "sockperf-echo"))) {
-    /* static mode's GPU application, refused once its GPUs were known */
-    fprintf(stderr, "--app %s: its plug-in was refused: %s\n", ag.cfg.app,
-            lynx_app_refusal(ag.cfg.app) ? lynx_app_refusal(ag.cfg.app) : "?");
+  if (static_module[0] && !(app = static_app(&ag, static_module)))
     goto out_acc;
-  }
   if (ag.cfg.list_accels) {
     for (uint32_t i = 0; i < ag.n_acc; i++) {
       const struct agent_accel *a = &ag.acc[i];

@@ -100,7 +100,7 @@ int lynx_reg_instance_failed(struct lynx_registry *r, const char *node_id,
      * cleaned (a byte that is not UTF-8 becomes '?') */
     snprintf(i->svc->last_error, sizeof(i->svc->last_error),
              "instance on %s/%u %s: ", node_id, i->accel_idx,
-             i->state == LYNX_INST_READY ? "failed" : "failed to start");
+             i->state == LYNX_INST_STARTING ? "failed to start" : "failed");
     lynx_text_clean(i->svc->last_error + strlen(i->svc->last_error),
                     sizeof(i->svc->last_error) - strlen(i->svc->last_error),
                     why ? why : "");

@@ -146,9 +146,10 @@ static int cuda_discover(const char *spec,
 
 /* A kernel (apps.cu); one that calls a back end does so through client
  * mqueues of its blocks' own (client_mqs). */
-static int cuda_runs_app(const struct lynx_app *app) {
-  if (app->module) /* a GPU application's own (cuda_module.c) */
-    return 1;
+static int cuda_runs_app(const struct lynx_accel_dev *a,
+                         const struct lynx_app *app) {
+  if (app->module) /* a GPU application's own, where it has code */
+    return lynx__cuda_module_runs(app->module, a->device);
   return app->cuda_app &&
          (!app->needs_backend || lynx_cuda_app_calls(app->cuda_app));
 }
@@ -193,7 +194,11 @@ static int cuda_start(const struct lynx_accel_launch *l, struct lynx_region *r,
              l->app->name, lynx_app_cuda_names());
     return -ENOTSUP;
   }
-  if (!cuda_runs_app(l->app)) {
+  if (l->app->module && !cuda_runs_app(l->acc, l->app)) {
+    lynx__cuda_module_why(l->app->module, l->acc->device, why, whylen);
+    return -ENOEXEC;
+  }
+  if (!cuda_runs_app(l->acc, l->app)) {
     snprintf(why, whylen,
              "application '%s' calls back end '%s', which its "
              "CUDA kernel cannot",

@@ -143,6 +143,11 @@ struct lynx__cuda_module;
  * GPUs devs, app->module set. 0, or -errno with the reason in why. */
 int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
                      struct lynx_app *app, char *why, size_t whylen);
+/* 1 when the module has code for GPU device (its kernels resolved there at
+ * adopt); else why it has none, in why. */
+int lynx__cuda_module_runs(const struct lynx__cuda_module *m, int device);
+void lynx__cuda_module_why(const struct lynx__cuda_module *m, int device,
+                           char *why, size_t whylen);
 /* As lynx_cuda_resident_blocks (lynx_cuda.h) for the module's kernel: 0,
  * or -errno with the reason in err. */
 int lynx__cuda_module_resident(const struct lynx__cuda_module *m, int device,

@@ -83,7 +83,8 @@ struct lynx__cuda_module {
   CUlibrary lib;
   CUkernel kernel[2];        /* narrow (<= LYNX_GPU_NARROW_MAX threads), wide */
   CUfunction fn[GPU_MAX][2]; /* resolved in each GPU's context; NULL: none */
-  char nocode[200];          /* why the first GPU without code lacks it */
+  char nocode[GPU_MAX][200]; /* why each GPU without code has none */
+  int n_nocode;
   struct lynx_gpu_app_info info;
   const char *app; /* its application's name, for log lines */
   struct lynx__cuda_module *next;
@@ -153,11 +154,44 @@ static int read_info(struct lynx__cuda_module *m, char *why, size_t whylen) {
   return 0;
 }
 
-/* Both kernels resolved in GPU dev's context: 0, or -errno with the reason
- * (-ENOEXEC: no code for it). */
+/* 1 when a module holding code (app->image_code: "sm_80, compute_90
+ * (PTX)") can run on compute capability cc (major * 10 + minor): a cubin
+ * for it, or PTX of one at most its own, which the driver compiles. */
+static int code_for(const char *code, int cc) {
+  for (const char *p = code; p && *p;
+       p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+    unsigned a = 0;
+    while (*p == ' ')
+      p++;
+    if ((sscanf(p, "sm_%u", &a) == 1 && (int)a == cc) ||
+        (sscanf(p, "compute_%u", &a) == 1 && (int)a <= cc))
+      return 1;
+  }
+  return 0;
+}
+
+/* Why GPU dev cannot run the module, when its code holds nothing for it:
+ * into why (0), or -1 when it does. */
+static int no_code_why(const struct lynx_app *app, int dev, char *why,
+                       size_t whylen) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (code_for(app->image_code, major * 10 + minor))
+    return -1;
+  snprintf(why, whylen,
+           "no code for GPU %d (compute %d.%d): the module holds %s (build "
+           "it with -gencode arch=compute_%d%d,code=sm_%d%d too)",
+           dev, major, minor, app->image_code[0] ? app->image_code : "none",
+           major, minor, major, minor);
+  return 0;
+}
+
+/* Both kernels resolved in GPU dev's context: 0, -ENOEXEC when this GPU
+ * cannot run them (no code for it, PTX its driver cannot compile: the
+ * reason in why), another -errno when the device itself fails. */
 static int resolve(struct lynx__cuda_module *m, const struct lynx_app *app,
                    int dev, char *why, size_t whylen) {
-  int major = 0, minor = 0;
   cudaError_t e = cudaSetDevice(dev);
   if (e != cudaSuccess) {
     snprintf(why, whylen, "GPU %d: %s", dev, cudaGetErrorString(e));
@@ -168,18 +202,17 @@ static int resolve(struct lynx__cuda_module *m, const struct lynx_app *app,
     if (r == CUDA_SUCCESS)
       continue;
     m->fn[dev][0] = m->fn[dev][1] = NULL;
-    if (r != CUDA_ERROR_NO_BINARY_FOR_GPU) {
-      snprintf(why, whylen, "GPU %d cannot load it: %s", dev, cu_text(r));
-      return -EIO;
-    }
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    snprintf(why, whylen,
-             "no code for GPU %d (compute %d.%d): the module holds %s (build "
-             "it with -gencode arch=compute_%d%d,code=sm_%d%d too)",
-             dev, major, minor, app->image_code[0] ? app->image_code : "none",
-             major, minor, major, minor);
-    return -ENOEXEC;
+    if (r == CUDA_ERROR_NO_BINARY_FOR_GPU &&
+        no_code_why(app, dev, why, whylen) == 0)
+      return -ENOEXEC;
+    snprintf(why, whylen, "GPU %d cannot load it: %s", dev, cu_text(r));
+    /* a JIT or image error is this GPU's (its driver, its architecture);
+     * a context that fails is the device's */
+    return r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_NOT_INITIALIZED ||
+                   r == CUDA_ERROR_DEINITIALIZED ||
+                   r == CUDA_ERROR_OUT_OF_MEMORY
+               ? -EIO
+               : -ENOEXEC;
   }
   return 0;
 }
@@ -213,8 +246,16 @@ int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
   m->app = app->name;
   r = drv.load(&m->lib, app->image, NULL, NULL, 0, NULL, NULL, 0);
   if (r != CUDA_SUCCESS) {
+    uint32_t i = 0;
     m->lib = NULL;
-    snprintf(why, whylen, "the CUDA driver refused the module: %s", cu_text(r));
+    /* loaded eagerly (CUDA_MODULE_LOADING=EAGER, the agent's default), a
+     * module is refused whole when one context lacks code: say which */
+    if (r == CUDA_ERROR_NO_BINARY_FOR_GPU)
+      while (i < n && no_code_why(app, devs[i].device, why, whylen))
+        i++;
+    if (r != CUDA_ERROR_NO_BINARY_FOR_GPU || i == n)
+      snprintf(why, whylen, "the CUDA driver refused the module: %s",
+               cu_text(r));
     module_free(m);
     return r == CUDA_ERROR_NO_BINARY_FOR_GPU ? -ENOEXEC : -EIO;
   }
@@ -239,8 +280,9 @@ int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
       continue;
     rc = resolve(m, app, d, err, sizeof(err));
     if (rc == -ENOEXEC) { /* this GPU cannot; others may */
-      if (!m->nocode[0])
-        snprintf(m->nocode, sizeof(m->nocode), "%s", err);
+      snprintf(m->nocode[d], sizeof(m->nocode[d]), "%s", err);
+      if (!m->n_nocode++)
+        snprintf(why, whylen, "%s", err);
       rc = 0;
       continue;
     }
@@ -256,7 +298,8 @@ int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
   }
   cudaSetDevice(cur);
   if (!rc && !usable) {
-    snprintf(why, whylen, "%s", m->nocode[0] ? m->nocode : "no GPU");
+    if (!m->n_nocode)
+      snprintf(why, whylen, "no GPU");
     rc = -ENOEXEC;
   }
   if (!rc)
@@ -269,13 +312,25 @@ int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
   m->app = app->name;
   m->next = modules;
   modules = m;
-  if (m->nocode[0])
-    LYNX_WARN("cuda", "GPU application '%s': %s; it runs on the others",
-              app->name, m->nocode);
+  for (int d = 0; d < GPU_MAX; d++)
+    if (m->nocode[d][0])
+      LYNX_WARN("cuda", "GPU application '%s': %s; it runs on the others",
+                app->name, m->nocode[d]);
   LYNX_INFO("cuda",
             "GPU application '%s' loaded from %s (%s) for %u of %u GPUs",
             app->name, app->origin, app->image_code, usable, n);
   return 0;
+}
+
+int lynx__cuda_module_runs(const struct lynx__cuda_module *m, int device) {
+  return device >= 0 && device < GPU_MAX && m->fn[device][0];
+}
+
+void lynx__cuda_module_why(const struct lynx__cuda_module *m, int device,
+                           char *why, size_t whylen) {
+  const char *n = device >= 0 && device < GPU_MAX ? m->nocode[device] : "";
+  snprintf(why, whylen, "GPU application '%s' cannot run on GPU %d%s%s", m->app,
+           device, n[0] ? ": " : " (not one of its GPUs at load)", n);
 }
 
 /* The module's kernel for blocks of threads threads on GPU dev, or NULL
@@ -283,10 +338,9 @@ int lynx__cuda_adopt(const struct lynx_accel_dev *devs, uint32_t n,
 static CUfunction fn_for(const struct lynx__cuda_module *m, int dev,
                          uint32_t threads, char *err, size_t errlen) {
   CUfunction f =
-      dev >= 0 && dev < GPU_MAX ? m->fn[dev][kernel_of(threads)] : NULL;
+      lynx__cuda_module_runs(m, dev) ? m->fn[dev][kernel_of(threads)] : NULL;
   if (!f)
-    snprintf(err, errlen, "GPU application '%s': %s", m->app,
-             m->nocode[0] ? m->nocode : "not loaded for this GPU");
+    lynx__cuda_module_why(m, dev, err, errlen);
   return f;
 }
 
@@ -294,7 +348,7 @@ int lynx__cuda_module_resident(const struct lynx__cuda_module *m, int device,
                                uint32_t threads, uint32_t *max, char *err,
                                size_t errlen) {
   CUfunction f;
-  int per_sm = 0, sms = 0;
+  int per_sm = 0, sms = 0, cur = 0;
   CUresult r;
   *max = 0;
   if (!lynx_cuda_threads_ok(threads)) {
@@ -306,11 +360,19 @@ int lynx__cuda_module_resident(const struct lynx__cuda_module *m, int device,
   f = fn_for(m, device, threads, err, errlen);
   if (!f)
     return -ENOEXEC;
+  /* the function is the device's context's: asked with that device
+   * current, the calling thread's put back after (as the built-in query) */
+  if (cudaGetDevice(&cur) != cudaSuccess ||
+      cudaSetDevice(device) != cudaSuccess) {
+    snprintf(err, errlen, "GPU %d: cannot make it current", device);
+    return -EIO;
+  }
   /* the largest shared-memory carveout first, as for the built-in kernel
    * (apps.cu): the query counts blocks by the carveout it launches with */
   r = drv.set_attr(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
   if (r == CUDA_SUCCESS)
     r = drv.occupancy(&per_sm, f, (int)threads, 0);
+  cudaSetDevice(cur);
   if (r != CUDA_SUCCESS) {
     lynx__cuda_note(device, cu_as_rt(r), "occupancy of a module's kernel");
     snprintf(err, errlen, "occupancy of '%s''s kernel: %s", m->app, cu_text(r));

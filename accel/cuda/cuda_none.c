@@ -30,8 +30,9 @@ static int none_discover(const char *spec,
   return -ENOTSUP;
 }
 
-static int none_runs_app(const struct lynx_app *app) {
-  (void)app;
+static int none_runs_app(const struct lynx_accel_dev *a,
+                         const struct lynx_app *app) {
+  (void)a, (void)app;
   return 0;
 }
 

@@ -22,12 +22,15 @@
 #     supervisor.
 #  4. The supervisor's restart (the same command again): the services are
 #     placed on the fresh process's GPU and vsum answers right again.
+#  5. Static mode: --app of the module under another file name (its own
+#     name wins, said in the log), beside a CPU accelerator, which gets no
+#     instance of it; every answer checked.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "$@"
 
 it_init gpu_fault
 it_require_coord
 it_require python3 jq
-pick_ports COORD_PORT API_PORT METRICS_PORT P_VSUM P_TRAP
+pick_ports COORD_PORT API_PORT METRICS_PORT P_VSUM P_TRAP AGENT_PORT UDP_PORT
 IT_SOFT=1
 
 BUILD=$(cd "$LYNX_BIN_DIR/.." && pwd)
@@ -90,7 +93,7 @@ log "== 1. the agent loads vector-sum's module for its GPU"
 start_coordinator
 node_ids N1
 start_agent_n1
-assert_log "$AGENT_LOG" "GPU application 'vector-sum' loaded from $PLUGINS/vector-sum.fatbin (sm_80, sm_90) for 1 of 1 GPUs" \
+assert_log "$AGENT_LOG" "GPU application 'vector-sum' loaded from $PLUGINS/vector-sum.fatbin (sm_" \
   "the agent's log says it loaded the module for its GPU"
 [[ $(api_json "/v1/nodes/$N1" '[.accelerators[] | {kind, v: ([.apps[]] | index("vector-sum") != null)}] | map(.kind + "=" + (.v | tostring)) | join(",")') == "cuda=true,cpu=false" ]] ||
   it_check_failed "vector-sum is not listed on the GPU alone: $(api_json "/v1/nodes/$N1" '[.accelerators[] | {kind, apps}]')"
@@ -139,4 +142,22 @@ out=$(python3 "$IT_DIR/vsum.py" "$P_VSUM" 40)
 assert_str "$out" "asked 40 right 40" "vsum after the restart: every answer"
 stop "$AGENT_PID" 10
 assert_eq "$WAIT_RC" 0 "the agent's exit status on SIGTERM"
+stop "$FRONTEND_PID" 10
+
+# ---- 5. static mode --------------------------------------------------------------
+log "== 5. static mode: --app of a module named otherwise than its file, beside a CPU"
+cp "$PLUGINS/vector-sum.fatbin" "$IT_DIR/vsum.fatbin"
+spawn_daemon "$AGENT" agent "" --listen "127.0.0.1:$AGENT_PORT" --node-id "$IT_NODE" \
+  --transport shm --cuda-accels 0 --cpu-accels 1 --mqueues 4 --app vsum \
+  --app-load "$IT_DIR/vsum.fatbin"
+AGENT_PID=$SPAWN_PID AGENT_LOG=$SPAWN_LOG
+wait_log "$AGENT_LOG" "serving descriptors on" 10 1 "$AGENT_PID"
+assert_log "$AGENT_LOG" "--app vsum: the module $IT_DIR/vsum.fatbin names its application 'vector-sum'" \
+  "the agent says which application --app's module is"
+assert_log "$AGENT_LOG" "does not run 'vector-sum': no instance there" \
+  "the CPU accelerator gets no instance of the GPU application"
+start_frontend
+out=$(python3 "$IT_DIR/vsum.py" "$UDP_PORT" 30)
+assert_str "$out" "asked 30 right 30" "static mode: every answer, from the GPU alone"
+stop_daemons
 it_done

@@ -1133,21 +1133,29 @@ struct CUlib_st {
   struct CUlib_st *next;
 };
 
+/* [off, off + n) lies in a buffer of len bytes (no overflow). */
+static int in_bounds(uint64_t off, uint64_t n, size_t len) {
+  return off <= len && n <= len - off;
+}
+
 /* The bytes of symbol name in an ELF cubin (its initial value), or NULL. */
 static const uint8_t *cubin_symbol(const uint8_t *e, size_t len,
                                    const char *name, size_t *size) {
   const Elf64_Ehdr *h = (const Elf64_Ehdr *)e;
   const Elf64_Shdr *sh;
   if (len < sizeof(*h) || memcmp(e, ELFMAG, SELFMAG) ||
-      h->e_shoff + (uint64_t)h->e_shnum * sizeof(*sh) > len)
+      !in_bounds(h->e_shoff, (uint64_t)h->e_shnum * sizeof(*sh), len))
     return NULL;
   sh = (const Elf64_Shdr *)(e + h->e_shoff);
   for (unsigned s = 0; s < h->e_shnum; s++) {
     const Elf64_Shdr *str;
     if (sh[s].sh_type != SHT_SYMTAB || sh[s].sh_link >= h->e_shnum ||
-        sh[s].sh_offset + sh[s].sh_size > len)
+        !in_bounds(sh[s].sh_offset, sh[s].sh_size, len))
       continue;
     str = &sh[sh[s].sh_link];
+    if (!in_bounds(str->sh_offset, str->sh_size, len) || !str->sh_size ||
+        e[str->sh_offset + str->sh_size - 1])
+      continue; /* a string table that does not end with a NUL */
     for (uint64_t i = 0; i < sh[s].sh_size / sizeof(Elf64_Sym); i++) {
       const Elf64_Sym *y = (const Elf64_Sym *)(e + sh[s].sh_offset) + i;
       const Elf64_Shdr *in;
@@ -1155,7 +1163,8 @@ static const uint8_t *cubin_symbol(const uint8_t *e, size_t len,
           strcmp((const char *)e + str->sh_offset + y->st_name, name))
         continue;
       in = &sh[y->st_shndx];
-      if (in->sh_offset + y->st_value + y->st_size > len)
+      if (!in_bounds(in->sh_offset, in->sh_size, len) ||
+          !in_bounds(y->st_value, y->st_size, in->sh_size))
         return NULL;
       *size = y->st_size;
       return e + in->sh_offset + y->st_value;
@@ -1163,6 +1172,7 @@ static const uint8_t *cubin_symbol(const uint8_t *e, size_t len,
   }
   return NULL;
 }
+
 static struct CUlib_st *libs;
 
 /* Kernels and functions are names in a module: a kernel is its library
@@ -1200,12 +1210,16 @@ static int has_code(const struct CUlib_st *l, unsigned cc, const uint8_t **code,
   if (l->len < 16 || rd_le(l->image, 4) != 0xBA55ED50u)
     return 0;
   hs = rd_le(l->image + 6, 2);
+  if (!in_bounds(hs, rd_le(l->image + 8, 8), l->len))
+    return 0;
   end = hs + rd_le(l->image + 8, 8);
-  for (uint64_t o = hs; o + 32 <= end && end <= l->len;) {
+  for (uint64_t o = hs; o + 32 <= end;) {
     unsigned kind = (unsigned)rd_le(l->image + o, 2);
     unsigned arch = (unsigned)rd_le(l->image + o + 28, 4);
     uint64_t ehs = rd_le(l->image + o + 4, 4), n = rd_le(l->image + o + 8, 8);
-    if (kind == 2 && arch == cc && o + ehs + n <= end) {
+    if (ehs < 32 || !in_bounds(o + ehs, n, end))
+      return found; /* a malformed entry ends the walk */
+    if (kind == 2 && arch == cc) {
       *code = l->image + o + ehs;
       *code_len = n;
       return 2;
@@ -1228,7 +1242,9 @@ static CUresult fake_lib_load(CUlibrary *out, const void *code, CUjit_option *o,
     return fake.err_library_load;
   if (rd_le(code, 4) != 0xBA55ED50u)
     return CUDA_ERROR_INVALID_IMAGE;
-  len = 16 + rd_le((const uint8_t *)code + 8, 8);
+  /* the header says its size and its entries' (the agent checked both) */
+  len =
+      rd_le((const uint8_t *)code + 6, 2) + rd_le((const uint8_t *)code + 8, 8);
   l = calloc(1, sizeof(*l));
   if (!l || !(l->image = malloc(len))) {
     free(l);

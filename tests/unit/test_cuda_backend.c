@@ -61,6 +61,9 @@
 #define EPOCH 0x5EED0000C0DAull
 #define ACCEL 3u
 #define GPUS 5
+/* GPU 0 as discovery describes it, for runs_app */
+static const struct lynx_accel_dev gpu0 = {.ops = &lynx_accel_cuda,
+                                           .device = 0};
 
 #ifndef STOP_WAIT_MS
 #define STOP_WAIT_MS 3000u
@@ -2516,7 +2519,7 @@ static void test_client_mc_get(void **state) {
   fake_cuda_reset();
   fake.resident = 8;
   reg0 = fake_cuda_host_registered(); /* a hung kernel's stays (above) */
-  assert_true(lynx_accel_cuda.runs_app(lynx_app_find("mc-get")));
+  assert_true(lynx_accel_cuda.runs_app(&gpu0, lynx_app_find("mc-get")));
   assert_int_equal(cinst_start(&c, "mc-get", 3, 2, 0), 0);
   /* 3 blocks (one per server mqueue); 3 client mqueues per back end */
   assert_int_equal(c.per, 3);
@@ -2624,7 +2627,7 @@ static void test_client_face_verify(void **state) {
   (void)state;
   fake_cuda_reset();
   fake.resident = 8;
-  assert_true(lynx_accel_cuda.runs_app(lynx_app_find("face-verify")));
+  assert_true(lynx_accel_cuda.runs_app(&gpu0, lynx_app_find("face-verify")));
   assert_int_equal(cinst_start(&c, "face-verify", 2, 1, 0), 0);
   assert_int_equal(c.per, 2);
   assert_int_equal(c.k->l.app, LYNX_CUDA_APP_FACE_VERIFY);
@@ -2739,7 +2742,7 @@ static void test_client_layout(void **state) {
   assert_int_equal(c.k->l.n_backends, 0);
   cinst_stop(&c);
   /* relay's CPU handler calls a back end, it has no kernel */
-  assert_false(lynx_accel_cuda.runs_app(lynx_app_find("relay")));
+  assert_false(lynx_accel_cuda.runs_app(&gpu0, lynx_app_find("relay")));
   n0 = fake_cuda_kernels();
   assert_int_equal(cinst_start(&c, "relay", 2, 1, 0), -ENOTSUP);
   assert_contains(c.why, "has no CUDA kernel");
@@ -2843,9 +2846,9 @@ static void test_gpu_module(void **state) {
   assert_non_null(app->module);
   assert_string_equal(app->help, "the sum of a vector of 32-bit integers");
   assert_null(app->needs_backend);
-  assert_string_equal(app->image_code, "sm_80, sm_90");
-  assert_true(lynx_accel_cuda.runs_app(app));
-  assert_false(lynx_accel_cpu.runs_app(app));
+  assert_string_equal(app->image_code, LYNX_FATBIN_CODE);
+  assert_true(lynx_accel_cuda.runs_app(&gpu0, app));
+  assert_false(lynx_accel_cpu.runs_app(&gpu0, app));
   assert_int_equal(fake.library_loads, 1);
   assert_int_equal(fake.get_functions, 2); /* both kernels, GPU 0 */
 
@@ -2897,6 +2900,40 @@ static void test_gpu_module(void **state) {
   lynx_apps_unload();
 }
 
+/* GPUs of two kinds, the module with code for one: taken, run and placed
+ * on that one only; a start on the other refused with the reason. */
+static void test_gpu_module_mixed(void **state) {
+  struct lynx_accel_dev devs[2] = {{.ops = &lynx_accel_cuda, .device = 0},
+                                   {.ops = &lynx_accel_cuda, .device = 1}};
+  char why[512] = "", path[512];
+  const struct lynx_app *app;
+  struct inst in;
+  (void)state;
+  fake.module_handler = vector_sum_twin;
+  fake.gpu[1].major = 8;
+  fake.gpu[1].minor = 6;
+  snprintf(path, sizeof(path), "%s/vector-sum.fatbin", PLUGINS_DIR);
+  assert_int_equal(lynx_app_load_module(NULL, path, why, sizeof(why)), 0);
+  assert_int_equal(
+      lynx_accel_cuda.adopt(devs, 2, lynx_app_module_at(0), why, sizeof(why)),
+      0);
+  app = lynx_app_find("vector-sum");
+  assert_non_null(app);
+  assert_true(lynx_accel_cuda.runs_app(&devs[0], app));
+  assert_false(lynx_accel_cuda.runs_app(&devs[1], app));
+  start_app = "vector-sum";
+  assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH), 0);
+  inst_drop(&in);
+  assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH + 1), -ENOEXEC);
+  assert_contains(in.err, "GPU application 'vector-sum' cannot run on GPU 1: "
+                          "no code for GPU 1 (compute 8.6)");
+  start_app = "echo";
+  fake.gpu[1].major = 9;
+  fake.gpu[1].minor = 0;
+  lynx_accel_cuda.shutdown();
+  lynx_apps_unload();
+}
+
 /* Each bad module refused with its reason: another GPU ABI, no Lynx
  * kernel, no code for this GPU, a name other than the one given, a module
  * the driver refuses, a truncated fatbin. */
@@ -2909,6 +2946,12 @@ static void test_gpu_module_refused(void **state) {
   assert_int_equal(module_adopt(NULL, "gpu-bad-abi.fatbin", why, sizeof(why)),
                    -EPROTO);
   assert_contains(why, "built for GPU ABI version 99; this agent's is 1");
+  /* the agent drops it (adopt_modules): gone, its refusal kept */
+  lynx_app_drop(lynx_app_module_at(0), why);
+  assert_null(lynx_app_find("gpu-bad-abi"));
+  assert_null(lynx_app_module_at(0));
+  assert_non_null(lynx_app_refusal("gpu-bad-abi"));
+  assert_contains(lynx_app_refusal("gpu-bad-abi"), "GPU ABI version 99");
   lynx_apps_unload();
   assert_int_equal(module_adopt(NULL, "gpu-no-info.fatbin", why, sizeof(why)),
                    -ENOENT);
@@ -2918,8 +2961,9 @@ static void test_gpu_module_refused(void **state) {
   fake.gpu[0].minor = 6;
   assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
                    -ENOEXEC);
-  assert_contains(why, "no code for GPU 0 (compute 8.6): the module holds "
-                       "sm_80, sm_90");
+  assert_contains(
+      why,
+      "no code for GPU 0 (compute 8.6): the module holds " LYNX_FATBIN_CODE);
   fake.gpu[0].major = 9;
   fake.gpu[0].minor = 0;
   lynx_apps_unload();
@@ -2930,6 +2974,14 @@ static void test_gpu_module_refused(void **state) {
   assert_int_equal(module_adopt("echo", "vector-sum.fatbin", why, sizeof(why)),
                    -1000);
   assert_contains(why, "'echo' is the name of a built-in application");
+  lynx_apps_unload();
+  /* the same module twice: the second clashes with the first */
+  assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
+                   0);
+  assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
+                   -1000);
+  assert_contains(why, "application 'vector-sum' is already loaded from ");
+  lynx_accel_cuda.shutdown();
   lynx_apps_unload();
   fake.err_library_load = CUDA_ERROR_INVALID_IMAGE;
   assert_int_equal(module_adopt(NULL, "vector-sum.fatbin", why, sizeof(why)),
@@ -3021,6 +3073,7 @@ int main(int argc, char **argv) {
       T_(test_client_layout),
       T_(test_gpu_module),
       T_(test_gpu_module_refused),
+      T_(test_gpu_module_mixed),
   };
   make_sysfs();
   return LYNX_UT_MAIN(argc, argv, "tests", tests, group_setup, group_teardown);
