@@ -2873,6 +2873,7 @@ static void test_gpu_module(void **state) {
   request_bytes(&in, 0, 0, "abc", 3, 0x52); /* not a vector */
   assert_int_equal(answer_at(&in, 0, 0, 0x52, got), VS_ERROR_LEN);
   assert_memory_equal(got, VS_ERROR, VS_ERROR_LEN);
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
   inst_drop(&in);
 
   /* wider blocks run the wide kernel, and the app's default config */
@@ -2881,6 +2882,7 @@ static void test_gpu_module(void **state) {
   assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH + 1), 0);
   assert_string_equal(in.k->function, "lynx_gpu_kernel_wide");
   assert_string_equal(in.k->l.config, "{}");
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
   inst_drop(&in);
   start_threads = 64;
 
@@ -2923,6 +2925,7 @@ static void test_gpu_module_mixed(void **state) {
   assert_false(lynx_accel_cuda.runs_app(&devs[1], app));
   start_app = "vector-sum";
   assert_int_equal(inst_start(&in, 0, T, 2, 2, EPOCH), 0);
+  assert_int_equal(gpu_instance_stop(in.gi), 0);
   inst_drop(&in);
   assert_int_equal(inst_start(&in, 1, T, 2, 2, EPOCH + 1), -ENOEXEC);
   assert_contains(in.err, "GPU application 'vector-sum' cannot run on GPU 1: "
