@@ -51,7 +51,7 @@ say "# COUNTS='$COUNTS' IDLE_S=$IDLE_S DURATION=$DUR BG_MPS=$BG_MPS SERVICES_MAX
   ${SERVICES_MAX:+--services-max "$SERVICES_MAX"} >"$TMP/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf --max-time 1 "http://$API/readyz" >/dev/null && break; sleep 0.1; done
-"$BIN/lynx-agent" --coordinator "$CTL" --node-id bench-n1 --cpu-accels 2 \
+"$BIN/lynx-agent" --coordinator "$CTL" --node-id benchn1 --cpu-accels 2 \
   --transport shm >"$TMP/agent.log" 2>&1 &
 AGENT=$!
 pids+=("$AGENT")
