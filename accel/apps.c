@@ -120,16 +120,47 @@ static int sockperf_fault_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  */
 #define MC_REPLY_MAX (1u << 20)
 
+/*
+ * The calling thread's buffer for the apps that call a back end (a reply,
+ * and relay's framed request after it): THREAD_BUF bytes, allocated at
+ * the thread's first call and freed when it exits; NULL when out of
+ * memory. Static __thread arrays would be in every thread of the agent
+ * (3 MiB of TLS each, zeroed when each thread starts, whatever it runs):
+ * 3 MiB of memory per instance thread (issue 38).
+ */
+#define THREAD_BUF (2u * MC_REPLY_MAX + 4u)
+static pthread_key_t buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+static int buf_key_ok;
+
+static void buf_key_init(void) {
+  buf_key_ok = pthread_key_create(&buf_key, free) == 0;
+}
+
+static uint8_t *thread_buf(void) {
+  static __thread uint8_t *buf;
+  if (!buf) {
+    pthread_once(&buf_once, buf_key_init);
+    if (!buf_key_ok || !(buf = malloc(THREAD_BUF)))
+      return NULL;
+    if (pthread_setspecific(buf_key, buf)) { /* not freed at exit: never kept */
+      free(buf);
+      buf = NULL;
+    }
+  }
+  return buf;
+}
+
 static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                          int *replied, const struct lynx_app_ctx *ctx) {
-  static __thread uint8_t reply[MC_REPLY_MAX];
+  uint8_t *reply = thread_buf();
   uint8_t cmd[LYNX_MC_GET_CMD_MAX];
   const uint8_t *val = (const uint8_t *)"ERROR";
   uint32_t vlen = 5, rlen = 0, voff = 0;
   int rc;
-  if (lynx_mc_key_ok(req->data, req->len)) {
+  if (reply && lynx_mc_key_ok(req->data, req->len)) {
     uint32_t n = lynx_mc_get_cmd(cmd, req->data, req->len);
-    rc = lynx_app_call(ctx, "db", cmd, n, reply, sizeof(reply), &rlen);
+    rc = lynx_app_call(ctx, "db", cmd, n, reply, MC_REPLY_MAX, &rlen);
     if (rc == 0) {
       rc = lynx_mc_parse_get(reply, rlen, &voff, &vlen);
       if (rc == 0)
@@ -159,7 +190,7 @@ static int mc_get_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  */
 static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                        int *replied, const struct lynx_app_ctx *ctx) {
-  static __thread uint8_t reply[FACE_PIXELS + 512];
+  uint8_t *reply = thread_buf();
   const uint8_t *label, *probe;
   char key[FACE_KEY_MAX];
   uint8_t cmd[FACE_KEY_MAX + 8];
@@ -167,10 +198,10 @@ static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
   const void *ans = FACE_ERROR;
   uint32_t ans_len = FACE_ERROR_LEN, rlen = 0, soff, slen;
   int klen, rc;
-  if (face_req_parse(req->data, req->len, &label, &probe) == 0 &&
+  if (reply && face_req_parse(req->data, req->len, &label, &probe) == 0 &&
       (klen = face_key(label, key)) > 0) {
     uint32_t n = lynx_mc_get_cmd(cmd, (const uint8_t *)key, (uint32_t)klen);
-    rc = lynx_app_call(ctx, "db", cmd, n, reply, sizeof(reply), &rlen);
+    rc = lynx_app_call(ctx, "db", cmd, n, reply, FACE_PIXELS + 512, &rlen);
     if (rc == 0 && lynx_mc_parse_get(reply, rlen, &soff, &slen) == 0 &&
         slen == FACE_PIXELS) {
       float dist;
@@ -194,18 +225,18 @@ static int face_handle(struct lynx_mq *mq, const struct lynx_msg *req,
  */
 static int relay_handle(struct lynx_mq *mq, const struct lynx_msg *req,
                         int *replied, const struct lynx_app_ctx *ctx) {
-  static __thread uint8_t reply[MC_REPLY_MAX];
+  uint8_t *reply = thread_buf();
+  uint8_t *framed = reply ? reply + MC_REPLY_MAX : NULL; /* MC_REPLY_MAX + 4 */
   const void *ans = "ERROR";
   uint32_t ans_len = 5, rlen = 0;
   uint8_t hdr[4] = {(uint8_t)(req->len >> 24), (uint8_t)(req->len >> 16),
                     (uint8_t)(req->len >> 8), (uint8_t)req->len};
-  static __thread uint8_t framed[MC_REPLY_MAX + 4];
   int rc;
-  if (req->len <= MC_REPLY_MAX) {
+  if (reply && req->len <= MC_REPLY_MAX) {
     /* len32: the frontend sends what the application writes, as is */
     memcpy(framed, hdr, 4);
     memcpy(framed + 4, req->data, req->len);
-    if (lynx_app_call(ctx, "next", framed, req->len + 4, reply, sizeof(reply),
+    if (lynx_app_call(ctx, "next", framed, req->len + 4, reply, MC_REPLY_MAX,
                       &rlen) == 0) {
       ans = reply;
       ans_len = rlen;

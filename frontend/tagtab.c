@@ -15,18 +15,15 @@ int lynx_tagtab_init(struct lynx_tagtab *t, uint32_t min_entries,
     bits++;
   t->bits = bits;
   t->size = 1u << bits;
+  /* neither is written here: memory comes as entries are first used */
   t->e = calloc(t->size, sizeof(*t->e));
   t->free_stack = malloc(t->size * sizeof(*t->free_stack));
   if (!t->e || !t->free_stack) {
     lynx_tagtab_free(t);
     return -ENOMEM;
   }
-  /* pop order 0, 1, 2, ... */
-  for (uint32_t i = 0; i < t->size; i++)
-    t->free_stack[i] = t->size - 1 - i;
   t->n_free = t->size;
-  for (uint32_t i = 0; i < t->size; i++)
-    t->e[i].tag = (gen0 << bits) | i;
+  t->gen0 = gen0;
   return 0;
 }
 
@@ -43,8 +40,15 @@ struct lynx_tag_entry *lynx_tag_alloc(struct lynx_tagtab *t, uint32_t mq,
   uint32_t idx, gen;
   if (t->n_free == 0)
     return NULL;
-  idx = t->free_stack[--t->n_free];
-  e = &t->e[idx];
+  t->n_free--;
+  if (t->n_stack) { /* the last released first */
+    idx = t->free_stack[--t->n_stack];
+    e = &t->e[idx];
+  } else { /* then the next never used, in order 0, 1, 2, ... */
+    idx = t->fresh++;
+    e = &t->e[idx];
+    e->tag = (t->gen0 << t->bits) | idx;
+  }
   gen = (e->tag >> t->bits) + 1;
   if ((gen << t->bits) == 0) /* wrapped: skip generation 0 */
     gen = 1;
@@ -77,7 +81,8 @@ void lynx_tag_release(struct lynx_tagtab *t, struct lynx_tag_entry *e) {
     return;
   e->in_use = 0;
   t->in_use--;
-  t->free_stack[t->n_free++] = (uint32_t)(e - t->e);
+  t->free_stack[t->n_stack++] = (uint32_t)(e - t->e);
+  t->n_free++;
 }
 
 uint32_t lynx_tag_expire(struct lynx_tagtab *t, uint64_t deadline_ns,
@@ -85,11 +90,12 @@ uint32_t lynx_tag_expire(struct lynx_tagtab *t, uint64_t deadline_ns,
                          void (*cb)(void *arg, const struct lynx_tag_entry *e),
                          void *arg) {
   uint32_t n = 0;
-  if (max > t->size)
-    max = t->size;
+  /* only entries ever handed out can be in use */
+  if (max > t->fresh)
+    max = t->fresh;
   for (uint32_t k = 0; k < max && t->in_use; k++) {
     struct lynx_tag_entry *e = &t->e[t->cursor];
-    t->cursor = (t->cursor + 1) & (t->size - 1);
+    t->cursor = t->cursor + 1 < t->fresh ? t->cursor + 1 : 0;
     if (e->in_use && e->t_ns < deadline_ns) {
       if (cb)
         cb(arg, e);
@@ -105,7 +111,7 @@ uint32_t lynx_tag_release_mq(struct lynx_tagtab *t, uint32_t mq,
                                         const struct lynx_tag_entry *e),
                              void *arg) {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < t->size && t->in_use; i++)
+  for (uint32_t i = 0; i < t->fresh && t->in_use; i++)
     if (t->e[i].in_use && t->e[i].mq == mq) {
       if (cb)
         cb(arg, &t->e[i]);

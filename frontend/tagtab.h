@@ -30,12 +30,22 @@ struct lynx_tag_entry {
   uint32_t cli, cli_gen; /* TCP services: client slot and its generation */
 };
 
+/* The entries are touched only as they are first used: [0, fresh) have
+ * been handed out at least once (the free stack holds those released),
+ * [fresh, size) never were, and their memory (calloc: pages the kernel
+ * maps on first write) costs nothing until then. A worker's table of
+ * 65,536 entries is 4.7 MB of address space and, for a service that sees
+ * a few requests at a time, a few pages of memory (issue 38). */
 struct lynx_tagtab {
   struct lynx_tag_entry *e;
-  uint32_t *free_stack;
-  uint32_t n_free, size, bits;
+  uint32_t *free_stack; /* released entries, the last released on top */
+  uint32_t n_stack;     /* on the free stack */
+  uint32_t fresh;       /* entries ever handed out: [0, fresh) */
+  uint32_t n_free;      /* free in all: n_stack + size - fresh */
+  uint32_t size, bits;
+  uint32_t gen0; /* a never-used entry's generation */
   uint32_t in_use;
-  uint32_t cursor; /* where the next expiry scan starts */
+  uint32_t cursor; /* where the next expiry scan starts, < fresh */
 };
 
 /* A table of at least min_entries (rounded up to a power of two, at most

@@ -5,8 +5,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -58,6 +60,55 @@ static void test_init_sizes(void **state) {
   assert_int_equal(lynx_tagtab_init(&t, (1u << 20) + 1, 1), -EINVAL);
   assert_null(t.e);
   lynx_tagtab_free(&t); /* harmless on a failed init */
+}
+
+/* The process's resident memory, in KiB (/proc/self/statm). */
+static long rss_kib(void) {
+  long size = 0, res = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f) {
+    if (fscanf(f, "%ld %ld", &size, &res) != 2)
+      res = 0;
+    fclose(f);
+  }
+  return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* A worker's table (65,536 entries, 4.7 MB) costs memory only for the
+ * entries a service uses at a time (issue 38: an idle service's memory):
+ * entries are first handed out in order 0, 1, 2, ..., a released one
+ * before any never used, and nothing of the rest is written. */
+static void test_lazy_entries(void **state) {
+  struct lynx_tagtab t;
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  struct lynx_tag_entry *e[3];
+  uint32_t tag[3], again;
+  long before;
+  (void)state;
+  before = rss_kib();
+  assert_int_equal(lynx_tagtab_init(&t, 65536, 7), 0);
+  for (int i = 0; i < 3; i++) {
+    e[i] = lynx_tag_alloc(&t, 0, (const struct sockaddr *)&a, 1, &tag[i]);
+    assert_non_null(e[i]);
+    assert_int_equal(tag[i] & (t.size - 1), (uint32_t)i);
+    assert_int_equal(tag[i] >> t.bits, 8); /* gen0 + 1 */
+  }
+  assert_int_equal(t.fresh, 3);
+  assert_int_equal(t.n_free, 65536 - 3);
+  lynx_tag_release(&t, e[1]);
+  assert_non_null(
+      lynx_tag_alloc(&t, 0, (const struct sockaddr *)&a, 1, &again));
+  assert_int_equal(again & (t.size - 1), 1); /* the released one */
+  assert_int_equal(again >> t.bits, 9);      /* in its next generation */
+  assert_int_equal(t.fresh, 3);
+  assert_null(lynx_tag_lookup(&t, (7u << t.bits) | 100u, 0)); /* never used */
+  /* every entry but 4 of 65,536 untouched: far less than the table */
+#if !defined(__SANITIZE_ADDRESS__)
+  assert_true(rss_kib() - before < 1024);
+#else
+  (void)before; /* ASan's allocator writes its own shadow */
+#endif
+  lynx_tagtab_free(&t);
 }
 
 static void test_alloc_lookup_release(void **state) {
@@ -387,6 +438,7 @@ static int pair_teardown(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_init_sizes),
+      cmocka_unit_test(test_lazy_entries),
       cmocka_unit_test_teardown(test_alloc_lookup_release, tt_teardown),
       cmocka_unit_test_teardown(test_stale_after_reuse, tt_teardown),
       cmocka_unit_test_teardown(test_generation_wrap, tt_teardown),
