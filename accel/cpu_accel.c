@@ -161,7 +161,7 @@ static void *cpu_thread_main(void *arg) {
     /* Sleep protocol (docs/mqueue.md "Doorbells"). */
     uint32_t v = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(sleeping, 1, __ATOMIC_SEQ_CST);
-    int ready = 0;
+    int ready = 0, timed_out = 0;
     /* fenced, waiting requests are no reason to stay awake: the agent kicks
      * the doorbell when its lease is renewed */
     for (uint32_t i = 0; i < n && !ready; i++)
@@ -169,10 +169,15 @@ static void *cpu_thread_main(void *arg) {
     if (!ready && !a->stop) {
       struct timespec ts = {0, 50 * 1000 * 1000};
       lynx_cnt_add(&t->sleeps, 1);
-      syscall(SYS_futex, bell, FUTEX_WAIT, v, &ts, NULL, 0);
+      timed_out = syscall(SYS_futex, bell, FUTEX_WAIT, v, &ts, NULL, 0) != 0 &&
+                  errno == ETIMEDOUT;
     }
     __atomic_fetch_sub(sleeping, 1, __ATOMIC_SEQ_CST);
-    idle_since = lynx_now_ns();
+    /* rung: spin a while, requests come in bursts; the nap's end with
+     * nothing rung: one look at the mqueues and back to sleep, no spin (an
+     * idle instance's thread spun spin_us every 50 ms: with hundreds of
+     * idle services, most of a core; issue 38) */
+    idle_since = timed_out ? 0 : lynx_now_ns();
   }
   free(mqs);
   return NULL;
