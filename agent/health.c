@@ -28,8 +28,8 @@
 
 #include "agent.h"
 #include "log.h"
-#include "options.h"
 #include "mqueue.h"
+#include "options.h"
 #include "util.h"
 
 #define HEALTH_MS 250u

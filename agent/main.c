@@ -514,10 +514,6 @@ static void adopt_modules(struct agent *ag) {
   free(devs);
 }
 
-/* --lenet-model as lenet's default configuration, then the plug-ins of
- * --app-load and --app-dir. A plug-in refused is logged and kept with its
- * reason (registered with the coordinator); -1 only when the options
- * themselves are wrong (printed). */
 /* A plug-in's file: a CUDA module is read here and taken by the CUDA
  * backend once it has found its GPUs (adopt_modules); a shared object is
  * served by a process of its own (apphost.c). */
@@ -528,6 +524,10 @@ static int load_plugin(void *arg, const char *name, const char *path, char *why,
   return agent_apphost_load(arg, name, path, why, whylen);
 }
 
+/* --lenet-model as lenet's default configuration, then the plug-ins of
+ * --app-load and --app-dir. A plug-in refused is logged and kept with its
+ * reason (registered with the coordinator); -1 only when the options
+ * themselves are wrong (printed). */
 static int load_apps(struct agent *ag) {
   const struct agent_cfg *cfg = &ag->cfg;
   char why[768];
