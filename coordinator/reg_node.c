@@ -250,6 +250,40 @@ static void adopt_one(struct lynx_registry *r, struct lynx_reg_node *n,
   r->version++;
 }
 
+/*
+ * The same incarnation registered again: the instances it was asked to
+ * start whose answer never came (the StartInstance, or the agent's reply,
+ * went down with the old connection). One the agent runs (listed in adopt)
+ * is ready with the region it lists, as its lost reply would have said;
+ * one it does not list is stopped (should a start still be under way
+ * there) and forgotten, so placement starts it again on the new
+ * connection. Left STARTING, either waited forever (500 services
+ * created at once starved the coordinator past an agent's heartbeat:
+ * integration.many_services).
+ */
+static void starting_settle(struct lynx_registry *r, struct lynx_reg_node *n,
+                            const struct lynx_reg_adopt *adopt,
+                            uint32_t n_adopt, uint64_t now_ms) {
+  struct lynx_reg_instance **pp = &r->instances;
+  while (*pp) {
+    struct lynx_reg_instance *i = *pp;
+    const struct lynx_reg_adopt *a = NULL;
+    if (i->node != n || i->state != LYNX_INST_STARTING) {
+      pp = &i->next;
+      continue;
+    }
+    for (uint32_t k = 0; k < n_adopt && !a; k++)
+      if (adopt[k].instance_id == i->id && adopt[k].accel_idx == i->accel_idx)
+        a = &adopt[k];
+    if (a && lynx_reg_instance_ready(r, n->id, n->epoch, i->id, &a->desc,
+                                     now_ms) == 0) {
+      pp = &i->next; /* (ready may retire another: never one before i) */
+      continue;
+    }
+    lynx__reg_inst_stop_at(r, pp);
+  }
+}
+
 int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
                             const char *address, uint64_t epoch,
                             const struct lynx_label *labels, uint32_t n_labels,
@@ -316,6 +350,8 @@ int lynx_reg_register_adopt(struct lynx_registry *r, const char *id,
         r, n, n->drain_intent ? LYNX_NODE_DRAINED : LYNX_NODE_READY);
   }
   node_heard(r, n, now_ms);
+  if (again)
+    starting_settle(r, n, adopt, n_adopt, now_ms);
   for (uint32_t k = 0; k < n_adopt; k++)
     adopt_one(r, n, &adopt[k]);
   lynx_ev_add(&r->ev, LYNX_EV_NODE_REGISTERED, n->id,

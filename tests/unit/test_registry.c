@@ -703,6 +703,58 @@ static void test_lease_expiry(void **state) {
   assert_int_equal(f->n_start, 2);
 }
 
+/* The same incarnation registers again (its connection broke) while two
+ * of its instances were STARTING: the one it reports running is ready with
+ * the region it reports, as its lost reply would have made it; the one it
+ * does not run (its StartInstance was lost) is started again on the new
+ * connection, never left waiting. */
+static struct lynx_reg_instance *inst_by_id(struct lynx_registry *r,
+                                            uint64_t id) {
+  struct lynx_reg_instance *i = r->instances;
+  while (i && i->id != id)
+    i = i->next;
+  return i;
+}
+
+static void test_reconnect_settles_starting(void **state) {
+  struct fx *f = *state;
+  struct lynx_accel_info acc[2];
+  struct lynx_reg_err err;
+  struct lynx_reg_adopt ad;
+  uint64_t id0, id1;
+  memset(acc, 0, sizeof(acc));
+  memset(&err, 0, sizeof(err));
+  memset(&ad, 0, sizeof(ad));
+  assert_int_equal(reg_node(&f->r, "n1", 1, 2, "", 1000), 0);
+  add_service(&f->r, "echo", 9000, 0, "");
+  lynx_reg_tick(&f->r, 1001);
+  assert_int_equal(f->n_start, 2);
+  assert_int_equal(count_inst(&f->r, "n1", "echo", LYNX_INST_STARTING), 2);
+  id0 = f->start[0].id;
+  id1 = f->start[1].id;
+  /* it runs the first (its reply was lost), not the second */
+  acc[1].idx = 1;
+  snprintf(acc[0].kind, sizeof(acc[0].kind), "cpu");
+  snprintf(acc[1].kind, sizeof(acc[1].kind), "cpu");
+  ad.instance_id = id0;
+  ad.accel_idx = f->start[0].accel;
+  snprintf(ad.service, sizeof(ad.service), "echo");
+  ad.desc = desc_for(inst_by_id(&f->r, id0));
+  assert_int_equal(lynx_reg_register_adopt(&f->r, "n1", "127.0.0.1:7701", 1,
+                                           NULL, 0, acc, 2, &ad, 1, (void *)0x2,
+                                           1500, &err),
+                   0);
+  assert_int_equal(inst_by_id(&f->r, id0)->state, LYNX_INST_READY);
+  assert_null(inst_by_id(&f->r, id1));
+  assert_int_equal(f->n_start, 3); /* the second, started again */
+  assert_int_not_equal(f->start[2].id, id1);
+  assert_int_equal(f->start[2].accel, f->start[1].accel);
+  assert_int_equal(count_inst(&f->r, "n1", "echo", LYNX_INST_STARTING), 1);
+  /* only the one it does not run is stopped (a start still under way) */
+  assert_int_equal(f->n_stop, 1);
+  assert_int_equal(f->stop[0].id, id1);
+}
+
 /* A node whose accelerators say what they run: accel 0 runs only "echo"
  * (a GPU, say), accel 1 runs "echo" and "sockperf-echo". */
 static int reg_apps_node(struct lynx_registry *r, const char *id,
@@ -2778,6 +2830,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_labels_and_names),
       T(test_register_validation),
+      T(test_reconnect_settles_starting),
       T(test_drain_state_machine),
       T(test_undrain_while_draining),
       T(test_drain_waits_for_frontend),
