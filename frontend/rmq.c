@@ -1195,6 +1195,13 @@ void fe_rmq_remove(struct fe_rmq *r, struct fe_conn *c) {
 
 /* Frees removed connections whose requests are all answered (or expired:
  * the request timeout bounds the wait). */
+int fe_rmq_quiet(const struct fe_rmq *r) {
+  for (uint32_t i = 0; i < r->n_conns; i++)
+    if (r->conns[i]->removing || r->conns[i]->state == FE_CONN_DEAD)
+      return 0;
+  return 1;
+}
+
 void fe_rmq_reap(struct fe_rmq *r) {
   uint32_t i = 0;
   while (i < r->n_conns) {

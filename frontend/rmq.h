@@ -305,6 +305,9 @@ void fe_rmq_reap(struct fe_rmq *r);
 /* Reopens dead connections whose retry time came by now_ns (the loop's
  * clock). */
 void fe_rmq_retry(struct fe_rmq *r, uint64_t now_ns);
+/* 1 when neither fe_rmq_reap nor fe_rmq_retry has anything to do, nor
+ * will have until a connection changes (none removed, none dead). */
+int fe_rmq_quiet(const struct fe_rmq *r);
 
 /* Set-up and tear-down of a worker's set (main thread): init (of any
  * memory; opts copied, hooks and their ctx kept) before the worker starts,

@@ -48,6 +48,9 @@
 #define WAIT_SAMPLE_MAX_NS (1000u * 1000u)
 #define WAIT_SHIFT 3 /* the estimate is an EWMA with weight 1/8 */
 #define EXPIRE_EVERY_NS (10u * 1000u * 1000u)
+/* the longest sleep of a worker with nothing in flight and nothing to
+ * retry: a wake-up a second */
+#define IDLE_SLEEP_MAX_NS (1000ull * 1000u * 1000u)
 #define FE_WAIT_FDS 64 /* remote connections a sleeping worker watches */
 /* libuv's loop runs every pass where it carries data; otherwise at least
  * this often (and whenever its fd woke a sleep) */
@@ -465,8 +468,17 @@ static void worker_loop(struct fe_worker *w) {
         if (w->bell_covers && prewake > w->now_ns && prewake - w->now_ns < ns)
           ns = prewake - w->now_ns;
       } else {
+        /* nothing in flight: a socket, a command or a libuv timer wakes
+         * the sleep; the periodic scan (retries, releases, a port to bind
+         * again) needs it within 100 ms only when it has work, and an idle
+         * service's worker sleeps a second (hundreds of idle services
+         * woke 10 times a second each: issue 38) */
         int ms = uv_backend_timeout(&w->loop);
-        ns = (ms < 0 || ms > 100) ? 100000000ull : (uint64_t)ms * 1000000u;
+        uint64_t cap = !w->listen_err && fe_rmq_quiet(&w->rmq)
+                           ? IDLE_SLEEP_MAX_NS
+                           : 100000000ull;
+        ns = ms < 0 || (uint64_t)ms * 1000000u > cap ? cap
+                                                     : (uint64_t)ms * 1000000u;
       }
       ts.tv_sec = (time_t)(ns / 1000000000u);
       ts.tv_nsec = (long)(ns % 1000000000u);
