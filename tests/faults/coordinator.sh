@@ -115,7 +115,11 @@ fl_coordinator --state-dir "$FULL"
 in_coord_ns() { nsenter -t "${FL_PID[coord]}" -m "$@"; }
 services_on_disk() { in_coord_ns jq -r '[.services[].name] | sort | join(",")' "$FULL/state.json"; }
 services_in_api() { api_get /v1/services | jq -r '[.items[].name] | sort | join(",")'; }
+# both: the window below compares the nodes at its end with those at its
+# start, and h2 registering with the new coordinator meanwhile read as a
+# new node (seen once under the sanitizers)
 mh_wait_until 15 "both nodes ready" fl_node_ready h1
+mh_wait_until 15 "both nodes ready" fl_node_ready h2
 assert_str "$(services_on_disk)" echo "services in the tmpfs state directory"
 in_coord_ns dd if=/dev/zero of="$FULL/filler" bs=4k >/dev/null 2>&1 || true
 log "state directory: $(in_coord_ns df -k "$FULL" | tail -n 1)"
