@@ -466,16 +466,16 @@ static uint64_t le_get(const uint8_t *p, unsigned bytes) {
  * The container of a fatbin (what nvcc -fatbin writes): a 16-byte header
  * (magic, version, header size, the entries' bytes) and its entries, each
  * a header (kind: 1 PTX, 2 a cubin; its header size; its payload's size;
- * at byte 28 the architecture, 90 for sm_90) and its payload. 0 with the
- * code it carries in code ("sm_80, sm_90, compute_90 (PTX)"), or -ENOEXEC
- * with what is wrong. The driver checks the code itself at load.
+ * at byte 28 the architecture, 90 for sm_90) and its payload. Calls fn for
+ * each entry's kind and architecture: 0, or -ENOEXEC with what is wrong.
+ * The driver checks the code itself at load.
  */
-static int fatbin_check(const uint8_t *b, size_t len, char *code,
-                        size_t codelen, char *why, size_t whylen) {
+typedef void (*fatbin_entry_fn)(void *arg, unsigned kind, unsigned arch);
+
+static int fatbin_walk(const uint8_t *b, size_t len, fatbin_entry_fn fn,
+                       void *arg, char *why, size_t whylen) {
   uint64_t hs, fat, off, end;
-  size_t l = 0;
   unsigned entries = 0;
-  code[0] = 0;
   if (len < 16 || le_get(b, 4) != FATBIN_MAGIC) {
     snprintf(why, whylen, "not a CUDA fatbin");
     return -ENOEXEC;
@@ -491,22 +491,17 @@ static int fatbin_check(const uint8_t *b, size_t len, char *code,
   end = hs + fat;
   for (off = hs; off < end;) {
     uint64_t ehs, size;
-    unsigned kind, arch;
     if (end - off < 32) {
       snprintf(why, whylen, "a CUDA fatbin with a truncated entry");
       return -ENOEXEC;
     }
-    kind = (unsigned)le_get(b + off, 2);
     ehs = le_get(b + off + 4, 4);
     size = le_get(b + off + 8, 8);
-    arch = (unsigned)le_get(b + off + 28, 4);
     if (ehs < 32 || ehs > end - off || size > end - off - ehs) {
       snprintf(why, whylen, "a CUDA fatbin with a truncated entry");
       return -ENOEXEC;
     }
-    if (kind == 1 || kind == 2)
-      l = lynx_appendf(code, codelen, l, ", ",
-                       kind == 2 ? "sm_%u" : "compute_%u (PTX)", arch);
+    fn(arg, (unsigned)le_get(b + off, 2), (unsigned)le_get(b + off + 28, 4));
     entries++;
     off += ehs + size;
   }
@@ -515,6 +510,41 @@ static int fatbin_check(const uint8_t *b, size_t len, char *code,
     return -ENOEXEC;
   }
   return 0;
+}
+
+/* The code a fatbin carries, as its refusals name it ("sm_80, sm_90,
+ * compute_90 (PTX)"). */
+struct code_text {
+  char *s;
+  size_t cap, len;
+};
+
+static void code_text_add(void *arg, unsigned kind, unsigned arch) {
+  struct code_text *t = arg;
+  if (kind == 1 || kind == 2)
+    t->len = lynx_appendf(t->s, t->cap, t->len, ", ",
+                          kind == 2 ? "sm_%u" : "compute_%u (PTX)", arch);
+}
+
+/* Whether a fatbin has code for compute capability cc: a cubin for it, or
+ * PTX of one at most its own, which the driver compiles. */
+struct code_for {
+  unsigned cc;
+  int yes;
+};
+
+static void code_for_entry(void *arg, unsigned kind, unsigned arch) {
+  struct code_for *c = arg;
+  c->yes |= (kind == 2 && arch == c->cc) || (kind == 1 && arch <= c->cc);
+}
+
+int lynx_app_image_runs_on(const struct lynx_app *app, unsigned cc) {
+  struct code_for c = {cc, 0};
+  char why[96];
+  return app->image &&
+         fatbin_walk(app->image, app->image_len, code_for_entry, &c, why,
+                     sizeof(why)) == 0 &&
+         c.yes;
 }
 
 int lynx_app_load_module(const char *name, const char *path, char *why,
@@ -568,8 +598,10 @@ int lynx_app_load_module(const char *name, const char *path, char *why,
   }
   a = &reg.loaded[reg.n_loaded];
   memset(a, 0, sizeof(*a));
-  rc = fatbin_check(img, got, a->image_code, sizeof(a->image_code), reason,
-                    sizeof(reason));
+  {
+    struct code_text t = {a->image_code, sizeof(a->image_code), 0};
+    rc = fatbin_walk(img, got, code_text_add, &t, reason, sizeof(reason));
+  }
   if (rc)
     goto refused;
   a->name = strdup(name ? name : stem);

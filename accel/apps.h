@@ -175,6 +175,9 @@ int lynx_app_is_fatbin(const char *path);
  * with the reason in why (the refusal kept). */
 int lynx_app_load_module(const char *name, const char *path, char *why,
                          size_t whylen);
+/* 1 when GPU application app's module has code for compute capability cc
+ * (major * 10 + minor): a cubin for it, or PTX of one at most its own. */
+int lynx_app_image_runs_on(const struct lynx_app *app, unsigned cc);
 /* The i-th GPU application no backend has taken yet (NULL past the end). */
 struct lynx_app *lynx_app_module_at(size_t i);
 /* A backend took app's module (handle module), which calls itself name

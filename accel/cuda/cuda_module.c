@@ -154,22 +154,6 @@ static int read_info(struct lynx__cuda_module *m, char *why, size_t whylen) {
   return 0;
 }
 
-/* 1 when a module holding code (app->image_code: "sm_80, compute_90
- * (PTX)") can run on compute capability cc (major * 10 + minor): a cubin
- * for it, or PTX of one at most its own, which the driver compiles. */
-static int code_for(const char *code, int cc) {
-  for (const char *p = code; p && *p;
-       p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
-    unsigned a = 0;
-    while (*p == ' ')
-      p++;
-    if ((sscanf(p, "sm_%u", &a) == 1 && (int)a == cc) ||
-        (sscanf(p, "compute_%u", &a) == 1 && (int)a <= cc))
-      return 1;
-  }
-  return 0;
-}
-
 /* Why GPU dev cannot run the module, when its code holds nothing for it:
  * into why (0), or -1 when it does. */
 static int no_code_why(const struct lynx_app *app, int dev, char *why,
@@ -177,7 +161,7 @@ static int no_code_why(const struct lynx_app *app, int dev, char *why,
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (code_for(app->image_code, major * 10 + minor))
+  if (lynx_app_image_runs_on(app, (unsigned)(major * 10 + minor)))
     return -1;
   snprintf(why, whylen,
            "no code for GPU %d (compute %d.%d): the module holds %s (build "
