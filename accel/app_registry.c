@@ -679,6 +679,21 @@ int lynx_app_adopt(struct lynx_app *app, void *module, const char *name,
   return 0;
 }
 
+/* What a loaded application holds: a plug-in's library, or a hosted
+ * plug-in's or a module's own strings and image. */
+static void app_release(struct lynx_app *a) {
+  free(a->default_config);
+  free((char *)a->origin);
+  free((void *)a->image);
+  if (a->dl)
+    dlclose(a->dl);
+  else { /* hosted, or a module: the strings are its own */
+    free((char *)a->name);
+    free((char *)a->help);
+    free((char *)a->needs_backend);
+  }
+}
+
 void lynx_app_drop(struct lynx_app *app, const char *reason) {
   size_t i = (size_t)(app - reg.loaded);
   if (i >= reg.n_loaded)
@@ -686,12 +701,7 @@ void lynx_app_drop(struct lynx_app *app, const char *reason) {
   lynx_app_refuse(app->name, reason);
   LYNX_ERR("apps", "GPU application '%s' (%s) refused: %s", app->name,
            app->origin, reason);
-  free((char *)app->name);
-  free((char *)app->help);
-  free((char *)app->needs_backend);
-  free((char *)app->origin);
-  free((void *)app->image);
-  free(app->default_config);
+  app_release(app);
   memmove(&reg.loaded[i], &reg.loaded[i + 1],
           (reg.n_loaded - i - 1) * sizeof(reg.loaded[0]));
   reg.n_loaded--;
@@ -787,19 +797,8 @@ void lynx_apps_unload(void) {
     free(reg.builtin[i].default_config);
     reg.builtin[i].default_config = NULL;
   }
-  for (size_t i = 0; i < reg.n_loaded; i++) {
-    struct lynx_app *a = &reg.loaded[i];
-    free(a->default_config);
-    free((char *)a->origin);
-    free((void *)a->image);
-    if (a->dl)
-      dlclose(a->dl);
-    else { /* hosted: the strings are its own */
-      free((char *)a->name);
-      free((char *)a->help);
-      free((char *)a->needs_backend);
-    }
-  }
+  for (size_t i = 0; i < reg.n_loaded; i++)
+    app_release(&reg.loaded[i]);
   reg.n_loaded = 0;
   reg.n_refused = 0;
 }
