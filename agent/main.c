@@ -575,32 +575,39 @@ static int load_apps(struct agent *ag) {
   return 0;
 }
 
+/* Why static mode's --app name has no application: its plug-in's refusal,
+ * or none of that name (stderr). */
+static void app_missing(const char *name) {
+  const char *reason = lynx_app_refusal(name);
+  if (reason)
+    fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name, reason);
+  else
+    fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
+            lynx_app_names());
+}
+
 /* Static mode's --app once the GPU modules were taken (adopt_modules), when
- * it was one: origin is the module's file (a module read under its file's
- * name, which its description may have changed), or "\001" (a name the
- * agent did not know before: perhaps a module's own). The application, or
+ * it may be one: origin is the file of the module it named (read under its
+ * file's name, which its description may have changed), "" for a name the
+ * agent did not know before (perhaps a module's own). The application, or
  * NULL after printing why. */
 static const struct lynx_app *static_app(const struct agent *ag,
                                          const char *origin) {
   const char *name = ag->cfg.app ? ag->cfg.app : "sockperf-echo";
   const struct lynx_app *a = NULL;
-  for (size_t i = 0; origin[0] != '\001' && (a = lynx_app_at(i)); i++)
-    if (a->image && !strcmp(a->origin, origin))
-      break;
-  if (origin[0] == '\001')
+  if (origin[0]) {
+    for (size_t i = 0; (a = lynx_app_at(i)); i++)
+      if (a->image && !strcmp(a->origin, origin))
+        break;
+  } else {
     a = lynx_app_find(name);
+  }
   if (a && strcmp(a->name, name))
     LYNX_INFO("agent", "--app %s: the module %s names its application '%s'",
               name, origin, a->name);
-  if (a)
-    return a;
-  if (lynx_app_refusal(name))
-    fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name,
-            lynx_app_refusal(name));
-  else
-    fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
-            lynx_app_names());
-  return NULL;
+  if (!a)
+    app_missing(name);
+  return a;
 }
 
 static void list_apps(void) {
@@ -624,6 +631,7 @@ int main(int argc, char **argv) {
   int rc, lvl, exit_code = 1;
   struct timeval tv;
   char static_module[4096] = ""; /* static mode's GPU module (static_app) */
+  int static_later = 0;          /* --app is looked up once they are taken */
   char tok_err[320];
 
   /* a plug-in's process (apphost.c), started by an agent: no options */
@@ -679,18 +687,14 @@ int main(int argc, char **argv) {
     app = lynx_app_find(name);
     /* a GPU module read under its file's name may be renamed by its own
      * description, or be the one named, once adopted (static_app) */
-    if (app && app->image)
+    if (app && app->image) {
       snprintf(static_module, sizeof(static_module), "%s", app->origin);
+      static_later = 1;
+    }
     if (!app && !lynx_app_refusal(name) && lynx_app_module_at(0)) {
-      static_module[0] = '\001'; /* unknown until the modules are taken */
+      static_later = 1; /* unknown until the modules are taken */
     } else if (!app) {
-      const char *reason = lynx_app_refusal(name);
-      if (reason)
-        fprintf(stderr, "--app %s: its plug-in was refused: %s\n", name,
-                reason);
-      else
-        fprintf(stderr, "--app: unknown application '%s' (known: %s)\n", name,
-                lynx_app_names());
+      app_missing(name);
       goto usage;
     }
     if (lynx_geom_init(&g, ag.cfg.mqueues, ag.cfg.slots, ag.cfg.slot_size,
@@ -770,7 +774,7 @@ int main(int argc, char **argv) {
       goto out_opts;
   }
   adopt_modules(&ag);
-  if (static_module[0] && !(app = static_app(&ag, static_module)))
+  if (static_later && !(app = static_app(&ag, static_module)))
     goto out_acc;
   if (ag.cfg.list_accels) {
     for (uint32_t i = 0; i < ag.n_acc; i++) {
