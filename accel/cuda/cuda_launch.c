@@ -156,15 +156,13 @@ static const char *config_of(const struct lynx_accel_launch *l) {
                                            : "{}";
 }
 
-/* config_of(l) into GPU memory, after the control block (gi->config), for
- * the kernel's launch (lynx_gpu.h config). 0 or -errno with the reason in
- * err. */
-static int upload_config(struct gpu_instance *gi,
-                         const struct lynx_accel_launch *l, char *err,
-                         size_t errlen) {
-  const char *c = config_of(l);
-  cudaError_t e = cudaMemcpyAsync(gi->config, c, strlen(c) + 1,
-                                  cudaMemcpyHostToDevice, gi->copy);
+/* The configuration c (len bytes and its NUL) into GPU memory, after the
+ * control block (gi->config), for the kernel's launch (lynx_gpu.h config).
+ * 0 or -errno with the reason in err. */
+static int upload_config(struct gpu_instance *gi, const char *c, size_t len,
+                         char *err, size_t errlen) {
+  cudaError_t e =
+      cudaMemcpyAsync(gi->config, c, len + 1, cudaMemcpyHostToDevice, gi->copy);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(gi->copy);
   if (e != cudaSuccess) {
@@ -195,6 +193,9 @@ int gpu_instance_start(const struct lynx_accel_launch *l, struct lynx_region *r,
   uint64_t serve_until = l->serve_until
                              ? __atomic_load_n(l->serve_until, __ATOMIC_ACQUIRE)
                              : UINT64_MAX;
+  /* the service's app configuration, for the kernel (upload_config) */
+  const char *config = config_of(l);
+  size_t config_len = strlen(config);
   struct gpu_instance *gi;
   struct lynx_geom g;
   struct lynx_cuda_launch kl;
@@ -292,8 +293,8 @@ launch:
     /* the control block, then the app configuration (8-byte aligned) */
     size_t off = (lynx_cuda_kctl_size(gi->blocks) + 7u) & ~(size_t)7u;
     void *k = NULL;
-    e = lynx__cuda_dev_alloc(gi->device, off + strlen(config_of(l)) + 1,
-                             gi->copy, &k, &gi->kctl_size);
+    e = lynx__cuda_dev_alloc(gi->device, off + config_len + 1, gi->copy, &k,
+                             &gi->kctl_size);
     gi->kctl = k;
     gi->config = k ? (char *)k + off : NULL;
   }
@@ -316,13 +317,13 @@ launch:
     if (rc)
       goto fail;
   }
-  rc = upload_config(gi, l, err, errlen);
+  rc = upload_config(gi, config, config_len, err, errlen);
   if (rc)
     goto fail;
   kl = (struct lynx_cuda_launch){
       .app_data = gi->params,
       .config = gi->config,
-      .config_len = (uint32_t)strlen(config_of(l)),
+      .config_len = (uint32_t)config_len,
       .region = gi->base,
       .n_mqueues = l->n_mqueues,
       .slots = l->slots,
